@@ -1,0 +1,71 @@
+"""ilge-search: Inter-Layer Geometry Encoders and an Optuna search platform around them.
+
+Configs are imported eagerly (they are light); everything that pulls in
+torch, PyTorch Geometric, transformers or Optuna is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._version import __version__
+from .configs import (
+    BestLayerConfig,
+    CayleyConfig,
+    DeepSetConfig,
+    EncoderConfig,
+    FCConfig,
+    LastLayerConfig,
+    MeanLayersConfig,
+    MLPLastConfig,
+    ScalarMixConfig,
+    config_from_dict,
+)
+
+# public name -> module that defines it (imported lazily)
+_LAZY = {
+    "build_aggregator": "aggregator",
+    "build_per_token_aggregator": "aggregator",
+    "Aggregator": "aggregator",
+    "PerTokenAggregator": "aggregator",
+    "num_layers_for": "model_utils",
+    "hidden_size_for": "model_utils",
+    "suggest_config": "tuning",
+    "recommended_config": "tuning",
+    "ILGEClassifier": "classifier",
+    "extract_layer_embeddings": "extraction",
+    "EmbeddingCache": "cache",
+    "load_task": "tasks",
+    "list_tasks": "tasks",
+    "train_encoder": "engine",
+    "run_study": "study",
+}
+
+__all__ = [
+    "__version__",
+    "EncoderConfig",
+    "CayleyConfig",
+    "FCConfig",
+    "DeepSetConfig",
+    "LastLayerConfig",
+    "BestLayerConfig",
+    "MeanLayersConfig",
+    "ScalarMixConfig",
+    "MLPLastConfig",
+    "config_from_dict",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ilge_search' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))

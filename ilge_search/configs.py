@@ -1,0 +1,244 @@
+"""Configuration dataclasses for every encoder family and layer baseline.
+
+Each config carries two kinds of fields: the architecture of the aggregator
+(``hidden_dim``, ``conv_type``...) and the training recipe used by the single
+training engine (``lr``, ``weight_decay``, ``batch_size``, ``epochs``).
+Invalid values raise :class:`ValueError` naming the field and what is allowed.
+
+Configs are registered by ``family`` name, so a stored dictionary (an Optuna
+trial, a saved classifier) rebuilds the exact config with :func:`config_from_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Dict, Optional, Type
+
+__all__ = [
+    "EncoderConfig",
+    "CayleyConfig",
+    "FCConfig",
+    "DeepSetConfig",
+    "LastLayerConfig",
+    "BestLayerConfig",
+    "MeanLayersConfig",
+    "ScalarMixConfig",
+    "MLPLastConfig",
+    "CONFIG_CLASSES",
+    "ENCODER_FAMILIES",
+    "BASELINE_FAMILIES",
+    "config_from_dict",
+    "config_class_for",
+]
+
+CONV_TYPES = ("gin", "gcn", "gat")
+POOLINGS = ("mean", "sum")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _check_choice(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
+
+
+@dataclass
+class EncoderConfig:
+    """Fields shared by every family: the training recipe of the engine."""
+
+    family: ClassVar[str] = ""
+
+    dropout: float = 0.1
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 64
+    epochs: int = 50
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= float(self.dropout) < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("lr", "weight_decay"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        _check_positive_int("batch_size", self.batch_size)
+        _check_positive_int("epochs", self.epochs)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """All fields plus ``family``; round-trips through :func:`config_from_dict`."""
+        out = {"family": self.family}
+        out.update(dataclasses.asdict(self))
+        return out
+
+    def replace(self, **changes: Any) -> "EncoderConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class _GraphConfig(EncoderConfig):
+    conv_type: str = "gin"
+    hidden_dim: int = 256
+    gnn_layers: int = 1
+    gin_mlp_layers: int = 1
+    gat_heads: int = 4
+    pooling: str = "mean"
+
+    def validate(self) -> None:
+        super().validate()
+        _check_choice("conv_type", self.conv_type, CONV_TYPES)
+        _check_choice("pooling", self.pooling, POOLINGS)
+        _check_positive_int("hidden_dim", self.hidden_dim)
+        _check_positive_int("gnn_layers", self.gnn_layers)
+        _check_positive_int("gin_mlp_layers", self.gin_mlp_layers)
+        _check_positive_int("gat_heads", self.gat_heads)
+        if self.conv_type == "gat" and self.hidden_dim % self.gat_heads != 0:
+            raise ValueError(
+                f"hidden_dim ({self.hidden_dim}) must be divisible by gat_heads ({self.gat_heads}) "
+                "when conv_type='gat'"
+            )
+
+
+@dataclass
+class CayleyConfig(_GraphConfig):
+    """GNN over the Cayley graph of SL(2, Z_n) (sparse 4-regular expander)."""
+
+    family: ClassVar[str] = "cayley"
+
+
+@dataclass
+class FCConfig(_GraphConfig):
+    """GNN over the fully connected graph of the layers."""
+
+    family: ClassVar[str] = "fc"
+
+
+@dataclass
+class DeepSetConfig(EncoderConfig):
+    """Per-layer MLP, pooling over layers, then an MLP (no layer interaction)."""
+
+    family: ClassVar[str] = "deepset"
+
+    hidden_dim: int = 256
+    pre_pooling_layers: int = 1
+    post_pooling_layers: int = 1
+    pooling: str = "mean"
+
+    def validate(self) -> None:
+        super().validate()
+        _check_positive_int("hidden_dim", self.hidden_dim)
+        _check_non_negative_int("pre_pooling_layers", self.pre_pooling_layers)
+        _check_non_negative_int("post_pooling_layers", self.post_pooling_layers)
+        _check_choice("pooling", self.pooling, POOLINGS)
+
+
+@dataclass
+class LastLayerConfig(EncoderConfig):
+    """Baseline: linear probe on the last layer (the aggregator returns layer L-1)."""
+
+    family: ClassVar[str] = "last-layer"
+    dropout: float = 0.0
+
+
+@dataclass
+class BestLayerConfig(EncoderConfig):
+    """Baseline: linear probe on one layer.
+
+    ``layer=None`` means "choose it": the study runner trains one probe per
+    layer and keeps the one with the best *validation* score.
+    """
+
+    family: ClassVar[str] = "best-layer"
+    dropout: float = 0.0
+    layer: Optional[int] = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.layer is not None:
+            if isinstance(self.layer, bool) or not isinstance(self.layer, int):
+                raise ValueError(f"layer must be an integer index or None, got {self.layer!r}")
+
+
+@dataclass
+class MeanLayersConfig(EncoderConfig):
+    """Baseline: linear probe on the unweighted mean of all layers."""
+
+    family: ClassVar[str] = "mean-layers"
+    dropout: float = 0.0
+
+
+@dataclass
+class ScalarMixConfig(EncoderConfig):
+    """Baseline: ELMo scalar mix, gamma * sum_l softmax(w)_l * h_l, then a linear probe."""
+
+    family: ClassVar[str] = "scalar-mix"
+    dropout: float = 0.0
+
+
+@dataclass
+class MLPLastConfig(EncoderConfig):
+    """Baseline: an MLP on the last layer."""
+
+    family: ClassVar[str] = "mlp-last"
+    hidden_dim: int = 256
+    mlp_layers: int = 1
+
+    def validate(self) -> None:
+        super().validate()
+        _check_positive_int("hidden_dim", self.hidden_dim)
+        _check_positive_int("mlp_layers", self.mlp_layers)
+
+
+CONFIG_CLASSES: Dict[str, Type[EncoderConfig]] = {
+    cls.family: cls
+    for cls in (
+        CayleyConfig,
+        FCConfig,
+        DeepSetConfig,
+        LastLayerConfig,
+        BestLayerConfig,
+        MeanLayersConfig,
+        ScalarMixConfig,
+        MLPLastConfig,
+    )
+}
+ENCODER_FAMILIES = ("cayley", "fc", "deepset")
+BASELINE_FAMILIES = ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last")
+
+
+def config_class_for(family: str) -> Type[EncoderConfig]:
+    try:
+        return CONFIG_CLASSES[family]
+    except KeyError:
+        raise ValueError(
+            f"unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}"
+        ) from None
+
+
+def config_from_dict(data: Dict[str, Any]) -> EncoderConfig:
+    """Rebuild a config from :meth:`EncoderConfig.to_dict` output."""
+    data = dict(data)
+    family = data.pop("family", None)
+    if family is None:
+        raise ValueError("config dictionary has no 'family' key; expected the output of to_dict()")
+    cls = config_class_for(family)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(f"unknown fields for {cls.__name__}: {sorted(unknown)}; allowed: {sorted(known)}")
+    return cls(**data)
