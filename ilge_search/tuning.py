@@ -1,0 +1,209 @@
+"""Hyperparameters: the paper's Optuna search space and zero-search defaults.
+
+:func:`suggest_config` samples a config inside an objective, or rebuilds it
+from a finished trial (``study.best_trial``): a :class:`optuna.trial.FrozenTrial`
+answers the same ``suggest_*`` calls with its stored values. Parameter names
+are the config's field names, so ``study.trials_dataframe()`` columns read
+``params_hidden_dim``, ``params_conv_type`` ...
+
+Search space (graph families ``cayley``/``fc``)::
+
+    conv_type       {gin, gcn, gat}
+    hidden_dim      {128, 256, 512}
+    gnn_layers      1..3
+    gin_mlp_layers  1..2            only when conv_type == "gin"
+    gat_heads       {2, 4, 8}       only when conv_type == "gat" (all divide every hidden_dim)
+    pooling         {mean, sum}
+    dropout         [0, 0.5]
+    lr              log [1e-5, 1e-2]
+    weight_decay    log [1e-6, 1e-2]
+
+``deepset`` replaces the GNN fields with ``hidden_dim``, ``pre_pooling_layers``
+0..2 and ``post_pooling_layers`` 0..2; the layer baselines search ``lr`` and
+``weight_decay`` only (``mlp-last`` also ``hidden_dim``).
+
+Recommended defaults file
+-------------------------
+:func:`recommended_config` reads ``ilge_search/data/recommended_defaults.json``
+when it exists (it is regenerated from study results), else the built-in
+defaults of the published package. Schema::
+
+    {
+      "format_version": 1,
+      "metadata": {"generated": "...", "source": "...", ...},   # free-form provenance
+      "families": {
+        "<family>": {                      # a key of configs.CONFIG_CLASSES
+          "small": {"<field>": value, ...},  # models up to ~1B parameters
+          "large": {"<field>": value, ...}   # models above ~3B parameters
+        }
+      }
+    }
+
+Values override the config class defaults; fields must exist on that
+family's config. Families or buckets missing from the file fall back to the
+built-in values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+from .configs import (
+    BASELINE_FAMILIES,
+    CONFIG_CLASSES,
+    ENCODER_FAMILIES,
+    EncoderConfig,
+    config_class_for,
+)
+
+__all__ = [
+    "suggest_config",
+    "recommended_config",
+    "load_recommended_defaults",
+    "RECOMMENDED_DEFAULTS_PATH",
+    "BUILTIN_RECOMMENDED",
+    "MODEL_SIZE_HINTS",
+]
+
+RECOMMENDED_DEFAULTS_PATH = Path(__file__).resolve().parent / "data" / "recommended_defaults.json"
+DEFAULTS_FORMAT_VERSION = 1
+MODEL_SIZE_HINTS = ("small", "large")
+
+HIDDEN_DIMS = (128, 256, 512)
+GAT_HEADS = (2, 4, 8)
+
+# The published package's documented defaults: lr 1e-3 up to ~1B parameters, 1e-4 above ~3B;
+# one GNN layer of width 256 for both.
+_GRAPH_DEFAULTS = {"small": {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256},
+                   "large": {"lr": 1e-4, "gnn_layers": 1, "hidden_dim": 256}}
+_PLAIN_DEFAULTS = {"small": {"lr": 1e-3}, "large": {"lr": 1e-4}}
+BUILTIN_RECOMMENDED: Dict[str, Dict[str, Dict[str, Any]]] = {
+    "cayley": _GRAPH_DEFAULTS,
+    "fc": _GRAPH_DEFAULTS,
+    "deepset": {bucket: {"lr": v["lr"], "hidden_dim": 256} for bucket, v in _GRAPH_DEFAULTS.items()},
+    **{family: _PLAIN_DEFAULTS for family in BASELINE_FAMILIES},
+    "mlp-last": {bucket: {"lr": v["lr"], "hidden_dim": 256} for bucket, v in _GRAPH_DEFAULTS.items()},
+}
+
+
+def _check_family(family: str) -> None:
+    if family not in CONFIG_CLASSES:
+        raise ValueError(f"unknown family {family!r}; expected one of {list(ENCODER_FAMILIES + BASELINE_FAMILIES)}")
+
+
+def _suggest_fields(trial, family: str, fixed: Dict[str, Any]) -> Dict[str, Any]:
+    values: Dict[str, Any] = dict(fixed)
+
+    def pick(name: str, suggest) -> Any:
+        if name not in values:
+            values[name] = suggest()
+        return values[name]
+
+    if family in ("cayley", "fc"):
+        conv_type = pick("conv_type", lambda: trial.suggest_categorical("conv_type", ["gin", "gcn", "gat"]))
+        pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
+        pick("gnn_layers", lambda: trial.suggest_int("gnn_layers", 1, 3))
+        if conv_type == "gin":
+            pick("gin_mlp_layers", lambda: trial.suggest_int("gin_mlp_layers", 1, 2))
+        if conv_type == "gat":
+            pick("gat_heads", lambda: trial.suggest_categorical("gat_heads", list(GAT_HEADS)))
+        pick("pooling", lambda: trial.suggest_categorical("pooling", ["mean", "sum"]))
+    elif family == "deepset":
+        pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
+        pick("pre_pooling_layers", lambda: trial.suggest_int("pre_pooling_layers", 0, 2))
+        pick("post_pooling_layers", lambda: trial.suggest_int("post_pooling_layers", 0, 2))
+        pick("pooling", lambda: trial.suggest_categorical("pooling", ["mean", "sum"]))
+    elif family == "mlp-last":
+        pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
+    if family in ENCODER_FAMILIES:
+        pick("dropout", lambda: trial.suggest_float("dropout", 0.0, 0.5))
+    pick("lr", lambda: trial.suggest_float("lr", 1e-5, 1e-2, log=True))
+    pick("weight_decay", lambda: trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True))
+    return values
+
+
+def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
+    """Sample (or, from a finished trial, rebuild) a config of ``family`` over the paper's space.
+
+    Args:
+        trial: an :class:`optuna.trial.Trial` inside an objective, or a
+            :class:`optuna.trial.FrozenTrial` such as ``study.best_trial``.
+        family: ``"cayley"``, ``"fc"``, ``"deepset"`` or a layer baseline
+            (``"last-layer"``, ``"best-layer"``, ``"mean-layers"``, ``"scalar-mix"``, ``"mlp-last"``).
+        **fixed: config fields to hold fixed instead of searching (e.g.
+            ``conv_type="gin"``, ``epochs=20``); conditional parameters follow them.
+
+    Returns:
+        The config; fields outside the search space keep their class defaults.
+    """
+    import optuna
+
+    _check_family(family)
+    cls = config_class_for(family)
+    known = set(cls.__dataclass_fields__)
+    unknown = set(fixed) - known
+    if unknown:
+        raise ValueError(f"unknown fields for {cls.__name__}: {sorted(unknown)}; allowed: {sorted(known)}")
+    try:
+        values = _suggest_fields(trial, family, fixed)
+    except ValueError as exc:
+        if isinstance(trial, optuna.trial.FrozenTrial):
+            raise ValueError(f"trial {trial.number} cannot be read as a {family!r} config ({exc}); "
+                             f"its parameters are {sorted(trial.params)}") from None
+        raise
+    return cls(**values)
+
+
+def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """``{family: {bucket: {field: value}}}`` from the defaults file, merged over the built-in values.
+
+    A missing file means the built-in values; an unreadable or malformed file
+    raises :class:`ValueError` naming it.
+    """
+    merged = {family: {bucket: dict(fields) for bucket, fields in buckets.items()}
+              for family, buckets in BUILTIN_RECOMMENDED.items()}
+    path = Path(path) if path is not None else RECOMMENDED_DEFAULTS_PATH
+    if not path.is_file():
+        return merged
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read recommended defaults {path}: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("families"), dict):
+        raise ValueError(f"{path} must be a JSON object with a 'families' mapping "
+                         "({family: {bucket: {field: value}}}); see ilge_search.tuning")
+    version = data.get("format_version")
+    if version != DEFAULTS_FORMAT_VERSION:
+        raise ValueError(f"{path} has format_version {version!r}; this version reads {DEFAULTS_FORMAT_VERSION}")
+    for family, buckets in data["families"].items():
+        if family not in CONFIG_CLASSES:
+            raise ValueError(f"{path}: unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}")
+        if not isinstance(buckets, dict):
+            raise ValueError(f"{path}: families.{family} must map size buckets to field values")
+        fields = set(config_class_for(family).__dataclass_fields__)
+        for bucket, values in buckets.items():
+            if bucket not in MODEL_SIZE_HINTS or not isinstance(values, dict):
+                raise ValueError(f"{path}: families.{family}.{bucket}: buckets are {list(MODEL_SIZE_HINTS)}, "
+                                 "each a {field: value} object")
+            bad = set(values) - fields
+            if bad:
+                raise ValueError(f"{path}: families.{family}.{bucket} has unknown fields {sorted(bad)}")
+            merged.setdefault(family, {}).setdefault(bucket, {}).update(values)
+    return merged
+
+
+def recommended_config(family: str, model_size_hint: str = "small") -> EncoderConfig:
+    """Zero-search defaults for ``family``.
+
+    Args:
+        family: any family name (``"cayley"``, ``"fc"``, ``"deepset"`` or a baseline).
+        model_size_hint: ``"small"`` for models up to ~1B parameters (lr 1e-3),
+            ``"large"`` for models above ~3B (lr 1e-4).
+    """
+    _check_family(family)
+    if model_size_hint not in MODEL_SIZE_HINTS:
+        raise ValueError(f"model_size_hint must be one of {list(MODEL_SIZE_HINTS)}, got {model_size_hint!r}")
+    values = load_recommended_defaults().get(family, {}).get(model_size_hint, {})
+    return config_class_for(family)(**values)
