@@ -1,0 +1,590 @@
+"""The one embedding cache: pooled layer embeddings stored once per model, task and split.
+
+An entry is keyed, Hugging Face datasets style, by a sha256 over the non-default fields
+plus :data:`FORMAT_VERSION`: the model's weights identity, task, split, the split's data
+fingerprint, pooling, max_length and storage dtype. Each entry is one safetensors file
+(``features`` and ``labels``) that the extraction writes into through a memmap, batch by
+batch, plus a JSON record holding the file's size and sha256.
+
+Safety: the file is written under a temporary name and renamed into place, and the JSON
+record (the commit marker) is written last, the same way. A per-entry file lock makes a
+second process wait for the first and then read its result instead of extracting again.
+An entry whose size, header or checksum is wrong is reported with a warning and rebuilt.
+
+Layout under the cache dir::
+
+    embeddings/<key>.safetensors   features (N, L, D) or (N, 2, L, D); labels (N,)
+    embeddings/<key>.json          metadata (model, revision, task, split, shapes, checksum ...)
+    locks/<key>.lock
+    models/                        converted GGUF models and memoised weight hashes
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ._version import __version__
+from .extraction import POOLINGS, LayerEmbedder
+from .models import ModelSource, resolve_model
+from .settings import resolve_cache_dir
+from .tasks import TaskData, TaskError, load_task
+
+__all__ = [
+    "FORMAT_VERSION",
+    "STORAGE_DTYPES",
+    "EmbeddingCache",
+    "CachedEmbeddings",
+    "CacheEntry",
+    "TaskEmbeddings",
+    "CacheCorruptError",
+    "load_task_embeddings",
+    "embed_task",
+    "texts_fingerprint",
+]
+
+FORMAT_VERSION = 1
+PathLike = Union[str, os.PathLike]
+
+# storage dtype -> (safetensors dtype, numpy dtype the memmap is written with, torch dtype)
+STORAGE_DTYPES: Dict[str, Tuple[str, Any, torch.dtype]] = {
+    "float16": ("F16", np.float16, torch.float16),
+    "bfloat16": ("BF16", np.uint16, torch.bfloat16),  # numpy has no bfloat16: write the raw bits
+    "float32": ("F32", np.float32, torch.float32),
+}
+# Key fields left out of the hash when they hold these values, so adding a field later
+# does not change the keys of existing entries.
+_KEY_DEFAULTS = {"pooling": "mean", "max_length": 512, "storage_dtype": "float16"}
+_TEXTS_TASK = "<texts>"
+_KEY_HEX_DIGITS = 24
+
+# path -> (size, mtime_ns, sha256) of files whose checksum this process already verified
+_VERIFIED: Dict[str, Tuple[int, int, str]] = {}
+
+
+class CacheCorruptError(RuntimeError):
+    """A cache entry failed its size, header or checksum check."""
+
+
+@dataclass
+class CachedEmbeddings:
+    """One split's embeddings.
+
+    Attributes:
+        features: (N, L, D), or (N, 2, L, D) for sentence pairs; in the storage dtype (float16
+            by default), on CPU.
+        labels: (N,) int64 label ids, or float32 scores for similarity.
+        label_names: id -> name (empty for similarity).
+        meta: the entry's JSON record (model, revision, task, split, shapes, timings ...).
+        key: the cache key. path: the safetensors file.
+        hit: True if read from the cache, False if extracted by this call.
+        seconds: how long this call took (reading or extracting).
+    """
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    label_names: List[str]
+    meta: Dict[str, Any]
+    key: str
+    path: Path
+    hit: bool = False
+    seconds: float = 0.0
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.features.shape[-2])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.features.shape[-1])
+
+
+@dataclass
+class CacheEntry:
+    """One row of :meth:`EmbeddingCache.ls`."""
+
+    key: str
+    model: str
+    task: str
+    split: str
+    shape: tuple
+    size_bytes: int
+    created: str
+    path: Path
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskEmbeddings:
+    """Every requested split of one task for one model (see :func:`load_task_embeddings`)."""
+
+    task: TaskData
+    splits: Dict[str, CachedEmbeddings]
+    num_layers: int
+    hidden_size: int
+    label_names: List[str]
+    cache_keys: Dict[str, str]
+    model: str = ""
+
+    def __getitem__(self, split: str) -> CachedEmbeddings:
+        return self.splits[split]
+
+
+def texts_fingerprint(texts: Sequence[str]) -> str:
+    """sha256 over the texts in order (what :meth:`EmbeddingCache.get_or_extract_texts` keys on)."""
+    digest = hashlib.sha256(f"{len(texts)}\n".encode())
+    for text in texts:
+        if not isinstance(text, str):
+            raise TypeError(f"texts must be strings, got {type(text).__name__}")
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype: str) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+    if storage_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
+    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _write_safetensors_header(handle: Any, tensors: List[Tuple[str, str, tuple, int]],
+                              metadata: Dict[str, str]) -> int:
+    """Write the safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order;
+    return where the data starts."""
+    header: Dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, dtype, shape, nbytes in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * ((-(8 + len(raw))) % 8)  # data starts 8-byte aligned
+    handle.write(struct.pack("<Q", len(raw)))
+    handle.write(raw)
+    return 8 + len(raw)
+
+
+_NP_FROM_SAFETENSORS = {"F16": (np.float16, None), "F32": (np.float32, None), "I64": (np.int64, None),
+                        "BF16": (np.uint16, torch.bfloat16)}
+
+
+def _parse_safetensors(buffer: bytearray, name: str) -> Dict[str, torch.Tensor]:
+    """Tensors of a safetensors file held in ``buffer``; raises CacheCorruptError on a bad header."""
+    try:
+        (header_size,) = struct.unpack("<Q", bytes(buffer[:8]))
+        if header_size > len(buffer) - 8:
+            raise ValueError(f"header size {header_size} exceeds the file")
+        header = json.loads(bytes(buffer[8:8 + header_size]))
+        start = 8 + header_size
+        tensors: Dict[str, torch.Tensor] = {}
+        end = start
+        for tensor_name, info in header.items():
+            if tensor_name == "__metadata__":
+                continue
+            np_dtype, view_as = _NP_FROM_SAFETENSORS[info["dtype"]]
+            begin, stop = (start + int(offset) for offset in info["data_offsets"])
+            shape = tuple(int(d) for d in info["shape"])
+            if stop - begin != int(np.prod(shape)) * np.dtype(np_dtype).itemsize or stop > len(buffer):
+                raise ValueError(f"tensor {tensor_name!r} does not fit its offsets")
+            array = np.frombuffer(buffer, dtype=np_dtype, count=int(np.prod(shape)), offset=begin).reshape(shape)
+            if begin % np.dtype(np_dtype).itemsize:
+                array = array.copy()  # unaligned (only the small labels tensor can be)
+            tensor = torch.from_numpy(array)
+            tensors[tensor_name] = tensor.view(view_as) if view_as is not None else tensor
+            end = max(end, stop)
+        if end != len(buffer):
+            raise ValueError(f"{len(buffer) - end} unexpected trailing bytes")
+    except (ValueError, KeyError, TypeError, struct.error) as exc:
+        raise CacheCorruptError(f"{name} has a bad safetensors header or body ({exc})") from exc
+    return tensors
+
+
+class EmbeddingCache:
+    """Embedding cache rooted at ``cache_dir`` (default ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
+
+    A model is loaded only when an entry is missing; it stays loaded for further misses
+    (other splits) until :meth:`unload`. Use as a context manager to unload on exit.
+
+    Args:
+        cache_dir: the cache root.
+        verify: check each entry's sha256 on its first load in this process (size and
+            header are always checked).
+    """
+
+    def __init__(self, cache_dir: Optional[PathLike] = None, *, verify: bool = True) -> None:
+        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.verify = verify
+        self._embedders: Dict[tuple, LayerEmbedder] = {}
+        self._sources: Dict[str, ModelSource] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(cache_dir={str(self.cache_dir)!r})"
+
+    def __enter__(self) -> "EmbeddingCache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.unload()
+
+    @property
+    def embeddings_dir(self) -> Path:
+        return self.cache_dir / "embeddings"
+
+    def _paths(self, key: str) -> Tuple[Path, Path, Path]:
+        return (self.embeddings_dir / f"{key}.safetensors", self.embeddings_dir / f"{key}.json",
+                self.cache_dir / "locks" / f"{key}.lock")
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def key(self, *, model_identity: str, task: str, split: str, fingerprint: str, pooling: str = "mean",
+            max_length: int = 512, storage_dtype: str = "float16") -> str:
+        """sha256 (first 24 hex digits) over FORMAT_VERSION and the non-default fields."""
+        fields: Dict[str, Any] = {"format_version": FORMAT_VERSION, "model": model_identity, "task": task,
+                                  "split": split, "fingerprint": fingerprint}
+        for name, value in (("pooling", pooling), ("max_length", max_length), ("storage_dtype", storage_dtype)):
+            if value != _KEY_DEFAULTS[name]:
+                fields[name] = value
+        # json.dumps raises on anything it cannot encode: a failed hash never becomes a random key.
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:_KEY_HEX_DIGITS]
+
+    def resolve(self, model: Union[str, PathLike, ModelSource]) -> ModelSource:
+        """The model's source and weights identity (memoised; never loads or converts weights)."""
+        if isinstance(model, ModelSource):
+            return model
+        name = os.fspath(model)
+        if name not in self._sources:
+            self._sources[name] = resolve_model(name, self.cache_dir, materialize=False)
+        return self._sources[name]
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _read(self, key: str) -> Optional[CachedEmbeddings]:
+        """The committed entry, None if there is none; raises CacheCorruptError if it is damaged."""
+        data_path, meta_path, _ = self._paths(key)
+        if not meta_path.is_file():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+            expected_size = int(meta["file_size"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CacheCorruptError(f"unreadable metadata {meta_path.name} ({exc})") from exc
+        try:
+            stat = data_path.stat()
+        except FileNotFoundError as exc:
+            raise CacheCorruptError(f"{data_path.name} is missing") from exc
+        if stat.st_size != expected_size:
+            raise CacheCorruptError(f"{data_path.name} has {stat.st_size} bytes, expected {expected_size} "
+                                    f"(truncated or overwritten)")
+        # Read into owned memory (not an mmap: a file truncated or replaced later must not
+        # crash tensors handed out earlier); the checksum runs over the same buffer.
+        buffer = bytearray(expected_size)
+        with open(data_path, "rb") as handle:
+            if handle.readinto(buffer) != expected_size:
+                raise CacheCorruptError(f"{data_path.name} changed size while being read")
+        if self.verify:
+            stamp = (stat.st_size, stat.st_mtime_ns, meta.get("file_sha256"))
+            if _VERIFIED.get(str(data_path)) != stamp:
+                actual = hashlib.sha256(buffer).hexdigest()
+                if actual != meta.get("file_sha256"):
+                    raise CacheCorruptError(f"{data_path.name} fails its checksum (sha256 {actual[:12]}..., "
+                                            f"expected {str(meta.get('file_sha256'))[:12]}...)")
+                _VERIFIED[str(data_path)] = stamp
+        tensors = _parse_safetensors(buffer, data_path.name)
+        features = tensors.get("features")
+        if features is None or list(features.shape) != list(meta.get("shape", [])):
+            raise CacheCorruptError(f"{data_path.name}: features shape "
+                                    f"{None if features is None else list(features.shape)} != {meta.get('shape')}")
+        labels = tensors.get("labels", torch.empty(0))
+        return CachedEmbeddings(features=features, labels=labels, label_names=list(meta.get("label_names", [])),
+                                meta=meta, key=key, path=data_path, hit=True)
+
+    def _read_or_discard(self, key: str, announce: bool) -> Optional[CachedEmbeddings]:
+        """``_read``, but a damaged entry is removed (with a warning if ``announce``) and gives None."""
+        try:
+            return self._read(key)
+        except CacheCorruptError as exc:
+            if announce:
+                warnings.warn(f"embedding cache entry {key} is corrupt: {exc}; rebuilding it", stacklevel=4)
+            return None
+
+    def _remove_files(self, key: str) -> None:
+        data_path, meta_path, _ = self._paths(key)
+        for path in (meta_path, data_path):  # metadata first: the entry stops being committed
+            path.unlink(missing_ok=True)
+        _VERIFIED.pop(str(data_path), None)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _embedder(self, source: ModelSource, pooling: str, max_length: int, batch_size: int,
+                  device: str) -> LayerEmbedder:
+        slot = (source.identity, pooling, max_length, batch_size, device)
+        if slot not in self._embedders:
+            self._embedders[slot] = LayerEmbedder(source, pooling=pooling, max_length=max_length,
+                                                  batch_size=batch_size, device=device, cache_dir=self.cache_dir)
+        return self._embedders[slot]
+
+    def _extract_and_write(self, key: str, embedder: LayerEmbedder, texts: List[str], pairs: bool,
+                           labels: Optional[np.ndarray], storage_dtype: str, meta: Dict[str, Any],
+                           progress: bool) -> None:
+        """Stream pooled batches into a memmapped safetensors file, then commit it atomically."""
+        st_dtype, np_dtype, torch_dtype = STORAGE_DTYPES[storage_dtype]
+        embedder.load()
+        num_layers, hidden = embedder.num_layers, embedder.hidden_size
+        n_rows = len(texts) // 2 if pairs else len(texts)
+        shape = (n_rows, 2, num_layers, hidden) if pairs else (n_rows, num_layers, hidden)
+        feature_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
+        tensors = [("features", st_dtype, shape, feature_bytes)]
+        if labels is not None:
+            tensors.append(("labels", "I64" if labels.dtype == np.int64 else "F32", labels.shape, labels.nbytes))
+        data_path, meta_path, _ = self._paths(key)
+        self.embeddings_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.embeddings_dir / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        started = time.perf_counter()
+        try:
+            with open(tmp, "wb") as handle:
+                start = _write_safetensors_header(handle, tensors, {"format": "pt", "key": key})
+                handle.truncate(start + sum(t[3] for t in tensors))
+            features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=start, shape=shape)
+            rows = features.reshape(len(texts), num_layers, hidden)  # pairs: row 2i+s is sentence s of pair i
+            for indices, pooled in embedder.iter_pooled_batches(texts, progress=progress):
+                stored = pooled.to(torch_dtype)
+                if not bool(torch.isfinite(stored).all()):
+                    raise ValueError(
+                        f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
+                        f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'")
+                if torch_dtype == torch.bfloat16:
+                    stored = stored.view(torch.uint16)
+                rows[indices] = stored.numpy()
+            features.flush()
+            del rows, features
+            if labels is not None:
+                with open(tmp, "r+b") as handle:
+                    handle.seek(start + feature_bytes)
+                    handle.write(np.ascontiguousarray(labels).tobytes())
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+            seconds = time.perf_counter() - started
+            meta.update(shape=list(shape), num_layers=num_layers, hidden_size=hidden, num_examples=n_rows,
+                        effective_max_length=embedder.effective_max_length, extract_seconds=round(seconds, 3),
+                        texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
+                        file_size=tmp.stat().st_size, file_sha256=_file_sha256(tmp),
+                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            meta_path.unlink(missing_ok=True)
+            os.replace(tmp, data_path)
+            meta_tmp = meta_path.with_name(f".{meta_path.name}.tmp-{os.getpid()}")
+            meta_tmp.write_text(json.dumps(meta, indent=1))
+            os.replace(meta_tmp, meta_path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _get_or_extract_entry(self, key: str, source: ModelSource, texts_fn: Any, pairs: bool,
+                              labels: Optional[np.ndarray], pooling: str, max_length: int, batch_size: int,
+                              device: str, storage_dtype: str, meta: Dict[str, Any],
+                              progress: bool) -> CachedEmbeddings:
+        from filelock import FileLock, Timeout
+
+        started = time.perf_counter()
+        data_path, meta_path, lock_path = self._paths(key)
+        damaged = False
+        try:
+            found = self._read(key)
+        except CacheCorruptError as exc:
+            warnings.warn(f"embedding cache entry {key} is corrupt: {exc}; rebuilding it", stacklevel=3)
+            found, damaged = None, True
+        if found is not None:
+            found.seconds = time.perf_counter() - started
+            return found
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lock_path))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if progress:
+                from tqdm.auto import tqdm
+
+                tqdm.write(f"ilge-search: waiting for another process that is extracting cache entry {key} ...")
+            lock.acquire()
+        try:
+            # Another process may have written (or repaired) the entry while we waited.
+            found = self._read_or_discard(key, announce=not damaged)
+            if found is None:
+                self._remove_files(key)
+                embedder = self._embedder(source, pooling, max_length, batch_size, device)
+                self._extract_and_write(key, embedder, texts_fn(), pairs, labels, storage_dtype, meta, progress)
+                found = self._read(key)
+                found.hit = False
+        finally:
+            lock.release()
+        found.seconds = time.perf_counter() - started
+        return found
+
+    def _base_meta(self, key: str, source: ModelSource, task: str, split: str, fingerprint: str, pooling: str,
+                   max_length: int, storage_dtype: str, device: str) -> Dict[str, Any]:
+        import transformers
+
+        return {"key": key, "format_version": FORMAT_VERSION, "model": source.name,
+                "model_identity": source.identity, "model_path": source.path, "task": task, "split": split,
+                "fingerprint": fingerprint, "pooling": pooling, "max_length": max_length,
+                "storage_dtype": storage_dtype, "device": device,
+                "versions": {"ilge_search": __version__, "torch": torch.__version__,
+                             "transformers": transformers.__version__}}
+
+    # -- public -------------------------------------------------------------------------
+
+    def get_or_extract(self, model: Union[str, PathLike, ModelSource], task_data_or_name: Any, split: str, *,
+                       pooling: str = "mean", max_length: int = 512, batch_size: int = 32, device: str = "auto",
+                       storage_dtype: str = "float16", data_dir: Optional[PathLike] = None,
+                       progress: bool = True) -> CachedEmbeddings:
+        """The split's embeddings: read from the cache, or extracted once (under a lock) and stored.
+
+        ``task_data_or_name`` is a :class:`~ilge_search.tasks.TaskData` or anything
+        :func:`~ilge_search.tasks.load_task` accepts. Options, task and model are checked
+        before any model is loaded. Similarity tasks give features (N, 2, L, D).
+        """
+        _check_options(pooling, max_length, batch_size, storage_dtype)
+        task = load_task(task_data_or_name, data_dir)
+        part = task.split(split)
+        source = self.resolve(model)
+        fingerprint = task.fingerprint(split)
+        key = self.key(model_identity=source.identity, task=task.name, split=split, fingerprint=fingerprint,
+                       pooling=pooling, max_length=max_length, storage_dtype=storage_dtype)
+        meta = self._base_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype,
+                               device)
+        meta.update(kind=task.kind, task_source=task.source, label_names=task.label_names,
+                    labels_dtype=str(part.labels.dtype))
+        labels = part.labels.astype(np.int64 if task.kind == "classification" else np.float32)
+        return self._get_or_extract_entry(key, source, part.flat_texts, task.kind == "similarity", labels,
+                                          pooling, max_length, batch_size, device, storage_dtype, meta, progress)
+
+    def get_or_extract_texts(self, model: Union[str, PathLike, ModelSource], texts: Sequence[str], *,
+                             pooling: str = "mean", max_length: int = 512, batch_size: int = 32,
+                             device: str = "auto", storage_dtype: str = "float16",
+                             progress: bool = True) -> torch.Tensor:
+        """(N, L, D) embeddings of arbitrary texts in the storage dtype, cached by a fingerprint
+        of the texts, so the same texts never go through the model twice."""
+        _check_options(pooling, max_length, batch_size, storage_dtype)
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of strings, not one string")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty; pass at least one text")
+        empty = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
+        if empty:
+            raise ValueError(f"{len(empty)} text(s) are empty or not strings, at positions {empty[:10]}")
+        source = self.resolve(model)
+        fingerprint = texts_fingerprint(texts)
+        key = self.key(model_identity=source.identity, task=_TEXTS_TASK, split="texts", fingerprint=fingerprint,
+                       pooling=pooling, max_length=max_length, storage_dtype=storage_dtype)
+        meta = self._base_meta(key, source, _TEXTS_TASK, "texts", fingerprint, pooling, max_length,
+                               storage_dtype, device)
+        meta.update(kind="texts", label_names=[])
+        entry = self._get_or_extract_entry(key, source, lambda: texts, False, None, pooling, max_length,
+                                           batch_size, device, storage_dtype, meta, progress)
+        return entry.features
+
+    def ls(self) -> List[CacheEntry]:
+        """Committed entries, newest first."""
+        entries = []
+        for meta_path in self.embeddings_dir.glob("*.json") if self.embeddings_dir.is_dir() else []:
+            try:
+                meta = json.loads(meta_path.read_text())
+            except (OSError, ValueError):
+                continue
+            data_path = meta_path.with_suffix(".safetensors")
+            size = data_path.stat().st_size if data_path.is_file() else 0
+            entries.append(CacheEntry(key=meta_path.stem, model=str(meta.get("model", "?")),
+                                      task=str(meta.get("task", "?")), split=str(meta.get("split", "?")),
+                                      shape=tuple(meta.get("shape", ())), size_bytes=size,
+                                      created=str(meta.get("created", "")), path=data_path, meta=meta))
+        return sorted(entries, key=lambda entry: entry.created, reverse=True)
+
+    def rm(self, key_or_prefix: Optional[str] = None, *, all: bool = False) -> List[str]:
+        """Remove one entry (full key or unique prefix) or, with ``all=True``, every entry and
+        leftover temporary file. Returns the removed keys. Converted models are kept."""
+        if all == (key_or_prefix is not None):
+            raise ValueError("pass a key (or a unique key prefix) or all=True, not both")
+        keys = sorted({p.name.split(".", 1)[0] for p in self.embeddings_dir.glob("*.safetensors")}
+                      | {p.stem for p in self.embeddings_dir.glob("*.json")}) if self.embeddings_dir.is_dir() else []
+        if all:
+            for key in keys:
+                self._remove_files(key)
+            for leftover in self.embeddings_dir.glob(".*.tmp-*") if self.embeddings_dir.is_dir() else []:
+                leftover.unlink(missing_ok=True)
+            return keys
+        matches = [key for key in keys if key.startswith(key_or_prefix)]
+        if not matches:
+            raise ValueError(f"no cache entry matches {key_or_prefix!r} in {self.embeddings_dir}; "
+                             f"see `ilge-search cache ls`")
+        if len(matches) > 1:
+            raise ValueError(f"{key_or_prefix!r} matches {len(matches)} entries ({', '.join(matches[:5])}"
+                             f"{' ...' if len(matches) > 5 else ''}); give more of the key")
+        self._remove_files(matches[0])
+        return matches
+
+    def unload(self) -> None:
+        """Release every model this cache loaded for extraction."""
+        for embedder in self._embedders.values():
+            embedder.unload()
+        self._embedders.clear()
+
+
+def load_task_embeddings(model: Union[str, PathLike, ModelSource], task: Any, *,
+                         data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
+                         splits: Optional[Sequence[str]] = None, pooling: str = "mean", max_length: int = 512,
+                         batch_size: int = 32, device: str = "auto", storage_dtype: str = "float16",
+                         progress: bool = True) -> TaskEmbeddings:
+    """Every requested split of a task (default: all of its splits) for one model.
+
+    The task, options and model name are validated first; missing splits are then
+    extracted with one model load, which is released before returning.
+    """
+    _check_options(pooling, max_length, batch_size, storage_dtype)
+    task_data = load_task(task, data_dir)
+    wanted = list(splits) if splits else list(task_data.splits)
+    unknown = [split for split in wanted if split not in task_data.splits]
+    if unknown:
+        raise TaskError(f"task {task_data.name!r} has no split(s) {unknown}; it has {list(task_data.splits)}")
+    with EmbeddingCache(cache_dir) as cache:
+        source = cache.resolve(model)
+        got = {split: cache.get_or_extract(source, task_data, split, pooling=pooling, max_length=max_length,
+                                           batch_size=batch_size, device=device, storage_dtype=storage_dtype,
+                                           progress=progress) for split in wanted}
+    first = next(iter(got.values()))
+    return TaskEmbeddings(task=task_data, splits=got, num_layers=first.num_layers, hidden_size=first.hidden_size,
+                          label_names=list(task_data.label_names), cache_keys={s: e.key for s, e in got.items()},
+                          model=source.name)
+
+
+def embed_task(model: Union[str, PathLike, ModelSource], task: Any, *, data_dir: Optional[PathLike] = None,
+               cache_dir: Optional[PathLike] = None, splits: Optional[Sequence[str]] = None,
+               text_col: Optional[str] = None, label_col: Optional[str] = None,
+               text_cols: Optional[Sequence[str]] = None, score_col: Optional[str] = None,
+               **options: Any) -> TaskEmbeddings:
+    """What ``ilge-search embed`` runs: load (and validate) the task with the given columns,
+    then :func:`load_task_embeddings`."""
+    task_data = load_task(task, data_dir, text_col=text_col, label_col=label_col, text_cols=text_cols,
+                          score_col=score_col)
+    return load_task_embeddings(model, task_data, cache_dir=cache_dir, splits=splits, **options)

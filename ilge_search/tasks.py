@@ -1,0 +1,627 @@
+"""Task registry and loading: the paper's tasks, a few more, and custom files.
+
+Every task loads into a :class:`TaskData`: splits of texts (or sentence pairs) with
+integer label ids (or float scores), label names sorted so that ids are stable, and a
+content fingerprint per split for cache keys. Every check (unknown task, missing
+files or columns, empty texts, labels a split has but train lacks) runs here, before
+any model is loaded.
+
+Sources, in order: a registered task read from a local data dir in the shared layout
+(``<data_dir>/<task>/{train,validation,test}.jsonl``), a registered task downloaded
+with Hugging Face ``datasets`` (no data dir), or a custom task: a folder of split
+files or a single CSV / TSV / JSONL / Parquet file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .settings import DATA_ENV, resolve_data_dir
+
+__all__ = [
+    "TaskSpec",
+    "TaskSplit",
+    "TaskData",
+    "TaskError",
+    "TASKS",
+    "list_tasks",
+    "get_task_spec",
+    "load_task",
+    "subsample",
+    "few_shot",
+]
+
+PathLike = Union[str, os.PathLike]
+SPLITS = ("train", "validation", "test")
+KINDS = ("classification", "similarity")
+_SPLIT_FILE_NAMES = {"train": ("train",), "validation": ("validation", "val", "dev"), "test": ("test",)}
+_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".json")
+_MAX_ROWS_LISTED = 10
+
+
+class TaskError(ValueError):
+    """Bad task name, task files or columns; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """How to find and read one task.
+
+    Attributes:
+        name: registry name (``banking77``); custom tasks use the file or folder stem.
+        kind: ``classification`` or ``similarity`` (sentence pairs with a score).
+        metric: ``accuracy`` or ``spearman`` (of the cosine similarity).
+        hf_dataset / hf_config: Hugging Face dataset id and config for online users.
+        text_col / label_col: classification columns of the online source.
+        text_cols / score_col: similarity columns of the online source.
+        local_name: folder under the data dir (``sick`` for ``sick_r``); None for online-only.
+        splits: the splits the source provides.
+        zero_shot_of: evaluated zero-shot with the encoder trained on this task (``stsb``).
+        description: one line for listings.
+    """
+
+    name: str
+    kind: str
+    metric: str
+    hf_dataset: Optional[str] = None
+    hf_config: Optional[str] = None
+    text_col: str = "text"
+    label_col: str = "label"
+    text_cols: Tuple[str, str] = ("sentence1", "sentence2")
+    score_col: str = "score"
+    local_name: Optional[str] = None
+    splits: Tuple[str, ...] = SPLITS
+    zero_shot_of: Optional[str] = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {list(KINDS)}, got {self.kind!r}")
+
+
+@dataclass
+class TaskSplit:
+    """One split: ``texts`` (classification) or ``pairs`` (similarity), and ``labels``
+    (int64 label ids, or float32 scores for similarity)."""
+
+    name: str
+    labels: np.ndarray
+    texts: Optional[List[str]] = None
+    pairs: Optional[List[Tuple[str, str]]] = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def flat_texts(self) -> List[str]:
+        """The texts to embed: ``texts``, or pairs interleaved ``[a0, b0, a1, b1, ...]``."""
+        if self.pairs is not None:
+            return [sentence for pair in self.pairs for sentence in pair]
+        return list(self.texts)
+
+    def subset(self, indices: Sequence[int]) -> "TaskSplit":
+        """The rows at ``indices`` (in that order)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return TaskSplit(
+            name=self.name,
+            labels=self.labels[indices],
+            texts=[self.texts[i] for i in indices] if self.texts is not None else None,
+            pairs=[self.pairs[i] for i in indices] if self.pairs is not None else None,
+        )
+
+
+@dataclass
+class TaskData:
+    """A loaded task: ``spec``, ``splits`` by name and ``label_names`` (id -> name).
+
+    ``source`` says where it was read from (a folder, a file or ``hf:<dataset>``).
+    """
+
+    spec: TaskSpec
+    splits: Dict[str, TaskSplit]
+    label_names: List[str] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    def __getitem__(self, split: str) -> TaskSplit:
+        return self.split(split)
+
+    def split(self, name: str) -> TaskSplit:
+        if name not in self.splits:
+            raise TaskError(f"task {self.name!r} has no split {name!r}; it has {sorted(self.splits)}")
+        return self.splits[name]
+
+    def fingerprint(self, split: str) -> str:
+        """sha256 of the split's content: kind, texts (or pairs), labels and label names."""
+        part = self.split(split)
+        digest = hashlib.sha256()
+        digest.update(json.dumps({"kind": self.kind, "label_names": self.label_names, "n": len(part)}).encode())
+        for text in part.flat_texts():
+            digest.update(text.encode("utf-8"))
+            digest.update(b"\x00")
+        labels = part.labels.astype(np.int64 if self.kind == "classification" else np.float32)
+        digest.update(np.ascontiguousarray(labels).tobytes())
+        return digest.hexdigest()
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name}={len(part)}" for name, part in self.splits.items())
+        return f"TaskData(name={self.name!r}, kind={self.kind!r}, splits=({sizes}), num_labels={self.num_labels})"
+
+
+def _classification(name: str, hf: str, description: str, *, config: Optional[str] = None,
+                    text_col: str = "text", label_col: str = "label", local: Optional[str] = None,
+                    splits: Tuple[str, ...] = SPLITS) -> TaskSpec:
+    return TaskSpec(name=name, kind="classification", metric="accuracy", hf_dataset=hf, hf_config=config,
+                    text_col=text_col, label_col=label_col, local_name=local, splits=splits,
+                    description=description)
+
+
+def _similarity(name: str, hf: str, description: str, *, local: Optional[str] = None,
+                splits: Tuple[str, ...] = ("test",), zero_shot_of: Optional[str] = "stsb") -> TaskSpec:
+    return TaskSpec(name=name, kind="similarity", metric="spearman", hf_dataset=hf, local_name=local,
+                    splits=splits, zero_shot_of=zero_shot_of, description=description)
+
+
+TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in [
+    # The paper's classification tasks (MTEB versions; label_text holds the names).
+    _classification("banking77", "mteb/banking77", "banking intents, 77 classes", label_col="label_text",
+                    local="banking77", splits=("train", "test")),
+    _classification("emotion", "mteb/emotion", "emotion of English tweets (CARER), 6 classes",
+                    label_col="label_text", local="emotion"),
+    _classification("mtop_domain", "mteb/mtop_domain", "MTOP domains (en), 11 classes", config="en",
+                    label_col="label_text"),
+    _classification("mtop_intent", "mteb/mtop_intent", "MTOP intents (en), 113 classes", config="en",
+                    label_col="label_text"),
+    _classification("poem_sentiment", "google-research-datasets/poem_sentiment", "sentiment of poem verses",
+                    text_col="verse_text"),
+    # More classification tasks with local copies.
+    _classification("trec", "CogComp/trec", "question type (coarse), 6 classes", label_col="coarse_label",
+                    local="trec", splits=("train", "test")),
+    _classification("sst2", "SetFit/sst2", "binary movie-review sentiment", label_col="label_text",
+                    local="sst2"),
+    _classification("tweeteval_emotion", "cardiffnlp/tweet_eval", "TweetEval emotion, 4 classes",
+                    config="emotion", local="tweeteval_emotion"),
+    # Similarity: trained on STS-B, the rest zero-shot with the STS-B encoder.
+    _similarity("stsb", "mteb/stsbenchmark-sts", "STS benchmark, scores 0-5", local="stsb",
+                splits=SPLITS, zero_shot_of=None),
+    _similarity("sts12", "mteb/sts12-sts", "SemEval STS 2012, zero-shot", splits=("train", "test")),
+    _similarity("sts13", "mteb/sts13-sts", "SemEval STS 2013, zero-shot"),
+    _similarity("sts14", "mteb/sts14-sts", "SemEval STS 2014, zero-shot"),
+    _similarity("sts15", "mteb/sts15-sts", "SemEval STS 2015, zero-shot"),
+    _similarity("sts16", "mteb/sts16-sts", "SemEval STS 2016, zero-shot"),
+    _similarity("biosses", "mteb/biosses-sts", "biomedical sentence similarity, zero-shot"),
+    _similarity("sick_r", "mteb/sickr-sts", "SICK relatedness, zero-shot", local="sick"),
+]}
+
+
+def list_tasks() -> List[str]:
+    """Registered task names, sorted."""
+    return sorted(TASKS)
+
+
+def get_task_spec(name: str) -> TaskSpec:
+    """The registered spec; unknown names raise :class:`TaskError` listing the known ones."""
+    key = name.strip().lower().replace("-", "_")
+    if key in TASKS:
+        return TASKS[key]
+    raise TaskError(f"unknown task {name!r}. Known tasks: {', '.join(list_tasks())}. "
+                    f"For your own data pass a path to a CSV/TSV/JSONL/Parquet file or a folder of "
+                    f"split files (train/validation/test) with --text-col/--label-col.")
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+@dataclass
+class _Table:
+    """Columns of one split file, with where they came from (for error messages)."""
+
+    columns: Dict[str, list]
+    where: str
+    first_row: int = 1  # number of the first data row in the file (for messages)
+
+    @property
+    def num_rows(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def column(self, name: str, option: str) -> list:
+        if name not in self.columns:
+            raise TaskError(f"{self.where} has no column {name!r} (columns present: "
+                            f"{', '.join(map(str, self.columns)) or 'none'}). Pass {option} with one of them.")
+        return self.columns[name]
+
+    def rows(self, positions: Sequence[int]) -> str:
+        shown = ", ".join(str(p + self.first_row) for p in positions[:_MAX_ROWS_LISTED])
+        more = f" and {len(positions) - _MAX_ROWS_LISTED} more" if len(positions) > _MAX_ROWS_LISTED else ""
+        return f"{shown}{more}"
+
+
+def _read_jsonl(path: Path) -> _Table:
+    columns: Dict[str, list] = {}
+    n = 0
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskError(f"{path}: line {line_number} is not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise TaskError(f"{path}: line {line_number} is not a JSON object")
+            for key in row:
+                if key not in columns:  # keeps the file's column order
+                    columns[key] = [None] * n
+            for key, values in columns.items():
+                values.append(row.get(key))
+            n += 1
+    if n == 0:
+        raise TaskError(f"{path} has no rows")
+    return _Table(columns, str(path), first_row=1)
+
+
+def _read_with_pandas(path: Path) -> _Table:
+    import pandas as pd
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            frame = pd.read_parquet(path)
+        elif suffix == ".json":
+            frame = pd.read_json(path)
+        else:
+            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False,
+                                na_filter=False, quoting=3 if suffix == ".tsv" else 0)
+    except ImportError as exc:
+        raise TaskError(f"reading {path} needs an optional package: {exc}. Install it (pip install pyarrow) "
+                        f"or convert the file to CSV/JSONL.") from exc
+    except Exception as exc:  # pandas parser errors
+        raise TaskError(f"could not read {path}: {exc}") from exc
+    if len(frame) == 0:
+        raise TaskError(f"{path} has no rows")
+    columns = {str(name): frame[name].tolist() for name in frame.columns}
+    return _Table(columns, str(path), first_row=2 if suffix in (".csv", ".tsv") else 1)
+
+
+def _read_table(path: Path) -> _Table:
+    if path.suffix.lower() == ".jsonl":
+        return _read_jsonl(path)
+    if path.suffix.lower() not in _SUFFIXES:
+        raise TaskError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(_SUFFIXES)}")
+    return _read_with_pandas(path)
+
+
+def _check_texts(table: _Table, name: str, option: str) -> List[str]:
+    values = table.column(name, option)
+    bad = [i for i, value in enumerate(values)
+           if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()]
+    if bad:
+        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} empty text(s) at row(s) "
+                        f"{table.rows(bad)}. Remove or fill those rows.")
+    return [str(value) for value in values]
+
+
+def _check_labels(table: _Table, name: str) -> List[str]:
+    values = table.column(name, "--label-col")
+    bad = [i for i, value in enumerate(values)
+           if value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""]
+    if bad:
+        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} missing label(s) at row(s) "
+                        f"{table.rows(bad)}.")
+    # 3 and 3.0 are the same label; keep names readable.
+    return [str(int(v)) if isinstance(v, float) and float(v).is_integer() else str(v) for v in values]
+
+
+def _check_scores(table: _Table, name: str) -> np.ndarray:
+    values = table.column(name, "--score-col")
+    scores = np.empty(len(values), dtype=np.float32)
+    bad = []
+    for i, value in enumerate(values):
+        try:
+            scores[i] = float(value)
+        except (TypeError, ValueError):
+            bad.append(i)
+            continue
+        if not math.isfinite(scores[i]):
+            bad.append(i)
+    if bad:
+        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} missing or non-numeric score(s) at "
+                        f"row(s) {table.rows(bad)}.")
+    return scores
+
+
+@dataclass
+class _Columns:
+    kind: str
+    text_col: str = "text"
+    label_col: str = "label"
+    text_cols: Tuple[str, str] = ("sentence1", "sentence2")
+    score_col: str = "score"
+
+
+def _sorted_label_names(names: Sequence[str]) -> List[str]:
+    unique = set(names)
+    if all(re.fullmatch(r"-?\d+", name) for name in unique):
+        return sorted(unique, key=int)
+    return sorted(unique)
+
+
+def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, source: str,
+                val_fraction: float, seed: int) -> TaskData:
+    """Validate every split's columns, map labels to ids, carve validation if needed."""
+    if cols.kind == "similarity":
+        splits = {}
+        for name, table in tables.items():
+            a = _check_texts(table, cols.text_cols[0], "--text-cols")
+            b = _check_texts(table, cols.text_cols[1], "--text-cols")
+            splits[name] = TaskSplit(name, labels=_check_scores(table, cols.score_col), pairs=list(zip(a, b)))
+        task = TaskData(spec=spec, splits=splits, label_names=[], source=source)
+    else:
+        texts = {name: _check_texts(table, cols.text_col, "--text-col") for name, table in tables.items()}
+        names = {name: _check_labels(table, cols.label_col) for name, table in tables.items()}
+        reference = "train" if "train" in names else next(iter(names))
+        label_names = _sorted_label_names(names[reference])
+        ids = {label: i for i, label in enumerate(label_names)}
+        for name, split_names in names.items():
+            unseen = sorted(set(split_names) - ids.keys())
+            if unseen:
+                count = sum(1 for label in split_names if label not in ids)
+                raise TaskError(
+                    f"{tables[name].where}: {count} row(s) of split {name!r} have label(s) that the {reference} "
+                    f"split does not have: {', '.join(map(repr, unseen[:_MAX_ROWS_LISTED]))}"
+                    f"{' ...' if len(unseen) > _MAX_ROWS_LISTED else ''}. A classifier cannot predict labels "
+                    f"it never saw; fix the files or drop those rows.")
+        splits = {name: TaskSplit(name, labels=np.array([ids[label] for label in names[name]], dtype=np.int64),
+                                  texts=texts[name]) for name in tables}
+        task = TaskData(spec=spec, splits=splits, label_names=label_names, source=source)
+    if "validation" not in task.splits and "train" in task.splits:
+        task = _carve_validation(task, val_fraction, seed)
+    order = [s for s in SPLITS if s in task.splits] + [s for s in task.splits if s not in SPLITS]
+    task.splits = {name: task.splits[name] for name in order}
+    return task
+
+
+def _stratified_pick(labels: np.ndarray, count_for: Any, rng: np.random.Generator) -> np.ndarray:
+    """For each label value (sorted), ``count_for(n_label)`` random positions; sorted result."""
+    picked = []
+    for value in np.unique(labels):
+        positions = np.flatnonzero(labels == value)
+        k = int(count_for(len(positions)))
+        if k > 0:
+            picked.append(rng.permutation(positions)[:k])
+    return np.sort(np.concatenate(picked)) if picked else np.empty(0, dtype=np.int64)
+
+
+def _carve_validation(task: TaskData, fraction: float, seed: int) -> TaskData:
+    """Move a seeded ``fraction`` of train (stratified by label for classification) to validation."""
+    if not 0.0 < fraction < 1.0:
+        raise TaskError(f"val_fraction must be between 0 and 1, got {fraction!r}")
+    train = task.splits["train"]
+    rng = np.random.default_rng(seed)
+    if task.kind == "classification":
+        # Every label keeps at least one training example.
+        val_idx = _stratified_pick(train.labels, lambda n: min(int(round(fraction * n)), n - 1), rng)
+    else:
+        val_idx = np.sort(rng.permutation(len(train))[: int(round(fraction * len(train)))])
+    if len(val_idx) == 0:
+        raise TaskError(f"task {task.name!r}: train has only {len(train)} rows, too few to carve a "
+                        f"{fraction:.0%} validation split; add a validation file.")
+    keep = np.setdiff1d(np.arange(len(train)), val_idx)
+    splits = dict(task.splits)
+    splits["train"] = train.subset(keep)
+    splits["validation"] = replace(train.subset(val_idx), name="validation")
+    return replace(task, splits=splits)
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def _find_split_files(folder: Path) -> Dict[str, Path]:
+    found: Dict[str, Path] = {}
+    for split, stems in _SPLIT_FILE_NAMES.items():
+        for stem in stems:
+            candidates = [folder / f"{stem}{suffix}" for suffix in _SUFFIXES if (folder / f"{stem}{suffix}").is_file()]
+            if candidates:
+                found[split] = candidates[0]
+                break
+    return found
+
+
+def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_fraction: float,
+                           seed: int) -> TaskData:
+    folder = data_dir / spec.local_name if spec.local_name else None
+    if folder is None or not folder.is_dir():
+        present = sorted(p.name for p in data_dir.iterdir() if p.is_dir()) if data_dir.is_dir() else []
+        where = f"{data_dir} (it has: {', '.join(present) or 'nothing'})" if data_dir.is_dir() else \
+            f"{data_dir}, which does not exist"
+        hint = (f"Put {spec.local_name or spec.name}/train.jsonl and test.jsonl there, or unset --data-dir/"
+                f"${DATA_ENV} to download {spec.hf_dataset!r} with the `datasets` library.")
+        raise TaskError(f"task {spec.name!r} is not in the data dir {where}. {hint}")
+    files = _find_split_files(folder)
+    wanted = ("test",) if spec.zero_shot_of else ("train", "test")
+    missing = [s for s in wanted if s not in files]
+    if missing:
+        raise TaskError(f"task {spec.name!r}: {folder} lacks the split file(s) "
+                        f"{', '.join(f'{s}.jsonl' for s in missing)} (found: "
+                        f"{', '.join(p.name for p in files.values()) or 'none'}).")
+    if spec.zero_shot_of:  # evaluated on test only
+        files = {"test": files["test"]}
+    tables = {split: _read_table(path) for split, path in files.items()}
+    return _build_task(spec, tables, cols, str(folder), val_fraction, seed)
+
+
+def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int) -> TaskData:
+    offline_hint = (f"Pass --data-dir (or set ${DATA_ENV}) to a folder with {spec.local_name or spec.name}/"
+                    f"train.jsonl and test.jsonl in the shared layout.")
+    try:
+        import datasets
+    except ImportError as exc:
+        raise TaskError(f"task {spec.name!r} has no data dir, and downloading {spec.hf_dataset!r} needs the "
+                        f"`datasets` library (pip install datasets). {offline_hint}") from exc
+    try:
+        loaded = datasets.load_dataset(spec.hf_dataset, spec.hf_config)
+    except Exception as exc:  # offline, missing dataset, ...
+        raise TaskError(f"could not load {spec.hf_dataset!r} from the Hugging Face hub "
+                        f"({type(exc).__name__}: {exc}). {offline_hint}") from exc
+    tables = {}
+    for split in SPLITS:
+        if split not in loaded:
+            continue
+        part = loaded[split]
+        columns = {name: part[name] for name in part.column_names}
+        feature = part.features.get(cols.label_col)
+        if cols.kind == "classification" and hasattr(feature, "int2str") and cols.label_col in columns:
+            columns[cols.label_col] = [feature.int2str(int(v)) for v in columns[cols.label_col]]
+        tables[split] = _Table(columns, f"{spec.hf_dataset} [{split}]", first_row=0)
+    if "test" not in tables:
+        raise TaskError(f"{spec.hf_dataset!r} has no test split (it has {list(loaded)}).")
+    if spec.zero_shot_of:
+        tables = {"test": tables["test"]}
+    return _build_task(spec, tables, cols, f"hf:{spec.hf_dataset}", val_fraction, seed)
+
+
+def _custom_columns(sample: _Table, text_col: Optional[str], label_col: Optional[str],
+                    text_cols: Optional[Sequence[str]], score_col: Optional[str]) -> _Columns:
+    if text_cols is not None:
+        if len(text_cols) != 2:
+            raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
+        return _Columns("similarity", text_cols=tuple(text_cols), score_col=score_col or "score")
+    if text_col is None and label_col is None and {"sentence1", "sentence2"} <= sample.columns.keys():
+        return _Columns("similarity", score_col=score_col or "score")
+    if score_col is not None:
+        raise TaskError("score_col is for sentence pairs; also pass text_cols (two columns), "
+                        "e.g. --text-cols sentence1,sentence2")
+    return _Columns("classification", text_col=text_col or "text", label_col=label_col or "label")
+
+
+def _load_custom(path: Path, text_col, label_col, text_cols, score_col, val_fraction, seed) -> TaskData:
+    if path.is_dir():
+        files = _find_split_files(path)
+        if "train" not in files:
+            present = sorted(p.name for p in path.iterdir())
+            raise TaskError(f"{path} has no train file (train.jsonl/.csv/.tsv/.parquet); it has: "
+                            f"{', '.join(present[:20]) or 'nothing'}.")
+        tables = {split: _read_table(file) for split, file in files.items()}
+    else:
+        tables = {"train": _read_table(path)}
+    cols = _custom_columns(tables["train"], text_col, label_col, text_cols, score_col)
+    spec = TaskSpec(name=path.stem if path.is_file() else path.name, kind=cols.kind,
+                    metric="accuracy" if cols.kind == "classification" else "spearman",
+                    text_col=cols.text_col, label_col=cols.label_col, text_cols=cols.text_cols,
+                    score_col=cols.score_col, splits=tuple(tables),
+                    description=f"custom task from {path}")
+    return _build_task(spec, tables, cols, str(path), val_fraction, seed)
+
+
+def load_task(name_or_path: Union[str, os.PathLike, TaskData], data_dir: Optional[PathLike] = None, *,
+              text_col: Optional[str] = None, label_col: Optional[str] = None,
+              text_cols: Optional[Sequence[str]] = None, score_col: Optional[str] = None,
+              val_fraction: float = 0.15, seed: int = 42) -> TaskData:
+    """Load a registered task or a custom file/folder into a validated :class:`TaskData`.
+
+    Args:
+        name_or_path: a registered name (see :func:`list_tasks`), a folder of split files
+            (``train``/``validation``/``test`` with suffix .jsonl/.csv/.tsv/.parquet), or one
+            such file (it becomes ``train``; validation is carved from it).
+        data_dir: local data in the shared layout; default ``$ILGE_SEARCH_DATA``; without one,
+            registered tasks are downloaded with Hugging Face ``datasets``.
+        text_col, label_col: classification columns (override the registered ones).
+        text_cols, score_col: two text columns and a score column for sentence-pair tasks.
+        val_fraction, seed: where there is no validation split, a stratified, seeded
+            ``val_fraction`` of train becomes one.
+
+    Raises:
+        TaskError (a ValueError): unknown task, missing files or columns, empty texts,
+        labels in validation/test that train lacks.
+    """
+    if isinstance(name_or_path, TaskData):
+        return name_or_path
+    raw = os.fspath(name_or_path)
+    path = Path(raw).expanduser()
+    key = raw.strip().lower().replace("-", "_")
+    if key in TASKS and not (path.exists() and os.sep in raw):
+        spec = get_task_spec(key)
+        local = resolve_data_dir(data_dir)
+        # The shared local layout always uses text/label and sentence1/sentence2/score.
+        defaults = _Columns(spec.kind) if local is not None else _Columns(
+            spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
+        cols = _Columns(spec.kind, text_col or defaults.text_col, label_col or defaults.label_col,
+                        tuple(text_cols) if text_cols else defaults.text_cols, score_col or defaults.score_col)
+        if local is not None:
+            return _load_local_registered(spec, local, cols, val_fraction, seed)
+        return _load_online(spec, cols, val_fraction, seed)
+    if path.exists():
+        return _load_custom(path, text_col, label_col, text_cols, score_col, val_fraction, seed)
+    get_task_spec(raw)  # raises the unknown-task error
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- subsets
+
+
+def _pick(part: TaskSplit, kind: str, n: int, rng: np.random.Generator, stratified: bool) -> np.ndarray:
+    if n >= len(part):
+        return np.arange(len(part))
+    if kind != "classification" or not stratified:
+        return np.sort(rng.permutation(len(part))[:n])
+    values, counts = np.unique(part.labels, return_counts=True)
+    exact = counts * n / len(part)
+    quota = np.floor(exact).astype(int)
+    # Hand out the remainder by largest fractional part (ties broken at random, seeded).
+    order = np.lexsort((rng.random(len(values)), -(exact - quota)))
+    quota[order[: n - quota.sum()]] += 1
+    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(part.labels == value))[:k]
+                                   for value, k in zip(values, quota)]))
+
+
+def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[float] = None, seed: int = 0,
+              stratified: bool = True, splits: Optional[Sequence[str]] = None) -> TaskData:
+    """At most ``n`` examples (or a ``fraction``) of each split, stratified by label for
+    classification; label ids and names are kept. ``splits`` limits which splits shrink."""
+    if (n is None) == (fraction is None):
+        raise ValueError("pass exactly one of n (examples per split) or fraction")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if fraction is not None and not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    rng = np.random.default_rng(seed)
+    new_splits = {}
+    for name, part in task.splits.items():
+        if splits is not None and name not in splits:
+            new_splits[name] = part
+            continue
+        count = n if n is not None else max(1, int(round(fraction * len(part))))
+        new_splits[name] = part.subset(_pick(part, task.kind, count, rng, stratified))
+    return replace(task, splits=new_splits)
+
+
+def few_shot(task: TaskData, shots_per_label: int, *, seed: int = 0) -> TaskData:
+    """Keep ``shots_per_label`` random training examples per label (all of a label that has
+    fewer); validation and test are unchanged. Classification tasks only."""
+    if task.kind != "classification":
+        raise ValueError(f"few_shot needs a classification task; {task.name!r} is {task.kind}")
+    if isinstance(shots_per_label, bool) or not isinstance(shots_per_label, int) or shots_per_label <= 0:
+        raise ValueError(f"shots_per_label must be a positive integer, got {shots_per_label!r}")
+    rng = np.random.default_rng(seed)
+    train = task.split("train")
+    keep = _stratified_pick(train.labels, lambda count: min(shots_per_label, count), rng)
+    return replace(task, splits={**task.splits, "train": train.subset(keep)})
