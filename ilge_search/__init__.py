@@ -36,10 +36,21 @@ _LAZY = {
     "ILGEClassifier": "classifier",
     "extract_layer_embeddings": "extraction",
     "EmbeddingCache": "cache",
+    "load_task_embeddings": "cache",
+    "LayerEmbedder": "extraction",
+    "resolve_model": "models",
     "load_task": "tasks",
     "list_tasks": "tasks",
     "train_encoder": "engine",
     "run_study": "study",
+    "list_studies": "study",
+    "StudyResult": "study",
+    "run_sweep": "sweep",
+    "load_sweep": "sweep",
+    "serve_dashboard": "dashboard",
+    "write_notes": "dashboard",
+    "build_report": "report",
+    "recommend_defaults": "recommend",
 }
 
 __all__ = [

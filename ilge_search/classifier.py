@@ -1,0 +1,528 @@
+"""``ILGEClassifier``: text classification with an ILGE encoder, scikit-learn style.
+
+The frozen LLM turns each text into per-layer embeddings ``(L, D)`` (through
+the one embedding cache), and the one training engine trains the encoder plus
+a linear head on them. The estimator follows scikit-learn's rules: ``__init__``
+only stores its arguments, ``fit`` returns ``self``, fitted state ends in
+``_``, the seed comes in as ``random_state``, and ``sklearn.base.clone`` works.
+
+Texts already embedded in this process are never sent through the LLM again:
+embeddings are memoised per (model, token pooling, max_length) and text, and
+texts not in the memo go through :class:`~ilge_search.cache.EmbeddingCache`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import NotFittedError
+
+from ._version import __version__
+from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+
+__all__ = ["ILGEClassifier", "clear_embedding_memo", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+META_FILE = "ilge_classifier.json"
+TOKEN_POOLINGS = ("mean", "last", "first", "mean_including_padding")
+
+PathLike = Union[str, os.PathLike]
+
+# (base_model, token_pooling, max_length) -> {text: (L, D) tensor}; see clear_embedding_memo()
+_EMBEDDING_MEMO: Dict[Tuple[str, str, int], Dict[str, torch.Tensor]] = {}
+
+
+def clear_embedding_memo() -> None:
+    """Forget the in-process embeddings of every text (the disk cache is kept)."""
+    _EMBEDDING_MEMO.clear()
+
+
+def _check_texts(texts: Any, name: str = "texts") -> List[str]:
+    if isinstance(texts, (str, bytes)):
+        raise ValueError(f"{name} must be a list of strings, not a single string; wrap it in a list")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise ValueError(f"{name} must be a list of strings, got {type(texts).__name__}") from None
+    if not texts:
+        raise ValueError(f"{name} is empty; pass at least one text")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"{name}[{i}] is {type(text).__name__}, expected str")
+        if not text.strip():
+            raise ValueError(f"{name}[{i}] is empty or whitespace only; remove it or give it some text")
+    return texts
+
+
+def _check_labels(labels: Any, num_rows: int, name: str = "labels") -> np.ndarray:
+    if labels is None:
+        raise ValueError(f"{name} is None")
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {labels.shape}")
+    if labels.shape[0] != num_rows:
+        raise ValueError(f"got {num_rows} inputs but {labels.shape[0]} {name}; they must have the same length")
+    if labels.dtype.kind == "f":
+        if not np.all(np.isfinite(labels)) or not np.all(labels == np.round(labels)):
+            raise ValueError(f"{name} must be class labels (ints or strings), got non-integer floats")
+        labels = labels.astype(np.int64)
+    elif labels.dtype.kind == "O":
+        kinds = {type(v) for v in labels}
+        if len(kinds) > 1:
+            raise ValueError(f"{name} mix types {sorted(k.__name__ for k in kinds)}; use one label type")
+        labels = np.asarray(labels.tolist())
+    if labels.dtype.kind not in "iubU":
+        raise ValueError(f"{name} must be ints or strings, got dtype {labels.dtype}")
+    return labels
+
+
+def _check_features(X: Any, name: str = "X") -> torch.Tensor:
+    X = torch.as_tensor(X)
+    if not X.is_floating_point() or X.dim() != 3:
+        raise ValueError(f"{name} must be a float array of shape (N, num_layers, hidden), got "
+                         f"{X.dtype} {tuple(X.shape)}")
+    if X.shape[0] == 0:
+        raise ValueError(f"{name} is empty; pass at least one row")
+    return X
+
+
+def _json_label(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+class ILGEClassifier(ClassifierMixin, BaseEstimator):
+    """Text classifier: an ILGE encoder over every layer of a frozen LLM, plus a linear head.
+
+    Args:
+        base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local
+            folder or Hugging Face id. Only needed for the text methods.
+        config: an encoder family or baseline config (default ``CayleyConfig()``),
+            or a family name such as ``"deepset"`` for its defaults.
+            ``BestLayerConfig(layer=None)`` picks the layer on validation data.
+        num_classes: expected number of classes; checked against the labels.
+            With integer labels in ``[0, num_classes)`` classes missing from
+            the training data still get a logit.
+        token_pooling: ``"mean"``, ``"last"``, ``"first"`` or ``"mean_including_padding"``.
+        max_length: tokens per text passed to the LLM.
+        batch_size: texts per LLM forward pass (the encoder's training batch
+            size is ``config.batch_size``).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
+        random_state: seeds the validation split, initialisation and batch order.
+        cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
+        verbose: show progress bars.
+        val_fraction: share of the training data held out (stratified) for
+            early stopping when no validation data are given.
+        patience: early-stopping patience in epochs.
+
+    Fitted attributes:
+        classes_, model_, config_ (resolved config), num_layers_, hidden_size_,
+        history_, best_epoch_, best_val_score_, and for best-layer ``best_layer_``
+        and ``layer_scores_`` (validation accuracy per layer).
+    """
+
+    def __init__(
+        self,
+        base_model: Optional[PathLike] = None,
+        config: Union[EncoderConfig, str, None] = None,
+        num_classes: Optional[int] = None,
+        token_pooling: str = "mean",
+        max_length: int = 512,
+        batch_size: int = 32,
+        device: str = "auto",
+        random_state: int = 0,
+        cache_dir: Optional[PathLike] = None,
+        verbose: bool = False,
+        val_fraction: float = 0.15,
+        patience: int = 10,
+    ) -> None:
+        self.base_model = base_model
+        self.config = config
+        self.num_classes = num_classes
+        self.token_pooling = token_pooling
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.cache_dir = cache_dir
+        self.verbose = verbose
+        self.val_fraction = val_fraction
+        self.patience = patience
+
+    # ------------------------------------------------------------------ validation
+
+    def _resolved_config(self) -> EncoderConfig:
+        config = self.config
+        if config is None:
+            return CayleyConfig()
+        if isinstance(config, str):
+            return config_class_for(config)()
+        if isinstance(config, dict):
+            return config_from_dict(config)
+        if not isinstance(config, EncoderConfig):
+            raise ValueError(f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}")
+        return config
+
+    def _check_params(self, needs_model: bool) -> EncoderConfig:
+        config = self._resolved_config()
+        if needs_model:
+            if self.base_model is None:
+                raise ValueError("base_model is None; pass a model name or folder, or use fit_embeddings()")
+            if not isinstance(self.base_model, (str, os.PathLike)):
+                raise ValueError(f"base_model must be a model name or folder, got {type(self.base_model).__name__}")
+            if self.token_pooling not in TOKEN_POOLINGS:
+                raise ValueError(f"token_pooling must be one of {list(TOKEN_POOLINGS)}, got {self.token_pooling!r}")
+            for name in ("max_length", "batch_size"):
+                value = getattr(self, name)
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_classes is not None and (isinstance(self.num_classes, bool)
+                                             or not isinstance(self.num_classes, int) or self.num_classes < 2):
+            raise ValueError(f"num_classes must be an integer >= 2 or None, got {self.num_classes!r}")
+        if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
+            raise ValueError(f"random_state must be an integer, got {self.random_state!r}")
+        if not 0.0 < float(self.val_fraction) < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        return config
+
+    def _fit_classes(self, labels: np.ndarray) -> np.ndarray:
+        distinct = np.unique(labels)
+        if self.num_classes is None:
+            classes = distinct
+        elif labels.dtype.kind in "iu" and distinct.min() >= 0 and distinct.max() < self.num_classes:
+            classes = np.arange(self.num_classes, dtype=labels.dtype)
+        elif len(distinct) == self.num_classes:
+            classes = distinct
+        else:
+            raise ValueError(
+                f"num_classes={self.num_classes} but the labels have {len(distinct)} distinct values "
+                f"{distinct[:10].tolist()}{'...' if len(distinct) > 10 else ''}; fix num_classes or the labels"
+            )
+        if len(classes) < 2:
+            raise ValueError(f"need at least 2 classes to train a classifier, got {classes.tolist()}")
+        return classes
+
+    def _encode(self, labels: np.ndarray, classes: np.ndarray, name: str) -> np.ndarray:
+        if labels.dtype.kind != classes.dtype.kind and not (labels.dtype.kind in "iu" and classes.dtype.kind in "iu"):
+            raise ValueError(f"{name} are {labels.dtype} but the classes are {classes.dtype}; use one label type")
+        unseen = np.setdiff1d(np.unique(labels), classes)
+        if unseen.size:
+            raise ValueError(
+                f"{name} contain {unseen.size} label(s) not seen in training: {unseen[:10].tolist()}; "
+                f"known classes: {classes[:20].tolist()}{'...' if len(classes) > 20 else ''}"
+            )
+        return np.searchsorted(classes, labels).astype(np.int64)
+
+    def _validation_split(self, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """Stratified, seeded split of train into (train rows, validation rows).
+
+        About ``val_fraction`` of the rows are held out, each class in proportion
+        (largest remainders get the rounding), and every class keeps at least one
+        training row.
+        """
+        rng = np.random.default_rng(int(self.random_state))
+        classes, counts = np.unique(labels, return_counts=True)
+        quota = counts * float(self.val_fraction)
+        n_val = np.floor(quota).astype(np.int64)
+        remaining = int(round(len(labels) * float(self.val_fraction))) - int(n_val.sum())
+        # hand the rounding to the classes with the largest remainders (random tie-break)
+        order = np.lexsort((rng.random(len(classes)), -(quota - n_val)))
+        for i in order[:max(remaining, 0)]:
+            n_val[i] += 1
+        n_val = np.minimum(n_val, counts - 1)
+        train_rows, val_rows = [], []
+        for label, k in zip(classes, n_val):
+            rows = rng.permutation(np.flatnonzero(labels == label))
+            val_rows.append(rows[:k])
+            train_rows.append(rows[k:])
+        val_rows = np.sort(np.concatenate(val_rows))
+        if val_rows.size == 0:
+            raise ValueError(
+                f"too few examples to hold out {self.val_fraction:.0%} for validation; "
+                "pass val_texts/val_labels (or X_val/y_val) or more data"
+            )
+        return np.sort(np.concatenate(train_rows)), val_rows
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit() or fit_embeddings() first")
+
+    # ------------------------------------------------------------------ embeddings
+
+    def _embed(self, texts: List[str]) -> torch.Tensor:
+        """(N, L, D) embeddings; only texts never seen in this process reach the LLM."""
+        key = (str(self.base_model), self.token_pooling, int(self.max_length))
+        memo = _EMBEDDING_MEMO.setdefault(key, {})
+        missing = list(dict.fromkeys(text for text in texts if text not in memo))
+        if missing:
+            cache = self._embedding_cache()
+            features = cache.get_or_extract_texts(
+                self.base_model, missing, pooling=self.token_pooling, max_length=self.max_length,
+                batch_size=self.batch_size, device=self.device, progress=bool(self.verbose),
+            )
+            for text, row in zip(missing, features):
+                memo[text] = row
+        return torch.stack([memo[text] for text in texts])  # (N, L, D)
+
+    def _embedding_cache(self):
+        from .cache import EmbeddingCache  # lazy: pulls in transformers
+
+        cache = getattr(self, "_cache", None)
+        if cache is None:
+            cache = self._cache = EmbeddingCache(self.cache_dir)
+        return cache
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_cache", None)  # never pickle a loaded LLM
+        return state
+
+    def unload_llm(self) -> "ILGEClassifier":
+        """Free the LLM (the trained encoder stays); the next text method reloads it."""
+        cache = getattr(self, "_cache", None)
+        if cache is not None:
+            cache.unload()
+        self._cache = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return self
+
+    # ------------------------------------------------------------------ fitting
+
+    def fit(self, texts: Sequence[str], labels: Sequence[Any], val_texts: Optional[Sequence[str]] = None,
+            val_labels: Optional[Sequence[Any]] = None) -> "ILGEClassifier":
+        """Embed the texts with the frozen LLM and train the encoder and head.
+
+        Labels may be ints or strings. Without validation data, a stratified
+        ``val_fraction`` of the training data is held out for early stopping.
+        """
+        config = self._check_params(needs_model=True)
+        texts = _check_texts(texts)
+        labels = _check_labels(labels, len(texts))
+        if (val_texts is None) != (val_labels is None):
+            raise ValueError("pass both val_texts and val_labels, or neither")
+        if val_texts is not None:
+            val_texts = _check_texts(val_texts, "val_texts")
+            val_labels = _check_labels(val_labels, len(val_texts), "val_labels")
+        classes = self._fit_classes(labels)
+        y = self._encode(labels, classes, "labels")
+        y_val = None if val_labels is None else self._encode(val_labels, classes, "val_labels")
+        if val_texts is None:
+            train_rows, val_rows = self._validation_split(y)
+
+        features = self._embed(texts + (val_texts or []))  # one pass for all texts not yet embedded
+        if val_texts is None:
+            X, X_val, y, y_val = features[train_rows], features[val_rows], y[train_rows], y[val_rows]
+        else:
+            X, X_val = features[:len(texts)], features[len(texts):]
+        return self._train(config, classes, X, y, X_val, y_val)
+
+    def fit_embeddings(self, X: Any, y: Sequence[Any], X_val: Any = None,
+                       y_val: Optional[Sequence[Any]] = None) -> "ILGEClassifier":
+        """Train on precomputed per-layer embeddings ``X`` of shape ``(N, L, D)``."""
+        config = self._check_params(needs_model=False)
+        X = _check_features(X)
+        labels = _check_labels(y, X.shape[0], "y")
+        if (X_val is None) != (y_val is None):
+            raise ValueError("pass both X_val and y_val, or neither")
+        if X_val is not None:
+            X_val = _check_features(X_val, "X_val")
+            if X_val.shape[1:] != X.shape[1:]:
+                raise ValueError(f"X_val rows are {tuple(X_val.shape[1:])} but X rows are {tuple(X.shape[1:])}")
+            y_val = _check_labels(y_val, X_val.shape[0], "y_val")
+        classes = self._fit_classes(labels)
+        y_ids = self._encode(labels, classes, "y")
+        if X_val is None:
+            train_rows, val_rows = self._validation_split(y_ids)
+            X, X_val, y_ids, y_val_ids = X[train_rows], X[val_rows], y_ids[train_rows], y_ids[val_rows]
+        else:
+            y_val_ids = self._encode(y_val, classes, "y_val")
+        return self._train(config, classes, X, y_ids, X_val, y_val_ids)
+
+    def _train(self, config: EncoderConfig, classes: np.ndarray, X: torch.Tensor, y: np.ndarray,
+               X_val: torch.Tensor, y_val: np.ndarray) -> "ILGEClassifier":
+        from .engine import select_best_layer, train_encoder
+
+        kwargs = dict(task_kind="classification", num_classes=len(classes), seed=int(self.random_state),
+                      device=self.device, patience=self.patience, progress=bool(self.verbose))
+        train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))
+        if isinstance(config, BestLayerConfig) and config.layer is None:
+            layer, result, scores = select_best_layer(config, train, val, **kwargs)
+            config = config.replace(layer=layer)
+            self.best_layer_, self.layer_scores_ = layer, scores
+        else:
+            result = train_encoder(config, train, val, **kwargs)
+        self.classes_ = classes
+        self.config_ = config
+        self.num_layers_, self.hidden_size_ = int(X.shape[1]), int(X.shape[2])
+        self.model_ = result.model
+        self.history_ = result.history
+        self.best_epoch_ = result.best_epoch
+        self.best_val_score_ = result.best_val_metric
+        self.num_trainable_params_ = result.num_trainable_params
+        return self
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict_proba_embeddings(self, X: Any) -> np.ndarray:
+        """Class probabilities ``(N, n_classes)`` for precomputed ``(N, L, D)`` embeddings."""
+        from .engine import predict_logits
+
+        self._check_fitted()
+        X = _check_features(X)
+        if tuple(X.shape[1:]) != (self.num_layers_, self.hidden_size_):
+            raise ValueError(
+                f"X rows are {tuple(X.shape[1:])} but the classifier was fitted on "
+                f"({self.num_layers_}, {self.hidden_size_}) layer embeddings"
+            )
+        logits = predict_logits(self.model_, X)
+        return torch.softmax(logits.double(), dim=1).numpy()
+
+    def predict_embeddings(self, X: Any) -> np.ndarray:
+        """Labels (in the type given to ``fit``) for precomputed embeddings."""
+        self._check_fitted()
+        return self.classes_[self.predict_proba_embeddings(X).argmax(axis=1)]
+
+    def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
+        """Class probabilities ``(N, n_classes)``, columns in ``classes_`` order."""
+        self._check_fitted()
+        self._check_params(needs_model=True)
+        texts = _check_texts(texts)
+        return self.predict_proba_embeddings(self._embed(texts))
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray:
+        """Predicted labels, in the type given to ``fit`` (ints or strings)."""
+        self._check_fitted()
+        return self.classes_[self.predict_proba(texts).argmax(axis=1)]
+
+    def score(self, texts: Sequence[str], labels: Sequence[Any], sample_weight: Any = None) -> float:
+        """Accuracy on ``texts``; labels unseen in training raise before any embedding."""
+        self._check_fitted()
+        texts = _check_texts(texts)
+        labels = _check_labels(labels, len(texts))
+        self._encode(labels, self.classes_, "labels")
+        predicted = self.predict(texts)
+        correct = (predicted == labels).astype(np.float64)
+        if sample_weight is None:
+            return float(correct.mean())
+        return float(np.average(correct, weights=np.asarray(sample_weight, dtype=np.float64)))
+
+    def score_embeddings(self, X: Any, y: Sequence[Any]) -> float:
+        """Accuracy on precomputed embeddings."""
+        self._check_fitted()
+        X = _check_features(X)
+        labels = _check_labels(y, X.shape[0], "y")
+        self._encode(labels, self.classes_, "y")
+        return float((self.predict_embeddings(X) == labels).mean())
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path: PathLike) -> Path:
+        """Write ``model.safetensors`` and ``ilge_classifier.json`` into directory ``path``.
+
+        The LLM is not saved, only its name; no pickle is used.
+        """
+        from safetensors.torch import save_file
+
+        self._check_fitted()
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} exists and is not a directory; save() writes a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
+        meta = {
+            "format": "ilge-search-classifier",
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "config": self.config_.to_dict(),
+            "classes": [_json_label(c) for c in self.classes_.tolist()],
+            "classes_kind": self.classes_.dtype.kind,
+            "base_model": None if self.base_model is None else str(self.base_model),
+            "token_pooling": self.token_pooling,
+            "max_length": self.max_length,
+            "num_layers": self.num_layers_,
+            "hidden_size": self.hidden_size_,
+            "random_state": int(self.random_state),
+            "best_epoch": self.best_epoch_,
+            "best_val_score": self.best_val_score_,
+        }
+        # write to temporary names, then rename: an interrupted save never leaves a half-written pair
+        tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
+        save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
+        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        os.replace(tmp_weights, path / WEIGHTS_FILE)
+        os.replace(tmp_meta, path / META_FILE)
+        return path
+
+    @classmethod
+    def load(cls, path: PathLike, *, device: str = "auto", cache_dir: Optional[PathLike] = None,
+             batch_size: int = 32, verbose: bool = False) -> "ILGEClassifier":
+        """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        from .engine import build_model
+        from .models import resolve_device
+
+        path = Path(path)
+        meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
+        if not meta_path.is_file() or not weights_path.is_file():
+            raise ValueError(f"{path} is not a saved ILGEClassifier: expected {META_FILE} and {WEIGHTS_FILE} in it")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{meta_path} is not valid JSON ({exc}); the saved classifier is corrupt") from None
+        if not isinstance(meta, dict) or meta.get("format") != "ilge-search-classifier":
+            raise ValueError(f"{meta_path} was not written by ILGEClassifier.save()")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{path} has format_version {meta.get('format_version')!r}; this ilge-search "
+                f"({__version__}) reads version {FORMAT_VERSION}. Re-save it with a matching version."
+            )
+        try:
+            config = config_from_dict(meta["config"])
+            classes = np.asarray(meta["classes"])
+            num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
+            clf = cls(base_model=meta["base_model"], config=config, num_classes=len(classes),
+                      token_pooling=meta["token_pooling"], max_length=int(meta["max_length"]),
+                      batch_size=batch_size, device=device, random_state=int(meta["random_state"]),
+                      cache_dir=cache_dir, verbose=verbose)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
+        recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
+        if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
+            raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
+
+        try:
+            state = load_file(str(weights_path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
+        model = build_model(config, num_layers, hidden_size, "classification", num_classes=len(classes))
+        expected = model.state_dict()
+        missing, unexpected = set(expected) - set(state), set(state) - set(expected)
+        wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
+        if missing or unexpected or wrong_shape:
+            raise ValueError(
+                f"{weights_path} does not match its config: missing {sorted(missing)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
+            )
+        model.load_state_dict(state)
+        model.to(resolve_device(device)).eval()
+
+        clf.classes_ = classes
+        clf.config_ = config
+        clf.num_layers_, clf.hidden_size_ = num_layers, hidden_size
+        clf.model_ = model
+        clf.history_ = []
+        clf.best_epoch_ = meta.get("best_epoch")
+        clf.best_val_score_ = meta.get("best_val_score")
+        clf.num_trainable_params_ = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if isinstance(config, BestLayerConfig):
+            clf.best_layer_ = config.layer
+        return clf

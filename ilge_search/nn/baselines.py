@@ -1,0 +1,258 @@
+"""Layer baselines: the simple ways of turning ``(N, L, D)`` into one vector.
+
+Every baseline is a :class:`~ilge_search.nn._base.LayerEncoder`, so the one
+training engine puts the same linear head on top of it as on an ILGE encoder:
+``last-layer`` + head is a linear probe on the last layer, ``mlp-last`` + head
+an MLP classifier, and so on. :func:`build_baseline` maps a baseline config to
+its module; :func:`ilge_search.aggregator.build_aggregator` dispatches here.
+
+All baselines take ``dropout``; it is applied to the vector handed to the
+head (the default configs use ``dropout=0.0``, i.e. a plain probe).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import nn
+
+from ..configs import (
+    BASELINE_FAMILIES,
+    BestLayerConfig,
+    EncoderConfig,
+    LastLayerConfig,
+    MeanLayersConfig,
+    MLPLastConfig,
+    ScalarMixConfig,
+)
+from ._base import LayerEncoder
+
+__all__ = [
+    "LastLayer",
+    "BestLayer",
+    "MeanLayers",
+    "ScalarMix",
+    "MLPLast",
+    "build_baseline",
+]
+
+
+def _check_dropout(dropout: float) -> float:
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    return float(dropout)
+
+
+class LastLayer(LayerEncoder):
+    r"""Returns the last layer's embedding, :math:`h_{L-1}` (no parameters).
+
+    Args:
+        num_layers: number of layers ``L`` (embedding layer included).
+        hidden_in: hidden size ``D``.
+        dropout: dropout on the output.
+
+    Shapes:
+        - input: ``(N, L, D)``
+        - output: ``(N, D)``
+    """
+
+    def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
+        super().__init__(num_layers, hidden_in)
+        self.dropout = _check_dropout(dropout)
+        self.out_dim = self.hidden_in
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        pass  # nothing to learn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x[:, -1], self.dropout, self.training)  # (N, D)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in})"
+
+
+class BestLayer(LayerEncoder):
+    r"""Returns one fixed layer, :math:`h_{\text{layer}}` (no parameters).
+
+    Which layer is best is decided on validation data by
+    :func:`ilge_search.engine.select_best_layer`; this module only reads it.
+
+    Args:
+        num_layers: number of layers ``L``.
+        hidden_in: hidden size ``D``.
+        layer: index in ``[-L, L)``; negative indices count from the last layer
+            and are stored normalised to ``[0, L)``.
+        dropout: dropout on the output.
+
+    Shapes:
+        - input: ``(N, L, D)``
+        - output: ``(N, D)``
+    """
+
+    def __init__(self, num_layers: int, hidden_in: int, layer: int, dropout: float = 0.0) -> None:
+        super().__init__(num_layers, hidden_in)
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise ValueError(f"layer must be an integer index, got {layer!r}")
+        if not -self.num_layers <= layer < self.num_layers:
+            raise ValueError(
+                f"layer={layer} is out of range for a model with {self.num_layers} layers; "
+                f"use an index in [{-self.num_layers}, {self.num_layers - 1}]"
+            )
+        self.layer = layer % self.num_layers
+        self.dropout = _check_dropout(dropout)
+        self.out_dim = self.hidden_in
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        pass  # nothing to learn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x[:, self.layer], self.dropout, self.training)  # (N, D)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}, "
+                f"layer={self.layer})")
+
+
+class MeanLayers(LayerEncoder):
+    r"""The unweighted mean of all layers, :math:`\frac{1}{L}\sum_l h_l` (no parameters).
+
+    Shapes:
+        - input: ``(N, L, D)``
+        - output: ``(N, D)``
+    """
+
+    def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
+        super().__init__(num_layers, hidden_in)
+        self.dropout = _check_dropout(dropout)
+        self.out_dim = self.hidden_in
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        pass  # nothing to learn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(x.mean(dim=1), self.dropout, self.training)  # (N, D)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in})"
+
+
+class ScalarMix(LayerEncoder):
+    r"""ELMo's scalar mix, :math:`\gamma \sum_l \mathrm{softmax}(w)_l\, h_l`.
+
+    ``w`` starts at zero (a uniform mix, i.e. the mean of the layers) and
+    ``gamma`` at one, so before training this equals :class:`MeanLayers`.
+
+    Args:
+        num_layers: number of layers ``L``.
+        hidden_in: hidden size ``D``.
+        dropout: dropout on the output.
+
+    Shapes:
+        - input: ``(N, L, D)``
+        - output: ``(N, D)``
+    """
+
+    def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
+        super().__init__(num_layers, hidden_in)
+        self.dropout = _check_dropout(dropout)
+        self.out_dim = self.hidden_in
+        self.layer_logits = nn.Parameter(torch.empty(self.num_layers))
+        self.gamma = nn.Parameter(torch.empty(1))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.layer_logits)
+        nn.init.ones_(self.gamma)
+
+    def layer_weights(self) -> torch.Tensor:
+        """The current mixing weights ``softmax(w)``, shape ``(L,)``."""
+        return torch.softmax(self.layer_logits, dim=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = self.layer_weights().to(x.dtype)  # (L,)
+        mixed = self.gamma.to(x.dtype) * torch.einsum("nld,l->nd", x, weights)  # (N, D)
+        return nn.functional.dropout(mixed, self.dropout, self.training)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in})"
+
+
+class MLPLast(LayerEncoder):
+    r"""An MLP on the last layer: ``mlp_layers`` blocks of Linear -> ReLU -> Dropout.
+
+    With the engine's linear head on top this is an MLP classifier with
+    ``mlp_layers`` hidden layers of width ``hidden_dim``.
+
+    Args:
+        num_layers: number of layers ``L``.
+        hidden_in: hidden size ``D``.
+        hidden_dim: width of every hidden layer (and ``out_dim``).
+        mlp_layers: number of hidden layers (>= 1).
+        dropout: dropout after every hidden layer.
+
+    Shapes:
+        - input: ``(N, L, D)``
+        - output: ``(N, hidden_dim)``
+    """
+
+    def __init__(self, num_layers: int, hidden_in: int, hidden_dim: int = 256, mlp_layers: int = 1,
+                 dropout: float = 0.1) -> None:
+        super().__init__(num_layers, hidden_in)
+        if hidden_dim <= 0 or mlp_layers <= 0:
+            raise ValueError(f"hidden_dim and mlp_layers must be positive, got {hidden_dim} and {mlp_layers}")
+        self.hidden_dim = int(hidden_dim)
+        self.mlp_layers = int(mlp_layers)
+        self.dropout = _check_dropout(dropout)
+        self.out_dim = self.hidden_dim
+        blocks: List[nn.Module] = []
+        width = self.hidden_in
+        for _ in range(self.mlp_layers):
+            blocks += [nn.Linear(width, self.hidden_dim), nn.ReLU(), nn.Dropout(self.dropout)]
+            width = self.hidden_dim
+        self.mlp = nn.Sequential(*blocks)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for module in self.mlp:
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x[:, -1])  # (N, D) -> (N, hidden_dim)
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}, "
+                f"hidden_dim={self.hidden_dim}, mlp_layers={self.mlp_layers})")
+
+
+def build_baseline(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
+    """Build the baseline module for a baseline config.
+
+    ``BestLayerConfig(layer=None)`` cannot be built: the layer has to be chosen
+    on validation data first with :func:`ilge_search.engine.select_best_layer`
+    (or set explicitly, e.g. ``BestLayerConfig(layer=-2)``).
+    """
+    if isinstance(config, LastLayerConfig):
+        return LastLayer(num_layers, hidden_in, dropout=config.dropout)
+    if isinstance(config, BestLayerConfig):
+        if config.layer is None:
+            raise ValueError(
+                "BestLayerConfig.layer is None: choose the layer on validation data with "
+                "ilge_search.engine.select_best_layer(...), or set layer=<index> explicitly"
+            )
+        return BestLayer(num_layers, hidden_in, layer=config.layer, dropout=config.dropout)
+    if isinstance(config, MeanLayersConfig):
+        return MeanLayers(num_layers, hidden_in, dropout=config.dropout)
+    if isinstance(config, ScalarMixConfig):
+        return ScalarMix(num_layers, hidden_in, dropout=config.dropout)
+    if isinstance(config, MLPLastConfig):
+        return MLPLast(num_layers, hidden_in, hidden_dim=config.hidden_dim, mlp_layers=config.mlp_layers,
+                       dropout=config.dropout)
+    raise ValueError(
+        f"{type(config).__name__} (family {config.family!r}) is not a baseline; "
+        f"baseline families are {list(BASELINE_FAMILIES)}"
+    )

@@ -1,0 +1,84 @@
+"""Several separate `ilge-search run` processes sharing one study on PostgreSQL (the multi-node recipe)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from ilge_search.study import _DataSpec, _load_study_data, default_study_name, recommended_params
+
+MODEL = "minilm-l6"
+SMALL = dict(max_train=240, max_eval=160, max_epochs=4)
+WORKERS = 3
+TOTAL = 7  # not a multiple of the workers: the shared cap, not a per-process split, decides
+
+
+def _cache_files(cache_dir):
+    folder = cache_dir / "embeddings"
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} if folder.is_dir() else {}
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+@pytest.mark.postgres
+def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_dir, tmp_path):
+    # embeddings cached once, up front, in the cache every worker shares
+    spec = _DataSpec(model=MODEL, task="trec", max_train=SMALL["max_train"], max_eval=SMALL["max_eval"],
+                     data_dir=str(data_dir), cache_dir=str(cache_dir), device="cpu")
+    _load_study_data(spec, with_test=True, progress=False)
+    cached = _cache_files(cache_dir)
+    assert cached
+
+    command = [sys.executable, "-c", "from ilge_search.cli import main; main()", "run", "--model", MODEL,
+               "--task", "trec", "--encoder", "fc", "--total-trials", str(TOTAL), "--storage", postgres_url,
+               "--pruner", "none", "--final-seeds", "1", "--max-train", str(SMALL["max_train"]),
+               "--max-eval", str(SMALL["max_eval"]), "--max-epochs", str(SMALL["max_epochs"]),
+               "--artifact-dir", str(tmp_path / "artifacts"), "--cache-dir", str(cache_dir),
+               "--data-dir", str(data_dir), "--device", "cpu", "--quiet"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # three processes on two cores
+    processes = [subprocess.Popen(command + ["--seed", str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=env) for i in range(WORKERS)]
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                other.kill()
+            raise
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+
+    name = default_study_name(MODEL, "trec", "fc", **{k: SMALL[k] for k in ("max_train", "max_eval", "max_epochs")})
+    study = optuna.load_study(study_name=name, storage=postgres_url)
+    trials = study.trials
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    # exactly the requested number, however the three processes interleaved
+    assert len(complete) == TOTAL
+    # a trial started in a race at the very end is failed unrun, never trained
+    others = [t for t in trials if t.state != TrialState.COMPLETE]
+    assert all(t.state == TrialState.FAIL and t.user_attrs.get("surplus") and "val_metric" not in t.user_attrs
+               for t in others), [(t.number, t.state, t.user_attrs) for t in others]
+    numbers = [t.number for t in trials]
+    assert sorted(numbers) == list(range(len(trials)))  # unique, no gaps
+    # every process took part (each ran at least one trial)
+    assert len({t.system_attrs.get("ilge_search_worker") for t in complete}) == WORKERS
+
+    # the recommended configuration ran once, first
+    recommended = [t for t in trials if t.user_attrs.get("recommended")]
+    assert len(recommended) == 1 and recommended[0].number == 0 and recommended[0].state == TrialState.COMPLETE
+    assert recommended[0].params == recommended_params("fc", hidden_size=384)
+    assert sum(t.params == recommended[0].params for t in trials) == 1
+
+    # identity recorded once; the final evaluation ran on the study's best trial
+    attrs = study.user_attrs
+    assert (attrs["model"], attrs["task"], attrs["encoder"]) == (MODEL, "trec", "fc")
+    assert attrs["final_trial"] == study.best_trial.number and len(attrs["final_test_scores"]) == 1
+
+    # no worker extracted again: the cache files are the ones written up front
+    assert _cache_files(cache_dir) == cached

@@ -1,0 +1,317 @@
+"""Reports: a small real storage (trec / stsb subsets with minilm-l6) and synthetic partial grids."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import optuna
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from ilge_search.cli import cli
+from ilge_search.paper_results import canonical_model, canonical_task, load_paper_results, published_result
+from ilge_search.report import METHOD_LABELS, METHODS, MISSING, build_report
+
+MODEL = "minilm-l6"
+SMALL = dict(max_train=240, max_eval=160, max_epochs=4)  # the runner tests' subsets (shared embedding cache)
+
+
+def markdown_table(text: str, heading: str):
+    """Rows of the first table after ``heading`` as {first cell: {column: cell}}."""
+    after = text.split(heading, 1)[1].splitlines()
+    first = next(i for i, line in enumerate(after) if line.startswith("|"))
+    lines = []
+    for line in after[first:]:
+        if not line.startswith("|"):
+            break
+        lines.append(line)
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells))
+    return rows
+
+
+def section(text: str, title: str) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+# ----------------------------------------------------------------------------- a small real storage
+
+
+@pytest.fixture(scope="module")
+def real_storage(tmp_path_factory, data_dir, cache_dir):
+    """trec: last-layer, best-layer, cayley with final scores; scalar-mix without; stsb: last-layer only."""
+    from ilge_search.study import run_study
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'studies.db'}"
+    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, seed=0,
+                  **SMALL)
+    run_study(MODEL, "trec", ["last-layer", "best-layer", "cayley"],
+              n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2}, final_seeds=2, **common)
+    run_study(MODEL, "trec", "scalar-mix", n_trials=1, final_seeds=0, **common)
+    run_study(MODEL, "stsb", "last-layer", n_trials=2, final_seeds=2, **common)
+    optuna.create_study(study_name="not-ours", storage=url).optimize(lambda t: t.suggest_float("x", 0, 1), 2)
+    return url
+
+
+@pytest.fixture(scope="module")
+def real_report(real_storage, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report-out")
+    return build_report(real_storage, out, show_progress=False), real_storage
+
+
+def stored(url):
+    """{(task, method): study user attrs} straight from the storage."""
+    summaries = optuna.get_all_study_summaries(url)
+    return {(s.user_attrs["task"], s.user_attrs["encoder"]): s.user_attrs for s in summaries if "model" in s.user_attrs}
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_tables_hold_the_stored_final_scores_and_nothing_else(real_report):
+    result, url = real_report
+    attrs = stored(url)
+    assert list(result.tables) == [MODEL]
+    table = result.tables[MODEL]
+    assert list(table.index) == ["stsb", "trec"] and list(table.columns) == list(METHODS)
+    for task in table.index:
+        for method in METHODS:
+            study = attrs.get((task, method))
+            if study is not None and "final_test_mean" in study:
+                assert table.loc[task, method] == pytest.approx(100 * study["final_test_mean"])
+            else:  # no study, or a study without a final test score: missing, never filled in
+                assert math.isnan(table.loc[task, method])
+    assert not math.isnan(table.loc["trec", "cayley"]) and math.isnan(table.loc["trec", "scalar-mix"])
+    row = result.results.set_index(["task", "method"]).loc[("trec", "cayley")]
+    assert row["std"] == pytest.approx(100 * attrs[("trec", "cayley")]["final_test_std"])
+    assert json.loads(row["scores"]) == pytest.approx([100 * s for s in attrs[("trec", "cayley")]["final_test_scores"]])
+    assert row["n_seeds"] == 2 and row["unit"] == "acc. %"
+    assert result.results.set_index(["task", "method"]).loc[("stsb", "last-layer"), "unit"] == "Spearman ×100"
+    assert result.skipped == ["not-ours: not an ilge-search study (no model/task/encoder user attrs)"]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_markdown_cells_bold_row_best_and_gains(real_report):
+    result, url = real_report
+    attrs = stored(url)
+    text = result.files["markdown"].read_text()
+    rows = markdown_table(text, f"## {MODEL}")
+    assert set(rows) == {"stsb", "trec"}
+    means = {m: attrs[("trec", m)].get("final_test_mean") for m in METHODS if ("trec", m) in attrs}
+    scored = {m: round(100 * v, 2) for m, v in means.items() if v is not None}
+    best = max(scored.values())
+    for method in METHODS:
+        cell = rows["trec"][METHOD_LABELS[method]]
+        if method not in scored:
+            assert cell == MISSING
+            continue
+        std = 100 * attrs[("trec", method)]["final_test_std"]
+        plain = f"{scored[method]:.2f} ± {std:.2f}"
+        assert cell == (f"**{plain}**" if scored[method] == best else plain)
+    assert rows["stsb"][METHOD_LABELS["last-layer"]].startswith("**")  # the only score of its row
+    assert rows["trec"]["metric"] == "acc. %" and rows["stsb"]["metric"] == "Spearman ×100"
+
+    gains = markdown_table(text, "gain over the last layer (points).")
+    last = 100 * means["last-layer"]
+    for method in ("best-layer", "cayley"):
+        expected = 100 * means[method] - last
+        assert result.gains[MODEL].loc["trec", method] == pytest.approx(expected)
+        assert gains["trec"][METHOD_LABELS[method]] == f"{expected:+.2f}"
+    assert gains["trec"][METHOD_LABELS["scalar-mix"]] == MISSING and gains["stsb"][METHOD_LABELS["cayley"]] == MISSING
+
+    summary = markdown_table(text, "## Across models")
+    assert summary[MODEL]  # one row per (model, method); the first cell is the model
+    frame = result.summary.set_index("method")
+    assert frame.loc["last-layer", "tasks"] == 2 and frame.loc["cayley", "tasks"] == 1
+    assert frame.loc["cayley", "mean_gain"] == pytest.approx(100 * (means["cayley"] - means["last-layer"]))
+    assert frame["wins"].sum() >= 2  # each row has at least one best
+    notes = section(text, "Notes")
+    assert "against the last layer" in notes and "against the best single layer" in notes
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_csv_latex_html_and_figures(real_report):
+    result, url = real_report
+    out = result.out_dir
+    frame = pd.read_csv(result.files["csv"])
+    assert len(frame) == 5  # trec: 4 studies, stsb: 1
+    assert set(frame.columns) >= {"model", "task", "method", "mean", "std", "n_seeds", "gain", "is_best", "published"}
+    merged = frame.set_index(["task", "method"])["mean"]
+    for (task, method), value in result.tables[MODEL].stack().dropna().items():
+        assert merged[(task, method)] == pytest.approx(value)
+    assert math.isnan(merged[("trec", "scalar-mix")])
+
+    tex = result.files["latex"].read_text()
+    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 3  # scores, gains, summary
+    assert tex.count(r"\textbf{") == int(result.results["is_best"].sum())
+    assert r"$\pm$" in tex and "---" in tex
+
+    page = result.files["html"].read_text()
+    assert page.count("<html") == 1 and page.count("<table>") >= 4
+    images = re.findall(r'<img src="([^"]+)"', page)
+    assert sorted(images) == sorted(result.figures)
+    assert "figures/minilm-l6-trec-layers.png" in images and "figures/minilm-l6-stsb-layers.png" not in images
+    for image in images:
+        assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "no per-layer figure" in page  # stsb has no best-layer study
+
+    importances = pd.read_csv(result.files["importances_csv"])
+    assert not importances.empty
+    for name, group in importances.groupby("study"):
+        complete = [t for t in optuna.load_study(study_name=name, storage=url).trials
+                    if t.state == optuna.trial.TrialState.COMPLETE]
+        assert len(complete) >= 2 and len({t.value for t in complete}) >= 2
+        assert set(group["param"]) <= set(complete[0].params)
+        assert group["importance"].sum() == pytest.approx(1.0)
+    # every other study says why it has none (e.g. the single scalar-mix trial)
+    without = frame[~frame["study"].isin(importances["study"])]
+    assert "scalar-mix" in set(without["method"])
+    for method in without["method"]:
+        assert f"{METHOD_LABELS[method]}: no importances (" in page
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_report_cli(real_storage, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["report", "--storage", real_storage, "--out", str(tmp_path / "r"), "--no-figures",
+                                 "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert f"{MODEL}: 2 tasks, 4 cells with test scores" in result.output
+    assert (tmp_path / "r" / "report.md").is_file() and not list((tmp_path / "r" / "figures").glob("*.png"))
+    missing = runner.invoke(cli, ["report", "--storage", f"sqlite:///{tmp_path / 'absent.db'}"])
+    assert missing.exit_code != 0 and "no study storage" in missing.output
+    assert not (tmp_path / "absent.db").exists()
+
+
+# ----------------------------------------------------------------------------- synthetic partial grids
+
+
+def fake_study(url, model, task, method, test_scores, val=0.5, more=None, **extra):
+    """A stored study as the runner leaves it: identity attrs, one trial, final scores if given."""
+    name = ":".join([model, task, method] + [f"{k}{v}" for k, v in extra.items()])
+    study = optuna.create_study(study_name=name, storage=url, direction="maximize")
+    attrs = {"model": model, "task": task, "encoder": method, "metric": "accuracy", "task_kind": "classification",
+             "shots": None, **extra}
+    if test_scores:
+        mean = sum(test_scores) / len(test_scores)
+        std = (sum((s - mean) ** 2 for s in test_scores) / (len(test_scores) - 1)) ** 0.5 if len(test_scores) > 1 else 0
+        attrs.update(final_test_mean=mean, final_test_std=std, final_test_scores=list(test_scores))
+    attrs.update(more or {})
+    for key, value in attrs.items():
+        study.set_user_attr(key, value)
+    study.add_trial(optuna.trial.create_trial(params={"lr": 1e-3},
+                                              distributions={"lr": optuna.distributions.FloatDistribution(
+                                                  1e-5, 1e-2, log=True)}, value=val))
+    return name
+
+
+def test_published_numbers_are_data_with_their_source():
+    cells = load_paper_results()
+    assert len(cells) == 75  # 5 tasks x 3 models x 5 methods
+    # the four cells cross-checked against an independent extraction
+    checked = {(c.model, c.task, c.method): c.value for c in cells if c.cross_checked}
+    assert checked == {("meta-llama/Meta-Llama-3-8B", "banking77", "cayley"): 92.85,
+                       ("google/gemma-2-2b", "emotion", "fc"): 79.90,
+                       ("google/gemma-2-2b", "mtop_domain", "cayley"): 99.16,
+                       ("meta-llama/Meta-Llama-3-8B", "mtop_intent", "cayley"): 96.46}
+    assert published_result("EleutherAI/pythia-410m", "emotion", "cayley").value == 73.83
+    assert published_result("pythia-410m", "emotion", "last-layer").value == 33.48
+    assert published_result("/models/Meta-Llama-3-8B", "MTOPDomainClassification", "mlp-last").value == 98.58
+    assert published_result("google/gemma-2-2b", "poem_sentiment", "deepset").value == 78.56
+    assert canonical_model("google/gemma-2-2b-it") is None  # the paper used the base checkpoints
+    assert canonical_model("EleutherAI/pythia-410m-deduped") is None
+    assert canonical_task("trec") is None
+    assert published_result("minilm-l6", "banking77", "cayley") is None
+    assert published_result("EleutherAI/pythia-410m", "banking77", "best-layer") is None
+
+
+def test_published_numbers_match_the_spec_table(data_dir):
+    spec = data_dir.parent / "spec" / "paper-results.md"
+    if not spec.is_file():
+        pytest.skip(f"{spec} not present")
+    models = {"Pythia-410m": "EleutherAI/pythia-410m", "Gemma2-2B": "google/gemma-2-2b",
+              "Llama3-8B": "meta-llama/Meta-Llama-3-8B"}
+    methods = ["cayley", "fc", "last-layer", "deepset", "mlp-last"]
+    seen = 0
+    for line in spec.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or canonical_task(cells[0]) is None:
+            continue
+        for model, cell in zip(models.values(), cells[1:]):
+            for method, value in zip(methods, cell.split("/")):
+                assert published_result(model, cells[0], method).value == float(value)
+                seen += 1
+    assert seen == 75
+
+
+def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    pythia = "EleutherAI/pythia-410m"
+    fake_study(url, pythia, "banking77", "last-layer", [0.60, 0.62])
+    fake_study(url, pythia, "banking77", "cayley", [0.88, 0.90, 0.89])
+    fake_study(url, pythia, "banking77", "fc", [0.89, 0.89, 0.89])  # ties Cayley at the shown precision
+    fake_study(url, pythia, "banking77", "deepset", [])  # running: no final scores yet
+    fake_study(url, pythia, "emotion", "mean-layers", [0.40])  # one seed: no std shown
+    shown = fake_study(url, pythia, "emotion", "scalar-mix", [0.5, 0.5, 0.5], max_train=2000)
+    hidden = fake_study(url, pythia, "emotion", "scalar-mix", [0.9], max_train=100)  # fewer seeds: not shown
+    fake_study(url, pythia, "emotion", "cayley", [0.30], shots=8)  # its own row, never matched to the paper
+    fake_study(url, "my/model_x", "trec", "cayley", [0.7, 0.8])  # a LaTeX-special name
+    zero = {"sick_r": {"mean": 0.61, "std": 0.01, "scores": [0.60, 0.62]}}
+    fake_study(url, pythia, "stsb", "cayley", [0.80, 0.82], more={"metric": "spearman", "final_zero_shot": zero})
+    fake_study(url, pythia, "stsb", "last-layer", [0.70, 0.72], more={
+        "metric": "spearman", "final_zero_shot": {"sick_r": {"mean": 0.65, "std": 0.0, "scores": [0.65, 0.65]}}})
+
+    result = build_report(url, tmp_path / "out", show_progress=False)
+    table = result.tables[pythia]
+    assert list(table.index) == ["banking77", "emotion", "emotion (8-shot)", "stsb",
+                                 "sick_r (zero-shot, stsb encoder)"]  # zero-shot rows follow their source task
+    zero_row = "sick_r (zero-shot, stsb encoder)"
+    assert table.loc[zero_row, "cayley"] == pytest.approx(61.0) and table.loc["stsb", "cayley"] == pytest.approx(81.0)
+    assert table.loc["banking77", "cayley"] == pytest.approx(89.0)
+    assert math.isnan(table.loc["banking77", "deepset"]) and math.isnan(table.loc["emotion", "last-layer"])
+    assert table.loc["emotion", "scalar-mix"] == pytest.approx(50.0)
+    assert any(s.startswith(hidden) for s in result.skipped) and not any(s.startswith(shown) for s in result.skipped)
+
+    text = result.files["markdown"].read_text()
+    rows = markdown_table(text, f"## {pythia}")
+    assert rows["banking77"]["Cayley"] == "**89.00 ± 1.00**" and rows["banking77"]["FC"] == "**89.00 ± 0.00**"
+    assert rows["banking77"]["DeepSet"] == MISSING and rows["banking77"]["Mean layers"] == MISSING
+    assert rows["emotion"]["Mean layers"] == "40.00"  # one seed: no std
+    assert rows["emotion"]["Scalar mix"] == "**50.00 ± 0.00**"
+    assert rows[zero_row]["Last layer"] == "**65.00 ± 0.00**"
+    assert rows[zero_row]["Cayley"] == "61.00 ± 1.00"  # the stored std
+    assert rows[zero_row]["metric"] == rows["stsb"]["metric"] == "Spearman ×100"
+    assert rows["stsb"]["Cayley"] == "**81.00 ± 1.41**"
+    # published numbers beside the reproduced ones, for the paper's methods only
+    paper = rows["*banking77, published*"]
+    assert paper["Cayley"] == "*89.43*" and paper["FC"] == "*90.65*" and paper["Last layer"] == "*61.17*"
+    assert paper["Best layer"] == f"*{MISSING}*" and paper["Mean layers"] == f"*{MISSING}*"
+    assert "*emotion (8-shot), published*" not in rows
+    # the paper's whole row is shown, also for methods without a study here
+    assert rows["*emotion, published*"]["Cayley"] == "*73.83*" and rows["emotion"]["Cayley"] == MISSING
+    assert "arXiv 2603.22665" in text
+    frame = result.results.set_index(["task", "method"])
+    assert frame.loc[("banking77", "cayley"), "published"] == 89.43
+    assert math.isnan(frame.loc[("emotion (8-shot)", "cayley"), "published"])
+    assert frame.loc[("banking77", "cayley"), "gain"] == pytest.approx(89.0 - 61.0)
+    assert ("emotion", "cayley") not in frame.index  # the 8-shot study is not the full-data row
+    assert "Final seeds: 3 for most cells; fewer for" in text
+    tex = result.files["latex"].read_text()
+    assert r"my/model\_x" in tex and "my/model_x" not in tex.replace(r"model\_x", "")
+    # figures need trials with values; a one-trial study has no importances, which is said, not drawn
+    assert "no importances (1 complete trial(s))" in text
+
+
+def test_a_storage_without_ilge_studies_is_a_clear_error(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    optuna.create_study(study_name="other", storage=url)
+    with pytest.raises(ValueError, match="no ilge-search studies"):
+        build_report(url, tmp_path / "out", show_progress=False)

@@ -1,0 +1,409 @@
+"""The study runner: storage and argument checks, then real studies on trec / stsb subsets with minilm-l6."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from ilge_search.configs import config_from_dict
+from ilge_search.study import (
+    StorageError,
+    StudyConflictError,
+    _split_trials,
+    artifact_dir_for,
+    default_study_name,
+    list_studies,
+    make_pruner,
+    make_sampler,
+    make_storage,
+    recommended_params,
+    resolve_encoders,
+    run_study,
+)
+
+MODEL = "minilm-l6"
+# tiny but real: ~1-2 s per trial on 2 CPU cores
+SMALL = dict(max_train=240, max_eval=160, max_epochs=6)
+
+
+def sqlite_url(path) -> str:
+    return f"sqlite:///{path}"
+
+
+# ----------------------------------------------------------------------------- fast checks
+
+
+def test_resolve_encoders_expands_all_in_order_and_rejects_unknown():
+    assert resolve_encoders("all") == ["cayley", "fc", "deepset", "last-layer", "best-layer", "mean-layers",
+                                       "scalar-mix", "mlp-last"]
+    assert resolve_encoders(["fc", "cayley", "fc"]) == ["fc", "cayley"]
+    with pytest.raises(ValueError, match="unknown encoder 'gcn'"):
+        resolve_encoders(["gcn"])
+
+
+def test_default_study_name_encodes_every_identity_option():
+    assert default_study_name("minilm-l6", "trec", "cayley") == "minilm-l6:trec:cayley"
+    assert default_study_name("m", "t", "fc", shots=8, max_train=300, max_eval=200, max_epochs=5) == (
+        "m:t:fc:8shot:train300:eval200:ep5")
+
+
+@pytest.mark.parametrize("n, workers", [(6, 2), (7, 2), (5, 3), (2, 4), (100, 7)])
+def test_split_trials_sums_to_the_request_exactly(n, workers):
+    counts = _split_trials(n, workers)
+    assert sum(counts) == n
+    assert len(counts) == min(n, workers)
+    assert max(counts) - min(counts) <= 1
+
+
+def test_samplers_and_pruners_by_name():
+    assert isinstance(make_sampler("tpe", 1), optuna.samplers.TPESampler)
+    assert isinstance(make_sampler("random", 1), optuna.samplers.RandomSampler)
+    assert isinstance(make_sampler("gp", 1), optuna.samplers.GPSampler)
+    median = make_pruner("median")
+    assert (median._n_startup_trials, median._n_warmup_steps) == (5, 10)
+    assert make_pruner("median", max_epochs=6)._n_warmup_steps == 3
+    assert isinstance(make_pruner("hyperband", 20), optuna.pruners.HyperbandPruner)
+    assert isinstance(make_pruner("none"), optuna.pruners.NopPruner)
+    with pytest.raises(ValueError, match="unknown sampler"):
+        make_sampler("cmaes")
+    with pytest.raises(ValueError, match="unknown pruner"):
+        make_pruner("asha")
+
+
+def test_sqlite_storage_gets_busy_timeout_heartbeat_and_its_folder(tmp_path):
+    url = sqlite_url(tmp_path / "deep" / "er" / "s.db")
+    storage = make_storage(url, heartbeat_interval=5)
+    assert (tmp_path / "deep" / "er" / "s.db").exists()
+    assert storage.engine_kwargs["connect_args"]["timeout"] == 60
+    assert storage.heartbeat_interval == 5 and storage.grace_period == 10
+    assert isinstance(storage.heartbeat_stale_trial_callback, optuna.storages.RetryHeartbeatStaleTrialCallback)
+    assert artifact_dir_for(url) == (tmp_path / "deep" / "er" / "artifacts").resolve()
+    assert artifact_dir_for(url, tmp_path / "a") == (tmp_path / "a").resolve()
+
+
+def _ask_three(url, barrier, queue):  # runs in a spawned process
+    study = optuna.load_study(study_name="race", storage=make_storage(url, heartbeat_interval=None))
+    barrier.wait()
+    queue.put([study.ask().number for _ in range(3)])
+
+
+def test_sqlite_workers_never_pop_the_same_enqueued_trial(tmp_path):
+    # with pysqlite's deferred transactions, four processes asking at once all got trial 0
+    import multiprocessing
+
+    url = sqlite_url(tmp_path / "race.db")
+    study = optuna.create_study(study_name="race", storage=make_storage(url, heartbeat_interval=None))
+    for x in range(12):
+        study.enqueue_trial({"x": x})
+    context = multiprocessing.get_context("spawn")
+    barrier, queue = context.Barrier(4), context.Queue()
+    processes = [context.Process(target=_ask_three, args=(url, barrier, queue)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    popped = sorted(number for _ in processes for number in queue.get(timeout=120))
+    for process in processes:
+        process.join()
+    assert popped == list(range(12))
+
+
+@pytest.mark.parametrize("url, message", [
+    ("not a url", "not a database URL"),
+    ("postgresql+psycopg2://nobody@127.0.0.1:1/none", "cannot open the study storage"),
+    ("mysql+nosuchdriver://u:secret@127.0.0.1/db", "no database driver"),
+    ("mysql://u:secret@127.0.0.1/db", "no database driver"),
+])
+def test_bad_storage_urls_are_clear_errors(url, message):
+    with pytest.raises(StorageError) as info:
+        make_storage(url)
+    assert message in str(info.value)
+    assert "secret" not in str(info.value)
+
+
+def test_bad_arguments_fail_before_any_model_loads(tmp_path, data_dir):
+    cache = tmp_path / "cache"
+    common = dict(storage=sqlite_url(tmp_path / "s.db"), data_dir=data_dir, cache_dir=cache)
+    with pytest.raises(ValueError, match="unknown encoder"):
+        run_study(MODEL, "trec", ["gnn"], **common)
+    with pytest.raises(ValueError, match="unknown sampler"):
+        run_study(MODEL, "trec", sampler="bayes", **common)
+    with pytest.raises(ValueError, match="give n_trials or a timeout"):
+        run_study(MODEL, "trec", n_trials=None, **common)
+    with pytest.raises(ValueError, match="exactly one encoder"):
+        run_study(MODEL, "trec", ["fc", "cayley"], study_name="x", **common)
+    with pytest.raises(ValueError, match="unknown task"):
+        run_study(MODEL, "no_such_task", **common)
+    with pytest.raises(ValueError, match="not an alias"):
+        run_study("no-such-model", "trec", **common)
+    with pytest.raises(ValueError, match="classification task"):
+        run_study(MODEL, "stsb", shots=4, **common)
+    assert not cache.exists() or not any(cache.rglob("*.safetensors"))
+
+
+def test_a_study_name_reused_for_another_task_is_refused_before_extraction(tmp_path, data_dir):
+    url = sqlite_url(tmp_path / "s.db")
+    study = optuna.create_study(study_name="mine", storage=url, direction="maximize")
+    for key, value in {"model": MODEL, "task": "trec", "encoder": "cayley", "shots": None, "max_train": None,
+                       "max_eval": None, "max_epochs": None, "data_seed": 0, "ilge_search_ready": True}.items():
+        study.set_user_attr(key, value)
+    cache = tmp_path / "cache"
+    with pytest.raises(StudyConflictError) as info:
+        run_study(MODEL, "sst2", "cayley", study_name="mine", storage=url, data_dir=data_dir, cache_dir=cache)
+    assert "task: stored 'trec', requested 'sst2'" in str(info.value)
+    assert not cache.exists() or not any(cache.rglob("*.safetensors"))
+
+    foreign = optuna.create_study(study_name="foreign", storage=url)
+    foreign.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    with pytest.raises(StudyConflictError, match="not created by ilge-search"):
+        run_study(MODEL, "trec", "cayley", study_name="foreign", storage=url, data_dir=data_dir, cache_dir=cache)
+
+
+def test_listing_a_missing_sqlite_file_says_so(tmp_path):
+    with pytest.raises(StorageError, match="no study storage"):
+        list_studies(sqlite_url(tmp_path / "absent.db"))
+    assert not (tmp_path / "absent.db").exists()
+
+
+# ----------------------------------------------------------------------------- real studies
+
+
+@pytest.fixture(scope="module")
+def trec_study(tmp_path_factory, data_dir, cache_dir):
+    """One 6-trial cayley study on a trec subset, shared by the checks below."""
+    root = tmp_path_factory.mktemp("study")
+    url = sqlite_url(root / "studies.db")
+    results = run_study(MODEL, "trec", "cayley", n_trials=6, storage=url, final_seeds=2, seed=0,
+                        data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)
+    return url, results[0]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_six_trial_study_completes_with_its_records(trec_study):
+    url, result = trec_study
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    assert result.study_name == "minilm-l6:trec:cayley:train240:eval160:ep6"
+    assert len(study.trials) == 6 and result.n_finished == 6 and result.n_failed == 0
+    attrs = study.user_attrs
+    assert (attrs["model"], attrs["task"], attrs["encoder"]) == (MODEL, "trec", "cayley")
+    assert (attrs["num_layers"], attrs["hidden_size"], attrs["num_classes"]) == (7, 384, 6)
+    assert attrs["split_sizes"] == {"train": 240, "validation": 160, "test": 160}
+    assert attrs["task_kind"] == "classification" and attrs["metric"] == "accuracy"
+    assert attrs["direction"] == "maximize" and study.direction == optuna.study.StudyDirection.MAXIMIZE
+    assert set(attrs["cache_keys"]) == {"train", "validation", "test"} and all(attrs["cache_keys"].values())
+    assert attrs["ilge_search_version"] and attrs["model_revision"].startswith("sha256:")
+    for trial in study.trials:
+        if trial.state == TrialState.COMPLETE:
+            config = config_from_dict(trial.user_attrs["config"])
+            assert config.family == "cayley" and config.epochs <= 6
+            assert trial.value == pytest.approx(trial.user_attrs["val_metric"])
+            assert trial.user_attrs["num_trainable_params"] > 0 and trial.user_attrs["seconds"] > 0
+            assert 1 <= trial.user_attrs["best_epoch"] <= trial.user_attrs["epochs_run"] <= 6
+            # one validation value reported per epoch, and the best of them is the trial's value
+            assert sorted(trial.intermediate_values) == list(range(1, trial.user_attrs["epochs_run"] + 1))
+            assert max(trial.intermediate_values.values()) == pytest.approx(trial.value)
+            assert 0.0 <= trial.value <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_first_trial_is_the_recommended_config(trec_study):
+    url, result = trec_study
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    first = study.trials[0]
+    assert first.user_attrs.get("recommended") is True
+    assert first.params == recommended_params("cayley", hidden_size=384)
+    assert sum(bool(t.user_attrs.get("recommended")) for t in study.trials) == 1
+    from ilge_search.tuning import recommended_config
+
+    expected = recommended_config("cayley").to_dict()
+    stored = first.user_attrs["config"]
+    assert {k: v for k, v in stored.items() if k != "epochs"} == {k: v for k, v in expected.items() if k != "epochs"}
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, cache_dir):
+    from optuna.artifacts import download_artifact
+    from safetensors.torch import load_file
+
+    from ilge_search.cache import load_task_embeddings
+    from ilge_search.engine import build_model, evaluate
+    from ilge_search.study import artifact_store_for
+
+    url, result = trec_study
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    attrs = study.user_attrs
+    scores = attrs["final_test_scores"]
+    assert len(scores) == 2 and attrs["final_seeds"] == [1000, 1001]
+    assert attrs["final_test_mean"] == pytest.approx(statistics.fmean(scores))
+    assert attrs["final_test_std"] == pytest.approx(statistics.stdev(scores))
+    assert attrs["final_trial"] == study.best_trial.number
+    assert attrs["final_config"] == study.best_trial.user_attrs["config"]
+    assert all(1 / 6 < s <= 1.0 for s in scores)  # better than chance on 6 classes
+    assert result.test_scores == scores and result.test_mean == attrs["final_test_mean"]
+
+    # the artifact rebuilds a model that reproduces its seed's test score
+    store = artifact_store_for(url)
+    weights, meta = tmp_path / "model.safetensors", tmp_path / "config.json"
+    download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["weights"], file_path=str(weights))
+    download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["config"], file_path=str(meta))
+    info = json.loads(meta.read_text())
+    assert info["model"] == MODEL and info["task"] == "trec" and info["seed"] in attrs["final_seeds"]
+    model = build_model(config_from_dict(info["config"]), info["num_layers"], info["hidden_size"],
+                        "classification", info["num_classes"])
+    model.load_state_dict(load_file(str(weights)))
+    from ilge_search.study import _DataSpec, _load_task_data
+
+    spec = _DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir))
+    task = _load_task_data(spec)
+    assert json.loads(json.dumps(task.label_names)) == info["label_names"]
+    test = load_task_embeddings(MODEL, task, splits=["test"], cache_dir=cache_dir, progress=False)
+    score = evaluate(model, test.splits["test"].features, test.splits["test"].labels)["accuracy"]
+    assert score == pytest.approx(scores[attrs["final_seeds"].index(info["seed"])], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_rerunning_resumes_and_adds_trials(trec_study, data_dir, cache_dir):
+    url, result = trec_study
+    again = run_study(MODEL, "trec", "cayley", n_trials=3, storage=url, final_seeds=2, data_dir=data_dir,
+                      cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    assert len(study.trials) == 9 and again.n_finished == 9
+    assert [t.number for t in study.trials] == list(range(9))
+    assert sum(bool(t.user_attrs.get("recommended")) for t in study.trials) == 1
+    assert study.user_attrs["final_trial"] == study.best_trial.number
+    assert listed_row(url, result.study_name)["trials"] == 9
+
+
+def listed_row(url, name):
+    frame = list_studies(url)
+    return frame[frame["study"] == name].iloc[0]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_dir, cache_dir, trec_study):
+    url = sqlite_url(tmp_path / "workers.db")
+    result = run_study(MODEL, "trec", "deepset", n_trials=7, workers=2, storage=url, final_seeds=1, seed=3,
+                       data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    states = [t.state for t in study.trials]
+    assert len(states) == 7 and all(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
+    assert sorted(t.number for t in study.trials) == list(range(7))
+    recommended = [t for t in study.trials if t.user_attrs.get("recommended")]
+    assert len(recommended) == 1 and recommended[0].number == 0
+    assert len(study.user_attrs["final_test_scores"]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir):
+    url = sqlite_url(tmp_path / "sts.db")
+    result = run_study(MODEL, "stsb", "deepset", n_trials=3, storage=url, final_seeds=2, data_dir=data_dir,
+                       cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    attrs = study.user_attrs
+    assert attrs["metric"] == result.metric == "spearman" and attrs["task_kind"] == "similarity"
+    assert attrs["num_classes"] is None
+    assert len(study.trials) == 3
+    assert all(-1.0 <= t.value <= 1.0 for t in study.trials if t.state == TrialState.COMPLETE)
+    # MiniLM is a sentence-similarity model: even a tiny subset correlates clearly
+    assert result.test_mean > 0.3 and len(result.test_scores) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_dir, trec_study):
+    url = sqlite_url(tmp_path / "best.db")
+    result = run_study(MODEL, "trec", "best-layer", n_trials=2, storage=url, final_seeds=1, data_dir=data_dir,
+                       cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    for trial in study.trials:
+        scores = trial.user_attrs["layer_scores"]
+        assert len(scores) == 7
+        assert trial.user_attrs["layer"] == max(range(7), key=lambda i: (scores[i], -i))
+        assert trial.user_attrs["config"]["layer"] == trial.user_attrs["layer"]
+        assert trial.value == pytest.approx(max(scores))
+    assert study.user_attrs["final_config"]["layer"] == study.best_trial.user_attrs["layer"]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, cache_dir, monkeypatch,
+                                                            trec_study):
+    import ilge_search.engine as engine
+
+    url = sqlite_url(tmp_path / "int.db")
+    real_train = engine.train_encoder
+    calls = []
+
+    def interrupted_on_third_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "train_encoder", interrupted_on_third_call)
+    options = dict(storage=url, final_seeds=1, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
+                   show_progress=False, threads=1, **SMALL)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(MODEL, "trec", "mean-layers", n_trials=5, **options)
+    name = default_study_name(MODEL, "trec", "mean-layers", **SMALL)
+    study = optuna.load_study(study_name=name, storage=url)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
+    assert "final_test_mean" not in study.user_attrs
+
+    monkeypatch.setattr(engine, "train_encoder", real_train)
+    result = run_study(MODEL, "trec", "mean-layers", n_trials=2, **options)[0]
+    assert (result.n_complete, result.n_failed) == (4, 1)
+    assert result.test_mean is not None
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data_dir, cache_dir, trec_study):
+    url = sqlite_url(tmp_path / "hb.db")
+    options = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
+                   show_progress=False, threads=1, heartbeat_interval=1, grace_period=2, **SMALL)
+    run_study(MODEL, "trec", "last-layer", n_trials=1, **options)
+    name = default_study_name(MODEL, "trec", "last-layer", **SMALL)
+    # a worker that asked for a trial, beat once and died
+    study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat_interval=1, grace_period=2))
+    from ilge_search.tuning import suggest_config
+
+    dead = study.ask()
+    suggest_config(dead, "last-layer")
+    study._storage.record_heartbeat(dead._trial_id)
+    time.sleep(3)
+    result = run_study(MODEL, "trec", "last-layer", n_trials=2, **options)[0]
+    study = optuna.load_study(study_name=name, storage=url)
+    assert study.trials[dead.number].state == TrialState.FAIL
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert len(retried) == 1 and retried[0].state == TrialState.COMPLETE
+    assert retried[0].params == dead.params
+    assert result.n_complete == 3 and result.n_failed == 1
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+    assert math.isfinite(study.best_value)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+@pytest.mark.postgres
+def test_plain_postgresql_url_with_two_workers(postgres_url, data_dir, cache_dir, trec_study):
+    url = postgres_url.replace("postgresql+psycopg2://", "postgresql://")  # as users write it
+    result = run_study(MODEL, "trec", "last-layer", n_trials=4, workers=2, storage=url, final_seeds=1,
+                       data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    study = optuna.load_study(study_name=result.study_name, storage=make_storage(url, heartbeat_interval=None))
+    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert [t.number for t in study.trials if t.user_attrs.get("recommended")] == [0]
+    assert study.user_attrs["task"] == "trec" and len(study.user_attrs["final_test_scores"]) == 1
+    assert artifact_dir_for(url) == (Path("studies") / "artifacts").resolve()

@@ -1,0 +1,148 @@
+"""Sweep grids: parsing the shipped files, errors that name the key, and a tiny real sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ilge_search.study import ENCODER_CHOICES
+from ilge_search.sweep import load_sweep, plan_sweep, run_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str, name: str = "grid.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_paper_grid_has_three_models_thirteen_tasks_and_paper_budgets():
+    sweep = load_sweep(REPO / "studies" / "paper.toml")
+    models = sorted({e.model for e in sweep.entries})
+    assert models == ["EleutherAI/pythia-410m", "google/gemma-2-2b", "meta-llama/Meta-Llama-3-8B"]
+    trained = sorted({e.task for e in sweep.entries})
+    zero_shot = sorted({name for e in sweep.entries for name in e.zero_shot})
+    assert len(trained) + len(zero_shot) == 13
+    assert zero_shot == ["biosses", "sick_r", "sts12", "sts13", "sts14", "sts15", "sts16"]
+    assert len(sweep.entries) == 3 * len(trained) * len(ENCODER_CHOICES)
+    budget = {e.encoder: e.n_trials for e in sweep.entries if e.task == "banking77"}
+    assert (budget["cayley"], budget["fc"], budget["deepset"], budget["mlp-last"], budget["scalar-mix"]) == (
+        100, 100, 100, 100, 50)
+    assert {e.max_epochs for e in sweep.entries if e.task == "stsb"} == {25}
+
+
+def test_offline_grid_covers_both_offline_models_six_tasks_every_method():
+    sweep = load_sweep(REPO / "studies" / "offline.toml")
+    assert sorted({e.model for e in sweep.entries}) == ["minilm-l6", "smollm2-135m"]
+    assert sorted({e.task for e in sweep.entries}) == sorted(
+        ["banking77", "emotion", "trec", "sst2", "tweeteval_emotion", "stsb"])
+    assert len(sweep.entries) == 2 * 6 * len(ENCODER_CHOICES)
+    assert sweep.final_seeds >= 3
+    assert all(e.n_trials > 0 for e in sweep.entries)
+
+
+def test_budgets_defaults_and_task_overrides(tmp_path):
+    path = write(tmp_path, """
+models = ["minilm-l6"]
+encoders = ["cayley", "last-layer"]
+max_train = 500
+[trials]
+default = 7
+last-layer = 2
+[tasks.trec]
+[tasks.sst2]
+max_train = 100
+shots = 4
+trials = { cayley = 3 }
+""")
+    sweep = load_sweep(path)
+    got = {(e.task, e.encoder): (e.n_trials, e.max_train, e.shots) for e in sweep.entries}
+    assert got == {
+        ("trec", "cayley"): (7, 500, None),
+        ("trec", "last-layer"): (2, 500, None),
+        ("sst2", "cayley"): (3, 100, 4),
+        ("sst2", "last-layer"): (2, 100, 4),
+    }
+    assert sweep.name == "grid" and sweep.storage is None and sweep.pairs() == [("minilm-l6", "trec"),
+                                                                                 ("minilm-l6", "sst2")]
+
+
+@pytest.mark.parametrize("text, message", [
+    ('models = ["m"]\ncolour = 1\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown key(s) ['colour']"),
+    ('models = ["m"]\nencoders = ["cayley"]\n[tasks.trec]\n', "no trial budget for encoder 'cayley'"),
+    ('models = ["m"]\nsampler = "cmaes"\n[trials]\ndefault = 1\n[tasks.trec]\n', "sampler must be one of"),
+    ('models = ["m"]\nencoders = ["gnn"]\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown encoder 'gnn'"),
+    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.no_such_task]\n', "unknown task 'no_such_task'"),
+    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nmax_train = 0\n', "max_train must be an integer >= 1"),
+    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nepochs = 3\n', "[tasks.trec]: unknown key(s) ['epochs']"),
+    ('models = []\n[trials]\ndefault = 1\n[tasks.trec]\n', "models must be a non-empty list"),
+    ('models = ["m"]\n[trials]\ndefault = 1\n', "no tasks"),
+    ('models = ["m"]\nstorage = "studies.db"\n[trials]\ndefault = 1\n[tasks.trec]\n', "storage must be a database URL"),
+    ('models = ["m"\n', "not valid TOML"),
+])
+def test_bad_grids_fail_with_the_key_named(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ValueError) as info:
+        load_sweep(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_sweep(tmp_path / "nope.toml")
+
+
+def test_plan_of_an_empty_storage_has_everything_to_run(tmp_path):
+    path = write(tmp_path, """
+models = ["minilm-l6", "smollm2-135m"]
+encoders = ["deepset"]
+[trials]
+default = 4
+[tasks.trec]
+""")
+    plan = plan_sweep(path, storage=f"sqlite:///{tmp_path / 's.db'}")
+    assert list(plan["to_run"]) == [4, 4]
+    assert list(plan["finished"]) == [0, 0]
+    assert not plan["final_done"].any()
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_tiny_real_sweep_runs_to_budget_and_a_rerun_adds_nothing(tmp_path, data_dir, cache_dir):
+    import optuna
+
+    storage = f"sqlite:///{tmp_path / 'sweep.db'}"
+    path = write(tmp_path, f"""
+storage = "{storage}"
+models = ["minilm-l6"]
+encoders = ["last-layer", "deepset"]
+final_seeds = 2
+max_epochs = 5
+max_train = 200
+max_eval = 150
+[trials]
+default = 3
+last-layer = 2
+[tasks.trec]
+""")
+    results = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
+    assert [(r.encoder, r.n_finished) for r in results] == [("last-layer", 2), ("deepset", 3)]
+    assert all(len(r.test_scores) == 2 and r.test_mean is not None for r in results)
+    plan = plan_sweep(path)
+    assert list(plan["to_run"]) == [0, 0] and plan["final_done"].all()
+
+    again = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
+    assert [r.n_finished for r in again] == [2, 3]
+    for r in results:
+        study = optuna.load_study(study_name=r.study_name, storage=storage)
+        assert len(study.trials) == r.n_finished
+        assert study.user_attrs["max_train"] == 200 and study.user_attrs["split_sizes"]["train"] == 200
+
+    # a bigger budget tops the study up to it, not by it
+    path.write_text(path.read_text().replace("last-layer = 2", "last-layer = 4"))
+    topped = run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu",
+                       show_progress=False)
+    assert [(r.encoder, r.n_finished) for r in topped] == [("last-layer", 4)]
