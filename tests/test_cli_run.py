@@ -55,9 +55,10 @@ def test_sweep_dry_run_lists_the_plan(tmp_path):
 def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     common = ["--data-dir", data_dir, "--cache-dir", cache_dir, "--device", "cpu", "--storage", url]
-    small = ["--max-train", 200, "--max-eval", 150, "--max-epochs", 5]
+    small = ["--max-train", 200, "--max-eval", 150, "--max-epochs", 5, "--threads", 1]
     result = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "last-layer", "-e", "mean-layers",
-                    "--n-trials", 3, "--final-seeds", 2, "--quiet", *small, *common)
+                    "--n-trials", 3, "--final-seeds", 2, "--sampler", "random", "--pruner", "hyperband", "--quiet",
+                    *small, *common)
     assert result.exit_code == 0, result.output
     names = ["minilm-l6:trec:last-layer:train200:eval150:ep5", "minilm-l6:trec:mean-layers:train200:eval150:ep5"]
     for name in names:

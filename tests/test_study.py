@@ -307,7 +307,8 @@ def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_d
 @pytest.mark.realmodel
 def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir):
     url = sqlite_url(tmp_path / "sts.db")
-    result = run_study(MODEL, "stsb", "deepset", n_trials=3, storage=url, final_seeds=2, data_dir=data_dir,
+    result = run_study(MODEL, "stsb", "deepset", n_trials=3, storage=url, final_seeds=2, zero_shot_tasks=["sick_r"],
+                       data_dir=data_dir,
                        cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     attrs = study.user_attrs
@@ -317,13 +318,18 @@ def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir
     assert all(-1.0 <= t.value <= 1.0 for t in study.trials if t.state == TrialState.COMPLETE)
     # MiniLM is a sentence-similarity model: even a tiny subset correlates clearly
     assert result.test_mean > 0.3 and len(result.test_scores) == 2
+    # every final seed's encoder also scored zero-shot on SICK-R's test split
+    zero_shot = attrs["final_zero_shot"]["sick_r"]
+    assert len(zero_shot["scores"]) == 2 and zero_shot["mean"] == pytest.approx(statistics.fmean(zero_shot["scores"]))
+    assert zero_shot["mean"] > 0.3
 
 
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "best.db")
-    result = run_study(MODEL, "trec", "best-layer", n_trials=2, storage=url, final_seeds=1, data_dir=data_dir,
+    result = run_study(MODEL, "trec", "best-layer", n_trials=2, storage=url, final_seeds=1, sampler="gp",
+                       data_dir=data_dir,
                        cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     for trial in study.trials:
@@ -333,6 +339,19 @@ def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_
         assert trial.user_attrs["config"]["layer"] == trial.user_attrs["layer"]
         assert trial.value == pytest.approx(max(scores))
     assert study.user_attrs["final_config"]["layer"] == study.best_trial.user_attrs["layer"]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, data_dir, cache_dir, trec_study):
+    url = sqlite_url(tmp_path / "shots.db")
+    result = run_study(MODEL, "trec", "last-layer", n_trials=2, shots=4, max_eval=160, max_epochs=6, storage=url,
+                       final_seeds=1, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False,
+                       threads=1)[0]
+    assert result.study_name == "minilm-l6:trec:last-layer:4shot:eval160:ep6"
+    attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
+    assert attrs["shots"] == 4 and attrs["split_sizes"]["train"] == 4 * 6
+    assert attrs["split_sizes"]["validation"] == 160 and result.test_mean is not None
 
 
 @pytest.mark.slow
@@ -369,6 +388,7 @@ def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, 
 
 @pytest.mark.slow
 @pytest.mark.realmodel
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "hb.db")
     options = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=cache_dir, device="cpu",

@@ -120,6 +120,7 @@ storage = "{storage}"
 models = ["minilm-l6"]
 encoders = ["last-layer", "deepset"]
 final_seeds = 2
+threads = 1
 max_epochs = 5
 max_train = 200
 max_eval = 150
