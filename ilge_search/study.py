@@ -219,7 +219,15 @@ def make_storage(url: Optional[str] = None, *, heartbeat_interval: Optional[int]
                     "heartbeat_stale_trial_callback":
                         optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
                 }
-            storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+            try:
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
+                # workers starting together on an empty database race to create the schema;
+                # the loser sees "already exists" and simply opens what the winner made
+                if "already exists" not in str(exc) and "Duplicate" not in str(exc):
+                    raise
+                time.sleep(1.0)
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **heartbeat)
         if is_sqlite:
             sqlalchemy.event.listen(storage.engine, "begin", _begin_immediate)
         return storage
@@ -1099,6 +1107,9 @@ def _run_studies(spec: _DataSpec, source: Any, task_data: Any, encoder_list: Lis
         elif final_seeds > 0:
             logger.warning("%s: no complete trial yet, so no final evaluation", name)
 
+        from .dashboard import write_notes  # a Markdown note per trial and per study, for optuna-dashboard
+
+        write_notes(study)
         result = study_result(study, storage_url)
         results.append(result)
         logger.info("%s", _summary_line(result))
