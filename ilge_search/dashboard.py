@@ -29,7 +29,7 @@ import socketserver
 import threading
 import types
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, BinaryIO, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 __all__ = [
     "trial_note_markdown",

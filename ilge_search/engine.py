@@ -525,7 +525,10 @@ def _train_one_epoch(model: ILGEModel, opt: torch.optim.Optimizer, train_x: torc
 def _train_prepared(config: EncoderConfig, data: _PreparedData, *, seed: int, device: Union[str, torch.device],
                     patience: Optional[int], lr_patience: int, lr_factor: float, selection_metric: str,
                     optimizer: str, epoch_callback: Optional[Callable[[int, float], Any]],
-                    progress: bool, standardize: bool = True) -> TrainResult:
+                    progress: bool, standardize: bool = True,
+                    fitted_standardizer: Optional[FeatureStandardizer] = None) -> TrainResult:
+    """Train on prepared data. ``fitted_standardizer`` (statistics already computed on
+    ``data.train_x``) saves callers that train many models on one set from refitting it."""
     task_kind, num_classes, score_range = data.task_kind, data.num_classes, data.score_range
     train_x, train_y, val_x, val_y = data.train_x, data.train_y, data.val_x, data.val_y
     num_layers, hidden_in = train_x.shape[-2], train_x.shape[-1]
@@ -536,7 +539,9 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, *, seed: int, de
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
         model = build_model(config, num_layers, hidden_in, task_kind, num_classes, score_range)
-        if standardize:
+        if standardize and fitted_standardizer is not None:
+            model.standardizer.load_state_dict(fitted_standardizer.state_dict())
+        elif standardize:
             model.standardizer.fit(train_x)
         model = model.to(device)
         generator = torch.Generator().manual_seed(seed)
@@ -632,13 +637,15 @@ def select_best_layer(
         if not -num_layers <= layer < num_layers:
             raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
     maximise = selection_metric != "loss"
+    standardizer = FeatureStandardizer(num_layers, data.train_x.shape[-1]).fit(data.train_x)  # once, not per probe
     best: Optional[Tuple[int, TrainResult]] = None
     scores: List[float] = []
     for layer in tqdm(candidates, desc="best-layer probes", disable=not progress, leave=False):
         layer = layer % num_layers
         result = _train_prepared(config.replace(layer=layer), data, seed=seed, device=device, patience=patience,
                                  lr_patience=lr_patience, lr_factor=lr_factor, selection_metric=selection_metric,
-                                 optimizer=optimizer, epoch_callback=None, progress=False)
+                                 optimizer=optimizer, epoch_callback=None, progress=False,
+                                 fitted_standardizer=standardizer)
         scores.append(result.best_val_metric)
         better = (result.best_val_metric > best[1].best_val_metric if maximise
                   else result.best_val_metric < best[1].best_val_metric) if best is not None else True

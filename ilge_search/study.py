@@ -486,6 +486,7 @@ class _Objective:
                 trial.report(float(value), epoch)
                 if trial.should_prune():
                     trial.set_user_attr("epochs_run", int(epoch))
+                    _write_live_note(trial, data.metric, state="pruned")
                     raise optuna.TrialPruned(f"pruned at epoch {epoch} ({data.metric} {value:.4f})")
 
             result = train_encoder(config, data.train, data.validation, epoch_callback=report, **common)
@@ -494,7 +495,19 @@ class _Objective:
         trial.set_user_attr("epochs_run", int(result.epochs_run))
         trial.set_user_attr("best_epoch", int(result.best_epoch))
         trial.set_user_attr("seconds", round(float(result.seconds), 3))
+        _write_live_note(trial, data.metric)
         return float(result.best_val_metric)
+
+
+def _write_live_note(trial: Any, metric: str, state: str = "complete") -> None:
+    """The trial's dashboard note, written as it finishes so it shows while the search runs
+    (in every worker process); ``write_notes`` at the end of a run fills in any that are missing."""
+    from .dashboard import write_trial_note
+
+    try:
+        write_trial_note(trial.study, trial, state=state, metric=metric)
+    except Exception as exc:  # a note is for reading: it must never fail a trained trial
+        logger.warning("trial %d: could not write its dashboard note: %s", trial.number, exc)
 
 
 class _NoInterruptTraceback(logging.Filter):

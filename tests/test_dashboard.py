@@ -11,12 +11,10 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import optuna
 import pytest
 from click.testing import CliRunner
-from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
 from ilge_search.cli import cli
@@ -213,9 +211,26 @@ def small_study(tmp_path_factory, data_dir, cache_dir):
 
     root = tmp_path_factory.mktemp("dashboard")
     url = sqlite_url(root / "studies.db")
+    notes_while_running = {}
+
+    def note_so_far(study, trial):  # runs right after each trial, long before the run ends
+        notes_while_running[trial.number] = trial_note(study, trial)
+
     result = run_study(MODEL, "trec", "fc", n_trials=3, storage=url, final_seeds=2, seed=0, data_dir=data_dir,
-                       cache_dir=cache_dir, device="cpu", show_progress=False, **SMALL)[0]
-    return root, url, result
+                       cache_dir=cache_dir, device="cpu", show_progress=False, callbacks=[note_so_far], **SMALL)[0]
+    return root, url, result, notes_while_running
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_each_trial_has_its_note_as_soon_as_it_finishes(small_study):
+    root, url, result, notes_while_running = small_study
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    assert sorted(notes_while_running) == [0, 1, 2]
+    for trial in study.trials:
+        assert notes_while_running[trial.number] == trial_note(study, trial)  # the live note is the final one
+        assert f"| {trial.user_attrs['val_metric']:.4f} (epoch {trial.user_attrs['best_epoch']})" in (
+            notes_while_running[trial.number])
 
 
 def _get_json(url: str):
@@ -264,7 +279,7 @@ def _wait_until_answering(base: str) -> None:
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(small_study, tmp_path):
-    root, url, result = small_study
+    root, url, result, _ = small_study
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.fail("headless Chromium is needed: apt-get install -y chromium (see the README's set-up)")

@@ -222,6 +222,18 @@ def test_select_best_layer_uses_validation(data):
     assert evaluate(result.model, scrambled, yv)["accuracy"] == evaluate(result.model, xv, yv)["accuracy"]
 
 
+def test_select_best_layer_probe_equals_a_single_training_run(data):
+    """The standardiser is fitted once for all probes; each probe must still be the run train_encoder gives."""
+    train, val = data
+    config = C.BestLayerConfig(epochs=4, lr=1e-2)
+    layer, result, scores = select_best_layer(config, train, val, layers=[1, 2], seed=3)
+    alone = train_encoder(config.replace(layer=layer), train, val, seed=3)
+    assert alone.best_val_metric == result.best_val_metric == max(scores)
+    assert alone.history == result.history
+    for name, tensor in alone.model.state_dict().items():
+        assert torch.equal(tensor, result.model.state_dict()[name]), name
+
+
 def test_select_best_layer_candidates_and_errors(data):
     train, val = data
     layer, _, scores = select_best_layer(C.BestLayerConfig(epochs=3), train, val, layers=[0, -1])

@@ -75,5 +75,12 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
     assert (attrs["model"], attrs["task"], attrs["encoder"]) == (MODEL, "trec", "fc")
     assert attrs["final_trial"] in numbers and len(attrs["final_test_scores"]) == 1
 
+    # each trial's dashboard note was written once, by the process that ran it; the study's has its test score
+    from optuna_dashboard import get_note
+
+    for trial in trials:
+        assert get_note(optuna.trial.Trial(study, trial._trial_id)).startswith(f"## Trial {trial.number} · fc · ")
+    assert "over 1 seed:" in get_note(study)
+
     # no worker extracted again: the cache files are the ones written up front
     assert _cache_files(cache_dir) == cached

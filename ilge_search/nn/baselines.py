@@ -44,7 +44,35 @@ def _check_dropout(dropout: float) -> float:
     return float(dropout)
 
 
-class LastLayer(LayerEncoder):
+class _LayerReadout(LayerEncoder):
+    """A baseline that reads one ``(N, D)`` vector off the layers, then applies dropout.
+
+    Subclasses implement :meth:`readout`; the output width is always ``hidden_in``.
+    """
+
+    def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
+        super().__init__(num_layers, hidden_in)
+        self.dropout = _check_dropout(dropout)
+        self.out_dim = self.hidden_in
+
+    def reset_parameters(self) -> None:
+        pass  # the parameter-free readouts have nothing to learn
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(self.readout(x), self.dropout, self.training)  # (N, D)
+
+    def extra_repr_args(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return (f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}"
+                f"{self.extra_repr_args()})")
+
+
+class LastLayer(_LayerReadout):
     r"""Returns the last layer's embedding, :math:`h_{L-1}` (no parameters).
 
     Args:
@@ -58,22 +86,14 @@ class LastLayer(LayerEncoder):
     """
 
     def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
-        super().__init__(num_layers, hidden_in)
-        self.dropout = _check_dropout(dropout)
-        self.out_dim = self.hidden_in
+        super().__init__(num_layers, hidden_in, dropout)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        pass  # nothing to learn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.dropout(x[:, -1], self.dropout, self.training)  # (N, D)
-
-    def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in})"
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, -1]  # (N, L, D) -> (N, D)
 
 
-class BestLayer(LayerEncoder):
+class BestLayer(_LayerReadout):
     r"""Returns one fixed layer, :math:`h_{\text{layer}}` (no parameters).
 
     Which layer is best is decided on validation data by
@@ -92,7 +112,7 @@ class BestLayer(LayerEncoder):
     """
 
     def __init__(self, num_layers: int, hidden_in: int, layer: int, dropout: float = 0.0) -> None:
-        super().__init__(num_layers, hidden_in)
+        super().__init__(num_layers, hidden_in, dropout)
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise ValueError(f"layer must be an integer index, got {layer!r}")
         if not -self.num_layers <= layer < self.num_layers:
@@ -101,22 +121,16 @@ class BestLayer(LayerEncoder):
                 f"use an index in [{-self.num_layers}, {self.num_layers - 1}]"
             )
         self.layer = layer % self.num_layers
-        self.dropout = _check_dropout(dropout)
-        self.out_dim = self.hidden_in
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        pass  # nothing to learn
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, self.layer]  # (N, L, D) -> (N, D)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.dropout(x[:, self.layer], self.dropout, self.training)  # (N, D)
-
-    def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}, "
-                f"layer={self.layer})")
+    def extra_repr_args(self) -> str:
+        return f", layer={self.layer}"
 
 
-class MeanLayers(LayerEncoder):
+class MeanLayers(_LayerReadout):
     r"""The unweighted mean of all layers, :math:`\frac{1}{L}\sum_l h_l` (no parameters).
 
     Shapes:
@@ -125,22 +139,14 @@ class MeanLayers(LayerEncoder):
     """
 
     def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
-        super().__init__(num_layers, hidden_in)
-        self.dropout = _check_dropout(dropout)
-        self.out_dim = self.hidden_in
+        super().__init__(num_layers, hidden_in, dropout)
         self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        pass  # nothing to learn
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.dropout(x.mean(dim=1), self.dropout, self.training)  # (N, D)
-
-    def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in})"
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)  # (N, L, D) -> (N, D)
 
 
-class ScalarMix(LayerEncoder):
+class ScalarMix(_LayerReadout):
     r"""ELMo's scalar mix, :math:`\gamma \sum_l \mathrm{softmax}(w)_l\, h_l`.
 
     ``w`` starts at zero (a uniform mix, i.e. the mean of the layers) and
@@ -157,9 +163,7 @@ class ScalarMix(LayerEncoder):
     """
 
     def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
-        super().__init__(num_layers, hidden_in)
-        self.dropout = _check_dropout(dropout)
-        self.out_dim = self.hidden_in
+        super().__init__(num_layers, hidden_in, dropout)
         self.layer_logits = nn.Parameter(torch.empty(self.num_layers))
         self.gamma = nn.Parameter(torch.empty(1))
         self.reset_parameters()
@@ -172,13 +176,9 @@ class ScalarMix(LayerEncoder):
         """The current mixing weights ``softmax(w)``, shape ``(L,)``."""
         return torch.softmax(self.layer_logits, dim=0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
         weights = self.layer_weights().to(x.dtype)  # (L,)
-        mixed = self.gamma.to(x.dtype) * torch.einsum("nld,l->nd", x, weights)  # (N, D)
-        return nn.functional.dropout(mixed, self.dropout, self.training)
-
-    def __repr__(self) -> str:
-        return f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in})"
+        return self.gamma.to(x.dtype) * torch.einsum("nld,l->nd", x, weights)  # (N, D)
 
 
 class MLPLast(LayerEncoder):
