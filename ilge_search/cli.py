@@ -86,10 +86,14 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
 @click.option("--task", "-t", required=True, help="Task name (see `ilge-search tasks`) or a task file/folder.")
 @click.option("--encoder", "-e", "encoders", multiple=True, default=("cayley",), show_default=True,
               help=_ENCODER_HELP)
-@click.option("--n-trials", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Trials to add to each study in this run (split across workers).")
+@click.option("--n-trials", type=click.IntRange(min=0), default=None,
+              help="Trials to add to each study in this run (split across workers) "
+                   "[default: 20; with --total-trials: until the cap].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds per study after which no new trial starts.")
+@click.option("--total-trials", type=click.IntRange(min=1), default=None,
+              help="Cap on each study's complete + pruned + running trials, shared by every process and node "
+                   "on the storage.")
 @click.option("--storage", default=None, help="Optuna RDB URL [default: sqlite:///studies/ilge.db].")
 @click.option("--study-name", default=None, help="Study name (one encoder only) [default: model:task:encoder].")
 @click.option("--sampler", type=click.Choice(["tpe", "random", "gp"]), default="tpe", show_default=True)
@@ -116,7 +120,8 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
               help="Seconds between trial heartbeats; a trial silent for twice as long is failed and retried.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines; only the result table.")
 @location_options
-def run_command(settings: Settings, model: str, task: str, encoders, n_trials: int, timeout, storage, study_name,
+def run_command(settings: Settings, model: str, task: str, encoders, n_trials: Optional[int], timeout, total_trials,
+                storage, study_name,
                 sampler: str, pruner: str, seed: int, workers: int, final_seeds: int, shots, max_train, max_eval,
                 max_epochs, zero_shot_tasks, artifact_dir, threads, heartbeat_interval: int, quiet: bool) -> None:
     """Search encoder hyperparameters with Optuna on a model's cached task embeddings.
@@ -126,8 +131,11 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: i
     from .study import run_study
 
     _study_logging(quiet)
+    if n_trials is None and total_trials is None:
+        n_trials = 20
     try:
-        results = run_study(model, task, list(encoders), n_trials=n_trials, timeout=timeout, storage=storage,
+        results = run_study(model, task, list(encoders), n_trials=n_trials, timeout=timeout,
+                            total_trials=total_trials, storage=storage,
                             study_name=study_name, sampler=sampler, pruner=pruner, seed=seed, workers=workers,
                             final_seeds=final_seeds, shots=shots, max_train=max_train, max_eval=max_eval,
                             max_epochs=max_epochs, zero_shot_tasks=list(zero_shot_tasks),

@@ -697,6 +697,39 @@ class _WorkerJob:
     grace_period: Optional[int]
     max_retry: int
     torch_threads: int
+    total_trials: Optional[int] = None
+
+
+_COUNTED_STATES = ("COMPLETE", "PRUNED", "RUNNING")
+
+
+def _counted_trials(study: Any) -> int:
+    """Trials that count towards ``total_trials``: finished, plus those running now in any process."""
+    from optuna.trial import TrialState
+
+    states = tuple(getattr(TrialState, name) for name in _COUNTED_STATES)
+    return len(study.get_trials(deepcopy=False, states=states))
+
+
+def _total_reached(study: Any, total_trials: Optional[int]) -> bool:
+    return total_trials is not None and _counted_trials(study) >= total_trials
+
+
+def _total_trials_callbacks(total_trials: Optional[int]) -> List[Callable[[Any, Any], None]]:
+    """Stop this process's optimise loop once the study holds ``total_trials`` trials.
+
+    Counting running trials too means a process stops as soon as the trials in flight in
+    every process will reach the cap; two processes starting a trial in the same instant
+    can still overshoot it by one each. Failed trials do not count: they are retried.
+    """
+    if total_trials is None:
+        return []
+
+    def stop_at_total(study: Any, trial: Any) -> None:
+        if _total_reached(study, total_trials):
+            study.stop()
+
+    return [stop_at_total]
 
 
 def _worker_main(job: _WorkerJob) -> None:
@@ -715,7 +748,10 @@ def _worker_main(job: _WorkerJob) -> None:
                                   sampler=make_sampler(job.sampler, job.sampler_seed),
                                   pruner=make_pruner(job.pruner, job.max_epochs))
         objective = _Objective(job.encoder, data, seed=job.seed, device=job.data.device, max_epochs=job.max_epochs)
-        study.optimize(objective, n_trials=job.n_trials, timeout=job.timeout, catch=_catchable())
+        if _total_reached(study, job.total_trials):
+            return
+        study.optimize(objective, n_trials=job.n_trials, timeout=job.timeout, catch=_catchable(),
+                       callbacks=_total_trials_callbacks(job.total_trials))
     except KeyboardInterrupt:
         raise SystemExit(130)
 
@@ -913,6 +949,7 @@ def run_study(
     *,
     n_trials: Union[int, Mapping[str, int], None] = 20,
     timeout: Optional[float] = None,
+    total_trials: Optional[int] = None,
     storage: Optional[str] = None,
     study_name: Optional[str] = None,
     sampler: str = "tpe",
@@ -947,6 +984,10 @@ def run_study(
             exactly across ``workers``; a mapping gives one count per encoder;
             ``0`` only (re)runs the final evaluation; ``None`` runs until ``timeout``.
         timeout: seconds per study (per worker) before no new trial starts.
+        total_trials: a cap on the study's trials shared by every process on the
+            storage (independently started nodes included): no process starts a new
+            trial once the complete, pruned and running trials reach it. With
+            ``n_trials=None`` a worker runs until the cap (or ``timeout``).
         storage: any Optuna RDB URL (default ``sqlite:///studies/ilge.db``).
         study_name: only with one encoder (default :func:`default_study_name`).
         sampler, pruner, seed: ``tpe|random|gp``, ``median|hyperband|none``; the
@@ -992,8 +1033,9 @@ def run_study(
         trial_counts = {name: n_trials for name in encoder_list}
     for name, count in trial_counts.items():
         _check_positive(f"n_trials[{name}]", count, allow_zero=True)
-        if count is None and timeout is None:
-            raise ValueError("give n_trials or a timeout, otherwise the study never stops")
+        if count is None and timeout is None and total_trials is None:
+            raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
+    _check_positive("total_trials", total_trials)
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
     _check_positive("workers", workers, allow_none=False)
@@ -1036,7 +1078,7 @@ def run_study(
         torch.set_num_threads(threads)
     try:
         return _run_studies(spec, source, task_data, encoder_list, names, identities, trial_counts, rdb,
-                            storage_url=storage_url, timeout=timeout, sampler=sampler, pruner=pruner, seed=seed,
+                            storage_url=storage_url, timeout=timeout, total_trials=total_trials, sampler=sampler, pruner=pruner, seed=seed,
                             workers=workers, final_seeds=final_seeds, max_epochs=max_epochs,
                             zero_shot_names=zero_shot_names, artifact_dir=artifact_dir, threads=threads,
                             heartbeat_interval=heartbeat_interval, grace_period=grace_period,
@@ -1047,7 +1089,7 @@ def run_study(
 
 def _run_studies(spec: _DataSpec, source: Any, task_data: Any, encoder_list: List[str], names: Dict[str, str],
                  identities: Dict[str, Dict[str, Any]], trial_counts: Dict[str, Optional[int]], rdb: Any, *,
-                 storage_url: str, timeout: Optional[float], sampler: str, pruner: str, seed: int, workers: int,
+                 storage_url: str, timeout: Optional[float], total_trials: Optional[int], sampler: str, pruner: str, seed: int, workers: int,
                  final_seeds: int, max_epochs: Optional[int], zero_shot_names: List[str],
                  artifact_dir: Optional[Union[str, os.PathLike]], threads: Optional[int],
                  heartbeat_interval: Optional[int], grace_period: Optional[int], max_retry: int,
@@ -1086,7 +1128,9 @@ def _run_studies(spec: _DataSpec, source: Any, task_data: Any, encoder_list: Lis
                     before, "trials until timeout" if count is None else f"{count} trials")
 
         # ---- 4. optimise
-        if count is None or count > 0:
+        if _total_reached(study, total_trials):
+            logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total_trials)
+        elif count is None or count > 0:
             _quiet_interrupt_tracebacks()
             if workers == 1:
                 objective = _Objective(enc, data, seed=seed, device=device, max_epochs=max_epochs)
@@ -1094,14 +1138,15 @@ def _run_studies(spec: _DataSpec, source: Any, task_data: Any, encoder_list: Lis
 
                 with tqdm(total=count, desc=name, unit="trial", disable=not show_progress) as bar:
                     study.optimize(objective, n_trials=count, timeout=timeout, catch=_catchable(),
-                                   callbacks=[_ProgressCallback(bar, data.metric), *callbacks])
+                                   callbacks=[_ProgressCallback(bar, data.metric), *callbacks,
+                                              *_total_trials_callbacks(total_trials)])
             else:
                 per_worker = threads or max(1, (os.cpu_count() or 1) // workers)
                 jobs = [_WorkerJob(storage_url=storage_url, study_name=name, encoder=enc, data=spec,
                                    n_trials=share, timeout=timeout, sampler=sampler, pruner=pruner, seed=seed,
                                    sampler_seed=None if seed is None else seed + i, max_epochs=max_epochs,
                                    heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                                   max_retry=max_retry, torch_threads=per_worker)
+                                   max_retry=max_retry, torch_threads=per_worker, total_trials=total_trials)
                         for i, share in enumerate(_split_trials(count, workers))]
                 _optimize_in_workers(study, jobs, data.metric, show_progress, count)
 

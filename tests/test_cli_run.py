@@ -19,7 +19,7 @@ def test_run_help_lists_every_option():
     result = invoke("run", "--help")
     assert result.exit_code == 0
     for option in ("--model", "--task", "--encoder", "--n-trials", "--timeout", "--storage", "--study-name",
-                   "--sampler", "--pruner", "--seed", "--workers", "--final-seeds", "--shots", "--data-dir",
+                   "--sampler", "--pruner", "--seed", "--workers", "--final-seeds", "--shots", "--data-dir", "--total-trials",
                    "--cache-dir", "--device", "--max-epochs", "--max-train"):
         assert option in result.output
 
@@ -85,3 +85,9 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     assert result.exit_code == 1
     assert "already exists for a different setting" in result.output and "task: stored 'trec'" in result.output
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 3
+
+    # --total-trials without --n-trials tops the study up to the cap, however many trials it holds
+    result = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "last-layer", "--total-trials", 5,
+                    "--final-seeds", 0, "--quiet", *small, *common)
+    assert result.exit_code == 0, result.output
+    assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 5

@@ -305,6 +305,29 @@ def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_d
 
 @pytest.mark.slow
 @pytest.mark.realmodel
+def test_total_trials_is_one_cap_across_calls_and_workers(tmp_path, data_dir, cache_dir, trec_study):
+    url = sqlite_url(tmp_path / "capped.db")
+    common = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
+                  show_progress=False, threads=1, pruner="none", **SMALL)
+    name = run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=3, **common)[0].study_name
+    study = optuna.load_study(study_name=name, storage=url)
+    assert len(study.trials) == 3  # no n_trials: ran until the cap
+    run_study(MODEL, "trec", "deepset", n_trials=5, total_trials=3, **common)  # already at the cap: adds none
+    assert len(study.trials) == 3
+    run_study(MODEL, "trec", "deepset", n_trials=5, total_trials=4, **common)  # the cap wins over n_trials
+    assert len(study.trials) == 4
+    # two processes: each stops once finished + running trials reach the cap
+    run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=8, workers=2, **common)
+    states = [t.state for t in study.trials]
+    assert all(s == TrialState.COMPLETE for s in states)
+    assert 8 <= len(states) <= 9  # at most one over: both workers may start a trial in the same instant
+    assert sorted(t.number for t in study.trials) == list(range(len(states)))
+    with pytest.raises(ValueError, match="total_trials"):
+        run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=0, **common)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
 def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir):
     url = sqlite_url(tmp_path / "sts.db")
     result = run_study(MODEL, "stsb", "deepset", n_trials=3, storage=url, final_seeds=2, zero_shot_tasks=["sick_r"],
