@@ -133,7 +133,7 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path, data_dir):
         run_study(MODEL, "trec", ["gnn"], **common)
     with pytest.raises(ValueError, match="unknown sampler"):
         run_study(MODEL, "trec", sampler="bayes", **common)
-    with pytest.raises(ValueError, match="give n_trials or a timeout"):
+    with pytest.raises(ValueError, match="give n_trials, total_trials or a timeout"):
         run_study(MODEL, "trec", n_trials=None, **common)
     with pytest.raises(ValueError, match="exactly one encoder"):
         run_study(MODEL, "trec", ["fc", "cayley"], study_name="x", **common)
