@@ -1,0 +1,77 @@
+"""The committed report (``reports/``) and package defaults agree with the study storage they came from.
+
+``reports/offline.db`` holds the studies of ``studies/offline.toml``; the report, ``reports/defaults.md``
+and ``ilge_search/data/recommended_defaults.json`` were generated from it. These checks rebuild the
+numbers from a copy of that storage, so a hand-edited table or a stale defaults file fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ilge_search.recommend import recommend_defaults
+from ilge_search.report import METHODS, collect_results
+from ilge_search.sweep import load_sweep
+from ilge_search.tuning import RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "reports"
+GRID = ROOT / "studies" / "offline.toml"
+
+
+@pytest.fixture(scope="module")
+def storage_copy(tmp_path_factory):
+    """A copy of the committed storage: opening it must never touch the committed file."""
+    copy = tmp_path_factory.mktemp("committed") / "offline.db"
+    shutil.copyfile(REPORTS / "offline.db", copy)
+    return f"sqlite:///{copy}"
+
+
+def test_the_report_covers_every_model_task_and_method_with_three_seeds():
+    grid = load_sweep(GRID)
+    results = pd.read_csv(REPORTS / "results.csv")
+    tasks = {entry.task for entry in grid.entries} | {"sick_r (zero-shot, stsb encoder)"}
+    for model in ("minilm-l6", "smollm2-135m"):
+        rows = results[results["model"] == model]
+        assert set(rows["task"]) == tasks, model
+        for task in tasks:
+            methods = rows[rows["task"] == task]
+            assert sorted(methods["method"]) == sorted(METHODS), (model, task)
+            assert (methods["n_seeds"] >= 3).all() and methods["mean"].notna().all(), (model, task)
+    # every study ran exactly the grid's trial budget (what the README states)
+    by_study = results.drop_duplicates("study").set_index("study")
+    for entry in grid.entries:
+        row = by_study.loc[entry.study_name]
+        assert row["n_complete"] + row["n_pruned"] + row["n_failed"] == entry.n_trials, entry.study_name
+
+
+def test_the_committed_numbers_are_the_stored_ones(storage_copy):
+    stored = collect_results(storage_copy).set_index(["model", "task", "method"]).sort_index()
+    committed = pd.read_csv(REPORTS / "results.csv").set_index(["model", "task", "method"]).sort_index()
+    assert list(stored.index) == list(committed.index)
+    for column in ("mean", "std", "n_seeds", "best_val"):
+        for key in stored.index:
+            assert stored.loc[key, column] == pytest.approx(committed.loc[key, column], abs=1e-9, nan_ok=True), (
+                key, column)
+    markdown = (REPORTS / "report.md").read_text()
+    cayley = stored.loc[("smollm2-135m", "trec", "cayley")]
+    assert f"{cayley['mean']:.2f} ± {cayley['std']:.2f}" in markdown
+
+
+def test_the_package_defaults_are_what_recommend_derives_from_the_storage(storage_copy, tmp_path):
+    derived = recommend_defaults(storage_copy, tmp_path / "defaults.json", report_path=None)
+    shipped = json.loads(RECOMMENDED_DEFAULTS_PATH.read_text())
+    assert shipped["families"] == derived["families"]
+    assert shipped["metadata"]["source"] == "sqlite:///reports/offline.db"
+    loaded = load_recommended_defaults()
+    for family, buckets in derived["families"].items():
+        for field, value in buckets["small"].items():
+            stored = loaded[family]["small"][field]
+            assert stored == value or (isinstance(value, float) and math.isclose(stored, value)), (family, field)
+    assert "| cayley |" in (REPORTS / "defaults.md").read_text()
