@@ -767,6 +767,17 @@ def _published_note() -> str:
             f"{source['version']}, {source['table']}), {source['transcription']}. Protocol: {source['protocol']}.")
 
 
+def _no_published_note() -> str:
+    from .paper_results import load_paper_results, paper_source
+
+    source = paper_source()
+    models = sorted({cell.model.rsplit("/", 1)[-1] for cell in load_paper_results()})
+    tasks = sorted({cell.task for cell in load_paper_results()})
+    return (f"No (model, task, method) here has a published number in \"{source['paper']}\" (arXiv "
+            f"{source['arxiv']}), so no published row is shown; the paper reports {', '.join(models)} "
+            f"on {', '.join(tasks)}.")
+
+
 _SUMMARY_NOTE = ("Mean score over the tasks the method has; mean gain over the tasks with both the method and the last "
                  "layer; wins: tasks where it is the best of the row (ties count for each); mean rank among the "
                  "methods of each row (1 = best).")
@@ -814,8 +825,7 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     doc = _Document()
     doc.heading(1, "ILGE results")
     doc.paragraph(_intro(storage_url, len(records)), tex=True)
-    if frame["published"].notna().any():
-        doc.paragraph(_published_note())
+    doc.paragraph(_published_note() if frame["published"].notna().any() else _no_published_note())
     for model in models:
         header, score_rows, gain_rows = _model_tables(frame, model)
         doc.heading(2, model)
