@@ -44,7 +44,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._version import __version__
 
@@ -770,9 +770,9 @@ def _published_note() -> str:
 def _no_published_note() -> str:
     from .paper_results import load_paper_results, paper_source
 
-    source = paper_source()
-    models = sorted({cell.model.rsplit("/", 1)[-1] for cell in load_paper_results()})
-    tasks = sorted({cell.task for cell in load_paper_results()})
+    source, cells = paper_source(), load_paper_results()
+    models = sorted({cell.model.rsplit("/", 1)[-1] for cell in cells})
+    tasks = sorted({cell.task for cell in cells})
     return (f"No (model, task, method) here has a published number in \"{source['paper']}\" (arXiv "
             f"{source['arxiv']}), so no published row is shown; the paper reports {', '.join(models)} "
             f"on {', '.join(tasks)}.")

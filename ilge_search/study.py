@@ -700,19 +700,14 @@ class _WorkerJob:
     total_trials: Optional[int] = None
 
 
-_COUNTED_STATES = ("COMPLETE", "PRUNED", "RUNNING")
-
-
-def _counted_trials(study: Any) -> int:
-    """Trials that count towards ``total_trials``: finished, plus those running now in any process."""
+def _total_reached(study: Any, total_trials: Optional[int]) -> bool:
+    """Whether the study's finished trials plus those running now in any process reach ``total_trials``."""
+    if total_trials is None:
+        return False
     from optuna.trial import TrialState
 
-    states = tuple(getattr(TrialState, name) for name in _COUNTED_STATES)
-    return len(study.get_trials(deepcopy=False, states=states))
-
-
-def _total_reached(study: Any, total_trials: Optional[int]) -> bool:
-    return total_trials is not None and _counted_trials(study) >= total_trials
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return len(study.get_trials(deepcopy=False, states=counted)) >= total_trials
 
 
 def _total_trials_callbacks(total_trials: Optional[int]) -> List[Callable[[Any, Any], None]]:
@@ -741,15 +736,15 @@ def _worker_main(job: _WorkerJob) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _quiet_interrupt_tracebacks()
     try:
-        data = _load_study_data(job.data, with_test=False, progress=False)
         storage = make_storage(job.storage_url, heartbeat_interval=job.heartbeat_interval,
                                grace_period=job.grace_period, max_retry=job.max_retry)
         study = optuna.load_study(study_name=job.study_name, storage=storage,
                                   sampler=make_sampler(job.sampler, job.sampler_seed),
                                   pruner=make_pruner(job.pruner, job.max_epochs))
-        objective = _Objective(job.encoder, data, seed=job.seed, device=job.data.device, max_epochs=job.max_epochs)
         if _total_reached(study, job.total_trials):
-            return
+            return  # other processes already filled the study: no need to load the embeddings
+        data = _load_study_data(job.data, with_test=False, progress=False)
+        objective = _Objective(job.encoder, data, seed=job.seed, device=job.data.device, max_epochs=job.max_epochs)
         study.optimize(objective, n_trials=job.n_trials, timeout=job.timeout, catch=_catchable(),
                        callbacks=_total_trials_callbacks(job.total_trials))
     except KeyboardInterrupt:

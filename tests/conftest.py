@@ -56,3 +56,20 @@ def postgres_url():
             )
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.close()
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch):
+    """Any attempt to load a model or tokenizer fails the test."""
+    import transformers
+
+    from ilge_search import extraction
+    from ilge_search.extraction import LayerEmbedder
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded")
+
+    monkeypatch.setattr(extraction, "load_model_and_tokenizer", refuse)
+    monkeypatch.setattr(LayerEmbedder, "load", refuse)
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)

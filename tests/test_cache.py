@@ -27,20 +27,6 @@ pytestmark = pytest.mark.realmodel
 FLOAT16_TOLERANCE = dict(rtol=2 ** -10, atol=1e-5)
 
 
-@pytest.fixture()
-def no_model_loads(monkeypatch):
-    """Any attempt to load a model or tokenizer fails the test."""
-    import transformers
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model or tokenizer was loaded")
-
-    monkeypatch.setattr(extraction, "load_model_and_tokenizer", refuse)
-    monkeypatch.setattr(LayerEmbedder, "load", refuse)
-    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
-
-
 @pytest.fixture(scope="module")
 def small_task(data_dir):
     return subsample(load_task("banking77", data_dir), 40, seed=2)

@@ -8,9 +8,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from ilge_search import extraction
 from ilge_search.cli import cli
-from ilge_search.extraction import LayerEmbedder
 from ilge_search.tasks import load_task, subsample
 
 
@@ -28,21 +26,12 @@ def custom_file(data_dir, tmp_path_factory):
     return path
 
 
-@pytest.fixture()
-def refuse_model_loads(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(extraction, "load_model_and_tokenizer", refuse)
-    monkeypatch.setattr(LayerEmbedder, "load", refuse)
-
-
 def run(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 @pytest.mark.realmodel
-def test_embed_then_cache_hit_then_ls_and_rm(custom_file, tmp_path, monkeypatch):
+def test_embed_then_cache_hit_then_ls_and_rm(custom_file, tmp_path, request):
     cache = str(tmp_path / "cache")
     args = ["embed", "--model", "minilm-l6", "--task", str(custom_file), "--text-col", "utterance",
             "--label-col", "intent", "--quiet", "--cache-dir", cache]
@@ -52,11 +41,7 @@ def test_embed_then_cache_hit_then_ls_and_rm(custom_file, tmp_path, monkeypatch)
     assert re.search(r"train\s+extracted key [0-9a-f]{24}  features 51x7x384 float16  labels \(51,\)", first.output)
     assert re.search(r"validation\s+extracted key [0-9a-f]{24}  features 9x7x384", first.output)
 
-    def refuse(*a, **k):
-        raise AssertionError("a model was loaded on a cache hit")
-
-    monkeypatch.setattr(extraction, "load_model_and_tokenizer", refuse)
-    monkeypatch.setattr(LayerEmbedder, "load", refuse)
+    request.getfixturevalue("no_model_loads")  # from here on, loading a model fails the test
     second = run(*args)
     assert second.exit_code == 0, second.output
     assert second.output.count("cache hit") == 2
@@ -92,7 +77,7 @@ def test_embed_one_split_of_a_registered_task(data_dir, cache_dir, tmp_path):
     assert "train" not in result.output.split("\n", 1)[1]
 
 
-def test_bad_input_is_a_clear_error_without_loading_a_model(custom_file, data_dir, tmp_path, refuse_model_loads):
+def test_bad_input_is_a_clear_error_without_loading_a_model(custom_file, data_dir, tmp_path, no_model_loads):
     cache = str(tmp_path / "cache")
     unknown = run("embed", "--model", "minilm-l6", "--task", "bankng77", "--cache-dir", cache)
     assert unknown.exit_code == 1 and "unknown task 'bankng77'. Known tasks: banking77" in unknown.output

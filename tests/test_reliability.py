@@ -221,19 +221,8 @@ class TestBadInputHasClearMessageAndNoSideEffects:
     entry written, no study created or changed."""
 
     @pytest.fixture(autouse=True)
-    def no_model_loads(self, monkeypatch):
-        import transformers
-
-        from ilge_search import extraction
-        from ilge_search.extraction import LayerEmbedder
-
-        def refuse(*args, **kwargs):
-            raise AssertionError("a model or tokenizer was loaded")
-
-        monkeypatch.setattr(extraction, "load_model_and_tokenizer", refuse)
-        monkeypatch.setattr(LayerEmbedder, "load", refuse)
-        monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
-        monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    def _no_model_loads(self, no_model_loads):
+        """Every case must fail before any model or tokenizer loads."""
 
     @pytest.fixture()
     def paths(self, tmp_path, data_dir):
