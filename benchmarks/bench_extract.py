@@ -83,7 +83,7 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
                 stacked.append(torch.stack(out.hidden_states, 1).float())  # (B, L, T, D) kept for every batch
                 masks.append(batch["attention_mask"])
             pooled = []
-            for hidden, mask in zip(stacked, masks):
+            for hidden, mask in zip(stacked, masks, strict=True):
                 weights = mask[:, None, :, None].float()
                 pooled.append((hidden * weights).sum(2) / weights.sum(2))
         return torch.cat(pooled)

@@ -21,6 +21,7 @@ from torch import nn
 
 from .configs import BASELINE_FAMILIES, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
 from .nn._base import LayerEncoder
+from .validation import check_int
 
 __all__ = [
     "Aggregator",
@@ -38,10 +39,10 @@ PER_TOKEN_WARN_NODES = 2000
 
 
 def _check_size(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}; "
-                         "use num_layers_for(model) / hidden_size_for(model)")
-    return value
+    try:
+        return check_int(name, value)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; use num_layers_for(model) / hidden_size_for(model)") from None
 
 
 def _check_config(config) -> EncoderConfig:

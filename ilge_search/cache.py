@@ -41,6 +41,7 @@ from .extraction import POOLINGS, LayerEmbedder
 from .models import ModelSource, resolve_model
 from .settings import resolve_cache_dir
 from .tasks import TaskData, TaskError, load_task
+from .validation import check_int
 
 __all__ = [
     "FORMAT_VERSION",
@@ -167,8 +168,7 @@ def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
     for name, value in (("max_length", max_length), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_int(name, value)
 
 
 def _write_safetensors_header(handle: Any, tensors: List[Tuple[str, str, tuple, int]],

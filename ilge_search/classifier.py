@@ -25,6 +25,7 @@ from sklearn.exceptions import NotFittedError
 
 from ._version import __version__
 from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+from .validation import check_int
 
 __all__ = ["ILGEClassifier", "clear_embedding_memo", "FORMAT_VERSION"]
 
@@ -179,12 +180,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             if self.token_pooling not in TOKEN_POOLINGS:
                 raise ValueError(f"token_pooling must be one of {list(TOKEN_POOLINGS)}, got {self.token_pooling!r}")
             for name in ("max_length", "batch_size"):
-                value = getattr(self, name)
-                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                    raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_classes is not None and (isinstance(self.num_classes, bool)
-                                             or not isinstance(self.num_classes, int) or self.num_classes < 2):
-            raise ValueError(f"num_classes must be an integer >= 2 or None, got {self.num_classes!r}")
+                check_int(name, getattr(self, name))
+        check_int("num_classes", self.num_classes, minimum=2, allow_none=True)
         if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
             raise ValueError(f"random_state must be an integer, got {self.random_state!r}")
         if not 0.0 < float(self.val_fraction) < 1.0:
@@ -237,7 +234,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             n_val[i] += 1
         n_val = np.minimum(n_val, counts - 1)
         train_rows, val_rows = [], []
-        for label, k in zip(classes, n_val):
+        for label, k in zip(classes, n_val, strict=True):
             rows = rng.permutation(np.flatnonzero(labels == label))
             val_rows.append(rows[:k])
             train_rows.append(rows[k:])
@@ -266,7 +263,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 self.base_model, missing, pooling=self.token_pooling, max_length=self.max_length,
                 batch_size=self.batch_size, device=self.device, progress=bool(self.verbose),
             )
-            for text, row in zip(missing, features):
+            for text, row in zip(missing, features, strict=True):
                 memo[text] = row
         return torch.stack([memo[text] for text in texts])  # (N, L, D)
 

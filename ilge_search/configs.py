@@ -15,6 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Optional, Type
 
+from .validation import check_int
+
 __all__ = [
     "EncoderConfig",
     "CayleyConfig",
@@ -34,16 +36,6 @@ __all__ = [
 
 CONV_TYPES = ("gin", "gcn", "gat")
 POOLINGS = ("mean", "sum")
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _check_non_negative_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
 def _check_choice(name: str, value: Any, allowed: tuple) -> None:
@@ -77,8 +69,8 @@ class EncoderConfig:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
-        _check_positive_int("batch_size", self.batch_size)
-        _check_positive_int("epochs", self.epochs)
+        check_int("batch_size", self.batch_size)
+        check_int("epochs", self.epochs)
 
     def to_dict(self) -> Dict[str, Any]:
         """All fields plus ``family``; round-trips through :func:`config_from_dict`."""
@@ -103,10 +95,10 @@ class _GraphConfig(EncoderConfig):
         super().validate()
         _check_choice("conv_type", self.conv_type, CONV_TYPES)
         _check_choice("pooling", self.pooling, POOLINGS)
-        _check_positive_int("hidden_dim", self.hidden_dim)
-        _check_positive_int("gnn_layers", self.gnn_layers)
-        _check_positive_int("gin_mlp_layers", self.gin_mlp_layers)
-        _check_positive_int("gat_heads", self.gat_heads)
+        check_int("hidden_dim", self.hidden_dim)
+        check_int("gnn_layers", self.gnn_layers)
+        check_int("gin_mlp_layers", self.gin_mlp_layers)
+        check_int("gat_heads", self.gat_heads)
         if self.conv_type == "gat" and self.hidden_dim % self.gat_heads != 0:
             raise ValueError(
                 f"hidden_dim ({self.hidden_dim}) must be divisible by gat_heads ({self.gat_heads}) "
@@ -141,9 +133,9 @@ class DeepSetConfig(EncoderConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check_positive_int("hidden_dim", self.hidden_dim)
-        _check_non_negative_int("pre_pooling_layers", self.pre_pooling_layers)
-        _check_non_negative_int("post_pooling_layers", self.post_pooling_layers)
+        check_int("hidden_dim", self.hidden_dim)
+        check_int("pre_pooling_layers", self.pre_pooling_layers, minimum=0)
+        check_int("post_pooling_layers", self.post_pooling_layers, minimum=0)
         _check_choice("pooling", self.pooling, POOLINGS)
 
 
@@ -200,8 +192,8 @@ class MLPLastConfig(EncoderConfig):
 
     def validate(self) -> None:
         super().validate()
-        _check_positive_int("hidden_dim", self.hidden_dim)
-        _check_positive_int("mlp_layers", self.mlp_layers)
+        check_int("hidden_dim", self.hidden_dim)
+        check_int("mlp_layers", self.mlp_layers)
 
 
 CONFIG_CLASSES: Dict[str, Type[EncoderConfig]] = {

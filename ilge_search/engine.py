@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from .configs import BestLayerConfig, EncoderConfig
 from .models import resolve_device
+from .validation import check_int
 
 __all__ = [
     "FeatureStandardizer",
@@ -454,8 +455,7 @@ def _check_options(task_kind: str, selection_metric: Optional[str], optimizer: s
         )
     if optimizer not in ("adam", "adamw"):
         raise ValueError(f"optimizer must be 'adam' or 'adamw', got {optimizer!r}")
-    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"patience must be a positive integer or None, got {patience!r}")
+    check_int("patience", patience, allow_none=True)
     return selection_metric
 
 
@@ -575,7 +575,8 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, *, seed: int, de
             if improved or best_state is None:
                 best_metric, best_epoch = metric, epoch
                 best_state = copy.deepcopy(model.state_dict())
-            epochs.set_postfix({"train_loss": f"{record['train_loss']:.4f}", f"val_{selection_metric}": f"{metric:.4f}"})
+            epochs.set_postfix({"train_loss": f"{record['train_loss']:.4f}",
+                                f"val_{selection_metric}": f"{metric:.4f}"})
             if epoch_callback is not None:
                 epoch_callback(epoch, metric)
             if patience is not None and epoch - best_epoch >= patience:

@@ -18,8 +18,15 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .models import ModelSource, load_model_and_tokenizer, materialize_model, resolve_device, resolve_dtype, \
-    resolve_model
+from .models import (
+    ModelSource,
+    load_model_and_tokenizer,
+    materialize_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_model,
+)
+from .validation import check_int
 
 __all__ = ["POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
 
@@ -98,8 +105,7 @@ class LayerEmbedder:
                  cache_dir: Optional[PathLike] = None, padding_side: Optional[str] = None) -> None:
         _check_pooling(pooling)
         for name, value in (("max_length", max_length), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            check_int(name, value)
         if padding_side not in (None, "left", "right"):
             raise ValueError(f"padding_side must be 'left', 'right' or None, got {padding_side!r}")
         self.model = model

@@ -44,6 +44,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
+from .validation import check_int
+
 __all__ = [
     "LayerGraph",
     "sl2_order",
@@ -114,8 +116,7 @@ def _prime_factors(n: int) -> List[int]:
 
 def sl2_order(n: int) -> int:
     """``|SL(2, Z_n)| = n^3 * prod_{p | n} (1 - 1/p^2)`` in exact integer arithmetic."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
-        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    check_int("n", n, minimum=2)
     order = n**3
     for p in _prime_factors(n):
         order = order // (p * p) * (p * p - 1)
@@ -124,8 +125,7 @@ def sl2_order(n: int) -> int:
 
 def cayley_modulus_for(num_nodes: int) -> int:
     """Smallest ``n >= 2`` with ``|SL(2, Z_n)| >= num_nodes``."""
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes <= 0:
-        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    check_int("num_nodes", num_nodes)
     n = 2
     while sl2_order(n) < num_nodes:
         n += 1
@@ -199,8 +199,7 @@ def cayley_graph(num_real: int) -> LayerGraph:
 
 def fully_connected_graph(num_real: int) -> LayerGraph:
     """Every ordered pair of distinct nodes, no virtual nodes."""
-    if isinstance(num_real, bool) or not isinstance(num_real, int) or num_real <= 0:
-        raise ValueError(f"num_real must be a positive integer, got {num_real!r}")
+    check_int("num_real", num_real)
     src, dst = np.meshgrid(np.arange(num_real), np.arange(num_real), indexing="ij")
     edge_index = _simple_edge_index(src.reshape(-1), dst.reshape(-1), num_real)
     return LayerGraph(edge_index, num_nodes=num_real, num_real=num_real, kind="fc")

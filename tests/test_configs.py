@@ -8,7 +8,8 @@ from ilge_search import configs as C
 def test_seed_defaults():
     cfg = C.CayleyConfig()
     assert (cfg.conv_type, cfg.hidden_dim, cfg.gnn_layers, cfg.gin_mlp_layers, cfg.gat_heads) == ("gin", 256, 1, 1, 4)
-    assert (cfg.pooling, cfg.dropout, cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.epochs) == ("mean", 0.1, 1e-3, 1e-4, 64, 50)
+    training = (cfg.pooling, cfg.dropout, cfg.lr, cfg.weight_decay, cfg.batch_size, cfg.epochs)
+    assert training == ("mean", 0.1, 1e-3, 1e-4, 64, 50)
     assert {f.name for f in dataclasses.fields(C.FCConfig)} == {f.name for f in dataclasses.fields(C.CayleyConfig)}
     ds = C.DeepSetConfig()
     assert (ds.pre_pooling_layers, ds.post_pooling_layers) == (1, 1)

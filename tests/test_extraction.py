@@ -138,7 +138,7 @@ def test_pool_hidden_states_semantics_on_known_tensors():
     left = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     # Row 0 of the left-padded batch is the right-padded row shifted by two positions.
     shifted = [h.clone() for h in hidden]
-    for h, s in zip(hidden, shifted):
+    for h, s in zip(hidden, shifted, strict=True):
         s[0, 2:] = h[0, :3]
         s[0, :2] = float("nan")  # whatever sits at padding must not leak into the result
     for pooling in ("mean", "last", "first"):
@@ -165,6 +165,6 @@ def test_bad_input_fails_before_the_model_loads(cache_dir):
     assert not embedder.is_loaded
     with pytest.raises(ValueError, match="pooling must be one of"):
         LayerEmbedder("minilm-l6", pooling="max")
-    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         LayerEmbedder("minilm-l6", batch_size=0)
     assert np.array_equal(POOLINGS, ("mean", "last", "first", "mean_including_padding"))

@@ -9,8 +9,15 @@ import pytest
 import torch
 
 from ilge_search import models
-from ilge_search.models import (ModelNotFoundError, ModelSource, load_model_and_tokenizer, resolve_device,
-                                resolve_dtype, resolve_model, weights_hash)
+from ilge_search.models import (
+    ModelNotFoundError,
+    ModelSource,
+    load_model_and_tokenizer,
+    resolve_device,
+    resolve_dtype,
+    resolve_model,
+    weights_hash,
+)
 
 
 def test_minilm_alias_points_into_the_package(tmp_path):

@@ -229,7 +229,8 @@ def test_graph_is_a_buffer_built_once():
 
 
 def test_reprs():
-    assert repr(CayleyGNNEncoder(25, 1024)) == "CayleyGNNEncoder(25 layers -> 48 nodes, gin, hidden_dim=256, gnn_layers=1)"
+    expected = "CayleyGNNEncoder(25 layers -> 48 nodes, gin, hidden_dim=256, gnn_layers=1)"
+    assert repr(CayleyGNNEncoder(25, 1024)) == expected
     assert repr(FCGNNEncoder(7, 8, conv_type="gat", hidden_dim=16, gnn_layers=2)) == \
         "FCGNNEncoder(7 layers -> 7 nodes, gat, hidden_dim=16, gnn_layers=2)"
     assert repr(DeepSetEncoder(7, 8)) == \

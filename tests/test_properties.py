@@ -67,7 +67,7 @@ def padded_batches(draw):
     mask = torch.tensor([[1] * n + [0] * (seq_len - n) for n in lengths])
     # padding is not always at the end: rotate each row by a drawn amount
     shifts = draw(st.lists(st.integers(0, seq_len - 1), min_size=batch, max_size=batch))
-    mask = torch.stack([row.roll(shift) for row, shift in zip(mask, shifts)])
+    mask = torch.stack([row.roll(shift) for row, shift in zip(mask, shifts, strict=True)])
     return mask, draw(st.integers(0, 2 ** 16))
 
 

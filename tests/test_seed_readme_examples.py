@@ -28,7 +28,8 @@ def test_build_aggregator_example():
     # --- README example (import changed from ilge) ---
     import torch
     import torch.nn as nn
-    from ilge_search import build_aggregator, CayleyConfig, num_layers_for, hidden_size_for
+
+    from ilge_search import CayleyConfig, build_aggregator, hidden_size_for, num_layers_for
 
     name, num_classes = "Qwen/Qwen3-8B-Base", 6
     agg = build_aggregator(CayleyConfig(),
@@ -57,7 +58,8 @@ def test_build_aggregator_example():
 def test_build_per_token_aggregator_example():
     # --- README example (import changed from ilge) ---
     import torch
-    from ilge_search import build_per_token_aggregator, CayleyConfig, num_layers_for, hidden_size_for
+
+    from ilge_search import CayleyConfig, build_per_token_aggregator, hidden_size_for, num_layers_for
 
     name = "Qwen/Qwen3-8B-Base"
     L, D = num_layers_for(name), hidden_size_for(name)   # 37, 4096
@@ -120,8 +122,9 @@ def test_suggest_config_example():
 
     # --- README example (imports changed from ilge) ---
     import optuna
+
+    from ilge_search import build_aggregator, hidden_size_for, num_layers_for
     from ilge_search.tuning import suggest_config
-    from ilge_search import build_aggregator, num_layers_for, hidden_size_for
 
     name = "Qwen/Qwen3-8B-Base"
 

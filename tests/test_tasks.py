@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from ilge_search.tasks import (TASKS, TaskError, few_shot, get_task_spec, list_tasks, load_task, subsample)
+from ilge_search.tasks import TASKS, TaskError, few_shot, get_task_spec, list_tasks, load_task, subsample
 
 PAPER_TASKS = {"banking77", "emotion", "mtop_domain", "mtop_intent", "poem_sentiment", "stsb",
                "sts12", "sts13", "sts14", "sts15", "sts16", "biosses", "sick_r"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..validation import check_int
 from ._base import LayerEncoder
 
 __all__ = ["DeepSetEncoder"]
@@ -42,8 +43,7 @@ class DeepSetEncoder(LayerEncoder):
             raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
         for name, value, low in [("hidden_dim", hidden_dim, 1), ("pre_pooling_layers", pre_pooling_layers, 0),
                                  ("post_pooling_layers", post_pooling_layers, 0)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            check_int(name, value, minimum=low)
         self.hidden_dim = hidden_dim
         self.pre_pooling_layers = pre_pooling_layers
         self.post_pooling_layers = post_pooling_layers

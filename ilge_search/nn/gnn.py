@@ -31,6 +31,7 @@ from torch_geometric.nn import GATConv, GCNConv, GINConv
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..graphs import LayerGraph, cayley_graph, fully_connected_graph
+from ..validation import check_int
 from ._base import LayerEncoder
 
 __all__ = ["BatchedGraph", "GNNStack", "GNNEncoder", "CayleyGNNEncoder", "FCGNNEncoder"]
@@ -168,11 +169,6 @@ def _check_choice(name: str, value, allowed) -> None:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
 
-def _check_positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 class GNNStack(nn.Module):
     r"""Input projection plus ``gnn_layers`` PyG convolutions over a :class:`BatchedGraph`.
 
@@ -202,7 +198,7 @@ class GNNStack(nn.Module):
         _check_choice("conv_type", conv_type, CONV_TYPES)
         for name, value in [("hidden_in", hidden_in), ("hidden_dim", hidden_dim), ("gnn_layers", gnn_layers),
                             ("gin_mlp_layers", gin_mlp_layers), ("gat_heads", gat_heads)]:
-            _check_positive(name, value)
+            check_int(name, value)
         if conv_type == "gat" and hidden_dim % gat_heads:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by gat_heads ({gat_heads})")
         if not 0.0 <= dropout < 1.0:
@@ -345,7 +341,7 @@ class CayleyGNNEncoder(GNNEncoder):
     """
 
     def __init__(self, num_layers: int, hidden_in: int, **hparams) -> None:
-        _check_positive("num_layers", num_layers)
+        check_int("num_layers", num_layers)
         super().__init__(num_layers, hidden_in, cayley_graph(num_layers), **hparams)
 
 
@@ -358,5 +354,5 @@ class FCGNNEncoder(GNNEncoder):
     """
 
     def __init__(self, num_layers: int, hidden_in: int, **hparams) -> None:
-        _check_positive("num_layers", num_layers)
+        check_int("num_layers", num_layers)
         super().__init__(num_layers, hidden_in, fully_connected_graph(num_layers), **hparams)

@@ -1,0 +1,37 @@
+"""Parameter checks declared once and shared by every module (as scikit-learn's ``_param_validation``).
+
+Each raises ``ValueError`` with one line that names the parameter, what it
+must be and what it got; the CLI turns that line into its error message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Optional
+
+__all__ = ["check_int", "check_choice", "check_positive_number"]
+
+
+def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> Optional[int]:
+    """``value`` if it is an integer >= ``minimum`` (or ``None`` when allowed); bools are refused."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{allowed}, got {value!r}")
+    return value
+
+
+def check_positive_number(name: str, value: Any, *, allow_none: bool = False, unit: str = "") -> Optional[float]:
+    """``value`` if it is a real number > 0 (or ``None`` when allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number{' of ' + unit if unit else ''}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Collection[Any]) -> Any:
+    """``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; expected one of {list(choices)}")
+    return value

@@ -1,0 +1,159 @@
+"""The import contract of ``ilge_search``, read from the source with ``ast`` (nothing is imported).
+
+- Layers: a module imports only from its own layer or lower ones (ARCHITECTURE.md draws them).
+- No import cycle between modules, counting imports inside functions (lazy imports).
+- No private name (leading underscore) imported from another module, and no private module of
+  another package (``optuna.storages._rdb``): those break without notice on upgrades.
+- No module longer than 700 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ilge_search"
+MAX_LINES = 700
+
+# first component below ilge_search -> layer; higher layers may import lower ones, never the reverse
+LAYERS: Dict[str, int] = {
+    "_version": 0, "settings": 0, "validation": 0,
+    "configs": 1, "graphs": 1,
+    "models": 2, "model_utils": 2, "nn": 2, "aggregator": 2, "tuning": 2,
+    "tasks": 3, "extraction": 3, "cache": 3, "engine": 3, "storage": 3,
+    "classifier": 4, "dashboard": 4,
+    "study": 5,
+    "report": 6,
+    "cli": 7, "testing": 7,
+    "__init__": 8,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1 and parts != ["ilge_search", "__init__"]:
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _modules() -> Dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, path: Path) -> List[Tuple[str, str, int]]:
+    """(imported module, imported name or '', line) for every import statement, nested ones too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "", node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _resolve(module, path, node)
+            found += [(target, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def _internal_target(target: str, name: str, modules: Dict[str, Path]) -> str:
+    """The ilge_search module an import reaches (``from .study import runner`` reaches ``study.runner``)."""
+    if name and f"{target}.{name}" in modules:
+        return f"{target}.{name}"
+    return target
+
+
+def _component(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _graph() -> Dict[str, Set[str]]:
+    modules = _modules()
+    graph: Dict[str, Set[str]] = {name: set() for name in modules}
+    for module, path in modules.items():
+        for target, name, _ in _imports(module, path):
+            if target == "ilge_search" or not target.startswith("ilge_search."):
+                continue  # importing the top package itself only runs its light, lazy __init__
+            reached = _internal_target(target, name, modules)
+            if reached in modules and reached != module:
+                graph[module].add(reached)
+    return graph
+
+
+def test_every_component_has_a_layer():
+    components = {_component(name) for name in _modules()}
+    assert components <= set(LAYERS), f"add {sorted(components - set(LAYERS))} to LAYERS and ARCHITECTURE.md"
+
+
+def test_no_module_imports_a_higher_layer():
+    wrong = []
+    for module, targets in _graph().items():
+        for target in targets:
+            if LAYERS[_component(target)] > LAYERS[_component(module)]:
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "lower layers import higher ones: " + ", ".join(sorted(wrong))
+
+
+def _find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
+    state: Dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: List[str] = []
+
+    def visit(node: str) -> List[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_no_import_cycles_lazy_imports_included():
+    cycle = _find_cycle(_graph())
+    assert not cycle, "import cycle: " + " -> ".join(cycle)
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a"}}) == []
+
+
+def test_no_private_names_from_other_modules():
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        for target, name, line in _imports(module, path):
+            internal = target == "ilge_search" or target.startswith("ilge_search.")
+            private_name = name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+            private_module = any(part.startswith("_") for part in target.split(".")[1:])
+            if private_name and _internal_target(target, name, modules) == target:
+                wrong.append(f"{path.name}:{line} imports {name} from {target}")
+            elif private_module and not internal:
+                wrong.append(f"{path.name}:{line} imports the private module {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_module_size(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines; split it (at most {MAX_LINES})"
