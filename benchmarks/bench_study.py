@@ -61,11 +61,11 @@ def naive_replay(args, study: optuna.Study, cache_dir: Path) -> float:
     from ilge_search.configs import config_from_dict
     from ilge_search.engine import train_encoder
     from ilge_search.extraction import extract_layer_embeddings
-    from ilge_search.study import _DataSpec, _load_task_data
+    from ilge_search.study.data import DataSpec, load_task_data
 
-    spec = _DataSpec(model=args.model, task=args.task, max_train=args.max_train, max_eval=args.max_eval,
+    spec = DataSpec(model=args.model, task=args.task, max_train=args.max_train, max_eval=args.max_eval,
                      data_dir=args.data_dir)
-    task = _load_task_data(spec)  # the study's exact subset
+    task = load_task_data(spec)  # the study's exact subset
     if task.kind != "classification":
         raise SystemExit("the naive replay covers classification tasks")
     train, val = task.splits["train"], task.splits["validation"]

@@ -45,12 +45,13 @@ _LAZY = {
     "run_study": "study",
     "list_studies": "study",
     "StudyResult": "study",
-    "run_sweep": "sweep",
-    "load_sweep": "sweep",
+    "StudyOptions": "study",
+    "run_sweep": "study",
+    "load_sweep": "study",
     "serve_dashboard": "dashboard",
     "write_notes": "dashboard",
     "build_report": "report",
-    "recommend_defaults": "recommend",
+    "recommend_defaults": "report.recommend",
 }
 
 __all__ = [

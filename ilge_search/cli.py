@@ -3,18 +3,50 @@
 The group builds one :class:`~ilge_search.settings.Settings`; each subcommand
 parses its options and calls one library function. ``--cache-dir``,
 ``--data-dir`` and ``--device`` are accepted on the group and on each
-subcommand (the subcommand's value wins).
+subcommand (the subcommand's value wins); ``--storage`` is declared once
+(:func:`storage_option`). A ``ValueError`` from the library (bad argument,
+unknown task or model, unreachable storage ...) becomes a one-line click error
+with exit status 1, in one place (:class:`IlgeGroup`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import click
 
 from ._version import __version__
-from .settings import Settings
+from .settings import Settings, default_storage_url
+from .tuning import PRUNERS, SAMPLERS
+
+__all__ = ["cli", "main", "IlgeGroup", "location_options", "storage_option"]
+
+STORAGE_HELP = "Optuna RDB URL of the studies, e.g. sqlite:///studies/ilge.db or postgresql://user@host:5432/db"
+
+
+class IlgeGroup(click.Group):
+    """A click group whose subcommands' ``ValueError`` is a click error: its message, exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def storage_option(*, required: bool = False, default_text: Optional[str] = None) -> Callable:
+    """The ``--storage`` option of every command that reads or writes studies.
+
+    Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what
+    ``default_text`` says); ``required=True`` for commands that must be told
+    which storage to read.
+    """
+    if required:
+        shown = ""
+    else:
+        shown = f" [default: {default_text or default_storage_url()}]"
+    return click.option("--storage", default=None, required=required, help=STORAGE_HELP + "." + shown)
 
 
 def location_options(func: Callable) -> Callable:
@@ -35,7 +67,7 @@ def location_options(func: Callable) -> Callable:
     return wrapper
 
 
-@click.group()
+@click.group(cls=IlgeGroup)
 @click.version_option(__version__, prog_name="ilge-search")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Embedding cache directory.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Offline task data directory.")
@@ -56,6 +88,11 @@ def main() -> None:  # console-script entry point
 # ----------------------------------------------------------------------------- run / sweep / studies
 
 
+# the loggers of the study runner and sweeps (ilge_search.study.runner, .sweep ... log through their
+# package's logger), of the storage's dead-worker repair, and of the live trial notes
+_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard")
+
+
 def _study_logging(quiet: bool) -> None:
     """Concise progress lines from the study runner; Optuna's per-trial lines only with warnings."""
     import logging
@@ -65,7 +102,7 @@ def _study_logging(quiet: bool) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    for name in ("ilge_search.study", "ilge_search.sweep"):
+    for name in _STUDY_LOGGERS:
         log = logging.getLogger(name)
         log.setLevel(logging.WARNING if quiet else logging.INFO)
         if not log.handlers:
@@ -83,7 +120,8 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
 
 @cli.command("run")
 @click.option("--model", "-m", required=True, help="Model alias (minilm-l6, smollm2-135m), local folder or HF id.")
-@click.option("--task", "-t", required=True, help="Task name (see `ilge-search tasks`) or a task file/folder.")
+@click.option("--task", "-t", required=True,
+              help="Registered task name (banking77, trec, stsb ...) or a CSV/TSV/JSONL/Parquet task file or folder.")
 @click.option("--encoder", "-e", "encoders", multiple=True, default=("cayley",), show_default=True,
               help=_ENCODER_HELP)
 @click.option("--n-trials", type=click.IntRange(min=0), default=None,
@@ -94,10 +132,10 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
 @click.option("--total-trials", type=click.IntRange(min=1), default=None,
               help="Cap on each study's complete + pruned + running trials, shared by every process and node "
                    "on the storage.")
-@click.option("--storage", default=None, help="Optuna RDB URL [default: sqlite:///studies/ilge.db].")
+@storage_option()
 @click.option("--study-name", default=None, help="Study name (one encoder only) [default: model:task:encoder].")
-@click.option("--sampler", type=click.Choice(["tpe", "random", "gp"]), default="tpe", show_default=True)
-@click.option("--pruner", type=click.Choice(["median", "hyperband", "none"]), default="median", show_default=True)
+@click.option("--sampler", type=click.Choice(list(SAMPLERS)), default="tpe", show_default=True)
+@click.option("--pruner", type=click.Choice(list(PRUNERS)), default="median", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the sampler and every trial's training.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Parallel worker processes on the same storage.")
@@ -128,32 +166,29 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
-    from .study import run_study
+    from .study import StudyOptions, run_study
 
     _study_logging(quiet)
     if n_trials is None and total_trials is None:
         n_trials = 20
+    options = StudyOptions(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
+                           sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds,
+                           shots=shots, max_train=max_train, max_eval=max_eval, max_epochs=max_epochs,
+                           zero_shot_tasks=tuple(zero_shot_tasks), data_dir=settings.data_dir,
+                           cache_dir=settings.cache_dir, device=settings.device, artifact_dir=artifact_dir,
+                           threads=threads, heartbeat_interval=heartbeat_interval, show_progress=not quiet)
     try:
-        results = run_study(model, task, list(encoders), n_trials=n_trials, timeout=timeout,
-                            total_trials=total_trials, storage=storage,
-                            study_name=study_name, sampler=sampler, pruner=pruner, seed=seed, workers=workers,
-                            final_seeds=final_seeds, shots=shots, max_train=max_train, max_eval=max_eval,
-                            max_epochs=max_epochs, zero_shot_tasks=list(zero_shot_tasks),
-                            data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device,
-                            artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
-                            show_progress=not quiet)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        results = run_study(model, task, list(encoders), storage=storage, options=options)
     except KeyboardInterrupt:
         click.echo("interrupted: the running trial is marked FAIL, finished trials are stored; "
                    "rerun the same command to resume", err=True)
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     _print_results(results)
 
 
 @cli.command("sweep")
 @click.argument("grid", type=click.Path(exists=True, dir_okay=False))
-@click.option("--storage", default=None, help="Overrides the grid's storage URL.")
+@storage_option(default_text="the grid's storage, else sqlite:///studies/ilge.db")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Overrides the grid's workers.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Overrides the grid's threads.")
 @click.option("--model", "models", multiple=True, help="Run only this model (repeatable).")
@@ -166,36 +201,30 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
 def sweep_command(settings: Settings, grid: str, storage, workers, threads, models, tasks, encoders, artifact_dir,
                   dry_run: bool, quiet: bool) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
-    from .sweep import plan_sweep, run_sweep
+    from .study import plan_sweep, run_sweep
 
     _study_logging(quiet)
+    if dry_run:
+        click.echo(plan_sweep(grid, storage=storage).to_string(index=False))
+        return
     try:
-        if dry_run:
-            click.echo(plan_sweep(grid, storage=storage).to_string(index=False))
-            return
         results = run_sweep(grid, storage=storage, workers=workers, threads=threads, models=models, tasks=tasks,
-                            encoders=encoders,
-                            data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device,
-                            artifact_dir=artifact_dir, show_progress=not quiet)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+                            encoders=encoders, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
+                            device=settings.device, artifact_dir=artifact_dir, show_progress=not quiet)
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     _print_results(results)
 
 
 @cli.command("studies")
-@click.option("--storage", default=None, help="Optuna RDB URL [default: sqlite:///studies/ilge.db].")
+@storage_option()
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def studies_command(storage, fmt: str) -> None:
     """List the studies in a storage: trials, best validation value, final test mean +- std."""
     from .study import list_studies
 
-    try:
-        frame = list_studies(storage)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    frame = list_studies(storage)
     if fmt == "csv":
         click.echo(frame.to_csv(index=False), nl=False)
     elif fmt == "json":
@@ -233,14 +262,12 @@ def embed_command(settings: Settings, model: str, task: str, pooling: str, max_l
     from .cache import embed_task
 
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
-    try:
-        result = embed_task(model, task, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
-                            splits=list(splits) or None, text_col=text_col, label_col=label_col,
-                            text_cols=pair_cols, score_col=score_col, pooling=pooling, max_length=max_length,
-                            batch_size=batch_size, device=settings.device, storage_dtype=storage_dtype,
-                            progress=not quiet)
-    except ValueError as exc:  # unknown task or model, bad columns or texts: nothing was loaded
-        raise click.ClickException(str(exc)) from exc
+    # an unknown task or model, bad columns or texts raise ValueError before anything is loaded
+    result = embed_task(model, task, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
+                        splits=list(splits) or None, text_col=text_col, label_col=label_col,
+                        text_cols=pair_cols, score_col=score_col, pooling=pooling, max_length=max_length,
+                        batch_size=batch_size, device=settings.device, storage_dtype=storage_dtype,
+                        progress=not quiet)
     click.echo(f"{result.model} / {result.task.name}: {result.num_layers} layers x {result.hidden_size}")
     for split, entry in result.splits.items():
         status = "cache hit" if entry.hit else "extracted"
@@ -269,7 +296,7 @@ def cache_ls_command(settings: Settings) -> None:
               e.created) for e in entries]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     total = sum(e.size_bytes for e in entries) / 2**20
     click.echo(f"{len(entries)} entries, {total:.1f} MB in {settings.cache_dir}")
 
@@ -284,10 +311,7 @@ def cache_rm_command(settings: Settings, key: Optional[str], remove_all: bool) -
 
     if (key is None) == (not remove_all):
         raise click.UsageError("give a KEY or --all (one of them)")
-    try:
-        removed = EmbeddingCache(settings.cache_dir).rm(key, all=remove_all)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    removed = EmbeddingCache(settings.cache_dir).rm(key, all=remove_all)
     click.echo(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}"
                + (f": {', '.join(removed)}" if 0 < len(removed) <= 5 else ""))
 
@@ -296,7 +320,7 @@ def cache_rm_command(settings: Settings, key: Optional[str], remove_all: bool) -
 
 
 @cli.command("dashboard")
-@click.option("--storage", default=None, help="Optuna RDB URL [default: sqlite:///studies/ilge.db].")
+@storage_option()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to listen on. The dashboard has no login: keep loopback unless the network is trusted.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
@@ -308,18 +332,15 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, log_requests:
     """Browse studies, trial notes and artifacts (weights, figures) in optuna-dashboard."""
     from .dashboard import serve_dashboard
 
-    try:
-        serve_dashboard(storage, host=host, port=port, artifact_dir=artifact_dir, log_requests=log_requests,
-                        echo=click.echo)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    serve_dashboard(storage, host=host, port=port, artifact_dir=artifact_dir, log_requests=log_requests,
+                    echo=click.echo)
 
 
 # ----------------------------------------------------------------------------- report / recommend
 
 
 @cli.command("report")
-@click.option("--storage", required=True, help="Optuna RDB URL holding the studies, e.g. sqlite:///studies/offline.db.")
+@storage_option(required=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports", show_default=True,
               help="Folder for report.md, report.tex, index.html, the CSVs and figures/.")
 @click.option("--no-figures", is_flag=True, help="Tables only: no PNGs and no importances (faster).")
@@ -328,10 +349,7 @@ def report_command(storage: str, out_dir: str, no_figures: bool, quiet: bool) ->
     """Paper-style tables (Markdown, LaTeX, CSV) and an HTML page with figures from every study."""
     from .report import build_report
 
-    try:
-        result = build_report(storage, out_dir, figures=not no_figures, show_progress=not quiet)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    result = build_report(storage, out_dir, figures=not no_figures, show_progress=not quiet)
     counts = result.results.groupby("model")["mean"].count()
     for model, table in result.tables.items():
         click.echo(f"{model}: {len(table)} tasks, {int(counts.get(model, 0))} cells with test scores")
@@ -339,7 +357,7 @@ def report_command(storage: str, out_dir: str, no_figures: bool, quiet: bool) ->
 
 
 @cli.command("recommend")
-@click.option("--storage", required=True, help="Optuna RDB URL holding the studies, e.g. sqlite:///studies/offline.db.")
+@storage_option(required=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Defaults file to write [default: the package's ilge_search/data/recommended_defaults.json, "
                    "read by recommended_config].")
@@ -349,13 +367,10 @@ def report_command(storage: str, out_dir: str, no_figures: bool, quiet: bool) ->
               help="Only these families (repeatable) [default: all three].")
 def recommend_command(storage: str, out_path: Optional[str], report_path: str, families) -> None:
     """Derive recommended defaults per family and model size from the studies' validation scores."""
-    from .recommend import DEFAULT_FAMILIES, recommend_defaults
+    from .report.recommend import DEFAULT_FAMILIES, recommend_defaults
     from .tuning import RECOMMENDED_DEFAULTS_PATH
 
-    try:
-        data = recommend_defaults(storage, out_path, report_path, families=list(families) or DEFAULT_FAMILIES)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+    data = recommend_defaults(storage, out_path, report_path, families=list(families) or DEFAULT_FAMILIES)
     for family, buckets in data["families"].items():
         for bucket, values in buckets.items():
             click.echo(f"{family:<8} {bucket:<6} " + ", ".join(f"{k}={v}" for k, v in values.items()))

@@ -5,13 +5,15 @@ Notes are what a reader sees first on a trial's or study's page:
 - :func:`write_trial_note` gives every trial a note with its configuration
   (the tuned fields marked), validation score, trainable parameters, epochs
   and seconds, read from the trial user attrs the study runner records;
+  :func:`write_live_note` is what the runner calls as each trial finishes
+  (in every worker process), and never fails the trial;
 - :func:`write_study_note` gives the study a note with its identity, the best
   trial and the final test scores (mean +- std and one row per seed), linking
   the uploaded weights;
 - :func:`write_notes` backfills both for studies run before notes existed.
 
 :func:`serve_dashboard` starts optuna-dashboard on a storage together with the
-artifact store the runner uploads to (:func:`~ilge_search.study.artifact_dir_for`,
+artifact store the runner uploads to (:func:`~ilge_search.storage.artifact_dir_for`,
 or the ``artifact_dir`` a study recorded), so weights and report figures can be
 downloaded from the browser. It binds to loopback unless told otherwise: the
 dashboard has no login and can edit and delete studies.
@@ -31,10 +33,13 @@ import types
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
+from .storage import ENDED_STATES, Storage, artifact_dir_for, open_storage
+
 __all__ = [
     "trial_note_markdown",
     "study_note_markdown",
     "write_trial_note",
+    "write_live_note",
     "write_study_note",
     "write_notes",
     "dashboard_artifact_dirs",
@@ -145,7 +150,7 @@ def study_note_markdown(
     best_trial: Optional[int] = None,
     best_value: Optional[float] = None,
 ) -> str:
-    """The Markdown note of a study, from its user attrs (see :mod:`ilge_search.study`).
+    """The Markdown note of a study, from its user attrs (see :mod:`ilge_search.study.runner`).
 
     Shows the identity (model, task, encoder, data), the trial counts, the best
     trial, and -- once the final evaluation ran -- the test score as mean +- std
@@ -196,7 +201,7 @@ def study_note_markdown(
     artifact_seed = attrs.get("final_artifact_seed")
     rows = [[str(seed) if seed is not None else str(i), _score(val), _score(test),
              "✓" if seed is not None and seed == artifact_seed else ""]
-            for i, (seed, val, test) in enumerate(zip(seeds, val_scores, scores))]
+            for i, (seed, val, test) in enumerate(zip(seeds, val_scores, scores, strict=False))]
     lines += _table(["seed", f"validation {metric}", f"test {metric}", "weights"], rows)
 
     zero_shot = attrs.get("final_zero_shot") or {}
@@ -268,6 +273,20 @@ def write_trial_note(study: Any, trial: Any, *, state: Optional[str] = None,
     return body
 
 
+def write_live_note(trial: Any, metric: str, state: str = "complete") -> None:
+    """Write a running trial's note as it finishes, so it shows while the search runs.
+
+    The study runner calls this at the end of every trial (in every worker
+    process); :func:`write_notes` at the end of a run fills in any that are
+    missing. A note is for reading: a failure to write it is logged as a
+    warning and never fails the trained trial.
+    """
+    try:
+        write_trial_note(trial.study, trial, state=state, metric=metric)
+    except Exception as exc:
+        logger.warning("trial %d: could not write its dashboard note: %s", trial.number, exc)
+
+
 def write_study_note(study: Any) -> str:
     """Save (and return) the study's Markdown note: identity, best trial, final test scores."""
     from optuna.trial import TrialState
@@ -288,25 +307,36 @@ def write_study_note(study: Any) -> str:
     return body
 
 
-def _has_note(system_attrs: Mapping[str, Any], trial_id: int) -> bool:
-    from optuna_dashboard._note import note_ver_key
+def _note_version_key(trial_id: int) -> str:
+    """The study system attr in which optuna-dashboard counts a trial's note versions.
 
-    return note_ver_key(trial_id) in system_attrs
+    optuna-dashboard 0.21 stores a trial's note as the study system attrs
+    ``dashboard:<trial_id>:note_ver`` and ``dashboard:<trial_id>:note_str:<i>``
+    (``note_ver_key`` in its ``_note.py``, which is private); it offers no
+    public "has a note" call, and ``get_note`` per trial would read every
+    system attr once per trial.
+    """
+    return f"dashboard:{trial_id}:note_ver"
+
+
+def _has_note(system_attrs: Mapping[str, Any], trial_id: int) -> bool:
+    return _note_version_key(trial_id) in system_attrs
 
 
 def write_notes(study: Any, *, overwrite: bool = False) -> int:
-    """Give every finished trial without a note its note, then (re)write the study note.
+    """Give every ended trial (complete, pruned or failed) without a note its note, then (re)write the
+    study note.
 
-    ``overwrite=True`` rewrites every finished trial's note. Returns the number
+    ``overwrite=True`` rewrites every ended trial's note. Returns the number
     of trial notes written. Safe to run while workers add trials.
     """
     from optuna.trial import TrialState
 
-    finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    ended = tuple(TrialState[name] for name in ENDED_STATES)
     system_attrs = study._storage.get_study_system_attrs(study._study_id)
     metric = study.user_attrs.get("metric", "value")
     written = 0
-    for trial in study.get_trials(deepcopy=False, states=finished):
+    for trial in study.get_trials(deepcopy=False, states=ended):
         if overwrite or not _has_note(system_attrs, trial._trial_id):
             write_trial_note(study, trial, metric=metric)
             written += 1
@@ -367,20 +397,20 @@ def dashboard_artifact_dirs(storage_url: str, storage: Any = None,
     """The folders whose artifacts the dashboard serves, first one written to.
 
     ``artifact_dir`` if given (only it). Otherwise the runner's default for the
-    URL (:func:`~ilge_search.study.artifact_dir_for`: next to a SQLite file,
+    URL (:func:`~ilge_search.storage.artifact_dir_for`: next to a SQLite file,
     else ``studies/artifacts``) followed by every existing ``artifact_dir``
-    that a study in ``storage`` recorded (a PostgreSQL study run elsewhere
-    points at its shared folder this way).
+    that a study in ``storage`` (a :class:`~ilge_search.storage.Storage` or an
+    Optuna storage) recorded (a PostgreSQL study run elsewhere points at its
+    shared folder this way).
     """
-    from .study import artifact_dir_for
-
     if artifact_dir is not None:
         return [artifact_dir_for(storage_url, artifact_dir)]
     dirs = [artifact_dir_for(storage_url)]
     if storage is not None:
         import optuna
 
-        for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        rdb = storage.rdb if isinstance(storage, Storage) else storage
+        for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
             recorded = summary.user_attrs.get("artifact_dir")
             if recorded and Path(recorded).is_dir() and Path(recorded).resolve() not in dirs:
                 dirs.append(Path(recorded).resolve())
@@ -390,38 +420,20 @@ def dashboard_artifact_dirs(storage_url: str, storage: Any = None,
 # ----------------------------------------------------------------------------- server
 
 
-def _open_storage(storage_url: str) -> Any:
-    """The study storage, refusing a SQLite file that does not exist (the
-    dashboard would otherwise create an empty one and show nothing)."""
-    import sqlalchemy
-
-    from .study import StorageError, make_storage
-
-    try:
-        parsed = sqlalchemy.engine.make_url(storage_url)
-    except sqlalchemy.exc.ArgumentError as exc:
-        raise StorageError(f"not a database URL: {storage_url!r}; use e.g. sqlite:///studies/ilge.db or "
-                           "postgresql://user@host:5432/db") from exc
-    if (parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:"
-            and not Path(parsed.database).expanduser().is_file()):
-        raise StorageError(f"no study storage at {parsed.database}; run `ilge-search run` first or pass --storage")
-    return make_storage(storage_url, heartbeat_interval=None)
-
-
-def make_dashboard_app(storage: Optional[str] = None, artifact_dir: Optional[PathLike] = None) -> Any:
+def make_dashboard_app(storage: Union[str, Storage, None] = None, artifact_dir: Optional[PathLike] = None) -> Any:
     """The optuna-dashboard WSGI application for ``storage`` with the artifact store.
 
-    Serve it with any WSGI server (gunicorn, waitress ...); :func:`serve_dashboard`
-    uses a threaded ``wsgiref`` server.
+    ``storage`` is a URL (default ``sqlite:///studies/ilge.db``; a SQLite file
+    that does not exist is refused, since the dashboard would otherwise create an
+    empty one and show nothing) or an opened :class:`~ilge_search.storage.Storage`.
+    Serve the app with any WSGI server (gunicorn, waitress ...);
+    :func:`serve_dashboard` uses a threaded ``wsgiref`` server.
     """
     from optuna_dashboard import wsgi
 
-    from .settings import default_storage_url
-
-    storage_url = storage or default_storage_url()
-    rdb = _open_storage(storage_url)
-    store = DirectoriesArtifactStore(dashboard_artifact_dirs(storage_url, rdb, artifact_dir))
-    app = wsgi(rdb, artifact_store=store)
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    store = DirectoriesArtifactStore(dashboard_artifact_dirs(opened.url, opened, artifact_dir))
+    app = wsgi(opened.rdb, artifact_store=store)
     app.ilge_artifact_store = store  # what the caller may print
     return app
 
@@ -436,7 +448,7 @@ def _is_loopback(host: str) -> bool:
 
 
 def serve_dashboard(
-    storage: Optional[str] = None,
+    storage: Union[str, Storage, None] = None,
     host: str = "127.0.0.1",
     port: int = 8080,
     artifact_dir: Optional[PathLike] = None,
@@ -447,7 +459,8 @@ def serve_dashboard(
     """Run optuna-dashboard on ``storage`` with the artifact store until SIGINT or SIGTERM.
 
     Args:
-        storage: an Optuna RDB URL (default ``sqlite:///studies/ilge.db``).
+        storage: an Optuna RDB URL (default ``sqlite:///studies/ilge.db``) or an opened
+            :class:`~ilge_search.storage.Storage`.
         host: interface to bind: loopback by default. Anything else prints a
             warning, since the dashboard has no login and can delete studies.
         port: TCP port; ``0`` picks a free one (the printed URL shows it).

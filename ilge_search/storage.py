@@ -220,15 +220,16 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
         if database is not None:
             database.parent.mkdir(parents=True, exist_ok=True)
     heartbeat: Dict[str, Any] = {}
-    if heartbeat_interval is not None:
-        heartbeat = {
-            "heartbeat_interval": int(heartbeat_interval),
-            "grace_period": int(grace_period) if grace_period is not None else 2 * int(heartbeat_interval),
-            "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
-        }
     shown = hide_password(url)
     try:
         with quiet_optuna_warnings():
+            if heartbeat_interval is not None:
+                heartbeat = {
+                    "heartbeat_interval": int(heartbeat_interval),
+                    "grace_period": int(grace_period) if grace_period is not None else 2 * int(heartbeat_interval),
+                    "heartbeat_stale_trial_callback":
+                        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+                }
             try:
                 rdb = optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs, **heartbeat)
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
@@ -276,7 +277,7 @@ def _with_installed_driver(parsed: Any) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def fail_stale_trials(study: Any) -> None:
+def fail_stale_trials(study: Any, storage: Storage) -> None:
     """Fail (and retry, through the storage's stale-trial callback) RUNNING trials whose worker died.
 
     Optuna's public :func:`optuna.storages.fail_stale_trials` handles trials
@@ -284,12 +285,13 @@ def fail_stale_trials(study: Any) -> None:
     heartbeat thread's first beat (the sampler runs in between) leaves a trial
     with no heartbeat at all, RUNNING forever; those are failed here once they
     started more than the grace period ago. The heartbeat table is read with
-    plain SQL on the storage's public engine.
+    plain SQL on the storage's public engine. ``storage`` is the opened storage
+    ``study`` lives in (Optuna wraps it in a cache that hides the heartbeat settings).
     """
     import optuna
     import sqlalchemy
 
-    rdb = study._storage
+    rdb = storage.rdb
     if getattr(rdb, "heartbeat_interval", None) is None:
         return
     with quiet_optuna_warnings():

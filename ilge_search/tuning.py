@@ -33,15 +33,24 @@ defaults of the published package. Schema::
       "metadata": {"generated": "...", "source": "...", ...},   # free-form provenance
       "families": {
         "<family>": {                      # a key of configs.CONFIG_CLASSES
-          "small": {"<field>": value, ...},  # models up to ~1B parameters
-          "large": {"<field>": value, ...}   # models above ~3B parameters
+          "small": {"<field>": value, ...},  # models up to 3B parameters
+          "large": {"<field>": value, ...}   # models above 3B parameters
         }
       }
     }
 
 Values override the config class defaults; fields must exist on that
 family's config. Families or buckets missing from the file fall back to the
-built-in values.
+built-in values. The bucket of a model is
+:func:`ilge_search.models.model_size_bucket` (one threshold,
+:data:`ilge_search.models.LARGE_MODEL_PARAMS`).
+
+Samplers and pruners
+--------------------
+:func:`make_sampler` (``tpe``, ``random``, ``gp``) and :func:`make_pruner`
+(``median``, ``hyperband``, ``none``) build the Optuna objects a study
+searches with; :data:`SAMPLERS` and :data:`PRUNERS` are the names every
+caller (``run_study``, sweeps, the CLI) accepts.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from .configs import (
     EncoderConfig,
     config_class_for,
 )
+from .validation import check_choice
 
 __all__ = [
     "suggest_config",
@@ -65,6 +75,10 @@ __all__ = [
     "RECOMMENDED_DEFAULTS_PATH",
     "BUILTIN_RECOMMENDED",
     "MODEL_SIZE_HINTS",
+    "SAMPLERS",
+    "PRUNERS",
+    "make_sampler",
+    "make_pruner",
 ]
 
 RECOMMENDED_DEFAULTS_PATH = Path(__file__).resolve().parent / "data" / "recommended_defaults.json"
@@ -74,8 +88,8 @@ MODEL_SIZE_HINTS = ("small", "large")
 HIDDEN_DIMS = (128, 256, 512)
 GAT_HEADS = (2, 4, 8)
 
-# The published package's documented defaults: lr 1e-3 up to ~1B parameters, 1e-4 above ~3B;
-# one GNN layer of width 256 for both.
+# The published package's documented defaults: lr 1e-3 for small models (up to 3B parameters,
+# models.LARGE_MODEL_PARAMS), 1e-4 for large ones; one GNN layer of width 256 for both.
 _GRAPH_DEFAULTS = {"small": {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256},
                    "large": {"lr": 1e-4, "gnn_layers": 1, "hidden_dim": 256}}
 _PLAIN_DEFAULTS = {"small": {"lr": 1e-3}, "large": {"lr": 1e-4}}
@@ -199,11 +213,54 @@ def recommended_config(family: str, model_size_hint: str = "small") -> EncoderCo
 
     Args:
         family: any family name (``"cayley"``, ``"fc"``, ``"deepset"`` or a baseline).
-        model_size_hint: ``"small"`` for models up to ~1B parameters (lr 1e-3),
-            ``"large"`` for models above ~3B (lr 1e-4).
+        model_size_hint: ``"small"`` for models up to 3B parameters (lr 1e-3),
+            ``"large"`` for larger ones (lr 1e-4); see
+            :func:`ilge_search.models.model_size_bucket`.
     """
     _check_family(family)
     if model_size_hint not in MODEL_SIZE_HINTS:
         raise ValueError(f"model_size_hint must be one of {list(MODEL_SIZE_HINTS)}, got {model_size_hint!r}")
     values = load_recommended_defaults().get(family, {}).get(model_size_hint, {})
     return config_class_for(family)(**values)
+
+
+# ----------------------------------------------------------------------------- samplers and pruners
+
+SAMPLERS = ("tpe", "random", "gp")
+PRUNERS = ("median", "hyperband", "none")
+
+
+def make_sampler(name: str, seed: Optional[int] = None) -> Any:
+    """``tpe`` (TPESampler), ``random`` or ``gp`` (GPSampler, needs scipy), seeded."""
+    check_choice("sampler", name, SAMPLERS)
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():  # GPSampler is experimental in some Optuna releases
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        try:
+            import scipy  # noqa: F401  GPSampler's acquisition optimiser
+        except ImportError as exc:
+            raise ValueError("the gp sampler needs scipy: pip install scipy") from exc
+        return optuna.samplers.GPSampler(seed=seed)
+
+
+def make_pruner(name: str, max_epochs: Optional[int] = None) -> Any:
+    """``median`` (the paper's MedianPruner: 5 startup trials, 10 warm-up epochs,
+    fewer when ``max_epochs`` is small), ``hyperband`` (resource = epochs) or ``none``."""
+    check_choice("pruner", name, PRUNERS)
+    import optuna
+
+    if name == "median":
+        warmup = 10 if max_epochs is None else min(10, max(1, max_epochs // 2))
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=warmup)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max_epochs or "auto",
+                                              reduction_factor=3)
+    return optuna.pruners.NopPruner()

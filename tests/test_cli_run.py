@@ -19,8 +19,8 @@ def test_run_help_lists_every_option():
     result = invoke("run", "--help")
     assert result.exit_code == 0
     for option in ("--model", "--task", "--encoder", "--n-trials", "--timeout", "--storage", "--study-name",
-                   "--sampler", "--pruner", "--seed", "--workers", "--final-seeds", "--shots", "--data-dir", "--total-trials",
-                   "--cache-dir", "--device", "--max-epochs", "--max-train"):
+                   "--sampler", "--pruner", "--seed", "--workers", "--final-seeds", "--shots", "--data-dir",
+                   "--total-trials", "--cache-dir", "--device", "--max-epochs", "--max-train"):
         assert option in result.output
 
 

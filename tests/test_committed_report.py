@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ilge_search.recommend import recommend_defaults
 from ilge_search.report import METHODS, collect_results
-from ilge_search.sweep import load_sweep
+from ilge_search.report.recommend import recommend_defaults
+from ilge_search.study import load_sweep
 from ilge_search.tuning import RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
 
 ROOT = Path(__file__).resolve().parents[1]

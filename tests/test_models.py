@@ -137,3 +137,36 @@ def test_smollm2_is_dequantised_once_into_the_cache(cache_dir, monkeypatch):
 def test_model_source_identity_for_hub_ids():
     source = ModelSource(name="org/model", path="org/model", revision="0123abcd" * 5)
     assert source.is_hub and source.identity == "hf:org/model@" + "0123abcd" * 5
+
+
+# ----------------------------------------------------------------------------- the one model table
+
+
+def test_model_table_answers_every_spelling_of_a_known_model():
+    from ilge_search.models import canonical_model_name, known_model
+
+    for name in ("EleutherAI/pythia-410m", "pythia-410m", "PYTHIA-410M", "/models/pythia-410m/",
+                 "C:\\models\\pythia-410m"):
+        assert canonical_model_name(name) == "EleutherAI/pythia-410m", name
+    assert canonical_model_name("minilm-l6") == "sentence-transformers/all-MiniLM-L6-v2"
+    assert canonical_model_name("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B-Base"  # Qwen3 may drop -Base
+    assert canonical_model_name("google/gemma-2-2b-it") == "google/gemma-2-2b-it"  # a variant is its own row
+    assert canonical_model_name("EleutherAI/pythia-410m-deduped") is None
+    assert known_model("smollm2-135m").num_layers == 31 and known_model("minilm-l6").hidden_size == 384
+
+
+def test_model_table_is_the_only_source_of_sizes_and_paper_names():
+    from ilge_search.model_utils import KNOWN_MODELS, layer_dims_for
+    from ilge_search.models import LARGE_MODEL_PARAMS, MODEL_ALIASES, MODELS, model_num_params, model_size_bucket
+
+    assert len({m.name for m in MODELS}) == len(MODELS)
+    assert sorted(MODEL_ALIASES) == ["minilm-l6", "smollm2-135m"]
+    assert {m.paper_name for m in MODELS if m.paper_name} == {"Pythia-410m", "Gemma2-2B", "Llama3-8B"}
+    for model in MODELS:
+        assert KNOWN_MODELS[model.name] == (model.num_hidden_layers, model.hidden_size)
+        assert layer_dims_for(model.name) == (model.num_layers, model.hidden_size)
+        assert model_num_params(model.name) == model.num_params
+        assert model_size_bucket(model.name) == ("large" if model.num_params > LARGE_MODEL_PARAMS else "small")
+    assert model_size_bucket("someone/unknown", hidden_size=4096) == "large"
+    with pytest.raises(ValueError, match="unknown parameter count"):
+        model_size_bucket("someone/unknown")

@@ -10,7 +10,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ilge_search.study import _DataSpec, _load_study_data, default_study_name, recommended_params
+from ilge_search.study import default_study_name, recommended_params
+from ilge_search.study.data import DataSpec, load_study_data
 
 MODEL = "minilm-l6"
 SMALL = dict(max_train=240, max_eval=160, max_epochs=4)
@@ -29,9 +30,9 @@ def _cache_files(cache_dir):
 @pytest.mark.postgres
 def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_dir, tmp_path):
     # embeddings cached once, up front, in the cache every worker shares
-    spec = _DataSpec(model=MODEL, task="trec", max_train=SMALL["max_train"], max_eval=SMALL["max_eval"],
+    spec = DataSpec(model=MODEL, task="trec", max_train=SMALL["max_train"], max_eval=SMALL["max_eval"],
                      data_dir=str(data_dir), cache_dir=str(cache_dir), device="cpu")
-    _load_study_data(spec, with_test=True, progress=False)
+    load_study_data(spec, with_test=True, progress=False)
     cached = _cache_files(cache_dir)
     assert cached
 
@@ -52,7 +53,7 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
             for other in processes:
                 other.kill()
             raise
-    for process, output in zip(processes, outputs):
+    for process, output in zip(processes, outputs, strict=True):
         assert process.returncode == 0, output[-3000:]
 
     name = default_study_name(MODEL, "trec", "fc", **{k: SMALL[k] for k in ("max_train", "max_eval", "max_epochs")})

@@ -63,9 +63,9 @@ def subprocess_env() -> Dict[str, str]:
 @pytest.fixture(scope="module")
 def trec_cached(data_dir, cache_dir):
     """Train and validation embeddings of the trec subset, in the session cache (extracted at most once)."""
-    from ilge_search.study import _DataSpec, _load_task_data
+    from ilge_search.study.data import DataSpec, load_task_data
 
-    task = _load_task_data(_DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir)))
+    task = load_task_data(DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir)))
     load_task_embeddings(MODEL, task, cache_dir=cache_dir, splits=["train", "validation"], device="cpu",
                          progress=False)
     return cache_dir
@@ -250,8 +250,9 @@ class TestBadInputHasClearMessageAndNoSideEffects:
         "label not in train": (["--task", "{dir}/unseen"], "label(s) that the train split does not have: 'c'"),
         "missing label": (["--task", "{dir}/nolabel.jsonl"], "column 'label' has 1 missing label(s) at row(s) 6"),
         "unreachable storage": (["--storage", "postgresql://postgres@127.0.0.1:1/none"],
-                                ("cannot open the study storage postgresql+psycopg",
-                                 "@127.0.0.1:1/none: connection to server",
+                                # the storage is named as the user wrote it (storage.open_storage)
+                                ("cannot open the study storage postgresql://postgres@127.0.0.1:1/none: "
+                                 "connection to server",
                                  "Check the URL, that the database server is running")),
         "name reused for another task": (["--task", "sst2", "--study-name", "mine"],
                                          "task: stored 'trec', requested 'sst2'"),

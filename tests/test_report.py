@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-from ilge_search.paper_results import canonical_model, canonical_task, load_paper_results, published_result
 from ilge_search.report import METHOD_LABELS, METHODS, MISSING, build_report
+from ilge_search.report.paper_results import canonical_model, canonical_task, load_paper_results, published_result
 
 MODEL = "minilm-l6"
 SMALL = dict(max_train=240, max_eval=160, max_epochs=4)  # the runner tests' subsets (shared embedding cache)
@@ -32,7 +32,7 @@ def markdown_table(text: str, heading: str):
     rows = {}
     for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = dict(zip(header, cells))
+        rows[cells[0]] = dict(zip(header, cells, strict=False))
     return rows
 
 
@@ -247,8 +247,8 @@ def test_published_numbers_match_the_spec_table(data_dir):
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 4 or canonical_task(cells[0]) is None:
             continue
-        for model, cell in zip(models.values(), cells[1:]):
-            for method, value in zip(methods, cell.split("/")):
+        for model, cell in zip(models.values(), cells[1:], strict=True):
+            for method, value in zip(methods, cell.split("/"), strict=False):
                 assert published_result(model, cells[0], method).value == float(value)
                 seen += 1
     assert seen == 75

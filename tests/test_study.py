@@ -16,7 +16,6 @@ from ilge_search.configs import config_from_dict
 from ilge_search.study import (
     StorageError,
     StudyConflictError,
-    _split_trials,
     artifact_dir_for,
     default_study_name,
     list_studies,
@@ -27,6 +26,7 @@ from ilge_search.study import (
     resolve_encoders,
     run_study,
 )
+from ilge_search.study.workers import split_trials
 
 MODEL = "minilm-l6"
 # tiny but real: ~1-2 s per trial on 2 CPU cores
@@ -56,7 +56,7 @@ def test_default_study_name_encodes_every_identity_option():
 
 @pytest.mark.parametrize("n, workers", [(6, 2), (7, 2), (5, 3), (2, 4), (100, 7)])
 def test_split_trials_sums_to_the_request_exactly(n, workers):
-    counts = _split_trials(n, workers)
+    counts = split_trials(n, workers)
     assert sum(counts) == n
     assert len(counts) == min(n, workers)
     assert max(counts) - min(counts) <= 1
@@ -259,10 +259,10 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
     model = build_model(config_from_dict(info["config"]), info["num_layers"], info["hidden_size"],
                         "classification", info["num_classes"])
     model.load_state_dict(load_file(str(weights)))
-    from ilge_search.study import _DataSpec, _load_task_data
+    from ilge_search.study.data import DataSpec, load_task_data
 
-    spec = _DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir))
-    task = _load_task_data(spec)
+    spec = DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir))
+    task = load_task_data(spec)
     assert json.loads(json.dumps(task.label_names)) == info["label_names"]
     test = load_task_embeddings(MODEL, task, splits=["test"], cache_dir=cache_dir, progress=False)
     score = evaluate(model, test.splits["test"].features, test.splits["test"].labels)["accuracy"]

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ilge_search.study import ENCODER_CHOICES
-from ilge_search.sweep import load_sweep, plan_sweep, run_sweep
+from ilge_search.study import ENCODER_CHOICES, load_sweep, plan_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +71,7 @@ trials = { cayley = 3 }
 @pytest.mark.parametrize("text, message", [
     ('models = ["m"]\ncolour = 1\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown key(s) ['colour']"),
     ('models = ["m"]\nencoders = ["cayley"]\n[tasks.trec]\n', "no trial budget for encoder 'cayley'"),
-    ('models = ["m"]\nsampler = "cmaes"\n[trials]\ndefault = 1\n[tasks.trec]\n', "sampler must be one of"),
+    ('models = ["m"]\nsampler = "cmaes"\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown sampler 'cmaes'"),
     ('models = ["m"]\nencoders = ["gnn"]\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown encoder 'gnn'"),
     ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.no_such_task]\n', "unknown task 'no_such_task'"),
     ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nmax_train = 0\n', "max_train must be an integer >= 1"),

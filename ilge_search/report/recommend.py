@@ -9,15 +9,16 @@ in :mod:`ilge_search.tuning`) and a Markdown page, ``defaults.md``, with the
 
 Size buckets
 ------------
-``small`` holds models up to 3B parameters, ``large`` those above. The issue
-fixes the ends (up to ~1B: small; above 3B: large); models between 1B and 3B
+``small`` holds models up to 3B parameters, ``large`` those above
+(:func:`ilge_search.models.model_size_bucket`). The issue fixes the ends (up
+to ~1B: small; above 3B: large); models between 1B and 3B
 (Pythia-1b/1.4b/2.8b, Gemma2-2B, Qwen3-1.7B) go to ``small`` because that is
 the bucket the study runner already uses for them (its proxy: hidden size above
 3000 means large), so their studies started from the small defaults and the
 regenerated small defaults are what their next studies start from. The
-parameter count comes from :data:`MODEL_PARAMS` (the models of the paper and
-the two offline models); for other models the runner's hidden-size proxy
-decides, read from the study's ``hidden_size`` user attr.
+parameter count comes from the model table :data:`ilge_search.models.MODELS`
+(the models of the paper and the two offline models); for other models the
+runner's hidden-size proxy decides, read from the study's ``hidden_size`` user attr.
 
 The rule
 --------
@@ -56,88 +57,26 @@ import datetime
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ._version import __version__
+from .._version import __version__
+from ..configs import CONFIG_CLASSES, config_class_for
+from ..models import model_size_bucket
+from ..storage import hide_password
+from ..tuning import BUILTIN_RECOMMENDED, DEFAULTS_FORMAT_VERSION, RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
+from .data import open_report_storage
+from .document import MISSING, Cell, Document, plural, write_atomic
 
-__all__ = ["MODEL_PARAMS", "SIZE_BUCKET_LIMIT", "DEFAULT_FAMILIES", "model_num_params", "model_size_bucket",
-           "recommend_defaults", "RecommendedValue"]
+__all__ = ["DEFAULT_FAMILIES", "recommend_defaults", "RecommendedValue", "normalised_ranks"]
 
 PathLike = Union[str, os.PathLike]
 
 DEFAULT_FAMILIES: Tuple[str, ...] = ("cayley", "fc", "deepset")
-SIZE_BUCKET_LIMIT = 3e9  # parameters; above this a model is "large"
-_HIDDEN_SIZE_LIMIT = 3000  # the study runner's proxy when the parameter count is unknown
-
-# total parameters (embeddings included), from the model cards / config arithmetic
-MODEL_PARAMS: Dict[str, float] = {
-    "EleutherAI/pythia-14m": 14e6,
-    "EleutherAI/pythia-70m": 70e6,
-    "EleutherAI/pythia-160m": 162e6,
-    "EleutherAI/pythia-410m": 405e6,
-    "EleutherAI/pythia-1b": 1.01e9,
-    "EleutherAI/pythia-1.4b": 1.41e9,
-    "EleutherAI/pythia-2.8b": 2.78e9,
-    "TinyLlama/TinyLlama-1.1B-Chat-v1.0": 1.1e9,
-    "google/gemma-2-2b": 2.61e9,
-    "google/gemma-2-2b-it": 2.61e9,
-    "meta-llama/Meta-Llama-3-8B": 8.03e9,
-    "meta-llama/Meta-Llama-3-8B-Instruct": 8.03e9,
-    "Qwen/Qwen3-1.7B-Base": 1.7e9,
-    "Qwen/Qwen3-4B-Base": 4.0e9,
-    "Qwen/Qwen3-8B-Base": 8.2e9,
-    "Qwen/Qwen3-14B-Base": 14.8e9,
-    "sentence-transformers/all-MiniLM-L6-v2": 22.7e6,
-    "minilm-l6": 22.7e6,
-    "HuggingFaceTB/SmolLM2-135M-Instruct": 135e6,
-    "smollm2-135m": 135e6,
-}
-
 # search-space parameters that exist only under one choice of another: name -> (parent, value)
 _CONDITIONAL = {"gin_mlp_layers": ("conv_type", "gin"), "gat_heads": ("conv_type", "gat")}
 _MIN_COVERAGE = 0.5
-
-
-def _name_key(name: str) -> str:
-    return re.sub(r"[^a-z0-9.]", "", name.lower())
-
-
-_PARAMS_INDEX: Dict[str, float] = {}
-for _name, _count in MODEL_PARAMS.items():
-    _PARAMS_INDEX[_name_key(_name)] = _count
-    _PARAMS_INDEX.setdefault(_name_key(_name.rsplit("/", 1)[-1]), _count)
-
-
-def model_num_params(model: str) -> Optional[float]:
-    """Parameters of a known model (id, short name, or a folder named after it), else ``None``."""
-    name = str(model).rstrip("/\\")
-    for candidate in (name, re.split(r"[/\\]", name)[-1]):
-        key = _name_key(candidate)
-        if key in _PARAMS_INDEX:
-            return _PARAMS_INDEX[key]
-        if key.startswith("qwen3") and key + "base" in _PARAMS_INDEX:
-            return _PARAMS_INDEX[key + "base"]
-    return None
-
-
-def model_size_bucket(model: str, hidden_size: Optional[int] = None) -> str:
-    """``"small"`` (up to 3B parameters) or ``"large"`` for ``model``.
-
-    Known models are bucketed by parameter count; others by ``hidden_size``
-    (above 3000 is large), the proxy the study runner uses.
-
-    Raises:
-        ValueError: the model is unknown and no hidden size is given.
-    """
-    params = model_num_params(model)
-    if params is not None:
-        return "large" if params > SIZE_BUCKET_LIMIT else "small"
-    if hidden_size is None:
-        raise ValueError(f"unknown parameter count for {model!r}; pass its hidden_size or add it to MODEL_PARAMS")
-    return "large" if int(hidden_size) > _HIDDEN_SIZE_LIMIT else "small"
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -260,9 +199,6 @@ def _sort_key(level: Any) -> Tuple:
 
 def _recommend_group(family: str, bucket: str, problems: Sequence[_Problem]) -> Tuple[Dict[str, Any],
                                                                                       List[RecommendedValue]]:
-    from .tuning import BUILTIN_RECOMMENDED
-    from .configs import config_class_for
-
     cls = config_class_for(family)
     builtin = {**{f: getattr(cls(), f) for f in cls.__dataclass_fields__},
                **BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {})}
@@ -302,12 +238,10 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
     import optuna
     from optuna.trial import TrialState
 
-    from .report import open_existing_storage
-
-    storage = open_existing_storage(storage_url)
+    storage = open_report_storage(storage_url)
     groups: Dict[Tuple[str, str], List[_Problem]] = {}
     skipped: List[str] = []
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+    for summary in optuna.get_all_study_summaries(storage.rdb, include_best_trial=False):
         attrs = summary.user_attrs
         name = summary.study_name
         family = attrs.get("encoder")
@@ -318,7 +252,7 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
         except ValueError as exc:
             skipped.append(f"{name}: {exc}")
             continue
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=storage.rdb)
         maximize = study.direction != optuna.study.StudyDirection.MINIMIZE
         trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
                   if t.params and (t.state == TrialState.PRUNED or (t.value is not None and math.isfinite(t.value)))]
@@ -327,8 +261,8 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
             continue
         qs = normalised_ranks([t.value if t.state == TrialState.COMPLETE else None for t in trials], maximize)
         scored = [_Trial({p: _level(v, t.distributions[p]) for p, v in t.params.items()}, q)
-                  for t, q in zip(trials, qs)]
-        default_q = next((q for t, q in zip(trials, qs) if t.user_attrs.get("recommended")), None)
+                  for t, q in zip(trials, qs, strict=True)]
+        default_q = next((q for t, q in zip(trials, qs, strict=True) if t.user_attrs.get("recommended")), None)
         groups.setdefault((family, bucket), []).append(
             _Problem(study=name, model=str(attrs["model"]), task=str(attrs.get("task", "")), trials=scored,
                      default_q=default_q))
@@ -336,10 +270,6 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
 
 
 # ----------------------------------------------------------------------------- outputs
-
-
-def _plural(count: int, one: str, many: str) -> str:
-    return f"{count} {one if count == 1 else many}"
 
 
 def _format(value: Any) -> str:
@@ -350,49 +280,52 @@ def _format(value: Any) -> str:
 
 def _markdown(data: Mapping[str, Any], evidence: Mapping[Tuple[str, str], List[RecommendedValue]],
               groups: Mapping[Tuple[str, str], List[_Problem]], families: Sequence[str]) -> str:
-    from .tuning import BUILTIN_RECOMMENDED
-
     meta = data["metadata"]
-    lines = ["# Defaults by model size", "",
-             f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
-             f"`ilge-search recommend --storage {meta['source']}`. `recommended_config(family, model_size_hint)` "
-             "reads these values from `ilge_search/data/recommended_defaults.json`; a family or bucket without "
-             "studies keeps the built-in default (marked *built-in*).", "",
-             "| family | small (up to 3B parameters) | large (above 3B) |", "|---|---|---|"]
+    doc = Document()
+    doc.heading(1, "Defaults by model size")
+    doc.paragraph(f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
+                  f"`ilge-search recommend --storage {meta['source']}`. `recommended_config(family, model_size_hint)` "
+                  "reads these values from `ilge_search/data/recommended_defaults.json`; a family or bucket without "
+                  "studies keeps the built-in default (marked *built-in*).")
+    rows = []
     for family in families:
-        cells = []
+        cells = [Cell(family)]
         for bucket in ("small", "large"):
             values = data["families"].get(family, {}).get(bucket)
             if values:
-                cells.append(", ".join(f"{k}={_format(v)}" for k, v in values.items()))
+                cells.append(Cell(", ".join(f"{k}={_format(v)}" for k, v in values.items())))
             else:
                 builtin = BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {})
-                cells.append("*built-in*: " + ", ".join(f"{k}={_format(v)}" for k, v in builtin.items()))
-        lines.append(f"| {family} | {cells[0]} | {cells[1]} |")
-    lines += ["", "## Rule", "", meta["rule"], "", "## Evidence", ""]
+                cells.append(Cell("*built-in*: " + ", ".join(f"{k}={_format(v)}" for k, v in builtin.items())))
+        rows.append(cells)
+    doc.table(["family", "small (up to 3B parameters)", "large (above 3B)"], rows)
+    doc.heading(2, "Rule")
+    doc.paragraph(meta["rule"])
+    doc.heading(2, "Evidence")
     for (family, bucket), chosen in sorted(evidence.items()):
         problems = groups[(family, bucket)]
         defaults = [p.default_q for p in problems if p.default_q is not None]
-        lines += [f"### {family}, {bucket}", "",
-                  f"{_plural(len(problems), 'study', 'studies')} ({sum(len(p.trials) for p in problems)} complete "
-                  "or pruned trials): " + ", ".join(f"`{p.study}`" for p in problems) + ".", ""]
+        doc.heading(3, f"{family}, {bucket}")
+        doc.paragraph(f"{plural(len(problems), 'study', 'studies')} ({sum(len(p.trials) for p in problems)} complete "
+                      "or pruned trials): " + ", ".join(f"`{p.study}`" for p in problems) + ".")
         if len(problems) < 3:
-            lines += ["Weak evidence: fewer than three studies; run more tasks before relying on these values.", ""]
+            doc.paragraph("Weak evidence: fewer than three studies; run more tasks before relying on these values.")
         if defaults:
-            lines += [f"The previous default (each study's enqueued first trial) has mean normalised rank "
-                      f"{sum(defaults) / len(defaults):.3f} over {_plural(len(defaults), 'study', 'studies')} "
-                      "(1 = best trial of every study, 0 = worst).", ""]
-        lines += ["| parameter | value | score | studies with it | trials | runner-up (score, studies) |",
-                  "|---|---|---|---|---|---|"]
+            doc.paragraph(f"The previous default (each study's enqueued first trial) has mean normalised rank "
+                          f"{sum(defaults) / len(defaults):.3f} over {plural(len(defaults), 'study', 'studies')} "
+                          "(1 = best trial of every study, 0 = worst).")
+        evidence_rows = []
         for item in chosen:
-            runner = "—" if item.runner_up is None else (
+            runner = MISSING if item.runner_up is None else (
                 f"{_format(item.runner_up[0])} ({item.runner_up[1]:.3f}, {item.runner_up[2]})")
-            lines.append(f"| {item.param} | {_format(item.value)} | {item.score:.3f} | "
-                         f"{item.coverage}/{item.problems} | {item.trials} | {runner} |")
-        lines.append("")
+            evidence_rows.append([Cell(item.param), Cell(_format(item.value)), Cell(f"{item.score:.3f}"),
+                                  Cell(f"{item.coverage}/{item.problems}"), Cell(str(item.trials)), Cell(runner)])
+        doc.table(["parameter", "value", "score", "studies with it", "trials", "runner-up (score, studies)"],
+                  evidence_rows)
     if meta.get("skipped"):
-        lines += ["Studies not used:", ""] + [f"- {s}" for s in meta["skipped"]] + [""]
-    return "\n".join(lines)
+        doc.paragraph("Studies not used:")
+        doc.bullets(meta["skipped"])
+    return doc.markdown()
 
 
 _RULE = ("Per study, each complete trial's validation score becomes a normalised rank q in [0, 1] (1 = the study's "
@@ -402,13 +335,6 @@ _RULE = ("Per study, each complete trial's validation score becomes a normalised
          "at the level. Among levels tried in at least half the studies of the family and size bucket, the highest "
          "score wins (ties: more studies, more trials, the built-in value, the smaller level). gin_mlp_layers and "
          "gat_heads are chosen among trials with the chosen conv_type. Validation scores only.")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
@@ -431,10 +357,6 @@ def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
         ValueError: unknown family, the storage cannot be opened, or no study of
             ``families`` in it has at least two scored trials.
     """
-    from .configs import CONFIG_CLASSES
-    from .report import _hide_password
-    from .tuning import DEFAULTS_FORMAT_VERSION, RECOMMENDED_DEFAULTS_PATH
-
     families = list(families)
     unknown = [f for f in families if f not in CONFIG_CLASSES]
     if unknown or not families:
@@ -442,7 +364,7 @@ def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
     groups, skipped = _problems(storage_url, families)
     if not groups:
         raise ValueError(f"no {'/'.join(families)} study with at least two scored trials in "
-                         f"{_hide_password(storage_url)}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                         f"{hide_password(storage_url)}" + (f" ({'; '.join(skipped)})" if skipped else "")
                          + "; run studies first (`ilge-search sweep studies/offline.toml`)")
     result: Dict[str, Dict[str, Dict[str, Any]]] = {}
     evidence: Dict[Tuple[str, str], List[RecommendedValue]] = {}
@@ -454,7 +376,7 @@ def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
         "format_version": DEFAULTS_FORMAT_VERSION,
         "metadata": {
             "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "source": _hide_password(storage_url),
+            "source": hide_password(storage_url),
             "ilge_search_version": __version__,
             "rule": _RULE,
             "size_buckets": "small: up to 3B parameters (models of 1B-3B included, as the study runner buckets "
@@ -467,12 +389,10 @@ def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
     }
     target = Path(out_path) if out_path is not None else RECOMMENDED_DEFAULTS_PATH
     try:
-        _write_atomic(target, json.dumps(data, indent=2) + "\n")
+        write_atomic(target, json.dumps(data, indent=2) + "\n")
     except OSError as exc:  # e.g. a read-only installed package
         raise ValueError(f"cannot write the defaults file {target}: {exc}; pass another out_path (--out)") from exc
-    from .tuning import load_recommended_defaults
-
     load_recommended_defaults(target)  # what was written must read back
     if report_path is not None:
-        _write_atomic(Path(report_path), _markdown(data, evidence, groups, families))
+        write_atomic(Path(report_path), _markdown(data, evidence, groups, families))
     return data

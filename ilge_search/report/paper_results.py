@@ -3,14 +3,15 @@
 The numbers live in ``ilge_search/data/paper_results.json`` (test accuracy in
 %, one record per (model, task, method), with the paper, table and
 transcription they come from). :func:`published_result` answers "did the paper
-report this cell?" for the names studies use: a Hugging Face id, its short
-name or a local folder named after it (``EleutherAI/pythia-410m``,
-``pythia-410m``, ``/models/pythia-410m``), a task name in our spelling or
-MTEB's (``mtop_domain``, ``MTOPDomainClassification``), and a method family
+report this cell?" for the names studies use: a model name the model table
+(:data:`ilge_search.models.MODELS`) knows -- a Hugging Face id, its short name,
+an alias or a local folder named after it (``EleutherAI/pythia-410m``,
+``pythia-410m``, ``/models/pythia-410m``) -- a task name in our spelling or
+MTEB's (``mtop_domain``, ``MTOPDomainClassification``), and an encoder
 (``cayley``, ``fc``, ``deepset``, ``last-layer``, ``mlp-last``).
 
-Instruction-tuned or other variants of a model never match: the paper
-evaluated the base checkpoints.
+The paper's models are the table's entries with a ``paper_name``; instruction-tuned
+or other variants never match: the paper evaluated the base checkpoints.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..models import known_model
+
 __all__ = ["PAPER_RESULTS_PATH", "PublishedResult", "load_paper_results", "published_result",
            "paper_source", "canonical_model", "canonical_task"]
 
-PAPER_RESULTS_PATH = Path(__file__).resolve().parent / "data" / "paper_results.json"
-_FORMAT_VERSION = 1
+PAPER_RESULTS_PATH = Path(__file__).resolve().parent.parent / "data" / "paper_results.json"
+_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,15 @@ def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def canonical_model(model: str) -> Optional[str]:
+    """The paper's model id for a study's model name (id, short name, alias or folder), else ``None``.
+
+    Only models the paper evaluated (model-table entries with a ``paper_name``) have one.
+    """
+    found = known_model(model)
+    return found.name if found is not None and found.paper_name else None
+
+
 @functools.lru_cache(maxsize=None)
 def _load(path: str) -> Dict[str, Any]:
     try:
@@ -52,10 +64,6 @@ def _load(path: str) -> Dict[str, Any]:
         raise ValueError(f"cannot read the published results {path}: {exc}") from None
     if data.get("format_version") != _FORMAT_VERSION:
         raise ValueError(f"{path}: format_version {data.get('format_version')!r}, expected {_FORMAT_VERSION}")
-    models: Dict[str, str] = {}
-    for canonical, info in data["models"].items():
-        for alias in [canonical, canonical.rsplit("/", 1)[-1], *info.get("aliases", [])]:
-            models[_key(alias)] = canonical
     tasks: Dict[str, str] = {}
     for canonical, info in data["tasks"].items():
         for alias in [canonical, info.get("label", canonical), *info.get("aliases", [])]:
@@ -64,8 +72,11 @@ def _load(path: str) -> Dict[str, Any]:
     for record in data["results"]:
         result = PublishedResult(record["model"], record["task"], record["method"], float(record["value"]),
                                  bool(record.get("cross_checked", False)))
+        if canonical_model(result.model) != result.model:
+            raise ValueError(f"{path}: model {result.model!r} is not a paper model of ilge_search.models.MODELS "
+                             "(its canonical name, with a paper_name)")
         cells[(result.model, result.task, result.method)] = result
-    return {"raw": data, "models": models, "tasks": tasks, "cells": cells}
+    return {"raw": data, "tasks": tasks, "cells": cells}
 
 
 def load_paper_results(path: Optional[Path] = None) -> List[PublishedResult]:
@@ -78,25 +89,14 @@ def paper_source(path: Optional[Path] = None) -> Dict[str, str]:
     return dict(_load(str(path or PAPER_RESULTS_PATH))["raw"]["source"])
 
 
-def canonical_model(model: str, path: Optional[Path] = None) -> Optional[str]:
-    """The paper's model id for a study's model name (id, short name or folder), else ``None``."""
-    models = _load(str(path or PAPER_RESULTS_PATH))["models"]
-    name = str(model).rstrip("/\\")
-    for candidate in (name, re.split(r"[/\\]", name)[-1]):
-        found = models.get(_key(candidate))
-        if found is not None:
-            return found
-    return None
-
-
 def canonical_task(task: str, path: Optional[Path] = None) -> Optional[str]:
     """The paper's task name for ``task`` (ours or MTEB's spelling), else ``None``."""
     return _load(str(path or PAPER_RESULTS_PATH))["tasks"].get(_key(str(task)))
 
 
 def published_result(model: str, task: str, method: str, path: Optional[Path] = None) -> Optional[PublishedResult]:
-    """The published cell for (model, task, method), or ``None`` when the paper has none."""
-    model_id, task_id = canonical_model(model, path), canonical_task(task, path)
+    """The published cell for (model, task, encoder ``method``), or ``None`` when the paper has none."""
+    model_id, task_id = canonical_model(model), canonical_task(task, path)
     if model_id is None or task_id is None:
         return None
     return _load(str(path or PAPER_RESULTS_PATH))["cells"].get((model_id, task_id, method))

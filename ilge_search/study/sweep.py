@@ -29,18 +29,26 @@ Budgets are totals, not increments: a study that already holds its budget of
 complete + pruned trials gets none more, so rerunning a sweep resumes it and
 rerunning a finished sweep does nothing. Each (model, task) pair is one
 :func:`~ilge_search.study.run_study` call, so its embeddings load once for all
-encoders.
+encoders; its :class:`~ilge_search.study.StudyOptions` are the grid's, with the
+pair's data options and budgets replaced.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .study import PRUNERS, SAMPLERS, StudyResult, default_study_name, resolve_encoders
+from ..storage import Storage, finished_trial_count, open_storage
+from ..validation import check_int
+from .final import final_is_current
+from .identity import default_study_name, resolve_encoders
+from .options import StudyOptions
+from .results import StudyResult, study_result
+from .runner import run_study
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,6 +56,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = ["SweepEntry", "Sweep", "load_sweep", "plan_sweep", "run_sweep"]
+
+logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
 
@@ -91,7 +101,6 @@ class Sweep:
     threads: Optional[int] = None
     timeout: Optional[float] = None
     path: Optional[Path] = None
-    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     def pairs(self) -> List[Tuple[str, str]]:
         """(model, task) pairs in file order; each is one ``run_study`` call."""
@@ -100,6 +109,14 @@ class Sweep:
             if (entry.model, entry.task) not in seen:
                 seen.append((entry.model, entry.task))
         return seen
+
+    def study_options(self, **changes: Any) -> StudyOptions:
+        """The grid's shared :class:`StudyOptions` (validated), with ``changes`` applied."""
+        values: Dict[str, Any] = dict(sampler=self.sampler, pruner=self.pruner, seed=self.seed,
+                                      final_seeds=self.final_seeds, workers=self.workers, threads=self.threads,
+                                      timeout=self.timeout)
+        values.update(changes)
+        return StudyOptions(**values)
 
 
 def _fail(where: str, message: str) -> ValueError:
@@ -117,9 +134,10 @@ def _int_or_none(where: str, table: Mapping[str, Any], key: str, default: Option
     value = table.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(where, f"{key} must be an integer >= {minimum}, got {value!r}")
-    return value
+    try:
+        return check_int(key, value, minimum=minimum)
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
 
 
 def _str_list(where: str, value: Any, key: str) -> List[str]:
@@ -154,7 +172,7 @@ def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
 
 
 def _check_task_name(where: str, task: str) -> None:
-    from .tasks import TaskError, get_task_spec
+    from ..tasks import TaskError, get_task_spec
 
     try:
         get_task_spec(task)
@@ -163,34 +181,9 @@ def _check_task_name(where: str, task: str) -> None:
             raise _fail(where, str(exc)) from None
 
 
-def load_sweep(path: PathLike) -> Sweep:
-    """Parse and check a grid file; every error names the file and the key."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"sweep file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path} is not valid TOML: {exc}") from exc
-    where = str(path)
-    _check_keys(where, raw, _TOP_KEYS)
-
-    models = _str_list(where, raw.get("models"), "models")
-    encoders = _encoders(where, raw.get("encoders", ["all"]))
-    sampler = raw.get("sampler", "tpe")
-    if sampler not in SAMPLERS:
-        raise _fail(where, f"sampler must be one of {list(SAMPLERS)}, got {sampler!r}")
-    pruner = raw.get("pruner", "median")
-    if pruner not in PRUNERS:
-        raise _fail(where, f"pruner must be one of {list(PRUNERS)}, got {pruner!r}")
-    storage = raw.get("storage")
-    if storage is not None and (not isinstance(storage, str) or "://" not in storage):
-        raise _fail(where, f"storage must be a database URL such as sqlite:///studies/x.db, got {storage!r}")
-    timeout = raw.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise _fail(where, f"timeout must be a positive number of seconds, got {timeout!r}")
+def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
+    """One entry per model x task x encoder, with each task's options and budgets."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
-
     tasks = raw.get("tasks")
     if not isinstance(tasks, Mapping) or not tasks:
         raise _fail(where, "no tasks; add one [tasks.<name>] table per task")
@@ -221,74 +214,72 @@ def load_sweep(path: PathLike) -> Sweep:
             for encoder in task_encoders:
                 entries.append(SweepEntry(model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder],
                                           **common))
-    return Sweep(
-        name=str(raw.get("name", path.stem)),
-        storage=storage,
-        entries=entries,
-        sampler=sampler,
-        pruner=pruner,
-        seed=_int_or_none(where, raw, "seed", 0, minimum=0),
-        final_seeds=_int_or_none(where, raw, "final_seeds", 3, minimum=0),
-        workers=_int_or_none(where, raw, "workers", 1),
-        threads=_int_or_none(where, raw, "threads"),
-        timeout=timeout,
-        path=path,
-        raw=raw,
-    )
+    return entries
 
 
-def _status(storage: Any, entry: SweepEntry, final_seeds: int) -> Dict[str, Any]:
-    """How far one entry's study is: finished trials and whether its final scores exist."""
-    import optuna
-
-    from .study import finished_trial_count
-
+def load_sweep(path: PathLike) -> Sweep:
+    """Parse and check a grid file; every error names the file and the key."""
+    path = Path(path)
     try:
-        study = optuna.load_study(study_name=entry.study_name, storage=storage)
-    except KeyError:
-        return {"finished": 0, "final": False}
-    finished = finished_trial_count(study)
-    if final_seeds == 0:
-        return {"finished": finished, "final": True}
-    if not _has_complete(study):
-        return {"finished": finished, "final": False}
-    attrs = study.user_attrs
-    final = ("final_test_mean" in attrs and attrs.get("final_trial") == study.best_trial.number
-             and len(attrs.get("final_seeds", [])) == final_seeds)
-    return {"finished": finished, "final": final}
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"sweep file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from exc
+    where = str(path)
+    _check_keys(where, raw, _TOP_KEYS)
+
+    models = _str_list(where, raw.get("models"), "models")
+    encoders = _encoders(where, raw.get("encoders", ["all"]))
+    sweep = Sweep(name=str(raw.get("name", path.stem)), storage=raw.get("storage"), entries=[],
+                  sampler=raw.get("sampler", "tpe"), pruner=raw.get("pruner", "median"), seed=raw.get("seed", 0),
+                  final_seeds=raw.get("final_seeds", 3), workers=raw.get("workers", 1), threads=raw.get("threads"),
+                  timeout=raw.get("timeout"), path=path)
+    try:
+        sweep.study_options()  # the shared options are checked once, by StudyOptions
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
+    if sweep.storage is not None and (not isinstance(sweep.storage, str) or "://" not in sweep.storage):
+        raise _fail(where, f"storage must be a database URL such as sqlite:///studies/x.db, got {sweep.storage!r}")
+    sweep.entries = _entries(where, raw, models, encoders)
+    return sweep
 
 
-def _has_complete(study: Any) -> bool:
-    from optuna.trial import TrialState
+def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple[Optional[Any], int, bool]:
+    """One entry's study (``None`` before it exists), its finished trials and whether its final
+    evaluation is current (always, when the sweep runs none)."""
+    study = storage.load_study(entry.study_name)
+    if study is None:
+        return None, 0, False
+    if options.final_seeds == 0:
+        return study, finished_trial_count(study), True
+    return study, finished_trial_count(study), final_is_current(study, options.final_seed_list(), entry.max_epochs)
 
-    return bool(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
-
-def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> "Any":
+def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> Any:
     """One row per study: its name, budget, finished trials, trials still to run and
     whether its final evaluation is done (a ``pandas.DataFrame``)."""
     import pandas as pd
 
-    from .settings import default_storage_url
-    from .study import make_storage
-
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    rdb = make_storage(storage or sweep.storage or default_storage_url(), heartbeat_interval=None)
+    options = sweep.study_options()
+    opened = open_storage(storage or sweep.storage)
     rows = []
     for entry in sweep.entries:
-        status = _status(rdb, entry, sweep.final_seeds)
+        _, finished, final = _status(opened, entry, options)
         rows.append({"study": entry.study_name, "model": entry.model, "task": entry.task, "encoder": entry.encoder,
-                     "budget": entry.n_trials, "finished": status["finished"],
-                     "to_run": max(0, entry.n_trials - status["finished"]), "final_done": status["final"]})
+                     "budget": entry.n_trials, "finished": finished, "to_run": max(0, entry.n_trials - finished),
+                     "final_done": final})
     return pd.DataFrame(rows, columns=["study", "model", "task", "encoder", "budget", "finished", "to_run",
                                        "final_done"])
 
 
 def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, workers: Optional[int] = None,
-              threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (), encoders: Sequence[str] = (),
-              data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None, device: str = "auto",
-              artifact_dir: Optional[PathLike] = None, show_progress: bool = True) -> List[StudyResult]:
+              threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
+              encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
+              device: str = "auto", artifact_dir: Optional[PathLike] = None,
+              show_progress: bool = True) -> List[StudyResult]:
     """Run every study of a grid up to its budget, then its final evaluation.
 
     Args:
@@ -301,48 +292,45 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
     Returns:
         One :class:`StudyResult` per study run (skipped finished studies included).
     """
-    import logging
-
-    from .settings import default_storage_url
-    from .study import make_storage, run_study, study_result
-
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    storage_url = storage or sweep.storage or default_storage_url()
+    overrides = {key: value for key, value in (("workers", workers), ("threads", threads)) if value}
+    options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, artifact_dir=artifact_dir,
+                                  show_progress=show_progress, **overrides)
     wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
     entries = [e for e in sweep.entries
                if (not models or e.model in models) and (not tasks or e.task in tasks)
                and (wanted_encoders is None or e.encoder in wanted_encoders)]
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
-    rdb = make_storage(storage_url, heartbeat_interval=None)
-    log = logging.getLogger(__name__)
-    results: List[StudyResult] = []
+    opened = open_storage(storage or sweep.storage, artifact_dir=options.artifact_dir,
+                          heartbeat_interval=options.heartbeat_interval, grace_period=options.grace_period,
+                          max_retry=options.max_retry)
     groups: Dict[Tuple, List[SweepEntry]] = {}
     for entry in entries:  # one run_study call per (model, task, data options)
         key = (entry.model, entry.task, entry.max_train, entry.max_eval, entry.shots, entry.max_epochs,
                entry.zero_shot)
         groups.setdefault(key, []).append(entry)
-    for number, (key, group) in enumerate(groups.items(), 1):
+    results: List[StudyResult] = []
+    for number, group in enumerate(groups.values(), 1):
         first = group[0]
         remaining: Dict[str, int] = {}
+        done: Dict[str, Any] = {}  # encoder -> its study, already at its budget with current final scores
         for entry in group:
-            status = _status(rdb, entry, sweep.final_seeds)
-            if status["finished"] >= entry.n_trials and status["final"]:
-                continue
-            remaining[entry.encoder] = max(0, entry.n_trials - status["finished"])
-        log.info("[%d/%d] %s / %s: %s", number, len(groups), first.model, first.task,
-                 ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done")
+            study, finished, final = _status(opened, entry, options)
+            if finished >= entry.n_trials and final:
+                done[entry.encoder] = study
+            else:
+                remaining[entry.encoder] = max(0, entry.n_trials - finished)
+        logger.info("[%d/%d] %s / %s: %s", number, len(groups), first.model, first.task,
+                    ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done")
+        ran: Dict[str, StudyResult] = {}
         if remaining:
-            run_study(first.model, first.task, list(remaining), n_trials=remaining, storage=storage_url,
-                      sampler=sweep.sampler, pruner=sweep.pruner, seed=sweep.seed,
-                      workers=workers or sweep.workers, final_seeds=sweep.final_seeds, shots=first.shots,
-                      max_train=first.max_train, max_eval=first.max_eval, max_epochs=first.max_epochs,
-                      zero_shot_tasks=first.zero_shot, timeout=sweep.timeout, threads=threads or sweep.threads,
-                      data_dir=data_dir, cache_dir=cache_dir, device=device, artifact_dir=artifact_dir,
-                      show_progress=show_progress)
-        import optuna
-
+            group_options = options.replace(n_trials=remaining, shots=first.shots, max_train=first.max_train,
+                                            max_eval=first.max_eval, max_epochs=first.max_epochs,
+                                            zero_shot_tasks=first.zero_shot)
+            ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
+            ran = dict(zip(remaining, ran_results, strict=True))
         for entry in group:
-            results.append(study_result(optuna.load_study(study_name=entry.study_name, storage=rdb), storage_url))
+            results.append(ran[entry.encoder] if entry.encoder in ran else study_result(done[entry.encoder], opened))
     return results

@@ -1,0 +1,25 @@
+"""Reports from stored studies: paper-style result tables and figures, and regenerated defaults.
+
+Modules, low to high:
+
+- :mod:`~ilge_search.report.document`: the one Markdown/LaTeX/HTML document renderer;
+- :mod:`~ilge_search.report.data`: reading a storage into one record per study;
+- :mod:`~ilge_search.report.paper_results`: the published numbers, matched to our studies;
+- :mod:`~ilge_search.report.tables`: pandas aggregation (results, gains, summary) and table rows;
+- :mod:`~ilge_search.report.notes`: the report's prose;
+- :mod:`~ilge_search.report.figures`: matplotlib figures and fANOVA importances;
+- :mod:`~ilge_search.report.build`: :func:`build_report`, which writes the report;
+- :mod:`~ilge_search.report.recommend`: :func:`~ilge_search.report.recommend.recommend_defaults`,
+  the ``recommended_config`` defaults and ``defaults.md``.
+
+pandas, matplotlib and Optuna are imported only inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+from .build import ReportResult, build_report
+from .data import METHOD_LABELS, METHODS
+from .document import MISSING
+from .tables import collect_results
+
+__all__ = ["METHODS", "METHOD_LABELS", "MISSING", "ReportResult", "build_report", "collect_results"]

@@ -1,0 +1,80 @@
+"""The report's prose: the introduction, the note on published numbers, the summary note and the closing notes."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, List
+
+from .._version import __version__
+from ..storage import hide_password
+from .data import METHOD_LABELS
+from .document import MISSING, plural
+from .paper_results import load_paper_results, paper_source
+from .tables import DECIMALS, model_order
+
+__all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
+
+SUMMARY_NOTE = ("Mean score over the tasks the method has; mean gain over the tasks with both the method and the last "
+                "layer; wins: tasks where it is the best of the row (ties count for each); mean rank among the "
+                "methods of each row (1 = best).")
+
+
+def intro(storage_url: str, n_studies: int) -> str:
+    """The opening paragraph: when, by which version, from where, and how to read a cell."""
+    generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"Generated {generated} by ilge-search {__version__} from `{hide_password(storage_url)}` "
+            f"({plural(n_studies, 'study', 'studies')}). Cells: final test score, mean ± std over the final seeds "
+            "(the best validation trial retrained with each seed); accuracy in %, Spearman correlation ×100. "
+            f"Bold: best of the row. {MISSING}: no study or no final test score (never filled in).")
+
+
+def published_note() -> str:
+    """Where the *published* rows come from."""
+    source = paper_source()
+    return (f"Rows marked *published* give the numbers of \"{source['paper']}\" (arXiv {source['arxiv']} "
+            f"{source['version']}, {source['table']}), {source['transcription']}. Protocol: {source['protocol']}.")
+
+
+def no_published_note() -> str:
+    """Why no published row is shown, and which models and tasks the paper covers."""
+    source, cells = paper_source(), load_paper_results()
+    models = sorted({cell.model.rsplit("/", 1)[-1] for cell in cells})
+    tasks = sorted({cell.task for cell in cells})
+    return (f"No (model, task, method) here has a published number in \"{source['paper']}\" (arXiv "
+            f"{source['arxiv']}), so no published row is shown; the paper reports {', '.join(models)} "
+            f"on {', '.join(tasks)}.")
+
+
+def closing_notes(frame: Any, summary: Any) -> List[str]:
+    """Per model: where Cayley stands against the last and the best single layer, and who ranks best."""
+    notes = []
+    for model in model_order(frame["model"]):
+        part = frame[(frame["model"] == model) & frame["mean"].notna()]
+        table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None
+        parts = []
+        for other, label in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
+            if table is None or "cayley" not in table or other not in table:
+                parts.append(f"no tasks with both Cayley and {label}")
+                continue
+            both = table[["cayley", other]].dropna()
+            if both.empty:
+                parts.append(f"no tasks with both Cayley and {label}")
+                continue
+            diff = both["cayley"] - both[other]
+            shown = diff.round(DECIMALS)
+            spread = (f" (range {diff.min():+.{DECIMALS}f} to {diff.max():+.{DECIMALS}f})" if len(diff) > 1
+                      else "")
+            parts.append(f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
+                         f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
+                         f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}")
+        model_summary = summary[summary["model"] == model]
+        lead = ""
+        if not model_summary.empty:
+            # only encoders with the widest coverage: a mean rank over fewer tasks is not comparable
+            widest = model_summary[model_summary["tasks"] == model_summary["tasks"].max()]
+            top = widest.sort_values(["mean_rank", "wins"], ascending=[True, False]).iloc[0]
+            lead = (f" Among the methods with scores on {plural(int(top['tasks']), 'task')}, "
+                    f"{METHOD_LABELS[top['method']]} has the best mean rank ({top['mean_rank']:.2f}; best of the "
+                    f"row in {int(top['wins'])}).")
+        notes.append(f"{model}: " + "; ".join(parts) + "." + lead)
+    return notes

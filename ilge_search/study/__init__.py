@@ -1,0 +1,50 @@
+"""Optuna studies over cached layer embeddings: the platform's main job.
+
+- :func:`run_study` (:mod:`.runner`) runs or resumes one study per encoder for
+  a (model, task) pair, with one validated :class:`StudyOptions` (:mod:`.options`);
+- :mod:`.data` loads the task and its cached embeddings, :mod:`.objective` is
+  the trial, :mod:`.identity` names, checks and creates studies, :mod:`.workers`
+  runs trials in several processes, :mod:`.final` scores the best config on test;
+- :mod:`.results` reads studies back (:func:`study_result`, :func:`list_studies`);
+- :mod:`.sweep` runs TOML grids of models x tasks x encoders up to their budgets.
+
+The storage itself is opened by :func:`ilge_search.storage.open_storage`.
+"""
+
+from ..storage import StorageError, artifact_dir_for, finished_trial_count
+from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
+from .compat import artifact_store_for, make_storage
+from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
+from .objective import recommended_params
+from .options import StudyOptions
+from .results import StudyResult, format_results, list_studies, study_result
+from .runner import run_study
+from .sweep import Sweep, SweepEntry, load_sweep, plan_sweep, run_sweep
+
+__all__ = [
+    "ENCODER_CHOICES",
+    "SAMPLERS",
+    "PRUNERS",
+    "StudyOptions",
+    "StudyResult",
+    "StudyConflictError",
+    "StorageError",
+    "run_study",
+    "list_studies",
+    "study_result",
+    "resolve_encoders",
+    "default_study_name",
+    "recommended_params",
+    "make_storage",
+    "make_sampler",
+    "make_pruner",
+    "artifact_store_for",
+    "artifact_dir_for",
+    "finished_trial_count",
+    "format_results",
+    "SweepEntry",
+    "Sweep",
+    "load_sweep",
+    "plan_sweep",
+    "run_sweep",
+]

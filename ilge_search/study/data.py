@@ -1,0 +1,136 @@
+"""The arrays a study trains on: the task with its data options, and its cached layer embeddings.
+
+The runner resolves the model once (no weights loaded) and puts the
+:class:`~ilge_search.models.ModelSource` in the :class:`DataSpec`; workers and
+zero-shot tasks reuse it instead of resolving (and hashing) the model again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..models import ModelSource
+from .options import StudyOptions
+
+__all__ = ["DataSpec", "StudyData", "load_task_data", "load_study_data", "load_zero_shot_data"]
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Everything that decides the arrays a study trains on (picklable, for workers).
+
+    ``source`` is the resolved model; without it the model is resolved when
+    the embeddings are loaded.
+    """
+
+    model: str
+    task: str
+    shots: Optional[int] = None
+    max_train: Optional[int] = None
+    max_eval: Optional[int] = None
+    data_seed: int = 0
+    data_dir: Optional[str] = None
+    cache_dir: Optional[str] = None
+    device: str = "auto"
+    source: Optional[ModelSource] = None
+
+    @classmethod
+    def from_options(cls, model: str, task: str, options: StudyOptions,
+                     source: Optional[ModelSource] = None) -> "DataSpec":
+        """The data part of ``options`` for ``model`` and ``task``."""
+        return cls(model=str(model), task=str(task), shots=options.shots, max_train=options.max_train,
+                   max_eval=options.max_eval, data_seed=options.data_seed,
+                   data_dir=None if options.data_dir is None else str(options.data_dir),
+                   cache_dir=None if options.cache_dir is None else str(options.cache_dir),
+                   device=options.device, source=source)
+
+    @property
+    def model_or_source(self) -> Any:
+        """What :func:`~ilge_search.cache.load_task_embeddings` gets: the resolved source when there is one."""
+        return self.source if self.source is not None else self.model
+
+
+@dataclass
+class StudyData:
+    """The cached arrays of one (model, task) and what studies record about them."""
+
+    task_kind: str
+    metric: str
+    train: Tuple[Any, Any]
+    validation: Tuple[Any, Any]
+    test: Optional[Tuple[Any, Any]]
+    num_layers: int
+    hidden_size: int
+    num_classes: Optional[int]
+    label_names: List[str]
+    split_sizes: Dict[str, int]
+    cache_keys: Dict[str, str]
+    model_revision: str = ""
+
+
+def load_task_data(spec: DataSpec) -> Any:
+    """Load the task and apply the data options (few-shot, caps); no model loads."""
+    from ..tasks import few_shot, load_task, subsample
+
+    task_data = load_task(spec.task, spec.data_dir)
+    if spec.shots is not None:
+        if task_data.kind != "classification":
+            raise ValueError(f"--shots needs a classification task; {spec.task!r} is {task_data.kind}")
+        task_data = few_shot(task_data, spec.shots, seed=spec.data_seed)
+    if spec.max_train is not None:
+        task_data = subsample(task_data, spec.max_train, seed=spec.data_seed, splits=["train"])
+    if spec.max_eval is not None:
+        eval_splits = [name for name in ("validation", "test") if name in task_data.splits]
+        task_data = subsample(task_data, spec.max_eval, seed=spec.data_seed, splits=eval_splits)
+    return task_data
+
+
+def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True,
+                    task_data: Any = None) -> StudyData:
+    """Embeddings of every needed split, from the cache (extracting on a miss)."""
+    from ..cache import load_task_embeddings
+
+    if task_data is None:
+        task_data = load_task_data(spec)
+    splits = ["train", "validation"] + (["test"] if with_test else [])
+    embeddings = load_task_embeddings(spec.model_or_source, task_data, data_dir=spec.data_dir,
+                                      cache_dir=spec.cache_dir, splits=splits, device=spec.device, progress=progress)
+    by_split = embeddings.splits
+    kind = task_data.spec.kind
+    return StudyData(
+        task_kind=kind,
+        metric=task_data.spec.metric,
+        train=(by_split["train"].features, by_split["train"].labels),
+        validation=(by_split["validation"].features, by_split["validation"].labels),
+        test=(by_split["test"].features, by_split["test"].labels) if with_test else None,
+        num_layers=int(embeddings.num_layers),
+        hidden_size=int(embeddings.hidden_size),
+        num_classes=len(embeddings.label_names) if kind == "classification" else None,
+        label_names=list(embeddings.label_names),
+        split_sizes={name: int(split.labels.shape[0]) for name, split in by_split.items()},
+        cache_keys=dict(embeddings.cache_keys),
+        model_revision=spec.source.revision if spec.source is not None else "",
+    )
+
+
+def load_zero_shot_data(spec: DataSpec, task_names: List[str], *,
+                        progress: bool = True) -> Dict[str, Tuple[Any, Any]]:
+    """``{task: (test features, test scores)}`` of similarity tasks scored zero-shot.
+
+    Each task is loaded without the study's training options (``shots``,
+    ``max_train``); ``max_eval`` still applies.
+    """
+    from ..cache import load_task_embeddings
+
+    out: Dict[str, Tuple[Any, Any]] = {}
+    for name in task_names:
+        zero_spec = dataclasses.replace(spec, task=name, shots=None, max_train=None)
+        zero_task = load_task_data(zero_spec)
+        if zero_task.kind != "similarity":
+            raise ValueError(f"zero-shot task {name!r} is {zero_task.kind}, not a similarity task")
+        emb = load_task_embeddings(spec.model_or_source, zero_task, data_dir=spec.data_dir,
+                                   cache_dir=spec.cache_dir, splits=["test"], device=spec.device, progress=progress)
+        out[name] = (emb.splits["test"].features, emb.splits["test"].labels)
+    return out

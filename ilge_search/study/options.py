@@ -1,0 +1,141 @@
+"""The options of a study run, declared and validated once.
+
+:class:`StudyOptions` holds everything :func:`~ilge_search.study.run_study`
+takes besides the model, the task, the encoders and the storage. The CLI
+``run`` command builds one, ``run_study`` builds one from its keywords, each
+worker process receives it, and a sweep derives one per (model, task) group
+with :func:`dataclasses.replace` (which validates again).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+from ..tuning import PRUNERS, SAMPLERS
+from ..validation import check_choice, check_int, check_positive_number
+
+__all__ = ["StudyOptions"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def _path_or_none(value: Optional[PathLike]) -> Optional[str]:
+    return None if value is None else os.fspath(value)
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """How a study searches, on which data, and where it runs (picklable, for worker processes).
+
+    Attributes:
+        n_trials: trials to add in this call (complete, pruned or failed), split
+            exactly across ``workers``; a mapping gives one count per encoder;
+            ``0`` only (re)runs the final evaluation; ``None`` runs until
+            ``timeout`` or ``total_trials``.
+        timeout: seconds per study (per worker) before no new trial starts.
+        total_trials: a cap on the study's complete, pruned and running trials,
+            shared by every process on the storage.
+        study_name: only with one encoder (default: ``default_study_name``).
+        sampler, pruner: one of :data:`~ilge_search.tuning.SAMPLERS` / :data:`~ilge_search.tuning.PRUNERS`.
+        seed: seeds the sampler (worker ``i`` uses ``seed + i``), every trial's
+            training and, as ``seed + 1000 + i``, the final seeds.
+        workers: processes optimising the same study in parallel.
+        final_seeds: seeds the best config is retrained with for the test score (0: skip).
+        shots, max_train, max_eval, data_seed: the data options (part of the study's identity).
+        max_epochs: cap on every config's ``epochs`` (part of the study's identity).
+        zero_shot_tasks: similarity tasks also scored with every final model.
+        data_dir, cache_dir, device: task data, embedding cache, device.
+        artifact_dir: artifact store folder (default: next to a SQLite file, else ``studies/artifacts``).
+        threads: torch CPU threads in-process and per worker.
+        heartbeat_interval, grace_period, max_retry: dead-worker detection and retry.
+        show_progress: tqdm bars for extraction, trials and final seeds.
+
+    Raises:
+        ValueError: on construction, naming the first invalid option.
+    """
+
+    n_trials: Union[int, Mapping[str, Optional[int]], None] = 20
+    timeout: Optional[float] = None
+    total_trials: Optional[int] = None
+    study_name: Optional[str] = None
+    sampler: str = "tpe"
+    pruner: str = "median"
+    seed: int = 0
+    workers: int = 1
+    final_seeds: int = 3
+    shots: Optional[int] = None
+    max_train: Optional[int] = None
+    max_eval: Optional[int] = None
+    max_epochs: Optional[int] = None
+    data_seed: int = 0
+    zero_shot_tasks: Tuple[str, ...] = ()
+    data_dir: Optional[PathLike] = None
+    cache_dir: Optional[PathLike] = None
+    device: str = "auto"
+    artifact_dir: Optional[PathLike] = None
+    threads: Optional[int] = None
+    heartbeat_interval: Optional[int] = 60
+    grace_period: Optional[int] = None
+    max_retry: int = 3
+    show_progress: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_trials, Mapping):
+            counts = dict(self.n_trials)
+            for name, count in counts.items():
+                check_int(f"n_trials[{name}]", count, minimum=0, allow_none=True)
+            object.__setattr__(self, "n_trials", counts)  # a plain dict: it pickles for workers
+            unbounded = any(count is None for count in counts.values())
+        else:
+            check_int("n_trials", self.n_trials, minimum=0, allow_none=True)
+            unbounded = self.n_trials is None
+        check_int("total_trials", self.total_trials, allow_none=True)
+        check_positive_number("timeout", self.timeout, allow_none=True, unit="seconds")
+        if unbounded and self.timeout is None and self.total_trials is None:
+            raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
+        check_int("seed", self.seed, minimum=0, allow_none=True)
+        check_int("data_seed", self.data_seed, minimum=0)
+        check_int("workers", self.workers)
+        check_int("threads", self.threads, allow_none=True)
+        check_int("final_seeds", self.final_seeds, minimum=0)
+        for name in ("shots", "max_train", "max_eval", "max_epochs"):
+            check_int(name, getattr(self, name), allow_none=True)
+        check_int("heartbeat_interval", self.heartbeat_interval, allow_none=True)
+        check_int("grace_period", self.grace_period, allow_none=True)
+        check_int("max_retry", self.max_retry, minimum=0, allow_none=True)
+        check_choice("sampler", self.sampler, SAMPLERS)
+        check_choice("pruner", self.pruner, PRUNERS)
+        if isinstance(self.zero_shot_tasks, str):
+            object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
+        object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))
+        for name in ("data_dir", "cache_dir", "artifact_dir"):
+            object.__setattr__(self, name, _path_or_none(getattr(self, name)))
+
+    def trial_counts(self, encoders: List[str]) -> Dict[str, Optional[int]]:
+        """Trials to add per encoder (from ``n_trials``, one count or one per encoder).
+
+        Raises:
+            ValueError: ``n_trials`` has counts for encoders not in ``encoders``, or
+                leaves an encoder without a count and nothing else stops its study.
+        """
+        if not isinstance(self.n_trials, Mapping):
+            return {name: self.n_trials for name in encoders}
+        unknown = set(self.n_trials) - set(encoders)
+        if unknown:
+            raise ValueError(f"n_trials has counts for encoders not run: {sorted(unknown)}")
+        counts = {name: self.n_trials.get(name) for name in encoders}
+        if None in counts.values() and self.timeout is None and self.total_trials is None:
+            raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
+        return counts
+
+    def final_seed_list(self) -> List[int]:
+        """The seeds of the final evaluation: ``seed + 1000 + i`` for each of the ``final_seeds``."""
+        return [self.seed + 1000 + i for i in range(self.final_seeds)]
+
+    def replace(self, **changes: Any) -> "StudyOptions":
+        """A validated copy with ``changes`` applied (:func:`dataclasses.replace`)."""
+        import dataclasses
+
+        return dataclasses.replace(self, **changes)

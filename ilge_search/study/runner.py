@@ -1,0 +1,239 @@
+"""Running studies: :func:`run_study`, the platform's main job.
+
+:func:`run_study` runs one study per encoder for a (model, task) pair:
+
+1. check the arguments (one :class:`~ilge_search.study.StudyOptions`), open
+   the storage once and check any existing study with the same name (a name
+   already used for another model or task is an error) -- all before any
+   model loads;
+2. resolve the model once and make sure every split's embeddings are in the
+   cache (extracted once);
+3. create the study, or load it to add trials. A new study gets its identity as
+   user attrs and the encoder's ``recommended_config`` enqueued as trial 0;
+4. optimise: every trial builds a config with ``suggest_config``, trains it with
+   the one engine on train, reports the validation metric after each epoch for
+   the pruner, and stores what it did as trial user attrs; ``workers > 1`` runs
+   that many processes on the same storage, splitting ``n_trials`` exactly;
+5. retrain the best configuration with ``final_seeds`` seeds, evaluate each on
+   test once, store mean, std and per-seed scores as study user attrs, and
+   upload the weights of the best seed (by validation) as an Optuna artifact.
+
+Stored layout (what reports and the dashboard read):
+
+- study user attrs: ``model``, ``task``, ``encoder``, ``task_kind``, ``metric``,
+  ``direction``, ``num_layers``, ``hidden_size``, ``num_classes``, ``label_names``,
+  ``split_sizes``, ``cache_keys``, ``model_revision``, ``ilge_search_version``,
+  ``shots``, ``max_train``, ``max_eval``, ``max_epochs``, ``data_seed``,
+  ``artifact_dir`` and, after the final evaluation, the ``final_*`` attrs of
+  :mod:`ilge_search.study.final`;
+- trial user attrs: see :mod:`ilge_search.study.objective`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from ..dashboard import write_notes
+from ..storage import Storage, artifact_dir_for, count_trials, fail_stale_trials, finished_trial_count, open_storage
+from .data import DataSpec, StudyData, load_study_data, load_task_data, load_zero_shot_data
+from .final import final_evaluation, final_is_current
+from .identity import create_or_load, default_study_name, precheck_existing, resolve_encoders, study_identity
+from .options import StudyOptions
+from .results import StudyResult, study_result, summary_line
+from .workers import optimize, total_reached
+
+__all__ = ["run_study"]
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
+
+_OPTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StudyOptions)}
+
+
+def run_study(
+    model: str,
+    task: str,
+    encoders: Union[str, Sequence[str]] = "cayley",
+    *,
+    n_trials: Union[int, Mapping[str, int], None] = 20,
+    timeout: Optional[float] = None,
+    total_trials: Optional[int] = None,
+    storage: Union[str, Storage, None] = None,
+    study_name: Optional[str] = None,
+    sampler: str = "tpe",
+    pruner: str = "median",
+    seed: int = 0,
+    workers: int = 1,
+    final_seeds: int = 3,
+    shots: Optional[int] = None,
+    max_train: Optional[int] = None,
+    max_eval: Optional[int] = None,
+    max_epochs: Optional[int] = None,
+    data_seed: int = 0,
+    zero_shot_tasks: Sequence[str] = (),
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    artifact_dir: Optional[PathLike] = None,
+    threads: Optional[int] = None,
+    heartbeat_interval: Optional[int] = 60,
+    grace_period: Optional[int] = None,
+    max_retry: int = 3,
+    callbacks: Sequence[Callable[[Any, Any], None]] = (),
+    show_progress: bool = True,
+    options: Optional[StudyOptions] = None,
+) -> List[StudyResult]:
+    """Run (or resume) one Optuna study per encoder on a model's cached task embeddings.
+
+    Args:
+        model: an alias (``minilm-l6``), local folder or Hugging Face id.
+        task: a registered task name or a custom task file/folder.
+        encoders: families and baselines (see :data:`ENCODER_CHOICES`), or ``"all"``.
+        n_trials: trials to add in this call (complete, pruned or failed), split
+            exactly across ``workers``; a mapping gives one count per encoder;
+            ``0`` only (re)runs the final evaluation; ``None`` runs until ``timeout``.
+        timeout: seconds per study (per worker) before no new trial starts.
+        total_trials: a cap on the study's trials shared by every process on the
+            storage (independently started nodes included): no process starts a new
+            trial once the complete, pruned and running trials reach it. With
+            ``n_trials=None`` a worker runs until the cap (or ``timeout``).
+        storage: any Optuna RDB URL (default ``sqlite:///studies/ilge.db``), or a
+            :class:`~ilge_search.storage.Storage` already opened with
+            :func:`~ilge_search.storage.open_storage` (its heartbeat settings are used).
+        study_name: only with one encoder (default :func:`default_study_name`).
+        sampler, pruner, seed: ``tpe|random|gp``, ``median|hyperband|none``; the
+            seed seeds the sampler (worker ``i`` uses ``seed + i``) and every trial's training.
+        workers: processes optimising the same study in parallel.
+        final_seeds: seeds the best config is retrained with for the test score (0: skip).
+        shots: keep this many training examples per label (few-shot).
+        max_train, max_eval: seeded stratified caps on train / on validation and
+            test (to keep a study small); they are part of the study's identity.
+        max_epochs: cap on every config's ``epochs``.
+        data_seed: seed of the few-shot and subsampling draws.
+        zero_shot_tasks: similarity tasks whose test split every final seed's
+            model is also evaluated on (the paper's zero-shot STS protocol).
+        data_dir, cache_dir, device: task data, embedding cache, device.
+        artifact_dir: artifact store folder (default: :func:`~ilge_search.storage.artifact_dir_for`).
+        threads: torch CPU threads for this call and per worker (default: unchanged
+            in-process, ``cpus // workers`` per worker). The encoders are small, so on
+            a CPU one thread per worker and ``workers`` = cores is usually fastest;
+            several threads per process on busy cores can be many times slower.
+        heartbeat_interval, grace_period, max_retry: dead-worker detection and retry.
+        callbacks: extra ``f(study, frozen_trial)`` run after each trial (in-process only).
+        show_progress: tqdm bars for extraction, trials and final seeds.
+        options: all of the above but ``storage`` and ``callbacks`` as one
+            :class:`StudyOptions`; then leave those keywords at their defaults.
+
+    Returns:
+        One :class:`StudyResult` per encoder, read back from the storage.
+
+    Raises:
+        ValueError: bad arguments, unknown model or task, :class:`StorageError`,
+            :class:`StudyConflictError` -- all before any model loads.
+        KeyboardInterrupt: after the running trial was marked FAIL; every
+            finished trial is stored and rerunning resumes.
+    """
+    given = dict(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
+                 sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds, shots=shots,
+                 max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, data_seed=data_seed,
+                 zero_shot_tasks=tuple(zero_shot_tasks), data_dir=data_dir, cache_dir=cache_dir, device=device,
+                 artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
+                 grace_period=grace_period, max_retry=max_retry, show_progress=show_progress)
+    if options is None:
+        options = StudyOptions(**given)
+    else:
+        changed = sorted(name for name, value in given.items() if value != _OPTION_DEFAULTS[name])
+        if changed:
+            raise ValueError(f"give the study options either as options= or as keywords, not both: {changed}")
+
+    # ---- 1. arguments, storage and existing studies, before anything expensive
+    encoder_list = resolve_encoders(encoders)
+    trial_counts = options.trial_counts(encoder_list)
+    if options.study_name is not None and len(encoder_list) > 1:
+        raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
+    opened = _open(storage, options)
+    if options.workers > 1 and opened.is_in_memory:
+        raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
+    model, task = str(model), str(task)
+    names = {enc: options.study_name or default_study_name(model, task, enc, shots=options.shots,
+                                                           max_train=options.max_train, max_eval=options.max_eval,
+                                                           max_epochs=options.max_epochs)
+             for enc in encoder_list}
+    identities = {enc: study_identity(model, task, enc, options) for enc in encoder_list}
+    for enc in encoder_list:
+        precheck_existing(opened, names[enc], identities[enc])
+
+    from ..models import resolve_model
+
+    source = resolve_model(model, options.cache_dir, materialize=False)  # unknown model: clear error, nothing loaded
+    spec = DataSpec.from_options(model, task, options, source=source)
+    task_data = load_task_data(spec)
+    if options.zero_shot_tasks and task_data.kind != "similarity":
+        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
+
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        data = load_study_data(spec, with_test=options.final_seeds > 0, progress=options.show_progress,
+                               task_data=task_data)  # ---- 2. extracted once, here, before any worker starts
+        zero_shot = load_zero_shot_data(spec, list(options.zero_shot_tasks), progress=options.show_progress)
+        return [_run_one(opened, enc, names[enc], identities[enc], trial_counts[enc], data, spec, options,
+                         zero_shot=zero_shot, callbacks=callbacks)
+                for enc in encoder_list]
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _open(storage: Union[str, Storage, None], options: StudyOptions) -> Storage:
+    """The storage the run writes to: opened here from a URL, or the given one (with ``artifact_dir`` applied)."""
+    if not isinstance(storage, Storage):
+        return open_storage(storage, artifact_dir=options.artifact_dir, heartbeat_interval=options.heartbeat_interval,
+                            grace_period=options.grace_period, max_retry=options.max_retry)
+    if options.artifact_dir is not None:
+        return dataclasses.replace(storage, artifact_dir=artifact_dir_for(storage.url, options.artifact_dir))
+    return storage
+
+
+def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any], count: Optional[int],
+             data: StudyData, spec: DataSpec, options: StudyOptions, *, zero_shot: Mapping[str, Any],
+             callbacks: Sequence[Callable[[Any, Any], None]]) -> StudyResult:
+    """Steps 3-5 of :func:`run_study` for one encoder."""
+    from ..tuning import make_pruner, make_sampler
+
+    # ---- 3. create or load
+    study, created = create_or_load(storage, name, identity, data, storage.artifact_dir,
+                                    sampler=make_sampler(options.sampler, options.seed),
+                                    pruner=make_pruner(options.pruner, options.max_epochs))
+    fail_stale_trials(study, storage)
+    logger.info("%s study %s (%d finished trials); adding %s", "created" if created else "resuming", name,
+                finished_trial_count(study), "trials until timeout" if count is None else f"{count} trials")
+
+    # ---- 4. optimise
+    if total_reached(study, options.total_trials):
+        logger.info("%s: the study already holds total_trials=%d trials; adding none", name, options.total_trials)
+    elif count is None or count > 0:
+        optimize(study, storage, encoder, data, spec, options, count, callbacks)
+
+    # ---- 5. final evaluation on test, once per seed
+    if options.final_seeds > 0 and count_trials(study, ("COMPLETE",)):
+        seeds = options.final_seed_list()
+        if final_is_current(study, seeds, options.max_epochs):
+            logger.info("%s: final scores of trial %d are up to date", name, study.best_trial.number)
+        else:
+            final_evaluation(study, data, encoder=encoder, seeds=seeds, device=spec.device,
+                             max_epochs=options.max_epochs, artifact_store=storage.artifact_store(),
+                             zero_shot=zero_shot, show_progress=options.show_progress)
+    elif options.final_seeds > 0:
+        logger.warning("%s: no complete trial yet, so no final evaluation", name)
+
+    write_notes(study)  # a Markdown note per trial and per study, for optuna-dashboard
+    result = study_result(study, storage)
+    logger.info("%s", summary_line(result))
+    return result

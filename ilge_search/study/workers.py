@@ -1,0 +1,189 @@
+"""Optimising a study: in this process or in spawned worker processes on the same storage.
+
+``workers > 1`` spawns that many processes; each receives the
+:class:`~ilge_search.storage.Storage` (it reopens itself from its URL), the
+:class:`~ilge_search.study.StudyOptions` and the
+:class:`~ilge_search.study.data.DataSpec`, loads the cached embeddings and
+runs its exact share of the trials. This process shows progress by polling
+the storage: the bar counts *ended* trials (complete, pruned or failed).
+``total_trials`` is one cap for every process on the storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+
+from ..storage import ENDED_STATES, FINISHED_STATES, Storage, count_trials
+from .data import DataSpec, load_study_data
+from .objective import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
+from .options import StudyOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .data import StudyData
+
+__all__ = ["split_trials", "WorkerJob", "worker_main", "total_reached", "optimize"]
+
+# what the total_trials cap counts: finished trials plus those running now in any process
+_CAPPED_STATES = FINISHED_STATES + ("RUNNING",)
+
+
+def split_trials(n_trials: Optional[int], workers: int) -> List[Optional[int]]:
+    """Per-worker trial counts summing to ``n_trials`` exactly (``None``: until timeout)."""
+    if n_trials is None:
+        return [None] * workers
+    base, extra = divmod(n_trials, workers)
+    counts = [base + (1 if i < extra else 0) for i in range(workers)]
+    return [c for c in counts if c > 0]
+
+
+def total_reached(study: Any, total_trials: Optional[int]) -> bool:
+    """Whether the study's finished trials plus those running now in any process reach ``total_trials``."""
+    if total_trials is None:
+        return False
+    return count_trials(study, _CAPPED_STATES) >= total_trials
+
+
+def _total_trials_callbacks(total_trials: Optional[int]) -> List[Callable[[Any, Any], None]]:
+    """Stop this process's optimise loop once the study holds ``total_trials`` trials.
+
+    Counting running trials too means a process stops as soon as the trials in flight in
+    every process will reach the cap; two processes starting a trial in the same instant
+    can still overshoot it by one each. Failed trials do not count: they are retried.
+    """
+    if total_trials is None:
+        return []
+
+    def stop_at_total(study: Any, trial: Any) -> None:
+        if total_reached(study, total_trials):
+            study.stop()
+
+    return [stop_at_total]
+
+
+class _ProgressCallback:
+    """tqdm bar over ended trials with the best value so far."""
+
+    def __init__(self, bar: Any, metric: str) -> None:
+        self.bar = bar
+        self.metric = metric
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        self.bar.update(1)
+        with contextlib.suppress(ValueError):
+            self.bar.set_postfix_str(f"best {self.metric} {study.best_value:.4f} (trial {study.best_trial.number})")
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """What a spawned worker process needs to run its share of trials."""
+
+    storage: Storage
+    study_name: str
+    encoder: str
+    data: DataSpec
+    options: StudyOptions
+    n_trials: Optional[int]
+    sampler_seed: Optional[int]
+    torch_threads: int
+
+
+def worker_main(job: WorkerJob) -> None:
+    """Entry point of a spawned worker: load the cached embeddings, optimise, exit."""
+    import optuna
+    import torch
+
+    from ..tuning import make_pruner, make_sampler
+
+    options = job.options
+    torch.set_num_threads(job.torch_threads)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_interrupt_tracebacks()
+    try:
+        study = job.storage.load_study(job.study_name, sampler=make_sampler(options.sampler, job.sampler_seed),
+                                       pruner=make_pruner(options.pruner, options.max_epochs))
+        if study is None:
+            raise RuntimeError(f"study {job.study_name!r} is not in {job.storage.shown_url}")
+        if total_reached(study, options.total_trials):
+            return  # other processes already filled the study: no need to load the embeddings
+        data = load_study_data(job.data, with_test=False, progress=False)
+        objective = TrialObjective(job.encoder, data, seed=options.seed, device=job.data.device,
+                                   max_epochs=options.max_epochs)
+        study.optimize(objective, n_trials=job.n_trials, timeout=options.timeout, catch=catchable_errors(),
+                       callbacks=_total_trials_callbacks(options.total_trials))
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+
+
+def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_progress: bool,
+                         total: Optional[int]) -> None:
+    """Run ``jobs`` in spawned processes; show progress by polling the storage."""
+    from tqdm.auto import tqdm
+
+    baseline = count_trials(study, ENDED_STATES)
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=worker_main, args=(job,), name=f"ilge-worker-{i}")
+                 for i, job in enumerate(jobs)]
+    for process in processes:
+        process.start()
+    bar = tqdm(total=total, desc=f"{study.study_name} ({len(jobs)} workers)", unit="trial", disable=not show_progress)
+    try:
+        while any(p.is_alive() for p in processes):
+            bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
+            with contextlib.suppress(ValueError):
+                bar.set_postfix_str(f"best {metric} {study.best_value:.4f}")
+            time.sleep(1.0)
+        bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
+    except KeyboardInterrupt:
+        # the workers got the terminal's SIGINT too; make sure (a test harness may only signal us)
+        for process in processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGINT)
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.terminate()  # its trial is failed later by the heartbeat
+        raise
+    finally:
+        bar.close()
+        for process in processes:
+            process.join()
+    failed = [(p.name, p.exitcode) for p in processes if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(
+            f"worker process(es) failed: {failed}; their error is printed above. Finished trials are stored; "
+            "rerun the same command to resume"
+        )
+
+
+def optimize(study: Any, storage: Storage, encoder: str, data: "StudyData", spec: DataSpec, options: StudyOptions,
+             count: Optional[int], callbacks: Sequence[Callable[[Any, Any], None]] = ()) -> None:
+    """Add ``count`` trials (``None``: until ``timeout`` or ``total_trials``) to ``study``.
+
+    With ``options.workers == 1`` the trials run here on ``data`` (and
+    ``callbacks`` run after each); otherwise ``count`` is split exactly across
+    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``).
+    """
+    quiet_interrupt_tracebacks()
+    if options.workers == 1:
+        from tqdm.auto import tqdm
+
+        objective = TrialObjective(encoder, data, seed=options.seed, device=spec.device,
+                                   max_epochs=options.max_epochs)
+        with tqdm(total=count, desc=study.study_name, unit="trial", disable=not options.show_progress) as bar:
+            study.optimize(objective, n_trials=count, timeout=options.timeout, catch=catchable_errors(),
+                           callbacks=[_ProgressCallback(bar, data.metric), *callbacks,
+                                      *_total_trials_callbacks(options.total_trials)])
+        return
+    per_worker = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
+    jobs = [WorkerJob(storage=storage, study_name=study.study_name, encoder=encoder, data=spec, options=options,
+                      n_trials=share, sampler_seed=None if options.seed is None else options.seed + i,
+                      torch_threads=per_worker)
+            for i, share in enumerate(split_trials(count, options.workers))]
+    _optimize_in_workers(study, jobs, data.metric, options.show_progress, count)
