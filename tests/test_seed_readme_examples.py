@@ -44,10 +44,10 @@ def test_build_aggregator_example():
 
     opt = torch.optim.Adam(list(agg.parameters()) + list(head.parameters()), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(50):                          # your training loop
+    for epoch in range(50):                          # your training loop  # noqa: B007 (as published)
         logits = head(agg(X))                        # (N, num_classes)
         loss = loss_fn(logits, y)
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad(); loss.backward(); opt.step()  # noqa: E702 (as published)
     # --- end of example ---
 
     assert (agg.num_layers, agg.hidden_in, agg.out_dim) == (37, 4096, 256)

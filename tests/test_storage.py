@@ -58,6 +58,7 @@ def test_storage_pickles_by_reopening(storage_url, tmp_path):
     assert copy.load_study("p") is not None
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
 def test_a_trial_that_never_sent_a_heartbeat_is_failed_and_retried(storage_url):
     storage = open_storage(storage_url, heartbeat_interval=1, grace_period=2)
     study = optuna.create_study(study_name="h", storage=storage.rdb)
