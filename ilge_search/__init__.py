@@ -34,6 +34,8 @@ _LAZY = {
     "suggest_config": "tuning",
     "recommended_config": "tuning",
     "ILGEClassifier": "classifier",
+    "export_study": "predict",
+    "predict_file": "predict",
     "extract_layer_embeddings": "extraction",
     "EmbeddingCache": "cache",
     "load_task_embeddings": "cache",

@@ -9,6 +9,14 @@
 
 Both check the input once (rank, sizes, dtype) and cast it to the module's
 dtype, so the encoders behind them can assume well-formed input.
+
+Compatibility with the published ``ilge`` package: the factories keep its
+signatures (``build_per_token_aggregator(config, num_layers, hidden_in,
+token_pooling="mean", output_mode="per_token")``) and raise ``TypeError`` where
+it does for a config of the wrong type (:class:`~ilge_search.validation.ArgumentTypeError`,
+also a ``ValueError``). Two documented extensions accept more than it does:
+``build_aggregator`` takes the layer-baseline configs, and the per-token graph
+may be fully connected (``FCConfig``); a ``DeepSetConfig`` there is a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from torch import nn
 
 from .configs import BASELINE_FAMILIES, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
 from .nn._base import LayerEncoder
-from .validation import check_int
+from .validation import ArgumentTypeError, check_int
 
 __all__ = [
     "Aggregator",
@@ -35,6 +43,7 @@ __all__ = [
 
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 OUTPUT_MODES = ("per_token", "sequence")
+TOKEN_POOLINGS = ("mean", "sum")
 PER_TOKEN_WARN_NODES = 2000
 
 
@@ -47,7 +56,7 @@ def _check_size(name: str, value) -> int:
 
 def _check_config(config) -> EncoderConfig:
     if not isinstance(config, EncoderConfig):
-        raise ValueError(f"config must be an encoder config such as CayleyConfig(), got {type(config).__name__}")
+        raise ArgumentTypeError(f"config must be an encoder config such as CayleyConfig(), got {type(config).__name__}")
     return config
 
 
@@ -174,9 +183,10 @@ class PerTokenAggregator(nn.Module):
     Args:
         config: ``CayleyConfig`` or ``FCConfig``.
         num_layers, hidden_in: ``L`` and ``D``.
-        output_mode: ``"per_token"`` (pool each token's ``L`` layer nodes) or
-            ``"sequence"`` (pool all real nodes of the sample); mean or sum as
-            ``config.pooling`` says.
+        token_pooling: ``"mean"`` or ``"sum"``: how ``"per_token"`` output pools each
+            token's ``L`` layer nodes after message passing (the published package's argument).
+        output_mode: ``"per_token"`` (one vector per token, pooled by ``token_pooling``) or
+            ``"sequence"`` (all real nodes of the sample pooled as ``config.pooling`` says).
 
     Shapes:
         - input: ``x`` ``(B, T, num_layers, hidden_in)``, ``attention_mask`` ``(B, T)`` (optional)
@@ -184,12 +194,14 @@ class PerTokenAggregator(nn.Module):
     """
 
     def __init__(self, config: Union[CayleyConfig, FCConfig], num_layers: int, hidden_in: int,
-                 output_mode: str = "per_token") -> None:
+                 token_pooling: str = "mean", output_mode: str = "per_token") -> None:
         super().__init__()
         _check_config(config)
         if not isinstance(config, (CayleyConfig, FCConfig)):
-            raise ValueError(f"per-token aggregation needs a graph family (CayleyConfig or FCConfig), "
-                             f"got {type(config).__name__}")
+            raise ArgumentTypeError(f"per-token aggregation needs a graph family (CayleyConfig or FCConfig), "
+                                    f"got {type(config).__name__}")
+        if token_pooling not in TOKEN_POOLINGS:
+            raise ValueError(f"token_pooling must be one of {list(TOKEN_POOLINGS)}, got {token_pooling!r}")
         if output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}")
         from .nn.gnn import GNNStack, GraphCache
@@ -198,6 +210,7 @@ class PerTokenAggregator(nn.Module):
         self.num_layers = _check_size("num_layers", num_layers)
         self.hidden_in = _check_size("hidden_in", hidden_in)
         self.output_mode = output_mode
+        self.token_pooling = token_pooling
         self.pooling = config.pooling
         self.graph_kind = config.family
         self.out_dim = config.hidden_dim
@@ -265,7 +278,7 @@ class PerTokenAggregator(nn.Module):
             batched = BatchedGraph(graph.edge_index.to(x.device), graph.num_nodes, graph.num_real, B, node_mask)
         h = self.gnn(nodes, batched).view(B, T, L, H)  # (B, T, L, H)
         if self.output_mode == "per_token":
-            tokens = h.mean(dim=2) if self.pooling == "mean" else h.sum(dim=2)  # (B, T, H)
+            tokens = h.mean(dim=2) if self.token_pooling == "mean" else h.sum(dim=2)  # (B, T, H)
             return tokens if mask is None else tokens * mask.unsqueeze(-1).to(tokens.dtype)
         if mask is None:
             return h.mean(dim=(1, 2)) if self.pooling == "mean" else h.sum(dim=(1, 2))
@@ -282,6 +295,11 @@ class PerTokenAggregator(nn.Module):
 
 
 def build_per_token_aggregator(config: Union[CayleyConfig, FCConfig], num_layers: int, hidden_in: int,
-                               output_mode: str = "per_token") -> PerTokenAggregator:
-    """A :class:`PerTokenAggregator`: ``(B, T, L, D) -> (B, T, out_dim)`` or ``(B, out_dim)``."""
-    return PerTokenAggregator(config, num_layers, hidden_in, output_mode=output_mode)
+                               token_pooling: str = "mean", output_mode: str = "per_token") -> PerTokenAggregator:
+    """A :class:`PerTokenAggregator`: ``(B, T, L, D) -> (B, T, out_dim)`` or ``(B, out_dim)``.
+
+    The published package's signature: ``token_pooling`` (``"mean"``/``"sum"``) pools each
+    token's layer nodes for ``output_mode="per_token"``; ``"sequence"`` pools every real node
+    of a sample as ``config.pooling`` says.
+    """
+    return PerTokenAggregator(config, num_layers, hidden_in, token_pooling=token_pooling, output_mode=output_mode)

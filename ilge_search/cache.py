@@ -10,6 +10,11 @@ Safety: the file is written under a temporary name and renamed into place, and t
 record (the commit marker) is written last, the same way. A per-entry file lock makes a
 second process wait for the first and then read its result instead of extracting again.
 An entry whose size, header or checksum is wrong is reported with a warning and rebuilt.
+Before a miss is extracted, the folders must take files and the disk must hold the whole
+entry (its size is known from the model's config), and the file is allocated in full
+before the model loads; a read-only or full disk is one :class:`~ilge_search.files.DiskError`
+line and leaves no temporary file. Temporary names carry their writer's pid and host;
+opening the cache removes those of writers that died on this host.
 
 Layout under the cache dir::
 
@@ -26,19 +31,28 @@ import json
 import os
 import struct
 import time
-import uuid
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from ._version import __version__
 from .extraction import POOLINGS, LayerEmbedder
-from .models import ModelSource, resolve_model
+from .files import (
+    check_free_space,
+    check_writable,
+    disk_error,
+    lock_is_held,
+    preallocate,
+    remove_stale_temp_files,
+    temp_name,
+)
+from .models import ModelSource, resolve_device, resolve_model
 from .settings import resolve_cache_dir
 from .tasks import TaskData, TaskError, load_task
 from .validation import check_int
@@ -73,6 +87,9 @@ _KEY_HEX_DIGITS = 24
 
 # path -> (size, mtime_ns, sha256) of files whose checksum this process already verified
 _VERIFIED: Dict[str, Tuple[int, int, str]] = {}
+_META_RESERVE = 64 * 1024  # room kept free for an entry's JSON record
+_FIX_SPACE = "free some space, or pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a folder on a disk with room"
+_FIX_WRITABLE = "pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a writable folder"
 
 
 class CacheCorruptError(RuntimeError):
@@ -162,29 +179,27 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype: str) -> None:
+def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype: str, device: Any) -> None:
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
     if storage_dtype not in STORAGE_DTYPES:
         raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
     for name, value in (("max_length", max_length), ("batch_size", batch_size)):
         check_int(name, value)
+    resolve_device(device)  # a device this machine lacks: refused before any task, model or cache work
 
 
-def _write_safetensors_header(handle: Any, tensors: List[Tuple[str, str, tuple, int]],
-                              metadata: Dict[str, str]) -> int:
-    """Write the safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order;
-    return where the data starts."""
+def _safetensors_header(tensors: List[Tuple[str, str, tuple, int]], metadata: Dict[str, str]) -> bytes:
+    """The safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order (data
+    starts right after it, 8-byte aligned)."""
     header: Dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, dtype, shape, nbytes in tensors:
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * ((-(8 + len(raw))) % 8)  # data starts 8-byte aligned
-    handle.write(struct.pack("<Q", len(raw)))
-    handle.write(raw)
-    return 8 + len(raw)
+    raw += b" " * ((-(8 + len(raw))) % 8)
+    return struct.pack("<Q", len(raw)) + raw
 
 
 _NP_FROM_SAFETENSORS = {"F16": (np.float16, None), "F32": (np.float32, None), "I64": (np.int64, None),
@@ -237,6 +252,7 @@ class EmbeddingCache:
     def __init__(self, cache_dir: Optional[PathLike] = None, *, verify: bool = True) -> None:
         self.cache_dir = resolve_cache_dir(cache_dir)
         self.verify = verify
+        self._remove_stale_temp_files()
         self._embedders: Dict[tuple, LayerEmbedder] = {}
         self._sources: Dict[str, ModelSource] = {}
 
@@ -346,59 +362,92 @@ class EmbeddingCache:
                                                   batch_size=batch_size, device=device, cache_dir=self.cache_dir)
         return self._embedders[slot]
 
+    def _check_writable(self) -> None:
+        """Before a miss is extracted: the cache folders take files, and temporary files of
+        writers that died on this host are removed (they may hold the space this entry needs)."""
+        for folder in (self.embeddings_dir, self.cache_dir / "locks"):
+            check_writable(folder, "the embedding cache folder", _FIX_WRITABLE)
+        self._remove_stale_temp_files()
+
+    def _remove_stale_temp_files(self) -> None:
+        """Temporary files of extractions killed on this host: their pid is gone and nobody
+        holds their entry's lock (the writer holds it while writing)."""
+        remove_stale_temp_files(self.embeddings_dir,
+                                lambda path: lock_is_held(self._paths(path.name[1:].split(".", 1)[0])[2]))
+
+    @contextmanager
+    def _disk_errors(self, key: str, size: int) -> Iterator[None]:
+        """A full or read-only disk met while writing becomes one line (a DiskError)."""
+        try:
+            yield
+        except OSError as exc:
+            error = disk_error(exc, self.embeddings_dir, f"embedding cache entry {key} ({size:,} bytes)",
+                               _FIX_SPACE)
+            if error is None:
+                raise
+            raise error from exc
+
     def _extract_and_write(self, key: str, embedder: LayerEmbedder, texts: List[str], pairs: bool,
                            labels: Optional[np.ndarray], storage_dtype: str, meta: Dict[str, Any],
                            progress: bool) -> None:
-        """Stream pooled batches into a memmapped safetensors file, then commit it atomically."""
+        """Stream pooled batches into a memmapped safetensors file, then commit it atomically.
+
+        The file's size is known from the model's config, so free space is checked and the
+        whole file allocated before the model loads: a disk that fills up fails here with
+        ENOSPC (one line), never later inside a memmap write (a bus error).
+        """
         st_dtype, np_dtype, torch_dtype = STORAGE_DTYPES[storage_dtype]
-        embedder.load()
-        num_layers, hidden = embedder.num_layers, embedder.hidden_size
+        num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
         n_rows = len(texts) // 2 if pairs else len(texts)
         shape = (n_rows, 2, num_layers, hidden) if pairs else (n_rows, num_layers, hidden)
         feature_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
         tensors = [("features", st_dtype, shape, feature_bytes)]
         if labels is not None:
             tensors.append(("labels", "I64" if labels.dtype == np.int64 else "F32", labels.shape, labels.nbytes))
+        header = _safetensors_header(tensors, {"format": "pt", "key": key})
+        start, size = len(header), len(header) + sum(t[3] for t in tensors)
+        check_free_space(self.embeddings_dir, size + _META_RESERVE, f"embedding cache entry {key}", _FIX_SPACE)
         data_path, meta_path, _ = self._paths(key)
-        self.embeddings_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.embeddings_dir / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        started = time.perf_counter()
+        tmp, meta_tmp = temp_name(data_path), temp_name(meta_path)
         try:
-            with open(tmp, "wb") as handle:
-                start = _write_safetensors_header(handle, tensors, {"format": "pt", "key": key})
-                handle.truncate(start + sum(t[3] for t in tensors))
-            features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=start, shape=shape)
-            rows = features.reshape(len(texts), num_layers, hidden)  # pairs: row 2i+s is sentence s of pair i
-            for indices, pooled in embedder.iter_pooled_batches(texts, progress=progress):
-                stored = pooled.to(torch_dtype)
-                if not bool(torch.isfinite(stored).all()):
-                    raise ValueError(
-                        f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
-                        f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'")
-                if torch_dtype == torch.bfloat16:
-                    stored = stored.view(torch.uint16)
-                rows[indices] = stored.numpy()
-            features.flush()
-            del rows, features
-            if labels is not None:
+            with self._disk_errors(key, size), open(tmp, "wb") as handle:
+                handle.write(header)
+                preallocate(handle, size)
+            embedder.load()
+            started = time.perf_counter()
+            with self._disk_errors(key, size):
+                features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=start, shape=shape)
+                rows = features.reshape(len(texts), num_layers, hidden)  # pairs: row 2i+s is sentence s of pair i
+                for indices, pooled in embedder.iter_pooled_batches(texts, progress=progress):
+                    stored = pooled.to(torch_dtype)
+                    if not bool(torch.isfinite(stored).all()):
+                        raise ValueError(
+                            f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
+                            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'")
+                    if torch_dtype == torch.bfloat16:
+                        stored = stored.view(torch.uint16)
+                    rows[indices] = stored.numpy()
+                features.flush()
+                del rows, features
                 with open(tmp, "r+b") as handle:
-                    handle.seek(start + feature_bytes)
-                    handle.write(np.ascontiguousarray(labels).tobytes())
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
-            seconds = time.perf_counter() - started
-            meta.update(shape=list(shape), num_layers=num_layers, hidden_size=hidden, num_examples=n_rows,
-                        effective_max_length=embedder.effective_max_length, extract_seconds=round(seconds, 3),
-                        texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
-                        file_size=tmp.stat().st_size, file_sha256=_file_sha256(tmp),
-                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-            meta_path.unlink(missing_ok=True)
-            os.replace(tmp, data_path)
-            meta_tmp = meta_path.with_name(f".{meta_path.name}.tmp-{os.getpid()}")
-            meta_tmp.write_text(json.dumps(meta, indent=1))
-            os.replace(meta_tmp, meta_path)
+                    if labels is not None:
+                        handle.seek(start + feature_bytes)
+                        handle.write(np.ascontiguousarray(labels).tobytes())
+                        handle.flush()
+                    os.fsync(handle.fileno())
+                seconds = time.perf_counter() - started
+                meta.update(shape=list(shape), num_layers=num_layers, hidden_size=hidden, num_examples=n_rows,
+                            effective_max_length=embedder.effective_max_length, extract_seconds=round(seconds, 3),
+                            texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
+                            file_size=tmp.stat().st_size, file_sha256=_file_sha256(tmp),
+                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                meta_tmp.write_text(json.dumps(meta, indent=1))  # written before anything is renamed into place
+                meta_path.unlink(missing_ok=True)
+                os.replace(tmp, data_path)
+                os.replace(meta_tmp, meta_path)
         finally:
             tmp.unlink(missing_ok=True)
+            meta_tmp.unlink(missing_ok=True)
 
     def _get_or_extract_entry(self, key: str, source: ModelSource, texts_fn: Any, pairs: bool,
                               labels: Optional[np.ndarray], pooling: str, max_length: int, batch_size: int,
@@ -417,7 +466,7 @@ class EmbeddingCache:
         if found is not None:
             found.seconds = time.perf_counter() - started
             return found
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._check_writable()
         lock = FileLock(str(lock_path))
         try:
             lock.acquire(timeout=0)
@@ -464,7 +513,7 @@ class EmbeddingCache:
         :func:`~ilge_search.tasks.load_task` accepts. Options, task and model are checked
         before any model is loaded. Similarity tasks give features (N, 2, L, D).
         """
-        _check_options(pooling, max_length, batch_size, storage_dtype)
+        _check_options(pooling, max_length, batch_size, storage_dtype, device)
         task = load_task(task_data_or_name, data_dir)
         part = task.split(split)
         source = self.resolve(model)
@@ -485,7 +534,7 @@ class EmbeddingCache:
                              progress: bool = True) -> torch.Tensor:
         """(N, L, D) embeddings of arbitrary texts in the storage dtype, cached by a fingerprint
         of the texts, so the same texts never go through the model twice."""
-        _check_options(pooling, max_length, batch_size, storage_dtype)
+        _check_options(pooling, max_length, batch_size, storage_dtype, device)
         if isinstance(texts, str):
             raise TypeError("texts must be a list of strings, not one string")
         texts = list(texts)
@@ -561,7 +610,7 @@ def load_task_embeddings(model: Union[str, PathLike, ModelSource], task: Any, *,
     The task, options and model name are validated first; missing splits are then
     extracted with one model load, which is released before returning.
     """
-    _check_options(pooling, max_length, batch_size, storage_dtype)
+    _check_options(pooling, max_length, batch_size, storage_dtype, device)
     task_data = load_task(task, data_dir)
     wanted = list(splits) if splits else list(task_data.splits)
     unknown = [split for split in wanted if split not in task_data.splits]

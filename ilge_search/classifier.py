@@ -9,6 +9,12 @@ only stores its arguments, ``fit`` returns ``self``, fitted state ends in
 Texts already embedded in this process are never sent through the LLM again:
 embeddings are memoised per (model, token pooling, max_length) and text, and
 texts not in the memo go through :class:`~ilge_search.cache.EmbeddingCache`.
+
+:meth:`ILGEClassifier.from_study` turns a finished study into a fitted
+estimator (the same folder format as :meth:`~ILGEClassifier.save`). A
+similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
+``(sentence_a, sentence_b)`` pairs and returns scores on the task's scale, and
+``score`` is the Spearman correlation.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from sklearn.exceptions import NotFittedError
 
 from ._version import __version__
 from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
-from .validation import check_int
+from .models import model_reference_to_load, model_reference_to_save, resolve_device
+from .validation import ArgumentTypeError, check_int
 
 __all__ = ["ILGEClassifier", "clear_embedding_memo", "FORMAT_VERSION"]
 
@@ -84,11 +91,33 @@ def _check_labels(labels: Any, num_rows: int, name: str = "labels") -> np.ndarra
     return labels
 
 
-def _check_features(X: Any, name: str = "X") -> torch.Tensor:
+def _check_pairs(pairs: Any, name: str = "pairs") -> List[str]:
+    """``[(a, b), ...]`` -> the flat texts ``[a0, b0, a1, b1, ...]`` (as the embedding cache stores pairs)."""
+    what = "a list of (sentence_a, sentence_b) pairs"
+    if isinstance(pairs, (str, bytes)):
+        raise ValueError(f"{name} must be {what}, not a single string")
+    try:
+        pairs = list(pairs)
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {type(pairs).__name__}") from None
+    if not pairs:
+        raise ValueError(f"{name} is empty; pass at least one pair")
+    flat: List[str] = []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(f"{name}[{i}] must be a (sentence_a, sentence_b) pair, got {pair!r:.60}")
+        for j, text in enumerate(pair):
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"{name}[{i}][{j}] is empty or not a string; give every pair two texts")
+        flat.extend(pair)
+    return flat
+
+
+def _check_features(X: Any, name: str = "X", pairs: bool = False) -> torch.Tensor:
     X = torch.as_tensor(X)
-    if not X.is_floating_point() or X.dim() != 3:
-        raise ValueError(f"{name} must be a float array of shape (N, num_layers, hidden), got "
-                         f"{X.dtype} {tuple(X.shape)}")
+    shape = "(N, 2, num_layers, hidden)" if pairs else "(N, num_layers, hidden)"
+    if not X.is_floating_point() or X.dim() != (4 if pairs else 3) or (pairs and X.shape[1] != 2):
+        raise ValueError(f"{name} must be a float array of shape {shape}, got {X.dtype} {tuple(X.shape)}")
     if X.shape[0] == 0:
         raise ValueError(f"{name} is empty; pass at least one row")
     return X
@@ -167,7 +196,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if isinstance(config, dict):
             return config_from_dict(config)
         if not isinstance(config, EncoderConfig):
-            raise ValueError(f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}")
+            raise ArgumentTypeError(
+                f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}")
         return config
 
     def _check_params(self, needs_model: bool) -> EncoderConfig:
@@ -182,6 +212,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             for name in ("max_length", "batch_size"):
                 check_int(name, getattr(self, name))
         check_int("num_classes", self.num_classes, minimum=2, allow_none=True)
+        resolve_device(self.device)  # a device this machine lacks fails before any embedding or training
         if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
             raise ValueError(f"random_state must be an integer, got {self.random_state!r}")
         if not 0.0 < float(self.val_fraction) < 1.0:
@@ -357,6 +388,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             result = train_encoder(config, train, val, **kwargs)
         self.classes_ = classes
         self.config_ = config
+        self.task_kind_, self.score_range_ = "classification", None
         self.num_layers_, self.hidden_size_ = int(X.shape[1]), int(X.shape[2])
         self.model_ = result.model
         self.history_ = result.history
@@ -367,56 +399,105 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ prediction
 
+    def _similarity(self) -> bool:
+        """True for a similarity model (from a sentence-pair study): inputs are pairs, outputs scores."""
+        self._check_fitted()
+        return getattr(self, "task_kind_", "classification") == "similarity"
+
+    def _checked_embeddings(self, X: Any) -> torch.Tensor:
+        pairs = self._similarity()
+        X = _check_features(X, pairs=pairs)
+        if tuple(X.shape[-2:]) != (self.num_layers_, self.hidden_size_):
+            raise ValueError(
+                f"X rows are {tuple(X.shape[1:])} but the classifier was fitted on "
+                f"({self.num_layers_}, {self.hidden_size_}) layer embeddings{' per sentence' if pairs else ''}"
+            )
+        return X
+
+    def _inputs(self, X: Sequence[Any]) -> torch.Tensor:
+        """Texts (or, for a similarity model, sentence pairs) -> their per-layer embeddings."""
+        self._check_params(needs_model=True)
+        if self._similarity():
+            flat = _check_pairs(X)
+            features = self._embed(flat)  # (2N, L, D), pairs interleaved
+            return features.view(len(flat) // 2, 2, *features.shape[1:])
+        return self._embed(_check_texts(X))
+
+    def _only_classification(self, method: str) -> None:
+        if self._similarity():
+            raise ValueError(f"{method} is for classifiers; this similarity model gives scores: use predict()")
+
     def predict_proba_embeddings(self, X: Any) -> np.ndarray:
         """Class probabilities ``(N, n_classes)`` for precomputed ``(N, L, D)`` embeddings."""
         from .engine import predict_logits
 
-        self._check_fitted()
-        X = _check_features(X)
-        if tuple(X.shape[1:]) != (self.num_layers_, self.hidden_size_):
-            raise ValueError(
-                f"X rows are {tuple(X.shape[1:])} but the classifier was fitted on "
-                f"({self.num_layers_}, {self.hidden_size_}) layer embeddings"
-            )
-        logits = predict_logits(self.model_, X)
+        self._only_classification("predict_proba")
+        logits = predict_logits(self.model_, self._checked_embeddings(X))
         return torch.softmax(logits.double(), dim=1).numpy()
 
     def predict_embeddings(self, X: Any) -> np.ndarray:
-        """Labels (in the type given to ``fit``) for precomputed embeddings."""
-        self._check_fitted()
+        """Labels (in the type given to ``fit``) for precomputed embeddings; a similarity
+        model takes ``(N, 2, L, D)`` and gives scores on the task's scale."""
+        from .engine import predict_logits
+
+        if self._similarity():
+            cosine = predict_logits(self.model_, self._checked_embeddings(X)).double().numpy()
+            if self.score_range_ is None:
+                return cosine
+            low, high = self.score_range_  # the model regresses the cosine on scores scaled to [0, 1]
+            return low + cosine * (high - low)
         return self.classes_[self.predict_proba_embeddings(X).argmax(axis=1)]
 
     def predict_proba(self, texts: Sequence[str]) -> np.ndarray:
         """Class probabilities ``(N, n_classes)``, columns in ``classes_`` order."""
         self._check_fitted()
-        self._check_params(needs_model=True)
-        texts = _check_texts(texts)
-        return self.predict_proba_embeddings(self._embed(texts))
+        self._only_classification("predict_proba")
+        return self.predict_proba_embeddings(self._inputs(texts))
 
-    def predict(self, texts: Sequence[str]) -> np.ndarray:
-        """Predicted labels, in the type given to ``fit`` (ints or strings)."""
-        self._check_fitted()
-        return self.classes_[self.predict_proba(texts).argmax(axis=1)]
+    def predict(self, texts: Sequence[Any]) -> np.ndarray:
+        """Predicted labels, in the type given to ``fit`` (ints or strings).
 
-    def score(self, texts: Sequence[str], labels: Sequence[Any], sample_weight: Any = None) -> float:
-        """Accuracy on ``texts``; labels unseen in training raise before any embedding."""
+        A similarity model takes ``(sentence_a, sentence_b)`` pairs and returns
+        their similarity scores on the task's scale (e.g. 0-5 for STS-B).
+        """
         self._check_fitted()
-        texts = _check_texts(texts)
-        labels = _check_labels(labels, len(texts))
-        self._encode(labels, self.classes_, "labels")
-        predicted = self.predict(texts)
+        return self.predict_embeddings(self._inputs(texts))
+
+    def _score_predictions(self, predicted: np.ndarray, labels: Any, sample_weight: Any) -> float:
+        if self._similarity():
+            from .engine import spearman
+
+            if sample_weight is not None:
+                raise ValueError("sample_weight is not supported for similarity scores (Spearman)")
+            return spearman(predicted, labels)
         correct = (predicted == labels).astype(np.float64)
         if sample_weight is None:
             return float(correct.mean())
         return float(np.average(correct, weights=np.asarray(sample_weight, dtype=np.float64)))
 
-    def score_embeddings(self, X: Any, y: Sequence[Any]) -> float:
-        """Accuracy on precomputed embeddings."""
+    def _checked_targets(self, labels: Any, num_rows: int, name: str) -> np.ndarray:
+        if not self._similarity():
+            labels = _check_labels(labels, num_rows, name)
+            self._encode(labels, self.classes_, name)
+            return labels
+        scores = np.asarray(labels, dtype=np.float64)
+        if scores.ndim != 1 or scores.shape[0] != num_rows or not np.all(np.isfinite(scores)):
+            raise ValueError(f"{name} must be {num_rows} finite gold scores, got shape {scores.shape}")
+        return scores
+
+    def score(self, texts: Sequence[Any], labels: Sequence[Any], sample_weight: Any = None) -> float:
+        """Accuracy on ``texts`` (Spearman correlation for a similarity model's pairs);
+        labels unseen in training raise before any embedding."""
         self._check_fitted()
-        X = _check_features(X)
-        labels = _check_labels(y, X.shape[0], "y")
-        self._encode(labels, self.classes_, "y")
-        return float((self.predict_embeddings(X) == labels).mean())
+        count = len(_check_pairs(texts)) // 2 if self._similarity() else len(_check_texts(texts))
+        labels = self._checked_targets(labels, count, "labels")
+        return self._score_predictions(self.predict(texts), labels, sample_weight)
+
+    def score_embeddings(self, X: Any, y: Sequence[Any]) -> float:
+        """Accuracy (Spearman for a similarity model) on precomputed embeddings."""
+        self._check_fitted()
+        X = self._checked_embeddings(X)
+        return self._score_predictions(self.predict_embeddings(X), self._checked_targets(y, X.shape[0], "y"), None)
 
     # ------------------------------------------------------------------ persistence
 
@@ -440,7 +521,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             "config": self.config_.to_dict(),
             "classes": [_json_label(c) for c in self.classes_.tolist()],
             "classes_kind": self.classes_.dtype.kind,
-            "base_model": None if self.base_model is None else str(self.base_model),
+            "base_model": model_reference_to_save(self.base_model, path),  # a local folder inside path: ./relative
             "token_pooling": self.token_pooling,
             "max_length": self.max_length,
             "num_layers": self.num_layers_,
@@ -448,24 +529,32 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             "random_state": int(self.random_state),
             "best_epoch": self.best_epoch_,
             "best_val_score": self.best_val_score_,
+            "task_kind": getattr(self, "task_kind_", "classification"),
+            "score_range": getattr(self, "score_range_", None),
+            "provenance": getattr(self, "provenance_", None),  # set by from_study: study, trial, seed ...
         }
         # write to temporary names, then rename: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
-        save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
         tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
+        os.chmod(tmp_weights, tmp_meta.stat().st_mode & 0o7777)  # safetensors writes 0600; follow the umask
         os.replace(tmp_weights, path / WEIGHTS_FILE)
         os.replace(tmp_meta, path / META_FILE)
         return path
 
     @classmethod
     def load(cls, path: PathLike, *, device: str = "auto", cache_dir: Optional[PathLike] = None,
-             batch_size: int = 32, verbose: bool = False) -> "ILGEClassifier":
-        """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method)."""
+             batch_size: int = 32, verbose: bool = False, base_model: Optional[PathLike] = None) -> "ILGEClassifier":
+        """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
+
+        The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
+        one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
+        Weights holding NaN or infinity are refused.
+        """
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         from .engine import build_model
-        from .models import resolve_device
 
         path = Path(path)
         meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
@@ -482,16 +571,23 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 f"{path} has format_version {meta.get('format_version')!r}; this ilge-search "
                 f"({__version__}) reads version {FORMAT_VERSION}. Re-save it with a matching version."
             )
+        task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
+        if task_kind not in ("classification", "similarity") or (score_range is not None and (
+                not isinstance(score_range, list) or len(score_range) != 2)):
+            raise ValueError(f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; "
+                             "the file is corrupt")
         try:
             config = config_from_dict(meta["config"])
             classes = np.asarray(meta["classes"])
             num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
-            clf = cls(base_model=meta["base_model"], config=config, num_classes=len(classes),
+            clf = cls(base_model=meta["base_model"], config=config,
+                      num_classes=len(classes) if task_kind == "classification" else None,
                       token_pooling=meta["token_pooling"], max_length=int(meta["max_length"]),
                       batch_size=batch_size, device=device, random_state=int(meta["random_state"]),
                       cache_dir=cache_dir, verbose=verbose)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
+        clf.base_model = model_reference_to_load(meta["base_model"], path, base_model)
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
@@ -500,7 +596,12 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             state = load_file(str(weights_path))
         except (SafetensorError, OSError, ValueError) as exc:
             raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
-        model = build_model(config, num_layers, hidden_size, "classification", num_classes=len(classes))
+        bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+        if bad:
+            raise ValueError(f"{weights_path} holds NaN or infinite values in {bad[:5]}; these weights cannot "
+                             f"predict anything, retrain and save again")
+        model = build_model(config, num_layers, hidden_size, task_kind, num_classes=len(classes) or None,
+                            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])))
         expected = model.state_dict()
         missing, unexpected = set(expected) - set(state), set(state) - set(expected)
         wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
@@ -514,6 +615,9 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
         clf.classes_ = classes
         clf.config_ = config
+        clf.task_kind_, clf.score_range_ = task_kind, model.score_range
+        if meta.get("provenance") is not None:
+            clf.provenance_ = meta["provenance"]
         clf.num_layers_, clf.hidden_size_ = num_layers, hidden_size
         clf.model_ = model
         clf.history_ = []
@@ -522,4 +626,47 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         clf.num_trainable_params_ = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if isinstance(config, BestLayerConfig):
             clf.best_layer_ = config.layer
+        return clf
+
+    @classmethod
+    def from_study(cls, storage: Any, study_name: str, *, seed: int = 0, retrain: bool = False,
+                   artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
+                   device: str = "auto", cache_dir: Optional[PathLike] = None, batch_size: int = 32,
+                   verbose: bool = False) -> "ILGEClassifier":
+        """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
+
+        The final evaluation's weights (its best seed by validation), or for a study without
+        one (or ``retrain=True``) the best trial retrained once with ``seed``; ``provenance_``
+        says which (study, trial, seed, storage without password, scores, versions). On the
+        study's test split it scores the stored final test score of that seed. A similarity
+        study gives a similarity model. ``artifact_dir``: where ``run`` uploaded the weights,
+        if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
+        """
+        from .study.export import load_study_model
+
+        found = load_study_model(storage, study_name, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
+                                 data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=verbose)
+        names = found.label_names
+        if names and all(name.lstrip("-").isdigit() for name in names):
+            classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them
+        else:
+            classes = np.asarray(names)
+        if classes.size and not np.all(classes[:-1] < classes[1:]):
+            raise ValueError(f"study {study_name!r} has label names out of order ({names[:5]}...); cannot export it")
+        clf = cls(base_model=found.base_model, config=found.config, num_classes=len(classes) or None,
+                  token_pooling=found.token_pooling, max_length=found.max_length, batch_size=batch_size,
+                  device=device, random_state=int(found.provenance["seed"]), cache_dir=cache_dir, verbose=verbose)
+
+        clf.classes_ = classes
+        clf.config_ = found.config
+        clf.task_kind_, clf.score_range_ = found.task_kind, found.score_range
+        clf.provenance_ = found.provenance
+        clf.num_layers_, clf.hidden_size_ = found.num_layers, found.hidden_size
+        clf.model_ = found.model.to(resolve_device(device)).eval()
+        clf.history_ = []
+        clf.best_epoch_ = None
+        clf.best_val_score_ = found.provenance.get("val_score")
+        clf.num_trainable_params_ = sum(p.numel() for p in found.model.parameters() if p.requires_grad)
+        if isinstance(found.config, BestLayerConfig):
+            clf.best_layer_ = found.config.layer
         return clf

@@ -224,13 +224,17 @@ def studies_command(storage, fmt: str) -> None:
     """List the studies in a storage: trials, best validation value, final test mean +- std."""
     from .study import list_studies
 
-    frame = list_studies(storage)
+    _echo_frame(list_studies(storage), fmt, empty="no studies in this storage")
+
+
+def _echo_frame(frame, fmt: str, empty: str) -> None:
+    """A listing as a table, CSV or JSON records (``--format``)."""
     if fmt == "csv":
         click.echo(frame.to_csv(index=False), nl=False)
     elif fmt == "json":
         click.echo(frame.to_json(orient="records", indent=1))
     elif frame.empty:
-        click.echo("no studies in this storage")
+        click.echo(empty)
     else:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-"))
 
@@ -322,18 +326,20 @@ def cache_rm_command(settings: Settings, key: Optional[str], remove_all: bool) -
 @cli.command("dashboard")
 @storage_option()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Interface to listen on. The dashboard has no login: keep loopback unless the network is trusted.")
+              help="Interface to listen on. The dashboard has no login: anything but loopback needs --allow-remote.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="TCP port (0 picks a free one).")
 @click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
               help="Artifact store to serve [default: the one `run` uploads to for this storage].")
+@click.option("--allow-remote", is_flag=True,
+              help="Allow a --host other than loopback (the dashboard has no login: trusted networks only).")
 @click.option("--log-requests", is_flag=True, help="Print one line per HTTP request.")
-def dashboard_command(storage, host: str, port: int, artifact_dir, log_requests: bool) -> None:
+def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote: bool, log_requests: bool) -> None:
     """Browse studies, trial notes and artifacts (weights, figures) in optuna-dashboard."""
     from .dashboard import serve_dashboard
 
-    serve_dashboard(storage, host=host, port=port, artifact_dir=artifact_dir, log_requests=log_requests,
-                    echo=click.echo)
+    serve_dashboard(storage, host=host, port=port, artifact_dir=artifact_dir, allow_remote=allow_remote,
+                    log_requests=log_requests, echo=click.echo)
 
 
 # ----------------------------------------------------------------------------- report / recommend
@@ -344,12 +350,17 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, log_requests:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="reports", show_default=True,
               help="Folder for report.md, report.tex, index.html, the CSVs and figures/.")
 @click.option("--no-figures", is_flag=True, help="Tables only: no PNGs and no importances (faster).")
+@click.option("--force", is_flag=True,
+              help="Write into a non-empty folder that no report wrote (same-named files are replaced, none removed).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def report_command(storage: str, out_dir: str, no_figures: bool, quiet: bool) -> None:
-    """Paper-style tables (Markdown, LaTeX, CSV) and an HTML page with figures from every study."""
+def report_command(storage: str, out_dir: str, no_figures: bool, force: bool, quiet: bool) -> None:
+    """Paper-style tables (Markdown, LaTeX, CSV) and an HTML page with figures from every study.
+
+    The folder records what the report wrote (.ilge-report.json); a rerun replaces only those files.
+    """
     from .report import build_report
 
-    result = build_report(storage, out_dir, figures=not no_figures, show_progress=not quiet)
+    result = build_report(storage, out_dir, figures=not no_figures, show_progress=not quiet, force=force)
     counts = result.results.groupby("model")["mean"].count()
     for model, table in result.tables.items():
         click.echo(f"{model}: {len(table)} tasks, {int(counts.get(model, 0))} cells with test scores")
@@ -359,19 +370,127 @@ def report_command(storage: str, out_dir: str, no_figures: bool, quiet: bool) ->
 @cli.command("recommend")
 @storage_option(required=True)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Defaults file to write [default: the package's ilge_search/data/recommended_defaults.json, "
-                   "read by recommended_config].")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), default="reports/defaults.md",
-              show_default=True, help="The 'Defaults by model size' Markdown page.")
+              help="Defaults file to write [default: $ILGE_SEARCH_DEFAULTS, else "
+                   "~/.config/ilge-search/recommended_defaults.json; recommended_config reads it over the "
+                   "shipped defaults].")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None,
+              help="The 'Defaults by model size' Markdown page [default: next to the defaults file, .md; "
+                   "none with --update-shipped].")
+@click.option("--update-shipped", is_flag=True,
+              help="Rewrite the package's own ilge_search/data/recommended_defaults.json (maintainers).")
 @click.option("--family", "families", multiple=True, type=click.Choice(["cayley", "fc", "deepset"]),
               help="Only these families (repeatable) [default: all three].")
-def recommend_command(storage: str, out_path: Optional[str], report_path: str, families) -> None:
+def recommend_command(storage: str, out_path: Optional[str], report_path: Optional[str], update_shipped: bool,
+                      families) -> None:
     """Derive recommended defaults per family and model size from the studies' validation scores."""
-    from .report.recommend import DEFAULT_FAMILIES, recommend_defaults
-    from .tuning import RECOMMENDED_DEFAULTS_PATH
+    from .report.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets, recommend_defaults
 
-    data = recommend_defaults(storage, out_path, report_path, families=list(families) or DEFAULT_FAMILIES)
+    report = report_path or NEXT_TO_DEFAULTS
+    target, page = defaults_targets(out_path, report, update_shipped=update_shipped)
+    data = recommend_defaults(storage, out_path, report, families=list(families) or DEFAULT_FAMILIES,
+                              update_shipped=update_shipped)
     for family, buckets in data["families"].items():
         for bucket, values in buckets.items():
             click.echo(f"{family:<8} {bucket:<6} " + ", ".join(f"{k}={v}" for k, v in values.items()))
-    click.echo(f"wrote {out_path or RECOMMENDED_DEFAULTS_PATH} and {report_path}")
+    click.echo(f"wrote {target}" + (f" and {page}" if page is not None else ""))
+
+
+# ----------------------------------------------------------------------------- export / predict / listings
+
+_FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+                              show_default=True)
+
+
+@cli.command("export")
+@storage_option()
+@click.option("--study", "study_name", required=True, help="The study to export (see `ilge-search studies`).")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the model (new or empty): model.safetensors + ilge_classifier.json.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Training seed when the best trial is retrained (a study without a final evaluation, or --retrain).")
+@click.option("--retrain", is_flag=True, help="Retrain the best trial with --seed even if the study has final weights.")
+@click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
+              help="Where `run` uploaded the final weights [default: next to a SQLite storage, else "
+                   "studies/artifacts].")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@location_options
+def export_command(settings: Settings, storage, study_name: str, out_dir: str, seed: int, retrain: bool,
+                   artifact_dir, overwrite: bool) -> None:
+    """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
+
+    The final evaluation's weights (its best seed by validation); a study without a final evaluation
+    gets its best trial retrained once with --seed.
+    """
+    from .predict import export_study
+
+    clf = export_study(storage, study_name, out_dir, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
+                       data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device,
+                       overwrite=overwrite)
+    p = clf.provenance_
+    test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
+    click.echo(f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
+               f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {clf.base_model}")
+    if p.get("best_trial_now", p["trial"]) != p["trial"]:
+        click.echo(f"note: the study's best trial is now {p['best_trial_now']}; rerun its final evaluation "
+                   "(`ilge-search run ... --n-trials 0`) or pass --retrain to export that one", err=True)
+
+
+@cli.command("predict")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--input", "-i", "input_path", required=True, type=click.Path(dir_okay=False),
+              help="A .jsonl, .csv, .tsv, .parquet or .txt file (plain text: one text per line).")
+@click.option("--out", "-o", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="A .jsonl, .csv or .tsv file [default: JSONL on stdout].")
+@click.option("--text-col", default=None, help="The text column [default: text].")
+@click.option("--text-cols", default=None,
+              help="Similarity models: the two text columns of each pair, comma-separated "
+                   "[default: sentence1,sentence2].")
+@click.option("--proba", is_flag=True, help="Add each class's probability (classifiers).")
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Rows read, embedded and written at a time (memory does not grow with the file).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per LLM batch.")
+@click.option("--base-model", default=None,
+              help="The frozen model to embed with, instead of the recorded one (needed when that is a local "
+                   "folder outside MODEL_DIR).")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def predict_command(settings: Settings, model_dir: str, input_path: str, out_path: Optional[str],
+                    text_col: Optional[str], text_cols: Optional[str], proba: bool, chunk_rows: int, batch_size: int,
+                    base_model: Optional[str], overwrite: bool, quiet: bool) -> None:
+    """Label every row of a file with an exported model (`ilge-search export`) or a saved ILGEClassifier.
+
+    One output row per input row, in order: the row number, the text(s), and the label (with --proba the
+    class probabilities) or, for a similarity model, the score.
+    """
+    from .predict import predict_file
+
+    pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
+    summary = predict_file(model_dir, input_path, out_path, text_col=text_col, text_cols=pair_cols, proba=proba,
+                           chunk_rows=chunk_rows, batch_size=batch_size, cache_dir=settings.cache_dir,
+                           device=settings.device, overwrite=overwrite, progress=not quiet, base_model=base_model)
+    for note in summary.notes:
+        click.echo(f"warning: {note}", err=True)
+    if summary.out is not None:
+        click.echo(f"wrote {summary.rows} rows to {summary.out} in {summary.seconds:.1f}s")
+
+
+@cli.command("tasks")
+@_FORMAT_OPTION
+@location_options
+def tasks_command(settings: Settings, fmt: str) -> None:
+    """List the registered tasks: kind, classes or score range, splits, where each loads from, and whether
+    it is available offline now (its files are in --data-dir)."""
+    from .catalog import task_catalog
+
+    _echo_frame(task_catalog(settings.data_dir), fmt, empty="no tasks")
+
+
+@cli.command("models")
+@_FORMAT_OPTION
+def models_command(fmt: str) -> None:
+    """List the model table and its offline aliases: layers (hidden states, embedding layer included), hidden
+    size, parameters, and whether each is available offline now."""
+    from .catalog import model_catalog
+
+    _echo_frame(model_catalog(), fmt, empty="no models")

@@ -15,8 +15,9 @@ Notes are what a reader sees first on a trial's or study's page:
 :func:`serve_dashboard` starts optuna-dashboard on a storage together with the
 artifact store the runner uploads to (:func:`~ilge_search.storage.artifact_dir_for`,
 or the ``artifact_dir`` a study recorded), so weights and report figures can be
-downloaded from the browser. It binds to loopback unless told otherwise: the
-dashboard has no login and can edit and delete studies.
+downloaded from the browser. It binds to loopback; any other interface needs
+``allow_remote=True`` (``--allow-remote``): the dashboard has no login and can
+edit and delete studies.
 """
 
 from __future__ import annotations
@@ -453,6 +454,7 @@ def serve_dashboard(
     port: int = 8080,
     artifact_dir: Optional[PathLike] = None,
     *,
+    allow_remote: bool = False,
     log_requests: bool = False,
     echo: Callable[[str], None] = print,
 ) -> None:
@@ -461,21 +463,28 @@ def serve_dashboard(
     Args:
         storage: an Optuna RDB URL (default ``sqlite:///studies/ilge.db``) or an opened
             :class:`~ilge_search.storage.Storage`.
-        host: interface to bind: loopback by default. Anything else prints a
-            warning, since the dashboard has no login and can delete studies.
+        host: interface to bind: loopback by default. Anything else needs
+            ``allow_remote`` (and still prints a warning), since the dashboard has
+            no login and can delete studies.
         port: TCP port; ``0`` picks a free one (the printed URL shows it).
         artifact_dir: the artifact store folder (default: see :func:`dashboard_artifact_dirs`).
+        allow_remote: permit a ``host`` other than loopback.
         log_requests: print one line per HTTP request.
         echo: where the URL and status lines go.
 
     Raises:
-        ValueError: a bad or unreachable storage (``StorageError``), a missing
-            SQLite file, a host that cannot be resolved or a port in use.
+        ValueError: a non-loopback host without ``allow_remote``, a bad or
+            unreachable storage (``StorageError``), a missing SQLite file, a host
+            that cannot be resolved or a port in use.
     """
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
     if not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be in 0..65535, got {port!r}")
+    if not _is_loopback(host) and not allow_remote:
+        raise ValueError(f"--host {host} would let anyone who can reach this machine read, edit and delete studies "
+                         "(the dashboard has no login); keep the default 127.0.0.1 (use an SSH tunnel from "
+                         "elsewhere), or pass --allow-remote on a trusted network")
     app = make_dashboard_app(storage, artifact_dir)
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -501,20 +510,20 @@ def serve_dashboard(
     bound_port = server.server_address[1]
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}/dashboard"
-    if not _is_loopback(host):
-        echo(f"warning: the dashboard listens on {host}, not loopback; it has no login, so anyone who can reach "
-             f"port {bound_port} can read, edit and delete studies")
-    echo(f"artifacts: {', '.join(str(d) for d in app.ilge_artifact_store.directories)}")
-    echo(f"optuna-dashboard on {url} (Ctrl-C to stop)")
 
     def stop(signum: int, frame: Any) -> None:
         # shutdown() waits for serve_forever() to return, so it must not run on its thread
         threading.Thread(target=server.shutdown, daemon=True).start()
 
     previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, stop)
+    if threading.current_thread() is threading.main_thread():  # before the URL is shown: a SIGTERM right after it
+        previous = signal.signal(signal.SIGTERM, stop)           # stops the server cleanly too
     try:
+        if not _is_loopback(host):
+            echo(f"warning: the dashboard listens on {host}, not loopback; it has no login, so anyone who can "
+                 f"reach port {bound_port} can read, edit and delete studies")
+        echo(f"artifacts: {', '.join(str(d) for d in app.ilge_artifact_store.directories)}")
+        echo(f"optuna-dashboard on {url} (Ctrl-C to stop)")
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass

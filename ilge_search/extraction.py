@@ -20,8 +20,8 @@ import torch
 
 from .models import (
     ModelSource,
+    load_config,
     load_model_and_tokenizer,
-    materialize_model,
     resolve_device,
     resolve_dtype,
     resolve_model,
@@ -108,6 +108,7 @@ class LayerEmbedder:
             check_int(name, value)
         if padding_side not in (None, "left", "right"):
             raise ValueError(f"padding_side must be 'left', 'right' or None, got {padding_side!r}")
+        resolve_device(device)  # a device this machine lacks fails here, not after loading the model
         self.model = model
         self.pooling = pooling
         self.max_length = max_length
@@ -145,10 +146,7 @@ class LayerEmbedder:
             if self._model is not None:
                 self._config = self._model.config
             else:
-                from transformers import AutoConfig
-
-                source = materialize_model(self.source)
-                self._config = AutoConfig.from_pretrained(source.path)
+                self._config = load_config(self.source, self.cache_dir)
         return _text_config(self._config)
 
     @property

@@ -12,17 +12,23 @@ A model is named by any of:
 - a local model folder (its ``config.json`` is read with
   ``AutoConfig.from_pretrained(path, local_files_only=True)``);
 - any other id already in the local Hugging Face cache;
-- a ``transformers.PretrainedConfig`` or a model object with a ``.config``.
+- any config-like object with ``num_hidden_layers`` / ``hidden_size`` (a
+  ``transformers.PretrainedConfig``, a ``SimpleNamespace`` ...), or a model whose
+  ``.config`` has them (as the published ``ilge`` package accepts).
 
-Anything else raises :class:`ValueError` that says to pass a local folder or a config.
+A name that cannot be resolved raises :class:`ValueError` saying to pass a local
+folder or a config; something that is not a model at all (an ``int``, ``None``)
+raises :class:`~ilge_search.validation.ArgumentTypeError`, a ``TypeError`` as in
+the published package that is also a ``ValueError``.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from .models import MODEL_ALIASES, MODELS, known_model
+from .validation import ArgumentTypeError
 
 __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"]
 
@@ -30,14 +36,29 @@ __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"
 KNOWN_MODELS: Dict[str, Tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidden_size) for m in MODELS}
 
 
-def _dims_from_config(config: Any) -> Tuple[int, int]:
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text_config, "num_hidden_layers", None)
-    hidden = getattr(text_config, "hidden_size", None)
-    if not isinstance(layers, int) or not isinstance(hidden, int):
-        raise ValueError(f"{type(config).__name__} has no integer num_hidden_layers/hidden_size; "
-                         "pass the config of a transformer language model")
-    return layers, hidden
+def _dims_from_config(config: Any, need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")
+                      ) -> Tuple[Optional[int], Optional[int]]:
+    """``(num_hidden_layers, hidden_size)`` of a config; the fields in ``need`` must be integers."""
+    text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    values = {name: getattr(text_config, name, None) for name in ("num_hidden_layers", "hidden_size")}
+    for name in need:
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{type(config).__name__} has no integer {name} (got {value!r}); "
+                             "pass the config of a transformer language model")
+    return values["num_hidden_layers"], values["hidden_size"]
+
+
+def _config_like(model: Any) -> Any:
+    """``model`` itself or its ``.config`` when it has ``num_hidden_layers`` or ``hidden_size``, else ``None``."""
+    for candidate in (model, getattr(model, "config", None)):
+        if candidate is None:
+            continue
+        text_config = candidate.get_text_config() if callable(getattr(candidate, "get_text_config", None)) \
+            else candidate
+        if hasattr(text_config, "num_hidden_layers") or hasattr(text_config, "hidden_size"):
+            return candidate
+    return None
 
 
 def _unknown(model: Any, reason: str = "") -> ValueError:
@@ -47,11 +68,11 @@ def _unknown(model: Any, reason: str = "") -> ValueError:
         f"model; built-in names: {sorted(KNOWN_MODELS) + sorted(MODEL_ALIASES)}")
 
 
-def _load_config(path_or_id: str, is_folder: bool) -> Tuple[int, int]:
+def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = False) -> Tuple[int, int]:
     from transformers import AutoConfig
 
     try:
-        config = AutoConfig.from_pretrained(path_or_id, local_files_only=True)
+        config = AutoConfig.from_pretrained(path_or_id, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         if is_folder:
             raise ValueError(f"cannot read a model config from folder {path_or_id!r} ({exc}); "
@@ -61,44 +82,48 @@ def _load_config(path_or_id: str, is_folder: bool) -> Tuple[int, int]:
     return _dims_from_config(config)
 
 
-def _dims(model: Any) -> Tuple[int, int]:
-    """``(num_hidden_layers, hidden_size)``."""
-    from transformers import PretrainedConfig
-
-    if isinstance(model, PretrainedConfig):
-        return _dims_from_config(model)
+def _dims(model: Any, trust_remote_code: bool = False,
+          need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")) -> Tuple[Any, Any]:
+    """``(num_hidden_layers, hidden_size)``; of a config-like object only the fields in ``need`` must exist."""
     if isinstance(model, os.PathLike):
         path = os.fspath(model)
         if not os.path.isdir(path):
             raise ValueError(f"model folder {path!r} does not exist")
-        return _load_config(path, is_folder=True)
+        return _load_config(path, True, trust_remote_code)
     if isinstance(model, str):
         if not model.strip():
             raise ValueError("model name is empty; pass a Hugging Face id, a local folder or a config")
         if os.path.isdir(os.path.expanduser(model)):
-            return _load_config(os.path.expanduser(model), is_folder=True)
+            return _load_config(os.path.expanduser(model), True, trust_remote_code)
         known = known_model(model)
         if known is not None:
             return known.num_hidden_layers, known.hidden_size
-        return _load_config(model, is_folder=False)
-    config = getattr(model, "config", None)
-    if isinstance(config, PretrainedConfig):
-        return _dims_from_config(config)
-    raise ValueError(f"expected a model id, a local folder, a PretrainedConfig or a model object with a "
-                     f".config, got {type(model).__name__}")
+        return _load_config(model, False, trust_remote_code)
+    config = _config_like(model)
+    if config is None:
+        raise ArgumentTypeError(
+            f"expected a model id, a local folder, a config with num_hidden_layers/hidden_size or a model whose "
+            f".config has them, got {type(model).__name__}")
+    return _dims_from_config(config, need)
 
 
-def layer_dims_for(model: Union[str, "os.PathLike[str]", Any]) -> Tuple[int, int]:
+def layer_dims_for(model: Union[str, "os.PathLike[str]", Any], trust_remote_code: bool = False) -> Tuple[int, int]:
     """``(num_layers_for(model), hidden_size_for(model))`` with one lookup."""
-    layers, hidden = _dims(model)
+    layers, hidden = _dims(model, trust_remote_code)
     return layers + 1, hidden
 
 
-def num_layers_for(model: Union[str, "os.PathLike[str]", Any]) -> int:
-    """Hidden states the model returns with ``output_hidden_states=True``: ``num_hidden_layers + 1``."""
-    return _dims(model)[0] + 1
+def num_layers_for(model_or_name: Union[str, "os.PathLike[str]", Any], trust_remote_code: bool = False) -> int:
+    """Hidden states the model returns with ``output_hidden_states=True``: ``num_hidden_layers + 1``.
+
+    The ``num_layers`` of ``build_aggregator`` / ``build_per_token_aggregator``.
+    ``model_or_name`` is a name, a local folder, a config or a model (see the
+    module docstring); ``trust_remote_code`` is passed to ``AutoConfig`` for
+    folders and cached ids, as in the published package.
+    """
+    return _dims(model_or_name, trust_remote_code, need=("num_hidden_layers",))[0] + 1
 
 
-def hidden_size_for(model: Union[str, "os.PathLike[str]", Any]) -> int:
-    """Width of each hidden state (``hidden_size``)."""
-    return _dims(model)[1]
+def hidden_size_for(model_or_name: Union[str, "os.PathLike[str]", Any], trust_remote_code: bool = False) -> int:
+    """Width of each hidden state (``hidden_size``): the ``hidden_in`` of the aggregator factories."""
+    return _dims(model_or_name, trust_remote_code, need=("hidden_size",))[1]

@@ -20,14 +20,15 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
+from .files import lock_is_held, remove_stale_temp_files, temp_name
 from .settings import resolve_cache_dir
 
 __all__ = [
@@ -41,6 +42,11 @@ __all__ = [
     "model_size_bucket",
     "ModelSource",
     "ModelNotFoundError",
+    "ModelLoadError",
+    "model_reference_kind",
+    "model_reference_to_save",
+    "model_reference_to_load",
+    "load_config",
     "MODEL_ALIASES",
     "resolve_model",
     "materialize_model",
@@ -62,6 +68,15 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 class ModelNotFoundError(ValueError):
     """A model name that is neither an alias, a local folder nor a reachable hub id."""
+
+
+class ModelLoadError(ValueError):
+    """A model that was found but cannot be used (a bad config.json, no weights, a tokenizer that
+    does not load); the message names the folder or id and the underlying reason in one line."""
+
+
+# what from_pretrained can load weights from (single files and shards alike)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
 
 
 @dataclass(frozen=True)
@@ -285,8 +300,8 @@ def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
             tmp = memo_file.with_name(f"{memo_file.name}.tmp-{os.getpid()}")
             tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
             os.replace(tmp, memo_file)
-    except OSError as exc:  # a read-only cache only costs re-hashing next time
-        warnings.warn(f"could not record the weights hash in {memo_file}: {exc}", stacklevel=3)
+    except OSError as exc:  # a read-only or full cache only costs re-hashing next time
+        logging.getLogger(__name__).debug("could not record the weights hash in %s: %s", memo_file, exc)
     return digest
 
 
@@ -386,6 +401,74 @@ def _resolve_hub_id(name: str) -> ModelSource:
     return ModelSource(name=name, path=repo_id, revision=info.sha)
 
 
+def model_reference_kind(name: str) -> str:
+    """What a model name refers to, from its spelling alone (nothing is looked up): ``alias``,
+    ``hub`` (``org/name`` or ``name``, optionally ``@revision``) or ``path`` (absolute, ``./``,
+    ``~``, ``..``, more than one ``/`` or a backslash)."""
+    if name in MODEL_ALIASES:
+        return "alias"
+    if (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1
+            or ".." in Path(name).parts or not _HUB_ID.match(name.partition("@")[0])):
+        return "path"
+    return "hub"
+
+
+def model_reference_to_save(model: Optional[PathLike], folder: PathLike) -> Optional[str]:
+    """What a saved file records for ``model``: aliases and hub ids as given, a local folder or
+    file inside ``folder`` as ``./relative``, any other local one as its absolute path."""
+    if model is None:
+        return None
+    name, folder = os.fspath(model), Path(folder).resolve()
+    local = Path(name).expanduser()
+    if model_reference_kind(name) != "path" and not local.exists():
+        return name
+    local = local.resolve()
+    return "./" + local.relative_to(folder).as_posix() if local.is_relative_to(folder) else str(local)
+
+
+def model_reference_to_load(recorded: Any, folder: PathLike, override: Optional[PathLike] = None) -> Optional[str]:
+    """The model a saved file in ``folder`` may use: ``override`` if given (the caller's explicit
+    choice), else the recorded alias or hub id, else a recorded local path that stays inside
+    ``folder`` (symlinks followed). A path leading outside (``..``, absolute, ``~``) raises a
+    ``ValueError``: a file from elsewhere must not point the loader at arbitrary local folders."""
+    if override is not None:
+        return os.fspath(override)
+    if recorded is None or (isinstance(recorded, str) and model_reference_kind(recorded) != "path"):
+        return recorded
+    if not isinstance(recorded, str):
+        raise ValueError(f"{folder}: the recorded base model {recorded!r} is not a string; the file is corrupt")
+    folder = Path(folder).resolve()
+    target = (folder / Path(recorded).expanduser()).resolve()
+    if not target.is_relative_to(folder):
+        raise ValueError(f"{folder} records the base model {recorded!r}, a local path outside that folder, which "
+                         f"is not followed; if you trust it, pass it explicitly (load(..., base_model={recorded!r})), "
+                         f"or keep the model folder inside {folder}")
+    return str(target)
+
+
+def _unusable(where: Any, reason: Any) -> ModelLoadError:
+    text = " ".join(str(reason).split()).rstrip(".") or type(reason).__name__
+    if len(text) > 400:
+        text = text[:400].rsplit(" ", 1)[0] + " ..."
+    return ModelLoadError(f"{where} is not a usable model: {text}. Point --model at a folder written by "
+                          f"save_pretrained (config.json, weights and tokenizer files) or at an alias "
+                          f"{list_model_aliases()}.")
+
+
+def _check_model_folder(path: Path) -> None:
+    """Cheap checks of a local model folder before anything is loaded: its config.json is a
+    JSON object with a ``model_type``, and there is a weights file."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _unusable(path, f"its config.json cannot be read as JSON ({exc})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise _unusable(path, "its config.json has no \"model_type\", so transformers cannot tell which "
+                              "architecture it is")
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in path.iterdir() if p.is_file()):
+        raise _unusable(path, f"it has no weights file ({', '.join('*' + s for s in _WEIGHT_SUFFIXES[:2])} ...)")
+
+
 def resolve_model(name_or_path: Union[str, os.PathLike, ModelSource], cache_dir: Optional[PathLike] = None,
                   *, materialize: bool = True) -> ModelSource:
     """Resolve an alias, local folder, GGUF file or hub id to a :class:`ModelSource`, loading no weights.
@@ -410,6 +493,7 @@ def resolve_model(name_or_path: Union[str, os.PathLike, ModelSource], cache_dir:
             if not (path / "config.json").is_file():
                 raise ModelNotFoundError(f"folder {path} has no config.json, so it is not a transformers model "
                                          f"folder. Save the model there with model.save_pretrained(...).")
+            _check_model_folder(path)
             source = ModelSource(name=name, path=str(path.resolve()), revision=weights_hash(path, cache_dir))
         elif path.is_file() and path.suffix == ".gguf":
             source = _gguf_source(name, path.resolve(), cache_dir, is_alias=False)
@@ -428,8 +512,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     from transformers import AutoModel, AutoTokenizer
 
     gguf = Path(source.gguf_file)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_name(target)
     try:
         model = AutoModel.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         # save_pretrained refuses a GGUF-loaded model while its quantizer is attached.
@@ -468,6 +551,9 @@ def materialize_model(source: ModelSource) -> ModelSource:
     from tqdm.auto import tqdm
 
     target.parent.mkdir(parents=True, exist_ok=True)
+    # conversions killed on this host: pid gone and their folder's lock free
+    remove_stale_temp_files(target.parent, lambda tmp: lock_is_held(
+        tmp.with_name(tmp.name[1:].split(".tmp-")[0] + ".lock")))
     with FileLock(str(target) + ".lock"):
         if not _converted_ok(source, target):
             if target.exists():  # stale conversion (different GGUF or converter version)
@@ -481,19 +567,42 @@ def materialize_model(source: ModelSource) -> ModelSource:
 
 
 def resolve_device(device: Any = "auto") -> Any:
-    """``auto`` -> cuda if available, else mps, else cpu. Returns a ``torch.device``."""
+    """``auto`` -> cuda if available, else mps, else cpu. Returns a ``torch.device``.
+
+    Any other device must exist on this machine: ``cuda`` on a torch built without CUDA,
+    ``cuda:3`` with two GPUs or an unknown name raise a ``ValueError`` here, before
+    anything is loaded (every entry point that takes a device calls this first).
+    """
     import torch
 
+    mps = getattr(torch.backends, "mps", None)
     if device is None or device == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        if mps is not None and mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from exc
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
+            raise ValueError(f"device {device!r} is not available: {why} (torch {torch.__version__}); "
+                             f"use --device cpu or auto")
+        if resolved.index is not None and resolved.index >= count:
+            raise ValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s), "
+                             f"cuda:0 to cuda:{count - 1}")
+    elif resolved.type == "mps" and not (mps is not None and mps.is_available()):
+        raise ValueError(f"device {device!r} is not available on this machine; use --device cpu or auto")
+    elif resolved.type not in ("cpu", "cuda", "mps"):
+        backend = getattr(torch, resolved.type, None)
+        if not (callable(getattr(backend, "is_available", None)) and backend.is_available()):
+            raise ValueError(f"device {device!r} is not available on this machine; use auto, cpu, cuda, "
+                             f"cuda:N or mps")
+    return resolved
 
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
@@ -520,18 +629,43 @@ def load_model_and_tokenizer(source: Union[str, os.PathLike, ModelSource], devic
     One code path for local folders and hub ids. A tokenizer without a pad token gets
     its eos (else unk) token as pad, which is safe because padding is masked out.
     """
+    import torch
     from transformers import AutoModel, AutoTokenizer
 
-    source = materialize_model(resolve_model(source, cache_dir, materialize=False))
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
-    hub_kwargs = {"revision": source.revision} if source.is_hub and not Path(source.path).is_dir() else {}
-    tokenizer = AutoTokenizer.from_pretrained(source.path, **hub_kwargs)
+    source = materialize_model(resolve_model(source, cache_dir, materialize=False))
+    hub_kwargs = _hub_kwargs(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **hub_kwargs)
+        model = AutoModel.from_pretrained(source.path, dtype=dtype, **hub_kwargs)
+    except Exception as exc:  # transformers and huggingface_hub raise many unrelated types here
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise
+        folder = Path(source.path)
+        if folder.is_dir() and not any(folder.glob("tokenizer*")) and not any(folder.glob("vocab*")):
+            exc = f"it has no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.txt ...): {exc}"
+        raise _unusable(source.path, exc) from None
     if tokenizer.pad_token is None:
         fallback = tokenizer.eos_token or tokenizer.unk_token
         if fallback is None:
             raise ValueError(f"the tokenizer of {source.name!r} has no pad, eos or unk token to pad batches with")
         tokenizer.pad_token = fallback
-    model = AutoModel.from_pretrained(source.path, dtype=dtype, **hub_kwargs)
     model.to(device).eval()
     return model, tokenizer
+
+
+def _hub_kwargs(source: ModelSource) -> Dict[str, str]:
+    return {"revision": source.revision} if source.is_hub and not Path(source.path).is_dir() else {}
+
+
+def load_config(source: Union[str, os.PathLike, ModelSource], cache_dir: Optional[PathLike] = None) -> Any:
+    """The model's ``AutoConfig`` (no weights loaded); a config transformers cannot read raises
+    :class:`ModelLoadError` naming the folder and the reason."""
+    from transformers import AutoConfig
+
+    source = materialize_model(resolve_model(source, cache_dir, materialize=False))
+    try:
+        return AutoConfig.from_pretrained(source.path, **_hub_kwargs(source))
+    except Exception as exc:  # bad config values raise ValueError, OSError, hub validation errors ...
+        raise _unusable(source.path, exc) from exc

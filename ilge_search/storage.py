@@ -10,6 +10,14 @@ dashboard -- takes the :class:`Storage` (or its ``rdb``) instead of a URL.
 It also owns the vocabulary of stored trials: a *finished* trial is COMPLETE
 or PRUNED (what trial budgets count); an *ended* trial is finished or FAIL
 (what progress bars count); see ``ARCHITECTURE.md``.
+
+Faults it turns into one clear :class:`StorageError`: an empty URL, a SQLite
+folder that cannot be written (checked up front for writers), a full or
+read-only database (:func:`storage_fault`), and the schema-creation race of
+several processes opening a fresh database at once (a file lock next to a
+SQLite file, retries for server databases). Every trial records which process
+runs it (:data:`WORKER_ATTR`); a RUNNING trial whose process is gone on this
+host is failed and retried at once (:func:`fail_stale_trials`).
 """
 
 from __future__ import annotations
@@ -19,11 +27,13 @@ import datetime
 import importlib.util
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
+from .files import DiskError, check_writable
 from .settings import default_storage_url
 
 __all__ = [
@@ -38,6 +48,11 @@ __all__ = [
     "count_trials",
     "finished_trial_count",
     "fail_stale_trials",
+    "storage_fault",
+    "WORKER_ATTR",
+    "worker_stamp",
+    "fail_own_running_trials",
+    "requeue_trial",
 ]
 
 logger = logging.getLogger(__name__)
@@ -95,6 +110,9 @@ def quiet_optuna_warnings() -> Iterator[None]:
 def _parse(url: str) -> Any:
     import sqlalchemy
 
+    if not url.strip():
+        raise StorageError("the storage URL is empty; give one such as sqlite:///studies/ilge.db, or leave "
+                           "--storage out to use that default")
     try:
         return sqlalchemy.engine.make_url(url)
     except sqlalchemy.exc.ArgumentError as exc:
@@ -190,24 +208,29 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
             and psycopg2 is installed.
         must_exist: refuse a SQLite file that does not exist (readers: opening
             it would create an empty database and show nothing). Writers create
-            the file and its folder.
+            the file and its folder, and are refused up front when the folder
+            or the file cannot be written.
         artifact_dir: the artifact folder (default: :func:`artifact_dir_for`).
         heartbeat_interval: seconds between trial heartbeats (``None``: no
             heartbeats, for readers). A trial whose worker died is marked FAIL
             once its heartbeat is older than ``grace_period`` (default twice the
             interval) and re-queued up to ``max_retry`` times.
 
+    Several processes may open one new database at once: a SQLite file's
+    schema is created under ``<file>.lock``, and a process that loses the
+    race on a server database opens what the winner made.
+
     Raises:
-        StorageError: the URL is malformed, its driver is missing, the SQLite
-            file is missing (``must_exist``), or the database cannot be reached
-            or written.
+        StorageError: the URL is empty or malformed, its driver is missing, the
+            SQLite file is missing (``must_exist``), or the database cannot be
+            reached or written (read-only, full).
     """
-    import optuna
     import sqlalchemy
 
-    url = url or default_storage_url()
+    url = default_storage_url() if url is None else url
     parsed = _parse(url)
     database = _sqlite_file(parsed)
+    shown = hide_password(url)
     if must_exist and database is not None and not database.is_file():
         raise StorageError(f"no study storage at {parsed.database}; run `ilge-search run` (or `sweep`) first, "
                            "or pass the right --storage")
@@ -217,28 +240,12 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
     if is_sqlite:
         # isolation_level=None: pysqlite emits no BEGIN of its own; _begin_immediate does
         engine_kwargs["connect_args"] = {"timeout": 60, "isolation_level": None}
-        if database is not None:
-            database.parent.mkdir(parents=True, exist_ok=True)
-    heartbeat: Dict[str, Any] = {}
-    shown = hide_password(url)
+    if database is not None and not must_exist:
+        _check_sqlite_writable(database, shown)
+    heartbeat = _heartbeat_kwargs(heartbeat_interval, grace_period, max_retry)
     try:
-        with quiet_optuna_warnings():
-            if heartbeat_interval is not None:
-                heartbeat = {
-                    "heartbeat_interval": int(heartbeat_interval),
-                    "grace_period": int(grace_period) if grace_period is not None else 2 * int(heartbeat_interval),
-                    "heartbeat_stale_trial_callback":
-                        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
-                }
-            try:
-                rdb = optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs, **heartbeat)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError) as exc:
-                # workers starting together on an empty database race to create the schema;
-                # the loser sees "already exists" and simply opens what the winner made
-                if "already exists" not in str(exc) and "Duplicate" not in str(exc):
-                    raise
-                time.sleep(1.0)
-                rdb = optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs, **heartbeat)
+        with _schema_lock(database if not must_exist else None):
+            rdb = _create_rdb(driver_url, engine_kwargs, heartbeat)
         if is_sqlite:
             sqlalchemy.event.listen(rdb.engine, "begin", _begin_immediate)
     except (ImportError, sqlalchemy.exc.NoSuchModuleError) as exc:
@@ -247,6 +254,9 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
             "MySQL: pip install pymysql)"
         ) from exc
     except sqlalchemy.exc.SQLAlchemyError as exc:
+        fault = storage_fault(exc)
+        if fault is not None:
+            raise StorageError(f"cannot open the study storage {shown}: {fault}") from exc
         reason = getattr(exc, "orig", None) or exc
         raise StorageError(
             f"cannot open the study storage {shown}: {reason}. Check the URL, that the database server is "
@@ -254,6 +264,121 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
         ) from exc
     return Storage(url=url, rdb=rdb, artifact_dir=artifact_dir_for(url, artifact_dir),
                    heartbeat_interval=heartbeat_interval, grace_period=grace_period, max_retry=max_retry)
+
+
+def _heartbeat_kwargs(heartbeat_interval: Optional[int], grace_period: Optional[int],
+                      max_retry: int) -> Dict[str, Any]:
+    import optuna
+
+    if heartbeat_interval is None:
+        return {}
+    with quiet_optuna_warnings():
+        return {
+            "heartbeat_interval": int(heartbeat_interval),
+            "grace_period": int(grace_period) if grace_period is not None else 2 * int(heartbeat_interval),
+            "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry),
+        }
+
+
+# how many times a process that lost the schema-creation race reopens the database
+SCHEMA_RETRIES = 8
+
+
+def _is_schema_race(exc: BaseException) -> bool:
+    """The loser's side of two processes creating the same tables (every backend words it differently)."""
+    text = str(getattr(exc, "orig", None) or exc).lower()
+    return any(part in text for part in ("already exists", "duplicate", "unique constraint", "unique violation"))
+
+
+def _create_rdb(driver_url: str, engine_kwargs: Dict[str, Any], heartbeat: Dict[str, Any]) -> Any:
+    """``RDBStorage``; a process that lost the race to create the schema waits and opens what the winner made."""
+    import optuna
+    import sqlalchemy
+
+    for attempt in range(SCHEMA_RETRIES + 1):
+        try:
+            with quiet_optuna_warnings():
+                return optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs, **heartbeat)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError,
+                sqlalchemy.exc.OperationalError) as exc:
+            if attempt == SCHEMA_RETRIES or not _is_schema_race(exc):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _schema_lock(database: Optional[Path]) -> Iterator[None]:
+    """Hold ``<database>.lock`` while a SQLite file is opened (and its schema created, if new).
+
+    Several processes opening one fresh file would otherwise race to create its
+    tables ("table studies already exists", "UNIQUE constraint failed:
+    alembic_version"). Without a writable folder there is no lock; the retries
+    of :func:`_create_rdb` still apply.
+    """
+    if database is None:
+        yield
+        return
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(database) + ".lock", timeout=300)
+    try:
+        lock.acquire()
+    except (OSError, Timeout) as exc:  # read-only folder, or a lock held for minutes: go on without it
+        logger.debug("no schema lock for %s: %s", database, exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _check_sqlite_writable(database: Path, shown: str) -> None:
+    """A study writer needs the SQLite file and its folder (SQLite puts its journal next to the file)."""
+    fix = "make it writable or pass another --storage, e.g. sqlite:///$HOME/studies/ilge.db"
+    try:
+        check_writable(database.parent, "the study storage folder", fix)
+        if database.exists():
+            os.close(os.open(database, os.O_WRONLY))
+    except DiskError as exc:
+        raise StorageError(f"cannot write the study storage {shown}: {exc}") from None
+    except OSError as exc:
+        raise StorageError(f"cannot write the study storage {shown} ({exc.strerror or exc}); {fix}") from exc
+
+
+# ----------------------------------------------------------------------------- faults while writing
+
+_FULL = ("database or disk is full", "no space left on device", "disk full", "could not extend file")
+_READ_ONLY = ("attempt to write a readonly database", "read-only file system", "readonly database")
+
+
+def storage_fault(exc: BaseException) -> Optional[str]:
+    """What went wrong, as one sentence with the fix, when ``exc`` (or an exception it was raised
+    from or while handling) is the database running out of space or refusing writes; else ``None``.
+
+    Only database errors are recognised (a full embedding cache is the cache's business).
+    """
+    import sqlalchemy
+
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sqlalchemy.exc.DBAPIError):
+            text = str(current.orig if current.orig is not None else current).lower()
+            if any(part in text for part in _FULL):
+                return ("the database or its disk is full. Free space on its filesystem (or move the storage, "
+                        "--storage), then rerun the same command: finished trials are kept and an interrupted "
+                        "trial is retried")
+            if any(part in text for part in _READ_ONLY):
+                return ("the database is read-only. Make the file and its folder writable or pass another "
+                        "--storage, then rerun the same command")
+            if "disk i/o error" in text:
+                return ("the disk reported an I/O error. Check the filesystem (space, quota, health), then "
+                        "rerun the same command")
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _begin_immediate(connection: Any) -> None:
@@ -277,20 +402,129 @@ def _with_installed_driver(parsed: Any) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def fail_stale_trials(study: Any, storage: Storage) -> None:
-    """Fail (and retry, through the storage's stale-trial callback) RUNNING trials whose worker died.
+# ----------------------------------------------------------------------------- which process runs a trial
 
-    Optuna's public :func:`optuna.storages.fail_stale_trials` handles trials
-    whose heartbeat went stale. A worker killed between ``study.ask()`` and its
-    heartbeat thread's first beat (the sampler runs in between) leaves a trial
-    with no heartbeat at all, RUNNING forever; those are failed here once they
-    started more than the grace period ago. The heartbeat table is read with
-    plain SQL on the storage's public engine. ``storage`` is the opened storage
-    ``study`` lives in (Optuna wraps it in a cache that hides the heartbeat settings).
+WORKER_ATTR = "ilge_worker"  # trial user attr: host, pid (and its start time) of the process running it
+
+
+def _proc_stat(pid: int) -> Optional[List[str]]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (Linux); ``None`` elsewhere or if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_namespace() -> Optional[int]:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def worker_stamp(trial_number: int) -> Dict[str, Any]:
+    """What a trial records about the process that runs it (:data:`WORKER_ATTR`).
+
+    ``trial`` is the trial's own number: a retried copy of a trial inherits its
+    user attrs, and a stamp of another trial number is ignored.
+    """
+    pid = os.getpid()
+    stat = _proc_stat(pid)
+    return {"host": socket.gethostname(), "pid": pid, "trial": int(trial_number),
+            "started": stat[19] if stat else None, "pidns": _pid_namespace()}
+
+
+def _process_gone(stamp: Any, trial_number: int) -> bool:
+    """Whether the process that stamped the trial certainly no longer runs.
+
+    Only decidable for a process of this host (same hostname and pid namespace);
+    a pid that was recycled (another start time) or is a zombie counts as gone.
+    """
+    if not isinstance(stamp, dict) or stamp.get("trial") != trial_number:
+        return False
+    if stamp.get("host") != socket.gethostname() or stamp.get("pidns") != _pid_namespace():
+        return False
+    pid = stamp.get("pid")
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    stat = _proc_stat(pid)
+    if stat is None:
+        return False
+    return stat[0] in ("Z", "X") or (stamp.get("started") is not None and stat[19] != stamp["started"])
+
+
+def _retry_callback(storage: Storage) -> Any:
+    import optuna
+
+    callback = storage.rdb.get_heartbeat_stale_trial_callback()
+    if callback is None:
+        with quiet_optuna_warnings():
+            callback = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=storage.max_retry)
+    return callback
+
+
+def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str) -> bool:
+    import optuna
+
+    try:
+        failed = storage.rdb.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:  # another process got there first
+        return False
+    if failed:
+        logger.warning("trial %d: %s; marked FAIL and re-queued", trial.number, why)
+        _retry_callback(storage)(study, storage.rdb.get_trial(trial._trial_id))
+    return bool(failed)
+
+
+def fail_own_running_trials(study: Any, storage: Storage) -> List[int]:
+    """Fail (and re-queue) the RUNNING trials of this process, as far as the storage still takes writes.
+
+    Called when a storage fault stopped a trial half-way; what cannot be written
+    now is repaired by the next run (:func:`fail_stale_trials`). Returns their numbers.
+    """
+    numbers = []
+    try:
+        running = study.get_trials(deepcopy=False, states=_states("RUNNING"))
+    except Exception:  # the storage may be unreadable too; the next run repairs it
+        return numbers
+    for trial in running:
+        stamp = trial.user_attrs.get(WORKER_ATTR)
+        if isinstance(stamp, dict) and stamp.get("pid") == os.getpid() and stamp.get("trial") == trial.number \
+                and stamp.get("host") == socket.gethostname():
+            numbers.append(trial.number)
+            with contextlib.suppress(Exception):
+                _fail_and_retry(study, storage, trial, "stopped by a storage fault")
+    return numbers
+
+
+def fail_stale_trials(study: Any, storage: Storage) -> None:
+    """Fail and retry (up to ``max_retry`` times) RUNNING trials whose worker died.
+
+    - A trial whose process (:data:`WORKER_ATTR`) is gone on this host is failed at once.
+    - With heartbeats, Optuna's :func:`optuna.storages.fail_stale_trials` fails
+      trials whose heartbeat is older than the grace period (other hosts).
+    - A worker killed between ``study.ask()`` and its heartbeat thread's first
+      beat (the sampler runs in between) leaves a trial with no heartbeat at
+      all; it is failed once it started more than the grace period ago. The
+      heartbeat table is read with plain SQL on the storage's public engine.
+
+    ``storage`` is the opened storage ``study`` lives in (Optuna wraps it in a
+    cache that hides the heartbeat settings).
     """
     import optuna
     import sqlalchemy
 
+    for trial in study.get_trials(deepcopy=False, states=_states("RUNNING")):
+        stamp = trial.user_attrs.get(WORKER_ATTR)
+        if _process_gone(stamp, trial.number):
+            _fail_and_retry(study, storage, trial, f"its process {stamp['pid']} on this host is gone")
     rdb = storage.rdb
     if getattr(rdb, "heartbeat_interval", None) is None:
         return
@@ -306,17 +540,17 @@ def fail_stale_trials(study: Any, storage: Storage) -> None:
     with rdb.engine.connect() as connection:
         beating = {row[0] for row in connection.execute(query, {"ids": ids})}
     now = datetime.datetime.now()  # the clock Optuna stamps datetime_start with
-    callback = rdb.get_heartbeat_stale_trial_callback()
     for trial in running:
         if trial._trial_id in beating or trial.datetime_start is None:
             continue
         if (now - trial.datetime_start).total_seconds() <= grace:
             continue  # maybe a live worker still between ask() and its first heartbeat
-        try:
-            failed = rdb.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:  # another process got there first
-            continue
-        if failed:
-            logger.warning("trial %d never sent a heartbeat (its worker died); marked FAIL", trial.number)
-            if callback is not None:
-                callback(study, rdb.get_trial(trial._trial_id))
+        _fail_and_retry(study, storage, trial, "it never sent a heartbeat (its worker died)")
+
+
+def requeue_trial(study: Any, storage: Storage, trial: Any) -> bool:
+    """Queue a copy of the failed ``trial`` (same parameters and user attrs), as a heartbeat retry
+    would; ``False`` once it was retried ``max_retry`` times."""
+    waiting = count_trials(study, ("WAITING",))
+    _retry_callback(storage)(study, trial)
+    return count_trials(study, ("WAITING",)) > waiting

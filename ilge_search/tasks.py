@@ -2,9 +2,9 @@
 
 Every task loads into a :class:`TaskData`: splits of texts (or sentence pairs) with
 integer label ids (or float scores), label names sorted so that ids are stable, and a
-content fingerprint per split for cache keys. Every check (unknown task, missing
-files or columns, empty texts, labels a split has but train lacks) runs here, before
-any model is loaded.
+content fingerprint per split for cache keys. Every check (unknown task, missing files
+or columns, non-UTF-8 bytes, empty texts, list or dict values, a single label, labels a
+split has but train lacks) runs here, before any model is loaded.
 
 Sources, in order: a registered task read from a local data dir in the shared layout
 (``<data_dir>/<task>/{train,validation,test}.jsonl``), a registered task downloaded
@@ -15,7 +15,9 @@ files or a single CSV / TSV / JSONL / Parquet file.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import logging
 import math
 import os
 import re
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .files import read_text_utf8
 from .settings import DATA_ENV, resolve_data_dir
 from .validation import check_int
 
@@ -47,6 +50,8 @@ KINDS = ("classification", "similarity")
 _SPLIT_FILE_NAMES = {"train": ("train",), "validation": ("validation", "val", "dev"), "test": ("test",)}
 _SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".json")
 _MAX_ROWS_LISTED = 10
+_NOT_SCALAR = (list, tuple, dict, set, np.ndarray)
+log = logging.getLogger(__name__)  # data warnings: one line each (the CLI shows them as they are)
 
 
 class TaskError(ValueError):
@@ -259,22 +264,21 @@ class _Table:
 def _read_jsonl(path: Path) -> _Table:
     columns: Dict[str, list] = {}
     n = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TaskError(f"{path}: line {line_number} is not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise TaskError(f"{path}: line {line_number} is not a JSON object")
-            for key in row:
-                if key not in columns:  # keeps the file's column order
-                    columns[key] = [None] * n
-            for key, values in columns.items():
-                values.append(row.get(key))
-            n += 1
+    for line_number, line in enumerate(read_text_utf8(path, TaskError).split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskError(f"{path}: line {line_number} is not valid JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise TaskError(f"{path}: line {line_number} is not a JSON object")
+        for key in row:
+            if key not in columns:  # keeps the file's column order
+                columns[key] = [None] * n
+        for key, values in columns.items():
+            values.append(row.get(key))
+        n += 1
     if n == 0:
         raise TaskError(f"{path} has no rows")
     return _Table(columns, str(path), first_row=1)
@@ -288,13 +292,15 @@ def _read_with_pandas(path: Path) -> _Table:
         if suffix == ".parquet":
             frame = pd.read_parquet(path)
         elif suffix == ".json":
-            frame = pd.read_json(path)
-        else:
-            frame = pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", keep_default_na=False,
-                                na_filter=False, quoting=3 if suffix == ".tsv" else 0)
+            frame = pd.read_json(io.StringIO(read_text_utf8(path, TaskError)))
+        else:  # decoded here, so bytes that are not UTF-8 are reported with their line
+            frame = pd.read_csv(io.StringIO(read_text_utf8(path, TaskError)), sep="\t" if suffix == ".tsv" else ",",
+                                keep_default_na=False, na_filter=False, quoting=3 if suffix == ".tsv" else 0)
     except ImportError as exc:
         raise TaskError(f"reading {path} needs an optional package: {exc}. Install it (pip install pyarrow) "
                         f"or convert the file to CSV/JSONL.") from exc
+    except TaskError:
+        raise
     except Exception as exc:  # pandas parser errors
         raise TaskError(f"could not read {path}: {exc}") from exc
     if len(frame) == 0:
@@ -311,8 +317,17 @@ def _read_table(path: Path) -> _Table:
     return _read_with_pandas(path)
 
 
+def _refuse_non_scalar(table: _Table, name: str, values: list, what: str) -> None:
+    bad = [i for i, value in enumerate(values) if isinstance(value, _NOT_SCALAR)]
+    if bad:
+        kinds = sorted({type(values[i]).__name__ for i in bad})
+        raise TaskError(f"{table.where}: column {name!r} holds {'/'.join(kinds)} values at row(s) {table.rows(bad)}; "
+                        f"each row needs one {what} (multi-label data is not supported). Use one value per row.")
+
+
 def _check_texts(table: _Table, name: str, option: str) -> List[str]:
     values = table.column(name, option)
+    _refuse_non_scalar(table, name, values, "text")
     bad = [i for i, value in enumerate(values)
            if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()]
     if bad:
@@ -323,6 +338,7 @@ def _check_texts(table: _Table, name: str, option: str) -> List[str]:
 
 def _check_labels(table: _Table, name: str) -> List[str]:
     values = table.column(name, "--label-col")
+    _refuse_non_scalar(table, name, values, "label")
     bad = [i for i, value in enumerate(values)
            if value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""]
     if bad:
@@ -382,6 +398,9 @@ def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, sourc
         names = {name: _check_labels(table, cols.label_col) for name, table in tables.items()}
         reference = "train" if "train" in names else next(iter(names))
         label_names = _sorted_label_names(names[reference])
+        if len(label_names) < 2:
+            raise TaskError(f"{tables[reference].where}: every row has the label {label_names[0]!r}; a "
+                            f"classifier needs at least two labels. Check --label-col or add rows of other labels.")
         ids = {label: i for i, label in enumerate(label_names)}
         for name, split_names in names.items():
             unseen = sorted(set(split_names) - ids.keys())
@@ -399,7 +418,31 @@ def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, sourc
         task = _carve_validation(task, val_fraction, seed)
     order = [s for s in SPLITS if s in task.splits] + [s for s in task.splits if s not in SPLITS]
     task.splits = {name: task.splits[name] for name in order}
+    _warn_test_in_train(task)
     return task
+
+
+_WARNED: set = set()  # (source, warning) pairs already shown by this process
+
+
+def _warn_once(task: TaskData, message: str) -> None:
+    if (task.source, message) not in _WARNED:
+        _WARNED.add((task.source, message))
+        log.warning(message)
+
+
+def _warn_test_in_train(task: TaskData) -> None:
+    """Test rows whose text (or sentence pair) is also in train: counted, and warned about."""
+    if "train" not in task.splits or "test" not in task.splits:
+        return
+    train, test = (part.pairs if part.pairs is not None else part.texts
+                   for part in (task.splits["train"], task.splits["test"]))
+    seen = set(train)
+    duplicated = sum(1 for row in test if row in seen)
+    if duplicated:
+        _warn_once(task, f"warning: task {task.name!r}: {duplicated} of {len(test)} test rows also appear in train "
+                         f"(same text); their score measures memory, not generalisation. Remove them from one "
+                         f"of the two splits for a clean test score.")
 
 
 def _stratified_pick(labels: np.ndarray, count_for: Any, rng: np.random.Generator) -> np.ndarray:
@@ -598,7 +641,10 @@ def _pick(part: TaskSplit, kind: str, n: int, rng: np.random.Generator, stratifi
 def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[float] = None, seed: int = 0,
               stratified: bool = True, splits: Optional[Sequence[str]] = None) -> TaskData:
     """At most ``n`` examples (or a ``fraction``) of each split, stratified by label for
-    classification; label ids and names are kept. ``splits`` limits which splits shrink."""
+    classification; label ids and names are kept. ``splits`` limits which splits shrink.
+
+    A classification train split left without some of its labels (``n`` below the number
+    of labels) is logged as a one-line warning: those labels can never be predicted."""
     if (n is None) == (fraction is None):
         raise ValueError("pass exactly one of n (examples per split) or fraction")
     check_int("n", n, allow_none=True)
@@ -612,16 +658,30 @@ def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[flo
             continue
         count = n if n is not None else max(1, int(round(fraction * len(part))))
         new_splits[name] = part.subset(_pick(part, task.kind, count, rng, stratified))
+        labels = len(np.unique(part.labels))
+        lost = labels - len(np.unique(new_splits[name].labels))
+        if name == "train" and task.kind == "classification" and lost:
+            _warn_once(task, f"warning: task {task.name!r}: {lost} of {labels} labels have no example among the "
+                             f"{len(new_splits[name])} training rows kept (--max-train {count}), so they can never "
+                             f"be predicted; use --max-train {labels} or more, or --shots.")
     return replace(task, splits=new_splits)
 
 
 def few_shot(task: TaskData, shots_per_label: int, *, seed: int = 0) -> TaskData:
     """Keep ``shots_per_label`` random training examples per label (all of a label that has
-    fewer); validation and test are unchanged. Classification tasks only."""
+    fewer); validation and test are unchanged. Classification tasks only.
+
+    ``shots_per_label`` above every label's count raises :class:`TaskError`: it would keep
+    the whole train split under a few-shot name."""
     if task.kind != "classification":
         raise ValueError(f"few_shot needs a classification task; {task.name!r} is {task.kind}")
     check_int("shots_per_label", shots_per_label)
     rng = np.random.default_rng(seed)
     train = task.split("train")
+    largest = int(np.bincount(train.labels).max()) if len(train) else 0
+    if shots_per_label > largest:
+        raise TaskError(f"shots_per_label={shots_per_label} (--shots) is more than any label of {task.name!r} has in "
+                        f"train (the largest has {largest}), so every training example would be kept and the "
+                        f"study would not be few-shot. Use --shots {largest} or fewer, or drop --shots.")
     keep = _stratified_pick(train.labels, lambda count: min(shots_per_label, count), rng)
     return replace(task, splits={**task.splits, "train": train.subset(keep)})

@@ -22,11 +22,17 @@ Search space (graph families ``cayley``/``fc``)::
 0..2 and ``post_pooling_layers`` 0..2; the layer baselines search ``lr`` and
 ``weight_decay`` only (``mlp-last`` also ``hidden_dim``).
 
-Recommended defaults file
--------------------------
-:func:`recommended_config` reads ``ilge_search/data/recommended_defaults.json``
-when it exists (it is regenerated from study results), else the built-in
-defaults of the published package. Schema::
+Recommended defaults files
+--------------------------
+:func:`recommended_config` merges three layers, each over the one before:
+the built-in defaults of the published package (:data:`BUILTIN_RECOMMENDED`),
+the shipped ``ilge_search/data/recommended_defaults.json`` (regenerated from the
+committed study results with ``ilge-search recommend --update-shipped``), and
+the user's file (``defaults_path=``, else ``$ILGE_SEARCH_DEFAULTS``, else
+``~/.config/ilge-search/recommended_defaults.json``; see
+:func:`ilge_search.settings.user_defaults_path`), which ``ilge-search
+recommend`` writes by default. A family or bucket missing from a file keeps
+the layer below. Schema of both files::
 
     {
       "format_version": 1,
@@ -66,12 +72,14 @@ from .configs import (
     EncoderConfig,
     config_class_for,
 )
+from .settings import user_defaults_path
 from .validation import check_choice
 
 __all__ = [
     "suggest_config",
     "recommended_config",
     "load_recommended_defaults",
+    "effective_recommended_defaults",
     "RECOMMENDED_DEFAULTS_PATH",
     "BUILTIN_RECOMMENDED",
     "MODEL_SIZE_HINTS",
@@ -170,20 +178,16 @@ def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
     return cls(**values)
 
 
-def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[str, Dict[str, Dict[str, Any]]]:
-    """``{family: {bucket: {field: value}}}`` from the defaults file, merged over the built-in values.
+def _builtin_copy() -> Dict[str, Dict[str, Dict[str, Any]]]:
+    return {family: {bucket: dict(fields) for bucket, fields in buckets.items()}
+            for family, buckets in BUILTIN_RECOMMENDED.items()}
 
-    A missing file means the built-in values; an unreadable or malformed file
-    raises :class:`ValueError` naming it.
-    """
-    merged = {family: {bucket: dict(fields) for bucket, fields in buckets.items()}
-              for family, buckets in BUILTIN_RECOMMENDED.items()}
-    path = Path(path) if path is not None else RECOMMENDED_DEFAULTS_PATH
-    if not path.is_file():
-        return merged
+
+def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Path) -> None:
+    """Validate the defaults file ``path`` and merge its values into ``merged`` (in place)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read recommended defaults {path}: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("families"), dict):
         raise ValueError(f"{path} must be a JSON object with a 'families' mapping "
@@ -205,10 +209,43 @@ def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[s
             if bad:
                 raise ValueError(f"{path}: families.{family}.{bucket} has unknown fields {sorted(bad)}")
             merged.setdefault(family, {}).setdefault(bucket, {}).update(values)
+
+
+def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """``{family: {bucket: {field: value}}}`` from one defaults file merged over the built-in values.
+
+    ``path`` defaults to the shipped file (:data:`RECOMMENDED_DEFAULTS_PATH`). A
+    missing file means the built-in values; an unreadable or malformed file
+    raises :class:`ValueError` naming it. What :func:`recommended_config` uses
+    (the user's file too) is :func:`effective_recommended_defaults`.
+    """
+    merged = _builtin_copy()
+    path = Path(path) if path is not None else RECOMMENDED_DEFAULTS_PATH
+    if path.is_file():
+        _merge_defaults_file(merged, path)
     return merged
 
 
-def recommended_config(family: str, model_size_hint: str = "small") -> EncoderConfig:
+def effective_recommended_defaults(defaults_path: Optional[Union[str, Path]] = None
+                                   ) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """The values :func:`recommended_config` uses: built-in < shipped file < user file.
+
+    The user file is ``defaults_path`` (it must exist), else
+    ``$ILGE_SEARCH_DEFAULTS`` or ``~/.config/ilge-search/recommended_defaults.json``
+    when they exist (:func:`ilge_search.settings.user_defaults_path`).
+    """
+    merged = load_recommended_defaults()
+    user = user_defaults_path(defaults_path)
+    if user.is_file():
+        _merge_defaults_file(merged, user)
+    elif defaults_path is not None:
+        raise ValueError(f"recommended defaults file {user} does not exist; write it with `ilge-search recommend "
+                         "--out` or pass another defaults_path")
+    return merged
+
+
+def recommended_config(family: str, model_size_hint: str = "small", *,
+                       defaults_path: Optional[Union[str, Path]] = None) -> EncoderConfig:
     """Zero-search defaults for ``family``.
 
     Args:
@@ -216,11 +253,14 @@ def recommended_config(family: str, model_size_hint: str = "small") -> EncoderCo
         model_size_hint: ``"small"`` for models up to 3B parameters (lr 1e-3),
             ``"large"`` for larger ones (lr 1e-4); see
             :func:`ilge_search.models.model_size_bucket`.
+        defaults_path: a user defaults file (as ``ilge-search recommend`` writes)
+            read over the shipped one; default ``$ILGE_SEARCH_DEFAULTS``, else
+            ``~/.config/ilge-search/recommended_defaults.json`` when it exists.
     """
     _check_family(family)
     if model_size_hint not in MODEL_SIZE_HINTS:
         raise ValueError(f"model_size_hint must be one of {list(MODEL_SIZE_HINTS)}, got {model_size_hint!r}")
-    values = load_recommended_defaults().get(family, {}).get(model_size_hint, {})
+    values = effective_recommended_defaults(defaults_path).get(family, {}).get(model_size_hint, {})
     return config_class_for(family)(**values)
 
 

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Collection, Optional
 
-__all__ = ["check_int", "check_choice", "check_positive_number"]
+__all__ = ["check_int", "check_choice", "check_positive_number", "ArgumentTypeError"]
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (an ``int`` where a model or a config belongs).
+
+    A ``TypeError``, as the published ``ilge`` package raises for these, and a
+    ``ValueError``, so the CLI reports it as one line like every other bad argument.
+    """
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> Optional[int]:

@@ -20,13 +20,13 @@ MAX_LINES = 700
 
 # first component below ilge_search -> layer; higher layers may import lower ones, never the reverse
 LAYERS: Dict[str, int] = {
-    "_version": 0, "settings": 0, "validation": 0,
+    "_version": 0, "settings": 0, "validation": 0, "files": 0,
     "configs": 1, "graphs": 1,
     "models": 2, "model_utils": 2, "nn": 2, "aggregator": 2, "tuning": 2,
     "tasks": 3, "extraction": 3, "cache": 3, "engine": 3, "storage": 3,
-    "classifier": 4, "dashboard": 4,
+    "dashboard": 4, "catalog": 4,
     "study": 5,
-    "report": 6,
+    "report": 6, "classifier": 6, "predict": 6,  # classifier above study: ILGEClassifier.from_study reads studies
     "cli": 7, "testing": 7,
     "__init__": 8,
 }

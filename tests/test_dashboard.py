@@ -198,7 +198,7 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
         with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}.*another --port"):
             serve_dashboard(url, port=port, echo=lambda line: None)
     with pytest.raises(ValueError, match="cannot resolve host"):
-        serve_dashboard(url, host="no-such-host.invalid", port=0, echo=lambda line: None)
+        serve_dashboard(url, host="no-such-host.invalid", port=0, allow_remote=True, echo=lambda line: None)
 
 
 # ----------------------------------------------------------------------------- end to end

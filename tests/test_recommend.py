@@ -140,6 +140,7 @@ def test_recommended_config_reads_the_written_file(storage_url, tmp_path, monkey
     out = tmp_path / "defaults.json"
     recommend_defaults(storage_url, out, None)
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", out)
+    monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(tmp_path / "no-user-file.json"))  # no user file on top
     small = recommended_config("cayley", "small")
     assert (small.conv_type, small.hidden_dim, small.lr, small.dropout) == ("gcn", 128, 1e-2, 0.1)
     large = recommended_config("cayley", "large")

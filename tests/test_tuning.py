@@ -104,6 +104,7 @@ def test_unknown_family():
 @pytest.fixture
 def no_defaults_file(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", tmp_path / "absent.json")
+    monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(tmp_path / "no-user-file.json"))  # nor a user's own file
 
 
 def test_builtin_recommendations(no_defaults_file):
@@ -127,6 +128,7 @@ def _write(tmp_path, monkeypatch, content):
     path = tmp_path / "recommended_defaults.json"
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", path)
+    monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(tmp_path / "no-user-file.json"))
     return path
 
 

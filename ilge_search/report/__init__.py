@@ -10,16 +10,16 @@ Modules, low to high:
 - :mod:`~ilge_search.report.figures`: matplotlib figures and fANOVA importances;
 - :mod:`~ilge_search.report.build`: :func:`build_report`, which writes the report;
 - :mod:`~ilge_search.report.recommend`: :func:`~ilge_search.report.recommend.recommend_defaults`,
-  the ``recommended_config`` defaults and ``defaults.md``.
+  the ``recommended_config`` defaults (the user's file, or the shipped one on request) and their page.
 
 pandas, matplotlib and Optuna are imported only inside the functions that use them.
 """
 
 from __future__ import annotations
 
-from .build import ReportResult, build_report
+from .build import MANIFEST_NAME, ReportResult, build_report
 from .data import METHOD_LABELS, METHODS
 from .document import MISSING
 from .tables import collect_results
 
-__all__ = ["METHODS", "METHOD_LABELS", "MISSING", "ReportResult", "build_report", "collect_results"]
+__all__ = ["METHODS", "METHOD_LABELS", "MISSING", "MANIFEST_NAME", "ReportResult", "build_report", "collect_results"]

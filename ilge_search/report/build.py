@@ -30,20 +30,29 @@ Conventions:
 - Gain = encoder mean - last-layer mean, in points; ``—`` when either is missing.
 - Figures use validation scores only (the per-layer scores are those of the
   best-layer study's best trial); test scores appear in the tables only.
+
+The report folder is the report's own: it records what it wrote in
+``.ilge-report.json`` (:data:`MANIFEST_NAME`). A folder that is not empty and
+has no such manifest is refused unless ``force=True`` (``--force``); a rerun
+replaces the files it wrote before and removes those of them it no longer
+writes (a figure that cannot be drawn any more). Files it did not write are
+never removed.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Optional, Set, Union
 
+from .._version import __version__
 from ..storage import hide_password
 from .data import METHOD_LABELS, METHODS, collect_records
 from .document import Document, slug, write_atomic
-from .figures import FIGURE_KINDS, draw_figures
+from .figures import draw_figures
 from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
 from .tables import (
     model_order,
@@ -56,9 +65,11 @@ from .tables import (
     summary_rows,
 )
 
-__all__ = ["ReportResult", "build_report"]
+__all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
 logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = ".ilge-report.json"  # the files a report wrote into its folder (relative paths)
 
 
 @dataclass
@@ -91,21 +102,66 @@ class ReportResult:
     skipped: List[str] = field(default_factory=list)
 
 
+def _read_manifest(out: Path) -> Optional[Set[str]]:
+    """The files an earlier report wrote into ``out`` (``None``: no readable manifest)."""
+    try:
+        data = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
+        return None
+    return set(files)
+
+
+def _inside(out: Path, relative: str) -> Optional[Path]:
+    """``out / relative`` when it stays inside ``out`` (a manifest never names files elsewhere)."""
+    path = (out / relative).resolve()
+    root = out.resolve()
+    return path if path != root and root in path.parents else None
+
+
+def _check_out_dir(out: Path, force: bool) -> Set[str]:
+    """Refuse a folder the report did not make (unless ``force``); the files it wrote there before."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder; pass a folder for the report")
+    previous = _read_manifest(out) if out.is_dir() else None
+    if previous is None and out.is_dir() and any(out.iterdir()) and not force:
+        raise ValueError(f"{out} is not empty and was not written by `ilge-search report` (it has no "
+                         f"{MANIFEST_NAME}); pass a new or empty --out, or --force to write into it anyway "
+                         "(files of the same names are replaced, no other file is removed)")
+    return previous or set()
+
+
+def _finish_out_dir(out: Path, written: Set[str], previous: Set[str]) -> None:
+    """Remove what an earlier report wrote and this one did not; record what this one wrote."""
+    for relative in sorted(previous - written):
+        path = _inside(out, relative)
+        if path is not None and path.is_file():
+            path.unlink()
+    write_atomic(out / MANIFEST_NAME, json.dumps({"written_by": f"ilge-search report {__version__}",
+                                                  "files": sorted(written)}, indent=1) + "\n")
+
+
 def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports", *, figures: bool = True,
-                 show_progress: bool = True) -> ReportResult:
+                 show_progress: bool = True, force: bool = False) -> ReportResult:
     """Write the paper-style report of every ilge-search study in ``storage_url`` to ``out_dir``.
 
     Args:
         storage_url: an Optuna RDB URL (``sqlite:///studies/offline.db``, PostgreSQL, MySQL).
-        out_dir: the report folder (created; files of the same names are replaced).
+        out_dir: the report folder (created). A folder with files that no
+            report wrote is refused unless ``force``.
         figures: draw the PNG figures (per-layer, history, importance) and compute importances.
         show_progress: a tqdm bar over (model, task) pairs while drawing.
+        force: write into a non-empty folder that no report made (files of the
+            same names are replaced; other files are kept).
 
     Returns:
         A :class:`ReportResult` with the tables as data frames and the written paths.
 
     Raises:
-        ValueError: the storage cannot be opened, or it holds no ilge-search study.
+        ValueError: ``out_dir`` is a file or a foreign non-empty folder (without
+            ``force``), the storage cannot be opened, or it holds no ilge-search study.
     """
     import pandas as pd
 
@@ -117,10 +173,8 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     skipped += [f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
                 "(with final scores, more seeds or more trials)" for r in duplicates]
     out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
+    previous = _check_out_dir(out, force)
     fig_dir.mkdir(parents=True, exist_ok=True)
-    for kind in FIGURE_KINDS:  # figures of an earlier report that this one may not redraw
-        for stale in fig_dir.glob(f"*-{kind}.png"):
-            stale.unlink()
 
     frame = results_frame(records)
     models = model_order(frame["model"])
@@ -168,9 +222,11 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
                        ("summary_csv", summary.to_csv(index=False)),
                        ("importances_csv", importances.to_csv(index=False))):
         write_atomic(files[kind], text)
+    figure_files = sorted(p for paths in figure_paths.values() for p in paths.values())
+    _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
     logger.info("report of %d studies written to %s", len(records), out)
     return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},
                         gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
                         summary=summary, importances=importances, files=files,
-                        figures=sorted(p for paths in figure_paths.values() for p in paths.values()), notes=notes,
+                        figures=figure_files, notes=notes,
                         skipped=skipped)

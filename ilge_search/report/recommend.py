@@ -2,10 +2,19 @@
 
 :func:`recommend_defaults` reads every study of an encoder family (``cayley``,
 ``fc``, ``deepset``) in a storage, groups them by family and model-size bucket,
-and derives one configuration per group with the rule below. It writes the
+and derives one configuration per group with the rule below. It writes a
 defaults file that :func:`ilge_search.tuning.recommended_config` reads (schema
-in :mod:`ilge_search.tuning`) and a Markdown page, ``defaults.md``, with the
-"Defaults by model size" table and the evidence behind every value.
+in :mod:`ilge_search.tuning`) and a Markdown page with the "Defaults by model
+size" table and the evidence behind every value.
+
+Where it writes: by default the user's defaults file
+(:func:`ilge_search.settings.user_defaults_path`: ``$ILGE_SEARCH_DEFAULTS``,
+else ``~/.config/ilge-search/recommended_defaults.json``), which
+``recommended_config`` reads over the shipped defaults, and the Markdown page
+next to it (same name, ``.md``). The package's own
+``ilge_search/data/recommended_defaults.json`` is rewritten only with
+``update_shipped=True`` (``ilge-search recommend --update-shipped``), for the
+maintainers who regenerate the shipped defaults from the committed studies.
 
 Size buckets
 ------------
@@ -64,12 +73,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from .._version import __version__
 from ..configs import CONFIG_CLASSES, config_class_for
 from ..models import model_size_bucket
+from ..settings import user_defaults_path
 from ..storage import hide_password
-from ..tuning import BUILTIN_RECOMMENDED, DEFAULTS_FORMAT_VERSION, RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
+from ..tuning import BUILTIN_RECOMMENDED, DEFAULTS_FORMAT_VERSION, load_recommended_defaults
 from .data import open_report_storage
 from .document import MISSING, Cell, Document, plural, write_atomic
 
-__all__ = ["DEFAULT_FAMILIES", "recommend_defaults", "RecommendedValue", "normalised_ranks"]
+__all__ = ["DEFAULT_FAMILIES", "NEXT_TO_DEFAULTS", "recommend_defaults", "defaults_targets", "RecommendedValue",
+           "normalised_ranks"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -77,6 +88,7 @@ DEFAULT_FAMILIES: Tuple[str, ...] = ("cayley", "fc", "deepset")
 # search-space parameters that exist only under one choice of another: name -> (parent, value)
 _CONDITIONAL = {"gin_mlp_layers": ("conv_type", "gin"), "gat_heads": ("conv_type", "gat")}
 _MIN_COVERAGE = 0.5
+NEXT_TO_DEFAULTS = "next-to-defaults"  # report_path default: the defaults file's name with .md
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -337,26 +349,53 @@ _RULE = ("Per study, each complete trial's validation score becomes a normalised
          "gat_heads are chosen among trials with the chosen conv_type. Validation scores only.")
 
 
+def defaults_targets(out_path: Optional[PathLike] = None, report_path: Optional[PathLike] = NEXT_TO_DEFAULTS, *,
+                     update_shipped: bool = False) -> Tuple[Path, Optional[Path]]:
+    """Where :func:`recommend_defaults` writes: (defaults file, Markdown page or ``None``).
+
+    Raises:
+        ValueError: ``update_shipped`` together with ``out_path``.
+    """
+    if update_shipped and out_path is not None:
+        raise ValueError("give either out_path (--out) or update_shipped (--update-shipped), not both")
+    if update_shipped:
+        from ..tuning import RECOMMENDED_DEFAULTS_PATH  # looked up now: tests point it elsewhere
+
+        target = RECOMMENDED_DEFAULTS_PATH
+    else:
+        target = user_defaults_path(out_path)
+    if report_path == NEXT_TO_DEFAULTS:
+        # the shipped file's page is reports/defaults.md in the repository, not inside the package
+        return target, None if update_shipped else target.with_suffix(".md")
+    return target, None if report_path is None else Path(report_path)
+
+
 def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
-                       report_path: Optional[PathLike] = "reports/defaults.md", *,
-                       families: Sequence[str] = DEFAULT_FAMILIES) -> Dict[str, Any]:
+                       report_path: Optional[PathLike] = NEXT_TO_DEFAULTS, *,
+                       families: Sequence[str] = DEFAULT_FAMILIES, update_shipped: bool = False) -> Dict[str, Any]:
     """Derive recommended defaults per family and model-size bucket from the studies in a storage.
 
     Args:
         storage_url: an Optuna RDB URL holding ilge-search studies.
-        out_path: the defaults file to write (default: the package's
-            ``ilge_search/data/recommended_defaults.json``, which
-            ``recommended_config`` reads); ``None`` writes that file.
-        report_path: where to write the "Defaults by model size" Markdown page; ``None`` skips it.
+        out_path: the defaults file to write (default: the user's file,
+            :func:`ilge_search.settings.user_defaults_path`, which
+            ``recommended_config`` reads over the shipped defaults).
+        report_path: where to write the "Defaults by model size" Markdown page
+            (default: next to the defaults file, same name with ``.md``; with
+            ``update_shipped``, none unless given); ``None`` skips it.
         families: the encoder families to derive defaults for.
+        update_shipped: rewrite the package's own
+            ``ilge_search/data/recommended_defaults.json`` instead (maintainers only).
 
     Returns:
         The written defaults document (``format_version``, ``metadata``, ``families``).
 
     Raises:
-        ValueError: unknown family, the storage cannot be opened, or no study of
-            ``families`` in it has at least two scored trials.
+        ValueError: unknown family, both ``out_path`` and ``update_shipped``, the
+            storage cannot be opened, no study of ``families`` in it has at least
+            two scored trials, or the file cannot be written.
     """
+    target, report_target = defaults_targets(out_path, report_path, update_shipped=update_shipped)
     families = list(families)
     unknown = [f for f in families if f not in CONFIG_CLASSES]
     if unknown or not families:
@@ -387,12 +426,12 @@ def recommend_defaults(storage_url: str, out_path: Optional[PathLike] = None,
         },
         "families": result,
     }
-    target = Path(out_path) if out_path is not None else RECOMMENDED_DEFAULTS_PATH
     try:
         write_atomic(target, json.dumps(data, indent=2) + "\n")
-    except OSError as exc:  # e.g. a read-only installed package
-        raise ValueError(f"cannot write the defaults file {target}: {exc}; pass another out_path (--out)") from exc
-    load_recommended_defaults(target)  # what was written must read back
-    if report_path is not None:
-        write_atomic(Path(report_path), _markdown(data, evidence, groups, families))
+        load_recommended_defaults(target)  # what was written must read back
+        if report_target is not None:
+            write_atomic(report_target, _markdown(data, evidence, groups, families))
+    except OSError as exc:  # e.g. a read-only installed package, a full disk
+        raise ValueError(f"cannot write {exc.filename or target}: {exc.strerror or exc}; pass another --out "
+                         "(out_path)") from exc
     return data

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..models import ModelSource
 from .options import StudyOptions
 
-__all__ = ["DataSpec", "StudyData", "load_task_data", "load_study_data", "load_zero_shot_data"]
+__all__ = ["DataSpec", "StudyData", "load_task_data", "load_study_data", "load_zero_shot_data", "expected_cache_keys"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,12 @@ class StudyData:
     model_revision: str = ""
 
 
-def load_task_data(spec: DataSpec) -> Any:
-    """Load the task and apply the data options (few-shot, caps); no model loads."""
+def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
+    """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);
+    no model loads."""
     from ..tasks import few_shot, load_task, subsample
 
-    task_data = load_task(spec.task, spec.data_dir)
+    task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir)
     if spec.shots is not None:
         if task_data.kind != "classification":
             raise ValueError(f"--shots needs a classification task; {spec.task!r} is {task_data.kind}")
@@ -85,6 +86,18 @@ def load_task_data(spec: DataSpec) -> Any:
         eval_splits = [name for name in ("validation", "test") if name in task_data.splits]
         task_data = subsample(task_data, spec.max_eval, seed=spec.data_seed, splits=eval_splits)
     return task_data
+
+
+def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: Dict[str, str]) -> Dict[str, str]:
+    """The embedding-cache keys the study's splits will have (``fingerprints``: split -> content sha256),
+    computed without reading or writing the cache; empty when the model is not resolved in ``spec``."""
+    from ..cache import EmbeddingCache
+
+    if spec.source is None:
+        return {}
+    cache = EmbeddingCache(spec.cache_dir)
+    return {split: cache.key(model_identity=spec.source.identity, task=task_data.name, split=split,
+                             fingerprint=fingerprint) for split, fingerprint in fingerprints.items()}
 
 
 def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from .._version import __version__
 from ..configs import config_from_dict
-from ..storage import count_trials
+from ..storage import StorageError, count_trials
 
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
@@ -109,8 +109,13 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
 
     artifacts: Dict[str, str] = {}
     if artifact_store is not None:
-        artifacts = _upload_artifacts(study, data, config, best_model, seed=best_seed, val_metric=best_val,
-                                      trial=best.number, artifact_store=artifact_store)
+        try:
+            artifacts = _upload_artifacts(study, data, config, best_model, seed=best_seed, val_metric=best_val,
+                                          trial=best.number, artifact_store=artifact_store)
+        except OSError as exc:  # a full or read-only artifact folder: nothing of the final evaluation is stored
+            raise StorageError(f"cannot store the best weights in the artifact store ({exc.strerror or exc}); "
+                               "free space there or pass another --artifact-dir, then rerun with --n-trials 0 "
+                               "to redo the final evaluation") from exc
 
     std = statistics.stdev(test_scores) if len(test_scores) > 1 else 0.0
     record = {

@@ -1,23 +1,43 @@
 """What a study is: its encoder, name and identity, and creating or resuming it safely.
 
 A study's *identity* is the model, task, encoder and the data and budget
-options that decide what it searches (:data:`IDENTITY_KEYS`, stored as study
-user attrs). Resuming a study with another identity is refused with
-:class:`StudyConflictError` before anything expensive runs. Several processes
-may create the same study at once: exactly one wins and sets it up (identity
-attrs, the recommended config enqueued as trial 0), then marks it ready with
+options that decide what it searches (:data:`IDENTITY_KEYS`), plus the data
+itself (:data:`DATA_KEYS`: the label names and a content fingerprint of each
+split it trains, validates and tests on), all stored as study user attrs.
+Resuming a study with another identity is refused with
+:class:`StudyConflictError` (:class:`DataChangedError` when only the data
+changed) before anything expensive runs: the fingerprints come from the
+loaded texts and labels, before any model loads. Several processes may create
+the same study at once: exactly one wins and sets it up (identity attrs, the
+recommended config enqueued as trial 0), then marks it ready with
 :data:`READY_ATTR`; the others wait for that mark.
+
+A custom task (a file or folder) is never called by its path: its ``task``
+attr is its file or folder name, and its default study name adds a short
+fingerprint of its content (:func:`task_label`, e.g.
+``minilm-l6:questions@3f9a1c2e07:cayley``). Moving the folder keeps its
+study; two folders of the same name with different content get different
+studies; changed content under an explicit ``--study-name`` is refused.
+
+Studies made before the data fingerprints existed have no
+``data_fingerprints`` attr. They are adopted on their first resume when the
+embedding-cache keys they stored (which hash the model, the task name and
+each split's content) equal those of the data now, and refused otherwise.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .._version import __version__
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
-from ..storage import Storage
+from ..storage import Storage, requeue_trial
 from .objective import recommended_params
 from .options import StudyOptions
 
@@ -27,8 +47,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ENCODER_CHOICES",
     "IDENTITY_KEYS",
+    "DATA_KEYS",
     "READY_ATTR",
     "StudyConflictError",
+    "DataChangedError",
+    "is_registered_task",
+    "task_label",
+    "data_identity",
+    "requeue_failed_recommended",
     "resolve_encoders",
     "default_study_name",
     "study_identity",
@@ -41,12 +67,55 @@ ENCODER_CHOICES: Tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
 
 # study user attrs that must match when a study is resumed: they define what is being searched
 IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed")
+# study user attrs that must match too: the data itself (label names, sha256 of each split's content)
+DATA_KEYS = ("label_names", "data_fingerprints")
+DATA_SPLITS = ("train", "validation", "test")
 READY_ATTR = "ilge_search_ready"  # set last by the process that creates a study
 READY_WAIT_SECONDS = 30.0
+TASK_FINGERPRINT_DIGITS = 10
+
+logger = logging.getLogger(__name__)
 
 
 class StudyConflictError(ValueError):
     """A study name already used for a different model, task, encoder or data setting."""
+
+
+class DataChangedError(StudyConflictError):
+    """A study name already used for the same setting on other data (other texts, labels or label names)."""
+
+
+def is_registered_task(task: str) -> bool:
+    """Whether ``task`` names a registered task rather than a custom file or folder.
+
+    The rule of :func:`ilge_search.tasks.load_task`: a registered name, unless it
+    is also an existing path written with a folder separator.
+    """
+    from ..tasks import TASKS
+
+    key = task.strip().lower().replace("-", "_")
+    return key in TASKS and not (Path(task).expanduser().exists() and os.sep in task)
+
+
+def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
+    """What a study calls its task: a registered name as given; a custom file or folder by its name
+    (``loaded``: the task as read, before any data option) and, with ``fingerprint``, a short
+    fingerprint of its content (for study names; the ``task`` attr is the plain name)."""
+    if is_registered_task(task):
+        return task
+    if not fingerprint:
+        return loaded.name
+    splits = {name: loaded.fingerprint(name) for name in loaded.splits}
+    digest = hashlib.sha256(json.dumps({"kind": loaded.kind, "labels": list(loaded.label_names), "splits": splits},
+                                       sort_keys=True).encode()).hexdigest()
+    return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
+
+
+def data_identity(task_data: Any) -> Dict[str, Any]:
+    """The :data:`DATA_KEYS` of a study on ``task_data`` (the task after its data options)."""
+    return {"label_names": list(task_data.label_names),
+            "data_fingerprints": {name: task_data.fingerprint(name) for name in DATA_SPLITS
+                                  if name in task_data.splits}}
 
 
 def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
@@ -93,30 +162,90 @@ def study_identity(model: str, task: str, encoder: str, options: StudyOptions) -
             "data_seed": options.data_seed}
 
 
-def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
-    """Refuse a stored study that was not made by ilge-search or searches something else."""
+def _cache_keys_match(stored: Any, expected: Optional[Mapping[str, str]]) -> bool:
+    if not isinstance(stored, Mapping) or not expected:
+        return False
+    common = set(stored) & set(expected)
+    return bool(common) and all(stored[name] == expected[name] for name in common)
+
+
+def _short(labels: Any) -> str:
+    labels = list(labels or [])
+    shown = ", ".join(map(str, labels[:6])) + (f" ... ({len(labels)} labels)" if len(labels) > 6 else "")
+    return f"[{shown}]"
+
+
+def _data_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> List[str]:
+    changes = []
+    if list(stored.get("label_names") or []) != list(wanted["label_names"]):
+        changes.append(f"the labels (stored {_short(stored.get('label_names'))}, now {_short(wanted['label_names'])})")
+    old, new = stored.get("data_fingerprints") or {}, wanted["data_fingerprints"]
+    splits = [name for name in DATA_SPLITS if name in old or name in new]
+    changed = [name for name in splits if old.get(name) != new.get(name)]
+    if changed:
+        names = changed[0] if len(changed) == 1 else f"{', '.join(changed[:-1])} and {changed[-1]}"
+        changes.append(f"the content of the {names} split{'s' if len(changed) > 1 else ''}")
+    return changes
+
+
+def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[str, Any], *,
+                   cache_keys: Optional[Mapping[str, str]] = None,
+                   new_study_hint: str = "pass another --study-name or another --storage") -> bool:
+    """Refuse a stored study that was not made by ilge-search, searches something else, or ran on other data.
+
+    Args:
+        stored: the study's user attrs; ``wanted``: :data:`IDENTITY_KEYS` and :data:`DATA_KEYS` of this run.
+        cache_keys: the embedding-cache keys of this run's splits; a study without
+            data fingerprints (made by an earlier version) is accepted only when
+            its stored keys match them.
+        new_study_hint: how to start a new study instead (ends the error message).
+
+    Returns:
+        Whether the study predates the data fingerprints and should be given them (adopted).
+    """
     if "model" not in stored:
         raise StudyConflictError(
             f"study {study_name!r} exists in the storage but was not created by ilge-search run; "
             "choose another --study-name"
         )
-    different = {key: (stored.get(key), wanted[key]) for key in IDENTITY_KEYS if stored.get(key) != wanted[key]}
+    legacy = "data_fingerprints" not in stored
+    adopt = legacy and _cache_keys_match(stored.get("cache_keys"), cache_keys)
+    # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
+    keys = [key for key in IDENTITY_KEYS if not (adopt and key == "task")]
+    different = {key: (stored.get(key), wanted[key]) for key in keys if stored.get(key) != wanted[key]}
     if different:
         details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
         raise StudyConflictError(
             f"study {study_name!r} already exists for a different setting ({details}). Pass another "
             "--study-name (or drop it to get the default name for this setting), or a different --storage"
         )
+    if legacy:
+        if not adopt:
+            raise DataChangedError(
+                f"study {study_name!r} was made by an earlier ilge-search that did not record data fingerprints, "
+                "and the cached-embedding keys it stored differ from this data's: the texts, labels or model "
+                f"changed since. Its trials cannot be mixed with trials on this data; {new_study_hint}"
+            )
+        return True
+    changes = _data_changes(stored, wanted)
+    if changes:
+        raise DataChangedError(
+            f"study {study_name!r} was run on other data: {' and '.join(changes)} changed since. Its trials "
+            f"cannot be mixed with trials on this data; to start a new study, {new_study_hint}"
+        )
+    return False
 
 
-def precheck_existing(storage: Storage, study_name: str, identity: Mapping[str, Any]) -> None:
-    """Refuse a study name already used for something else, before any extraction."""
+def precheck_existing(storage: Storage, study_name: str, identity: Mapping[str, Any], *,
+                      cache_keys: Optional[Mapping[str, str]] = None,
+                      new_study_hint: str = "pass another --study-name or another --storage") -> None:
+    """Refuse a study name already used for something else or on other data, before any extraction."""
     existing = storage.load_study(study_name)
     if existing is None:
         return
     attrs = existing.user_attrs
     if "model" in attrs or existing.get_trials(deepcopy=False):
-        check_identity(study_name, attrs, identity)
+        check_identity(study_name, attrs, identity, cache_keys=cache_keys, new_study_hint=new_study_hint)
     # else: an empty study without attrs is being created right now (or its creator died);
     # create_or_load waits for it or adopts it
 
@@ -142,13 +271,19 @@ def _check_shapes(study_name: str, stored: Mapping[str, Any], data: "StudyData")
 
 
 def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], data: "StudyData",
-                   artifact_dir: Path, sampler: Any = None, pruner: Any = None) -> Tuple[Any, bool]:
+                   artifact_dir: Path, sampler: Any = None, pruner: Any = None, *,
+                   new_study_hint: str = "pass another --study-name or another --storage",
+                   task_path: Optional[str] = None) -> Tuple[Any, bool]:
     """Create the study (identity attrs, recommended trial enqueued once) or load it.
 
     Several processes may race to create the same study: ``create_study``
     without ``load_if_exists`` lets exactly one win; the others load it and wait
     until the winner has marked it ready, so the recommended config is always
-    enqueued once and before any sampled trial.
+    enqueued once and before any sampled trial. A loaded study is checked again
+    (:func:`check_identity`, with the cache keys of ``data``); one made before
+    data fingerprints existed is adopted here when its cache keys match.
+    ``task_path`` (a custom task's file or folder, absolute) is recorded as the
+    ``task_path`` attr, and updated when the folder moved: where to find the data again.
 
     Returns:
         The study and whether this call set it up.
@@ -165,14 +300,21 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
         created = False
 
     attrs = study.user_attrs
+    check = dict(cache_keys=data.cache_keys, new_study_hint=new_study_hint)
     if not created:
         if not attrs.get(READY_ATTR) and not _wait_until_ready(study):
             if study.trials:
-                check_identity(study_name, study.user_attrs, identity)
+                check_identity(study_name, study.user_attrs, identity, **check)
             created = True  # its creator died before setting it up: finish the job
         else:
-            check_identity(study_name, study.user_attrs, identity)
+            if check_identity(study_name, study.user_attrs, identity, **check):
+                logger.info("%s: made by an earlier ilge-search on the same data (its cache keys match); "
+                            "recording its data fingerprints", study_name)
+                for key in ("task",) + DATA_KEYS:
+                    study.set_user_attr(key, identity[key])
             _check_shapes(study_name, study.user_attrs, data)
+            if task_path is not None and study.user_attrs.get("task_path") != task_path:
+                study.set_user_attr("task_path", task_path)
 
     if created:
         record = dict(identity)
@@ -189,6 +331,7 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
             "model_revision": data.model_revision,
             "ilge_search_version": __version__,
             "artifact_dir": str(artifact_dir),
+            "task_path": task_path,
         })
         for key, value in record.items():
             study.set_user_attr(key, value)
@@ -197,3 +340,26 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
             study.enqueue_trial(params, user_attrs={"recommended": True})
         study.set_user_attr(READY_ATTR, True)
     return study, created
+
+
+def requeue_failed_recommended(study: Any, storage: Storage) -> Optional[int]:
+    """Retry the recommended trial (trial 0) when every try of it failed, like a trial killed by a fault.
+
+    Ctrl-C, a crash or a fault during the recommended trial leaves it FAIL,
+    and Optuna retries only trials whose heartbeat stopped. When no
+    recommended trial is complete, pruned, waiting or running, the last failed
+    one is re-queued with its parameters (up to the storage's ``max_retry``
+    tries, as heartbeat retries). Returns the number of the re-queued trial's
+    original, or ``None``.
+    """
+    from optuna.trial import TrialState
+
+    recommended = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("recommended")]
+    if not recommended or any(t.state != TrialState.FAIL for t in recommended):
+        return None
+    last = max(recommended, key=lambda t: t.number)
+    if requeue_trial(study, storage, last):
+        logger.info("%s: the recommended configuration (trial %d) failed; it is queued again", study.study_name,
+                    last.number)
+        return last.number
+    return None

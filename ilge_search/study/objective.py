@@ -1,6 +1,7 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
-Every trial stores as user attrs ``config`` (the full config dict),
+Every trial stores as user attrs ``ilge_worker`` (host and pid of the process
+running it, :data:`~ilge_search.storage.WORKER_ATTR`), ``config`` (the full config dict),
 ``val_metric``, ``num_trainable_params``, ``epochs_run``, ``best_epoch``,
 ``seconds`` (and ``layer``/``layer_scores`` for the best-layer baseline); the
 validation metric of every epoch is an intermediate value, for the pruner.
@@ -12,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 from ..dashboard import write_live_note
-from ..storage import quiet_optuna_warnings
+from ..storage import WORKER_ATTR, quiet_optuna_warnings, storage_fault, worker_stamp
 
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
@@ -71,6 +72,8 @@ class TrialObjective:
         from ..engine import select_best_layer, train_encoder
 
         data = self.data
+        # first: a trial whose process dies is then failed at once by the next run on this host
+        trial.set_user_attr(WORKER_ATTR, worker_stamp(trial.number))
         config = suggest_capped(trial, self.encoder, self.max_epochs)
         trial.set_user_attr("config", config.to_dict())  # stored first, so failed trials show it too
         common = dict(task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device)
@@ -100,10 +103,12 @@ class TrialObjective:
 
 
 class _NoInterruptTraceback(logging.Filter):
-    """Ctrl-C is not a crash: keep Optuna's "trial failed" line, drop its traceback."""
+    """Ctrl-C and a full or read-only storage are not crashes: keep Optuna's "trial failed" line, drop its
+    traceback (the run ends with one line that says what to do)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and (isinstance(error, KeyboardInterrupt) or storage_fault(error) is not None):
             record.exc_info = None
             record.exc_text = None
         return True

@@ -16,9 +16,21 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 
-__all__ = ["StudyOptions"]
+__all__ = ["StudyOptions", "MAX_STUDY_NAME_LENGTH", "check_study_name"]
 
 PathLike = Union[str, os.PathLike]
+
+MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
+
+
+def check_study_name(name: Any) -> str:
+    """``name`` if a storage can keep it as a study name: a non-empty string of at most 512 characters."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"the study name must be a non-empty string, got {name!r}")
+    if len(name) > MAX_STUDY_NAME_LENGTH:
+        raise ValueError(f"the study name has {len(name)} characters; a study storage keeps at most "
+                         f"{MAX_STUDY_NAME_LENGTH}. Pass a shorter --study-name")
+    return name
 
 
 def _path_or_none(value: Optional[PathLike]) -> Optional[str]:
@@ -105,6 +117,8 @@ class StudyOptions:
         check_int("heartbeat_interval", self.heartbeat_interval, allow_none=True)
         check_int("grace_period", self.grace_period, allow_none=True)
         check_int("max_retry", self.max_retry, minimum=0, allow_none=True)
+        if self.study_name is not None:
+            check_study_name(self.study_name)
         check_choice("sampler", self.sampler, SAMPLERS)
         check_choice("pruner", self.pruner, PRUNERS)
         if isinstance(self.zero_shot_tasks, str):

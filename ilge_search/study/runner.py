@@ -3,13 +3,16 @@
 :func:`run_study` runs one study per encoder for a (model, task) pair:
 
 1. check the arguments (one :class:`~ilge_search.study.StudyOptions`), open
-   the storage once and check any existing study with the same name (a name
-   already used for another model or task is an error) -- all before any
+   the storage once, load the task (texts and labels only) and check any
+   existing study with the same name (a name already used for another model,
+   task, setting or data is an error; see :mod:`.identity`) -- all before any
    model loads;
 2. resolve the model once and make sure every split's embeddings are in the
    cache (extracted once);
 3. create the study, or load it to add trials. A new study gets its identity as
    user attrs and the encoder's ``recommended_config`` enqueued as trial 0;
+   trials left RUNNING by dead processes are failed and retried, and a failed
+   recommended trial is queued again;
 4. optimise: every trial builds a config with ``suggest_config``, trains it with
    the one engine on train, reports the validation metric after each epoch for
    the pruner, and stores what it did as trial user attrs; ``workers > 1`` runs
@@ -24,6 +27,7 @@ Stored layout (what reports and the dashboard read):
   ``direction``, ``num_layers``, ``hidden_size``, ``num_classes``, ``label_names``,
   ``split_sizes``, ``cache_keys``, ``model_revision``, ``ilge_search_version``,
   ``shots``, ``max_train``, ``max_eval``, ``max_epochs``, ``data_seed``,
+  ``data_fingerprints``, ``task_path`` (a custom task's file or folder),
   ``artifact_dir`` and, after the final evaluation, the ``final_*`` attrs of
   :mod:`ilge_search.study.final`;
 - trial user attrs: see :mod:`ilge_search.study.objective`.
@@ -34,14 +38,36 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..dashboard import write_notes
-from ..storage import Storage, artifact_dir_for, count_trials, fail_stale_trials, finished_trial_count, open_storage
-from .data import DataSpec, StudyData, load_study_data, load_task_data, load_zero_shot_data
+from ..files import check_writable
+from ..storage import (
+    Storage,
+    StorageError,
+    artifact_dir_for,
+    count_trials,
+    fail_own_running_trials,
+    fail_stale_trials,
+    finished_trial_count,
+    open_storage,
+    storage_fault,
+)
+from .data import DataSpec, StudyData, expected_cache_keys, load_study_data, load_task_data, load_zero_shot_data
 from .final import final_evaluation, final_is_current
-from .identity import create_or_load, default_study_name, precheck_existing, resolve_encoders, study_identity
-from .options import StudyOptions
+from .identity import (
+    create_or_load,
+    data_identity,
+    default_study_name,
+    is_registered_task,
+    precheck_existing,
+    requeue_failed_recommended,
+    resolve_encoders,
+    study_identity,
+    task_label,
+)
+from .options import StudyOptions, check_study_name
 from .results import StudyResult, study_result, summary_line
 from .workers import optimize, total_reached
 
@@ -150,7 +176,7 @@ def run_study(
         if changed:
             raise ValueError(f"give the study options either as options= or as keywords, not both: {changed}")
 
-    # ---- 1. arguments, storage and existing studies, before anything expensive
+    # ---- 1. arguments, storage, data and existing studies, before anything expensive
     encoder_list = resolve_encoders(encoders)
     trial_counts = options.trial_counts(encoder_list)
     if options.study_name is not None and len(encoder_list) > 1:
@@ -158,22 +184,34 @@ def run_study(
     opened = _open(storage, options)
     if options.workers > 1 and opened.is_in_memory:
         raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
+    if options.final_seeds > 0:  # the final weights go there, after all the training
+        check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
     model, task = str(model), str(task)
-    names = {enc: options.study_name or default_study_name(model, task, enc, shots=options.shots,
-                                                           max_train=options.max_train, max_eval=options.max_eval,
-                                                           max_epochs=options.max_epochs)
-             for enc in encoder_list}
-    identities = {enc: study_identity(model, task, enc, options) for enc in encoder_list}
-    for enc in encoder_list:
-        precheck_existing(opened, names[enc], identities[enc])
 
     from ..models import resolve_model
+    from ..tasks import load_task
 
     source = resolve_model(model, options.cache_dir, materialize=False)  # unknown model: clear error, nothing loaded
     spec = DataSpec.from_options(model, task, options, source=source)
-    task_data = load_task_data(spec)
+    loaded = load_task(spec.task, spec.data_dir)
+    task_data = load_task_data(spec, loaded)
     if options.zero_shot_tasks and task_data.kind != "similarity":
         raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
+    label = task_label(task, loaded)  # a custom task by its name and content, never its path
+    data_id = data_identity(task_data)
+    cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
+    names: Dict[str, str] = {}
+    identities: Dict[str, Dict[str, Any]] = {}
+    hints: Dict[str, str] = {}
+    for enc in encoder_list:
+        default = default_study_name(model, label, enc, shots=options.shots, max_train=options.max_train,
+                                     max_eval=options.max_eval, max_epochs=options.max_epochs)
+        names[enc] = check_study_name(options.study_name or default)
+        identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options),
+                           **data_id}
+        hints[enc] = (f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
+                      if names[enc] != default else "pass another --study-name or another --storage")
+        precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
 
     import torch
 
@@ -185,8 +223,13 @@ def run_study(
                                task_data=task_data)  # ---- 2. extracted once, here, before any worker starts
         zero_shot = load_zero_shot_data(spec, list(options.zero_shot_tasks), progress=options.show_progress)
         return [_run_one(opened, enc, names[enc], identities[enc], trial_counts[enc], data, spec, options,
-                         zero_shot=zero_shot, callbacks=callbacks)
+                         zero_shot=zero_shot, callbacks=callbacks, new_study_hint=hints[enc])
                 for enc in encoder_list]
+    except Exception as exc:
+        fault = storage_fault(exc)
+        if fault is None:
+            raise
+        raise StorageError(f"cannot write the study storage {opened.shown_url}: {fault}") from exc
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -203,15 +246,35 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions) -> Storage:
 
 def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any], count: Optional[int],
              data: StudyData, spec: DataSpec, options: StudyOptions, *, zero_shot: Mapping[str, Any],
-             callbacks: Sequence[Callable[[Any, Any], None]]) -> StudyResult:
+             callbacks: Sequence[Callable[[Any, Any], None]], new_study_hint: str) -> StudyResult:
     """Steps 3-5 of :func:`run_study` for one encoder."""
     from ..tuning import make_pruner, make_sampler
 
     # ---- 3. create or load
     study, created = create_or_load(storage, name, identity, data, storage.artifact_dir,
                                     sampler=make_sampler(options.sampler, options.seed),
-                                    pruner=make_pruner(options.pruner, options.max_epochs))
+                                    pruner=make_pruner(options.pruner, options.max_epochs),
+                                    new_study_hint=new_study_hint,
+                                    task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()))
+    try:
+        _optimize_and_evaluate(study, storage, encoder, name, count, data, spec, options, zero_shot=zero_shot,
+                               callbacks=callbacks, created=created)
+    except Exception as exc:
+        if storage_fault(exc) is not None:  # fail this process's half-done trial, if the storage still lets us
+            fail_own_running_trials(study, storage)
+        raise
+    write_notes(study)  # a Markdown note per trial and per study, for optuna-dashboard
+    result = study_result(study, storage)
+    logger.info("%s", summary_line(result))
+    return result
+
+
+def _optimize_and_evaluate(study: Any, storage: Storage, encoder: str, name: str, count: Optional[int],
+                           data: StudyData, spec: DataSpec, options: StudyOptions, *, zero_shot: Mapping[str, Any],
+                           callbacks: Sequence[Callable[[Any, Any], None]], created: bool) -> None:
+    """Steps 4 and 5 of :func:`run_study` on a created or loaded study."""
     fail_stale_trials(study, storage)
+    requeue_failed_recommended(study, storage)
     logger.info("%s study %s (%d finished trials); adding %s", "created" if created else "resuming", name,
                 finished_trial_count(study), "trials until timeout" if count is None else f"{count} trials")
 
@@ -232,8 +295,3 @@ def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any]
                              zero_shot=zero_shot, show_progress=options.show_progress)
     elif options.final_seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)
-
-    write_notes(study)  # a Markdown note per trial and per study, for optuna-dashboard
-    result = study_result(study, storage)
-    logger.info("%s", summary_line(result))
-    return result

@@ -42,10 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..files import read_text_utf8
 from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
 from .final import final_is_current
-from .identity import default_study_name, resolve_encoders
+from .identity import default_study_name, is_registered_task, resolve_encoders, task_label
 from .options import StudyOptions
 from .results import StudyResult, study_result
 from .runner import run_study
@@ -82,7 +83,14 @@ class SweepEntry:
 
     @property
     def study_name(self) -> str:
-        return default_study_name(self.model, self.task, self.encoder, shots=self.shots, max_train=self.max_train,
+        """The name :func:`~ilge_search.study.run_study` gives this study (a custom task file or folder is
+        read to name it by its content, as the runner does)."""
+        task = self.task
+        if not is_registered_task(task):
+            from ..tasks import load_task
+
+            task = task_label(task, load_task(task))
+        return default_study_name(self.model, task, self.encoder, shots=self.shots, max_train=self.max_train,
                                   max_eval=self.max_eval, max_epochs=self.max_epochs)
 
 
@@ -221,7 +229,7 @@ def load_sweep(path: PathLike) -> Sweep:
     """Parse and check a grid file; every error names the file and the key."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(read_text_utf8(path))  # bytes that are not UTF-8: the error names the line
     except FileNotFoundError:
         raise ValueError(f"sweep file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
@@ -264,7 +272,7 @@ def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> 
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     options = sweep.study_options()
-    opened = open_storage(storage or sweep.storage)
+    opened = open_storage(storage if storage is not None else sweep.storage)
     rows = []
     for entry in sweep.entries:
         _, finished, final = _status(opened, entry, options)
@@ -303,7 +311,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
                and (wanted_encoders is None or e.encoder in wanted_encoders)]
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
-    opened = open_storage(storage or sweep.storage, artifact_dir=options.artifact_dir,
+    opened = open_storage(storage if storage is not None else sweep.storage, artifact_dir=options.artifact_dir,
                           heartbeat_interval=options.heartbeat_interval, grace_period=options.grace_period,
                           max_retry=options.max_retry)
     groups: Dict[Tuple, List[SweepEntry]] = {}

@@ -7,6 +7,12 @@
 runs its exact share of the trials. This process shows progress by polling
 the storage: the bar counts *ended* trials (complete, pruned or failed).
 ``total_trials`` is one cap for every process on the storage.
+
+A worker dies with its parent: a watchdog thread interrupts it (its trial is
+marked FAIL) as soon as the process that spawned it is gone, so killing the
+parent (even with SIGKILL) leaves no orphan training on. A worker stopped by a
+storage fault (a full disk) prints one line and exits with
+:data:`STORAGE_FAULT_EXIT`, which the parent turns into a ``StorageError``.
 """
 
 from __future__ import annotations
@@ -15,11 +21,21 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
-from ..storage import ENDED_STATES, FINISHED_STATES, Storage, count_trials
+from ..storage import (
+    ENDED_STATES,
+    FINISHED_STATES,
+    Storage,
+    StorageError,
+    count_trials,
+    fail_own_running_trials,
+    storage_fault,
+)
 from .data import DataSpec, load_study_data
 from .objective import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 from .options import StudyOptions
@@ -31,6 +47,8 @@ __all__ = ["split_trials", "WorkerJob", "worker_main", "total_reached", "optimiz
 
 # what the total_trials cap counts: finished trials plus those running now in any process
 _CAPPED_STATES = FINISHED_STATES + ("RUNNING",)
+STORAGE_FAULT_EXIT = 3  # a worker's exit status after a storage fault (its message is on stderr)
+PARENT_POLL_SECONDS = 0.5
 
 
 def split_trials(n_trials: Optional[int], workers: int) -> List[Optional[int]]:
@@ -93,17 +111,39 @@ class WorkerJob:
     torch_threads: int
 
 
-def worker_main(job: WorkerJob) -> None:
-    """Entry point of a spawned worker: load the cached embeddings, optimise, exit."""
+def _die_with_parent(parent: int) -> None:
+    """Interrupt this process once ``parent`` is gone (its children are re-parented), then end it.
+
+    SIGINT lets Optuna mark the running trial FAIL; if the process is stuck
+    somewhere that ignores it, it is ended a minute later.
+    """
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="ilge-parent-watchdog", daemon=True).start()
+
+
+def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
+    """Entry point of a spawned worker: load the cached embeddings, optimise, exit.
+
+    ``parent``: the pid of the spawning process; the worker ends when it is gone.
+    """
     import optuna
     import torch
 
     from ..tuning import make_pruner, make_sampler
 
+    if parent is not None:
+        _die_with_parent(parent)
     options = job.options
     torch.set_num_threads(job.torch_threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     quiet_interrupt_tracebacks()
+    study = None
     try:
         study = job.storage.load_study(job.study_name, sampler=make_sampler(options.sampler, job.sampler_seed),
                                        pruner=make_pruner(options.pruner, options.max_epochs))
@@ -118,6 +158,15 @@ def worker_main(job: WorkerJob) -> None:
                        callbacks=_total_trials_callbacks(options.total_trials))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    except Exception as exc:
+        fault = storage_fault(exc)
+        if fault is None:
+            raise
+        if study is not None:
+            fail_own_running_trials(study, job.storage)
+        print(f"{multiprocessing.current_process().name}: cannot write the study storage {job.storage.shown_url}: "
+              f"{fault}", file=sys.stderr)
+        raise SystemExit(STORAGE_FAULT_EXIT) from None
 
 
 def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_progress: bool,
@@ -127,7 +176,7 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_pr
 
     baseline = count_trials(study, ENDED_STATES)
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=worker_main, args=(job,), name=f"ilge-worker-{i}")
+    processes = [context.Process(target=worker_main, args=(job, os.getpid()), name=f"ilge-worker-{i}")
                  for i, job in enumerate(jobs)]
     for process in processes:
         process.start()
@@ -155,6 +204,10 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_pr
         for process in processes:
             process.join()
     failed = [(p.name, p.exitcode) for p in processes if p.exitcode != 0]
+    if any(code == STORAGE_FAULT_EXIT for _, code in failed):
+        raise StorageError(f"worker process(es) could not write the study storage (their message is above): "
+                           f"{failed}. Fix the storage, then rerun the same command: finished trials are kept and "
+                           "interrupted ones are retried")
     if failed:
         raise RuntimeError(
             f"worker process(es) failed: {failed}; their error is printed above. Finished trials are stored; "

@@ -1,0 +1,113 @@
+"""The listings behind ``ilge-search tasks`` and ``ilge-search models``: the registries, and what is usable now.
+
+:func:`task_catalog` lists the task registry (:data:`ilge_search.tasks.TASKS`);
+:func:`model_catalog` lists the one model table (:data:`ilge_search.models.MODELS`)
+with its offline aliases. Both say whether each entry is available offline right
+now: a task whose files are in the data folder, a model whose offline package is
+installed or whose config is in the local Hugging Face cache. Nothing is
+downloaded and no model loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from .models import MODELS, KnownModel
+from .settings import resolve_data_dir
+from .tasks import TASKS, TaskError, TaskSpec, load_task
+
+__all__ = ["task_catalog", "model_catalog", "TASK_COLUMNS", "MODEL_COLUMNS"]
+
+PathLike = Union[str, os.PathLike]
+TASK_COLUMNS = ["task", "kind", "metric", "classes_or_scores", "splits", "source", "offline", "description"]
+MODEL_COLUMNS = ["model", "aliases", "layers", "hidden_size", "parameters", "size", "paper_name", "offline",
+                 "offline_package"]
+
+
+def _hub_source(spec: TaskSpec) -> str:
+    return f"hf:{spec.hf_dataset}" + (f" ({spec.hf_config})" if spec.hf_config else "")
+
+
+def _task_row(spec: TaskSpec, data_dir: Optional[Path]) -> Dict[str, Any]:
+    row = {"task": spec.name, "kind": spec.kind, "metric": spec.metric, "classes_or_scores": None,
+           "splits": "/".join(spec.splits), "source": _hub_source(spec), "offline": False,
+           "description": spec.description}
+    if data_dir is None or spec.local_name is None or not (data_dir / spec.local_name).is_dir():
+        return row  # loads from the hub (needs the network and the `datasets` library)
+    try:
+        task = load_task(spec.name, data_dir)
+    except TaskError as exc:
+        row["description"] = f"{spec.description} (local copy unusable: {exc})"
+        return row
+    if task.kind == "classification":
+        row["classes_or_scores"] = f"{task.num_labels} classes"
+    else:
+        low = min(float(part.labels.min()) for part in task.splits.values())
+        high = max(float(part.labels.max()) for part in task.splits.values())
+        row["classes_or_scores"] = f"scores {low:g}-{high:g}"
+    row["splits"] = " / ".join(f"{name} {len(part)}" for name, part in task.splits.items())
+    row["source"] = task.source
+    row["offline"] = True
+    return row
+
+
+def task_catalog(data_dir: Optional[PathLike] = None) -> Any:
+    """One row per registered task (a ``pandas.DataFrame`` with :data:`TASK_COLUMNS`).
+
+    ``data_dir`` (default ``$ILGE_SEARCH_DATA``) holds local copies in the shared
+    layout; a task found there is read to count its classes (or score range) and
+    split sizes, and is ``offline``. Other tasks load from the Hugging Face hub.
+    """
+    import pandas as pd
+
+    folder = resolve_data_dir(data_dir)
+    task_log = logging.getLogger(load_task.__module__)
+    quiet, task_log.disabled = task_log.disabled, True  # a listing does not repeat the data warnings of loading
+    try:
+        rows = [_task_row(spec, folder) for spec in TASKS.values()]
+    finally:
+        task_log.disabled = quiet
+    return pd.DataFrame(rows, columns=TASK_COLUMNS)
+
+
+def _format_params(count: float) -> str:
+    return f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.1f}M"
+
+
+def _offline_now(model: KnownModel) -> bool:
+    if model.offline is not None:
+        try:
+            spec = importlib.util.find_spec(model.offline.package)  # found without importing it
+        except (ImportError, ValueError):
+            return False
+        locations = list(spec.submodule_search_locations or []) if spec is not None else []
+        return any((Path(location) / model.offline.relative).exists() for location in locations)
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(model.name, "config.json"), str)
+    except Exception:  # a malformed local cache is "not available", never a crash of a listing
+        return False
+
+
+def model_catalog() -> Any:
+    """One row per model of :data:`~ilge_search.models.MODELS` (a ``pandas.DataFrame`` with :data:`MODEL_COLUMNS`).
+
+    ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns);
+    ``offline`` says whether it can be used without network access now (its
+    offline package is installed, or its config is in the local Hugging Face cache).
+    """
+    import pandas as pd
+
+    rows: List[Dict[str, Any]] = []
+    for model in MODELS:
+        rows.append({"model": model.name, "aliases": ", ".join(model.aliases), "layers": model.num_layers,
+                     "hidden_size": model.hidden_size, "parameters": _format_params(model.num_params),
+                     "size": model.size_bucket, "paper_name": model.paper_name or "",
+                     "offline": _offline_now(model),
+                     "offline_package": model.offline.pip_install if model.offline is not None else ""})
+    return pd.DataFrame(rows, columns=MODEL_COLUMNS)

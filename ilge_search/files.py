@@ -1,0 +1,181 @@
+"""Files written and read safely: temporary names that say who writes them, disk checks, UTF-8 text.
+
+A temporary file is named ``<final name>.tmp-<pid>-<random>@<host>`` (:func:`temp_name`),
+so a later process can tell a file whose writer died (its pid is gone on this host)
+from one that is still being written, and remove only the former
+(:func:`remove_stale_temp_files`). Temporary files of other hosts sharing the folder,
+and names without a writer, are left alone.
+
+:func:`check_writable` and :func:`check_free_space` run before expensive work, and
+:func:`disk_error` turns ENOSPC/EDQUOT/EROFS/EACCES raised later into one line;
+all three raise :class:`DiskError`, a ``ValueError`` so the CLI reports it as its
+error message. :func:`read_text_utf8` names the file, line and column of bytes that
+are not UTF-8.
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import os
+import re
+import shutil
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Type, Union
+
+__all__ = ["DiskError", "temp_name", "remove_stale_temp_files", "lock_is_held", "check_writable", "check_free_space",
+           "disk_error", "preallocate", "format_bytes", "read_text_utf8"]
+
+PathLike = Union[str, os.PathLike]
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
+_TEMP = re.compile(r"\.tmp-(?P<pid>\d+)-[0-9a-f]{8}@(?P<host>[A-Za-z0-9._-]+)$")
+
+
+class DiskError(ValueError):
+    """A folder is not writable or its disk is full; the message names the folder and what to do."""
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname()) or "localhost"
+
+
+def temp_name(final: PathLike) -> Path:
+    """A temporary sibling of ``final`` that records this process (pid and host)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}@{_host()}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temp_files(folder: PathLike, busy: Optional[Callable[[Path], bool]] = None) -> List[Path]:
+    """Remove temporary files and folders in ``folder`` whose writer was a process of this
+    host that no longer runs (and, if given, for which ``busy(path)`` is false: a second
+    check, e.g. a lock the writer would hold, for pids from another pid namespace); return
+    what was removed. Never raises for I/O errors."""
+    folder = Path(folder)
+    if os.name != "posix" or not folder.is_dir():  # os.kill(pid, 0) only probes on POSIX
+        return []
+    removed = []
+    host = _host()
+    try:
+        candidates = list(folder.glob(".*.tmp-*"))
+    except OSError:
+        return []
+    for path in candidates:
+        match = _TEMP.search(path.name)
+        if match is None or match["host"] != host:
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid() or _pid_alive(pid) or (busy is not None and busy(path)):
+            continue
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except OSError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def lock_is_held(lock_path: PathLike) -> bool:
+    """Whether some process holds the file lock at ``lock_path`` (a lock that cannot be opened
+    counts as held, so nothing is removed on doubt)."""
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(str(lock_path), timeout=0):
+            return False
+    except (Timeout, OSError):
+        return True
+
+
+def format_bytes(count: float) -> str:
+    """``1.5 MB`` style (powers of 1024)."""
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if abs(count) < 1024 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "bytes" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def check_writable(folder: PathLike, what: str, fix: str) -> Path:
+    """Create ``folder`` if needed and make sure a file can be created in it (a real write, so
+    read-only mounts and root alike are caught); raise :class:`DiskError` otherwise."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise DiskError(f"{what} {folder} is not writable ({exc.strerror or exc}); {fix}") from None
+    return folder
+
+
+def check_free_space(folder: PathLike, needed: int, what: str, fix: str) -> None:
+    """Raise :class:`DiskError` if the disk holding ``folder`` has less than ``needed`` bytes free."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return  # unknown: the write itself will tell
+    if free < needed:
+        raise DiskError(f"not enough free space for {what} in {folder}: it needs {format_bytes(needed)}, "
+                        f"{format_bytes(free)} is free; {fix}")
+
+
+def disk_error(exc: OSError, folder: PathLike, what: str, fix: str) -> Optional[DiskError]:
+    """A one-line :class:`DiskError` for a full or read-only disk, None for other errors."""
+    if exc.errno not in DISK_ERRNOS:
+        return None
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        problem = f"the disk holding {folder} is full ({exc.strerror})"
+    else:
+        problem = f"{folder} is not writable ({exc.strerror})"
+    return DiskError(f"{problem} while writing {what}; nothing half-written was kept; {fix}")
+
+
+def read_text_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> str:
+    """The file's text (a leading byte-order mark dropped); bytes that are not UTF-8 raise
+    ``error`` (a ``ValueError`` class) naming the file, the line and the column."""
+    path = Path(path)
+    data = path.read_bytes()
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        start = bom + exc.start
+        line = data.count(b"\n", 0, start) + 1
+        column = start - (data.rfind(b"\n", 0, start) + 1) + 1
+        raise error(f"{path}: line {line}, column {column} is not valid UTF-8 (byte 0x{data[start]:02x} "
+                         f"at offset {start}: {exc.reason}); save the file as UTF-8") from None
+
+
+def preallocate(handle: Any, size: int) -> None:
+    """Give the open file ``size`` bytes of real disk blocks now, so a full disk fails here with
+    ENOSPC instead of later, inside a memory-mapped write, with a bus error."""
+    handle.flush()
+    try:
+        os.posix_fallocate(handle.fileno(), 0, size)
+        return
+    except AttributeError:  # no posix_fallocate (macOS, Windows)
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+    handle.seek(0, os.SEEK_END)
+    zeros = bytes(1 << 20)
+    while handle.tell() < size:
+        handle.write(zeros[:size - handle.tell()])
+    handle.flush()

@@ -1,0 +1,394 @@
+"""From a finished study to labels: export its model, then label files with it.
+
+- :func:`export_study` is ``ilge-search export``: ``ILGEClassifier.from_study``
+  written with ``ILGEClassifier.save`` (``model.safetensors`` + ``ilge_classifier.json``).
+- :func:`predict_file` is ``ilge-search predict``: it reads JSONL, CSV/TSV,
+  Parquet or plain text (one text per line) chunk by chunk, embeds each chunk
+  through the one embedding cache (:meth:`~ilge_search.cache.EmbeddingCache.get_or_extract_texts`,
+  the base model loaded once), and writes one JSONL or CSV/TSV row per input row,
+  in order. Memory stays flat in the number of rows: only one chunk is held.
+
+The input is read twice: a first pass checks the columns and every text (and
+counts the rows for the progress bar) before any model loads, so a bad row 90,000
+fails at once, not after an hour of inference. The output is written under a
+temporary name and renamed when complete; an existing file is never replaced
+unless ``overwrite`` is given.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
+
+from .classifier import META_FILE, ILGEClassifier
+from .files import check_writable, disk_error, temp_name
+from .validation import check_int
+
+__all__ = ["export_study", "predict_file", "PredictSummary", "INPUT_SUFFIXES", "OUTPUT_SUFFIXES"]
+
+PathLike = Union[str, os.PathLike]
+INPUT_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".txt")
+OUTPUT_SUFFIXES = (".jsonl", ".csv", ".tsv")
+DEFAULT_TEXT_COL = "text"
+DEFAULT_PAIR_COLS = ("sentence1", "sentence2")
+PLAIN_TEXT_COL = "text"  # the one column of a plain-text input
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir} exists and is not a folder; pass another --out")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise ValueError(f"{out_dir} exists and is not empty; pass another --out, or --overwrite to replace "
+                             "the model files in it")
+        if not (out_dir / META_FILE).is_file():
+            raise ValueError(f"{out_dir} holds files that are not an exported model; pass an empty or new --out")
+
+
+def export_study(storage: Any, study_name: str, out_dir: PathLike, *, seed: int = 0, retrain: bool = False,
+                 artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
+                 cache_dir: Optional[PathLike] = None, device: str = "auto", overwrite: bool = False,
+                 verbose: bool = False) -> ILGEClassifier:
+    """Write a finished study's model to ``out_dir`` as an ``ILGEClassifier`` folder; return the classifier.
+
+    See :meth:`ILGEClassifier.from_study` for which weights are exported. ``out_dir``
+    must be new or empty (or, with ``overwrite``, an earlier export), checked first.
+    """
+    out_dir = Path(out_dir).expanduser()
+    _check_out_dir(out_dir, overwrite)
+    clf = ILGEClassifier.from_study(storage, study_name, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
+                                    data_dir=data_dir, cache_dir=cache_dir, device=device, verbose=verbose)
+    clf.save(out_dir)
+    return clf
+
+
+# ----------------------------------------------------------------------------- reading inputs
+
+
+def _suffix(path: Path, allowed: Sequence[str], what: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix == ".ndjson":
+        suffix = ".jsonl"
+    if suffix not in allowed:
+        raise ValueError(f"{path}: unsupported {what} file type {path.suffix or '(none)'!r}; "
+                         f"use one of {', '.join(allowed)}")
+    return suffix
+
+
+def _text(value: Any) -> Optional[str]:
+    """A cell as text; ``None`` when it is missing, blank or not a scalar (a JSON list or object)."""
+    if value is None or isinstance(value, (dict, list)) or (isinstance(value, float) and math.isnan(value)):
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text if text.strip() else None
+
+
+def _lines(path: Path) -> Iterator[Tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, read lazily; bad bytes are one clear error."""
+    line_number = 0
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            for line_number, line in enumerate(handle, 1):
+                yield line_number, line
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: line {line_number + 1} is not valid UTF-8 ({exc.reason}); save the file as "
+                         "UTF-8") from None
+
+
+def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
+    chunk: List[List[Any]] = []
+    for line_number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {line_number} is not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {line_number} is not a JSON object")
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise ValueError(f"{path}: line {line_number} has no column {missing[0]!r} (it has "
+                             f"{', '.join(map(str, row)) or 'none'}); pass --text-col/--text-cols")
+        chunk.append([row[c] for c in columns])
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[List[List[Any]]]:
+    import pandas as pd
+
+    options = dict(sep=sep, dtype=str, keep_default_na=False, na_filter=False,
+                   quoting=csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL)
+    try:
+        header = list(pd.read_csv(path, nrows=0, **options).columns)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path} is empty; it needs a header row and at least one row") from None
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {', '.join(header) or 'none'}); "
+                         "pass --text-col/--text-cols with one of them")
+    try:
+        for frame in pd.read_csv(path, usecols=list(columns), chunksize=size, **options):
+            yield frame[list(columns)].values.tolist()
+    except pd.errors.ParserError as exc:
+        raise ValueError(f"could not read {path}: {exc}") from None
+
+
+def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError("reading Parquet needs pyarrow: pip install pyarrow (or convert the file to "
+                         "JSONL/CSV)") from None
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow's errors for a file that is not Parquet
+        raise ValueError(f"could not read {path} as Parquet: {exc}") from None
+    names = parquet.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
+                         "pass --text-col/--text-cols with one of them")
+    for batch in parquet.iter_batches(batch_size=size, columns=list(columns)):
+        values = [batch.column(c).to_pylist() for c in columns]
+        yield [list(row) for row in zip(*values, strict=True)]
+
+
+def _text_chunks(path: Path, size: int) -> Iterator[List[List[Any]]]:
+    chunk: List[List[Any]] = []
+    for _, line in _lines(path):
+        chunk.append([line.rstrip("\r\n")])
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
+    """Rows of ``columns`` (raw cell values), ``size`` at a time, in file order."""
+    if suffix == ".jsonl":
+        return _jsonl_chunks(path, columns, size)
+    if suffix in (".csv", ".tsv"):
+        return _csv_chunks(path, columns, size, "\t" if suffix == ".tsv" else ",")
+    if suffix == ".parquet":
+        return _parquet_chunks(path, columns, size)
+    return _text_chunks(path, size)
+
+
+def _checked_texts(chunk: List[List[Any]], columns: Sequence[str], first_row: int, path: Path,
+                   row_word: str) -> List[List[str]]:
+    rows = []
+    for offset, cells in enumerate(chunk):
+        texts = [_text(value) for value in cells]
+        for column, text in zip(columns, texts, strict=True):
+            if text is None:
+                where = f"{row_word} {first_row + offset}" + ("" if row_word == "line" else f", column {column!r},")
+                raise ValueError(f"{path}: {where} is empty or not a text; every row needs one (fill or remove it)")
+        rows.append(texts)
+    return rows
+
+
+# ----------------------------------------------------------------------------- writing outputs
+
+
+class _Writer:
+    """JSONL (one object per row) or CSV/TSV (a header, then one line per row)."""
+
+    def __init__(self, handle: TextIO, kind: str, columns: Sequence[str], value_columns: Sequence[str]) -> None:
+        self.handle, self.kind = handle, kind
+        self.header = ["row", *columns, *value_columns]
+        if kind in (".csv", ".tsv"):
+            self.csv = csv.writer(handle, delimiter="\t" if kind == ".tsv" else ",", lineterminator="\n")
+            self.csv.writerow(self.header)
+
+    def write(self, record: Dict[str, Any]) -> None:
+        if self.kind == ".jsonl":
+            self.handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            flat = dict(record)
+            flat.update({f"proba_{name}": p for name, p in flat.pop("proba", {}).items()})
+            self.csv.writerow([flat[name] for name in self.header])
+
+
+def _json_value(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+# ----------------------------------------------------------------------------- predict
+
+
+@dataclass
+class PredictSummary:
+    """What :func:`predict_file` did."""
+
+    rows: int
+    out: Optional[Path]
+    task_kind: str
+    seconds: float
+    notes: List[str] = field(default_factory=list)
+
+
+def _resolve_columns(clf: ILGEClassifier, suffix: str, text_col: Optional[str],
+                     text_cols: Optional[Sequence[str]]) -> Tuple[str, ...]:
+    similarity = clf.task_kind_ == "similarity"
+    if similarity:
+        if text_col is not None:
+            raise ValueError("this similarity model scores sentence pairs: pass --text-cols a,b, not --text-col")
+        if suffix == ".txt":
+            raise ValueError("a plain-text file holds one text per line, but this similarity model scores pairs: "
+                             "use JSONL, CSV/TSV or Parquet with two text columns (--text-cols a,b)")
+        columns = tuple(text_cols) if text_cols else DEFAULT_PAIR_COLS
+        if len(columns) != 2 or not all(c.strip() for c in columns):
+            raise ValueError(f"--text-cols needs exactly two column names, got {','.join(columns)!r}")
+        return columns
+    if text_cols:
+        raise ValueError("this model classifies single texts: pass --text-col, not --text-cols (that is for "
+                         "similarity models)")
+    if suffix == ".txt":
+        if text_col is not None:
+            raise ValueError("a plain-text file has one text per line and no columns; drop --text-col")
+        return (PLAIN_TEXT_COL,)
+    return (text_col or DEFAULT_TEXT_COL,)
+
+
+def _scan(path: Path, suffix: str, columns: Sequence[str], chunk_rows: int) -> int:
+    """Check every row's texts (no model loads); return the number of rows."""
+    rows = 0
+    for chunk in _chunks(path, suffix, columns, chunk_rows):
+        _checked_texts(chunk, columns, 1 + rows, path, "line" if suffix == ".txt" else "row")
+        rows += len(chunk)
+    if rows == 0:
+        raise ValueError(f"{path} has no rows; nothing to predict")
+    return rows
+
+
+def predict_file(model_dir: PathLike, input_path: PathLike, out: Optional[PathLike] = None, *,
+                 text_col: Optional[str] = None, text_cols: Optional[Sequence[str]] = None, proba: bool = False,
+                 chunk_rows: int = 512, batch_size: int = 32, cache_dir: Optional[PathLike] = None,
+                 device: str = "auto", overwrite: bool = False, progress: bool = True,
+                 base_model: Optional[PathLike] = None, stream: Optional[TextIO] = None) -> PredictSummary:
+    """Label every row of ``input_path`` with the model saved in ``model_dir``.
+
+    Args:
+        model_dir: a folder written by ``ILGEClassifier.save`` or ``ilge-search export``.
+        input_path: ``.jsonl``, ``.csv``, ``.tsv``, ``.parquet`` or ``.txt`` (one text per line).
+        out: ``.jsonl``, ``.csv`` or ``.tsv``; ``None`` writes JSONL to ``stream`` (default stdout).
+        text_col: the text column (default ``text``); ``text_cols``: the two columns of a
+            similarity model's pairs (default ``sentence1``, ``sentence2``).
+        proba: add the class probabilities (classifiers only).
+        chunk_rows: rows read, embedded and written at a time (the memory bound).
+        batch_size, cache_dir, device: texts per LLM forward pass, embedding cache, device.
+        overwrite: replace ``out`` if it exists.
+        progress: a progress bar over rows on stderr.
+        base_model: the frozen model to embed with instead of the recorded one (needed when that
+            is a local folder outside ``model_dir``, which ``ILGEClassifier.load`` does not follow).
+
+    Each output row holds ``row`` (the input row's number, from 1; a CSV header and
+    blank JSONL lines are not counted), the input text(s), and ``label`` (plus
+    ``proba`` per class) or, for a similarity model, ``score``.
+
+    Raises:
+        ValueError: a bad model folder, file type, column or empty text, an empty
+            input, or an existing ``out`` -- all before the model loads.
+    """
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    check_int("chunk_rows", chunk_rows)
+    input_path = Path(input_path).expanduser()
+    if not input_path.is_file():
+        raise ValueError(f"input file {input_path} does not exist")
+    suffix = _suffix(input_path, INPUT_SUFFIXES, "input")
+    out_path = None if out is None else Path(out).expanduser()
+    out_kind = ".jsonl" if out_path is None else _suffix(out_path, OUTPUT_SUFFIXES, "output")
+    if out_path is not None:
+        if out_path.resolve() == input_path.resolve():
+            raise ValueError("--out is the input file; write the predictions somewhere else")
+        if out_path.exists() and not overwrite:
+            raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
+        check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
+    clf = ILGEClassifier.load(model_dir, device=device, cache_dir=cache_dir, batch_size=batch_size,
+                              base_model=base_model)
+    similarity = clf.task_kind_ == "similarity"
+    if proba and similarity:
+        raise ValueError("--proba is for classifiers; this similarity model gives one score per pair")
+    if clf.base_model is None:
+        raise ValueError(f"{model_dir} was saved without a base model, so it cannot embed texts")
+    columns = _resolve_columns(clf, suffix, text_col, text_cols)
+    total = _scan(input_path, suffix, columns, chunk_rows)  # ---- pass 1: every text checked, no model loaded
+
+    from .cache import EmbeddingCache
+
+    notes: List[str] = []
+    value_columns = ["score"] if similarity else ["label"] + (
+        [f"proba_{c}" for c in clf.classes_.tolist()] if proba and out_kind != ".jsonl" else [])
+    if out_path is not None:
+        tmp = temp_name(out_path)
+        handle: TextIO = open(tmp, "w", encoding="utf-8", newline="")
+    else:
+        tmp, handle = None, stream or sys.stdout
+    bar = tqdm(total=total, unit="row", desc=f"predict {input_path.name}", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+    try:
+        with EmbeddingCache(cache_dir) as cache:
+            source = cache.resolve(clf.base_model)
+            recorded = (getattr(clf, "provenance_", None) or {}).get("model_revision")
+            if recorded and recorded != source.revision:
+                notes.append(f"the weights of {clf.base_model!r} differ from those the model was trained on "
+                             f"({source.revision[:19]} vs {recorded[:19]}); predictions may be off")
+            writer = _Writer(handle, out_kind, columns, value_columns)
+            row = 0  # rows written so far; the output's "row" counts from 1, as error messages do
+            for chunk in _chunks(input_path, suffix, columns, chunk_rows):  # ---- pass 2
+                texts = _checked_texts(chunk, columns, row + 1, input_path, "line" if suffix == ".txt" else "row")
+                flat = [text for cells in texts for text in cells]
+                features = cache.get_or_extract_texts(source, flat, pooling=clf.token_pooling,
+                                                      max_length=clf.max_length, batch_size=clf.batch_size,
+                                                      device=device, progress=False)
+                if similarity:
+                    features = features.view(len(texts), 2, *features.shape[1:])
+                    values = [{"score": float(s)} for s in clf.predict_embeddings(features)]
+                else:
+                    probabilities = clf.predict_proba_embeddings(features)
+                    labels = clf.classes_[probabilities.argmax(axis=1)]
+                    values = [{"label": _json_value(label)} for label in labels]
+                    if proba:
+                        names = [str(_json_value(c)) for c in clf.classes_]
+                        for value, p in zip(values, probabilities, strict=True):
+                            value["proba"] = {name: float(x) for name, x in zip(names, p, strict=True)}
+                for cells, value in zip(texts, values, strict=True):
+                    row += 1
+                    writer.write({"row": row, **dict(zip(columns, cells, strict=True)), **value})
+                bar.update(len(texts))
+        if tmp is not None:
+            handle.close()
+            os.replace(tmp, out_path)
+        else:
+            handle.flush()
+    except OSError as exc:
+        problem = disk_error(exc, out_path.parent if out_path is not None else Path.cwd(), "the predictions",
+                             "free some space or pass another --out")
+        if problem is None:
+            raise
+        raise problem from None
+    finally:
+        bar.close()
+        if tmp is not None:
+            handle.close()
+            tmp.unlink(missing_ok=True)
+    return PredictSummary(rows=row, out=out_path, task_kind=clf.task_kind_, seconds=time.perf_counter() - started,
+                          notes=notes)

@@ -1,0 +1,239 @@
+"""A finished study's model, ready for use: the final evaluation's weights, or the best trial retrained once.
+
+:func:`load_study_model` reads a study back as a :class:`StudyModel`: the trained
+:class:`~ilge_search.engine.ILGEModel` (feature standardiser, aggregator and head),
+what running it on new texts needs (base model, token pooling, label names or
+score range) and where it came from (:attr:`StudyModel.provenance`).
+
+- A study with a final evaluation gives the weights that evaluation uploaded: the
+  best final seed *by validation* (``final_artifacts``, see :mod:`.final`).
+- A study without one (``--final-seeds 0``), or ``retrain=True``, gives the best
+  trial's configuration retrained once with ``seed`` by the one training engine,
+  exactly as the final evaluation trains each of its seeds (on a CPU, with the same
+  torch thread count, the weights are bit-identical to that seed's).
+
+``ILGEClassifier.from_study`` wraps the result into an estimator and
+``ILGEClassifier.save`` writes it; this module never imports the classifier,
+which sits in a higher layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .._version import __version__
+from ..configs import EncoderConfig, config_from_dict
+from ..storage import Storage, count_trials, open_storage
+from ..validation import check_int
+
+__all__ = ["StudyModel", "load_study_model", "STUDY_TOKEN_POOLING", "STUDY_MAX_LENGTH"]
+
+# how studies extract their features: the defaults of cache.load_task_embeddings, which study/data.py uses
+STUDY_TOKEN_POOLING = "mean"
+STUDY_MAX_LENGTH = 512
+
+PathLike = Union[str, os.PathLike]
+
+
+@dataclass
+class StudyModel:
+    """A study's trained model and everything needed to run it on new inputs.
+
+    Attributes:
+        model: the trained ``ILGEModel`` in eval mode (its standardiser statistics are buffers).
+        config: the encoder configuration it was trained with.
+        task_kind: ``"classification"`` or ``"similarity"``.
+        metric: the study's metric (``accuracy`` or ``spearman``).
+        base_model: the frozen model the features come from, as the study names it.
+        token_pooling, max_length: how the study pooled and truncated tokens.
+        num_layers, hidden_size: the shape ``(L, D)`` of one text's features.
+        label_names: class id -> name (empty for similarity).
+        score_range: ``(low, high)`` of the gold scores (similarity only).
+        provenance: study, trial, seed, storage (password hidden), scores and versions.
+    """
+
+    model: Any
+    config: EncoderConfig
+    task_kind: str
+    metric: str
+    base_model: str
+    token_pooling: str
+    max_length: int
+    num_layers: int
+    hidden_size: int
+    label_names: List[str] = field(default_factory=list)
+    score_range: Optional[Tuple[float, float]] = None
+    provenance: Dict[str, Any] = field(default_factory=dict)
+
+
+def _open_study(storage: Union[str, Storage, None], study_name: str) -> Tuple[Storage, Any]:
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    study = opened.load_study(study_name)
+    if study is None:
+        names = sorted(s.study_name for s in opened.study_summaries())
+        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
+        raise ValueError(f"no study {study_name!r} in {opened.shown_url}; it has: {shown or 'no studies'} "
+                         "(see `ilge-search studies`)")
+    if "model" not in study.user_attrs or "task_kind" not in study.user_attrs:
+        raise ValueError(f"study {study_name!r} was not created by `ilge-search run`; only its studies can be exported")
+    if not count_trials(study, ("COMPLETE",)):
+        raise ValueError(f"study {study_name!r} has no complete trial yet; run it first (`ilge-search run`)")
+    return opened, study
+
+
+def _base_model(name: str) -> str:
+    """The study's model name; a relative local folder becomes absolute, so the export works from anywhere."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.is_dir() else name
+
+
+def _download(storage: Storage, study: Any, artifact_id: str, target: Path,
+              artifact_dir: Optional[PathLike]) -> None:
+    """Fetch one artifact from the first artifact store that has it."""
+    from optuna.artifacts import FileSystemArtifactStore, download_artifact
+    from optuna.artifacts.exceptions import ArtifactNotFound
+
+    candidates = [Path(artifact_dir).expanduser()] if artifact_dir is not None else []
+    candidates.append(storage.artifact_dir)
+    if study.user_attrs.get("artifact_dir"):
+        candidates.append(Path(study.user_attrs["artifact_dir"]))
+    for folder in dict.fromkeys(candidates):
+        if not folder.is_dir():
+            continue
+        try:
+            download_artifact(artifact_store=FileSystemArtifactStore(folder), file_path=str(target),
+                              artifact_id=artifact_id)
+            return
+        except (ArtifactNotFound, FileNotFoundError):
+            continue
+    looked = ", ".join(str(f) for f in dict.fromkeys(candidates))
+    raise ValueError(f"the final weights of study {study.study_name!r} (artifact {artifact_id}) are not in {looked}; "
+                     "pass --artifact-dir with the folder `run` uploaded them to, or --retrain to train the best "
+                     "trial again")
+
+
+def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLike]) -> Tuple[Any, Dict[str, Any]]:
+    """The final evaluation's model (weights + config JSON artifacts) and its recorded metadata."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..engine import build_model
+
+    ids = study.user_attrs["final_artifacts"]
+    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
+        meta_path, weights_path = Path(tmp, "config.json"), Path(tmp, "model.safetensors")
+        _download(storage, study, ids["config"], meta_path, artifact_dir)
+        _download(storage, study, ids["weights"], weights_path, artifact_dir)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            state = load_file(str(weights_path))
+        except (ValueError, OSError, SafetensorError) as exc:
+            raise ValueError(f"the final artifacts of study {study.study_name!r} cannot be read ({exc}); "
+                             "pass --retrain to train the best trial again") from None
+    config = config_from_dict(meta["config"])
+    score_range = meta.get("score_range")
+    model = build_model(config, int(meta["num_layers"]), int(meta["hidden_size"]), meta["task_kind"],
+                        num_classes=meta.get("num_classes"),
+                        score_range=None if score_range is None else tuple(score_range))
+    expected = model.state_dict()
+    if set(expected) != set(state) or any(expected[k].shape != state[k].shape for k in expected):
+        raise ValueError(f"the final weights of study {study.study_name!r} do not match their config; "
+                         "pass --retrain to train the best trial again")
+    model.load_state_dict(state)
+    return model.eval(), meta
+
+
+def _retrained(study: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir: Optional[PathLike], device: str,
+               show_progress: bool) -> Tuple[Any, float]:
+    """The best trial's config trained once with ``seed`` on the study's data (as the final evaluation does)."""
+    from ..engine import train_encoder
+    from .data import DataSpec, load_study_data
+
+    attrs = study.user_attrs
+    spec = DataSpec(model=attrs["model"], task=attrs.get("task_path") or attrs["task"], shots=attrs.get("shots"),
+                    max_train=attrs.get("max_train"), max_eval=attrs.get("max_eval"),
+                    data_seed=int(attrs.get("data_seed", 0)),
+                    data_dir=None if data_dir is None else str(data_dir),
+                    cache_dir=None if cache_dir is None else str(cache_dir), device=device)
+    data = load_study_data(spec, with_test=False, progress=show_progress)
+    stored_keys = attrs.get("cache_keys") or {}
+    changed = [split for split in ("train", "validation")
+               if split in stored_keys and stored_keys[split] != data.cache_keys.get(split)]
+    if changed:
+        raise ValueError(f"the {'/'.join(changed)} data of task {attrs['task']!r} (or the model's weights) differ "
+                         f"from those study {study.study_name!r} was run on; pass the same --data-dir and model")
+    config = config_from_dict(study.best_trial.user_attrs["config"])
+    result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
+                           num_classes=data.num_classes, seed=seed, device=device)
+    return result.model, float(result.best_val_metric)
+
+
+def load_study_model(storage: Union[str, Storage, None], study_name: str, *, seed: int = 0, retrain: bool = False,
+                     artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
+                     cache_dir: Optional[PathLike] = None, device: str = "auto",
+                     show_progress: bool = False) -> StudyModel:
+    """The model a finished study found, with its provenance.
+
+    Args:
+        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`);
+            a SQLite file must exist.
+        study_name: the study (see ``ilge-search studies``).
+        seed: training seed when the best trial is retrained.
+        retrain: retrain the best trial even when a final evaluation exists.
+        artifact_dir: where the final weights were uploaded, if not next to the storage.
+        data_dir, cache_dir, device: for retraining (the task data and embedding cache).
+        show_progress: progress bars while retraining.
+
+    Raises:
+        ValueError: no such storage or study, no complete trial, missing or damaged
+            final artifacts, or task data that differ from the study's.
+    """
+    check_int("seed", seed, minimum=0)
+    opened, study = _open_study(storage, study_name)
+    attrs = study.user_attrs
+    has_final = bool(attrs.get("final_artifacts")) and "final_test_scores" in attrs
+    provenance: Dict[str, Any] = {
+        "study": study.study_name,
+        "storage": opened.shown_url,
+        "model": attrs["model"],
+        "model_revision": attrs.get("model_revision", ""),
+        "task": attrs["task"],
+        "encoder": attrs.get("encoder"),
+        "metric": attrs.get("metric"),
+        "data": {key: attrs.get(key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")},
+    }
+    if has_final and not retrain:
+        model, meta = _from_artifacts(opened, study, artifact_dir)
+        trained_seed = int(meta["seed"])
+        seeds = list(attrs.get("final_seeds", []))
+        test_scores = list(attrs.get("final_test_scores", []))
+        provenance.update(
+            source="final evaluation", trial=int(meta["trial"]), seed=trained_seed,
+            val_score=float(meta["val_metric"]),
+            test_score=test_scores[seeds.index(trained_seed)] if trained_seed in seeds else None,
+            trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
+            best_trial_now=study.best_trial.number,
+        )
+        config = config_from_dict(meta["config"])
+    else:
+        model, val_score = _retrained(study, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
+                                      show_progress=show_progress)
+        provenance.update(source="retrained", trial=study.best_trial.number, seed=seed, val_score=val_score,
+                          test_score=None)
+        config = config_from_dict(study.best_trial.user_attrs["config"])
+    provenance.update(ilge_search_version=__version__,
+                      exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    task_kind = str(attrs["task_kind"])
+    return StudyModel(
+        model=model, config=config, task_kind=task_kind, metric=str(attrs.get("metric", "")),
+        base_model=_base_model(str(attrs["model"])), token_pooling=STUDY_TOKEN_POOLING,
+        max_length=STUDY_MAX_LENGTH, num_layers=int(model.aggregator.num_layers),
+        hidden_size=int(model.aggregator.hidden_in),
+        label_names=list(attrs.get("label_names") or []) if task_kind == "classification" else [],
+        score_range=model.score_range, provenance=provenance)

@@ -1,0 +1,46 @@
+"""Fixtures for fault tests: small tmpfs mounts (a full disk, a read-only disk) and tiny task folders."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+
+def _mount(target: Path, options: str) -> bool:
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True)
+    return done.returncode == 0
+
+
+def _umount(target: Path) -> None:
+    subprocess.run(["umount", "-l", str(target)], capture_output=True)
+
+
+@pytest.fixture()
+def small_disk(tmp_path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a disk that is (almost) full for any real cache entry."""
+    target = tmp_path / "small-disk"
+    if not _mount(target, "size=1m"):
+        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); the full-disk checks are not run")
+    yield target
+    _umount(target)
+
+
+@pytest.fixture()
+def read_only_dir(tmp_path) -> Iterator[Path]:
+    """An empty folder no process can write to: a read-only tmpfs mount, or (not root) mode 0555."""
+    target = tmp_path / "read-only"
+    if _mount(target, "size=1m,ro"):
+        yield target
+        _umount(target)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("root ignores file modes and mounting a read-only tmpfs failed")
+    target.mkdir(exist_ok=True)
+    target.chmod(0o555)
+    yield target
+    target.chmod(0o755)

@@ -1,0 +1,109 @@
+"""Helpers shared by the reliability tests: the CLI in a subprocess, plain-SQLite reads, tmpfs mounts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import pytest
+
+MODEL = "minilm-l6"
+SMALL = ["--max-train", "240", "--max-eval", "160", "--max-epochs", "6"]
+SMALL_NAME = "train240:eval160:ep6"
+
+
+def cache_trec_subset(data_dir: Path, cache_dir: Path) -> Path:
+    """Train, validation and test embeddings of the trec subset of ``SMALL`` in ``cache_dir`` (the subset of
+    tests/test_study.py, so a session extracts it once; later calls are cache hits)."""
+    from ilge_search.cache import load_task_embeddings
+    from ilge_search.study.data import DataSpec, load_task_data
+
+    task = load_task_data(DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir)))
+    load_task_embeddings(MODEL, task, cache_dir=cache_dir, splits=["train", "validation", "test"], device="cpu",
+                         progress=False)
+    return cache_dir
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def cli_command(*args: str) -> List[str]:
+    """The `ilge-search` entry point, run by this interpreter."""
+    return [sys.executable, "-c", "from ilge_search.cli import cli; cli()", *args]
+
+
+def subprocess_env(**extra: str) -> Dict[str, str]:
+    return dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **extra)
+
+
+def run_args(db: Path, data_dir: Path, cache_dir: Path, *more: str) -> List[str]:
+    """``ilge-search run`` on the cached trec subset, no final evaluation, no pruning."""
+    return ["run", "--model", MODEL, "--task", "trec", "--storage", sqlite_url(db), "--final-seeds", "0",
+            "--pruner", "none", "--data-dir", str(data_dir), "--cache-dir", str(cache_dir), "--device", "cpu",
+            "--quiet", *SMALL, *more]
+
+
+def trials(db: Path) -> Dict[int, Tuple[str, int]]:
+    """``{number: (state, epochs reported)}`` read with plain sqlite3, as another process sees it mid-run."""
+    if not db.exists():
+        return {}
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'trial_intermediate_values'").fetchone() is None:
+            return {}
+        rows = conn.execute(
+            "SELECT t.number, t.state, COUNT(v.trial_intermediate_value_id) FROM trials t "
+            "LEFT JOIN trial_intermediate_values v ON v.trial_id = t.trial_id GROUP BY t.trial_id").fetchall()
+    return {number: (state, epochs) for number, state, epochs in rows}
+
+
+def integrity(db: Path) -> str:
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def wait_for(condition, timeout: float, proc: "subprocess.Popen | None" = None, step: float = 0.05):
+    """Poll ``condition()`` until it is truthy (its value is returned) or ``timeout`` passes (``None``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            return condition() or None
+        time.sleep(step)
+    return None
+
+
+@contextlib.contextmanager
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A tiny tmpfs mounted at ``folder`` (skips the test where mounting is not allowed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def remount_read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into ``folder`` until its filesystem is full."""
+    filler = folder / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        with contextlib.suppress(OSError):
+            while True:
+                handle.write(b"\0" * 4096)
+    return filler

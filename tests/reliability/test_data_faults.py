@@ -1,0 +1,185 @@
+"""Faulty task data is refused (or warned about) in one line, before any model loads.
+
+Each test builds a tiny task in tmp_path; ``no_model_loads`` fails a test the moment a model or
+tokenizer would load, so "refused before the model" is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from faultkit import labelled, sentences, write_task
+
+from ilge_search.cache import load_task_embeddings
+from ilge_search.cli import cli
+from ilge_search.study.sweep import load_sweep
+from ilge_search.tasks import TaskError, few_shot, load_task, subsample
+
+
+def _one_line_error(result) -> str:
+    """The CLI's message for a refused command: exit 1, ``Error: ...`` on one line, no traceback."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert "Traceback" not in result.output
+    assert lines[-1].startswith("Error: ")
+    return lines[-1]
+
+
+# ----------------------------------------------------------------------------- a single label
+
+
+def test_single_label_task_is_refused_before_any_model_load(tmp_path, no_model_loads):
+    task = write_task(tmp_path / "one-label", {"train": labelled(40, ["spam"]), "test": labelled(10, ["spam"], 100)})
+    cache = tmp_path / "cache"
+    with pytest.raises(TaskError, match="every row has the label 'spam'; a classifier needs at least two labels"):
+        load_task_embeddings("minilm-l6", task, cache_dir=cache, device="cpu", progress=False)
+    assert not (cache / "embeddings").exists()  # nothing extracted, nothing written
+
+    db = tmp_path / "studies.db"
+    result = CliRunner().invoke(cli, ["run", "--model", "minilm-l6", "--task", str(task), "--storage",
+                                      f"sqlite:///{db}", "--cache-dir", str(cache), "--device", "cpu", "--quiet",
+                                      "--n-trials", "1", "--final-seeds", "0"])
+    assert "at least two labels" in _one_line_error(result)
+
+
+# ----------------------------------------------------------------------------- lists and dicts
+
+
+@pytest.mark.parametrize("column, value, kind", [
+    ("label", ["sports", "politics"], "list"),
+    ("label", {"name": "sports"}, "dict"),
+    ("text", ["two", "sentences"], "list"),
+])
+def test_list_or_dict_values_are_refused_naming_the_rows(tmp_path, no_model_loads, column, value, kind):
+    rows = labelled(30, ["a", "b"])
+    for row in (rows[3], rows[7]):
+        row[column] = value
+    task = write_task(tmp_path / "nested", {"train": rows, "test": labelled(10, ["a", "b"], 100)})
+    with pytest.raises(TaskError) as caught:
+        load_task_embeddings("minilm-l6", task, cache_dir=tmp_path / "cache", device="cpu", progress=False)
+    message = str(caught.value)
+    assert f"column {column!r} holds {kind} values at row(s) 4, 8" in message
+    assert "one value per row" in message and "\n" not in message
+
+
+# ----------------------------------------------------------------------------- --max-train and --shots
+
+
+def _ten_labels(tmp_path: Path) -> Path:
+    # 10 labels, 12..21 training rows each (the largest has 21)
+    rows = [row for i in range(10) for row in labelled(12 + i, [f"l{i}"], 100 * i)]
+    return write_task(tmp_path / "ten", {"train": rows, "validation": labelled(20, [f"l{i}" for i in range(10)], 5000),
+                                         "test": labelled(20, [f"l{i}" for i in range(10)], 6000)})
+
+
+def test_max_train_below_the_number_of_labels_warns_in_one_line(tmp_path, caplog):
+    task = load_task(_ten_labels(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+        kept = subsample(task, 6, seed=0, splits=["train"])
+    assert len(kept["train"]) == 6 and len(set(kept["train"].labels.tolist())) == 6
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["warning: task 'ten': 4 of 10 labels have no example among the 6 training rows kept "
+                        "(--max-train 6), so they can never be predicted; use --max-train 10 or more, or --shots."]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+        subsample(task, 10, seed=0, splits=["train"])  # one row per label: nothing to warn about
+        subsample(task, 3, seed=0, splits=["validation", "test"])  # evaluation caps never warn
+    assert not caplog.records
+
+
+def test_shots_above_every_label_count_is_refused_before_any_model_load(tmp_path, no_model_loads):
+    folder = _ten_labels(tmp_path)
+    task = load_task(folder)
+    assert len(few_shot(task, 21, seed=0)["train"]) == sum(range(12, 22))  # = the largest label: allowed
+    with pytest.raises(TaskError, match=r"shots_per_label=22 \(--shots\) is more than any label of 'ten' has in "
+                                        r"train \(the largest has 21\).*Use --shots 21 or fewer"):
+        few_shot(task, 22, seed=0)
+
+    result = CliRunner().invoke(cli, ["run", "--model", "minilm-l6", "--task", str(folder), "--shots", "500",
+                                      "--storage", f"sqlite:///{tmp_path / 's.db'}", "--cache-dir",
+                                      str(tmp_path / "cache"), "--device", "cpu", "--quiet", "--n-trials", "1",
+                                      "--final-seeds", "0"])
+    assert "the largest has 21" in _one_line_error(result)
+
+
+# ----------------------------------------------------------------------------- test rows in train
+
+
+def test_test_rows_duplicated_in_train_are_counted_in_a_one_line_warning(tmp_path, caplog):
+    train = labelled(40, ["a", "b"])
+    test = train[5:12] + labelled(13, ["a", "b"], 500)  # 7 of 20 test rows copied from train
+    folder = write_task(tmp_path / "leaky", {"train": train, "validation": labelled(10, ["a", "b"], 900),
+                                             "test": test})
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+        load_task(folder)
+        load_task(folder)  # the same data again: not repeated
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(messages) == 1 and "\n" not in messages[0]
+    assert messages[0].startswith("warning: task 'leaky': 7 of 20 test rows also appear in train (same text)")
+
+    caplog.clear()
+    clean = write_task(tmp_path / "clean", {"train": train, "test": labelled(20, ["a", "b"], 500)})
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+        load_task(clean)
+    assert not caplog.records
+
+
+def test_duplicated_sentence_pairs_are_counted_too(tmp_path, caplog):
+    pairs = [{"sentence1": a, "sentence2": b, "score": float(i % 5)}
+             for i, (a, b) in enumerate(zip(sentences(30), sentences(30, 300), strict=True))]
+    folder = write_task(tmp_path / "pairs", {"train": pairs, "test": pairs[:4] + pairs[-1:]})
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+        task = load_task(folder)
+    train_pairs = set(task["train"].pairs)
+    expected = sum(1 for pair in task["test"].pairs if pair in train_pairs)  # validation was carved from train
+    assert expected >= 1
+    assert [r.getMessage()[:60] for r in caplog.records] == [
+        f"warning: task 'pairs': {expected} of 5 test rows also appear in train"[:60]]
+
+
+# ----------------------------------------------------------------------------- bytes that are not UTF-8
+
+
+def test_non_utf8_jsonl_names_the_file_and_the_line(tmp_path, no_model_loads):
+    folder = write_task(tmp_path / "latin1", {"train": labelled(20, ["a", "b"]), "test": labelled(6, ["a", "b"], 50)})
+    path = folder / "train.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[11] = lines[11].replace(b"the ", b"the caf\xe9 ", 1)  # line 12, Latin-1
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(TaskError) as caught:
+        load_task_embeddings("minilm-l6", folder, cache_dir=tmp_path / "cache", device="cpu", progress=False)
+    offset = sum(len(line) + 1 for line in lines[:11]) + len('{"text": "the caf')
+    assert str(caught.value).startswith(f"{path}: line 12, column 18 is not valid UTF-8 (byte 0xe9 at offset {offset}:")
+    assert "save the file as UTF-8" in str(caught.value)
+
+
+@pytest.mark.parametrize("suffix, sep", [(".csv", b","), (".tsv", b"\t")])
+def test_non_utf8_csv_and_tsv_name_the_file_and_the_line(tmp_path, suffix, sep):
+    rows = [b"text" + sep + b"label"] + [text.encode() + sep + label for text, label in
+                                        zip(sentences(8), [b"a", b"b"] * 4, strict=True)]
+    rows[6] = b"na\xefve caf\xe9" + sep + b"a"  # line 7
+    path = tmp_path / f"task{suffix}"
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    with pytest.raises(TaskError, match=rf"^{path}: line 7, column 3 is not valid UTF-8 \(byte 0xef"):
+        load_task(path)
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.csv"
+    path.write_bytes(b"\xef\xbb\xbftext,label\n" + b"".join(f"{t},{'ab'[i % 2]}\n".encode()
+                                                          for i, t in enumerate(sentences(12))))
+    assert load_task(path, text_col="text", label_col="label").label_names == ["a", "b"]
+
+
+def test_non_utf8_sweep_toml_names_the_file_and_the_line(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_bytes(b'models = ["minilm-l6"]\ntasks = ["trec"]\n# r\xe9sum\xe9 of the grid\nencoders = ["fc"]\n')
+    with pytest.raises(ValueError, match=rf"^{path}: line 3, column 4 is not valid UTF-8 \(byte 0xe9 at offset 43"):
+        load_sweep(path)
+    result = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run"])
+    assert "line 3, column 4 is not valid UTF-8" in _one_line_error(result)

@@ -1,0 +1,176 @@
+"""Default outputs never overwrite shipped or committed files.
+
+``recommend`` writes the user's defaults file unless told ``--update-shipped``; ``recommended_config`` reads
+that file over the shipped one. ``report`` writes only into a folder it made (or with ``--force``) and removes
+only files it wrote before. Run on a copy of the committed storage ``reports/offline.db``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ilge_search import tuning
+from ilge_search.cli import cli
+from ilge_search.report import MANIFEST_NAME
+from ilge_search.tuning import load_recommended_defaults, recommended_config
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORTS = ROOT / "reports"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def tree(folder: Path) -> dict:
+    """Every file under ``folder`` with its sha256."""
+    return {str(p.relative_to(folder)): digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def storage_copy(tmp_path_factory):
+    copy = tmp_path_factory.mktemp("committed") / "offline.db"
+    shutil.copyfile(REPORTS / "offline.db", copy)
+    return f"sqlite:///{copy}"
+
+
+@pytest.fixture()
+def user_config(tmp_path, monkeypatch):
+    """A user config folder of this test's own (no $ILGE_SEARCH_DEFAULTS)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("ILGE_SEARCH_DEFAULTS", raising=False)
+    return tmp_path / "config" / "ilge-search"
+
+
+# ----------------------------------------------------------------------------- recommend
+
+
+def test_recommend_writes_the_user_file_and_leaves_the_shipped_one(storage_copy, user_config, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # a default that pointed into the working folder would show up here
+    shipped = digest(tuning.RECOMMENDED_DEFAULTS_PATH)
+    result = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--family", "cayley"])
+    assert result.exit_code == 0, result.output
+    written = user_config / "recommended_defaults.json"
+    assert result.output.strip().splitlines()[-1] == f"wrote {written} and {written.with_suffix('.md')}"
+    assert list(json.loads(written.read_text())["families"]) == ["cayley"]
+    assert written.with_suffix(".md").read_text().startswith("# Defaults by model size")
+    assert digest(tuning.RECOMMENDED_DEFAULTS_PATH) == shipped  # the package's own file is untouched
+    assert list(tmp_path.iterdir()) == [tmp_path / "config"]  # nothing in the working folder (no reports/)
+
+
+def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config, monkeypatch, tmp_path):
+    shipped = load_recommended_defaults()
+    user_config.mkdir(parents=True)
+    (user_config / "recommended_defaults.json").write_text(json.dumps(
+        {"format_version": 1, "metadata": {}, "families": {"cayley": {"small": {"lr": 0.0123}}}}))
+    cayley = recommended_config("cayley")
+    assert cayley.lr == 0.0123
+    assert cayley.hidden_dim == shipped["cayley"]["small"]["hidden_dim"]  # fields the user file lacks: shipped
+    assert recommended_config("fc").lr == shipped["fc"]["small"]["lr"]  # families it lacks: shipped, not dropped
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format_version": 1, "families": {"fc": {"small": {"lr": 0.0042}}}}))
+    assert recommended_config("fc", defaults_path=other).lr == 0.0042
+    assert recommended_config("cayley", defaults_path=other).lr == shipped["cayley"]["small"]["lr"]
+    monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(other))
+    assert recommended_config("fc").lr == 0.0042 and recommended_config("cayley").lr != 0.0123
+    with pytest.raises(ValueError, match="recommended defaults file .*absent.json does not exist"):
+        recommended_config("fc", defaults_path=tmp_path / "absent.json")
+
+
+def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_config, monkeypatch, tmp_path):
+    stand_in = tmp_path / "package" / "recommended_defaults.json"  # never the real package file in a test
+    stand_in.parent.mkdir()
+    shutil.copyfile(tuning.RECOMMENDED_DEFAULTS_PATH, stand_in)
+    monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", stand_in)
+    page = tmp_path / "defaults.md"
+    result = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--report",
+                                      str(page)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == f"wrote {stand_in} and {page}"
+    committed = json.loads((ROOT / "ilge_search" / "data" / "recommended_defaults.json").read_text())
+    assert json.loads(stand_in.read_text())["families"] == committed["families"]  # the README's command reproduces it
+    assert not user_config.exists()
+
+    both = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--out",
+                                    str(tmp_path / "x.json")])
+    assert both.exit_code == 1 and "either out_path (--out) or update_shipped (--update-shipped)" in both.output
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_readme_regenerates_with_explicit_flags():
+    readme = (ROOT / "README.md").read_text()
+    assert "ilge-search report --storage sqlite:///reports/offline.db --out reports --force" in readme
+    assert "ilge-search recommend --storage sqlite:///reports/offline.db --update-shipped --report " \
+           "reports/defaults.md" in readme
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def report(storage: str, out: Path, *more: str):
+    return CliRunner().invoke(cli, ["report", "--storage", storage, "--out", str(out), "--no-figures", "--quiet",
+                                    *more])
+
+
+def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(storage_copy, tmp_path):
+    """The issue's case: `report` into the committed reports/ folder deleted its figures."""
+    out = tmp_path / "reports"
+    shutil.copytree(REPORTS, out, ignore=shutil.ignore_patterns("offline.db"))
+    (out / "notes.txt").write_text("mine")
+    before = tree(out)
+    assert sum(name.startswith("figures/") for name in before) == 36
+
+    refused = report(storage_copy, out)
+    assert refused.exit_code == 1
+    assert f"{out} is not empty and was not written by `ilge-search report` (it has no {MANIFEST_NAME}); pass a new " \
+           "or empty --out, or --force" in " ".join(refused.output.split())
+    assert tree(out) == before  # nothing written, nothing removed
+
+    forced = report(storage_copy, out, "--force")
+    assert forced.exit_code == 0, forced.output
+    after = tree(out)
+    assert set(before) <= set(after)  # every figure and the foreign file are still there
+    assert after["notes.txt"] == before["notes.txt"]
+    assert all(after[name] == before[name] for name in before if name.startswith("figures/"))
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert sorted(manifest["files"]) == ["importances.csv", "index.html", "report.md", "report.tex", "results.csv",
+                                         "summary.csv"]
+    again = report(storage_copy, out)  # a folder the report wrote into: no --force needed
+    assert again.exit_code == 0, again.output
+
+
+def test_a_rerun_removes_only_stale_files_the_report_itself_wrote(storage_copy, tmp_path):
+    out = tmp_path / "r"
+    assert report(storage_copy, out).exit_code == 0  # a new folder: created, no --force
+    (out / "figures" / "old-layers.png").write_bytes(b"drawn by an earlier report")
+    (out / "figures" / "mine-layers.png").write_bytes(b"the user's own")
+    (tmp_path / "outside.txt").write_text("not the report's")
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    manifest["files"] += ["figures/old-layers.png", "../outside.txt", "/etc/hostname"]
+    (out / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+    assert report(storage_copy, out).exit_code == 0
+    assert not (out / "figures" / "old-layers.png").exists()  # its own, no longer drawn: removed
+    assert (out / "figures" / "mine-layers.png").read_bytes() == b"the user's own"  # never listed: kept
+    assert (tmp_path / "outside.txt").read_text() == "not the report's"  # outside the folder: never touched
+    assert Path("/etc/hostname").exists()
+    assert "figures/old-layers.png" not in json.loads((out / MANIFEST_NAME).read_text())["files"]
+
+
+def test_report_out_that_is_a_file_is_a_clear_error(storage_copy, tmp_path):
+    target = tmp_path / "report.md"
+    target.write_text("keep")
+    result = report(storage_copy, target)
+    assert result.exit_code == 2 and "is a file" in result.output  # click's own check of --out
+    from ilge_search.report import build_report
+
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        build_report(storage_copy, target, figures=False, show_progress=False)
+    assert target.read_text() == "keep"

@@ -1,0 +1,357 @@
+"""From a study to a model in use: `ilge-search export` / `ILGEClassifier.from_study`, then `ilge-search predict`.
+
+Real, small studies (MiniLM-L6 on TREC and on STS-B, 240 training and 160 validation/test rows, at
+most 3 epochs) are run once per module; the exported models are checked against the scores the
+studies stored, and `predict` against `ILGEClassifier.predict` on the same texts.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ilge_search import ILGEClassifier, run_study
+from ilge_search.classifier import clear_embedding_memo
+from ilge_search.cli import cli
+from ilge_search.engine import spearman
+from ilge_search.study.data import DataSpec, load_task_data
+
+SMALL = dict(max_train=240, max_eval=160, max_epochs=3)
+TREC_CAYLEY = "minilm-l6:trec:cayley:train240:eval160:ep3"
+TREC_LAST = "minilm-l6:trec:last-layer:train240:eval160:ep3"
+STSB_CAYLEY = "minilm-l6:stsb:cayley:train240:eval160:ep3"
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory, data_dir, cache_dir):
+    """One storage with a TREC Cayley study (2 final seeds), a TREC last-layer study without a final
+    evaluation, and an STS-B Cayley study (1 final seed)."""
+    folder = tmp_path_factory.mktemp("export")
+    url = f"sqlite:///{folder / 'studies.db'}"
+    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1,
+                  show_progress=False, **SMALL)
+    run_study("minilm-l6", "trec", "cayley", n_trials=3, final_seeds=2, **common)
+    run_study("minilm-l6", "trec", "last-layer", n_trials=2, final_seeds=0, **common)
+    run_study("minilm-l6", "stsb", "cayley", n_trials=2, final_seeds=1, **common)
+    return {"url": url, "folder": folder, "data_dir": data_dir, "cache_dir": cache_dir}
+
+
+def _study(studies, name):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=studies["url"])
+
+
+def _test_split(studies, task):
+    spec = DataSpec(model="minilm-l6", task=task, data_dir=str(studies["data_dir"]), **{
+        k: v for k, v in SMALL.items() if k != "max_epochs"})
+    data = load_task_data(spec)
+    return data, data.splits["test"]
+
+
+def _export(studies, name, out, *extra):
+    result = invoke("--cache-dir", studies["cache_dir"], "--data-dir", studies["data_dir"], "--device", "cpu",
+                    "export", "--storage", studies["url"], "--study", name, "--out", out, *extra)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
+    out = tmp_path / "trec-cayley"
+    result = _export(studies, TREC_CAYLEY, out)
+    assert "final evaluation model of trial" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["ilge_classifier.json", "model.safetensors"]
+
+    attrs = _study(studies, TREC_CAYLEY).user_attrs
+    seed = attrs["final_artifact_seed"]
+    stored = attrs["final_test_scores"][attrs["final_seeds"].index(seed)]
+    meta = json.loads((out / "ilge_classifier.json").read_text())
+    provenance = meta["provenance"]
+    assert provenance["study"] == TREC_CAYLEY and provenance["trial"] == attrs["final_trial"]
+    assert provenance["seed"] == seed and provenance["test_score"] == stored
+    assert provenance["storage"] == studies["url"] and provenance["source"] == "final evaluation"
+    assert provenance["ilge_search_version"] == ilge_version()
+    assert meta["base_model"] == "minilm-l6" and meta["token_pooling"] == "mean"
+    assert meta["classes"] == attrs["label_names"] and meta["config"] == attrs["final_config"]
+
+    clear_embedding_memo()  # texts go through the embedding cache, as any new text would
+    clf = ILGEClassifier.load(out, cache_dir=studies["cache_dir"], device="cpu")
+    task, test = _test_split(studies, "trec")
+    names = np.asarray(task.label_names)
+    accuracy = clf.score(test.texts, names[test.labels])
+    assert abs(accuracy - stored) <= 1e-6, (accuracy, stored)
+    # the same through the study's cached features, and from_study in Python without a folder
+    from ilge_search.cache import load_task_embeddings
+
+    features = load_task_embeddings("minilm-l6", task, cache_dir=studies["cache_dir"], splits=["test"],
+                                    progress=False)["test"].features
+    direct = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, cache_dir=studies["cache_dir"], device="cpu")
+    assert abs(direct.score_embeddings(features, names[test.labels]) - stored) <= 1e-6
+    assert direct.provenance_["seed"] == seed and set(direct.classes_) == set(names)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_retraining_the_best_trial_with_the_final_seed_gives_the_final_weights(studies):
+    attrs = _study(studies, TREC_CAYLEY).user_attrs
+    final = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, device="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the study ran: CPU results are bit-identical for the same thread count
+    try:
+        retrained = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, seed=attrs["final_artifact_seed"],
+                                              retrain=True, data_dir=studies["data_dir"],
+                                              cache_dir=studies["cache_dir"], device="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    assert retrained.provenance_["source"] == "retrained" and retrained.provenance_["test_score"] is None
+    a, b = final.model_.state_dict(), retrained.model_.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # standardiser buffers included
+    assert "standardizer.mean" in a
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_study_without_final_evaluation_exports_its_best_trial_retrained(studies, tmp_path):
+    study = _study(studies, TREC_LAST)
+    assert "final_test_mean" not in study.user_attrs
+    out = tmp_path / "last"
+    result = _export(studies, TREC_LAST, out, "--seed", 7)
+    assert "retrained model of trial" in result.output
+    clf = ILGEClassifier.load(out, cache_dir=studies["cache_dir"], device="cpu")
+    assert clf.provenance_["seed"] == 7 and clf.provenance_["trial"] == study.best_trial.number
+    assert clf.config_.to_dict() == study.best_trial.user_attrs["config"]
+    task, test = _test_split(studies, "trec")
+    accuracy = clf.score(test.texts, np.asarray(task.label_names)[test.labels])
+    assert 0.3 < accuracy <= 1.0  # 6 classes: chance is about 0.17
+    # the same folder again: refused, then replaced with --overwrite
+    again = invoke("export", "--storage", studies["url"], "--study", TREC_LAST, "--out", out)
+    assert again.exit_code == 1 and "--overwrite" in again.output
+
+
+def test_export_errors_are_one_line_before_any_work(studies_url_only, tmp_path, no_model_loads):
+    url = studies_url_only
+    result = invoke("export", "--storage", url, "--study", "nope", "--out", tmp_path / "x")
+    assert result.exit_code == 1 and "no study 'nope'" in result.output and "Traceback" not in result.output
+    result = invoke("export", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--study", "a", "--out", tmp_path / "z")
+    assert result.exit_code == 1 and "no study storage" in result.output
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    result = invoke("export", "--storage", url, "--study", "empty", "--out", full, "--overwrite")
+    assert result.exit_code == 1 and "not an exported model" in result.output
+    assert (full / "notes.txt").read_text() == "mine"
+    result = invoke("export", "--storage", url, "--study", "empty", "--out", tmp_path / "y")
+    assert result.exit_code == 1 and "no complete trial" in result.output
+
+
+@pytest.fixture()
+def studies_url_only(tmp_path):
+    """A storage holding one study with no trial (no model needed)."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    study = optuna.create_study(study_name="empty", storage=url)
+    for key, value in {"model": "minilm-l6", "task": "trec", "task_kind": "classification"}.items():
+        study.set_user_attr(key, value)
+    return url
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+@pytest.mark.postgres
+def test_export_from_postgres_hides_the_password(studies, postgres_url, tmp_path):
+    import optuna
+
+    with_password = postgres_url.replace("postgres@", "postgres:s3cret-pw@")  # trust auth ignores it
+    optuna.copy_study(from_study_name=TREC_CAYLEY, from_storage=studies["url"], to_storage=with_password)
+    out = tmp_path / "pg"
+    result = invoke("export", "--storage", with_password, "--study", TREC_CAYLEY, "--out", out,
+                    "--artifact-dir", studies["folder"] / "artifacts")
+    assert result.exit_code == 0, result.output
+    text = (out / "ilge_classifier.json").read_text()
+    assert "s3cret-pw" not in text and "s3cret-pw" not in result.output
+    assert json.loads(text)["provenance"]["storage"] == with_password.replace("s3cret-pw", "***")
+
+
+def ilge_version():
+    from ilge_search import __version__
+
+    return __version__
+
+
+# ----------------------------------------------------------------------------- predict
+
+
+@pytest.fixture(scope="module")
+def exported(studies, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "trec"
+    _export(studies, TREC_CAYLEY, out)
+    return out
+
+
+def _rows(path):
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
+    import pandas as pd
+
+    texts = [json.loads(line)["text"] for line in
+             (studies["data_dir"] / "trec" / "test.jsonl").read_text().splitlines()][-200:]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "out.jsonl"
+    result = invoke("--cache-dir", studies["cache_dir"], "predict", exported, "--input", source, "--out", out,
+                    "--proba", "--chunk-rows", 64, "--device", "cpu", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "wrote 200 rows" in result.output
+    rows = _rows(out)
+    assert len(rows) == 200 and [r["row"] for r in rows] == list(range(1, 201))
+    assert [r["text"] for r in rows] == texts
+
+    clear_embedding_memo()
+    clf = ILGEClassifier.load(exported, cache_dir=studies["cache_dir"], device="cpu")
+    expected = clf.predict(texts)
+    assert [r["label"] for r in rows] == expected.tolist()
+    probabilities = np.array([[r["proba"][str(c)] for c in clf.classes_] for r in rows])
+    assert np.allclose(probabilities.sum(axis=1), 1.0)
+    assert np.allclose(probabilities, clf.predict_proba(texts), atol=1e-3)
+
+    # the same texts as CSV, TSV, Parquet and plain text give the same labels
+    pd.DataFrame({"question": texts}).to_csv(tmp_path / "in.csv", index=False)
+    pd.DataFrame({"question": texts}).to_parquet(tmp_path / "in.parquet")
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    for name, extra in (("in.csv", ["--text-col", "question"]), ("in.parquet", ["--text-col", "question"]),
+                        ("in.txt", [])):
+        target = tmp_path / f"{name}.out.csv"
+        result = invoke("--cache-dir", studies["cache_dir"], "predict", exported, "-i", tmp_path / name,
+                        "-o", target, *extra, "--device", "cpu", "-q")
+        assert result.exit_code == 0, (name, result.output)
+        table = _rows(target)
+        assert len(table) == 200 and [r["label"] for r in table] == expected.tolist(), name
+        assert table[0].keys() == {"row", "question" if name != "in.txt" else "text", "label"}
+    stdout = invoke("--cache-dir", studies["cache_dir"], "predict", exported, "-i", tmp_path / "in.txt", "-q")
+    assert [json.loads(line)["label"] for line in stdout.output.splitlines()] == expected.tolist()
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, tmp_path, monkeypatch):
+    from ilge_search import classifier
+    from ilge_search.cache import EmbeddingCache
+    from ilge_search.predict import predict_file
+
+    texts = [f"What is the capital of country number {i} ?" for i in range(130)]
+    source = tmp_path / "q.txt"
+    source.write_text("\n".join(texts))
+    calls = []
+    real = EmbeddingCache.get_or_extract_texts
+
+    def spy(self, model, chunk, **kwargs):
+        calls.append(len(chunk))
+        return real(self, model, chunk, **kwargs)
+
+    monkeypatch.setattr(EmbeddingCache, "get_or_extract_texts", spy)
+    clear_embedding_memo()
+    summary = predict_file(exported, source, tmp_path / "q.jsonl", chunk_rows=40, cache_dir=studies["cache_dir"],
+                           device="cpu", progress=False)
+    assert summary.rows == 130 and calls == [40, 40, 40, 10]  # never more than one chunk in memory
+    assert classifier._EMBEDDING_MEMO == {}  # nothing kept per text in the process
+    assert len(_rows(tmp_path / "q.jsonl")) == 130
+    # a rerun finds every chunk in the cache: no model is loaded
+    monkeypatch.setattr("ilge_search.extraction.LayerEmbedder.load", lambda self: pytest.fail("model loaded"))
+    again = predict_file(exported, source, tmp_path / "q2.jsonl", chunk_rows=40, cache_dir=studies["cache_dir"],
+                         device="cpu", progress=False)
+    assert again.rows == 130 and _rows(tmp_path / "q2.jsonl") == _rows(tmp_path / "q.jsonl")
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_predict_errors_are_one_line_before_the_model_loads(exported, tmp_path, no_model_loads):
+    def run(*args):
+        result = invoke("predict", exported, *args)
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        return result.output.strip().splitlines()[-1]
+
+    good = tmp_path / "in.jsonl"
+    good.write_text('{"text": "Who wrote Hamlet ?"}\n{"text": "Where is Oslo ?"}\n')
+    assert "has no column 'question'" in run("-i", good, "--text-col", "question")
+    assert "not --text-cols" in run("-i", good, "--text-cols", "a,b")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert "has no rows" in run("-i", tmp_path / "empty.jsonl")
+    (tmp_path / "empty.csv").write_text("")
+    assert "is empty" in run("-i", tmp_path / "empty.csv")
+    (tmp_path / "blank.csv").write_text('text\nWho wrote Hamlet ?\n""\nWhere is Oslo ?\n')
+    assert "row 2, column 'text', is empty" in run("-i", tmp_path / "blank.csv")
+    (tmp_path / "blank.txt").write_text("Who wrote Hamlet ?\n\nWhere is Oslo ?\n")
+    assert "line 2 is empty" in run("-i", tmp_path / "blank.txt")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\nnot json\n')
+    assert "line 2 is not valid JSON" in run("-i", tmp_path / "bad.jsonl")
+    (tmp_path / "in.xlsx").write_text("x")
+    assert "unsupported input file type '.xlsx'" in run("-i", tmp_path / "in.xlsx")
+    assert "does not exist" in run("-i", tmp_path / "missing.jsonl")
+    assert "unsupported output file type '.parquet'" in run("-i", good, "-o", tmp_path / "o.parquet")
+    kept = tmp_path / "kept.csv"
+    kept.write_text("mine")
+    assert "--overwrite" in run("-i", good, "-o", kept)
+    assert kept.read_text() == "mine"
+    assert "--out is the input file" in run("-i", good, "-o", good, "--overwrite")
+    assert "not a saved ILGEClassifier" in invoke("predict", tmp_path, "-i", good).output
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_similarity_study_exports_a_pair_scorer(studies, tmp_path):
+    out = tmp_path / "stsb"
+    _export(studies, STSB_CAYLEY, out)
+    attrs = _study(studies, STSB_CAYLEY).user_attrs
+    stored = attrs["final_test_scores"][0]
+    clear_embedding_memo()
+    clf = ILGEClassifier.load(out, cache_dir=studies["cache_dir"], device="cpu")
+    assert clf.task_kind_ == "similarity" and clf.score_range_ == (0.0, 5.0)
+    _, test = _test_split(studies, "stsb")
+    scores = clf.predict(test.pairs)
+    assert scores.shape == (len(test.pairs),) and scores.dtype == np.float64
+    assert abs(clf.score(test.pairs, test.labels) - stored) <= 1e-6, (clf.score(test.pairs, test.labels), stored)
+    assert abs(spearman(scores, test.labels) - stored) <= 1e-6
+    with pytest.raises(ValueError, match="similarity model gives scores"):
+        clf.predict_proba(test.pairs[:2])
+    with pytest.raises(ValueError, match=r"pairs\[0\] must be a \(sentence_a, sentence_b\) pair"):
+        clf.predict(["just one text"])
+
+    pairs, gold = test.pairs[:48], test.labels[:48]
+    source = tmp_path / "pairs.csv"
+    with open(source, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["a", "b", "gold"])
+        writer.writerows([(a, b, g) for (a, b), g in zip(pairs, gold, strict=True)])
+    target = tmp_path / "scores.jsonl"
+    result = invoke("--cache-dir", studies["cache_dir"], "predict", out, "-i", source, "-o", target,
+                    "--text-cols", "a,b", "--chunk-rows", 16, "-q")
+    assert result.exit_code == 0, result.output
+    rows = _rows(target)
+    assert len(rows) == 48 and [(r["a"], r["b"]) for r in rows] == [tuple(p) for p in pairs]
+    assert np.allclose([r["score"] for r in rows], scores[:48], atol=1e-3)
+    assert "--text-cols a,b, not --text-col" in invoke("predict", out, "-i", source, "--text-col", "a").output
+    assert "has no column 'sentence1'" in invoke("predict", out, "-i", source).output
+    assert "--proba is for classifiers" in invoke("predict", out, "-i", source, "--text-cols", "a,b",
+                                                  "--proba").output
