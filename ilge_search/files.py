@@ -24,10 +24,10 @@ import socket
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Type, Union
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Type, Union
 
 __all__ = ["DiskError", "temp_name", "remove_stale_temp_files", "lock_is_held", "check_writable", "check_free_space",
-           "disk_error", "preallocate", "format_bytes", "read_text_utf8"]
+           "disk_error", "preallocate", "format_bytes", "read_text_utf8", "iter_lines_utf8"]
 
 PathLike = Union[str, os.PathLike]
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -158,8 +158,30 @@ def read_text_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> str:
         start = bom + exc.start
         line = data.count(b"\n", 0, start) + 1
         column = start - (data.rfind(b"\n", 0, start) + 1) + 1
-        raise error(f"{path}: line {line}, column {column} is not valid UTF-8 (byte 0x{data[start]:02x} "
-                         f"at offset {start}: {exc.reason}); save the file as UTF-8") from None
+        raise _not_utf8(error, path, line, column, start, data[start], exc.reason) from None
+
+
+def iter_lines_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> Iterator[Tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 file, read lazily (memory flat in the file's size), with the
+    same error as :func:`read_text_utf8` for bytes that are not UTF-8."""
+    path = Path(path)
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            bom = len(codecs.BOM_UTF8) if number == 1 and raw.startswith(codecs.BOM_UTF8) else 0
+            try:
+                yield number, raw[bom:].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                column = exc.start + 1
+                raise _not_utf8(error, path, number, column, offset + bom + exc.start, raw[bom + exc.start],
+                                exc.reason) from None
+            offset += len(raw)
+
+
+def _not_utf8(error: Type[ValueError], path: Path, line: int, column: int, offset: int, byte: int,
+              reason: str) -> ValueError:
+    return error(f"{path}: line {line}, column {column} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset}: "
+                 f"{reason}); save the file as UTF-8")
 
 
 def preallocate(handle: Any, size: int) -> None:

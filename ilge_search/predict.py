@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
 
 from .classifier import META_FILE, ILGEClassifier
-from .files import check_writable, disk_error, temp_name
+from .files import check_writable, disk_error, iter_lines_utf8, temp_name
 from .validation import check_int
 
 __all__ = ["export_study", "predict_file", "PredictSummary", "INPUT_SUFFIXES", "OUTPUT_SUFFIXES"]
@@ -93,21 +93,9 @@ def _text(value: Any) -> Optional[str]:
     return text if text.strip() else None
 
 
-def _lines(path: Path) -> Iterator[Tuple[int, str]]:
-    """``(line number, line)`` of a UTF-8 text file, read lazily; bad bytes are one clear error."""
-    line_number = 0
-    try:
-        with open(path, encoding="utf-8-sig") as handle:
-            for line_number, line in enumerate(handle, 1):
-                yield line_number, line
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: line {line_number + 1} is not valid UTF-8 ({exc.reason}); save the file as "
-                         "UTF-8") from None
-
-
 def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
     chunk: List[List[Any]] = []
-    for line_number, line in _lines(path):
+    for line_number, line in iter_lines_utf8(path):
         if not line.strip():
             continue
         try:
@@ -170,7 +158,7 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[L
 
 def _text_chunks(path: Path, size: int) -> Iterator[List[List[Any]]]:
     chunk: List[List[Any]] = []
-    for _, line in _lines(path):
+    for _, line in iter_lines_utf8(path):
         chunk.append([line.rstrip("\r\n")])
         if len(chunk) == size:
             yield chunk

@@ -183,3 +183,20 @@ def test_non_utf8_sweep_toml_names_the_file_and_the_line(tmp_path):
         load_sweep(path)
     result = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run"])
     assert "line 3, column 4 is not valid UTF-8" in _one_line_error(result)
+
+
+def test_streamed_lines_name_the_right_line_of_a_bad_byte_far_into_the_file(tmp_path):
+    from ilge_search.files import iter_lines_utf8, read_text_utf8
+
+    path = tmp_path / "big.txt"
+    lines = [f"text number {i}\n".encode() for i in range(3000)]  # ~50 KB: past any read buffer
+    lines[2500] = b"caf\xe9 au lait\n"
+    path.write_bytes(b"\xef\xbb\xbf" + b"".join(lines))
+    with pytest.raises(ValueError) as streamed:
+        list(iter_lines_utf8(path))
+    with pytest.raises(ValueError) as whole:
+        read_text_utf8(path)
+    assert str(streamed.value) == str(whole.value)  # one message, whichever reader met the byte
+    assert "line 2501, column 4" in str(streamed.value) and "0xe9" in str(streamed.value)
+    path.write_bytes(b"\xef\xbb\xbfa\r\nb\n")
+    assert list(iter_lines_utf8(path)) == [(1, "a\r\n"), (2, "b\n")]
