@@ -115,6 +115,13 @@ def _print_results(results) -> None:
     click.echo(format_results(results))
 
 
+# = study.selection.SELECTION_RULES and DEFAULT_SELECT (kept import-free, like the pooling choices below)
+_SELECT_CHOICES = ("best", "one-se")
+_CV_HELP = ("Score each trial on K stratified folds of the training data (mean over folds) instead of the "
+            "validation split; a :cvK study of its own.")
+_SELECT_HELP = ("Trial the final evaluation retrains: 'best' (best objective) or 'one-se' (fewest parameters "
+                "within one standard error of the best; the start configuration wins ties) [default: one-se].")
+
 _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, deepset and the five baselines)."
 
 
@@ -147,6 +154,8 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
 @click.option("--max-eval", type=click.IntRange(min=1), default=None,
               help="Cap on validation and test examples each (seeded, stratified; for quick runs).")
 @click.option("--max-epochs", type=click.IntRange(min=1), default=None, help="Cap on every config's epochs.")
+@click.option("--cv", type=click.IntRange(min=2), default=None, help=_CV_HELP)
+@click.option("--select", type=click.Choice(list(_SELECT_CHOICES)), default=None, help=_SELECT_HELP)
 @click.option("--zero-shot", "zero_shot_tasks", multiple=True,
               help="Similarity task to also score each final model on (repeatable; similarity studies only).")
 @click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
@@ -156,12 +165,16 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
                    "The encoders are small: on a CPU, 1 thread per worker and --workers = cores is usually fastest.")
 @click.option("--heartbeat-interval", type=click.IntRange(min=1), default=60, show_default=True,
               help="Seconds between trial heartbeats; a trial silent for twice as long is failed and retried.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the plan (studies, trials, data sizes, epochs, workers, what is cached) and its wall time "
+                   "estimated from a few measured epochs, then exit: nothing is created or written.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines; only the result table.")
 @location_options
 def run_command(settings: Settings, model: str, task: str, encoders, n_trials: Optional[int], timeout, total_trials,
                 storage, study_name,
                 sampler: str, pruner: str, seed: int, workers: int, final_seeds: int, shots, max_train, max_eval,
-                max_epochs, zero_shot_tasks, artifact_dir, threads, heartbeat_interval: int, quiet: bool) -> None:
+                max_epochs, cv, select, zero_shot_tasks, artifact_dir, threads, heartbeat_interval: int,
+                dry_run: bool, quiet: bool) -> None:
     """Search encoder hyperparameters with Optuna on a model's cached task embeddings.
 
     Rerunning the same command resumes each study and adds --n-trials trials.
@@ -173,10 +186,16 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
         n_trials = 20
     options = StudyOptions(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
                            sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds,
-                           shots=shots, max_train=max_train, max_eval=max_eval, max_epochs=max_epochs,
+                           shots=shots, max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv,
+                           **({"select": select} if select else {}),
                            zero_shot_tasks=tuple(zero_shot_tasks), data_dir=settings.data_dir,
                            cache_dir=settings.cache_dir, device=settings.device, artifact_dir=artifact_dir,
                            threads=threads, heartbeat_interval=heartbeat_interval, show_progress=not quiet)
+    if dry_run:
+        from .study import plan_run
+
+        click.echo(plan_run(model, task, list(encoders), storage=storage, options=options).describe())
+        return
     try:
         results = run_study(model, task, list(encoders), storage=storage, options=options)
     except KeyboardInterrupt:
@@ -195,22 +214,42 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
 @click.option("--task", "tasks", multiple=True, help="Run only this task (repeatable).")
 @click.option("--encoder", "encoders", multiple=True, help="Run only this encoder (repeatable).")
 @click.option("--artifact-dir", type=click.Path(file_okay=False), default=None, help="Artifact store folder.")
-@click.option("--dry-run", is_flag=True, help="Only show each study's budget and what is left to run.")
+@click.option("--cv", type=click.IntRange(min=2), default=None, help=_CV_HELP + " Overrides the grid's cv.")
+@click.option("--select", type=click.Choice(list(_SELECT_CHOICES)), default=None,
+              help=_SELECT_HELP + " Overrides the grid's select.")
+@click.option("--dry-run", is_flag=True,
+              help="Show each study's budget and what is left to run, and each run's plan and estimated wall time "
+                   "(as `run --dry-run`), then exit.")
+@click.option("--estimate/--no-estimate", default=True, show_default=True,
+              help="With --dry-run: measure each run's wall time (needs the task data; a few seconds per encoder).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines.")
 @location_options
 def sweep_command(settings: Settings, grid: str, storage, workers, threads, models, tasks, encoders, artifact_dir,
-                  dry_run: bool, quiet: bool) -> None:
+                  cv, select, dry_run: bool, estimate: bool, quiet: bool) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
     from .study import plan_sweep, run_sweep
+    from .study.plan import format_seconds
 
     _study_logging(quiet)
     if dry_run:
+        from .study import estimate_sweep
+
         click.echo(plan_sweep(grid, storage=storage).to_string(index=False))
+        if not estimate:
+            return
+        plans = estimate_sweep(grid, storage=storage, workers=workers, threads=threads, models=models, tasks=tasks,
+                               encoders=encoders, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
+                               device=settings.device)
+        for plan in plans:
+            click.echo("")
+            click.echo(plan.describe())
+        click.echo(f"\nsweep total: estimated wall time {format_seconds(sum(p.seconds for p in plans))}")
         return
     try:
         results = run_sweep(grid, storage=storage, workers=workers, threads=threads, models=models, tasks=tasks,
                             encoders=encoders, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
-                            device=settings.device, artifact_dir=artifact_dir, show_progress=not quiet)
+                            device=settings.device, artifact_dir=artifact_dir, select=select, cv=cv,
+                            show_progress=not quiet)
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)
         raise SystemExit(130) from None
@@ -430,8 +469,8 @@ def export_command(settings: Settings, storage, study_name: str, out_dir: str, s
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
                f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {clf.base_model}")
-    if p.get("best_trial_now", p["trial"]) != p["trial"]:
-        click.echo(f"note: the study's best trial is now {p['best_trial_now']}; rerun its final evaluation "
+    if p.get("selected_trial_now", p["trial"]) != p["trial"]:
+        click.echo(f"note: the study's selected trial is now {p['selected_trial_now']}; rerun its final evaluation "
                    "(`ilge-search run ... --n-trials 0`) or pass --retrain to export that one", err=True)
 
 
@@ -473,6 +512,45 @@ def predict_command(settings: Settings, model_dir: str, input_path: str, out_pat
         click.echo(f"warning: {note}", err=True)
     if summary.out is not None:
         click.echo(f"wrote {summary.rows} rows to {summary.out} in {summary.seconds:.1f}s")
+
+
+@cli.command("explain")
+@storage_option()
+@click.option("--study", "study_name", required=True,
+              help="A study with a final evaluation (see `ilge-search studies`).")
+@_FORMAT_OPTION
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the table, CSV or JSON to this file [default: stdout].")
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Torch CPU threads while retraining [default: unchanged].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def explain_command(settings: Settings, storage, study_name: str, fmt: str, out_path: Optional[str], overwrite: bool,
+                    recompute: bool, threads: Optional[int], quiet: bool) -> None:
+    """Which LLM layers a study's final model uses: per layer, the validation score lost when the layer is
+    replaced by its training mean and the gradient x input (mean +- std over the final seeds), next to a
+    linear probe's score on that layer.
+
+    The final configuration is retrained once per final seed; the result is stored on the study (the report
+    draws it) and reused until the study's final evaluation changes.
+    """
+    from pathlib import Path
+
+    from .explain import explain_study, format_explanation
+
+    if out_path is not None and Path(out_path).exists() and not overwrite:
+        raise click.ClickException(f"{out_path} exists; pass another --out, or --overwrite to replace it")
+    result = explain_study(storage, study_name, recompute=recompute, data_dir=settings.data_dir,
+                           cache_dir=settings.cache_dir, device=settings.device, threads=threads,
+                           show_progress=not quiet)
+    text = format_explanation(result, fmt)
+    if out_path is None:
+        click.echo(text, nl=False)
+        return
+    Path(out_path).write_text(text, encoding="utf-8")
+    click.echo(f"wrote {result.num_layers} layers of study {result.study} to {out_path}")
 
 
 @cli.command("tasks")

@@ -293,7 +293,13 @@ def make_sampler(name: str, seed: Optional[int] = None) -> Any:
 
 def make_pruner(name: str, max_epochs: Optional[int] = None) -> Any:
     """``median`` (the paper's MedianPruner: 5 startup trials, 10 warm-up epochs,
-    fewer when ``max_epochs`` is small), ``hyperband`` (resource = epochs) or ``none``."""
+    fewer when ``max_epochs`` is small), ``hyperband`` (resource = epochs) or ``none``.
+
+    A cross-validated trial reports fold ``f``'s epoch ``e`` at step
+    ``f * epochs + e`` (:func:`ilge_search.study.folds.cross_validate`): the
+    warm-up then covers the first fold's first epochs, and each later step is
+    compared only with the other trials' values on the same fold and epoch.
+    """
     check_choice("pruner", name, PRUNERS)
     import optuna
 

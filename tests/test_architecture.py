@@ -26,7 +26,8 @@ LAYERS: Dict[str, int] = {
     "tasks": 3, "extraction": 3, "cache": 3, "engine": 3, "storage": 3,
     "dashboard": 4, "catalog": 4,
     "study": 5,
-    "report": 6, "classifier": 6, "predict": 6,  # classifier above study: ILGEClassifier.from_study reads studies
+    # classifier above study: ILGEClassifier.from_study reads studies
+    "report": 6, "classifier": 6, "predict": 6, "explain": 6,
     "cli": 7, "testing": 7,
     "__init__": 8,
 }

@@ -285,6 +285,7 @@ _WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two processes, each loading the model
 def test_two_processes_extract_an_entry_once(tmp_path, small_task):
     rows = [{"text": text, "label": "ab"[i % 2]} for i, text in enumerate(small_task["train"].texts)]
     task_file = _write_jsonl(tmp_path / "task.jsonl", rows)

@@ -42,7 +42,7 @@ def test_studies_on_a_missing_storage_says_what_to_do(tmp_path):
 def test_sweep_dry_run_lists_the_plan(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text('models = ["minilm-l6"]\nencoders = ["fc", "mlp-last"]\n[trials]\ndefault = 5\n[tasks.trec]\n')
-    result = invoke("sweep", grid, "--dry-run", "--storage", f"sqlite:///{tmp_path / 's.db'}")
+    result = invoke("sweep", grid, "--dry-run", "--no-estimate", "--storage", f"sqlite:///{tmp_path / 's.db'}")
     assert result.exit_code == 0
     assert "minilm-l6:trec:fc" in result.output and "minilm-l6:trec:mlp-last" in result.output
     grid.write_text('models = ["minilm-l6"]\n[trials]\ndefault = 5\n[tasks.nope]\n')

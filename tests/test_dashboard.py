@@ -282,7 +282,8 @@ def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(sm
     root, url, result, _ = small_study
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.fail("headless Chromium is needed: apt-get install -y chromium (see the README's set-up)")
+        pytest.fail("headless Chromium is needed: apt-get install -y chromium (see the README's 'What you need'), "
+                    "or leave this test out with -k 'not chromium'")
 
     process, base, output, reader = _start_dashboard(url)
     try:

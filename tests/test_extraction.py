@@ -110,6 +110,7 @@ def test_one_shot_function_matches_the_embedder(texts, minilm_reference, cache_d
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow  # the first smollm2-135m load of a session dequantises its GGUF weights
 def test_last_pooling_is_the_same_under_left_and_right_padding(data_dir, cache_dir):
     """SmolLM2 is a decoder: `last` must find the last real token whichever side is padded."""
     texts = subsample(load_task("banking77", data_dir), 16, seed=5, splits=["test"])["test"].texts

@@ -115,6 +115,7 @@ def test_minilm_loads_through_auto_classes(tmp_path):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow  # dequantises smollm2-135m unless an earlier test of the session did
 def test_smollm2_is_dequantised_once_into_the_cache(cache_dir, monkeypatch):
     lazy = resolve_model("smollm2-135m", cache_dir, materialize=False)
     source = resolve_model("smollm2-135m", cache_dir)  # converts unless an earlier test did

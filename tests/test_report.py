@@ -151,8 +151,10 @@ def test_csv_latex_html_and_figures(real_report):
     assert math.isnan(merged[("trec", "scalar-mix")])
 
     tex = result.files["latex"].read_text()
-    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 3  # scores, gains, summary
-    assert tex.count(r"\textbf{") == int(result.results["is_best"].sum())
+    # scores, gains, summary, and the selection rules with their summary
+    assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 5
+    scores_tex = tex.split(r"\label{tab:selection}", 1)[0]  # the selection tables bold their own best cells
+    assert scores_tex.count(r"\textbf{") == int(result.results["is_best"].sum())
     assert r"$\pm$" in tex and "---" in tex
 
     page = result.files["html"].read_text()
@@ -317,3 +319,52 @@ def test_a_storage_without_ilge_studies_is_a_clear_error(tmp_path):
     optuna.create_study(study_name="other", storage=url)
     with pytest.raises(ValueError, match="no ilge-search studies"):
         build_report(url, tmp_path / "out", show_progress=False)
+
+
+def test_contents_anchors_figure_sizes_and_trial_states(tmp_path):
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from ilge_search.report.data import collect_records
+    from ilge_search.report.figures import display_width, trial_counts
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    models, tasks = ("minilm-l6", "smollm2-135m"), ("sst2", "trec")
+    for model in models:
+        for task in tasks:
+            fake_study(url, model, task, "last-layer", [0.80, 0.82])
+    name = fake_study(url, "minilm-l6", "trec", "cayley", [0.85, 0.86])
+    study = optuna.load_study(study_name=name, storage=url)
+    lr = {"lr": FloatDistribution(1e-5, 1e-2, log=True)}
+    study.add_trial(create_trial(params={"lr": 1e-4}, distributions=lr, value=0.6))
+    study.add_trial(create_trial(state=TrialState.PRUNED, params={"lr": 1e-2}, distributions=lr,
+                                 intermediate_values={1: 0.3}))
+    study.add_trial(create_trial(state=TrialState.FAIL, params={"lr": 1e-5}, distributions=lr))
+
+    result = build_report(url, tmp_path / "out", show_progress=False)
+    cayley = next(r for r in collect_records(url)[0] if r.encoder == "cayley")
+    assert trial_counts(cayley) == "2 complete, 1 pruned, 1 failed"
+    last = next(r for r in collect_records(url)[0] if r.encoder == "last-layer")
+    assert trial_counts(last) == "1 complete, 0 pruned"  # failed only when there are any
+
+    page = result.files["html"].read_text()
+    ids = set(re.findall(r' id="([^"]+)"', page))
+    links = re.findall(r'<nav class="contents">.*?</nav>', page, re.S)[0]
+    targets = re.findall(r'href="#([^"]+)"', links)
+    assert targets and set(targets) <= ids  # every contents link lands on a heading
+    for model in models:
+        assert f'href="#model-{model}"' in links
+        for task in tasks:
+            assert f'href="#figures-{model}-{task}"' in links
+    markdown = result.files["markdown"].read_text()
+    contents = markdown.split("## ", 1)[0]
+    assert set(re.findall(r"\]\(#([^)]+)\)", contents)) <= set(re.findall(r'<a id="([^"]+)"></a>', markdown))
+
+    # each figure is shown at the size it was drawn for (never wider than the page), and histories get one
+    # panel per encoder: two encoders on minilm-l6 / trec, one on sst2
+    images = re.findall(r'<img src="([^"]+)" alt="[^"]+" width="(\d+)">', page)
+    assert len(images) == len(result.figures) > 0
+    for path, width in images:
+        assert int(width) == display_width(result.out_dir / path) <= 1200
+    history = {path: int(width) for path, width in images if path.endswith("-history.png")}
+    assert history["figures/minilm-l6-trec-history.png"] == 2 * history["figures/minilm-l6-sst2-history.png"]

@@ -22,6 +22,7 @@ def _training_data():
     return X, y
 
 
+@pytest.mark.slow  # 50 epochs at Qwen3-8B's size (37 layers x 4096)
 def test_build_aggregator_example():
     X, y = _training_data()
 

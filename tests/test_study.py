@@ -26,6 +26,7 @@ from ilge_search.study import (
     resolve_encoders,
     run_study,
 )
+from ilge_search.study.selection import DEFAULT_SELECT, select_trial
 from ilge_search.study.workers import split_trials
 
 MODEL = "minilm-l6"
@@ -94,6 +95,7 @@ def _ask_three(url, barrier, queue):  # runs in a spawned process
     queue.put([study.ask().number for _ in range(3)])
 
 
+@pytest.mark.slow  # four spawned processes
 def test_sqlite_workers_never_pop_the_same_enqueued_trial(tmp_path):
     # with pysqlite's deferred transactions, four processes asking at once all got trial 0
     import multiprocessing
@@ -244,8 +246,9 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
     assert len(scores) == 2 and attrs["final_seeds"] == [1000, 1001]
     assert attrs["final_test_mean"] == pytest.approx(statistics.fmean(scores))
     assert attrs["final_test_std"] == pytest.approx(statistics.stdev(scores))
-    assert attrs["final_trial"] == study.best_trial.number
-    assert attrs["final_config"] == study.best_trial.user_attrs["config"]
+    selected = select_trial(study, DEFAULT_SELECT)  # the trial the default selection rule retrains
+    assert attrs["final_trial"] == selected.number and attrs["final_select"] == DEFAULT_SELECT
+    assert attrs["final_config"] == selected.user_attrs["config"]
     assert all(1 / 6 < s <= 1.0 for s in scores)  # better than chance on 6 classes
     assert result.test_scores == scores and result.test_mean == attrs["final_test_mean"]
 
@@ -279,7 +282,7 @@ def test_rerunning_resumes_and_adds_trials(trec_study, data_dir, cache_dir):
     assert len(study.trials) == 9 and again.n_finished == 9
     assert [t.number for t in study.trials] == list(range(9))
     assert sum(bool(t.user_attrs.get("recommended")) for t in study.trials) == 1
-    assert study.user_attrs["final_trial"] == study.best_trial.number
+    assert study.user_attrs["final_trial"] == select_trial(study, DEFAULT_SELECT).number
     assert listed_row(url, result.study_name)["trials"] == 9
 
 
@@ -361,7 +364,7 @@ def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_
         assert trial.user_attrs["layer"] == max(range(7), key=lambda i: (scores[i], -i))
         assert trial.user_attrs["config"]["layer"] == trial.user_attrs["layer"]
         assert trial.value == pytest.approx(max(scores))
-    assert study.user_attrs["final_config"]["layer"] == study.best_trial.user_attrs["layer"]
+    assert study.user_attrs["final_config"]["layer"] == select_trial(study, DEFAULT_SELECT).user_attrs["layer"]
 
 
 @pytest.mark.slow

@@ -46,20 +46,25 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 from .._version import __version__
 from ..storage import hide_password
+from .attributions import attribution_notes, draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, collect_records
 from .document import Document, slug, write_atomic
-from .figures import draw_figures
+from .figures import display_width, draw_figures
 from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
 from .tables import (
+    SELECTION_NOTE,
     model_order,
     model_tables,
     pivot,
     results_frame,
     seed_note,
+    selection_frame,
+    selection_rows,
+    selection_summary_rows,
     studies_rows,
     summary_frame,
     summary_rows,
@@ -143,6 +148,23 @@ def _finish_out_dir(out: Path, written: Set[str], previous: Set[str]) -> None:
                                                   "files": sorted(written)}, indent=1) + "\n")
 
 
+def _figure_anchor(model: str, task: str) -> str:
+    return f"figures-{slug(model, task)}"
+
+
+def _contents(models: List[str], pairs: List[Tuple[str, str]]) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
+    """The report's table of contents: each model's tables, the cross-model summary, the notes, the
+    figures of every (model, task), the studies."""
+    entries: List[Tuple[str, str, List[Tuple[str, str]]]] = [
+        ("Tables", f"model-{slug(models[0])}", [(model, f"model-{slug(model)}") for model in models]),
+        ("Across models", "across-models", []), ("Notes", "notes", [])]
+    if pairs:
+        entries += [(f"Figures: {model}", _figure_anchor(*next(p for p in pairs if p[0] == model)),
+                     [(task, _figure_anchor(m, task)) for m, task in pairs if m == model])
+                    for model in models if any(m == model for m, _ in pairs)]
+    return entries + [("Studies", "studies", [])]
+
+
 def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports", *, figures: bool = True,
                  show_progress: bool = True, force: bool = False) -> ReportResult:
     """Write the paper-style report of every ilge-search study in ``storage_url`` to ``out_dir``.
@@ -188,27 +210,54 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     doc.heading(1, "ILGE results")
     doc.paragraph(intro(storage_url, len(records)), tex=True)
     doc.paragraph(published_note() if frame["published"].notna().any() else no_published_note())
+    layer_notes = attribution_notes(records)  # from the attributions `ilge-search explain` stored
+    layer_figures = draw_attribution_figures(records, fig_dir) if figures else {}
+    contents = _contents(models, pairs if figures else [])
+    if layer_notes:
+        after_notes = next(i for i, entry in enumerate(contents) if entry[1] == "notes") + 1
+        contents.insert(after_notes, ("Which layers carry the task", "layers", []))
+    selection = selection_frame(records + duplicates)  # every study: they differ by training size and cv
+    if not selection.empty:
+        contents.insert(len(contents) - 1, ("Selection rules", "selection", []))
+    doc.contents(contents)
     for model in models:
         header, score_rows, gain_rows = model_tables(frame, model)
-        doc.heading(2, model)
+        doc.heading(2, model, anchor=f"model-{slug(model)}")
         doc.table(header, score_rows, label=f"tab:{slug(model)}", text_columns=2,
                   caption=f"{model}: test score, mean ± std over seeds (best of each row in bold).")
         doc.paragraph(seed_note(frame, model))
         doc.table(["task"] + [METHOD_LABELS[m] for m in METHODS[1:]], gain_rows, label=f"tab:{slug(model)}-gain",
                   caption=f"{model}: gain over the last layer (points).")
-    doc.heading(2, "Across models")
+    doc.heading(2, "Across models", anchor="across-models")
     doc.table(*summary_rows(summary), label="tab:summary", text_columns=2,
               caption="Across models: mean score, mean gain over the last layer, wins and mean rank.")
     doc.paragraph(SUMMARY_NOTE)
-    doc.heading(2, "Notes")
+    doc.heading(2, "Notes", anchor="notes")
     doc.bullets(notes)
+    if layer_notes:
+        doc.heading(2, "Which layers carry the task", anchor="layers")
+        for model, sentences in layer_notes.items():
+            doc.heading(3, model)
+            shown = layer_figures.get(model, {})
+            doc.images(shown, widths={kind: display_width(out / path) for kind, path in shown.items()})
+            doc.bullets(sentences)
     if figures:
-        doc.heading(2, "Figures")
+        doc.heading(2, "Figures", anchor="figures")
         for model, task in pairs:
-            doc.heading(3, f"{model} · {task}")
-            doc.images(figure_paths[(model, task)])
+            doc.heading(3, f"{model} · {task}", anchor=_figure_anchor(model, task))
+            shown = figure_paths[(model, task)]
+            doc.images(shown, widths={kind: display_width(out / path) for kind, path in shown.items()})
             doc.bullets(figure_notes[(model, task)])
-    doc.heading(2, "Studies")
+    if not selection.empty:
+        doc.heading(2, "Selection rules", anchor="selection")
+        doc.paragraph(SELECTION_NOTE)
+        doc.table(*selection_rows(selection), label="tab:selection", text_columns=5,
+                  caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
+                          "bold), search gain and validation-to-test gap, in score units.")
+        doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=2,
+                  caption="Selection rules, with and without cross-validation, over the studies above that "
+                          "were evaluated under both rules.")
+    doc.heading(2, "Studies", anchor="studies")
     doc.table(*studies_rows(records))
     if skipped:
         doc.paragraph("Not reported:")
@@ -222,7 +271,7 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
                        ("summary_csv", summary.to_csv(index=False)),
                        ("importances_csv", importances.to_csv(index=False))):
         write_atomic(files[kind], text)
-    figure_files = sorted(p for paths in figure_paths.values() for p in paths.values())
+    figure_files = sorted(p for paths in [*figure_paths.values(), *layer_figures.values()] for p in paths.values())
     _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
     logger.info("report of %d studies written to %s", len(records), out)
     return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},

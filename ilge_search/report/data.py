@@ -10,10 +10,11 @@ duplicates, which the report lists as not shown.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..storage import Storage, open_storage
+from ..study.final import LEGACY_SELECT
 
 __all__ = ["METHODS", "METHOD_LABELS", "StudyRecord", "score_unit", "open_report_storage", "collect_records"]
 
@@ -51,6 +52,16 @@ class StudyRecord:
     test_scores: List[float]
     layer_scores: List[float]
     chosen_layer: Optional[int]
+    # the selection (None/empty for studies evaluated before selection rules): the rule, the
+    # selected trial's objective minus its test mean, its test mean minus the starting configuration's
+    select: Optional[str] = None
+    final_trial: Optional[int] = None
+    val_test_gap: Optional[float] = None
+    search_gain: Optional[float] = None
+    start_test_mean: Optional[float] = None
+    by_rule: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    cv: Optional[int] = None
+    trial_seconds: Optional[float] = None  # mean wall time of a complete trial
 
 
 def score_unit(metric: str) -> Tuple[float, str]:
@@ -92,6 +103,8 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         return None, f"{name}: unknown method {attrs['encoder']!r}"
     study = optuna.load_study(study_name=name, storage=storage.rdb)
     frame = study.trials_dataframe(attrs=("number", "value", "state", "datetime_start", "params", "user_attrs"))
+    # a study that names its objective gets a "value_<name>" column; the report reads "value"
+    frame = frame.rename(columns={f"value_{metric}": "value" for metric in study.metric_names or []})
     states = frame["state"].tolist() if not frame.empty else []
     count = {state: states.count(state.name) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     maximize = study.direction != optuna.study.StudyDirection.MINIMIZE
@@ -104,6 +117,10 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         layer_scores = [float(s) for s in best.user_attrs.get("layer_scores", [])]
         chosen_layer = best.user_attrs.get("layer")
     scores = [float(s) for s in attrs.get("final_test_scores", []) or []]
+    seconds = None
+    if count[TrialState.COMPLETE] and "user_attrs_seconds" in frame:
+        done = frame.loc[frame["state"] == TrialState.COMPLETE.name, "user_attrs_seconds"].dropna()
+        seconds = float(done.mean()) if len(done) else None
     return StudyRecord(
         name=name, model=str(attrs["model"]), task=_row_label(str(attrs["task"]), attrs),
         base_task=str(attrs["task"]), encoder=attrs["encoder"], metric=str(attrs.get("metric", "")),
@@ -112,6 +129,11 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         best_number=best_number, test_mean=_finite(attrs.get("final_test_mean")),
         test_std=_finite(attrs.get("final_test_std")), test_scores=scores, layer_scores=layer_scores,
         chosen_layer=chosen_layer,
+        select=attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
+        final_trial=attrs.get("final_trial"), val_test_gap=_finite(attrs.get("final_val_test_gap")),
+        search_gain=_finite(attrs.get("final_search_gain")),
+        start_test_mean=_finite(attrs.get("final_start_test_mean")),
+        by_rule=dict(attrs.get("final_by_rule") or {}), cv=attrs.get("cv"), trial_seconds=seconds,
     ), None
 
 

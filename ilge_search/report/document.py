@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["MISSING", "Cell", "Document", "plural", "slug", "write_atomic"]
 
@@ -70,9 +70,29 @@ class Document:
         self.tex: List[str] = ["% requires \\usepackage{booktabs,graphicx}", ""]
         self.html: List[str] = []
 
-    def heading(self, level: int, text: str) -> None:
-        self.md += ["#" * level + " " + text, ""]
-        self.html.append(f"<h{level}>{html.escape(text)}</h{level}>")
+    def heading(self, level: int, text: str, anchor: Optional[str] = None) -> None:
+        """A heading; with an ``anchor``, links ``#anchor`` (:meth:`contents`) jump to it in both formats."""
+        if anchor is None:
+            self.md += ["#" * level + " " + text, ""]
+            self.html.append(f"<h{level}>{html.escape(text)}</h{level}>")
+            return
+        self.md += [f'<a id="{html.escape(anchor)}"></a>', "", "#" * level + " " + text, ""]
+        self.html.append(f'<h{level} id="{html.escape(anchor)}">{html.escape(text)}</h{level}>')
+
+    def contents(self, entries: Sequence[Tuple[str, str, Sequence[Tuple[str, str]]]]) -> None:
+        """A table of contents: one line per ``(text, anchor, sub-links)``, each sub-link
+        ``(text, anchor)`` on the same line (e.g. a model and its tasks)."""
+        md, items = [], []
+        for text, anchor, links in entries:
+            line = f"[{text}](#{anchor})"
+            item = f'<a href="#{html.escape(anchor)}">{html.escape(text)}</a>'
+            if links:
+                line += ": " + " · ".join(f"[{t}](#{a})" for t, a in links)
+                item += ": " + " · ".join(f'<a href="#{html.escape(a)}">{html.escape(t)}</a>' for t, a in links)
+            md.append(f"- {line}")
+            items.append(f"<li>{item}</li>")
+        self.md += md + [""]
+        self.html.append('<nav class="contents"><ul>' + "".join(items) + "</ul></nav>")
 
     def paragraph(self, text: str, tex: bool = False) -> None:
         self.md += [text, ""]
@@ -85,10 +105,15 @@ class Document:
             self.md += [f"- {item}" for item in items] + [""]
             self.html.append("<ul>" + "".join(f"<li>{_inline_html(item)}</li>" for item in items) + "</ul>")
 
-    def images(self, paths: Mapping[str, str]) -> None:
+    def images(self, paths: Mapping[str, str], widths: Optional[Mapping[str, int]] = None) -> None:
+        """Images by kind; ``widths`` (pixels, by kind) is the size the HTML page shows each at
+        (never wider than the page)."""
         if paths:
+            widths = widths or {}
             self.md += [f"![{kind}]({path})" for kind, path in paths.items()] + [""]
-            self.html += [f'<img src="{html.escape(path)}" alt="{html.escape(kind)}">' for kind, path in paths.items()]
+            self.html += [f'<img src="{html.escape(path)}" alt="{html.escape(kind)}"'
+                          + (f' width="{widths[kind]}"' if widths.get(kind) else "") + ">"
+                          for kind, path in paths.items()]
 
     def table(self, header: Sequence[str], rows: Sequence[Sequence[Cell]], *, caption: str = "",
               label: Optional[str] = None, text_columns: int = 1) -> None:
@@ -144,7 +169,8 @@ class Document:
                  "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
                  "th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}"
                  "th:first-child,td:first-child{text-align:left}thead th{border-bottom:2px solid #444}"
-                 "img{max-width:100%;display:block;margin:1em 0}")
+                 "img{max-width:100%;height:auto;display:block;margin:1em 0}"
+                 "nav.contents{background:#f6f6f6;padding:0.3em 1em;margin:1em 0}nav.contents li{margin:0.2em 0}")
         return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
                 + "\n".join(self.html) + "\n</body>\n</html>\n")

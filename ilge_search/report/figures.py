@@ -5,6 +5,11 @@ aggregators (from the best-layer study's best trial), the optimisation
 histories, and the hyperparameter importances of every study. Validation
 scores only. Figures are bare ``Figure`` objects on an Agg canvas, so the
 caller's pyplot backend is never changed.
+
+Legibility: every figure is drawn at the size the page shows it
+(:data:`DISPLAY_DPI` pixels per inch, see :func:`display_width`) and saved at
+:data:`SAVE_DPI` for sharp text; fonts are at least :data:`MIN_FONT` points,
+legends sit outside the axes, and histories get one panel per encoder.
 """
 
 from __future__ import annotations
@@ -17,19 +22,60 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
 from .document import slug
 
-__all__ = ["FIGURE_KINDS", "draw_figures"]
+__all__ = ["FIGURE_KINDS", "DISPLAY_DPI", "SAVE_DPI", "draw_figures", "trial_counts", "display_width",
+           "new_figure", "save_figure"]
 
 FIGURE_KINDS = ("layers", "history", "importance")
+DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
+SAVE_DPI = 150  # the PNG's own resolution: sharper text than the displayed size needs
+MIN_FONT = 9.0  # points; tick labels, legends and panel titles never go below this
+_RC = {"font.size": 10.5, "axes.titlesize": 11, "axes.labelsize": 10.5, "xtick.labelsize": MIN_FONT + 0.5,
+       "ytick.labelsize": MIN_FONT + 0.5, "legend.fontsize": MIN_FONT + 0.5, "figure.titlesize": 12.5}
 
 
-def _new_figure(width: float, height: float) -> Any:
-    # a bare Figure with an Agg canvas: no pyplot, so the caller's backend is never changed
+def trial_counts(record: StudyRecord) -> str:
+    """``"8 complete, 8 pruned"`` (failed trials only when there are any): what a panel title says."""
+    parts = [f"{record.n_complete} complete", f"{record.n_pruned} pruned"]
+    if record.n_failed:
+        parts.append(f"{record.n_failed} failed")
+    return ", ".join(parts)
+
+
+def display_width(path: Path) -> Optional[int]:
+    """The width in pixels at which the page shows the PNG at ``path`` (its size at :data:`DISPLAY_DPI`)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(24)
+    except OSError:
+        return None
+    if len(header) < 24 or header[:8] != b"\x89PNG\r\n\x1a\n":
+        return None
+    return round(int.from_bytes(header[16:20], "big") * DISPLAY_DPI / SAVE_DPI)
+
+
+def new_figure(width: float, height: float) -> Any:
+    """A Figure of ``width`` x ``height`` inches at :data:`DISPLAY_DPI` on its own Agg canvas.
+
+    No pyplot: the caller's backend is never changed.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), dpi=100)
+    figure = Figure(figsize=(width, height), dpi=DISPLAY_DPI, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
+
+
+def save_figure(figure: Any, path: Path) -> None:
+    """Save at :data:`SAVE_DPI`; pages show it at :func:`display_width`, its size at :data:`DISPLAY_DPI`."""
+    figure.savefig(path, dpi=SAVE_DPI)
+
+
+def _style() -> Any:
+    """Larger fonts inside the block (only while drawing; the caller's rcParams are restored)."""
+    from matplotlib import rc_context
+
+    return rc_context(_RC)
 
 
 def _encoder_colors() -> Dict[str, Any]:
@@ -46,65 +92,76 @@ def _layer_figure(records: Sequence[StudyRecord], path: Path) -> bool:
         return False
     scale, unit = score_unit(probe.metric)
     colors = _encoder_colors()
-    figure = _new_figure(7.0, 4.0)
+    figure = new_figure(9.0, 4.2)
     ax = figure.add_subplot(1, 1, 1)
     layers = list(range(len(probe.layer_scores)))
     scores = [s * scale for s in probe.layer_scores]
-    ax.plot(layers, scores, marker="o", markersize=3, color=colors["best-layer"], label="linear probe on layer l")
+    ax.plot(layers, scores, marker="o", markersize=4, linewidth=2, color=colors["best-layer"],
+            label="linear probe on layer l", zorder=3)
     if probe.chosen_layer is not None and 0 <= probe.chosen_layer < len(scores):
-        ax.scatter([probe.chosen_layer], [scores[probe.chosen_layer]], s=80, facecolors="none",
-                   edgecolors="black", zorder=3, label=f"chosen layer ({probe.chosen_layer})")
+        ax.scatter([probe.chosen_layer], [scores[probe.chosen_layer]], s=110, facecolors="none",
+                   edgecolors="black", linewidths=1.5, zorder=4, label=f"chosen layer ({probe.chosen_layer})")
     for encoder in METHODS:
         record = by_encoder.get(encoder)
         if encoder == "best-layer" or record is None or record.best_value is None:
             continue
-        ax.axhline(record.best_value * scale, color=colors[encoder], linestyle="--", linewidth=1.2,
-                   label=METHOD_LABELS[encoder])
+        ax.axhline(record.best_value * scale, color=colors[encoder], linestyle="--", linewidth=1.4,
+                   label=f"{METHOD_LABELS[encoder]} (best trial)")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer (0 = embedding output)")
     ax.set_ylabel(f"best validation {unit}")
-    ax.set_title(f"{probe.model} · {probe.task}: probe per layer vs aggregators (validation)", fontsize=10)
+    ax.set_title(f"{probe.model} · {probe.task}: probe per layer vs aggregators (validation)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
-    figure.tight_layout()
-    figure.savefig(path)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    save_figure(figure, path)
     return True
 
 
 def _history_figure(records: Sequence[StudyRecord], path: Path) -> bool:
+    """One panel per encoder (shared y axis): complete trials as dots, the best so far as a line."""
+    from matplotlib.ticker import MaxNLocator
+
+    shown = [r for r in sorted(records, key=lambda r: METHODS.index(r.encoder))
+             if not r.trials.empty and ((r.trials["state"] == "COMPLETE") & r.trials["value"].notna()).any()]
+    if not shown:
+        return False
     colors = _encoder_colors()
-    figure = _new_figure(7.0, 4.0)
-    ax = figure.add_subplot(1, 1, 1)
-    drawn = False
+    columns = min(4, len(shown))
+    rows = math.ceil(len(shown) / columns)
+    figure = new_figure(2.9 * columns, 2.6 * rows + 0.5)
+    axes = figure.subplots(rows, columns, sharey=True, squeeze=False)
     unit = ""
-    for record in sorted(records, key=lambda r: METHODS.index(r.encoder)):
+    for index, ax in enumerate(axes.flat):
+        if index >= len(shown):
+            ax.set_visible(False)
+            continue
+        record = shown[index]
         frame = record.trials
-        if frame.empty:
-            continue
         complete = frame[(frame["state"] == "COMPLETE") & frame["value"].notna()].sort_values("number")
-        if complete.empty:
-            continue
         scale, unit = score_unit(record.metric)
         values = complete["value"].astype(float) * scale
         best = values.cummax() if record.maximize else values.cummin()
         color = colors[record.encoder]
-        ax.scatter(complete["number"], values, s=10, alpha=0.4, color=color)
-        ax.plot(complete["number"], best, drawstyle="steps-post", marker="o", markersize=2.5, color=color,
-                label=METHOD_LABELS[record.encoder])
-        drawn = True
-    if not drawn:
-        return False
+        ax.scatter(complete["number"], values, s=16, alpha=0.5, color=color)
+        ax.plot(complete["number"], best, drawstyle="steps-post", linewidth=1.8, color=color)
+        ax.set_title(f"{METHOD_LABELS[record.encoder]}\n{trial_counts(record)}", fontsize=MIN_FONT + 1)
+        last = max(0, int(frame["number"].max()))
+        ax.set_xlim(-0.5, last + 0.5)
+        if last < 4:  # too few for the locator's integer ticks (it would fall back to fractions)
+            ax.set_xticks(range(last + 1))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
+        ax.grid(alpha=0.3)
+        if index % columns == 0:
+            ax.set_ylabel(f"validation {unit}")
+        if index >= len(shown) - columns:
+            ax.set_xlabel("trial")
     first = records[0]
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("trial")
-    ax.set_ylabel(f"validation {unit}")
-    ax.set_title(f"{first.model} · {first.task}: optimisation history (dots: complete trials; lines: best so far)",
-                 fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
-    figure.tight_layout()
-    figure.savefig(path)
+    figure.suptitle(f"{first.model} · {first.task}: optimisation history per encoder "
+                    "(dots: complete trials; line: best so far)")
+    save_figure(figure, path)
     return True
 
 
@@ -138,20 +195,20 @@ def _importance_figure(items: Sequence[Tuple[StudyRecord, Dict[str, float]]], pa
     if not items:
         return False
     colors = _encoder_colors()
-    columns = min(4, len(items))
+    columns = min(3, len(items))
     rows = math.ceil(len(items) / columns)
-    figure = _new_figure(3.2 * columns, 2.4 * rows + 0.4)
+    tallest = max(len(imp) for _, imp in items)
+    figure = new_figure(3.8 * columns, (0.32 * tallest + 1.0) * rows + 0.5)
     for index, (record, importances) in enumerate(items):
         ax = figure.add_subplot(rows, columns, index + 1)
         names = sorted(importances, key=importances.get)
-        ax.barh(names, [importances[n] for n in names], color=colors[record.encoder])
+        ax.barh(names, [importances[n] for n in names], height=0.6, color=colors[record.encoder])
         ax.set_xlim(0, 1)
-        ax.set_title(f"{METHOD_LABELS[record.encoder]} ({record.n_complete} trials)", fontsize=9)
-        ax.tick_params(labelsize=7)
+        ax.set_title(f"{METHOD_LABELS[record.encoder]} ({trial_counts(record)})", fontsize=MIN_FONT + 1)
+        ax.grid(axis="x", alpha=0.3)
     first = items[0][0]
-    figure.suptitle(f"{first.model} · {first.task}: hyperparameter importance (fANOVA)", fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path)
+    figure.suptitle(f"{first.model} · {first.task}: hyperparameter importance (fANOVA over complete trials)")
+    save_figure(figure, path)
     return True
 
 
@@ -181,7 +238,9 @@ def draw_figures(records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]
         for kind, draw, arg in (("layers", _layer_figure, group), ("history", _history_figure, group),
                                 ("importance", _importance_figure, items)):
             name = f"{slug(model, task)}-{kind}.png"
-            if draw(arg, fig_dir / name):
+            with _style():
+                drawn = draw(arg, fig_dir / name)
+            if drawn:
                 here[kind] = f"figures/{name}"
         if "layers" not in here:
             missing.append("no per-layer figure: no best-layer study with per-layer scores")

@@ -8,6 +8,10 @@
 - :func:`summary_frame`: per (model, encoder): tasks, mean score, mean gain, wins, mean rank.
 - :func:`model_tables`, :func:`summary_rows`, :func:`studies_rows`: rows of
   :class:`~ilge_search.report.document.Cell` for :class:`~ilge_search.report.document.Document`.
+- :func:`selection_frame`, :func:`selection_rows`, :func:`selection_summary_rows`: the selection
+  rules compared on the same studies (``final_by_rule``): test score of the
+  trial each rule retrains, its search gain over the starting configuration,
+  its validation-to-test gap, and the time a trial takes with and without ``--cv``.
 
 Output column names (``method``, ...) are the report's file format and stay as they are.
 """
@@ -24,7 +28,8 @@ from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
 __all__ = ["DECIMALS", "RESULT_COLUMNS", "collect_results", "results_frame", "model_order", "pivot", "summary_frame",
-           "model_tables", "seed_note", "summary_rows", "studies_rows", "fmt"]
+           "model_tables", "seed_note", "summary_rows", "studies_rows", "fmt", "selection_frame", "selection_rows",
+           "selection_summary_rows", "SELECTION_NOTE"]
 
 DECIMALS = 2
 RESULT_COLUMNS = ["model", "task", "method", "metric", "unit", "mean", "std", "n_seeds", "scores", "gain",
@@ -210,18 +215,135 @@ def summary_rows(summary: Any) -> Tuple[List[str], List[List[Cell]]]:
 
 
 def _setting(attrs: Dict[str, Any]) -> str:
-    parts = [f"{key}={attrs[key]}" for key in ("shots", "max_train", "max_eval", "max_epochs") if attrs.get(key)]
+    parts = [f"{key}={attrs[key]}" for key in ("shots", "max_train", "max_eval", "max_epochs", "cv") if attrs.get(key)]
     return ", ".join(parts) or "full data"
 
 
 def studies_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[Cell]]]:
-    """(header, rows) of the list of studies: setting, trial counts, best validation value, final seeds."""
-    scale_of = {r.metric: score_unit(r.metric)[0] for r in records}
-    header = ["study", "setting", "complete", "pruned", "failed", "best val (trial)", "final seeds"]
+    """(header, rows) of the list of studies: setting, trial counts, best validation value, final seeds, the
+    finally evaluated trial and its rule, its validation-to-test gap and the search gain (``—`` when the
+    study's final evaluation predates them)."""
+    header = ["study", "setting", "complete", "pruned", "failed", "best val (trial)", "final seeds",
+              "final trial (rule)", "val − test", "search gain"]
     rows = []
     for r in sorted(records, key=lambda r: r.name):
-        scale = scale_of.get(r.metric, 1.0)
+        scale = score_unit(r.metric)[0]
         best = MISSING if r.best_value is None else f"{r.best_value * scale:.{DECIMALS}f} ({r.best_number})"
+        final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.select})"
         rows.append([Cell(r.name), Cell(_setting(r.attrs)), Cell(str(r.n_complete)), Cell(str(r.n_pruned)),
-                     Cell(str(r.n_failed)), Cell(best), Cell(str(len(r.test_scores)))])
+                     Cell(str(r.n_failed)), Cell(best), Cell(str(len(r.test_scores))), Cell(final),
+                     Cell(fmt(_scaled(r.val_test_gap, scale), signed=True)),
+                     Cell(fmt(_scaled(r.search_gain, scale), signed=True))])
+    return header, rows
+
+
+def _scaled(value: Optional[float], scale: float) -> Optional[float]:
+    return None if value is None else value * scale
+
+
+# ----------------------------------------------------------------------------- selection rules compared
+
+SELECTION_COLUMNS = ["model", "task", "max_train", "cv", "unit", "rule", "trial", "test_mean", "test_std", "n_seeds",
+                     "start_mean", "search_gain", "val_test_gap", "trial_seconds", "n_trials", "study"]
+SELECTION_NOTE = (
+    "Each study is evaluated under both rules on the same trials: *best* retrains the trial with the best "
+    "objective, *one-se* the one with the fewest trainable parameters among those within one standard error "
+    "of the best (the starting configuration wins ties). *start* is the recommended starting configuration "
+    "(trial 0) retrained with the same seeds: what no search gives. Search gain = test score of the retrained "
+    "trial minus start (negative: the search did worse than no search); val − test = the trial's objective "
+    "(validation score, or its mean over folds with cv) minus its test score. s/trial: mean wall time of a "
+    "complete trial, on a shared CPU."
+)
+
+
+def selection_frame(records: Sequence[StudyRecord]) -> Any:
+    """One row per (study, rule) of every study evaluated under a selection rule (``final_by_rule``),
+    in score units (columns :data:`SELECTION_COLUMNS`)."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        scale, unit = score_unit(r.metric)
+        for rule, kept in sorted(r.by_rule.items()):
+            scores = [float(v) for v in kept.get("final_test_scores") or []]
+            rows.append({
+                "model": r.model, "task": r.task, "max_train": r.attrs.get("max_train"), "cv": r.cv or 0,
+                "unit": unit, "rule": rule, "trial": kept.get("final_trial"),
+                "test_mean": _nan(kept.get("final_test_mean"), scale),
+                "test_std": _nan(kept.get("final_test_std"), scale),
+                "n_seeds": len(scores), "start_mean": _nan(kept.get("final_start_test_mean"), scale),
+                "search_gain": _nan(kept.get("final_search_gain"), scale),
+                "val_test_gap": _nan(kept.get("final_val_test_gap"), scale),
+                "trial_seconds": math.nan if r.trial_seconds is None else r.trial_seconds,
+                "n_trials": r.n_complete + r.n_pruned, "study": r.name,
+            })
+    frame = pd.DataFrame(rows, columns=SELECTION_COLUMNS)
+    if frame.empty:
+        return frame
+    model_rank = {m: i for i, m in enumerate(model_order(frame["model"]))}
+    frame = frame.assign(_m=frame["model"].map(model_rank), _t=frame["max_train"].fillna(0))
+    return frame.sort_values(["_m", "_t", "task", "cv", "rule"]).drop(columns=["_m", "_t"]).reset_index(drop=True)
+
+
+def _nan(value: Any, scale: float) -> float:
+    return math.nan if value is None else float(value) * scale
+
+
+def _mean_std(mean: float, std: float) -> str:
+    return MISSING if math.isnan(mean) else f"{mean:.{DECIMALS}f} ± {std:.{DECIMALS}f}"
+
+
+def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
+    """(header, rows) of :func:`selection_frame`: one row per (model, task, training size, cv), both rules
+    side by side; the better test mean of the two in bold."""
+    header = ["model", "task", "train", "cv", "unit", "start", "best (trial)", "one-se (trial)", "gain best",
+              "gain one-se", "val − test best", "val − test one-se", "s/trial"]
+    rows: List[List[Cell]] = []
+    keys = ["model", "task", "max_train", "cv"]
+    for (model, task, max_train, cv), group in frame.groupby(keys, sort=False, dropna=False):
+        by_rule = {row["rule"]: row for _, row in group.iterrows()}
+        first = group.iloc[0]
+        means = {rule: row["test_mean"] for rule, row in by_rule.items() if not math.isnan(row["test_mean"])}
+        top = round(max(means.values()), DECIMALS) if means else None
+        train = MISSING if max_train is None or max_train != max_train else str(int(max_train))  # NaN != NaN
+        rows.append([Cell(model), Cell(task), Cell(train), Cell(str(int(cv)) if cv else "no"), Cell(first["unit"]),
+                     Cell(fmt(first["start_mean"])), _test_cell(by_rule.get("best"), top),
+                     _test_cell(by_rule.get("one-se"), top), _signed_cell(by_rule.get("best"), "search_gain"),
+                     _signed_cell(by_rule.get("one-se"), "search_gain"),
+                     _signed_cell(by_rule.get("best"), "val_test_gap"),
+                     _signed_cell(by_rule.get("one-se"), "val_test_gap"),
+                     Cell(MISSING if math.isnan(first["trial_seconds"]) else f"{first['trial_seconds']:.1f}")])
+    return header, rows
+
+
+def _test_cell(row: Any, top: Optional[float]) -> Cell:
+    if row is None:
+        return Cell(MISSING)
+    text = f"{_mean_std(row['test_mean'], row['test_std'])} ({row['trial']})"
+    return Cell(text, bold=top is not None and round(row["test_mean"], DECIMALS) == top)
+
+
+def _signed_cell(row: Any, column: str) -> Cell:
+    return Cell(MISSING if row is None else fmt(row[column], signed=True))
+
+
+def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
+    """(header, rows): per (cv, rule), over the studies of :func:`selection_frame` evaluated under every rule
+    (so both rules are averaged over the same studies): studies, mean test score, mean search gain, how many
+    gains are negative, mean validation-to-test gap, mean seconds per trial."""
+    header = ["cv", "rule", "studies", "mean test", "mean search gain", "negative gains", "mean val − test",
+              "mean s/trial"]
+    rows: List[List[Cell]] = []
+    scored = frame[frame["test_mean"].notna()]
+    paired = scored.groupby("study")["rule"].transform("nunique") == scored["rule"].nunique()
+    for (cv, rule), group in scored[paired].groupby(["cv", "rule"], sort=True):
+        done = group[group["test_mean"].notna()]
+        gains = done["search_gain"].dropna()
+        seconds = group["trial_seconds"].dropna()
+        rows.append([Cell(str(int(cv)) if cv else "no"), Cell(rule), Cell(str(len(done))),
+                     Cell(fmt(float(done["test_mean"].mean()) if len(done) else None)),
+                     Cell(fmt(float(gains.mean()) if len(gains) else None, signed=True)),
+                     Cell(f"{int((gains < 0).sum())} of {len(gains)}"),
+                     Cell(fmt(float(done["val_test_gap"].mean()) if len(done) else None, signed=True)),
+                     Cell(f"{seconds.mean():.1f}" if len(seconds) else MISSING)])
     return header, rows

@@ -4,7 +4,10 @@
   a (model, task) pair, with one validated :class:`StudyOptions` (:mod:`.options`);
 - :mod:`.data` loads the task and its cached embeddings, :mod:`.objective` is
   the trial, :mod:`.identity` names, checks and creates studies, :mod:`.workers`
-  runs trials in several processes, :mod:`.final` scores the best config on test;
+  runs trials in several processes, :mod:`.folds` gives cross-validated objectives,
+  :mod:`.selection` picks the trial to retrain (``best`` or ``one-se``), :mod:`.final`
+  scores it on test next to the starting configuration (the search gain);
+- :mod:`.plan` checks a run before anything expensive and estimates its wall time (``--dry-run``);
 - :mod:`.results` reads studies back (:func:`study_result`, :func:`list_studies`);
 - :mod:`.sweep` runs TOML grids of models x tasks x encoders up to their budgets.
 
@@ -17,9 +20,11 @@ from .compat import artifact_store_for, make_storage
 from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
 from .objective import recommended_params
 from .options import StudyOptions
+from .plan import RunPlan, StudyPlan, plan_run
 from .results import StudyResult, format_results, list_studies, study_result
 from .runner import run_study
-from .sweep import Sweep, SweepEntry, load_sweep, plan_sweep, run_sweep
+from .selection import DEFAULT_SELECT, SELECTION_RULES, select_trial
+from .sweep import Sweep, SweepEntry, estimate_sweep, load_sweep, plan_sweep, run_sweep
 
 __all__ = [
     "ENCODER_CHOICES",
@@ -30,6 +35,12 @@ __all__ = [
     "StudyConflictError",
     "StorageError",
     "run_study",
+    "select_trial",
+    "SELECTION_RULES",
+    "DEFAULT_SELECT",
+    "plan_run",
+    "RunPlan",
+    "StudyPlan",
     "list_studies",
     "study_result",
     "resolve_encoders",
@@ -46,5 +57,6 @@ __all__ = [
     "Sweep",
     "load_sweep",
     "plan_sweep",
+    "estimate_sweep",
     "run_sweep",
 ]

@@ -31,8 +31,10 @@ from .._version import __version__
 from ..configs import EncoderConfig, config_from_dict
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
+from .selection import DEFAULT_SELECT, select_trial
 
-__all__ = ["StudyModel", "load_study_model", "STUDY_TOKEN_POOLING", "STUDY_MAX_LENGTH"]
+__all__ = ["StudyModel", "load_study_model", "load_training_data", "load_run_study", "selected_trial",
+           "STUDY_TOKEN_POOLING", "STUDY_MAX_LENGTH"]
 
 # how studies extract their features: the defaults of cache.load_task_embeddings, which study/data.py uses
 STUDY_TOKEN_POOLING = "mean"
@@ -72,8 +74,13 @@ class StudyModel:
     provenance: Dict[str, Any] = field(default_factory=dict)
 
 
-def _open_study(storage: Union[str, Storage, None], study_name: str) -> Tuple[Storage, Any]:
-    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
+    """The study ``study_name`` of ``opened``, made by ``ilge-search run``.
+
+    Raises:
+        ValueError: no such study (naming the ones there are), or one not made by
+            ``ilge-search run``, which ``purpose`` (e.g. ``"exported"``) needs.
+    """
     study = opened.load_study(study_name)
     if study is None:
         names = sorted(s.study_name for s in opened.study_summaries())
@@ -81,7 +88,14 @@ def _open_study(storage: Union[str, Storage, None], study_name: str) -> Tuple[St
         raise ValueError(f"no study {study_name!r} in {opened.shown_url}; it has: {shown or 'no studies'} "
                          "(see `ilge-search studies`)")
     if "model" not in study.user_attrs or "task_kind" not in study.user_attrs:
-        raise ValueError(f"study {study_name!r} was not created by `ilge-search run`; only its studies can be exported")
+        raise ValueError(f"study {study_name!r} was not created by `ilge-search run`; only its studies can be "
+                         f"{purpose}")
+    return study
+
+
+def _open_study(storage: Union[str, Storage, None], study_name: str) -> Tuple[Storage, Any]:
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    study = load_run_study(opened, study_name, purpose="exported")
     if not count_trials(study, ("COMPLETE",)):
         raise ValueError(f"study {study_name!r} has no complete trial yet; run it first (`ilge-search run`)")
     return opened, study
@@ -149,10 +163,14 @@ def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLik
     return model.eval(), meta
 
 
-def _retrained(study: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir: Optional[PathLike], device: str,
-               show_progress: bool) -> Tuple[Any, float]:
-    """The best trial's config trained once with ``seed`` on the study's data (as the final evaluation does)."""
-    from ..engine import train_encoder
+def load_training_data(study: Any, *, data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
+                       device: str = "auto", show_progress: bool = False) -> Any:
+    """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData` without test),
+    rebuilt from its user attrs through the embedding cache (extracting on a miss).
+
+    Raises:
+        ValueError: the data (or the model's weights) differ from those the study stored cache keys for.
+    """
     from .data import DataSpec, load_study_data
 
     attrs = study.user_attrs
@@ -168,7 +186,30 @@ def _retrained(study: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir
     if changed:
         raise ValueError(f"the {'/'.join(changed)} data of task {attrs['task']!r} (or the model's weights) differ "
                          f"from those study {study.study_name!r} was run on; pass the same --data-dir and model")
-    config = config_from_dict(study.best_trial.user_attrs["config"])
+    return data
+
+
+def selected_trial(study: Any, rule: Optional[str] = None) -> Any:
+    """The trial a study's model comes from: the one its final evaluation retrained (``final_trial``),
+    else the one ``rule`` (default: the study's ``final_select``, else the default rule) selects now."""
+    if rule is None:
+        number = study.user_attrs.get("final_trial")
+        if number is not None:
+            for trial in study.get_trials(deepcopy=False):
+                if trial.number == number and trial.user_attrs.get("config"):
+                    return trial
+        rule = study.user_attrs.get("final_select")
+    return select_trial(study, rule or DEFAULT_SELECT)
+
+
+def _retrained(study: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir: Optional[PathLike], device: str,
+               show_progress: bool) -> Tuple[Any, float]:
+    """The selected trial's config trained once with ``seed`` on the study's data (as the final evaluation does)."""
+    from ..engine import train_encoder
+
+    data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device,
+                              show_progress=show_progress)
+    config = config_from_dict(selected_trial(study).user_attrs["config"])
     result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
                            num_classes=data.num_classes, seed=seed, device=device)
     return result.model, float(result.best_val_metric)
@@ -218,15 +259,15 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
             val_score=float(meta["val_metric"]),
             test_score=test_scores[seeds.index(trained_seed)] if trained_seed in seeds else None,
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
-            best_trial_now=study.best_trial.number,
+            selected_trial_now=selected_trial(study, attrs.get("final_select") or DEFAULT_SELECT).number,
         )
         config = config_from_dict(meta["config"])
     else:
         model, val_score = _retrained(study, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
                                       show_progress=show_progress)
-        provenance.update(source="retrained", trial=study.best_trial.number, seed=seed, val_score=val_score,
-                          test_score=None)
-        config = config_from_dict(study.best_trial.user_attrs["config"])
+        trial = selected_trial(study)
+        provenance.update(source="retrained", trial=trial.number, seed=seed, val_score=val_score, test_score=None)
+        config = config_from_dict(trial.user_attrs["config"])
     provenance.update(ilge_search_version=__version__,
                       exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     task_kind = str(attrs["task_kind"])

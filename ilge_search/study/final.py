@@ -1,11 +1,30 @@
-"""The final evaluation: the best trial's config retrained per seed and scored on test once.
+"""The final evaluation: the selected trial's config retrained per seed and scored on test once.
 
-Stored as study user attrs: ``final_test_mean``, ``final_test_std``,
-``final_test_scores``, ``final_val_scores``, ``final_seeds``, ``final_trial``,
-``final_config``, ``final_max_epochs``, ``final_artifacts`` (the weights of the
-best seed by validation and a JSON with its config, uploaded to the artifact
-store), ``final_artifact_seed`` and, for similarity studies scored on other
-STS tasks, ``final_zero_shot``.
+Which trial is retrained is the selection rule's choice (``--select``,
+:mod:`~ilge_search.study.selection`). Stored as study user attrs:
+``final_test_mean``, ``final_test_std``, ``final_test_scores``,
+``final_val_scores``, ``final_seeds``, ``final_trial``, ``final_config``,
+``final_max_epochs``, ``final_artifacts`` (the weights of the best seed by
+validation and a JSON with its config, uploaded to the artifact store),
+``final_artifact_seed`` and, for similarity studies scored on other STS tasks,
+``final_zero_shot``; and, for the selection:
+
+- ``final_select``: the rule (``best`` or ``one-se``);
+- ``final_selected_value``: the selected trial's objective (its validation
+  score, or its mean over folds with ``--cv``), and ``final_val_test_gap``:
+  that value minus ``final_test_mean`` (positive: test is below what
+  validation promised);
+- ``final_start_trial``, ``final_start_test_mean``, ``final_start_test_scores``:
+  the recommended starting configuration (the enqueued trial 0) retrained with
+  the same seeds, and ``final_search_gain``: the selected trial's test mean
+  minus the start's (in the direction of improvement; negative: the search did
+  worse than no search). When the selected trial is the start, its scores are reused;
+- ``final_by_rule``: ``{rule: {...the attrs above...}}``, so that both rules'
+  results stay side by side on one study, and switching back to a rule whose
+  evaluation is still current costs no training.
+
+Studies evaluated before selection rules existed have no ``final_select``:
+they were evaluated under ``best``.
 """
 
 from __future__ import annotations
@@ -20,25 +39,39 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 from .._version import __version__
 from ..configs import config_from_dict
 from ..storage import StorageError, count_trials
+from .selection import DEFAULT_SELECT, select_trial, start_trial
 
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
-__all__ = ["final_is_current", "final_evaluation"]
+__all__ = ["final_is_current", "final_evaluation", "LEGACY_SELECT"]
+
+LEGACY_SELECT = "best"  # the rule of final evaluations stored without final_select
+_RULE_KEYS = ("final_test_mean", "final_test_std", "final_test_scores", "final_val_scores", "final_seeds",
+              "final_trial", "final_config", "final_artifacts", "final_artifact_seed", "final_zero_shot",
+              "final_max_epochs", "final_select", "final_selected_value", "final_val_test_gap", "final_start_trial",
+              "final_start_test_mean", "final_start_test_scores", "final_search_gain")
 
 
-def final_is_current(study: Any, seeds: List[int], max_epochs: Optional[int]) -> bool:
+def _matches(record: Mapping[str, Any], trial: int, seeds: List[int], max_epochs: Optional[int]) -> bool:
+    return (record.get("final_trial") == trial and record.get("final_seeds") == list(seeds)
+            and record.get("final_max_epochs") == max_epochs and "final_test_mean" in record)
+
+
+def final_is_current(study: Any, seeds: List[int], max_epochs: Optional[int], select: str = DEFAULT_SELECT) -> bool:
     """Whether ``study``'s stored final scores are those a final evaluation would produce now.
 
     True when the study has a complete trial and its final evaluation exists
-    (``final_test_mean``) for the current best trial, with the same seed list
-    and the same ``max_epochs``. The runner and sweeps both ask this.
+    (``final_test_mean``) under the rule ``select``, for the trial that rule
+    selects now, with the same seed list and the same ``max_epochs``. The
+    runner and sweeps both ask this.
     """
     if not count_trials(study, ("COMPLETE",)):
         return False
     attrs = study.user_attrs
-    return (attrs.get("final_trial") == study.best_trial.number and attrs.get("final_seeds") == list(seeds)
-            and attrs.get("final_max_epochs") == max_epochs and "final_test_mean" in attrs)
+    if attrs.get("final_select", LEGACY_SELECT) != select:
+        return False
+    return _matches(attrs, select_trial(study, select).number, seeds, max_epochs)
 
 
 def _upload_artifacts(study: Any, data: "StudyData", config: Any, model: Any, *, seed: int, val_metric: float,
@@ -78,25 +111,18 @@ def _upload_artifacts(study: Any, data: "StudyData", config: Any, model: Any, *,
         }
 
 
-def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List[int], device: str,
-                     max_epochs: Optional[int], artifact_store: Any = None,
-                     zero_shot: Mapping[str, Tuple[Any, Any]] = {}, show_progress: bool = True) -> None:
-    """Retrain the best trial's config with each seed; evaluate on test once per seed; store the scores.
-
-    ``artifact_store`` (e.g. ``Storage.artifact_store()``) receives the best
-    seed's weights; ``None`` uploads nothing. ``max_epochs`` is recorded as
-    ``final_max_epochs`` (what :func:`final_is_current` compares).
-    """
+def _retrain(config: Any, data: "StudyData", seeds: List[int], device: str, zero_shot: Mapping[str, Tuple[Any, Any]],
+             encoder: str, show_progress: bool) -> Tuple[List[float], List[float], Dict[str, List[float]], Any]:
+    """Train ``config`` once per seed; (test scores, validation scores, zero-shot scores, (model, seed, val) of
+    the best seed by validation)."""
     from tqdm.auto import tqdm
 
     from ..engine import evaluate, train_encoder
 
-    best = study.best_trial
-    config = config_from_dict(best.user_attrs["config"])
     test_scores: List[float] = []
     val_scores: List[float] = []
     zero_shot_scores: Dict[str, List[float]] = {name: [] for name in zero_shot}
-    best_model, best_seed, best_val = None, None, -math.inf
+    best: Tuple[Any, Any, float] = (None, None, -math.inf)
     for seed in tqdm(seeds, desc=f"final {encoder} ({len(seeds)} seeds)", disable=not show_progress, leave=False):
         result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
                                num_classes=data.num_classes, seed=seed, device=device)
@@ -104,30 +130,96 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
         val_scores.append(float(result.best_val_metric))
         for name, (features, labels) in zero_shot.items():
             zero_shot_scores[name].append(float(evaluate(result.model, features, labels, "similarity")["spearman"]))
-        if result.best_val_metric > best_val:  # the artifact is the best seed by validation, never by test
-            best_model, best_seed, best_val = result.model, seed, result.best_val_metric
+        if result.best_val_metric > best[2]:  # the artifact is the best seed by validation, never by test
+            best = (result.model, seed, float(result.best_val_metric))
+    return test_scores, val_scores, zero_shot_scores, best
+
+
+def _start_scores(study: Any, data: "StudyData", selected: Any, test_scores: List[float], seeds: List[int],
+                  device: str, max_epochs: Optional[int], encoder: str,
+                  show_progress: bool) -> Tuple[Optional[int], Optional[List[float]]]:
+    """The starting configuration's test scores with ``seeds``: the selected trial's own when it is the start,
+    else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
+    start = start_trial(study)
+    if start is None:
+        return None, None
+    if start.number == selected.number:
+        return start.number, list(test_scores)
+    attrs = study.user_attrs
+    for record in [attrs, *(attrs.get("final_by_rule") or {}).values()]:
+        if (record.get("final_start_trial") == start.number and record.get("final_seeds") == list(seeds)
+                and record.get("final_max_epochs") == max_epochs and record.get("final_start_test_scores")):
+            return start.number, list(record["final_start_test_scores"])
+    config = config_from_dict(start.user_attrs["config"])
+    scores, _, _, _ = _retrain(config, data, seeds, device, {}, f"{encoder} start", show_progress)
+    return start.number, scores
+
+
+def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List[int], device: str,
+                     max_epochs: Optional[int], select: str = DEFAULT_SELECT, artifact_store: Any = None,
+                     zero_shot: Mapping[str, Tuple[Any, Any]] = {}, show_progress: bool = True) -> None:
+    """Retrain the trial ``select`` picks with each seed; evaluate on test once per seed; store the scores.
+
+    The starting configuration is retrained with the same seeds for the search
+    gain (unless its scores are at hand). A rule whose earlier evaluation
+    (``final_by_rule``) is still current is restored without training.
+    ``artifact_store`` (e.g. ``Storage.artifact_store()``) receives the best
+    seed's weights; ``None`` uploads nothing. ``max_epochs`` is recorded as
+    ``final_max_epochs`` (what :func:`final_is_current` compares).
+    """
+    selected = select_trial(study, select)
+    by_rule = dict(study.user_attrs.get("final_by_rule") or {})
+    # the same trial, seeds and epoch cap retrain to the same scores: a rule that picks what another rule
+    # already evaluated (or itself, before a switch) reuses that record
+    for rule in sorted(by_rule, key=lambda name: name != select):
+        kept = by_rule[rule]
+        if _matches(kept, selected.number, seeds, max_epochs) and (
+                bool(kept.get("final_artifacts")) or artifact_store is None):
+            kept = {**kept, "final_select": select}
+            for key in _RULE_KEYS:
+                if key in kept:
+                    study.set_user_attr(key, kept[key])
+                elif key == "final_zero_shot" and key in study.user_attrs:
+                    study.set_user_attr(key, {})
+            by_rule[select] = kept
+            study.set_user_attr("final_by_rule", by_rule)
+            return
+
+    config = config_from_dict(selected.user_attrs["config"])
+    test_scores, val_scores, zero_shot_scores, (best_model, best_seed, best_val) = _retrain(
+        config, data, seeds, device, zero_shot, encoder, show_progress)
 
     artifacts: Dict[str, str] = {}
     if artifact_store is not None:
         try:
             artifacts = _upload_artifacts(study, data, config, best_model, seed=best_seed, val_metric=best_val,
-                                          trial=best.number, artifact_store=artifact_store)
+                                          trial=selected.number, artifact_store=artifact_store)
         except OSError as exc:  # a full or read-only artifact folder: nothing of the final evaluation is stored
             raise StorageError(f"cannot store the best weights in the artifact store ({exc.strerror or exc}); "
                                "free space there or pass another --artifact-dir, then rerun with --n-trials 0 "
                                "to redo the final evaluation") from exc
+    start_number, start_scores = _start_scores(study, data, selected, test_scores, seeds, device, max_epochs,
+                                               encoder, show_progress)
 
-    std = statistics.stdev(test_scores) if len(test_scores) > 1 else 0.0
-    record = {
-        "final_test_mean": statistics.fmean(test_scores),
-        "final_test_std": std,
+    mean = statistics.fmean(test_scores)
+    sign = -1.0 if study.user_attrs.get("direction") == "minimize" else 1.0
+    record: Dict[str, Any] = {
+        "final_test_mean": mean,
+        "final_test_std": statistics.stdev(test_scores) if len(test_scores) > 1 else 0.0,
         "final_test_scores": test_scores,
         "final_val_scores": val_scores,
-        "final_seeds": seeds,
-        "final_trial": best.number,
+        "final_seeds": list(seeds),
+        "final_trial": selected.number,
         "final_config": config.to_dict(),
         "final_artifacts": artifacts,
         "final_artifact_seed": best_seed,
+        "final_select": select,
+        "final_selected_value": float(selected.value),
+        "final_val_test_gap": sign * (float(selected.value) - mean),
+        "final_start_trial": start_number,
+        "final_start_test_mean": None if start_scores is None else statistics.fmean(start_scores),
+        "final_start_test_scores": start_scores,
+        "final_search_gain": None if start_scores is None else sign * (mean - statistics.fmean(start_scores)),
     }
     if zero_shot_scores:
         record["final_zero_shot"] = {
@@ -138,3 +230,7 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
     record["final_max_epochs"] = max_epochs
     for key, value in record.items():
         study.set_user_attr(key, value)
+    if "final_zero_shot" not in record and "final_zero_shot" in study.user_attrs:
+        study.set_user_attr("final_zero_shot", {})  # not this evaluation's: never shown beside its scores
+    by_rule[select] = record
+    study.set_user_attr("final_by_rule", by_rule)

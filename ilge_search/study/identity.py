@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from .._version import __version__
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
-from ..storage import Storage, requeue_trial
+from ..storage import Storage, quiet_optuna_warnings, requeue_trial
 from .objective import recommended_params
 from .options import StudyOptions
 
@@ -66,7 +66,7 @@ __all__ = [
 ENCODER_CHOICES: Tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
 
 # study user attrs that must match when a study is resumed: they define what is being searched
-IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed")
+IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed", "cv")
 # study user attrs that must match too: the data itself (label names, sha256 of each split's content)
 DATA_KEYS = ("label_names", "data_fingerprints")
 DATA_SPLITS = ("train", "validation", "test")
@@ -137,8 +137,9 @@ def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
 
 def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[int] = None,
                        max_train: Optional[int] = None, max_eval: Optional[int] = None,
-                       max_epochs: Optional[int] = None) -> str:
-    """``model:task:encoder`` plus a suffix per non-default data or budget setting.
+                       max_epochs: Optional[int] = None, cv: Optional[int] = None) -> str:
+    """``model:task:encoder`` plus a suffix per non-default data, budget or objective setting
+    (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation).
 
     >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
     'minilm-l6:trec:cayley:8shot'
@@ -152,6 +153,8 @@ def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[i
         parts.append(f"eval{max_eval}")
     if max_epochs is not None:
         parts.append(f"ep{max_epochs}")
+    if cv is not None:
+        parts.append(f"cv{cv}")
     return ":".join(parts)
 
 
@@ -159,7 +162,7 @@ def study_identity(model: str, task: str, encoder: str, options: StudyOptions) -
     """The user attrs that say what a study searches (:data:`IDENTITY_KEYS`)."""
     return {"model": model, "task": task, "encoder": encoder, "shots": options.shots,
             "max_train": options.max_train, "max_eval": options.max_eval, "max_epochs": options.max_epochs,
-            "data_seed": options.data_seed}
+            "data_seed": options.data_seed, "cv": options.cv}
 
 
 def _cache_keys_match(stored: Any, expected: Optional[Mapping[str, str]]) -> bool:
@@ -177,6 +180,10 @@ def _short(labels: Any) -> str:
 
 def _data_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> List[str]:
     changes = []
+    # the features are the model's: new weights under the same name or folder are other data
+    old_revision, new_revision = stored.get("model_revision"), wanted.get("model_revision")
+    if old_revision and new_revision and old_revision != new_revision:
+        changes.append(f"the model's weights (stored revision {str(old_revision)[:19]}, now {str(new_revision)[:19]})")
     if list(stored.get("label_names") or []) != list(wanted["label_names"]):
         changes.append(f"the labels (stored {_short(stored.get('label_names'))}, now {_short(wanted['label_names'])})")
     old, new = stored.get("data_fingerprints") or {}, wanted["data_fingerprints"]
@@ -316,6 +323,9 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
             if task_path is not None and study.user_attrs.get("task_path") != task_path:
                 study.set_user_attr("task_path", task_path)
 
+    if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
+        with quiet_optuna_warnings():
+            study.set_metric_names([data.metric])
     if created:
         record = dict(identity)
         record.update({

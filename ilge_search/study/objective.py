@@ -5,12 +5,20 @@ running it, :data:`~ilge_search.storage.WORKER_ATTR`), ``config`` (the full conf
 ``val_metric``, ``num_trainable_params``, ``epochs_run``, ``best_epoch``,
 ``seconds`` (and ``layer``/``layer_scores`` for the best-layer baseline); the
 validation metric of every epoch is an intermediate value, for the pruner.
+
+A study created with ``--cv K`` (its ``cv`` user attr, part of its identity)
+scores every trial on K folds of the training data instead
+(:mod:`~ilge_search.study.folds`): the objective and ``val_metric`` are the
+mean of the per-fold scores, stored as ``fold_scores`` (with
+``fold_best_epochs``); ``epochs_run`` and ``best_epoch`` are those of the last
+fold; the intermediate value at step ``fold * epochs + epoch`` is that fold's
+score after that epoch.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from ..dashboard import write_live_note
 from ..storage import WORKER_ATTR, quiet_optuna_warnings, storage_fault, worker_stamp
@@ -65,6 +73,21 @@ class TrialObjective:
         self.seed = seed
         self.device = device
         self.max_epochs = max_epochs
+        self._folds: Optional[Tuple[Tuple[int, int], List[Any]]] = None
+
+    def folds(self, study: Any) -> Optional[List[Any]]:
+        """The study's folds (``None`` without ``cv``), computed once per process from its identity."""
+        from .folds import stratified_folds
+
+        attrs = study.user_attrs
+        cv = attrs.get("cv")
+        if not cv:
+            return None
+        key = (int(cv), int(attrs.get("data_seed") or 0))
+        if self._folds is None or self._folds[0] != key:
+            self._folds = (key, stratified_folds(self.data.train[1], key[0], seed=key[1],
+                                                 task_kind=self.data.task_kind))
+        return self._folds[1]
 
     def __call__(self, trial: Any) -> float:
         import optuna
@@ -77,6 +100,22 @@ class TrialObjective:
         config = suggest_capped(trial, self.encoder, self.max_epochs)
         trial.set_user_attr("config", config.to_dict())  # stored first, so failed trials show it too
         common = dict(task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device)
+
+        folds = self.folds(trial.study)
+
+        def report(step: int, value: float) -> None:
+            trial.report(float(value), step)
+            if trial.should_prune():
+                fold, epoch = divmod(step - 1, config.epochs) if folds is not None else (None, step - 1)
+                trial.set_user_attr("epochs_run", int(epoch + 1))
+                where = f"epoch {epoch + 1}" + ("" if fold is None else f" of fold {fold + 1}")
+                if fold is not None:
+                    trial.set_user_attr("pruned_fold", int(fold + 1))
+                write_live_note(trial, data.metric, state="pruned")
+                raise optuna.TrialPruned(f"pruned at {where} ({data.metric} {value:.4f})")
+
+        if folds is not None:
+            return self._cross_validated(trial, config, folds, report, common)
         if self.encoder == "best-layer":
             # the layer is chosen on validation inside the trial; the search covers the recipe
             layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
@@ -85,13 +124,6 @@ class TrialObjective:
             trial.set_user_attr("layer", int(layer))
             trial.set_user_attr("layer_scores", [float(s) for s in scores])
         else:
-            def report(epoch: int, value: float) -> None:
-                trial.report(float(value), epoch)
-                if trial.should_prune():
-                    trial.set_user_attr("epochs_run", int(epoch))
-                    write_live_note(trial, data.metric, state="pruned")
-                    raise optuna.TrialPruned(f"pruned at epoch {epoch} ({data.metric} {value:.4f})")
-
             result = train_encoder(config, data.train, data.validation, epoch_callback=report, **common)
         trial.set_user_attr("val_metric", float(result.best_val_metric))
         trial.set_user_attr("num_trainable_params", int(result.num_trainable_params))
@@ -100,6 +132,26 @@ class TrialObjective:
         trial.set_user_attr("seconds", round(float(result.seconds), 3))
         write_live_note(trial, data.metric)
         return float(result.best_val_metric)
+
+    def _cross_validated(self, trial: Any, config: Any, folds: List[Any], report: Callable[[int, float], None],
+                         common: Dict[str, Any]) -> float:
+        from .folds import cross_validate
+
+        result = cross_validate(config, self.data.train, folds, report=report, **common)
+        if result.layer is not None:
+            config = config.replace(layer=result.layer)
+            trial.set_user_attr("config", config.to_dict())
+            trial.set_user_attr("layer", int(result.layer))
+            trial.set_user_attr("layer_scores", result.layer_scores)
+        trial.set_user_attr("fold_scores", result.fold_scores)
+        trial.set_user_attr("fold_best_epochs", result.best_epochs)
+        trial.set_user_attr("val_metric", result.mean)
+        trial.set_user_attr("num_trainable_params", result.num_trainable_params)
+        trial.set_user_attr("epochs_run", result.epochs_run[-1])
+        trial.set_user_attr("best_epoch", result.best_epochs[-1])
+        trial.set_user_attr("seconds", round(result.seconds, 3))
+        write_live_note(trial, self.data.metric)
+        return result.mean
 
 
 class _NoInterruptTraceback(logging.Filter):

@@ -15,6 +15,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
+from .folds import check_cv
+from .selection import DEFAULT_SELECT, SELECTION_RULES
 
 __all__ = ["StudyOptions", "MAX_STUDY_NAME_LENGTH", "check_study_name"]
 
@@ -57,6 +59,12 @@ class StudyOptions:
         final_seeds: seeds the best config is retrained with for the test score (0: skip).
         shots, max_train, max_eval, data_seed: the data options (part of the study's identity).
         max_epochs: cap on every config's ``epochs`` (part of the study's identity).
+        cv: score each trial on this many stratified folds of the training data
+            instead of the validation split (``None``: no cross-validation; part
+            of the study's identity, see :mod:`~ilge_search.study.folds`).
+        select: which trial the final evaluation retrains, ``"best"`` or
+            ``"one-se"`` (:mod:`~ilge_search.study.selection`); not part of the
+            identity: it changes the final evaluation, not the trials.
         zero_shot_tasks: similarity tasks also scored with every final model.
         data_dir, cache_dir, device: task data, embedding cache, device.
         artifact_dir: artifact store folder (default: next to a SQLite file, else ``studies/artifacts``).
@@ -81,6 +89,8 @@ class StudyOptions:
     max_train: Optional[int] = None
     max_eval: Optional[int] = None
     max_epochs: Optional[int] = None
+    cv: Optional[int] = None
+    select: str = DEFAULT_SELECT
     data_seed: int = 0
     zero_shot_tasks: Tuple[str, ...] = ()
     data_dir: Optional[PathLike] = None
@@ -121,6 +131,8 @@ class StudyOptions:
             check_study_name(self.study_name)
         check_choice("sampler", self.sampler, SAMPLERS)
         check_choice("pruner", self.pruner, PRUNERS)
+        check_cv(self.cv)
+        check_choice("select", self.select, SELECTION_RULES)
         if isinstance(self.zero_shot_tasks, str):
             object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from ..storage import Storage, hide_password, open_storage
+from .final import LEGACY_SELECT
 
 __all__ = ["StudyResult", "study_result", "list_studies", "format_results", "summary_line"]
 
@@ -15,7 +17,11 @@ class StudyResult:
     """One study's outcome, read back from the storage.
 
     ``test_mean``/``test_std``/``test_scores`` are the final test scores over
-    the final seeds (``None``/empty before a final evaluation ran).
+    the final seeds (``None``/empty before a final evaluation ran) of trial
+    ``final_trial``, chosen by the rule ``select``; ``search_gain`` is its test
+    mean minus that of the starting configuration retrained with the same
+    seeds, ``val_test_gap`` its objective minus its test mean (``None`` for
+    evaluations stored before these existed).
     """
 
     study_name: str
@@ -34,6 +40,10 @@ class StudyResult:
     test_std: Optional[float] = None
     test_scores: List[float] = field(default_factory=list)
     artifacts: Dict[str, str] = field(default_factory=dict)
+    final_trial: Optional[int] = None
+    select: Optional[str] = None
+    search_gain: Optional[float] = None
+    val_test_gap: Optional[float] = None
 
     @property
     def n_finished(self) -> int:
@@ -71,6 +81,10 @@ def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
         test_std=attrs.get("final_test_std"),
         test_scores=list(attrs.get("final_test_scores", [])),
         artifacts=dict(attrs.get("final_artifacts", {})),
+        final_trial=attrs.get("final_trial"),
+        select=attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
+        search_gain=attrs.get("final_search_gain"),
+        val_test_gap=attrs.get("final_val_test_gap"),
     )
 
 
@@ -100,24 +114,37 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
             "test_mean": attrs.get("final_test_mean"),
             "test_std": attrs.get("final_test_std"),
             "seeds": len(attrs.get("final_test_scores", [])),
+            "select": attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
+            "final_trial": attrs.get("final_trial"),
+            "search_gain": attrs.get("final_search_gain"),
         })
     columns = ["study", "model", "task", "encoder", "metric", "trials", "best_val", "best_trial", "test_mean",
-               "test_std", "seeds"]
+               "test_std", "seeds", "select", "final_trial", "search_gain"]
     frame = pd.DataFrame(rows, columns=columns)
+    # trial numbers stay integers where some are missing (a float column would print 7.0000)
+    frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]],
+                                     dtype=object)
     if not frame.empty:
         frame = frame.sort_values(["model", "task", "encoder", "study"], na_position="last").reset_index(drop=True)
     return frame
 
 
 def format_results(results: Iterable[StudyResult]) -> str:
-    """A plain-text table of :class:`StudyResult` rows (what ``run`` and ``sweep`` print)."""
-    header = ("study", "trials", "pruned", "failed", "best val", "test mean +- std")
+    """A plain-text table of :class:`StudyResult` rows (what ``run`` and ``sweep`` print).
+
+    ``test mean +- std`` is that of the trial the selection rule chose (``(trial N, rule)``);
+    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown).
+    """
+    header = ("study", "trials", "pruned", "failed", "best val", "test mean +- std", "search gain")
     rows = [header]
     for r in results:
         test = "-" if r.test_mean is None else f"{r.test_mean:.4f} +- {r.test_std:.4f} ({len(r.test_scores)} seeds)"
+        if r.test_mean is not None and r.final_trial is not None:
+            test += f" (trial {r.final_trial}, {r.select})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
+        gain = "-" if r.search_gain is None else f"{r.search_gain:+.4f}"
         rows.append((r.study_name, str(r.n_complete + r.n_pruned + r.n_failed), str(r.n_pruned), str(r.n_failed),
-                     best, test))
+                     best, test, gain))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows)
     return "\n".join(lines)
@@ -132,4 +159,6 @@ def summary_line(result: StudyResult) -> str:
     if result.test_mean is not None:
         text += (f"; test {result.metric} {result.test_mean:.4f} +- {result.test_std:.4f} "
                  f"over {len(result.test_scores)} seeds")
+        if result.search_gain is not None:
+            text += f" (trial {result.final_trial}, {result.select}; search gain {result.search_gain:+.4f})"
     return text

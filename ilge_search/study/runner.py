@@ -6,7 +6,8 @@
    the storage once, load the task (texts and labels only) and check any
    existing study with the same name (a name already used for another model,
    task, setting or data is an error; see :mod:`.identity`) -- all before any
-   model loads;
+   model loads (:func:`.plan.check_run`, which ``run --dry-run`` shares); a run
+   that may take long logs its estimated wall time (:func:`.plan.estimate_run`);
 2. resolve the model once and make sure every split's embeddings are in the
    cache (extracted once);
 3. create the study, or load it to add trials. A new study gets its identity as
@@ -17,9 +18,12 @@
    the one engine on train, reports the validation metric after each epoch for
    the pruner, and stores what it did as trial user attrs; ``workers > 1`` runs
    that many processes on the same storage, splitting ``n_trials`` exactly;
-5. retrain the best configuration with ``final_seeds`` seeds, evaluate each on
-   test once, store mean, std and per-seed scores as study user attrs, and
-   upload the weights of the best seed (by validation) as an Optuna artifact.
+5. retrain the selected configuration (``select``: the best trial, or the
+   simplest within one standard error of it) with ``final_seeds`` seeds,
+   evaluate each on test once, store mean, std and per-seed scores as study
+   user attrs, and upload the weights of the best seed (by validation) as an
+   Optuna artifact; the starting configuration is retrained with the same
+   seeds for the search gain.
 
 Stored layout (what reports and the dashboard read):
 
@@ -42,33 +46,26 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..dashboard import write_notes
-from ..files import check_writable
 from ..storage import (
     Storage,
     StorageError,
-    artifact_dir_for,
     count_trials,
     fail_own_running_trials,
     fail_stale_trials,
     finished_trial_count,
-    open_storage,
     storage_fault,
 )
-from .data import DataSpec, StudyData, expected_cache_keys, load_study_data, load_task_data, load_zero_shot_data
+from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
 from .final import final_evaluation, final_is_current
 from .identity import (
     create_or_load,
-    data_identity,
-    default_study_name,
     is_registered_task,
-    precheck_existing,
     requeue_failed_recommended,
-    resolve_encoders,
-    study_identity,
-    task_label,
 )
-from .options import StudyOptions, check_study_name
+from .options import StudyOptions
+from .plan import check_run, estimate_run, may_be_long
 from .results import StudyResult, study_result, summary_line
+from .selection import DEFAULT_SELECT
 from .workers import optimize, total_reached
 
 __all__ = ["run_study"]
@@ -99,6 +96,8 @@ def run_study(
     max_train: Optional[int] = None,
     max_eval: Optional[int] = None,
     max_epochs: Optional[int] = None,
+    cv: Optional[int] = None,
+    select: str = DEFAULT_SELECT,
     data_seed: int = 0,
     zero_shot_tasks: Sequence[str] = (),
     data_dir: Optional[PathLike] = None,
@@ -139,6 +138,12 @@ def run_study(
         max_train, max_eval: seeded stratified caps on train / on validation and
             test (to keep a study small); they are part of the study's identity.
         max_epochs: cap on every config's ``epochs``.
+        cv: score every trial on this many stratified folds of the training data
+            (mean over folds) instead of on the validation split; part of the
+            study's identity and name (``:cv5``); see :mod:`.folds`.
+        select: the trial the final evaluation retrains: ``"best"`` or ``"one-se"``
+            (see :mod:`.selection`); it also retrains the starting configuration
+            for the search gain.
         data_seed: seed of the few-shot and subsampling draws.
         zero_shot_tasks: similarity tasks whose test split every final seed's
             model is also evaluated on (the paper's zero-shot STS protocol).
@@ -165,7 +170,8 @@ def run_study(
     """
     given = dict(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
                  sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds, shots=shots,
-                 max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, data_seed=data_seed,
+                 max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv, select=select,
+                 data_seed=data_seed,
                  zero_shot_tasks=tuple(zero_shot_tasks), data_dir=data_dir, cache_dir=cache_dir, device=device,
                  artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
                  grace_period=grace_period, max_retry=max_retry, show_progress=show_progress)
@@ -176,42 +182,13 @@ def run_study(
         if changed:
             raise ValueError(f"give the study options either as options= or as keywords, not both: {changed}")
 
-    # ---- 1. arguments, storage, data and existing studies, before anything expensive
-    encoder_list = resolve_encoders(encoders)
-    trial_counts = options.trial_counts(encoder_list)
-    if options.study_name is not None and len(encoder_list) > 1:
-        raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
-    opened = _open(storage, options)
-    if options.workers > 1 and opened.is_in_memory:
-        raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
-    if options.final_seeds > 0:  # the final weights go there, after all the training
-        check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
-    model, task = str(model), str(task)
-
-    from ..models import resolve_model
-    from ..tasks import load_task
-
-    source = resolve_model(model, options.cache_dir, materialize=False)  # unknown model: clear error, nothing loaded
-    spec = DataSpec.from_options(model, task, options, source=source)
-    loaded = load_task(spec.task, spec.data_dir)
-    task_data = load_task_data(spec, loaded)
-    if options.zero_shot_tasks and task_data.kind != "similarity":
-        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
-    label = task_label(task, loaded)  # a custom task by its name and content, never its path
-    data_id = data_identity(task_data)
-    cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
-    names: Dict[str, str] = {}
-    identities: Dict[str, Dict[str, Any]] = {}
-    hints: Dict[str, str] = {}
-    for enc in encoder_list:
-        default = default_study_name(model, label, enc, shots=options.shots, max_train=options.max_train,
-                                     max_eval=options.max_eval, max_epochs=options.max_epochs)
-        names[enc] = check_study_name(options.study_name or default)
-        identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options),
-                           **data_id}
-        hints[enc] = (f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
-                      if names[enc] != default else "pass another --study-name or another --storage")
-        precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
+    # ---- 1. arguments, storage, data and existing studies, before anything expensive (plan.check_run)
+    check = check_run(model, task, encoders, storage, options)
+    opened, spec, task_data, names = check.storage, check.spec, check.task_data, check.names
+    if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
+        plan = estimate_run(check)
+        if plan.is_long:
+            logger.info("%s", plan.estimate_line())
 
     import torch
 
@@ -222,9 +199,9 @@ def run_study(
         data = load_study_data(spec, with_test=options.final_seeds > 0, progress=options.show_progress,
                                task_data=task_data)  # ---- 2. extracted once, here, before any worker starts
         zero_shot = load_zero_shot_data(spec, list(options.zero_shot_tasks), progress=options.show_progress)
-        return [_run_one(opened, enc, names[enc], identities[enc], trial_counts[enc], data, spec, options,
-                         zero_shot=zero_shot, callbacks=callbacks, new_study_hint=hints[enc])
-                for enc in encoder_list]
+        return [_run_one(opened, enc, names[enc], check.identities[enc], check.trial_counts[enc], data, spec,
+                         options, zero_shot=zero_shot, callbacks=callbacks, new_study_hint=check.hints[enc])
+                for enc in check.encoders]
     except Exception as exc:
         fault = storage_fault(exc)
         if fault is None:
@@ -232,16 +209,6 @@ def run_study(
         raise StorageError(f"cannot write the study storage {opened.shown_url}: {fault}") from exc
     finally:
         torch.set_num_threads(previous_threads)
-
-
-def _open(storage: Union[str, Storage, None], options: StudyOptions) -> Storage:
-    """The storage the run writes to: opened here from a URL, or the given one (with ``artifact_dir`` applied)."""
-    if not isinstance(storage, Storage):
-        return open_storage(storage, artifact_dir=options.artifact_dir, heartbeat_interval=options.heartbeat_interval,
-                            grace_period=options.grace_period, max_retry=options.max_retry)
-    if options.artifact_dir is not None:
-        return dataclasses.replace(storage, artifact_dir=artifact_dir_for(storage.url, options.artifact_dir))
-    return storage
 
 
 def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any], count: Optional[int],
@@ -287,11 +254,13 @@ def _optimize_and_evaluate(study: Any, storage: Storage, encoder: str, name: str
     # ---- 5. final evaluation on test, once per seed
     if options.final_seeds > 0 and count_trials(study, ("COMPLETE",)):
         seeds = options.final_seed_list()
-        if final_is_current(study, seeds, options.max_epochs):
-            logger.info("%s: final scores of trial %d are up to date", name, study.best_trial.number)
+        if final_is_current(study, seeds, options.max_epochs, options.select):
+            logger.info("%s: final scores of trial %d (%s) are up to date", name, study.user_attrs["final_trial"],
+                        options.select)
         else:
             final_evaluation(study, data, encoder=encoder, seeds=seeds, device=spec.device,
-                             max_epochs=options.max_epochs, artifact_store=storage.artifact_store(),
+                             max_epochs=options.max_epochs, select=options.select,
+                             artifact_store=storage.artifact_store(),
                              zero_shot=zero_shot, show_progress=options.show_progress)
     elif options.final_seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)

@@ -14,6 +14,8 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     threads = 1                        # torch CPU threads per process
     max_epochs = 30                    # cap on every config's epochs
     max_train = 2000                   # default cap on train examples per task
+    cv = 5                             # score trials on 5 folds of train (per task too); names get :cv5
+    select = "one-se"                  # best | one-se: the trial the final evaluation retrains
 
     [trials]                           # target number of finished trials per study
     default = 20
@@ -35,6 +37,7 @@ pair's data options and budgets replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -43,11 +46,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..files import read_text_utf8
+from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
 from .final import final_is_current
+from .folds import check_cv
 from .identity import default_study_name, is_registered_task, resolve_encoders, task_label
 from .options import StudyOptions
+from .plan import missing_sqlite_file
 from .results import StudyResult, study_result
 from .runner import run_study
 
@@ -56,15 +62,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SweepEntry", "Sweep", "load_sweep", "plan_sweep", "run_sweep"]
+__all__ = ["SweepEntry", "Sweep", "load_sweep", "plan_sweep", "estimate_sweep", "run_sweep"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
 
 _TOP_KEYS = {"name", "storage", "models", "encoders", "sampler", "pruner", "seed", "final_seeds", "workers", "threads",
-             "max_epochs", "max_train", "max_eval", "shots", "timeout", "trials", "tasks"}
-_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials"}
+             "max_epochs", "max_train", "max_eval", "shots", "timeout", "trials", "tasks", "cv", "select"}
+_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials", "cv"}
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class SweepEntry:
     shots: Optional[int] = None
     max_epochs: Optional[int] = None
     zero_shot: Tuple[str, ...] = ()
+    cv: Optional[int] = None
 
     @property
     def study_name(self) -> str:
@@ -91,7 +98,7 @@ class SweepEntry:
 
             task = task_label(task, load_task(task))
         return default_study_name(self.model, task, self.encoder, shots=self.shots, max_train=self.max_train,
-                                  max_eval=self.max_eval, max_epochs=self.max_epochs)
+                                  max_eval=self.max_eval, max_epochs=self.max_epochs, cv=self.cv)
 
 
 @dataclass
@@ -108,6 +115,7 @@ class Sweep:
     workers: int = 1
     threads: Optional[int] = None
     timeout: Optional[float] = None
+    select: Optional[str] = None
     path: Optional[Path] = None
 
     def pairs(self) -> List[Tuple[str, str]]:
@@ -123,6 +131,8 @@ class Sweep:
         values: Dict[str, Any] = dict(sampler=self.sampler, pruner=self.pruner, seed=self.seed,
                                       final_seeds=self.final_seeds, workers=self.workers, threads=self.threads,
                                       timeout=self.timeout)
+        if self.select is not None:
+            values["select"] = self.select
         values.update(changes)
         return StudyOptions(**values)
 
@@ -216,6 +226,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
             max_eval=_int_or_none(task_where, options, "max_eval", raw.get("max_eval")),
             shots=_int_or_none(task_where, options, "shots", raw.get("shots")),
             max_epochs=_int_or_none(task_where, options, "max_epochs", raw.get("max_epochs")),
+            cv=_int_or_none(task_where, options, "cv", raw.get("cv"), minimum=2),
             zero_shot=zero_shot,
         )
         for model in models:
@@ -242,7 +253,7 @@ def load_sweep(path: PathLike) -> Sweep:
     sweep = Sweep(name=str(raw.get("name", path.stem)), storage=raw.get("storage"), entries=[],
                   sampler=raw.get("sampler", "tpe"), pruner=raw.get("pruner", "median"), seed=raw.get("seed", 0),
                   final_seeds=raw.get("final_seeds", 3), workers=raw.get("workers", 1), threads=raw.get("threads"),
-                  timeout=raw.get("timeout"), path=path)
+                  timeout=raw.get("timeout"), select=raw.get("select"), path=path)
     try:
         sweep.study_options()  # the shared options are checked once, by StudyOptions
     except ValueError as exc:
@@ -261,7 +272,8 @@ def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple
         return None, 0, False
     if options.final_seeds == 0:
         return study, finished_trial_count(study), True
-    return study, finished_trial_count(study), final_is_current(study, options.final_seed_list(), entry.max_epochs)
+    return study, finished_trial_count(study), final_is_current(study, options.final_seed_list(), entry.max_epochs,
+                                                                options.select)
 
 
 def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> Any:
@@ -272,10 +284,12 @@ def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> 
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     options = sweep.study_options()
-    opened = open_storage(storage if storage is not None else sweep.storage)
+    url = storage if storage is not None else sweep.storage
+    # only read: a SQLite file that does not exist yet holds no study, and is not created
+    opened = None if missing_sqlite_file(url or default_storage_url()) else open_storage(url, must_exist=True)
     rows = []
     for entry in sweep.entries:
-        _, finished, final = _status(opened, entry, options)
+        _, finished, final = _status(opened, entry, options) if opened is not None else (None, 0, False)
         rows.append({"study": entry.study_name, "model": entry.model, "task": entry.task, "encoder": entry.encoder,
                      "budget": entry.n_trials, "finished": finished, "to_run": max(0, entry.n_trials - finished),
                      "final_done": final})
@@ -283,11 +297,49 @@ def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> 
                                        "final_done"])
 
 
+
+def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, workers: Optional[int] = None,
+                   threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
+                   encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None,
+                   cache_dir: Optional[PathLike] = None, device: str = "auto", calibrate: bool = True) -> List[Any]:
+    """The :class:`~ilge_search.study.plan.RunPlan` of each ``run_study`` call the sweep would make (a dry
+    run: nothing is created or written), with the trials each study still needs to reach its budget.
+    Arguments as in :func:`run_sweep`."""
+    from .plan import plan_run
+
+    if not isinstance(sweep, Sweep):
+        sweep = load_sweep(sweep)
+    overrides = {key: value for key, value in (("workers", workers), ("threads", threads)) if value}
+    options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=False,
+                                  **overrides)
+    url = storage if storage is not None else sweep.storage
+    wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
+    groups: Dict[Tuple, List[SweepEntry]] = {}
+    for entry in sweep.entries:
+        if (models and entry.model not in models) or (tasks and entry.task not in tasks) or (
+                wanted_encoders is not None and entry.encoder not in wanted_encoders):
+            continue
+        key = (entry.model, entry.task, entry.max_train, entry.max_eval, entry.shots, entry.max_epochs,
+               entry.zero_shot, entry.cv)
+        groups.setdefault(key, []).append(entry)
+    plans = []
+    for group in groups.values():
+        first = group[0]
+        group_options = options.replace(n_trials={e.encoder: e.n_trials for e in group}, shots=first.shots,
+                                        max_train=first.max_train, max_eval=first.max_eval,
+                                        max_epochs=first.max_epochs, zero_shot_tasks=first.zero_shot, cv=first.cv)
+        encoders = [e.encoder for e in group]
+        now = plan_run(first.model, first.task, encoders, storage=url, options=group_options, calibrate=False)
+        left = {s.encoder: max(0, e.n_trials - s.finished) for s, e in zip(now.studies, group, strict=True)}
+        plans.append(plan_run(first.model, first.task, encoders, storage=url, calibrate=calibrate,
+                              options=group_options.replace(n_trials=left)))
+    return plans
+
 def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, workers: Optional[int] = None,
               threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
               encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-              device: str = "auto", artifact_dir: Optional[PathLike] = None,
-              show_progress: bool = True) -> List[StudyResult]:
+              device: str = "auto", artifact_dir: Optional[PathLike] = None, select: Optional[str] = None,
+              cv: Optional[int] = None, show_progress: bool = True) -> List[StudyResult]:
     """Run every study of a grid up to its budget, then its final evaluation.
 
     Args:
@@ -295,6 +347,8 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
         storage: overrides the file's ``storage`` (default ``sqlite:///studies/ilge.db``).
         workers, threads: override the file's ``workers`` and ``threads``.
         models, tasks, encoders: run only these parts of the grid (empty: all).
+        select: overrides the file's ``select`` (the final evaluation's selection rule).
+        cv: overrides every study's ``cv`` (and so its name: ``--cv`` studies are other studies).
         data_dir, cache_dir, device, artifact_dir, show_progress: as in :func:`run_study`.
 
     Returns:
@@ -302,7 +356,11 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    overrides = {key: value for key, value in (("workers", workers), ("threads", threads)) if value}
+    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select))
+                 if value}
+    if cv is not None:
+        check_cv(cv)
+        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
     options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, artifact_dir=artifact_dir,
                                   show_progress=show_progress, **overrides)
     wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
@@ -317,7 +375,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
     groups: Dict[Tuple, List[SweepEntry]] = {}
     for entry in entries:  # one run_study call per (model, task, data options)
         key = (entry.model, entry.task, entry.max_train, entry.max_eval, entry.shots, entry.max_epochs,
-               entry.zero_shot)
+               entry.zero_shot, entry.cv)
         groups.setdefault(key, []).append(entry)
     results: List[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
@@ -336,7 +394,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
         if remaining:
             group_options = options.replace(n_trials=remaining, shots=first.shots, max_train=first.max_train,
                                             max_eval=first.max_eval, max_epochs=first.max_epochs,
-                                            zero_shot_tasks=first.zero_shot)
+                                            zero_shot_tasks=first.zero_shot, cv=first.cv)
             ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
             ran = dict(zip(remaining, ran_results, strict=True))
         for entry in group:

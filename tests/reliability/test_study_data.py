@@ -19,7 +19,7 @@ from reliability_helpers import cache_trec_subset
 
 from ilge_search.cli import cli
 from ilge_search.study import SweepEntry, run_study
-from ilge_search.study.identity import DataChangedError
+from ilge_search.study.identity import DataChangedError, check_identity
 
 MODEL = "minilm-l6"
 SUBSET = dict(max_train=240, max_eval=160, max_epochs=4)
@@ -203,3 +203,17 @@ def test_a_study_from_before_fingerprints_is_adopted_on_the_same_data_and_refuse
                                                "differ from this data's"):
         run_study(MODEL, "trec", "mean-layers", n_trials=1, data_dir=edited_trec(tmp_path, data_dir), **options)
     assert study_trials(sqlite_url(db)) == {name: 2}
+
+
+def test_new_weights_under_the_same_model_name_are_refused_like_changed_data():
+    """A local model folder whose weights were replaced keeps its path, so only the revision tells."""
+    stored = {"model": "/models/mine", "task": "trec", "encoder": "cayley", "shots": None, "max_train": 500,
+              "max_eval": 400, "max_epochs": 10, "data_seed": 0, "cv": None, "label_names": ["a", "b"],
+              "data_fingerprints": {"train": "f1", "validation": "f2", "test": "f3"},
+              "model_revision": "sha256:1111111111111111"}
+    assert check_identity("s", stored, dict(stored)) is False  # same weights: resumes
+    wanted = {**stored, "model_revision": "sha256:2222222222222222"}
+    with pytest.raises(DataChangedError, match=r"the model's weights \(stored revision sha256:111111111111, "
+                                               r"now sha256:222222222222\) changed since"):
+        check_identity("s", stored, wanted)
+    assert check_identity("s", {**stored, "model_revision": ""}, wanted) is False  # an older study without one

@@ -1,0 +1,345 @@
+"""Which LLM layers a study's final model uses: one importance per layer (``ilge-search explain``).
+
+For a study with a final evaluation, :func:`explain_study` retrains the final
+configuration (``final_config``) once per final seed (``final_seeds``) with the
+one engine on the study's cached data (only the best seed's weights are kept as
+an artifact, so the others must be trained again; on a CPU with the same thread
+count the retrained models are those of the final evaluation). For each model it
+measures, on the **validation** split (never test):
+
+- **layer ablation**: the validation score minus the score with that layer's
+  input replaced by its training mean (every row, every dimension of the
+  layer). Positive: the model loses that much without the layer; zero: it does
+  not need it (or another layer carries the same information).
+- **gradient x input**: the gradient of each example's evidence for its gold
+  answer (classification: the gold class's logit minus the mean of the logits;
+  similarity: minus the squared error of the cosine against the normalised gold
+  score) with respect to the layer's input, times the input minus its training
+  mean, summed over the layer's features, **signed**, averaged over the
+  validation examples. Measured from the ablation's baseline, it is the
+  first-order (local) estimate of what replacing the layer by its training mean
+  takes away from that evidence; ablation is the exact, non-local effect on
+  the score. Where the two disagree the model is far from linear in that layer.
+
+Both are reported as mean +- std over the final seeds, next to the per-layer
+probe score of the study's best-layer sibling (the same model, task and data
+options; its best trial's ``layer_scores``, which the report plots). The result
+is stored on the study as the user attr :data:`EXPLAIN_ATTR` with the seeds,
+split and what it was computed from, so the report draws it without
+retraining; a rerun recomputes only when the study's final evaluation changed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .configs import config_from_dict
+from .storage import Storage, open_storage
+from .study.export import load_run_study, load_training_data
+from .study.identity import IDENTITY_KEYS
+
+__all__ = ["EXPLAIN_ATTR", "EXPLAIN_SPLIT", "EXPLAIN_FORMATS", "LayerAttribution", "attribute_layers",
+           "explain_study", "explanation_is_current", "stored_explanation", "format_explanation"]
+
+EXPLAIN_ATTR = "explain_layers"
+EXPLAIN_SPLIT = "validation"
+EXPLAIN_FORMATS = ("table", "csv", "json")
+EXPLAIN_VERSION = 1  # bump when the measures change: stored results of another version are recomputed
+SINGLE_LAYER_ENCODERS = ("last-layer", "best-layer", "mlp-last")  # read one layer: nothing to attribute
+PROBE_ENCODER = "best-layer"
+
+
+@dataclass
+class LayerAttribution:
+    """Per-layer importances of one study's final model.
+
+    Attributes:
+        study, model, task, encoder, metric: what was explained.
+        split: the split the measures use (always ``"validation"``).
+        seeds: the final seeds, one retrained model each.
+        scores: each seed's validation score without ablation.
+        ablation: ``[seed][layer]`` drop of the validation score with the layer at its training mean.
+        gradient_input: ``[seed][layer]`` signed gradient x (input - training mean) of the gold evidence,
+            summed over the layer's features, mean over validation examples.
+        probe_scores: the validation score of a linear probe on each layer (best-layer sibling study), or ``None``.
+        probe_study: the study the probe scores come from.
+        computed: whether this call computed it (``False``: read back from the study).
+        seconds: how long the computation took when it ran.
+    """
+
+    study: str
+    model: str
+    task: str
+    encoder: str
+    metric: str
+    split: str
+    seeds: List[int]
+    scores: List[float]
+    ablation: List[List[float]]
+    gradient_input: List[List[float]]
+    probe_scores: Optional[List[float]] = None
+    probe_study: Optional[str] = None
+    computed: bool = False
+    seconds: float = 0.0
+    source: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.ablation[0]) if self.ablation else 0
+
+    def frame(self) -> Any:
+        """One row per layer: ``layer``, ablation and gradient x input mean/std over seeds, ``probe_score``."""
+        import numpy as np
+        import pandas as pd
+
+        ablation, grads = np.asarray(self.ablation, dtype=float), np.asarray(self.gradient_input, dtype=float)
+        ddof = 1 if len(self.seeds) > 1 else 0
+        probe = self.probe_scores if self.probe_scores and len(self.probe_scores) == self.num_layers else None
+        return pd.DataFrame({
+            "layer": np.arange(self.num_layers),
+            "ablation_drop_mean": ablation.mean(0), "ablation_drop_std": ablation.std(0, ddof=ddof),
+            "grad_input_mean": grads.mean(0), "grad_input_std": grads.std(0, ddof=ddof),
+            "probe_score": probe if probe is not None else [math.nan] * self.num_layers,
+        })
+
+    def record(self) -> Dict[str, Any]:
+        """What is stored as the study's :data:`EXPLAIN_ATTR` (JSON-able)."""
+        return {"version": EXPLAIN_VERSION, "split": self.split, "metric": self.metric, "seeds": self.seeds,
+                "scores": self.scores, "ablation": self.ablation, "gradient_input": self.gradient_input,
+                "seconds": round(self.seconds, 2), "source": self.source}
+
+
+def _mean_features(features: Any) -> Any:
+    """Training mean per (layer, dimension), ``(L, D)`` float32; pairs count both sentences."""
+    from .engine import FeatureStandardizer
+
+    num_layers, hidden = features.shape[-2], features.shape[-1]
+    return FeatureStandardizer(num_layers, hidden).fit(features).mean
+
+
+def _gold_evidence(model: Any, outputs: Any, labels: Any) -> Any:
+    """Per example, what gradient x input attributes: the gold class's logit minus the mean logit
+    (classification), minus the squared error of the cosine (similarity)."""
+    if model.task_kind == "classification":
+        # the logit, not the log-probability: a confident example's log-probability has a vanishing gradient,
+        # so the misclassified examples would dominate; centred, since adding a constant to every logit changes nothing
+        return outputs.gather(1, labels.long().view(-1, 1)).squeeze(1) - outputs.mean(1)
+    return -(outputs - model.normalise_scores(labels.float())).square()
+
+
+def attribute_layers(model: Any, train_features: Any, features: Any, labels: Any, *, metric: Optional[str] = None,
+                     batch_size: int = 256) -> Tuple[float, List[float], List[float]]:
+    """Layer ablation and gradient x input of a trained :class:`~ilge_search.engine.ILGEModel` on one labelled set.
+
+    Args:
+        model: a model from :func:`~ilge_search.engine.train_encoder`.
+        train_features: its training features ``(N, L, D)`` (pairs ``(N, 2, L, D)``): the ablation baseline is
+            their mean per layer and dimension.
+        features, labels: the set to measure on (a study uses its validation split).
+        metric: the score ablation drops (default: ``accuracy`` / ``spearman``).
+
+    Returns:
+        ``(score, drops, grad_input)``: the score without ablation, then per layer the score minus the score
+        with the layer at its training mean, and the signed gradient x (input - training mean) of the gold
+        evidence (centred gold logit; similarity: minus the squared error) summed over the layer's features and
+        averaged over examples.
+    """
+    import torch
+
+    from .engine import METRICS, evaluate
+
+    metric = metric or METRICS[model.task_kind][0]
+    device = next(model.parameters()).device
+    baseline = _mean_features(torch.as_tensor(train_features))
+    features = torch.as_tensor(features)
+    labels = torch.as_tensor(labels)
+    score = float(evaluate(model, features, labels)[metric])
+    ablated = features.to(torch.float32, copy=True)
+    drops: List[float] = []
+    for layer in range(ablated.shape[-2]):
+        kept = ablated[..., layer, :].clone()
+        ablated[..., layer, :] = baseline[layer]
+        drops.append(score - float(evaluate(model, ablated, labels)[metric]))
+        ablated[..., layer, :] = kept
+    del ablated
+
+    was_training = model.training
+    model.eval()
+    baseline = baseline.to(device)
+    totals = torch.zeros(features.shape[-2], dtype=torch.float64)
+    try:
+        for start in range(0, features.shape[0], batch_size):
+            x = features[start:start + batch_size].to(device=device, dtype=torch.float32).requires_grad_(True)
+            gain = _gold_evidence(model, model(x), labels[start:start + batch_size].to(device)).sum()
+            (grad,) = torch.autograd.grad(gain, x)
+            per_layer = (grad * (x.detach() - baseline)).sum(-1)  # (B, L) or (B, 2, L)
+            totals += per_layer.reshape(-1, per_layer.shape[-1]).sum(0).double().cpu()
+    finally:
+        model.train(was_training)
+    return score, drops, (totals / features.shape[0]).tolist()
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+def _load_study(storage: Storage, study_name: str) -> Any:
+    """The study, checked before any training: made by ilge-search, with a final evaluation, over several layers."""
+    study = load_run_study(storage, study_name, purpose="explained")
+    attrs = study.user_attrs
+    encoder = attrs.get("encoder")
+    if encoder in SINGLE_LAYER_ENCODERS:
+        raise ValueError(f"study {study_name!r} uses the {encoder} baseline, which reads a single layer: there are "
+                         "no layer inputs to attribute; explain a cayley, fc, deepset, mean-layers or scalar-mix study")
+    if not attrs.get("final_config") or not attrs.get("final_seeds"):
+        raise ValueError(f"study {study_name!r} has no final evaluation; run it with --final-seeds (e.g. "
+                         "`ilge-search run ... --n-trials 0 --final-seeds 3` with the study's other options) first")
+    return study
+
+
+def _source(attrs: Mapping[str, Any]) -> Dict[str, Any]:
+    """What the attribution depends on: the final evaluation and the data it trained on."""
+    keys = attrs.get("cache_keys") or {}
+    return {"version": EXPLAIN_VERSION, "split": EXPLAIN_SPLIT,
+            "final_trial": attrs.get("final_trial"), "final_seeds": list(attrs.get("final_seeds") or []),
+            "final_config": attrs.get("final_config"), "final_max_epochs": attrs.get("final_max_epochs"),
+            "cache_keys": {split: keys.get(split) for split in ("train", "validation")}}
+
+
+def explanation_is_current(attrs: Mapping[str, Any]) -> bool:
+    """Whether a study's stored :data:`EXPLAIN_ATTR` was computed from its present final evaluation."""
+    stored = attrs.get(EXPLAIN_ATTR)
+    if not isinstance(stored, Mapping) or not isinstance(stored.get("source"), Mapping):
+        return False
+    # through JSON: tuples, ints and floats compare as they were stored
+    return json.loads(json.dumps(stored["source"])) == json.loads(json.dumps(_source(attrs)))
+
+
+def stored_explanation(study_name: str, attrs: Mapping[str, Any], probe_scores: Optional[List[float]] = None,
+                       probe_study: Optional[str] = None) -> Optional[LayerAttribution]:
+    """The attribution stored on a study (its user ``attrs``) when it is current, else ``None``."""
+    if not explanation_is_current(attrs):
+        return None
+    stored = attrs[EXPLAIN_ATTR]
+    return LayerAttribution(study=study_name, model=str(attrs["model"]), task=str(attrs["task"]),
+                            encoder=str(attrs["encoder"]), metric=str(stored["metric"]), split=stored["split"],
+                            seeds=list(stored["seeds"]), scores=list(stored["scores"]),
+                            ablation=[list(row) for row in stored["ablation"]],
+                            gradient_input=[list(row) for row in stored["gradient_input"]],
+                            probe_scores=probe_scores, probe_study=probe_study,
+                            seconds=float(stored.get("seconds", 0.0)), source=dict(stored["source"]))
+
+
+def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[float]], Optional[str]]:
+    """The per-layer probe scores of the best-layer study with the same model, task and data options."""
+    for summary in storage.study_summaries():
+        other = summary.user_attrs
+        if other.get("encoder") != PROBE_ENCODER or summary.best_trial is None:
+            continue
+        if any(other.get(key) != attrs.get(key) for key in IDENTITY_KEYS if key != "encoder"):
+            continue
+        if other.get("data_fingerprints") and attrs.get("data_fingerprints") and \
+                other["data_fingerprints"] != attrs["data_fingerprints"]:
+            continue
+        scores = summary.best_trial.user_attrs.get("layer_scores")
+        if scores:
+            return [float(s) for s in scores], summary.study_name
+    return None, None
+
+
+def explain_study(storage: Union[str, Storage, None], study_name: str, *, recompute: bool = False,
+                  data_dir: Optional[str] = None, cache_dir: Optional[str] = None, device: str = "auto",
+                  threads: Optional[int] = None, show_progress: bool = True) -> LayerAttribution:
+    """Per-layer importances of a study's final model (see the module docstring for the measures).
+
+    Args:
+        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); it is written to
+            (the result is stored on the study as :data:`EXPLAIN_ATTR`).
+        study_name: a study with a final evaluation, of an encoder over several layers.
+        recompute: compute again even when the stored result is current.
+        data_dir, cache_dir, device: where the task data and embedding cache are; the training device.
+        threads: torch CPU threads while training (restored afterwards).
+        show_progress: a progress bar over seeds and layers.
+
+    Raises:
+        ValueError: unknown study, no final evaluation, a single-layer baseline, or data that differ from the
+            study's; all before any training.
+    """
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    study = _load_study(opened, study_name)
+    attrs = study.user_attrs
+    probe_scores, probe_study = _probe(opened, attrs)
+    if not recompute:
+        stored = stored_explanation(study.study_name, attrs, probe_scores, probe_study)
+        if stored is not None:
+            return stored
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from .engine import train_encoder
+
+    started = time.perf_counter()
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device,
+                                  show_progress=show_progress)
+        config = config_from_dict(attrs["final_config"])
+        seeds = [int(seed) for seed in attrs["final_seeds"]]
+        scores: List[float] = []
+        ablation: List[List[float]] = []
+        grads: List[List[float]] = []
+        for seed in tqdm(seeds, desc=f"explain {attrs['encoder']} ({len(seeds)} seeds)", unit="seed",
+                         disable=not show_progress):
+            result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
+                                   num_classes=data.num_classes, seed=seed, device=device)
+            score, drops, grad_input = attribute_layers(result.model, data.train[0], *data.validation,
+                                                        metric=data.metric)
+            scores.append(score)
+            ablation.append(drops)
+            grads.append(grad_input)
+    finally:
+        torch.set_num_threads(previous_threads)
+    result = LayerAttribution(study=study.study_name, model=str(attrs["model"]), task=str(attrs["task"]),
+                              encoder=str(attrs["encoder"]), metric=data.metric, split=EXPLAIN_SPLIT, seeds=seeds,
+                              scores=scores, ablation=ablation, gradient_input=grads, probe_scores=probe_scores,
+                              probe_study=probe_study, computed=True, seconds=time.perf_counter() - started,
+                              source=_source(attrs))
+    study.set_user_attr(EXPLAIN_ATTR, result.record())
+    return result
+
+
+def _spread(values: Sequence[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.4f} +- {std:.4f}"
+
+
+def format_explanation(result: LayerAttribution, fmt: str = "table") -> str:
+    """The attribution as a table (a header, then one row per layer), CSV (header with ``layer``) or JSON."""
+    if fmt not in EXPLAIN_FORMATS:
+        raise ValueError(f"format must be one of {list(EXPLAIN_FORMATS)}, got {fmt!r}")
+    frame = result.frame()
+    if fmt == "csv":
+        return frame.to_csv(index=False)
+    if fmt == "json":
+        meta = {key: getattr(result, key) for key in ("study", "model", "task", "encoder", "metric", "split",
+                                                      "seeds", "scores", "probe_study")}
+        meta["layers"] = json.loads(frame.to_json(orient="records"))
+        return json.dumps(meta, indent=1) + "\n"
+    source = "computed now" if result.computed else "stored on the study"
+    evidence = "minus the squared error" if result.metric in ("spearman", "pearson") else "the gold logit (centred)"
+    lines = [
+        f"study {result.study}: {result.encoder} on {result.model} / {result.task}, {result.split} {result.metric} "
+        f"{_spread(result.scores)} over seeds {result.seeds} ({source})",
+        f"ablation_drop: {result.metric} lost with the layer at its training mean; grad_input: signed gradient x "
+        f"(input - training mean) of {evidence}, summed over the layer; probe_score: a linear probe on "
+        "the layer" + (f" (study {result.probe_study})" if result.probe_study else " (no best-layer study)"),
+        frame.to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-"),
+    ]
+    return "\n".join(lines) + "\n"

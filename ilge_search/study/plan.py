@@ -1,0 +1,576 @@
+"""What a run will do and how long it will take, before it starts.
+
+:func:`check_run` is step 1 of :func:`~ilge_search.study.run_study`: the
+options, the storage, the task (texts and labels only), the study names and
+identities, and any existing study with the same name -- everything that can
+be wrong, checked before any model loads. ``run_study`` and
+:func:`plan_run` (``ilge-search run --dry-run``) both go through it, so a dry
+run fails on the same bad input with the same message.
+
+:func:`plan_run` then says what the run would do (:class:`RunPlan`: studies,
+trials, data sizes after the caps, epochs, workers, which splits are already
+in the embedding cache) and estimates its wall time from a short measured
+calibration, without creating a study or writing to the storage:
+
+- training: the first trial's configuration (the recommended config each new
+  study enqueues) is trained for :data:`CALIBRATION_EPOCHS` epochs on at most
+  :data:`CALIBRATION_ROWS` training rows of the real cached features (random
+  features of the same shape when the cache is cold); the time per epoch is
+  scaled to the full split, and every trial is assumed to run all its epochs
+  (pruned and early-stopped trials make the real run shorter);
+- extraction, for splits not in the cache: the model is loaded and
+  :data:`EXTRACTION_SAMPLE` texts are embedded; load time plus that rate times
+  the texts to embed;
+- trials run ``workers`` at a time (at most as many as the CPU threads allow),
+  then the final evaluation: ``final_seeds`` trainings of the selected trial and
+  as many of the start configuration (reused when it is the selected one, so
+  this part is an upper bound), each costed as the first config.
+
+The estimate holds for the machine's load while it was measured
+(:attr:`RunPlan.cpu_per_second` says how much of a core the calibration got);
+the selected trial's own cost and pruning move the real time either way.
+
+The runner prints the same estimate as one log line at its start when it is
+over :data:`LONG_RUN_SECONDS`; it calibrates only when a pessimistic count of
+the work (:func:`may_be_long`) says the run could be that long, so small runs
+pay nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from ..settings import default_storage_url
+from ..storage import Storage, finished_trial_count, open_storage
+from .data import DataSpec, expected_cache_keys, load_task_data
+from .final import final_is_current
+from .folds import check_cv
+from .identity import (
+    data_identity,
+    default_study_name,
+    precheck_existing,
+    resolve_encoders,
+    study_identity,
+    task_label,
+)
+from .options import StudyOptions, check_study_name
+
+__all__ = ["RunCheck", "StudyPlan", "RunPlan", "check_run", "plan_run", "estimate_run", "may_be_long",
+           "missing_sqlite_file", "format_seconds",
+           "LONG_RUN_SECONDS", "CALIBRATION_EPOCHS", "CALIBRATION_ROWS", "EXTRACTION_SAMPLE"]
+
+LONG_RUN_SECONDS = 300.0  # a run estimated longer than this says so in one log line at its start
+CALIBRATION_EPOCHS = 3  # epochs of the first trial's config timed per encoder (the first one carries the set-up)
+CALIBRATION_ROWS = 1024  # training rows the calibration trains on; the time per epoch is scaled to the split
+EXTRACTION_SAMPLE = 32  # texts embedded to measure the extraction rate of a cold cache
+WARM_UP_ROWS = 16  # rows of the untimed epoch that absorbs an encoder's one-time set-up before timing
+WORKER_START_SECONDS = 10.0  # a spawned worker imports torch and reads the cached arrays before its first trial
+# pessimistic costs for may_be_long (about 4x what an idle 2-core CPU measured: 1.3e-7 s per
+# row x layer x dimension x epoch for SmolLM2-135M's Cayley trials, 2e-10 s per text and parameter to extract)
+_PRIOR_TRAIN_SECONDS = 5e-7
+_PRIOR_EXTRACT_SECONDS = 1e-9
+_UNKNOWN_MODEL = (33, 4096, 8e9)  # layers, width and parameters assumed for a model outside the table
+
+
+@dataclass
+class RunCheck:
+    """Step 1 of a run: its validated inputs, before anything expensive.
+
+    ``storage`` is ``None`` in a dry run on a SQLite file that does not exist yet
+    (the run would create it; nothing in it can conflict).
+    """
+
+    model: str
+    task: str
+    options: StudyOptions
+    encoders: List[str]
+    trial_counts: Dict[str, Optional[int]]
+    storage: Optional[Storage]
+    shown_url: str
+    spec: DataSpec
+    task_data: Any
+    names: Dict[str, str]
+    identities: Dict[str, Dict[str, Any]]
+    hints: Dict[str, str]
+    cache_keys: Dict[str, str]
+
+
+def missing_sqlite_file(url: str) -> bool:
+    """Whether ``url`` is a SQLite file that does not exist (a dry run must not create it)."""
+    import sqlalchemy
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except sqlalchemy.exc.ArgumentError:
+        return False  # open_storage says what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return False
+    return not Path(parsed.database).expanduser().exists()
+
+
+def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bool) -> Optional[Storage]:
+    """The storage a run writes to (a dry run reads it, and only if it exists)."""
+    import dataclasses
+
+    from ..storage import artifact_dir_for
+
+    if isinstance(storage, Storage):
+        if options.artifact_dir is not None:
+            return dataclasses.replace(storage, artifact_dir=artifact_dir_for(storage.url, options.artifact_dir))
+        return storage
+    if dry_run:
+        url = default_storage_url() if storage is None else storage
+        if missing_sqlite_file(url):
+            return None
+        return open_storage(url, must_exist=True, artifact_dir=options.artifact_dir)
+    return open_storage(storage, artifact_dir=options.artifact_dir, heartbeat_interval=options.heartbeat_interval,
+                        grace_period=options.grace_period, max_retry=options.max_retry)
+
+
+def check_run(model: str, task: str, encoders: Union[str, Sequence[str]], storage: Union[str, Storage, None],
+              options: StudyOptions, *, dry_run: bool = False) -> RunCheck:
+    """Check everything a run needs before any model loads (step 1 of ``run_study``).
+
+    A dry run opens the storage only to read it (never creating a SQLite file or
+    the artifact folder); otherwise the storage is opened for writing and the
+    artifact folder checked.
+
+    Raises:
+        ValueError: bad arguments, unknown model or task,
+            :class:`~ilge_search.storage.StorageError`,
+            :class:`~ilge_search.study.StudyConflictError`.
+    """
+    from ..files import check_writable
+
+    encoder_list = resolve_encoders(encoders)
+    trial_counts = options.trial_counts(encoder_list)
+    if options.study_name is not None and len(encoder_list) > 1:
+        raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
+    opened = _open(storage, options, dry_run)
+    url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
+    if options.workers > 1 and opened is not None and opened.is_in_memory:
+        raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
+    if options.final_seeds > 0 and opened is not None and not dry_run:  # the final weights go there
+        check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
+    model, task = str(model), str(task)
+
+    from ..models import resolve_model
+    from ..storage import hide_password
+    from ..tasks import load_task
+
+    source = resolve_model(model, options.cache_dir, materialize=False)  # unknown model: clear error, nothing loaded
+    spec = DataSpec.from_options(model, task, options, source=source)
+    loaded = load_task(spec.task, spec.data_dir)
+    task_data = load_task_data(spec, loaded)
+    if options.zero_shot_tasks and task_data.kind != "similarity":
+        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
+    check_cv(options.cv, len(task_data.split("train")) if options.cv else None)
+    label = task_label(task, loaded)  # a custom task by its name and content, never its path
+    data_id = data_identity(task_data)
+    cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
+    names: Dict[str, str] = {}
+    identities: Dict[str, Dict[str, Any]] = {}
+    hints: Dict[str, str] = {}
+    for enc in encoder_list:
+        default = default_study_name(model, label, enc, shots=options.shots, max_train=options.max_train,
+                                     max_eval=options.max_eval, max_epochs=options.max_epochs, cv=options.cv)
+        names[enc] = check_study_name(options.study_name or default)
+        identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options),
+                           **data_id, "model_revision": source.revision}
+        hints[enc] = (f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
+                      if names[enc] != default else "pass another --study-name or another --storage")
+        if opened is not None:
+            precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
+    return RunCheck(model=model, task=task, options=options, encoders=encoder_list, trial_counts=trial_counts,
+                    storage=opened, shown_url=hide_password(url), spec=spec, task_data=task_data, names=names,
+                    identities=identities, hints=hints, cache_keys=cache_keys)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class StudyPlan:
+    """One study of a run: what it holds now, what the run adds and how long that should take.
+
+    Attributes:
+        trials: trials the run adds (``None``: until ``timeout``).
+        epochs: epochs every trial runs at most (the config's ``epochs``, capped by ``max_epochs``).
+        trial_seconds: one training of the first config on the full splits (all its epochs); a
+            cross-validated trial (``cv``) trains one per fold.
+        final_runs: trainings of the final evaluation: ``final_seeds`` for the selected trial and as
+            many for the start configuration, unless the final evaluation is current.
+        seconds: this study's estimated wall time (trials, worker start, final evaluation).
+    """
+
+    encoder: str
+    study_name: str
+    exists: bool
+    finished: int
+    trials: Optional[int]
+    epochs: int
+    final_runs: int
+    trial_seconds: float = math.nan
+    seconds: float = math.nan
+
+
+@dataclass
+class RunPlan:
+    """What ``run_study`` would do with these arguments, and its estimated wall time.
+
+    Attributes:
+        split_sizes: rows per split after ``shots``, ``max_train`` and ``max_eval``.
+        cached: per split the study reads, whether its embeddings are in the cache now.
+        cache_keys: the embedding-cache key of each split.
+        parallel: trials running at once (``workers``, bounded by the CPU threads).
+        extraction_seconds: embedding the splits not in the cache (0 when all are).
+        seconds: the whole run's estimated wall time (``nan`` without calibration).
+        calibration: how the estimate was measured, in words.
+        calibration_seconds: what measuring it took.
+        cpu_per_second: CPU seconds this process used per second of timed training (well below the
+            threads it may use: the machine was busy, and the estimate holds only while it stays so busy).
+    """
+
+    model: str
+    task: str
+    storage: str
+    studies: List[StudyPlan]
+    split_sizes: Dict[str, int]
+    cached: Dict[str, bool]
+    cache_keys: Dict[str, str]
+    workers: int
+    parallel: int
+    threads: Optional[int]
+    device: str
+    final_seeds: int
+    num_layers: Optional[int] = None
+    hidden_size: Optional[int] = None
+    texts_to_embed: int = 0
+    extraction_seconds: float = 0.0
+    seconds: float = math.nan
+    calibration: str = "not measured"
+    calibration_seconds: float = 0.0
+    cpu_per_second: float = math.nan
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def is_long(self) -> bool:
+        """Whether the estimate is over :data:`LONG_RUN_SECONDS`."""
+        return not math.isnan(self.seconds) and self.seconds > LONG_RUN_SECONDS
+
+    def estimate_line(self) -> str:
+        """The estimate as one line (what a long run logs at its start)."""
+        trials = [s.trials for s in self.studies]
+        added = "until the timeout" if None in trials else f"{sum(t for t in trials if t is not None)} trials"
+        epochs = sorted({s.epochs for s in self.studies})
+        extraction = f", {format_seconds(self.extraction_seconds)} of it extraction" if self.extraction_seconds else ""
+        return (f"estimated wall time {format_seconds(self.seconds)}{extraction}: {len(self.studies)} "
+                f"{'study' if len(self.studies) == 1 else 'studies'}, {added} of up to "
+                f"{'/'.join(map(str, epochs))} epochs on {self.split_sizes.get('train', 0)} training texts, "
+                f"{self.parallel} at a time, then {self.final_seeds} final seeds "
+                f"(measured: {self.calibration}; pruned and early-stopped trials make it shorter)")
+
+    def describe(self) -> str:
+        """The plan as the lines ``ilge-search run --dry-run`` prints."""
+        sizes = ", ".join(f"{name} {size}" for name, size in self.split_sizes.items())
+        cache = ", ".join(f"{name} {'cached' if hit else 'not cached'}" for name, hit in self.cached.items())
+        shape = (f" ({self.num_layers} layers x {self.hidden_size})" if self.num_layers else "")
+        lines = [f"dry run: nothing is created or written (storage {self.storage})",
+                 f"model {self.model}{shape}, task {self.task}",
+                 f"data after the caps: {sizes}",
+                 f"embedding cache: {cache}"
+                 + (f"; {self.texts_to_embed} texts to embed" if self.texts_to_embed else ""),
+                 f"workers {self.workers} ({self.parallel} trial{'s' if self.parallel > 1 else ''} at a time), "
+                 f"threads {self.threads if self.threads is not None else 'default'}, device {self.device}, "
+                 f"final seeds {self.final_seeds}",
+                 "studies:"]
+        width = max(len(s.study_name) for s in self.studies)
+        for s in self.studies:
+            state = f"resumes with {s.finished} finished trials" if s.exists else "new"
+            trials = "until timeout" if s.trials is None else f"+{s.trials} trials"
+            final = f", final {s.final_runs} retrainings" if s.final_runs else ", final evaluation current"
+            time_text = "" if math.isnan(s.seconds) else (f"  ~{format_seconds(s.seconds)} "
+                                                          f"({format_seconds(s.trial_seconds)} per trial)")
+            lines.append(f"  {s.study_name:<{width}}  {state}; {trials} x up to {s.epochs} epochs{final}{time_text}")
+        lines.append(self.estimate_line() if not math.isnan(self.seconds) else "no time estimate (calibrate=False)")
+        if self.threads == 1 and self.cpu_per_second < 0.75:
+            lines.append(f"note: the calibration got {self.cpu_per_second:.0%} of a CPU core (a busy machine); "
+                         "the estimate assumes the load stays the same")
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def format_seconds(seconds: float) -> str:
+    """``"45 s"``, ``"12 min"``, ``"2.5 h"``."""
+    if math.isnan(seconds):
+        return "unknown"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def plan_run(model: str, task: str, encoders: Union[str, Sequence[str]] = "cayley", *,
+             storage: Union[str, Storage, None] = None, options: Optional[StudyOptions] = None,
+             calibrate: bool = True, **option_values: Any) -> RunPlan:
+    """What ``run_study`` would do with the same arguments, with its estimated wall time (a dry run).
+
+    Nothing is created or written: not the storage (an existing one is only read,
+    to find the studies the run would resume), not a study, not the cache.
+
+    Args:
+        model, task, encoders, storage: as in :func:`~ilge_search.study.run_study`.
+        options: a :class:`StudyOptions`; or give its fields as keywords
+            (``n_trials=8, max_epochs=10 ...``), as ``run_study`` takes them.
+        calibrate: measure the estimate (a few epochs per encoder, and the
+            extraction rate when the cache is cold); ``False`` only plans.
+
+    Raises:
+        ValueError: whatever ``run_study`` would refuse, with the same message.
+    """
+    if options is None:
+        options = StudyOptions(**option_values)
+    elif option_values:
+        raise ValueError(f"give the study options either as options= or as keywords, not both: "
+                         f"{sorted(option_values)}")
+    check = check_run(model, task, encoders, storage, options, dry_run=True)
+    return estimate_run(check, calibrate=calibrate)
+
+
+def _parallel(options: StudyOptions, device: str) -> int:
+    """Trials that really run at once: ``workers``, on a CPU no more than its cores allow."""
+    if options.workers == 1 or device != "cpu":
+        return options.workers
+    threads = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
+    return max(1, min(options.workers, (os.cpu_count() or 1) // threads))
+
+
+def _study_plans(check: RunCheck) -> List[StudyPlan]:
+    options = check.options
+    plans = []
+    for enc in check.encoders:
+        study = check.storage.load_study(check.names[enc]) if check.storage is not None else None
+        finished = finished_trial_count(study) if study is not None else 0
+        count = check.trial_counts[enc]
+        if options.total_trials is not None:
+            room = max(0, options.total_trials - finished)
+            count = room if count is None else min(count, room)
+        epochs = _first_config(enc, check, _dims(check)[1]).epochs
+        # the final evaluation retrains the selected trial and, unless it is the start (trial 0), the start too
+        final_runs = options.final_seeds * (2 if finished + (count or 0) > 1 else 1)
+        if final_runs and study is not None and count == 0 and final_is_current(
+                study, options.final_seed_list(), options.max_epochs, options.select):
+            final_runs = 0
+        plans.append(StudyPlan(encoder=enc, study_name=check.names[enc], exists=study is not None, finished=finished,
+                               trials=count, epochs=epochs, final_runs=final_runs))
+    return plans
+
+
+def _first_config(encoder: str, check: RunCheck, hidden_size: Optional[int]) -> Any:
+    """The configuration a new study runs as trial 0 (recommended, epochs capped)."""
+    import optuna
+
+    from ..storage import quiet_optuna_warnings
+    from .objective import recommended_params, suggest_capped
+
+    params = recommended_params(encoder, hidden_size, check.model)
+    with quiet_optuna_warnings():
+        return suggest_capped(optuna.trial.FixedTrial(params), encoder, check.options.max_epochs)
+
+
+def _needed_splits(check: RunCheck) -> List[str]:
+    return ["train", "validation"] + (["test"] if check.options.final_seeds > 0 else [])
+
+
+def _cached_keys(check: RunCheck) -> set:
+    from ..cache import EmbeddingCache
+
+    return {entry.key for entry in EmbeddingCache(check.spec.cache_dir).ls()}
+
+
+def _dims(check: RunCheck) -> Tuple[int, int, float]:
+    from ..models import known_model
+
+    known = known_model(check.model)
+    if known is None:
+        return _UNKNOWN_MODEL
+    return known.num_layers, known.hidden_size, known.num_params
+
+
+def may_be_long(check: RunCheck) -> bool:
+    """Whether a pessimistic count of the run's work could exceed :data:`LONG_RUN_SECONDS`
+    (only then does the runner spend seconds calibrating an estimate)."""
+    options = check.options
+    if options.timeout is not None and any(count is None for count in check.trial_counts.values()):
+        return options.timeout * len(check.encoders) > LONG_RUN_SECONDS
+    layers, width, params = _dims(check)
+    sizes = {name: len(check.task_data.splits[name]) for name in check.task_data.splits}
+    rows = sizes.get("train", 0) + sizes.get("validation", 0)
+    work = 0.0
+    for enc, count in check.trial_counts.items():
+        runs = (count if count is not None else options.total_trials or 0) + 2 * options.final_seeds
+        epochs = _first_config(enc, check, width).epochs
+        work += runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.cv or 1)
+    seconds = work * _PRIOR_TRAIN_SECONDS / max(1, options.workers)
+    cached = _cached_keys(check)
+    texts = sum(sizes.get(name, 0) for name in _needed_splits(check)
+                if check.cache_keys.get(name) not in cached)
+    seconds += texts * params * _PRIOR_EXTRACT_SECONDS
+    return seconds > LONG_RUN_SECONDS
+
+
+def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
+    """The :class:`RunPlan` of a checked run; with ``calibrate``, its measured wall-time estimate.
+
+    Reads the cache (never writes it); loads the model only when a split the run
+    needs is not cached, to time :data:`EXTRACTION_SAMPLE` texts.
+    """
+    options, spec = check.options, check.spec
+    from ..models import resolve_device
+
+    device = str(resolve_device(spec.device).type)
+    splits = check.task_data.splits
+    sizes = {name: len(splits[name]) for name in ("train", "validation", "test") if name in splits}
+    cached_now = _cached_keys(check)
+    needed = _needed_splits(check)
+    cached = {name: check.cache_keys.get(name) in cached_now for name in needed}
+    plan = RunPlan(model=check.model, task=check.task, storage=check.shown_url, studies=_study_plans(check),
+                   split_sizes=sizes, cached=cached, cache_keys={n: check.cache_keys.get(n, "") for n in needed},
+                   workers=options.workers, parallel=_parallel(options, device), threads=options.threads,
+                   device=device, final_seeds=options.final_seeds)
+    plan.texts_to_embed = sum(len(splits[name].flat_texts()) for name, hit in cached.items() if not hit)
+    if options.zero_shot_tasks:
+        plan.notes.append("zero-shot tasks are not in the estimate: each adds the scoring of its test split")
+    if not calibrate:
+        return plan
+
+    import torch
+
+    started = time.perf_counter()
+    previous_threads = torch.get_num_threads()
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        train, validation, how = _calibration_data(check, plan, device)
+        timed, cpu = time.perf_counter(), time.process_time()
+        for study in plan.studies:
+            config = _first_config(study.encoder, check, plan.hidden_size)
+            setup, per_epoch = _time_config(study.encoder, config, train, validation, check, plan, device)
+            study.trial_seconds = setup + study.epochs * per_epoch
+            search_trial = study.trial_seconds
+            if options.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
+                search_trial = options.cv * setup + (options.cv - 1) * study.epochs * per_epoch
+            waves = math.inf if study.trials is None else math.ceil(study.trials / plan.parallel)
+            trial_time = (options.timeout if waves == math.inf
+                          else waves * search_trial + (WORKER_START_SECONDS if options.workers > 1 else 0))
+            study.seconds = trial_time + study.final_runs * study.trial_seconds
+        plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
+    finally:
+        torch.set_num_threads(previous_threads)
+    plan.seconds = plan.extraction_seconds + sum(s.seconds for s in plan.studies)
+    plan.calibration_seconds = time.perf_counter() - started
+    plan.calibration = f"{how}, {CALIBRATION_EPOCHS} epochs of each first config in {plan.calibration_seconds:.0f} s"
+    return plan
+
+
+def _subset_rows(size: int) -> int:
+    return min(size, CALIBRATION_ROWS)
+
+
+def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tuple[Any, Any], Tuple[Any, Any], str]:
+    """Training and validation rows to time epochs on: the cached features, or random ones of their
+    shape after timing the extraction of a few texts (which sets ``plan.extraction_seconds``)."""
+    import numpy as np
+    import torch
+
+    fraction = _subset_rows(plan.split_sizes["train"]) / plan.split_sizes["train"]
+    rows = {"train": _subset_rows(plan.split_sizes["train"]),
+            "validation": max(1, min(plan.split_sizes["validation"],
+                                     round(plan.split_sizes["validation"] * fraction)))}
+    labels = {name: check.task_data.splits[name].labels[:rows[name]] for name in rows}
+    if plan.cached["train"] and plan.cached["validation"]:
+        from ..cache import load_task_embeddings
+
+        embeddings = load_task_embeddings(check.spec.model_or_source, check.task_data, data_dir=check.spec.data_dir,
+                                          cache_dir=check.spec.cache_dir, splits=["train", "validation"],
+                                          device=check.spec.device, progress=False)
+        plan.num_layers, plan.hidden_size = int(embeddings.num_layers), int(embeddings.hidden_size)
+        parts = {name: (embeddings.splits[name].features[:rows[name]], embeddings.splits[name].labels[:rows[name]])
+                 for name in rows}
+        how = "cached features"
+    else:
+        layers, width = _time_extraction(check, plan, device)
+        plan.num_layers, plan.hidden_size = layers, width
+        generator = torch.Generator().manual_seed(0)
+        pair = (2,) if check.task_data.kind == "similarity" else ()
+        parts = {name: (torch.randn((rows[name], *pair, layers, width), generator=generator).half(),
+                        torch.from_numpy(np.asarray(labels[name])))
+                 for name in rows}
+        how = (f"random features of the model's shape after timing {EXTRACTION_SAMPLE} texts' extraction "
+               f"({plan.texts_to_embed} texts to embed)")
+    if not plan.cached.get("test", True):
+        how += f"; test split to embed ({len(check.task_data.splits['test'])} rows)"
+    return parts["train"], parts["validation"], how
+
+
+def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> Tuple[int, int]:
+    """Load the model, embed a seeded sample of the texts to embed; set ``plan.extraction_seconds``.
+    Returns the model's layers and width."""
+    import random
+
+    from ..extraction import LayerEmbedder
+
+    texts = [text for name, hit in plan.cached.items() if not hit
+             for text in check.task_data.splits[name].flat_texts()]
+    sample = random.Random(0).sample(texts, min(EXTRACTION_SAMPLE, len(texts)))
+    embedder = LayerEmbedder(check.spec.model_or_source, device=check.spec.device, cache_dir=check.spec.cache_dir)
+    try:
+        started = time.perf_counter()
+        embedder.load()
+        loaded = time.perf_counter()
+        embedder.embed(sample, progress=False)
+        per_text = (time.perf_counter() - loaded) / len(sample)
+        plan.extraction_seconds = (loaded - started) + per_text * len(texts)
+        return embedder.num_layers, embedder.hidden_size
+    finally:
+        embedder.unload()
+
+
+def _time_config(encoder: str, config: Any, train: Tuple[Any, Any], validation: Tuple[Any, Any],
+                 check: RunCheck, plan: RunPlan, device: str) -> Tuple[float, float]:
+    """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
+    from ..engine import select_best_layer, train_encoder
+
+    scale = plan.split_sizes["train"] / len(train[1])
+    task_kind = check.task_data.kind
+    num_classes = len(check.task_data.label_names) if task_kind == "classification" else None
+    common = dict(task_kind=task_kind, num_classes=num_classes, seed=check.options.seed or 0, device=check.spec.device,
+                  patience=None)
+    # an untimed epoch on a few rows first: the first call of an encoder pays one-time imports and set-up
+    few = min(len(train[1]), WARM_UP_ROWS)
+    warm_up = (train[0][:few], train[1][:few]), (validation[0][:few], validation[1][:few])
+    if encoder == "best-layer":
+        select_best_layer(config.replace(epochs=1), *warm_up, layers=[plan.num_layers - 1], **common)
+    else:
+        train_encoder(config.replace(epochs=1), *warm_up, **common)
+    if encoder == "best-layer":  # one probe per layer: time the last layer's for 1 and for 3 epochs
+        times = []
+        for epochs in (1, CALIBRATION_EPOCHS):
+            started = time.perf_counter()
+            select_best_layer(config.replace(epochs=epochs), train, validation, layers=[plan.num_layers - 1],
+                              **common)
+            times.append(time.perf_counter() - started)
+        per_epoch = max(0.0, times[1] - times[0]) / (CALIBRATION_EPOCHS - 1)
+        return plan.num_layers * max(0.0, times[0] - per_epoch), plan.num_layers * per_epoch * scale
+    stamps: List[float] = []
+    started = time.perf_counter()
+    train_encoder(config.replace(epochs=CALIBRATION_EPOCHS), train, validation,
+                  epoch_callback=lambda epoch, value: stamps.append(time.perf_counter()), **common)
+    per_epoch = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    return max(0.0, stamps[0] - started - per_epoch), per_epoch * scale

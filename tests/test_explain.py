@@ -1,0 +1,266 @@
+"""Layer attributions (`ilge-search explain`): a known answer on synthetic layers, a real MiniLM study, the CLI,
+the report's heatmap and sentence, and the objective's name on every study."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ilge_search import CayleyConfig, DeepSetConfig, FCConfig, ScalarMixConfig, run_study
+from ilge_search.cli import cli
+from ilge_search.engine import train_encoder
+from ilge_search.explain import EXPLAIN_ATTR, attribute_layers, explain_study, explanation_is_current
+
+# ----------------------------------------------------------------------------- a known answer
+
+INFORMATIVE = 2  # of 6 layers: the only one whose features depend on the label
+SMALL_CONFIGS = {
+    "cayley": CayleyConfig(hidden_dim=32, gnn_layers=2, epochs=12, lr=3e-3),
+    "fc": FCConfig(hidden_dim=32, gnn_layers=2, epochs=12, lr=3e-3),
+    "deepset": DeepSetConfig(hidden_dim=32, epochs=12, lr=3e-3),
+}
+
+
+def _layers_with_one_signal(rows: int, seed: int, layers: int = 6, dim: int = 12, classes: int = 3):
+    """Gaussian noise on every layer; the class's centre is added to layer INFORMATIVE only."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (rows,), generator=generator)
+    features = torch.randn(rows, layers, dim, generator=generator)
+    centres = 1.5 * torch.randn(classes, dim, generator=torch.Generator().manual_seed(99))
+    features[:, INFORMATIVE] += centres[labels]
+    return features, labels
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: these encoders are small, and more threads only contend on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return _layers_with_one_signal(300, seed=0), _layers_with_one_signal(200, seed=1)
+
+
+@pytest.mark.parametrize("family", ["cayley", "fc", "deepset"])
+def test_both_attributions_peak_at_the_only_layer_that_carries_the_label(synthetic, family):
+    train, val = synthetic
+    model = train_encoder(SMALL_CONFIGS[family], train, val, seed=0).model
+    score, drops, grads = attribute_layers(model, train[0], *val)
+    assert score > 0.7  # the signal is learnable: 3 classes, chance is 1/3
+    assert int(np.argmax(drops)) == INFORMATIVE and int(np.argmax(grads)) == INFORMATIVE
+    others = [i for i in range(6) if i != INFORMATIVE]
+    # without the informative layer the model falls to about chance; without a noise layer it barely moves
+    assert drops[INFORMATIVE] > 0.3 and max(abs(drops[i]) for i in others) < 0.1
+    assert grads[INFORMATIVE] > 5 * max(abs(grads[i]) for i in others)
+
+
+def test_attributions_of_a_similarity_model_peak_at_the_layer_holding_the_topics():
+    """Pairs: layer INFORMATIVE of each sentence holds its topic's centre, the gold score is 5 for the same topic
+    and 0 otherwise; the other layers are noise."""
+    generator = torch.Generator().manual_seed(3)
+    centres = 1.5 * torch.randn(4, 12, generator=torch.Generator().manual_seed(99))
+
+    def pairs(rows):
+        first = torch.randint(0, 4, (rows,), generator=generator)
+        same = torch.rand(rows, generator=generator) < 0.5
+        second = torch.where(same, first, (first + torch.randint(1, 4, (rows,), generator=generator)) % 4)
+        features = torch.randn(rows, 2, 6, 12, generator=generator)
+        features[:, 0, INFORMATIVE] += centres[first]
+        features[:, 1, INFORMATIVE] += centres[second]
+        return features, 5.0 * same.float()
+
+    train, val = pairs(400), pairs(200)
+    model = train_encoder(DeepSetConfig(hidden_dim=32, epochs=15, lr=3e-3), train, val, task_kind="similarity",
+                          seed=0).model
+    score, drops, grads = attribute_layers(model, train[0], *val)
+    assert score > 0.3  # Spearman of the cosine against same/different topic
+    assert int(np.argmax(drops)) == INFORMATIVE and int(np.argmax(grads)) == INFORMATIVE
+    assert drops[INFORMATIVE] > 0.2
+
+
+def test_ablating_a_scalar_mix_layer_removes_exactly_its_share():
+    """A hand-set scalar mix over two layers: putting layer 0 at its mean costs what the arithmetic says."""
+    train = (torch.tensor([[[1.0], [0.0]], [[-1.0], [0.0]]] * 10), torch.tensor([1, 0] * 10))
+    model = train_encoder(ScalarMixConfig(epochs=20, lr=0.05, dropout=0.0), train, train, seed=0).model
+    score, drops, _ = attribute_layers(model, train[0], *train)
+    assert score == 1.0
+    # layer 0 separates the classes, layer 1 is constant: its training mean equals every value
+    assert drops == [pytest.approx(score - 0.5), 0.0]
+
+
+# ----------------------------------------------------------------------------- a real study
+
+SMALL = dict(max_train=240, max_eval=160, max_epochs=3)  # as tests/test_export_predict.py: one extraction
+CAYLEY = "minilm-l6:trec:cayley:train240:eval160:ep3"
+PROBE = "minilm-l6:trec:best-layer:train240:eval160:ep3"
+NO_FINAL = "minilm-l6:trec:mean-layers:train240:eval160:ep3"
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory, data_dir, cache_dir):
+    """MiniLM-L6 on TREC: a 1-trial Cayley study with 2 final seeds, its best-layer sibling (probes) and a
+    mean-layers study without final evaluation."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('explain') / 'studies.db'}"
+    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False,
+                  **SMALL)
+    run_study("minilm-l6", "trec", "cayley", n_trials=1, final_seeds=2, **common)
+    run_study("minilm-l6", "trec", "best-layer", n_trials=1, final_seeds=0, **common)
+    run_study("minilm-l6", "trec", "mean-layers", n_trials=1, final_seeds=0, **common)
+    return {"url": url, "data_dir": data_dir, "cache_dir": cache_dir}
+
+
+def _study(studies, name):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=studies["url"])
+
+
+def _no_training(monkeypatch):
+    from ilge_search import engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was trained")
+
+    monkeypatch.setattr(engine, "train_encoder", refuse)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeypatch):
+    result = explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"],
+                           device="cpu", threads=1, show_progress=False)
+    study = _study(studies, CAYLEY)
+    attrs = study.user_attrs
+    assert result.computed and result.seeds == attrs["final_seeds"] and result.split == "validation"
+    # the retrained models are those of the final evaluation: same validation score per seed
+    assert result.scores == pytest.approx(attrs["final_val_scores"], abs=1e-12)
+    frame = result.frame()
+    assert list(frame["layer"]) == list(range(7)) and frame.notna().all().all()
+    probe = _study(studies, PROBE).best_trial.user_attrs["layer_scores"]
+    assert result.probe_study == PROBE and list(frame["probe_score"]) == pytest.approx(probe)
+    assert np.asarray(result.ablation).shape == (2, 7)
+    assert explanation_is_current(attrs) and attrs[EXPLAIN_ATTR]["seeds"] == attrs["final_seeds"]
+
+    _no_training(monkeypatch)  # a rerun reads the stored result back
+    again = explain_study(studies["url"], CAYLEY, show_progress=False)
+    assert not again.computed and again.ablation == result.ablation and again.gradient_input == result.gradient_input
+
+    study.set_user_attr("final_seeds", attrs["final_seeds"][:1])  # the final evaluation changed: stale
+    assert not explanation_is_current(study.user_attrs)
+    with pytest.raises(AssertionError, match="a model was trained"):
+        explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"],
+                      show_progress=False)
+    study.set_user_attr("final_seeds", attrs["final_seeds"])
+    assert explanation_is_current(_study(studies, CAYLEY).user_attrs)
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
+    explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], device="cpu",
+                  threads=1, show_progress=False)
+    _no_training(monkeypatch)
+    result = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--format", "csv", "--quiet")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].split(",")[0] == "layer" and "ablation_drop_mean" in lines[0] and "probe_score" in lines[0]
+    assert [line.split(",")[0] for line in lines[1:]] == [str(i) for i in range(7)]
+
+    out = tmp_path / "explain.json"
+    result = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--format", "json", "--out", out)
+    assert result.exit_code == 0 and "wrote 7 layers" in result.output
+    data = json.loads(out.read_text())
+    assert data["study"] == CAYLEY and data["split"] == "validation" and len(data["layers"]) == 7
+    assert set(data["layers"][0]) >= {"layer", "ablation_drop_mean", "grad_input_mean", "probe_score"}
+    again = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--out", out)
+    assert again.exit_code == 1 and "--overwrite" in again.output and json.loads(out.read_text()) == data
+
+    table = invoke("explain", "--storage", studies["url"], "--study", CAYLEY)
+    assert table.exit_code == 0 and "stored on the study" in table.output and "ablation_drop_mean" in table.output
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_explain_errors_are_one_line_before_any_training(studies, tmp_path, monkeypatch, no_model_loads):
+    _no_training(monkeypatch)
+    cases = {
+        "nope": "no study 'nope'",
+        PROBE: "reads a single layer",
+        NO_FINAL: "has no final evaluation",
+    }
+    for name, message in cases.items():
+        result = invoke("explain", "--storage", studies["url"], "--study", name)
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+    missing = invoke("explain", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--study", CAYLEY)
+    assert missing.exit_code == 1 and "no study storage" in missing.output
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_every_study_names_its_objective_by_the_task_metric(studies):
+    assert _study(studies, CAYLEY).metric_names == ["accuracy"]
+    assert _study(studies, NO_FINAL).metric_names == ["accuracy"]
+
+
+def test_a_loaded_study_without_a_name_gets_one(tmp_path):
+    """Studies made before objectives were named are named when they are next loaded."""
+    import optuna
+
+    from ilge_search.storage import open_storage
+    from ilge_search.study.data import StudyData
+    from ilge_search.study.identity import READY_ATTR, create_or_load
+
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
+    identity = {"model": "m", "task": "stsb", "encoder": "cayley", "shots": None, "max_train": None,
+                "max_eval": None, "max_epochs": None, "data_seed": 0, "cv": None, "label_names": [],
+                "data_fingerprints": {"train": "a"}}
+    old = optuna.create_study(study_name="old", storage=storage.rdb, direction="maximize")
+    for key, value in {**identity, READY_ATTR: True}.items():
+        old.set_user_attr(key, value)
+    assert old.metric_names is None
+    data = StudyData(task_kind="similarity", metric="spearman", train=(None, None), validation=(None, None),
+                     test=None, num_layers=7, hidden_size=384, num_classes=None, label_names=[], split_sizes={},
+                     cache_keys={})
+    study, created = create_or_load(storage, "old", identity, data, tmp_path)
+    assert not created and study.metric_names == ["spearman"]
+    assert storage.load_study("old").metric_names == ["spearman"]
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_the_task(studies, tmp_path):
+    from ilge_search import build_report
+    from ilge_search.report.attributions import layer_thirds
+
+    result = explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"],
+                           device="cpu", threads=1, show_progress=False)
+    report = build_report(studies["url"], tmp_path / "report", show_progress=False)
+    assert "figures/minilm-l6-layer-attribution.png" in report.figures
+    assert (tmp_path / "report" / "figures" / "minilm-l6-layer-attribution.png").stat().st_size > 5000
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Which layers carry the task" in text and "](#layers)" in text
+    drops = np.asarray(result.ablation)
+    drop, spread, grad = drops.mean(0), drops.std(0, ddof=1), np.asarray(result.gradient_input).mean(0)
+    top = int(drop.argmax())
+    assert drop[top] > 0  # the seeded study: some layer matters
+    assert (f"trec: ablation layer {top} ({drop[top] * 100:.1f} ± {spread[top] * 100:.1f} points"
+            f"{', within the spread over seeds' if drop[top] <= spread[top] else ''}), gradient x input layer "
+            f"{int(grad.argmax())}, best probe layer {_study(studies, PROBE).best_trial.user_attrs['layer']}") in text
+    positive = np.clip(drop, 0, None)
+    shares = "/".join(f"{positive[part].sum() / positive.sum() * 100:.0f}%" for part in layer_thirds(7))
+    assert f"Share of the ablation drop (positive part, mean over 1 task) on the first, middle and last third " \
+           f"of the 7 layers (0-2/3-4/5-6): {shares}" in text
+    assert layer_thirds(31)[1] == list(range(11, 21)) and layer_thirds(7) == [[0, 1, 2], [3, 4], [5, 6]]
