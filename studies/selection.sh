@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${ILGE_SEARCH_DATA:-../shared/datasets}"
+# resume from the committed measurement when this checkout has none of its own (studies/*.db is not committed)
+[ -f studies/selection.db ] || cp reports/selection.db studies/selection.db
 for grid in studies/selection.toml studies/selection-2000.toml; do
   for model in minilm-l6 smollm2-135m; do
     for cv in "" "--cv 5"; do
