@@ -117,6 +117,9 @@ def _die_with_parent(parent: int) -> None:
     SIGINT lets Optuna mark the running trial FAIL; if the process is stuck
     somewhere that ignores it, it is ended a minute later.
     """
+    # a process started in the background by a shell inherits SIGINT ignored; this one must hear its watchdog
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_SECONDS)

@@ -76,8 +76,11 @@ def test_ctrl_c_during_the_recommended_trial_does_not_lose_it(tmp_path, data_dir
     """Before: trial 0 ended FAIL and the recommended configuration never ran."""
     db = tmp_path / "ctrl-c.db"
     args = run_args(db, data_dir, trec_cached, "--encoder", "cayley", "--max-epochs", "4")
+    # SIGINT as a terminal delivers it, even when this test runs under a shell that started it in the background
+    # (such a shell makes SIGINT ignored, and children keep an ignored signal)
     proc = subprocess.Popen(cli_command(*args, "--n-trials", "5"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert wait_for(lambda: training(db, 0), 240, proc, step=0.01), "trial 0 never started training"
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
