@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Type, Union
 
 __all__ = ["DiskError", "temp_name", "remove_stale_temp_files", "lock_is_held", "check_writable", "check_free_space",
-           "disk_error", "preallocate", "format_bytes", "read_text_utf8", "iter_lines_utf8"]
+           "disk_error", "preallocate", "format_bytes", "read_text_utf8", "iter_lines_utf8",
+           "iter_json_objects"]
 
 PathLike = Union[str, os.PathLike]
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -176,6 +177,23 @@ def iter_lines_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> Ite
                 raise _not_utf8(error, path, number, column, offset + bom + exc.start, raw[bom + exc.start],
                                 exc.reason) from None
             offset += len(raw)
+
+
+def iter_json_objects(path: PathLike, error: Type[ValueError] = ValueError) -> Iterator[Tuple[int, dict]]:
+    """``(line number, object)`` of a JSONL file, read lazily; blank lines are skipped, and a line that is not
+    UTF-8, not JSON or not a JSON object raises ``error`` naming the file and the line."""
+    import json
+
+    for number, line in iter_lines_utf8(path, error):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{path}: line {number} is not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise error(f"{path}: line {number} is not a JSON object")
+        yield number, row
 
 
 def _not_utf8(error: Type[ValueError], path: Path, line: int, column: int, offset: int, byte: int,

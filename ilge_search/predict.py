@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
 
 from .classifier import META_FILE, ILGEClassifier
-from .files import check_writable, disk_error, iter_lines_utf8, temp_name
+from .files import check_writable, disk_error, iter_json_objects, iter_lines_utf8, temp_name
 from .validation import check_int
 
 __all__ = ["export_study", "predict_file", "PredictSummary", "INPUT_SUFFIXES", "OUTPUT_SUFFIXES"]
@@ -95,15 +95,7 @@ def _text(value: Any) -> Optional[str]:
 
 def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
     chunk: List[List[Any]] = []
-    for line_number, line in iter_lines_utf8(path):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: line {line_number} is not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}: line {line_number} is not a JSON object")
+    for line_number, row in iter_json_objects(path):
         missing = [c for c in columns if c not in row]
         if missing:
             raise ValueError(f"{path}: line {line_number} has no column {missing[0]!r} (it has "

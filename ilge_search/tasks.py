@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .files import read_text_utf8
+from .files import iter_json_objects, read_text_utf8
 from .settings import DATA_ENV, resolve_data_dir
 from .validation import check_int
 
@@ -264,15 +264,7 @@ class _Table:
 def _read_jsonl(path: Path) -> _Table:
     columns: Dict[str, list] = {}
     n = 0
-    for line_number, line in enumerate(read_text_utf8(path, TaskError).split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TaskError(f"{path}: line {line_number} is not valid JSON ({exc.msg})") from exc
-        if not isinstance(row, dict):
-            raise TaskError(f"{path}: line {line_number} is not a JSON object")
+    for _, row in iter_json_objects(path, TaskError):
         for key in row:
             if key not in columns:  # keeps the file's column order
                 columns[key] = [None] * n
