@@ -632,7 +632,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
     def from_study(cls, storage: Any, study_name: str, *, seed: int = 0, retrain: bool = False,
                    artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
                    device: str = "auto", cache_dir: Optional[PathLike] = None, batch_size: int = 32,
-                   verbose: bool = False) -> "ILGEClassifier":
+                   verbose: bool = False, trial: Optional[int] = None) -> "ILGEClassifier":
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
         The final evaluation's weights (its best seed by validation), or for a study without
@@ -641,11 +641,14 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         study's test split it scores the stored final test score of that seed. A similarity
         study gives a similarity model. ``artifact_dir``: where ``run`` uploaded the weights,
         if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
+        ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
+        final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
         """
         from .study.export import load_study_model
 
         found = load_study_model(storage, study_name, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
-                                 data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=verbose)
+                                 data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=verbose,
+                                 trial=trial)
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):
             classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them

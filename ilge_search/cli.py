@@ -123,6 +123,12 @@ _SELECT_HELP = ("Trial the final evaluation retrains: 'best' (best objective) or
                 "within one standard error of the best; the start configuration wins ties) [default: one-se].")
 
 _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, deepset and the five baselines)."
+_OBJECTIVE_HELP = ("What each trial optimises; repeat it: 'score' (maximised), 'params' (trainable parameters) and "
+                   "'latency' (forward ms per 1,000 samples on this device), minimised. Several make a "
+                   "multi-objective study (its own :obj-... study; no pruning; its Pareto front is retrained) "
+                   "[default: score].")
+_FRONT_HELP = ("Multi-objective studies: retrain at most this many Pareto-front trials with the final seeds, spread "
+               "along the front from the best score to the smallest [default: 5].")
 
 
 @cli.command("run")
@@ -156,6 +162,8 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
 @click.option("--max-epochs", type=click.IntRange(min=1), default=None, help="Cap on every config's epochs.")
 @click.option("--cv", type=click.IntRange(min=2), default=None, help=_CV_HELP)
 @click.option("--select", type=click.Choice(list(_SELECT_CHOICES)), default=None, help=_SELECT_HELP)
+@click.option("--objective", "objectives", multiple=True, help=_OBJECTIVE_HELP)
+@click.option("--final-front", type=click.IntRange(min=1), default=None, help=_FRONT_HELP)
 @click.option("--zero-shot", "zero_shot_tasks", multiple=True,
               help="Similarity task to also score each final model on (repeatable; similarity studies only).")
 @click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
@@ -173,21 +181,30 @@ _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, de
 def run_command(settings: Settings, model: str, task: str, encoders, n_trials: Optional[int], timeout, total_trials,
                 storage, study_name,
                 sampler: str, pruner: str, seed: int, workers: int, final_seeds: int, shots, max_train, max_eval,
-                max_epochs, cv, select, zero_shot_tasks, artifact_dir, threads, heartbeat_interval: int,
-                dry_run: bool, quiet: bool) -> None:
+                max_epochs, cv, select, objectives, final_front, zero_shot_tasks, artifact_dir, threads,
+                heartbeat_interval: int, dry_run: bool, quiet: bool) -> None:
     """Search encoder hyperparameters with Optuna on a model's cached task embeddings.
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
+    from .objectives import check_objectives
     from .study import StudyOptions, run_study
 
+    objectives = check_objectives(objectives or None)
+    if len(objectives) > 1 and select:
+        raise click.UsageError("--select picks one trial; a study with several objectives retrains its Pareto "
+                               "front instead (--final-front K): drop --select")
+    if len(objectives) == 1 and final_front is not None:
+        raise click.UsageError("--final-front is for studies with several objectives; add e.g. --objective score "
+                               "--objective params, or drop --final-front")
     _study_logging(quiet)
     if n_trials is None and total_trials is None:
         n_trials = 20
     options = StudyOptions(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
                            sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds,
                            shots=shots, max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv,
-                           **({"select": select} if select else {}),
+                           **({"select": select} if select else {}), objectives=objectives,
+                           **({"final_front": final_front} if final_front else {}),
                            zero_shot_tasks=tuple(zero_shot_tasks), data_dir=settings.data_dir,
                            cache_dir=settings.cache_dir, device=settings.device, artifact_dir=artifact_dir,
                            threads=threads, heartbeat_interval=heartbeat_interval, show_progress=not quiet)
@@ -448,13 +465,16 @@ _FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "cs
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Training seed when the best trial is retrained (a study without a final evaluation, or --retrain).")
 @click.option("--retrain", is_flag=True, help="Retrain the best trial with --seed even if the study has final weights.")
+@click.option("--trial", "trial_number", type=click.IntRange(min=0), default=None,
+              help="Export this complete trial instead (e.g. one of a multi-objective study's final front: its "
+                   "final weights; any other trial is retrained with --seed).")
 @click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
               help="Where `run` uploaded the final weights [default: next to a SQLite storage, else "
                    "studies/artifacts].")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
 @location_options
 def export_command(settings: Settings, storage, study_name: str, out_dir: str, seed: int, retrain: bool,
-                   artifact_dir, overwrite: bool) -> None:
+                   trial_number: Optional[int], artifact_dir, overwrite: bool) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
     The final evaluation's weights (its best seed by validation); a study without a final evaluation
@@ -464,7 +484,7 @@ def export_command(settings: Settings, storage, study_name: str, out_dir: str, s
 
     clf = export_study(storage, study_name, out_dir, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
                        data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device,
-                       overwrite=overwrite)
+                       overwrite=overwrite, trial=trial_number)
     p = clf.provenance_
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "

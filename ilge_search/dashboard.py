@@ -9,7 +9,9 @@ Notes are what a reader sees first on a trial's or study's page:
   (in every worker process), and never fails the trial;
 - :func:`write_study_note` gives the study a note with its identity, the best
   trial and the final test scores (mean +- std and one row per seed), linking
-  the uploaded weights;
+  the uploaded weights; a multi-objective study's note also lists its final
+  front (optuna-dashboard draws its Pareto front by itself, from the study's
+  directions and metric names);
 - :func:`write_notes` backfills both for studies run before notes existed.
 
 :func:`serve_dashboard` starts optuna-dashboard on a storage together with the
@@ -34,6 +36,7 @@ import types
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
+from .objectives import best_score_trial, score_of
 from .storage import ENDED_STATES, Storage, artifact_dir_for, open_storage
 
 __all__ = [
@@ -205,6 +208,15 @@ def study_note_markdown(
             for i, (seed, val, test) in enumerate(zip(seeds, val_scores, scores, strict=False))]
     lines += _table(["seed", f"validation {metric}", f"test {metric}", "weights"], rows)
 
+    front = attrs.get("final_front") or []
+    if front:
+        lines += ["", f"### Final front ({len(front)} of {attrs.get('final_front_size', len(front))} Pareto-front "
+                  "trials retrained)", ""]
+        lines += _table(["trial", "params", "latency ms/1k", f"validation {metric}", f"test {metric} (mean ± std)"],
+                        [[str(r.get("trial")), _cell(r.get("params")), _score(r.get("latency_ms")),
+                          _score(r.get("val_score")), f"{_score(r.get('test_mean'))} ± {_score(r.get('test_std'))}"]
+                         for r in front])
+
     zero_shot = attrs.get("final_zero_shot") or {}
     if zero_shot:
         lines += ["", "Zero-shot Spearman of the same models on other similarity tasks:", ""]
@@ -297,8 +309,8 @@ def write_study_note(study: Any) -> str:
     counts = {state: sum(t.state == state for t in trials) for state in TrialState}
     best_trial = best_value = None
     if counts[TrialState.COMPLETE]:
-        best = study.best_trial
-        best_trial, best_value = best.number, best.value
+        best = best_score_trial(study)
+        best_trial, best_value = best.number, score_of(best)
     body = study_note_markdown(
         study.study_name, study.user_attrs, study_id=study._study_id, n_complete=counts[TrialState.COMPLETE],
         n_pruned=counts[TrialState.PRUNED], n_failed=counts[TrialState.FAIL], best_trial=best_trial,

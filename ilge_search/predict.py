@@ -58,16 +58,18 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 def export_study(storage: Any, study_name: str, out_dir: PathLike, *, seed: int = 0, retrain: bool = False,
                  artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
                  cache_dir: Optional[PathLike] = None, device: str = "auto", overwrite: bool = False,
-                 verbose: bool = False) -> ILGEClassifier:
+                 verbose: bool = False, trial: Optional[int] = None) -> ILGEClassifier:
     """Write a finished study's model to ``out_dir`` as an ``ILGEClassifier`` folder; return the classifier.
 
-    See :meth:`ILGEClassifier.from_study` for which weights are exported. ``out_dir``
-    must be new or empty (or, with ``overwrite``, an earlier export), checked first.
+    See :meth:`ILGEClassifier.from_study` for which weights are exported (``trial``: any complete
+    trial, e.g. one of a multi-objective study's final front). ``out_dir`` must be new or empty (or,
+    with ``overwrite``, an earlier export), checked first.
     """
     out_dir = Path(out_dir).expanduser()
     _check_out_dir(out_dir, overwrite)
     clf = ILGEClassifier.from_study(storage, study_name, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
-                                    data_dir=data_dir, cache_dir=cache_dir, device=device, verbose=verbose)
+                                    data_dir=data_dir, cache_dir=cache_dir, device=device, verbose=verbose,
+                                    trial=trial)
     clf.save(out_dir)
     return clf
 

@@ -29,7 +29,10 @@ Conventions:
 - Bold marks the best mean of the row at the shown precision (ties: all).
 - Gain = encoder mean - last-layer mean, in points; ``—`` when either is missing.
 - Figures use validation scores only (the per-layer scores are those of the
-  best-layer study's best trial); test scores appear in the tables only.
+  best-layer study's best trial); test scores appear in the tables only. The
+  exception is a storage with multi-objective studies: its "Pareto fronts"
+  section (:mod:`~ilge_search.report.pareto`) draws each final front's test
+  scores in a panel of their own, next to the search on validation.
 
 The report folder is the report's own: it records what it wrote in
 ``.ilge-report.json`` (:data:`MANIFEST_NAME`). A folder that is not empty and
@@ -55,6 +58,7 @@ from .data import METHOD_LABELS, METHODS, collect_records
 from .document import Document, slug, write_atomic
 from .figures import display_width, draw_figures
 from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
+from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
 from .tables import (
     SELECTION_NOTE,
     model_order,
@@ -192,7 +196,9 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         raise ValueError(f"no ilge-search studies in {hide_password(storage_url)}"
                          + (f" ({len(skipped)} other studies skipped)" if skipped else "")
                          + "; run `ilge-search run` or `ilge-search sweep` first")
-    skipped += [f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
+    skipped += [f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
+                "study; its Pareto front is under 'Pareto fronts'" if r.multi_objective else
+                f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
                 "(with final scores, more seeds or more trials)" for r in duplicates]
     out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
     previous = _check_out_dir(out, force)
@@ -219,6 +225,11 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     selection = selection_frame(records + duplicates)  # every study: they differ by training size and cv
     if not selection.empty:
         contents.insert(len(contents) - 1, ("Selection rules", "selection", []))
+    every = records + duplicates
+    fronts = pareto_pairs(every)  # only storages with multi-objective studies get this section
+    front_figures = draw_pareto_figures(every, fig_dir) if figures and fronts else {}
+    if fronts:
+        contents.insert(len(contents) - 1, ("Pareto fronts", "pareto", []))
     doc.contents(contents)
     for model in models:
         header, score_rows, gain_rows = model_tables(frame, model)
@@ -257,6 +268,17 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=2,
                   caption="Selection rules, with and without cross-validation, over the studies above that "
                           "were evaluated under both rules.")
+    if fronts:
+        doc.heading(2, "Pareto fronts: score vs size", anchor="pareto")
+        doc.paragraph(PARETO_NOTE)
+        for pair in fronts:
+            shown = front_figures.get(pair, {})
+            doc.images(shown, widths={kind: display_width(out / path) for kind, path in shown.items()})
+        doc.table(*pareto_rows(every), label="tab:pareto", text_columns=4,
+                  caption="Final fronts: each retrained Pareto-front trial (validation score of the trial; test "
+                          "mean ± std over the final seeds, in score units), and the layer baselines of the same "
+                          "model and task (in italics) for reference.")
+        doc.bullets(pareto_notes(every))
     doc.heading(2, "Studies", anchor="studies")
     doc.table(*studies_rows(records))
     if skipped:
@@ -271,7 +293,8 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
                        ("summary_csv", summary.to_csv(index=False)),
                        ("importances_csv", importances.to_csv(index=False))):
         write_atomic(files[kind], text)
-    figure_files = sorted(p for paths in [*figure_paths.values(), *layer_figures.values()] for p in paths.values())
+    figure_files = sorted(p for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
+                          for p in paths.values())
     _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
     logger.info("report of %d studies written to %s", len(records), out)
     return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},

@@ -4,7 +4,10 @@ A study is reported when its user attrs name its ``model``, ``task`` and
 ``encoder`` (one of :data:`METHODS`). When several studies share a model, row
 and encoder (e.g. different ``max_train``), the one with final scores, the most
 seeds, then the most finished trials is used; the others are returned as
-duplicates, which the report lists as not shown.
+duplicates, which the report lists as not shown. A multi-objective study
+(:mod:`ilge_search.objectives`) gives way to a single-objective study of the
+same cell (the tables compare scores searched for alone); its Pareto front is
+shown in the report's own section either way.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..objectives import best_score_trial, score_of, study_objectives
 from ..storage import Storage, open_storage
 from ..study.final import LEGACY_SELECT
 
@@ -62,6 +66,12 @@ class StudyRecord:
     by_rule: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     cv: Optional[int] = None
     trial_seconds: Optional[float] = None  # mean wall time of a complete trial
+    objectives: Tuple[str, ...] = ("score",)
+
+    @property
+    def multi_objective(self) -> bool:
+        """Whether the study has more than one objective (its Pareto front is drawn)."""
+        return len(self.objectives) > 1
 
 
 def score_unit(metric: str) -> Tuple[float, str]:
@@ -103,17 +113,21 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         return None, f"{name}: unknown method {attrs['encoder']!r}"
     study = optuna.load_study(study_name=name, storage=storage.rdb)
     frame = study.trials_dataframe(attrs=("number", "value", "state", "datetime_start", "params", "user_attrs"))
-    # a study that names its objective gets a "value_<name>" column; the report reads "value"
-    frame = frame.rename(columns={f"value_{metric}": "value" for metric in study.metric_names or []})
+    # a study that names its objective gets a "value_<name>" column (several objectives: "values_<name>"); the
+    # report reads the score as "value"
+    names = study.metric_names or []
+    multi = len(study.directions) > 1
+    frame = frame.rename(columns={f"values_{names[0]}" if multi else f"value_{names[0]}": "value"} if names
+                         else {"values_0": "value"} if multi else {})
     states = frame["state"].tolist() if not frame.empty else []
     count = {state: states.count(state.name) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
-    maximize = study.direction != optuna.study.StudyDirection.MINIMIZE
+    maximize = study.directions[0] != optuna.study.StudyDirection.MINIMIZE
     best_value = best_number = None
     layer_scores: List[float] = []
     chosen_layer = None
     if count[TrialState.COMPLETE]:
-        best = study.best_trial
-        best_value, best_number = _finite(best.value), best.number
+        best = best_score_trial(study)
+        best_value, best_number = _finite(score_of(best)), best.number
         layer_scores = [float(s) for s in best.user_attrs.get("layer_scores", [])]
         chosen_layer = best.user_attrs.get("layer")
     scores = [float(s) for s in attrs.get("final_test_scores", []) or []]
@@ -134,6 +148,7 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         search_gain=_finite(attrs.get("final_search_gain")),
         start_test_mean=_finite(attrs.get("final_start_test_mean")),
         by_rule=dict(attrs.get("final_by_rule") or {}), cv=attrs.get("cv"), trial_seconds=seconds,
+        objectives=study_objectives(attrs),
     ), None
 
 
@@ -154,7 +169,8 @@ def collect_records(storage_url: str) -> Tuple[List[StudyRecord], List[StudyReco
     duplicates: List[StudyRecord] = []
 
     def preference(r: StudyRecord) -> Tuple:
-        return (r.test_mean is not None, len(r.test_scores), r.n_complete + r.n_pruned, r.name)
+        return (not r.multi_objective, r.test_mean is not None, len(r.test_scores), r.n_complete + r.n_pruned,
+                r.name)
 
     for record in sorted(records, key=preference, reverse=True):
         key = (record.model, record.task, record.encoder)

@@ -23,7 +23,7 @@ from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
 from .document import slug
 
 __all__ = ["FIGURE_KINDS", "DISPLAY_DPI", "SAVE_DPI", "draw_figures", "trial_counts", "display_width",
-           "new_figure", "save_figure"]
+           "new_figure", "save_figure", "figure_style"]
 
 FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
@@ -71,7 +71,7 @@ def save_figure(figure: Any, path: Path) -> None:
     figure.savefig(path, dpi=SAVE_DPI)
 
 
-def _style() -> Any:
+def figure_style() -> Any:
     """Larger fonts inside the block (only while drawing; the caller's rcParams are restored)."""
     from matplotlib import rc_context
 
@@ -177,13 +177,16 @@ def _importances(record: StudyRecord) -> Tuple[Dict[str, float], Optional[str]]:
     varying = sorted(p for p in common if len({repr(t.params[p]) for t in complete}) > 1)
     if not varying:
         return {}, "no parameter varies among the complete trials"
-    if len({t.value for t in complete}) < 2:
+    if len({t.values[0] for t in complete}) < 2:
         return {}, "every complete trial has the same value"
+    # a multi-objective study: the importances for its score
+    target = (lambda t: t.values[0]) if record.multi_objective else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             importances = optuna.importance.get_param_importances(
-                record.study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=varying)
+                record.study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=varying,
+                target=target)
     except (RuntimeError, ValueError, ZeroDivisionError) as exc:
         return {}, f"importance evaluation failed: {exc}"
     values = {name: float(v) for name, v in importances.items() if math.isfinite(float(v))}
@@ -238,7 +241,7 @@ def draw_figures(records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]
         for kind, draw, arg in (("layers", _layer_figure, group), ("history", _history_figure, group),
                                 ("importance", _importance_figure, items)):
             name = f"{slug(model, task)}-{kind}.png"
-            with _style():
+            with figure_style():
                 drawn = draw(arg, fig_dir / name)
             if drawn:
                 here[kind] = f"figures/{name}"

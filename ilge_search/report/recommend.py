@@ -73,6 +73,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from .._version import __version__
 from ..configs import CONFIG_CLASSES, config_class_for
 from ..models import model_size_bucket
+from ..objectives import study_objectives
 from ..settings import user_defaults_path
 from ..storage import hide_password
 from ..tuning import BUILTIN_RECOMMENDED, DEFAULTS_FORMAT_VERSION, load_recommended_defaults
@@ -263,6 +264,10 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
             bucket = model_size_bucket(attrs["model"], attrs.get("hidden_size"))
         except ValueError as exc:
             skipped.append(f"{name}: {exc}")
+            continue
+        if len(study_objectives(attrs)) > 1:  # its sampler traded score for size: not a score-only search
+            skipped.append(f"{name}: a multi-objective study ({'+'.join(study_objectives(attrs))}); defaults come "
+                           "from studies of the score alone")
             continue
         study = optuna.load_study(study_name=name, storage=storage.rdb)
         maximize = study.direction != optuna.study.StudyDirection.MINIMIZE

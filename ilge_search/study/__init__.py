@@ -5,8 +5,9 @@
 - :mod:`.data` loads the task and its cached embeddings, :mod:`.objective` is
   the trial, :mod:`.identity` names, checks and creates studies, :mod:`.workers`
   runs trials in several processes, :mod:`.folds` gives cross-validated objectives,
-  :mod:`.selection` picks the trial to retrain (``best`` or ``one-se``), :mod:`.final`
-  scores it on test next to the starting configuration (the search gain);
+  :mod:`.selection` picks the trial to retrain (``best`` or ``one-se``; a multi-objective
+  study: up to K trials of its Pareto front), :mod:`.final` scores it on test next to the
+  starting configuration (the search gain);
 - :mod:`.plan` checks a run before anything expensive and estimates its wall time (``--dry-run``);
 - :mod:`.results` reads studies back (:func:`study_result`, :func:`list_studies`);
 - :mod:`.sweep` runs TOML grids of models x tasks x encoders up to their budgets.
@@ -21,9 +22,9 @@ from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, r
 from .objective import recommended_params
 from .options import StudyOptions
 from .plan import RunPlan, StudyPlan, plan_run
-from .results import StudyResult, format_results, list_studies, study_result
+from .results import StudyResult, format_front, format_results, list_studies, study_result
 from .runner import run_study
-from .selection import DEFAULT_SELECT, SELECTION_RULES, select_trial
+from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES, front_trials, select_trial, study_front
 from .sweep import Sweep, SweepEntry, estimate_sweep, load_sweep, plan_sweep, run_sweep
 
 __all__ = [
@@ -38,6 +39,9 @@ __all__ = [
     "select_trial",
     "SELECTION_RULES",
     "DEFAULT_SELECT",
+    "DEFAULT_FINAL_FRONT",
+    "study_front",
+    "front_trials",
     "plan_run",
     "RunPlan",
     "StudyPlan",
@@ -53,6 +57,7 @@ __all__ = [
     "artifact_dir_for",
     "finished_trial_count",
     "format_results",
+    "format_front",
     "SweepEntry",
     "Sweep",
     "load_sweep",

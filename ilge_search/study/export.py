@@ -11,6 +11,10 @@ score range) and where it came from (:attr:`StudyModel.provenance`).
   trial's configuration retrained once with ``seed`` by the one training engine,
   exactly as the final evaluation trains each of its seeds (on a CPU, with the same
   torch thread count, the weights are bit-identical to that seed's).
+- ``trial=N`` (``export --trial N``) picks any complete trial instead: a trial of
+  a multi-objective study's final front gives the weights its final evaluation
+  kept (its best seed by validation); any other trial (or ``retrain=True``) is
+  retrained once with ``seed``.
 
 ``ILGEClassifier.from_study`` wraps the result into an estimator and
 ``ILGEClassifier.save`` writes it; this module never imports the classifier,
@@ -31,9 +35,9 @@ from .._version import __version__
 from ..configs import EncoderConfig, config_from_dict
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
-from .selection import DEFAULT_SELECT, select_trial
+from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 
-__all__ = ["StudyModel", "load_study_model", "load_training_data", "load_run_study", "selected_trial",
+__all__ = ["StudyModel", "load_study_model", "load_training_data", "load_run_study", "selected_trial", "chosen_trial",
            "STUDY_TOKEN_POOLING", "STUDY_MAX_LENGTH"]
 
 # how studies extract their features: the defaults of cache.load_task_embeddings, which study/data.py uses
@@ -132,14 +136,14 @@ def _download(storage: Storage, study: Any, artifact_id: str, target: Path,
                      "trial again")
 
 
-def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLike]) -> Tuple[Any, Dict[str, Any]]:
-    """The final evaluation's model (weights + config JSON artifacts) and its recorded metadata."""
+def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLike],
+                    ids: Dict[str, str]) -> Tuple[Any, Dict[str, Any]]:
+    """A final evaluation's model (``ids``: its weights + config JSON artifacts) and its recorded metadata."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from ..engine import build_model
 
-    ids = study.user_attrs["final_artifacts"]
     with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
         meta_path, weights_path = Path(tmp, "config.json"), Path(tmp, "model.safetensors")
         _download(storage, study, ids["config"], meta_path, artifact_dir)
@@ -191,7 +195,8 @@ def load_training_data(study: Any, *, data_dir: Optional[PathLike] = None, cache
 
 def selected_trial(study: Any, rule: Optional[str] = None) -> Any:
     """The trial a study's model comes from: the one its final evaluation retrained (``final_trial``),
-    else the one ``rule`` (default: the study's ``final_select``, else the default rule) selects now."""
+    else the one ``rule`` (default: the study's ``final_select``, else the default rule) selects now; a
+    multi-objective study's final front (rule ``front``) gives its best-score trial."""
     if rule is None:
         number = study.user_attrs.get("final_trial")
         if number is not None:
@@ -199,17 +204,41 @@ def selected_trial(study: Any, rule: Optional[str] = None) -> Any:
                 if trial.number == number and trial.user_attrs.get("config"):
                     return trial
         rule = study.user_attrs.get("final_select")
+    if rule == FRONT_RULE:
+        return study_front(study)[0]
     return select_trial(study, rule or DEFAULT_SELECT)
 
 
-def _retrained(study: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir: Optional[PathLike], device: str,
-               show_progress: bool) -> Tuple[Any, float]:
-    """The selected trial's config trained once with ``seed`` on the study's data (as the final evaluation does)."""
+def chosen_trial(study: Any, number: int) -> Any:
+    """Trial ``number`` of ``study`` when it is complete.
+
+    Raises:
+        ValueError: no such trial, or one that is not complete (naming its state and the complete ones).
+    """
+    from optuna.trial import TrialState
+
+    check_int("trial", number, minimum=0)
+    trials = study.get_trials(deepcopy=False)
+    complete = [t.number for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("config")]
+    shown = ", ".join(map(str, complete[:20])) + (" ..." if len(complete) > 20 else "")
+    found = next((t for t in trials if t.number == number), None)
+    if found is None:
+        raise ValueError(f"study {study.study_name!r} has no trial {number} (its trials are 0-{len(trials) - 1}); "
+                         f"pass --trial with a complete one: {shown}")
+    if number not in complete:
+        raise ValueError(f"trial {number} of study {study.study_name!r} is {found.state.name.lower()}, not complete; "
+                         f"pass --trial with a complete one: {shown}")
+    return found
+
+
+def _retrained(study: Any, trial: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir: Optional[PathLike],
+               device: str, show_progress: bool) -> Tuple[Any, float]:
+    """``trial``'s config trained once with ``seed`` on the study's data (as the final evaluation does)."""
     from ..engine import train_encoder
 
     data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device,
                               show_progress=show_progress)
-    config = config_from_dict(selected_trial(study).user_attrs["config"])
+    config = config_from_dict(trial.user_attrs["config"])
     result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
                            num_classes=data.num_classes, seed=seed, device=device)
     return result.model, float(result.best_val_metric)
@@ -218,7 +247,7 @@ def _retrained(study: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir
 def load_study_model(storage: Union[str, Storage, None], study_name: str, *, seed: int = 0, retrain: bool = False,
                      artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
                      cache_dir: Optional[PathLike] = None, device: str = "auto",
-                     show_progress: bool = False) -> StudyModel:
+                     show_progress: bool = False, trial: Optional[int] = None) -> StudyModel:
     """The model a finished study found, with its provenance.
 
     Args:
@@ -230,27 +259,24 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
         artifact_dir: where the final weights were uploaded, if not next to the storage.
         data_dir, cache_dir, device: for retraining (the task data and embedding cache).
         show_progress: progress bars while retraining.
+        trial: export this complete trial instead of the study's selected one: its final-front
+            weights when a multi-objective study's final evaluation retrained it, else retrained with ``seed``.
 
     Raises:
-        ValueError: no such storage or study, no complete trial, missing or damaged
-            final artifacts, or task data that differ from the study's.
+        ValueError: no such storage, study or trial, no complete trial (or ``trial`` not complete),
+            missing or damaged final artifacts, or task data that differ from the study's.
     """
     check_int("seed", seed, minimum=0)
     opened, study = _open_study(storage, study_name)
     attrs = study.user_attrs
+    if trial is not None:
+        return _trial_model(opened, study, chosen_trial(study, trial), seed=seed, retrain=retrain,
+                            artifact_dir=artifact_dir, data_dir=data_dir, cache_dir=cache_dir, device=device,
+                            show_progress=show_progress)
     has_final = bool(attrs.get("final_artifacts")) and "final_test_scores" in attrs
-    provenance: Dict[str, Any] = {
-        "study": study.study_name,
-        "storage": opened.shown_url,
-        "model": attrs["model"],
-        "model_revision": attrs.get("model_revision", ""),
-        "task": attrs["task"],
-        "encoder": attrs.get("encoder"),
-        "metric": attrs.get("metric"),
-        "data": {key: attrs.get(key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")},
-    }
+    provenance = _provenance(opened, study)
     if has_final and not retrain:
-        model, meta = _from_artifacts(opened, study, artifact_dir)
+        model, meta = _from_artifacts(opened, study, artifact_dir, attrs["final_artifacts"])
         trained_seed = int(meta["seed"])
         seeds = list(attrs.get("final_seeds", []))
         test_scores = list(attrs.get("final_test_scores", []))
@@ -263,11 +289,60 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
         )
         config = config_from_dict(meta["config"])
     else:
-        model, val_score = _retrained(study, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
+        selected = selected_trial(study)
+        model, val_score = _retrained(study, selected, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
                                       show_progress=show_progress)
-        trial = selected_trial(study)
-        provenance.update(source="retrained", trial=trial.number, seed=seed, val_score=val_score, test_score=None)
-        config = config_from_dict(trial.user_attrs["config"])
+        provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score,
+                          test_score=None)
+        config = config_from_dict(selected.user_attrs["config"])
+    return _study_model(study, model, config, provenance)
+
+
+def _provenance(opened: Storage, study: Any) -> Dict[str, Any]:
+    attrs = study.user_attrs
+    return {
+        "study": study.study_name,
+        "storage": opened.shown_url,
+        "model": attrs["model"],
+        "model_revision": attrs.get("model_revision", ""),
+        "task": attrs["task"],
+        "encoder": attrs.get("encoder"),
+        "metric": attrs.get("metric"),
+        "data": {key: attrs.get(key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")},
+    }
+
+
+def _trial_model(opened: Storage, study: Any, trial: Any, *, seed: int, retrain: bool,
+                 artifact_dir: Optional[PathLike], data_dir: Optional[PathLike], cache_dir: Optional[PathLike],
+                 device: str, show_progress: bool) -> StudyModel:
+    """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``seed``."""
+    attrs = study.user_attrs
+    records = [r for r in attrs.get("final_front") or [] if r.get("trial") == trial.number]
+    if attrs.get("final_trial") == trial.number and attrs.get("final_artifacts"):
+        records.append({"artifacts": attrs["final_artifacts"], "test_scores": attrs.get("final_test_scores", []),
+                        "seeds": attrs.get("final_seeds", [])})
+    stored = next((r for r in records if r.get("artifacts")), None)
+    provenance = _provenance(opened, study)
+    if stored is not None and not retrain:
+        model, meta = _from_artifacts(opened, study, artifact_dir, stored["artifacts"])
+        trained_seed = int(meta["seed"])
+        seeds = list(attrs.get("final_seeds", []))
+        scores = list(stored.get("test_scores", []))
+        provenance.update(source="final evaluation", trial=trial.number, seed=trained_seed,
+                          val_score=float(meta["val_metric"]),
+                          test_score=scores[seeds.index(trained_seed)] if trained_seed in seeds[:len(scores)] else None,
+                          trained_with={"ilge_search": meta.get("ilge_search_version"),
+                                        "torch": meta.get("torch_version")},
+                          selected_trial_now=trial.number)
+        return _study_model(study, model, config_from_dict(meta["config"]), provenance)
+    model, val_score = _retrained(study, trial, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
+                                  show_progress=show_progress)
+    provenance.update(source="retrained", trial=trial.number, seed=seed, val_score=val_score, test_score=None)
+    return _study_model(study, model, config_from_dict(trial.user_attrs["config"]), provenance)
+
+
+def _study_model(study: Any, model: Any, config: EncoderConfig, provenance: Dict[str, Any]) -> StudyModel:
+    attrs = study.user_attrs
     provenance.update(ilge_search_version=__version__,
                       exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
     task_kind = str(attrs["task_kind"])

@@ -25,6 +25,20 @@ validation and a JSON with its config, uploaded to the artifact store),
 
 Studies evaluated before selection rules existed have no ``final_select``:
 they were evaluated under ``best``.
+
+A multi-objective study (:mod:`~ilge_search.objectives`) retrains its **final
+front** instead: up to ``final_front`` trials of its Pareto front, spread evenly
+along it (:func:`~ilge_search.study.selection.front_trials`), each with the
+final seeds. ``final_front`` is one record per retrained trial, best validation
+score first: ``trial``, ``config``, ``values`` (objective -> the trial's value),
+``params``, ``latency_ms``, ``val_score`` (its objective score), ``test_mean``,
+``test_std``, ``test_scores``, ``val_scores``, ``artifacts`` (the best seed's
+weights and config, by validation) and ``artifact_seed``;
+``final_front_k`` is the K asked for and ``final_front_size`` the front's size
+then. The top-level ``final_*`` attrs are those of the front's best-score trial
+(``final_select = "front"``), with the start configuration's scores and the
+search gain as above, so every table of single-objective studies reads it too.
+A front trial already retrained with the same seeds and epoch cap is reused.
 """
 
 from __future__ import annotations
@@ -38,8 +52,17 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from .._version import __version__
 from ..configs import config_from_dict
+from ..objectives import LATENCY_ATTR, PARAMS_ATTR, is_multi_objective, objective_values, score_of, study_objectives
 from ..storage import StorageError, count_trials
-from .selection import DEFAULT_SELECT, select_trial, start_trial
+from .selection import (
+    DEFAULT_FINAL_FRONT,
+    DEFAULT_SELECT,
+    FRONT_RULE,
+    front_trials,
+    select_trial,
+    start_trial,
+    study_front,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
@@ -58,17 +81,27 @@ def _matches(record: Mapping[str, Any], trial: int, seeds: List[int], max_epochs
             and record.get("final_max_epochs") == max_epochs and "final_test_mean" in record)
 
 
-def final_is_current(study: Any, seeds: List[int], max_epochs: Optional[int], select: str = DEFAULT_SELECT) -> bool:
+def final_is_current(study: Any, seeds: List[int], max_epochs: Optional[int], select: str = DEFAULT_SELECT,
+                     final_front: int = DEFAULT_FINAL_FRONT) -> bool:
     """Whether ``study``'s stored final scores are those a final evaluation would produce now.
 
     True when the study has a complete trial and its final evaluation exists
     (``final_test_mean``) under the rule ``select``, for the trial that rule
-    selects now, with the same seed list and the same ``max_epochs``. The
-    runner and sweeps both ask this.
+    selects now, with the same seed list and the same ``max_epochs``. For a
+    multi-objective study: its final front holds the trials
+    :func:`~ilge_search.study.selection.front_trials` picks now out of
+    ``final_front``, with those seeds and that epoch cap (``select`` does not
+    apply). The runner and sweeps both ask this.
     """
     if not count_trials(study, ("COMPLETE",)):
         return False
     attrs = study.user_attrs
+    if is_multi_objective(study):
+        wanted = [t.number for t in front_trials(study_front(study), final_front)]
+        records = attrs.get("final_front") or []
+        return (attrs.get("final_select") == FRONT_RULE and attrs.get("final_front_k") == final_front
+                and [r.get("trial") for r in records] == wanted and attrs.get("final_seeds") == list(seeds)
+                and attrs.get("final_max_epochs") == max_epochs and "final_test_mean" in attrs)
     if attrs.get("final_select", LEGACY_SELECT) != select:
         return False
     return _matches(attrs, select_trial(study, select).number, seeds, max_epochs)
@@ -155,9 +188,97 @@ def _start_scores(study: Any, data: "StudyData", selected: Any, test_scores: Lis
     return start.number, scores
 
 
+def _upload_best(study: Any, data: "StudyData", config: Any, best: Tuple[Any, Any, float], trial: int,
+                 artifact_store: Any) -> Dict[str, str]:
+    """Upload the best seed's weights; a full or read-only artifact folder is one clear error."""
+    if artifact_store is None:
+        return {}
+    model, seed, val_metric = best
+    try:
+        return _upload_artifacts(study, data, config, model, seed=seed, val_metric=val_metric, trial=trial,
+                                 artifact_store=artifact_store)
+    except OSError as exc:  # a full or read-only artifact folder: nothing of the final evaluation is stored
+        raise StorageError(f"cannot store the best weights in the artifact store ({exc.strerror or exc}); "
+                           "free space there or pass another --artifact-dir, then rerun with --n-trials 0 "
+                           "to redo the final evaluation") from exc
+
+
+def _std(scores: List[float]) -> float:
+    return statistics.stdev(scores) if len(scores) > 1 else 0.0
+
+
+def _zero_shot_record(zero_shot_scores: Mapping[str, List[float]]) -> Dict[str, Any]:
+    return {name: {"mean": statistics.fmean(scores), "std": _std(scores), "scores": scores}
+            for name, scores in zero_shot_scores.items()}
+
+
+def _front_record(trial: Any, objectives: Tuple[str, ...], test_scores: List[float], val_scores: List[float],
+                  artifacts: Dict[str, str], artifact_seed: Any) -> Dict[str, Any]:
+    values = objective_values(trial, objectives) or ()
+    return {"trial": trial.number, "config": dict(trial.user_attrs["config"]),
+            "values": dict(zip(objectives, values, strict=False)),
+            "params": trial.user_attrs.get(PARAMS_ATTR), "latency_ms": trial.user_attrs.get(LATENCY_ATTR),
+            "val_score": score_of(trial), "test_mean": statistics.fmean(test_scores), "test_std": _std(test_scores),
+            "test_scores": test_scores, "val_scores": val_scores, "artifacts": artifacts,
+            "artifact_seed": artifact_seed}
+
+
+def _front_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List[int], device: str,
+                      max_epochs: Optional[int], final_front: int, artifact_store: Any,
+                      zero_shot: Mapping[str, Tuple[Any, Any]], show_progress: bool) -> None:
+    """A multi-objective study's final evaluation: each trial of its final front retrained per seed."""
+    front = study_front(study)
+    chosen = front_trials(front, final_front)
+    attrs = study.user_attrs
+    objectives = study_objectives(attrs)
+    kept = {}  # records of an earlier evaluation with the same seeds and epoch cap: the same scores again
+    if attrs.get("final_seeds") == list(seeds) and attrs.get("final_max_epochs") == max_epochs:
+        kept = {r["trial"]: r for r in attrs.get("final_front") or []
+                if r.get("artifacts") or artifact_store is None}
+    records: List[Dict[str, Any]] = []
+    top_zero_shot: Dict[str, List[float]] = {}
+    for index, trial in enumerate(chosen):
+        wants_zero_shot = index == 0 and bool(zero_shot)
+        if trial.number in kept and not wants_zero_shot:
+            records.append(kept[trial.number])
+            continue
+        config = config_from_dict(trial.user_attrs["config"])
+        test_scores, val_scores, zero_shot_scores, best = _retrain(
+            config, data, seeds, device, zero_shot if index == 0 else {}, f"{encoder} front trial {trial.number}",
+            show_progress)
+        if index == 0:
+            top_zero_shot = zero_shot_scores
+        artifacts = _upload_best(study, data, config, best, trial.number, artifact_store)
+        records.append(_front_record(trial, objectives, test_scores, val_scores, artifacts, best[1]))
+    top, top_trial = records[0], chosen[0]
+    start_number, start_scores = _start_scores(study, data, top_trial, top["test_scores"], seeds, device,
+                                               max_epochs, encoder, show_progress)
+    sign = -1.0 if attrs.get("direction") == "minimize" else 1.0
+    start_mean = None if start_scores is None else statistics.fmean(start_scores)
+    record: Dict[str, Any] = {
+        "final_test_mean": top["test_mean"], "final_test_std": top["test_std"],
+        "final_test_scores": top["test_scores"], "final_val_scores": top["val_scores"], "final_seeds": list(seeds),
+        "final_trial": top["trial"], "final_config": top["config"], "final_artifacts": top["artifacts"],
+        "final_artifact_seed": top["artifact_seed"], "final_select": FRONT_RULE,
+        "final_selected_value": top["val_score"], "final_val_test_gap": sign * (top["val_score"] - top["test_mean"]),
+        "final_start_trial": start_number, "final_start_test_mean": start_mean,
+        "final_start_test_scores": start_scores,
+        "final_search_gain": None if start_mean is None else sign * (top["test_mean"] - start_mean),
+        "final_max_epochs": max_epochs, "final_front": records, "final_front_k": final_front,
+        "final_front_size": len(front),
+    }
+    if top_zero_shot:
+        record["final_zero_shot"] = _zero_shot_record(top_zero_shot)
+    elif "final_zero_shot" in attrs and not zero_shot:
+        record["final_zero_shot"] = {}
+    for key, value in record.items():
+        study.set_user_attr(key, value)
+
+
 def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List[int], device: str,
                      max_epochs: Optional[int], select: str = DEFAULT_SELECT, artifact_store: Any = None,
-                     zero_shot: Mapping[str, Tuple[Any, Any]] = {}, show_progress: bool = True) -> None:
+                     zero_shot: Mapping[str, Tuple[Any, Any]] = {}, show_progress: bool = True,
+                     final_front: int = DEFAULT_FINAL_FRONT) -> None:
     """Retrain the trial ``select`` picks with each seed; evaluate on test once per seed; store the scores.
 
     The starting configuration is retrained with the same seeds for the search
@@ -165,8 +286,15 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
     (``final_by_rule``) is still current is restored without training.
     ``artifact_store`` (e.g. ``Storage.artifact_store()``) receives the best
     seed's weights; ``None`` uploads nothing. ``max_epochs`` is recorded as
-    ``final_max_epochs`` (what :func:`final_is_current` compares).
+    ``final_max_epochs`` (what :func:`final_is_current` compares). A
+    multi-objective study retrains up to ``final_front`` trials of its Pareto
+    front instead (``select`` does not apply).
     """
+    if is_multi_objective(study):
+        _front_evaluation(study, data, encoder=encoder, seeds=seeds, device=device, max_epochs=max_epochs,
+                          final_front=final_front, artifact_store=artifact_store, zero_shot=zero_shot,
+                          show_progress=show_progress)
+        return
     selected = select_trial(study, select)
     by_rule = dict(study.user_attrs.get("final_by_rule") or {})
     # the same trial, seeds and epoch cap retrain to the same scores: a rule that picks what another rule
@@ -189,15 +317,8 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
     test_scores, val_scores, zero_shot_scores, (best_model, best_seed, best_val) = _retrain(
         config, data, seeds, device, zero_shot, encoder, show_progress)
 
-    artifacts: Dict[str, str] = {}
-    if artifact_store is not None:
-        try:
-            artifacts = _upload_artifacts(study, data, config, best_model, seed=best_seed, val_metric=best_val,
-                                          trial=selected.number, artifact_store=artifact_store)
-        except OSError as exc:  # a full or read-only artifact folder: nothing of the final evaluation is stored
-            raise StorageError(f"cannot store the best weights in the artifact store ({exc.strerror or exc}); "
-                               "free space there or pass another --artifact-dir, then rerun with --n-trials 0 "
-                               "to redo the final evaluation") from exc
+    artifacts = _upload_best(study, data, config, (best_model, best_seed, best_val), selected.number,
+                             artifact_store)
     start_number, start_scores = _start_scores(study, data, selected, test_scores, seeds, device, max_epochs,
                                                encoder, show_progress)
 

@@ -37,6 +37,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from .._version import __version__
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
+from ..objectives import (
+    DEFAULT_OBJECTIVES,
+    objective_directions,
+    objective_metric_names,
+    objective_suffix,
+    study_objectives,
+)
 from ..storage import Storage, quiet_optuna_warnings, requeue_trial
 from .objective import recommended_params
 from .options import StudyOptions
@@ -66,7 +73,10 @@ __all__ = [
 ENCODER_CHOICES: Tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
 
 # study user attrs that must match when a study is resumed: they define what is being searched
-IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed", "cv")
+IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed", "cv",
+                 "objectives")
+# what an identity key means when a study stored before it existed lacks it
+_IDENTITY_DEFAULTS = {"objectives": list(DEFAULT_OBJECTIVES)}
 # study user attrs that must match too: the data itself (label names, sha256 of each split's content)
 DATA_KEYS = ("label_names", "data_fingerprints")
 DATA_SPLITS = ("train", "validation", "test")
@@ -137,9 +147,11 @@ def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
 
 def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[int] = None,
                        max_train: Optional[int] = None, max_eval: Optional[int] = None,
-                       max_epochs: Optional[int] = None, cv: Optional[int] = None) -> str:
+                       max_epochs: Optional[int] = None, cv: Optional[int] = None,
+                       objectives: Sequence[str] = DEFAULT_OBJECTIVES) -> str:
     """``model:task:encoder`` plus a suffix per non-default data, budget or objective setting
-    (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation).
+    (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
+    ``:obj-params`` for a study that also minimises the parameters).
 
     >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
     'minilm-l6:trec:cayley:8shot'
@@ -155,6 +167,9 @@ def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[i
         parts.append(f"ep{max_epochs}")
     if cv is not None:
         parts.append(f"cv{cv}")
+    suffix = objective_suffix(objectives)
+    if suffix is not None:
+        parts.append(suffix)
     return ":".join(parts)
 
 
@@ -162,7 +177,7 @@ def study_identity(model: str, task: str, encoder: str, options: StudyOptions) -
     """The user attrs that say what a study searches (:data:`IDENTITY_KEYS`)."""
     return {"model": model, "task": task, "encoder": encoder, "shots": options.shots,
             "max_train": options.max_train, "max_eval": options.max_eval, "max_epochs": options.max_epochs,
-            "data_seed": options.data_seed, "cv": options.cv}
+            "data_seed": options.data_seed, "cv": options.cv, "objectives": list(options.objectives)}
 
 
 def _cache_keys_match(stored: Any, expected: Optional[Mapping[str, str]]) -> bool:
@@ -219,7 +234,9 @@ def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[s
     adopt = legacy and _cache_keys_match(stored.get("cache_keys"), cache_keys)
     # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
     keys = [key for key in IDENTITY_KEYS if not (adopt and key == "task")]
-    different = {key: (stored.get(key), wanted[key]) for key in keys if stored.get(key) != wanted[key]}
+    different = {key: (stored.get(key, _IDENTITY_DEFAULTS.get(key)), wanted.get(key, _IDENTITY_DEFAULTS.get(key)))
+                 for key in keys}
+    different = {key: pair for key, pair in different.items() if pair[0] != pair[1]}
     if different:
         details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
         raise StudyConflictError(
@@ -298,8 +315,10 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
     import optuna
 
     direction = "minimize" if data.metric == "loss" else "maximize"
+    objectives = study_objectives(identity)
     try:
-        study = optuna.create_study(study_name=study_name, storage=storage.rdb, direction=direction,
+        study = optuna.create_study(study_name=study_name, storage=storage.rdb,
+                                    directions=objective_directions(objectives, data.metric),
                                     sampler=sampler, pruner=pruner)
         created = True
     except optuna.exceptions.DuplicatedStudyError:
@@ -325,7 +344,7 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
 
     if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
         with quiet_optuna_warnings():
-            study.set_metric_names([data.metric])
+            study.set_metric_names(objective_metric_names(objectives, data.metric))
     if created:
         record = dict(identity)
         record.update({

@@ -3,8 +3,15 @@
 Every trial stores as user attrs ``ilge_worker`` (host and pid of the process
 running it, :data:`~ilge_search.storage.WORKER_ATTR`), ``config`` (the full config dict),
 ``val_metric``, ``num_trainable_params``, ``epochs_run``, ``best_epoch``,
-``seconds`` (and ``layer``/``layer_scores`` for the best-layer baseline); the
-validation metric of every epoch is an intermediate value, for the pruner.
+``seconds``, ``latency_ms`` (the trained model's forward time per 1,000
+validation samples, :func:`~ilge_search.objectives.measure_latency`) and
+``layer``/``layer_scores`` for the best-layer baseline; the validation metric of
+every epoch is an intermediate value, for the pruner.
+
+A multi-objective study (its ``objectives`` user attr, part of its identity)
+gets one value per objective back, score first (``params``: the trainable
+parameters; ``latency``: ``latency_ms``); it reports no intermediate values,
+since Optuna cannot prune such a study.
 
 A study created with ``--cv K`` (its ``cv`` user attr, part of its identity)
 scores every trial on K folds of the training data instead
@@ -18,9 +25,10 @@ score after that epoch.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..dashboard import write_live_note
+from ..objectives import LATENCY_ATTR, measure_latency, study_objectives
 from ..storage import WORKER_ATTR, quiet_optuna_warnings, storage_fault, worker_stamp
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,7 +97,7 @@ class TrialObjective:
                                                  task_kind=self.data.task_kind))
         return self._folds[1]
 
-    def __call__(self, trial: Any) -> float:
+    def __call__(self, trial: Any) -> Union[float, Tuple[float, ...]]:
         import optuna
 
         from ..engine import select_best_layer, train_encoder
@@ -102,8 +110,11 @@ class TrialObjective:
         common = dict(task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device)
 
         folds = self.folds(trial.study)
+        objectives = study_objectives(trial.study.user_attrs)
 
         def report(step: int, value: float) -> None:
+            if len(objectives) > 1:
+                return  # Optuna cannot prune a multi-objective study, nor take its intermediate values
             trial.report(float(value), step)
             if trial.should_prune():
                 fold, epoch = divmod(step - 1, config.epochs) if folds is not None else (None, step - 1)
@@ -115,7 +126,8 @@ class TrialObjective:
                 raise optuna.TrialPruned(f"pruned at {where} ({data.metric} {value:.4f})")
 
         if folds is not None:
-            return self._cross_validated(trial, config, folds, report, common)
+            score, params = self._cross_validated(trial, config, folds, report, common)
+            return self._values(trial, objectives, score, params, None)
         if self.encoder == "best-layer":
             # the layer is chosen on validation inside the trial; the search covers the recipe
             layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
@@ -130,11 +142,31 @@ class TrialObjective:
         trial.set_user_attr("epochs_run", int(result.epochs_run))
         trial.set_user_attr("best_epoch", int(result.best_epoch))
         trial.set_user_attr("seconds", round(float(result.seconds), 3))
+        return self._values(trial, objectives, float(result.best_val_metric), int(result.num_trainable_params),
+                            result.model)
+
+    def _values(self, trial: Any, objectives: Sequence[str], score: float, params: int,
+                model: Any) -> Union[float, Tuple[float, ...]]:
+        """Record the latency, write the live note and return the trial's value(s), one per objective."""
+        from ..configs import config_from_dict
+        from ..engine import build_model
+        from ..models import resolve_device
+
+        data = self.data
+        if model is None:  # cross-validated: no single trained model; the forward time is the architecture's
+            config = config_from_dict(trial.user_attrs["config"])
+            model = build_model(config, data.num_layers, data.hidden_size, data.task_kind,
+                                num_classes=data.num_classes).to(resolve_device(self.device))
+        latency = measure_latency(model, data.validation[0])
+        trial.set_user_attr(LATENCY_ATTR, round(latency, 4))
         write_live_note(trial, data.metric)
-        return float(result.best_val_metric)
+        by_name = {"score": float(score), "params": float(params), "latency": float(latency)}
+        if len(objectives) == 1:
+            return by_name["score"]
+        return tuple(by_name[name] for name in objectives)
 
     def _cross_validated(self, trial: Any, config: Any, folds: List[Any], report: Callable[[int, float], None],
-                         common: Dict[str, Any]) -> float:
+                         common: Dict[str, Any]) -> Tuple[float, int]:
         from .folds import cross_validate
 
         result = cross_validate(config, self.data.train, folds, report=report, **common)
@@ -150,8 +182,7 @@ class TrialObjective:
         trial.set_user_attr("epochs_run", result.epochs_run[-1])
         trial.set_user_attr("best_epoch", result.best_epochs[-1])
         trial.set_user_attr("seconds", round(result.seconds, 3))
-        write_live_note(trial, self.data.metric)
-        return result.mean
+        return result.mean, int(result.num_trainable_params)
 
 
 class _NoInterruptTraceback(logging.Filter):

@@ -13,12 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from ..objectives import check_objectives
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 from .folds import check_cv
-from .selection import DEFAULT_SELECT, SELECTION_RULES
+from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
-__all__ = ["StudyOptions", "MAX_STUDY_NAME_LENGTH", "check_study_name"]
+__all__ = ["StudyOptions", "MAX_STUDY_NAME_LENGTH", "DEFAULT_FINAL_FRONT", "check_study_name"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -64,7 +65,15 @@ class StudyOptions:
             of the study's identity, see :mod:`~ilge_search.study.folds`).
         select: which trial the final evaluation retrains, ``"best"`` or
             ``"one-se"`` (:mod:`~ilge_search.study.selection`); not part of the
-            identity: it changes the final evaluation, not the trials.
+            identity: it changes the final evaluation, not the trials. A
+            multi-objective study retrains its Pareto front instead.
+        objectives: what every trial returns (:mod:`~ilge_search.objectives`):
+            ``("score",)``, or the score and ``params`` and/or ``latency`` for a
+            multi-objective study (part of the identity and name, e.g. ``:obj-params``;
+            Optuna cannot prune such a study, so its pruner is ``none``).
+        final_front: at most this many Pareto-front trials a multi-objective
+            study's final evaluation retrains (spread evenly along the front,
+            :func:`~ilge_search.study.selection.front_trials`).
         zero_shot_tasks: similarity tasks also scored with every final model.
         data_dir, cache_dir, device: task data, embedding cache, device.
         artifact_dir: artifact store folder (default: next to a SQLite file, else ``studies/artifacts``).
@@ -91,6 +100,8 @@ class StudyOptions:
     max_epochs: Optional[int] = None
     cv: Optional[int] = None
     select: str = DEFAULT_SELECT
+    objectives: Tuple[str, ...] = ("score",)
+    final_front: int = DEFAULT_FINAL_FRONT
     data_seed: int = 0
     zero_shot_tasks: Tuple[str, ...] = ()
     data_dir: Optional[PathLike] = None
@@ -133,6 +144,8 @@ class StudyOptions:
         check_choice("pruner", self.pruner, PRUNERS)
         check_cv(self.cv)
         check_choice("select", self.select, SELECTION_RULES)
+        object.__setattr__(self, "objectives", check_objectives(self.objectives))
+        check_int("final_front", self.final_front)
         if isinstance(self.zero_shot_tasks, str):
             object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))
@@ -155,6 +168,17 @@ class StudyOptions:
         if None in counts.values() and self.timeout is None and self.total_trials is None:
             raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
         return counts
+
+    @property
+    def multi_objective(self) -> bool:
+        """Whether the studies have more than one objective."""
+        return len(self.objectives) > 1
+
+    @property
+    def effective_pruner(self) -> str:
+        """The pruner the studies use: ``pruner``, or ``none`` for a multi-objective study (Optuna cannot
+        prune one)."""
+        return "none" if self.multi_objective else self.pruner
 
     def final_seed_list(self) -> List[int]:
         """The seeds of the final evaluation: ``seed + 1000 + i`` for each of the ``final_seeds``."""

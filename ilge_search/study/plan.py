@@ -22,7 +22,8 @@ calibration, without creating a study or writing to the storage:
   :data:`EXTRACTION_SAMPLE` texts are embedded; load time plus that rate times
   the texts to embed;
 - trials run ``workers`` at a time (at most as many as the CPU threads allow),
-  then the final evaluation: ``final_seeds`` trainings of the selected trial and
+  then the final evaluation: ``final_seeds`` trainings of the selected trial (of
+  each of up to ``final_front`` front trials of a multi-objective study) and
   as many of the start configuration (reused when it is the selected one, so
   this part is an upper bound), each costed as the first config.
 
@@ -178,7 +179,8 @@ def check_run(model: str, task: str, encoders: Union[str, Sequence[str]], storag
     hints: Dict[str, str] = {}
     for enc in encoder_list:
         default = default_study_name(model, label, enc, shots=options.shots, max_train=options.max_train,
-                                     max_eval=options.max_eval, max_epochs=options.max_epochs, cv=options.cv)
+                                     max_eval=options.max_eval, max_epochs=options.max_epochs, cv=options.cv,
+                                     objectives=options.objectives)
         names[enc] = check_study_name(options.study_name or default)
         identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options),
                            **data_id, "model_revision": source.revision}
@@ -203,8 +205,9 @@ class StudyPlan:
         epochs: epochs every trial runs at most (the config's ``epochs``, capped by ``max_epochs``).
         trial_seconds: one training of the first config on the full splits (all its epochs); a
             cross-validated trial (``cv``) trains one per fold.
-        final_runs: trainings of the final evaluation: ``final_seeds`` for the selected trial and as
-            many for the start configuration, unless the final evaluation is current.
+        final_runs: trainings of the final evaluation: ``final_seeds`` for the selected trial (a
+            multi-objective study: for each of up to ``final_front`` trials of its front) and as many for
+            the start configuration, unless the final evaluation is current.
         seconds: this study's estimated wall time (trials, worker start, final evaluation).
     """
 
@@ -362,10 +365,13 @@ def _study_plans(check: RunCheck) -> List[StudyPlan]:
             room = max(0, options.total_trials - finished)
             count = room if count is None else min(count, room)
         epochs = _first_config(enc, check, _dims(check)[1]).epochs
-        # the final evaluation retrains the selected trial and, unless it is the start (trial 0), the start too
-        final_runs = options.final_seeds * (2 if finished + (count or 0) > 1 else 1)
+        # the final evaluation retrains the selected trial (a multi-objective study: up to final_front trials
+        # of its front) and, unless it is the start (trial 0), the start too
+        trials_after = finished + (count or 0)
+        retrained = min(options.final_front, trials_after) if options.multi_objective else 1
+        final_runs = options.final_seeds * (retrained + (1 if trials_after > 1 else 0))
         if final_runs and study is not None and count == 0 and final_is_current(
-                study, options.final_seed_list(), options.max_epochs, options.select):
+                study, options.final_seed_list(), options.max_epochs, options.select, options.final_front):
             final_runs = 0
         plans.append(StudyPlan(encoder=enc, study_name=check.names[enc], exists=study is not None, finished=finished,
                                trials=count, epochs=epochs, final_runs=final_runs))
@@ -414,7 +420,8 @@ def may_be_long(check: RunCheck) -> bool:
     rows = sizes.get("train", 0) + sizes.get("validation", 0)
     work = 0.0
     for enc, count in check.trial_counts.items():
-        runs = (count if count is not None else options.total_trials or 0) + 2 * options.final_seeds
+        retrained = options.final_front if options.multi_objective else 1
+        runs = (count if count is not None else options.total_trials or 0) + (retrained + 1) * options.final_seeds
         epochs = _first_config(enc, check, width).epochs
         work += runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.cv or 1)
     seconds = work * _PRIOR_TRAIN_SECONDS / max(1, options.workers)

@@ -6,10 +6,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Union
 
+from ..objectives import best_score_trial, score_of, study_objectives
 from ..storage import Storage, hide_password, open_storage
 from .final import LEGACY_SELECT
 
-__all__ = ["StudyResult", "study_result", "list_studies", "format_results", "summary_line"]
+__all__ = ["StudyResult", "study_result", "list_studies", "format_results", "format_front", "summary_line"]
 
 
 @dataclass
@@ -21,7 +22,10 @@ class StudyResult:
     ``final_trial``, chosen by the rule ``select``; ``search_gain`` is its test
     mean minus that of the starting configuration retrained with the same
     seeds, ``val_test_gap`` its objective minus its test mean (``None`` for
-    evaluations stored before these existed).
+    evaluations stored before these existed). ``best_value`` is the best
+    score. A multi-objective study names its ``objectives`` and keeps its
+    final front's records in ``front`` (``final_trial`` is the front's
+    best-score trial).
     """
 
     study_name: str
@@ -44,6 +48,8 @@ class StudyResult:
     select: Optional[str] = None
     search_gain: Optional[float] = None
     val_test_gap: Optional[float] = None
+    objectives: List[str] = field(default_factory=lambda: ["score"])
+    front: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def n_finished(self) -> int:
@@ -59,7 +65,7 @@ def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
     trials = study.get_trials(deepcopy=False)
     count = {state: sum(t.state == state for t in trials) for state in TrialState}
     attrs = study.user_attrs
-    best = study.best_trial if count[TrialState.COMPLETE] else None
+    best = best_score_trial(study) if count[TrialState.COMPLETE] else None
     if isinstance(storage, Storage):
         shown = storage.shown_url
     else:
@@ -74,7 +80,7 @@ def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
         n_complete=count[TrialState.COMPLETE],
         n_pruned=count[TrialState.PRUNED],
         n_failed=count[TrialState.FAIL],
-        best_value=None if best is None else float(best.value),
+        best_value=None if best is None else score_of(best),
         best_trial=None if best is None else best.number,
         best_config=None if best is None else best.user_attrs.get("config"),
         test_mean=attrs.get("final_test_mean"),
@@ -85,6 +91,8 @@ def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
         select=attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
         search_gain=attrs.get("final_search_gain"),
         val_test_gap=attrs.get("final_val_test_gap"),
+        objectives=list(study_objectives(attrs)),
+        front=list(attrs.get("final_front") or []),
     )
 
 
@@ -102,6 +110,10 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
     for summary in opened.study_summaries():
         attrs = summary.user_attrs
         best = summary.best_trial
+        objectives = study_objectives(attrs)
+        if len(objectives) > 1 and "model" in attrs:  # Optuna summarises only single-objective studies' best
+            study = opened.load_study(summary.study_name)
+            best = best_score_trial(study) if study is not None and study.best_trials else None
         rows.append({
             "study": summary.study_name,
             "model": attrs.get("model"),
@@ -109,7 +121,7 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
             "encoder": attrs.get("encoder"),
             "metric": attrs.get("metric"),
             "trials": summary.n_trials,
-            "best_val": None if best is None else best.value,
+            "best_val": None if best is None else score_of(best),
             "best_trial": None if best is None else best.number,
             "test_mean": attrs.get("final_test_mean"),
             "test_std": attrs.get("final_test_std"),
@@ -117,9 +129,10 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
             "select": attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
             "final_trial": attrs.get("final_trial"),
             "search_gain": attrs.get("final_search_gain"),
+            "objectives": "+".join(objectives),
         })
     columns = ["study", "model", "task", "encoder", "metric", "trials", "best_val", "best_trial", "test_mean",
-               "test_std", "seeds", "select", "final_trial", "search_gain"]
+               "test_std", "seeds", "select", "final_trial", "search_gain", "objectives"]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
     frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]],
@@ -146,8 +159,28 @@ def format_results(results: Iterable[StudyResult]) -> str:
         rows.append((r.study_name, str(r.n_complete + r.n_pruned + r.n_failed), str(r.n_pruned), str(r.n_failed),
                      best, test, gain))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows)
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    for r in results:
+        if r.front:
+            lines += ["", format_front(r)]
     return "\n".join(lines)
+
+
+def format_front(result: StudyResult) -> str:
+    """The final front of a multi-objective study as text: per retrained trial its parameters, latency,
+    validation score and test mean +- std, best score first."""
+    header = ("trial", "params", "latency ms/1k", f"val {result.metric}", "test mean +- std")
+    rows = [header]
+    for record in result.front:
+        latency = record.get("latency_ms")
+        rows.append((str(record["trial"]), f"{int(record['params']):,}" if record.get("params") is not None else "-",
+                     "-" if latency is None else f"{latency:.1f}", f"{record['val_score']:.4f}",
+                     f"{record['test_mean']:.4f} +- {record['test_std']:.4f} ({len(record['test_scores'])} seeds)"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    title = (f"final front of {result.study_name} ({' vs '.join(result.objectives)}; "
+             f"{len(result.front)} Pareto-front trials retrained):")
+    return "\n".join([title] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                               for row in rows])
 
 
 def summary_line(result: StudyResult) -> str:

@@ -65,7 +65,7 @@ from .identity import (
 from .options import StudyOptions
 from .plan import check_run, estimate_run, may_be_long
 from .results import StudyResult, study_result, summary_line
-from .selection import DEFAULT_SELECT
+from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT
 from .workers import optimize, total_reached
 
 __all__ = ["run_study"]
@@ -98,6 +98,8 @@ def run_study(
     max_epochs: Optional[int] = None,
     cv: Optional[int] = None,
     select: str = DEFAULT_SELECT,
+    objectives: Sequence[str] = ("score",),
+    final_front: int = DEFAULT_FINAL_FRONT,
     data_seed: int = 0,
     zero_shot_tasks: Sequence[str] = (),
     data_dir: Optional[PathLike] = None,
@@ -144,6 +146,12 @@ def run_study(
         select: the trial the final evaluation retrains: ``"best"`` or ``"one-se"``
             (see :mod:`.selection`); it also retrains the starting configuration
             for the search gain.
+        objectives: ``("score",)``, or the score and ``"params"`` and/or
+            ``"latency"``: a multi-objective study (maximise the score, minimise
+            the others; :mod:`ilge_search.objectives`), part of the identity and
+            name (``:obj-params``). Optuna cannot prune it: the pruner is switched
+            off with one log line. Its final evaluation retrains up to
+            ``final_front`` trials of its Pareto front (``select`` does not apply).
         data_seed: seed of the few-shot and subsampling draws.
         zero_shot_tasks: similarity tasks whose test split every final seed's
             model is also evaluated on (the paper's zero-shot STS protocol).
@@ -171,7 +179,7 @@ def run_study(
     given = dict(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
                  sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds, shots=shots,
                  max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv, select=select,
-                 data_seed=data_seed,
+                 objectives=tuple(objectives), final_front=final_front, data_seed=data_seed,
                  zero_shot_tasks=tuple(zero_shot_tasks), data_dir=data_dir, cache_dir=cache_dir, device=device,
                  artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
                  grace_period=grace_period, max_retry=max_retry, show_progress=show_progress)
@@ -185,6 +193,9 @@ def run_study(
     # ---- 1. arguments, storage, data and existing studies, before anything expensive (plan.check_run)
     check = check_run(model, task, encoders, storage, options)
     opened, spec, task_data, names = check.storage, check.spec, check.task_data, check.names
+    if options.multi_objective and options.pruner != "none":
+        logger.warning("pruning is off: Optuna cannot prune a multi-objective study (objectives %s), so "
+                       "--pruner %s is not used", "+".join(options.objectives), options.pruner)
     if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
         plan = estimate_run(check)
         if plan.is_long:
@@ -220,7 +231,7 @@ def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any]
     # ---- 3. create or load
     study, created = create_or_load(storage, name, identity, data, storage.artifact_dir,
                                     sampler=make_sampler(options.sampler, options.seed),
-                                    pruner=make_pruner(options.pruner, options.max_epochs),
+                                    pruner=make_pruner(options.effective_pruner, options.max_epochs),
                                     new_study_hint=new_study_hint,
                                     task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()))
     try:
@@ -254,13 +265,18 @@ def _optimize_and_evaluate(study: Any, storage: Storage, encoder: str, name: str
     # ---- 5. final evaluation on test, once per seed
     if options.final_seeds > 0 and count_trials(study, ("COMPLETE",)):
         seeds = options.final_seed_list()
-        if final_is_current(study, seeds, options.max_epochs, options.select):
-            logger.info("%s: final scores of trial %d (%s) are up to date", name, study.user_attrs["final_trial"],
-                        options.select)
+        if final_is_current(study, seeds, options.max_epochs, options.select, options.final_front):
+            front = study.user_attrs.get("final_front")
+            if front:
+                logger.info("%s: final scores of the %d front trials (%s) are up to date", name, len(front),
+                            ", ".join(str(r["trial"]) for r in front))
+            else:
+                logger.info("%s: final scores of trial %d (%s) are up to date", name,
+                            study.user_attrs["final_trial"], options.select)
         else:
             final_evaluation(study, data, encoder=encoder, seeds=seeds, device=spec.device,
                              max_epochs=options.max_epochs, select=options.select,
-                             artifact_store=storage.artifact_store(),
+                             artifact_store=storage.artifact_store(), final_front=options.final_front,
                              zero_shot=zero_shot, show_progress=options.show_progress)
     elif options.final_seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)

@@ -11,6 +11,11 @@ Picking the maximum of many noisy validation scores rewards luck: the winner's
 score is biased upwards and, on small validation splits, its configuration
 often does no better on test than simpler ones. ``one-se`` only trades score
 for simplicity inside the noise band of the best score.
+
+A multi-objective study (score and params and/or latency) states the trade-off
+itself: its final evaluation retrains up to K trials of its Pareto front
+(:func:`front_trials`) instead of one selected trial. Both rules above still
+answer for it, on its score (export, a study without a final evaluation).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import math
 import statistics
 from typing import Any, List, Optional
 
-__all__ = ["SELECTION_RULES", "DEFAULT_SELECT", "standard_error", "select_trial", "start_trial", "is_better"]
+from ..objectives import best_score_trial, objective_directions, pareto_front, score_of, study_objectives
+
+__all__ = ["SELECTION_RULES", "DEFAULT_SELECT", "DEFAULT_FINAL_FRONT", "FRONT_RULE", "standard_error",
+           "select_trial", "start_trial", "is_better", "study_front", "front_trials"]
 
 SELECTION_RULES = ("best", "one-se")
 # measured (reports/selection: Cayley, 10 trials, 500 training texts, trec/emotion/sst2 on MiniLM-L6 and SmolLM2,
@@ -27,6 +35,8 @@ SELECTION_RULES = ("best", "one-se")
 # (all three on SmolLM2); one-se's was -0.21 with 1 of 6 below, at the same cost. A search should leave its start
 # only when the evidence says so, so one-se is the default; best is one flag away
 DEFAULT_SELECT = "one-se"
+DEFAULT_FINAL_FRONT = 5  # Pareto-front trials a multi-objective study's final evaluation retrains (--final-front)
+FRONT_RULE = "front"  # the final_select of a multi-objective study's final evaluation (its Pareto front)
 SPEARMAN_VARIANCE_FACTOR = 1.06  # var(atanh(rho)) ~ 1.06 / (n - 3) for Spearman's rho (Fieller et al., 1957)
 
 
@@ -52,7 +62,7 @@ def standard_error(trial: Any, metric: str, n_validation: Optional[int]) -> floa
     folds = trial.user_attrs.get("fold_scores")
     if folds:
         return statistics.stdev(folds) / math.sqrt(len(folds)) if len(folds) > 1 else 0.0
-    value = trial.value
+    value = score_of(trial)
     if value is None or not n_validation:
         return 0.0
     if metric in ("spearman", "pearson"):
@@ -68,7 +78,7 @@ def standard_error(trial: Any, metric: str, n_validation: Optional[int]) -> floa
 def _complete(study: Any) -> List[Any]:
     from optuna.trial import TrialState
 
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.value is not None]
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
 
 
 def start_trial(study: Any) -> Optional[Any]:
@@ -76,7 +86,7 @@ def start_trial(study: Any) -> Optional[Any]:
     (complete first, else any state: a pruned start is still the configuration a user would have used)."""
     marked = [t for t in study.get_trials(deepcopy=False)
               if t.user_attrs.get("recommended") and t.user_attrs.get("config")]
-    complete = [t for t in marked if t.value is not None]
+    complete = [t for t in marked if t.values]
     pool = complete or marked
     return min(pool, key=lambda t: t.number) if pool else None
 
@@ -93,7 +103,7 @@ def select_trial(study: Any, rule: str) -> Any:
     trials = _complete(study)
     if not trials:
         raise ValueError(f"study {study.study_name!r} has no complete trial to select")
-    best = study.best_trial
+    best = best_score_trial(study)
     if rule == "best":
         return best
     attrs = study.user_attrs
@@ -102,11 +112,38 @@ def select_trial(study: Any, rule: str) -> Any:
     margin = standard_error(best, attrs.get("metric", ""), n_validation)
     sign = 1.0 if maximize else -1.0
     # a tiny tolerance: the best trial is always inside its own band, whatever the rounding
-    within = [t for t in trials if sign * (best.value - t.value) <= margin + 1e-12]
+    within = [t for t in trials if sign * (score_of(best) - score_of(t)) <= margin + 1e-12]
 
     def simplicity(trial: Any) -> tuple:
         params = trial.user_attrs.get("num_trainable_params")
         return (math.inf if params is None else int(params), not trial.user_attrs.get("recommended", False),
-                -sign * trial.value, trial.number)
+                -sign * score_of(trial), trial.number)
 
     return min(within, key=simplicity)
+
+
+def study_front(study: Any) -> List[Any]:
+    """The Pareto front of ``study``'s complete trials on its objectives, best score first
+    (:func:`~ilge_search.objectives.pareto_front`)."""
+    attrs = study.user_attrs
+    objectives = study_objectives(attrs)
+    directions = objective_directions(objectives, attrs.get("metric", ""))
+    return pareto_front(_complete(study), directions, objectives)
+
+
+def front_trials(front: List[Any], k: int) -> List[Any]:
+    """Up to ``k`` trials of a Pareto ``front`` (best score first), spread evenly along it.
+
+    The whole front when it has at most ``k`` trials; otherwise the trials at ``k`` evenly spaced
+    ranks of the score order, ends included: the best score (with the most parameters it takes) and the
+    smallest (cheapest) trial are always retrained, so the final front spans the whole trade-off rather
+    than only its high-score corner. ``k = 1`` gives the best score alone.
+    """
+    if k < 1:
+        raise ValueError(f"final_front must be >= 1, got {k!r}")
+    if len(front) <= k:
+        return list(front)
+    if k == 1:
+        return [front[0]]
+    ranks = sorted({round(i * (len(front) - 1) / (k - 1)) for i in range(k)})
+    return [front[rank] for rank in ranks]

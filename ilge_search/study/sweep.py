@@ -16,6 +16,9 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     max_train = 2000                   # default cap on train examples per task
     cv = 5                             # score trials on 5 folds of train (per task too); names get :cv5
     select = "one-se"                  # best | one-se: the trial the final evaluation retrains
+    objectives = ["score", "params"]   # a multi-objective study per entry (names get :obj-params); or a
+                                       # table per encoder: {default = ["score", "params"], last-layer = ["score"]}
+    final_front = 5                    # front trials a multi-objective study's final evaluation retrains
 
     [trials]                           # target number of finished trials per study
     default = 20
@@ -26,6 +29,7 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     [tasks.stsb]
     zero_shot = ["sick_r"]             # evaluated with the STS-B encoder
     [tasks.trec]
+    objectives = ["score", "latency"]  # per task too (a list, or a table per encoder)
 
 Budgets are totals, not increments: a study that already holds its budget of
 complete + pruned trials gets none more, so rerunning a sweep resumes it and
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..files import read_text_utf8
+from ..objectives import DEFAULT_OBJECTIVES, check_objectives
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
@@ -69,8 +74,9 @@ logger = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
 
 _TOP_KEYS = {"name", "storage", "models", "encoders", "sampler", "pruner", "seed", "final_seeds", "workers", "threads",
-             "max_epochs", "max_train", "max_eval", "shots", "timeout", "trials", "tasks", "cv", "select"}
-_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials", "cv"}
+             "max_epochs", "max_train", "max_eval", "shots", "timeout", "trials", "tasks", "cv", "select", "objectives",
+             "final_front"}
+_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials", "cv", "objectives"}
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class SweepEntry:
     max_epochs: Optional[int] = None
     zero_shot: Tuple[str, ...] = ()
     cv: Optional[int] = None
+    objectives: Tuple[str, ...] = DEFAULT_OBJECTIVES
 
     @property
     def study_name(self) -> str:
@@ -98,7 +105,13 @@ class SweepEntry:
 
             task = task_label(task, load_task(task))
         return default_study_name(self.model, task, self.encoder, shots=self.shots, max_train=self.max_train,
-                                  max_eval=self.max_eval, max_epochs=self.max_epochs, cv=self.cv)
+                                  max_eval=self.max_eval, max_epochs=self.max_epochs, cv=self.cv,
+                                  objectives=self.objectives)
+
+    def group_key(self) -> Tuple:
+        """Entries with the same key share one ``run_study`` call (same data and study options)."""
+        return (self.model, self.task, self.max_train, self.max_eval, self.shots, self.max_epochs, self.zero_shot,
+                self.cv, self.objectives)
 
 
 @dataclass
@@ -116,6 +129,7 @@ class Sweep:
     threads: Optional[int] = None
     timeout: Optional[float] = None
     select: Optional[str] = None
+    final_front: Optional[int] = None
     path: Optional[Path] = None
 
     def pairs(self) -> List[Tuple[str, str]]:
@@ -133,6 +147,8 @@ class Sweep:
                                       timeout=self.timeout)
         if self.select is not None:
             values["select"] = self.select
+        if self.final_front is not None:
+            values["final_front"] = self.final_front
         values.update(changes)
         return StudyOptions(**values)
 
@@ -189,6 +205,27 @@ def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
     return out
 
 
+def _objectives(where: str, value: Any, encoders: Sequence[str],
+                inherited: Optional[Mapping[str, Tuple[str, ...]]] = None) -> Dict[str, Tuple[str, ...]]:
+    """Objectives per encoder from ``objectives = [...]`` (every encoder) or a table of encoder = [...] with an
+    optional ``default`` (encoders it does not name keep ``inherited``, else score alone)."""
+    base = {encoder: (inherited or {}).get(encoder, DEFAULT_OBJECTIVES) for encoder in encoders}
+    if value is None:
+        return base
+    try:
+        if isinstance(value, Mapping):
+            _check_keys(where + " objectives", value, set(resolve_encoders("all")) | {"default"})
+            default = check_objectives(value["default"]) if "default" in value else None
+            return {encoder: check_objectives(value[encoder]) if encoder in value
+                    else default if default is not None else base[encoder] for encoder in encoders}
+        shared = check_objectives(_str_list(where, value, "objectives"))
+    except ValueError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise _fail(where, str(exc)) from None
+    return {encoder: shared for encoder in encoders}
+
+
 def _check_task_name(where: str, task: str) -> None:
     from ..tasks import TaskError, get_task_spec
 
@@ -200,8 +237,10 @@ def _check_task_name(where: str, task: str) -> None:
 
 
 def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
-    """One entry per model x task x encoder, with each task's options and budgets."""
+    """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
+    all_encoders = resolve_encoders("all")
+    grid_objectives = _objectives(where, raw.get("objectives"), all_encoders)
     tasks = raw.get("tasks")
     if not isinstance(tasks, Mapping) or not tasks:
         raise _fail(where, "no tasks; add one [tasks.<name>] table per task")
@@ -221,6 +260,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         zero_shot = tuple(_str_list(task_where, options["zero_shot"], "zero_shot")) if "zero_shot" in options else ()
         for name in zero_shot:
             _check_task_name(task_where, name)
+        objectives = _objectives(task_where, options.get("objectives"), all_encoders, grid_objectives)
         common = dict(
             max_train=_int_or_none(task_where, options, "max_train", raw.get("max_train")),
             max_eval=_int_or_none(task_where, options, "max_eval", raw.get("max_eval")),
@@ -232,7 +272,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         for model in models:
             for encoder in task_encoders:
                 entries.append(SweepEntry(model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder],
-                                          **common))
+                                          objectives=objectives[encoder], **common))
     return entries
 
 
@@ -253,7 +293,7 @@ def load_sweep(path: PathLike) -> Sweep:
     sweep = Sweep(name=str(raw.get("name", path.stem)), storage=raw.get("storage"), entries=[],
                   sampler=raw.get("sampler", "tpe"), pruner=raw.get("pruner", "median"), seed=raw.get("seed", 0),
                   final_seeds=raw.get("final_seeds", 3), workers=raw.get("workers", 1), threads=raw.get("threads"),
-                  timeout=raw.get("timeout"), select=raw.get("select"), path=path)
+                  timeout=raw.get("timeout"), select=raw.get("select"), final_front=raw.get("final_front"), path=path)
     try:
         sweep.study_options()  # the shared options are checked once, by StudyOptions
     except ValueError as exc:
@@ -273,7 +313,7 @@ def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple
     if options.final_seeds == 0:
         return study, finished_trial_count(study), True
     return study, finished_trial_count(study), final_is_current(study, options.final_seed_list(), entry.max_epochs,
-                                                                options.select)
+                                                                options.select, options.final_front)
 
 
 def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> Any:
@@ -319,15 +359,14 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
         if (models and entry.model not in models) or (tasks and entry.task not in tasks) or (
                 wanted_encoders is not None and entry.encoder not in wanted_encoders):
             continue
-        key = (entry.model, entry.task, entry.max_train, entry.max_eval, entry.shots, entry.max_epochs,
-               entry.zero_shot, entry.cv)
-        groups.setdefault(key, []).append(entry)
+        groups.setdefault(entry.group_key(), []).append(entry)
     plans = []
     for group in groups.values():
         first = group[0]
         group_options = options.replace(n_trials={e.encoder: e.n_trials for e in group}, shots=first.shots,
                                         max_train=first.max_train, max_eval=first.max_eval,
-                                        max_epochs=first.max_epochs, zero_shot_tasks=first.zero_shot, cv=first.cv)
+                                        max_epochs=first.max_epochs, zero_shot_tasks=first.zero_shot, cv=first.cv,
+                                        objectives=first.objectives)
         encoders = [e.encoder for e in group]
         now = plan_run(first.model, first.task, encoders, storage=url, options=group_options, calibrate=False)
         left = {s.encoder: max(0, e.n_trials - s.finished) for s, e in zip(now.studies, group, strict=True)}
@@ -373,10 +412,8 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
                           heartbeat_interval=options.heartbeat_interval, grace_period=options.grace_period,
                           max_retry=options.max_retry)
     groups: Dict[Tuple, List[SweepEntry]] = {}
-    for entry in entries:  # one run_study call per (model, task, data options)
-        key = (entry.model, entry.task, entry.max_train, entry.max_eval, entry.shots, entry.max_epochs,
-               entry.zero_shot, entry.cv)
-        groups.setdefault(key, []).append(entry)
+    for entry in entries:  # one run_study call per (model, task, data options, objectives)
+        groups.setdefault(entry.group_key(), []).append(entry)
     results: List[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
         first = group[0]
@@ -394,7 +431,8 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
         if remaining:
             group_options = options.replace(n_trials=remaining, shots=first.shots, max_train=first.max_train,
                                             max_eval=first.max_eval, max_epochs=first.max_epochs,
-                                            zero_shot_tasks=first.zero_shot, cv=first.cv)
+                                            zero_shot_tasks=first.zero_shot, cv=first.cv,
+                                            objectives=first.objectives)
             ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
             ran = dict(zip(remaining, ran_results, strict=True))
         for entry in group:

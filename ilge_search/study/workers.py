@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
+from ..objectives import best_score_trial, score_of
 from ..storage import (
     ENDED_STATES,
     FINISHED_STATES,
@@ -94,7 +95,8 @@ class _ProgressCallback:
     def __call__(self, study: Any, trial: Any) -> None:
         self.bar.update(1)
         with contextlib.suppress(ValueError):
-            self.bar.set_postfix_str(f"best {self.metric} {study.best_value:.4f} (trial {study.best_trial.number})")
+            best = best_score_trial(study)
+            self.bar.set_postfix_str(f"best {self.metric} {score_of(best):.4f} (trial {best.number})")
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     study = None
     try:
         study = job.storage.load_study(job.study_name, sampler=make_sampler(options.sampler, job.sampler_seed),
-                                       pruner=make_pruner(options.pruner, options.max_epochs))
+                                       pruner=make_pruner(options.effective_pruner, options.max_epochs))
         if study is None:
             raise RuntimeError(f"study {job.study_name!r} is not in {job.storage.shown_url}")
         if total_reached(study, options.total_trials):
@@ -188,7 +190,7 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_pr
         while any(p.is_alive() for p in processes):
             bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
             with contextlib.suppress(ValueError):
-                bar.set_postfix_str(f"best {metric} {study.best_value:.4f}")
+                bar.set_postfix_str(f"best {metric} {score_of(best_score_trial(study)):.4f}")
             time.sleep(1.0)
         bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
     except KeyboardInterrupt:

@@ -1,0 +1,234 @@
+"""How small an encoder can be for a given score: the Pareto fronts of multi-objective studies.
+
+Drawn only for storages that hold multi-objective studies
+(:mod:`ilge_search.objectives`); a report of single-objective studies is
+unchanged. Per (model, task), one figure with two panels sharing a log x axis
+of trainable parameters:
+
+- *search (validation)*: every complete trial of each multi-objective study
+  (one colour per encoder), its score-vs-parameters front as a step line, and
+  the trials the final evaluation retrained ringed;
+- *final (test)*: each retrained front trial's test score (mean +- std over the
+  final seeds) against its parameters, with the ``last-layer``,
+  ``best-layer`` and ``mean-layers`` studies of the same storage, model and
+  task as reference points (their final test score at the parameters of their
+  final trial).
+
+Validation and test are never mixed in one panel. The front is on score and
+parameters even when a study also minimised latency, which the table lists.
+A table of every final front (and the reference baselines) and one sentence
+per study go with the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..objectives import PARAMS_ATTR, pareto_front
+from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
+from .document import MISSING, Cell, plural, slug
+from .figures import figure_style, new_figure, save_figure
+
+__all__ = ["PARETO_BASELINES", "PARETO_NOTE", "pareto_pairs", "pareto_rows", "pareto_notes", "draw_pareto_figures"]
+
+PARETO_BASELINES = ("last-layer", "best-layer", "mean-layers")  # reference points: no search over layers needed
+PARETO_NOTE = (
+    "Multi-objective studies maximise the validation score and minimise the trainable parameters (and, where "
+    "named, the forward latency per 1,000 samples). Their final evaluation retrains up to K trials of the "
+    "Pareto front, spread from the best score to the smallest model, with the final seeds, and scores each on "
+    "test once per seed. Left panels: the search on validation (front as a step line, retrained trials "
+    "ringed); right panels: the retrained front on test (mean ± std over seeds) with the final test scores "
+    "of the layer baselines (a linear probe on the last or the best layer, or on the mean of the layers: no "
+    "encoder of their own) as reference points. Parameters include the classification head.")
+_BASELINE_MARKERS = {"last-layer": "s", "best-layer": "D", "mean-layers": "^"}
+
+
+def pareto_pairs(records: Sequence[StudyRecord]) -> List[Tuple[str, str]]:
+    """(model, task) pairs with at least one multi-objective study, in report order."""
+    pairs = {(r.model, r.task) for r in records if r.multi_objective}
+    return sorted(pairs)
+
+
+def _studies(records: Sequence[StudyRecord], model: str, task: str) -> List[StudyRecord]:
+    return sorted((r for r in records if r.multi_objective and r.model == model and r.task == task),
+                  key=lambda r: (METHODS.index(r.encoder), r.name))
+
+
+def _baselines(records: Sequence[StudyRecord], model: str, task: str) -> List[Tuple[StudyRecord, Optional[int]]]:
+    """The single-objective baseline studies of the pair with final scores, and their final trial's parameters."""
+    found = []
+    for encoder in PARETO_BASELINES:
+        candidates = [r for r in records if r.model == model and r.task == task and r.encoder == encoder
+                      and not r.multi_objective and r.test_mean is not None]
+        if not candidates:
+            continue
+        record = max(candidates, key=lambda r: (len(r.test_scores), r.n_complete, r.name))
+        found.append((record, _final_params(record)))
+    return found
+
+
+def _final_params(record: StudyRecord) -> Optional[int]:
+    frame = record.trials
+    column = f"user_attrs_{PARAMS_ATTR}"
+    if record.final_trial is None or frame.empty or column not in frame:
+        return None
+    rows = frame.loc[frame["number"] == record.final_trial, column].dropna()
+    return int(rows.iloc[0]) if len(rows) else None
+
+
+def _front_records(record: StudyRecord) -> List[Dict[str, Any]]:
+    return [r for r in record.attrs.get("final_front") or [] if r.get("params") is not None]
+
+
+def _search_front(record: StudyRecord) -> List[Any]:
+    """The complete trials' front on (score, parameters)."""
+    from ..objectives import complete_trials
+
+    directions = ["maximize" if record.maximize else "minimize", "minimize"]
+    return pareto_front(complete_trials(record.study), directions, ("score", "params"))
+
+
+def _colors() -> Dict[str, Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    return {m: cmap(i) for i, m in enumerate(METHODS)}
+
+
+def _pareto_figure(studies: Sequence[StudyRecord], baselines: Sequence[Tuple[StudyRecord, Optional[int]]],
+                   path: Path) -> bool:
+    from ..objectives import complete_trials
+
+    if not any(complete_trials(r.study) for r in studies):
+        return False
+    colors = _colors()
+    scale, unit = score_unit(studies[0].metric)
+    figure = new_figure(11.0, 4.4)
+    search, final = figure.subplots(1, 2, sharex=True)
+    for record in studies:
+        color, label = colors[record.encoder], METHOD_LABELS[record.encoder]
+        trials = [t for t in complete_trials(record.study) if t.user_attrs.get(PARAMS_ATTR)]
+        search.scatter([t.user_attrs[PARAMS_ATTR] for t in trials], [t.values[0] * scale for t in trials], s=14,
+                       alpha=0.35, color=color, label=f"{label}: trials ({len(trials)})")
+        front = sorted(_search_front(record), key=lambda t: t.user_attrs[PARAMS_ATTR])
+        search.plot([t.user_attrs[PARAMS_ATTR] for t in front], [t.values[0] * scale for t in front],
+                    drawstyle="steps-post", marker="o", markersize=5, linewidth=1.8, color=color,
+                    label=f"{label}: front ({len(front)})")
+        retrained = _front_records(record)
+        if retrained:
+            search.scatter([r["params"] for r in retrained], [r["val_score"] * scale for r in retrained], s=120,
+                           facecolors="none", edgecolors="black", linewidths=1.2, zorder=4)
+            ordered = sorted(retrained, key=lambda r: r["params"])
+            final.errorbar([r["params"] for r in ordered], [r["test_mean"] * scale for r in ordered],
+                           yerr=[r["test_std"] * scale for r in ordered], marker="o", markersize=5, capsize=3,
+                           linewidth=1.6, color=color, label=f"{label}: final front ({len(ordered)})")
+    for record, params in baselines:
+        if params is None:
+            continue
+        final.errorbar([params], [record.test_mean * scale], yerr=[(record.test_std or 0.0) * scale],
+                       marker=_BASELINE_MARKERS[record.encoder], markersize=8, capsize=3, linestyle="none",
+                       color=colors[record.encoder], label=f"{METHOD_LABELS[record.encoder]} (baseline)")
+    if any(_front_records(r) for r in studies):
+        search.scatter([], [], s=120, facecolors="none", edgecolors="black", label="retrained (final front)")
+    for ax, title, kind in ((search, "search: every trial (validation)", "validation"),
+                            (final, "final front retrained (test, mean ± std)", "test")):
+        ax.set_xscale("log")
+        ax.set_xlabel("trainable parameters (log scale)")
+        ax.set_ylabel(f"{kind} {unit}")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", frameon=False)
+    first = studies[0]
+    figure.suptitle(f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
+                    f"objectives {', '.join(first.objectives)})")
+    save_figure(figure, path)
+    return True
+
+
+def draw_pareto_figures(records: Sequence[StudyRecord], fig_dir: Path) -> Dict[Tuple[str, str], Dict[str, str]]:
+    """Per (model, task) with a multi-objective study: ``{"pareto": path relative to the report folder}``."""
+    drawn: Dict[Tuple[str, str], Dict[str, str]] = {}
+    for model, task in pareto_pairs(records):
+        name = f"{slug(model, task)}-pareto.png"
+        with figure_style():
+            done = _pareto_figure(_studies(records, model, task), _baselines(records, model, task), fig_dir / name)
+        if done:
+            drawn[(model, task)] = {"pareto": f"{fig_dir.name}/{name}"}
+    return drawn
+
+
+def _count(value: Any) -> str:
+    return MISSING if value is None else f"{int(value):,}"
+
+
+def _mean_std(mean: Optional[float], std: Optional[float], scale: float) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return MISSING
+    return f"{mean * scale:.2f} ± {(std or 0.0) * scale:.2f}"
+
+
+def pareto_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[Cell]]]:
+    """(header, rows): every retrained front trial, then the pair's reference baselines in italics."""
+    header = ["model", "task", "encoder", "trial", "params", "latency ms/1k", "validation", "test (mean ± std)"]
+    rows: List[List[Cell]] = []
+    for model, task in pareto_pairs(records):
+        for record in _studies(records, model, task):
+            scale = score_unit(record.metric)[0]
+            for front in _front_records(record):
+                latency = front.get("latency_ms")
+                rows.append([Cell(model), Cell(task), Cell(METHOD_LABELS[record.encoder]), Cell(str(front["trial"])),
+                             Cell(_count(front["params"])),
+                             Cell(MISSING if latency is None else f"{latency:.1f}"),
+                             Cell(f"{front['val_score'] * scale:.2f}"),
+                             Cell(_mean_std(front["test_mean"], front["test_std"], scale))])
+        for record, params in _baselines(records, model, task):
+            scale = score_unit(record.metric)[0]
+            rows.append([Cell(model, italic=True), Cell(task, italic=True),
+                         Cell(f"{METHOD_LABELS[record.encoder]} (baseline)", italic=True),
+                         Cell(str(record.final_trial), italic=True), Cell(_count(params), italic=True),
+                         Cell(MISSING, italic=True),
+                         Cell(MISSING if record.best_value is None else f"{record.best_value * scale:.2f}",
+                              italic=True),
+                         Cell(_mean_std(record.test_mean, record.test_std, scale), italic=True)])
+    return header, rows
+
+
+def _study_sentence(record: StudyRecord, baselines: Sequence[Tuple[StudyRecord, Optional[int]]]) -> str:
+    scale, unit = score_unit(record.metric)
+    front = _search_front(record)
+    head = (f"{record.model} · {record.task} · {METHOD_LABELS[record.encoder]}: {len(front)} of "
+            f"{plural(record.n_complete, 'complete trial')} on the score-vs-parameters front")
+    retrained = _front_records(record)
+    if not retrained:
+        return head + "; no final front yet."
+    best = max(retrained, key=lambda r: r["val_score"] if record.maximize else -r["val_score"])
+    small = min(retrained, key=lambda r: r["params"])
+    text = head + f"; {len(retrained)} retrained ({len(record.test_scores)} seeds)"
+    if small is best:
+        text += (f": one trial, {_count(best['params'])} parameters at "
+                 f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}")
+    else:
+        ratio = best["params"] / max(1, small["params"])
+        delta = (best["test_mean"] - small["test_mean"]) * scale * (1 if record.maximize else -1)
+        versus = f"{abs(delta):.2f} points {'lower' if delta >= 0 else 'higher'}"
+        text += (f": the best-validation trial {best['trial']} has {_count(best['params'])} parameters and "
+                 f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}; the smallest, trial "
+                 f"{small['trial']}, {_count(small['params'])} ({ratio:.0f}x fewer) and "
+                 f"{_mean_std(small['test_mean'], small['test_std'], scale)} ({versus})")
+    references = [f"{METHOD_LABELS[b.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} with "
+                  f"{_count(p)} parameters" for b, p in baselines]
+    if references:
+        text += "; for reference, " + ", ".join(references)
+    return text + "."
+
+
+def pareto_notes(records: Sequence[StudyRecord]) -> List[str]:
+    """One sentence per multi-objective study: its front, what the smallest retrained trial costs in score."""
+    notes = []
+    for model, task in pareto_pairs(records):
+        baselines = _baselines(records, model, task)
+        notes += [_study_sentence(record, baselines) for record in _studies(records, model, task)]
+    return notes
