@@ -91,3 +91,64 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
                     "--final-seeds", 0, "--quiet", *small, *common)
     assert result.exit_code == 0, result.output
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports_any_trial(tmp_path, data_dir,
+                                                                                         cache_dir, caplog):
+    """`run --objective score --objective params` on minilm-l6 / trec: a multi-objective study (two directions,
+    named objectives, no pruning and one line saying so), its final front, and `export --trial N`."""
+    import logging
+
+    from ilge_search.study.selection import front_trials, study_front
+
+    url = f"sqlite:///{tmp_path / 'mo.db'}"
+    common = ["--data-dir", data_dir, "--cache-dir", cache_dir, "--device", "cpu", "--storage", url]
+    small = ["--max-train", 200, "--max-eval", 200, "--max-epochs", 3, "--threads", 1]
+    with caplog.at_level(logging.WARNING, logger="ilge_search.study"):
+        result = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "cayley", "--objective", "score",
+                        "--objective", "params", "--n-trials", 4, "--final-seeds", 2, "--final-front", 3,
+                        "--sampler", "random", "--quiet", *small, *common)
+    assert result.exit_code == 0, result.output
+    name = "minilm-l6:trec:cayley:train200:eval200:ep3:obj-params"
+    pruning = [r.getMessage() for r in caplog.records if "pruning is off" in r.getMessage()]
+    assert pruning == ["pruning is off: Optuna cannot prune a multi-objective study (objectives score+params), so "
+                       "--pruner median is not used"]
+    study = optuna.load_study(study_name=name, storage=url)
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    assert study.metric_names == ["accuracy", "params"]
+    for trial in study.trials:
+        assert trial.state.name == "COMPLETE" and trial.intermediate_values == {}
+        assert trial.values[1] == trial.user_attrs["num_trainable_params"] and trial.user_attrs["latency_ms"] > 0
+    attrs = study.user_attrs
+    records = attrs["final_front"]
+    assert [r["trial"] for r in records] == [t.number for t in front_trials(study_front(study), 3)]
+    assert attrs["objectives"] == ["score", "params"] and attrs["final_select"] == "front"
+    assert attrs["final_trial"] == records[0]["trial"] and attrs["final_test_scores"] == records[0]["test_scores"]
+    assert all(len(r["test_scores"]) == 2 and r["artifacts"] for r in records)
+    assert f"final front of {name}" in result.output
+
+    # the multi-objective study never takes single-objective trials under its name
+    refused = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "cayley", "--study-name", name, "--n-trials", 1,
+                     *small, *common)
+    assert refused.exit_code == 1 and "objectives: stored ['score', 'params'], requested ['score']" in refused.output
+
+    # export --trial: a front trial gives the weights its final evaluation kept; another complete trial is retrained
+    last = records[-1]
+    exported = invoke("export", "--study", name, "--trial", last["trial"], "--out", tmp_path / "front", *common)
+    assert exported.exit_code == 0, exported.output
+    meta = json.loads((tmp_path / "front" / "ilge_classifier.json").read_text())
+    provenance = meta["provenance"]
+    assert provenance["trial"] == last["trial"] and provenance["source"] == "final evaluation"
+    assert provenance["seed"] == last["artifact_seed"]
+    assert provenance["test_score"] == last["test_scores"][attrs["final_seeds"].index(last["artifact_seed"])]
+    others = [t.number for t in study.trials if t.number not in {r["trial"] for r in records}]
+    if others:
+        exported = invoke("export", "--study", name, "--trial", others[0], "--out", tmp_path / "other", *common)
+        assert exported.exit_code == 0, exported.output
+        assert f"retrained model of trial {others[0]}, seed 0" in exported.output
+    missing = invoke("export", "--study", name, "--trial", 99, "--out", tmp_path / "none", *common)
+    assert missing.exit_code == 1 and missing.output.count("\n") == 1
+    assert "has no trial 99 (its trials are 0-3); pass --trial with a complete one" in missing.output
+    assert not (tmp_path / "none").exists()
