@@ -99,8 +99,8 @@ def final_is_current(study: Any, seeds: List[int], max_epochs: Optional[int], se
     if is_multi_objective(study):
         wanted = [t.number for t in front_trials(study_front(study), final_front)]
         records = attrs.get("final_front") or []
-        return (attrs.get("final_select") == FRONT_RULE and attrs.get("final_front_k") == final_front
-                and [r.get("trial") for r in records] == wanted and attrs.get("final_seeds") == list(seeds)
+        return (attrs.get("final_select") == FRONT_RULE and [r.get("trial") for r in records] == wanted
+                and attrs.get("final_seeds") == list(seeds)
                 and attrs.get("final_max_epochs") == max_epochs and "final_test_mean" in attrs)
     if attrs.get("final_select", LEGACY_SELECT) != select:
         return False
