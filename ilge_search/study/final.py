@@ -25,6 +25,23 @@ validation and a JSON with its config, uploaded to the artifact store),
 
 Studies evaluated before selection rules existed have no ``final_select``:
 they were evaluated under ``best``.
+
+The study's protocol (its ``protocol`` attr, :mod:`ilge_search.protocol`)
+decides how each final model is scored; ``final_protocol`` records it. Under
+``matched`` (and for every study stored before protocols existed) the trained
+model's own head is scored on test. Under ``paper`` each seed's model is
+trained exactly as under ``matched`` and then read out as MTEB would: its
+vectors scored by logistic regressions fitted on ``samples_per_label``
+examples per label (``n_experiments`` draws; ``final_test_scores`` holds each
+seed's mean over the draws, ``final_protocol["test_experiment_scores"]`` the
+draws), or by the cosine Spearman of the vectors for similarity tasks. A
+parameter-free baseline (last layer, best layer, mean of layers) is not
+trained at all under ``paper``: its raw layer readout is scored, the same for
+every seed, and no weights are uploaded. ``final_val_scores`` is then the same
+readout on validation, and ``final_val_test_gap`` is ``None``: the trials'
+objective is a matched score (trials are the same under both protocols), so
+its difference to a paper-protocol test score would measure the protocol, not
+the selection.
 """
 
 from __future__ import annotations
@@ -33,11 +50,13 @@ import json
 import math
 import statistics
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from .._version import __version__
 from ..configs import config_from_dict
+from ..protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from ..storage import StorageError, count_trials
 from .selection import DEFAULT_SELECT, select_trial, start_trial
 
@@ -50,7 +69,7 @@ LEGACY_SELECT = "best"  # the rule of final evaluations stored without final_sel
 _RULE_KEYS = ("final_test_mean", "final_test_std", "final_test_scores", "final_val_scores", "final_seeds",
               "final_trial", "final_config", "final_artifacts", "final_artifact_seed", "final_zero_shot",
               "final_max_epochs", "final_select", "final_selected_value", "final_val_test_gap", "final_start_trial",
-              "final_start_test_mean", "final_start_test_scores", "final_search_gain")
+              "final_start_test_mean", "final_start_test_scores", "final_search_gain", "final_protocol")
 
 
 def _matches(record: Mapping[str, Any], trial: int, seeds: List[int], max_epochs: Optional[int]) -> bool:
@@ -111,33 +130,76 @@ def _upload_artifacts(study: Any, data: "StudyData", config: Any, model: Any, *,
         }
 
 
+@dataclass
+class _Scores:
+    """What a final evaluation measured: per seed, and the best seed's model by validation."""
+
+    test: List[float] = field(default_factory=list)
+    validation: List[float] = field(default_factory=list)
+    zero_shot: Dict[str, List[float]] = field(default_factory=dict)
+    experiments: List[List[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
+    best: Tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
+
+
+def _paper_readout(data: "StudyData", zero_shot: Mapping[str, Tuple[Any, Any]], readout: PaperProtocol, *,
+                   model: Any = None, config: Any = None) -> Tuple[float, float, Dict[str, float], List[float]]:
+    """(test score, validation score, zero-shot scores, test score of each draw) of one final model, or of
+    a parameter-free baseline's ``config`` untrained, under the paper protocol."""
+    import numpy as np
+
+    def vectors(features: Any) -> Any:
+        return paper_vectors(features, model=model, config=config)
+
+    zero = {name: cosine_spearman(*vectors(features).transpose(1, 0, 2), labels)
+            for name, (features, labels) in zero_shot.items()}
+    if data.task_kind == "similarity":
+        test, validation = (cosine_spearman(*vectors(split[0]).transpose(1, 0, 2), split[1])
+                            for split in (data.test, data.validation))
+        return test, validation, zero, []
+    scores = logistic_readout((vectors(data.train[0]), np.asarray(data.train[1])),
+                              {"test": (vectors(data.test[0]), np.asarray(data.test[1])),
+                               "validation": (vectors(data.validation[0]), np.asarray(data.validation[1]))},
+                              readout)
+    return statistics.fmean(scores["test"]), statistics.fmean(scores["validation"]), zero, scores["test"]
+
+
 def _retrain(config: Any, data: "StudyData", seeds: List[int], device: str, zero_shot: Mapping[str, Tuple[Any, Any]],
-             encoder: str, show_progress: bool) -> Tuple[List[float], List[float], Dict[str, List[float]], Any]:
-    """Train ``config`` once per seed; (test scores, validation scores, zero-shot scores, (model, seed, val) of
-    the best seed by validation)."""
+             encoder: str, show_progress: bool, readout: Optional[PaperProtocol] = None) -> _Scores:
+    """Train ``config`` once per seed and score it on test (its head, or the paper protocol's ``readout``)."""
     from tqdm.auto import tqdm
 
     from ..engine import evaluate, train_encoder
 
-    test_scores: List[float] = []
-    val_scores: List[float] = []
-    zero_shot_scores: Dict[str, List[float]] = {name: [] for name in zero_shot}
-    best: Tuple[Any, Any, float] = (None, None, -math.inf)
+    out = _Scores(zero_shot={name: [] for name in zero_shot})
+    untrained = None
+    if readout is not None and is_parameter_free(config):  # the paper scores the raw readout: nothing to train
+        untrained = _paper_readout(data, zero_shot, readout, config=config)
     for seed in tqdm(seeds, desc=f"final {encoder} ({len(seeds)} seeds)", disable=not show_progress, leave=False):
-        result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
-                               num_classes=data.num_classes, seed=seed, device=device)
-        test_scores.append(float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric]))
-        val_scores.append(float(result.best_val_metric))
-        for name, (features, labels) in zero_shot.items():
-            zero_shot_scores[name].append(float(evaluate(result.model, features, labels, "similarity")["spearman"]))
-        if result.best_val_metric > best[2]:  # the artifact is the best seed by validation, never by test
-            best = (result.model, seed, float(result.best_val_metric))
-    return test_scores, val_scores, zero_shot_scores, best
+        if untrained is not None:
+            test, validation, zero, draws = untrained
+        else:
+            result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
+                                   num_classes=data.num_classes, seed=seed, device=device)
+            if result.best_val_metric > out.best[2]:  # the artifact is the best seed by validation, never by test
+                out.best = (result.model, seed, float(result.best_val_metric))
+            if readout is not None:
+                test, validation, zero, draws = _paper_readout(data, zero_shot, readout, model=result.model)
+            else:
+                test = float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric])
+                validation, draws = float(result.best_val_metric), []
+                zero = {name: float(evaluate(result.model, features, labels, "similarity")["spearman"])
+                        for name, (features, labels) in zero_shot.items()}
+        out.test.append(float(test))
+        out.validation.append(float(validation))
+        out.experiments.append(list(draws))
+        for name, value in zero.items():
+            out.zero_shot[name].append(float(value))
+    return out
 
 
 def _start_scores(study: Any, data: "StudyData", selected: Any, test_scores: List[float], seeds: List[int],
-                  device: str, max_epochs: Optional[int], encoder: str,
-                  show_progress: bool) -> Tuple[Optional[int], Optional[List[float]]]:
+                  device: str, max_epochs: Optional[int], encoder: str, show_progress: bool,
+                  readout: Optional[PaperProtocol]) -> Tuple[Optional[int], Optional[List[float]]]:
     """The starting configuration's test scores with ``seeds``: the selected trial's own when it is the start,
     else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
     start = start_trial(study)
@@ -151,8 +213,7 @@ def _start_scores(study: Any, data: "StudyData", selected: Any, test_scores: Lis
                 and record.get("final_max_epochs") == max_epochs and record.get("final_start_test_scores")):
             return start.number, list(record["final_start_test_scores"])
     config = config_from_dict(start.user_attrs["config"])
-    scores, _, _, _ = _retrain(config, data, seeds, device, {}, f"{encoder} start", show_progress)
-    return start.number, scores
+    return start.number, _retrain(config, data, seeds, device, {}, f"{encoder} start", show_progress, readout).test
 
 
 def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List[int], device: str,
@@ -186,11 +247,13 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
             return
 
     config = config_from_dict(selected.user_attrs["config"])
-    test_scores, val_scores, zero_shot_scores, (best_model, best_seed, best_val) = _retrain(
-        config, data, seeds, device, zero_shot, encoder, show_progress)
+    readout = PaperProtocol.from_attrs(study.user_attrs)
+    scores = _retrain(config, data, seeds, device, zero_shot, encoder, show_progress, readout)
+    test_scores, val_scores, zero_shot_scores = scores.test, scores.validation, scores.zero_shot
+    best_model, best_seed, best_val = scores.best
 
     artifacts: Dict[str, str] = {}
-    if artifact_store is not None:
+    if artifact_store is not None and best_model is not None:
         try:
             artifacts = _upload_artifacts(study, data, config, best_model, seed=best_seed, val_metric=best_val,
                                           trial=selected.number, artifact_store=artifact_store)
@@ -199,7 +262,7 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
                                "free space there or pass another --artifact-dir, then rerun with --n-trials 0 "
                                "to redo the final evaluation") from exc
     start_number, start_scores = _start_scores(study, data, selected, test_scores, seeds, device, max_epochs,
-                                               encoder, show_progress)
+                                               encoder, show_progress, readout)
 
     mean = statistics.fmean(test_scores)
     sign = -1.0 if study.user_attrs.get("direction") == "minimize" else 1.0
@@ -215,11 +278,14 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
         "final_artifact_seed": best_seed,
         "final_select": select,
         "final_selected_value": float(selected.value),
-        "final_val_test_gap": sign * (float(selected.value) - mean),
+        # a matched objective against a paper-protocol test score would measure the protocol: no gap there
+        "final_val_test_gap": None if readout is not None else sign * (float(selected.value) - mean),
         "final_start_trial": start_number,
         "final_start_test_mean": None if start_scores is None else statistics.fmean(start_scores),
         "final_start_test_scores": start_scores,
         "final_search_gain": None if start_scores is None else sign * (mean - statistics.fmean(start_scores)),
+        "final_protocol": ({"protocol": "matched"} if readout is None
+                           else {**readout.record(), "test_experiment_scores": scores.experiments}),
     }
     if zero_shot_scores:
         record["final_zero_shot"] = {

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from ..protocol import DEFAULT_PROTOCOL, check_protocol
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 from .folds import check_cv
@@ -65,6 +66,12 @@ class StudyOptions:
         select: which trial the final evaluation retrains, ``"best"`` or
             ``"one-se"`` (:mod:`~ilge_search.study.selection`); not part of the
             identity: it changes the final evaluation, not the trials.
+        protocol: how the final scores are measured: ``"matched"`` (every encoder
+            trained with its head on the same data) or ``"paper"`` (MTEB's
+            evaluators on the encoders' vectors, see :mod:`ilge_search.protocol`);
+            part of the identity and name (``:paper``). Trials are the same under both.
+        samples_per_label: the paper protocol's examples per label (default: the
+            MTEB task's own, else 8); part of the identity.
         zero_shot_tasks: similarity tasks also scored with every final model.
         data_dir, cache_dir, device: task data, embedding cache, device.
         artifact_dir: artifact store folder (default: next to a SQLite file, else ``studies/artifacts``).
@@ -92,6 +99,8 @@ class StudyOptions:
     cv: Optional[int] = None
     select: str = DEFAULT_SELECT
     data_seed: int = 0
+    protocol: str = DEFAULT_PROTOCOL
+    samples_per_label: Optional[int] = None
     zero_shot_tasks: Tuple[str, ...] = ()
     data_dir: Optional[PathLike] = None
     cache_dir: Optional[PathLike] = None
@@ -133,6 +142,11 @@ class StudyOptions:
         check_choice("pruner", self.pruner, PRUNERS)
         check_cv(self.cv)
         check_choice("select", self.select, SELECTION_RULES)
+        check_protocol(self.protocol)
+        check_int("samples_per_label", self.samples_per_label, allow_none=True)
+        if self.samples_per_label is not None and self.protocol != "paper":
+            raise ValueError("samples_per_label sets the paper protocol's readout; add protocol='paper' "
+                             "(--protocol paper) or drop it")
         if isinstance(self.zero_shot_tasks, str):
             object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))
