@@ -246,8 +246,10 @@ def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[s
     adopt = legacy and _cache_keys_match(stored.get("cache_keys"), cache_keys)
     # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
     keys = [key for key in IDENTITY_KEYS if not (adopt and key == "task")]
-    different = {key: (stored.get(key, IDENTITY_DEFAULTS.get(key)), wanted[key]) for key in keys
-                 if stored.get(key, IDENTITY_DEFAULTS.get(key)) != wanted[key]}
+    # a key absent on either side (a study or a caller from before it existed) has its default meaning
+    values = {key: (stored.get(key, IDENTITY_DEFAULTS.get(key)), wanted.get(key, IDENTITY_DEFAULTS.get(key)))
+              for key in keys}
+    different = {key: pair for key, pair in values.items() if pair[0] != pair[1]}
     if different:
         details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
         raise StudyConflictError(
