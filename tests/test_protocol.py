@@ -158,6 +158,7 @@ def _mteb_classification(task_name, x_train, y_train, x_test, y_test):
                                        hf_split="test", hf_subset="default", timer=TimingStack())
 
 
+@pytest.mark.slow  # mteb's evaluator (datasets, data loaders, five metrics per draw) takes seconds per task
 @pytest.mark.parametrize("task_name, ours", [("Banking77Classification", "banking77"),
                                              ("EmotionClassification", "emotion")])
 def test_the_readout_is_mtebs_classification_evaluator(task_name, ours):
