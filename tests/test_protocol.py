@@ -359,6 +359,34 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
         run_study(MODEL, "trec", "last-layer", n_trials=1, study_name=results[1].study_name, **common)
 
 
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_paper_protocol_similarity_study_scores_the_raw_cosine(tmp_path, data_dir, cache_dir):
+    from scipy.stats import spearmanr
+
+    from ilge_search.study import run_study
+    from ilge_search.study.data import DataSpec, load_study_data, load_zero_shot_data
+
+    small = dict(max_train=240, max_eval=160, max_epochs=3)
+    [result] = run_study(MODEL, "stsb", "last-layer", n_trials=1, final_seeds=1, protocol="paper",
+                         zero_shot_tasks=["sick_r"], storage=f"sqlite:///{tmp_path / 's.db'}", data_dir=data_dir,
+                         cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **small)
+    spec = DataSpec(model=MODEL, task="stsb", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240,
+                    max_eval=160)
+    test = load_study_data(spec, with_test=True, progress=False).test
+    sick = load_zero_shot_data(spec, ["sick_r"], progress=False)["sick_r"]
+
+    def raw_cosine_spearman(features, gold):  # the untrained last layer's cosine, written out again
+        a, b = features[:, 0, -1].double().numpy(), features[:, 1, -1].double().numpy()
+        cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        return spearmanr(gold.numpy(), cosine)[0]
+
+    assert result.protocol == "paper" and result.study_name.endswith(":paper")
+    assert result.test_scores == pytest.approx([raw_cosine_spearman(*test)], abs=1e-9)
+    attrs = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path / 's.db'}").user_attrs
+    assert attrs["final_zero_shot"]["sick_r"]["scores"] == pytest.approx([raw_cosine_spearman(*sick)], abs=1e-9)
+
+
 # ----------------------------------------------------------------------------- the report
 
 

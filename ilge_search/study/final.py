@@ -284,9 +284,10 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
         "final_start_test_mean": None if start_scores is None else statistics.fmean(start_scores),
         "final_start_test_scores": start_scores,
         "final_search_gain": None if start_scores is None else sign * (mean - statistics.fmean(start_scores)),
-        "final_protocol": ({"protocol": "matched"} if readout is None
-                           else {**readout.record(), "test_experiment_scores": scores.experiments}),
+        "final_protocol": ({"protocol": "matched"} if readout is None else readout.record()),
     }
+    if readout is not None and data.task_kind == "classification":  # each seed's draws (similarity has none)
+        record["final_protocol"]["test_experiment_scores"] = scores.experiments
     if zero_shot_scores:
         record["final_zero_shot"] = {
             name: {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
