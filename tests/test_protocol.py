@@ -442,3 +442,32 @@ def test_the_report_puts_both_protocols_side_by_side(tmp_path):
     assert summary.loc[("paper", "cayley"), "mean_gain"] == pytest.approx(26.0)
     assert summary.loc[("matched", "cayley"), "mean_gain"] == pytest.approx(3.0)
     assert summary.loc[("matched", "last-layer"), "tasks"] == 2
+
+
+def test_recommend_counts_a_search_once_under_either_protocol(tmp_path):
+    from optuna.trial import TrialState
+
+    from ilge_search.report.recommend import recommend_defaults
+    from ilge_search.tuning import suggest_config
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    grid = [{"hidden_dim": h, "pre_pooling_layers": 1, "post_pooling_layers": 1, "pooling": "sum", "dropout": 0.2,
+             "lr": lr, "weight_decay": 1e-5} for h in (128, 512) for lr in (1e-5, 1e-3)]
+    for task, protocol in (("trec", "matched"), ("trec", "paper"), ("emotion", "paper")):
+        memory = optuna.storages.InMemoryStorage()
+        name = f"minilm-l6:{task}:deepset" + (":paper" if protocol == "paper" else "")
+        study = optuna.create_study(study_name=name, storage=memory, direction="maximize")
+        for key, value in {"model": "minilm-l6", "task": task, "encoder": "deepset", "hidden_size": 384,
+                           "task_kind": "classification", "metric": "accuracy", "protocol": protocol}.items():
+            study.set_user_attr(key, value)
+        for params in grid:
+            study.enqueue_trial(params)
+            trial = study.ask()
+            suggest_config(trial, "deepset")
+            study.tell(trial, params["hidden_dim"] / 1000 + params["lr"], state=TrialState.COMPLETE)
+        optuna.copy_study(from_study_name=name, from_storage=memory, to_storage=url)
+    data = recommend_defaults(url, tmp_path / "defaults.json", report_path=None)
+    # the trec search under the paper protocol is the trec search: counted once; the emotion one counts
+    assert sorted(data["metadata"]["studies"]["deepset/small"]) == ["minilm-l6:emotion:deepset:paper",
+                                                                   "minilm-l6:trec:deepset"]
+    assert any(s.startswith("minilm-l6:trec:deepset:paper: the same search") for s in data["metadata"]["skipped"])
