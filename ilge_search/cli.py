@@ -122,6 +122,14 @@ _CV_HELP = ("Score each trial on K stratified folds of the training data (mean o
 _SELECT_HELP = ("Trial the final evaluation retrains: 'best' (best objective) or 'one-se' (fewest parameters "
                 "within one standard error of the best; the start configuration wins ties) [default: one-se].")
 
+# = protocol.PROTOCOLS (kept import-free)
+_PROTOCOL_CHOICES = ("matched", "paper")
+_PROTOCOL_HELP = ("How final scores are measured: 'matched' (each method trained with its head on the same data) "
+                  "or 'paper' (MTEB's logistic-regression readout of the vectors on a few examples per label, "
+                  "cosine Spearman for similarity; parameter-free baselines untrained); a :paper study of its own.")
+_SPL_HELP = ("The paper protocol's training examples per label [default: the MTEB task's own (Emotion 16), "
+             "else 8].")
+
 _ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, deepset and the five baselines)."
 _OBJECTIVE_HELP = ("What each trial optimises; repeat it: 'score' (maximised), 'params' (trainable parameters) and "
                    "'latency' (forward ms per 1,000 samples on this device), minimised. Several make a "
@@ -164,6 +172,9 @@ _FRONT_HELP = ("Multi-objective studies: retrain at most this many Pareto-front 
 @click.option("--select", type=click.Choice(list(_SELECT_CHOICES)), default=None, help=_SELECT_HELP)
 @click.option("--objective", "objectives", multiple=True, help=_OBJECTIVE_HELP)
 @click.option("--final-front", type=click.IntRange(min=1), default=None, help=_FRONT_HELP)
+@click.option("--protocol", type=click.Choice(list(_PROTOCOL_CHOICES)), default="matched", show_default=True,
+              help=_PROTOCOL_HELP)
+@click.option("--samples-per-label", type=click.IntRange(min=1), default=None, help=_SPL_HELP)
 @click.option("--zero-shot", "zero_shot_tasks", multiple=True,
               help="Similarity task to also score each final model on (repeatable; similarity studies only).")
 @click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
@@ -181,7 +192,8 @@ _FRONT_HELP = ("Multi-objective studies: retrain at most this many Pareto-front 
 def run_command(settings: Settings, model: str, task: str, encoders, n_trials: Optional[int], timeout, total_trials,
                 storage, study_name,
                 sampler: str, pruner: str, seed: int, workers: int, final_seeds: int, shots, max_train, max_eval,
-                max_epochs, cv, select, objectives, final_front, zero_shot_tasks, artifact_dir, threads,
+                max_epochs, cv, select, objectives, final_front, protocol: str, samples_per_label, zero_shot_tasks,
+                artifact_dir, threads,
                 heartbeat_interval: int, dry_run: bool, quiet: bool) -> None:
     """Search encoder hyperparameters with Optuna on a model's cached task embeddings.
 
@@ -204,10 +216,11 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
                            sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds,
                            shots=shots, max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv,
                            **({"select": select} if select else {}), objectives=objectives,
-                           **({"final_front": final_front} if final_front else {}),
-                           zero_shot_tasks=tuple(zero_shot_tasks), data_dir=settings.data_dir,
-                           cache_dir=settings.cache_dir, device=settings.device, artifact_dir=artifact_dir,
-                           threads=threads, heartbeat_interval=heartbeat_interval, show_progress=not quiet)
+                           **({"final_front": final_front} if final_front else {}), protocol=protocol,
+                           samples_per_label=samples_per_label, zero_shot_tasks=tuple(zero_shot_tasks),
+                           data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device,
+                           artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
+                           show_progress=not quiet)
     if dry_run:
         from .study import plan_run
 
@@ -234,6 +247,10 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
 @click.option("--cv", type=click.IntRange(min=2), default=None, help=_CV_HELP + " Overrides the grid's cv.")
 @click.option("--select", type=click.Choice(list(_SELECT_CHOICES)), default=None,
               help=_SELECT_HELP + " Overrides the grid's select.")
+@click.option("--protocol", type=click.Choice(list(_PROTOCOL_CHOICES)), default=None,
+              help=_PROTOCOL_HELP + " Overrides the grid's protocol.")
+@click.option("--samples-per-label", type=click.IntRange(min=1), default=None,
+              help=_SPL_HELP + " Overrides the grid's.")
 @click.option("--dry-run", is_flag=True,
               help="Show each study's budget and what is left to run, and each run's plan and estimated wall time "
                    "(as `run --dry-run`), then exit.")
@@ -242,7 +259,7 @@ def run_command(settings: Settings, model: str, task: str, encoders, n_trials: O
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines.")
 @location_options
 def sweep_command(settings: Settings, grid: str, storage, workers, threads, models, tasks, encoders, artifact_dir,
-                  cv, select, dry_run: bool, estimate: bool, quiet: bool) -> None:
+                  cv, select, protocol, samples_per_label, dry_run: bool, estimate: bool, quiet: bool) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
     from .study import plan_sweep, run_sweep
     from .study.plan import format_seconds
@@ -251,12 +268,13 @@ def sweep_command(settings: Settings, grid: str, storage, workers, threads, mode
     if dry_run:
         from .study import estimate_sweep
 
-        click.echo(plan_sweep(grid, storage=storage).to_string(index=False))
+        click.echo(plan_sweep(grid, storage=storage, protocol=protocol,
+                              samples_per_label=samples_per_label).to_string(index=False))
         if not estimate:
             return
         plans = estimate_sweep(grid, storage=storage, workers=workers, threads=threads, models=models, tasks=tasks,
                                encoders=encoders, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
-                               device=settings.device)
+                               device=settings.device, protocol=protocol, samples_per_label=samples_per_label)
         for plan in plans:
             click.echo("")
             click.echo(plan.describe())
@@ -266,7 +284,7 @@ def sweep_command(settings: Settings, grid: str, storage, workers, threads, mode
         results = run_sweep(grid, storage=storage, workers=workers, threads=threads, models=models, tasks=tasks,
                             encoders=encoders, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
                             device=settings.device, artifact_dir=artifact_dir, select=select, cv=cv,
-                            show_progress=not quiet)
+                            protocol=protocol, samples_per_label=samples_per_label, show_progress=not quiet)
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)
         raise SystemExit(130) from None

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .objectives import best_score_trial, score_of
+from .protocol import protocol_of
 from .storage import ENDED_STATES, Storage, artifact_dir_for, open_storage
 
 __all__ = [
@@ -143,6 +144,15 @@ def trial_note_markdown(
     return "\n".join(lines) + "\n"
 
 
+def _protocol_words(attrs: Mapping[str, Any]) -> str:
+    """How the final scores were measured, as the end of a sentence."""
+    if protocol_of(attrs) != "paper":
+        return " by its own head (matched protocol)"
+    return (" under the paper protocol: its vectors read out as MTEB does (logistic regression on "
+            f"{attrs.get('samples_per_label')} examples per label, mean over 10 draws; cosine Spearman for "
+            "similarity; last, best and mean layers untrained)")
+
+
 def study_note_markdown(
     study_name: str,
     attrs: Mapping[str, Any],
@@ -198,7 +208,7 @@ def study_note_markdown(
     mean, std = attrs.get("final_test_mean"), attrs.get("final_test_std")
     lines.append(f"**{_score(mean)} ± {_score(std)}** over {len(scores)} seed{'s' if len(scores) != 1 else ''}: "
                  f"trial {attrs.get('final_trial', '?')}'s configuration retrained per seed on train, "
-                 "each model evaluated on test once.")
+                 "each model evaluated on test once" + _protocol_words(attrs) + ".")
     lines.append("")
     seeds = list(attrs.get("final_seeds") or [None] * len(scores))
     val_scores = list(attrs.get("final_val_scores") or [None] * len(scores))

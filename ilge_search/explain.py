@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from .configs import config_from_dict
 from .storage import Storage, open_storage
 from .study.export import load_run_study, load_training_data
-from .study.identity import IDENTITY_KEYS
+from .study.identity import IDENTITY_KEYS, PROTOCOL_KEYS
 
 __all__ = ["EXPLAIN_ATTR", "EXPLAIN_SPLIT", "EXPLAIN_FORMATS", "LayerAttribution", "attribute_layers",
            "explain_study", "explanation_is_current", "stored_explanation", "format_explanation"]
@@ -240,7 +240,8 @@ def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[fl
         other = summary.user_attrs
         if other.get("encoder") != PROBE_ENCODER or summary.best_trial is None:
             continue
-        if any(other.get(key) != attrs.get(key) for key in IDENTITY_KEYS if key != "encoder"):
+        # the probe scores are trial scores: the same under either protocol
+        if any(other.get(key) != attrs.get(key) for key in IDENTITY_KEYS if key not in ("encoder", *PROTOCOL_KEYS)):
             continue
         if other.get("data_fingerprints") and attrs.get("data_fingerprints") and \
                 other["data_fingerprints"] != attrs["data_fingerprints"]:

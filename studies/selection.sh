@@ -16,4 +16,5 @@ for grid in studies/selection.toml studies/selection-2000.toml; do
     done
   done
 done
+cp studies/selection.db reports/selection.db   # the committed measurement
 ilge-search report --storage sqlite:///reports/selection.db --out reports/selection --no-figures --force

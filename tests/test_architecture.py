@@ -23,7 +23,7 @@ LAYERS: Dict[str, int] = {
     "_version": 0, "settings": 0, "validation": 0, "files": 0,
     "configs": 1, "graphs": 1,
     "models": 2, "model_utils": 2, "nn": 2, "aggregator": 2, "tuning": 2,
-    "tasks": 3, "extraction": 3, "cache": 3, "engine": 3, "storage": 3, "objectives": 3,
+    "tasks": 3, "extraction": 3, "cache": 3, "engine": 3, "storage": 3, "objectives": 3, "protocol": 3,
     "dashboard": 4, "catalog": 4,
     "study": 5,
     # classifier above study: ILGEClassifier.from_study reads studies

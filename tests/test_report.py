@@ -259,10 +259,13 @@ def test_published_numbers_match_the_spec_table(data_dir):
 def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     pythia = "EleutherAI/pythia-410m"
-    fake_study(url, pythia, "banking77", "last-layer", [0.60, 0.62])
-    fake_study(url, pythia, "banking77", "cayley", [0.88, 0.90, 0.89])
-    fake_study(url, pythia, "banking77", "fc", [0.89, 0.89, 0.89])  # ties Cayley at the shown precision
-    fake_study(url, pythia, "banking77", "deepset", [])  # running: no final scores yet
+    paper = dict(protocol="paper", samples_per_label=8)  # the published numbers sit beside these scores only
+    fake_study(url, pythia, "banking77", "last-layer", [0.60, 0.62], **paper)
+    fake_study(url, pythia, "banking77", "cayley", [0.88, 0.90, 0.89], **paper)
+    fake_study(url, pythia, "banking77", "fc", [0.89, 0.89, 0.89], **paper)  # ties Cayley at the shown precision
+    fake_study(url, pythia, "banking77", "deepset", [], **paper)  # running: no final scores yet
+    fake_study(url, pythia, "banking77", "cayley", [0.95])  # matched: its own row, never beside the paper
+    fake_study(url, pythia, "emotion", "cayley", [0.70], **paper)
     fake_study(url, pythia, "emotion", "mean-layers", [0.40])  # one seed: no std shown
     shown = fake_study(url, pythia, "emotion", "scalar-mix", [0.5, 0.5, 0.5], max_train=2000)
     hidden = fake_study(url, pythia, "emotion", "scalar-mix", [0.9], max_train=100)  # fewer seeds: not shown
@@ -275,37 +278,44 @@ def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
 
     result = build_report(url, tmp_path / "out", show_progress=False)
     table = result.tables[pythia]
-    assert list(table.index) == ["banking77", "emotion", "emotion (8-shot)", "stsb",
+    bank, emo = "banking77 [paper protocol]", "emotion [paper protocol]"
+    assert list(table.index) == ["banking77", bank, "emotion", "emotion (8-shot)", emo, "stsb",
                                  "sick_r (zero-shot, stsb encoder)"]  # zero-shot rows follow their source task
     zero_row = "sick_r (zero-shot, stsb encoder)"
     assert table.loc[zero_row, "cayley"] == pytest.approx(61.0) and table.loc["stsb", "cayley"] == pytest.approx(81.0)
-    assert table.loc["banking77", "cayley"] == pytest.approx(89.0)
-    assert math.isnan(table.loc["banking77", "deepset"]) and math.isnan(table.loc["emotion", "last-layer"])
+    assert table.loc[bank, "cayley"] == pytest.approx(89.0) and table.loc["banking77", "cayley"] == pytest.approx(95.0)
+    assert math.isnan(table.loc[bank, "deepset"]) and math.isnan(table.loc["emotion", "last-layer"])
     assert table.loc["emotion", "scalar-mix"] == pytest.approx(50.0)
     assert any(s.startswith(hidden) for s in result.skipped) and not any(s.startswith(shown) for s in result.skipped)
 
     text = result.files["markdown"].read_text()
-    rows = markdown_table(text, f"## {pythia}")
-    assert rows["banking77"]["Cayley"] == "**89.00 ± 1.00**" and rows["banking77"]["FC"] == "**89.00 ± 0.00**"
-    assert rows["banking77"]["DeepSet"] == MISSING and rows["banking77"]["Mean layers"] == MISSING
+    rows = markdown_table(text, f"## {pythia}")  # the matched table
+    papers = markdown_table(text, "paper protocol (MTEB's logistic readout")
+    assert set(papers) == {bank, f"*{bank}, published*", emo, f"*{emo}, published*"}
+    assert papers[bank]["Cayley"] == "**89.00 ± 1.00**" and papers[bank]["FC"] == "**89.00 ± 0.00**"
+    assert papers[bank]["DeepSet"] == MISSING and papers[bank]["Mean layers"] == MISSING
+    assert rows["banking77"]["Cayley"] == "**95.00**" and bank not in rows
     assert rows["emotion"]["Mean layers"] == "40.00"  # one seed: no std
     assert rows["emotion"]["Scalar mix"] == "**50.00 ± 0.00**"
     assert rows[zero_row]["Last layer"] == "**65.00 ± 0.00**"
     assert rows[zero_row]["Cayley"] == "61.00 ± 1.00"  # the stored std
     assert rows[zero_row]["metric"] == rows["stsb"]["metric"] == "Spearman ×100"
     assert rows["stsb"]["Cayley"] == "**81.00 ± 1.41**"
-    # published numbers beside the reproduced ones, for the paper's methods only
-    paper = rows["*banking77, published*"]
-    assert paper["Cayley"] == "*89.43*" and paper["FC"] == "*90.65*" and paper["Last layer"] == "*61.17*"
-    assert paper["Best layer"] == f"*{MISSING}*" and paper["Mean layers"] == f"*{MISSING}*"
-    assert "*emotion (8-shot), published*" not in rows
+    # published numbers beside the paper-protocol scores, for the paper's methods only
+    published = papers[f"*{bank}, published*"]
+    assert published["Cayley"] == "*89.43*" and published["FC"] == "*90.65*" and published["Last layer"] == "*61.17*"
+    assert published["Best layer"] == f"*{MISSING}*" and published["Mean layers"] == f"*{MISSING}*"
+    # never beside matched or few-shot rows
+    assert not any("published" in row for row in rows)
     # the paper's whole row is shown, also for methods without a study here
-    assert rows["*emotion, published*"]["Cayley"] == "*73.83*" and rows["emotion"]["Cayley"] == MISSING
+    assert papers[f"*{emo}, published*"]["Last layer"] == "*33.48*" and papers[emo]["Last layer"] == MISSING
     assert "arXiv 2603.22665" in text
     frame = result.results.set_index(["task", "method"])
-    assert frame.loc[("banking77", "cayley"), "published"] == 89.43
+    assert frame.loc[(bank, "cayley"), "published"] == 89.43 and frame.loc[(bank, "cayley"), "protocol"] == "paper"
+    assert math.isnan(frame.loc[("banking77", "cayley"), "published"])  # matched
+    assert frame.loc[("banking77", "cayley"), "protocol"] == "matched"
     assert math.isnan(frame.loc[("emotion (8-shot)", "cayley"), "published"])
-    assert frame.loc[("banking77", "cayley"), "gain"] == pytest.approx(89.0 - 61.0)
+    assert frame.loc[(bank, "cayley"), "gain"] == pytest.approx(89.0 - 61.0)  # within the paper protocol
     assert ("emotion", "cayley") not in frame.index  # the 8-shot study is not the full-data row
     assert "Final seeds: 3 for most cells; fewer for" in text
     tex = result.files["latex"].read_text()

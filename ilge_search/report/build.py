@@ -4,15 +4,18 @@
 stored, starting from ``optuna.get_all_study_summaries`` and each study's
 ``trials_dataframe()``, and writes into ``out_dir``:
 
-- ``report.md``: one table per model (rows: tasks; columns: the encoders in
-  :data:`~ilge_search.report.data.METHODS`) of final test scores as mean +- std
-  over the final seeds, the best of each row in bold, a table of each encoder's
-  gain over the last layer, a cross-model summary, notes on where Cayley
-  stands, the published numbers where the paper has the same cell, and a list
-  of the studies used;
+- ``report.md``: one table per model and protocol (rows: tasks; columns: the
+  encoders in :data:`~ilge_search.report.data.METHODS`) of final test scores as
+  mean +- std over the final seeds, the best of each row in bold, a table of
+  each encoder's gain over the last layer, a cross-model summary, notes on where
+  Cayley stands, the published numbers beside paper-protocol scores where the
+  paper has the same cell, the protocol effect (the last layer and Cayley under
+  both protocols, :mod:`.protocol_effect`) when the storage holds both, and a
+  list of the studies used;
 - ``report.tex``: the same tables for LaTeX (needs ``\\usepackage{booktabs}``);
-- ``results.csv`` (one row per model, task and encoder, in column ``method``),
-  ``summary.csv`` and ``importances.csv``;
+- ``results.csv`` (one row per model, task and encoder, in column ``method``;
+  column ``protocol``), ``summary.csv``, ``importances.csv`` and, with both
+  protocols, ``protocol_effect.csv``;
 - ``index.html``: one static page with the tables and the figures in
   ``figures/``: validation score of a probe on each layer against the
   aggregators, optimisation histories and hyperparameter importances.
@@ -22,7 +25,8 @@ Conventions:
 - Scores are the study user attr ``final_test_mean``/``final_test_std`` times
   100: accuracy in %, Spearman correlation x 100. A cell whose study is
   missing, or has no final test score yet, is shown as ``—`` and never filled.
-- Few-shot studies are their own rows (``trec (8-shot)``). When several
+- Few-shot studies are their own rows (``trec (8-shot)``), and so are
+  paper-protocol studies (``trec [paper protocol]``). When several
   studies share a model, task and encoder (e.g. different ``max_train``), the
   one with final scores, the most seeds, then the most finished trials is
   used; the others are listed as not shown.
@@ -59,9 +63,11 @@ from .document import Document, slug, write_atomic
 from .figures import display_width, draw_figures
 from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
 from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
+from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_frame, protocol_effect_notes, protocol_effect_rows
 from .tables import (
     SELECTION_NOTE,
     model_order,
+    model_protocols,
     model_tables,
     pivot,
     results_frame,
@@ -79,6 +85,12 @@ __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".ilge-report.json"  # the files a report wrote into its folder (relative paths)
+_PROTOCOL_CAPTIONS = {
+    "matched": "matched protocol (each method trained with its own head on the same data, scored by it)",
+    "paper": ("paper protocol (MTEB's logistic readout of the vectors on a few examples per label, mean over 10 "
+              "draws; cosine Spearman for similarity; the last layer, best layer and mean of layers untrained, the "
+              "same score for every seed)"),
+}
 
 
 @dataclass
@@ -91,7 +103,9 @@ class ReportResult:
             in score units, NaN when no final test score is stored).
         tables: per model, tasks x :data:`~ilge_search.report.data.METHODS` of mean scores (NaN = missing).
         gains: per model, tasks x encoders of gains over the last layer.
-        summary: one row per (model, encoder): tasks, mean score, mean gain, wins, mean rank.
+        summary: one row per (model, protocol, encoder): tasks, mean score, mean gain, wins, mean rank.
+        protocol_effect: one row per (model, task) scored under both protocols: the last layer and
+            Cayley under each, their differences, and the published numbers.
         importances: one row per (study, parameter) with its fANOVA importance.
         files: written files by kind (``markdown``, ``latex``, ``html``, ``csv``, ...).
         figures: written PNGs, relative to ``out_dir``.
@@ -105,6 +119,7 @@ class ReportResult:
     gains: Dict[str, Any]
     summary: Any
     importances: Any
+    protocol_effect: Any = None
     files: Dict[str, Path] = field(default_factory=dict)
     figures: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
@@ -156,12 +171,16 @@ def _figure_anchor(model: str, task: str) -> str:
     return f"figures-{slug(model, task)}"
 
 
-def _contents(models: List[str], pairs: List[Tuple[str, str]]) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
-    """The report's table of contents: each model's tables, the cross-model summary, the notes, the
-    figures of every (model, task), the studies."""
+def _contents(models: List[str], pairs: List[Tuple[str, str]],
+              effect: bool = False) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
+    """The report's table of contents: each model's tables, the cross-model summary, the protocol effect,
+    the notes, the figures of every (model, task), the studies."""
     entries: List[Tuple[str, str, List[Tuple[str, str]]]] = [
         ("Tables", f"model-{slug(models[0])}", [(model, f"model-{slug(model)}") for model in models]),
-        ("Across models", "across-models", []), ("Notes", "notes", [])]
+        ("Across models", "across-models", [])]
+    if effect:
+        entries.append(("Protocol effect", "protocol-effect", []))
+    entries.append(("Notes", "notes", []))
     if pairs:
         entries += [(f"Figures: {model}", _figure_anchor(*next(p for p in pairs if p[0] == model)),
                      [(task, _figure_anchor(m, task)) for m, task in pairs if m == model])
@@ -207,7 +226,8 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     frame = results_frame(records)
     models = model_order(frame["model"])
     summary = summary_frame(frame)
-    notes = closing_notes(frame, summary)
+    effect = protocol_effect_frame(frame)
+    notes = closing_notes(frame, summary) + protocol_effect_notes(effect)
     pairs = [(m, t) for m in models for t in sorted({r.task for r in records if r.model == m})]
     figure_paths, figure_notes, importance_rows = (
         draw_figures(records, pairs, fig_dir, show_progress) if figures else ({}, {}, []))
@@ -218,7 +238,7 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     doc.paragraph(published_note() if frame["published"].notna().any() else no_published_note())
     layer_notes = attribution_notes(records)  # from the attributions `ilge-search explain` stored
     layer_figures = draw_attribution_figures(records, fig_dir) if figures else {}
-    contents = _contents(models, pairs if figures else [])
+    contents = _contents(models, pairs if figures else [], effect=not effect.empty)
     if layer_notes:
         after_notes = next(i for i, entry in enumerate(contents) if entry[1] == "notes") + 1
         contents.insert(after_notes, ("Which layers carry the task", "layers", []))
@@ -232,17 +252,28 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         contents.insert(len(contents) - 1, ("Pareto fronts", "pareto", []))
     doc.contents(contents)
     for model in models:
-        header, score_rows, gain_rows = model_tables(frame, model)
         doc.heading(2, model, anchor=f"model-{slug(model)}")
-        doc.table(header, score_rows, label=f"tab:{slug(model)}", text_columns=2,
-                  caption=f"{model}: test score, mean ± std over seeds (best of each row in bold).")
+        for protocol in model_protocols(frame, model):
+            header, score_rows, gain_rows = model_tables(frame, model, protocol)
+            key = slug(model) + ("" if protocol == "matched" else "-paper")
+            doc.table(header, score_rows, label=f"tab:{key}", text_columns=2,
+                      caption=f"{model}, {_PROTOCOL_CAPTIONS[protocol]}: test score, mean ± std over seeds (best "
+                              "of each row in bold).")
+            doc.table(["task"] + [METHOD_LABELS[m] for m in METHODS[1:]], gain_rows, label=f"tab:{key}-gain",
+                      caption=f"{model}, {protocol} protocol: gain over the last layer (points).")
         doc.paragraph(seed_note(frame, model))
-        doc.table(["task"] + [METHOD_LABELS[m] for m in METHODS[1:]], gain_rows, label=f"tab:{slug(model)}-gain",
-                  caption=f"{model}: gain over the last layer (points).")
     doc.heading(2, "Across models", anchor="across-models")
     doc.table(*summary_rows(summary), label="tab:summary", text_columns=2,
               caption="Across models: mean score, mean gain over the last layer, wins and mean rank.")
     doc.paragraph(SUMMARY_NOTE)
+    if not effect.empty:
+        doc.heading(2, "Protocol effect", anchor="protocol-effect")
+        doc.paragraph(PROTOCOL_EFFECT_NOTE)
+        for model in model_order(effect["model"]):
+            doc.heading(3, model)
+            doc.table(*protocol_effect_rows(effect, model), label=f"tab:{slug(model)}-protocol", text_columns=2,
+                      caption=f"{model}: the last layer and Cayley under the matched and the paper protocol, and "
+                              "the differences (points).")
     doc.heading(2, "Notes", anchor="notes")
     doc.bullets(notes)
     if layer_notes:
@@ -288,10 +319,13 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     importances = pd.DataFrame(importance_rows, columns=["model", "task", "method", "study", "param", "importance"])
     files = {"markdown": out / "report.md", "latex": out / "report.tex", "html": out / "index.html",
              "csv": out / "results.csv", "summary_csv": out / "summary.csv", "importances_csv": out / "importances.csv"}
-    for kind, text in (("markdown", doc.markdown()), ("latex", doc.latex()),
-                       ("html", doc.html_page("ILGE results")), ("csv", frame.to_csv(index=False)),
-                       ("summary_csv", summary.to_csv(index=False)),
-                       ("importances_csv", importances.to_csv(index=False))):
+    texts = [("markdown", doc.markdown()), ("latex", doc.latex()), ("html", doc.html_page("ILGE results")),
+             ("csv", frame.to_csv(index=False)), ("summary_csv", summary.to_csv(index=False)),
+             ("importances_csv", importances.to_csv(index=False))]
+    if not effect.empty:
+        files["protocol_effect_csv"] = out / "protocol_effect.csv"
+        texts.append(("protocol_effect_csv", effect.to_csv(index=False)))
+    for kind, text in texts:
         write_atomic(files[kind], text)
     figure_files = sorted(p for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
                           for p in paths.values())
@@ -299,6 +333,6 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     logger.info("report of %d studies written to %s", len(records), out)
     return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},
                         gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
-                        summary=summary, importances=importances, files=files,
+                        summary=summary, importances=importances, protocol_effect=effect, files=files,
                         figures=figure_files, notes=notes,
                         skipped=skipped)

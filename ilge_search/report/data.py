@@ -1,10 +1,13 @@
 """Reading a study storage into one :class:`StudyRecord` per ilge-search study.
 
 A study is reported when its user attrs name its ``model``, ``task`` and
-``encoder`` (one of :data:`METHODS`). When several studies share a model, row
-and encoder (e.g. different ``max_train``), the one with final scores, the most
-seeds, then the most finished trials is used; the others are returned as
-duplicates, which the report lists as not shown. A multi-objective study
+``encoder`` (one of :data:`METHODS`). Its row is its task, with the shots of a
+few-shot study and, under the paper protocol, :data:`PAPER_SUFFIX`
+(``trec [paper protocol]``): scores of the two protocols are never in one row.
+When several studies share a model, row and encoder (e.g. different
+``max_train``), the one with final scores, the most seeds, then the most
+finished trials is used; the others are returned as duplicates, which the
+report lists as not shown. A multi-objective study
 (:mod:`ilge_search.objectives`) gives way to a single-objective study of the
 same cell (the tables compare scores searched for alone); its Pareto front is
 shown in the report's own section either way.
@@ -17,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..objectives import best_score_trial, score_of, study_objectives
+from ..protocol import protocol_of
 from ..storage import Storage, open_storage
 from ..study.final import LEGACY_SELECT
 
-__all__ = ["METHODS", "METHOD_LABELS", "StudyRecord", "score_unit", "open_report_storage", "collect_records"]
+__all__ = ["METHODS", "METHOD_LABELS", "PAPER_SUFFIX", "StudyRecord", "score_unit", "open_report_storage",
+           "collect_records", "row_label"]
 
 METHODS: Tuple[str, ...] = ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset", "fc",
                             "cayley")
@@ -28,6 +33,7 @@ METHOD_LABELS: Dict[str, str] = {
     "last-layer": "Last layer", "best-layer": "Best layer", "mean-layers": "Mean layers", "scalar-mix": "Scalar mix",
     "mlp-last": "MLP (last)", "deepset": "DeepSet", "fc": "FC", "cayley": "Cayley",
 }
+PAPER_SUFFIX = " [paper protocol]"  # ends the row label of every paper-protocol score
 _PERCENT_METRICS = {"accuracy": "acc. %", "spearman": "Spearman ×100", "pearson": "Pearson ×100",
                     "f1": "F1 %", "macro_f1": "macro-F1 %"}
 
@@ -66,6 +72,8 @@ class StudyRecord:
     by_rule: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     cv: Optional[int] = None
     trial_seconds: Optional[float] = None  # mean wall time of a complete trial
+    protocol: str = "matched"  # how the final scores were measured (ilge_search.protocol)
+    samples_per_label: Optional[int] = None  # the paper protocol's examples per label
     objectives: Tuple[str, ...] = ("score",)
 
     @property
@@ -89,9 +97,11 @@ def open_report_storage(storage_url: str) -> Storage:
     return open_storage(storage_url, must_exist=True)
 
 
-def _row_label(task: str, attrs: Dict[str, Any]) -> str:
+def row_label(task: str, attrs: Dict[str, Any]) -> str:
+    """The report row of a study on ``task`` with these user attrs: the task, its shots, its protocol."""
     shots = attrs.get("shots")
-    return f"{task} ({shots}-shot)" if shots else task
+    label = f"{task} ({shots}-shot)" if shots else task
+    return label + (PAPER_SUFFIX if protocol_of(attrs) == "paper" else "")
 
 
 def _finite(value: Any) -> Optional[float]:
@@ -136,7 +146,7 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         done = frame.loc[frame["state"] == TrialState.COMPLETE.name, "user_attrs_seconds"].dropna()
         seconds = float(done.mean()) if len(done) else None
     return StudyRecord(
-        name=name, model=str(attrs["model"]), task=_row_label(str(attrs["task"]), attrs),
+        name=name, model=str(attrs["model"]), task=row_label(str(attrs["task"]), attrs),
         base_task=str(attrs["task"]), encoder=attrs["encoder"], metric=str(attrs.get("metric", "")),
         maximize=maximize, attrs=attrs, trials=frame, study=study, n_complete=count[TrialState.COMPLETE],
         n_pruned=count[TrialState.PRUNED], n_failed=count[TrialState.FAIL], best_value=best_value,
@@ -148,7 +158,8 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         search_gain=_finite(attrs.get("final_search_gain")),
         start_test_mean=_finite(attrs.get("final_start_test_mean")),
         by_rule=dict(attrs.get("final_by_rule") or {}), cv=attrs.get("cv"), trial_seconds=seconds,
-        objectives=study_objectives(attrs),
+        objectives=study_objectives(attrs), protocol=protocol_of(attrs),
+        samples_per_label=attrs.get("samples_per_label"),
     ), None
 
 

@@ -7,10 +7,10 @@ from typing import Any, List
 
 from .._version import __version__
 from ..storage import hide_password
-from .data import METHOD_LABELS
+from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
-from .tables import DECIMALS, model_order
+from .tables import DECIMALS, model_order, model_protocols
 
 __all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
 
@@ -24,15 +24,20 @@ def intro(storage_url: str, n_studies: int) -> str:
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"Generated {generated} by ilge-search {__version__} from `{hide_password(storage_url)}` "
             f"({plural(n_studies, 'study', 'studies')}). Cells: final test score, mean ± std over the final seeds "
-            "(the best validation trial retrained with each seed); accuracy in %, Spearman correlation ×100. "
-            f"Bold: best of the row. {MISSING}: no study or no final test score (never filled in).")
+            "(the selected trial retrained with each seed); accuracy in %, Spearman correlation ×100. "
+            f"Bold: best of the row. {MISSING}: no study or no final test score (never filled in). "
+            "Each table says its protocol: *matched* (every method trained with its own head on the same "
+            f"training data and scored by it) or *paper* (rows marked{PAPER_SUFFIX}: MTEB's few-shot "
+            "logistic readout of the vectors, as in the published table); the two are never mixed in a row, "
+            "a mean or a gain.")
 
 
 def published_note() -> str:
     """Where the *published* rows come from."""
     source = paper_source()
     return (f"Rows marked *published* give the numbers of \"{source['paper']}\" (arXiv {source['arxiv']} "
-            f"{source['version']}, {source['table']}), {source['transcription']}. Protocol: {source['protocol']}.")
+            f"{source['version']}, {source['table']}), {source['transcription']}. Protocol: {source['protocol']}. "
+            "They are shown only beside scores measured under the paper protocol, for the same model and task.")
 
 
 def no_published_note() -> str:
@@ -40,16 +45,18 @@ def no_published_note() -> str:
     source, cells = paper_source(), load_paper_results()
     models = sorted({cell.model.rsplit("/", 1)[-1] for cell in cells})
     tasks = sorted({cell.task for cell in cells})
-    return (f"No (model, task, method) here has a published number in \"{source['paper']}\" (arXiv "
-            f"{source['arxiv']}), so no published row is shown; the paper reports {', '.join(models)} "
-            f"on {', '.join(tasks)}.")
+    return (f"No (model, task, method) measured here under the paper protocol has a published number in "
+            f"\"{source['paper']}\" (arXiv {source['arxiv']}), so no published row is shown (published numbers sit "
+            "only beside paper-protocol scores of the same model and task); the paper reports "
+            f"{', '.join(models)} on {', '.join(tasks)}.")
 
 
 def closing_notes(frame: Any, summary: Any) -> List[str]:
-    """Per model: where Cayley stands against the last and the best single layer, and who ranks best."""
+    """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks
+    best."""
     notes = []
-    for model in model_order(frame["model"]):
-        part = frame[(frame["model"] == model) & frame["mean"].notna()]
+    for model, protocol in ((m, p) for m in model_order(frame["model"]) for p in model_protocols(frame, m)):
+        part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None
         parts = []
         for other, label in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
@@ -67,7 +74,7 @@ def closing_notes(frame: Any, summary: Any) -> List[str]:
             parts.append(f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
                          f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
                          f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}")
-        model_summary = summary[summary["model"] == model]
+        model_summary = summary[(summary["model"] == model) & (summary["protocol"] == protocol)]
         lead = ""
         if not model_summary.empty:
             # only encoders with the widest coverage: a mean rank over fewer tasks is not comparable
@@ -76,5 +83,5 @@ def closing_notes(frame: Any, summary: Any) -> List[str]:
             lead = (f" Among the methods with scores on {plural(int(top['tasks']), 'task')}, "
                     f"{METHOD_LABELS[top['method']]} has the best mean rank ({top['mean_rank']:.2f}; best of the "
                     f"row in {int(top['wins'])}).")
-        notes.append(f"{model}: " + "; ".join(parts) + "." + lead)
+        notes.append(f"{model} ({protocol} protocol): " + "; ".join(parts) + "." + lead)
     return notes

@@ -74,8 +74,10 @@ from .._version import __version__
 from ..configs import CONFIG_CLASSES, config_class_for
 from ..models import model_size_bucket
 from ..objectives import study_objectives
+from ..protocol import protocol_of
 from ..settings import user_defaults_path
 from ..storage import hide_password
+from ..study.identity import IDENTITY_KEYS, PROTOCOL_KEYS
 from ..tuning import BUILTIN_RECOMMENDED, DEFAULTS_FORMAT_VERSION, load_recommended_defaults
 from .data import open_report_storage
 from .document import MISSING, Cell, Document, plural, write_atomic
@@ -254,11 +256,17 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
     storage = open_report_storage(storage_url)
     groups: Dict[Tuple[str, str], List[_Problem]] = {}
     skipped: List[str] = []
-    for summary in optuna.get_all_study_summaries(storage.rdb, include_best_trial=False):
+    summaries = optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)
+    # a paper-protocol study searches exactly what its matched sibling searches: one problem, counted once
+    matched = {_search_key(s.user_attrs) for s in summaries if protocol_of(s.user_attrs) == "matched"}
+    for summary in summaries:
         attrs = summary.user_attrs
         name = summary.study_name
         family = attrs.get("encoder")
         if family not in families or not attrs.get("model"):
+            continue
+        if protocol_of(attrs) != "matched" and _search_key(attrs) in matched:
+            skipped.append(f"{name}: the same search as its matched-protocol study, counted once")
             continue
         try:
             bucket = model_size_bucket(attrs["model"], attrs.get("hidden_size"))
@@ -284,6 +292,11 @@ def _problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str
             _Problem(study=name, model=str(attrs["model"]), task=str(attrs.get("task", "")), trials=scored,
                      default_q=default_q))
     return groups, skipped
+
+
+def _search_key(attrs: Mapping[str, Any]) -> Tuple:
+    """What a study searches: its identity without the protocol (trials are the same under both)."""
+    return tuple(str(attrs.get(key)) for key in IDENTITY_KEYS if key not in PROTOCOL_KEYS)
 
 
 # ----------------------------------------------------------------------------- outputs

@@ -3,9 +3,11 @@
 - :func:`results_frame`: one row per (model, task, encoder) with a study, in
   score units (accuracy in %, correlations x 100), the best of each row
   (``is_best``, at the shown precision, ties: all), the gain over the last
-  layer and the published number where the paper has the cell; zero-shot STS
-  rows follow the task their encoder was trained on.
-- :func:`summary_frame`: per (model, encoder): tasks, mean score, mean gain, wins, mean rank.
+  layer and the published number where the paper has the cell and the row is
+  measured under the paper protocol (its row label ends with
+  :data:`~ilge_search.report.data.PAPER_SUFFIX`; column ``protocol``); zero-shot
+  STS rows follow the task their encoder was trained on.
+- :func:`summary_frame`: per (model, protocol, encoder): tasks, mean score, mean gain, wins, mean rank.
 - :func:`model_tables`, :func:`summary_rows`, :func:`studies_rows`: rows of
   :class:`~ilge_search.report.document.Cell` for :class:`~ilge_search.report.document.Document`.
 - :func:`selection_frame`, :func:`selection_rows`, :func:`selection_summary_rows`: the selection
@@ -23,18 +25,18 @@ import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..models import model_num_params
-from .data import METHOD_LABELS, METHODS, StudyRecord, collect_records, score_unit
+from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, StudyRecord, collect_records, score_unit
 from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
 __all__ = ["DECIMALS", "RESULT_COLUMNS", "collect_results", "results_frame", "model_order", "pivot", "summary_frame",
-           "model_tables", "seed_note", "summary_rows", "studies_rows", "fmt", "selection_frame", "selection_rows",
-           "selection_summary_rows", "SELECTION_NOTE"]
+           "model_tables", "model_protocols", "seed_note", "summary_rows", "studies_rows", "fmt", "selection_frame",
+           "selection_rows", "selection_summary_rows", "SELECTION_NOTE"]
 
 DECIMALS = 2
 RESULT_COLUMNS = ["model", "task", "method", "metric", "unit", "mean", "std", "n_seeds", "scores", "gain",
                   "is_best", "published", "best_val", "n_complete", "n_pruned", "n_failed", "study", "base_task",
-                  "shots", "maximize", "source_task"]
+                  "shots", "maximize", "source_task", "protocol", "samples_per_label"]
 
 
 def model_order(models: Iterable[str]) -> List[str]:
@@ -55,9 +57,10 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
     for r in records:
         scale, unit = score_unit(r.metric)
         published = None
-        if not r.attrs.get("shots"):
+        if not r.attrs.get("shots") and r.protocol == "paper":  # the paper's numbers are paper-protocol scores
             cell = published_result(r.model, r.base_task, r.encoder)
             published = None if cell is None else cell.value
+        protocol = {"protocol": r.protocol, "samples_per_label": r.samples_per_label}
         rows.append({
             "model": r.model, "task": r.task, "method": r.encoder, "metric": r.metric, "unit": unit,
             "mean": math.nan if r.test_mean is None else r.test_mean * scale,
@@ -69,19 +72,22 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
             "best_val": math.nan if r.best_value is None else r.best_value * scale,
             "n_complete": r.n_complete, "n_pruned": r.n_pruned, "n_failed": r.n_failed, "study": r.name,
             "base_task": r.base_task, "shots": r.attrs.get("shots"), "maximize": r.maximize, "source_task": r.task,
+            **protocol,
         })
         # similarity encoders evaluated on other STS tasks without training on them (the paper's zero-shot STS)
         for name, zero in sorted((r.attrs.get("final_zero_shot") or {}).items()):
             z_scale, z_unit = score_unit("spearman")
             z_scores = [float(v) for v in zero.get("scores", [])]
             rows.append({
-                "model": r.model, "task": f"{name} (zero-shot, {r.task} encoder)", "method": r.encoder,
+                "model": r.model, "method": r.encoder,
+                "task": f"{name} (zero-shot, {_without_protocol(r.task)} encoder)"
+                        + (PAPER_SUFFIX if r.protocol == "paper" else ""),
                 "metric": "spearman", "unit": z_unit, "mean": float(zero["mean"]) * z_scale,
                 "std": float(zero.get("std", math.nan)) * z_scale, "n_seeds": len(z_scores),
                 "scores": json.dumps([round(v * z_scale, 4) for v in z_scores]), "gain": math.nan,
                 "is_best": False, "published": math.nan, "best_val": math.nan, "n_complete": r.n_complete,
                 "n_pruned": r.n_pruned, "n_failed": r.n_failed, "study": r.name, "base_task": name,
-                "shots": None, "maximize": True, "source_task": r.task,
+                "shots": None, "maximize": True, "source_task": r.task, **protocol,
             })
     frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
     if frame.empty:
@@ -103,6 +109,10 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
     return frame.sort_values(order).drop(columns=["_m", "_k", "_z"]).reset_index(drop=True)
 
 
+def _without_protocol(label: str) -> str:
+    return label[:-len(PAPER_SUFFIX)] if label.endswith(PAPER_SUFFIX) else label
+
+
 def collect_results(storage_url: str) -> Any:
     """The report's long table (one row per model, task and method) without writing anything."""
     records, _, _ = collect_records(storage_url)
@@ -117,12 +127,13 @@ def pivot(frame: Any, model: str, column: str) -> Any:
 
 
 def summary_frame(frame: Any) -> Any:
-    """Per (model, encoder): tasks with a score, mean score, mean gain, wins and mean rank."""
+    """Per (model, protocol, encoder): tasks with a score, mean score, mean gain, wins and mean rank
+    (the protocols are never averaged together)."""
     import pandas as pd
 
     rows = []
-    for model in model_order(frame["model"]):
-        part = frame[(frame["model"] == model) & frame["mean"].notna()]
+    for model, protocol in _model_protocols(frame):
+        part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         # ranked at the shown precision, like the bold cells
         signed = part["mean"].round(DECIMALS).where(part["maximize"].astype(bool), -part["mean"].round(DECIMALS))
         ranks = part.assign(shown=signed).groupby("task")["shown"].rank(ascending=False, method="average")
@@ -132,14 +143,25 @@ def summary_frame(frame: Any) -> Any:
             if mine.empty:
                 continue
             gains = mine["gain"].dropna()
-            rows.append({"model": model, "method": encoder, "tasks": int(len(mine)),
+            rows.append({"model": model, "protocol": protocol, "method": encoder, "tasks": int(len(mine)),
                          "mean_score": float(mine["mean"].mean()),
                          "mean_gain": float(gains.mean()) if len(gains) else math.nan,
                          "gain_tasks": int(len(gains)),
                          "wins": int(mine["is_best"].sum()),
                          "mean_rank": float(mine["rank"].mean())})
-    return pd.DataFrame(rows, columns=["model", "method", "tasks", "mean_score", "mean_gain", "gain_tasks", "wins",
-                                       "mean_rank"])
+    return pd.DataFrame(rows, columns=["model", "protocol", "method", "tasks", "mean_score", "mean_gain",
+                                       "gain_tasks", "wins", "mean_rank"])
+
+
+def _model_protocols(frame: Any) -> List[Tuple[str, str]]:
+    """(model, protocol) pairs of ``frame``: models by size, matched before paper."""
+    return [(model, protocol) for model in model_order(frame["model"]) for protocol in ("matched", "paper")
+            if ((frame["model"] == model) & (frame["protocol"] == protocol)).any()]
+
+
+def model_protocols(frame: Any, model: str) -> List[str]:
+    """The protocols of ``model``'s rows, matched first."""
+    return [protocol for m, protocol in _model_protocols(frame) if m == model]
 
 
 def fmt(value: Optional[float], signed: bool = False) -> str:
@@ -157,9 +179,13 @@ def _cell_text(row: Any) -> str:
     return f"{row['mean']:.{DECIMALS}f}"
 
 
-def model_tables(frame: Any, model: str) -> Tuple[List[str], List[List[Cell]], List[List[Cell]]]:
-    """(header, score rows, gain rows) for one model, as cells every writer renders."""
+def model_tables(frame: Any, model: str,
+                 protocol: Optional[str] = None) -> Tuple[List[str], List[List[Cell]], List[List[Cell]]]:
+    """(header, score rows, gain rows) for one model (and one ``protocol``, default: all), as cells every
+    writer renders. The published numbers follow paper-protocol rows only."""
     part = frame[frame["model"] == model]
+    if protocol is not None:
+        part = part[part["protocol"] == protocol]
     header = ["task", "metric"] + [METHOD_LABELS[m] for m in METHODS]
     score_rows: List[List[Cell]] = []
     gain_rows: List[List[Cell]] = []
@@ -171,7 +197,8 @@ def model_tables(frame: Any, model: str) -> Tuple[List[str], List[List[Cell]], L
             Cell(_cell_text(by_encoder.get(m)), bold=bool(by_encoder[m]["is_best"]) if m in by_encoder else False)
             for m in METHODS])
         published = {}
-        if not rows["shots"].notna().any():  # few-shot rows are never compared with the full-data paper
+        # the paper's numbers sit beside paper-protocol scores only, never beside few-shot rows
+        if not rows["shots"].notna().any() and (rows["protocol"] == "paper").all():
             for encoder in METHODS:
                 cell = published_result(model, rows["base_task"].iloc[0], encoder)
                 if cell is not None:
@@ -200,7 +227,7 @@ def seed_note(frame: Any, model: str) -> str:
 
 def summary_rows(summary: Any) -> Tuple[List[str], List[List[Cell]]]:
     """(header, rows) of the across-models table."""
-    header = ["model", "method", "tasks", "mean score", "mean gain vs last layer", "wins", "mean rank"]
+    header = ["model", "protocol", "method", "tasks", "mean score", "mean gain vs last layer", "wins", "mean rank"]
     rows = []
     for r in summary.itertuples():
         if r.method == "last-layer":
@@ -209,7 +236,7 @@ def summary_rows(summary: Any) -> Tuple[List[str], List[List[Cell]]]:
             gain = MISSING
         else:
             gain = f"{r.mean_gain:+.{DECIMALS}f} ({plural(r.gain_tasks, 'task')})"
-        rows.append([Cell(r.model), Cell(METHOD_LABELS[r.method]), Cell(str(r.tasks)),
+        rows.append([Cell(r.model), Cell(r.protocol), Cell(METHOD_LABELS[r.method]), Cell(str(r.tasks)),
                      Cell(fmt(r.mean_score)), Cell(gain), Cell(str(r.wins)), Cell(f"{r.mean_rank:.2f}")])
     return header, rows
 
@@ -223,18 +250,25 @@ def studies_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[C
     """(header, rows) of the list of studies: setting, trial counts, best validation value, final seeds, the
     finally evaluated trial and its rule, its validation-to-test gap and the search gain (``—`` when the
     study's final evaluation predates them)."""
-    header = ["study", "setting", "complete", "pruned", "failed", "best val (trial)", "final seeds",
+    header = ["study", "setting", "protocol", "complete", "pruned", "failed", "best val (trial)", "final seeds",
               "final trial (rule)", "val − test", "search gain"]
     rows = []
     for r in sorted(records, key=lambda r: r.name):
         scale = score_unit(r.metric)[0]
         best = MISSING if r.best_value is None else f"{r.best_value * scale:.{DECIMALS}f} ({r.best_number})"
         final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.select})"
-        rows.append([Cell(r.name), Cell(_setting(r.attrs)), Cell(str(r.n_complete)), Cell(str(r.n_pruned)),
+        rows.append([Cell(r.name), Cell(_setting(r.attrs)), Cell(_protocol_text(r)), Cell(str(r.n_complete)),
+                     Cell(str(r.n_pruned)),
                      Cell(str(r.n_failed)), Cell(best), Cell(str(len(r.test_scores))), Cell(final),
                      Cell(fmt(_scaled(r.val_test_gap, scale), signed=True)),
                      Cell(fmt(_scaled(r.search_gain, scale), signed=True))])
     return header, rows
+
+
+def _protocol_text(record: StudyRecord) -> str:
+    if record.protocol == "paper" and record.metric != "spearman":
+        return f"paper ({record.samples_per_label} per label)"
+    return record.protocol
 
 
 def _scaled(value: Optional[float], scale: float) -> Optional[float]:

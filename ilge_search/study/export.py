@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .._version import __version__
 from ..configs import EncoderConfig, config_from_dict
+from ..protocol import protocol_of
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
@@ -61,7 +62,9 @@ class StudyModel:
         num_layers, hidden_size: the shape ``(L, D)`` of one text's features.
         label_names: class id -> name (empty for similarity).
         score_range: ``(low, high)`` of the gold scores (similarity only).
-        provenance: study, trial, seed, storage (password hidden), scores and versions.
+        provenance: study, trial, seed, storage (password hidden), scores, the study's protocol and versions;
+            ``test_score`` is that seed's stored test score, ``None`` under the paper protocol (whose test
+            scores read the vectors out with a logistic regression, not with this model's head).
     """
 
     model: Any
@@ -275,6 +278,8 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
                             show_progress=show_progress)
     has_final = bool(attrs.get("final_artifacts")) and "final_test_scores" in attrs
     provenance = _provenance(opened, study)
+    # under the paper protocol the stored test scores are a logistic readout of the vectors, not this model's head
+    paper = provenance["protocol"] == "paper"
     if has_final and not retrain:
         model, meta = _from_artifacts(opened, study, artifact_dir, attrs["final_artifacts"])
         trained_seed = int(meta["seed"])
@@ -283,7 +288,7 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
         provenance.update(
             source="final evaluation", trial=int(meta["trial"]), seed=trained_seed,
             val_score=float(meta["val_metric"]),
-            test_score=test_scores[seeds.index(trained_seed)] if trained_seed in seeds else None,
+            test_score=test_scores[seeds.index(trained_seed)] if trained_seed in seeds and not paper else None,
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
             selected_trial_now=selected_trial(study, attrs.get("final_select") or DEFAULT_SELECT).number,
         )
@@ -309,6 +314,7 @@ def _provenance(opened: Storage, study: Any) -> Dict[str, Any]:
         "encoder": attrs.get("encoder"),
         "metric": attrs.get("metric"),
         "data": {key: attrs.get(key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")},
+        "protocol": protocol_of(attrs),
     }
 
 
@@ -330,7 +336,9 @@ def _trial_model(opened: Storage, study: Any, trial: Any, *, seed: int, retrain:
         scores = list(stored.get("test_scores", []))
         provenance.update(source="final evaluation", trial=trial.number, seed=trained_seed,
                           val_score=float(meta["val_metric"]),
-                          test_score=scores[seeds.index(trained_seed)] if trained_seed in seeds[:len(scores)] else None,
+                          test_score=(scores[seeds.index(trained_seed)]
+                                      if trained_seed in seeds[:len(scores)] and provenance["protocol"] != "paper"
+                                      else None),
                           trained_with={"ilge_search": meta.get("ilge_search_version"),
                                         "torch": meta.get("torch_version")},
                           selected_trial_now=trial.number)

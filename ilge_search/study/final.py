@@ -39,6 +39,22 @@ then. The top-level ``final_*`` attrs are those of the front's best-score trial
 (``final_select = "front"``), with the start configuration's scores and the
 search gain as above, so every table of single-objective studies reads it too.
 A front trial already retrained with the same seeds and epoch cap is reused.
+The study's protocol (its ``protocol`` attr, :mod:`ilge_search.protocol`)
+decides how each final model is scored; ``final_protocol`` records it. Under
+``matched`` (and for every study stored before protocols existed) the trained
+model's own head is scored on test. Under ``paper`` each seed's model is
+trained exactly as under ``matched`` and then read out as MTEB would: its
+vectors scored by logistic regressions fitted on ``samples_per_label``
+examples per label (``n_experiments`` draws; ``final_test_scores`` holds each
+seed's mean over the draws, ``final_protocol["test_experiment_scores"]`` the
+draws), or by the cosine Spearman of the vectors for similarity tasks. A
+parameter-free baseline (last layer, best layer, mean of layers) is not
+trained at all under ``paper``: its raw layer readout is scored, the same for
+every seed, and no weights are uploaded. ``final_val_scores`` is then the same
+readout on validation, and ``final_val_test_gap`` is ``None``: the trials'
+objective is a matched score (trials are the same under both protocols), so
+its difference to a paper-protocol test score would measure the protocol, not
+the selection.
 """
 
 from __future__ import annotations
@@ -47,12 +63,14 @@ import json
 import math
 import statistics
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from .._version import __version__
 from ..configs import config_from_dict
 from ..objectives import LATENCY_ATTR, PARAMS_ATTR, is_multi_objective, objective_values, score_of, study_objectives
+from ..protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from ..storage import StorageError, count_trials
 from .selection import (
     DEFAULT_FINAL_FRONT,
@@ -73,7 +91,7 @@ LEGACY_SELECT = "best"  # the rule of final evaluations stored without final_sel
 _RULE_KEYS = ("final_test_mean", "final_test_std", "final_test_scores", "final_val_scores", "final_seeds",
               "final_trial", "final_config", "final_artifacts", "final_artifact_seed", "final_zero_shot",
               "final_max_epochs", "final_select", "final_selected_value", "final_val_test_gap", "final_start_trial",
-              "final_start_test_mean", "final_start_test_scores", "final_search_gain")
+              "final_start_test_mean", "final_start_test_scores", "final_search_gain", "final_protocol")
 
 
 def _matches(record: Mapping[str, Any], trial: int, seeds: List[int], max_epochs: Optional[int]) -> bool:
@@ -144,33 +162,76 @@ def _upload_artifacts(study: Any, data: "StudyData", config: Any, model: Any, *,
         }
 
 
+@dataclass
+class _Scores:
+    """What a final evaluation measured: per seed, and the best seed's model by validation."""
+
+    test: List[float] = field(default_factory=list)
+    validation: List[float] = field(default_factory=list)
+    zero_shot: Dict[str, List[float]] = field(default_factory=dict)
+    experiments: List[List[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
+    best: Tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
+
+
+def _paper_readout(data: "StudyData", zero_shot: Mapping[str, Tuple[Any, Any]], readout: PaperProtocol, *,
+                   model: Any = None, config: Any = None) -> Tuple[float, float, Dict[str, float], List[float]]:
+    """(test score, validation score, zero-shot scores, test score of each draw) of one final model, or of
+    a parameter-free baseline's ``config`` untrained, under the paper protocol."""
+    import numpy as np
+
+    def vectors(features: Any) -> Any:
+        return paper_vectors(features, model=model, config=config)
+
+    zero = {name: cosine_spearman(*vectors(features).transpose(1, 0, 2), labels)
+            for name, (features, labels) in zero_shot.items()}
+    if data.task_kind == "similarity":
+        test, validation = (cosine_spearman(*vectors(split[0]).transpose(1, 0, 2), split[1])
+                            for split in (data.test, data.validation))
+        return test, validation, zero, []
+    scores = logistic_readout((vectors(data.train[0]), np.asarray(data.train[1])),
+                              {"test": (vectors(data.test[0]), np.asarray(data.test[1])),
+                               "validation": (vectors(data.validation[0]), np.asarray(data.validation[1]))},
+                              readout)
+    return statistics.fmean(scores["test"]), statistics.fmean(scores["validation"]), zero, scores["test"]
+
+
 def _retrain(config: Any, data: "StudyData", seeds: List[int], device: str, zero_shot: Mapping[str, Tuple[Any, Any]],
-             encoder: str, show_progress: bool) -> Tuple[List[float], List[float], Dict[str, List[float]], Any]:
-    """Train ``config`` once per seed; (test scores, validation scores, zero-shot scores, (model, seed, val) of
-    the best seed by validation)."""
+             encoder: str, show_progress: bool, readout: Optional[PaperProtocol] = None) -> _Scores:
+    """Train ``config`` once per seed and score it on test (its head, or the paper protocol's ``readout``)."""
     from tqdm.auto import tqdm
 
     from ..engine import evaluate, train_encoder
 
-    test_scores: List[float] = []
-    val_scores: List[float] = []
-    zero_shot_scores: Dict[str, List[float]] = {name: [] for name in zero_shot}
-    best: Tuple[Any, Any, float] = (None, None, -math.inf)
+    out = _Scores(zero_shot={name: [] for name in zero_shot})
+    untrained = None
+    if readout is not None and is_parameter_free(config):  # the paper scores the raw readout: nothing to train
+        untrained = _paper_readout(data, zero_shot, readout, config=config)
     for seed in tqdm(seeds, desc=f"final {encoder} ({len(seeds)} seeds)", disable=not show_progress, leave=False):
-        result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
-                               num_classes=data.num_classes, seed=seed, device=device)
-        test_scores.append(float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric]))
-        val_scores.append(float(result.best_val_metric))
-        for name, (features, labels) in zero_shot.items():
-            zero_shot_scores[name].append(float(evaluate(result.model, features, labels, "similarity")["spearman"]))
-        if result.best_val_metric > best[2]:  # the artifact is the best seed by validation, never by test
-            best = (result.model, seed, float(result.best_val_metric))
-    return test_scores, val_scores, zero_shot_scores, best
+        if untrained is not None:
+            test, validation, zero, draws = untrained
+        else:
+            result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
+                                   num_classes=data.num_classes, seed=seed, device=device)
+            if result.best_val_metric > out.best[2]:  # the artifact is the best seed by validation, never by test
+                out.best = (result.model, seed, float(result.best_val_metric))
+            if readout is not None:
+                test, validation, zero, draws = _paper_readout(data, zero_shot, readout, model=result.model)
+            else:
+                test = float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric])
+                validation, draws = float(result.best_val_metric), []
+                zero = {name: float(evaluate(result.model, features, labels, "similarity")["spearman"])
+                        for name, (features, labels) in zero_shot.items()}
+        out.test.append(float(test))
+        out.validation.append(float(validation))
+        out.experiments.append(list(draws))
+        for name, value in zero.items():
+            out.zero_shot[name].append(float(value))
+    return out
 
 
 def _start_scores(study: Any, data: "StudyData", selected: Any, test_scores: List[float], seeds: List[int],
-                  device: str, max_epochs: Optional[int], encoder: str,
-                  show_progress: bool) -> Tuple[Optional[int], Optional[List[float]]]:
+                  device: str, max_epochs: Optional[int], encoder: str, show_progress: bool,
+                  readout: Optional[PaperProtocol]) -> Tuple[Optional[int], Optional[List[float]]]:
     """The starting configuration's test scores with ``seeds``: the selected trial's own when it is the start,
     else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
     start = start_trial(study)
@@ -184,16 +245,15 @@ def _start_scores(study: Any, data: "StudyData", selected: Any, test_scores: Lis
                 and record.get("final_max_epochs") == max_epochs and record.get("final_start_test_scores")):
             return start.number, list(record["final_start_test_scores"])
     config = config_from_dict(start.user_attrs["config"])
-    scores, _, _, _ = _retrain(config, data, seeds, device, {}, f"{encoder} start", show_progress)
-    return start.number, scores
+    return start.number, _retrain(config, data, seeds, device, {}, f"{encoder} start", show_progress, readout).test
 
 
 def _upload_best(study: Any, data: "StudyData", config: Any, best: Tuple[Any, Any, float], trial: int,
                  artifact_store: Any) -> Dict[str, str]:
     """Upload the best seed's weights; a full or read-only artifact folder is one clear error."""
-    if artifact_store is None:
-        return {}
     model, seed, val_metric = best
+    if artifact_store is None or model is None:  # nothing to upload: no store, or nothing trained (paper baselines)
+        return {}
     try:
         return _upload_artifacts(study, data, config, model, seed=seed, val_metric=val_metric, trial=trial,
                                  artifact_store=artifact_store)
@@ -231,6 +291,7 @@ def _front_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: Lis
     chosen = front_trials(front, final_front)
     attrs = study.user_attrs
     objectives = study_objectives(attrs)
+    readout = PaperProtocol.from_attrs(attrs)
     kept = {}  # records of an earlier evaluation with the same seeds and epoch cap: the same scores again
     if attrs.get("final_seeds") == list(seeds) and attrs.get("final_max_epochs") == max_epochs:
         kept = {r["trial"]: r for r in attrs.get("final_front") or []
@@ -243,16 +304,16 @@ def _front_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: Lis
             records.append(kept[trial.number])
             continue
         config = config_from_dict(trial.user_attrs["config"])
-        test_scores, val_scores, zero_shot_scores, best = _retrain(
-            config, data, seeds, device, zero_shot if index == 0 else {}, f"{encoder} front trial {trial.number}",
-            show_progress)
+        scores = _retrain(config, data, seeds, device, zero_shot if index == 0 else {},
+                          f"{encoder} front trial {trial.number}", show_progress, readout)
+        test_scores, val_scores, zero_shot_scores, best = scores.test, scores.validation, scores.zero_shot, scores.best
         if index == 0:
             top_zero_shot = zero_shot_scores
         artifacts = _upload_best(study, data, config, best, trial.number, artifact_store)
         records.append(_front_record(trial, objectives, test_scores, val_scores, artifacts, best[1]))
     top, top_trial = records[0], chosen[0]
     start_number, start_scores = _start_scores(study, data, top_trial, top["test_scores"], seeds, device,
-                                               max_epochs, encoder, show_progress)
+                                               max_epochs, encoder, show_progress, readout)
     sign = -1.0 if attrs.get("direction") == "minimize" else 1.0
     start_mean = None if start_scores is None else statistics.fmean(start_scores)
     record: Dict[str, Any] = {
@@ -260,12 +321,14 @@ def _front_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: Lis
         "final_test_scores": top["test_scores"], "final_val_scores": top["val_scores"], "final_seeds": list(seeds),
         "final_trial": top["trial"], "final_config": top["config"], "final_artifacts": top["artifacts"],
         "final_artifact_seed": top["artifact_seed"], "final_select": FRONT_RULE,
-        "final_selected_value": top["val_score"], "final_val_test_gap": sign * (top["val_score"] - top["test_mean"]),
+        "final_selected_value": top["val_score"],
+        "final_val_test_gap": None if readout is not None else sign * (top["val_score"] - top["test_mean"]),
         "final_start_trial": start_number, "final_start_test_mean": start_mean,
         "final_start_test_scores": start_scores,
         "final_search_gain": None if start_mean is None else sign * (top["test_mean"] - start_mean),
         "final_max_epochs": max_epochs, "final_front": records, "final_front_k": final_front,
         "final_front_size": len(front),
+        "final_protocol": {"protocol": "matched"} if readout is None else readout.record(),
     }
     if top_zero_shot:
         record["final_zero_shot"] = _zero_shot_record(top_zero_shot)
@@ -314,13 +377,15 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
             return
 
     config = config_from_dict(selected.user_attrs["config"])
-    test_scores, val_scores, zero_shot_scores, (best_model, best_seed, best_val) = _retrain(
-        config, data, seeds, device, zero_shot, encoder, show_progress)
+    readout = PaperProtocol.from_attrs(study.user_attrs)
+    scores = _retrain(config, data, seeds, device, zero_shot, encoder, show_progress, readout)
+    test_scores, val_scores, zero_shot_scores = scores.test, scores.validation, scores.zero_shot
+    best_model, best_seed, best_val = scores.best
 
     artifacts = _upload_best(study, data, config, (best_model, best_seed, best_val), selected.number,
                              artifact_store)
     start_number, start_scores = _start_scores(study, data, selected, test_scores, seeds, device, max_epochs,
-                                               encoder, show_progress)
+                                               encoder, show_progress, readout)
 
     mean = statistics.fmean(test_scores)
     sign = -1.0 if study.user_attrs.get("direction") == "minimize" else 1.0
@@ -336,12 +401,16 @@ def final_evaluation(study: Any, data: "StudyData", *, encoder: str, seeds: List
         "final_artifact_seed": best_seed,
         "final_select": select,
         "final_selected_value": float(selected.value),
-        "final_val_test_gap": sign * (float(selected.value) - mean),
+        # a matched objective against a paper-protocol test score would measure the protocol: no gap there
+        "final_val_test_gap": None if readout is not None else sign * (float(selected.value) - mean),
         "final_start_trial": start_number,
         "final_start_test_mean": None if start_scores is None else statistics.fmean(start_scores),
         "final_start_test_scores": start_scores,
         "final_search_gain": None if start_scores is None else sign * (mean - statistics.fmean(start_scores)),
+        "final_protocol": ({"protocol": "matched"} if readout is None else readout.record()),
     }
+    if readout is not None and data.task_kind == "classification":  # each seed's draws (similarity has none)
+        record["final_protocol"]["test_experiment_scores"] = scores.experiments
     if zero_shot_scores:
         record["final_zero_shot"] = {
             name: {"mean": statistics.fmean(scores), "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,

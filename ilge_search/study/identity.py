@@ -44,6 +44,7 @@ from ..objectives import (
     objective_suffix,
     study_objectives,
 )
+from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from ..storage import Storage, quiet_optuna_warnings, requeue_trial
 from .objective import recommended_params
 from .options import StudyOptions
@@ -54,6 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ENCODER_CHOICES",
     "IDENTITY_KEYS",
+    "IDENTITY_DEFAULTS",
+    "PROTOCOL_KEYS",
     "DATA_KEYS",
     "READY_ATTR",
     "StudyConflictError",
@@ -72,11 +75,13 @@ __all__ = [
 
 ENCODER_CHOICES: Tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
 
-# study user attrs that must match when a study is resumed: they define what is being searched
+# study user attrs that must match when a study is resumed: they define what is being searched and scored
 IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed", "cv",
-                 "objectives")
-# what an identity key means when a study stored before it existed lacks it
-_IDENTITY_DEFAULTS = {"objectives": list(DEFAULT_OBJECTIVES)}
+                 "objectives", "protocol", "samples_per_label")
+# the identity keys that decide how the final scores are measured, not what the trials do
+PROTOCOL_KEYS = ("protocol", "samples_per_label")
+# what an identity key means when a study stored before it existed lacks it (absent keys not listed here: None)
+IDENTITY_DEFAULTS: Dict[str, Any] = {"objectives": list(DEFAULT_OBJECTIVES), "protocol": DEFAULT_PROTOCOL}
 # study user attrs that must match too: the data itself (label names, sha256 of each split's content)
 DATA_KEYS = ("label_names", "data_fingerprints")
 DATA_SPLITS = ("train", "validation", "test")
@@ -148,13 +153,17 @@ def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
 def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[int] = None,
                        max_train: Optional[int] = None, max_eval: Optional[int] = None,
                        max_epochs: Optional[int] = None, cv: Optional[int] = None,
-                       objectives: Sequence[str] = DEFAULT_OBJECTIVES) -> str:
-    """``model:task:encoder`` plus a suffix per non-default data, budget or objective setting
+                       objectives: Sequence[str] = DEFAULT_OBJECTIVES, protocol: str = DEFAULT_PROTOCOL,
+                       samples_per_label: Optional[int] = None) -> str:
+    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
     (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
-    ``:obj-params`` for a study that also minimises the parameters).
+    ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
+    ``:paper-16-per-label`` when its examples per label are not the task's default).
 
     >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
     'minilm-l6:trec:cayley:8shot'
+    >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
+    'minilm-l6:trec:cayley:paper'
     """
     parts = [str(model), str(task), encoder]
     if shots is not None:
@@ -170,14 +179,28 @@ def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[i
     suffix = objective_suffix(objectives)
     if suffix is not None:
         parts.append(suffix)
+    if protocol != DEFAULT_PROTOCOL:
+        default = paper_samples_per_label(str(task))
+        parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
     return ":".join(parts)
 
 
-def study_identity(model: str, task: str, encoder: str, options: StudyOptions) -> Dict[str, Any]:
-    """The user attrs that say what a study searches (:data:`IDENTITY_KEYS`)."""
+def study_identity(model: str, task: str, encoder: str, options: StudyOptions, *,
+                   registered: Optional[bool] = None) -> Dict[str, Any]:
+    """The user attrs that say what a study searches and how it is scored (:data:`IDENTITY_KEYS`).
+
+    Under the paper protocol ``samples_per_label`` is resolved here (the option,
+    else the MTEB task's own value for a ``registered`` task, else 8); it is
+    ``None`` under the matched protocol. ``registered`` defaults to :func:`is_registered_task`.
+    """
+    samples_per_label = None
+    if options.protocol == "paper":
+        registered = is_registered_task(task) if registered is None else registered
+        samples_per_label = paper_samples_per_label(task if registered else None, options.samples_per_label)
     return {"model": model, "task": task, "encoder": encoder, "shots": options.shots,
             "max_train": options.max_train, "max_eval": options.max_eval, "max_epochs": options.max_epochs,
-            "data_seed": options.data_seed, "cv": options.cv, "objectives": list(options.objectives)}
+            "data_seed": options.data_seed, "cv": options.cv, "objectives": list(options.objectives),
+            "protocol": options.protocol, "samples_per_label": samples_per_label}
 
 
 def _cache_keys_match(stored: Any, expected: Optional[Mapping[str, str]]) -> bool:
@@ -234,9 +257,10 @@ def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[s
     adopt = legacy and _cache_keys_match(stored.get("cache_keys"), cache_keys)
     # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
     keys = [key for key in IDENTITY_KEYS if not (adopt and key == "task")]
-    different = {key: (stored.get(key, _IDENTITY_DEFAULTS.get(key)), wanted.get(key, _IDENTITY_DEFAULTS.get(key)))
-                 for key in keys}
-    different = {key: pair for key, pair in different.items() if pair[0] != pair[1]}
+    # a key absent on either side (a study or a caller from before it existed) has its default meaning
+    values = {key: (stored.get(key, IDENTITY_DEFAULTS.get(key)), wanted.get(key, IDENTITY_DEFAULTS.get(key)))
+              for key in keys}
+    different = {key: pair for key, pair in values.items() if pair[0] != pair[1]}
     if different:
         details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
         raise StudyConflictError(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..objectives import check_objectives
+from ..protocol import DEFAULT_PROTOCOL, check_protocol
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 from .folds import check_cv
@@ -74,6 +75,12 @@ class StudyOptions:
         final_front: at most this many Pareto-front trials a multi-objective
             study's final evaluation retrains (spread evenly along the front,
             :func:`~ilge_search.study.selection.front_trials`).
+        protocol: how the final scores are measured: ``"matched"`` (every encoder
+            trained with its head on the same data) or ``"paper"`` (MTEB's
+            evaluators on the encoders' vectors, see :mod:`ilge_search.protocol`);
+            part of the identity and name (``:paper``). Trials are the same under both.
+        samples_per_label: the paper protocol's examples per label (default: the
+            MTEB task's own, else 8); part of the identity.
         zero_shot_tasks: similarity tasks also scored with every final model.
         data_dir, cache_dir, device: task data, embedding cache, device.
         artifact_dir: artifact store folder (default: next to a SQLite file, else ``studies/artifacts``).
@@ -103,6 +110,8 @@ class StudyOptions:
     objectives: Tuple[str, ...] = ("score",)
     final_front: int = DEFAULT_FINAL_FRONT
     data_seed: int = 0
+    protocol: str = DEFAULT_PROTOCOL
+    samples_per_label: Optional[int] = None
     zero_shot_tasks: Tuple[str, ...] = ()
     data_dir: Optional[PathLike] = None
     cache_dir: Optional[PathLike] = None
@@ -146,6 +155,11 @@ class StudyOptions:
         check_choice("select", self.select, SELECTION_RULES)
         object.__setattr__(self, "objectives", check_objectives(self.objectives))
         check_int("final_front", self.final_front)
+        check_protocol(self.protocol)
+        check_int("samples_per_label", self.samples_per_label, allow_none=True)
+        if self.samples_per_label is not None and self.protocol != "paper":
+            raise ValueError("samples_per_label sets the paper protocol's readout; add protocol='paper' "
+                             "(--protocol paper) or drop it")
         if isinstance(self.zero_shot_tasks, str):
             object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))

@@ -54,6 +54,7 @@ from .folds import check_cv
 from .identity import (
     data_identity,
     default_study_name,
+    is_registered_task,
     precheck_existing,
     resolve_encoders,
     study_identity,
@@ -180,9 +181,11 @@ def check_run(model: str, task: str, encoders: Union[str, Sequence[str]], storag
     for enc in encoder_list:
         default = default_study_name(model, label, enc, shots=options.shots, max_train=options.max_train,
                                      max_eval=options.max_eval, max_epochs=options.max_epochs, cv=options.cv,
-                                     objectives=options.objectives)
+                                     objectives=options.objectives, protocol=options.protocol,
+                                     samples_per_label=options.samples_per_label)
         names[enc] = check_study_name(options.study_name or default)
-        identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options),
+        identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options,
+                                            registered=is_registered_task(task)),
                            **data_id, "model_revision": source.revision}
         hints[enc] = (f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
                       if names[enc] != default else "pass another --study-name or another --storage")

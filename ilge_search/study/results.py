@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from ..objectives import best_score_trial, score_of, study_objectives
+from ..protocol import protocol_of
 from ..storage import Storage, hide_password, open_storage
 from .final import LEGACY_SELECT
 
@@ -22,10 +23,13 @@ class StudyResult:
     ``final_trial``, chosen by the rule ``select``; ``search_gain`` is its test
     mean minus that of the starting configuration retrained with the same
     seeds, ``val_test_gap`` its objective minus its test mean (``None`` for
-    evaluations stored before these existed). ``best_value`` is the best
-    score. A multi-objective study names its ``objectives`` and keeps its
-    final front's records in ``front`` (``final_trial`` is the front's
-    best-score trial).
+    evaluations stored before these existed, and under the paper protocol).
+    ``best_value`` is the best score. A multi-objective study names its
+    ``objectives`` and keeps its final front's records in ``front``
+    (``final_trial`` is the front's best-score trial).
+    ``protocol`` says how the test scores were measured (``matched`` or
+    ``paper``, with ``samples_per_label`` examples per label; see
+    :mod:`ilge_search.protocol`).
     """
 
     study_name: str
@@ -50,6 +54,8 @@ class StudyResult:
     val_test_gap: Optional[float] = None
     objectives: List[str] = field(default_factory=lambda: ["score"])
     front: List[Dict[str, Any]] = field(default_factory=list)
+    protocol: str = "matched"
+    samples_per_label: Optional[int] = None
 
     @property
     def n_finished(self) -> int:
@@ -93,6 +99,8 @@ def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
         val_test_gap=attrs.get("final_val_test_gap"),
         objectives=list(study_objectives(attrs)),
         front=list(attrs.get("final_front") or []),
+        protocol=protocol_of(attrs),
+        samples_per_label=attrs.get("samples_per_label"),
     )
 
 
@@ -119,6 +127,7 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
             "model": attrs.get("model"),
             "task": attrs.get("task"),
             "encoder": attrs.get("encoder"),
+            "protocol": protocol_of(attrs) if attrs.get("model") else None,
             "metric": attrs.get("metric"),
             "trials": summary.n_trials,
             "best_val": None if best is None else score_of(best),
@@ -131,8 +140,8 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
             "search_gain": attrs.get("final_search_gain"),
             "objectives": "+".join(objectives),
         })
-    columns = ["study", "model", "task", "encoder", "metric", "trials", "best_val", "best_trial", "test_mean",
-               "test_std", "seeds", "select", "final_trial", "search_gain", "objectives"]
+    columns = ["study", "model", "task", "encoder", "protocol", "metric", "trials", "best_val", "best_trial",
+               "test_mean", "test_std", "seeds", "select", "final_trial", "search_gain", "objectives"]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
     frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]],
@@ -146,9 +155,10 @@ def format_results(results: Iterable[StudyResult]) -> str:
     """A plain-text table of :class:`StudyResult` rows (what ``run`` and ``sweep`` print).
 
     ``test mean +- std`` is that of the trial the selection rule chose (``(trial N, rule)``);
-    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown).
+    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown);
+    ``protocol`` says how the test scores were measured.
     """
-    header = ("study", "trials", "pruned", "failed", "best val", "test mean +- std", "search gain")
+    header = ("study", "protocol", "trials", "pruned", "failed", "best val", "test mean +- std", "search gain")
     rows = [header]
     for r in results:
         test = "-" if r.test_mean is None else f"{r.test_mean:.4f} +- {r.test_std:.4f} ({len(r.test_scores)} seeds)"
@@ -156,8 +166,8 @@ def format_results(results: Iterable[StudyResult]) -> str:
             test += f" (trial {r.final_trial}, {r.select})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
         gain = "-" if r.search_gain is None else f"{r.search_gain:+.4f}"
-        rows.append((r.study_name, str(r.n_complete + r.n_pruned + r.n_failed), str(r.n_pruned), str(r.n_failed),
-                     best, test, gain))
+        rows.append((r.study_name, r.protocol, str(r.n_complete + r.n_pruned + r.n_failed), str(r.n_pruned),
+                     str(r.n_failed), best, test, gain))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     for r in results:
@@ -181,6 +191,10 @@ def format_front(result: StudyResult) -> str:
              f"{len(result.front)} Pareto-front trials retrained):")
     return "\n".join([title] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
                                for row in rows])
+def _protocol_text(result: StudyResult) -> str:
+    if result.protocol == "paper" and result.metric == "accuracy":
+        return f"paper protocol: logistic readout, {result.samples_per_label} per label"
+    return f"{result.protocol} protocol"
 
 
 def summary_line(result: StudyResult) -> str:
@@ -191,7 +205,7 @@ def summary_line(result: StudyResult) -> str:
         text += f"; best validation {result.metric} {result.best_value:.4f} (trial {result.best_trial})"
     if result.test_mean is not None:
         text += (f"; test {result.metric} {result.test_mean:.4f} +- {result.test_std:.4f} "
-                 f"over {len(result.test_scores)} seeds")
+                 f"over {len(result.test_scores)} seeds ({_protocol_text(result)})")
         if result.search_gain is not None:
             text += f" (trial {result.final_trial}, {result.select}; search gain {result.search_gain:+.4f})"
     return text

@@ -30,7 +30,9 @@ Stored layout (what reports and the dashboard read):
 - study user attrs: ``model``, ``task``, ``encoder``, ``task_kind``, ``metric``,
   ``direction``, ``num_layers``, ``hidden_size``, ``num_classes``, ``label_names``,
   ``split_sizes``, ``cache_keys``, ``model_revision``, ``ilge_search_version``,
-  ``shots``, ``max_train``, ``max_eval``, ``max_epochs``, ``data_seed``,
+  ``shots``, ``max_train``, ``max_eval``, ``max_epochs``, ``data_seed``, ``cv``,
+  ``protocol`` and ``samples_per_label`` (absent on studies stored before
+  protocols existed: those are ``matched``),
   ``data_fingerprints``, ``task_path`` (a custom task's file or folder),
   ``artifact_dir`` and, after the final evaluation, the ``final_*`` attrs of
   :mod:`ilge_search.study.final`;
@@ -101,6 +103,8 @@ def run_study(
     objectives: Sequence[str] = ("score",),
     final_front: int = DEFAULT_FINAL_FRONT,
     data_seed: int = 0,
+    protocol: str = "matched",
+    samples_per_label: Optional[int] = None,
     zero_shot_tasks: Sequence[str] = (),
     data_dir: Optional[PathLike] = None,
     cache_dir: Optional[PathLike] = None,
@@ -153,6 +157,13 @@ def run_study(
             off with one log line. Its final evaluation retrains up to
             ``final_front`` trials of its Pareto front (``select`` does not apply).
         data_seed: seed of the few-shot and subsampling draws.
+        protocol: how the final scores are measured: ``"matched"`` (each final
+            model's own head on test) or ``"paper"`` (MTEB's logistic-regression
+            readout of the vectors, or their cosine Spearman; parameter-free
+            baselines untrained); part of the study's identity and name
+            (``:paper``); trials are the same under both. See :mod:`ilge_search.protocol`.
+        samples_per_label: the paper protocol's examples per label (default: the
+            MTEB task's own value, else 8).
         zero_shot_tasks: similarity tasks whose test split every final seed's
             model is also evaluated on (the paper's zero-shot STS protocol).
         data_dir, cache_dir, device: task data, embedding cache, device.
@@ -179,7 +190,8 @@ def run_study(
     given = dict(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
                  sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds, shots=shots,
                  max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv, select=select,
-                 objectives=tuple(objectives), final_front=final_front, data_seed=data_seed,
+                 objectives=tuple(objectives), final_front=final_front, data_seed=data_seed, protocol=protocol,
+                 samples_per_label=samples_per_label,
                  zero_shot_tasks=tuple(zero_shot_tasks), data_dir=data_dir, cache_dir=cache_dir, device=device,
                  artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
                  grace_period=grace_period, max_retry=max_retry, show_progress=show_progress)

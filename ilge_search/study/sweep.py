@@ -19,6 +19,9 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     objectives = ["score", "params"]   # a multi-objective study per entry (names get :obj-params); or a
                                        # table per encoder: {default = ["score", "params"], last-layer = ["score"]}
     final_front = 5                    # front trials a multi-objective study's final evaluation retrains
+    protocol = ["matched", "paper"]    # how final scores are measured (per task too); a list runs each;
+                                       # paper studies are named :paper (see ilge_search.protocol)
+    samples_per_label = 8              # the paper protocol's examples per label (per task too)
 
     [trials]                           # target number of finished trials per study
     default = 20
@@ -51,6 +54,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..files import read_text_utf8
 from ..objectives import DEFAULT_OBJECTIVES, check_objectives
+from ..protocol import DEFAULT_PROTOCOL, PROTOCOLS
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
@@ -67,7 +71,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SweepEntry", "Sweep", "load_sweep", "plan_sweep", "estimate_sweep", "run_sweep"]
+__all__ = ["SweepEntry", "Sweep", "load_sweep", "with_protocol", "plan_sweep", "estimate_sweep", "run_sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,8 +79,9 @@ PathLike = Union[str, os.PathLike]
 
 _TOP_KEYS = {"name", "storage", "models", "encoders", "sampler", "pruner", "seed", "final_seeds", "workers", "threads",
              "max_epochs", "max_train", "max_eval", "shots", "timeout", "trials", "tasks", "cv", "select", "objectives",
-             "final_front"}
-_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials", "cv", "objectives"}
+             "final_front", "protocol", "samples_per_label"}
+_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials", "cv", "objectives",
+              "protocol", "samples_per_label"}
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ class SweepEntry:
     zero_shot: Tuple[str, ...] = ()
     cv: Optional[int] = None
     objectives: Tuple[str, ...] = DEFAULT_OBJECTIVES
+    protocol: str = DEFAULT_PROTOCOL
+    samples_per_label: Optional[int] = None
 
     @property
     def study_name(self) -> str:
@@ -106,12 +113,20 @@ class SweepEntry:
             task = task_label(task, load_task(task))
         return default_study_name(self.model, task, self.encoder, shots=self.shots, max_train=self.max_train,
                                   max_eval=self.max_eval, max_epochs=self.max_epochs, cv=self.cv,
-                                  objectives=self.objectives)
+                                  objectives=self.objectives, protocol=self.protocol,
+                                  samples_per_label=self.samples_per_label)
 
     def group_key(self) -> Tuple:
-        """Entries with the same key share one ``run_study`` call (same data and study options)."""
+        """Entries with the same key share one ``run_study`` call (the same data and study options)."""
         return (self.model, self.task, self.max_train, self.max_eval, self.shots, self.max_epochs, self.zero_shot,
-                self.cv, self.objectives)
+                self.cv, self.objectives, self.protocol, self.samples_per_label)
+
+    def options(self, base: StudyOptions, n_trials: Any) -> StudyOptions:
+        """``base`` with this entry's data, budget, objective and protocol options and ``n_trials``."""
+        return base.replace(n_trials=n_trials, shots=self.shots, max_train=self.max_train, max_eval=self.max_eval,
+                            max_epochs=self.max_epochs, zero_shot_tasks=self.zero_shot, cv=self.cv,
+                            objectives=self.objectives, protocol=self.protocol,
+                            samples_per_label=self.samples_per_label)
 
 
 @dataclass
@@ -224,6 +239,13 @@ def _objectives(where: str, value: Any, encoders: Sequence[str],
             raise
         raise _fail(where, str(exc)) from None
     return {encoder: shared for encoder in encoders}
+def _protocols(where: str, value: Any) -> List[str]:
+    """A grid's ``protocol``: one name or a list of them (each gets its own studies)."""
+    names = _str_list(where, value, "protocol")
+    unknown = [name for name in names if name not in PROTOCOLS]
+    if unknown:
+        raise _fail(where, f"unknown protocol {unknown[0]!r}; expected one of {list(PROTOCOLS)} or a list of them")
+    return list(dict.fromkeys(names))
 
 
 def _check_task_name(where: str, task: str) -> None:
@@ -269,10 +291,18 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
             cv=_int_or_none(task_where, options, "cv", raw.get("cv"), minimum=2),
             zero_shot=zero_shot,
         )
-        for model in models:
-            for encoder in task_encoders:
-                entries.append(SweepEntry(model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder],
-                                          objectives=objectives[encoder], **common))
+        protocols = _protocols(task_where, options.get("protocol", raw.get("protocol", DEFAULT_PROTOCOL)))
+        samples_per_label = _int_or_none(task_where, options, "samples_per_label", raw.get("samples_per_label"))
+        if samples_per_label is not None and protocols == ["matched"]:
+            raise _fail(task_where, "samples_per_label sets the paper protocol's readout; add protocol = \"paper\" "
+                        "or drop it")
+        for protocol in protocols:
+            for model in models:
+                for encoder in task_encoders:
+                    entries.append(SweepEntry(
+                        model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder],
+                        objectives=objectives[encoder], protocol=protocol,
+                        samples_per_label=samples_per_label if protocol == "paper" else None, **common))
     return entries
 
 
@@ -304,6 +334,30 @@ def load_sweep(path: PathLike) -> Sweep:
     return sweep
 
 
+def with_protocol(sweep: Sweep, protocol: Optional[str] = None, samples_per_label: Optional[int] = None) -> Sweep:
+    """``sweep`` with every study under ``protocol`` (overriding the grid's; studies the grid lists under
+    several protocols become one each) and the paper studies' ``samples_per_label``; unchanged when both are None.
+
+    Raises:
+        ValueError: an unknown protocol, or ``samples_per_label`` without a paper study to apply to.
+    """
+    from ..protocol import check_protocol
+
+    entries = list(sweep.entries)
+    if protocol is not None:
+        check_protocol(protocol)
+        entries = list(dict.fromkeys(dataclasses.replace(e, protocol=protocol, samples_per_label=None)
+                                     for e in entries))
+    if samples_per_label is not None:
+        check_int("samples_per_label", samples_per_label)
+        if not any(e.protocol == "paper" for e in entries):
+            raise ValueError("samples_per_label sets the paper protocol's readout and this sweep has no paper "
+                             "study; add --protocol paper")
+        entries = [dataclasses.replace(e, samples_per_label=samples_per_label) if e.protocol == "paper" else e
+                   for e in entries]
+    return dataclasses.replace(sweep, entries=entries)
+
+
 def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple[Optional[Any], int, bool]:
     """One entry's study (``None`` before it exists), its finished trials and whether its final
     evaluation is current (always, when the sweep runs none)."""
@@ -316,13 +370,16 @@ def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple
                                                                 options.select, options.final_front)
 
 
-def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> Any:
-    """One row per study: its name, budget, finished trials, trials still to run and
-    whether its final evaluation is done (a ``pandas.DataFrame``)."""
+def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None, *, protocol: Optional[str] = None,
+               samples_per_label: Optional[int] = None) -> Any:
+    """One row per study: its name, protocol, budget, finished trials, trials still to run and
+    whether its final evaluation is done (a ``pandas.DataFrame``); ``protocol`` and
+    ``samples_per_label`` override the grid's (:func:`with_protocol`)."""
     import pandas as pd
 
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    sweep = with_protocol(sweep, protocol, samples_per_label)
     options = sweep.study_options()
     url = storage if storage is not None else sweep.storage
     # only read: a SQLite file that does not exist yet holds no study, and is not created
@@ -331,9 +388,9 @@ def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> 
     for entry in sweep.entries:
         _, finished, final = _status(opened, entry, options) if opened is not None else (None, 0, False)
         rows.append({"study": entry.study_name, "model": entry.model, "task": entry.task, "encoder": entry.encoder,
-                     "budget": entry.n_trials, "finished": finished, "to_run": max(0, entry.n_trials - finished),
-                     "final_done": final})
-    return pd.DataFrame(rows, columns=["study", "model", "task", "encoder", "budget", "finished", "to_run",
+                     "protocol": entry.protocol, "budget": entry.n_trials, "finished": finished,
+                     "to_run": max(0, entry.n_trials - finished), "final_done": final})
+    return pd.DataFrame(rows, columns=["study", "model", "task", "encoder", "protocol", "budget", "finished", "to_run",
                                        "final_done"])
 
 
@@ -341,7 +398,8 @@ def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None) -> 
 def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, workers: Optional[int] = None,
                    threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
                    encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None,
-                   cache_dir: Optional[PathLike] = None, device: str = "auto", calibrate: bool = True) -> List[Any]:
+                   cache_dir: Optional[PathLike] = None, device: str = "auto", calibrate: bool = True,
+                   protocol: Optional[str] = None, samples_per_label: Optional[int] = None) -> List[Any]:
     """The :class:`~ilge_search.study.plan.RunPlan` of each ``run_study`` call the sweep would make (a dry
     run: nothing is created or written), with the trials each study still needs to reach its budget.
     Arguments as in :func:`run_sweep`."""
@@ -349,6 +407,7 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
 
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
+    sweep = with_protocol(sweep, protocol, samples_per_label)
     overrides = {key: value for key, value in (("workers", workers), ("threads", threads)) if value}
     options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=False,
                                   **overrides)
@@ -363,10 +422,7 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
     plans = []
     for group in groups.values():
         first = group[0]
-        group_options = options.replace(n_trials={e.encoder: e.n_trials for e in group}, shots=first.shots,
-                                        max_train=first.max_train, max_eval=first.max_eval,
-                                        max_epochs=first.max_epochs, zero_shot_tasks=first.zero_shot, cv=first.cv,
-                                        objectives=first.objectives)
+        group_options = first.options(options, {e.encoder: e.n_trials for e in group})
         encoders = [e.encoder for e in group]
         now = plan_run(first.model, first.task, encoders, storage=url, options=group_options, calibrate=False)
         left = {s.encoder: max(0, e.n_trials - s.finished) for s, e in zip(now.studies, group, strict=True)}
@@ -378,7 +434,8 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
               threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
               encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
               device: str = "auto", artifact_dir: Optional[PathLike] = None, select: Optional[str] = None,
-              cv: Optional[int] = None, show_progress: bool = True) -> List[StudyResult]:
+              cv: Optional[int] = None, protocol: Optional[str] = None, samples_per_label: Optional[int] = None,
+              show_progress: bool = True) -> List[StudyResult]:
     """Run every study of a grid up to its budget, then its final evaluation.
 
     Args:
@@ -388,6 +445,8 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
         models, tasks, encoders: run only these parts of the grid (empty: all).
         select: overrides the file's ``select`` (the final evaluation's selection rule).
         cv: overrides every study's ``cv`` (and so its name: ``--cv`` studies are other studies).
+        protocol, samples_per_label: override the grid's (and so the names: ``:paper`` studies are
+            other studies; see :func:`with_protocol`).
         data_dir, cache_dir, device, artifact_dir, show_progress: as in :func:`run_study`.
 
     Returns:
@@ -400,6 +459,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
     if cv is not None:
         check_cv(cv)
         sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
+    sweep = with_protocol(sweep, protocol, samples_per_label)
     options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, artifact_dir=artifact_dir,
                                   show_progress=show_progress, **overrides)
     wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
@@ -412,7 +472,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
                           heartbeat_interval=options.heartbeat_interval, grace_period=options.grace_period,
                           max_retry=options.max_retry)
     groups: Dict[Tuple, List[SweepEntry]] = {}
-    for entry in entries:  # one run_study call per (model, task, data options, objectives)
+    for entry in entries:  # one run_study call per (model, task, data, objective and protocol options)
         groups.setdefault(entry.group_key(), []).append(entry)
     results: List[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
@@ -425,14 +485,11 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
                 done[entry.encoder] = study
             else:
                 remaining[entry.encoder] = max(0, entry.n_trials - finished)
-        logger.info("[%d/%d] %s / %s: %s", number, len(groups), first.model, first.task,
-                    ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done")
+        logger.info("[%d/%d] %s / %s (%s protocol): %s", number, len(groups), first.model, first.task,
+                    first.protocol, ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done")
         ran: Dict[str, StudyResult] = {}
         if remaining:
-            group_options = options.replace(n_trials=remaining, shots=first.shots, max_train=first.max_train,
-                                            max_eval=first.max_eval, max_epochs=first.max_epochs,
-                                            zero_shot_tasks=first.zero_shot, cv=first.cv,
-                                            objectives=first.objectives)
+            group_options = first.options(options, remaining)
             ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
             ran = dict(zip(remaining, ran_results, strict=True))
         for entry in group:
