@@ -15,7 +15,13 @@ stored, starting from ``optuna.get_all_study_summaries`` and each study's
   ``summary.csv`` and ``importances.csv``;
 - ``index.html``: one static page with the tables and the figures in
   ``figures/``: validation score of a probe on each layer against the
-  aggregators, optimisation histories and hyperparameter importances.
+  aggregators, optimisation histories and hyperparameter importances;
+- when the storage holds few-shot curves (studies differing only in
+  ``shots``, :mod:`~ilge_search.report.fewshot`): a table and one figure per
+  model and task of test score against examples per label;
+- when it holds a current leave-one-task-out evaluation (``ilge-search loto``,
+  :mod:`~ilge_search.report.loto`): the table of built-in against regenerated
+  defaults on each left-out task, and whether the regenerated ones win.
 
 Conventions:
 
@@ -53,7 +59,9 @@ from ..storage import hide_password
 from .attributions import attribution_notes, draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, collect_records
 from .document import Document, slug, write_atomic
+from .fewshot import draw_fewshot_figures, fewshot_frame, fewshot_notes, fewshot_rows
 from .figures import display_width, draw_figures
+from .loto import loto_rows, loto_sentences, loto_verdict_rows, stored_loto
 from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
 from .tables import (
     SELECTION_NOTE,
@@ -75,6 +83,14 @@ __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".ilge-report.json"  # the files a report wrote into its folder (relative paths)
+FEWSHOT_NOTE = ("Studies that differ only in training examples per label (`shots`; `studies/fewshot.toml`), with the "
+                "study of the same setting on the whole training subset as the last point. Each point is the "
+                "selected trial retrained with the final seeds and scored once on test. One few-shot draw per "
+                "count (the data seed): the spread is over training seeds, not over draws.")
+LOTO_NOTE = ("For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
+             "trained with no search on that task's study data, next to the built-in defaults of the published "
+             "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
+             "defaults are shipped only when they beat the built-in ones on average over the left-out tasks.")
 
 
 @dataclass
@@ -93,6 +109,8 @@ class ReportResult:
         figures: written PNGs, relative to ``out_dir``.
         notes: the closing sentences (also in the report).
         skipped: studies not reported, with the reason.
+        fewshot: one row per point of the few-shot curves (empty without few-shot studies).
+        loto: the stored leave-one-task-out evaluation (``loto.rows`` empty when there is none).
     """
 
     out_dir: Path
@@ -105,6 +123,8 @@ class ReportResult:
     figures: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     skipped: List[str] = field(default_factory=list)
+    fewshot: Any = None
+    loto: Any = None
 
 
 def _read_manifest(out: Path) -> Optional[Set[str]]:
@@ -219,6 +239,12 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     selection = selection_frame(records + duplicates)  # every study: they differ by training size and cv
     if not selection.empty:
         contents.insert(len(contents) - 1, ("Selection rules", "selection", []))
+    fewshot, fewshot_skipped = fewshot_frame(records + duplicates)  # curves differ by shots only
+    if not fewshot.empty:
+        contents.insert(len(contents) - 1, ("Few-shot curves", "few-shot", []))
+    loto = stored_loto(storage_url)
+    if loto.verdicts:
+        contents.insert(len(contents) - 1, ("Defaults on tasks they never saw", "leave-one-task-out", []))
     doc.contents(contents)
     for model in models:
         header, score_rows, gain_rows = model_tables(frame, model)
@@ -257,6 +283,26 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=2,
                   caption="Selection rules, with and without cross-validation, over the studies above that "
                           "were evaluated under both rules.")
+    fewshot_figures = draw_fewshot_figures(fewshot, fig_dir) if figures and not fewshot.empty else {}
+    if not fewshot.empty:
+        doc.heading(2, "Few-shot curves", anchor="few-shot")
+        doc.paragraph(FEWSHOT_NOTE)
+        doc.table(*fewshot_rows(fewshot), label="tab:few-shot", text_columns=4,
+                  caption="Test score by training examples per label, mean ± std over the final seeds (best encoder "
+                          "of each column in bold).")
+        doc.bullets(fewshot_notes(fewshot) + fewshot_skipped)
+        for (model, task), path in fewshot_figures.items():
+            doc.images({f"{model} · {task} few-shot": path}, widths={f"{model} · {task} few-shot":
+                                                                     display_width(out / path)})
+    if loto.verdicts:
+        doc.heading(2, "Defaults on tasks they never saw", anchor="leave-one-task-out")
+        doc.paragraph(LOTO_NOTE)
+        doc.table(*loto_verdict_rows(loto), label="tab:loto-verdict", text_columns=2,
+                  caption="Regenerated minus built-in defaults over the left-out tasks (points).")
+        doc.bullets(loto_sentences(loto))
+        doc.table(*loto_rows(loto), label="tab:loto", text_columns=4,
+                  caption="Each task left out in turn: test score of the built-in defaults and of the defaults "
+                          "regenerated without the task, both with no search (mean ± std over seeds).")
     doc.heading(2, "Studies", anchor="studies")
     doc.table(*studies_rows(records))
     if skipped:
@@ -271,11 +317,12 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
                        ("summary_csv", summary.to_csv(index=False)),
                        ("importances_csv", importances.to_csv(index=False))):
         write_atomic(files[kind], text)
-    figure_files = sorted(p for paths in [*figure_paths.values(), *layer_figures.values()] for p in paths.values())
+    figure_files = sorted([p for paths in [*figure_paths.values(), *layer_figures.values()] for p in paths.values()]
+                          + list(fewshot_figures.values()))
     _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
     logger.info("report of %d studies written to %s", len(records), out)
     return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},
                         gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
                         summary=summary, importances=importances, files=files,
                         figures=figure_files, notes=notes,
-                        skipped=skipped)
+                        skipped=skipped, fewshot=fewshot, loto=loto)

@@ -23,7 +23,7 @@ from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
 from .document import slug
 
 __all__ = ["FIGURE_KINDS", "DISPLAY_DPI", "SAVE_DPI", "draw_figures", "trial_counts", "display_width",
-           "new_figure", "save_figure"]
+           "new_figure", "save_figure", "report_style"]
 
 FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
@@ -71,7 +71,7 @@ def save_figure(figure: Any, path: Path) -> None:
     figure.savefig(path, dpi=SAVE_DPI)
 
 
-def _style() -> Any:
+def report_style() -> Any:
     """Larger fonts inside the block (only while drawing; the caller's rcParams are restored)."""
     from matplotlib import rc_context
 
@@ -238,7 +238,7 @@ def draw_figures(records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]
         for kind, draw, arg in (("layers", _layer_figure, group), ("history", _history_figure, group),
                                 ("importance", _importance_figure, items)):
             name = f"{slug(model, task)}-{kind}.png"
-            with _style():
+            with report_style():
                 drawn = draw(arg, fig_dir / name)
             if drawn:
                 here[kind] = f"figures/{name}"
