@@ -162,7 +162,11 @@ def _targets(storage_url: str, families: Sequence[str], models: Sequence[str], t
             values, _, used = derive_defaults(groups, exclude_tasks=[task])
             derived[task] = (values, used)
         values, used = derived[task]
-        bucket = model_size_bucket(model, attrs.get("hidden_size"))
+        try:
+            bucket = model_size_bucket(model, attrs.get("hidden_size"))
+        except ValueError as exc:  # as recommend skips such a study
+            notes.append(f"{model}/{task}/{family}: {exc}")
+            continue
         regenerated = values.get(family, {}).get(bucket)
         if regenerated is None:
             notes.append(f"{model}/{task}/{family}: no {family} study of another task in the {bucket} bucket to "
