@@ -90,7 +90,7 @@ def main() -> None:  # console-script entry point
 
 # the loggers of the study runner and sweeps (ilge_search.study.runner, .sweep ... log through their
 # package's logger), of the storage's dead-worker repair, and of the live trial notes
-_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard")
+_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.report.loto")
 
 
 def _study_logging(quiet: bool) -> None:
