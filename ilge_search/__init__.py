@@ -67,6 +67,9 @@ _LAZY = {
     "write_notes": "dashboard",
     "build_report": "report",
     "recommend_defaults": "report.recommend",
+    "leave_one_task_out": "report.loto",
+    "stored_loto": "report.loto",
+    "LotoResult": "report.loto",
 }
 
 __all__ = [

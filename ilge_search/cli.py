@@ -90,7 +90,7 @@ def main() -> None:  # console-script entry point
 
 # the loggers of the study runner and sweeps (ilge_search.study.runner, .sweep ... log through their
 # package's logger), of the storage's dead-worker repair, and of the live trial notes
-_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard")
+_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.report.loto")
 
 
 def _study_logging(quiet: bool) -> None:
@@ -416,7 +416,11 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote:
                     log_requests=log_requests, echo=click.echo)
 
 
-# ----------------------------------------------------------------------------- report / recommend
+# ----------------------------------------------------------------------------- report / recommend / loto
+
+_FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+                              show_default=True)
+
 
 
 @cli.command("report")
@@ -454,26 +458,65 @@ def report_command(storage: str, out_dir: str, no_figures: bool, force: bool, qu
               help="Rewrite the package's own ilge_search/data/recommended_defaults.json (maintainers).")
 @click.option("--family", "families", multiple=True, type=click.Choice(["cayley", "fc", "deepset"]),
               help="Only these families (repeatable) [default: all three].")
+@click.option("--exclude-task", "exclude_tasks", multiple=True,
+              help="Leave every study of this task out (repeatable): the defaults a task never influenced.")
 def recommend_command(storage: str, out_path: Optional[str], report_path: Optional[str], update_shipped: bool,
-                      families) -> None:
-    """Derive recommended defaults per family and model size from the studies' validation scores."""
+                      families, exclude_tasks) -> None:
+    """Derive recommended defaults per family and model size from the studies' validation scores.
+
+    With --update-shipped, a family's regenerated defaults are shipped only when `ilge-search loto` found
+    them better than the built-in ones on average over tasks they never saw.
+    """
     from .report.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets, recommend_defaults
 
     report = report_path or NEXT_TO_DEFAULTS
     target, page = defaults_targets(out_path, report, update_shipped=update_shipped)
     data = recommend_defaults(storage, out_path, report, families=list(families) or DEFAULT_FAMILIES,
-                              update_shipped=update_shipped)
+                              update_shipped=update_shipped, exclude_tasks=exclude_tasks)
     for family, buckets in data["families"].items():
         for bucket, values in buckets.items():
             click.echo(f"{family:<8} {bucket:<6} " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    for group, decision in data["metadata"]["shipping"].items():
+        click.echo(f"{group}: {decision}")
     click.echo(f"wrote {target}" + (f" and {page}" if page is not None else ""))
 
 
+@cli.command("loto")
+@storage_option(required=True)
+@click.option("--model", "models", multiple=True, help="Only this model (repeatable) [default: every model].")
+@click.option("--task", "tasks", multiple=True, help="Leave out only this task (repeatable) [default: each task].")
+@click.option("--family", "families", multiple=True, type=click.Choice(["cayley", "fc", "deepset"]),
+              help="Only these families (repeatable) [default: all three].")
+@click.option("--final-seeds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Training seeds per configuration (1000, 1001, ... as in `run`).")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads while training.")
+@_FORMAT_OPTION
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def loto_command(settings: Settings, storage: str, models, tasks, families, final_seeds: int, threads, fmt: str,
+                 quiet: bool) -> None:
+    """Leave one task out: do defaults regenerated without a task beat the built-in ones on it?
+
+    For each task, the defaults are regenerated from every other task's studies; they and the built-in
+    defaults are trained with no search on the data of the task's study, scored on its test split, and
+    stored on that study (a rerun trains only what is missing). `report` and `recommend` show the table.
+    """
+    from .report.loto import LOTO_FAMILIES, leave_one_task_out, loto_sentences
+
+    _study_logging(quiet)
+    result = leave_one_task_out(storage, models=models, tasks=tasks, families=list(families) or LOTO_FAMILIES,
+                                final_seeds=final_seeds, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
+                                device=settings.device, threads=threads, show_progress=not quiet)
+    columns = ["model", "task", "family", "unit", "builtin_mean", "builtin_std", "regenerated_mean",
+               "regenerated_std", "difference"]
+    _echo_frame(result.rows[columns], fmt, empty="nothing to evaluate")
+    if fmt == "table":
+        for sentence in loto_sentences(result):
+            click.echo(sentence)
+        click.echo(f"trained {result.trained} configurations; the rest were stored")
+
+
 # ----------------------------------------------------------------------------- export / predict / listings
-
-_FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-                              show_default=True)
-
 
 @cli.command("export")
 @storage_option()

@@ -183,3 +183,54 @@ def test_recommend_cli_and_errors(storage_url, tmp_path):
     assert not (tmp_path / "x.json").exists()
     with pytest.raises(ValueError, match="unknown families"):
         recommend_defaults(storage_url, tmp_path / "x.json", None, families=["gnn"])
+
+
+# ----------------------------------------------------------------------------- --exclude-task
+
+
+@pytest.fixture(scope="module")
+def one_task_decides_url(tmp_path_factory):
+    """trec's studies favour hidden_dim 512 strongly; the other tasks are indifferent to it (every level ties,
+    so the built-in 256 wins the tie). All tasks agree on lr 1e-2; every trial is a GCN."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('exclude') / 'studies.db'}"
+    indifferent = {**SMALL_EFFECTS, "hidden_dim": {128: 0.0, 256: 0.0, 512: 0.0}}
+    decisive = {**SMALL_EFFECTS, "hidden_dim": {128: 0.0, 256: 0.0, 512: 2.0}}
+    for model, hidden in [("minilm-l6", 384), ("smollm2-135m", 576)]:
+        for task in ["trec", "emotion", "sst2"]:
+            effects = decisive if task == "trec" else indifferent
+            rows = [(p, score(p, effects, scale=0.1, offset=0.3)) for p in graph_grid() if p["conv_type"] == "gcn"]
+            add_study(url, f"{model}:{task}:cayley", {"model": model, "task": task, "hidden_size": hidden}, "cayley",
+                      rows)
+    return url
+
+
+def test_exclude_task_leaves_out_exactly_the_named_tasks_studies(one_task_decides_url, tmp_path):
+    every = recommend_defaults(one_task_decides_url, tmp_path / "all.json", None)
+    assert every["families"]["cayley"]["small"]["hidden_dim"] == 512  # trec's studies decide it
+    without = recommend_defaults(one_task_decides_url, tmp_path / "no-trec.json", tmp_path / "no-trec.md",
+                                 exclude_tasks=["trec"])
+    assert without["families"]["cayley"]["small"]["hidden_dim"] == 256
+    assert without["families"]["cayley"]["small"]["conv_type"] == "gcn" and without["metadata"]["excluded_tasks"] == [
+        "trec"]
+    assert sorted(without["metadata"]["studies"]["cayley/small"]) == sorted(
+        f"{m}:{t}:cayley" for m in ("minilm-l6", "smollm2-135m") for t in ("emotion", "sst2"))
+    assert "Regenerated without the studies of `trec`" in (tmp_path / "no-trec.md").read_text()
+    # leaving out a task that does not decide anything changes nothing
+    no_sst2 = recommend_defaults(one_task_decides_url, tmp_path / "no-sst2.json", None, exclude_tasks=["sst2"])
+    assert no_sst2["families"] == every["families"]
+
+    result = CliRunner().invoke(cli, ["recommend", "--storage", one_task_decides_url, "--out",
+                                      str(tmp_path / "cli.json"), "--exclude-task", "trec"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "cli.json").read_text())["families"] == without["families"]
+    # a task without studies (a typo) and --exclude-task with --update-shipped are one-line errors, nothing written
+    typo = CliRunner().invoke(cli, ["recommend", "--storage", one_task_decides_url, "--out",
+                                    str(tmp_path / "typo.json"), "--exclude-task", "treck"])
+    assert typo.exit_code == 1 and "--exclude-task treck: no cayley/fc/deepset study of that task" in typo.output
+    assert "(its tasks: emotion, sst2, trec)" in typo.output and not (tmp_path / "typo.json").exists()
+    shipped = CliRunner().invoke(cli, ["recommend", "--storage", one_task_decides_url, "--update-shipped",
+                                       "--exclude-task", "trec"])
+    assert shipped.exit_code == 1 and "drop --exclude-task" in shipped.output
+    with pytest.raises(ValueError, match="besides those of the excluded tasks"):
+        recommend_defaults(one_task_decides_url, tmp_path / "none.json", None,
+                           exclude_tasks=["trec", "emotion", "sst2"])

@@ -68,6 +68,73 @@ trials = { cayley = 3 }
                                                                                  ("minilm-l6", "sst2")]
 
 
+def test_a_shots_list_expands_to_one_study_per_count_and_full(tmp_path):
+    path = write(tmp_path, """
+models = ["minilm-l6"]
+encoders = ["cayley", "last-layer"]
+max_train = 500
+max_eval = 400
+shots = [8, 16, "full"]
+[trials]
+default = 2
+[tasks.trec]
+[tasks.sst2]
+shots = 32
+[tasks.emotion]
+shots = ["full", 64]
+""")
+    sweep = load_sweep(path)
+    got = [(e.task, e.shots, e.encoder) for e in sweep.entries]
+    assert got == [("trec", 8, "cayley"), ("trec", 8, "last-layer"), ("trec", 16, "cayley"),
+                   ("trec", 16, "last-layer"), ("trec", None, "cayley"), ("trec", None, "last-layer"),
+                   ("sst2", 32, "cayley"), ("sst2", 32, "last-layer"),
+                   ("emotion", None, "cayley"), ("emotion", None, "last-layer"), ("emotion", 64, "cayley"),
+                   ("emotion", 64, "last-layer")]
+    names = [e.study_name for e in sweep.entries if e.task == "trec" and e.encoder == "cayley"]
+    assert names == ["minilm-l6:trec:cayley:8shot:train500:eval400", "minilm-l6:trec:cayley:16shot:train500:eval400",
+                     "minilm-l6:trec:cayley:train500:eval400"]  # "full" is the study a grid without shots makes
+    assert len({e.study_name for e in sweep.entries}) == len(sweep.entries)
+    assert sweep.pairs() == [("minilm-l6", "trec"), ("minilm-l6", "sst2"), ("minilm-l6", "emotion")]
+    # each count is its own study identity, run by its own run_study call
+    from ilge_search.study.identity import study_identity
+
+    options = sweep.study_options()
+    identities = {e.shots: study_identity(e.model, e.task, e.encoder, options.replace(shots=e.shots,
+                                                                                       max_train=e.max_train))
+                  for e in sweep.entries if e.task == "trec" and e.encoder == "cayley"}
+    assert [identities[s]["shots"] for s in (8, 16, None)] == [8, 16, None]
+
+
+def test_old_grids_keep_their_studies(tmp_path):
+    """A single count (or none) gives exactly the entries and names it gave before shots lists existed."""
+    path = write(tmp_path, """
+models = ["minilm-l6"]
+encoders = ["cayley"]
+shots = 8
+[trials]
+default = 2
+[tasks.trec]
+[tasks.sst2]
+shots = 4
+""")
+    assert [e.study_name for e in load_sweep(path).entries] == ["minilm-l6:trec:cayley:8shot",
+                                                                "minilm-l6:sst2:cayley:4shot"]
+    offline = load_sweep(REPO / "studies" / "offline.toml")
+    assert {e.shots for e in offline.entries} == {None}
+    assert "minilm-l6:trec:cayley:train500:eval400:ep10" in {e.study_name for e in offline.entries}
+
+
+def test_the_fewshot_grid_shares_the_offline_grids_full_data_studies():
+    fewshot = load_sweep(REPO / "studies" / "fewshot.toml")
+    offline = load_sweep(REPO / "studies" / "offline.toml")
+    assert fewshot.storage == offline.storage and fewshot.final_seeds >= 3
+    assert sorted({e.model for e in fewshot.entries}) == ["minilm-l6", "smollm2-135m"]
+    assert {e.shots for e in fewshot.entries} == {8, 16, 32, 64, None}
+    assert {e.encoder for e in fewshot.entries} == {"cayley", "last-layer", "best-layer"}
+    full = {e.study_name for e in fewshot.entries if e.shots is None}
+    assert full <= {e.study_name for e in offline.entries}  # the full points are the offline grid's studies
+
+
 @pytest.mark.parametrize("text, message", [
     ('models = ["m"]\ncolour = 1\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown key(s) ['colour']"),
     ('models = ["m"]\nencoders = ["cayley"]\n[tasks.trec]\n', "no trial budget for encoder 'cayley'"),
@@ -80,6 +147,11 @@ trials = { cayley = 3 }
     ('models = ["m"]\n[trials]\ndefault = 1\n', "no tasks"),
     ('models = ["m"]\nstorage = "studies.db"\n[trials]\ndefault = 1\n[tasks.trec]\n', "storage must be a database URL"),
     ('models = ["m"\n', "not valid TOML"),
+    ('models = ["m"]\nshots = "full"\n[trials]\ndefault = 1\n[tasks.trec]\n', "shots must be a count >= 1"),
+    ('models = ["m"]\nshots = [8, 0]\n[trials]\ndefault = 1\n[tasks.trec]\n', "shots must be an integer >= 1"),
+    ('models = ["m"]\nshots = []\n[trials]\ndefault = 1\n[tasks.trec]\n', "non-empty list of counts"),
+    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nshots = [8, 8]\n', "[tasks.trec]: shots lists 8 twice"),
+    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.stsb]\nshots = [8, "full"]\n', "shots needs a classification"),
 ])
 def test_bad_grids_fail_with_the_key_named(tmp_path, text, message):
     path = write(tmp_path, text)

@@ -18,7 +18,13 @@ stored, starting from ``optuna.get_all_study_summaries`` and each study's
   protocols, ``protocol_effect.csv``;
 - ``index.html``: one static page with the tables and the figures in
   ``figures/``: validation score of a probe on each layer against the
-  aggregators, optimisation histories and hyperparameter importances.
+  aggregators, optimisation histories and hyperparameter importances;
+- when the storage holds few-shot curves (studies differing only in
+  ``shots``, :mod:`~ilge_search.report.fewshot`): a table and one figure per
+  model and task of test score against examples per label;
+- when it holds a current leave-one-task-out evaluation (``ilge-search loto``,
+  :mod:`~ilge_search.report.loto`): the table of built-in against regenerated
+  defaults on each left-out task, and whether the regenerated ones win.
 
 Conventions:
 
@@ -60,7 +66,9 @@ from ..storage import hide_password
 from .attributions import attribution_notes, draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, collect_records
 from .document import Document, slug, write_atomic
+from .fewshot import draw_fewshot_figures, fewshot_frame, fewshot_notes, fewshot_rows
 from .figures import display_width, draw_figures
+from .loto import loto_rows, loto_sentences, loto_verdict_rows, stored_loto
 from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
 from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
 from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_frame, protocol_effect_notes, protocol_effect_rows
@@ -91,6 +99,14 @@ _PROTOCOL_CAPTIONS = {
               "draws; cosine Spearman for similarity; the last layer, best layer and mean of layers untrained, the "
               "same score for every seed)"),
 }
+FEWSHOT_NOTE = ("Studies that differ only in training examples per label (`shots`; `studies/fewshot.toml`), with the "
+                "study of the same setting on the whole training subset as the last point. Each point is the "
+                "selected trial retrained with the final seeds and scored once on test. One few-shot draw per "
+                "count (the data seed): the spread is over training seeds, not over draws.")
+LOTO_NOTE = ("For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
+             "trained with no search on that task's study data, next to the built-in defaults of the published "
+             "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
+             "defaults are shipped only when they beat the built-in ones on average over the left-out tasks.")
 
 
 @dataclass
@@ -111,6 +127,8 @@ class ReportResult:
         figures: written PNGs, relative to ``out_dir``.
         notes: the closing sentences (also in the report).
         skipped: studies not reported, with the reason.
+        fewshot: one row per point of the few-shot curves (empty without few-shot studies).
+        loto: the stored leave-one-task-out evaluation (``loto.rows`` empty when there is none).
     """
 
     out_dir: Path
@@ -124,6 +142,8 @@ class ReportResult:
     figures: List[str] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     skipped: List[str] = field(default_factory=list)
+    fewshot: Any = None
+    loto: Any = None
 
 
 def _read_manifest(out: Path) -> Optional[Set[str]]:
@@ -250,6 +270,12 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     front_figures = draw_pareto_figures(every, fig_dir) if figures and fronts else {}
     if fronts:
         contents.insert(len(contents) - 1, ("Pareto fronts", "pareto", []))
+    fewshot, fewshot_skipped = fewshot_frame(every)  # curves differ by shots only
+    if not fewshot.empty:
+        contents.insert(len(contents) - 1, ("Few-shot curves", "few-shot", []))
+    loto = stored_loto(storage_url)
+    if loto.verdicts:
+        contents.insert(len(contents) - 1, ("Defaults on tasks they never saw", "leave-one-task-out", []))
     doc.contents(contents)
     for model in models:
         doc.heading(2, model, anchor=f"model-{slug(model)}")
@@ -310,6 +336,26 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
                           "mean ± std over the final seeds, in score units), and the layer baselines of the same "
                           "model and task (in italics) for reference.")
         doc.bullets(pareto_notes(every))
+    fewshot_figures = draw_fewshot_figures(fewshot, fig_dir) if figures and not fewshot.empty else {}
+    if not fewshot.empty:
+        doc.heading(2, "Few-shot curves", anchor="few-shot")
+        doc.paragraph(FEWSHOT_NOTE)
+        doc.table(*fewshot_rows(fewshot), label="tab:few-shot", text_columns=4,
+                  caption="Test score by training examples per label, mean ± std over the final seeds (best encoder "
+                          "of each column in bold).")
+        doc.bullets(fewshot_notes(fewshot) + fewshot_skipped)
+        for (model, task), path in fewshot_figures.items():
+            doc.images({f"{model} · {task} few-shot": path}, widths={f"{model} · {task} few-shot":
+                                                                     display_width(out / path)})
+    if loto.verdicts:
+        doc.heading(2, "Defaults on tasks they never saw", anchor="leave-one-task-out")
+        doc.paragraph(LOTO_NOTE)
+        doc.table(*loto_verdict_rows(loto), label="tab:loto-verdict", text_columns=2,
+                  caption="Regenerated minus built-in defaults over the left-out tasks (points).")
+        doc.bullets(loto_sentences(loto))
+        doc.table(*loto_rows(loto), label="tab:loto", text_columns=4,
+                  caption="Each task left out in turn: test score of the built-in defaults and of the defaults "
+                          "regenerated without the task, both with no search (mean ± std over seeds).")
     doc.heading(2, "Studies", anchor="studies")
     doc.table(*studies_rows(records))
     if skipped:
@@ -327,12 +373,12 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         texts.append(("protocol_effect_csv", effect.to_csv(index=False)))
     for kind, text in texts:
         write_atomic(files[kind], text)
-    figure_files = sorted(p for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
-                          for p in paths.values())
+    figure_files = sorted([p for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
+                           for p in paths.values()] + list(fewshot_figures.values()))
     _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
     logger.info("report of %d studies written to %s", len(records), out)
     return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},
                         gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
                         summary=summary, importances=importances, protocol_effect=effect, files=files,
                         figures=figure_files, notes=notes,
-                        skipped=skipped)
+                        skipped=skipped, fewshot=fewshot, loto=loto)

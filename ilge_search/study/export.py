@@ -171,9 +171,9 @@ def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLik
 
 
 def load_training_data(study: Any, *, data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-                       device: str = "auto", show_progress: bool = False) -> Any:
-    """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData` without test),
-    rebuilt from its user attrs through the embedding cache (extracting on a miss).
+                       device: str = "auto", show_progress: bool = False, with_test: bool = False) -> Any:
+    """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData`; with ``with_test``
+    its test split too), rebuilt from its user attrs through the embedding cache (extracting on a miss).
 
     Raises:
         ValueError: the data (or the model's weights) differ from those the study stored cache keys for.
@@ -186,9 +186,9 @@ def load_training_data(study: Any, *, data_dir: Optional[PathLike] = None, cache
                     data_seed=int(attrs.get("data_seed", 0)),
                     data_dir=None if data_dir is None else str(data_dir),
                     cache_dir=None if cache_dir is None else str(cache_dir), device=device)
-    data = load_study_data(spec, with_test=False, progress=show_progress)
+    data = load_study_data(spec, with_test=with_test, progress=show_progress)
     stored_keys = attrs.get("cache_keys") or {}
-    changed = [split for split in ("train", "validation")
+    changed = [split for split in ("train", "validation") + (("test",) if with_test else ())
                if split in stored_keys and stored_keys[split] != data.cache_keys.get(split)]
     if changed:
         raise ValueError(f"the {'/'.join(changed)} data of task {attrs['task']!r} (or the model's weights) differ "

@@ -15,6 +15,7 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     max_epochs = 30                    # cap on every config's epochs
     max_train = 2000                   # default cap on train examples per task
     cv = 5                             # score trials on 5 folds of train (per task too); names get :cv5
+    shots = [8, 16, 32, 64, "full"]    # one study per value (per task too); "full": no few-shot draw
     select = "one-se"                  # best | one-se: the trial the final evaluation retrains
     objectives = ["score", "params"]   # a multi-objective study per entry (names get :obj-params); or a
                                        # table per encoder: {default = ["score", "params"], last-layer = ["score"]}
@@ -33,6 +34,11 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     zero_shot = ["sick_r"]             # evaluated with the STS-B encoder
     [tasks.trec]
     objectives = ["score", "latency"]  # per task too (a list, or a table per encoder)
+
+``shots`` is one count of training examples per label, or a list of them
+(``"full"`` in a list: the study without a few-shot draw, on the task's
+``max_train`` cap): each value is a study of its own, named with its shots
+(``minilm-l6:trec:cayley:8shot:train500``), so a list draws a few-shot curve.
 
 Budgets are totals, not increments: a study that already holds its budget of
 complete + pruned trials gets none more, so rerunning a sweep resumes it and
@@ -258,6 +264,36 @@ def _check_task_name(where: str, task: str) -> None:
             raise _fail(where, str(exc)) from None
 
 
+FULL_SHOTS = "full"  # in a shots list: the study on the whole (capped) training split
+
+
+def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> List[Optional[int]]:
+    """The task's shots per label as a list, one study each (``None``: no few-shot draw)."""
+    value = options.get("shots", raw.get("shots"))
+    if value is None:
+        return [None]
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise _fail(where, "shots must be a count, or a non-empty list of counts and \"full\"")
+    out: List[Optional[int]] = []
+    for item in values:
+        if item == FULL_SHOTS and isinstance(value, list):
+            shots = None
+        elif isinstance(item, bool) or not isinstance(item, int):
+            raise _fail(where, f"shots must be a count >= 1, or a list of counts and \"full\", got {value!r}")
+        else:
+            shots = _int_or_none(where, {"shots": item}, "shots")
+        if shots in out:
+            raise _fail(where, f"shots lists {item!r} twice")
+        out.append(shots)
+    if any(s is not None for s in out) and is_registered_task(task):
+        from ..tasks import get_task_spec
+
+        if get_task_spec(task).kind != "classification":
+            raise _fail(where, f"shots needs a classification task; {task!r} is {get_task_spec(task).kind}")
+    return out
+
+
 def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
@@ -286,7 +322,6 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         common = dict(
             max_train=_int_or_none(task_where, options, "max_train", raw.get("max_train")),
             max_eval=_int_or_none(task_where, options, "max_eval", raw.get("max_eval")),
-            shots=_int_or_none(task_where, options, "shots", raw.get("shots")),
             max_epochs=_int_or_none(task_where, options, "max_epochs", raw.get("max_epochs")),
             cv=_int_or_none(task_where, options, "cv", raw.get("cv"), minimum=2),
             zero_shot=zero_shot,
@@ -296,13 +331,15 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         if samples_per_label is not None and protocols == ["matched"]:
             raise _fail(task_where, "samples_per_label sets the paper protocol's readout; add protocol = \"paper\" "
                         "or drop it")
+        shot_values = _shots(task_where, task, options, raw)
         for protocol in protocols:
             for model in models:
-                for encoder in task_encoders:
-                    entries.append(SweepEntry(
-                        model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder],
-                        objectives=objectives[encoder], protocol=protocol,
-                        samples_per_label=samples_per_label if protocol == "paper" else None, **common))
+                for shots in shot_values:
+                    for encoder in task_encoders:
+                        entries.append(SweepEntry(
+                            model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder], shots=shots,
+                            objectives=objectives[encoder], protocol=protocol,
+                            samples_per_label=samples_per_label if protocol == "paper" else None, **common))
     return entries
 
 

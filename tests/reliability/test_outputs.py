@@ -85,17 +85,27 @@ def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config
 
 
 def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_config, monkeypatch, tmp_path):
+    from ilge_search.report.loto import stored_loto
+
     stand_in = tmp_path / "package" / "recommended_defaults.json"  # never the real package file in a test
     stand_in.parent.mkdir()
     shutil.copyfile(tuning.RECOMMENDED_DEFAULTS_PATH, stand_in)
+    before = digest(stand_in)
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", stand_in)
     page = tmp_path / "defaults.md"
     result = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--report",
                                       str(page)])
-    assert result.exit_code == 0, result.output
-    assert result.output.strip().splitlines()[-1] == f"wrote {stand_in} and {page}"
-    committed = json.loads((ROOT / "ilge_search" / "data" / "recommended_defaults.json").read_text())
-    assert json.loads(stand_in.read_text())["families"] == committed["families"]  # the README's command reproduces it
+    loto = stored_loto(storage_copy)
+    if loto.missing or not loto.verdicts:
+        # the shipping rule: without a complete leave-one-task-out evaluation in the storage nothing is shipped
+        assert result.exit_code == 1 and "ilge-search loto --storage" in result.output
+        assert digest(stand_in) == before and not page.exists()
+    else:
+        assert result.exit_code == 0, result.output
+        assert result.output.strip().splitlines()[-1] == f"wrote {stand_in} and {page}"
+        committed = json.loads((ROOT / "ilge_search" / "data" / "recommended_defaults.json").read_text())
+        # the README's command reproduces the shipped file
+        assert json.loads(stand_in.read_text())["families"] == committed["families"]
     assert not user_config.exists()
 
     both = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--out",

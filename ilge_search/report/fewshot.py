@@ -1,0 +1,193 @@
+"""Few-shot curves: test score against training examples per label, per model and task.
+
+A *curve* is the studies of one model, task and data setting (``max_train``,
+``max_eval``, ``max_epochs``, ``cv``, data seed) that differ only in ``shots``,
+with at least one few-shot study among them; the study of the same setting
+without ``shots`` is the curve's *full* point (the whole, capped, training
+split). ``studies/fewshot.toml`` makes such studies. Per curve and encoder,
+each point is the final test score, mean ± std over the final seeds; the
+few-shot draw itself is one draw (the study's data seed), so the spread is
+over training seeds only, which the figure title says.
+
+Only studies with final test scores are drawn. When a model and task have
+several settings with few-shot studies, the one with the most studies is drawn
+and the others are named in a note.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
+from .document import MISSING, Cell, plural, slug
+from .figures import new_figure, save_figure
+
+__all__ = ["FEWSHOT_COLUMNS", "fewshot_frame", "fewshot_rows", "fewshot_notes", "draw_fewshot_figures"]
+
+FEWSHOT_COLUMNS = ["model", "task", "encoder", "shots", "train_size", "metric", "unit", "mean", "std", "n_seeds",
+                   "study", "maximize"]
+_SETTING = ("max_train", "max_eval", "max_epochs", "cv", "data_seed")
+
+
+def _setting(record: StudyRecord) -> Tuple:
+    return (record.model, record.base_task) + tuple(record.attrs.get(key) for key in _SETTING)
+
+
+def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
+    """One row per (model, task, encoder, shots) of every few-shot curve (``shots`` NaN: the full point), in
+    score units; and notes on the curves not drawn."""
+    import pandas as pd
+
+    settings: Dict[Tuple, List[StudyRecord]] = {}
+    for record in records:
+        if record.test_mean is not None:
+            settings.setdefault(_setting(record), []).append(record)
+    curves = {key: group for key, group in settings.items() if any(r.attrs.get("shots") for r in group)}
+    chosen: Dict[Tuple[str, str], Tuple] = {}
+    notes: List[str] = []
+    for key in sorted(curves, key=lambda k: (-len(curves[k]), repr(k))):
+        pair = key[:2]
+        if pair in chosen:
+            notes.append(f"{pair[0]} · {pair[1]}: few-shot studies of another setting not drawn "
+                         f"({', '.join(sorted(r.name for r in curves[key]))})")
+        else:
+            chosen[pair] = key
+    rows = []
+    for key in chosen.values():
+        seen = set()
+        # several studies of one encoder and shots (e.g. with and without a final evaluation): the most seeds
+        for r in sorted(curves[key], key=lambda r: (len(r.test_scores), r.name), reverse=True):
+            shots = r.attrs.get("shots") or None
+            if (r.encoder, shots) in seen:
+                continue
+            seen.add((r.encoder, shots))
+            scale, unit = score_unit(r.metric)
+            rows.append({"model": r.model, "task": r.base_task, "encoder": r.encoder,
+                         "shots": math.nan if shots is None else float(shots),
+                         "train_size": (r.attrs.get("split_sizes") or {}).get("train"), "metric": r.metric,
+                         "unit": unit, "mean": r.test_mean * scale,
+                         "std": (r.test_std or 0.0) * scale, "n_seeds": len(r.test_scores), "study": r.name,
+                         "maximize": r.maximize})
+    frame = pd.DataFrame(rows, columns=FEWSHOT_COLUMNS)
+    if not frame.empty:
+        frame = frame.assign(_e=frame["encoder"].map(METHODS.index), _s=frame["shots"].fillna(math.inf))
+        frame = frame.sort_values(["model", "task", "_e", "_s"]).drop(columns=["_e", "_s"]).reset_index(drop=True)
+    return frame, notes
+
+
+def _shots_columns(frame: Any) -> List[int]:
+    return sorted(int(s) for s in frame["shots"].dropna().unique())
+
+
+def _cell(row: Any) -> str:
+    if row is None:
+        return MISSING
+    return f"{row['mean']:.2f} ± {row['std']:.2f}" if row["n_seeds"] > 1 else f"{row['mean']:.2f}"
+
+
+def fewshot_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
+    """(header, rows): per (model, task, encoder), the test score at each shots per label and on the full
+    subset (its training size in the cell); the best encoder of each column of a (model, task) in bold."""
+    shots = _shots_columns(frame)
+    header = ["model", "task", "unit", "encoder"] + [f"{s} per label" for s in shots] + ["full subset"]
+    rows: List[List[Cell]] = []
+    for (model, task), part in frame.groupby(["model", "task"], sort=False):
+        best: Dict[Any, float] = {}
+        for column in shots + [None]:
+            here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
+            if len(here):
+                signed = here["mean"].round(2) * (1 if here["maximize"].iloc[0] else -1)
+                best[column] = float(signed.max())
+        for encoder, rows_here in part.groupby("encoder", sort=False):
+            by_shots = {None if math.isnan(r["shots"]) else int(r["shots"]): r for _, r in rows_here.iterrows()}
+            cells = [Cell(model), Cell(task), Cell(rows_here["unit"].iloc[0]), Cell(METHOD_LABELS[encoder])]
+            for column in shots + [None]:
+                row = by_shots.get(column)
+                text = _cell(row)
+                if row is not None and column is None and row["train_size"]:
+                    text += f" (n={int(row['train_size'])})"
+                sign = 1 if row is None or row["maximize"] else -1
+                bold = row is not None and round(row["mean"], 2) * sign == best.get(column)
+                cells.append(Cell(text, bold=bold))
+            rows.append(cells)
+    return header, rows
+
+
+def fewshot_notes(frame: Any) -> List[str]:
+    """Per model: where Cayley stands against the last and the best single layer at the fewest shots and on
+    the full subset, over the tasks with both."""
+    notes = []
+    for model, part in frame.groupby("model", sort=False):
+        fewest = part["shots"].min()
+        parts = []
+        for label, column in ((f"{int(fewest)} examples per label", fewest), ("the full subset", None)):
+            here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
+            table = here.pivot(index="task", columns="encoder", values="mean")
+            for other, name in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
+                if "cayley" not in table or other not in table:
+                    continue
+                both = table[["cayley", other]].dropna()
+                if both.empty:
+                    continue
+                diff = (both["cayley"] - both[other]).round(2)
+                parts.append(f"with {label}, Cayley minus {name}: {diff.mean():+.2f} points on average (ahead on "
+                             f"{int((diff > 0).sum())} of {plural(len(diff), 'task')})")
+        if parts:
+            notes.append(f"{model}: " + "; ".join(parts) + ".")
+    return notes
+
+
+def _figure(part: Any, path: Path) -> None:
+    from matplotlib import colormaps
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    cmap = colormaps["tab10"]
+    colors = {m: cmap(i) for i, m in enumerate(METHODS)}
+    shots = _shots_columns(part)
+    full_x = shots[-1] * 2 if shots else 1
+    figure = new_figure(7.5, 4.0)
+    ax = figure.add_subplot(1, 1, 1)
+    for encoder, rows in part.groupby("encoder", sort=False):
+        few = rows[rows["shots"].notna()].sort_values("shots")
+        full = rows[rows["shots"].isna()]
+        color = colors[encoder]
+        ax.errorbar(few["shots"], few["mean"], yerr=few["std"], marker="o", markersize=5, capsize=3, linewidth=1.8,
+                    color=color, label=METHOD_LABELS[encoder])
+        if len(full):
+            ax.errorbar([full_x], full["mean"], yerr=full["std"], marker="s", markersize=6, capsize=3, color=color,
+                        linestyle="none")
+            if len(few):
+                ax.plot([few["shots"].iloc[-1], full_x], [few["mean"].iloc[-1], full["mean"].iloc[0]], linestyle=":",
+                        linewidth=1.2, color=color)
+    ax.set_xscale("log", base=2)
+    full_rows = part[part["shots"].isna()]
+    train = full_rows["train_size"].dropna()
+    full_label = f"full\n(n={int(train.iloc[0])})" if len(train) else "full"
+    ticks = shots + ([full_x] if len(full_rows) else [])
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(s) for s in shots] + ([full_label] if len(full_rows) else []))
+    ax.set_xlabel("training examples per label (log scale)")
+    ax.set_ylabel(f"test {part['unit'].iloc[0]}")
+    seeds = sorted(set(part["n_seeds"]))
+    first = part.iloc[0]
+    ax.set_title(f"{first['model']} · {first['task']}: test score vs examples per label\n"
+                 f"(mean ± std over {'/'.join(map(str, seeds))} training seeds; one few-shot draw per count)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    save_figure(figure, path)
+
+
+def draw_fewshot_figures(frame: Any, fig_dir: Path) -> Dict[Tuple[str, str], str]:
+    """One PNG per (model, task) curve: ``{(model, task): path relative to the report folder}``."""
+    from .figures import figure_style
+
+    drawn: Dict[Tuple[str, str], str] = {}
+    for (model, task), part in frame.groupby(["model", "task"], sort=False):
+        name = f"{slug(model, task)}-fewshot.png"
+        with figure_style():
+            _figure(part, fig_dir / name)
+        drawn[(model, task)] = f"{fig_dir.name}/{name}"
+    return drawn

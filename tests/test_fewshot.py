@@ -1,0 +1,104 @@
+"""Few-shot curves in the report: a small real sweep over shots 8, 16 and the full subset (minilm-l6, trec; the
+report tests' caps, so the session cache already holds the validation, test and full training embeddings)."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+
+from ilge_search.report import build_report
+from ilge_search.report.data import collect_records
+from ilge_search.report.fewshot import fewshot_frame
+
+MODEL = "minilm-l6"
+GRID = """
+storage = "{storage}"
+models = ["minilm-l6"]
+encoders = ["cayley", "last-layer"]
+final_seeds = 2
+max_train = 240
+max_eval = 160
+max_epochs = 4
+shots = [8, 16, "full"]
+[trials]
+default = 1
+[tasks.trec]
+"""
+
+
+@pytest.fixture(scope="module")
+def fewshot_storage(tmp_path_factory, data_dir, cache_dir):
+    from ilge_search.study import run_sweep
+
+    folder = tmp_path_factory.mktemp("fewshot")
+    url = f"sqlite:///{folder / 'studies.db'}"
+    grid = folder / "grid.toml"
+    grid.write_text(GRID.format(storage=url))
+    run_sweep(grid, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False)
+    return url
+
+
+def stored_finals(url):
+    """{(encoder, shots): (final test scores, train size)} straight from the storage."""
+    out = {}
+    for summary in optuna.get_all_study_summaries(url):
+        attrs = summary.user_attrs
+        out[(attrs["encoder"], attrs["shots"])] = (attrs["final_test_scores"], attrs["split_sizes"]["train"])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, tmp_path):
+    finals = stored_finals(fewshot_storage)
+    assert sorted(finals, key=str) == sorted(((e, s) for e in ("cayley", "last-layer")
+                                              for s in (8, 16, None)), key=str)
+    assert finals[("cayley", 8)][1] == 48 and finals[("cayley", 16)][1] == 96 and finals[("cayley", None)][1] == 240
+
+    result = build_report(fewshot_storage, tmp_path / "out", show_progress=False)
+    # the main tables: one row per shots value, never merged into one cell
+    table = result.tables[MODEL]
+    assert list(table.index) == ["trec", "trec (16-shot)", "trec (8-shot)"]
+    for (encoder, shots), (scores, _) in finals.items():
+        row = "trec" if shots is None else f"trec ({shots}-shot)"
+        assert table.loc[row, encoder] == pytest.approx(100 * sum(scores) / len(scores))
+
+    frame = result.fewshot
+    assert len(frame) == 6
+    for (encoder, shots), (scores, train) in finals.items():
+        part = frame[frame["encoder"] == encoder]
+        row = (part[part["shots"].isna()] if shots is None else part[part["shots"] == shots]).iloc[0]
+        mean = sum(scores) / len(scores)
+        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1))
+        assert row["mean"] == pytest.approx(100 * mean) and row["std"] == pytest.approx(100 * std)
+        assert row["n_seeds"] == 2 and row["train_size"] == train
+
+    text = result.files["markdown"].read_text()
+    section = text.split("## Few-shot curves\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("| minilm-l6 | trec |")]
+    cayley = next(line for line in lines if "| Cayley |" in line)
+    cells = [c.strip().strip("*") for c in cayley.strip("|").split("|")]
+    for index, shots in ((4, 8), (5, 16), (6, None)):
+        scores = finals[("cayley", shots)][0]
+        mean = 100 * sum(scores) / len(scores)
+        assert cells[index].startswith(f"{mean:.2f} ± ")
+    assert cells[6].endswith("(n=240)")
+    assert "with 8 examples per label, Cayley minus the last layer" in section
+    assert "[Few-shot curves](#few-shot)" in text
+    assert (result.out_dir / "figures" / "minilm-l6-trec-fewshot.png").is_file()
+    assert "figures/minilm-l6-trec-fewshot.png" in result.figures
+    assert "Defaults on tasks they never saw" not in text  # no leave-one-task-out evaluation stored
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_a_curve_needs_the_same_setting(fewshot_storage):
+    """The full-data study of another max_train is no point of the curve."""
+    records, duplicates, _ = collect_records(fewshot_storage)
+    other = [r for r in records + duplicates if r.attrs.get("shots") is None]
+    for record in other:
+        record.attrs = {**record.attrs, "max_train": 999}
+    frame, notes = fewshot_frame(records + duplicates)
+    assert frame["shots"].notna().all() and len(frame) == 4 and notes == []
