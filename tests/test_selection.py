@@ -396,5 +396,5 @@ def test_the_report_shows_gain_and_gap_and_a_dash_for_studies_without_them(tmp_p
     assert cells[6:10] == ["70.00 ± 1.00 (1)", "73.00 ± 1.00 (0)", "-3.00", "+0.00"]
     assert rows[0][7].bold and not rows[0][6].bold
     _, summary = selection_summary_rows(frame)
-    assert [[c.text for c in row][:6] for row in summary] == [["5", "best", "1", "70.00", "-3.00", "1 of 1"],
-                                                             ["5", "one-se", "1", "73.00", "+0.00", "0 of 1"]]
+    assert [[c.text for c in row][:7] for row in summary] == [["500", "5", "best", "1", "70.00", "-3.00", "1 of 1"],
+                                                             ["500", "5", "one-se", "1", "73.00", "+0.00", "0 of 1"]]

@@ -322,9 +322,9 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         doc.table(*selection_rows(selection), label="tab:selection", text_columns=5,
                   caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
                           "bold), search gain and validation-to-test gap, in score units.")
-        doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=2,
-                  caption="Selection rules, with and without cross-validation, over the studies above that "
-                          "were evaluated under both rules.")
+        doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=3,
+                  caption="Selection rules per training size, with and without cross-validation, over the studies "
+                          "above that were evaluated under both rules.")
     if fronts:
         doc.heading(2, "Pareto fronts: score vs size", anchor="pareto")
         doc.paragraph(PARETO_NOTE)

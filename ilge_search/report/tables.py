@@ -362,19 +362,20 @@ def _signed_cell(row: Any, column: str) -> Cell:
 
 
 def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
-    """(header, rows): per (cv, rule), over the studies of :func:`selection_frame` evaluated under every rule
-    (so both rules are averaged over the same studies): studies, mean test score, mean search gain, how many
-    gains are negative, mean validation-to-test gap, mean seconds per trial."""
-    header = ["cv", "rule", "studies", "mean test", "mean search gain", "negative gains", "mean val − test",
+    """(header, rows): per (training size, cv, rule), over the studies of :func:`selection_frame` evaluated
+    under every rule (so both rules are averaged over the same studies): studies, mean test score, mean search
+    gain, how many gains are negative, mean validation-to-test gap, mean seconds per trial."""
+    header = ["train", "cv", "rule", "studies", "mean test", "mean search gain", "negative gains", "mean val − test",
               "mean s/trial"]
     rows: List[List[Cell]] = []
     scored = frame[frame["test_mean"].notna()]
     paired = scored.groupby("study")["rule"].transform("nunique") == scored["rule"].nunique()
-    for (cv, rule), group in scored[paired].groupby(["cv", "rule"], sort=True):
+    scored = scored.assign(train=scored["max_train"].fillna(0).astype(int))  # 0: the whole training split
+    for (train, cv, rule), group in scored[paired].groupby(["train", "cv", "rule"], sort=True):
         done = group[group["test_mean"].notna()]
         gains = done["search_gain"].dropna()
         seconds = group["trial_seconds"].dropna()
-        rows.append([Cell(str(int(cv)) if cv else "no"), Cell(rule), Cell(str(len(done))),
+        rows.append([Cell(str(train) if train else "all"), Cell(str(int(cv)) if cv else "no"), Cell(rule), Cell(str(len(done))),
                      Cell(fmt(float(done["test_mean"].mean()) if len(done) else None)),
                      Cell(fmt(float(gains.mean()) if len(gains) else None, signed=True)),
                      Cell(f"{int((gains < 0).sum())} of {len(gains)}"),
