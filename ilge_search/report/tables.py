@@ -375,7 +375,8 @@ def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
         done = group[group["test_mean"].notna()]
         gains = done["search_gain"].dropna()
         seconds = group["trial_seconds"].dropna()
-        rows.append([Cell(str(train) if train else "all"), Cell(str(int(cv)) if cv else "no"), Cell(rule), Cell(str(len(done))),
+        rows.append([Cell(str(train) if train else "all"), Cell(str(int(cv)) if cv else "no"), Cell(rule),
+                     Cell(str(len(done))),
                      Cell(fmt(float(done["test_mean"].mean()) if len(done) else None)),
                      Cell(fmt(float(gains.mean()) if len(gains) else None, signed=True)),
                      Cell(f"{int((gains < 0).sum())} of {len(gains)}"),
