@@ -59,7 +59,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 from .._version import __version__
 from ..storage import hide_password
@@ -187,6 +187,11 @@ def _finish_out_dir(out: Path, written: Set[str], previous: Set[str]) -> None:
                                                   "files": sorted(written)}, indent=1) + "\n")
 
 
+def _show_images(doc: Document, images: Mapping[str, str], out: Path) -> None:
+    """Images (caption -> path relative to ``out``), each shown at the width it was drawn for."""
+    doc.images(images, widths={caption: display_width(out / path) for caption, path in images.items()})
+
+
 def _figure_anchor(model: str, task: str) -> str:
     return f"figures-{slug(model, task)}"
 
@@ -307,14 +312,14 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         for model, sentences in layer_notes.items():
             doc.heading(3, model)
             shown = layer_figures.get(model, {})
-            doc.images(shown, widths={kind: display_width(out / path) for kind, path in shown.items()})
+            _show_images(doc, shown, out)
             doc.bullets(sentences)
     if figures:
         doc.heading(2, "Figures", anchor="figures")
         for model, task in pairs:
             doc.heading(3, f"{model} · {task}", anchor=_figure_anchor(model, task))
             shown = figure_paths[(model, task)]
-            doc.images(shown, widths={kind: display_width(out / path) for kind, path in shown.items()})
+            _show_images(doc, shown, out)
             doc.bullets(figure_notes[(model, task)])
     if not selection.empty:
         doc.heading(2, "Selection rules", anchor="selection")
@@ -330,7 +335,7 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         doc.paragraph(PARETO_NOTE)
         for pair in fronts:
             shown = front_figures.get(pair, {})
-            doc.images(shown, widths={kind: display_width(out / path) for kind, path in shown.items()})
+            _show_images(doc, shown, out)
         doc.table(*pareto_rows(every), label="tab:pareto", text_columns=4,
                   caption="Final fronts: each retrained Pareto-front trial (validation score of the trial; test "
                           "mean ± std over the final seeds, in score units), and the layer baselines of the same "
@@ -345,8 +350,7 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
                           "of each column in bold).")
         doc.bullets(fewshot_notes(fewshot) + fewshot_skipped)
         for (model, task), path in fewshot_figures.items():
-            doc.images({f"{model} · {task} few-shot": path}, widths={f"{model} · {task} few-shot":
-                                                                     display_width(out / path)})
+            _show_images(doc, {f"{model} · {task} few-shot": path}, out)
     if loto.verdicts:
         doc.heading(2, "Defaults on tasks they never saw", anchor="leave-one-task-out")
         doc.paragraph(LOTO_NOTE)
