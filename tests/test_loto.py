@@ -178,3 +178,23 @@ def test_loto_errors_are_one_line(tmp_path):
     assert missing.exit_code == 1 and not (tmp_path / "none.db").exists()
     with pytest.raises(ValueError, match="unknown families"):
         stored_loto(url, families=["mlp-last"])
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_paper_protocol_studies_are_not_evaluation_targets(studies, data_dir, cache_dir, tmp_path):
+    from ilge_search.report.loto import _targets
+    from ilge_search.study import run_study
+
+    copy = tmp_path / "studies.db"
+    shutil.copyfile(studies.removeprefix("sqlite:///"), copy)
+    url = f"sqlite:///{copy}"
+    # more trials than the matched trec study (2), and its name sorts after: preferred, were it a candidate
+    run_study(MODEL, "trec", "cayley", n_trials=3, final_seeds=0, storage=url, data_dir=data_dir, protocol="paper",
+              cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, seed=0, **SMALL)
+    names = [s.study_name for s in optuna.get_all_study_summaries(url)]
+    assert f"{MODEL}:trec:cayley:train240:eval160:ep2:paper" in names
+    targets, _, tasks = _targets(url, ("cayley",), (), ())
+    assert tasks == list(TASKS)
+    assert {t.task: t.study for t in targets} == {task: f"{MODEL}:{task}:cayley:train240:eval160:ep2"
+                                                  for task in TASKS}

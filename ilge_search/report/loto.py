@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .._version import __version__
 from ..configs import config_class_for
 from ..models import model_size_bucket
+from ..protocol import protocol_of
 from ..storage import hide_password, open_storage
 from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
@@ -136,6 +137,8 @@ def _targets(storage_url: str, families: Sequence[str], models: Sequence[str], t
     for summary in optuna.get_all_study_summaries(storage.rdb, include_best_trial=False):
         attrs = summary.user_attrs
         if attrs.get("encoder") not in families or not attrs.get("model") or not attrs.get("task_kind"):
+            continue
+        if protocol_of(attrs) != "matched":  # LOTO trains and scores under the matched protocol only
             continue
         key = (str(attrs["model"]), str(attrs["task"]), str(attrs["encoder"]))
         if key not in chosen or _preference(summary) > _preference(chosen[key]):
