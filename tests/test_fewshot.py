@@ -65,6 +65,10 @@ def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, t
         row = "trec" if shots is None else f"trec ({shots}-shot)"
         assert table.loc[row, encoder] == pytest.approx(100 * sum(scores) / len(scores))
 
+    # a few-shot row is a point of its curve: one task in the summary, and no per-task figures of its own
+    assert set(result.summary["tasks"]) == {1}
+    assert not [path for path in result.figures if "shot" in path and not path.endswith("-fewshot.png")]
+
     frame = result.fewshot
     assert len(frame) == 6
     for (encoder, shots), (scores, train) in finals.items():

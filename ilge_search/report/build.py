@@ -253,7 +253,9 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     summary = summary_frame(frame)
     effect = protocol_effect_frame(frame)
     notes = closing_notes(frame, summary) + protocol_effect_notes(effect)
-    pairs = [(m, t) for m in models for t in sorted({r.task for r in records if r.model == m})]
+    # few-shot studies get their curves (below), not a set of figures each
+    pairs = [(m, t) for m in models
+             for t in sorted({r.task for r in records if r.model == m and not r.attrs.get("shots")})]
     figure_paths, figure_notes, importance_rows = (
         draw_figures(records, pairs, fig_dir, show_progress) if figures else ({}, {}, []))
 

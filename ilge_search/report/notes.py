@@ -10,13 +10,14 @@ from ..storage import hide_password
 from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
-from .tables import DECIMALS, model_order, model_protocols
+from .tables import DECIMALS, full_data, model_order, model_protocols
 
 __all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
 
-SUMMARY_NOTE = ("Mean score over the tasks the method has; mean gain over the tasks with both the method and the last "
-                "layer; wins: tasks where it is the best of the row (ties count for each); mean rank among the "
-                "methods of each row (1 = best).")
+SUMMARY_NOTE = ("Whole training subsets only: a few-shot row is a point of its curve, not a task. Mean score over the "
+                "tasks the method has; mean gain over the tasks with both the method and the last layer; wins: "
+                "tasks where it is the best of the row (ties count for each); mean rank among the methods of each "
+                "row (1 = best).")
 
 
 def intro(storage_url: str, n_studies: int) -> str:
@@ -55,6 +56,7 @@ def closing_notes(frame: Any, summary: Any) -> List[str]:
     """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks
     best."""
     notes = []
+    frame = full_data(frame)  # as the summary: a few-shot row is a point of a curve, not another task
     for model, protocol in ((m, p) for m in model_order(frame["model"]) for p in model_protocols(frame, m)):
         part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None

@@ -29,9 +29,9 @@ from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, StudyRecord, collect_rec
 from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
-__all__ = ["DECIMALS", "RESULT_COLUMNS", "collect_results", "results_frame", "model_order", "pivot", "summary_frame",
-           "model_tables", "model_protocols", "seed_note", "summary_rows", "studies_rows", "fmt", "selection_frame",
-           "selection_rows", "selection_summary_rows", "SELECTION_NOTE"]
+__all__ = ["DECIMALS", "RESULT_COLUMNS", "collect_results", "full_data", "results_frame", "model_order", "pivot",
+           "summary_frame", "model_tables", "model_protocols", "seed_note", "summary_rows", "studies_rows", "fmt",
+           "selection_frame", "selection_rows", "selection_summary_rows", "SELECTION_NOTE"]
 
 DECIMALS = 2
 RESULT_COLUMNS = ["model", "task", "method", "metric", "unit", "mean", "std", "n_seeds", "scores", "gain",
@@ -126,12 +126,18 @@ def pivot(frame: Any, model: str, column: str) -> Any:
     return table.reindex(index=list(part["task"].unique()), columns=list(METHODS)).astype(float)
 
 
+def full_data(frame: Any) -> Any:
+    """The rows of ``frame`` trained on the whole training subset (few-shot rows are points of the curves)."""
+    return frame[frame["shots"].isna()]
+
+
 def summary_frame(frame: Any) -> Any:
     """Per (model, protocol, encoder): tasks with a score, mean score, mean gain, wins and mean rank
-    (the protocols are never averaged together)."""
+    (the protocols are never averaged together; few-shot rows are not tasks of their own)."""
     import pandas as pd
 
     rows = []
+    frame = full_data(frame)
     for model, protocol in _model_protocols(frame):
         part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         # ranked at the shown precision, like the bold cells
