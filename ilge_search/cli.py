@@ -268,13 +268,14 @@ def sweep_command(settings: Settings, grid: str, storage, workers, threads, mode
     if dry_run:
         from .study import estimate_sweep
 
-        click.echo(plan_sweep(grid, storage=storage, protocol=protocol,
+        click.echo(plan_sweep(grid, storage=storage, cv=cv, select=select, protocol=protocol,
                               samples_per_label=samples_per_label).to_string(index=False))
         if not estimate:
             return
         plans = estimate_sweep(grid, storage=storage, workers=workers, threads=threads, models=models, tasks=tasks,
                                encoders=encoders, data_dir=settings.data_dir, cache_dir=settings.cache_dir,
-                               device=settings.device, protocol=protocol, samples_per_label=samples_per_label)
+                               device=settings.device, select=select, cv=cv, protocol=protocol,
+                               samples_per_label=samples_per_label)
         for plan in plans:
             click.echo("")
             click.echo(plan.describe())

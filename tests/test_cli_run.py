@@ -45,6 +45,14 @@ def test_sweep_dry_run_lists_the_plan(tmp_path):
     result = invoke("sweep", grid, "--dry-run", "--no-estimate", "--storage", f"sqlite:///{tmp_path / 's.db'}")
     assert result.exit_code == 0
     assert "minilm-l6:trec:fc" in result.output and "minilm-l6:trec:mlp-last" in result.output
+    assert ":cv" not in result.output
+    # --cv names other studies: the dry run lists the ones the run would make
+    result = invoke("sweep", grid, "--dry-run", "--no-estimate", "--cv", 5, "--select", "best", "--storage",
+                    f"sqlite:///{tmp_path / 's.db'}")
+    assert result.exit_code == 0, result.output
+    names = [line.split()[0] for line in result.output.splitlines()[1:]]
+    assert len(names) == 2 and all(name.startswith("minilm-l6:trec:") and ":cv5" in name for name in names)
+    assert not (tmp_path / "s.db").exists()
     grid.write_text('models = ["minilm-l6"]\n[trials]\ndefault = 5\n[tasks.nope]\n')
     result = invoke("sweep", grid, "--dry-run")
     assert result.exit_code == 1 and "unknown task 'nope'" in result.output

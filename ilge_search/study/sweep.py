@@ -77,7 +77,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SweepEntry", "Sweep", "load_sweep", "with_protocol", "plan_sweep", "estimate_sweep", "run_sweep"]
+__all__ = ["SweepEntry", "Sweep", "load_sweep", "with_overrides", "with_protocol", "plan_sweep", "estimate_sweep",
+           "run_sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -395,6 +396,17 @@ def with_protocol(sweep: Sweep, protocol: Optional[str] = None, samples_per_labe
     return dataclasses.replace(sweep, entries=entries)
 
 
+def with_overrides(sweep: Sweep, *, cv: Optional[int] = None, protocol: Optional[str] = None,
+                   samples_per_label: Optional[int] = None) -> Sweep:
+    """``sweep`` with the command line's overrides of what names its studies: every study's ``cv``, then
+    :func:`with_protocol`. ``run``, ``plan`` and ``estimate`` all go through it, so a dry run names the studies
+    the run would."""
+    if cv is not None:
+        check_cv(cv)
+        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
+    return with_protocol(sweep, protocol, samples_per_label)
+
+
 def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple[Optional[Any], int, bool]:
     """One entry's study (``None`` before it exists), its finished trials and whether its final
     evaluation is current (always, when the sweep runs none)."""
@@ -407,17 +419,18 @@ def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple
                                                                 options.select, options.final_front)
 
 
-def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None, *, protocol: Optional[str] = None,
+def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None, *, cv: Optional[int] = None,
+               select: Optional[str] = None, protocol: Optional[str] = None,
                samples_per_label: Optional[int] = None) -> Any:
     """One row per study: its name, protocol, budget, finished trials, trials still to run and
-    whether its final evaluation is done (a ``pandas.DataFrame``); ``protocol`` and
-    ``samples_per_label`` override the grid's (:func:`with_protocol`)."""
+    whether its final evaluation (under ``select``, else the grid's rule) is done (a ``pandas.DataFrame``);
+    ``cv``, ``protocol`` and ``samples_per_label`` override the grid's (:func:`with_overrides`)."""
     import pandas as pd
 
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    sweep = with_protocol(sweep, protocol, samples_per_label)
-    options = sweep.study_options()
+    sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
+    options = sweep.study_options(**({"select": select} if select else {}))
     url = storage if storage is not None else sweep.storage
     # only read: a SQLite file that does not exist yet holds no study, and is not created
     opened = None if missing_sqlite_file(url or default_storage_url()) else open_storage(url, must_exist=True)
@@ -436,7 +449,8 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
                    threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
                    encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None,
                    cache_dir: Optional[PathLike] = None, device: str = "auto", calibrate: bool = True,
-                   protocol: Optional[str] = None, samples_per_label: Optional[int] = None) -> List[Any]:
+                   select: Optional[str] = None, cv: Optional[int] = None, protocol: Optional[str] = None,
+                   samples_per_label: Optional[int] = None) -> List[Any]:
     """The :class:`~ilge_search.study.plan.RunPlan` of each ``run_study`` call the sweep would make (a dry
     run: nothing is created or written), with the trials each study still needs to reach its budget.
     Arguments as in :func:`run_sweep`."""
@@ -444,8 +458,9 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
 
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    sweep = with_protocol(sweep, protocol, samples_per_label)
-    overrides = {key: value for key, value in (("workers", workers), ("threads", threads)) if value}
+    sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
+    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select))
+                 if value}
     options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=False,
                                   **overrides)
     url = storage if storage is not None else sweep.storage
@@ -483,7 +498,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
         select: overrides the file's ``select`` (the final evaluation's selection rule).
         cv: overrides every study's ``cv`` (and so its name: ``--cv`` studies are other studies).
         protocol, samples_per_label: override the grid's (and so the names: ``:paper`` studies are
-            other studies; see :func:`with_protocol`).
+            other studies; see :func:`with_overrides`).
         data_dir, cache_dir, device, artifact_dir, show_progress: as in :func:`run_study`.
 
     Returns:
@@ -493,10 +508,7 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
         sweep = load_sweep(sweep)
     overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select))
                  if value}
-    if cv is not None:
-        check_cv(cv)
-        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
-    sweep = with_protocol(sweep, protocol, samples_per_label)
+    sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
     options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, artifact_dir=artifact_dir,
                                   show_progress=show_progress, **overrides)
     wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
