@@ -234,3 +234,23 @@ def test_exclude_task_leaves_out_exactly_the_named_tasks_studies(one_task_decide
     with pytest.raises(ValueError, match="besides those of the excluded tasks"):
         recommend_defaults(one_task_decides_url, tmp_path / "none.json", None,
                            exclude_tasks=["trec", "emotion", "sst2"])
+
+
+def test_few_shot_studies_do_not_vote(one_task_decides_url, tmp_path):
+    import shutil
+
+    copy = tmp_path / "studies.db"
+    shutil.copyfile(one_task_decides_url.removeprefix("sqlite:///"), copy)
+    url = f"sqlite:///{copy}"
+    before = recommend_defaults(url, tmp_path / "before.json", None)
+    # few-shot searches that would pull hidden_dim to 128 if they counted as problems
+    small = {"hidden_dim": {128: 0.9, 256: 0.0, 512: 0.0}}
+    for model, hidden in (("minilm-l6", 384), ("smollm2-135m", 576)):
+        for task in ("emotion", "sst2", "trec"):
+            rows = [(p, score(p, small, scale=1.0, offset=0.1)) for p in graph_grid() if p["conv_type"] == "gcn"]
+            add_study(url, f"{model}:{task}:cayley:8shot", {"model": model, "task": task, "hidden_size": hidden,
+                                                            "shots": 8}, "cayley", rows)
+    after = recommend_defaults(url, tmp_path / "after.json", None)
+    assert after["families"] == before["families"] and before["families"]["cayley"]["small"]["hidden_dim"] == 512
+    assert "minilm-l6:trec:cayley:8shot: a few-shot study (8 per label); defaults come from searches on whole " \
+           "training subsets" in after["metadata"]["skipped"]

@@ -252,6 +252,10 @@ def read_problems(storage_url: str, families: Sequence[str]
         family = attrs.get("encoder")
         if family not in families or not attrs.get("model"):
             continue
+        if attrs.get("shots"):  # a handful of trials on a few examples per label: a point of a curve
+            skipped.append(f"{name}: a few-shot study ({attrs['shots']} per label); defaults come from searches on "
+                           "whole training subsets")
+            continue
         if protocol_of(attrs) != "matched" and _search_key(attrs) in matched:
             skipped.append(f"{name}: the same search as its matched-protocol study, counted once")
             continue
