@@ -106,3 +106,22 @@ def test_a_curve_needs_the_same_setting(fewshot_storage):
         record.attrs = {**record.attrs, "max_train": 999}
     frame, notes = fewshot_frame(records + duplicates)
     assert frame["shots"].notna().all() and len(frame) == 4 and notes == []
+
+
+@pytest.mark.realmodel
+def test_a_curve_has_one_protocol_and_only_encoders_with_few_shot_points(fewshot_storage):
+    """A paper-protocol study of the same data is not the matched curve's full point, and an encoder with a
+    full-subset study but no few-shot study draws no curve."""
+    import dataclasses
+
+    records, duplicates, _ = collect_records(fewshot_storage)
+    every = records + duplicates
+    full = [r for r in every if r.attrs.get("shots") is None]
+    paper = [dataclasses.replace(r, name=r.name + ":paper", protocol="paper", test_mean=0.01,
+                                 attrs={**r.attrs, "protocol": "paper"}) for r in full]
+    alone = [dataclasses.replace(r, name=r.name + ":fc", encoder="fc") for r in full if r.encoder == "cayley"]
+    frame, _ = fewshot_frame(every + paper + alone)
+    expected, _ = fewshot_frame(every)
+    assert set(frame["encoder"]) == {"cayley", "last-layer"}
+    assert frame[["encoder", "shots", "mean"]].equals(expected[["encoder", "shots", "mean"]])
+    assert frame["shots"].isna().sum() == 2 and (frame["mean"] > 1.0).all()

@@ -350,9 +350,9 @@ def test_the_cli_offers_the_selection_rules_of_the_library():
 # ----------------------------------------------------------------------------- report tables
 
 
-def _stored_study(url, name, *, cv=None, max_train=500, by_rule=None, legacy=False):
+def _stored_study(url, name, *, cv=None, max_train=500, by_rule=None, legacy=False, encoder="cayley"):
     study = optuna.create_study(study_name=name, storage=url, direction="maximize")
-    for key, value in {"model": "minilm-l6", "task": "trec", "encoder": "cayley", "metric": "accuracy",
+    for key, value in {"model": "minilm-l6", "task": "trec", "encoder": encoder, "metric": "accuracy",
                        "max_train": max_train, "cv": cv, "split_sizes": {"validation": 400}}.items():
         study.set_user_attr(key, value)
     study.add_trial(create_trial(value=0.8, user_attrs={"recommended": True, "num_trainable_params": 10,
@@ -398,3 +398,26 @@ def test_the_report_shows_gain_and_gap_and_a_dash_for_studies_without_them(tmp_p
     _, summary = selection_summary_rows(frame)
     assert [[c.text for c in row][:7] for row in summary] == [["500", "5", "best", "1", "70.00", "-3.00", "1 of 1"],
                                                              ["500", "5", "one-se", "1", "73.00", "+0.00", "0 of 1"]]
+
+
+def test_the_rule_table_has_one_row_per_study_and_leaves_out_studies_of_one_rule(tmp_path):
+    from ilge_search.report.data import collect_records
+    from ilge_search.report.tables import selection_frame, selection_rows
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    rule = {"final_trial": 1, "final_test_mean": 0.70, "final_test_std": 0.01, "final_test_scores": [0.69, 0.71],
+            "final_start_test_mean": 0.73, "final_search_gain": -0.03, "final_val_test_gap": 0.14}
+    both = {"best": rule, "one-se": {**rule, "final_trial": 0, "final_test_mean": 0.73, "final_search_gain": 0.0}}
+    # two encoders with the same model, task, size and cv: their rows must not merge
+    _stored_study(url, "cayley", by_rule=both)
+    _stored_study(url, "fc", by_rule={"best": {**rule, "final_test_mean": 0.60, "final_start_test_mean": 0.61}},
+                  encoder="fc")  # one rule: nothing to compare
+    _stored_study(url, "deepset", by_rule={name: {**kept, "final_start_test_mean": 0.5}
+                                           for name, kept in both.items()}, encoder="deepset")
+    records, duplicates, _ = collect_records(url)
+    frame = selection_frame(records + duplicates)
+    assert set(frame["study"]) == {"cayley", "deepset"}
+    header, rows = selection_rows(frame)
+    assert header[:4] == ["model", "task", "encoder", "train"] and header.index("start") == 6
+    text = {row[2].text: [cell.text for cell in row] for row in rows}
+    assert len(rows) == 2 and text["Cayley"][6] == "73.00" and text["DeepSet"][6] == "50.00"

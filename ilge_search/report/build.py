@@ -326,7 +326,8 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     if not selection.empty:
         doc.heading(2, "Selection rules", anchor="selection")
         doc.paragraph(SELECTION_NOTE)
-        doc.table(*selection_rows(selection), label="tab:selection", text_columns=5,
+        header, rows = selection_rows(selection)
+        doc.table(header, rows, label="tab:selection", text_columns=header.index("start"),
                   caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
                           "bold), search gain and validation-to-test gap, in score units.")
         doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=3,

@@ -4,7 +4,8 @@ A *curve* is the studies of one model, task and data setting (``max_train``,
 ``max_eval``, ``max_epochs``, ``cv``, data seed) that differ only in ``shots``,
 with at least one few-shot study among them; the study of the same setting
 without ``shots`` is the curve's *full* point (the whole, capped, training
-split). ``studies/fewshot.toml`` makes such studies. Per curve and encoder,
+split) under the same protocol. ``studies/fewshot.toml`` makes such studies.
+Only encoders with at least one few-shot study are drawn. Per curve and encoder,
 each point is the final test score, mean ± std over the final seeds; the
 few-shot draw itself is one draw (the study's data seed), so the spread is
 over training seeds only, which the figure title says.
@@ -32,7 +33,8 @@ _SETTING = ("max_train", "max_eval", "max_epochs", "cv", "data_seed")
 
 
 def _setting(record: StudyRecord) -> Tuple:
-    return (record.model, record.base_task) + tuple(record.attrs.get(key) for key in _SETTING)
+    # the protocol too: a paper-protocol study of the same data is another curve's full point, never this one's
+    return (record.model, record.base_task, record.protocol) + tuple(record.attrs.get(key) for key in _SETTING)
 
 
 def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
@@ -56,11 +58,12 @@ def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
             chosen[pair] = key
     rows = []
     for key in chosen.values():
+        with_shots = {r.encoder for r in curves[key] if r.attrs.get("shots")}
         seen = set()
         # several studies of one encoder and shots (e.g. with and without a final evaluation): the most seeds
         for r in sorted(curves[key], key=lambda r: (len(r.test_scores), r.name), reverse=True):
             shots = r.attrs.get("shots") or None
-            if (r.encoder, shots) in seen:
+            if r.encoder not in with_shots or (r.encoder, shots) in seen:  # a full point alone is no curve
                 continue
             seen.add((r.encoder, shots))
             scale, unit = score_unit(r.metric)

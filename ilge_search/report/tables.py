@@ -283,8 +283,8 @@ def _scaled(value: Optional[float], scale: float) -> Optional[float]:
 
 # ----------------------------------------------------------------------------- selection rules compared
 
-SELECTION_COLUMNS = ["model", "task", "max_train", "cv", "unit", "rule", "trial", "test_mean", "test_std", "n_seeds",
-                     "start_mean", "search_gain", "val_test_gap", "trial_seconds", "n_trials", "study"]
+SELECTION_COLUMNS = ["model", "task", "encoder", "max_train", "cv", "unit", "rule", "trial", "test_mean", "test_std",
+                     "n_seeds", "start_mean", "search_gain", "val_test_gap", "trial_seconds", "n_trials", "study"]
 SELECTION_NOTE = (
     "Each study is evaluated under both rules on the same trials: *best* retrains the trial with the best "
     "objective, *one-se* the one with the fewest trainable parameters among those within one standard error "
@@ -297,17 +297,21 @@ SELECTION_NOTE = (
 
 
 def selection_frame(records: Sequence[StudyRecord]) -> Any:
-    """One row per (study, rule) of every study evaluated under a selection rule (``final_by_rule``),
-    in score units (columns :data:`SELECTION_COLUMNS`)."""
+    """One row per (study, rule) of every study evaluated under more than one selection rule
+    (``final_by_rule``), in score units (columns :data:`SELECTION_COLUMNS`). A study evaluated under one rule
+    only compares nothing, so it is left out (the list of studies shows its rule)."""
     import pandas as pd
 
     rows = []
     for r in records:
+        if len(r.by_rule) < 2:
+            continue
         scale, unit = score_unit(r.metric)
         for rule, kept in sorted(r.by_rule.items()):
             scores = [float(v) for v in kept.get("final_test_scores") or []]
             rows.append({
-                "model": r.model, "task": r.task, "max_train": r.attrs.get("max_train"), "cv": r.cv or 0,
+                "model": r.model, "task": r.task, "encoder": r.encoder, "max_train": r.attrs.get("max_train"),
+                "cv": r.cv or 0,
                 "unit": unit, "rule": rule, "trial": kept.get("final_trial"),
                 "test_mean": _nan(kept.get("final_test_mean"), scale),
                 "test_std": _nan(kept.get("final_test_std"), scale),
@@ -334,19 +338,23 @@ def _mean_std(mean: float, std: float) -> str:
 
 
 def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
-    """(header, rows) of :func:`selection_frame`: one row per (model, task, training size, cv), both rules
-    side by side; the better test mean of the two in bold."""
-    header = ["model", "task", "train", "cv", "unit", "start", "best (trial)", "one-se (trial)", "gain best",
-              "gain one-se", "val − test best", "val − test one-se", "s/trial"]
+    """(header, rows) of :func:`selection_frame`: one row per study, both rules side by side; the better test
+    mean of the two in bold. An encoder column when the studies are of more than one encoder."""
+    several = frame["encoder"].nunique() > 1
+    header = (["model", "task"] + (["encoder"] if several else []) +
+              ["train", "cv", "unit", "start", "best (trial)", "one-se (trial)", "gain best", "gain one-se",
+               "val − test best", "val − test one-se", "s/trial"])
     rows: List[List[Cell]] = []
-    keys = ["model", "task", "max_train", "cv"]
-    for (model, task, max_train, cv), group in frame.groupby(keys, sort=False, dropna=False):
+    for _, group in frame.groupby("study", sort=False):
         by_rule = {row["rule"]: row for _, row in group.iterrows()}
         first = group.iloc[0]
         means = {rule: row["test_mean"] for rule, row in by_rule.items() if not math.isnan(row["test_mean"])}
         top = round(max(means.values()), DECIMALS) if means else None
+        max_train, cv = first["max_train"], first["cv"]
         train = MISSING if max_train is None or max_train != max_train else str(int(max_train))  # NaN != NaN
-        rows.append([Cell(model), Cell(task), Cell(train), Cell(str(int(cv)) if cv else "no"), Cell(first["unit"]),
+        rows.append([Cell(first["model"]), Cell(first["task"])] +
+                    ([Cell(METHOD_LABELS.get(first["encoder"], first["encoder"]))] if several else []) +
+                    [Cell(train), Cell(str(int(cv)) if cv else "no"), Cell(first["unit"]),
                      Cell(fmt(first["start_mean"])), _test_cell(by_rule.get("best"), top),
                      _test_cell(by_rule.get("one-se"), top), _signed_cell(by_rule.get("best"), "search_gain"),
                      _signed_cell(by_rule.get("one-se"), "search_gain"),
