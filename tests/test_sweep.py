@@ -218,3 +218,15 @@ last-layer = 2
     topped = run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu",
                        show_progress=False)
     assert [(r.encoder, r.n_finished) for r in topped] == [("last-layer", 4)]
+
+    # a trial in flight in another process (a second sweep on the same storage) counts toward the budget,
+    # so the two stop at it together instead of each adding what was missing when it started
+    from collections import Counter
+
+    optuna.load_study(study_name=topped[0].study_name, storage=storage).ask()
+    path.write_text(path.read_text().replace("last-layer = 4", "last-layer = 6"))
+    run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu",
+              show_progress=False)
+    states = Counter(t.state.name for t in optuna.load_study(study_name=topped[0].study_name,
+                                                             storage=storage).trials)
+    assert states["RUNNING"] == 1 and states["COMPLETE"] + states["PRUNED"] == 5

@@ -52,7 +52,9 @@ class StudyOptions:
             ``timeout`` or ``total_trials``.
         timeout: seconds per study (per worker) before no new trial starts.
         total_trials: a cap on the study's complete, pruned and running trials,
-            shared by every process on the storage.
+            shared by every process on the storage; a mapping gives one cap per
+            encoder (a sweep caps each study at its budget, so two sweeps on one
+            storage never run a study past it).
         study_name: only with one encoder (default: ``default_study_name``).
         sampler, pruner: one of :data:`~ilge_search.tuning.SAMPLERS` / :data:`~ilge_search.tuning.PRUNERS`.
         seed: seeds the sampler (worker ``i`` uses ``seed + i``), every trial's
@@ -94,7 +96,7 @@ class StudyOptions:
 
     n_trials: Union[int, Mapping[str, Optional[int]], None] = 20
     timeout: Optional[float] = None
-    total_trials: Optional[int] = None
+    total_trials: Union[int, Mapping[str, Optional[int]], None] = None
     study_name: Optional[str] = None
     sampler: str = "tpe"
     pruner: str = "median"
@@ -133,7 +135,13 @@ class StudyOptions:
         else:
             check_int("n_trials", self.n_trials, minimum=0, allow_none=True)
             unbounded = self.n_trials is None
-        check_int("total_trials", self.total_trials, allow_none=True)
+        if isinstance(self.total_trials, Mapping):
+            caps = dict(self.total_trials)
+            for name, cap in caps.items():
+                check_int(f"total_trials[{name}]", cap, allow_none=True)
+            object.__setattr__(self, "total_trials", caps)
+        else:
+            check_int("total_trials", self.total_trials, allow_none=True)
         check_positive_number("timeout", self.timeout, allow_none=True, unit="seconds")
         if unbounded and self.timeout is None and self.total_trials is None:
             raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
@@ -182,6 +190,12 @@ class StudyOptions:
         if None in counts.values() and self.timeout is None and self.total_trials is None:
             raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
         return counts
+
+    def total_for(self, encoder: str) -> Optional[int]:
+        """The ``total_trials`` cap of ``encoder``'s study (``None``: no cap)."""
+        if isinstance(self.total_trials, Mapping):
+            return self.total_trials.get(encoder)
+        return self.total_trials
 
     @property
     def multi_objective(self) -> bool:

@@ -364,8 +364,9 @@ def _study_plans(check: RunCheck) -> List[StudyPlan]:
         study = check.storage.load_study(check.names[enc]) if check.storage is not None else None
         finished = finished_trial_count(study) if study is not None else 0
         count = check.trial_counts[enc]
-        if options.total_trials is not None:
-            room = max(0, options.total_trials - finished)
+        total = options.total_for(enc)
+        if total is not None:
+            room = max(0, total - finished)
             count = room if count is None else min(count, room)
         epochs = _first_config(enc, check, _dims(check)[1]).epochs
         # the final evaluation retrains the selected trial (a multi-objective study: up to final_front trials
@@ -424,7 +425,7 @@ def may_be_long(check: RunCheck) -> bool:
     work = 0.0
     for enc, count in check.trial_counts.items():
         retrained = options.final_front if options.multi_objective else 1
-        runs = (count if count is not None else options.total_trials or 0) + (retrained + 1) * options.final_seeds
+        runs = (count if count is not None else options.total_for(enc) or 0) + (retrained + 1) * options.final_seeds
         epochs = _first_config(enc, check, width).epochs
         work += runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.cv or 1)
     seconds = work * _PRIOR_TRAIN_SECONDS / max(1, options.workers)

@@ -269,8 +269,9 @@ def _optimize_and_evaluate(study: Any, storage: Storage, encoder: str, name: str
                 finished_trial_count(study), "trials until timeout" if count is None else f"{count} trials")
 
     # ---- 4. optimise
-    if total_reached(study, options.total_trials):
-        logger.info("%s: the study already holds total_trials=%d trials; adding none", name, options.total_trials)
+    total = options.total_for(encoder)
+    if total_reached(study, total):
+        logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
         optimize(study, storage, encoder, data, spec, options, count, callbacks)
 

@@ -538,7 +538,10 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
                     first.protocol, ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done")
         ran: Dict[str, StudyResult] = {}
         if remaining:
-            group_options = first.options(options, remaining)
+            # the budget is also a cap shared with every other process on the storage (another sweep of the same
+            # grid, extra workers): counted when each trial starts, so concurrent runs stop at the budget together
+            group_options = first.options(options, remaining).replace(
+                total_trials={e.encoder: e.n_trials for e in group if e.encoder in remaining})
             ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
             ran = dict(zip(remaining, ran_results, strict=True))
         for entry in group:

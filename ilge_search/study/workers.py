@@ -154,13 +154,13 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
                                        pruner=make_pruner(options.effective_pruner, options.max_epochs))
         if study is None:
             raise RuntimeError(f"study {job.study_name!r} is not in {job.storage.shown_url}")
-        if total_reached(study, options.total_trials):
+        if total_reached(study, options.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
         objective = TrialObjective(job.encoder, data, seed=options.seed, device=job.data.device,
                                    max_epochs=options.max_epochs)
         study.optimize(objective, n_trials=job.n_trials, timeout=options.timeout, catch=catchable_errors(),
-                       callbacks=_total_trials_callbacks(options.total_trials))
+                       callbacks=_total_trials_callbacks(options.total_for(job.encoder)))
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:
@@ -237,7 +237,7 @@ def optimize(study: Any, storage: Storage, encoder: str, data: "StudyData", spec
         with tqdm(total=count, desc=study.study_name, unit="trial", disable=not options.show_progress) as bar:
             study.optimize(objective, n_trials=count, timeout=options.timeout, catch=catchable_errors(),
                            callbacks=[_ProgressCallback(bar, data.metric), *callbacks,
-                                      *_total_trials_callbacks(options.total_trials)])
+                                      *_total_trials_callbacks(options.total_for(encoder))])
         return
     per_worker = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
     jobs = [WorkerJob(storage=storage, study_name=study.study_name, encoder=encoder, data=spec, options=options,
