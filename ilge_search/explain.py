@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from .configs import config_from_dict
 from .storage import Storage, open_storage
 from .study.export import load_run_study, load_training_data
-from .study.identity import IDENTITY_KEYS, PROTOCOL_KEYS
+from .study.identity import search_identity
 
 __all__ = ["EXPLAIN_ATTR", "EXPLAIN_SPLIT", "EXPLAIN_FORMATS", "LayerAttribution", "attribute_layers",
            "explain_study", "explanation_is_current", "stored_explanation", "format_explanation"]
@@ -241,7 +241,7 @@ def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[fl
         if other.get("encoder") != PROBE_ENCODER or summary.best_trial is None:
             continue
         # the probe scores are trial scores: the same under either protocol
-        if any(other.get(key) != attrs.get(key) for key in IDENTITY_KEYS if key not in ("encoder", *PROTOCOL_KEYS)):
+        if search_identity(other, without=("encoder",)) != search_identity(attrs, without=("encoder",)):
             continue
         if other.get("data_fingerprints") and attrs.get("data_fingerprints") and \
                 other["data_fingerprints"] != attrs["data_fingerprints"]:

@@ -61,7 +61,7 @@ from ..configs import config_class_for
 from ..models import model_size_bucket
 from ..objectives import study_objectives
 from ..protocol import protocol_of
-from ..study.identity import IDENTITY_KEYS, PROTOCOL_KEYS
+from ..study.identity import search_identity
 from ..tuning import BUILTIN_RECOMMENDED
 from .data import open_report_storage
 
@@ -287,7 +287,7 @@ def read_problems(storage_url: str, families: Sequence[str]
 
 def _search_key(attrs: Mapping[str, Any]) -> Tuple:
     """What a study searches: its identity without the protocol (trials are the same under both)."""
-    return tuple(str(attrs.get(key)) for key in IDENTITY_KEYS if key not in PROTOCOL_KEYS)
+    return search_identity(attrs)
 
 
 # ----------------------------------------------------------------------------- deriving

@@ -58,6 +58,7 @@ __all__ = [
     "IDENTITY_DEFAULTS",
     "PROTOCOL_KEYS",
     "DATA_KEYS",
+    "search_identity",
     "READY_ATTR",
     "StudyConflictError",
     "DataChangedError",
@@ -82,6 +83,16 @@ IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
 # what an identity key means when a study stored before it existed lacks it (absent keys not listed here: None)
 IDENTITY_DEFAULTS: Dict[str, Any] = {"objectives": list(DEFAULT_OBJECTIVES), "protocol": DEFAULT_PROTOCOL}
+
+
+def search_identity(attrs: Mapping[str, Any], without: Sequence[str] = ()) -> Tuple[str, ...]:
+    """What a study's trials search, from its user attrs: the identity keys other than the protocol's (trials
+    are the same under either protocol) and ``without``, absent keys read as :data:`IDENTITY_DEFAULTS`, so a
+    study stored before a key existed matches one that stores the key's default."""
+    return tuple(json.dumps(attrs.get(key, IDENTITY_DEFAULTS.get(key)), sort_keys=True, default=str)
+                 for key in IDENTITY_KEYS if key not in PROTOCOL_KEYS and key not in without)
+
+
 # study user attrs that must match too: the data itself (label names, sha256 of each split's content)
 DATA_KEYS = ("label_names", "data_fingerprints")
 DATA_SPLITS = ("train", "validation", "test")
