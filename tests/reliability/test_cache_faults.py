@@ -208,6 +208,13 @@ def test_a_temp_file_whose_entry_lock_is_held_is_kept_even_if_its_pid_looks_dead
 
 @pytest.mark.slow
 @pytest.mark.realmodel
+def _size(path):
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # renamed into place or removed between listing and stat
+        return 0
+
+
 def test_temp_file_of_a_sigkilled_extraction_is_removed_when_the_cache_is_next_opened(tmp_path):
     task = _task(tmp_path, 400)
     cache = tmp_path / "cache"
@@ -216,7 +223,9 @@ def test_temp_file_of_a_sigkilled_extraction_is_removed_when_the_cache_is_next_o
     proc = subprocess.Popen(embed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=subprocess_env())
     try:
         deadline = time.monotonic() + 120
-        while not temp_files(cache) and proc.poll() is None and time.monotonic() < deadline:
+        # kill it once the temp file is allocated (on a loaded machine the file can be seen before that)
+        while proc.poll() is None and time.monotonic() < deadline and not any(
+                _size(path) > 400 * 7 * 384 for path in temp_files(cache)):
             time.sleep(0.01)
         assert proc.poll() is None, "the extraction ended before it could be killed"
         os.kill(proc.pid, signal.SIGKILL)
