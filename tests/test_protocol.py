@@ -444,6 +444,21 @@ def test_the_report_puts_both_protocols_side_by_side(tmp_path):
     assert summary.loc[("matched", "last-layer"), "tasks"] == 2
 
 
+def test_a_similarity_row_of_the_effect_table_names_no_examples_per_label(tmp_path):
+    """The paper protocol scores similarity by cosine Spearman: no logistic readout, no examples per label."""
+    from ilge_search.report import build_report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for method, matched, paper in (("last-layer", 0.80, 0.78), ("cayley", 0.70, 0.72)):
+        _fake(url, "stsb", method, [matched], "matched", metric="spearman")
+        _fake(url, "stsb", method, [paper], "paper", metric="spearman")
+    result = build_report(url, tmp_path / "out", figures=False, show_progress=False)
+    section = result.files["markdown"].read_text().split("## Protocol effect\n", 1)[1].split("\n## ", 1)[0]
+    line = next(line for line in section.splitlines() if line.startswith("| stsb"))
+    assert [cell.strip() for cell in line.strip("|").split("|")][:5] == ["stsb", "Spearman ×100", "80.00", "78.00",
+                                                                          "-2.00"]
+
+
 def test_recommend_counts_a_search_once_under_either_protocol(tmp_path):
     from optuna.trial import TrialState
 

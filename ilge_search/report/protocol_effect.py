@@ -88,7 +88,9 @@ def protocol_effect_frame(frame: Any) -> Any:
                 "gain_matched": mean[("cayley", "matched")] - mean[("last-layer", "matched")],
                 "gain_paper": mean[("cayley", "paper")] - mean[("last-layer", "paper")],
                 "published_last": published["last-layer"], "published_cayley": published["cayley"],
-                "samples_per_label": None if paper_row is None else paper_row["samples_per_label"],
+                # similarity is scored by cosine Spearman under the paper protocol: no examples per label
+                "samples_per_label": None if paper_row is None or paper_row["metric"] == "spearman"
+                else paper_row["samples_per_label"],
             })
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
