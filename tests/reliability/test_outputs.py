@@ -151,8 +151,8 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(stor
     assert after["notes.txt"] == before["notes.txt"]
     assert all(after[name] == before[name] for name in before if name.startswith("figures/"))
     manifest = json.loads((out / MANIFEST_NAME).read_text())
-    assert sorted(manifest["files"]) == ["importances.csv", "index.html", "report.md", "report.tex", "results.csv",
-                                         "summary.csv"]
+    assert sorted(manifest["files"]) == ["importances.csv", "index.html", "protocol_effect.csv", "report.md",
+                                         "report.tex", "results.csv", "summary.csv"]  # both protocols are stored
     again = report(storage_copy, out)  # a folder the report wrote into: no --force needed
     assert again.exit_code == 0, again.output
 
