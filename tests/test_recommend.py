@@ -236,21 +236,26 @@ def test_exclude_task_leaves_out_exactly_the_named_tasks_studies(one_task_decide
                            exclude_tasks=["trec", "emotion", "sst2"])
 
 
-def test_few_shot_studies_do_not_vote(one_task_decides_url, tmp_path):
+def _with_rival_cayley_studies(source_url, tmp_path, suffix, attrs):
+    """Defaults before and after adding, to a copy of ``source_url``, a Cayley study per model and task (name
+    ``...:cayley:<suffix>``, extra user ``attrs``) whose trials would pull hidden_dim to 128 if they voted."""
     import shutil
 
     copy = tmp_path / "studies.db"
-    shutil.copyfile(one_task_decides_url.removeprefix("sqlite:///"), copy)
+    shutil.copyfile(source_url.removeprefix("sqlite:///"), copy)
     url = f"sqlite:///{copy}"
     before = recommend_defaults(url, tmp_path / "before.json", None)
-    # few-shot searches that would pull hidden_dim to 128 if they counted as problems
     small = {"hidden_dim": {128: 0.9, 256: 0.0, 512: 0.0}}
     for model, hidden in (("minilm-l6", 384), ("smollm2-135m", 576)):
         for task in ("emotion", "sst2", "trec"):
             rows = [(p, score(p, small, scale=1.0, offset=0.1)) for p in graph_grid() if p["conv_type"] == "gcn"]
-            add_study(url, f"{model}:{task}:cayley:8shot", {"model": model, "task": task, "hidden_size": hidden,
-                                                            "shots": 8}, "cayley", rows)
-    after = recommend_defaults(url, tmp_path / "after.json", None)
+            add_study(url, f"{model}:{task}:cayley:{suffix}", {"model": model, "task": task, "hidden_size": hidden,
+                                                                **attrs}, "cayley", rows)
+    return before, recommend_defaults(url, tmp_path / "after.json", None)
+
+
+def test_few_shot_studies_do_not_vote(one_task_decides_url, tmp_path):
+    before, after = _with_rival_cayley_studies(one_task_decides_url, tmp_path, "8shot", {"shots": 8})
     assert after["families"] == before["families"] and before["families"]["cayley"]["small"]["hidden_dim"] == 512
     assert "minilm-l6:trec:cayley:8shot: a few-shot study (8 per label); defaults come from searches on whole " \
            "training subsets" in after["metadata"]["skipped"]
@@ -259,20 +264,8 @@ def test_few_shot_studies_do_not_vote(one_task_decides_url, tmp_path):
 def test_a_paper_sibling_of_a_study_stored_before_objectives_is_counted_once(one_task_decides_url, tmp_path):
     """The matched studies here predate the ``objectives`` attr; their paper-protocol siblings store
     ``["score"]``. Both search the same thing, so the siblings must not vote a second time."""
-    import shutil
-
-    copy = tmp_path / "studies.db"
-    shutil.copyfile(one_task_decides_url.removeprefix("sqlite:///"), copy)
-    url = f"sqlite:///{copy}"
-    before = recommend_defaults(url, tmp_path / "before.json", None)
-    small = {"hidden_dim": {128: 0.9, 256: 0.0, 512: 0.0}}
-    for model, hidden in (("minilm-l6", 384), ("smollm2-135m", 576)):
-        for task in ("emotion", "sst2", "trec"):
-            rows = [(p, score(p, small, scale=1.0, offset=0.1)) for p in graph_grid() if p["conv_type"] == "gcn"]
-            add_study(url, f"{model}:{task}:cayley:paper", {"model": model, "task": task, "hidden_size": hidden,
-                                                            "objectives": ["score"], "protocol": "paper",
-                                                            "samples_per_label": 8}, "cayley", rows)
-    after = recommend_defaults(url, tmp_path / "after.json", None)
+    before, after = _with_rival_cayley_studies(one_task_decides_url, tmp_path, "paper", {
+        "objectives": ["score"], "protocol": "paper", "samples_per_label": 8})
     assert after["families"] == before["families"]
     assert "minilm-l6:trec:cayley:paper: the same search as its matched-protocol study, counted once" in \
         after["metadata"]["skipped"]

@@ -245,7 +245,7 @@ def read_problems(storage_url: str, families: Sequence[str]
     skipped: List[str] = []
     summaries = optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)
     # a paper-protocol study searches exactly what its matched sibling searches: one problem, counted once
-    matched = {_search_key(s.user_attrs) for s in summaries if protocol_of(s.user_attrs) == "matched"}
+    matched = {search_identity(s.user_attrs) for s in summaries if protocol_of(s.user_attrs) == "matched"}
     for summary in summaries:
         attrs = summary.user_attrs
         name = summary.study_name
@@ -256,7 +256,7 @@ def read_problems(storage_url: str, families: Sequence[str]
             skipped.append(f"{name}: a few-shot study ({attrs['shots']} per label); defaults come from searches on "
                            "whole training subsets")
             continue
-        if protocol_of(attrs) != "matched" and _search_key(attrs) in matched:
+        if protocol_of(attrs) != "matched" and search_identity(attrs) in matched:
             skipped.append(f"{name}: the same search as its matched-protocol study, counted once")
             continue
         try:
@@ -283,11 +283,6 @@ def read_problems(storage_url: str, families: Sequence[str]
             Problem(study=name, model=str(attrs["model"]), task=str(attrs.get("task", "")), trials=scored,
                     default_q=default_q))
     return groups, skipped
-
-
-def _search_key(attrs: Mapping[str, Any]) -> Tuple:
-    """What a study searches: its identity without the protocol (trials are the same under both)."""
-    return search_identity(attrs)
 
 
 # ----------------------------------------------------------------------------- deriving
