@@ -33,11 +33,18 @@ def run(args: argparse.Namespace) -> pd.DataFrame:
         task = few_shot(load_task(task_name, data_dir=args.data_dir), shots, seed=0)
         task = subsample(task, n=n_val, seed=0, splits=["validation"])
         task = subsample(task, n=n_test, seed=0, splits=["test"])
-        emb = load_task_embeddings(args.model, task, cache_dir=args.cache_dir, max_length=args.max_length,
-                                   splits=["train", "validation", "test"])
+        emb = load_task_embeddings(
+            args.model,
+            task,
+            cache_dir=args.cache_dir,
+            max_length=args.max_length,
+            splits=["train", "validation", "test"],
+        )
         train, val, test = (emb.splits[s] for s in ("train", "validation", "test"))
-        print(f"{task_name}: train {len(train.labels)}, validation {len(val.labels)}, test {len(test.labels)}, "
-              f"{emb.num_layers} layers x {emb.hidden_size}")
+        print(
+            f"{task_name}: train {len(train.labels)}, validation {len(val.labels)}, test {len(test.labels)}, "
+            f"{emb.num_layers} layers x {emb.hidden_size}"
+        )
         for family in args.families:
             config = config_class_for(family)()
             for seed in args.seeds:
@@ -50,14 +57,24 @@ def run(args: argparse.Namespace) -> pd.DataFrame:
                 else:
                     result = train_encoder(config, *data, **kwargs)
                 metrics = evaluate(result.model, test.features, test.labels)
-                rows.append({
-                    "task": task_name, "family": family, "seed": seed, "layer": layer,
-                    "val_accuracy": result.best_val_metric, "test_accuracy": metrics["accuracy"],
-                    "test_macro_f1": metrics["macro_f1"], "best_epoch": result.best_epoch,
-                    "params": result.num_trainable_params, "seconds": time.perf_counter() - started,
-                })
-                print(f"  {family:12s} seed {seed}: val {result.best_val_metric:.4f}  test {metrics['accuracy']:.4f}"
-                      f"  ({rows[-1]['seconds']:.1f} s{'' if layer is None else f', layer {layer}'})")
+                rows.append(
+                    {
+                        "task": task_name,
+                        "family": family,
+                        "seed": seed,
+                        "layer": layer,
+                        "val_accuracy": result.best_val_metric,
+                        "test_accuracy": metrics["accuracy"],
+                        "test_macro_f1": metrics["macro_f1"],
+                        "best_epoch": result.best_epoch,
+                        "params": result.num_trainable_params,
+                        "seconds": time.perf_counter() - started,
+                    }
+                )
+                print(
+                    f"  {family:12s} seed {seed}: val {result.best_val_metric:.4f}  test {metrics['accuracy']:.4f}"
+                    f"  ({rows[-1]['seconds']:.1f} s{'' if layer is None else f', layer {layer}'})"
+                )
     return pd.DataFrame(rows)
 
 
@@ -82,9 +99,12 @@ def main() -> None:
     if args.csv:
         frame.to_csv(args.csv, index=False)
     summary = frame.groupby(["task", "family"], sort=False).agg(
-        test_accuracy=("test_accuracy", "mean"), test_std=("test_accuracy", "std"),
-        val_accuracy=("val_accuracy", "mean"), test_macro_f1=("test_macro_f1", "mean"),
-        params=("params", "first"), seconds=("seconds", "mean"),
+        test_accuracy=("test_accuracy", "mean"),
+        test_std=("test_accuracy", "std"),
+        val_accuracy=("val_accuracy", "mean"),
+        test_macro_f1=("test_macro_f1", "mean"),
+        params=("params", "first"),
+        seconds=("seconds", "mean"),
     )
     print(summary.round(4).to_string())
 

@@ -127,8 +127,7 @@ def graph_case(config, shape):
     graph = cayley_graph(L) if config.family == "cayley" else fully_connected_graph(L)
     data = _data_list(x, graph)
     textbook = TextbookGNN(config, D).train()
-    return (_step_fn(agg, lambda: agg(x)),
-            _step_fn(textbook, lambda: textbook(Batch.from_data_list(data))), N)
+    return (_step_fn(agg, lambda: agg(x)), _step_fn(textbook, lambda: textbook(Batch.from_data_list(data))), N)
 
 
 def deepset_case(config, shape):
@@ -138,8 +137,7 @@ def deepset_case(config, shape):
     agg = build_aggregator(config, L, D).train()
     data = [Data(x=sample) for sample in x]
     textbook = TextbookDeepSet(config, D).train()
-    return (_step_fn(agg, lambda: agg(x)),
-            _step_fn(textbook, lambda: textbook(Batch.from_data_list(data))), N)
+    return (_step_fn(agg, lambda: agg(x)), _step_fn(textbook, lambda: textbook(Batch.from_data_list(data))), N)
 
 
 def per_token_case(config, shape):
@@ -149,8 +147,7 @@ def per_token_case(config, shape):
     agg = build_per_token_aggregator(config, L, D, output_mode="sequence").train()
     data = _data_list(x.reshape(B, T * L, D), cayley_graph(T * L))
     textbook = TextbookGNN(config, D).train()
-    return (_step_fn(agg, lambda: agg(x)),
-            _step_fn(textbook, lambda: textbook(Batch.from_data_list(data))), B)
+    return (_step_fn(agg, lambda: agg(x)), _step_fn(textbook, lambda: textbook(Batch.from_data_list(data))), B)
 
 
 CASES = [
@@ -172,8 +169,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     rounds, iters = (2, 2) if args.quick else (7, 4)
-    print(f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__}, "
-          f"{torch.get_num_threads()} threads, {rounds} rounds x {iters} steps, median round")
+    print(
+        f"torch {torch.__version__}, torch_geometric {torch_geometric.__version__}, "
+        f"{torch.get_num_threads()} threads, {rounds} rounds x {iters} steps, median round"
+    )
     header = f"{'case':34s} {'input':>17s} {'ours/s':>9s} {'textbook/s':>11s} {'ratio':>6s}"
     print(header)
     print("-" * len(header))
@@ -181,8 +180,9 @@ def main() -> None:
         ours, baseline, batch = make(config, shape)
         ours_rate, base_rate = compare(ours, baseline, batch, rounds, iters)
         shape_text = "(" + ",".join(map(str, shape)) + ")"
-        print(f"{name:34s} {shape_text:>17s} {ours_rate:9.0f} {base_rate:11.0f} {ours_rate / base_rate:5.2f}x",
-              flush=True)
+        print(
+            f"{name:34s} {shape_text:>17s} {ours_rate:9.0f} {base_rate:11.0f} {ours_rate / base_rate:5.2f}x", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,7 @@ def _texts(data_dir: str, n: int) -> list:
     return [pool[i] for i in order]
 
 
-def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, repeats: int,
-           threads: int) -> list:
+def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, repeats: int, threads: int) -> list:
     import numpy as np
     import torch
 
@@ -77,8 +76,13 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
         stacked, masks = [], []
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
-                batch = tokenizer(texts[start:start + batch_size], padding=True, truncation=True, max_length=512,
-                                  return_tensors="pt")
+                batch = tokenizer(
+                    texts[start : start + batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=512,
+                    return_tensors="pt",
+                )
                 out = net(**batch, output_hidden_states=True)
                 stacked.append(torch.stack(out.hidden_states, 1).float())  # (B, L, T, D) kept for every batch
                 masks.append(batch["attention_mask"])
@@ -97,8 +101,7 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
     def cached() -> torch.Tensor:
         spec = get_task_spec("banking77")
         labels = np.zeros(len(texts), dtype=np.int64)
-        task = TaskData(spec=spec, splits={"bench": TaskSplit("bench", labels=labels, texts=texts)},
-                        label_names=["x"])
+        task = TaskData(spec=spec, splits={"bench": TaskSplit("bench", labels=labels, texts=texts)}, label_names=["x"])
         with tempfile.TemporaryDirectory(dir=cache_dir) as fresh:
             cache = EmbeddingCache(fresh)
             cache._embedders[(embedder.source.identity, "mean", 512, batch_size, "auto")] = embedder
@@ -107,9 +110,16 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
             return entry.features
 
     methods = {"stream": stream, "cache": cached, "naive": naive}  # naive last: it leaves the heap grown
-    rows = {name: {"method": name, "n": n, "seconds": float("inf"), "peak_mb": None,
-                   "output_mb": n * num_layers * hidden * (4 if name == "naive" else 2) / 2**20}
-            for name in methods}
+    rows = {
+        name: {
+            "method": name,
+            "n": n,
+            "seconds": float("inf"),
+            "peak_mb": None,
+            "output_mb": n * num_layers * hidden * (4 if name == "naive" else 2) / 2**20,
+        }
+        for name in methods
+    }
     for round_ in range(repeats):  # interleaved rounds: a busy machine slows every method alike
         for name, run in methods.items():
             rss_before = _status_kb("VmRSS")
@@ -127,10 +137,24 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
 
 
 def _run_child(args, n: int, cache_dir: str) -> list:
-    command = [sys.executable, __file__, "--child", str(n), "--model", args.model, "--batch-size",
-               str(args.batch_size), "--data-dir", args.data_dir, "--cache-dir", cache_dir,
-               "--repeat", str(args.repeat),
-               "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        str(n),
+        "--model",
+        args.model,
+        "--batch-size",
+        str(args.batch_size),
+        "--data-dir",
+        args.data_dir,
+        "--cache-dir",
+        cache_dir,
+        "--repeat",
+        str(args.repeat),
+        "--threads",
+        str(args.threads),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if done.returncode != 0:
         raise SystemExit(f"N={n} failed:\n{done.stderr[-3000:]}")
@@ -144,37 +168,48 @@ def main() -> None:
     parser.add_argument("--model", default="minilm-l6")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=2, help="interleaved rounds; the best time counts [2]")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads [1: stable numbers on a shared machine]")
-    parser.add_argument("--data-dir",
-                        default=os.environ.get("ILGE_SEARCH_DATA", str(REPO.parent / "shared" / "datasets")))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads [1: stable numbers on a shared machine]")
+    parser.add_argument(
+        "--data-dir", default=os.environ.get("ILGE_SEARCH_DATA", str(REPO.parent / "shared" / "datasets"))
+    )
     parser.add_argument("--cache-dir", default=None, help="for model conversion and weight hashes [temporary]")
     parser.add_argument("--child", type=int, metavar="N", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child, args.model, args.batch_size, args.data_dir,
-                                args.cache_dir, args.repeat, args.threads)))
+        print(
+            json.dumps(
+                _child(
+                    args.child, args.model, args.batch_size, args.data_dir, args.cache_dir, args.repeat, args.threads
+                )
+            )
+        )
         return
     sizes = args.n or ([150, 300] if args.quick else [400, 1200])
     with tempfile.TemporaryDirectory() as scratch:
         cache_dir = args.cache_dir or scratch
         rows = [row for n in sizes for row in _run_child(args, n, cache_dir)]
-    print(f"\nbanking77 texts, model {args.model}, batch size {args.batch_size}, torch threads {args.threads}, "
-          f"best of {args.repeat}\n")
+    print(
+        f"\nbanking77 texts, model {args.model}, batch size {args.batch_size}, torch threads {args.threads}, "
+        f"best of {args.repeat}\n"
+    )
     print(f"{'method':<7} {'N':>6} {'texts/s':>9} {'vs naive':>9} {'peak MB':>9} {'output MB':>10} {'peak-output':>12}")
     for n in sizes:
         base = next(r for r in rows if r["n"] == n and r["method"] == "naive")
         for row in (r for r in rows if r["n"] == n):
             ratio = row["texts_per_s"] / base["texts_per_s"]
-            print(f"{row['method']:<7} {n:>6} {row['texts_per_s']:>9.1f} {ratio:>8.2f}x "
-                  f"{row['peak_mb']:>9.1f} {row['output_mb']:>10.1f} {row['peak_mb'] - row['output_mb']:>12.1f}")
+            print(
+                f"{row['method']:<7} {n:>6} {row['texts_per_s']:>9.1f} {ratio:>8.2f}x "
+                f"{row['peak_mb']:>9.1f} {row['output_mb']:>10.1f} {row['peak_mb'] - row['output_mb']:>12.1f}"
+            )
     if len(sizes) > 1:
         small, large = sizes[0], sizes[-1]
         for method in ("naive", "stream", "cache"):
             a = next(r for r in rows if r["n"] == small and r["method"] == method)
             b = next(r for r in rows if r["n"] == large and r["method"] == method)
-            print(f"{method:<7} peak memory N={large} / N={small}: {b['peak_mb'] / max(a['peak_mb'], 1e-9):.2f}x "
-                  f"(texts x{large / small:.1f})")
+            print(
+                f"{method:<7} peak memory N={large} / N={small}: {b['peak_mb'] / max(a['peak_mb'], 1e-9):.2f}x "
+                f"(texts x{large / small:.1f})"
+            )
 
 
 if __name__ == "__main__":

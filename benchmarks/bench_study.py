@@ -37,8 +37,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-epochs", type=int, default=5)
     parser.add_argument("--data-dir", default=os.environ.get("ILGE_SEARCH_DATA", "../shared/datasets"))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads of the single-process runs (2-worker runs use cpus // 2 each)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of the single-process runs (2-worker runs use cpus // 2 each)",
+    )
     return parser.parse_args()
 
 
@@ -47,10 +51,24 @@ def timed_study(args, root: Path, label: str, cache_dir: Path, workers: int = 1)
 
     url = f"sqlite:///{root / (label + '.db')}"
     started = time.perf_counter()
-    result = run_study(args.model, args.task, args.encoder, n_trials=args.trials, storage=url, workers=workers,
-                       final_seeds=0, pruner="none", seed=0, max_train=args.max_train, max_eval=args.max_eval,
-                       max_epochs=args.max_epochs, data_dir=args.data_dir, cache_dir=cache_dir, device=args.device,
-                       show_progress=False)[0]
+    result = run_study(
+        args.model,
+        args.task,
+        args.encoder,
+        n_trials=args.trials,
+        storage=url,
+        workers=workers,
+        final_seeds=0,
+        pruner="none",
+        seed=0,
+        max_train=args.max_train,
+        max_eval=args.max_eval,
+        max_epochs=args.max_epochs,
+        data_dir=args.data_dir,
+        cache_dir=cache_dir,
+        device=args.device,
+        show_progress=False,
+    )[0]
     seconds = time.perf_counter() - started
     assert result.n_finished == args.trials, result
     return seconds, optuna.load_study(study_name=result.study_name, storage=url)
@@ -63,20 +81,28 @@ def naive_replay(args, study: optuna.Study, cache_dir: Path) -> float:
     from ilge_search.extraction import extract_layer_embeddings
     from ilge_search.study.data import DataSpec, load_task_data
 
-    spec = DataSpec(model=args.model, task=args.task, max_train=args.max_train, max_eval=args.max_eval,
-                     data_dir=args.data_dir)
+    spec = DataSpec(
+        model=args.model, task=args.task, max_train=args.max_train, max_eval=args.max_eval, data_dir=args.data_dir
+    )
     task = load_task_data(spec)  # the study's exact subset
     if task.kind != "classification":
         raise SystemExit("the naive replay covers classification tasks")
     train, val = task.splits["train"], task.splits["validation"]
     started = time.perf_counter()
     for trial in study.trials:
-        features = extract_layer_embeddings(args.model, list(train.texts) + list(val.texts), device=args.device,
-                                            cache_dir=cache_dir, progress=False)
+        features = extract_layer_embeddings(
+            args.model, list(train.texts) + list(val.texts), device=args.device, cache_dir=cache_dir, progress=False
+        )
         n = len(train.texts)
-        train_encoder(config_from_dict(trial.user_attrs["config"]), (features[:n], train.labels),
-                      (features[n:], val.labels), task_kind="classification", num_classes=task.num_labels,
-                      seed=0, device=args.device)
+        train_encoder(
+            config_from_dict(trial.user_attrs["config"]),
+            (features[:n], train.labels),
+            (features[n:], val.labels),
+            task_kind="classification",
+            num_classes=task.num_labels,
+            seed=0,
+            device=args.device,
+        )
     return time.perf_counter() - started
 
 
@@ -95,12 +121,18 @@ def main() -> None:
         naive = naive_replay(args, warm_study, cache_dir)
     train_seconds = sum(t.user_attrs["seconds"] for t in warm_study.trials)
     n = args.trials
-    print(f"{args.model} / {args.task} / {args.encoder}: {n} trials, train {args.max_train}, "
-          f"validation {args.max_eval}, <= {args.max_epochs} epochs, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{args.model} / {args.task} / {args.encoder}: {n} trials, train {args.max_train}, "
+        f"validation {args.max_eval}, <= {args.max_epochs} epochs, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'variant':<34}{'wall s':>9}{'trials/min':>12}{'naive / this':>14}")
-    for label, seconds in (("naive (re-extract every trial)", naive), ("cached, cold (one extraction)", cold),
-                           ("cached, warm, 1 worker", warm), ("cached, warm, 2 workers", two)):
+    for label, seconds in (
+        ("naive (re-extract every trial)", naive),
+        ("cached, cold (one extraction)", cold),
+        ("cached, warm, 1 worker", warm),
+        ("cached, warm, 2 workers", two),
+    ):
         print(f"{label:<34}{seconds:>9.1f}{60 * n / seconds:>12.1f}{naive / seconds:>14.2f}")
     print(f"(training alone, summed over the warm trials: {train_seconds:.1f} s)")
 

@@ -88,15 +88,16 @@ def main() -> None:
     from ilge_search.tasks import load_task, subsample
 
     task = subsample(load_task("banking77", data_dir=args.data_dir), n=args.train_size, seed=0, splits=["train"])
-    emb = load_task_embeddings(args.model, task, cache_dir=args.cache_dir, splits=["train"],
-                               max_length=args.max_length)
+    emb = load_task_embeddings(args.model, task, cache_dir=args.cache_dir, splits=["train"], max_length=args.max_length)
     features, labels = emb.splits["train"].features, emb.splits["train"].labels
     n_val = len(labels) // 10
     train, val = (features[n_val:], labels[n_val:]), (features[:n_val], labels[:n_val])
     config = CayleyConfig(epochs=args.epochs)
     num_classes = 77
-    print(f"{args.model}: train {tuple(train[0].shape)} {train[0].dtype}, val {n_val}, "
-          f"batch {config.batch_size}, {args.epochs} epochs, {torch.get_num_threads()} threads")
+    print(
+        f"{args.model}: train {tuple(train[0].shape)} {train[0].dtype}, val {n_val}, "
+        f"batch {config.batch_size}, {args.epochs} epochs, {torch.get_num_threads()} threads"
+    )
 
     # --- the engine (validation every epoch included, as in real use)
     train_encoder(config.replace(epochs=1), train, val, num_classes=num_classes, patience=None)  # warm-up

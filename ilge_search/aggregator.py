@@ -69,16 +69,29 @@ def build_layer_encoder(config: EncoderConfig, num_layers: int, hidden_in: int) 
         from .nn.gnn import CayleyGNNEncoder, FCGNNEncoder
 
         cls = CayleyGNNEncoder if isinstance(config, CayleyConfig) else FCGNNEncoder
-        return cls(num_layers, hidden_in, conv_type=config.conv_type, hidden_dim=config.hidden_dim,
-                   gnn_layers=config.gnn_layers, gin_mlp_layers=config.gin_mlp_layers,
-                   gat_heads=config.gat_heads, pooling=config.pooling, dropout=config.dropout)
+        return cls(
+            num_layers,
+            hidden_in,
+            conv_type=config.conv_type,
+            hidden_dim=config.hidden_dim,
+            gnn_layers=config.gnn_layers,
+            gin_mlp_layers=config.gin_mlp_layers,
+            gat_heads=config.gat_heads,
+            pooling=config.pooling,
+            dropout=config.dropout,
+        )
     if isinstance(config, DeepSetConfig):
         from .nn.deepset import DeepSetEncoder
 
-        return DeepSetEncoder(num_layers, hidden_in, hidden_dim=config.hidden_dim,
-                              pre_pooling_layers=config.pre_pooling_layers,
-                              post_pooling_layers=config.post_pooling_layers,
-                              pooling=config.pooling, dropout=config.dropout)
+        return DeepSetEncoder(
+            num_layers,
+            hidden_in,
+            hidden_dim=config.hidden_dim,
+            pre_pooling_layers=config.pre_pooling_layers,
+            post_pooling_layers=config.post_pooling_layers,
+            pooling=config.pooling,
+            dropout=config.dropout,
+        )
     if config.family in BASELINE_FAMILIES:
         from .nn.baselines import build_baseline
 
@@ -135,15 +148,17 @@ class Aggregator(nn.Module):
     def check_input(self, x: torch.Tensor) -> torch.Tensor:
         """Validate ``x`` and return it in the module's dtype."""
         if not isinstance(x, torch.Tensor):
-            raise ValueError(f"expected a torch.Tensor of shape (N, {self.num_layers}, {self.hidden_in}), "
-                             f"got {type(x).__name__}")
+            raise ValueError(
+                f"expected a torch.Tensor of shape (N, {self.num_layers}, {self.hidden_in}), got {type(x).__name__}"
+            )
         dtype = _module_dtype(self)
         _check_dtype(x, dtype)
         if x.dim() != 3 or x.shape[1:] != (self.num_layers, self.hidden_in):
             raise ValueError(
                 f"expected input of shape (N, {self.num_layers}, {self.hidden_in}) = (batch, num_layers, hidden_in), "
                 f"got {_shape_str(x.shape)}; num_layers counts the embedding layer "
-                "(num_hidden_layers + 1, see num_layers_for(model))")
+                "(num_hidden_layers + 1, see num_layers_for(model))"
+            )
         return x.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -193,13 +208,20 @@ class PerTokenAggregator(nn.Module):
         - output: ``(B, T, out_dim)`` for ``"per_token"``, ``(B, out_dim)`` for ``"sequence"``
     """
 
-    def __init__(self, config: Union[CayleyConfig, FCConfig], num_layers: int, hidden_in: int,
-                 token_pooling: str = "mean", output_mode: str = "per_token") -> None:
+    def __init__(
+        self,
+        config: Union[CayleyConfig, FCConfig],
+        num_layers: int,
+        hidden_in: int,
+        token_pooling: str = "mean",
+        output_mode: str = "per_token",
+    ) -> None:
         super().__init__()
         _check_config(config)
         if not isinstance(config, (CayleyConfig, FCConfig)):
-            raise ArgumentTypeError(f"per-token aggregation needs a graph family (CayleyConfig or FCConfig), "
-                                    f"got {type(config).__name__}")
+            raise ArgumentTypeError(
+                f"per-token aggregation needs a graph family (CayleyConfig or FCConfig), got {type(config).__name__}"
+            )
         if token_pooling not in TOKEN_POOLINGS:
             raise ValueError(f"token_pooling must be one of {list(TOKEN_POOLINGS)}, got {token_pooling!r}")
         if output_mode not in OUTPUT_MODES:
@@ -214,10 +236,17 @@ class PerTokenAggregator(nn.Module):
         self.pooling = config.pooling
         self.graph_kind = config.family
         self.out_dim = config.hidden_dim
-        self.gnn = GNNStack(hidden_in, config.hidden_dim, config.conv_type, config.gnn_layers,
-                            config.gin_mlp_layers, config.gat_heads, config.dropout)
-        self._graphs = GraphCache(maxsize=32)   # seq_len -> LayerGraph
-        self._batched = GraphCache(maxsize=8)   # (seq_len, batch, device) -> BatchedGraph
+        self.gnn = GNNStack(
+            hidden_in,
+            config.hidden_dim,
+            config.conv_type,
+            config.gnn_layers,
+            config.gin_mlp_layers,
+            config.gat_heads,
+            config.dropout,
+        )
+        self._graphs = GraphCache(maxsize=32)  # seq_len -> LayerGraph
+        self._batched = GraphCache(maxsize=8)  # (seq_len, batch, device) -> BatchedGraph
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -233,7 +262,8 @@ class PerTokenAggregator(nn.Module):
                 warnings.warn(
                     f"per-token graph has {num_real} nodes (seq_len {seq_len} x {self.num_layers} layers), "
                     f"more than {PER_TOKEN_WARN_NODES}; shorten or chunk the sequences to keep it fast",
-                    stacklevel=4)
+                    stacklevel=4,
+                )
             return (cayley_graph if self.graph_kind == "cayley" else fully_connected_graph)(num_real)
 
         return self._graphs.get_or_build((seq_len,), build)
@@ -245,13 +275,18 @@ class PerTokenAggregator(nn.Module):
         dtype = _module_dtype(self)
         _check_dtype(x, dtype)
         if x.dim() != 4 or x.shape[2:] != (L, D) or x.size(1) == 0:
-            raise ValueError(f"expected input of shape (B, T, {L}, {D}) = (batch, seq_len, num_layers, hidden_in) "
-                             f"with T >= 1, got {_shape_str(x.shape)}")
+            raise ValueError(
+                f"expected input of shape (B, T, {L}, {D}) = (batch, seq_len, num_layers, hidden_in) "
+                f"with T >= 1, got {_shape_str(x.shape)}"
+            )
         if attention_mask is None:
             return x.to(dtype), None
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != x.shape[:2]:
-            got = _shape_str(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else \
-                type(attention_mask).__name__
+            got = (
+                _shape_str(attention_mask.shape)
+                if isinstance(attention_mask, torch.Tensor)
+                else type(attention_mask).__name__
+            )
             raise ValueError(f"attention_mask must have shape (B, T) = {_shape_str(x.shape[:2])}, got {got}")
         mask = attention_mask.to(torch.bool)
         if not torch.equal(mask.to(attention_mask.dtype), attention_mask):
@@ -272,7 +307,8 @@ class PerTokenAggregator(nn.Module):
         if mask is None:
             batched = self._batched.get_or_build(
                 (T, B, x.device),
-                lambda: BatchedGraph(graph.edge_index.to(x.device), graph.num_nodes, graph.num_real, B))
+                lambda: BatchedGraph(graph.edge_index.to(x.device), graph.num_nodes, graph.num_real, B),
+            )
         else:
             node_mask = mask.repeat_interleave(L, dim=1)  # (B, T*L)
             batched = BatchedGraph(graph.edge_index.to(x.device), graph.num_nodes, graph.num_real, B, node_mask)
@@ -289,13 +325,20 @@ class PerTokenAggregator(nn.Module):
         return total / (weights.sum(dim=(1, 2)) * L)
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.graph_kind}, {self.config.conv_type}, "
-                f"num_layers={self.num_layers}, hidden_dim={self.out_dim}, gnn_layers={self.config.gnn_layers}, "
-                f"output_mode={self.output_mode!r})")
+        return (
+            f"{self.__class__.__name__}({self.graph_kind}, {self.config.conv_type}, "
+            f"num_layers={self.num_layers}, hidden_dim={self.out_dim}, gnn_layers={self.config.gnn_layers}, "
+            f"output_mode={self.output_mode!r})"
+        )
 
 
-def build_per_token_aggregator(config: Union[CayleyConfig, FCConfig], num_layers: int, hidden_in: int,
-                               token_pooling: str = "mean", output_mode: str = "per_token") -> PerTokenAggregator:
+def build_per_token_aggregator(
+    config: Union[CayleyConfig, FCConfig],
+    num_layers: int,
+    hidden_in: int,
+    token_pooling: str = "mean",
+    output_mode: str = "per_token",
+) -> PerTokenAggregator:
     """A :class:`PerTokenAggregator`: ``(B, T, L, D) -> (B, T, out_dim)`` or ``(B, out_dim)``.
 
     The published package's signature: ``token_pooling`` (``"mean"``/``"sum"``) pools each

@@ -202,8 +202,12 @@ def _safetensors_header(tensors: List[Tuple[str, str, tuple, int]], metadata: Di
     return struct.pack("<Q", len(raw)) + raw
 
 
-_NP_FROM_SAFETENSORS = {"F16": (np.float16, None), "F32": (np.float32, None), "I64": (np.int64, None),
-                        "BF16": (np.uint16, torch.bfloat16)}
+_NP_FROM_SAFETENSORS = {
+    "F16": (np.float16, None),
+    "F32": (np.float32, None),
+    "I64": (np.int64, None),
+    "BF16": (np.uint16, torch.bfloat16),
+}
 
 
 def _parse_safetensors(buffer: bytearray, name: str) -> Dict[str, torch.Tensor]:
@@ -212,7 +216,7 @@ def _parse_safetensors(buffer: bytearray, name: str) -> Dict[str, torch.Tensor]:
         (header_size,) = struct.unpack("<Q", bytes(buffer[:8]))
         if header_size > len(buffer) - 8:
             raise ValueError(f"header size {header_size} exceeds the file")
-        header = json.loads(bytes(buffer[8:8 + header_size]))
+        header = json.loads(bytes(buffer[8 : 8 + header_size]))
         start = 8 + header_size
         tensors: Dict[str, torch.Tensor] = {}
         end = start
@@ -270,16 +274,33 @@ class EmbeddingCache:
         return self.cache_dir / "embeddings"
 
     def _paths(self, key: str) -> Tuple[Path, Path, Path]:
-        return (self.embeddings_dir / f"{key}.safetensors", self.embeddings_dir / f"{key}.json",
-                self.cache_dir / "locks" / f"{key}.lock")
+        return (
+            self.embeddings_dir / f"{key}.safetensors",
+            self.embeddings_dir / f"{key}.json",
+            self.cache_dir / "locks" / f"{key}.lock",
+        )
 
     # -- keys ---------------------------------------------------------------------------
 
-    def key(self, *, model_identity: str, task: str, split: str, fingerprint: str, pooling: str = "mean",
-            max_length: int = 512, storage_dtype: str = "float16") -> str:
+    def key(
+        self,
+        *,
+        model_identity: str,
+        task: str,
+        split: str,
+        fingerprint: str,
+        pooling: str = "mean",
+        max_length: int = 512,
+        storage_dtype: str = "float16",
+    ) -> str:
         """sha256 (first 24 hex digits) over FORMAT_VERSION and the non-default fields."""
-        fields: Dict[str, Any] = {"format_version": FORMAT_VERSION, "model": model_identity, "task": task,
-                                  "split": split, "fingerprint": fingerprint}
+        fields: Dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "model": model_identity,
+            "task": task,
+            "split": split,
+            "fingerprint": fingerprint,
+        }
         for name, value in (("pooling", pooling), ("max_length", max_length), ("storage_dtype", storage_dtype)):
             if value != _KEY_DEFAULTS[name]:
                 fields[name] = value
@@ -312,8 +333,9 @@ class EmbeddingCache:
         except FileNotFoundError as exc:
             raise CacheCorruptError(f"{data_path.name} is missing") from exc
         if stat.st_size != expected_size:
-            raise CacheCorruptError(f"{data_path.name} has {stat.st_size} bytes, expected {expected_size} "
-                                    f"(truncated or overwritten)")
+            raise CacheCorruptError(
+                f"{data_path.name} has {stat.st_size} bytes, expected {expected_size} (truncated or overwritten)"
+            )
         # Read into owned memory (not an mmap: a file truncated or replaced later must not
         # crash tensors handed out earlier); the checksum runs over the same buffer.
         buffer = bytearray(expected_size)
@@ -325,17 +347,28 @@ class EmbeddingCache:
             if _VERIFIED.get(str(data_path)) != stamp:
                 actual = hashlib.sha256(buffer).hexdigest()
                 if actual != meta.get("file_sha256"):
-                    raise CacheCorruptError(f"{data_path.name} fails its checksum (sha256 {actual[:12]}..., "
-                                            f"expected {str(meta.get('file_sha256'))[:12]}...)")
+                    raise CacheCorruptError(
+                        f"{data_path.name} fails its checksum (sha256 {actual[:12]}..., "
+                        f"expected {str(meta.get('file_sha256'))[:12]}...)"
+                    )
                 _VERIFIED[str(data_path)] = stamp
         tensors = _parse_safetensors(buffer, data_path.name)
         features = tensors.get("features")
         if features is None or list(features.shape) != list(meta.get("shape", [])):
-            raise CacheCorruptError(f"{data_path.name}: features shape "
-                                    f"{None if features is None else list(features.shape)} != {meta.get('shape')}")
+            raise CacheCorruptError(
+                f"{data_path.name}: features shape "
+                f"{None if features is None else list(features.shape)} != {meta.get('shape')}"
+            )
         labels = tensors.get("labels", torch.empty(0))
-        return CachedEmbeddings(features=features, labels=labels, label_names=list(meta.get("label_names", [])),
-                                meta=meta, key=key, path=data_path, hit=True)
+        return CachedEmbeddings(
+            features=features,
+            labels=labels,
+            label_names=list(meta.get("label_names", [])),
+            meta=meta,
+            key=key,
+            path=data_path,
+            hit=True,
+        )
 
     def _read_or_discard(self, key: str, announce: bool) -> Optional[CachedEmbeddings]:
         """``_read``, but a damaged entry is removed (with a warning if ``announce``) and gives None."""
@@ -354,12 +387,19 @@ class EmbeddingCache:
 
     # -- writing ------------------------------------------------------------------------
 
-    def _embedder(self, source: ModelSource, pooling: str, max_length: int, batch_size: int,
-                  device: str) -> LayerEmbedder:
+    def _embedder(
+        self, source: ModelSource, pooling: str, max_length: int, batch_size: int, device: str
+    ) -> LayerEmbedder:
         slot = (source.identity, pooling, max_length, batch_size, device)
         if slot not in self._embedders:
-            self._embedders[slot] = LayerEmbedder(source, pooling=pooling, max_length=max_length,
-                                                  batch_size=batch_size, device=device, cache_dir=self.cache_dir)
+            self._embedders[slot] = LayerEmbedder(
+                source,
+                pooling=pooling,
+                max_length=max_length,
+                batch_size=batch_size,
+                device=device,
+                cache_dir=self.cache_dir,
+            )
         return self._embedders[slot]
 
     def _check_writable(self) -> None:
@@ -372,8 +412,9 @@ class EmbeddingCache:
     def _remove_stale_temp_files(self) -> None:
         """Temporary files of extractions killed on this host: their pid is gone and nobody
         holds their entry's lock (the writer holds it while writing)."""
-        remove_stale_temp_files(self.embeddings_dir,
-                                lambda path: lock_is_held(self._paths(path.name[1:].split(".", 1)[0])[2]))
+        remove_stale_temp_files(
+            self.embeddings_dir, lambda path: lock_is_held(self._paths(path.name[1:].split(".", 1)[0])[2])
+        )
 
     @contextmanager
     def _disk_errors(self, key: str, size: int) -> Iterator[None]:
@@ -381,15 +422,22 @@ class EmbeddingCache:
         try:
             yield
         except OSError as exc:
-            error = disk_error(exc, self.embeddings_dir, f"embedding cache entry {key} ({size:,} bytes)",
-                               _FIX_SPACE)
+            error = disk_error(exc, self.embeddings_dir, f"embedding cache entry {key} ({size:,} bytes)", _FIX_SPACE)
             if error is None:
                 raise
             raise error from exc
 
-    def _extract_and_write(self, key: str, embedder: LayerEmbedder, texts: List[str], pairs: bool,
-                           labels: Optional[np.ndarray], storage_dtype: str, meta: Dict[str, Any],
-                           progress: bool) -> None:
+    def _extract_and_write(
+        self,
+        key: str,
+        embedder: LayerEmbedder,
+        texts: List[str],
+        pairs: bool,
+        labels: Optional[np.ndarray],
+        storage_dtype: str,
+        meta: Dict[str, Any],
+        progress: bool,
+    ) -> None:
         """Stream pooled batches into a memmapped safetensors file, then commit it atomically.
 
         The file's size is known from the model's config, so free space is checked and the
@@ -423,7 +471,8 @@ class EmbeddingCache:
                     if not bool(torch.isfinite(stored).all()):
                         raise ValueError(
                             f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
-                            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'")
+                            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'"
+                        )
                     if torch_dtype == torch.bfloat16:
                         stored = stored.view(torch.uint16)
                     rows[indices] = stored.numpy()
@@ -436,11 +485,18 @@ class EmbeddingCache:
                         handle.flush()
                     os.fsync(handle.fileno())
                 seconds = time.perf_counter() - started
-                meta.update(shape=list(shape), num_layers=num_layers, hidden_size=hidden, num_examples=n_rows,
-                            effective_max_length=embedder.effective_max_length, extract_seconds=round(seconds, 3),
-                            texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
-                            file_size=tmp.stat().st_size, file_sha256=_file_sha256(tmp),
-                            created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                meta.update(
+                    shape=list(shape),
+                    num_layers=num_layers,
+                    hidden_size=hidden,
+                    num_examples=n_rows,
+                    effective_max_length=embedder.effective_max_length,
+                    extract_seconds=round(seconds, 3),
+                    texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
+                    file_size=tmp.stat().st_size,
+                    file_sha256=_file_sha256(tmp),
+                    created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                )
                 meta_tmp.write_text(json.dumps(meta, indent=1))  # written before anything is renamed into place
                 meta_path.unlink(missing_ok=True)
                 os.replace(tmp, data_path)
@@ -449,10 +505,21 @@ class EmbeddingCache:
             tmp.unlink(missing_ok=True)
             meta_tmp.unlink(missing_ok=True)
 
-    def _get_or_extract_entry(self, key: str, source: ModelSource, texts_fn: Any, pairs: bool,
-                              labels: Optional[np.ndarray], pooling: str, max_length: int, batch_size: int,
-                              device: str, storage_dtype: str, meta: Dict[str, Any],
-                              progress: bool) -> CachedEmbeddings:
+    def _get_or_extract_entry(
+        self,
+        key: str,
+        source: ModelSource,
+        texts_fn: Any,
+        pairs: bool,
+        labels: Optional[np.ndarray],
+        pooling: str,
+        max_length: int,
+        batch_size: int,
+        device: str,
+        storage_dtype: str,
+        meta: Dict[str, Any],
+        progress: bool,
+    ) -> CachedEmbeddings:
         from filelock import FileLock, Timeout
 
         started = time.perf_counter()
@@ -490,23 +557,56 @@ class EmbeddingCache:
         found.seconds = time.perf_counter() - started
         return found
 
-    def _base_meta(self, key: str, source: ModelSource, task: str, split: str, fingerprint: str, pooling: str,
-                   max_length: int, storage_dtype: str, device: str) -> Dict[str, Any]:
+    def _base_meta(
+        self,
+        key: str,
+        source: ModelSource,
+        task: str,
+        split: str,
+        fingerprint: str,
+        pooling: str,
+        max_length: int,
+        storage_dtype: str,
+        device: str,
+    ) -> Dict[str, Any]:
         import transformers
 
-        return {"key": key, "format_version": FORMAT_VERSION, "model": source.name,
-                "model_identity": source.identity, "model_path": source.path, "task": task, "split": split,
-                "fingerprint": fingerprint, "pooling": pooling, "max_length": max_length,
-                "storage_dtype": storage_dtype, "device": device,
-                "versions": {"ilge_search": __version__, "torch": torch.__version__,
-                             "transformers": transformers.__version__}}
+        return {
+            "key": key,
+            "format_version": FORMAT_VERSION,
+            "model": source.name,
+            "model_identity": source.identity,
+            "model_path": source.path,
+            "task": task,
+            "split": split,
+            "fingerprint": fingerprint,
+            "pooling": pooling,
+            "max_length": max_length,
+            "storage_dtype": storage_dtype,
+            "device": device,
+            "versions": {
+                "ilge_search": __version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
+        }
 
     # -- public -------------------------------------------------------------------------
 
-    def get_or_extract(self, model: Union[str, PathLike, ModelSource], task_data_or_name: Any, split: str, *,
-                       pooling: str = "mean", max_length: int = 512, batch_size: int = 32, device: str = "auto",
-                       storage_dtype: str = "float16", data_dir: Optional[PathLike] = None,
-                       progress: bool = True) -> CachedEmbeddings:
+    def get_or_extract(
+        self,
+        model: Union[str, PathLike, ModelSource],
+        task_data_or_name: Any,
+        split: str,
+        *,
+        pooling: str = "mean",
+        max_length: int = 512,
+        batch_size: int = 32,
+        device: str = "auto",
+        storage_dtype: str = "float16",
+        data_dir: Optional[PathLike] = None,
+        progress: bool = True,
+    ) -> CachedEmbeddings:
         """The split's embeddings: read from the cache, or extracted once (under a lock) and stored.
 
         ``task_data_or_name`` is a :class:`~ilge_search.tasks.TaskData` or anything
@@ -518,20 +618,47 @@ class EmbeddingCache:
         part = task.split(split)
         source = self.resolve(model)
         fingerprint = task.fingerprint(split)
-        key = self.key(model_identity=source.identity, task=task.name, split=split, fingerprint=fingerprint,
-                       pooling=pooling, max_length=max_length, storage_dtype=storage_dtype)
-        meta = self._base_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype,
-                               device)
-        meta.update(kind=task.kind, task_source=task.source, label_names=task.label_names,
-                    labels_dtype=str(part.labels.dtype))
+        key = self.key(
+            model_identity=source.identity,
+            task=task.name,
+            split=split,
+            fingerprint=fingerprint,
+            pooling=pooling,
+            max_length=max_length,
+            storage_dtype=storage_dtype,
+        )
+        meta = self._base_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype, device)
+        meta.update(
+            kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(part.labels.dtype)
+        )
         labels = part.labels.astype(np.int64 if task.kind == "classification" else np.float32)
-        return self._get_or_extract_entry(key, source, part.flat_texts, task.kind == "similarity", labels,
-                                          pooling, max_length, batch_size, device, storage_dtype, meta, progress)
+        return self._get_or_extract_entry(
+            key,
+            source,
+            part.flat_texts,
+            task.kind == "similarity",
+            labels,
+            pooling,
+            max_length,
+            batch_size,
+            device,
+            storage_dtype,
+            meta,
+            progress,
+        )
 
-    def get_or_extract_texts(self, model: Union[str, PathLike, ModelSource], texts: Sequence[str], *,
-                             pooling: str = "mean", max_length: int = 512, batch_size: int = 32,
-                             device: str = "auto", storage_dtype: str = "float16",
-                             progress: bool = True) -> torch.Tensor:
+    def get_or_extract_texts(
+        self,
+        model: Union[str, PathLike, ModelSource],
+        texts: Sequence[str],
+        *,
+        pooling: str = "mean",
+        max_length: int = 512,
+        batch_size: int = 32,
+        device: str = "auto",
+        storage_dtype: str = "float16",
+        progress: bool = True,
+    ) -> torch.Tensor:
         """(N, L, D) embeddings of arbitrary texts in the storage dtype, cached by a fingerprint
         of the texts, so the same texts never go through the model twice."""
         _check_options(pooling, max_length, batch_size, storage_dtype, device)
@@ -545,13 +672,33 @@ class EmbeddingCache:
             raise ValueError(f"{len(empty)} text(s) are empty or not strings, at positions {empty[:10]}")
         source = self.resolve(model)
         fingerprint = texts_fingerprint(texts)
-        key = self.key(model_identity=source.identity, task=_TEXTS_TASK, split="texts", fingerprint=fingerprint,
-                       pooling=pooling, max_length=max_length, storage_dtype=storage_dtype)
-        meta = self._base_meta(key, source, _TEXTS_TASK, "texts", fingerprint, pooling, max_length,
-                               storage_dtype, device)
+        key = self.key(
+            model_identity=source.identity,
+            task=_TEXTS_TASK,
+            split="texts",
+            fingerprint=fingerprint,
+            pooling=pooling,
+            max_length=max_length,
+            storage_dtype=storage_dtype,
+        )
+        meta = self._base_meta(
+            key, source, _TEXTS_TASK, "texts", fingerprint, pooling, max_length, storage_dtype, device
+        )
         meta.update(kind="texts", label_names=[])
-        entry = self._get_or_extract_entry(key, source, lambda: texts, False, None, pooling, max_length,
-                                           batch_size, device, storage_dtype, meta, progress)
+        entry = self._get_or_extract_entry(
+            key,
+            source,
+            lambda: texts,
+            False,
+            None,
+            pooling,
+            max_length,
+            batch_size,
+            device,
+            storage_dtype,
+            meta,
+            progress,
+        )
         return entry.features
 
     def ls(self) -> List[CacheEntry]:
@@ -564,10 +711,19 @@ class EmbeddingCache:
                 continue
             data_path = meta_path.with_suffix(".safetensors")
             size = data_path.stat().st_size if data_path.is_file() else 0
-            entries.append(CacheEntry(key=meta_path.stem, model=str(meta.get("model", "?")),
-                                      task=str(meta.get("task", "?")), split=str(meta.get("split", "?")),
-                                      shape=tuple(meta.get("shape", ())), size_bytes=size,
-                                      created=str(meta.get("created", "")), path=data_path, meta=meta))
+            entries.append(
+                CacheEntry(
+                    key=meta_path.stem,
+                    model=str(meta.get("model", "?")),
+                    task=str(meta.get("task", "?")),
+                    split=str(meta.get("split", "?")),
+                    shape=tuple(meta.get("shape", ())),
+                    size_bytes=size,
+                    created=str(meta.get("created", "")),
+                    path=data_path,
+                    meta=meta,
+                )
+            )
         return sorted(entries, key=lambda entry: entry.created, reverse=True)
 
     def rm(self, key_or_prefix: Optional[str] = None, *, all: bool = False) -> List[str]:
@@ -575,8 +731,14 @@ class EmbeddingCache:
         leftover temporary file. Returns the removed keys. Converted models are kept."""
         if all == (key_or_prefix is not None):
             raise ValueError("pass a key (or a unique key prefix) or all=True, not both")
-        keys = sorted({p.name.split(".", 1)[0] for p in self.embeddings_dir.glob("*.safetensors")}
-                      | {p.stem for p in self.embeddings_dir.glob("*.json")}) if self.embeddings_dir.is_dir() else []
+        keys = (
+            sorted(
+                {p.name.split(".", 1)[0] for p in self.embeddings_dir.glob("*.safetensors")}
+                | {p.stem for p in self.embeddings_dir.glob("*.json")}
+            )
+            if self.embeddings_dir.is_dir()
+            else []
+        )
         if all:
             for key in keys:
                 self._remove_files(key)
@@ -585,11 +747,14 @@ class EmbeddingCache:
             return keys
         matches = [key for key in keys if key.startswith(key_or_prefix)]
         if not matches:
-            raise ValueError(f"no cache entry matches {key_or_prefix!r} in {self.embeddings_dir}; "
-                             f"see `ilge-search cache ls`")
+            raise ValueError(
+                f"no cache entry matches {key_or_prefix!r} in {self.embeddings_dir}; see `ilge-search cache ls`"
+            )
         if len(matches) > 1:
-            raise ValueError(f"{key_or_prefix!r} matches {len(matches)} entries ({', '.join(matches[:5])}"
-                             f"{' ...' if len(matches) > 5 else ''}); give more of the key")
+            raise ValueError(
+                f"{key_or_prefix!r} matches {len(matches)} entries ({', '.join(matches[:5])}"
+                f"{' ...' if len(matches) > 5 else ''}); give more of the key"
+            )
         self._remove_files(matches[0])
         return matches
 
@@ -600,11 +765,20 @@ class EmbeddingCache:
         self._embedders.clear()
 
 
-def load_task_embeddings(model: Union[str, PathLike, ModelSource], task: Any, *,
-                         data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-                         splits: Optional[Sequence[str]] = None, pooling: str = "mean", max_length: int = 512,
-                         batch_size: int = 32, device: str = "auto", storage_dtype: str = "float16",
-                         progress: bool = True) -> TaskEmbeddings:
+def load_task_embeddings(
+    model: Union[str, PathLike, ModelSource],
+    task: Any,
+    *,
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    splits: Optional[Sequence[str]] = None,
+    pooling: str = "mean",
+    max_length: int = 512,
+    batch_size: int = 32,
+    device: str = "auto",
+    storage_dtype: str = "float16",
+    progress: bool = True,
+) -> TaskEmbeddings:
     """Every requested split of a task (default: all of its splits) for one model.
 
     The task, options and model name are validated first; missing splits are then
@@ -618,22 +792,48 @@ def load_task_embeddings(model: Union[str, PathLike, ModelSource], task: Any, *,
         raise TaskError(f"task {task_data.name!r} has no split(s) {unknown}; it has {list(task_data.splits)}")
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
-        got = {split: cache.get_or_extract(source, task_data, split, pooling=pooling, max_length=max_length,
-                                           batch_size=batch_size, device=device, storage_dtype=storage_dtype,
-                                           progress=progress) for split in wanted}
+        got = {
+            split: cache.get_or_extract(
+                source,
+                task_data,
+                split,
+                pooling=pooling,
+                max_length=max_length,
+                batch_size=batch_size,
+                device=device,
+                storage_dtype=storage_dtype,
+                progress=progress,
+            )
+            for split in wanted
+        }
     first = next(iter(got.values()))
-    return TaskEmbeddings(task=task_data, splits=got, num_layers=first.num_layers, hidden_size=first.hidden_size,
-                          label_names=list(task_data.label_names), cache_keys={s: e.key for s, e in got.items()},
-                          model=source.name)
+    return TaskEmbeddings(
+        task=task_data,
+        splits=got,
+        num_layers=first.num_layers,
+        hidden_size=first.hidden_size,
+        label_names=list(task_data.label_names),
+        cache_keys={s: e.key for s, e in got.items()},
+        model=source.name,
+    )
 
 
-def embed_task(model: Union[str, PathLike, ModelSource], task: Any, *, data_dir: Optional[PathLike] = None,
-               cache_dir: Optional[PathLike] = None, splits: Optional[Sequence[str]] = None,
-               text_col: Optional[str] = None, label_col: Optional[str] = None,
-               text_cols: Optional[Sequence[str]] = None, score_col: Optional[str] = None,
-               **options: Any) -> TaskEmbeddings:
+def embed_task(
+    model: Union[str, PathLike, ModelSource],
+    task: Any,
+    *,
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    splits: Optional[Sequence[str]] = None,
+    text_col: Optional[str] = None,
+    label_col: Optional[str] = None,
+    text_cols: Optional[Sequence[str]] = None,
+    score_col: Optional[str] = None,
+    **options: Any,
+) -> TaskEmbeddings:
     """What ``ilge-search embed`` runs: load (and validate) the task with the given columns,
     then :func:`load_task_embeddings`."""
-    task_data = load_task(task, data_dir, text_col=text_col, label_col=label_col, text_cols=text_cols,
-                          score_col=score_col)
+    task_data = load_task(
+        task, data_dir, text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col
+    )
     return load_task_embeddings(model, task_data, cache_dir=cache_dir, splits=splits, **options)

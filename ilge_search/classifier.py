@@ -197,7 +197,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             return config_from_dict(config)
         if not isinstance(config, EncoderConfig):
             raise ArgumentTypeError(
-                f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}")
+                f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}"
+            )
         return config
 
     def _check_params(self, needs_model: bool) -> EncoderConfig:
@@ -261,7 +262,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         remaining = int(round(len(labels) * float(self.val_fraction))) - int(n_val.sum())
         # hand the rounding to the classes with the largest remainders (random tie-break)
         order = np.lexsort((rng.random(len(classes)), -(quota - n_val)))
-        for i in order[:max(remaining, 0)]:
+        for i in order[: max(remaining, 0)]:
             n_val[i] += 1
         n_val = np.minimum(n_val, counts - 1)
         train_rows, val_rows = [], []
@@ -291,8 +292,13 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if missing:
             cache = self._embedding_cache()
             features = cache.get_or_extract_texts(
-                self.base_model, missing, pooling=self.token_pooling, max_length=self.max_length,
-                batch_size=self.batch_size, device=self.device, progress=bool(self.verbose),
+                self.base_model,
+                missing,
+                pooling=self.token_pooling,
+                max_length=self.max_length,
+                batch_size=self.batch_size,
+                device=self.device,
+                progress=bool(self.verbose),
             )
             for text, row in zip(missing, features, strict=True):
                 memo[text] = row
@@ -323,8 +329,13 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fitting
 
-    def fit(self, texts: Sequence[str], labels: Sequence[Any], val_texts: Optional[Sequence[str]] = None,
-            val_labels: Optional[Sequence[Any]] = None) -> "ILGEClassifier":
+    def fit(
+        self,
+        texts: Sequence[str],
+        labels: Sequence[Any],
+        val_texts: Optional[Sequence[str]] = None,
+        val_labels: Optional[Sequence[Any]] = None,
+    ) -> "ILGEClassifier":
         """Embed the texts with the frozen LLM and train the encoder and head.
 
         Labels may be ints or strings. Without validation data, a stratified
@@ -348,11 +359,12 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if val_texts is None:
             X, X_val, y, y_val = features[train_rows], features[val_rows], y[train_rows], y[val_rows]
         else:
-            X, X_val = features[:len(texts)], features[len(texts):]
+            X, X_val = features[: len(texts)], features[len(texts) :]
         return self._train(config, classes, X, y, X_val, y_val)
 
-    def fit_embeddings(self, X: Any, y: Sequence[Any], X_val: Any = None,
-                       y_val: Optional[Sequence[Any]] = None) -> "ILGEClassifier":
+    def fit_embeddings(
+        self, X: Any, y: Sequence[Any], X_val: Any = None, y_val: Optional[Sequence[Any]] = None
+    ) -> "ILGEClassifier":
         """Train on precomputed per-layer embeddings ``X`` of shape ``(N, L, D)``."""
         config = self._check_params(needs_model=False)
         X = _check_features(X)
@@ -373,12 +385,25 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             y_val_ids = self._encode(y_val, classes, "y_val")
         return self._train(config, classes, X, y_ids, X_val, y_val_ids)
 
-    def _train(self, config: EncoderConfig, classes: np.ndarray, X: torch.Tensor, y: np.ndarray,
-               X_val: torch.Tensor, y_val: np.ndarray) -> "ILGEClassifier":
+    def _train(
+        self,
+        config: EncoderConfig,
+        classes: np.ndarray,
+        X: torch.Tensor,
+        y: np.ndarray,
+        X_val: torch.Tensor,
+        y_val: np.ndarray,
+    ) -> "ILGEClassifier":
         from .engine import select_best_layer, train_encoder
 
-        kwargs = dict(task_kind="classification", num_classes=len(classes), seed=int(self.random_state),
-                      device=self.device, patience=self.patience, progress=bool(self.verbose))
+        kwargs = dict(
+            task_kind="classification",
+            num_classes=len(classes),
+            seed=int(self.random_state),
+            device=self.device,
+            patience=self.patience,
+            progress=bool(self.verbose),
+        )
         train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))
         if isinstance(config, BestLayerConfig) and config.layer is None:
             layer, result, scores = select_best_layer(config, train, val, **kwargs)
@@ -543,8 +568,16 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         return path
 
     @classmethod
-    def load(cls, path: PathLike, *, device: str = "auto", cache_dir: Optional[PathLike] = None,
-             batch_size: int = 32, verbose: bool = False, base_model: Optional[PathLike] = None) -> "ILGEClassifier":
+    def load(
+        cls,
+        path: PathLike,
+        *,
+        device: str = "auto",
+        cache_dir: Optional[PathLike] = None,
+        batch_size: int = 32,
+        verbose: bool = False,
+        base_model: Optional[PathLike] = None,
+    ) -> "ILGEClassifier":
         """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
 
         The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
@@ -572,19 +605,28 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 f"({__version__}) reads version {FORMAT_VERSION}. Re-save it with a matching version."
             )
         task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
-        if task_kind not in ("classification", "similarity") or (score_range is not None and (
-                not isinstance(score_range, list) or len(score_range) != 2)):
-            raise ValueError(f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; "
-                             "the file is corrupt")
+        if task_kind not in ("classification", "similarity") or (
+            score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
+        ):
+            raise ValueError(
+                f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; the file is corrupt"
+            )
         try:
             config = config_from_dict(meta["config"])
             classes = np.asarray(meta["classes"])
             num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
-            clf = cls(base_model=meta["base_model"], config=config,
-                      num_classes=len(classes) if task_kind == "classification" else None,
-                      token_pooling=meta["token_pooling"], max_length=int(meta["max_length"]),
-                      batch_size=batch_size, device=device, random_state=int(meta["random_state"]),
-                      cache_dir=cache_dir, verbose=verbose)
+            clf = cls(
+                base_model=meta["base_model"],
+                config=config,
+                num_classes=len(classes) if task_kind == "classification" else None,
+                token_pooling=meta["token_pooling"],
+                max_length=int(meta["max_length"]),
+                batch_size=batch_size,
+                device=device,
+                random_state=int(meta["random_state"]),
+                cache_dir=cache_dir,
+                verbose=verbose,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
         clf.base_model = model_reference_to_load(meta["base_model"], path, base_model)
@@ -598,10 +640,18 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
         bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
         if bad:
-            raise ValueError(f"{weights_path} holds NaN or infinite values in {bad[:5]}; these weights cannot "
-                             f"predict anything, retrain and save again")
-        model = build_model(config, num_layers, hidden_size, task_kind, num_classes=len(classes) or None,
-                            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])))
+            raise ValueError(
+                f"{weights_path} holds NaN or infinite values in {bad[:5]}; these weights cannot "
+                f"predict anything, retrain and save again"
+            )
+        model = build_model(
+            config,
+            num_layers,
+            hidden_size,
+            task_kind,
+            num_classes=len(classes) or None,
+            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])),
+        )
         expected = model.state_dict()
         missing, unexpected = set(expected) - set(state), set(state) - set(expected)
         wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
@@ -629,10 +679,21 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         return clf
 
     @classmethod
-    def from_study(cls, storage: Any, study_name: str, *, seed: int = 0, retrain: bool = False,
-                   artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
-                   device: str = "auto", cache_dir: Optional[PathLike] = None, batch_size: int = 32,
-                   verbose: bool = False, trial: Optional[int] = None) -> "ILGEClassifier":
+    def from_study(
+        cls,
+        storage: Any,
+        study_name: str,
+        *,
+        seed: int = 0,
+        retrain: bool = False,
+        artifact_dir: Optional[PathLike] = None,
+        data_dir: Optional[PathLike] = None,
+        device: str = "auto",
+        cache_dir: Optional[PathLike] = None,
+        batch_size: int = 32,
+        verbose: bool = False,
+        trial: Optional[int] = None,
+    ) -> "ILGEClassifier":
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
         The final evaluation's weights (its best seed by validation), or for a study without
@@ -646,9 +707,18 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         """
         from .study.export import load_study_model
 
-        found = load_study_model(storage, study_name, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
-                                 data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=verbose,
-                                 trial=trial)
+        found = load_study_model(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device=device,
+            show_progress=verbose,
+            trial=trial,
+        )
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):
             classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them
@@ -656,9 +726,18 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             classes = np.asarray(names)
         if classes.size and not np.all(classes[:-1] < classes[1:]):
             raise ValueError(f"study {study_name!r} has label names out of order ({names[:5]}...); cannot export it")
-        clf = cls(base_model=found.base_model, config=found.config, num_classes=len(classes) or None,
-                  token_pooling=found.token_pooling, max_length=found.max_length, batch_size=batch_size,
-                  device=device, random_state=int(found.provenance["seed"]), cache_dir=cache_dir, verbose=verbose)
+        clf = cls(
+            base_model=found.base_model,
+            config=found.config,
+            num_classes=len(classes) or None,
+            token_pooling=found.token_pooling,
+            max_length=found.max_length,
+            batch_size=batch_size,
+            device=device,
+            random_state=int(found.provenance["seed"]),
+            cache_dir=cache_dir,
+            verbose=verbose,
+        )
 
         clf.classes_ = classes
         clf.config_ = found.config

@@ -101,8 +101,7 @@ class _GraphConfig(EncoderConfig):
         check_int("gat_heads", self.gat_heads)
         if self.conv_type == "gat" and self.hidden_dim % self.gat_heads != 0:
             raise ValueError(
-                f"hidden_dim ({self.hidden_dim}) must be divisible by gat_heads ({self.gat_heads}) "
-                "when conv_type='gat'"
+                f"hidden_dim ({self.hidden_dim}) must be divisible by gat_heads ({self.gat_heads}) when conv_type='gat'"
             )
 
 
@@ -217,9 +216,7 @@ def config_class_for(family: str) -> Type[EncoderConfig]:
     try:
         return CONFIG_CLASSES[family]
     except KeyError:
-        raise ValueError(
-            f"unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}"
-        ) from None
+        raise ValueError(f"unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}") from None
 
 
 def config_from_dict(data: Dict[str, Any]) -> EncoderConfig:

@@ -131,16 +131,25 @@ def trial_note_markdown(
     if val_metric is not None and best_epoch is not None:
         best += f" (epoch {best_epoch})"
     params = "-" if num_trainable_params is None else f"{int(num_trainable_params):,}"
-    lines += _table([f"validation {metric}", "trainable parameters", "epochs", "seconds"],
-                    [[best, params, "-" if epochs_run is None else str(int(epochs_run)),
-                      "-" if seconds is None else f"{float(seconds):.2f}"]])
+    lines += _table(
+        [f"validation {metric}", "trainable parameters", "epochs", "seconds"],
+        [
+            [
+                best,
+                params,
+                "-" if epochs_run is None else str(int(epochs_run)),
+                "-" if seconds is None else f"{float(seconds):.2f}",
+            ]
+        ],
+    )
     if layer is not None:
         lines += ["", f"Layer picked on validation: **{int(layer)}**."]
     tuned = set(tuned)
     lines += ["", "### Configuration", ""]
-    lines += _table(["field", "value", "tuned"],
-                    [[key, value, "✓" if key in tuned else ""] for key, value in config.items()
-                     if key != "family"])
+    lines += _table(
+        ["field", "value", "tuned"],
+        [[key, value, "✓" if key in tuned else ""] for key, value in config.items() if key != "family"],
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -148,9 +157,11 @@ def _protocol_words(attrs: Mapping[str, Any]) -> str:
     """How the final scores were measured, as the end of a sentence."""
     if protocol_of(attrs) != "paper":
         return " by its own head (matched protocol)"
-    return (" under the paper protocol: its vectors read out as MTEB does (logistic regression on "
-            f"{attrs.get('samples_per_label')} examples per label, mean over 10 draws; cosine Spearman for "
-            "similarity; last, best and mean layers untrained)")
+    return (
+        " under the paper protocol: its vectors read out as MTEB does (logistic regression on "
+        f"{attrs.get('samples_per_label')} examples per label, mean over 10 draws; cosine Spearman for "
+        "similarity; last, best and mean layers untrained)"
+    )
 
 
 def study_note_markdown(
@@ -188,8 +199,11 @@ def study_note_markdown(
     sizes = attrs.get("split_sizes") or {}
     if sizes:
         facts.append("- examples: " + ", ".join(f"{name} {count}" for name, count in sizes.items()))
-    limits = [f"{key.replace('_', ' ')} {attrs[key]}" for key in ("shots", "max_train", "max_eval", "max_epochs")
-              if attrs.get(key) is not None]
+    limits = [
+        f"{key.replace('_', ' ')} {attrs[key]}"
+        for key in ("shots", "max_train", "max_eval", "max_epochs")
+        if attrs.get(key) is not None
+    ]
     if limits:
         facts.append("- settings: " + ", ".join(limits))
     if attrs.get("ilge_search_version"):
@@ -206,39 +220,70 @@ def study_note_markdown(
         lines.append("No final evaluation yet: it runs after the search when `--final-seeds` is above 0.")
         return "\n".join(lines) + "\n"
     mean, std = attrs.get("final_test_mean"), attrs.get("final_test_std")
-    lines.append(f"**{_score(mean)} ± {_score(std)}** over {len(scores)} seed{'s' if len(scores) != 1 else ''}: "
-                 f"trial {attrs.get('final_trial', '?')}'s configuration retrained per seed on train, "
-                 "each model evaluated on test once" + _protocol_words(attrs) + ".")
+    lines.append(
+        f"**{_score(mean)} ± {_score(std)}** over {len(scores)} seed{'s' if len(scores) != 1 else ''}: "
+        f"trial {attrs.get('final_trial', '?')}'s configuration retrained per seed on train, "
+        "each model evaluated on test once" + _protocol_words(attrs) + "."
+    )
     lines.append("")
     seeds = list(attrs.get("final_seeds") or [None] * len(scores))
     val_scores = list(attrs.get("final_val_scores") or [None] * len(scores))
     artifact_seed = attrs.get("final_artifact_seed")
-    rows = [[str(seed) if seed is not None else str(i), _score(val), _score(test),
-             "✓" if seed is not None and seed == artifact_seed else ""]
-            for i, (seed, val, test) in enumerate(zip(seeds, val_scores, scores, strict=False))]
+    rows = [
+        [
+            str(seed) if seed is not None else str(i),
+            _score(val),
+            _score(test),
+            "✓" if seed is not None and seed == artifact_seed else "",
+        ]
+        for i, (seed, val, test) in enumerate(zip(seeds, val_scores, scores, strict=False))
+    ]
     lines += _table(["seed", f"validation {metric}", f"test {metric}", "weights"], rows)
 
     front = attrs.get("final_front") or []
     if front:
-        lines += ["", f"### Final front ({len(front)} of {attrs.get('final_front_size', len(front))} Pareto-front "
-                  "trials retrained)", ""]
-        lines += _table(["trial", "params", "latency ms/1k", f"validation {metric}", f"test {metric} (mean ± std)"],
-                        [[str(r.get("trial")), _cell(r.get("params")), _score(r.get("latency_ms")),
-                          _score(r.get("val_score")), f"{_score(r.get('test_mean'))} ± {_score(r.get('test_std'))}"]
-                         for r in front])
+        lines += [
+            "",
+            f"### Final front ({len(front)} of {attrs.get('final_front_size', len(front))} Pareto-front "
+            "trials retrained)",
+            "",
+        ]
+        lines += _table(
+            ["trial", "params", "latency ms/1k", f"validation {metric}", f"test {metric} (mean ± std)"],
+            [
+                [
+                    str(r.get("trial")),
+                    _cell(r.get("params")),
+                    _score(r.get("latency_ms")),
+                    _score(r.get("val_score")),
+                    f"{_score(r.get('test_mean'))} ± {_score(r.get('test_std'))}",
+                ]
+                for r in front
+            ],
+        )
 
     zero_shot = attrs.get("final_zero_shot") or {}
     if zero_shot:
         lines += ["", "Zero-shot Spearman of the same models on other similarity tasks:", ""]
-        lines += _table(["task", "mean ± std", "per seed"],
-                        [[name, f"{_score(v.get('mean'))} ± {_score(v.get('std'))}",
-                          ", ".join(_score(s) for s in v.get("scores", []))] for name, v in zero_shot.items()])
+        lines += _table(
+            ["task", "mean ± std", "per seed"],
+            [
+                [
+                    name,
+                    f"{_score(v.get('mean'))} ± {_score(v.get('std'))}",
+                    ", ".join(_score(s) for s in v.get("scores", [])),
+                ]
+                for name, v in zero_shot.items()
+            ],
+        )
 
     artifacts = attrs.get("final_artifacts") or {}
     if artifacts:
         lines += ["", "### Artifacts", ""]
-        described = {"weights": "weights of the best seed by validation (safetensors)",
-                     "config": "config, label names and provenance (JSON)"}
+        described = {
+            "weights": "weights of the best seed by validation (safetensors)",
+            "config": "config, label names and provenance (JSON)",
+        }
         for name, artifact_id in artifacts.items():
             label = described.get(name, name)
             if study_id is not None:
@@ -266,8 +311,7 @@ def _note_target(study: Any, trial: Any) -> Any:
     return types.SimpleNamespace(storage=study._storage, study=study, _trial_id=trial._trial_id)
 
 
-def write_trial_note(study: Any, trial: Any, *, state: Optional[str] = None,
-                     metric: Optional[str] = None) -> str:
+def write_trial_note(study: Any, trial: Any, *, state: Optional[str] = None, metric: Optional[str] = None) -> str:
     """Save (and return) the Markdown note of ``trial`` in ``study``'s storage.
 
     ``trial`` is a live ``optuna.Trial`` (inside an objective, before it
@@ -287,10 +331,18 @@ def write_trial_note(study: Any, trial: Any, *, state: Optional[str] = None,
         metric = study.user_attrs.get("metric", "value")
     config = attrs.get("config") or dict(trial.params)
     body = trial_note_markdown(
-        trial.number, config, metric=metric, state=state, val_metric=attrs.get("val_metric"),
-        num_trainable_params=attrs.get("num_trainable_params"), epochs_run=attrs.get("epochs_run"),
-        best_epoch=attrs.get("best_epoch"), seconds=attrs.get("seconds"), tuned=trial.params.keys(),
-        recommended=bool(attrs.get("recommended")), layer=attrs.get("layer"),
+        trial.number,
+        config,
+        metric=metric,
+        state=state,
+        val_metric=attrs.get("val_metric"),
+        num_trainable_params=attrs.get("num_trainable_params"),
+        epochs_run=attrs.get("epochs_run"),
+        best_epoch=attrs.get("best_epoch"),
+        seconds=attrs.get("seconds"),
+        tuned=trial.params.keys(),
+        recommended=bool(attrs.get("recommended")),
+        layer=attrs.get("layer"),
     )
     save_note(_note_target(study, trial), body)
     return body
@@ -322,8 +374,13 @@ def write_study_note(study: Any) -> str:
         best = best_score_trial(study)
         best_trial, best_value = best.number, score_of(best)
     body = study_note_markdown(
-        study.study_name, study.user_attrs, study_id=study._study_id, n_complete=counts[TrialState.COMPLETE],
-        n_pruned=counts[TrialState.PRUNED], n_failed=counts[TrialState.FAIL], best_trial=best_trial,
+        study.study_name,
+        study.user_attrs,
+        study_id=study._study_id,
+        n_complete=counts[TrialState.COMPLETE],
+        n_pruned=counts[TrialState.PRUNED],
+        n_failed=counts[TrialState.FAIL],
+        best_trial=best_trial,
         best_value=best_value,
     )
     save_note(study, body)
@@ -415,8 +472,9 @@ class DirectoriesArtifactStore:
         raise ArtifactNotFound(f"artifact {artifact_id} is in none of {[str(d) for d in self.directories]}")
 
 
-def dashboard_artifact_dirs(storage_url: str, storage: Any = None,
-                            artifact_dir: Optional[PathLike] = None) -> List[Path]:
+def dashboard_artifact_dirs(
+    storage_url: str, storage: Any = None, artifact_dir: Optional[PathLike] = None
+) -> List[Path]:
     """The folders whose artifacts the dashboard serves, first one written to.
 
     ``artifact_dir`` if given (only it). Otherwise the runner's default for the
@@ -504,9 +562,11 @@ def serve_dashboard(
     if not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be in 0..65535, got {port!r}")
     if not _is_loopback(host) and not allow_remote:
-        raise ValueError(f"--host {host} would let anyone who can reach this machine read, edit and delete studies "
-                         "(the dashboard has no login); keep the default 127.0.0.1 (use an SSH tunnel from "
-                         "elsewhere), or pass --allow-remote on a trusted network")
+        raise ValueError(
+            f"--host {host} would let anyone who can reach this machine read, edit and delete studies "
+            "(the dashboard has no login); keep the default 127.0.0.1 (use an SSH tunnel from "
+            "elsewhere), or pass --allow-remote on a trusted network"
+        )
     app = make_dashboard_app(storage, artifact_dir)
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -526,8 +586,9 @@ def serve_dashboard(
     try:
         server = Server((host, int(port)), Handler)
     except OSError as exc:
-        raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port "
-                         "(0 picks a free one)") from exc
+        raise ValueError(
+            f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port (0 picks a free one)"
+        ) from exc
     server.set_app(app)
     bound_port = server.server_address[1]
     shown_host = f"[{host}]" if ":" in host else host
@@ -539,11 +600,13 @@ def serve_dashboard(
 
     previous = None
     if threading.current_thread() is threading.main_thread():  # before the URL is shown: a SIGTERM right after it
-        previous = signal.signal(signal.SIGTERM, stop)           # stops the server cleanly too
+        previous = signal.signal(signal.SIGTERM, stop)  # stops the server cleanly too
     try:
         if not _is_loopback(host):
-            echo(f"warning: the dashboard listens on {host}, not loopback; it has no login, so anyone who can "
-                 f"reach port {bound_port} can read, edit and delete studies")
+            echo(
+                f"warning: the dashboard listens on {host}, not loopback; it has no login, so anyone who can "
+                f"reach port {bound_port} can read, edit and delete studies"
+            )
         echo(f"artifacts: {', '.join(str(d) for d in app.ilge_artifact_store.directories)}")
         echo(f"optuna-dashboard on {url} (Ctrl-C to stop)")
         server.serve_forever(poll_interval=0.2)

@@ -99,7 +99,7 @@ class FeatureStandardizer(nn.Module):
         total = torch.zeros(self.num_layers, self.hidden_in, dtype=torch.float64)
         total_sq = torch.zeros_like(total)
         for start in range(0, flat.shape[0], chunk_size):
-            chunk = flat[start:start + chunk_size].to(torch.float64).cpu()
+            chunk = flat[start : start + chunk_size].to(torch.float64).cpu()
             total += chunk.sum(0)
             total_sq += chunk.square().sum(0)
         n = flat.shape[0]
@@ -134,8 +134,13 @@ class ILGEModel(nn.Module):
         - similarity: ``(N, 2, L, D)`` -> cosine similarity ``(N,)``
     """
 
-    def __init__(self, aggregator: nn.Module, head: nn.Module, task_kind: str = "classification",
-                 score_range: Optional[Tuple[float, float]] = None) -> None:
+    def __init__(
+        self,
+        aggregator: nn.Module,
+        head: nn.Module,
+        task_kind: str = "classification",
+        score_range: Optional[Tuple[float, float]] = None,
+    ) -> None:
         super().__init__()
         _check_task_kind(task_kind)
         self.standardizer = FeatureStandardizer(aggregator.num_layers, aggregator.hidden_in)
@@ -165,9 +170,14 @@ class ILGEModel(nn.Module):
         return f"task_kind={self.task_kind!r}"
 
 
-def build_model(config: EncoderConfig, num_layers: int, hidden_in: int, task_kind: str = "classification",
-                num_classes: Optional[int] = None,
-                score_range: Optional[Tuple[float, float]] = None) -> ILGEModel:
+def build_model(
+    config: EncoderConfig,
+    num_layers: int,
+    hidden_in: int,
+    task_kind: str = "classification",
+    num_classes: Optional[int] = None,
+    score_range: Optional[Tuple[float, float]] = None,
+) -> ILGEModel:
     """Build an untrained :class:`ILGEModel` (uses the global torch RNG for init)."""
     from .aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
 
@@ -273,8 +283,7 @@ def _as_features(features: ArrayLike, task_kind: str, name: str) -> torch.Tensor
     expected_rank, shape_text = (3, "(N, L, D)") if task_kind == "classification" else (4, "(N, 2, L, D)")
     if features.dim() != expected_rank or (task_kind == "similarity" and features.shape[1] != 2):
         raise ValueError(
-            f"{name} features for task_kind={task_kind!r} must have shape {shape_text}, "
-            f"got {tuple(features.shape)}"
+            f"{name} features for task_kind={task_kind!r} must have shape {shape_text}, got {tuple(features.shape)}"
         )
     if features.shape[0] == 0:
         raise ValueError(f"{name} set is empty")
@@ -285,7 +294,7 @@ def _as_features(features: ArrayLike, task_kind: str, name: str) -> torch.Tensor
 def _check_finite(features: torch.Tensor, name: str, chunk: int = 4096) -> None:
     # chunked so that a large float16 cache never needs a full-size boolean copy
     for start in range(0, features.shape[0], chunk):
-        if not torch.isfinite(features[start:start + chunk]).all():
+        if not torch.isfinite(features[start : start + chunk]).all():
             raise ValueError(
                 f"{name} features contain NaN or inf (first bad block starts at row {start}); "
                 "the embedding cache may be corrupt: clear it and extract again"
@@ -319,12 +328,16 @@ def _batches(num_rows: int, batch_size: int, order: Optional[torch.Tensor] = Non
         if order is None:
             yield slice(start, start + batch_size)
         else:
-            yield order[start:start + batch_size]
+            yield order[start : start + batch_size]
 
 
 @torch.no_grad()
-def predict_logits(model: ILGEModel, features: ArrayLike, device: Union[str, torch.device, None] = None,
-                   batch_size: int = EVAL_BATCH_SIZE) -> torch.Tensor:
+def predict_logits(
+    model: ILGEModel,
+    features: ArrayLike,
+    device: Union[str, torch.device, None] = None,
+    batch_size: int = EVAL_BATCH_SIZE,
+) -> torch.Tensor:
     """Model outputs on CPU, float32: logits ``(N, C)`` or cosine similarities ``(N,)``.
 
     Runs in eval mode and restores the model's previous mode afterwards.
@@ -360,9 +373,14 @@ def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> D
     return out
 
 
-def evaluate(model: ILGEModel, features: ArrayLike, labels: ArrayLike, task_kind: Optional[str] = None,
-             device: Union[str, torch.device, None] = None,
-             batch_size: int = EVAL_BATCH_SIZE) -> Dict[str, float]:
+def evaluate(
+    model: ILGEModel,
+    features: ArrayLike,
+    labels: ArrayLike,
+    task_kind: Optional[str] = None,
+    device: Union[str, torch.device, None] = None,
+    batch_size: int = EVAL_BATCH_SIZE,
+) -> Dict[str, float]:
     """Metrics of ``model`` on a labelled set.
 
     Returns ``{"accuracy", "macro_f1", "loss"}`` for classification and
@@ -384,9 +402,7 @@ def evaluate(model: ILGEModel, features: ArrayLike, labels: ArrayLike, task_kind
 def _check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> None:
     low, high = int(labels.min()), int(labels.max())
     if low < 0 or high >= num_classes:
-        raise ValueError(
-            f"{name} labels must be class ids in [0, {num_classes}), found values in [{low}, {high}]"
-        )
+        raise ValueError(f"{name} labels must be class ids in [0, {num_classes}), found values in [{low}, {high}]")
 
 
 # --------------------------------------------------------------------------- training
@@ -439,13 +455,23 @@ def train_encoder(
     """
     selection_metric = _check_options(task_kind, selection_metric, optimizer, patience)
     prepared = _prepare_data(train, val, task_kind, num_classes, score_range)
-    return _train_prepared(config, prepared, seed=seed, device=device, patience=patience, lr_patience=lr_patience,
-                           lr_factor=lr_factor, selection_metric=selection_metric, optimizer=optimizer,
-                           epoch_callback=epoch_callback, progress=progress, standardize=standardize)
+    return _train_prepared(
+        config,
+        prepared,
+        seed=seed,
+        device=device,
+        patience=patience,
+        lr_patience=lr_patience,
+        lr_factor=lr_factor,
+        selection_metric=selection_metric,
+        optimizer=optimizer,
+        epoch_callback=epoch_callback,
+        progress=progress,
+        standardize=standardize,
+    )
 
 
-def _check_options(task_kind: str, selection_metric: Optional[str], optimizer: str,
-                   patience: Optional[int]) -> str:
+def _check_options(task_kind: str, selection_metric: Optional[str], optimizer: str, patience: Optional[int]) -> str:
     """Validate the training options; return the resolved selection metric."""
     _check_task_kind(task_kind)
     selection_metric = selection_metric or METRICS[task_kind][0]
@@ -470,8 +496,9 @@ class _PreparedData:
     score_range: Optional[Tuple[float, float]]
 
 
-def _prepare_data(train: Dataset, val: Dataset, task_kind: str, num_classes: Optional[int],
-                  score_range: Optional[Tuple[float, float]]) -> _PreparedData:
+def _prepare_data(
+    train: Dataset, val: Dataset, task_kind: str, num_classes: Optional[int], score_range: Optional[Tuple[float, float]]
+) -> _PreparedData:
     """Validate once (shapes, NaN/inf, label ranges) and resolve num_classes / score_range."""
     _check_task_kind(task_kind)
     for name, pair in (("train", train), ("validation", val)):
@@ -506,8 +533,15 @@ def _loss(model: ILGEModel, out: torch.Tensor, target: torch.Tensor) -> torch.Te
     return nn.functional.mse_loss(out, model.normalise_scores(target))
 
 
-def _train_one_epoch(model: ILGEModel, opt: torch.optim.Optimizer, train_x: torch.Tensor, train_y: torch.Tensor,
-                     order: torch.Tensor, batch_size: int, device: torch.device) -> float:
+def _train_one_epoch(
+    model: ILGEModel,
+    opt: torch.optim.Optimizer,
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    order: torch.Tensor,
+    batch_size: int,
+    device: torch.device,
+) -> float:
     """One pass over ``order``; returns the mean training loss."""
     model.train()
     loss_sum = torch.zeros((), device=device)
@@ -522,11 +556,22 @@ def _train_one_epoch(model: ILGEModel, opt: torch.optim.Optimizer, train_x: torc
     return float(loss_sum) / len(order)
 
 
-def _train_prepared(config: EncoderConfig, data: _PreparedData, *, seed: int, device: Union[str, torch.device],
-                    patience: Optional[int], lr_patience: int, lr_factor: float, selection_metric: str,
-                    optimizer: str, epoch_callback: Optional[Callable[[int, float], Any]],
-                    progress: bool, standardize: bool = True,
-                    fitted_standardizer: Optional[FeatureStandardizer] = None) -> TrainResult:
+def _train_prepared(
+    config: EncoderConfig,
+    data: _PreparedData,
+    *,
+    seed: int,
+    device: Union[str, torch.device],
+    patience: Optional[int],
+    lr_patience: int,
+    lr_factor: float,
+    selection_metric: str,
+    optimizer: str,
+    epoch_callback: Optional[Callable[[int, float], Any]],
+    progress: bool,
+    standardize: bool = True,
+    fitted_standardizer: Optional[FeatureStandardizer] = None,
+) -> TrainResult:
     """Train on prepared data. ``fitted_standardizer`` (statistics already computed on
     ``data.train_x``) saves callers that train many models on one set from refitting it."""
     task_kind, num_classes, score_range = data.task_kind, data.num_classes, data.score_range
@@ -557,8 +602,7 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, *, seed: int, de
 
         history: List[Dict[str, float]] = []
         best_metric, best_epoch, best_state = -math.inf if maximise else math.inf, 0, None
-        epochs = tqdm(range(1, config.epochs + 1), desc=f"train {config.family}", disable=not progress,
-                      leave=False)
+        epochs = tqdm(range(1, config.epochs + 1), desc=f"train {config.family}", disable=not progress, leave=False)
         for epoch in epochs:
             order = torch.randperm(train_x.shape[0], generator=generator).to(train_x.device)
             train_loss = _train_one_epoch(model, opt, train_x, train_y, order, config.batch_size, device)
@@ -575,8 +619,9 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, *, seed: int, de
             if improved or best_state is None:
                 best_metric, best_epoch = metric, epoch
                 best_state = copy.deepcopy(model.state_dict())
-            epochs.set_postfix({"train_loss": f"{record['train_loss']:.4f}",
-                                f"val_{selection_metric}": f"{metric:.4f}"})
+            epochs.set_postfix(
+                {"train_loss": f"{record['train_loss']:.4f}", f"val_{selection_metric}": f"{metric:.4f}"}
+            )
             if epoch_callback is not None:
                 epoch_callback(epoch, metric)
             if patience is not None and epoch - best_epoch >= patience:
@@ -643,13 +688,30 @@ def select_best_layer(
     scores: List[float] = []
     for layer in tqdm(candidates, desc="best-layer probes", disable=not progress, leave=False):
         layer = layer % num_layers
-        result = _train_prepared(config.replace(layer=layer), data, seed=seed, device=device, patience=patience,
-                                 lr_patience=lr_patience, lr_factor=lr_factor, selection_metric=selection_metric,
-                                 optimizer=optimizer, epoch_callback=None, progress=False,
-                                 fitted_standardizer=standardizer)
+        result = _train_prepared(
+            config.replace(layer=layer),
+            data,
+            seed=seed,
+            device=device,
+            patience=patience,
+            lr_patience=lr_patience,
+            lr_factor=lr_factor,
+            selection_metric=selection_metric,
+            optimizer=optimizer,
+            epoch_callback=None,
+            progress=False,
+            fitted_standardizer=standardizer,
+        )
         scores.append(result.best_val_metric)
-        better = (result.best_val_metric > best[1].best_val_metric if maximise
-                  else result.best_val_metric < best[1].best_val_metric) if best is not None else True
+        better = (
+            (
+                result.best_val_metric > best[1].best_val_metric
+                if maximise
+                else result.best_val_metric < best[1].best_val_metric
+            )
+            if best is not None
+            else True
+        )
         if better:
             best = (layer, result)
     return best[0], best[1], scores

@@ -43,8 +43,17 @@ from .storage import Storage, open_storage
 from .study.export import load_run_study, load_training_data
 from .study.identity import search_identity
 
-__all__ = ["EXPLAIN_ATTR", "EXPLAIN_SPLIT", "EXPLAIN_FORMATS", "LayerAttribution", "attribute_layers",
-           "explain_study", "explanation_is_current", "stored_explanation", "format_explanation"]
+__all__ = [
+    "EXPLAIN_ATTR",
+    "EXPLAIN_SPLIT",
+    "EXPLAIN_FORMATS",
+    "LayerAttribution",
+    "attribute_layers",
+    "explain_study",
+    "explanation_is_current",
+    "stored_explanation",
+    "format_explanation",
+]
 
 EXPLAIN_ATTR = "explain_layers"
 EXPLAIN_SPLIT = "validation"
@@ -100,18 +109,30 @@ class LayerAttribution:
         ablation, grads = np.asarray(self.ablation, dtype=float), np.asarray(self.gradient_input, dtype=float)
         ddof = 1 if len(self.seeds) > 1 else 0
         probe = self.probe_scores if self.probe_scores and len(self.probe_scores) == self.num_layers else None
-        return pd.DataFrame({
-            "layer": np.arange(self.num_layers),
-            "ablation_drop_mean": ablation.mean(0), "ablation_drop_std": ablation.std(0, ddof=ddof),
-            "grad_input_mean": grads.mean(0), "grad_input_std": grads.std(0, ddof=ddof),
-            "probe_score": probe if probe is not None else [math.nan] * self.num_layers,
-        })
+        return pd.DataFrame(
+            {
+                "layer": np.arange(self.num_layers),
+                "ablation_drop_mean": ablation.mean(0),
+                "ablation_drop_std": ablation.std(0, ddof=ddof),
+                "grad_input_mean": grads.mean(0),
+                "grad_input_std": grads.std(0, ddof=ddof),
+                "probe_score": probe if probe is not None else [math.nan] * self.num_layers,
+            }
+        )
 
     def record(self) -> Dict[str, Any]:
         """What is stored as the study's :data:`EXPLAIN_ATTR` (JSON-able)."""
-        return {"version": EXPLAIN_VERSION, "split": self.split, "metric": self.metric, "seeds": self.seeds,
-                "scores": self.scores, "ablation": self.ablation, "gradient_input": self.gradient_input,
-                "seconds": round(self.seconds, 2), "source": self.source}
+        return {
+            "version": EXPLAIN_VERSION,
+            "split": self.split,
+            "metric": self.metric,
+            "seeds": self.seeds,
+            "scores": self.scores,
+            "ablation": self.ablation,
+            "gradient_input": self.gradient_input,
+            "seconds": round(self.seconds, 2),
+            "source": self.source,
+        }
 
 
 def _mean_features(features: Any) -> Any:
@@ -132,8 +153,9 @@ def _gold_evidence(model: Any, outputs: Any, labels: Any) -> Any:
     return -(outputs - model.normalise_scores(labels.float())).square()
 
 
-def attribute_layers(model: Any, train_features: Any, features: Any, labels: Any, *, metric: Optional[str] = None,
-                     batch_size: int = 256) -> Tuple[float, List[float], List[float]]:
+def attribute_layers(
+    model: Any, train_features: Any, features: Any, labels: Any, *, metric: Optional[str] = None, batch_size: int = 256
+) -> Tuple[float, List[float], List[float]]:
     """Layer ablation and gradient x input of a trained :class:`~ilge_search.engine.ILGEModel` on one labelled set.
 
     Args:
@@ -174,8 +196,8 @@ def attribute_layers(model: Any, train_features: Any, features: Any, labels: Any
     totals = torch.zeros(features.shape[-2], dtype=torch.float64)
     try:
         for start in range(0, features.shape[0], batch_size):
-            x = features[start:start + batch_size].to(device=device, dtype=torch.float32).requires_grad_(True)
-            gain = _gold_evidence(model, model(x), labels[start:start + batch_size].to(device)).sum()
+            x = features[start : start + batch_size].to(device=device, dtype=torch.float32).requires_grad_(True)
+            gain = _gold_evidence(model, model(x), labels[start : start + batch_size].to(device)).sum()
             (grad,) = torch.autograd.grad(gain, x)
             per_layer = (grad * (x.detach() - baseline)).sum(-1)  # (B, L) or (B, 2, L)
             totals += per_layer.reshape(-1, per_layer.shape[-1]).sum(0).double().cpu()
@@ -193,21 +215,30 @@ def _load_study(storage: Storage, study_name: str) -> Any:
     attrs = study.user_attrs
     encoder = attrs.get("encoder")
     if encoder in SINGLE_LAYER_ENCODERS:
-        raise ValueError(f"study {study_name!r} uses the {encoder} baseline, which reads a single layer: there are "
-                         "no layer inputs to attribute; explain a cayley, fc, deepset, mean-layers or scalar-mix study")
+        raise ValueError(
+            f"study {study_name!r} uses the {encoder} baseline, which reads a single layer: there are "
+            "no layer inputs to attribute; explain a cayley, fc, deepset, mean-layers or scalar-mix study"
+        )
     if not attrs.get("final_config") or not attrs.get("final_seeds"):
-        raise ValueError(f"study {study_name!r} has no final evaluation; run it with --final-seeds (e.g. "
-                         "`ilge-search run ... --n-trials 0 --final-seeds 3` with the study's other options) first")
+        raise ValueError(
+            f"study {study_name!r} has no final evaluation; run it with --final-seeds (e.g. "
+            "`ilge-search run ... --n-trials 0 --final-seeds 3` with the study's other options) first"
+        )
     return study
 
 
 def _source(attrs: Mapping[str, Any]) -> Dict[str, Any]:
     """What the attribution depends on: the final evaluation and the data it trained on."""
     keys = attrs.get("cache_keys") or {}
-    return {"version": EXPLAIN_VERSION, "split": EXPLAIN_SPLIT,
-            "final_trial": attrs.get("final_trial"), "final_seeds": list(attrs.get("final_seeds") or []),
-            "final_config": attrs.get("final_config"), "final_max_epochs": attrs.get("final_max_epochs"),
-            "cache_keys": {split: keys.get(split) for split in ("train", "validation")}}
+    return {
+        "version": EXPLAIN_VERSION,
+        "split": EXPLAIN_SPLIT,
+        "final_trial": attrs.get("final_trial"),
+        "final_seeds": list(attrs.get("final_seeds") or []),
+        "final_config": attrs.get("final_config"),
+        "final_max_epochs": attrs.get("final_max_epochs"),
+        "cache_keys": {split: keys.get(split) for split in ("train", "validation")},
+    }
 
 
 def explanation_is_current(attrs: Mapping[str, Any]) -> bool:
@@ -219,19 +250,32 @@ def explanation_is_current(attrs: Mapping[str, Any]) -> bool:
     return json.loads(json.dumps(stored["source"])) == json.loads(json.dumps(_source(attrs)))
 
 
-def stored_explanation(study_name: str, attrs: Mapping[str, Any], probe_scores: Optional[List[float]] = None,
-                       probe_study: Optional[str] = None) -> Optional[LayerAttribution]:
+def stored_explanation(
+    study_name: str,
+    attrs: Mapping[str, Any],
+    probe_scores: Optional[List[float]] = None,
+    probe_study: Optional[str] = None,
+) -> Optional[LayerAttribution]:
     """The attribution stored on a study (its user ``attrs``) when it is current, else ``None``."""
     if not explanation_is_current(attrs):
         return None
     stored = attrs[EXPLAIN_ATTR]
-    return LayerAttribution(study=study_name, model=str(attrs["model"]), task=str(attrs["task"]),
-                            encoder=str(attrs["encoder"]), metric=str(stored["metric"]), split=stored["split"],
-                            seeds=list(stored["seeds"]), scores=list(stored["scores"]),
-                            ablation=[list(row) for row in stored["ablation"]],
-                            gradient_input=[list(row) for row in stored["gradient_input"]],
-                            probe_scores=probe_scores, probe_study=probe_study,
-                            seconds=float(stored.get("seconds", 0.0)), source=dict(stored["source"]))
+    return LayerAttribution(
+        study=study_name,
+        model=str(attrs["model"]),
+        task=str(attrs["task"]),
+        encoder=str(attrs["encoder"]),
+        metric=str(stored["metric"]),
+        split=stored["split"],
+        seeds=list(stored["seeds"]),
+        scores=list(stored["scores"]),
+        ablation=[list(row) for row in stored["ablation"]],
+        gradient_input=[list(row) for row in stored["gradient_input"]],
+        probe_scores=probe_scores,
+        probe_study=probe_study,
+        seconds=float(stored.get("seconds", 0.0)),
+        source=dict(stored["source"]),
+    )
 
 
 def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[float]], Optional[str]]:
@@ -243,8 +287,11 @@ def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[fl
         # the probe scores are trial scores: the same under either protocol
         if search_identity(other, without=("encoder",)) != search_identity(attrs, without=("encoder",)):
             continue
-        if other.get("data_fingerprints") and attrs.get("data_fingerprints") and \
-                other["data_fingerprints"] != attrs["data_fingerprints"]:
+        if (
+            other.get("data_fingerprints")
+            and attrs.get("data_fingerprints")
+            and other["data_fingerprints"] != attrs["data_fingerprints"]
+        ):
             continue
         scores = summary.best_trial.user_attrs.get("layer_scores")
         if scores:
@@ -252,9 +299,17 @@ def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[fl
     return None, None
 
 
-def explain_study(storage: Union[str, Storage, None], study_name: str, *, recompute: bool = False,
-                  data_dir: Optional[str] = None, cache_dir: Optional[str] = None, device: str = "auto",
-                  threads: Optional[int] = None, show_progress: bool = True) -> LayerAttribution:
+def explain_study(
+    storage: Union[str, Storage, None],
+    study_name: str,
+    *,
+    recompute: bool = False,
+    data_dir: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+    device: str = "auto",
+    threads: Optional[int] = None,
+    show_progress: bool = True,
+) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
     Args:
@@ -289,29 +344,51 @@ def explain_study(storage: Union[str, Storage, None], study_name: str, *, recomp
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device,
-                                  show_progress=show_progress)
+        data = load_training_data(
+            study, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress
+        )
         config = config_from_dict(attrs["final_config"])
         seeds = [int(seed) for seed in attrs["final_seeds"]]
         scores: List[float] = []
         ablation: List[List[float]] = []
         grads: List[List[float]] = []
-        for seed in tqdm(seeds, desc=f"explain {attrs['encoder']} ({len(seeds)} seeds)", unit="seed",
-                         disable=not show_progress):
-            result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
-                                   num_classes=data.num_classes, seed=seed, device=device)
-            score, drops, grad_input = attribute_layers(result.model, data.train[0], *data.validation,
-                                                        metric=data.metric)
+        for seed in tqdm(
+            seeds, desc=f"explain {attrs['encoder']} ({len(seeds)} seeds)", unit="seed", disable=not show_progress
+        ):
+            result = train_encoder(
+                config,
+                data.train,
+                data.validation,
+                task_kind=data.task_kind,
+                num_classes=data.num_classes,
+                seed=seed,
+                device=device,
+            )
+            score, drops, grad_input = attribute_layers(
+                result.model, data.train[0], *data.validation, metric=data.metric
+            )
             scores.append(score)
             ablation.append(drops)
             grads.append(grad_input)
     finally:
         torch.set_num_threads(previous_threads)
-    result = LayerAttribution(study=study.study_name, model=str(attrs["model"]), task=str(attrs["task"]),
-                              encoder=str(attrs["encoder"]), metric=data.metric, split=EXPLAIN_SPLIT, seeds=seeds,
-                              scores=scores, ablation=ablation, gradient_input=grads, probe_scores=probe_scores,
-                              probe_study=probe_study, computed=True, seconds=time.perf_counter() - started,
-                              source=_source(attrs))
+    result = LayerAttribution(
+        study=study.study_name,
+        model=str(attrs["model"]),
+        task=str(attrs["task"]),
+        encoder=str(attrs["encoder"]),
+        metric=data.metric,
+        split=EXPLAIN_SPLIT,
+        seeds=seeds,
+        scores=scores,
+        ablation=ablation,
+        gradient_input=grads,
+        probe_scores=probe_scores,
+        probe_study=probe_study,
+        computed=True,
+        seconds=time.perf_counter() - started,
+        source=_source(attrs),
+    )
     study.set_user_attr(EXPLAIN_ATTR, result.record())
     return result
 
@@ -329,8 +406,10 @@ def format_explanation(result: LayerAttribution, fmt: str = "table") -> str:
     if fmt == "csv":
         return frame.to_csv(index=False)
     if fmt == "json":
-        meta = {key: getattr(result, key) for key in ("study", "model", "task", "encoder", "metric", "split",
-                                                      "seeds", "scores", "probe_study")}
+        meta = {
+            key: getattr(result, key)
+            for key in ("study", "model", "task", "encoder", "metric", "split", "seeds", "scores", "probe_study")
+        }
         meta["layers"] = json.loads(frame.to_json(orient="records"))
         return json.dumps(meta, indent=1) + "\n"
     source = "computed now" if result.computed else "stored on the study"

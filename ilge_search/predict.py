@@ -49,16 +49,29 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
         raise ValueError(f"{out_dir} exists and is not a folder; pass another --out")
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not overwrite:
-            raise ValueError(f"{out_dir} exists and is not empty; pass another --out, or --overwrite to replace "
-                             "the model files in it")
+            raise ValueError(
+                f"{out_dir} exists and is not empty; pass another --out, or --overwrite to replace "
+                "the model files in it"
+            )
         if not (out_dir / META_FILE).is_file():
             raise ValueError(f"{out_dir} holds files that are not an exported model; pass an empty or new --out")
 
 
-def export_study(storage: Any, study_name: str, out_dir: PathLike, *, seed: int = 0, retrain: bool = False,
-                 artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
-                 cache_dir: Optional[PathLike] = None, device: str = "auto", overwrite: bool = False,
-                 verbose: bool = False, trial: Optional[int] = None) -> ILGEClassifier:
+def export_study(
+    storage: Any,
+    study_name: str,
+    out_dir: PathLike,
+    *,
+    seed: int = 0,
+    retrain: bool = False,
+    artifact_dir: Optional[PathLike] = None,
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    overwrite: bool = False,
+    verbose: bool = False,
+    trial: Optional[int] = None,
+) -> ILGEClassifier:
     """Write a finished study's model to ``out_dir`` as an ``ILGEClassifier`` folder; return the classifier.
 
     See :meth:`ILGEClassifier.from_study` for which weights are exported (``trial``: any complete
@@ -67,9 +80,18 @@ def export_study(storage: Any, study_name: str, out_dir: PathLike, *, seed: int 
     """
     out_dir = Path(out_dir).expanduser()
     _check_out_dir(out_dir, overwrite)
-    clf = ILGEClassifier.from_study(storage, study_name, seed=seed, retrain=retrain, artifact_dir=artifact_dir,
-                                    data_dir=data_dir, cache_dir=cache_dir, device=device, verbose=verbose,
-                                    trial=trial)
+    clf = ILGEClassifier.from_study(
+        storage,
+        study_name,
+        seed=seed,
+        retrain=retrain,
+        artifact_dir=artifact_dir,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device=device,
+        verbose=verbose,
+        trial=trial,
+    )
     clf.save(out_dir)
     return clf
 
@@ -82,8 +104,9 @@ def _suffix(path: Path, allowed: Sequence[str], what: str) -> str:
     if suffix == ".ndjson":
         suffix = ".jsonl"
     if suffix not in allowed:
-        raise ValueError(f"{path}: unsupported {what} file type {path.suffix or '(none)'!r}; "
-                         f"use one of {', '.join(allowed)}")
+        raise ValueError(
+            f"{path}: unsupported {what} file type {path.suffix or '(none)'!r}; use one of {', '.join(allowed)}"
+        )
     return suffix
 
 
@@ -100,8 +123,10 @@ def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[Lis
     for line_number, row in iter_json_objects(path):
         missing = [c for c in columns if c not in row]
         if missing:
-            raise ValueError(f"{path}: line {line_number} has no column {missing[0]!r} (it has "
-                             f"{', '.join(map(str, row)) or 'none'}); pass --text-col/--text-cols")
+            raise ValueError(
+                f"{path}: line {line_number} has no column {missing[0]!r} (it has "
+                f"{', '.join(map(str, row)) or 'none'}); pass --text-col/--text-cols"
+            )
         chunk.append([row[c] for c in columns])
         if len(chunk) == size:
             yield chunk
@@ -113,16 +138,23 @@ def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[Lis
 def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[List[List[Any]]]:
     import pandas as pd
 
-    options = dict(sep=sep, dtype=str, keep_default_na=False, na_filter=False,
-                   quoting=csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL)
+    options = dict(
+        sep=sep,
+        dtype=str,
+        keep_default_na=False,
+        na_filter=False,
+        quoting=csv.QUOTE_NONE if sep == "\t" else csv.QUOTE_MINIMAL,
+    )
     try:
         header = list(pd.read_csv(path, nrows=0, **options).columns)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path} is empty; it needs a header row and at least one row") from None
     missing = [c for c in columns if c not in header]
     if missing:
-        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {', '.join(header) or 'none'}); "
-                         "pass --text-col/--text-cols with one of them")
+        raise ValueError(
+            f"{path} has no column {missing[0]!r} (columns: {', '.join(header) or 'none'}); "
+            "pass --text-col/--text-cols with one of them"
+        )
     try:
         for frame in pd.read_csv(path, usecols=list(columns), chunksize=size, **options):
             yield frame[list(columns)].values.tolist()
@@ -134,8 +166,9 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[L
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ValueError("reading Parquet needs pyarrow: pip install pyarrow (or convert the file to "
-                         "JSONL/CSV)") from None
+        raise ValueError(
+            "reading Parquet needs pyarrow: pip install pyarrow (or convert the file to JSONL/CSV)"
+        ) from None
     try:
         parquet = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow's errors for a file that is not Parquet
@@ -143,8 +176,10 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[L
     names = parquet.schema_arrow.names
     missing = [c for c in columns if c not in names]
     if missing:
-        raise ValueError(f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
-                         "pass --text-col/--text-cols with one of them")
+        raise ValueError(
+            f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
+            "pass --text-col/--text-cols with one of them"
+        )
     for batch in parquet.iter_batches(batch_size=size, columns=list(columns)):
         values = [batch.column(c).to_pylist() for c in columns]
         yield [list(row) for row in zip(*values, strict=True)]
@@ -172,8 +207,9 @@ def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Itera
     return _text_chunks(path, size)
 
 
-def _checked_texts(chunk: List[List[Any]], columns: Sequence[str], first_row: int, path: Path,
-                   row_word: str) -> List[List[str]]:
+def _checked_texts(
+    chunk: List[List[Any]], columns: Sequence[str], first_row: int, path: Path, row_word: str
+) -> List[List[str]]:
     rows = []
     for offset, cells in enumerate(chunk):
         texts = [_text(value) for value in cells]
@@ -225,22 +261,26 @@ class PredictSummary:
     notes: List[str] = field(default_factory=list)
 
 
-def _resolve_columns(clf: ILGEClassifier, suffix: str, text_col: Optional[str],
-                     text_cols: Optional[Sequence[str]]) -> Tuple[str, ...]:
+def _resolve_columns(
+    clf: ILGEClassifier, suffix: str, text_col: Optional[str], text_cols: Optional[Sequence[str]]
+) -> Tuple[str, ...]:
     similarity = clf.task_kind_ == "similarity"
     if similarity:
         if text_col is not None:
             raise ValueError("this similarity model scores sentence pairs: pass --text-cols a,b, not --text-col")
         if suffix == ".txt":
-            raise ValueError("a plain-text file holds one text per line, but this similarity model scores pairs: "
-                             "use JSONL, CSV/TSV or Parquet with two text columns (--text-cols a,b)")
+            raise ValueError(
+                "a plain-text file holds one text per line, but this similarity model scores pairs: "
+                "use JSONL, CSV/TSV or Parquet with two text columns (--text-cols a,b)"
+            )
         columns = tuple(text_cols) if text_cols else DEFAULT_PAIR_COLS
         if len(columns) != 2 or not all(c.strip() for c in columns):
             raise ValueError(f"--text-cols needs exactly two column names, got {','.join(columns)!r}")
         return columns
     if text_cols:
-        raise ValueError("this model classifies single texts: pass --text-col, not --text-cols (that is for "
-                         "similarity models)")
+        raise ValueError(
+            "this model classifies single texts: pass --text-col, not --text-cols (that is for similarity models)"
+        )
     if suffix == ".txt":
         if text_col is not None:
             raise ValueError("a plain-text file has one text per line and no columns; drop --text-col")
@@ -259,11 +299,23 @@ def _scan(path: Path, suffix: str, columns: Sequence[str], chunk_rows: int) -> i
     return rows
 
 
-def predict_file(model_dir: PathLike, input_path: PathLike, out: Optional[PathLike] = None, *,
-                 text_col: Optional[str] = None, text_cols: Optional[Sequence[str]] = None, proba: bool = False,
-                 chunk_rows: int = 512, batch_size: int = 32, cache_dir: Optional[PathLike] = None,
-                 device: str = "auto", overwrite: bool = False, progress: bool = True,
-                 base_model: Optional[PathLike] = None, stream: Optional[TextIO] = None) -> PredictSummary:
+def predict_file(
+    model_dir: PathLike,
+    input_path: PathLike,
+    out: Optional[PathLike] = None,
+    *,
+    text_col: Optional[str] = None,
+    text_cols: Optional[Sequence[str]] = None,
+    proba: bool = False,
+    chunk_rows: int = 512,
+    batch_size: int = 32,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    overwrite: bool = False,
+    progress: bool = True,
+    base_model: Optional[PathLike] = None,
+    stream: Optional[TextIO] = None,
+) -> PredictSummary:
     """Label every row of ``input_path`` with the model saved in ``model_dir``.
 
     Args:
@@ -304,8 +356,9 @@ def predict_file(model_dir: PathLike, input_path: PathLike, out: Optional[PathLi
         if out_path.exists() and not overwrite:
             raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
         check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
-    clf = ILGEClassifier.load(model_dir, device=device, cache_dir=cache_dir, batch_size=batch_size,
-                              base_model=base_model)
+    clf = ILGEClassifier.load(
+        model_dir, device=device, cache_dir=cache_dir, batch_size=batch_size, base_model=base_model
+    )
     similarity = clf.task_kind_ == "similarity"
     if proba and similarity:
         raise ValueError("--proba is for classifiers; this similarity model gives one score per pair")
@@ -317,30 +370,47 @@ def predict_file(model_dir: PathLike, input_path: PathLike, out: Optional[PathLi
     from .cache import EmbeddingCache
 
     notes: List[str] = []
-    value_columns = ["score"] if similarity else ["label"] + (
-        [f"proba_{c}" for c in clf.classes_.tolist()] if proba and out_kind != ".jsonl" else [])
+    value_columns = (
+        ["score"]
+        if similarity
+        else ["label"] + ([f"proba_{c}" for c in clf.classes_.tolist()] if proba and out_kind != ".jsonl" else [])
+    )
     if out_path is not None:
         tmp = temp_name(out_path)
         handle: TextIO = open(tmp, "w", encoding="utf-8", newline="")
     else:
         tmp, handle = None, stream or sys.stdout
-    bar = tqdm(total=total, unit="row", desc=f"predict {input_path.name}", disable=not progress, file=sys.stderr,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        unit="row",
+        desc=f"predict {input_path.name}",
+        disable=not progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
     try:
         with EmbeddingCache(cache_dir) as cache:
             source = cache.resolve(clf.base_model)
             recorded = (getattr(clf, "provenance_", None) or {}).get("model_revision")
             if recorded and recorded != source.revision:
-                notes.append(f"the weights of {clf.base_model!r} differ from those the model was trained on "
-                             f"({source.revision[:19]} vs {recorded[:19]}); predictions may be off")
+                notes.append(
+                    f"the weights of {clf.base_model!r} differ from those the model was trained on "
+                    f"({source.revision[:19]} vs {recorded[:19]}); predictions may be off"
+                )
             writer = _Writer(handle, out_kind, columns, value_columns)
             row = 0  # rows written so far; the output's "row" counts from 1, as error messages do
             for chunk in _chunks(input_path, suffix, columns, chunk_rows):  # ---- pass 2
                 texts = _checked_texts(chunk, columns, row + 1, input_path, "line" if suffix == ".txt" else "row")
                 flat = [text for cells in texts for text in cells]
-                features = cache.get_or_extract_texts(source, flat, pooling=clf.token_pooling,
-                                                      max_length=clf.max_length, batch_size=clf.batch_size,
-                                                      device=device, progress=False)
+                features = cache.get_or_extract_texts(
+                    source,
+                    flat,
+                    pooling=clf.token_pooling,
+                    max_length=clf.max_length,
+                    batch_size=clf.batch_size,
+                    device=device,
+                    progress=False,
+                )
                 if similarity:
                     features = features.view(len(texts), 2, *features.shape[1:])
                     values = [{"score": float(s)} for s in clf.predict_embeddings(features)]
@@ -362,8 +432,12 @@ def predict_file(model_dir: PathLike, input_path: PathLike, out: Optional[PathLi
         else:
             handle.flush()
     except OSError as exc:
-        problem = disk_error(exc, out_path.parent if out_path is not None else Path.cwd(), "the predictions",
-                             "free some space or pass another --out")
+        problem = disk_error(
+            exc,
+            out_path.parent if out_path is not None else Path.cwd(),
+            "the predictions",
+            "free some space or pass another --out",
+        )
         if problem is None:
             raise
         raise problem from None
@@ -372,5 +446,6 @@ def predict_file(model_dir: PathLike, input_path: PathLike, out: Optional[PathLi
         if tmp is not None:
             handle.close()
             tmp.unlink(missing_ok=True)
-    return PredictSummary(rows=row, out=out_path, task_kind=clf.task_kind_, seconds=time.perf_counter() - started,
-                          notes=notes)
+    return PredictSummary(
+        rows=row, out=out_path, task_kind=clf.task_kind_, seconds=time.perf_counter() - started, notes=notes
+    )

@@ -83,10 +83,19 @@ MTEB_SAMPLES_PER_LABEL: Dict[str, int] = {"emotion": 16}
 # the baselines with no trainable parameter (tests/test_protocol.py checks this against the modules)
 PARAMETER_FREE_FAMILIES: Tuple[str, ...] = ("last-layer", "best-layer", "mean-layers")
 MTEB_TASK_NAMES: Dict[str, str] = {
-    "banking77": "Banking77Classification", "emotion": "EmotionClassification",
-    "mtop_domain": "MTOPDomainClassification", "mtop_intent": "MTOPIntentClassification",
-    "poem_sentiment": "PoemSentimentClassification", "stsb": "STSBenchmark", "sts12": "STS12", "sts13": "STS13",
-    "sts14": "STS14", "sts15": "STS15", "sts16": "STS16", "biosses": "BIOSSES", "sick_r": "SICK-R",
+    "banking77": "Banking77Classification",
+    "emotion": "EmotionClassification",
+    "mtop_domain": "MTOPDomainClassification",
+    "mtop_intent": "MTOPIntentClassification",
+    "poem_sentiment": "PoemSentimentClassification",
+    "stsb": "STSBenchmark",
+    "sts12": "STS12",
+    "sts13": "STS13",
+    "sts14": "STS14",
+    "sts15": "STS15",
+    "sts16": "STS16",
+    "biosses": "BIOSSES",
+    "sick_r": "SICK-R",
 }
 
 
@@ -105,8 +114,11 @@ def paper_samples_per_label(task: Optional[str], override: Optional[int] = None)
     registered task (``task``; ``None`` for a custom task), else MTEB's default (8)."""
     if override is not None:
         return check_int("samples_per_label", override)
-    return MTEB_SAMPLES_PER_LABEL.get(str(task), MTEB_DEFAULT_SAMPLES_PER_LABEL) if task else \
-        MTEB_DEFAULT_SAMPLES_PER_LABEL
+    return (
+        MTEB_SAMPLES_PER_LABEL.get(str(task), MTEB_DEFAULT_SAMPLES_PER_LABEL)
+        if task
+        else MTEB_DEFAULT_SAMPLES_PER_LABEL
+    )
 
 
 @dataclass(frozen=True)
@@ -124,10 +136,16 @@ class PaperProtocol:
 
     def record(self) -> Dict[str, Any]:
         """What a study stores about the readout beside its scores (``final_protocol``)."""
-        return {"protocol": "paper", "samples_per_label": self.samples_per_label,
-                "n_experiments": self.n_experiments, "seed": self.seed,
-                "classifier": f"LogisticRegression(max_iter={MTEB_LOGREG_MAX_ITER})",
-                "similarity": "cosine_spearman", "mteb_version": MTEB_VERSION, "pool": "the study's training split"}
+        return {
+            "protocol": "paper",
+            "samples_per_label": self.samples_per_label,
+            "n_experiments": self.n_experiments,
+            "seed": self.seed,
+            "classifier": f"LogisticRegression(max_iter={MTEB_LOGREG_MAX_ITER})",
+            "similarity": "cosine_spearman",
+            "mteb_version": MTEB_VERSION,
+            "pool": "the study's training split",
+        }
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> Optional["PaperProtocol"]:
@@ -137,8 +155,9 @@ class PaperProtocol:
         return cls(samples_per_label=int(attrs.get("samples_per_label") or MTEB_DEFAULT_SAMPLES_PER_LABEL))
 
 
-def undersample(labels: Sequence[Any], samples_per_label: int, n_experiments: int = MTEB_N_EXPERIMENTS,
-                seed: int = MTEB_SEED) -> List[np.ndarray]:
+def undersample(
+    labels: Sequence[Any], samples_per_label: int, n_experiments: int = MTEB_N_EXPERIMENTS, seed: int = MTEB_SEED
+) -> List[np.ndarray]:
     """The training rows of each experiment, drawn as MTEB's ``AbsTaskClassification._undersample_data``.
 
     Returns ``n_experiments`` index arrays into ``labels``, each in the shuffled
@@ -161,8 +180,9 @@ def undersample(labels: Sequence[Any], samples_per_label: int, n_experiments: in
     return draws
 
 
-def logistic_readout(train: Tuple[Any, Any], evaluations: Mapping[str, Tuple[Any, Any]],
-                     protocol: PaperProtocol = PaperProtocol()) -> Dict[str, List[float]]:
+def logistic_readout(
+    train: Tuple[Any, Any], evaluations: Mapping[str, Tuple[Any, Any]], protocol: PaperProtocol = PaperProtocol()
+) -> Dict[str, List[float]]:
     """MTEB's classification evaluator on vectors: per experiment, ``LogisticRegression(max_iter=100)``
     fitted on the undersampled training rows; the accuracy on each evaluation set.
 
@@ -242,7 +262,7 @@ def paper_vectors(features: Any, *, model: Any = None, config: Any = None, batch
     try:
         with torch.no_grad():
             for start in range(0, flat.shape[0], batch_size):
-                outputs.append(encode(flat[start:start + batch_size].float()).float().cpu())
+                outputs.append(encode(flat[start : start + batch_size].float()).float().cpu())
     finally:
         if model is not None:
             model.train(was_training)

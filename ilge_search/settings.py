@@ -12,8 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
 
-__all__ = ["Settings", "resolve_cache_dir", "resolve_data_dir", "default_storage_url", "user_config_dir",
-           "user_defaults_path"]
+__all__ = [
+    "Settings",
+    "resolve_cache_dir",
+    "resolve_data_dir",
+    "default_storage_url",
+    "user_config_dir",
+    "user_defaults_path",
+]
 
 PathLike = Union[str, os.PathLike]
 

@@ -111,8 +111,10 @@ def _parse(url: str) -> Any:
     import sqlalchemy
 
     if not url.strip():
-        raise StorageError("the storage URL is empty; give one such as sqlite:///studies/ilge.db, or leave "
-                           "--storage out to use that default")
+        raise StorageError(
+            "the storage URL is empty; give one such as sqlite:///studies/ilge.db, or leave "
+            "--storage out to use that default"
+        )
     try:
         return sqlalchemy.engine.make_url(url)
     except sqlalchemy.exc.ArgumentError as exc:
@@ -188,19 +190,30 @@ class Storage:
         return optuna.get_all_study_summaries(self.rdb, include_best_trial=True)
 
     def __reduce__(self) -> Any:
-        return (_reopen, (self.url, str(self.artifact_dir), self.heartbeat_interval, self.grace_period,
-                          self.max_retry))
+        return (_reopen, (self.url, str(self.artifact_dir), self.heartbeat_interval, self.grace_period, self.max_retry))
 
 
-def _reopen(url: str, artifact_dir: str, heartbeat_interval: Optional[int], grace_period: Optional[int],
-            max_retry: int) -> Storage:
-    return open_storage(url, artifact_dir=artifact_dir, heartbeat_interval=heartbeat_interval,
-                        grace_period=grace_period, max_retry=max_retry)
+def _reopen(
+    url: str, artifact_dir: str, heartbeat_interval: Optional[int], grace_period: Optional[int], max_retry: int
+) -> Storage:
+    return open_storage(
+        url,
+        artifact_dir=artifact_dir,
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+        max_retry=max_retry,
+    )
 
 
-def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifact_dir: Optional[PathLike] = None,
-                 heartbeat_interval: Optional[int] = None, grace_period: Optional[int] = None,
-                 max_retry: int = 3) -> Storage:
+def open_storage(
+    url: Optional[str] = None,
+    *,
+    must_exist: bool = False,
+    artifact_dir: Optional[PathLike] = None,
+    heartbeat_interval: Optional[int] = None,
+    grace_period: Optional[int] = None,
+    max_retry: int = 3,
+) -> Storage:
     """Open the study storage at ``url`` (default: ``sqlite:///studies/ilge.db``).
 
     Args:
@@ -232,8 +245,10 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
     database = _sqlite_file(parsed)
     shown = hide_password(url)
     if must_exist and database is not None and not database.is_file():
-        raise StorageError(f"no study storage at {parsed.database}; run `ilge-search run` (or `sweep`) first, "
-                           "or pass the right --storage")
+        raise StorageError(
+            f"no study storage at {parsed.database}; run `ilge-search run` (or `sweep`) first, "
+            "or pass the right --storage"
+        )
     driver_url = _with_installed_driver(parsed) if parsed.drivername == "postgresql" else url
     engine_kwargs: Dict[str, Any] = {}
     is_sqlite = parsed.get_backend_name() == "sqlite"
@@ -262,12 +277,17 @@ def open_storage(url: Optional[str] = None, *, must_exist: bool = False, artifac
             f"cannot open the study storage {shown}: {reason}. Check the URL, that the database server is "
             "running and reachable, and that you may write there"
         ) from exc
-    return Storage(url=url, rdb=rdb, artifact_dir=artifact_dir_for(url, artifact_dir),
-                   heartbeat_interval=heartbeat_interval, grace_period=grace_period, max_retry=max_retry)
+    return Storage(
+        url=url,
+        rdb=rdb,
+        artifact_dir=artifact_dir_for(url, artifact_dir),
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+        max_retry=max_retry,
+    )
 
 
-def _heartbeat_kwargs(heartbeat_interval: Optional[int], grace_period: Optional[int],
-                      max_retry: int) -> Dict[str, Any]:
+def _heartbeat_kwargs(heartbeat_interval: Optional[int], grace_period: Optional[int], max_retry: int) -> Dict[str, Any]:
     import optuna
 
     if heartbeat_interval is None:
@@ -299,8 +319,7 @@ def _create_rdb(driver_url: str, engine_kwargs: Dict[str, Any], heartbeat: Dict[
         try:
             with quiet_optuna_warnings():
                 return optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs, **heartbeat)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError,
-                sqlalchemy.exc.OperationalError) as exc:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError) as exc:
             if attempt == SCHEMA_RETRIES or not _is_schema_race(exc):
                 raise
             time.sleep(0.2 * (attempt + 1))
@@ -368,15 +387,21 @@ def storage_fault(exc: BaseException) -> Optional[str]:
         if isinstance(current, sqlalchemy.exc.DBAPIError):
             text = str(current.orig if current.orig is not None else current).lower()
             if any(part in text for part in _FULL):
-                return ("the database or its disk is full. Free space on its filesystem (or move the storage, "
-                        "--storage), then rerun the same command: finished trials are kept and an interrupted "
-                        "trial is retried")
+                return (
+                    "the database or its disk is full. Free space on its filesystem (or move the storage, "
+                    "--storage), then rerun the same command: finished trials are kept and an interrupted "
+                    "trial is retried"
+                )
             if any(part in text for part in _READ_ONLY):
-                return ("the database is read-only. Make the file and its folder writable or pass another "
-                        "--storage, then rerun the same command")
+                return (
+                    "the database is read-only. Make the file and its folder writable or pass another "
+                    "--storage, then rerun the same command"
+                )
             if "disk i/o error" in text:
-                return ("the disk reported an I/O error. Check the filesystem (space, quota, health), then "
-                        "rerun the same command")
+                return (
+                    "the disk reported an I/O error. Check the filesystem (space, quota, health), then "
+                    "rerun the same command"
+                )
         current = current.__cause__ or current.__context__
     return None
 
@@ -431,8 +456,13 @@ def worker_stamp(trial_number: int) -> Dict[str, Any]:
     """
     pid = os.getpid()
     stat = _proc_stat(pid)
-    return {"host": socket.gethostname(), "pid": pid, "trial": int(trial_number),
-            "started": stat[19] if stat else None, "pidns": _pid_namespace()}
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "trial": int(trial_number),
+        "started": stat[19] if stat else None,
+        "pidns": _pid_namespace(),
+    }
 
 
 def _process_gone(stamp: Any, trial_number: int) -> bool:
@@ -496,8 +526,12 @@ def fail_own_running_trials(study: Any, storage: Storage) -> List[int]:
         return numbers
     for trial in running:
         stamp = trial.user_attrs.get(WORKER_ATTR)
-        if isinstance(stamp, dict) and stamp.get("pid") == os.getpid() and stamp.get("trial") == trial.number \
-                and stamp.get("host") == socket.gethostname():
+        if (
+            isinstance(stamp, dict)
+            and stamp.get("pid") == os.getpid()
+            and stamp.get("trial") == trial.number
+            and stamp.get("host") == socket.gethostname()
+        ):
             numbers.append(trial.number)
             with contextlib.suppress(Exception):
                 _fail_and_retry(study, storage, trial, "stopped by a storage fault")
@@ -536,7 +570,8 @@ def fail_stale_trials(study: Any, storage: Storage) -> None:
     grace = rdb.grace_period if rdb.grace_period is not None else 2 * rdb.heartbeat_interval
     ids = [t._trial_id for t in running]
     query = sqlalchemy.text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
-        sqlalchemy.bindparam("ids", expanding=True))
+        sqlalchemy.bindparam("ids", expanding=True)
+    )
     with rdb.engine.connect() as connection:
         beating = {row[0] for row in connection.execute(query, {"ids": ids})}
     now = datetime.datetime.now()  # the clock Optuna stamps datetime_start with

@@ -173,50 +173,113 @@ class TaskData:
         return f"TaskData(name={self.name!r}, kind={self.kind!r}, splits=({sizes}), num_labels={self.num_labels})"
 
 
-def _classification(name: str, hf: str, description: str, *, config: Optional[str] = None,
-                    text_col: str = "text", label_col: str = "label", local: Optional[str] = None,
-                    splits: Tuple[str, ...] = SPLITS) -> TaskSpec:
-    return TaskSpec(name=name, kind="classification", metric="accuracy", hf_dataset=hf, hf_config=config,
-                    text_col=text_col, label_col=label_col, local_name=local, splits=splits,
-                    description=description)
+def _classification(
+    name: str,
+    hf: str,
+    description: str,
+    *,
+    config: Optional[str] = None,
+    text_col: str = "text",
+    label_col: str = "label",
+    local: Optional[str] = None,
+    splits: Tuple[str, ...] = SPLITS,
+) -> TaskSpec:
+    return TaskSpec(
+        name=name,
+        kind="classification",
+        metric="accuracy",
+        hf_dataset=hf,
+        hf_config=config,
+        text_col=text_col,
+        label_col=label_col,
+        local_name=local,
+        splits=splits,
+        description=description,
+    )
 
 
-def _similarity(name: str, hf: str, description: str, *, local: Optional[str] = None,
-                splits: Tuple[str, ...] = ("test",), zero_shot_of: Optional[str] = "stsb") -> TaskSpec:
-    return TaskSpec(name=name, kind="similarity", metric="spearman", hf_dataset=hf, local_name=local,
-                    splits=splits, zero_shot_of=zero_shot_of, description=description)
+def _similarity(
+    name: str,
+    hf: str,
+    description: str,
+    *,
+    local: Optional[str] = None,
+    splits: Tuple[str, ...] = ("test",),
+    zero_shot_of: Optional[str] = "stsb",
+) -> TaskSpec:
+    return TaskSpec(
+        name=name,
+        kind="similarity",
+        metric="spearman",
+        hf_dataset=hf,
+        local_name=local,
+        splits=splits,
+        zero_shot_of=zero_shot_of,
+        description=description,
+    )
 
 
-TASKS: Dict[str, TaskSpec] = {spec.name: spec for spec in [
-    # The paper's classification tasks (MTEB versions; label_text holds the names).
-    _classification("banking77", "mteb/banking77", "banking intents, 77 classes", label_col="label_text",
-                    local="banking77", splits=("train", "test")),
-    _classification("emotion", "mteb/emotion", "emotion of English tweets (CARER), 6 classes",
-                    label_col="label_text", local="emotion"),
-    _classification("mtop_domain", "mteb/mtop_domain", "MTOP domains (en), 11 classes", config="en",
-                    label_col="label_text"),
-    _classification("mtop_intent", "mteb/mtop_intent", "MTOP intents (en), 113 classes", config="en",
-                    label_col="label_text"),
-    _classification("poem_sentiment", "google-research-datasets/poem_sentiment", "sentiment of poem verses",
-                    text_col="verse_text"),
-    # More classification tasks with local copies.
-    _classification("trec", "CogComp/trec", "question type (coarse), 6 classes", label_col="coarse_label",
-                    local="trec", splits=("train", "test")),
-    _classification("sst2", "SetFit/sst2", "binary movie-review sentiment", label_col="label_text",
-                    local="sst2"),
-    _classification("tweeteval_emotion", "cardiffnlp/tweet_eval", "TweetEval emotion, 4 classes",
-                    config="emotion", local="tweeteval_emotion"),
-    # Similarity: trained on STS-B, the rest zero-shot with the STS-B encoder.
-    _similarity("stsb", "mteb/stsbenchmark-sts", "STS benchmark, scores 0-5", local="stsb",
-                splits=SPLITS, zero_shot_of=None),
-    _similarity("sts12", "mteb/sts12-sts", "SemEval STS 2012, zero-shot", splits=("train", "test")),
-    _similarity("sts13", "mteb/sts13-sts", "SemEval STS 2013, zero-shot"),
-    _similarity("sts14", "mteb/sts14-sts", "SemEval STS 2014, zero-shot"),
-    _similarity("sts15", "mteb/sts15-sts", "SemEval STS 2015, zero-shot"),
-    _similarity("sts16", "mteb/sts16-sts", "SemEval STS 2016, zero-shot"),
-    _similarity("biosses", "mteb/biosses-sts", "biomedical sentence similarity, zero-shot"),
-    _similarity("sick_r", "mteb/sickr-sts", "SICK relatedness, zero-shot", local="sick"),
-]}
+TASKS: Dict[str, TaskSpec] = {
+    spec.name: spec
+    for spec in [
+        # The paper's classification tasks (MTEB versions; label_text holds the names).
+        _classification(
+            "banking77",
+            "mteb/banking77",
+            "banking intents, 77 classes",
+            label_col="label_text",
+            local="banking77",
+            splits=("train", "test"),
+        ),
+        _classification(
+            "emotion",
+            "mteb/emotion",
+            "emotion of English tweets (CARER), 6 classes",
+            label_col="label_text",
+            local="emotion",
+        ),
+        _classification(
+            "mtop_domain", "mteb/mtop_domain", "MTOP domains (en), 11 classes", config="en", label_col="label_text"
+        ),
+        _classification(
+            "mtop_intent", "mteb/mtop_intent", "MTOP intents (en), 113 classes", config="en", label_col="label_text"
+        ),
+        _classification(
+            "poem_sentiment",
+            "google-research-datasets/poem_sentiment",
+            "sentiment of poem verses",
+            text_col="verse_text",
+        ),
+        # More classification tasks with local copies.
+        _classification(
+            "trec",
+            "CogComp/trec",
+            "question type (coarse), 6 classes",
+            label_col="coarse_label",
+            local="trec",
+            splits=("train", "test"),
+        ),
+        _classification("sst2", "SetFit/sst2", "binary movie-review sentiment", label_col="label_text", local="sst2"),
+        _classification(
+            "tweeteval_emotion",
+            "cardiffnlp/tweet_eval",
+            "TweetEval emotion, 4 classes",
+            config="emotion",
+            local="tweeteval_emotion",
+        ),
+        # Similarity: trained on STS-B, the rest zero-shot with the STS-B encoder.
+        _similarity(
+            "stsb", "mteb/stsbenchmark-sts", "STS benchmark, scores 0-5", local="stsb", splits=SPLITS, zero_shot_of=None
+        ),
+        _similarity("sts12", "mteb/sts12-sts", "SemEval STS 2012, zero-shot", splits=("train", "test")),
+        _similarity("sts13", "mteb/sts13-sts", "SemEval STS 2013, zero-shot"),
+        _similarity("sts14", "mteb/sts14-sts", "SemEval STS 2014, zero-shot"),
+        _similarity("sts15", "mteb/sts15-sts", "SemEval STS 2015, zero-shot"),
+        _similarity("sts16", "mteb/sts16-sts", "SemEval STS 2016, zero-shot"),
+        _similarity("biosses", "mteb/biosses-sts", "biomedical sentence similarity, zero-shot"),
+        _similarity("sick_r", "mteb/sickr-sts", "SICK relatedness, zero-shot", local="sick"),
+    ]
+}
 
 
 def list_tasks() -> List[str]:
@@ -229,9 +292,11 @@ def get_task_spec(name: str) -> TaskSpec:
     key = name.strip().lower().replace("-", "_")
     if key in TASKS:
         return TASKS[key]
-    raise TaskError(f"unknown task {name!r}. Known tasks: {', '.join(list_tasks())}. "
-                    f"For your own data pass a path to a CSV/TSV/JSONL/Parquet file or a folder of "
-                    f"split files (train/validation/test) with --text-col/--label-col.")
+    raise TaskError(
+        f"unknown task {name!r}. Known tasks: {', '.join(list_tasks())}. "
+        f"For your own data pass a path to a CSV/TSV/JSONL/Parquet file or a folder of "
+        f"split files (train/validation/test) with --text-col/--label-col."
+    )
 
 
 # ----------------------------------------------------------------------------- reading files
@@ -251,8 +316,10 @@ class _Table:
 
     def column(self, name: str, option: str) -> list:
         if name not in self.columns:
-            raise TaskError(f"{self.where} has no column {name!r} (columns present: "
-                            f"{', '.join(map(str, self.columns)) or 'none'}). Pass {option} with one of them.")
+            raise TaskError(
+                f"{self.where} has no column {name!r} (columns present: "
+                f"{', '.join(map(str, self.columns)) or 'none'}). Pass {option} with one of them."
+            )
         return self.columns[name]
 
     def rows(self, positions: Sequence[int]) -> str:
@@ -286,11 +353,18 @@ def _read_with_pandas(path: Path) -> _Table:
         elif suffix == ".json":
             frame = pd.read_json(io.StringIO(read_text_utf8(path, TaskError)))
         else:  # decoded here, so bytes that are not UTF-8 are reported with their line
-            frame = pd.read_csv(io.StringIO(read_text_utf8(path, TaskError)), sep="\t" if suffix == ".tsv" else ",",
-                                keep_default_na=False, na_filter=False, quoting=3 if suffix == ".tsv" else 0)
+            frame = pd.read_csv(
+                io.StringIO(read_text_utf8(path, TaskError)),
+                sep="\t" if suffix == ".tsv" else ",",
+                keep_default_na=False,
+                na_filter=False,
+                quoting=3 if suffix == ".tsv" else 0,
+            )
     except ImportError as exc:
-        raise TaskError(f"reading {path} needs an optional package: {exc}. Install it (pip install pyarrow) "
-                        f"or convert the file to CSV/JSONL.") from exc
+        raise TaskError(
+            f"reading {path} needs an optional package: {exc}. Install it (pip install pyarrow) "
+            f"or convert the file to CSV/JSONL."
+        ) from exc
     except TaskError:
         raise
     except Exception as exc:  # pandas parser errors
@@ -313,29 +387,38 @@ def _refuse_non_scalar(table: _Table, name: str, values: list, what: str) -> Non
     bad = [i for i, value in enumerate(values) if isinstance(value, _NOT_SCALAR)]
     if bad:
         kinds = sorted({type(values[i]).__name__ for i in bad})
-        raise TaskError(f"{table.where}: column {name!r} holds {'/'.join(kinds)} values at row(s) {table.rows(bad)}; "
-                        f"each row needs one {what} (multi-label data is not supported). Use one value per row.")
+        raise TaskError(
+            f"{table.where}: column {name!r} holds {'/'.join(kinds)} values at row(s) {table.rows(bad)}; "
+            f"each row needs one {what} (multi-label data is not supported). Use one value per row."
+        )
 
 
 def _check_texts(table: _Table, name: str, option: str) -> List[str]:
     values = table.column(name, option)
     _refuse_non_scalar(table, name, values, "text")
-    bad = [i for i, value in enumerate(values)
-           if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()]
+    bad = [
+        i
+        for i, value in enumerate(values)
+        if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip()
+    ]
     if bad:
-        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} empty text(s) at row(s) "
-                        f"{table.rows(bad)}. Remove or fill those rows.")
+        raise TaskError(
+            f"{table.where}: column {name!r} has {len(bad)} empty text(s) at row(s) "
+            f"{table.rows(bad)}. Remove or fill those rows."
+        )
     return [str(value) for value in values]
 
 
 def _check_labels(table: _Table, name: str) -> List[str]:
     values = table.column(name, "--label-col")
     _refuse_non_scalar(table, name, values, "label")
-    bad = [i for i, value in enumerate(values)
-           if value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""]
+    bad = [
+        i
+        for i, value in enumerate(values)
+        if value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
+    ]
     if bad:
-        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} missing label(s) at row(s) "
-                        f"{table.rows(bad)}.")
+        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} missing label(s) at row(s) {table.rows(bad)}.")
     # 3 and 3.0 are the same label; keep names readable.
     return [str(int(v)) if isinstance(v, float) and float(v).is_integer() else str(v) for v in values]
 
@@ -353,8 +436,10 @@ def _check_scores(table: _Table, name: str) -> np.ndarray:
         if not math.isfinite(scores[i]):
             bad.append(i)
     if bad:
-        raise TaskError(f"{table.where}: column {name!r} has {len(bad)} missing or non-numeric score(s) at "
-                        f"row(s) {table.rows(bad)}.")
+        raise TaskError(
+            f"{table.where}: column {name!r} has {len(bad)} missing or non-numeric score(s) at "
+            f"row(s) {table.rows(bad)}."
+        )
     return scores
 
 
@@ -374,16 +459,18 @@ def _sorted_label_names(names: Sequence[str]) -> List[str]:
     return sorted(unique)
 
 
-def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, source: str,
-                val_fraction: float, seed: int) -> TaskData:
+def _build_task(
+    spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, source: str, val_fraction: float, seed: int
+) -> TaskData:
     """Validate every split's columns, map labels to ids, carve validation if needed."""
     if cols.kind == "similarity":
         splits = {}
         for name, table in tables.items():
             a = _check_texts(table, cols.text_cols[0], "--text-cols")
             b = _check_texts(table, cols.text_cols[1], "--text-cols")
-            splits[name] = TaskSplit(name, labels=_check_scores(table, cols.score_col),
-                                     pairs=list(zip(a, b, strict=True)))
+            splits[name] = TaskSplit(
+                name, labels=_check_scores(table, cols.score_col), pairs=list(zip(a, b, strict=True))
+            )
         task = TaskData(spec=spec, splits=splits, label_names=[], source=source)
     else:
         texts = {name: _check_texts(table, cols.text_col, "--text-col") for name, table in tables.items()}
@@ -391,8 +478,10 @@ def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, sourc
         reference = "train" if "train" in names else next(iter(names))
         label_names = _sorted_label_names(names[reference])
         if len(label_names) < 2:
-            raise TaskError(f"{tables[reference].where}: every row has the label {label_names[0]!r}; a "
-                            f"classifier needs at least two labels. Check --label-col or add rows of other labels.")
+            raise TaskError(
+                f"{tables[reference].where}: every row has the label {label_names[0]!r}; a "
+                f"classifier needs at least two labels. Check --label-col or add rows of other labels."
+            )
         ids = {label: i for i, label in enumerate(label_names)}
         for name, split_names in names.items():
             unseen = sorted(set(split_names) - ids.keys())
@@ -402,9 +491,14 @@ def _build_task(spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, sourc
                     f"{tables[name].where}: {count} row(s) of split {name!r} have label(s) that the {reference} "
                     f"split does not have: {', '.join(map(repr, unseen[:_MAX_ROWS_LISTED]))}"
                     f"{' ...' if len(unseen) > _MAX_ROWS_LISTED else ''}. A classifier cannot predict labels "
-                    f"it never saw; fix the files or drop those rows.")
-        splits = {name: TaskSplit(name, labels=np.array([ids[label] for label in names[name]], dtype=np.int64),
-                                  texts=texts[name]) for name in tables}
+                    f"it never saw; fix the files or drop those rows."
+                )
+        splits = {
+            name: TaskSplit(
+                name, labels=np.array([ids[label] for label in names[name]], dtype=np.int64), texts=texts[name]
+            )
+            for name in tables
+        }
         task = TaskData(spec=spec, splits=splits, label_names=label_names, source=source)
     if "validation" not in task.splits and "train" in task.splits:
         task = _carve_validation(task, val_fraction, seed)
@@ -427,14 +521,18 @@ def _warn_test_in_train(task: TaskData) -> None:
     """Test rows whose text (or sentence pair) is also in train: counted, and warned about."""
     if "train" not in task.splits or "test" not in task.splits:
         return
-    train, test = (part.pairs if part.pairs is not None else part.texts
-                   for part in (task.splits["train"], task.splits["test"]))
+    train, test = (
+        part.pairs if part.pairs is not None else part.texts for part in (task.splits["train"], task.splits["test"])
+    )
     seen = set(train)
     duplicated = sum(1 for row in test if row in seen)
     if duplicated:
-        _warn_once(task, f"warning: task {task.name!r}: {duplicated} of {len(test)} test rows also appear in train "
-                         f"(same text); their score measures memory, not generalisation. Remove them from one "
-                         f"of the two splits for a clean test score.")
+        _warn_once(
+            task,
+            f"warning: task {task.name!r}: {duplicated} of {len(test)} test rows also appear in train "
+            f"(same text); their score measures memory, not generalisation. Remove them from one "
+            f"of the two splits for a clean test score.",
+        )
 
 
 def _stratified_pick(labels: np.ndarray, count_for: Any, rng: np.random.Generator) -> np.ndarray:
@@ -460,8 +558,10 @@ def _carve_validation(task: TaskData, fraction: float, seed: int) -> TaskData:
     else:
         val_idx = np.sort(rng.permutation(len(train))[: int(round(fraction * len(train)))])
     if len(val_idx) == 0:
-        raise TaskError(f"task {task.name!r}: train has only {len(train)} rows, too few to carve a "
-                        f"{fraction:.0%} validation split; add a validation file.")
+        raise TaskError(
+            f"task {task.name!r}: train has only {len(train)} rows, too few to carve a "
+            f"{fraction:.0%} validation split; add a validation file."
+        )
     keep = np.setdiff1d(np.arange(len(train)), val_idx)
     splits = dict(task.splits)
     splits["train"] = train.subset(keep)
@@ -483,23 +583,29 @@ def _find_split_files(folder: Path) -> Dict[str, Path]:
     return found
 
 
-def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_fraction: float,
-                           seed: int) -> TaskData:
+def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_fraction: float, seed: int) -> TaskData:
     folder = data_dir / spec.local_name if spec.local_name else None
     if folder is None or not folder.is_dir():
         present = sorted(p.name for p in data_dir.iterdir() if p.is_dir()) if data_dir.is_dir() else []
-        where = f"{data_dir} (it has: {', '.join(present) or 'nothing'})" if data_dir.is_dir() else \
-            f"{data_dir}, which does not exist"
-        hint = (f"Put {spec.local_name or spec.name}/train.jsonl and test.jsonl there, or unset --data-dir/"
-                f"${DATA_ENV} to download {spec.hf_dataset!r} with the `datasets` library.")
+        where = (
+            f"{data_dir} (it has: {', '.join(present) or 'nothing'})"
+            if data_dir.is_dir()
+            else f"{data_dir}, which does not exist"
+        )
+        hint = (
+            f"Put {spec.local_name or spec.name}/train.jsonl and test.jsonl there, or unset --data-dir/"
+            f"${DATA_ENV} to download {spec.hf_dataset!r} with the `datasets` library."
+        )
         raise TaskError(f"task {spec.name!r} is not in the data dir {where}. {hint}")
     files = _find_split_files(folder)
     wanted = ("test",) if spec.zero_shot_of else ("train", "test")
     missing = [s for s in wanted if s not in files]
     if missing:
-        raise TaskError(f"task {spec.name!r}: {folder} lacks the split file(s) "
-                        f"{', '.join(f'{s}.jsonl' for s in missing)} (found: "
-                        f"{', '.join(p.name for p in files.values()) or 'none'}).")
+        raise TaskError(
+            f"task {spec.name!r}: {folder} lacks the split file(s) "
+            f"{', '.join(f'{s}.jsonl' for s in missing)} (found: "
+            f"{', '.join(p.name for p in files.values()) or 'none'})."
+        )
     if spec.zero_shot_of:  # evaluated on test only
         files = {"test": files["test"]}
     tables = {split: _read_table(path) for split, path in files.items()}
@@ -507,18 +613,24 @@ def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_f
 
 
 def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int) -> TaskData:
-    offline_hint = (f"Pass --data-dir (or set ${DATA_ENV}) to a folder with {spec.local_name or spec.name}/"
-                    f"train.jsonl and test.jsonl in the shared layout.")
+    offline_hint = (
+        f"Pass --data-dir (or set ${DATA_ENV}) to a folder with {spec.local_name or spec.name}/"
+        f"train.jsonl and test.jsonl in the shared layout."
+    )
     try:
         import datasets
     except ImportError as exc:
-        raise TaskError(f"task {spec.name!r} has no data dir, and downloading {spec.hf_dataset!r} needs the "
-                        f"`datasets` library (pip install datasets). {offline_hint}") from exc
+        raise TaskError(
+            f"task {spec.name!r} has no data dir, and downloading {spec.hf_dataset!r} needs the "
+            f"`datasets` library (pip install datasets). {offline_hint}"
+        ) from exc
     try:
         loaded = datasets.load_dataset(spec.hf_dataset, spec.hf_config)
     except Exception as exc:  # offline, missing dataset, ...
-        raise TaskError(f"could not load {spec.hf_dataset!r} from the Hugging Face hub "
-                        f"({type(exc).__name__}: {exc}). {offline_hint}") from exc
+        raise TaskError(
+            f"could not load {spec.hf_dataset!r} from the Hugging Face hub "
+            f"({type(exc).__name__}: {exc}). {offline_hint}"
+        ) from exc
     tables = {}
     for split in SPLITS:
         if split not in loaded:
@@ -536,8 +648,13 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
     return _build_task(spec, tables, cols, f"hf:{spec.hf_dataset}", val_fraction, seed)
 
 
-def _custom_columns(sample: _Table, text_col: Optional[str], label_col: Optional[str],
-                    text_cols: Optional[Sequence[str]], score_col: Optional[str]) -> _Columns:
+def _custom_columns(
+    sample: _Table,
+    text_col: Optional[str],
+    label_col: Optional[str],
+    text_cols: Optional[Sequence[str]],
+    score_col: Optional[str],
+) -> _Columns:
     if text_cols is not None:
         if len(text_cols) != 2:
             raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
@@ -545,8 +662,9 @@ def _custom_columns(sample: _Table, text_col: Optional[str], label_col: Optional
     if text_col is None and label_col is None and {"sentence1", "sentence2"} <= sample.columns.keys():
         return _Columns("similarity", score_col=score_col or "score")
     if score_col is not None:
-        raise TaskError("score_col is for sentence pairs; also pass text_cols (two columns), "
-                        "e.g. --text-cols sentence1,sentence2")
+        raise TaskError(
+            "score_col is for sentence pairs; also pass text_cols (two columns), e.g. --text-cols sentence1,sentence2"
+        )
     return _Columns("classification", text_col=text_col or "text", label_col=label_col or "label")
 
 
@@ -555,24 +673,39 @@ def _load_custom(path: Path, text_col, label_col, text_cols, score_col, val_frac
         files = _find_split_files(path)
         if "train" not in files:
             present = sorted(p.name for p in path.iterdir())
-            raise TaskError(f"{path} has no train file (train.jsonl/.csv/.tsv/.parquet); it has: "
-                            f"{', '.join(present[:20]) or 'nothing'}.")
+            raise TaskError(
+                f"{path} has no train file (train.jsonl/.csv/.tsv/.parquet); it has: "
+                f"{', '.join(present[:20]) or 'nothing'}."
+            )
         tables = {split: _read_table(file) for split, file in files.items()}
     else:
         tables = {"train": _read_table(path)}
     cols = _custom_columns(tables["train"], text_col, label_col, text_cols, score_col)
-    spec = TaskSpec(name=path.stem if path.is_file() else path.name, kind=cols.kind,
-                    metric="accuracy" if cols.kind == "classification" else "spearman",
-                    text_col=cols.text_col, label_col=cols.label_col, text_cols=cols.text_cols,
-                    score_col=cols.score_col, splits=tuple(tables),
-                    description=f"custom task from {path}")
+    spec = TaskSpec(
+        name=path.stem if path.is_file() else path.name,
+        kind=cols.kind,
+        metric="accuracy" if cols.kind == "classification" else "spearman",
+        text_col=cols.text_col,
+        label_col=cols.label_col,
+        text_cols=cols.text_cols,
+        score_col=cols.score_col,
+        splits=tuple(tables),
+        description=f"custom task from {path}",
+    )
     return _build_task(spec, tables, cols, str(path), val_fraction, seed)
 
 
-def load_task(name_or_path: Union[str, os.PathLike, TaskData], data_dir: Optional[PathLike] = None, *,
-              text_col: Optional[str] = None, label_col: Optional[str] = None,
-              text_cols: Optional[Sequence[str]] = None, score_col: Optional[str] = None,
-              val_fraction: float = 0.15, seed: int = 42) -> TaskData:
+def load_task(
+    name_or_path: Union[str, os.PathLike, TaskData],
+    data_dir: Optional[PathLike] = None,
+    *,
+    text_col: Optional[str] = None,
+    label_col: Optional[str] = None,
+    text_cols: Optional[Sequence[str]] = None,
+    score_col: Optional[str] = None,
+    val_fraction: float = 0.15,
+    seed: int = 42,
+) -> TaskData:
     """Load a registered task or a custom file/folder into a validated :class:`TaskData`.
 
     Args:
@@ -599,10 +732,18 @@ def load_task(name_or_path: Union[str, os.PathLike, TaskData], data_dir: Optiona
         spec = get_task_spec(key)
         local = resolve_data_dir(data_dir)
         # The shared local layout always uses text/label and sentence1/sentence2/score.
-        defaults = _Columns(spec.kind) if local is not None else _Columns(
-            spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
-        cols = _Columns(spec.kind, text_col or defaults.text_col, label_col or defaults.label_col,
-                        tuple(text_cols) if text_cols else defaults.text_cols, score_col or defaults.score_col)
+        defaults = (
+            _Columns(spec.kind)
+            if local is not None
+            else _Columns(spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
+        )
+        cols = _Columns(
+            spec.kind,
+            text_col or defaults.text_col,
+            label_col or defaults.label_col,
+            tuple(text_cols) if text_cols else defaults.text_cols,
+            score_col or defaults.score_col,
+        )
         if local is not None:
             return _load_local_registered(spec, local, cols, val_fraction, seed)
         return _load_online(spec, cols, val_fraction, seed)
@@ -626,12 +767,22 @@ def _pick(part: TaskSplit, kind: str, n: int, rng: np.random.Generator, stratifi
     # Hand out the remainder by largest fractional part (ties broken at random, seeded).
     order = np.lexsort((rng.random(len(values)), -(exact - quota)))
     quota[order[: n - quota.sum()]] += 1
-    return np.sort(np.concatenate([rng.permutation(np.flatnonzero(part.labels == value))[:k]
-                                   for value, k in zip(values, quota, strict=True)]))
+    return np.sort(
+        np.concatenate(
+            [rng.permutation(np.flatnonzero(part.labels == value))[:k] for value, k in zip(values, quota, strict=True)]
+        )
+    )
 
 
-def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[float] = None, seed: int = 0,
-              stratified: bool = True, splits: Optional[Sequence[str]] = None) -> TaskData:
+def subsample(
+    task: TaskData,
+    n: Optional[int] = None,
+    *,
+    fraction: Optional[float] = None,
+    seed: int = 0,
+    stratified: bool = True,
+    splits: Optional[Sequence[str]] = None,
+) -> TaskData:
     """At most ``n`` examples (or a ``fraction``) of each split, stratified by label for
     classification; label ids and names are kept. ``splits`` limits which splits shrink.
 
@@ -653,9 +804,12 @@ def subsample(task: TaskData, n: Optional[int] = None, *, fraction: Optional[flo
         labels = len(np.unique(part.labels))
         lost = labels - len(np.unique(new_splits[name].labels))
         if name == "train" and task.kind == "classification" and lost:
-            _warn_once(task, f"warning: task {task.name!r}: {lost} of {labels} labels have no example among the "
-                             f"{len(new_splits[name])} training rows kept (--max-train {count}), so they can never "
-                             f"be predicted; use --max-train {labels} or more, or --shots.")
+            _warn_once(
+                task,
+                f"warning: task {task.name!r}: {lost} of {labels} labels have no example among the "
+                f"{len(new_splits[name])} training rows kept (--max-train {count}), so they can never "
+                f"be predicted; use --max-train {labels} or more, or --shots.",
+            )
     return replace(task, splits=new_splits)
 
 
@@ -672,8 +826,10 @@ def few_shot(task: TaskData, shots_per_label: int, *, seed: int = 0) -> TaskData
     train = task.split("train")
     largest = int(np.bincount(train.labels).max()) if len(train) else 0
     if shots_per_label > largest:
-        raise TaskError(f"shots_per_label={shots_per_label} (--shots) is more than any label of {task.name!r} has in "
-                        f"train (the largest has {largest}), so every training example would be kept and the "
-                        f"study would not be few-shot. Use --shots {largest} or fewer, or drop --shots.")
+        raise TaskError(
+            f"shots_per_label={shots_per_label} (--shots) is more than any label of {task.name!r} has in "
+            f"train (the largest has {largest}), so every training example would be kept and the "
+            f"study would not be few-shot. Use --shots {largest} or fewer, or drop --shots."
+        )
     keep = _stratified_pick(train.labels, lambda count: min(shots_per_label, count), rng)
     return replace(task, splits={**task.splits, "train": train.subset(keep)})

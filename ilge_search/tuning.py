@@ -98,8 +98,10 @@ GAT_HEADS = (2, 4, 8)
 
 # The published package's documented defaults: lr 1e-3 for small models (up to 3B parameters,
 # models.LARGE_MODEL_PARAMS), 1e-4 for large ones; one GNN layer of width 256 for both.
-_GRAPH_DEFAULTS = {"small": {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256},
-                   "large": {"lr": 1e-4, "gnn_layers": 1, "hidden_dim": 256}}
+_GRAPH_DEFAULTS = {
+    "small": {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256},
+    "large": {"lr": 1e-4, "gnn_layers": 1, "hidden_dim": 256},
+}
 _PLAIN_DEFAULTS = {"small": {"lr": 1e-3}, "large": {"lr": 1e-4}}
 BUILTIN_RECOMMENDED: Dict[str, Dict[str, Dict[str, Any]]] = {
     "cayley": _GRAPH_DEFAULTS,
@@ -172,15 +174,19 @@ def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
         values = _suggest_fields(trial, family, fixed)
     except ValueError as exc:
         if isinstance(trial, optuna.trial.FrozenTrial):
-            raise ValueError(f"trial {trial.number} cannot be read as a {family!r} config ({exc}); "
-                             f"its parameters are {sorted(trial.params)}") from None
+            raise ValueError(
+                f"trial {trial.number} cannot be read as a {family!r} config ({exc}); "
+                f"its parameters are {sorted(trial.params)}"
+            ) from None
         raise
     return cls(**values)
 
 
 def _builtin_copy() -> Dict[str, Dict[str, Dict[str, Any]]]:
-    return {family: {bucket: dict(fields) for bucket, fields in buckets.items()}
-            for family, buckets in BUILTIN_RECOMMENDED.items()}
+    return {
+        family: {bucket: dict(fields) for bucket, fields in buckets.items()}
+        for family, buckets in BUILTIN_RECOMMENDED.items()
+    }
 
 
 def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Path) -> None:
@@ -190,8 +196,10 @@ def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Pat
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read recommended defaults {path}: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("families"), dict):
-        raise ValueError(f"{path} must be a JSON object with a 'families' mapping "
-                         "({family: {bucket: {field: value}}}); see ilge_search.tuning")
+        raise ValueError(
+            f"{path} must be a JSON object with a 'families' mapping "
+            "({family: {bucket: {field: value}}}); see ilge_search.tuning"
+        )
     version = data.get("format_version")
     if version != DEFAULTS_FORMAT_VERSION:
         raise ValueError(f"{path} has format_version {version!r}; this version reads {DEFAULTS_FORMAT_VERSION}")
@@ -203,8 +211,10 @@ def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Pat
         fields = set(config_class_for(family).__dataclass_fields__)
         for bucket, values in buckets.items():
             if bucket not in MODEL_SIZE_HINTS or not isinstance(values, dict):
-                raise ValueError(f"{path}: families.{family}.{bucket}: buckets are {list(MODEL_SIZE_HINTS)}, "
-                                 "each a {field: value} object")
+                raise ValueError(
+                    f"{path}: families.{family}.{bucket}: buckets are {list(MODEL_SIZE_HINTS)}, "
+                    "each a {field: value} object"
+                )
             bad = set(values) - fields
             if bad:
                 raise ValueError(f"{path}: families.{family}.{bucket} has unknown fields {sorted(bad)}")
@@ -226,8 +236,9 @@ def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[s
     return merged
 
 
-def effective_recommended_defaults(defaults_path: Optional[Union[str, Path]] = None
-                                   ) -> Dict[str, Dict[str, Dict[str, Any]]]:
+def effective_recommended_defaults(
+    defaults_path: Optional[Union[str, Path]] = None,
+) -> Dict[str, Dict[str, Dict[str, Any]]]:
     """The values :func:`recommended_config` uses: built-in < shipped file < user file.
 
     The user file is ``defaults_path`` (it must exist), else
@@ -239,13 +250,16 @@ def effective_recommended_defaults(defaults_path: Optional[Union[str, Path]] = N
     if user.is_file():
         _merge_defaults_file(merged, user)
     elif defaults_path is not None:
-        raise ValueError(f"recommended defaults file {user} does not exist; write it with `ilge-search recommend "
-                         "--out` or pass another defaults_path")
+        raise ValueError(
+            f"recommended defaults file {user} does not exist; write it with `ilge-search recommend "
+            "--out` or pass another defaults_path"
+        )
     return merged
 
 
-def recommended_config(family: str, model_size_hint: str = "small", *,
-                       defaults_path: Optional[Union[str, Path]] = None) -> EncoderConfig:
+def recommended_config(
+    family: str, model_size_hint: str = "small", *, defaults_path: Optional[Union[str, Path]] = None
+) -> EncoderConfig:
     """Zero-search defaults for ``family``.
 
     Args:
@@ -307,6 +321,5 @@ def make_pruner(name: str, max_epochs: Optional[int] = None) -> Any:
         warmup = 10 if max_epochs is None else min(10, max(1, max_epochs // 2))
         return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=warmup)
     if name == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max_epochs or "auto",
-                                              reduction_factor=3)
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max_epochs or "auto", reduction_factor=3)
     return optuna.pruners.NopPruner()

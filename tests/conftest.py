@@ -40,7 +40,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "postgres_url" in getattr(item, "fixturenames", ()) or any(
-                isinstance(value, str) and value == "postgresql" for value in params.values()):
+            isinstance(value, str) and value == "postgresql" for value in params.values()
+        ):
             item.add_marker(pytest.mark.postgres)
 
 
@@ -60,12 +61,19 @@ def postgres_url():
     admin_url = make_url(os.environ.get(POSTGRES_ENV) or POSTGRES_DEFAULT)
     name = f"ilge_{uuid.uuid4().hex[:12]}"
     try:
-        admin = psycopg2.connect(host=admin_url.host or "127.0.0.1", port=admin_url.port or 5432,
-                                 dbname=admin_url.database, user=admin_url.username, password=admin_url.password)
+        admin = psycopg2.connect(
+            host=admin_url.host or "127.0.0.1",
+            port=admin_url.port or 5432,
+            dbname=admin_url.database,
+            user=admin_url.username,
+            password=admin_url.password,
+        )
     except psycopg2.OperationalError as exc:  # fail loudly: a skipped storage test hides a broken storage
         shown, why = admin_url.render_as_string(hide_password=True), " ".join(str(exc).split())
-        pytest.fail(f"PostgreSQL at {shown} is not reachable ({why}); start it, set {POSTGRES_ENV} to another "
-                    f"server, or leave these tests out with -m 'not postgres' (README: What you need)")
+        pytest.fail(
+            f"PostgreSQL at {shown} is not reachable ({why}); start it, set {POSTGRES_ENV} to another "
+            f"server, or leave these tests out with -m 'not postgres' (README: What you need)"
+        )
     admin.autocommit = True
     with admin.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')

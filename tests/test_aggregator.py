@@ -28,8 +28,16 @@ def test_build_aggregator_exposes_sizes_and_config(config):
 
 
 def test_public_names_are_importable_from_the_package():
-    for name in ["build_aggregator", "build_per_token_aggregator", "Aggregator", "PerTokenAggregator",
-                 "num_layers_for", "hidden_size_for", "suggest_config", "recommended_config"]:
+    for name in [
+        "build_aggregator",
+        "build_per_token_aggregator",
+        "Aggregator",
+        "PerTokenAggregator",
+        "num_layers_for",
+        "hidden_size_for",
+        "suggest_config",
+        "recommended_config",
+    ]:
         assert callable(getattr(ilge_search, name))
 
 
@@ -156,8 +164,8 @@ def test_padding_changes_nothing(conv_type, output_mode):
     agg = _per_token(conv_type, output_mode, gnn_layers=2).eval()
     x = torch.randn(B, T, L, D)
     mask = torch.ones(B, T, dtype=torch.long)
-    mask[0, 3:] = 0      # right padding
-    mask[1, :2] = 0      # left padding
+    mask[0, 3:] = 0  # right padding
+    mask[1, :2] = 0  # left padding
     noisy = x.clone()
     noisy[mask == 0] = 100 * torch.randn_like(noisy[mask == 0])
     with torch.no_grad():
@@ -179,7 +187,7 @@ def test_masked_sample_equals_textbook_subgraph():
     stack = agg.gnn
     data_list = []
     for sample, sample_mask in zip(x, mask, strict=True):
-        real = sample_mask.repeat_interleave(L).bool()                        # (T*L,)
+        real = sample_mask.repeat_interleave(L).bool()  # (T*L,)
         valid = torch.cat([real, torch.ones(graph.num_virtual, dtype=torch.bool)])
         ei = graph.edge_index[:, valid[graph.edge_index].all(dim=0)]
         h = torch.cat([stack.input_proj(sample.reshape(T * L, D)), torch.zeros(graph.num_virtual, 16)])
@@ -213,7 +221,7 @@ def test_per_token_batch_independence_with_masks():
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
     with torch.no_grad():
         full = agg(x, attention_mask=mask)
-        singles = torch.cat([agg(x[i:i + 1], attention_mask=mask[i:i + 1]) for i in range(4)])
+        singles = torch.cat([agg(x[i : i + 1], attention_mask=mask[i : i + 1]) for i in range(4)])
     torch.testing.assert_close(singles, full, rtol=1e-4, atol=1e-5)
 
 
@@ -254,5 +262,6 @@ def test_per_token_bad_arguments():
 
 def test_per_token_repr():
     agg = build_per_token_aggregator(CayleyConfig(conv_type="gcn", gnn_layers=2), 37, 4096, output_mode="sequence")
-    assert repr(agg) == ("PerTokenAggregator(cayley, gcn, num_layers=37, hidden_dim=256, gnn_layers=2, "
-                         "output_mode='sequence')")
+    assert repr(agg) == (
+        "PerTokenAggregator(cayley, gcn, num_layers=37, hidden_dim=256, gnn_layers=2, output_mode='sequence')"
+    )

@@ -20,15 +20,34 @@ MAX_LINES = 700
 
 # first component below ilge_search -> layer; higher layers may import lower ones, never the reverse
 LAYERS: Dict[str, int] = {
-    "_version": 0, "settings": 0, "validation": 0, "files": 0,
-    "configs": 1, "graphs": 1,
-    "models": 2, "model_utils": 2, "nn": 2, "aggregator": 2, "tuning": 2,
-    "tasks": 3, "extraction": 3, "cache": 3, "engine": 3, "storage": 3, "objectives": 3, "protocol": 3,
-    "dashboard": 4, "catalog": 4,
+    "_version": 0,
+    "settings": 0,
+    "validation": 0,
+    "files": 0,
+    "configs": 1,
+    "graphs": 1,
+    "models": 2,
+    "model_utils": 2,
+    "nn": 2,
+    "aggregator": 2,
+    "tuning": 2,
+    "tasks": 3,
+    "extraction": 3,
+    "cache": 3,
+    "engine": 3,
+    "storage": 3,
+    "objectives": 3,
+    "protocol": 3,
+    "dashboard": 4,
+    "catalog": 4,
     "study": 5,
     # classifier above study: ILGEClassifier.from_study reads studies
-    "report": 6, "classifier": 6, "predict": 6, "explain": 6,
-    "cli": 7, "testing": 7,
+    "report": 6,
+    "classifier": 6,
+    "predict": 6,
+    "explain": 6,
+    "cli": 7,
+    "testing": 7,
     "__init__": 8,
 }
 
@@ -112,7 +131,7 @@ def _find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:

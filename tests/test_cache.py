@@ -24,7 +24,7 @@ from ilge_search.models import ModelNotFoundError
 from ilge_search.tasks import TaskError, load_task, subsample
 
 pytestmark = pytest.mark.realmodel
-FLOAT16_TOLERANCE = dict(rtol=2 ** -10, atol=1e-5)
+FLOAT16_TOLERANCE = dict(rtol=2**-10, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +66,7 @@ def test_stored_features_equal_a_direct_computation(test_entry, small_task):
     assert test_entry.label_names == small_task.label_names
     meta = test_entry.meta
     assert meta["model"] == "minilm-l6" and meta["model_identity"].startswith("sha256:")
-    assert (meta["task"], meta["split"], meta["fingerprint"]) == ("banking77", "test",
-                                                                   small_task.fingerprint("test"))
+    assert (meta["task"], meta["split"], meta["fingerprint"]) == ("banking77", "test", small_task.fingerprint("test"))
     assert meta["shape"] == [40, 7, 384] and meta["format_version"] == FORMAT_VERSION
     assert test_entry.path.name == f"{test_entry.key}.safetensors" and test_entry.path.is_file()
 
@@ -91,9 +90,15 @@ def test_keys_hash_every_field_and_skip_defaults(scratch):
     base = dict(model_identity="sha256:abc", task="t", split="train", fingerprint="f")
     key = scratch.key(**base)
     assert len(key) == 24 and key == scratch.key(**base, pooling="mean", max_length=512, storage_dtype="float16")
-    variants = [dict(base, model_identity="sha256:abd"), dict(base, task="u"), dict(base, split="test"),
-                dict(base, fingerprint="g"), dict(base, pooling="last"), dict(base, max_length=128),
-                dict(base, storage_dtype="float32")]
+    variants = [
+        dict(base, model_identity="sha256:abd"),
+        dict(base, task="u"),
+        dict(base, split="test"),
+        dict(base, fingerprint="g"),
+        dict(base, pooling="last"),
+        dict(base, max_length=128),
+        dict(base, storage_dtype="float32"),
+    ]
     assert len({key} | {scratch.key(**v) for v in variants}) == 1 + len(variants)
     with pytest.raises(TypeError):  # an unhashable field raises instead of producing some key
         scratch.key(**dict(base, fingerprint=object()))
@@ -164,7 +169,7 @@ def test_other_storage_dtypes_round_trip(scratch, small_task):
     brain = scratch.get_or_extract("minilm-l6", small_task, "test", storage_dtype="bfloat16", progress=False)
     assert exact.features.dtype == torch.float32 and brain.features.dtype == torch.bfloat16
     assert exact.key != brain.key
-    torch.testing.assert_close(brain.features.float(), exact.features, rtol=2 ** -7, atol=1e-5)
+    torch.testing.assert_close(brain.features.float(), exact.features, rtol=2**-7, atol=1e-5)
 
 
 def test_similarity_pairs_are_stored_side_by_side(cache_dir, data_dir):
@@ -182,7 +187,7 @@ def test_similarity_pairs_are_stored_side_by_side(cache_dir, data_dir):
 def test_texts_are_cached_by_their_fingerprint(cache_dir, test_entry, small_task, monkeypatch):
     texts = small_task["test"].texts[:12]
     features = EmbeddingCache(cache_dir).get_or_extract_texts("minilm-l6", texts, progress=False)
-    torch.testing.assert_close(features.float(), test_entry.features[:12].float(), rtol=2 ** -9, atol=1e-4)
+    torch.testing.assert_close(features.float(), test_entry.features[:12].float(), rtol=2**-9, atol=1e-4)
 
     def refuse(*args, **kwargs):
         raise AssertionError("model loaded on a hit")
@@ -223,8 +228,11 @@ def test_bad_tasks_fail_before_any_model_loads(tmp_path, cache_dir, data_dir, no
     with pytest.raises(TaskError, match="unknown task 'bankng77'"):
         load_task_embeddings("minilm-l6", "bankng77", data_dir=data_dir, cache_dir=cache_dir)
     with pytest.raises(TaskError, match=r"no column 'text' \(columns present: sentence, label\)"):
-        load_task_embeddings("minilm-l6", _write_jsonl(tmp_path / "cols.jsonl", [
-            {"sentence": r["text"], "label": r["label"]} for r in good]), cache_dir=cache_dir)
+        load_task_embeddings(
+            "minilm-l6",
+            _write_jsonl(tmp_path / "cols.jsonl", [{"sentence": r["text"], "label": r["label"]} for r in good]),
+            cache_dir=cache_dir,
+        )
     empty = [dict(r) for r in good]
     empty[4]["text"] = ""
     with pytest.raises(TaskError, match=r"empty text\(s\) at row\(s\) 5"):
@@ -294,9 +302,16 @@ def test_two_processes_extract_an_entry_once(tmp_path, small_task):
     script = tmp_path / "worker.py"
     script.write_text(_WORKER)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "cache"), str(task_file), str(counter),
-                               str(ready), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for name in ("a", "b")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / "cache"), str(task_file), str(counter), str(ready), name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name in ("a", "b")
+    ]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)

@@ -41,8 +41,18 @@ def test_init_only_stores_arguments():
     assert clf.get_params()["token_pooling"] == "bogus"  # validated in fit, not here
     assert not hasattr(clf, "model_")
     assert set(clf.get_params()) == {
-        "base_model", "config", "num_classes", "token_pooling", "max_length", "batch_size", "device",
-        "random_state", "cache_dir", "verbose", "val_fraction", "patience",
+        "base_model",
+        "config",
+        "num_classes",
+        "token_pooling",
+        "max_length",
+        "batch_size",
+        "device",
+        "random_state",
+        "cache_dir",
+        "verbose",
+        "val_fraction",
+        "patience",
     }
 
 
@@ -114,6 +124,7 @@ def test_explicit_validation_data_is_used():
     x, y = make_embeddings()
     clf = ILGEClassifier(config=SMALL).fit_embeddings(x[:200], y[:200], x[200:], y[200:])
     from ilge_search.engine import evaluate
+
     assert evaluate(clf.model_, x[200:], y[200:])["accuracy"] == clf.best_val_score_
 
 
@@ -334,8 +345,7 @@ def smollm2_banking77(data_dir, cache_dir):
     (train_texts, train_labels), (val_texts, val_labels) = data["train"], data["validation"]
     fitted = {}
     for name, config in (("cayley", C.CayleyConfig(epochs=30)), ("last", C.LastLayerConfig(epochs=30))):
-        clf = ILGEClassifier("smollm2-135m", config, random_state=0, cache_dir=cache_dir, max_length=32,
-                             batch_size=16)
+        clf = ILGEClassifier("smollm2-135m", config, random_state=0, cache_dir=cache_dir, max_length=32, batch_size=16)
         fitted[name] = clf.fit(train_texts, train_labels, val_texts=val_texts, val_labels=val_labels)
     yield fitted, data
     fitted["last"].unload_llm()
@@ -376,8 +386,12 @@ def test_same_random_state_identical_probabilities_on_texts(banking77, cache_dir
     (train_texts, train_labels), (test_texts, _) = banking77["train"], banking77["test"]
     texts, labels = train_texts[::4], train_labels[::4]
     config = C.CayleyConfig(epochs=5)
-    runs = [ILGEClassifier("minilm-l6", config, random_state=3, cache_dir=cache_dir, max_length=64)
-            .fit(texts, labels).predict_proba(test_texts[:100]) for _ in range(2)]
+    runs = [
+        ILGEClassifier("minilm-l6", config, random_state=3, cache_dir=cache_dir, max_length=64)
+        .fit(texts, labels)
+        .predict_proba(test_texts[:100])
+        for _ in range(2)
+    ]
     assert np.array_equal(runs[0], runs[1])
 
 
@@ -412,12 +426,19 @@ def test_stsb_pair_task_trains_and_reports_spearman(data_dir, cache_dir):
 
     task = subsample(load_task("stsb", data_dir=data_dir), n=300, seed=0, splits=["train"])
     task = subsample(task, n=150, seed=0, splits=["validation", "test"])
-    emb = load_task_embeddings("minilm-l6", task, cache_dir=cache_dir, splits=["train", "validation", "test"],
-                               max_length=64, progress=False)
+    emb = load_task_embeddings(
+        "minilm-l6", task, cache_dir=cache_dir, splits=["train", "validation", "test"], max_length=64, progress=False
+    )
     train, val, test = (emb.splits[s] for s in ("train", "validation", "test"))
     assert train.features.shape[1:] == (2, 7, 384)
-    result = train_encoder(C.CayleyConfig(epochs=10), (train.features, train.labels), (val.features, val.labels),
-                           task_kind="similarity", score_range=(0.0, 5.0), seed=0)
+    result = train_encoder(
+        C.CayleyConfig(epochs=10),
+        (train.features, train.labels),
+        (val.features, val.labels),
+        task_kind="similarity",
+        score_range=(0.0, 5.0),
+        seed=0,
+    )
     metrics = evaluate(result.model, test.features, test.labels)
     assert result.selection_metric == "spearman"
     assert metrics["spearman"] > 0.6, metrics  # MiniLM sentence embeddings are strong on STS-B

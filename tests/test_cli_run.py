@@ -18,17 +18,46 @@ def invoke(*args: str):
 def test_run_help_lists_every_option():
     result = invoke("run", "--help")
     assert result.exit_code == 0
-    for option in ("--model", "--task", "--encoder", "--n-trials", "--timeout", "--storage", "--study-name",
-                   "--sampler", "--pruner", "--seed", "--workers", "--final-seeds", "--shots", "--data-dir",
-                   "--total-trials", "--cache-dir", "--device", "--max-epochs", "--max-train"):
+    for option in (
+        "--model",
+        "--task",
+        "--encoder",
+        "--n-trials",
+        "--timeout",
+        "--storage",
+        "--study-name",
+        "--sampler",
+        "--pruner",
+        "--seed",
+        "--workers",
+        "--final-seeds",
+        "--shots",
+        "--data-dir",
+        "--total-trials",
+        "--cache-dir",
+        "--device",
+        "--max-epochs",
+        "--max-train",
+    ):
         assert option in result.output
 
 
 def test_bad_options_are_click_errors_naming_the_value(tmp_path):
     result = invoke("run", "--model", "minilm-l6", "--task", "trec", "--sampler", "bayes")
     assert result.exit_code == 2 and "bayes" in result.output
-    result = invoke("run", "--model", "minilm-l6", "--task", "trec", "--encoder", "gnn", "--storage",
-                    f"sqlite:///{tmp_path / 's.db'}", "--cache-dir", tmp_path / "c")
+    result = invoke(
+        "run",
+        "--model",
+        "minilm-l6",
+        "--task",
+        "trec",
+        "--encoder",
+        "gnn",
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--cache-dir",
+        tmp_path / "c",
+    )
     assert result.exit_code == 1 and "unknown encoder 'gnn'" in result.output
     result = invoke("run", "--model", "minilm-l6", "--task", "trec", "--storage", "postgresql://u@127.0.0.1:1/x")
     assert result.exit_code == 1 and "cannot open the study storage" in result.output
@@ -47,8 +76,18 @@ def test_sweep_dry_run_lists_the_plan(tmp_path):
     assert "minilm-l6:trec:fc" in result.output and "minilm-l6:trec:mlp-last" in result.output
     assert ":cv" not in result.output
     # --cv names other studies: the dry run lists the ones the run would make
-    result = invoke("sweep", grid, "--dry-run", "--no-estimate", "--cv", 5, "--select", "best", "--storage",
-                    f"sqlite:///{tmp_path / 's.db'}")
+    result = invoke(
+        "sweep",
+        grid,
+        "--dry-run",
+        "--no-estimate",
+        "--cv",
+        5,
+        "--select",
+        "best",
+        "--storage",
+        f"sqlite:///{tmp_path / 's.db'}",
+    )
     assert result.exit_code == 0, result.output
     names = [line.split()[0] for line in result.output.splitlines()[1:]]
     assert len(names) == 2 and all(name.startswith("minilm-l6:trec:") and ":cv5" in name for name in names)
@@ -64,9 +103,28 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     common = ["--data-dir", data_dir, "--cache-dir", cache_dir, "--device", "cpu", "--storage", url]
     small = ["--max-train", 200, "--max-eval", 150, "--max-epochs", 5, "--threads", 1]
-    result = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "last-layer", "-e", "mean-layers",
-                    "--n-trials", 3, "--final-seeds", 2, "--sampler", "random", "--pruner", "hyperband", "--quiet",
-                    *small, *common)
+    result = invoke(
+        "run",
+        "-m",
+        "minilm-l6",
+        "-t",
+        "trec",
+        "-e",
+        "last-layer",
+        "-e",
+        "mean-layers",
+        "--n-trials",
+        3,
+        "--final-seeds",
+        2,
+        "--sampler",
+        "random",
+        "--pruner",
+        "hyperband",
+        "--quiet",
+        *small,
+        *common,
+    )
     assert result.exit_code == 0, result.output
     names = ["minilm-l6:trec:last-layer:train200:eval150:ep5", "minilm-l6:trec:mean-layers:train200:eval150:ep5"]
     for name in names:
@@ -88,23 +146,51 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     assert table.exit_code == 0 and names[0] in table.output and "test_mean" in table.output
 
     # the same name for another task: refused, nothing added
-    result = invoke("run", "-m", "minilm-l6", "-t", "sst2", "-e", "last-layer", "--study-name", names[0],
-                    "--n-trials", 1, *small, *common)
+    result = invoke(
+        "run",
+        "-m",
+        "minilm-l6",
+        "-t",
+        "sst2",
+        "-e",
+        "last-layer",
+        "--study-name",
+        names[0],
+        "--n-trials",
+        1,
+        *small,
+        *common,
+    )
     assert result.exit_code == 1
     assert "already exists for a different setting" in result.output and "task: stored 'trec'" in result.output
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 3
 
     # --total-trials without --n-trials tops the study up to the cap, however many trials it holds
-    result = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "last-layer", "--total-trials", 5,
-                    "--final-seeds", 0, "--quiet", *small, *common)
+    result = invoke(
+        "run",
+        "-m",
+        "minilm-l6",
+        "-t",
+        "trec",
+        "-e",
+        "last-layer",
+        "--total-trials",
+        5,
+        "--final-seeds",
+        0,
+        "--quiet",
+        *small,
+        *common,
+    )
     assert result.exit_code == 0, result.output
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 5
 
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports_any_trial(tmp_path, data_dir,
-                                                                                         cache_dir, caplog):
+def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports_any_trial(
+    tmp_path, data_dir, cache_dir, caplog
+):
     """`run --objective score --objective params` on minilm-l6 / trec: a multi-objective study (two directions,
     named objectives, no pruning and one line saying so), its final front, and `export --trial N`."""
     import logging
@@ -115,14 +201,37 @@ def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports
     common = ["--data-dir", data_dir, "--cache-dir", cache_dir, "--device", "cpu", "--storage", url]
     small = ["--max-train", 200, "--max-eval", 200, "--max-epochs", 3, "--threads", 1]
     with caplog.at_level(logging.WARNING, logger="ilge_search.study"):
-        result = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "cayley", "--objective", "score",
-                        "--objective", "params", "--n-trials", 4, "--final-seeds", 2, "--final-front", 3,
-                        "--sampler", "random", "--quiet", *small, *common)
+        result = invoke(
+            "run",
+            "-m",
+            "minilm-l6",
+            "-t",
+            "trec",
+            "-e",
+            "cayley",
+            "--objective",
+            "score",
+            "--objective",
+            "params",
+            "--n-trials",
+            4,
+            "--final-seeds",
+            2,
+            "--final-front",
+            3,
+            "--sampler",
+            "random",
+            "--quiet",
+            *small,
+            *common,
+        )
     assert result.exit_code == 0, result.output
     name = "minilm-l6:trec:cayley:train200:eval200:ep3:obj-params"
     pruning = [r.getMessage() for r in caplog.records if "pruning is off" in r.getMessage()]
-    assert pruning == ["pruning is off: Optuna cannot prune a multi-objective study (objectives score+params), so "
-                       "--pruner median is not used"]
+    assert pruning == [
+        "pruning is off: Optuna cannot prune a multi-objective study (objectives score+params), so "
+        "--pruner median is not used"
+    ]
     study = optuna.load_study(study_name=name, storage=url)
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     assert study.metric_names == ["accuracy", "params"]
@@ -138,8 +247,9 @@ def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports
     assert f"final front of {name}" in result.output
 
     # the multi-objective study never takes single-objective trials under its name
-    refused = invoke("run", "-m", "minilm-l6", "-t", "trec", "-e", "cayley", "--study-name", name, "--n-trials", 1,
-                     *small, *common)
+    refused = invoke(
+        "run", "-m", "minilm-l6", "-t", "trec", "-e", "cayley", "--study-name", name, "--n-trials", 1, *small, *common
+    )
     assert refused.exit_code == 1 and "objectives: stored ['score', 'params'], requested ['score']" in refused.output
 
     # export --trial: a front trial gives the weights its final evaluation kept; another complete trial is retrained

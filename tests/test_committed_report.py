@@ -62,7 +62,9 @@ def test_the_committed_numbers_are_the_stored_ones(storage_copy):
     for column in ("mean", "std", "n_seeds", "best_val"):
         for key in stored.index:
             assert stored.loc[key, column] == pytest.approx(committed.loc[key, column], abs=1e-9, nan_ok=True), (
-                key, column)
+                key,
+                column,
+            )
     markdown = (REPORTS / "report.md").read_text()
     cayley = stored.loc[("smollm2-135m", "trec", "cayley")]
     assert f"{cayley['mean']:.2f} ± {cayley['std']:.2f}" in markdown

@@ -48,9 +48,18 @@ def trial_note(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str:
 
 def test_trial_note_shows_scores_and_marks_tuned_fields():
     config = {"family": "cayley", "conv_type": "gin", "hidden_dim": 256, "lr": 0.0012345, "pooling": "a|b"}
-    text = trial_note_markdown(4, config, metric="accuracy", val_metric=0.8125, num_trainable_params=123456,
-                               epochs_run=6, best_epoch=5, seconds=1.234, tuned=["lr", "hidden_dim"],
-                               recommended=True)
+    text = trial_note_markdown(
+        4,
+        config,
+        metric="accuracy",
+        val_metric=0.8125,
+        num_trainable_params=123456,
+        epochs_run=6,
+        best_epoch=5,
+        seconds=1.234,
+        tuned=["lr", "hidden_dim"],
+        recommended=True,
+    )
     lines = text.splitlines()
     assert lines[0] == "## Trial 4 · cayley · complete"
     assert "recommended configuration" in text
@@ -67,9 +76,18 @@ def test_trial_note_shows_scores_and_marks_tuned_fields():
 
 
 def test_study_note_has_mean_std_per_seed_and_artifact_links():
-    attrs = {"model": MODEL, "task": "trec", "encoder": "fc", "metric": "accuracy", "task_kind": "classification",
-             "num_layers": 7, "hidden_size": 384, "num_classes": 6, "split_sizes": {"train": 240, "test": 160},
-             "max_train": 240}
+    attrs = {
+        "model": MODEL,
+        "task": "trec",
+        "encoder": "fc",
+        "metric": "accuracy",
+        "task_kind": "classification",
+        "num_layers": 7,
+        "hidden_size": 384,
+        "num_classes": 6,
+        "split_sizes": {"train": 240, "test": 160},
+        "max_train": 240,
+    }
     before = study_note_markdown("s", attrs, study_id=3, n_complete=5, n_pruned=1, best_trial=2, best_value=0.75)
     assert before.splitlines()[0] == "## minilm-l6 · trec · fc"
     assert "7 hidden states × 384" in before and "train 240, test 160" in before and "max train 240" in before
@@ -77,9 +95,16 @@ def test_study_note_has_mean_std_per_seed_and_artifact_links():
     assert "Best validation accuracy: **0.7500** (trial 2)." in before
     assert "No final evaluation yet" in before
 
-    attrs.update(final_test_scores=[0.8, 0.9], final_test_mean=0.85, final_test_std=0.0707, final_seeds=[1000, 1001],
-                 final_val_scores=[0.7, 0.75], final_trial=2, final_artifact_seed=1001,
-                 final_artifacts={"weights": "w-1", "config": "c-2"})
+    attrs.update(
+        final_test_scores=[0.8, 0.9],
+        final_test_mean=0.85,
+        final_test_std=0.0707,
+        final_seeds=[1000, 1001],
+        final_val_scores=[0.7, 0.75],
+        final_trial=2,
+        final_artifact_seed=1001,
+        final_artifacts={"weights": "w-1", "config": "c-2"},
+    )
     after = study_note_markdown("s", attrs, study_id=3)
     assert "**0.8500 ± 0.0707** over 2 seeds" in after and "trial 2's configuration" in after
     assert "| 1000 | 0.7000 | 0.8000 |  |" in after and "| 1001 | 0.7500 | 0.9000 | ✓ |" in after
@@ -97,8 +122,13 @@ def _fake_runner_study(url: str) -> optuna.Study:
     def objective(trial):
         lr = trial.suggest_float("lr", 1e-4, 1e-2, log=True)
         trial.set_user_attr("config", {"family": "fc", "lr": lr, "hidden_dim": 128})
-        for key, value in {"val_metric": 0.5 + trial.number / 10, "num_trainable_params": 1000 + trial.number,
-                           "epochs_run": 3, "best_epoch": 2, "seconds": 0.5}.items():
+        for key, value in {
+            "val_metric": 0.5 + trial.number / 10,
+            "num_trainable_params": 1000 + trial.number,
+            "epochs_run": 3,
+            "best_epoch": 2,
+            "seconds": 0.5,
+        }.items():
             trial.set_user_attr(key, value)
         if trial.number == 2:
             raise optuna.TrialPruned()
@@ -216,8 +246,21 @@ def small_study(tmp_path_factory, data_dir, cache_dir):
     def note_so_far(study, trial):  # runs right after each trial, long before the run ends
         notes_while_running[trial.number] = trial_note(study, trial)
 
-    result = run_study(MODEL, "trec", "fc", n_trials=3, storage=url, final_seeds=2, seed=0, data_dir=data_dir,
-                       cache_dir=cache_dir, device="cpu", show_progress=False, callbacks=[note_so_far], **SMALL)[0]
+    result = run_study(
+        MODEL,
+        "trec",
+        "fc",
+        n_trials=3,
+        storage=url,
+        final_seeds=2,
+        seed=0,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        callbacks=[note_so_far],
+        **SMALL,
+    )[0]
     return root, url, result, notes_while_running
 
 
@@ -229,8 +272,10 @@ def test_each_trial_has_its_note_as_soon_as_it_finishes(small_study):
     assert sorted(notes_while_running) == [0, 1, 2]
     for trial in study.trials:
         assert notes_while_running[trial.number] == trial_note(study, trial)  # the live note is the final one
-        assert f"| {trial.user_attrs['val_metric']:.4f} (epoch {trial.user_attrs['best_epoch']})" in (
-            notes_while_running[trial.number])
+        assert (
+            f"| {trial.user_attrs['val_metric']:.4f} (epoch {trial.user_attrs['best_epoch']})"
+            in (notes_while_running[trial.number])
+        )
 
 
 def _get_json(url: str):
@@ -241,8 +286,16 @@ def _get_json(url: str):
 
 def _start_dashboard(url: str):
     """``ilge-search dashboard --port 0`` as a subprocess; returns it and the URL it printed."""
-    command = [sys.executable, "-c", "from ilge_search.cli import main; main()", "dashboard", "--storage", url,
-               "--port", "0"]
+    command = [
+        sys.executable,
+        "-c",
+        "from ilge_search.cli import main; main()",
+        "dashboard",
+        "--storage",
+        url,
+        "--port",
+        "0",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: "queue.Queue[str]" = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
@@ -282,8 +335,10 @@ def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(sm
     root, url, result, _ = small_study
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        pytest.fail("headless Chromium is needed: apt-get install -y chromium (see the README's 'What you need'), "
-                    "or leave this test out with -k 'not chromium'")
+        pytest.fail(
+            "headless Chromium is needed: apt-get install -y chromium (see the README's 'What you need'), "
+            "or leave this test out with -k 'not chromium'"
+        )
 
     process, base, output, reader = _start_dashboard(url)
     try:
@@ -321,11 +376,25 @@ def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(sm
         # the study page renders in a real browser
         profile = tmp_path / "chromium-profile"
         page = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom",
-             f"{base}/dashboard/studies/{study_id}"],
-            capture_output=True, text=True, timeout=120)
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=15000",
+                "--dump-dom",
+                f"{base}/dashboard/studies/{study_id}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         dom = page.stdout
         assert result.study_name in dom, page.stderr[-2000:]
         assert "Study User Attributes" in dom and "Study Artifacts" in dom

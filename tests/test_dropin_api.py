@@ -46,8 +46,12 @@ EMPTY = inspect.Parameter.empty
 def test_published_signatures():
     assert _parameters(build_aggregator) == [("config", EMPTY), ("num_layers", EMPTY), ("hidden_in", EMPTY)]
     assert _parameters(build_per_token_aggregator) == [
-        ("config", EMPTY), ("num_layers", EMPTY), ("hidden_in", EMPTY), ("token_pooling", "mean"),
-        ("output_mode", "per_token")]
+        ("config", EMPTY),
+        ("num_layers", EMPTY),
+        ("hidden_in", EMPTY),
+        ("token_pooling", "mean"),
+        ("output_mode", "per_token"),
+    ]
     for func in (num_layers_for, hidden_size_for):
         assert _parameters(func) == [("model_or_name", EMPTY), ("trust_remote_code", False)]
     names = [name for name, _ in _parameters(ILGEClassifier.__init__)]
@@ -55,8 +59,18 @@ def test_published_signatures():
     assert [n for n, _ in _parameters(ILGEClassifier.fit)][1:] == ["texts", "labels", "val_texts", "val_labels"]
     for method in ("predict", "predict_proba", "score", "save", "load", "unload_llm"):
         assert callable(getattr(ILGEClassifier, method))
-    published = ["ILGEClassifier", "CayleyConfig", "FCConfig", "DeepSetConfig", "Aggregator", "PerTokenAggregator",
-                 "build_aggregator", "build_per_token_aggregator", "num_layers_for", "hidden_size_for"]
+    published = [
+        "ILGEClassifier",
+        "CayleyConfig",
+        "FCConfig",
+        "DeepSetConfig",
+        "Aggregator",
+        "PerTokenAggregator",
+        "build_aggregator",
+        "build_per_token_aggregator",
+        "num_layers_for",
+        "hidden_size_for",
+    ]
     assert all(hasattr(ilge_search, name) for name in published)
     from ilge_search import tuning  # `from ilge import tuning` / `ilge.tuning.suggest_config`
 
@@ -158,15 +172,43 @@ def test_documented_extensions():
 
 
 def test_configuration_reference_and_conv_types():
-    config = CayleyConfig(conv_type="gin", hidden_dim=256, gnn_layers=1, gin_mlp_layers=1, gat_heads=4,
-                          pooling="mean", dropout=0.1, lr=1e-3, weight_decay=1e-4, batch_size=64, epochs=50)
+    config = CayleyConfig(
+        conv_type="gin",
+        hidden_dim=256,
+        gnn_layers=1,
+        gin_mlp_layers=1,
+        gat_heads=4,
+        pooling="mean",
+        dropout=0.1,
+        lr=1e-3,
+        weight_decay=1e-4,
+        batch_size=64,
+        epochs=50,
+    )
     assert config == CayleyConfig()  # the documented values are the defaults
-    assert FCConfig(conv_type="gin", hidden_dim=256, gnn_layers=1, gin_mlp_layers=1, gat_heads=4, pooling="mean",
-                    dropout=0.1, lr=1e-3, weight_decay=1e-4, batch_size=64, epochs=50) == FCConfig()
+    assert (
+        FCConfig(
+            conv_type="gin",
+            hidden_dim=256,
+            gnn_layers=1,
+            gin_mlp_layers=1,
+            gat_heads=4,
+            pooling="mean",
+            dropout=0.1,
+            lr=1e-3,
+            weight_decay=1e-4,
+            batch_size=64,
+            epochs=50,
+        )
+        == FCConfig()
+    )
     deepset = DeepSetConfig(pre_pooling_layers=2, post_pooling_layers=1)
     assert build_aggregator(deepset, 7, 32)(torch.randn(3, 7, 32)).shape == (3, deepset.hidden_dim)
-    for config in (CayleyConfig(conv_type="gat", gat_heads=4), CayleyConfig(conv_type="gin", gin_mlp_layers=2),
-                   CayleyConfig(conv_type="gcn")):
+    for config in (
+        CayleyConfig(conv_type="gat", gat_heads=4),
+        CayleyConfig(conv_type="gin", gin_mlp_layers=2),
+        CayleyConfig(conv_type="gcn"),
+    ):
         assert build_aggregator(config, 7, 32)(torch.randn(3, 7, 32)).shape == (3, 256)
 
 

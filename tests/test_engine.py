@@ -92,13 +92,16 @@ def test_float16_is_upcast_per_batch_without_changing_results(data):
 # --------------------------------------------------------------------------- training behaviour
 
 
-@pytest.mark.parametrize("config", [
-    SMALL_CAYLEY,
-    C.FCConfig(hidden_dim=32, epochs=8),
-    C.DeepSetConfig(hidden_dim=32, epochs=20, lr=1e-2),
-    C.MeanLayersConfig(epochs=20, lr=1e-2),
-    C.ScalarMixConfig(epochs=20, lr=1e-2),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        SMALL_CAYLEY,
+        C.FCConfig(hidden_dim=32, epochs=8),
+        C.DeepSetConfig(hidden_dim=32, epochs=20, lr=1e-2),
+        C.MeanLayersConfig(epochs=20, lr=1e-2),
+        C.ScalarMixConfig(epochs=20, lr=1e-2),
+    ],
+)
 def test_learns_a_separable_task(config, data):
     train, val = data
     # The signal here is partly the informative layer's larger norm, which z-scoring removes on purpose.
@@ -121,8 +124,7 @@ def test_last_layer_probe_only_sees_the_last_layer(data):
 def test_early_stopping_restores_the_best_epoch():
     x, y = make_classification(n=400, noise_labels=True)  # nothing to learn: validation loss soon rises
     config = C.MLPLastConfig(hidden_dim=64, epochs=60, lr=1e-2)
-    result = train_encoder(config, (x[:300], y[:300]), (x[300:], y[300:]), seed=0, patience=3,
-                           selection_metric="loss")
+    result = train_encoder(config, (x[:300], y[:300]), (x[300:], y[300:]), seed=0, patience=3, selection_metric="loss")
     losses = [h["val_loss"] for h in result.history]
     assert result.epochs_run < 60
     assert result.best_epoch == int(np.argmin(losses)) + 1
@@ -141,8 +143,14 @@ def test_patience_none_runs_every_epoch(data):
 
 def test_lr_is_reduced_on_plateau():
     x, y = make_classification(n=300, noise_labels=True)
-    result = train_encoder(C.MLPLastConfig(hidden_dim=32, epochs=30, lr=1e-2), (x[:200], y[:200]),
-                           (x[200:], y[200:]), patience=None, lr_patience=1, lr_factor=0.5)
+    result = train_encoder(
+        C.MLPLastConfig(hidden_dim=32, epochs=30, lr=1e-2),
+        (x[:200], y[:200]),
+        (x[200:], y[200:]),
+        patience=None,
+        lr_patience=1,
+        lr_factor=0.5,
+    )
     lrs = [h["lr"] for h in result.history]
     assert lrs[0] == 1e-2
     assert min(lrs) < 1e-2
@@ -160,8 +168,13 @@ def test_adamw_is_a_different_optimizer(data):
 def test_callback_sees_every_epoch_and_pruning_propagates(data):
     train, val = data
     seen = []
-    result = train_encoder(C.ScalarMixConfig(epochs=4), train, val, patience=None,
-                           epoch_callback=lambda epoch, metric: seen.append((epoch, metric)))
+    result = train_encoder(
+        C.ScalarMixConfig(epochs=4),
+        train,
+        val,
+        patience=None,
+        epoch_callback=lambda epoch, metric: seen.append((epoch, metric)),
+    )
     assert seen == [(h["epoch"], h["val_accuracy"]) for h in result.history]
     assert [epoch for epoch, _ in seen] == [1, 2, 3, 4]
 
@@ -180,8 +193,9 @@ def test_callback_sees_every_epoch_and_pruning_propagates(data):
 def test_similarity_training_improves_spearman():
     x, score = make_pairs()
     train, val = (x[:300], score[:300]), (x[300:], score[300:])
-    result = train_encoder(C.ScalarMixConfig(epochs=40, lr=1e-2), train, val, task_kind="similarity",
-                           score_range=(0, 5), standardize=False)  # signal is layer 1's norm, kept here
+    result = train_encoder(
+        C.ScalarMixConfig(epochs=40, lr=1e-2), train, val, task_kind="similarity", score_range=(0, 5), standardize=False
+    )  # signal is layer 1's norm, kept here
     first = result.history[0]["val_spearman"]
     assert result.selection_metric == "spearman"
     assert result.best_val_metric > first + 0.05
@@ -197,8 +211,9 @@ def test_similarity_training_improves_spearman():
 
 def test_similarity_with_a_graph_encoder_and_default_score_range():
     x, score = make_pairs(n=240)
-    result = train_encoder(C.CayleyConfig(hidden_dim=32, epochs=5), (x[:160], score[:160]),
-                           (x[160:], score[160:]), task_kind="similarity")
+    result = train_encoder(
+        C.CayleyConfig(hidden_dim=32, epochs=5), (x[:160], score[:160]), (x[160:], score[160:]), task_kind="similarity"
+    )
     assert result.model.score_range == (float(score[:160].min()), float(score[:160].max()))
     assert math.isfinite(result.best_val_metric)
     metrics = evaluate(result.model, x[160:], score[160:])
@@ -337,12 +352,14 @@ def test_real_banking77_embeddings_minilm(data_dir, cache_dir):
 
     task = few_shot(load_task("banking77", data_dir=data_dir), 8, seed=0)  # 616 training texts
     task = subsample(task, n=385, seed=0, splits=["validation", "test"])
-    emb = load_task_embeddings("minilm-l6", task, cache_dir=cache_dir, splits=["train", "validation", "test"],
-                               max_length=64, progress=False)
+    emb = load_task_embeddings(
+        "minilm-l6", task, cache_dir=cache_dir, splits=["train", "validation", "test"], max_length=64, progress=False
+    )
     train, val, test = (emb.splits[s] for s in ("train", "validation", "test"))
     assert train.features.dtype == torch.float16 and train.features.shape[1:] == (7, 384)
-    result = train_encoder(C.CayleyConfig(epochs=15), (train.features, train.labels), (val.features, val.labels),
-                           num_classes=77, seed=0)
+    result = train_encoder(
+        C.CayleyConfig(epochs=15), (train.features, train.labels), (val.features, val.labels), num_classes=77, seed=0
+    )
     test_metrics = evaluate(result.model, test.features, test.labels)
     assert test_metrics["accuracy"] > 0.6, test_metrics  # 77 classes: chance is 0.013
     assert 0 < test_metrics["macro_f1"] <= 1

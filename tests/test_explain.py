@@ -78,8 +78,9 @@ def test_attributions_of_a_similarity_model_peak_at_the_layer_holding_the_topics
         return features, 5.0 * same.float()
 
     train, val = pairs(400), pairs(200)
-    model = train_encoder(DeepSetConfig(hidden_dim=32, epochs=15, lr=3e-3), train, val, task_kind="similarity",
-                          seed=0).model
+    model = train_encoder(
+        DeepSetConfig(hidden_dim=32, epochs=15, lr=3e-3), train, val, task_kind="similarity", seed=0
+    ).model
     score, drops, grads = attribute_layers(model, train[0], *val)
     assert score > 0.3  # Spearman of the cosine against same/different topic
     assert int(np.argmax(drops)) == INFORMATIVE and int(np.argmax(grads)) == INFORMATIVE
@@ -113,8 +114,9 @@ def studies(tmp_path_factory, data_dir, cache_dir):
     """MiniLM-L6 on TREC: a 1-trial Cayley study with 2 final seeds, its best-layer sibling (probes) and a
     mean-layers study without final evaluation."""
     url = f"sqlite:///{tmp_path_factory.mktemp('explain') / 'studies.db'}"
-    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False,
-                  **SMALL)
+    common = dict(
+        storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, **SMALL
+    )
     run_study("minilm-l6", "trec", "cayley", n_trials=1, final_seeds=2, **common)
     run_study("minilm-l6", "trec", "best-layer", n_trials=1, final_seeds=0, **common)
     run_study("minilm-l6", "trec", "mean-layers", n_trials=1, final_seeds=0, **common)
@@ -139,8 +141,15 @@ def _no_training(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeypatch):
-    result = explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"],
-                           device="cpu", threads=1, show_progress=False)
+    result = explain_study(
+        studies["url"],
+        CAYLEY,
+        data_dir=studies["data_dir"],
+        cache_dir=studies["cache_dir"],
+        device="cpu",
+        threads=1,
+        show_progress=False,
+    )
     study = _study(studies, CAYLEY)
     attrs = study.user_attrs
     assert result.computed and result.seeds == attrs["final_seeds"] and result.split == "validation"
@@ -160,8 +169,9 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
     study.set_user_attr("final_seeds", attrs["final_seeds"][:1])  # the final evaluation changed: stale
     assert not explanation_is_current(study.user_attrs)
     with pytest.raises(AssertionError, match="a model was trained"):
-        explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"],
-                      show_progress=False)
+        explain_study(
+            studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], show_progress=False
+        )
     study.set_user_attr("final_seeds", attrs["final_seeds"])
     assert explanation_is_current(_study(studies, CAYLEY).user_attrs)
 
@@ -169,8 +179,15 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
-    explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], device="cpu",
-                  threads=1, show_progress=False)
+    explain_study(
+        studies["url"],
+        CAYLEY,
+        data_dir=studies["data_dir"],
+        cache_dir=studies["cache_dir"],
+        device="cpu",
+        threads=1,
+        show_progress=False,
+    )
     _no_training(monkeypatch)
     result = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--format", "csv", "--quiet")
     assert result.exit_code == 0, result.output
@@ -224,16 +241,36 @@ def test_a_loaded_study_without_a_name_gets_one(tmp_path):
     from ilge_search.study.identity import READY_ATTR, create_or_load
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
-    identity = {"model": "m", "task": "stsb", "encoder": "cayley", "shots": None, "max_train": None,
-                "max_eval": None, "max_epochs": None, "data_seed": 0, "cv": None, "label_names": [],
-                "data_fingerprints": {"train": "a"}}
+    identity = {
+        "model": "m",
+        "task": "stsb",
+        "encoder": "cayley",
+        "shots": None,
+        "max_train": None,
+        "max_eval": None,
+        "max_epochs": None,
+        "data_seed": 0,
+        "cv": None,
+        "label_names": [],
+        "data_fingerprints": {"train": "a"},
+    }
     old = optuna.create_study(study_name="old", storage=storage.rdb, direction="maximize")
     for key, value in {**identity, READY_ATTR: True}.items():
         old.set_user_attr(key, value)
     assert old.metric_names is None
-    data = StudyData(task_kind="similarity", metric="spearman", train=(None, None), validation=(None, None),
-                     test=None, num_layers=7, hidden_size=384, num_classes=None, label_names=[], split_sizes={},
-                     cache_keys={})
+    data = StudyData(
+        task_kind="similarity",
+        metric="spearman",
+        train=(None, None),
+        validation=(None, None),
+        test=None,
+        num_layers=7,
+        hidden_size=384,
+        num_classes=None,
+        label_names=[],
+        split_sizes={},
+        cache_keys={},
+    )
     study, created = create_or_load(storage, "old", identity, data, tmp_path)
     assert not created and study.metric_names == ["spearman"]
     assert storage.load_study("old").metric_names == ["spearman"]
@@ -245,8 +282,15 @@ def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_th
     from ilge_search import build_report
     from ilge_search.report.attributions import layer_thirds
 
-    result = explain_study(studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"],
-                           device="cpu", threads=1, show_progress=False)
+    result = explain_study(
+        studies["url"],
+        CAYLEY,
+        data_dir=studies["data_dir"],
+        cache_dir=studies["cache_dir"],
+        device="cpu",
+        threads=1,
+        show_progress=False,
+    )
     report = build_report(studies["url"], tmp_path / "report", show_progress=False)
     assert "figures/minilm-l6-layer-attribution.png" in report.figures
     assert (tmp_path / "report" / "figures" / "minilm-l6-layer-attribution.png").stat().st_size > 5000
@@ -256,11 +300,15 @@ def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_th
     drop, spread, grad = drops.mean(0), drops.std(0, ddof=1), np.asarray(result.gradient_input).mean(0)
     top = int(drop.argmax())
     assert drop[top] > 0  # the seeded study: some layer matters
-    assert (f"trec: ablation layer {top} ({drop[top] * 100:.1f} ± {spread[top] * 100:.1f} points"
-            f"{', within the spread over seeds' if drop[top] <= spread[top] else ''}), gradient x input layer "
-            f"{int(grad.argmax())}, best probe layer {_study(studies, PROBE).best_trial.user_attrs['layer']}") in text
+    assert (
+        f"trec: ablation layer {top} ({drop[top] * 100:.1f} ± {spread[top] * 100:.1f} points"
+        f"{', within the spread over seeds' if drop[top] <= spread[top] else ''}), gradient x input layer "
+        f"{int(grad.argmax())}, best probe layer {_study(studies, PROBE).best_trial.user_attrs['layer']}"
+    ) in text
     positive = np.clip(drop, 0, None)
     shares = "/".join(f"{positive[part].sum() / positive.sum() * 100:.0f}%" for part in layer_thirds(7))
-    assert f"Share of the ablation drop (positive part, mean over 1 task) on the first, middle and last third " \
-           f"of the 7 layers (0-2/3-4/5-6): {shares}" in text
+    assert (
+        f"Share of the ablation drop (positive part, mean over 1 task) on the first, middle and last third "
+        f"of the 7 layers (0-2/3-4/5-6): {shares}" in text
+    )
     assert layer_thirds(31)[1] == list(range(11, 21)) and layer_thirds(7) == [[0, 1, 2], [3, 4], [5, 6]]

@@ -37,8 +37,9 @@ def studies(tmp_path_factory, data_dir, cache_dir):
     evaluation, and an STS-B Cayley study (1 final seed)."""
     folder = tmp_path_factory.mktemp("export")
     url = f"sqlite:///{folder / 'studies.db'}"
-    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1,
-                  show_progress=False, **SMALL)
+    common = dict(
+        storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, **SMALL
+    )
     run_study("minilm-l6", "trec", "cayley", n_trials=3, final_seeds=2, **common)
     run_study("minilm-l6", "trec", "last-layer", n_trials=2, final_seeds=0, **common)
     run_study("minilm-l6", "stsb", "cayley", n_trials=2, final_seeds=1, **common)
@@ -52,15 +53,33 @@ def _study(studies, name):
 
 
 def _test_split(studies, task):
-    spec = DataSpec(model="minilm-l6", task=task, data_dir=str(studies["data_dir"]), **{
-        k: v for k, v in SMALL.items() if k != "max_epochs"})
+    spec = DataSpec(
+        model="minilm-l6",
+        task=task,
+        data_dir=str(studies["data_dir"]),
+        **{k: v for k, v in SMALL.items() if k != "max_epochs"},
+    )
     data = load_task_data(spec)
     return data, data.splits["test"]
 
 
 def _export(studies, name, out, *extra):
-    result = invoke("--cache-dir", studies["cache_dir"], "--data-dir", studies["data_dir"], "--device", "cpu",
-                    "export", "--storage", studies["url"], "--study", name, "--out", out, *extra)
+    result = invoke(
+        "--cache-dir",
+        studies["cache_dir"],
+        "--data-dir",
+        studies["data_dir"],
+        "--device",
+        "cpu",
+        "export",
+        "--storage",
+        studies["url"],
+        "--study",
+        name,
+        "--out",
+        out,
+        *extra,
+    )
     assert result.exit_code == 0, result.output
     return result
 
@@ -97,8 +116,9 @@ def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
     # the same through the study's cached features, and from_study in Python without a folder
     from ilge_search.cache import load_task_embeddings
 
-    features = load_task_embeddings("minilm-l6", task, cache_dir=studies["cache_dir"], splits=["test"],
-                                    progress=False)["test"].features
+    features = load_task_embeddings("minilm-l6", task, cache_dir=studies["cache_dir"], splits=["test"], progress=False)[
+        "test"
+    ].features
     direct = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, cache_dir=studies["cache_dir"], device="cpu")
     assert abs(direct.score_embeddings(features, names[test.labels]) - stored) <= 1e-6
     assert direct.provenance_["seed"] == seed and set(direct.classes_) == set(names)
@@ -112,9 +132,15 @@ def test_retraining_the_best_trial_with_the_final_seed_gives_the_final_weights(s
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the study ran: CPU results are bit-identical for the same thread count
     try:
-        retrained = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, seed=attrs["final_artifact_seed"],
-                                              retrain=True, data_dir=studies["data_dir"],
-                                              cache_dir=studies["cache_dir"], device="cpu")
+        retrained = ILGEClassifier.from_study(
+            studies["url"],
+            TREC_CAYLEY,
+            seed=attrs["final_artifact_seed"],
+            retrain=True,
+            data_dir=studies["data_dir"],
+            cache_dir=studies["cache_dir"],
+            device="cpu",
+        )
     finally:
         torch.set_num_threads(threads)
     assert retrained.provenance_["source"] == "retrained" and retrained.provenance_["test_score"] is None
@@ -179,8 +205,17 @@ def test_export_from_postgres_hides_the_password(studies, postgres_url, tmp_path
     with_password = postgres_url.replace("postgres@", "postgres:s3cret-pw@")  # trust auth ignores it
     optuna.copy_study(from_study_name=TREC_CAYLEY, from_storage=studies["url"], to_storage=with_password)
     out = tmp_path / "pg"
-    result = invoke("export", "--storage", with_password, "--study", TREC_CAYLEY, "--out", out,
-                    "--artifact-dir", studies["folder"] / "artifacts")
+    result = invoke(
+        "export",
+        "--storage",
+        with_password,
+        "--study",
+        TREC_CAYLEY,
+        "--out",
+        out,
+        "--artifact-dir",
+        studies["folder"] / "artifacts",
+    )
     assert result.exit_code == 0, result.output
     text = (out / "ilge_classifier.json").read_text()
     assert "s3cret-pw" not in text and "s3cret-pw" not in result.output
@@ -215,13 +250,28 @@ def _rows(path):
 def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
     import pandas as pd
 
-    texts = [json.loads(line)["text"] for line in
-             (studies["data_dir"] / "trec" / "test.jsonl").read_text().splitlines()][-200:]
+    texts = [
+        json.loads(line)["text"] for line in (studies["data_dir"] / "trec" / "test.jsonl").read_text().splitlines()
+    ][-200:]
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     out = tmp_path / "out.jsonl"
-    result = invoke("--cache-dir", studies["cache_dir"], "predict", exported, "--input", source, "--out", out,
-                    "--proba", "--chunk-rows", 64, "--device", "cpu", "--quiet")
+    result = invoke(
+        "--cache-dir",
+        studies["cache_dir"],
+        "predict",
+        exported,
+        "--input",
+        source,
+        "--out",
+        out,
+        "--proba",
+        "--chunk-rows",
+        64,
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     assert result.exit_code == 0, result.output
     assert "wrote 200 rows" in result.output
     rows = _rows(out)
@@ -240,11 +290,26 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
     pd.DataFrame({"question": texts}).to_csv(tmp_path / "in.csv", index=False)
     pd.DataFrame({"question": texts}).to_parquet(tmp_path / "in.parquet")
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
-    for name, extra in (("in.csv", ["--text-col", "question"]), ("in.parquet", ["--text-col", "question"]),
-                        ("in.txt", [])):
+    for name, extra in (
+        ("in.csv", ["--text-col", "question"]),
+        ("in.parquet", ["--text-col", "question"]),
+        ("in.txt", []),
+    ):
         target = tmp_path / f"{name}.out.csv"
-        result = invoke("--cache-dir", studies["cache_dir"], "predict", exported, "-i", tmp_path / name,
-                        "-o", target, *extra, "--device", "cpu", "-q")
+        result = invoke(
+            "--cache-dir",
+            studies["cache_dir"],
+            "predict",
+            exported,
+            "-i",
+            tmp_path / name,
+            "-o",
+            target,
+            *extra,
+            "--device",
+            "cpu",
+            "-q",
+        )
         assert result.exit_code == 0, (name, result.output)
         table = _rows(target)
         assert len(table) == 200 and [r["label"] for r in table] == expected.tolist(), name
@@ -272,15 +337,29 @@ def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, t
 
     monkeypatch.setattr(EmbeddingCache, "get_or_extract_texts", spy)
     clear_embedding_memo()
-    summary = predict_file(exported, source, tmp_path / "q.jsonl", chunk_rows=40, cache_dir=studies["cache_dir"],
-                           device="cpu", progress=False)
+    summary = predict_file(
+        exported,
+        source,
+        tmp_path / "q.jsonl",
+        chunk_rows=40,
+        cache_dir=studies["cache_dir"],
+        device="cpu",
+        progress=False,
+    )
     assert summary.rows == 130 and calls == [40, 40, 40, 10]  # never more than one chunk in memory
     assert classifier._EMBEDDING_MEMO == {}  # nothing kept per text in the process
     assert len(_rows(tmp_path / "q.jsonl")) == 130
     # a rerun finds every chunk in the cache: no model is loaded
     monkeypatch.setattr("ilge_search.extraction.LayerEmbedder.load", lambda self: pytest.fail("model loaded"))
-    again = predict_file(exported, source, tmp_path / "q2.jsonl", chunk_rows=40, cache_dir=studies["cache_dir"],
-                         device="cpu", progress=False)
+    again = predict_file(
+        exported,
+        source,
+        tmp_path / "q2.jsonl",
+        chunk_rows=40,
+        cache_dir=studies["cache_dir"],
+        device="cpu",
+        progress=False,
+    )
     assert again.rows == 130 and _rows(tmp_path / "q2.jsonl") == _rows(tmp_path / "q.jsonl")
 
 
@@ -345,13 +424,25 @@ def test_a_similarity_study_exports_a_pair_scorer(studies, tmp_path):
         writer.writerow(["a", "b", "gold"])
         writer.writerows([(a, b, g) for (a, b), g in zip(pairs, gold, strict=True)])
     target = tmp_path / "scores.jsonl"
-    result = invoke("--cache-dir", studies["cache_dir"], "predict", out, "-i", source, "-o", target,
-                    "--text-cols", "a,b", "--chunk-rows", 16, "-q")
+    result = invoke(
+        "--cache-dir",
+        studies["cache_dir"],
+        "predict",
+        out,
+        "-i",
+        source,
+        "-o",
+        target,
+        "--text-cols",
+        "a,b",
+        "--chunk-rows",
+        16,
+        "-q",
+    )
     assert result.exit_code == 0, result.output
     rows = _rows(target)
     assert len(rows) == 48 and [(r["a"], r["b"]) for r in rows] == [tuple(p) for p in pairs]
     assert np.allclose([r["score"] for r in rows], scores[:48], atol=1e-3)
     assert "--text-cols a,b, not --text-col" in invoke("predict", out, "-i", source, "--text-col", "a").output
     assert "has no column 'sentence1'" in invoke("predict", out, "-i", source).output
-    assert "--proba is for classifiers" in invoke("predict", out, "-i", source, "--text-cols", "a,b",
-                                                  "--proba").output
+    assert "--proba is for classifiers" in invoke("predict", out, "-i", source, "--text-cols", "a,b", "--proba").output

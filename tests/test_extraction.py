@@ -35,8 +35,9 @@ def minilm_reference(texts, cache_dir):
     out = {pooling: [] for pooling in POOLINGS}
     with torch.no_grad():
         for start in range(0, len(texts), 13):
-            batch = tokenizer(texts[start:start + 13], padding=True, truncation=True, max_length=512,
-                              return_tensors="pt")
+            batch = tokenizer(
+                texts[start : start + 13], padding=True, truncation=True, max_length=512, return_tensors="pt"
+            )
             hidden = torch.stack(model(**batch, output_hidden_states=True).hidden_states, dim=1)  # (B, L, T, D)
             mask = batch["attention_mask"]  # (B, T), right padding
             weights = mask[:, None, :, None].float()
@@ -116,8 +117,7 @@ def test_last_pooling_is_the_same_under_left_and_right_padding(data_dir, cache_d
     texts = subsample(load_task("banking77", data_dir), 16, seed=5, splits=["test"])["test"].texts
     out = {}
     for side in ("left", "right"):
-        embedder = LayerEmbedder("smollm2-135m", pooling="last", batch_size=8, cache_dir=cache_dir,
-                                 padding_side=side)
+        embedder = LayerEmbedder("smollm2-135m", pooling="last", batch_size=8, cache_dir=cache_dir, padding_side=side)
         out[side] = embedder.embed(texts, progress=False)
         assert embedder._tokenizer.padding_side == side
         embedder.unload()
@@ -126,7 +126,8 @@ def test_last_pooling_is_the_same_under_left_and_right_padding(data_dir, cache_d
     torch.testing.assert_close(out["left"], out["right"], rtol=1e-4, atol=1e-3)
     # ... and both equal the unpadded computation (one text per batch).
     alone = LayerEmbedder("smollm2-135m", pooling="last", batch_size=1, cache_dir=cache_dir).embed(
-        texts[:4], progress=False)
+        texts[:4], progress=False
+    )
     torch.testing.assert_close(out["left"][:4], alone, rtol=1e-4, atol=1e-3)
     # The batches really were padded: the texts have different token counts.
     assert len({len(t.split()) for t in texts}) > 3
@@ -149,8 +150,9 @@ def test_pool_hidden_states_semantics_on_known_tensors():
         torch.testing.assert_close(a, b)
     expected_last = torch.stack([h[0, 2] for h in hidden])
     torch.testing.assert_close(pool_hidden_states(hidden, right, "last")[0], expected_last)
-    torch.testing.assert_close(pool_hidden_states(hidden, right, "mean_including_padding")[1],
-                               torch.stack([h[1].mean(0) for h in hidden]))
+    torch.testing.assert_close(
+        pool_hidden_states(hidden, right, "mean_including_padding")[1], torch.stack([h[1].mean(0) for h in hidden])
+    )
 
 
 def test_bad_input_fails_before_the_model_loads(cache_dir):

@@ -53,8 +53,7 @@ def stored_finals(url):
 @pytest.mark.realmodel
 def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, tmp_path):
     finals = stored_finals(fewshot_storage)
-    assert sorted(finals, key=str) == sorted(((e, s) for e in ("cayley", "last-layer")
-                                              for s in (8, 16, None)), key=str)
+    assert sorted(finals, key=str) == sorted(((e, s) for e in ("cayley", "last-layer") for s in (8, 16, None)), key=str)
     assert finals[("cayley", 8)][1] == 48 and finals[("cayley", 16)][1] == 96 and finals[("cayley", None)][1] == 240
 
     result = build_report(fewshot_storage, tmp_path / "out", show_progress=False)
@@ -117,8 +116,12 @@ def test_a_curve_has_one_protocol_and_only_encoders_with_few_shot_points(fewshot
     records, duplicates, _ = collect_records(fewshot_storage)
     every = records + duplicates
     full = [r for r in every if r.attrs.get("shots") is None]
-    paper = [dataclasses.replace(r, name=r.name + ":paper", protocol="paper", test_mean=0.01,
-                                 attrs={**r.attrs, "protocol": "paper"}) for r in full]
+    paper = [
+        dataclasses.replace(
+            r, name=r.name + ":paper", protocol="paper", test_mean=0.01, attrs={**r.attrs, "protocol": "paper"}
+        )
+        for r in full
+    ]
     alone = [dataclasses.replace(r, name=r.name + ":fc", encoder="fc") for r in full if r.encoder == "cayley"]
     frame, _ = fewshot_frame(every + paper + alone)
     expected, _ = fewshot_frame(every)

@@ -29,8 +29,21 @@ def studies(tmp_path_factory, data_dir, cache_dir):
 
     url = f"sqlite:///{tmp_path_factory.mktemp('loto') / 'studies.db'}"
     for task in TASKS:
-        run_study(MODEL, task, "cayley", n_trials=2, final_seeds=0, storage=url, data_dir=data_dir,
-                  cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, seed=0, **SMALL)
+        run_study(
+            MODEL,
+            task,
+            "cayley",
+            n_trials=2,
+            final_seeds=0,
+            storage=url,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            threads=1,
+            show_progress=False,
+            seed=0,
+            **SMALL,
+        )
     return url
 
 
@@ -40,8 +53,9 @@ def evaluated(studies, data_dir, cache_dir, tmp_path_factory):
     copy = tmp_path_factory.mktemp("loto-run") / "studies.db"
     shutil.copyfile(studies.removeprefix("sqlite:///"), copy)
     url = f"sqlite:///{copy}"
-    result = leave_one_task_out(url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                                threads=1, show_progress=False)
+    result = leave_one_task_out(
+        url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False
+    )
     return url, result
 
 
@@ -74,12 +88,18 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, dat
         builtin = CayleyConfig(lr=1e-3, gnn_layers=1, hidden_dim=256, epochs=2)
         assert row["builtin_config"] == builtin.to_dict()
         # the regenerated ones are what `recommend --exclude-task` derives from the other task's study alone
-        values = recommend_defaults(url, tmp_path / f"no-{task}.json", None, families=["cayley"],
-                                    exclude_tasks=[task])["families"]["cayley"]["small"]
-        assert row["regenerated_config"] == start_config("cayley", {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256,
-                                                                    **values}, 2).to_dict()
-        assert values != {} and f"{MODEL}:{other}:cayley:train240:eval160:ep2" in json.loads(
-            (tmp_path / f"no-{task}.json").read_text())["metadata"]["studies"]["cayley/small"]
+        values = recommend_defaults(url, tmp_path / f"no-{task}.json", None, families=["cayley"], exclude_tasks=[task])[
+            "families"
+        ]["cayley"]["small"]
+        assert (
+            row["regenerated_config"]
+            == start_config("cayley", {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256, **values}, 2).to_dict()
+        )
+        assert (
+            values != {}
+            and f"{MODEL}:{other}:cayley:train240:eval160:ep2"
+            in json.loads((tmp_path / f"no-{task}.json").read_text())["metadata"]["studies"]["cayley/small"]
+        )
         # stored on the study whose data it used
         assert len(study_attrs(url, task)[LOTO_ATTR]) == 1
         if task != "trec":
@@ -89,15 +109,23 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, dat
         data = load_training_data(study, with_test=True, data_dir=data_dir, cache_dir=cache_dir, device="cpu")
         assert data.split_sizes == {"train": 240, "validation": 160, "test": 160}
         # (the regenerated configuration: the built-in one goes through the same code)
-        for column, config in (("regenerated", CayleyConfig(**{
-                k: v for k, v in row["regenerated_config"].items() if k != "family"})),):
+        for column, config in (
+            ("regenerated", CayleyConfig(**{k: v for k, v in row["regenerated_config"].items() if k != "family"})),
+        ):
             direct = []
             threads = torch.get_num_threads()
             torch.set_num_threads(1)  # as the evaluation trained (threads=1): the same sums in the same order
             try:
                 for seed in (1000, 1001):
-                    trained = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
-                                            num_classes=data.num_classes, seed=seed, device="cpu")
+                    trained = train_encoder(
+                        config,
+                        data.train,
+                        data.validation,
+                        task_kind=data.task_kind,
+                        num_classes=data.num_classes,
+                        seed=seed,
+                        device="cpu",
+                    )
                     direct.append(100 * evaluate(trained.model, *data.test, task_kind=data.task_kind)["accuracy"])
             finally:
                 torch.set_num_threads(threads)
@@ -121,8 +149,9 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
         raise AssertionError("retrained")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
-    again = leave_one_task_out(url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                               show_progress=False)
+    again = leave_one_task_out(
+        url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False
+    )
     assert again.trained == 0
     assert again.rows[["builtin_mean", "regenerated_mean"]].equals(first.rows[["builtin_mean", "regenerated_mean"]])
     assert stored_loto(url).rows["difference"].tolist() == first.rows["difference"].tolist()
@@ -192,11 +221,24 @@ def test_paper_protocol_studies_are_not_evaluation_targets(studies, data_dir, ca
     shutil.copyfile(studies.removeprefix("sqlite:///"), copy)
     url = f"sqlite:///{copy}"
     # more trials than the matched trec study (2), and its name sorts after: preferred, were it a candidate
-    run_study(MODEL, "trec", "cayley", n_trials=3, final_seeds=0, storage=url, data_dir=data_dir, protocol="paper",
-              cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, seed=0, **SMALL)
+    run_study(
+        MODEL,
+        "trec",
+        "cayley",
+        n_trials=3,
+        final_seeds=0,
+        storage=url,
+        data_dir=data_dir,
+        protocol="paper",
+        cache_dir=cache_dir,
+        device="cpu",
+        threads=1,
+        show_progress=False,
+        seed=0,
+        **SMALL,
+    )
     names = [s.study_name for s in optuna.get_all_study_summaries(url)]
     assert f"{MODEL}:trec:cayley:train240:eval160:ep2:paper" in names
     targets, _, tasks = _targets(url, ("cayley",), (), ())
     assert tasks == list(TASKS)
-    assert {t.task: t.study for t in targets} == {task: f"{MODEL}:{task}:cayley:train240:eval160:ep2"
-                                                  for task in TASKS}
+    assert {t.task: t.study for t in targets} == {task: f"{MODEL}:{task}:cayley:train240:eval160:ep2" for task in TASKS}

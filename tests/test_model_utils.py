@@ -44,8 +44,9 @@ def test_short_names_without_organisation():
 
 
 def test_local_folder_is_read_from_config_json(tmp_path):
-    LlamaConfig(num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                num_key_value_heads=4).save_pretrained(tmp_path)
+    LlamaConfig(
+        num_hidden_layers=3, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4
+    ).save_pretrained(tmp_path)
     assert num_layers_for(str(tmp_path)) == 4
     assert hidden_size_for(tmp_path) == 64  # pathlib.Path works too
 

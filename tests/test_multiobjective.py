@@ -49,18 +49,34 @@ def synthetic(n: int, seed: int) -> tuple:
 
 
 def study_data() -> StudyData:
-    return StudyData(task_kind="classification", metric="accuracy", train=synthetic(90, 0),
-                     validation=synthetic(60, 1), test=synthetic(60, 2), num_layers=LAYERS, hidden_size=DIM,
-                     num_classes=CLASSES, label_names=["a", "b", "c"],
-                     split_sizes={"train": 90, "validation": 60, "test": 60}, cache_keys={})
+    return StudyData(
+        task_kind="classification",
+        metric="accuracy",
+        train=synthetic(90, 0),
+        validation=synthetic(60, 1),
+        test=synthetic(60, 2),
+        num_layers=LAYERS,
+        hidden_size=DIM,
+        num_classes=CLASSES,
+        label_names=["a", "b", "c"],
+        split_sizes={"train": 90, "validation": 60, "test": 60},
+        cache_keys={},
+    )
 
 
 def new_study(objectives=("score", "params"), storage=None, name=None, encoder="mlp-last"):
     directions = ["maximize"] + ["minimize"] * (len(objectives) - 1)
-    study = optuna.create_study(directions=directions, storage=storage, study_name=name,
-                                sampler=optuna.samplers.RandomSampler(seed=0))
-    for key, value in {"objectives": list(objectives), "data_seed": 0, "metric": "accuracy", "direction": "maximize",
-                       "encoder": encoder, "split_sizes": {"train": 90, "validation": 60, "test": 60}}.items():
+    study = optuna.create_study(
+        directions=directions, storage=storage, study_name=name, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    for key, value in {
+        "objectives": list(objectives),
+        "data_seed": 0,
+        "metric": "accuracy",
+        "direction": "maximize",
+        "encoder": encoder,
+        "split_sizes": {"train": 90, "validation": 60, "test": 60},
+    }.items():
         study.set_user_attr(key, value)
     return study
 
@@ -70,8 +86,15 @@ def add_trial(study, score, params, number_attrs=None):
     told apart."""
     attrs = {"num_trainable_params": params, "config": {"family": "mlp-last"}, **(number_attrs or {})}
     values = [score, params] if len(study.directions) > 1 else None
-    study.add_trial(create_trial(params={"size": params}, distributions={"size": SIZE}, values=values,
-                                 value=None if values else score, user_attrs=attrs))
+    study.add_trial(
+        create_trial(
+            params={"size": params},
+            distributions={"size": SIZE},
+            values=values,
+            value=None if values else score,
+            user_attrs=attrs,
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- objectives and the front
@@ -98,8 +121,15 @@ def test_objectives_are_checked_ordered_and_flops_is_refused_with_the_reason():
 def test_a_known_front_is_found_ordered_by_score_and_matches_optunas():
     study = new_study()
     # (score, params): F, A, B, D are the front; C is beaten by B, G by D; E repeats B and is left out
-    points = {"A": (0.90, 1000), "B": (0.85, 100), "C": (0.80, 500), "D": (0.60, 10), "E": (0.85, 100),
-              "F": (0.95, 5000), "G": (0.50, 10)}
+    points = {
+        "A": (0.90, 1000),
+        "B": (0.85, 100),
+        "C": (0.80, 500),
+        "D": (0.60, 10),
+        "E": (0.85, 100),
+        "F": (0.95, 5000),
+        "G": (0.50, 10),
+    }
     for score, params in points.values():
         add_trial(study, score, params)
     names = {t.number: name for t, name in zip(study.trials, points, strict=True)}
@@ -211,7 +241,8 @@ def test_the_final_front_retrains_each_front_trial_and_reuses_what_it_has(monkey
 def test_objectives_are_part_of_the_study_identity_and_name():
     assert default_study_name("minilm-l6", "trec", "cayley", max_train=500) == "minilm-l6:trec:cayley:train500"
     assert default_study_name("minilm-l6", "trec", "cayley", max_train=500, cv=5, objectives=("score", "params")) == (
-        "minilm-l6:trec:cayley:train500:cv5:obj-params")
+        "minilm-l6:trec:cayley:train500:cv5:obj-params"
+    )
     assert default_study_name("m", "t", "fc", objectives=("score", "params", "latency")) == "m:t:fc:obj-params-latency"
     single = study_identity("m", "t", "fc", StudyOptions(n_trials=1))
     multi = study_identity("m", "t", "fc", StudyOptions(n_trials=1, objectives=["score", "params"]))
@@ -224,9 +255,11 @@ def test_objectives_are_part_of_the_study_identity_and_name():
 
 def test_sweep_grids_take_objectives_per_grid_task_and_encoder(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley", "last-layer"]\nfinal_front = 3\n'
-                    'objectives = {default = ["score", "params"], last-layer = ["score"]}\n'
-                    '[trials]\ndefault = 4\n[tasks.trec]\n[tasks.emotion]\nobjectives = ["score", "latency"]\n')
+    grid.write_text(
+        'models = ["minilm-l6"]\nencoders = ["cayley", "last-layer"]\nfinal_front = 3\n'
+        'objectives = {default = ["score", "params"], last-layer = ["score"]}\n'
+        '[trials]\ndefault = 4\n[tasks.trec]\n[tasks.emotion]\nobjectives = ["score", "latency"]\n'
+    )
     sweep = load_sweep(grid)
     found = {(e.task, e.encoder): (e.objectives, e.study_name) for e in sweep.entries}
     assert found[("trec", "cayley")] == (("score", "params"), "minilm-l6:trec:cayley:obj-params")
@@ -239,15 +272,19 @@ def test_sweep_grids_take_objectives_per_grid_task_and_encoder(tmp_path):
         load_sweep(grid)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--objective", "score", "--objective", "flops"], "the objective 'flops' is not available"),
-    (["--objective", "params"], "the objectives must include 'score'"),
-    (["--objective", "score", "--objective", "params", "--select", "best"], "retrains its Pareto front"),
-    (["--final-front", "3"], "--final-front is for studies with several objectives"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--objective", "score", "--objective", "flops"], "the objective 'flops' is not available"),
+        (["--objective", "params"], "the objectives must include 'score'"),
+        (["--objective", "score", "--objective", "params", "--select", "best"], "retrains its Pareto front"),
+        (["--final-front", "3"], "--final-front is for studies with several objectives"),
+    ],
+)
 def test_bad_objective_options_are_one_line_before_anything_loads(tmp_path, args, message):
-    result = CliRunner().invoke(cli, ["run", "--model", "no-such-model", "--task", "trec", "--storage",
-                                      f"sqlite:///{tmp_path / 's.db'}", *args])
+    result = CliRunner().invoke(
+        cli, ["run", "--model", "no-such-model", "--task", "trec", "--storage", f"sqlite:///{tmp_path / 's.db'}", *args]
+    )
     assert result.exit_code in (1, 2) and message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "s.db").exists()
 
@@ -273,12 +310,37 @@ def _stored_front_study(url, name="minilm-l6:trec:cayley:obj-params"):
         study.set_user_attr(key, value)
     for score, params in [(0.80, 300_000), (0.84, 900_000), (0.70, 20_000), (0.60, 400_000)]:
         add_trial(study, score, params, {"latency_ms": params / 1e4})
-    front = [{"trial": 1, "config": {}, "params": 900_000, "latency_ms": 90.0, "val_score": 0.84, "test_mean": 0.82,
-              "test_std": 0.01, "test_scores": [0.81, 0.83]},
-             {"trial": 2, "config": {}, "params": 20_000, "latency_ms": 2.0, "val_score": 0.70, "test_mean": 0.66,
-              "test_std": 0.02, "test_scores": [0.64, 0.68]}]
-    for key, value in {"final_front": front, "final_trial": 1, "final_test_mean": 0.82, "final_test_std": 0.01,
-                       "final_test_scores": [0.81, 0.83], "final_select": "front", "final_front_size": 3}.items():
+    front = [
+        {
+            "trial": 1,
+            "config": {},
+            "params": 900_000,
+            "latency_ms": 90.0,
+            "val_score": 0.84,
+            "test_mean": 0.82,
+            "test_std": 0.01,
+            "test_scores": [0.81, 0.83],
+        },
+        {
+            "trial": 2,
+            "config": {},
+            "params": 20_000,
+            "latency_ms": 2.0,
+            "val_score": 0.70,
+            "test_mean": 0.66,
+            "test_std": 0.02,
+            "test_scores": [0.64, 0.68],
+        },
+    ]
+    for key, value in {
+        "final_front": front,
+        "final_trial": 1,
+        "final_test_mean": 0.82,
+        "final_test_std": 0.01,
+        "final_test_scores": [0.81, 0.83],
+        "final_select": "front",
+        "final_front_size": 3,
+    }.items():
         study.set_user_attr(key, value)
     return study
 
@@ -309,9 +371,17 @@ def test_the_report_draws_fronts_only_for_storages_with_multi_objective_studies(
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     baseline = optuna.create_study(study_name="minilm-l6:trec:last-layer", storage=url, direction="maximize")
-    for key, value in {"model": "minilm-l6", "task": "trec", "encoder": "last-layer", "metric": "accuracy",
-                       "task_kind": "classification", "final_test_mean": 0.75, "final_test_std": 0.0,
-                       "final_test_scores": [0.75, 0.75], "final_trial": 0}.items():
+    for key, value in {
+        "model": "minilm-l6",
+        "task": "trec",
+        "encoder": "last-layer",
+        "metric": "accuracy",
+        "task_kind": "classification",
+        "final_test_mean": 0.75,
+        "final_test_std": 0.0,
+        "final_test_scores": [0.75, 0.75],
+        "final_trial": 0,
+    }.items():
         baseline.set_user_attr(key, value)
     add_trial(baseline, 0.74, 2_310)
     plain = build_report(url, tmp_path / "plain", show_progress=False)
@@ -324,10 +394,13 @@ def test_the_report_draws_fronts_only_for_storages_with_multi_objective_studies(
     assert (tmp_path / "out" / "figures" / "minilm-l6-trec-pareto.png").stat().st_size > 10_000
     part = text.split("## Pareto fronts: score vs size\n", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in part.splitlines() if line.startswith("| minilm-l6") or line.startswith("| *minilm")]
-    assert rows == ["| minilm-l6 | trec | Cayley | 1 | 900,000 | 90.0 | 84.00 | 82.00 ± 1.00 |",
-                    "| minilm-l6 | trec | Cayley | 2 | 20,000 | 2.0 | 70.00 | 66.00 ± 2.00 |",
-                    "| *minilm-l6* | *trec* | *Last layer (baseline)* | *0* | *2,310* | *—* | *74.00* "
-                    "| *75.00 ± 0.00* |"]
-    assert ("the smallest, trial 2, 20,000 (45x fewer) and 66.00 ± 2.00 (16.00 points lower); for reference, "
-            "last layer 75.00 ± 0.00 with 2,310 parameters") in part
+    assert rows == [
+        "| minilm-l6 | trec | Cayley | 1 | 900,000 | 90.0 | 84.00 | 82.00 ± 1.00 |",
+        "| minilm-l6 | trec | Cayley | 2 | 20,000 | 2.0 | 70.00 | 66.00 ± 2.00 |",
+        "| *minilm-l6* | *trec* | *Last layer (baseline)* | *0* | *2,310* | *—* | *74.00* | *75.00 ± 0.00* |",
+    ]
+    assert (
+        "the smallest, trial 2, 20,000 (45x fewer) and 66.00 ± 2.00 (16.00 points lower); for reference, "
+        "last layer 75.00 ± 0.00 with 2,310 parameters"
+    ) in part
     assert "3 of 4 complete trials on the score-vs-parameters front" in part

@@ -207,10 +207,17 @@ def test_default_cayley_parameter_count():
 
 
 def test_hyperparameters_are_stored_under_their_own_names():
-    enc = CayleyGNNEncoder(25, 32, conv_type="gat", hidden_dim=16, gnn_layers=2, gat_heads=2, pooling="sum",
-                           dropout=0.2)
-    assert (enc.conv_type, enc.hidden_dim, enc.gnn_layers, enc.gat_heads, enc.pooling, enc.dropout) == \
-        ("gat", 16, 2, 2, "sum", 0.2)
+    enc = CayleyGNNEncoder(
+        25, 32, conv_type="gat", hidden_dim=16, gnn_layers=2, gat_heads=2, pooling="sum", dropout=0.2
+    )
+    assert (enc.conv_type, enc.hidden_dim, enc.gnn_layers, enc.gat_heads, enc.pooling, enc.dropout) == (
+        "gat",
+        16,
+        2,
+        2,
+        "sum",
+        0.2,
+    )
     assert (enc.num_layers, enc.hidden_in, enc.out_dim, enc.num_nodes) == (25, 32, 16, 48)
     ds = DeepSetEncoder(5, 8, hidden_dim=4, pre_pooling_layers=2, post_pooling_layers=0)
     assert (ds.pre_pooling_layers, ds.post_pooling_layers, ds.out_dim) == (2, 0, 4)
@@ -231,14 +238,22 @@ def test_graph_is_a_buffer_built_once():
 def test_reprs():
     expected = "CayleyGNNEncoder(25 layers -> 48 nodes, gin, hidden_dim=256, gnn_layers=1)"
     assert repr(CayleyGNNEncoder(25, 1024)) == expected
-    assert repr(FCGNNEncoder(7, 8, conv_type="gat", hidden_dim=16, gnn_layers=2)) == \
-        "FCGNNEncoder(7 layers -> 7 nodes, gat, hidden_dim=16, gnn_layers=2)"
-    assert repr(DeepSetEncoder(7, 8)) == \
-        "DeepSetEncoder(7 layers, hidden_dim=256, pre_pooling_layers=1, post_pooling_layers=1, pooling=mean)"
-    assert repr(CayleyGNNEncoder(7, 8, hidden_dim=16).gnn) == \
-        "GNNStack(8 -> 16, gin, gin_mlp_layers=1, gnn_layers=1, dropout=0.1)"
-    assert repr(build_aggregator(CayleyConfig(), 25, 1024)) == \
-        "Aggregator(CayleyGNNEncoder(25 layers -> 48 nodes, gin, hidden_dim=256, gnn_layers=1), out_dim=256)"
+    assert (
+        repr(FCGNNEncoder(7, 8, conv_type="gat", hidden_dim=16, gnn_layers=2))
+        == "FCGNNEncoder(7 layers -> 7 nodes, gat, hidden_dim=16, gnn_layers=2)"
+    )
+    assert (
+        repr(DeepSetEncoder(7, 8))
+        == "DeepSetEncoder(7 layers, hidden_dim=256, pre_pooling_layers=1, post_pooling_layers=1, pooling=mean)"
+    )
+    assert (
+        repr(CayleyGNNEncoder(7, 8, hidden_dim=16).gnn)
+        == "GNNStack(8 -> 16, gin, gin_mlp_layers=1, gnn_layers=1, dropout=0.1)"
+    )
+    assert (
+        repr(build_aggregator(CayleyConfig(), 25, 1024))
+        == "Aggregator(CayleyGNNEncoder(25 layers -> 48 nodes, gin, hidden_dim=256, gnn_layers=1), out_dim=256)"
+    )
 
 
 @pytest.mark.parametrize(

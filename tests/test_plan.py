@@ -33,16 +33,30 @@ def warm(data_dir, cache_dir):
     from ilge_search.study.data import DataSpec, load_task_data
 
     spec = DataSpec.from_options(MODEL, "trec", StudyOptions(**common(data_dir, cache_dir)))
-    load_task_embeddings(MODEL, load_task_data(spec), data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                         splits=["train", "validation", "test"], progress=False)
+    load_task_embeddings(
+        MODEL,
+        load_task_data(spec),
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        splits=["train", "validation", "test"],
+        progress=False,
+    )
     return cache_dir
 
 
 def test_a_cold_cache_is_timed_by_extracting_a_few_texts_and_nothing_is_written(tmp_path, data_dir):
     cache = tmp_path / "cache"
     db = tmp_path / "studies.db"
-    plan = plan_run(MODEL, "trec", "cayley", storage=f"sqlite:///{db}", n_trials=3, final_seeds=1,
-                    **{**common(data_dir, cache), "max_train": 60, "max_eval": 40})
+    plan = plan_run(
+        MODEL,
+        "trec",
+        "cayley",
+        storage=f"sqlite:///{db}",
+        n_trials=3,
+        final_seeds=1,
+        **{**common(data_dir, cache), "max_train": 60, "max_eval": 40},
+    )
     assert plan.split_sizes == {"train": 60, "validation": 40, "test": 40}
     assert plan.cached == {"train": False, "validation": False, "test": False}
     assert plan.texts_to_embed == 140 and plan.extraction_seconds > 0
@@ -51,7 +65,12 @@ def test_a_cold_cache_is_timed_by_extracting_a_few_texts_and_nothing_is_written(
     assert plan.seconds > plan.extraction_seconds and math.isfinite(plan.seconds)
     (study,) = plan.studies
     assert (study.study_name, study.exists, study.trials, study.epochs, study.final_runs) == (
-        "minilm-l6:trec:cayley:train60:eval40:ep4", False, 3, 4, 2)
+        "minilm-l6:trec:cayley:train60:eval40:ep4",
+        False,
+        3,
+        4,
+        2,
+    )
     # 3 trials, 1 at a time, then 1 final seed for the selected trial and 1 for the start configuration
     assert study.seconds == pytest.approx(5 * study.trial_seconds)
     assert not db.exists() and not (tmp_path / "artifacts").exists()
@@ -80,8 +99,9 @@ def test_the_estimate_is_within_a_factor_of_a_real_tiny_run(tmp_path, warm, data
     names = [s.study_name for s in optuna.get_all_study_summaries(url)]
     again = plan_run(MODEL, "trec", "cayley", storage=url, calibrate=False, **options)
     assert (again.studies[0].exists, again.studies[0].finished, again.studies[0].trials) == (True, 1, 1)
-    capped = plan_run(MODEL, "trec", "cayley", storage=url, calibrate=False,
-                      **{**options, "n_trials": None, "total_trials": 1})
+    capped = plan_run(
+        MODEL, "trec", "cayley", storage=url, calibrate=False, **{**options, "n_trials": None, "total_trials": 1}
+    )
     assert (capped.studies[0].trials, capped.studies[0].final_runs) == (0, 0)
     assert [s.study_name for s in optuna.get_all_study_summaries(url)] == names
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 1  # no trial added by a plan
@@ -91,9 +111,12 @@ def test_a_dry_run_refuses_what_the_run_refuses_with_the_same_message(tmp_path, 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     options = dict(n_trials=1, final_seeds=0, **common(data_dir, warm))
     run_study(MODEL, "trec", "last-layer", storage=url, study_name="taken", **options)
-    bad = [dict(task="no-such-task"), dict(model="no-such-model"),
-           dict(encoders=["last-layer"], study_name="taken", max_train=200),  # same name, other data setting
-           dict(encoders=["cayley", "fc"], study_name="one")]
+    bad = [
+        dict(task="no-such-task"),
+        dict(model="no-such-model"),
+        dict(encoders=["last-layer"], study_name="taken", max_train=200),  # same name, other data setting
+        dict(encoders=["cayley", "fc"], study_name="one"),
+    ]
     for case in bad:
         keywords = {**options, **case}
         where = [keywords.pop("model", MODEL), keywords.pop("task", "trec"), keywords.pop("encoders", ["cayley"])]
@@ -109,10 +132,36 @@ def test_a_dry_run_refuses_what_the_run_refuses_with_the_same_message(tmp_path, 
 
 def test_run_dry_run_prints_the_plan_and_creates_nothing(tmp_path, warm, data_dir):
     db = tmp_path / "cli.db"
-    args = ["run", "--model", MODEL, "--task", "trec", "--encoder", "cayley", "--encoder", "last-layer",
-            "--n-trials", "4", "--max-train", "240", "--max-eval", "160", "--max-epochs", "4", "--threads", "1",
-            "--storage", f"sqlite:///{db}", "--data-dir", str(data_dir), "--cache-dir", str(warm), "--device", "cpu",
-            "--dry-run"]
+    args = [
+        "run",
+        "--model",
+        MODEL,
+        "--task",
+        "trec",
+        "--encoder",
+        "cayley",
+        "--encoder",
+        "last-layer",
+        "--n-trials",
+        "4",
+        "--max-train",
+        "240",
+        "--max-eval",
+        "160",
+        "--max-epochs",
+        "4",
+        "--threads",
+        "1",
+        "--storage",
+        f"sqlite:///{db}",
+        "--data-dir",
+        str(data_dir),
+        "--cache-dir",
+        str(warm),
+        "--device",
+        "cpu",
+        "--dry-run",
+    ]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     out = result.output
@@ -122,7 +171,8 @@ def test_run_dry_run_prints_the_plan_and_creates_nothing(tmp_path, warm, data_di
     rows = {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines() if line.startswith("  ")}
     for encoder in ("cayley", "last-layer"):
         assert rows[f"minilm-l6:trec:{encoder}:train240:eval160:ep4"].startswith(
-            "new; +4 trials x up to 4 epochs, final 6 retrainings ~"), out
+            "new; +4 trials x up to 4 epochs, final 6 retrainings ~"
+        ), out
     assert "estimated wall time" in out and not db.exists()
 
     bad = CliRunner().invoke(cli, args[:-1] + ["--task", "no-such-task", "--dry-run"])
@@ -131,17 +181,35 @@ def test_run_dry_run_prints_the_plan_and_creates_nothing(tmp_path, warm, data_di
 
 def test_sweep_dry_run_estimates_what_is_left_of_each_budget(tmp_path, warm, data_dir):
     grid = tmp_path / "grid.toml"
-    grid.write_text('models = ["minilm-l6"]\nencoders = ["last-layer", "mean-layers"]\nmax_epochs = 4\n'
-                    'max_train = 240\nmax_eval = 160\nthreads = 1\n[trials]\ndefault = 2\nmean-layers = 3\n'
-                    '[tasks.trec]\n')
+    grid.write_text(
+        'models = ["minilm-l6"]\nencoders = ["last-layer", "mean-layers"]\nmax_epochs = 4\n'
+        "max_train = 240\nmax_eval = 160\nthreads = 1\n[trials]\ndefault = 2\nmean-layers = 3\n"
+        "[tasks.trec]\n"
+    )
     url = f"sqlite:///{tmp_path / 'sweep.db'}"
     (plan,) = estimate_sweep(grid, storage=url, data_dir=data_dir, cache_dir=warm, device="cpu")
-    assert [(s.encoder, s.trials, s.exists) for s in plan.studies] == [("last-layer", 2, False),
-                                                                         ("mean-layers", 3, False)]
+    assert [(s.encoder, s.trials, s.exists) for s in plan.studies] == [
+        ("last-layer", 2, False),
+        ("mean-layers", 3, False),
+    ]
     assert math.isfinite(plan.seconds) and not (tmp_path / "sweep.db").exists()
 
-    result = CliRunner().invoke(cli, ["sweep", str(grid), "--dry-run", "--storage", url, "--data-dir", str(data_dir),
-                                      "--cache-dir", str(warm), "--device", "cpu"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "sweep",
+            str(grid),
+            "--dry-run",
+            "--storage",
+            url,
+            "--data-dir",
+            str(data_dir),
+            "--cache-dir",
+            str(warm),
+            "--device",
+            "cpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "minilm-l6:trec:mean-layers:train240:eval160:ep4" in result.output  # the budget table
     assert "new; +3 trials x up to 4 epochs" in result.output and "sweep total: estimated wall time" in result.output
@@ -151,7 +219,14 @@ def test_sweep_dry_run_estimates_what_is_left_of_each_budget(tmp_path, warm, dat
 def test_a_long_run_logs_its_estimate_at_the_start(tmp_path, warm, data_dir, monkeypatch, caplog):
     monkeypatch.setattr(plan_module, "LONG_RUN_SECONDS", 0.0)  # every run counts as long
     with caplog.at_level(logging.INFO, logger="ilge_search.study"):
-        run_study(MODEL, "trec", "last-layer", storage=f"sqlite:///{tmp_path / 's.db'}", n_trials=1, final_seeds=0,
-                  **common(data_dir, warm))
+        run_study(
+            MODEL,
+            "trec",
+            "last-layer",
+            storage=f"sqlite:///{tmp_path / 's.db'}",
+            n_trials=1,
+            final_seeds=0,
+            **common(data_dir, warm),
+        )
     lines = [r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage()]
     assert len(lines) == 1 and "1 study, 1 trials of up to 4 epochs on 240 training texts" in lines[0]

@@ -30,21 +30,63 @@ def _cache_files(cache_dir):
 @pytest.mark.postgres
 def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_dir, tmp_path):
     # embeddings cached once, up front, in the cache every worker shares
-    spec = DataSpec(model=MODEL, task="trec", max_train=SMALL["max_train"], max_eval=SMALL["max_eval"],
-                     data_dir=str(data_dir), cache_dir=str(cache_dir), device="cpu")
+    spec = DataSpec(
+        model=MODEL,
+        task="trec",
+        max_train=SMALL["max_train"],
+        max_eval=SMALL["max_eval"],
+        data_dir=str(data_dir),
+        cache_dir=str(cache_dir),
+        device="cpu",
+    )
     load_study_data(spec, with_test=True, progress=False)
     cached = _cache_files(cache_dir)
     assert cached
 
-    command = [sys.executable, "-c", "from ilge_search.cli import main; main()", "run", "--model", MODEL,
-               "--task", "trec", "--encoder", "fc", "--storage", postgres_url,
-               "--pruner", "none", "--final-seeds", "1", "--max-train", str(SMALL["max_train"]),
-               "--max-eval", str(SMALL["max_eval"]), "--max-epochs", str(SMALL["max_epochs"]),
-               "--artifact-dir", str(tmp_path / "artifacts"), "--cache-dir", str(cache_dir),
-               "--data-dir", str(data_dir), "--device", "cpu", "--quiet"]
+    command = [
+        sys.executable,
+        "-c",
+        "from ilge_search.cli import main; main()",
+        "run",
+        "--model",
+        MODEL,
+        "--task",
+        "trec",
+        "--encoder",
+        "fc",
+        "--storage",
+        postgres_url,
+        "--pruner",
+        "none",
+        "--final-seeds",
+        "1",
+        "--max-train",
+        str(SMALL["max_train"]),
+        "--max-eval",
+        str(SMALL["max_eval"]),
+        "--max-epochs",
+        str(SMALL["max_epochs"]),
+        "--artifact-dir",
+        str(tmp_path / "artifacts"),
+        "--cache-dir",
+        str(cache_dir),
+        "--data-dir",
+        str(data_dir),
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")  # three processes on two cores
-    processes = [subprocess.Popen(command + ["--seed", str(i), "--n-trials", str(SHARES[i])], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=env) for i in range(WORKERS)]
+    processes = [
+        subprocess.Popen(
+            command + ["--seed", str(i), "--n-trials", str(SHARES[i])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for i in range(WORKERS)
+    ]
     outputs = []
     for process in processes:
         try:

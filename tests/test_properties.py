@@ -39,20 +39,24 @@ def _seeded_eval(module: torch.nn.Module, seed: int) -> torch.nn.Module:
 def encoder_configs(draw):
     family = draw(st.sampled_from(["cayley", "fc", "deepset"]))
     if family == "deepset":
-        return DeepSetConfig(hidden_dim=8, pre_pooling_layers=draw(st.integers(0, 2)),
-                             post_pooling_layers=draw(st.integers(0, 2)), pooling=draw(POOLINGS), dropout=0.3)
+        return DeepSetConfig(
+            hidden_dim=8,
+            pre_pooling_layers=draw(st.integers(0, 2)),
+            post_pooling_layers=draw(st.integers(0, 2)),
+            pooling=draw(POOLINGS),
+            dropout=0.3,
+        )
     return _graph_config(family, draw(CONVS), draw(POOLINGS), draw(st.integers(1, 2)))
 
 
 @PROPERTY
-@given(config=encoder_configs(), num_layers=st.integers(1, 9), batch=st.integers(2, 6),
-       seed=st.integers(0, 2 ** 16))
+@given(config=encoder_configs(), num_layers=st.integers(1, 9), batch=st.integers(2, 6), seed=st.integers(0, 2**16))
 def test_eval_outputs_do_not_depend_on_the_rest_of_the_batch(config, num_layers, batch, seed):
     agg = _seeded_eval(build_aggregator(config, num_layers, 5), seed)
     x = torch.randn(batch, num_layers, 5, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         together = agg(x)
-        alone = torch.cat([agg(x[i:i + 1]) for i in range(batch)])
+        alone = torch.cat([agg(x[i : i + 1]) for i in range(batch)])
         shuffled = torch.randperm(batch, generator=torch.Generator().manual_seed(seed + 1))
         reordered = agg(x[shuffled])
     torch.testing.assert_close(together, alone, **TOLERANCE)
@@ -68,19 +72,24 @@ def padded_batches(draw):
     # padding is not always at the end: rotate each row by a drawn amount
     shifts = draw(st.lists(st.integers(0, seq_len - 1), min_size=batch, max_size=batch))
     mask = torch.stack([row.roll(shift) for row, shift in zip(mask, shifts, strict=True)])
-    return mask, draw(st.integers(0, 2 ** 16))
+    return mask, draw(st.integers(0, 2**16))
 
 
 @PROPERTY
-@given(family=st.sampled_from(["cayley", "fc"]), conv_type=CONVS, pooling=POOLINGS,
-       output_mode=st.sampled_from(["per_token", "sequence"]), padded=padded_batches(),
-       garbage_scale=st.sampled_from([0.0, 1.0, 1e3]))
-def test_per_token_outputs_ignore_padded_positions(family, conv_type, pooling, output_mode, padded,
-                                                   garbage_scale):
+@given(
+    family=st.sampled_from(["cayley", "fc"]),
+    conv_type=CONVS,
+    pooling=POOLINGS,
+    output_mode=st.sampled_from(["per_token", "sequence"]),
+    padded=padded_batches(),
+    garbage_scale=st.sampled_from([0.0, 1.0, 1e3]),
+)
+def test_per_token_outputs_ignore_padded_positions(family, conv_type, pooling, output_mode, padded, garbage_scale):
     mask, seed = padded
     L, D = 3, 4
-    agg = _seeded_eval(build_per_token_aggregator(_graph_config(family, conv_type, pooling, 2), L, D,
-                                                  output_mode=output_mode), seed)
+    agg = _seeded_eval(
+        build_per_token_aggregator(_graph_config(family, conv_type, pooling, 2), L, D, output_mode=output_mode), seed
+    )
     generator = torch.Generator().manual_seed(seed)
     B, T = mask.shape
     x = torch.randn(B, T, L, D, generator=generator)
@@ -91,15 +100,16 @@ def test_per_token_outputs_ignore_padded_positions(family, conv_type, pooling, o
         noisy = agg(padded_x, mask)
         # each sample alone, cut down to its real tokens, without any mask; for the fully connected graph
         # that is the same graph as the masked one (a Cayley graph of fewer nodes is a different graph)
-        alone = [agg(x[i:i + 1, mask[i].bool()]) for i in range(B)]
+        alone = [agg(x[i : i + 1, mask[i].bool()]) for i in range(B)]
     torch.testing.assert_close(noisy, clean, **TOLERANCE)
     for i in range(B):
         real = mask[i].bool()
         if output_mode == "per_token":
             assert torch.count_nonzero(clean[i, ~real]) == 0
         if family == "fc":
-            torch.testing.assert_close(clean[i, real] if output_mode == "per_token" else clean[i],
-                                       alone[i][0], **TOLERANCE)
+            torch.testing.assert_close(
+                clean[i, real] if output_mode == "per_token" else clean[i], alone[i][0], **TOLERANCE
+            )
 
 
 def _relabel_virtual(graph: LayerGraph, permutation: torch.Tensor) -> LayerGraph:
@@ -111,8 +121,13 @@ def _relabel_virtual(graph: LayerGraph, permutation: torch.Tensor) -> LayerGraph
 
 
 @PROPERTY
-@given(num_layers=st.sampled_from([5, 7, 13, 25]), conv_type=CONVS, pooling=POOLINGS, gnn_layers=st.integers(1, 3),
-       seed=st.integers(0, 2 ** 16))
+@given(
+    num_layers=st.sampled_from([5, 7, 13, 25]),
+    conv_type=CONVS,
+    pooling=POOLINGS,
+    gnn_layers=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_relabelling_cayley_virtual_nodes_changes_nothing(num_layers, conv_type, pooling, gnn_layers, seed):
     graph = cayley_graph(num_layers)
     assert graph.num_virtual > 0  # 5, 7, 13 and 25 layers all leave virtual nodes in SL(2, Z_n)
@@ -129,11 +144,19 @@ def test_relabelling_cayley_virtual_nodes_changes_nothing(num_layers, conv_type,
 
 
 @PROPERTY
-@given(family=st.sampled_from(["fc", "deepset"]), conv_type=CONVS, pooling=POOLINGS, num_layers=st.integers(2, 9),
-       seed=st.integers(0, 2 ** 16))
+@given(
+    family=st.sampled_from(["fc", "deepset"]),
+    conv_type=CONVS,
+    pooling=POOLINGS,
+    num_layers=st.integers(2, 9),
+    seed=st.integers(0, 2**16),
+)
 def test_set_encoders_ignore_the_order_of_the_layers(family, conv_type, pooling, num_layers, seed):
-    config = (DeepSetConfig(hidden_dim=8, pooling=pooling) if family == "deepset"
-              else _graph_config("fc", conv_type, pooling, 2))
+    config = (
+        DeepSetConfig(hidden_dim=8, pooling=pooling)
+        if family == "deepset"
+        else _graph_config("fc", conv_type, pooling, 2)
+    )
     agg = _seeded_eval(build_aggregator(config, num_layers, 5), seed)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(4, num_layers, 5, generator=generator)
@@ -154,8 +177,11 @@ def test_the_cayley_encoder_does_depend_on_the_order_of_the_layers():
 @pytest.mark.parametrize("family", ["cayley", "fc", "deepset"])
 def test_dropout_is_active_in_train_mode(family):
     """Eval mode is what makes the batch property hold: in train mode the same input gives other outputs."""
-    config = (DeepSetConfig(hidden_dim=8, dropout=0.5) if family == "deepset"
-              else (CayleyConfig if family == "cayley" else FCConfig)(hidden_dim=8, dropout=0.5))
+    config = (
+        DeepSetConfig(hidden_dim=8, dropout=0.5)
+        if family == "deepset"
+        else (CayleyConfig if family == "cayley" else FCConfig)(hidden_dim=8, dropout=0.5)
+    )
     agg = build_aggregator(config, 7, 5).train()
     x = torch.randn(4, 7, 5)
     assert not torch.equal(agg(x), agg(x))

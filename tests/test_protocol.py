@@ -151,23 +151,38 @@ def _mteb_classification(task_name, x_train, y_train, x_test, y_test):
     task = mteb.get_task(task_name)
     task.evaluator_model = task.evaluator_model.set_params(random_state=task.seed)  # what evaluate() does
     table = {f"train {i}": v for i, v in enumerate(x_train)} | {f"test {i}": v for i, v in enumerate(x_test)}
-    data = DatasetDict({
-        "train": Dataset.from_dict({"text": [f"train {i}" for i in range(len(y_train))], "label": y_train.tolist()}),
-        "test": Dataset.from_dict({"text": [f"test {i}" for i in range(len(y_test))], "label": y_test.tolist()})})
-    return task, task._evaluate_subset(_LookupEncoder(table), data, encode_kwargs={"batch_size": 32},
-                                       hf_split="test", hf_subset="default", timer=TimingStack())
+    data = DatasetDict(
+        {
+            "train": Dataset.from_dict(
+                {"text": [f"train {i}" for i in range(len(y_train))], "label": y_train.tolist()}
+            ),
+            "test": Dataset.from_dict({"text": [f"test {i}" for i in range(len(y_test))], "label": y_test.tolist()}),
+        }
+    )
+    return task, task._evaluate_subset(
+        _LookupEncoder(table),
+        data,
+        encode_kwargs={"batch_size": 32},
+        hf_split="test",
+        hf_subset="default",
+        timer=TimingStack(),
+    )
 
 
 @pytest.mark.slow  # mteb's evaluator (datasets, data loaders, five metrics per draw) takes seconds per task
-@pytest.mark.parametrize("task_name, ours", [("Banking77Classification", "banking77"),
-                                             ("EmotionClassification", "emotion")])
+@pytest.mark.parametrize(
+    "task_name, ours", [("Banking77Classification", "banking77"), ("EmotionClassification", "emotion")]
+)
 def test_the_readout_is_mtebs_classification_evaluator(task_name, ours):
     pytest.importorskip("mteb")
     x_train, y_train, x_test, y_test = blobs(rare=(4, 3))  # label 4: 3 training examples, fewer than 8
     task, expected = _mteb_classification(task_name, x_train, y_train, x_test, y_test)
     protocol = PaperProtocol(samples_per_label=paper_samples_per_label(ours))
-    assert (task.samples_per_label, task.n_experiments, task.seed) == (protocol.samples_per_label,
-                                                                        protocol.n_experiments, protocol.seed)
+    assert (task.samples_per_label, task.n_experiments, task.seed) == (
+        protocol.samples_per_label,
+        protocol.n_experiments,
+        protocol.seed,
+    )
     assert task.metadata.main_score == "accuracy" and task.metadata.name == MTEB_TASK_NAMES[ours]
     scores = logistic_readout((x_train, y_train), {"test": (x_test, y_test)}, protocol)["test"]
     assert scores == pytest.approx([s["accuracy"] for s in expected["scores_per_experiment"]], abs=1e-12)
@@ -185,10 +200,17 @@ def test_the_similarity_score_is_mtebs_sts_main_score():
     gold = np.round(np.clip(2.5 + 2 * (first * second).sum(1) / 12 + rng.normal(size=80), 0, 5), 1)
     task = mteb.get_task(MTEB_TASK_NAMES["stsb"])
     table = {f"a {i}": v for i, v in enumerate(first)} | {f"b {i}": v for i, v in enumerate(second)}
-    data = Dataset.from_dict({"sentence1": [f"a {i}" for i in range(80)], "sentence2": [f"b {i}" for i in range(80)],
-                              "score": gold.tolist()})
-    expected = task._evaluate_subset(_LookupEncoder(table), data, encode_kwargs={"batch_size": 16}, hf_split="test",
-                                     hf_subset="default", timer=TimingStack())
+    data = Dataset.from_dict(
+        {"sentence1": [f"a {i}" for i in range(80)], "sentence2": [f"b {i}" for i in range(80)], "score": gold.tolist()}
+    )
+    expected = task._evaluate_subset(
+        _LookupEncoder(table),
+        data,
+        encode_kwargs={"batch_size": 16},
+        hf_split="test",
+        hf_subset="default",
+        timer=TimingStack(),
+    )
     assert task.metadata.main_score == "cosine_spearman"
     assert cosine_spearman(first, second, gold) == pytest.approx(expected["cosine_spearman"], abs=1e-9)
 
@@ -212,11 +234,14 @@ def test_the_mteb_version_and_defaults_followed():
 
 def test_the_protocol_is_part_of_the_study_identity_and_name():
     assert default_study_name(MODEL, "trec", "cayley", max_train=200, protocol="paper") == (
-        "minilm-l6:trec:cayley:train200:paper")
+        "minilm-l6:trec:cayley:train200:paper"
+    )
     assert default_study_name(MODEL, "emotion", "cayley", protocol="paper", samples_per_label=16) == (
-        "minilm-l6:emotion:cayley:paper")  # the task's own count
+        "minilm-l6:emotion:cayley:paper"
+    )  # the task's own count
     assert default_study_name(MODEL, "emotion", "cayley", protocol="paper", samples_per_label=4) == (
-        "minilm-l6:emotion:cayley:paper-4-per-label")
+        "minilm-l6:emotion:cayley:paper-4-per-label"
+    )
     matched = study_identity(MODEL, "emotion", "cayley", StudyOptions())
     paper = study_identity(MODEL, "emotion", "cayley", StudyOptions(protocol="paper"))
     assert (matched["protocol"], matched["samples_per_label"]) == ("matched", None)
@@ -250,8 +275,10 @@ def test_the_cli_refuses_samples_per_label_without_the_paper_protocol(tmp_path):
 
     from ilge_search.cli import cli
 
-    result = CliRunner().invoke(cli, ["run", "-m", MODEL, "-t", "trec", "--samples-per-label", "4",
-                                      "--storage", f"sqlite:///{tmp_path / 's.db'}"])
+    result = CliRunner().invoke(
+        cli,
+        ["run", "-m", MODEL, "-t", "trec", "--samples-per-label", "4", "--storage", f"sqlite:///{tmp_path / 's.db'}"],
+    )
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "samples_per_label sets the paper protocol's readout" in result.output
     assert not (tmp_path / "s.db").exists()  # refused before anything was created
@@ -261,20 +288,29 @@ def test_sweep_grids_take_the_protocol_globally_per_task_and_as_an_override(tmp_
     from ilge_search.study.sweep import plan_sweep, with_protocol
 
     grid = tmp_path / "grid.toml"
-    grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley", "last-layer"]\nprotocol = ["matched", "paper"]\n'
-                    'max_train = 500\n[trials]\ndefault = 2\n[tasks.trec]\n[tasks.emotion]\nprotocol = "paper"\n'
-                    'samples_per_label = 4\n')
+    grid.write_text(
+        'models = ["minilm-l6"]\nencoders = ["cayley", "last-layer"]\nprotocol = ["matched", "paper"]\n'
+        'max_train = 500\n[trials]\ndefault = 2\n[tasks.trec]\n[tasks.emotion]\nprotocol = "paper"\n'
+        "samples_per_label = 4\n"
+    )
     sweep = load_sweep(grid)
     names = sorted(e.study_name for e in sweep.entries)
-    assert names == ["minilm-l6:emotion:cayley:train500:paper-4-per-label",
-                     "minilm-l6:emotion:last-layer:train500:paper-4-per-label",
-                     "minilm-l6:trec:cayley:train500", "minilm-l6:trec:cayley:train500:paper",
-                     "minilm-l6:trec:last-layer:train500", "minilm-l6:trec:last-layer:train500:paper"]
+    assert names == [
+        "minilm-l6:emotion:cayley:train500:paper-4-per-label",
+        "minilm-l6:emotion:last-layer:train500:paper-4-per-label",
+        "minilm-l6:trec:cayley:train500",
+        "minilm-l6:trec:cayley:train500:paper",
+        "minilm-l6:trec:last-layer:train500",
+        "minilm-l6:trec:last-layer:train500:paper",
+    ]
     assert len({e.group_key() for e in sweep.entries}) == 3  # one run_study call per task and protocol
     only_paper = with_protocol(sweep, "paper")
     assert sorted(e.study_name for e in only_paper.entries) == [
-        "minilm-l6:emotion:cayley:train500:paper", "minilm-l6:emotion:last-layer:train500:paper",
-        "minilm-l6:trec:cayley:train500:paper", "minilm-l6:trec:last-layer:train500:paper"]
+        "minilm-l6:emotion:cayley:train500:paper",
+        "minilm-l6:emotion:last-layer:train500:paper",
+        "minilm-l6:trec:cayley:train500:paper",
+        "minilm-l6:trec:last-layer:train500:paper",
+    ]
     with pytest.raises(ValueError, match="no paper study"):
         with_protocol(sweep, "matched", samples_per_label=4)
     frame = plan_sweep(sweep, storage=f"sqlite:///{tmp_path / 'none.db'}")
@@ -316,24 +352,44 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     small = dict(max_train=240, max_eval=160, max_epochs=3)  # the runner tests' subsets (shared embedding cache)
-    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, seed=0,
-                  threads=1, final_seeds=2, **small)
+    common = dict(
+        storage=url,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        seed=0,
+        threads=1,
+        final_seeds=2,
+        **small,
+    )
     results = run_study(MODEL, "trec", ["cayley", "last-layer"], n_trials=2, protocol="paper", **common)
-    assert [r.study_name for r in results] == [f"minilm-l6:trec:{e}:train240:eval160:ep3:paper"
-                                               for e in ("cayley", "last-layer")]
+    assert [r.study_name for r in results] == [
+        f"minilm-l6:trec:{e}:train240:eval160:ep3:paper" for e in ("cayley", "last-layer")
+    ]
     assert all(r.protocol == "paper" and r.samples_per_label == 8 for r in results)
-    data = load_study_data(DataSpec(model=MODEL, task="trec", data_dir=str(data_dir), cache_dir=str(cache_dir),
-                                    max_train=240, max_eval=160), with_test=True, progress=False)
+    data = load_study_data(
+        DataSpec(
+            model=MODEL, task="trec", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240, max_eval=160
+        ),
+        with_test=True,
+        progress=False,
+    )
     train_y, test_y = data.train[1].numpy(), data.test[1].numpy()
 
     last = optuna.load_study(study_name=results[1].study_name, storage=url).user_attrs
     assert last["protocol"] == "paper" and last["samples_per_label"] == 8
     record = last["final_protocol"]
     assert (record["protocol"], record["samples_per_label"], record["n_experiments"], record["mteb_version"]) == (
-        "paper", 8, 10, MTEB_VERSION)
+        "paper",
+        8,
+        10,
+        MTEB_VERSION,
+    )
     # the last layer is untrained: the raw mean-pooled last layer read out by the few-shot logistic regression
-    expected, draws = _independent_readout(data.train[0][:, -1].float().numpy(), train_y,
-                                           data.test[0][:, -1].float().numpy(), test_y, 8)
+    expected, draws = _independent_readout(
+        data.train[0][:, -1].float().numpy(), train_y, data.test[0][:, -1].float().numpy(), test_y, 8
+    )
     assert last["final_test_scores"] == pytest.approx([expected, expected], abs=1e-12)
     assert record["test_experiment_scores"] == [pytest.approx(draws, abs=1e-12)] * 2
     assert last["final_test_std"] == 0.0 and last["final_artifacts"] == {} and last["final_val_test_gap"] is None
@@ -353,7 +409,8 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
     # a matched run on the same storage makes its own studies; an explicit name of a paper study is refused
     matched = run_study(MODEL, "trec", "last-layer", n_trials=1, **common)
     assert matched[0].study_name == "minilm-l6:trec:last-layer:train240:eval160:ep3" and matched[0].protocol == (
-        "matched")
+        "matched"
+    )
     assert not math.isclose(matched[0].test_mean, expected)
     with pytest.raises(StudyConflictError, match="protocol: stored 'paper', requested 'matched'"):
         run_study(MODEL, "trec", "last-layer", n_trials=1, study_name=results[1].study_name, **common)
@@ -368,11 +425,25 @@ def test_a_paper_protocol_similarity_study_scores_the_raw_cosine(tmp_path, data_
     from ilge_search.study.data import DataSpec, load_study_data, load_zero_shot_data
 
     small = dict(max_train=240, max_eval=160, max_epochs=3)
-    [result] = run_study(MODEL, "stsb", "last-layer", n_trials=1, final_seeds=1, protocol="paper",
-                         zero_shot_tasks=["sick_r"], storage=f"sqlite:///{tmp_path / 's.db'}", data_dir=data_dir,
-                         cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **small)
-    spec = DataSpec(model=MODEL, task="stsb", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240,
-                    max_eval=160)
+    [result] = run_study(
+        MODEL,
+        "stsb",
+        "last-layer",
+        n_trials=1,
+        final_seeds=1,
+        protocol="paper",
+        zero_shot_tasks=["sick_r"],
+        storage=f"sqlite:///{tmp_path / 's.db'}",
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **small,
+    )
+    spec = DataSpec(
+        model=MODEL, task="stsb", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240, max_eval=160
+    )
     test = load_study_data(spec, with_test=True, progress=False).test
     sick = load_zero_shot_data(spec, ["sick_r"], progress=False)["sick_r"]
 
@@ -394,17 +465,30 @@ def _fake(url, task, method, scores, protocol, metric="accuracy", **more):
     name = f"m:{task}:{method}:{protocol}"
     study = optuna.create_study(study_name=name, storage=url, direction="maximize")
     mean = float(np.mean(scores))
-    attrs = {"model": "EleutherAI/pythia-410m", "task": task, "encoder": method, "metric": metric,
-             "task_kind": "classification", "protocol": protocol,
-             "samples_per_label": 8 if protocol == "paper" else None, "final_test_mean": mean,
-             "final_test_std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
-             "final_test_scores": list(scores), **more}
+    attrs = {
+        "model": "EleutherAI/pythia-410m",
+        "task": task,
+        "encoder": method,
+        "metric": metric,
+        "task_kind": "classification",
+        "protocol": protocol,
+        "samples_per_label": 8 if protocol == "paper" else None,
+        "final_test_mean": mean,
+        "final_test_std": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
+        "final_test_scores": list(scores),
+        **more,
+    }
     if protocol == "matched":
         del attrs["protocol"], attrs["samples_per_label"]  # stored before protocols existed: matched
     for key, value in attrs.items():
         study.set_user_attr(key, value)
-    study.add_trial(optuna.trial.create_trial(params={"lr": 1e-3}, distributions={
-        "lr": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)}, value=0.5))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lr": 1e-3},
+            distributions={"lr": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)},
+            value=0.5,
+        )
+    )
 
 
 def test_the_report_puts_both_protocols_side_by_side(tmp_path):
@@ -429,8 +513,19 @@ def test_the_report_puts_both_protocols_side_by_side(tmp_path):
     section = text.split("## Protocol effect\n", 1)[1].split("\n## ", 1)[0]
     line = next(line for line in section.splitlines() if line.startswith("| banking77"))
     assert [cell.strip() for cell in line.strip("|").split("|")] == [
-        "banking77 (8 per label)", "acc. %", "91.00", "60.00", "-31.00", "94.00", "86.00", "-8.00", "+3.00",
-        "+26.00", "61.17", "89.43"]
+        "banking77 (8 per label)",
+        "acc. %",
+        "91.00",
+        "60.00",
+        "-31.00",
+        "94.00",
+        "86.00",
+        "-8.00",
+        "+3.00",
+        "+26.00",
+        "61.17",
+        "89.43",
+    ]
     assert "moves the last layer by -31.00 points" in text and "+26.00 under the paper protocol" in text
     assert (tmp_path / "out" / "protocol_effect.csv").is_file()
     frame = result.results.set_index(["task", "method"])
@@ -455,8 +550,13 @@ def test_a_similarity_row_of_the_effect_table_names_no_examples_per_label(tmp_pa
     result = build_report(url, tmp_path / "out", figures=False, show_progress=False)
     section = result.files["markdown"].read_text().split("## Protocol effect\n", 1)[1].split("\n## ", 1)[0]
     line = next(line for line in section.splitlines() if line.startswith("| stsb"))
-    assert [cell.strip() for cell in line.strip("|").split("|")][:5] == ["stsb", "Spearman ×100", "80.00", "78.00",
-                                                                          "-2.00"]
+    assert [cell.strip() for cell in line.strip("|").split("|")][:5] == [
+        "stsb",
+        "Spearman ×100",
+        "80.00",
+        "78.00",
+        "-2.00",
+    ]
 
 
 def test_recommend_counts_a_search_once_under_either_protocol(tmp_path):
@@ -466,14 +566,32 @@ def test_recommend_counts_a_search_once_under_either_protocol(tmp_path):
     from ilge_search.tuning import suggest_config
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    grid = [{"hidden_dim": h, "pre_pooling_layers": 1, "post_pooling_layers": 1, "pooling": "sum", "dropout": 0.2,
-             "lr": lr, "weight_decay": 1e-5} for h in (128, 512) for lr in (1e-5, 1e-3)]
+    grid = [
+        {
+            "hidden_dim": h,
+            "pre_pooling_layers": 1,
+            "post_pooling_layers": 1,
+            "pooling": "sum",
+            "dropout": 0.2,
+            "lr": lr,
+            "weight_decay": 1e-5,
+        }
+        for h in (128, 512)
+        for lr in (1e-5, 1e-3)
+    ]
     for task, protocol in (("trec", "matched"), ("trec", "paper"), ("emotion", "paper")):
         memory = optuna.storages.InMemoryStorage()
         name = f"minilm-l6:{task}:deepset" + (":paper" if protocol == "paper" else "")
         study = optuna.create_study(study_name=name, storage=memory, direction="maximize")
-        for key, value in {"model": "minilm-l6", "task": task, "encoder": "deepset", "hidden_size": 384,
-                           "task_kind": "classification", "metric": "accuracy", "protocol": protocol}.items():
+        for key, value in {
+            "model": "minilm-l6",
+            "task": task,
+            "encoder": "deepset",
+            "hidden_size": 384,
+            "task_kind": "classification",
+            "metric": "accuracy",
+            "protocol": protocol,
+        }.items():
             study.set_user_attr(key, value)
         for params in grid:
             study.enqueue_trial(params)
@@ -483,6 +601,8 @@ def test_recommend_counts_a_search_once_under_either_protocol(tmp_path):
         optuna.copy_study(from_study_name=name, from_storage=memory, to_storage=url)
     data = recommend_defaults(url, tmp_path / "defaults.json", report_path=None)
     # the trec search under the paper protocol is the trec search: counted once; the emotion one counts
-    assert sorted(data["metadata"]["studies"]["deepset/small"]) == ["minilm-l6:emotion:deepset:paper",
-                                                                   "minilm-l6:trec:deepset"]
+    assert sorted(data["metadata"]["studies"]["deepset/small"]) == [
+        "minilm-l6:emotion:deepset:paper",
+        "minilm-l6:trec:deepset",
+    ]
     assert any(s.startswith("minilm-l6:trec:deepset:paper: the same search") for s in data["metadata"]["skipped"])

@@ -93,8 +93,10 @@ def test_python_block_runs_as_written(block, clone, shrunk_run_study):
     if "run_study(" in block:
         assert len(shrunk_run_study) == 1 and shrunk_run_study[0]["data_dir"] == "../shared/datasets"
         lines = printed.splitlines()
-        assert [line.split()[0].split(":")[:3] for line in lines] == [["minilm-l6", "trec", "cayley"],
-                                                                    ["minilm-l6", "trec", "last-layer"]], printed
+        assert [line.split()[0].split(":")[:3] for line in lines] == [
+            ["minilm-l6", "trec", "cayley"],
+            ["minilm-l6", "trec", "last-layer"],
+        ], printed
         assert all(0.0 < float(line.split()[1]) <= 1.0 for line in lines), printed  # a test accuracy
         assert (clone / "studies" / "ilge.db").is_file()  # the default storage, relative to where it ran
     elif "ILGEClassifier(" in block:

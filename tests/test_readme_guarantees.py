@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _guarantees() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     start = text.index("## Guarantees")
-    return text[start:text.index("\n## ", start + 1)]
+    return text[start : text.index("\n## ", start + 1)]
 
 
 def _test_names(path: Path) -> set:

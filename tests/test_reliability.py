@@ -66,15 +66,32 @@ def trec_cached(data_dir, cache_dir):
     from ilge_search.study.data import DataSpec, load_task_data
 
     task = load_task_data(DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir)))
-    load_task_embeddings(MODEL, task, cache_dir=cache_dir, splits=["train", "validation"], device="cpu",
-                         progress=False)
+    load_task_embeddings(MODEL, task, cache_dir=cache_dir, splits=["train", "validation"], device="cpu", progress=False)
     return cache_dir
 
 
 def run_options(db: Path, data_dir: Path, cache_dir: Path) -> List[str]:
-    return ["run", "--model", MODEL, "--task", "trec", "--storage", sqlite_url(db), "--final-seeds", "0",
-            "--pruner", "none", "--data-dir", str(data_dir), "--cache-dir", str(cache_dir), "--device", "cpu",
-            "--quiet", *SMALL_OPTIONS]
+    return [
+        "run",
+        "--model",
+        MODEL,
+        "--task",
+        "trec",
+        "--storage",
+        sqlite_url(db),
+        "--final-seeds",
+        "0",
+        "--pruner",
+        "none",
+        "--data-dir",
+        str(data_dir),
+        "--cache-dir",
+        str(cache_dir),
+        "--device",
+        "cpu",
+        "--quiet",
+        *SMALL_OPTIONS,
+    ]
 
 
 # ----------------------------------------------------------------------------- killed processes
@@ -85,8 +102,12 @@ def run_options(db: Path, data_dir: Path, cache_dir: Path) -> List[str]:
 def test_sigkilled_worker_loses_no_trial_and_its_trial_is_failed_and_retried(tmp_path, data_dir, trec_cached):
     db = tmp_path / "kill.db"
     options = run_options(db, data_dir, trec_cached) + ["--encoder", "cayley", "--heartbeat-interval", "1"]
-    proc = subprocess.Popen(cli_command(*options, "--n-trials", "50"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=subprocess_env())
+    proc = subprocess.Popen(
+        cli_command(*options, "--n-trials", "50"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )
     try:
         deadline = time.monotonic() + 240
         states: Dict[int, str] = {}
@@ -112,12 +133,16 @@ def test_sigkilled_worker_loses_no_trial_and_its_trial_is_failed_and_retried(tmp
     assert completed_before <= {n for n, s in after_kill.items() if s == "COMPLETE"}
     assert integrity(db) == "ok"
     name = f"{MODEL}:trec:cayley:train240:eval160:ep6"
-    values_before = {t.number: t.value for t in optuna.load_study(study_name=name, storage=sqlite_url(db)).trials
-                     if t.state == TrialState.COMPLETE}
+    values_before = {
+        t.number: t.value
+        for t in optuna.load_study(study_name=name, storage=sqlite_url(db)).trials
+        if t.state == TrialState.COMPLETE
+    }
 
     time.sleep(2.5)  # the dead trial's last heartbeat is now older than the grace period (2 x 1 s)
-    rerun = subprocess.run(cli_command(*options, "--n-trials", "2"), capture_output=True, text=True,
-                           env=subprocess_env(), timeout=300)
+    rerun = subprocess.run(
+        cli_command(*options, "--n-trials", "2"), capture_output=True, text=True, env=subprocess_env(), timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
     study = optuna.load_study(study_name=name, storage=sqlite_url(db))
@@ -140,9 +165,13 @@ def _progress(db: Path):
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'trial_intermediate_values'").fetchone() is None:
             return {}, []
         states = dict(conn.execute("SELECT number, state FROM trials").fetchall())
-        training = [row[0] for row in conn.execute(
-            "SELECT DISTINCT t.number FROM trials t JOIN trial_intermediate_values v ON v.trial_id = t.trial_id "
-            "WHERE t.state = 'RUNNING'")]
+        training = [
+            row[0]
+            for row in conn.execute(
+                "SELECT DISTINCT t.number FROM trials t JOIN trial_intermediate_values v ON v.trial_id = t.trial_id "
+                "WHERE t.state = 'RUNNING'"
+            )
+        ]
     return states, training
 
 
@@ -153,8 +182,22 @@ def test_sigkill_during_extraction_leaves_no_entry_that_reads_as_valid(tmp_path,
     task_file = tmp_path / "questions.jsonl"
     task_file.write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in rows))
     cache_dir = tmp_path / "cache"
-    embed = cli_command("embed", "--model", MODEL, "--task", str(task_file), "--split", "train",
-                        "--batch-size", "2", "--cache-dir", str(cache_dir), "--device", "cpu", "--quiet")
+    embed = cli_command(
+        "embed",
+        "--model",
+        MODEL,
+        "--task",
+        str(task_file),
+        "--split",
+        "train",
+        "--batch-size",
+        "2",
+        "--cache-dir",
+        str(cache_dir),
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     proc = subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
     embeddings = cache_dir / "embeddings"
     try:
@@ -191,9 +234,15 @@ def test_sigkill_during_extraction_leaves_no_entry_that_reads_as_valid(tmp_path,
 @pytest.mark.realmodel
 def test_four_workers_on_one_sqlite_file_finish_every_trial(tmp_path, data_dir, trec_cached):
     db = tmp_path / "four.db"
-    result = subprocess.run(cli_command(*run_options(db, data_dir, trec_cached), "--encoder", "last-layer",
-                                        "--workers", "4", "--n-trials", "8"),
-                            capture_output=True, text=True, env=subprocess_env(), timeout=600)
+    result = subprocess.run(
+        cli_command(
+            *run_options(db, data_dir, trec_cached), "--encoder", "last-layer", "--workers", "4", "--n-trials", "8"
+        ),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "database is locked" not in result.stderr + result.stdout
     states = trial_states(db)
@@ -229,17 +278,28 @@ class TestBadInputHasClearMessageAndNoSideEffects:
         """A storage that already holds one trec study, an empty cache and a few broken task files."""
         db = tmp_path / "s.db"
         study = optuna.create_study(study_name="mine", storage=sqlite_url(db), direction="maximize")
-        for key, value in {"model": MODEL, "task": "trec", "encoder": "cayley", "shots": None, "max_train": None,
-                           "max_eval": None, "max_epochs": None, "data_seed": 0, "ilge_search_ready": True}.items():
+        for key, value in {
+            "model": MODEL,
+            "task": "trec",
+            "encoder": "cayley",
+            "shots": None,
+            "max_train": None,
+            "max_eval": None,
+            "max_epochs": None,
+            "data_seed": 0,
+            "ilge_search_ready": True,
+        }.items():
             study.set_user_attr(key, value)
         study.add_trial(optuna.trial.create_trial(value=0.5, params={}, distributions={}))
         _write_jsonl(tmp_path / "columns.jsonl", [{"sentence": r["text"], "label": r["label"]} for r in GOOD_ROWS])
-        _write_jsonl(tmp_path / "empty.jsonl", [dict(r, text="" if i == 3 else r["text"])
-                                                for i, r in enumerate(GOOD_ROWS)])
+        _write_jsonl(
+            tmp_path / "empty.jsonl", [dict(r, text="" if i == 3 else r["text"]) for i, r in enumerate(GOOD_ROWS)]
+        )
         _write_jsonl(tmp_path / "unseen" / "train.jsonl", GOOD_ROWS)
         _write_jsonl(tmp_path / "unseen" / "test.jsonl", [{"text": "a new one", "label": "c"}])
-        _write_jsonl(tmp_path / "nolabel.jsonl", [dict(r, label=None) if i == 5 else r
-                                                  for i, r in enumerate(GOOD_ROWS)])
+        _write_jsonl(
+            tmp_path / "nolabel.jsonl", [dict(r, label=None) if i == 5 else r for i, r in enumerate(GOOD_ROWS)]
+        )
         return {"db": db, "cache": tmp_path / "cache", "dir": tmp_path, "data": data_dir}
 
     CASES = {
@@ -249,15 +309,22 @@ class TestBadInputHasClearMessageAndNoSideEffects:
         "empty text": (["--task", "{dir}/empty.jsonl"], "empty text(s) at row(s) 4"),
         "label not in train": (["--task", "{dir}/unseen"], "label(s) that the train split does not have: 'c'"),
         "missing label": (["--task", "{dir}/nolabel.jsonl"], "column 'label' has 1 missing label(s) at row(s) 6"),
-        "unreachable storage": (["--storage", "postgresql://postgres@127.0.0.1:1/none"],
-                                # the storage is named as the user wrote it (storage.open_storage)
-                                ("cannot open the study storage postgresql://postgres@127.0.0.1:1/none: "
-                                 "connection to server",
-                                 "Check the URL, that the database server is running")),
-        "name reused for another task": (["--task", "sst2", "--study-name", "mine"],
-                                         "task: stored 'trec', requested 'sst2'"),
-        "name reused for another model": (["--model", "smollm2-135m", "--study-name", "mine"],
-                                          "model: stored 'minilm-l6', requested 'smollm2-135m'"),
+        "unreachable storage": (
+            ["--storage", "postgresql://postgres@127.0.0.1:1/none"],
+            # the storage is named as the user wrote it (storage.open_storage)
+            (
+                "cannot open the study storage postgresql://postgres@127.0.0.1:1/none: connection to server",
+                "Check the URL, that the database server is running",
+            ),
+        ),
+        "name reused for another task": (
+            ["--task", "sst2", "--study-name", "mine"],
+            "task: stored 'trec', requested 'sst2'",
+        ),
+        "name reused for another model": (
+            ["--model", "smollm2-135m", "--study-name", "mine"],
+            "model: stored 'minilm-l6', requested 'smollm2-135m'",
+        ),
         "negative trials": (["--n-trials", "-1"], "Invalid value for '--n-trials'"),
         "zero workers": (["--workers", "0"], "Invalid value for '--workers'"),
         "unknown encoder": (["--encoder", "transformer"], "unknown encoder 'transformer'"),
@@ -268,9 +335,16 @@ class TestBadInputHasClearMessageAndNoSideEffects:
     def test_run(self, case, paths):
         overrides, message = self.CASES[case]
         overrides = [item.format(dir=paths["dir"]) for item in overrides]
-        base = {"--model": MODEL, "--task": "trec", "--storage": sqlite_url(paths["db"]),
-                "--data-dir": str(paths["data"]), "--cache-dir": str(paths["cache"]), "--device": "cpu",
-                "--n-trials": "1", "--final-seeds": "0"}
+        base = {
+            "--model": MODEL,
+            "--task": "trec",
+            "--storage": sqlite_url(paths["db"]),
+            "--data-dir": str(paths["data"]),
+            "--cache-dir": str(paths["cache"]),
+            "--device": "cpu",
+            "--n-trials": "1",
+            "--final-seeds": "0",
+        }
         flags = [item for item in overrides[::2]]
         args = ["run", "--quiet"]
         for key, value in base.items():
@@ -283,7 +357,9 @@ class TestBadInputHasClearMessageAndNoSideEffects:
 
         messages = (message,) if isinstance(message, str) else message
         assert result.exit_code == (2 if messages[0].startswith("Invalid value") else 1), (
-            result.output, result.exception)
+            result.output,
+            result.exception,
+        )
         assert all(part in " ".join(result.output.split()) for part in messages), result.output
         assert "Traceback" not in result.output
         assert not paths["cache"].exists() or not list(paths["cache"].rglob("*.safetensors"))
@@ -292,24 +368,35 @@ class TestBadInputHasClearMessageAndNoSideEffects:
     @staticmethod
     def _studies(db: Path):
         storage = optuna.storages.RDBStorage(sqlite_url(db))
-        return sorted((s.study_name, s.n_trials, json.dumps(s.user_attrs, sort_keys=True))
-                      for s in optuna.get_all_study_summaries(storage))
+        return sorted(
+            (s.study_name, s.n_trials, json.dumps(s.user_attrs, sort_keys=True))
+            for s in optuna.get_all_study_summaries(storage)
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.realmodel
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
-def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_failed_and_retried(tmp_path, data_dir,
-                                                                                     trec_cached):
+def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_failed_and_retried(tmp_path, data_dir, trec_cached):
     """Optuna's stale-trial check only sees trials with a heartbeat; a worker killed between ``study.ask()``
     and its heartbeat thread's first beat (the sampler runs in between) must not leave a trial RUNNING forever."""
     from ilge_search.study import default_study_name, make_storage, run_study
     from ilge_search.tuning import suggest_config
 
     url = sqlite_url(tmp_path / "orphan.db")
-    options = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=trec_cached, device="cpu",
-                   show_progress=False, heartbeat_interval=1, grace_period=2, max_train=240, max_eval=160,
-                   max_epochs=6)
+    options = dict(
+        storage=url,
+        final_seeds=0,
+        data_dir=data_dir,
+        cache_dir=trec_cached,
+        device="cpu",
+        show_progress=False,
+        heartbeat_interval=1,
+        grace_period=2,
+        max_train=240,
+        max_eval=160,
+        max_epochs=6,
+    )
     run_study(MODEL, "trec", "last-layer", n_trials=1, **options)
     name = default_study_name(MODEL, "trec", "last-layer", max_train=240, max_eval=160, max_epochs=6)
     study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat_interval=1, grace_period=2))

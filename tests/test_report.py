@@ -49,10 +49,17 @@ def real_storage(tmp_path_factory, data_dir, cache_dir):
     from ilge_search.study import run_study
 
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'studies.db'}"
-    common = dict(storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, seed=0,
-                  **SMALL)
-    run_study(MODEL, "trec", ["last-layer", "best-layer", "cayley"],
-              n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2}, final_seeds=2, **common)
+    common = dict(
+        storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, seed=0, **SMALL
+    )
+    run_study(
+        MODEL,
+        "trec",
+        ["last-layer", "best-layer", "cayley"],
+        n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2},
+        final_seeds=2,
+        **common,
+    )
     run_study(MODEL, "trec", "scalar-mix", n_trials=1, final_seeds=0, **common)
     run_study(MODEL, "stsb", "last-layer", n_trials=2, final_seeds=2, **common)
     optuna.create_study(study_name="not-ours", storage=url).optimize(lambda t: t.suggest_float("x", 0, 1), 2)
@@ -169,8 +176,11 @@ def test_csv_latex_html_and_figures(real_report):
     importances = pd.read_csv(result.files["importances_csv"])
     assert not importances.empty
     for name, group in importances.groupby("study"):
-        complete = [t for t in optuna.load_study(study_name=name, storage=url).trials
-                    if t.state == optuna.trial.TrialState.COMPLETE]
+        complete = [
+            t
+            for t in optuna.load_study(study_name=name, storage=url).trials
+            if t.state == optuna.trial.TrialState.COMPLETE
+        ]
         assert len(complete) >= 2 and len({t.value for t in complete}) >= 2
         assert set(group["param"]) <= set(complete[0].params)
         assert group["importance"].sum() == pytest.approx(1.0)
@@ -185,8 +195,9 @@ def test_csv_latex_html_and_figures(real_report):
 @pytest.mark.realmodel
 def test_report_cli(real_storage, tmp_path):
     runner = CliRunner()
-    result = runner.invoke(cli, ["report", "--storage", real_storage, "--out", str(tmp_path / "r"), "--no-figures",
-                                 "--quiet"])
+    result = runner.invoke(
+        cli, ["report", "--storage", real_storage, "--out", str(tmp_path / "r"), "--no-figures", "--quiet"]
+    )
     assert result.exit_code == 0, result.output
     assert f"{MODEL}: 2 tasks, 4 cells with test scores" in result.output
     assert (tmp_path / "r" / "report.md").is_file() and not list((tmp_path / "r" / "figures").glob("*.png"))
@@ -202,8 +213,15 @@ def fake_study(url, model, task, method, test_scores, val=0.5, more=None, **extr
     """A stored study as the runner leaves it: identity attrs, one trial, final scores if given."""
     name = ":".join([model, task, method] + [f"{k}{v}" for k, v in extra.items()])
     study = optuna.create_study(study_name=name, storage=url, direction="maximize")
-    attrs = {"model": model, "task": task, "encoder": method, "metric": "accuracy", "task_kind": "classification",
-             "shots": None, **extra}
+    attrs = {
+        "model": model,
+        "task": task,
+        "encoder": method,
+        "metric": "accuracy",
+        "task_kind": "classification",
+        "shots": None,
+        **extra,
+    }
     if test_scores:
         mean = sum(test_scores) / len(test_scores)
         std = (sum((s - mean) ** 2 for s in test_scores) / (len(test_scores) - 1)) ** 0.5 if len(test_scores) > 1 else 0
@@ -211,9 +229,13 @@ def fake_study(url, model, task, method, test_scores, val=0.5, more=None, **extr
     attrs.update(more or {})
     for key, value in attrs.items():
         study.set_user_attr(key, value)
-    study.add_trial(optuna.trial.create_trial(params={"lr": 1e-3},
-                                              distributions={"lr": optuna.distributions.FloatDistribution(
-                                                  1e-5, 1e-2, log=True)}, value=val))
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"lr": 1e-3},
+            distributions={"lr": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)},
+            value=val,
+        )
+    )
     return name
 
 
@@ -222,10 +244,12 @@ def test_published_numbers_are_data_with_their_source():
     assert len(cells) == 75  # 5 tasks x 3 models x 5 methods
     # the four cells cross-checked against an independent extraction
     checked = {(c.model, c.task, c.method): c.value for c in cells if c.cross_checked}
-    assert checked == {("meta-llama/Meta-Llama-3-8B", "banking77", "cayley"): 92.85,
-                       ("google/gemma-2-2b", "emotion", "fc"): 79.90,
-                       ("google/gemma-2-2b", "mtop_domain", "cayley"): 99.16,
-                       ("meta-llama/Meta-Llama-3-8B", "mtop_intent", "cayley"): 96.46}
+    assert checked == {
+        ("meta-llama/Meta-Llama-3-8B", "banking77", "cayley"): 92.85,
+        ("google/gemma-2-2b", "emotion", "fc"): 79.90,
+        ("google/gemma-2-2b", "mtop_domain", "cayley"): 99.16,
+        ("meta-llama/Meta-Llama-3-8B", "mtop_intent", "cayley"): 96.46,
+    }
     assert published_result("EleutherAI/pythia-410m", "emotion", "cayley").value == 73.83
     assert published_result("pythia-410m", "emotion", "last-layer").value == 33.48
     assert published_result("/models/Meta-Llama-3-8B", "MTOPDomainClassification", "mlp-last").value == 98.58
@@ -241,8 +265,11 @@ def test_published_numbers_match_the_spec_table(data_dir):
     spec = data_dir.parent / "spec" / "paper-results.md"
     if not spec.is_file():
         pytest.skip(f"{spec} not present")
-    models = {"Pythia-410m": "EleutherAI/pythia-410m", "Gemma2-2B": "google/gemma-2-2b",
-              "Llama3-8B": "meta-llama/Meta-Llama-3-8B"}
+    models = {
+        "Pythia-410m": "EleutherAI/pythia-410m",
+        "Gemma2-2B": "google/gemma-2-2b",
+        "Llama3-8B": "meta-llama/Meta-Llama-3-8B",
+    }
     methods = ["cayley", "fc", "last-layer", "deepset", "mlp-last"]
     seen = 0
     for line in spec.read_text().splitlines():
@@ -273,14 +300,27 @@ def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
     fake_study(url, "my/model_x", "trec", "cayley", [0.7, 0.8])  # a LaTeX-special name
     zero = {"sick_r": {"mean": 0.61, "std": 0.01, "scores": [0.60, 0.62]}}
     fake_study(url, pythia, "stsb", "cayley", [0.80, 0.82], more={"metric": "spearman", "final_zero_shot": zero})
-    fake_study(url, pythia, "stsb", "last-layer", [0.70, 0.72], more={
-        "metric": "spearman", "final_zero_shot": {"sick_r": {"mean": 0.65, "std": 0.0, "scores": [0.65, 0.65]}}})
+    fake_study(
+        url,
+        pythia,
+        "stsb",
+        "last-layer",
+        [0.70, 0.72],
+        more={"metric": "spearman", "final_zero_shot": {"sick_r": {"mean": 0.65, "std": 0.0, "scores": [0.65, 0.65]}}},
+    )
 
     result = build_report(url, tmp_path / "out", show_progress=False)
     table = result.tables[pythia]
     bank, emo = "banking77 [paper protocol]", "emotion [paper protocol]"
-    assert list(table.index) == ["banking77", bank, "emotion", "emotion (8-shot)", emo, "stsb",
-                                 "sick_r (zero-shot, stsb encoder)"]  # zero-shot rows follow their source task
+    assert list(table.index) == [
+        "banking77",
+        bank,
+        "emotion",
+        "emotion (8-shot)",
+        emo,
+        "stsb",
+        "sick_r (zero-shot, stsb encoder)",
+    ]  # zero-shot rows follow their source task
     zero_row = "sick_r (zero-shot, stsb encoder)"
     assert table.loc[zero_row, "cayley"] == pytest.approx(61.0) and table.loc["stsb", "cayley"] == pytest.approx(81.0)
     assert table.loc[bank, "cayley"] == pytest.approx(89.0) and table.loc["banking77", "cayley"] == pytest.approx(95.0)
@@ -347,8 +387,9 @@ def test_contents_anchors_figure_sizes_and_trial_states(tmp_path):
     study = optuna.load_study(study_name=name, storage=url)
     lr = {"lr": FloatDistribution(1e-5, 1e-2, log=True)}
     study.add_trial(create_trial(params={"lr": 1e-4}, distributions=lr, value=0.6))
-    study.add_trial(create_trial(state=TrialState.PRUNED, params={"lr": 1e-2}, distributions=lr,
-                                 intermediate_values={1: 0.3}))
+    study.add_trial(
+        create_trial(state=TrialState.PRUNED, params={"lr": 1e-2}, distributions=lr, intermediate_values={1: 0.3})
+    )
     study.add_trial(create_trial(state=TrialState.FAIL, params={"lr": 1e-5}, distributions=lr))
 
     result = build_report(url, tmp_path / "out", show_progress=False)

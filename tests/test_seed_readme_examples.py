@@ -33,10 +33,12 @@ def test_build_aggregator_example():
     from ilge_search import CayleyConfig, build_aggregator, hidden_size_for, num_layers_for
 
     name, num_classes = "Qwen/Qwen3-8B-Base", 6
-    agg = build_aggregator(CayleyConfig(),
-                           num_layers=num_layers_for(name),   # 37 for Qwen3-8B
-                           hidden_in=hidden_size_for(name))   # 4096
-    head = nn.Linear(agg.out_dim, num_classes)               # your own task head
+    agg = build_aggregator(
+        CayleyConfig(),
+        num_layers=num_layers_for(name),  # 37 for Qwen3-8B
+        hidden_in=hidden_size_for(name),
+    )  # 4096
+    head = nn.Linear(agg.out_dim, num_classes)  # your own task head
 
     # X: per-sample layer embeddings, shape (N, num_layers, hidden_in). y: (N,) labels.
     # Produce X from the frozen LLM's hidden states, mean-pooled over tokens, e.g.:
@@ -45,10 +47,12 @@ def test_build_aggregator_example():
 
     opt = torch.optim.Adam(list(agg.parameters()) + list(head.parameters()), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss()
-    for epoch in range(50):                          # your training loop  # noqa: B007 (as published)
-        logits = head(agg(X))                        # (N, num_classes)
+    for epoch in range(50):  # your training loop  # noqa: B007 (as published)
+        logits = head(agg(X))  # (N, num_classes)
         loss = loss_fn(logits, y)
-        opt.zero_grad(); loss.backward(); opt.step()  # noqa: E702 (as published)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()  # noqa: E702 (as published)
     # --- end of example ---
 
     assert (agg.num_layers, agg.hidden_in, agg.out_dim) == (37, 4096, 256)
@@ -63,27 +67,31 @@ def test_build_per_token_aggregator_example():
     from ilge_search import CayleyConfig, build_per_token_aggregator, hidden_size_for, num_layers_for
 
     name = "Qwen/Qwen3-8B-Base"
-    L, D = num_layers_for(name), hidden_size_for(name)   # 37, 4096
+    L, D = num_layers_for(name), hidden_size_for(name)  # 37, 4096
 
     # x: all hidden states of a short sequence, (batch, seq_len, num_layers, hidden_in)
     x = torch.randn(4, 16, L, D)
 
     # Sequence-level output: one vector per sequence (e.g. short-text classification)
     agg = build_per_token_aggregator(
-        CayleyConfig(conv_type="gcn"), num_layers=L, hidden_in=D,
+        CayleyConfig(conv_type="gcn"),
+        num_layers=L,
+        hidden_in=D,
         output_mode="sequence",
     )
-    y = agg(x)                                 # (4, 256) -> (batch, out_dim)
+    y = agg(x)  # (4, 256) -> (batch, out_dim)
     # --- (checked before the example reuses the names) ---
     assert (L, D) == (37, 4096)
     assert y.shape == (4, 256) and agg.out_dim == 256
 
     # Per-token output: one vector per token (e.g. token- or residue-level tasks)
     agg = build_per_token_aggregator(
-        CayleyConfig(conv_type="gcn", gnn_layers=2), num_layers=L, hidden_in=D,
+        CayleyConfig(conv_type="gcn", gnn_layers=2),
+        num_layers=L,
+        hidden_in=D,
         output_mode="per_token",
     )
-    y = agg(x)                                 # (4, 16, 256) -> (batch, seq_len, out_dim)
+    y = agg(x)  # (4, 16, 256) -> (batch, seq_len, out_dim)
     # --- end of example ---
 
     assert y.shape == (4, 16, 256)
@@ -97,12 +105,12 @@ def test_recommended_config_example(monkeypatch, tmp_path):
     # --- README example (import changed from ilge.tuning) ---
     from ilge_search.tuning import recommended_config
 
-    cfg = recommended_config("cayley")                            # lr=1e-3 (small models)
+    cfg = recommended_config("cayley")  # lr=1e-3 (small models)
     # --- end ---
     assert cfg.lr == 1e-3
-    cfg = recommended_config("cayley", model_size_hint="large")   # lr=1e-4 (>3B models)
+    cfg = recommended_config("cayley", model_size_hint="large")  # lr=1e-4 (>3B models)
     assert cfg.lr == 1e-4
-    cfg = recommended_config("deepset")                           # DeepSet defaults
+    cfg = recommended_config("deepset")  # DeepSet defaults
     assert type(cfg).__name__ == "DeepSetConfig"
 
 
@@ -130,9 +138,8 @@ def test_suggest_config_example():
     name = "Qwen/Qwen3-8B-Base"
 
     def objective(trial):
-        cfg = suggest_config(trial, "cayley")   # samples conv_type, hidden_dim, gnn_layers, etc.
-        agg = build_aggregator(cfg, num_layers=num_layers_for(name),
-                               hidden_in=hidden_size_for(name))
+        cfg = suggest_config(trial, "cayley")  # samples conv_type, hidden_dim, gnn_layers, etc.
+        agg = build_aggregator(cfg, num_layers=num_layers_for(name), hidden_in=hidden_size_for(name))
         model = MyModel(agg)
         return train_and_eval(model)
 

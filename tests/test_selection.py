@@ -41,17 +41,33 @@ def synthetic(n: int, seed: int) -> tuple:
 
 
 def study_data(n_train: int = 90, n_eval: int = 60) -> StudyData:
-    return StudyData(task_kind="classification", metric="accuracy", train=synthetic(n_train, 0),
-                     validation=synthetic(n_eval, 1), test=synthetic(n_eval, 2), num_layers=LAYERS, hidden_size=DIM,
-                     num_classes=CLASSES, label_names=["a", "b", "c"],
-                     split_sizes={"train": n_train, "validation": n_eval, "test": n_eval}, cache_keys={})
+    return StudyData(
+        task_kind="classification",
+        metric="accuracy",
+        train=synthetic(n_train, 0),
+        validation=synthetic(n_eval, 1),
+        test=synthetic(n_eval, 2),
+        num_layers=LAYERS,
+        hidden_size=DIM,
+        num_classes=CLASSES,
+        label_names=["a", "b", "c"],
+        split_sizes={"train": n_train, "validation": n_eval, "test": n_eval},
+        cache_keys={},
+    )
 
 
 def new_study(cv=None, pruner=None, encoder="mlp-last"):
-    study = optuna.create_study(direction="maximize", pruner=pruner or optuna.pruners.NopPruner(),
-                                sampler=optuna.samplers.RandomSampler(seed=0))
-    for key, value in {"cv": cv, "data_seed": 0, "metric": "accuracy", "direction": "maximize", "encoder": encoder,
-                       "split_sizes": {"train": 90, "validation": 60, "test": 60}}.items():
+    study = optuna.create_study(
+        direction="maximize", pruner=pruner or optuna.pruners.NopPruner(), sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    for key, value in {
+        "cv": cv,
+        "data_seed": 0,
+        "metric": "accuracy",
+        "direction": "maximize",
+        "encoder": encoder,
+        "split_sizes": {"train": 90, "validation": 60, "test": 60},
+    }.items():
         study.set_user_attr(key, value)
     study.enqueue_trial(recommended_params(encoder, DIM), user_attrs={"recommended": True})
     return study
@@ -111,8 +127,15 @@ def test_a_cv_trial_is_the_mean_of_its_fold_scores_reported_per_fold_epoch():
         assert max(per_epoch) == pytest.approx(score)
     # the folds are those of the training split only, seeded by the study's data_seed
     config = config_from_dict(study.trials[0].user_attrs["config"])
-    direct = cross_validate(config, data.train, stratified_folds(data.train[1], 3, seed=0),
-                            task_kind="classification", num_classes=CLASSES, seed=0, device="cpu")
+    direct = cross_validate(
+        config,
+        data.train,
+        stratified_folds(data.train[1], 3, seed=0),
+        task_kind="classification",
+        num_classes=CLASSES,
+        seed=0,
+        device="cpu",
+    )
     assert direct.fold_scores == pytest.approx(study.trials[0].user_attrs["fold_scores"])
 
 
@@ -142,9 +165,15 @@ def test_a_similarity_config_is_cross_validated_on_score_bins_with_one_score_sca
     pairs = np.concatenate([base, base + noise[:, None, None, None] * rng.normal(size=base.shape)], axis=1)
     scores = torch.tensor(5.0 - 2.5 * noise, dtype=torch.float32)
     folds = stratified_folds(scores, 3, seed=0, task_kind="similarity")
-    result = cross_validate(recommended_config("mean-layers").replace(epochs=2),
-                            (torch.tensor(pairs, dtype=torch.float16), scores), folds, task_kind="similarity",
-                            num_classes=None, seed=0, device="cpu")
+    result = cross_validate(
+        recommended_config("mean-layers").replace(epochs=2),
+        (torch.tensor(pairs, dtype=torch.float16), scores),
+        folds,
+        task_kind="similarity",
+        num_classes=None,
+        seed=0,
+        device="cpu",
+    )
     assert len(result.fold_scores) == 3 and all(-1.0 <= s <= 1.0 for s in result.fold_scores)
     assert result.mean == pytest.approx(statistics.fmean(result.fold_scores))
 
@@ -163,14 +192,23 @@ def test_without_cv_the_objective_scores_the_validation_split_as_before():
 
 
 def _add(study, number_value, params, *, recommended=False, folds=None, state=TrialState.COMPLETE):
-    attrs = {"num_trainable_params": params, "config": {"family": "mlp-last", "hidden_dim": 128, "lr": 1e-3,
-                                                        "weight_decay": 1e-4, "epochs": 3}}
+    attrs = {
+        "num_trainable_params": params,
+        "config": {"family": "mlp-last", "hidden_dim": 128, "lr": 1e-3, "weight_decay": 1e-4, "epochs": 3},
+    }
     if recommended:
         attrs["recommended"] = True
     if folds is not None:
         attrs["fold_scores"] = folds
-    study.add_trial(create_trial(value=number_value if state == TrialState.COMPLETE else None, state=state,
-                                 user_attrs=attrs, params={}, distributions={}))
+    study.add_trial(
+        create_trial(
+            value=number_value if state == TrialState.COMPLETE else None,
+            state=state,
+            user_attrs=attrs,
+            params={},
+            distributions={},
+        )
+    )
 
 
 def _bare_study(n_validation=400):
@@ -193,9 +231,9 @@ def test_standard_error_over_folds_or_from_the_validation_size():
 
 def test_one_se_picks_the_fewest_parameters_within_one_standard_error():
     study = _bare_study(n_validation=400)  # SE of the best (0.80): sqrt(0.8 * 0.2 / 400) = 0.02
-    _add(study, 0.770, 500, recommended=True)   # trial 0: outside the band (0.03 below)
-    _add(study, 0.800, 900)                     # the best
-    _add(study, 0.785, 300)                     # inside the band, fewest parameters: chosen
+    _add(study, 0.770, 500, recommended=True)  # trial 0: outside the band (0.03 below)
+    _add(study, 0.800, 900)  # the best
+    _add(study, 0.785, 300)  # inside the band, fewest parameters: chosen
     _add(study, 0.790, 600)
     _add(study, 0.70, 100, state=TrialState.PRUNED)  # never a candidate
     assert select_trial(study, "best").number == 1
@@ -221,8 +259,12 @@ def evaluated_study():
     """A 4-trial study on synthetic data; trial 0 (the start) trains badly (lr 1e-5), so the search gains."""
     data = study_data()
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
-    for key, value in {"metric": "accuracy", "direction": "maximize", "data_seed": 0,
-                       "split_sizes": data.split_sizes}.items():
+    for key, value in {
+        "metric": "accuracy",
+        "direction": "maximize",
+        "data_seed": 0,
+        "split_sizes": data.split_sizes,
+    }.items():
         study.set_user_attr(key, value)
     study.enqueue_trial({"hidden_dim": 128, "lr": 1e-5, "weight_decay": 1e-6}, user_attrs={"recommended": True})
     study.enqueue_trial({"hidden_dim": 512, "lr": 1e-2, "weight_decay": 1e-6})
@@ -233,8 +275,16 @@ def evaluated_study():
 
 def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_study, monkeypatch):
     study, data = evaluated_study
-    final_evaluation(study, data, encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3,
-                     select="best", show_progress=False)
+    final_evaluation(
+        study,
+        data,
+        encoder="mlp-last",
+        seeds=[1000, 1001],
+        device="cpu",
+        max_epochs=3,
+        select="best",
+        show_progress=False,
+    )
     attrs = study.user_attrs
     best = study.best_trial
     assert attrs["final_select"] == "best" and attrs["final_trial"] == best.number != 0
@@ -252,8 +302,16 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
 
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: calls.append(1) or real(*a, **k))
-    final_evaluation(study, data, encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3,
-                     select="one-se", show_progress=False)
+    final_evaluation(
+        study,
+        data,
+        encoder="mlp-last",
+        seeds=[1000, 1001],
+        device="cpu",
+        max_epochs=3,
+        select="one-se",
+        show_progress=False,
+    )
     chosen = select_trial(study, "one-se")
     assert study.user_attrs["final_trial"] == chosen.number and study.user_attrs["final_select"] == "one-se"
     assert len(calls) == (0 if chosen.number == best.number else 2)
@@ -263,8 +321,16 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
 
     # back to best: restored from final_by_rule without any training
     calls.clear()
-    final_evaluation(study, data, encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3,
-                     select="best", show_progress=False)
+    final_evaluation(
+        study,
+        data,
+        encoder="mlp-last",
+        seeds=[1000, 1001],
+        device="cpu",
+        max_epochs=3,
+        select="best",
+        show_progress=False,
+    )
     assert not calls and study.user_attrs["final_test_scores"] == attrs["final_test_scores"]
     assert final_is_current(study, [1000, 1001], 3, "best")
 
@@ -284,8 +350,16 @@ def test_when_the_start_is_selected_its_scores_are_reused_and_the_gain_is_zero(e
 
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: calls.append(1) or real(*a, **k))
-    final_evaluation(study, data, encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3,
-                     select="one-se", show_progress=False)
+    final_evaluation(
+        study,
+        data,
+        encoder="mlp-last",
+        seeds=[1000, 1001],
+        device="cpu",
+        max_epochs=3,
+        select="one-se",
+        show_progress=False,
+    )
     attrs = study.user_attrs
     assert attrs["final_trial"] == 0 and attrs["final_search_gain"] == 0.0 and len(calls) == 2
     assert attrs["final_start_test_scores"] == attrs["final_test_scores"]
@@ -294,8 +368,14 @@ def test_when_the_start_is_selected_its_scores_are_reused_and_the_gain_is_zero(e
 def test_a_legacy_final_evaluation_counts_as_best_and_shows_no_gain():
     study = _bare_study()
     _add(study, 0.8, 10, recommended=True)
-    for key, value in {"final_test_mean": 0.7, "final_test_std": 0.01, "final_test_scores": [0.69, 0.71],
-                       "final_seeds": [1000, 1001], "final_trial": 0, "final_max_epochs": 10}.items():
+    for key, value in {
+        "final_test_mean": 0.7,
+        "final_test_std": 0.01,
+        "final_test_scores": [0.69, 0.71],
+        "final_seeds": [1000, 1001],
+        "final_trial": 0,
+        "final_max_epochs": 10,
+    }.items():
         study.set_user_attr(key, value)
     assert final_is_current(study, [1000, 1001], 10, "best")
     assert not final_is_current(study, [1000, 1001], 10, "one-se")
@@ -323,8 +403,10 @@ def test_cv_is_part_of_the_study_identity_and_name():
 
 def test_sweep_grids_take_cv_globally_and_per_task_and_select(tmp_path):
     grid = tmp_path / "grid.toml"
-    grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley"]\ncv = 5\nselect = "one-se"\nmax_train = 500\n'
-                    '[trials]\ndefault = 2\n[tasks.trec]\n[tasks.sst2]\ncv = 3\n')
+    grid.write_text(
+        'models = ["minilm-l6"]\nencoders = ["cayley"]\ncv = 5\nselect = "one-se"\nmax_train = 500\n'
+        "[trials]\ndefault = 2\n[tasks.trec]\n[tasks.sst2]\ncv = 3\n"
+    )
     sweep = load_sweep(grid)
     names = {e.task: e.study_name for e in sweep.entries}
     assert names == {"trec": "minilm-l6:trec:cayley:train500:cv5", "sst2": "minilm-l6:sst2:cayley:train500:cv3"}
@@ -332,8 +414,9 @@ def test_sweep_grids_take_cv_globally_and_per_task_and_select(tmp_path):
     grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley"]\n[trials]\ndefault = 2\n[tasks.trec]\ncv = 1\n')
     with pytest.raises(ValueError, match=r"\[tasks.trec\]: cv must be"):
         load_sweep(grid)
-    grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley"]\nselect = "max"\n[trials]\ndefault = 2\n'
-                    '[tasks.trec]\n')
+    grid.write_text(
+        'models = ["minilm-l6"]\nencoders = ["cayley"]\nselect = "max"\n[trials]\ndefault = 2\n[tasks.trec]\n'
+    )
     with pytest.raises(ValueError, match="select"):
         load_sweep(grid)
 
@@ -352,17 +435,38 @@ def test_the_cli_offers_the_selection_rules_of_the_library():
 
 def _stored_study(url, name, *, cv=None, max_train=500, by_rule=None, legacy=False, encoder="cayley"):
     study = optuna.create_study(study_name=name, storage=url, direction="maximize")
-    for key, value in {"model": "minilm-l6", "task": "trec", "encoder": encoder, "metric": "accuracy",
-                       "max_train": max_train, "cv": cv, "split_sizes": {"validation": 400}}.items():
+    for key, value in {
+        "model": "minilm-l6",
+        "task": "trec",
+        "encoder": encoder,
+        "metric": "accuracy",
+        "max_train": max_train,
+        "cv": cv,
+        "split_sizes": {"validation": 400},
+    }.items():
         study.set_user_attr(key, value)
-    study.add_trial(create_trial(value=0.8, user_attrs={"recommended": True, "num_trainable_params": 10,
-                                                        "seconds": 4.0, "config": {}}))
+    study.add_trial(
+        create_trial(
+            value=0.8, user_attrs={"recommended": True, "num_trainable_params": 10, "seconds": 4.0, "config": {}}
+        )
+    )
     study.add_trial(create_trial(value=0.84, user_attrs={"num_trainable_params": 20, "seconds": 6.0, "config": {}}))
-    final = {"final_test_mean": 0.7, "final_test_std": 0.01, "final_test_scores": [0.69, 0.71],
-             "final_seeds": [1000, 1001], "final_trial": 1, "final_max_epochs": 10}
+    final = {
+        "final_test_mean": 0.7,
+        "final_test_std": 0.01,
+        "final_test_scores": [0.69, 0.71],
+        "final_seeds": [1000, 1001],
+        "final_trial": 1,
+        "final_max_epochs": 10,
+    }
     if not legacy:
-        final.update(final_select="one-se", final_search_gain=-0.03, final_val_test_gap=0.14,
-                     final_start_test_mean=0.73, final_by_rule=by_rule)
+        final.update(
+            final_select="one-se",
+            final_search_gain=-0.03,
+            final_val_test_gap=0.14,
+            final_start_test_mean=0.73,
+            final_by_rule=by_rule,
+        )
     for key, value in final.items():
         study.set_user_attr(key, value)
 
@@ -372,12 +476,22 @@ def test_the_report_shows_gain_and_gap_and_a_dash_for_studies_without_them(tmp_p
     from ilge_search.report.tables import selection_frame, selection_rows, selection_summary_rows, studies_rows
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    rule = {"final_trial": 1, "final_test_mean": 0.70, "final_test_std": 0.01, "final_test_scores": [0.69, 0.71],
-            "final_start_test_mean": 0.73, "final_search_gain": -0.03, "final_val_test_gap": 0.14}
+    rule = {
+        "final_trial": 1,
+        "final_test_mean": 0.70,
+        "final_test_std": 0.01,
+        "final_test_scores": [0.69, 0.71],
+        "final_start_test_mean": 0.73,
+        "final_search_gain": -0.03,
+        "final_val_test_gap": 0.14,
+    }
     _stored_study(url, "legacy", legacy=True, max_train=2000)
-    _stored_study(url, "cv", cv=5, by_rule={"best": rule, "one-se": {**rule, "final_trial": 0,
-                                                                       "final_test_mean": 0.73,
-                                                                       "final_search_gain": 0.0}})
+    _stored_study(
+        url,
+        "cv",
+        cv=5,
+        by_rule={"best": rule, "one-se": {**rule, "final_trial": 0, "final_test_mean": 0.73, "final_search_gain": 0.0}},
+    )
     records, duplicates, _ = collect_records(url)
     every = records + duplicates
     header, rows = studies_rows(every)
@@ -396,8 +510,10 @@ def test_the_report_shows_gain_and_gap_and_a_dash_for_studies_without_them(tmp_p
     assert cells[6:10] == ["70.00 ± 1.00 (1)", "73.00 ± 1.00 (0)", "-3.00", "+0.00"]
     assert rows[0][7].bold and not rows[0][6].bold
     _, summary = selection_summary_rows(frame)
-    assert [[c.text for c in row][:7] for row in summary] == [["500", "5", "best", "1", "70.00", "-3.00", "1 of 1"],
-                                                             ["500", "5", "one-se", "1", "73.00", "+0.00", "0 of 1"]]
+    assert [[c.text for c in row][:7] for row in summary] == [
+        ["500", "5", "best", "1", "70.00", "-3.00", "1 of 1"],
+        ["500", "5", "one-se", "1", "73.00", "+0.00", "0 of 1"],
+    ]
 
 
 def test_the_rule_table_has_one_row_per_study_and_leaves_out_studies_of_one_rule(tmp_path):
@@ -405,15 +521,27 @@ def test_the_rule_table_has_one_row_per_study_and_leaves_out_studies_of_one_rule
     from ilge_search.report.tables import selection_frame, selection_rows
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    rule = {"final_trial": 1, "final_test_mean": 0.70, "final_test_std": 0.01, "final_test_scores": [0.69, 0.71],
-            "final_start_test_mean": 0.73, "final_search_gain": -0.03, "final_val_test_gap": 0.14}
+    rule = {
+        "final_trial": 1,
+        "final_test_mean": 0.70,
+        "final_test_std": 0.01,
+        "final_test_scores": [0.69, 0.71],
+        "final_start_test_mean": 0.73,
+        "final_search_gain": -0.03,
+        "final_val_test_gap": 0.14,
+    }
     both = {"best": rule, "one-se": {**rule, "final_trial": 0, "final_test_mean": 0.73, "final_search_gain": 0.0}}
     # two encoders with the same model, task, size and cv: their rows must not merge
     _stored_study(url, "cayley", by_rule=both)
-    _stored_study(url, "fc", by_rule={"best": {**rule, "final_test_mean": 0.60, "final_start_test_mean": 0.61}},
-                  encoder="fc")  # one rule: nothing to compare
-    _stored_study(url, "deepset", by_rule={name: {**kept, "final_start_test_mean": 0.5}
-                                           for name, kept in both.items()}, encoder="deepset")
+    _stored_study(
+        url, "fc", by_rule={"best": {**rule, "final_test_mean": 0.60, "final_start_test_mean": 0.61}}, encoder="fc"
+    )  # one rule: nothing to compare
+    _stored_study(
+        url,
+        "deepset",
+        by_rule={name: {**kept, "final_start_test_mean": 0.5} for name, kept in both.items()},
+        encoder="deepset",
+    )
     records, duplicates, _ = collect_records(url)
     frame = selection_frame(records + duplicates)
     assert set(frame["study"]) == {"cayley", "deepset"}

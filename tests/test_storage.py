@@ -67,8 +67,9 @@ def test_a_trial_that_never_sent_a_heartbeat_is_failed_and_retried(storage_url):
     assert study.trials[0].state == TrialState.RUNNING  # still inside the grace period
     old = datetime.datetime.now() - datetime.timedelta(seconds=30)
     with storage.rdb.engine.begin() as connection:
-        connection.exec_driver_sql(f"UPDATE trials SET datetime_start = '{old.isoformat(' ')}' "
-                                   f"WHERE trial_id = {trial._trial_id}")
+        connection.exec_driver_sql(
+            f"UPDATE trials SET datetime_start = '{old.isoformat(' ')}' WHERE trial_id = {trial._trial_id}"
+        )
     fail_stale_trials(study, storage)
     states = [t.state for t in study.trials]
     assert states == [TrialState.FAIL, TrialState.WAITING]  # failed once, re-queued with the same params
@@ -85,11 +86,14 @@ def test_missing_sqlite_file_is_refused_only_when_it_must_exist(tmp_path):
     open_storage(url, must_exist=True)
 
 
-@pytest.mark.parametrize("url, message", [
-    ("not a url", "not a database URL"),
-    ("mysql+nosuchdriver://u:secret@127.0.0.1/db", "no database driver"),
-    ("postgresql+psycopg2://nobody:secret@127.0.0.1:1/none", "cannot open the study storage"),
-])
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("not a url", "not a database URL"),
+        ("mysql+nosuchdriver://u:secret@127.0.0.1/db", "no database driver"),
+        ("postgresql+psycopg2://nobody:secret@127.0.0.1:1/none", "cannot open the study storage"),
+    ],
+)
 def test_bad_urls_say_what_is_wrong_and_hide_the_password(url, message):
     with pytest.raises(StorageError, match=message) as info:
         open_storage(url)

@@ -42,8 +42,16 @@ def sqlite_url(path) -> str:
 
 
 def test_resolve_encoders_expands_all_in_order_and_rejects_unknown():
-    assert resolve_encoders("all") == ["cayley", "fc", "deepset", "last-layer", "best-layer", "mean-layers",
-                                       "scalar-mix", "mlp-last"]
+    assert resolve_encoders("all") == [
+        "cayley",
+        "fc",
+        "deepset",
+        "last-layer",
+        "best-layer",
+        "mean-layers",
+        "scalar-mix",
+        "mlp-last",
+    ]
     assert resolve_encoders(["fc", "cayley", "fc"]) == ["fc", "cayley"]
     with pytest.raises(ValueError, match="unknown encoder 'gcn'"):
         resolve_encoders(["gcn"])
@@ -52,7 +60,8 @@ def test_resolve_encoders_expands_all_in_order_and_rejects_unknown():
 def test_default_study_name_encodes_every_identity_option():
     assert default_study_name("minilm-l6", "trec", "cayley") == "minilm-l6:trec:cayley"
     assert default_study_name("m", "t", "fc", shots=8, max_train=300, max_eval=200, max_epochs=5) == (
-        "m:t:fc:8shot:train300:eval200:ep5")
+        "m:t:fc:8shot:train300:eval200:ep5"
+    )
 
 
 @pytest.mark.parametrize("n, workers", [(6, 2), (7, 2), (5, 3), (2, 4), (100, 7)])
@@ -115,12 +124,15 @@ def test_sqlite_workers_never_pop_the_same_enqueued_trial(tmp_path):
     assert popped == list(range(12))
 
 
-@pytest.mark.parametrize("url, message", [
-    ("not a url", "not a database URL"),
-    ("postgresql+psycopg2://nobody@127.0.0.1:1/none", "cannot open the study storage"),
-    ("mysql+nosuchdriver://u:secret@127.0.0.1/db", "no database driver"),
-    ("mysql://u:secret@127.0.0.1/db", "no database driver"),
-])
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("not a url", "not a database URL"),
+        ("postgresql+psycopg2://nobody@127.0.0.1:1/none", "cannot open the study storage"),
+        ("mysql+nosuchdriver://u:secret@127.0.0.1/db", "no database driver"),
+        ("mysql://u:secret@127.0.0.1/db", "no database driver"),
+    ],
+)
 def test_bad_storage_urls_are_clear_errors(url, message):
     with pytest.raises(StorageError) as info:
         make_storage(url)
@@ -151,8 +163,17 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path, data_dir):
 def test_a_study_name_reused_for_another_task_is_refused_before_extraction(tmp_path, data_dir):
     url = sqlite_url(tmp_path / "s.db")
     study = optuna.create_study(study_name="mine", storage=url, direction="maximize")
-    for key, value in {"model": MODEL, "task": "trec", "encoder": "cayley", "shots": None, "max_train": None,
-                       "max_eval": None, "max_epochs": None, "data_seed": 0, "ilge_search_ready": True}.items():
+    for key, value in {
+        "model": MODEL,
+        "task": "trec",
+        "encoder": "cayley",
+        "shots": None,
+        "max_train": None,
+        "max_eval": None,
+        "max_epochs": None,
+        "data_seed": 0,
+        "ilge_search_ready": True,
+    }.items():
         study.set_user_attr(key, value)
     cache = tmp_path / "cache"
     with pytest.raises(StudyConflictError) as info:
@@ -180,8 +201,21 @@ def trec_study(tmp_path_factory, data_dir, cache_dir):
     """One 6-trial cayley study on a trec subset, shared by the checks below."""
     root = tmp_path_factory.mktemp("study")
     url = sqlite_url(root / "studies.db")
-    results = run_study(MODEL, "trec", "cayley", n_trials=6, storage=url, final_seeds=2, seed=0,
-                        data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)
+    results = run_study(
+        MODEL,
+        "trec",
+        "cayley",
+        n_trials=6,
+        storage=url,
+        final_seeds=2,
+        seed=0,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )
     return url, results[0]
 
 
@@ -259,8 +293,9 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
     download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["config"], file_path=str(meta))
     info = json.loads(meta.read_text())
     assert info["model"] == MODEL and info["task"] == "trec" and info["seed"] in attrs["final_seeds"]
-    model = build_model(config_from_dict(info["config"]), info["num_layers"], info["hidden_size"],
-                        "classification", info["num_classes"])
+    model = build_model(
+        config_from_dict(info["config"]), info["num_layers"], info["hidden_size"], "classification", info["num_classes"]
+    )
     model.load_state_dict(load_file(str(weights)))
     from ilge_search.study.data import DataSpec, load_task_data
 
@@ -276,8 +311,20 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
 @pytest.mark.realmodel
 def test_rerunning_resumes_and_adds_trials(trec_study, data_dir, cache_dir):
     url, result = trec_study
-    again = run_study(MODEL, "trec", "cayley", n_trials=3, storage=url, final_seeds=2, data_dir=data_dir,
-                      cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    again = run_study(
+        MODEL,
+        "trec",
+        "cayley",
+        n_trials=3,
+        storage=url,
+        final_seeds=2,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert len(study.trials) == 9 and again.n_finished == 9
     assert [t.number for t in study.trials] == list(range(9))
@@ -295,8 +342,22 @@ def listed_row(url, name):
 @pytest.mark.realmodel
 def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "workers.db")
-    result = run_study(MODEL, "trec", "deepset", n_trials=7, workers=2, storage=url, final_seeds=1, seed=3,
-                       data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    result = run_study(
+        MODEL,
+        "trec",
+        "deepset",
+        n_trials=7,
+        workers=2,
+        storage=url,
+        final_seeds=1,
+        seed=3,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     states = [t.state for t in study.trials]
     assert len(states) == 7 and all(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
@@ -310,8 +371,17 @@ def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_d
 @pytest.mark.realmodel
 def test_total_trials_is_one_cap_across_calls_and_workers(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "capped.db")
-    common = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                  show_progress=False, threads=1, pruner="none", **SMALL)
+    common = dict(
+        storage=url,
+        final_seeds=0,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        pruner="none",
+        **SMALL,
+    )
     name = run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=3, **common)[0].study_name
     study = optuna.load_study(study_name=name, storage=url)
     assert len(study.trials) == 3  # no n_trials: ran until the cap
@@ -333,9 +403,21 @@ def test_total_trials_is_one_cap_across_calls_and_workers(tmp_path, data_dir, ca
 @pytest.mark.realmodel
 def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir):
     url = sqlite_url(tmp_path / "sts.db")
-    result = run_study(MODEL, "stsb", "deepset", n_trials=3, storage=url, final_seeds=2, zero_shot_tasks=["sick_r"],
-                       data_dir=data_dir,
-                       cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    result = run_study(
+        MODEL,
+        "stsb",
+        "deepset",
+        n_trials=3,
+        storage=url,
+        final_seeds=2,
+        zero_shot_tasks=["sick_r"],
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     attrs = study.user_attrs
     assert attrs["metric"] == result.metric == "spearman" and attrs["task_kind"] == "similarity"
@@ -354,9 +436,21 @@ def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir
 @pytest.mark.realmodel
 def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "best.db")
-    result = run_study(MODEL, "trec", "best-layer", n_trials=2, storage=url, final_seeds=1, sampler="gp",
-                       data_dir=data_dir,
-                       cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    result = run_study(
+        MODEL,
+        "trec",
+        "best-layer",
+        n_trials=2,
+        storage=url,
+        final_seeds=1,
+        sampler="gp",
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     for trial in study.trials:
         scores = trial.user_attrs["layer_scores"]
@@ -371,9 +465,22 @@ def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_
 @pytest.mark.realmodel
 def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "shots.db")
-    result = run_study(MODEL, "trec", "last-layer", n_trials=2, shots=4, max_eval=160, max_epochs=6, storage=url,
-                       final_seeds=1, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False,
-                       threads=1)[0]
+    result = run_study(
+        MODEL,
+        "trec",
+        "last-layer",
+        n_trials=2,
+        shots=4,
+        max_eval=160,
+        max_epochs=6,
+        storage=url,
+        final_seeds=1,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+    )[0]
     assert result.study_name == "minilm-l6:trec:last-layer:4shot:eval160:ep6"
     attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
     assert attrs["shots"] == 4 and attrs["split_sizes"]["train"] == 4 * 6
@@ -382,8 +489,7 @@ def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, data_dir, cache
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, cache_dir, monkeypatch,
-                                                            trec_study):
+def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, cache_dir, monkeypatch, trec_study):
     import ilge_search.engine as engine
 
     url = sqlite_url(tmp_path / "int.db")
@@ -397,8 +503,16 @@ def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, 
         return real_train(*args, **kwargs)
 
     monkeypatch.setattr(engine, "train_encoder", interrupted_on_third_call)
-    options = dict(storage=url, final_seeds=1, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                   show_progress=False, threads=1, **SMALL)
+    options = dict(
+        storage=url,
+        final_seeds=1,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )
     with pytest.raises(KeyboardInterrupt):
         run_study(MODEL, "trec", "mean-layers", n_trials=5, **options)
     name = default_study_name(MODEL, "trec", "mean-layers", **SMALL)
@@ -417,8 +531,18 @@ def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "hb.db")
-    options = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                   show_progress=False, threads=1, heartbeat_interval=1, grace_period=2, **SMALL)
+    options = dict(
+        storage=url,
+        final_seeds=0,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        heartbeat_interval=1,
+        grace_period=2,
+        **SMALL,
+    )
     run_study(MODEL, "trec", "last-layer", n_trials=1, **options)
     name = default_study_name(MODEL, "trec", "last-layer", **SMALL)
     # a worker that asked for a trial, beat once and died
@@ -445,8 +569,21 @@ def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data
 @pytest.mark.postgres
 def test_plain_postgresql_url_with_two_workers(postgres_url, data_dir, cache_dir, trec_study):
     url = postgres_url.replace("postgresql+psycopg2://", "postgresql://")  # as users write it
-    result = run_study(MODEL, "trec", "last-layer", n_trials=4, workers=2, storage=url, final_seeds=1,
-                       data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, threads=1, **SMALL)[0]
+    result = run_study(
+        MODEL,
+        "trec",
+        "last-layer",
+        n_trials=4,
+        workers=2,
+        storage=url,
+        final_seeds=1,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        show_progress=False,
+        threads=1,
+        **SMALL,
+    )[0]
     study = optuna.load_study(study_name=result.study_name, storage=make_storage(url, heartbeat_interval=None))
     assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)

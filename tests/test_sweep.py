@@ -28,7 +28,12 @@ def test_paper_grid_has_three_models_thirteen_tasks_and_paper_budgets():
     assert len(sweep.entries) == 3 * len(trained) * len(ENCODER_CHOICES)
     budget = {e.encoder: e.n_trials for e in sweep.entries if e.task == "banking77"}
     assert (budget["cayley"], budget["fc"], budget["deepset"], budget["mlp-last"], budget["scalar-mix"]) == (
-        100, 100, 100, 100, 50)
+        100,
+        100,
+        100,
+        100,
+        50,
+    )
     assert {e.max_epochs for e in sweep.entries if e.task == "stsb"} == {25}
 
 
@@ -36,14 +41,17 @@ def test_offline_grid_covers_both_offline_models_six_tasks_every_method():
     sweep = load_sweep(REPO / "studies" / "offline.toml")
     assert sorted({e.model for e in sweep.entries}) == ["minilm-l6", "smollm2-135m"]
     assert sorted({e.task for e in sweep.entries}) == sorted(
-        ["banking77", "emotion", "trec", "sst2", "tweeteval_emotion", "stsb"])
+        ["banking77", "emotion", "trec", "sst2", "tweeteval_emotion", "stsb"]
+    )
     assert len(sweep.entries) == 2 * 6 * len(ENCODER_CHOICES)
     assert sweep.final_seeds >= 3
     assert all(e.n_trials > 0 for e in sweep.entries)
 
 
 def test_budgets_defaults_and_task_overrides(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 models = ["minilm-l6"]
 encoders = ["cayley", "last-layer"]
 max_train = 500
@@ -55,7 +63,8 @@ last-layer = 2
 max_train = 100
 shots = 4
 trials = { cayley = 3 }
-""")
+""",
+    )
     sweep = load_sweep(path)
     got = {(e.task, e.encoder): (e.n_trials, e.max_train, e.shots) for e in sweep.entries}
     assert got == {
@@ -64,12 +73,17 @@ trials = { cayley = 3 }
         ("sst2", "cayley"): (3, 100, 4),
         ("sst2", "last-layer"): (2, 100, 4),
     }
-    assert sweep.name == "grid" and sweep.storage is None and sweep.pairs() == [("minilm-l6", "trec"),
-                                                                                 ("minilm-l6", "sst2")]
+    assert (
+        sweep.name == "grid"
+        and sweep.storage is None
+        and sweep.pairs() == [("minilm-l6", "trec"), ("minilm-l6", "sst2")]
+    )
 
 
 def test_a_shots_list_expands_to_one_study_per_count_and_full(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 models = ["minilm-l6"]
 encoders = ["cayley", "last-layer"]
 max_train = 500
@@ -82,32 +96,49 @@ default = 2
 shots = 32
 [tasks.emotion]
 shots = ["full", 64]
-""")
+""",
+    )
     sweep = load_sweep(path)
     got = [(e.task, e.shots, e.encoder) for e in sweep.entries]
-    assert got == [("trec", 8, "cayley"), ("trec", 8, "last-layer"), ("trec", 16, "cayley"),
-                   ("trec", 16, "last-layer"), ("trec", None, "cayley"), ("trec", None, "last-layer"),
-                   ("sst2", 32, "cayley"), ("sst2", 32, "last-layer"),
-                   ("emotion", None, "cayley"), ("emotion", None, "last-layer"), ("emotion", 64, "cayley"),
-                   ("emotion", 64, "last-layer")]
+    assert got == [
+        ("trec", 8, "cayley"),
+        ("trec", 8, "last-layer"),
+        ("trec", 16, "cayley"),
+        ("trec", 16, "last-layer"),
+        ("trec", None, "cayley"),
+        ("trec", None, "last-layer"),
+        ("sst2", 32, "cayley"),
+        ("sst2", 32, "last-layer"),
+        ("emotion", None, "cayley"),
+        ("emotion", None, "last-layer"),
+        ("emotion", 64, "cayley"),
+        ("emotion", 64, "last-layer"),
+    ]
     names = [e.study_name for e in sweep.entries if e.task == "trec" and e.encoder == "cayley"]
-    assert names == ["minilm-l6:trec:cayley:8shot:train500:eval400", "minilm-l6:trec:cayley:16shot:train500:eval400",
-                     "minilm-l6:trec:cayley:train500:eval400"]  # "full" is the study a grid without shots makes
+    assert names == [
+        "minilm-l6:trec:cayley:8shot:train500:eval400",
+        "minilm-l6:trec:cayley:16shot:train500:eval400",
+        "minilm-l6:trec:cayley:train500:eval400",
+    ]  # "full" is the study a grid without shots makes
     assert len({e.study_name for e in sweep.entries}) == len(sweep.entries)
     assert sweep.pairs() == [("minilm-l6", "trec"), ("minilm-l6", "sst2"), ("minilm-l6", "emotion")]
     # each count is its own study identity, run by its own run_study call
     from ilge_search.study.identity import study_identity
 
     options = sweep.study_options()
-    identities = {e.shots: study_identity(e.model, e.task, e.encoder, options.replace(shots=e.shots,
-                                                                                       max_train=e.max_train))
-                  for e in sweep.entries if e.task == "trec" and e.encoder == "cayley"}
+    identities = {
+        e.shots: study_identity(e.model, e.task, e.encoder, options.replace(shots=e.shots, max_train=e.max_train))
+        for e in sweep.entries
+        if e.task == "trec" and e.encoder == "cayley"
+    }
     assert [identities[s]["shots"] for s in (8, 16, None)] == [8, 16, None]
 
 
 def test_old_grids_keep_their_studies(tmp_path):
     """A single count (or none) gives exactly the entries and names it gave before shots lists existed."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 models = ["minilm-l6"]
 encoders = ["cayley"]
 shots = 8
@@ -116,9 +147,12 @@ default = 2
 [tasks.trec]
 [tasks.sst2]
 shots = 4
-""")
-    assert [e.study_name for e in load_sweep(path).entries] == ["minilm-l6:trec:cayley:8shot",
-                                                                "minilm-l6:sst2:cayley:4shot"]
+""",
+    )
+    assert [e.study_name for e in load_sweep(path).entries] == [
+        "minilm-l6:trec:cayley:8shot",
+        "minilm-l6:sst2:cayley:4shot",
+    ]
     offline = load_sweep(REPO / "studies" / "offline.toml")
     assert {e.shots for e in offline.entries} == {None}
     assert "minilm-l6:trec:cayley:train500:eval400:ep10" in {e.study_name for e in offline.entries}
@@ -135,24 +169,33 @@ def test_the_fewshot_grid_shares_the_offline_grids_full_data_studies():
     assert full <= {e.study_name for e in offline.entries}  # the full points are the offline grid's studies
 
 
-@pytest.mark.parametrize("text, message", [
-    ('models = ["m"]\ncolour = 1\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown key(s) ['colour']"),
-    ('models = ["m"]\nencoders = ["cayley"]\n[tasks.trec]\n', "no trial budget for encoder 'cayley'"),
-    ('models = ["m"]\nsampler = "cmaes"\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown sampler 'cmaes'"),
-    ('models = ["m"]\nencoders = ["gnn"]\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown encoder 'gnn'"),
-    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.no_such_task]\n', "unknown task 'no_such_task'"),
-    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nmax_train = 0\n', "max_train must be an integer >= 1"),
-    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nepochs = 3\n', "[tasks.trec]: unknown key(s) ['epochs']"),
-    ('models = []\n[trials]\ndefault = 1\n[tasks.trec]\n', "models must be a non-empty list"),
-    ('models = ["m"]\n[trials]\ndefault = 1\n', "no tasks"),
-    ('models = ["m"]\nstorage = "studies.db"\n[trials]\ndefault = 1\n[tasks.trec]\n', "storage must be a database URL"),
-    ('models = ["m"\n', "not valid TOML"),
-    ('models = ["m"]\nshots = "full"\n[trials]\ndefault = 1\n[tasks.trec]\n', "shots must be a count >= 1"),
-    ('models = ["m"]\nshots = [8, 0]\n[trials]\ndefault = 1\n[tasks.trec]\n', "shots must be an integer >= 1"),
-    ('models = ["m"]\nshots = []\n[trials]\ndefault = 1\n[tasks.trec]\n', "non-empty list of counts"),
-    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nshots = [8, 8]\n', "[tasks.trec]: shots lists 8 twice"),
-    ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.stsb]\nshots = [8, "full"]\n', "shots needs a classification"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('models = ["m"]\ncolour = 1\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown key(s) ['colour']"),
+        ('models = ["m"]\nencoders = ["cayley"]\n[tasks.trec]\n', "no trial budget for encoder 'cayley'"),
+        ('models = ["m"]\nsampler = "cmaes"\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown sampler 'cmaes'"),
+        ('models = ["m"]\nencoders = ["gnn"]\n[trials]\ndefault = 1\n[tasks.trec]\n', "unknown encoder 'gnn'"),
+        ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.no_such_task]\n', "unknown task 'no_such_task'"),
+        ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nmax_train = 0\n', "max_train must be an integer >= 1"),
+        (
+            'models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nepochs = 3\n',
+            "[tasks.trec]: unknown key(s) ['epochs']",
+        ),
+        ("models = []\n[trials]\ndefault = 1\n[tasks.trec]\n", "models must be a non-empty list"),
+        ('models = ["m"]\n[trials]\ndefault = 1\n', "no tasks"),
+        (
+            'models = ["m"]\nstorage = "studies.db"\n[trials]\ndefault = 1\n[tasks.trec]\n',
+            "storage must be a database URL",
+        ),
+        ('models = ["m"\n', "not valid TOML"),
+        ('models = ["m"]\nshots = "full"\n[trials]\ndefault = 1\n[tasks.trec]\n', "shots must be a count >= 1"),
+        ('models = ["m"]\nshots = [8, 0]\n[trials]\ndefault = 1\n[tasks.trec]\n', "shots must be an integer >= 1"),
+        ('models = ["m"]\nshots = []\n[trials]\ndefault = 1\n[tasks.trec]\n', "non-empty list of counts"),
+        ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.trec]\nshots = [8, 8]\n', "[tasks.trec]: shots lists 8 twice"),
+        ('models = ["m"]\n[trials]\ndefault = 1\n[tasks.stsb]\nshots = [8, "full"]\n', "shots needs a classification"),
+    ],
+)
 def test_bad_grids_fail_with_the_key_named(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(ValueError) as info:
@@ -167,13 +210,16 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 
 def test_plan_of_an_empty_storage_has_everything_to_run(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 models = ["minilm-l6", "smollm2-135m"]
 encoders = ["deepset"]
 [trials]
 default = 4
 [tasks.trec]
-""")
+""",
+    )
     plan = plan_sweep(path, storage=f"sqlite:///{tmp_path / 's.db'}")
     assert list(plan["to_run"]) == [4, 4]
     assert list(plan["finished"]) == [0, 0]
@@ -186,7 +232,9 @@ def test_tiny_real_sweep_runs_to_budget_and_a_rerun_adds_nothing(tmp_path, data_
     import optuna
 
     storage = f"sqlite:///{tmp_path / 'sweep.db'}"
-    path = write(tmp_path, f"""
+    path = write(
+        tmp_path,
+        f"""
 storage = "{storage}"
 models = ["minilm-l6"]
 encoders = ["last-layer", "deepset"]
@@ -199,7 +247,8 @@ max_eval = 150
 default = 3
 last-layer = 2
 [tasks.trec]
-""")
+""",
+    )
     results = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
     assert [(r.encoder, r.n_finished) for r in results] == [("last-layer", 2), ("deepset", 3)]
     assert all(len(r.test_scores) == 2 and r.test_mean is not None for r in results)
@@ -215,8 +264,9 @@ last-layer = 2
 
     # a bigger budget tops the study up to it, not by it
     path.write_text(path.read_text().replace("last-layer = 2", "last-layer = 4"))
-    topped = run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-                       show_progress=False)
+    topped = run_sweep(
+        path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False
+    )
     assert [(r.encoder, r.n_finished) for r in topped] == [("last-layer", 4)]
 
     # a trial in flight in another process (a second sweep on the same storage) counts toward the budget,
@@ -225,8 +275,6 @@ last-layer = 2
 
     optuna.load_study(study_name=topped[0].study_name, storage=storage).ask()
     path.write_text(path.read_text().replace("last-layer = 4", "last-layer = 6"))
-    run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu",
-              show_progress=False)
-    states = Counter(t.state.name for t in optuna.load_study(study_name=topped[0].study_name,
-                                                             storage=storage).trials)
+    run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
+    states = Counter(t.state.name for t in optuna.load_study(study_name=topped[0].study_name, storage=storage).trials)
     assert states["RUNNING"] == 1 and states["COMPLETE"] + states["PRUNED"] == 5

@@ -10,8 +10,21 @@ import pytest
 
 from ilge_search.tasks import TASKS, TaskError, few_shot, get_task_spec, list_tasks, load_task, subsample
 
-PAPER_TASKS = {"banking77", "emotion", "mtop_domain", "mtop_intent", "poem_sentiment", "stsb",
-               "sts12", "sts13", "sts14", "sts15", "sts16", "biosses", "sick_r"}
+PAPER_TASKS = {
+    "banking77",
+    "emotion",
+    "mtop_domain",
+    "mtop_intent",
+    "poem_sentiment",
+    "stsb",
+    "sts12",
+    "sts13",
+    "sts14",
+    "sts15",
+    "sts16",
+    "biosses",
+    "sick_r",
+}
 
 
 def write_jsonl(path, rows):
@@ -35,8 +48,15 @@ def test_registry_has_the_paper_tasks_and_more():
     for name in ("stsb", "sts12", "sts13", "sts14", "sts15", "sts16", "biosses", "sick_r"):
         assert (TASKS[name].kind, TASKS[name].metric) == ("similarity", "spearman")
     assert TASKS["stsb"].zero_shot_of is None
-    assert {n for n, s in TASKS.items() if s.zero_shot_of == "stsb"} == {"sts12", "sts13", "sts14", "sts15",
-                                                                           "sts16", "biosses", "sick_r"}
+    assert {n for n, s in TASKS.items() if s.zero_shot_of == "stsb"} == {
+        "sts12",
+        "sts13",
+        "sts14",
+        "sts15",
+        "sts16",
+        "biosses",
+        "sick_r",
+    }
     assert TASKS["sick_r"].local_name == "sick"
     assert all(spec.hf_dataset for spec in TASKS.values())
     assert get_task_spec("Sick-R") is TASKS["sick_r"]
@@ -169,8 +189,12 @@ def test_bad_score_and_bad_json(tmp_path):
 def test_custom_csv_tsv_and_folder(tmp_path):
     import pandas as pd
 
-    frame = pd.DataFrame({"utterance": [f"sentence number {i}" for i in range(40)],
-                          "intent": [["greet", "bye", "ask"][i % 3] for i in range(40)]})
+    frame = pd.DataFrame(
+        {
+            "utterance": [f"sentence number {i}" for i in range(40)],
+            "intent": [["greet", "bye", "ask"][i % 3] for i in range(40)],
+        }
+    )
     frame.to_csv(tmp_path / "data.csv", index=False)
     frame.to_csv(tmp_path / "data.tsv", index=False, sep="\t")
     csv = load_task(tmp_path / "data.csv", text_col="utterance", label_col="intent")
@@ -193,8 +217,9 @@ def test_custom_csv_tsv_and_folder(tmp_path):
 
 
 def test_custom_pairs_and_numeric_labels(tmp_path):
-    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"a": f"first {i}", "b": f"second {i}", "sim": i / 10}
-                                                   for i in range(20)])
+    pairs = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"a": f"first {i}", "b": f"second {i}", "sim": i / 10} for i in range(20)]
+    )
     task = load_task(pairs, text_cols=["a", "b"], score_col="sim")
     assert task.kind == "similarity" and task.spec.metric == "spearman"
     assert len(task["train"]) + len(task["validation"]) == 20 and len(task["validation"]) == 3

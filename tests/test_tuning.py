@@ -47,8 +47,15 @@ def test_graph_space_and_conditional_parameters(family):
 def test_deepset_space():
     study, configs = _run("deepset")
     for trial in study.trials:
-        assert set(trial.params) == {"hidden_dim", "pre_pooling_layers", "post_pooling_layers", "pooling",
-                                     "dropout", "lr", "weight_decay"}
+        assert set(trial.params) == {
+            "hidden_dim",
+            "pre_pooling_layers",
+            "post_pooling_layers",
+            "pooling",
+            "dropout",
+            "lr",
+            "weight_decay",
+        }
         assert 0 <= trial.params["pre_pooling_layers"] <= 2 and 0 <= trial.params["post_pooling_layers"] <= 2
         assert isinstance(configs[trial.number], DeepSetConfig)
 
@@ -133,15 +140,19 @@ def _write(tmp_path, monkeypatch, content):
 
 
 def test_defaults_file_overrides_builtin(tmp_path, monkeypatch):
-    _write(tmp_path, monkeypatch, {
-        "format_version": 1,
-        "metadata": {"source": "test"},
-        "families": {"cayley": {"large": {"lr": 3e-4, "conv_type": "gat", "gat_heads": 8}}},
-    })
+    _write(
+        tmp_path,
+        monkeypatch,
+        {
+            "format_version": 1,
+            "metadata": {"source": "test"},
+            "families": {"cayley": {"large": {"lr": 3e-4, "conv_type": "gat", "gat_heads": 8}}},
+        },
+    )
     large = recommended_config("cayley", "large")
     assert (large.lr, large.conv_type, large.gat_heads, large.hidden_dim) == (3e-4, "gat", 8, 256)
     assert recommended_config("cayley", "small").lr == 1e-3  # bucket not in the file: built-in
-    assert recommended_config("deepset").lr == 1e-3           # family not in the file: built-in
+    assert recommended_config("deepset").lr == 1e-3  # family not in the file: built-in
 
 
 @pytest.mark.parametrize(

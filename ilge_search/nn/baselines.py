@@ -68,8 +68,10 @@ class _LayerReadout(LayerEncoder):
         return ""
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}"
-                f"{self.extra_repr_args()})")
+        return (
+            f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}"
+            f"{self.extra_repr_args()})"
+        )
 
 
 class LastLayer(_LayerReadout):
@@ -199,8 +201,9 @@ class MLPLast(LayerEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, hidden_dim: int = 256, mlp_layers: int = 1,
-                 dropout: float = 0.1) -> None:
+    def __init__(
+        self, num_layers: int, hidden_in: int, hidden_dim: int = 256, mlp_layers: int = 1, dropout: float = 0.1
+    ) -> None:
         super().__init__(num_layers, hidden_in)
         if hidden_dim <= 0 or mlp_layers <= 0:
             raise ValueError(f"hidden_dim and mlp_layers must be positive, got {hidden_dim} and {mlp_layers}")
@@ -225,8 +228,10 @@ class MLPLast(LayerEncoder):
         return self.mlp(x[:, -1])  # (N, D) -> (N, hidden_dim)
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}, "
-                f"hidden_dim={self.hidden_dim}, mlp_layers={self.mlp_layers})")
+        return (
+            f"{self.__class__.__name__}(num_layers={self.num_layers}, hidden_in={self.hidden_in}, "
+            f"hidden_dim={self.hidden_dim}, mlp_layers={self.mlp_layers})"
+        )
 
 
 def build_baseline(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
@@ -250,8 +255,9 @@ def build_baseline(config: EncoderConfig, num_layers: int, hidden_in: int) -> La
     if isinstance(config, ScalarMixConfig):
         return ScalarMix(num_layers, hidden_in, dropout=config.dropout)
     if isinstance(config, MLPLastConfig):
-        return MLPLast(num_layers, hidden_in, hidden_dim=config.hidden_dim, mlp_layers=config.mlp_layers,
-                       dropout=config.dropout)
+        return MLPLast(
+            num_layers, hidden_in, hidden_dim=config.hidden_dim, mlp_layers=config.mlp_layers, dropout=config.dropout
+        )
     raise ValueError(
         f"{type(config).__name__} (family {config.family!r}) is not a baseline; "
         f"baseline families are {list(BASELINE_FAMILIES)}"

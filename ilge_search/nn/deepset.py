@@ -36,13 +36,24 @@ class DeepSetEncoder(LayerEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, hidden_dim: int = 256, pre_pooling_layers: int = 1,
-                 post_pooling_layers: int = 1, pooling: str = "mean", dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        hidden_in: int,
+        hidden_dim: int = 256,
+        pre_pooling_layers: int = 1,
+        post_pooling_layers: int = 1,
+        pooling: str = "mean",
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__(num_layers, hidden_in)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
-        for name, value, low in [("hidden_dim", hidden_dim, 1), ("pre_pooling_layers", pre_pooling_layers, 0),
-                                 ("post_pooling_layers", post_pooling_layers, 0)]:
+        for name, value, low in [
+            ("hidden_dim", hidden_dim, 1),
+            ("pre_pooling_layers", pre_pooling_layers, 0),
+            ("post_pooling_layers", post_pooling_layers, 0),
+        ]:
             check_int(name, value, minimum=low)
         self.hidden_dim = hidden_dim
         self.pre_pooling_layers = pre_pooling_layers
@@ -62,7 +73,7 @@ class DeepSetEncoder(LayerEncoder):
             layer.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.drop(torch.relu(self.input_proj(x)))        # (N, L, H)
+        h = self.drop(torch.relu(self.input_proj(x)))  # (N, L, H)
         for layer in self.pre:
             h = self.drop(torch.relu(layer(h)))
         h = h.mean(dim=1) if self.pooling == "mean" else h.sum(dim=1)  # (N, H)
@@ -71,6 +82,8 @@ class DeepSetEncoder(LayerEncoder):
         return h
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.num_layers} layers, hidden_dim={self.hidden_dim}, "
-                f"pre_pooling_layers={self.pre_pooling_layers}, post_pooling_layers={self.post_pooling_layers}, "
-                f"pooling={self.pooling})")
+        return (
+            f"{self.__class__.__name__}({self.num_layers} layers, hidden_dim={self.hidden_dim}, "
+            f"pre_pooling_layers={self.pre_pooling_layers}, post_pooling_layers={self.post_pooling_layers}, "
+            f"pooling={self.pooling})"
+        )

@@ -68,20 +68,27 @@ class BatchedGraph:
     kept, so a cached ``BatchedGraph`` costs nothing after the first batch.
     """
 
-    def __init__(self, edge_index: torch.Tensor, num_nodes: int, num_real: int, batch_size: int,
-                 node_mask: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self,
+        edge_index: torch.Tensor,
+        num_nodes: int,
+        num_real: int,
+        batch_size: int,
+        node_mask: Optional[torch.Tensor] = None,
+    ) -> None:
         V, R, B = num_nodes, num_real, batch_size
         E = edge_index.size(1)
         sample = torch.arange(B, device=edge_index.device).repeat_interleave(E).view(1, -1)  # (1, B*E)
-        ei = edge_index.repeat(1, B)                                                      # (2, B*E)
+        ei = edge_index.repeat(1, B)  # (2, B*E)
         ei = torch.where(ei < R, sample * R + ei, B * R + sample * (V - R) + (ei - R))
         if node_mask is not None:
-            keep_node = torch.cat([node_mask.reshape(-1).to(torch.bool),
-                                   node_mask.new_ones(B * (V - R), dtype=torch.bool)])
+            keep_node = torch.cat(
+                [node_mask.reshape(-1).to(torch.bool), node_mask.new_ones(B * (V - R), dtype=torch.bool)]
+            )
             ei = ei[:, keep_node[ei[0]] & keep_node[ei[1]]]
         self.edge_index = ei
         self.batch_size = B
-        self.num_real = B * R     # real nodes of the whole batch: ids [0, num_real)
+        self.num_real = B * R  # real nodes of the whole batch: ids [0, num_real)
         self.num_nodes = B * V
         self._operators: Dict[tuple, object] = {}
 
@@ -192,12 +199,25 @@ class GNNStack(nn.Module):
         - output: ``(B * R, hidden_dim)`` real-node states, sample-major
     """
 
-    def __init__(self, hidden_in: int, hidden_dim: int = 256, conv_type: str = "gin", gnn_layers: int = 1,
-                 gin_mlp_layers: int = 1, gat_heads: int = 4, dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        hidden_in: int,
+        hidden_dim: int = 256,
+        conv_type: str = "gin",
+        gnn_layers: int = 1,
+        gin_mlp_layers: int = 1,
+        gat_heads: int = 4,
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__()
         _check_choice("conv_type", conv_type, CONV_TYPES)
-        for name, value in [("hidden_in", hidden_in), ("hidden_dim", hidden_dim), ("gnn_layers", gnn_layers),
-                            ("gin_mlp_layers", gin_mlp_layers), ("gat_heads", gat_heads)]:
+        for name, value in [
+            ("hidden_in", hidden_in),
+            ("hidden_dim", hidden_dim),
+            ("gnn_layers", gnn_layers),
+            ("gin_mlp_layers", gin_mlp_layers),
+            ("gat_heads", gat_heads),
+        ]:
             check_int(name, value)
         if conv_type == "gat" and hidden_dim % gat_heads:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by gat_heads ({gat_heads})")
@@ -264,8 +284,10 @@ class GNNStack(nn.Module):
 
     def __repr__(self) -> str:
         extra = {"gin": f", gin_mlp_layers={self.gin_mlp_layers}", "gat": f", gat_heads={self.gat_heads}"}
-        return (f"{self.__class__.__name__}({self.hidden_in} -> {self.hidden_dim}, {self.conv_type}"
-                f"{extra.get(self.conv_type, '')}, gnn_layers={self.gnn_layers}, dropout={self.dropout})")
+        return (
+            f"{self.__class__.__name__}({self.hidden_in} -> {self.hidden_dim}, {self.conv_type}"
+            f"{extra.get(self.conv_type, '')}, gnn_layers={self.gnn_layers}, dropout={self.dropout})"
+        )
 
 
 class GNNEncoder(LayerEncoder):
@@ -287,9 +309,19 @@ class GNNEncoder(LayerEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, graph: LayerGraph, conv_type: str = "gin",
-                 hidden_dim: int = 256, gnn_layers: int = 1, gin_mlp_layers: int = 1, gat_heads: int = 4,
-                 pooling: str = "mean", dropout: float = 0.1) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        hidden_in: int,
+        graph: LayerGraph,
+        conv_type: str = "gin",
+        hidden_dim: int = 256,
+        gnn_layers: int = 1,
+        gin_mlp_layers: int = 1,
+        gat_heads: int = 4,
+        pooling: str = "mean",
+        dropout: float = 0.1,
+    ) -> None:
         super().__init__(num_layers, hidden_in)
         if graph.num_real != num_layers:
             raise ValueError(f"graph has {graph.num_real} real nodes but num_layers is {num_layers}")
@@ -320,7 +352,8 @@ class GNNEncoder(LayerEncoder):
         """The cached ``batch_size`` copies of the graph (on the buffer's device)."""
         key = (batch_size, self.edge_index.device)
         return self._graph_cache.get_or_build(
-            key, lambda: BatchedGraph(self.edge_index, self.num_nodes, self.num_layers, batch_size))
+            key, lambda: BatchedGraph(self.edge_index, self.num_nodes, self.num_layers, batch_size)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         N = x.size(0)
@@ -328,8 +361,10 @@ class GNNEncoder(LayerEncoder):
         return h.mean(dim=1) if self.pooling == "mean" else h.sum(dim=1)
 
     def __repr__(self) -> str:
-        return (f"{self.__class__.__name__}({self.num_layers} layers -> {self.num_nodes} nodes, "
-                f"{self.conv_type}, hidden_dim={self.hidden_dim}, gnn_layers={self.gnn_layers})")
+        return (
+            f"{self.__class__.__name__}({self.num_layers} layers -> {self.num_nodes} nodes, "
+            f"{self.conv_type}, hidden_dim={self.hidden_dim}, gnn_layers={self.gnn_layers})"
+        )
 
 
 class CayleyGNNEncoder(GNNEncoder):

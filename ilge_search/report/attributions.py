@@ -52,13 +52,15 @@ def explained_tasks(records: Sequence[StudyRecord]) -> Dict[str, List[ExplainedT
     out: Dict[str, List[ExplainedTask]] = {}
     for record in sorted(records, key=lambda r: (r.model, r.task, METHODS.index(r.encoder))):
         probe = probes.get((record.model, record.task))
-        attribution = stored_explanation(record.name, record.attrs, probe.layer_scores if probe else None,
-                                         probe.name if probe else None)
+        attribution = stored_explanation(
+            record.name, record.attrs, probe.layer_scores if probe else None, probe.name if probe else None
+        )
         if attribution is None or not attribution.num_layers:
             continue
         layer = probe.chosen_layer if probe is not None else None
-        out.setdefault(record.model, []).append(ExplainedTask(record, attribution,
-                                                              None if layer is None else int(layer)))
+        out.setdefault(record.model, []).append(
+            ExplainedTask(record, attribution, None if layer is None else int(layer))
+        )
     return out
 
 
@@ -110,9 +112,12 @@ def _model_note(model: str, items: Sequence[ExplainedTask]) -> str:
     seeds = sorted({len(item.attribution.seeds) for item in items})
     num_layers = items[0].attribution.num_layers
     items = [item for item in items if item.attribution.num_layers == num_layers]
-    text = (f"{model}, {'/'.join(METHOD_LABELS[e] for e in encoders)} (validation, "
-            f"{'/'.join(map(str, seeds))} seeds per task), the layer that matters most by each measure: "
-            + "; ".join(_task_sentence(item) for item in items) + ".")
+    text = (
+        f"{model}, {'/'.join(METHOD_LABELS[e] for e in encoders)} (validation, "
+        f"{'/'.join(map(str, seeds))} seeds per task), the layer that matters most by each measure: "
+        + "; ".join(_task_sentence(item) for item in items)
+        + "."
+    )
     thirds = layer_thirds(num_layers)
     bounds = "/".join(f"{third[0]}-{third[-1]}" for third in thirds)
     names = ("first", "middle", "last")
@@ -120,12 +125,17 @@ def _model_note(model: str, items: Sequence[ExplainedTask]) -> str:
         shares = _thirds_shares(items, values, num_layers)
         if shares is not None:
             most = names[shares.index(max(shares))]
-            text += (f" Share of the {label} (positive part, mean over {plural(len(items), 'task')}) on the first, "
-                     f"middle and last third of the {num_layers} layers ({bounds}): "
-                     + "/".join(f"{share:.0f}%" for share in shares) + f", most on the {most} third.")
+            text += (
+                f" Share of the {label} (positive part, mean over {plural(len(items), 'task')}) on the first, "
+                f"middle and last third of the {num_layers} layers ({bounds}): "
+                + "/".join(f"{share:.0f}%" for share in shares)
+                + f", most on the {most} third."
+            )
     if all(item.mean_drop().max() <= _spread(item)[int(item.mean_drop().argmax())] for item in items):
-        text += (" No layer is indispensable on its own: on every task the largest single-layer drop is within "
-                 "the spread over seeds, so the other layers carry the same information.")
+        text += (
+            " No layer is indispensable on its own: on every task the largest single-layer drop is within "
+            "the spread over seeds, so the other layers carry the same information."
+        )
     return text
 
 
@@ -148,16 +158,24 @@ def _heatmap(model: str, items: Sequence[ExplainedTask], path: Path) -> bool:
     num_layers = items[0].attribution.num_layers
     items = [item for item in items if item.attribution.num_layers == num_layers]
     encoders = {item.record.encoder for item in items}
-    labels = [item.record.task if len(encoders) == 1 else f"{item.record.task} · {METHOD_LABELS[item.record.encoder]}"
-              for item in items]
+    labels = [
+        item.record.task if len(encoders) == 1 else f"{item.record.task} · {METHOD_LABELS[item.record.encoder]}"
+        for item in items
+    ]
     scale, _ = score_unit(items[0].attribution.metric)
     drops = np.stack([item.mean_drop() for item in items]) * scale
     # the drop in points on one scale for the model (at least +-1 point), so that a drop within the seeds' noise
     # stays pale instead of being stretched to full colour; gradient x input has no common unit: per task
     drop_range = max(1.0, float(np.abs(drops).max()))
-    panels = (("ablation drop (points)", drops, drop_range, "points"),
-              ("gradient x input / largest of the task", _normalised(np.stack([i.mean_grad() for i in items])), 1.0,
-               "share of the task's largest"))
+    panels = (
+        ("ablation drop (points)", drops, drop_range, "points"),
+        (
+            "gradient x input / largest of the task",
+            _normalised(np.stack([i.mean_grad() for i in items])),
+            1.0,
+            "share of the task's largest",
+        ),
+    )
     # the two panels one above the other, each as wide as the page allows: 31 layers stay readable
     width = min(4.0 + 0.22 * num_layers, 11.0)
     figure = new_figure(width, 2 * (1.3 + 0.3 * len(items)) + 0.6)
@@ -178,8 +196,7 @@ def _heatmap(model: str, items: Sequence[ExplainedTask], path: Path) -> bool:
         bar.set_label(unit, fontsize=7)
         bar.ax.tick_params(labelsize=7)
     names = "/".join(METHOD_LABELS[e] for e in sorted(encoders, key=METHODS.index))
-    figure.suptitle(f"{model} · {names}: which layers carry each task (validation; dot: best probe layer)",
-                    fontsize=10)
+    figure.suptitle(f"{model} · {names}: which layers carry each task (validation; dot: best probe layer)", fontsize=10)
     save_figure(figure, path)
     return True
 

@@ -95,18 +95,24 @@ logger = logging.getLogger(__name__)
 MANIFEST_NAME = ".ilge-report.json"  # the files a report wrote into its folder (relative paths)
 _PROTOCOL_CAPTIONS = {
     "matched": "matched protocol (each method trained with its own head on the same data, scored by it)",
-    "paper": ("paper protocol (MTEB's logistic readout of the vectors on a few examples per label, mean over 10 "
-              "draws; cosine Spearman for similarity; the last layer, best layer and mean of layers untrained, the "
-              "same score for every seed)"),
+    "paper": (
+        "paper protocol (MTEB's logistic readout of the vectors on a few examples per label, mean over 10 "
+        "draws; cosine Spearman for similarity; the last layer, best layer and mean of layers untrained, the "
+        "same score for every seed)"
+    ),
 }
-FEWSHOT_NOTE = ("Studies that differ only in training examples per label (`shots`; `studies/fewshot.toml`), with the "
-                "study of the same setting on the whole training subset as the last point. Each point is the "
-                "selected trial retrained with the final seeds and scored once on test. One few-shot draw per "
-                "count (the data seed): the spread is over training seeds, not over draws.")
-LOTO_NOTE = ("For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
-             "trained with no search on that task's study data, next to the built-in defaults of the published "
-             "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
-             "defaults are shipped only when they beat the built-in ones on average over the left-out tasks.")
+FEWSHOT_NOTE = (
+    "Studies that differ only in training examples per label (`shots`; `studies/fewshot.toml`), with the "
+    "study of the same setting on the whole training subset as the last point. Each point is the "
+    "selected trial retrained with the final seeds and scored once on test. One few-shot draw per "
+    "count (the data seed): the spread is over training seeds, not over draws."
+)
+LOTO_NOTE = (
+    "For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
+    "trained with no search on that task's study data, next to the built-in defaults of the published "
+    "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
+    "defaults are shipped only when they beat the built-in ones on average over the left-out tasks."
+)
 
 
 @dataclass
@@ -171,9 +177,11 @@ def _check_out_dir(out: Path, force: bool) -> Set[str]:
         raise ValueError(f"--out {out} is a file, not a folder; pass a folder for the report")
     previous = _read_manifest(out) if out.is_dir() else None
     if previous is None and out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(f"{out} is not empty and was not written by `ilge-search report` (it has no "
-                         f"{MANIFEST_NAME}); pass a new or empty --out, or --force to write into it anyway "
-                         "(files of the same names are replaced, no other file is removed)")
+        raise ValueError(
+            f"{out} is not empty and was not written by `ilge-search report` (it has no "
+            f"{MANIFEST_NAME}); pass a new or empty --out, or --force to write into it anyway "
+            "(files of the same names are replaced, no other file is removed)"
+        )
     return previous or set()
 
 
@@ -183,8 +191,10 @@ def _finish_out_dir(out: Path, written: Set[str], previous: Set[str]) -> None:
         path = _inside(out, relative)
         if path is not None and path.is_file():
             path.unlink()
-    write_atomic(out / MANIFEST_NAME, json.dumps({"written_by": f"ilge-search report {__version__}",
-                                                  "files": sorted(written)}, indent=1) + "\n")
+    write_atomic(
+        out / MANIFEST_NAME,
+        json.dumps({"written_by": f"ilge-search report {__version__}", "files": sorted(written)}, indent=1) + "\n",
+    )
 
 
 def _show_images(doc: Document, images: Mapping[str, str], out: Path) -> None:
@@ -196,25 +206,39 @@ def _figure_anchor(model: str, task: str) -> str:
     return f"figures-{slug(model, task)}"
 
 
-def _contents(models: List[str], pairs: List[Tuple[str, str]],
-              effect: bool = False) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
+def _contents(
+    models: List[str], pairs: List[Tuple[str, str]], effect: bool = False
+) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
     """The report's table of contents: each model's tables, the cross-model summary, the protocol effect,
     the notes, the figures of every (model, task), the studies."""
     entries: List[Tuple[str, str, List[Tuple[str, str]]]] = [
         ("Tables", f"model-{slug(models[0])}", [(model, f"model-{slug(model)}") for model in models]),
-        ("Across models", "across-models", [])]
+        ("Across models", "across-models", []),
+    ]
     if effect:
         entries.append(("Protocol effect", "protocol-effect", []))
     entries.append(("Notes", "notes", []))
     if pairs:
-        entries += [(f"Figures: {model}", _figure_anchor(*next(p for p in pairs if p[0] == model)),
-                     [(task, _figure_anchor(m, task)) for m, task in pairs if m == model])
-                    for model in models if any(m == model for m, _ in pairs)]
+        entries += [
+            (
+                f"Figures: {model}",
+                _figure_anchor(*next(p for p in pairs if p[0] == model)),
+                [(task, _figure_anchor(m, task)) for m, task in pairs if m == model],
+            )
+            for model in models
+            if any(m == model for m, _ in pairs)
+        ]
     return entries + [("Studies", "studies", [])]
 
 
-def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports", *, figures: bool = True,
-                 show_progress: bool = True, force: bool = False) -> ReportResult:
+def build_report(
+    storage_url: str,
+    out_dir: Union[str, os.PathLike] = "reports",
+    *,
+    figures: bool = True,
+    show_progress: bool = True,
+    force: bool = False,
+) -> ReportResult:
     """Write the paper-style report of every ilge-search study in ``storage_url`` to ``out_dir``.
 
     Args:
@@ -237,13 +261,19 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
 
     records, duplicates, skipped = collect_records(storage_url)
     if not records:
-        raise ValueError(f"no ilge-search studies in {hide_password(storage_url)}"
-                         + (f" ({len(skipped)} other studies skipped)" if skipped else "")
-                         + "; run `ilge-search run` or `ilge-search sweep` first")
-    skipped += [f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
-                "study; its Pareto front is under 'Pareto fronts'" if r.multi_objective else
-                f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
-                "(with final scores, more seeds or more trials)" for r in duplicates]
+        raise ValueError(
+            f"no ilge-search studies in {hide_password(storage_url)}"
+            + (f" ({len(skipped)} other studies skipped)" if skipped else "")
+            + "; run `ilge-search run` or `ilge-search sweep` first"
+        )
+    skipped += [
+        f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
+        "study; its Pareto front is under 'Pareto fronts'"
+        if r.multi_objective
+        else f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
+        "(with final scores, more seeds or more trials)"
+        for r in duplicates
+    ]
     out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
     previous = _check_out_dir(out, force)
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -254,10 +284,12 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
     effect = protocol_effect_frame(frame)
     notes = closing_notes(frame, summary) + protocol_effect_notes(effect)
     # few-shot studies get their curves (below), not a set of figures each
-    pairs = [(m, t) for m in models
-             for t in sorted({r.task for r in records if r.model == m and not r.attrs.get("shots")})]
+    pairs = [
+        (m, t) for m in models for t in sorted({r.task for r in records if r.model == m and not r.attrs.get("shots")})
+    ]
     figure_paths, figure_notes, importance_rows = (
-        draw_figures(records, pairs, fig_dir, show_progress) if figures else ({}, {}, []))
+        draw_figures(records, pairs, fig_dir, show_progress) if figures else ({}, {}, [])
+    )
 
     doc = Document()
     doc.heading(1, "ILGE results")
@@ -289,24 +321,41 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         for protocol in model_protocols(frame, model):
             header, score_rows, gain_rows = model_tables(frame, model, protocol)
             key = slug(model) + ("" if protocol == "matched" else "-paper")
-            doc.table(header, score_rows, label=f"tab:{key}", text_columns=2,
-                      caption=f"{model}, {_PROTOCOL_CAPTIONS[protocol]}: test score, mean ± std over seeds (best "
-                              "of each row in bold).")
-            doc.table(["task"] + [METHOD_LABELS[m] for m in METHODS[1:]], gain_rows, label=f"tab:{key}-gain",
-                      caption=f"{model}, {protocol} protocol: gain over the last layer (points).")
+            doc.table(
+                header,
+                score_rows,
+                label=f"tab:{key}",
+                text_columns=2,
+                caption=f"{model}, {_PROTOCOL_CAPTIONS[protocol]}: test score, mean ± std over seeds (best "
+                "of each row in bold).",
+            )
+            doc.table(
+                ["task"] + [METHOD_LABELS[m] for m in METHODS[1:]],
+                gain_rows,
+                label=f"tab:{key}-gain",
+                caption=f"{model}, {protocol} protocol: gain over the last layer (points).",
+            )
         doc.paragraph(seed_note(frame, model))
     doc.heading(2, "Across models", anchor="across-models")
-    doc.table(*summary_rows(summary), label="tab:summary", text_columns=2,
-              caption="Across models: mean score, mean gain over the last layer, wins and mean rank.")
+    doc.table(
+        *summary_rows(summary),
+        label="tab:summary",
+        text_columns=2,
+        caption="Across models: mean score, mean gain over the last layer, wins and mean rank.",
+    )
     doc.paragraph(SUMMARY_NOTE)
     if not effect.empty:
         doc.heading(2, "Protocol effect", anchor="protocol-effect")
         doc.paragraph(PROTOCOL_EFFECT_NOTE)
         for model in model_order(effect["model"]):
             doc.heading(3, model)
-            doc.table(*protocol_effect_rows(effect, model), label=f"tab:{slug(model)}-protocol", text_columns=2,
-                      caption=f"{model}: the last layer and Cayley under the matched and the paper protocol, and "
-                              "the differences (points).")
+            doc.table(
+                *protocol_effect_rows(effect, model),
+                label=f"tab:{slug(model)}-protocol",
+                text_columns=2,
+                caption=f"{model}: the last layer and Cayley under the matched and the paper protocol, and "
+                "the differences (points).",
+            )
     doc.heading(2, "Notes", anchor="notes")
     doc.bullets(notes)
     if layer_notes:
@@ -327,42 +376,67 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         doc.heading(2, "Selection rules", anchor="selection")
         doc.paragraph(SELECTION_NOTE)
         header, rows = selection_rows(selection)
-        doc.table(header, rows, label="tab:selection", text_columns=header.index("start"),
-                  caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
-                          "bold), search gain and validation-to-test gap, in score units.")
-        doc.table(*selection_summary_rows(selection), label="tab:selection-summary", text_columns=3,
-                  caption="Selection rules per training size, with and without cross-validation, over the studies "
-                          "above that were evaluated under both rules.")
+        doc.table(
+            header,
+            rows,
+            label="tab:selection",
+            text_columns=header.index("start"),
+            caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
+            "bold), search gain and validation-to-test gap, in score units.",
+        )
+        doc.table(
+            *selection_summary_rows(selection),
+            label="tab:selection-summary",
+            text_columns=3,
+            caption="Selection rules per training size, with and without cross-validation, over the studies "
+            "above that were evaluated under both rules.",
+        )
     if fronts:
         doc.heading(2, "Pareto fronts: score vs size", anchor="pareto")
         doc.paragraph(PARETO_NOTE)
         for pair in fronts:
             shown = front_figures.get(pair, {})
             _show_images(doc, shown, out)
-        doc.table(*pareto_rows(every), label="tab:pareto", text_columns=4,
-                  caption="Final fronts: each retrained Pareto-front trial (validation score of the trial; test "
-                          "mean ± std over the final seeds, in score units), and the layer baselines of the same "
-                          "model and task (in italics) for reference.")
+        doc.table(
+            *pareto_rows(every),
+            label="tab:pareto",
+            text_columns=4,
+            caption="Final fronts: each retrained Pareto-front trial (validation score of the trial; test "
+            "mean ± std over the final seeds, in score units), and the layer baselines of the same "
+            "model and task (in italics) for reference.",
+        )
         doc.bullets(pareto_notes(every))
     fewshot_figures = draw_fewshot_figures(fewshot, fig_dir) if figures and not fewshot.empty else {}
     if not fewshot.empty:
         doc.heading(2, "Few-shot curves", anchor="few-shot")
         doc.paragraph(FEWSHOT_NOTE)
-        doc.table(*fewshot_rows(fewshot), label="tab:few-shot", text_columns=4,
-                  caption="Test score by training examples per label, mean ± std over the final seeds (best encoder "
-                          "of each column in bold).")
+        doc.table(
+            *fewshot_rows(fewshot),
+            label="tab:few-shot",
+            text_columns=4,
+            caption="Test score by training examples per label, mean ± std over the final seeds (best encoder "
+            "of each column in bold).",
+        )
         doc.bullets(fewshot_notes(fewshot) + fewshot_skipped)
         for (model, task), path in fewshot_figures.items():
             _show_images(doc, {f"{model} · {task} few-shot": path}, out)
     if loto.verdicts:
         doc.heading(2, "Defaults on tasks they never saw", anchor="leave-one-task-out")
         doc.paragraph(LOTO_NOTE)
-        doc.table(*loto_verdict_rows(loto), label="tab:loto-verdict", text_columns=2,
-                  caption="Regenerated minus built-in defaults over the left-out tasks (points).")
+        doc.table(
+            *loto_verdict_rows(loto),
+            label="tab:loto-verdict",
+            text_columns=2,
+            caption="Regenerated minus built-in defaults over the left-out tasks (points).",
+        )
         doc.bullets(loto_sentences(loto))
-        doc.table(*loto_rows(loto), label="tab:loto", text_columns=4,
-                  caption="Each task left out in turn: test score of the built-in defaults and of the defaults "
-                          "regenerated without the task, both with no search (mean ± std over seeds).")
+        doc.table(
+            *loto_rows(loto),
+            label="tab:loto",
+            text_columns=4,
+            caption="Each task left out in turn: test score of the built-in defaults and of the defaults "
+            "regenerated without the task, both with no search (mean ± std over seeds).",
+        )
     doc.heading(2, "Studies", anchor="studies")
     doc.table(*studies_rows(records))
     if skipped:
@@ -370,22 +444,49 @@ def build_report(storage_url: str, out_dir: Union[str, os.PathLike] = "reports",
         doc.bullets(skipped)
 
     importances = pd.DataFrame(importance_rows, columns=["model", "task", "method", "study", "param", "importance"])
-    files = {"markdown": out / "report.md", "latex": out / "report.tex", "html": out / "index.html",
-             "csv": out / "results.csv", "summary_csv": out / "summary.csv", "importances_csv": out / "importances.csv"}
-    texts = [("markdown", doc.markdown()), ("latex", doc.latex()), ("html", doc.html_page("ILGE results")),
-             ("csv", frame.to_csv(index=False)), ("summary_csv", summary.to_csv(index=False)),
-             ("importances_csv", importances.to_csv(index=False))]
+    files = {
+        "markdown": out / "report.md",
+        "latex": out / "report.tex",
+        "html": out / "index.html",
+        "csv": out / "results.csv",
+        "summary_csv": out / "summary.csv",
+        "importances_csv": out / "importances.csv",
+    }
+    texts = [
+        ("markdown", doc.markdown()),
+        ("latex", doc.latex()),
+        ("html", doc.html_page("ILGE results")),
+        ("csv", frame.to_csv(index=False)),
+        ("summary_csv", summary.to_csv(index=False)),
+        ("importances_csv", importances.to_csv(index=False)),
+    ]
     if not effect.empty:
         files["protocol_effect_csv"] = out / "protocol_effect.csv"
         texts.append(("protocol_effect_csv", effect.to_csv(index=False)))
     for kind, text in texts:
         write_atomic(files[kind], text)
-    figure_files = sorted([p for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
-                           for p in paths.values()] + list(fewshot_figures.values()))
+    figure_files = sorted(
+        [
+            p
+            for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
+            for p in paths.values()
+        ]
+        + list(fewshot_figures.values())
+    )
     _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
     logger.info("report of %d studies written to %s", len(records), out)
-    return ReportResult(out_dir=out, results=frame, tables={m: pivot(frame, m, "mean") for m in models},
-                        gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
-                        summary=summary, importances=importances, protocol_effect=effect, files=files,
-                        figures=figure_files, notes=notes,
-                        skipped=skipped, fewshot=fewshot, loto=loto)
+    return ReportResult(
+        out_dir=out,
+        results=frame,
+        tables={m: pivot(frame, m, "mean") for m in models},
+        gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
+        summary=summary,
+        importances=importances,
+        protocol_effect=effect,
+        files=files,
+        figures=figure_files,
+        notes=notes,
+        skipped=skipped,
+        fewshot=fewshot,
+        loto=loto,
+    )

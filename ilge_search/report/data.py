@@ -24,18 +24,45 @@ from ..protocol import protocol_of
 from ..storage import Storage, open_storage
 from ..study.final import LEGACY_SELECT
 
-__all__ = ["METHODS", "METHOD_LABELS", "PAPER_SUFFIX", "StudyRecord", "score_unit", "open_report_storage",
-           "collect_records", "row_label"]
+__all__ = [
+    "METHODS",
+    "METHOD_LABELS",
+    "PAPER_SUFFIX",
+    "StudyRecord",
+    "score_unit",
+    "open_report_storage",
+    "collect_records",
+    "row_label",
+]
 
-METHODS: Tuple[str, ...] = ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset", "fc",
-                            "cayley")
+METHODS: Tuple[str, ...] = (
+    "last-layer",
+    "best-layer",
+    "mean-layers",
+    "scalar-mix",
+    "mlp-last",
+    "deepset",
+    "fc",
+    "cayley",
+)
 METHOD_LABELS: Dict[str, str] = {
-    "last-layer": "Last layer", "best-layer": "Best layer", "mean-layers": "Mean layers", "scalar-mix": "Scalar mix",
-    "mlp-last": "MLP (last)", "deepset": "DeepSet", "fc": "FC", "cayley": "Cayley",
+    "last-layer": "Last layer",
+    "best-layer": "Best layer",
+    "mean-layers": "Mean layers",
+    "scalar-mix": "Scalar mix",
+    "mlp-last": "MLP (last)",
+    "deepset": "DeepSet",
+    "fc": "FC",
+    "cayley": "Cayley",
 }
 PAPER_SUFFIX = " [paper protocol]"  # ends the row label of every paper-protocol score
-_PERCENT_METRICS = {"accuracy": "acc. %", "spearman": "Spearman ×100", "pearson": "Pearson ×100",
-                    "f1": "F1 %", "macro_f1": "macro-F1 %"}
+_PERCENT_METRICS = {
+    "accuracy": "acc. %",
+    "spearman": "Spearman ×100",
+    "pearson": "Pearson ×100",
+    "f1": "F1 %",
+    "macro_f1": "macro-F1 %",
+}
 
 
 @dataclass
@@ -127,8 +154,13 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
     # report reads the score as "value"
     names = study.metric_names or []
     multi = len(study.directions) > 1
-    frame = frame.rename(columns={f"values_{names[0]}" if multi else f"value_{names[0]}": "value"} if names
-                         else {"values_0": "value"} if multi else {})
+    frame = frame.rename(
+        columns={f"values_{names[0]}" if multi else f"value_{names[0]}": "value"}
+        if names
+        else {"values_0": "value"}
+        if multi
+        else {}
+    )
     states = frame["state"].tolist() if not frame.empty else []
     count = {state: states.count(state.name) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     maximize = study.directions[0] != optuna.study.StudyDirection.MINIMIZE
@@ -146,19 +178,36 @@ def _read_study(storage: Storage, summary: Any) -> Tuple[Optional[StudyRecord], 
         done = frame.loc[frame["state"] == TrialState.COMPLETE.name, "user_attrs_seconds"].dropna()
         seconds = float(done.mean()) if len(done) else None
     return StudyRecord(
-        name=name, model=str(attrs["model"]), task=row_label(str(attrs["task"]), attrs),
-        base_task=str(attrs["task"]), encoder=attrs["encoder"], metric=str(attrs.get("metric", "")),
-        maximize=maximize, attrs=attrs, trials=frame, study=study, n_complete=count[TrialState.COMPLETE],
-        n_pruned=count[TrialState.PRUNED], n_failed=count[TrialState.FAIL], best_value=best_value,
-        best_number=best_number, test_mean=_finite(attrs.get("final_test_mean")),
-        test_std=_finite(attrs.get("final_test_std")), test_scores=scores, layer_scores=layer_scores,
+        name=name,
+        model=str(attrs["model"]),
+        task=row_label(str(attrs["task"]), attrs),
+        base_task=str(attrs["task"]),
+        encoder=attrs["encoder"],
+        metric=str(attrs.get("metric", "")),
+        maximize=maximize,
+        attrs=attrs,
+        trials=frame,
+        study=study,
+        n_complete=count[TrialState.COMPLETE],
+        n_pruned=count[TrialState.PRUNED],
+        n_failed=count[TrialState.FAIL],
+        best_value=best_value,
+        best_number=best_number,
+        test_mean=_finite(attrs.get("final_test_mean")),
+        test_std=_finite(attrs.get("final_test_std")),
+        test_scores=scores,
+        layer_scores=layer_scores,
         chosen_layer=chosen_layer,
         select=attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
-        final_trial=attrs.get("final_trial"), val_test_gap=_finite(attrs.get("final_val_test_gap")),
+        final_trial=attrs.get("final_trial"),
+        val_test_gap=_finite(attrs.get("final_val_test_gap")),
         search_gain=_finite(attrs.get("final_search_gain")),
         start_test_mean=_finite(attrs.get("final_start_test_mean")),
-        by_rule=dict(attrs.get("final_by_rule") or {}), cv=attrs.get("cv"), trial_seconds=seconds,
-        objectives=study_objectives(attrs), protocol=protocol_of(attrs),
+        by_rule=dict(attrs.get("final_by_rule") or {}),
+        cv=attrs.get("cv"),
+        trial_seconds=seconds,
+        objectives=study_objectives(attrs),
+        protocol=protocol_of(attrs),
         samples_per_label=attrs.get("samples_per_label"),
     ), None
 
@@ -180,8 +229,7 @@ def collect_records(storage_url: str) -> Tuple[List[StudyRecord], List[StudyReco
     duplicates: List[StudyRecord] = []
 
     def preference(r: StudyRecord) -> Tuple:
-        return (not r.multi_objective, r.test_mean is not None, len(r.test_scores), r.n_complete + r.n_pruned,
-                r.name)
+        return (not r.multi_objective, r.test_mean is not None, len(r.test_scores), r.n_complete + r.n_pruned, r.name)
 
     for record in sorted(records, key=preference, reverse=True):
         key = (record.model, record.task, record.encoder)

@@ -65,8 +65,18 @@ from ..study.identity import search_identity
 from ..tuning import BUILTIN_RECOMMENDED
 from .data import open_report_storage
 
-__all__ = ["CONDITIONAL", "MIN_COVERAGE", "Problem", "ScoredTrial", "RecommendedValue", "normalised_ranks",
-           "recommend_group", "read_problems", "derive_defaults", "problem_tasks"]
+__all__ = [
+    "CONDITIONAL",
+    "MIN_COVERAGE",
+    "Problem",
+    "ScoredTrial",
+    "RecommendedValue",
+    "normalised_ranks",
+    "recommend_group",
+    "read_problems",
+    "derive_defaults",
+    "problem_tasks",
+]
 
 # search-space parameters that exist only under one choice of another: name -> (parent, value)
 CONDITIONAL = {"gin_mlp_layers": ("conv_type", "gin"), "gat_heads": ("conv_type", "gat")}
@@ -153,14 +163,18 @@ class RecommendedValue:
     levels: Dict[Any, Tuple[float, int, int]] = field(default_factory=dict)  # level -> (score, coverage, trials)
 
 
-def _choose(param: str, problems: Sequence[Problem], condition: Optional[Tuple[str, Any]],
-            builtin: Any) -> Optional[RecommendedValue]:
+def _choose(
+    param: str, problems: Sequence[Problem], condition: Optional[Tuple[str, Any]], builtin: Any
+) -> Optional[RecommendedValue]:
     per_level: Dict[Any, List[float]] = {}
     trial_counts: Dict[Any, int] = {}
     eligible = 0
     for problem in problems:
-        trials = [t for t in problem.trials if param in t.params
-                  and (condition is None or t.params.get(condition[0]) == condition[1])]
+        trials = [
+            t
+            for t in problem.trials
+            if param in t.params and (condition is None or t.params.get(condition[0]) == condition[1])
+        ]
         if not trials:
             continue
         eligible += 1
@@ -184,22 +198,35 @@ def _choose(param: str, problems: Sequence[Problem], condition: Optional[Tuple[s
     best = ranked[0]
     runner = ranked[1] if len(ranked) > 1 else None
     score, coverage, count = levels[best]
-    return RecommendedValue(param=param, value=best, score=score, coverage=coverage, problems=eligible, trials=count,
-                            runner_up=None if runner is None else (runner, levels[runner][0], levels[runner][1]),
-                            levels=levels)
+    return RecommendedValue(
+        param=param,
+        value=best,
+        score=score,
+        coverage=coverage,
+        problems=eligible,
+        trials=count,
+        runner_up=None if runner is None else (runner, levels[runner][0], levels[runner][1]),
+        levels=levels,
+    )
 
 
 def _sort_key(level: Any) -> Tuple:
-    return (0, float(level), "") if isinstance(level, (int, float)) and not isinstance(level, bool) else (1, 0.0,
-                                                                                                       str(level))
+    return (
+        (0, float(level), "")
+        if isinstance(level, (int, float)) and not isinstance(level, bool)
+        else (1, 0.0, str(level))
+    )
 
 
-def recommend_group(family: str, bucket: str, problems: Sequence[Problem]) -> Tuple[Dict[str, Any],
-                                                                                     List[RecommendedValue]]:
+def recommend_group(
+    family: str, bucket: str, problems: Sequence[Problem]
+) -> Tuple[Dict[str, Any], List[RecommendedValue]]:
     """The rule on one (family, bucket) group: the chosen values and the evidence for each."""
     cls = config_class_for(family)
-    builtin = {**{f: getattr(cls(), f) for f in cls.__dataclass_fields__},
-               **BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {})}
+    builtin = {
+        **{f: getattr(cls(), f) for f in cls.__dataclass_fields__},
+        **BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}),
+    }
     names: List[str] = []
     for problem in problems:
         for trial in problem.trials:
@@ -229,12 +256,10 @@ def recommend_group(family: str, bucket: str, problems: Sequence[Problem]) -> Tu
     return values, evidence
 
 
-
 # ----------------------------------------------------------------------------- reading studies
 
 
-def read_problems(storage_url: str, families: Sequence[str]
-                  ) -> Tuple[Dict[Tuple[str, str], List[Problem]], List[str]]:
+def read_problems(storage_url: str, families: Sequence[str]) -> Tuple[Dict[Tuple[str, str], List[Problem]], List[str]]:
     """Every study of ``families`` in a storage as a :class:`Problem`, grouped by (family, size bucket);
     and why the others were skipped."""
     import optuna
@@ -253,8 +278,10 @@ def read_problems(storage_url: str, families: Sequence[str]
         if family not in families or not attrs.get("model"):
             continue
         if attrs.get("shots"):  # a handful of trials on a few examples per label: a point of a curve
-            skipped.append(f"{name}: a few-shot study ({attrs['shots']} per label); defaults come from searches on "
-                           "whole training subsets")
+            skipped.append(
+                f"{name}: a few-shot study ({attrs['shots']} per label); defaults come from searches on "
+                "whole training subsets"
+            )
             continue
         if protocol_of(attrs) != "matched" and search_identity(attrs) in matched:
             skipped.append(f"{name}: the same search as its matched-protocol study, counted once")
@@ -265,23 +292,36 @@ def read_problems(storage_url: str, families: Sequence[str]
             skipped.append(f"{name}: {exc}")
             continue
         if len(study_objectives(attrs)) > 1:  # its sampler traded score for size: not a score-only search
-            skipped.append(f"{name}: a multi-objective study ({'+'.join(study_objectives(attrs))}); defaults come "
-                           "from studies of the score alone")
+            skipped.append(
+                f"{name}: a multi-objective study ({'+'.join(study_objectives(attrs))}); defaults come "
+                "from studies of the score alone"
+            )
             continue
         study = optuna.load_study(study_name=name, storage=storage.rdb)
         maximize = study.direction != optuna.study.StudyDirection.MINIMIZE
-        trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
-                  if t.params and (t.state == TrialState.PRUNED or (t.value is not None and math.isfinite(t.value)))]
+        trials = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+            if t.params and (t.state == TrialState.PRUNED or (t.value is not None and math.isfinite(t.value)))
+        ]
         if len(trials) < 2 or not any(t.state == TrialState.COMPLETE for t in trials):
             skipped.append(f"{name}: needs 2 complete or pruned trials, one of them complete; has {len(trials)}")
             continue
         qs = normalised_ranks([t.value if t.state == TrialState.COMPLETE else None for t in trials], maximize)
-        scored = [ScoredTrial({p: _level(v, t.distributions[p]) for p, v in t.params.items()}, q)
-                  for t, q in zip(trials, qs, strict=True)]
+        scored = [
+            ScoredTrial({p: _level(v, t.distributions[p]) for p, v in t.params.items()}, q)
+            for t, q in zip(trials, qs, strict=True)
+        ]
         default_q = next((q for t, q in zip(trials, qs, strict=True) if t.user_attrs.get("recommended")), None)
         groups.setdefault((family, bucket), []).append(
-            Problem(study=name, model=str(attrs["model"]), task=str(attrs.get("task", "")), trials=scored,
-                    default_q=default_q))
+            Problem(
+                study=name,
+                model=str(attrs["model"]),
+                task=str(attrs.get("task", "")),
+                trials=scored,
+                default_q=default_q,
+            )
+        )
     return groups, skipped
 
 
@@ -293,9 +333,13 @@ def problem_tasks(groups: Mapping[Tuple[str, str], Sequence[Problem]]) -> List[s
     return sorted({problem.task for problems in groups.values() for problem in problems})
 
 
-def derive_defaults(groups: Mapping[Tuple[str, str], Sequence[Problem]], exclude_tasks: Sequence[str] = ()
-                    ) -> Tuple[Dict[str, Dict[str, Dict[str, Any]]], Dict[Tuple[str, str], List[RecommendedValue]],
-                               Dict[Tuple[str, str], List[Problem]]]:
+def derive_defaults(
+    groups: Mapping[Tuple[str, str], Sequence[Problem]], exclude_tasks: Sequence[str] = ()
+) -> Tuple[
+    Dict[str, Dict[str, Dict[str, Any]]],
+    Dict[Tuple[str, str], List[RecommendedValue]],
+    Dict[Tuple[str, str], List[Problem]],
+]:
     """The rule applied to every (family, bucket) group, without the problems of ``exclude_tasks``.
 
     Returns:

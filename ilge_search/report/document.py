@@ -20,8 +20,18 @@ __all__ = ["MISSING", "Cell", "Document", "plural", "slug", "write_atomic"]
 
 MISSING = "—"
 
-_LATEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                  "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_LATEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+}
 
 
 def plural(count: int, noun: str, many: Optional[str] = None) -> str:
@@ -111,26 +121,48 @@ class Document:
         if paths:
             widths = widths or {}
             self.md += [f"![{kind}]({path})" for kind, path in paths.items()] + [""]
-            self.html += [f'<img src="{html.escape(path)}" alt="{html.escape(kind)}"'
-                          + (f' width="{widths[kind]}"' if widths.get(kind) else "") + ">"
-                          for kind, path in paths.items()]
+            self.html += [
+                f'<img src="{html.escape(path)}" alt="{html.escape(kind)}"'
+                + (f' width="{widths[kind]}"' if widths.get(kind) else "")
+                + ">"
+                for kind, path in paths.items()
+            ]
 
-    def table(self, header: Sequence[str], rows: Sequence[Sequence[Cell]], *, caption: str = "",
-              label: Optional[str] = None, text_columns: int = 1) -> None:
+    def table(
+        self,
+        header: Sequence[str],
+        rows: Sequence[Sequence[Cell]],
+        *,
+        caption: str = "",
+        label: Optional[str] = None,
+        text_columns: int = 1,
+    ) -> None:
         """A table; with a ``label`` it is also written to the LaTeX file, with ``caption``."""
         if caption:
             self.paragraph(caption)
         self.md += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
         self.md += ["| " + " | ".join(self._md_cell(c) for c in row) + " |" for row in rows] + [""]
-        self.html += ["<table>", "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header)
-                      + "</tr></thead>", "<tbody>"]
+        self.html += [
+            "<table>",
+            "<thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead>",
+            "<tbody>",
+        ]
         self.html += ["<tr>" + "".join(f"<td>{self._html_cell(c)}</td>" for c in row) + "</tr>" for row in rows]
         self.html += ["</tbody>", "</table>"]
         if label is not None:
             spec = "l" * text_columns + "r" * (len(header) - text_columns)
-            self.tex += [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{_tex(caption)}}}",
-                         rf"\label{{{label}}}", r"\resizebox{\linewidth}{!}{%", rf"\begin{{tabular}}{{{spec}}}",
-                         r"\toprule", " & ".join(_tex(h) for h in header) + r" \\", r"\midrule"]
+            self.tex += [
+                r"\begin{table}[t]",
+                r"\centering",
+                r"\small",
+                rf"\caption{{{_tex(caption)}}}",
+                rf"\label{{{label}}}",
+                r"\resizebox{\linewidth}{!}{%",
+                rf"\begin{{tabular}}{{{spec}}}",
+                r"\toprule",
+                " & ".join(_tex(h) for h in header) + r" \\",
+                r"\midrule",
+            ]
             self.tex += [" & ".join(self._tex_cell(c) for c in row) + r" \\" for row in rows]
             self.tex += [r"\bottomrule", r"\end{tabular}}", r"\end{table}", ""]
 
@@ -165,12 +197,17 @@ class Document:
 
     def html_page(self, title: str) -> str:
         """A standalone HTML page with everything added so far."""
-        style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-                 "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
-                 "th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}"
-                 "th:first-child,td:first-child{text-align:left}thead th{border-bottom:2px solid #444}"
-                 "img{max-width:100%;height:auto;display:block;margin:1em 0}"
-                 "nav.contents{background:#f6f6f6;padding:0.3em 1em;margin:1em 0}nav.contents li{margin:0.2em 0}")
-        return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-                f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
-                + "\n".join(self.html) + "\n</body>\n</html>\n")
+        style = (
+            "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
+            "table{border-collapse:collapse;margin:1em 0;font-size:0.9em}"
+            "th,td{border-bottom:1px solid #ddd;padding:4px 8px;text-align:right}"
+            "th:first-child,td:first-child{text-align:left}thead th{border-bottom:2px solid #444}"
+            "img{max-width:100%;height:auto;display:block;margin:1em 0}"
+            "nav.contents{background:#f6f6f6;padding:0.3em 1em;margin:1em 0}nav.contents li{margin:0.2em 0}"
+        )
+        return (
+            f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f"<title>{html.escape(title)}</title>\n<style>{style}</style>\n</head>\n<body>\n"
+            + "\n".join(self.html)
+            + "\n</body>\n</html>\n"
+        )

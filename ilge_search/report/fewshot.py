@@ -27,8 +27,20 @@ from .figures import new_figure, save_figure
 
 __all__ = ["FEWSHOT_COLUMNS", "fewshot_frame", "fewshot_rows", "fewshot_notes", "draw_fewshot_figures"]
 
-FEWSHOT_COLUMNS = ["model", "task", "encoder", "shots", "train_size", "metric", "unit", "mean", "std", "n_seeds",
-                   "study", "maximize"]
+FEWSHOT_COLUMNS = [
+    "model",
+    "task",
+    "encoder",
+    "shots",
+    "train_size",
+    "metric",
+    "unit",
+    "mean",
+    "std",
+    "n_seeds",
+    "study",
+    "maximize",
+]
 _SETTING = ("max_train", "max_eval", "max_epochs", "cv", "data_seed")
 
 
@@ -52,8 +64,10 @@ def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
     for key in sorted(curves, key=lambda k: (-len(curves[k]), repr(k))):
         pair = key[:2]
         if pair in chosen:
-            notes.append(f"{pair[0]} · {pair[1]}: few-shot studies of another setting not drawn "
-                         f"({', '.join(sorted(r.name for r in curves[key]))})")
+            notes.append(
+                f"{pair[0]} · {pair[1]}: few-shot studies of another setting not drawn "
+                f"({', '.join(sorted(r.name for r in curves[key]))})"
+            )
         else:
             chosen[pair] = key
     rows = []
@@ -67,12 +81,22 @@ def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
                 continue
             seen.add((r.encoder, shots))
             scale, unit = score_unit(r.metric)
-            rows.append({"model": r.model, "task": r.base_task, "encoder": r.encoder,
-                         "shots": math.nan if shots is None else float(shots),
-                         "train_size": (r.attrs.get("split_sizes") or {}).get("train"), "metric": r.metric,
-                         "unit": unit, "mean": r.test_mean * scale,
-                         "std": (r.test_std or 0.0) * scale, "n_seeds": len(r.test_scores), "study": r.name,
-                         "maximize": r.maximize})
+            rows.append(
+                {
+                    "model": r.model,
+                    "task": r.base_task,
+                    "encoder": r.encoder,
+                    "shots": math.nan if shots is None else float(shots),
+                    "train_size": (r.attrs.get("split_sizes") or {}).get("train"),
+                    "metric": r.metric,
+                    "unit": unit,
+                    "mean": r.test_mean * scale,
+                    "std": (r.test_std or 0.0) * scale,
+                    "n_seeds": len(r.test_scores),
+                    "study": r.name,
+                    "maximize": r.maximize,
+                }
+            )
     frame = pd.DataFrame(rows, columns=FEWSHOT_COLUMNS)
     if not frame.empty:
         frame = frame.assign(_e=frame["encoder"].map(METHODS.index), _s=frame["shots"].fillna(math.inf))
@@ -135,8 +159,10 @@ def fewshot_notes(frame: Any) -> List[str]:
                 if both.empty:
                     continue
                 diff = (both["cayley"] - both[other]).round(2)
-                parts.append(f"with {label}, Cayley minus {name}: {diff.mean():+.2f} points on average (ahead on "
-                             f"{int((diff > 0).sum())} of {plural(len(diff), 'task')})")
+                parts.append(
+                    f"with {label}, Cayley minus {name}: {diff.mean():+.2f} points on average (ahead on "
+                    f"{int((diff > 0).sum())} of {plural(len(diff), 'task')})"
+                )
         if parts:
             notes.append(f"{model}: " + "; ".join(parts) + ".")
     return notes
@@ -156,14 +182,36 @@ def _figure(part: Any, path: Path) -> None:
         few = rows[rows["shots"].notna()].sort_values("shots")
         full = rows[rows["shots"].isna()]
         color = colors[encoder]
-        ax.errorbar(few["shots"], few["mean"], yerr=few["std"], marker="o", markersize=5, capsize=3, linewidth=1.8,
-                    color=color, label=METHOD_LABELS[encoder])
+        ax.errorbar(
+            few["shots"],
+            few["mean"],
+            yerr=few["std"],
+            marker="o",
+            markersize=5,
+            capsize=3,
+            linewidth=1.8,
+            color=color,
+            label=METHOD_LABELS[encoder],
+        )
         if len(full):
-            ax.errorbar([full_x], full["mean"], yerr=full["std"], marker="s", markersize=6, capsize=3, color=color,
-                        linestyle="none")
+            ax.errorbar(
+                [full_x],
+                full["mean"],
+                yerr=full["std"],
+                marker="s",
+                markersize=6,
+                capsize=3,
+                color=color,
+                linestyle="none",
+            )
             if len(few):
-                ax.plot([few["shots"].iloc[-1], full_x], [few["mean"].iloc[-1], full["mean"].iloc[0]], linestyle=":",
-                        linewidth=1.2, color=color)
+                ax.plot(
+                    [few["shots"].iloc[-1], full_x],
+                    [few["mean"].iloc[-1], full["mean"].iloc[0]],
+                    linestyle=":",
+                    linewidth=1.2,
+                    color=color,
+                )
     ax.set_xscale("log", base=2)
     full_rows = part[part["shots"].isna()]
     train = full_rows["train_size"].dropna()
@@ -176,8 +224,10 @@ def _figure(part: Any, path: Path) -> None:
     ax.set_ylabel(f"test {part['unit'].iloc[0]}")
     seeds = sorted(set(part["n_seeds"]))
     first = part.iloc[0]
-    ax.set_title(f"{first['model']} · {first['task']}: test score vs examples per label\n"
-                 f"(mean ± std over {'/'.join(map(str, seeds))} training seeds; one few-shot draw per count)")
+    ax.set_title(
+        f"{first['model']} · {first['task']}: test score vs examples per label\n"
+        f"(mean ± std over {'/'.join(map(str, seeds))} training seeds; one few-shot draw per count)"
+    )
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     save_figure(figure, path)

@@ -22,15 +22,31 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
 from .document import slug
 
-__all__ = ["FIGURE_KINDS", "DISPLAY_DPI", "SAVE_DPI", "draw_figures", "trial_counts", "display_width",
-           "new_figure", "save_figure", "figure_style"]
+__all__ = [
+    "FIGURE_KINDS",
+    "DISPLAY_DPI",
+    "SAVE_DPI",
+    "draw_figures",
+    "trial_counts",
+    "display_width",
+    "new_figure",
+    "save_figure",
+    "figure_style",
+]
 
 FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
 SAVE_DPI = 150  # the PNG's own resolution: sharper text than the displayed size needs
 MIN_FONT = 9.0  # points; tick labels, legends and panel titles never go below this
-_RC = {"font.size": 10.5, "axes.titlesize": 11, "axes.labelsize": 10.5, "xtick.labelsize": MIN_FONT + 0.5,
-       "ytick.labelsize": MIN_FONT + 0.5, "legend.fontsize": MIN_FONT + 0.5, "figure.titlesize": 12.5}
+_RC = {
+    "font.size": 10.5,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10.5,
+    "xtick.labelsize": MIN_FONT + 0.5,
+    "ytick.labelsize": MIN_FONT + 0.5,
+    "legend.fontsize": MIN_FONT + 0.5,
+    "figure.titlesize": 12.5,
+}
 
 
 def trial_counts(record: StudyRecord) -> str:
@@ -96,17 +112,38 @@ def _layer_figure(records: Sequence[StudyRecord], path: Path) -> bool:
     ax = figure.add_subplot(1, 1, 1)
     layers = list(range(len(probe.layer_scores)))
     scores = [s * scale for s in probe.layer_scores]
-    ax.plot(layers, scores, marker="o", markersize=4, linewidth=2, color=colors["best-layer"],
-            label="linear probe on layer l", zorder=3)
+    ax.plot(
+        layers,
+        scores,
+        marker="o",
+        markersize=4,
+        linewidth=2,
+        color=colors["best-layer"],
+        label="linear probe on layer l",
+        zorder=3,
+    )
     if probe.chosen_layer is not None and 0 <= probe.chosen_layer < len(scores):
-        ax.scatter([probe.chosen_layer], [scores[probe.chosen_layer]], s=110, facecolors="none",
-                   edgecolors="black", linewidths=1.5, zorder=4, label=f"chosen layer ({probe.chosen_layer})")
+        ax.scatter(
+            [probe.chosen_layer],
+            [scores[probe.chosen_layer]],
+            s=110,
+            facecolors="none",
+            edgecolors="black",
+            linewidths=1.5,
+            zorder=4,
+            label=f"chosen layer ({probe.chosen_layer})",
+        )
     for encoder in METHODS:
         record = by_encoder.get(encoder)
         if encoder == "best-layer" or record is None or record.best_value is None:
             continue
-        ax.axhline(record.best_value * scale, color=colors[encoder], linestyle="--", linewidth=1.4,
-                   label=f"{METHOD_LABELS[encoder]} (best trial)")
+        ax.axhline(
+            record.best_value * scale,
+            color=colors[encoder],
+            linestyle="--",
+            linewidth=1.4,
+            label=f"{METHOD_LABELS[encoder]} (best trial)",
+        )
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -123,8 +160,11 @@ def _history_figure(records: Sequence[StudyRecord], path: Path) -> bool:
     """One panel per encoder (shared y axis): complete trials as dots, the best so far as a line."""
     from matplotlib.ticker import MaxNLocator
 
-    shown = [r for r in sorted(records, key=lambda r: METHODS.index(r.encoder))
-             if not r.trials.empty and ((r.trials["state"] == "COMPLETE") & r.trials["value"].notna()).any()]
+    shown = [
+        r
+        for r in sorted(records, key=lambda r: METHODS.index(r.encoder))
+        if not r.trials.empty and ((r.trials["state"] == "COMPLETE") & r.trials["value"].notna()).any()
+    ]
     if not shown:
         return False
     colors = _encoder_colors()
@@ -159,8 +199,9 @@ def _history_figure(records: Sequence[StudyRecord], path: Path) -> bool:
         if index >= len(shown) - columns:
             ax.set_xlabel("trial")
     first = records[0]
-    figure.suptitle(f"{first.model} · {first.task}: optimisation history per encoder "
-                    "(dots: complete trials; line: best so far)")
+    figure.suptitle(
+        f"{first.model} · {first.task}: optimisation history per encoder (dots: complete trials; line: best so far)"
+    )
     save_figure(figure, path)
     return True
 
@@ -185,8 +226,11 @@ def _importances(record: StudyRecord) -> Tuple[Dict[str, float], Optional[str]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             importances = optuna.importance.get_param_importances(
-                record.study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), params=varying,
-                target=target)
+                record.study,
+                evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
+                params=varying,
+                target=target,
+            )
     except (RuntimeError, ValueError, ZeroDivisionError) as exc:
         return {}, f"importance evaluation failed: {exc}"
     values = {name: float(v) for name, v in importances.items() if math.isfinite(float(v))}
@@ -215,9 +259,9 @@ def _importance_figure(items: Sequence[Tuple[StudyRecord, Dict[str, float]]], pa
     return True
 
 
-def draw_figures(records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]], fig_dir: Path,
-                 show_progress: bool) -> Tuple[Dict[Tuple[str, str], Dict[str, str]], Dict[Tuple[str, str], List[str]],
-                                               List[Dict[str, Any]]]:
+def draw_figures(
+    records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]], fig_dir: Path, show_progress: bool
+) -> Tuple[Dict[Tuple[str, str], Dict[str, str]], Dict[Tuple[str, str], List[str]], List[Dict[str, Any]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
     from tqdm.auto import tqdm
@@ -226,8 +270,9 @@ def draw_figures(records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]
     notes: Dict[Tuple[str, str], List[str]] = {}
     importance_rows: List[Dict[str, Any]] = []
     for model, task in tqdm(pairs, desc="report figures", unit="task", disable=not show_progress):
-        group = sorted((r for r in records if r.model == model and r.task == task),
-                       key=lambda r: METHODS.index(r.encoder))
+        group = sorted(
+            (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)
+        )
         here: Dict[str, str] = {}
         missing: List[str] = []
         items = []
@@ -236,10 +281,22 @@ def draw_figures(records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]
             if reason:
                 missing.append(f"{METHOD_LABELS[record.encoder]}: no importances ({reason})")
             items.append((record, importances))
-            importance_rows += [{"model": model, "task": task, "method": record.encoder, "study": record.name,
-                                 "param": param, "importance": value} for param, value in importances.items()]
-        for kind, draw, arg in (("layers", _layer_figure, group), ("history", _history_figure, group),
-                                ("importance", _importance_figure, items)):
+            importance_rows += [
+                {
+                    "model": model,
+                    "task": task,
+                    "method": record.encoder,
+                    "study": record.name,
+                    "param": param,
+                    "importance": value,
+                }
+                for param, value in importances.items()
+            ]
+        for kind, draw, arg in (
+            ("layers", _layer_figure, group),
+            ("history", _history_figure, group),
+            ("importance", _importance_figure, items),
+        ):
             name = f"{slug(model, task)}-{kind}.png"
             with figure_style():
                 drawn = draw(arg, fig_dir / name)

@@ -54,8 +54,18 @@ from .data import open_report_storage, score_unit
 from .defaults_rule import derive_defaults, problem_tasks, read_problems
 from .document import MISSING, Cell, plural
 
-__all__ = ["LOTO_ATTR", "LOTO_FAMILIES", "LotoVerdict", "LotoResult", "leave_one_task_out", "stored_loto",
-           "loto_rows", "loto_verdict_rows", "loto_sentences", "start_config"]
+__all__ = [
+    "LOTO_ATTR",
+    "LOTO_FAMILIES",
+    "LotoVerdict",
+    "LotoResult",
+    "leave_one_task_out",
+    "stored_loto",
+    "loto_rows",
+    "loto_verdict_rows",
+    "loto_sentences",
+    "start_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +73,27 @@ LOTO_ATTR = "loto_evaluations"  # study user attr: {key: record}
 LOTO_FAMILIES: Tuple[str, ...] = ("cayley", "fc", "deepset")  # the families recommend regenerates
 _RECORD_VERSION = 1
 _DATA_KEYS = ("shots", "max_train", "max_eval", "data_seed", "max_epochs")
-ROW_COLUMNS = ["model", "task", "family", "bucket", "metric", "unit", "study", "seeds", "builtin_mean", "builtin_std",
-               "regenerated_mean", "regenerated_std", "difference", "same_config", "regenerated_from",
-               "builtin_scores", "regenerated_scores", "builtin_config", "regenerated_config"]
+ROW_COLUMNS = [
+    "model",
+    "task",
+    "family",
+    "bucket",
+    "metric",
+    "unit",
+    "study",
+    "seeds",
+    "builtin_mean",
+    "builtin_std",
+    "regenerated_mean",
+    "regenerated_std",
+    "difference",
+    "same_config",
+    "regenerated_from",
+    "builtin_scores",
+    "regenerated_scores",
+    "builtin_config",
+    "regenerated_config",
+]
 
 
 def start_config(family: str, values: Dict[str, Any], max_epochs: Optional[int]) -> Any:
@@ -107,11 +135,16 @@ class _Target:
         return self.attrs.get("direction") != "minimize"
 
     def key(self, seeds: Sequence[int]) -> Dict[str, Any]:
-        return {"model": self.model, "task": self.task, "family": self.family,
-                "data": {k: self.attrs.get(k) for k in _DATA_KEYS},
-                "fingerprints": self.attrs.get("data_fingerprints") or self.attrs.get("cache_keys"),
-                "seeds": list(seeds), "builtin": _digest(self.builtin.to_dict()),
-                "regenerated": _digest(self.regenerated.to_dict())}
+        return {
+            "model": self.model,
+            "task": self.task,
+            "family": self.family,
+            "data": {k: self.attrs.get(k) for k in _DATA_KEYS},
+            "fingerprints": self.attrs.get("data_fingerprints") or self.attrs.get("cache_keys"),
+            "seeds": list(seeds),
+            "builtin": _digest(self.builtin.to_dict()),
+            "regenerated": _digest(self.regenerated.to_dict()),
+        }
 
     def is_current(self, record: Dict[str, Any]) -> bool:
         key = record.get("key") or {}
@@ -121,12 +154,18 @@ class _Target:
 def _preference(summary: Any) -> Tuple:
     """Which study of a (model, task, family) LOTO evaluates on: full data first, then the report's order."""
     attrs = summary.user_attrs
-    return (not attrs.get("shots"), "final_test_mean" in attrs, len(attrs.get("final_test_scores") or []),
-            summary.n_trials, summary.study_name)
+    return (
+        not attrs.get("shots"),
+        "final_test_mean" in attrs,
+        len(attrs.get("final_test_scores") or []),
+        summary.n_trials,
+        summary.study_name,
+    )
 
 
-def _targets(storage_url: str, families: Sequence[str], models: Sequence[str], tasks: Sequence[str]
-             ) -> Tuple[List[_Target], List[str], List[str]]:
+def _targets(
+    storage_url: str, families: Sequence[str], models: Sequence[str], tasks: Sequence[str]
+) -> Tuple[List[_Target], List[str], List[str]]:
     """Every (model, task, family) to evaluate with its configurations; notes on those that cannot be; and
     every task with studies of ``families``."""
     import optuna
@@ -146,18 +185,23 @@ def _targets(storage_url: str, families: Sequence[str], models: Sequence[str], t
     all_tasks = sorted({task for _, task, _ in chosen} | set(problem_tasks(groups)))
     unknown = [t for t in tasks if t not in all_tasks]
     if unknown:
-        raise ValueError(f"no {'/'.join(families)} study of task(s) {unknown} in {hide_password(storage_url)}; "
-                         f"its tasks are {all_tasks or 'none'}")
+        raise ValueError(
+            f"no {'/'.join(families)} study of task(s) {unknown} in {hide_password(storage_url)}; "
+            f"its tasks are {all_tasks or 'none'}"
+        )
     known_models = sorted({model for model, _, _ in chosen})
     missing_models = [m for m in models if m not in known_models]
     if missing_models:
-        raise ValueError(f"no {'/'.join(families)} study of model(s) {missing_models} in "
-                         f"{hide_password(storage_url)}; its models are {known_models or 'none'}")
+        raise ValueError(
+            f"no {'/'.join(families)} study of model(s) {missing_models} in "
+            f"{hide_password(storage_url)}; its models are {known_models or 'none'}"
+        )
     derived: Dict[str, Tuple[Dict[str, Any], Dict[Tuple[str, str], List[Any]]]] = {}
     targets: List[_Target] = []
     notes: List[str] = []
-    for (model, task, family), summary in sorted(chosen.items(), key=lambda item: (item[0][1], item[0][0],
-                                                                                   families.index(item[0][2]))):
+    for (model, task, family), summary in sorted(
+        chosen.items(), key=lambda item: (item[0][1], item[0][0], families.index(item[0][2]))
+    ):
         if (models and model not in models) or (tasks and task not in tasks):
             continue
         attrs = dict(summary.user_attrs)
@@ -172,23 +216,36 @@ def _targets(storage_url: str, families: Sequence[str], models: Sequence[str], t
             continue
         regenerated = values.get(family, {}).get(bucket)
         if regenerated is None:
-            notes.append(f"{model}/{task}/{family}: no {family} study of another task in the {bucket} bucket to "
-                         "regenerate defaults from")
+            notes.append(
+                f"{model}/{task}/{family}: no {family} study of another task in the {bucket} bucket to "
+                "regenerate defaults from"
+            )
             continue
         builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
-        target = _Target(model=model, task=task, family=family, bucket=bucket, study=summary.study_name, attrs=attrs,
-                         regenerated_from=[p.study for p in used[(family, bucket)]])
+        target = _Target(
+            model=model,
+            task=task,
+            family=family,
+            bucket=bucket,
+            study=summary.study_name,
+            attrs=attrs,
+            regenerated_from=[p.study for p in used[(family, bucket)]],
+        )
         target.builtin = start_config(family, builtin, attrs.get("max_epochs"))
         target.regenerated = start_config(family, {**builtin, **regenerated}, attrs.get("max_epochs"))
         targets.append(target)
     return targets, notes, all_tasks
 
 
-def _best_record(target: _Target, records: Dict[str, Any], seeds: Optional[Sequence[int]] = None
-                 ) -> Optional[Dict[str, Any]]:
+def _best_record(
+    target: _Target, records: Dict[str, Any], seeds: Optional[Sequence[int]] = None
+) -> Optional[Dict[str, Any]]:
     """The current record with ``seeds`` (any seeds: the one with the most)."""
-    current = [r for r in records.values() if isinstance(r, dict) and target.is_current(r)
-               and (seeds is None or r["key"]["seeds"] == list(seeds))]
+    current = [
+        r
+        for r in records.values()
+        if isinstance(r, dict) and target.is_current(r) and (seeds is None or r["key"]["seeds"] == list(seeds))
+    ]
     return max(current, key=lambda r: (len(r["key"]["seeds"]), r["key"]["seeds"]), default=None)
 
 
@@ -198,8 +255,15 @@ def _train_scores(config: Any, data: Any, seeds: Sequence[int], device: str) -> 
 
     test, val = [], []
     for seed in seeds:
-        result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
-                               num_classes=data.num_classes, seed=seed, device=device)
+        result = train_encoder(
+            config,
+            data.train,
+            data.validation,
+            task_kind=data.task_kind,
+            num_classes=data.num_classes,
+            seed=seed,
+            device=device,
+        )
         test.append(float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric]))
         val.append(float(result.best_val_metric))
     return test, val
@@ -213,16 +277,27 @@ def _row(target: _Target, record: Dict[str, Any]) -> Dict[str, Any]:
         return statistics.stdev(scores) * scale if len(scores) > 1 else 0.0
 
     sign = 1.0 if target.maximize else -1.0
-    return {"model": target.model, "task": target.task, "family": target.family, "bucket": target.bucket,
-            "metric": target.attrs.get("metric"), "unit": unit, "study": target.study,
-            "seeds": list(record["key"]["seeds"]), "builtin_mean": statistics.fmean(built) * scale,
-            "builtin_std": spread(built), "regenerated_mean": statistics.fmean(regen) * scale,
-            "regenerated_std": spread(regen),
-            "difference": sign * (statistics.fmean(regen) - statistics.fmean(built)) * scale,
-            "same_config": record["key"]["builtin"] == record["key"]["regenerated"],
-            "regenerated_from": len(record.get("regenerated_from") or []),
-            "builtin_scores": [s * scale for s in built], "regenerated_scores": [s * scale for s in regen],
-            "builtin_config": record["builtin"]["config"], "regenerated_config": record["regenerated"]["config"]}
+    return {
+        "model": target.model,
+        "task": target.task,
+        "family": target.family,
+        "bucket": target.bucket,
+        "metric": target.attrs.get("metric"),
+        "unit": unit,
+        "study": target.study,
+        "seeds": list(record["key"]["seeds"]),
+        "builtin_mean": statistics.fmean(built) * scale,
+        "builtin_std": spread(built),
+        "regenerated_mean": statistics.fmean(regen) * scale,
+        "regenerated_std": spread(regen),
+        "difference": sign * (statistics.fmean(regen) - statistics.fmean(built)) * scale,
+        "same_config": record["key"]["builtin"] == record["key"]["regenerated"],
+        "regenerated_from": len(record.get("regenerated_from") or []),
+        "builtin_scores": [s * scale for s in built],
+        "regenerated_scores": [s * scale for s in regen],
+        "builtin_config": record["builtin"]["config"],
+        "regenerated_config": record["regenerated"]["config"],
+    }
 
 
 @dataclass
@@ -269,8 +344,14 @@ class LotoResult:
         return None if verdict is None else verdict.regenerated_win
 
 
-def _result(storage_url: str, targets: List[_Target], records: Dict[str, Dict[str, Any]], notes: List[str],
-            tasks: List[str], trained: int) -> LotoResult:
+def _result(
+    storage_url: str,
+    targets: List[_Target],
+    records: Dict[str, Dict[str, Any]],
+    notes: List[str],
+    tasks: List[str],
+    trained: int,
+) -> LotoResult:
     import pandas as pd
 
     rows, missing = [], []
@@ -284,11 +365,23 @@ def _result(storage_url: str, targets: List[_Target], records: Dict[str, Dict[st
     verdicts: Dict[Tuple[str, str], LotoVerdict] = {}
     for (family, bucket), group in frame.groupby(["family", "bucket"], sort=False):
         shown = group["difference"].round(2)
-        verdicts[(family, bucket)] = LotoVerdict(family=family, bucket=bucket, rows=len(group),
-                                                 mean_difference=float(group["difference"].mean()),
-                                                 wins=int((shown > 0).sum()), losses=int((shown < 0).sum()))
-    return LotoResult(storage=hide_password(storage_url), rows=frame, verdicts=verdicts, missing=missing,
-                      notes=notes, tasks=tasks, trained=trained)
+        verdicts[(family, bucket)] = LotoVerdict(
+            family=family,
+            bucket=bucket,
+            rows=len(group),
+            mean_difference=float(group["difference"].mean()),
+            wins=int((shown > 0).sum()),
+            losses=int((shown < 0).sum()),
+        )
+    return LotoResult(
+        storage=hide_password(storage_url),
+        rows=frame,
+        verdicts=verdicts,
+        missing=missing,
+        notes=notes,
+        tasks=tasks,
+        trained=trained,
+    )
 
 
 def _check_names(families: Sequence[str]) -> List[str]:
@@ -315,10 +408,20 @@ def stored_loto(storage_url: str, *, families: Sequence[str] = LOTO_FAMILIES) ->
     return _result(storage_url, targets, records, notes, tasks, 0)
 
 
-def leave_one_task_out(storage_url: str, *, models: Sequence[str] = (), tasks: Sequence[str] = (),
-                       families: Sequence[str] = LOTO_FAMILIES, final_seeds: int = 3, seed: int = 0,
-                       data_dir: Optional[str] = None, cache_dir: Optional[str] = None, device: str = "auto",
-                       threads: Optional[int] = None, show_progress: bool = True) -> LotoResult:
+def leave_one_task_out(
+    storage_url: str,
+    *,
+    models: Sequence[str] = (),
+    tasks: Sequence[str] = (),
+    families: Sequence[str] = LOTO_FAMILIES,
+    final_seeds: int = 3,
+    seed: int = 0,
+    data_dir: Optional[str] = None,
+    cache_dir: Optional[str] = None,
+    device: str = "auto",
+    threads: Optional[int] = None,
+    show_progress: bool = True,
+) -> LotoResult:
     """Regenerate the defaults without each task and score them against the built-in defaults on that task.
 
     Args:
@@ -361,11 +464,13 @@ def leave_one_task_out(storage_url: str, *, models: Sequence[str] = (), tasks: S
             stored = dict(study.user_attrs.get(LOTO_ATTR) or {})
             record = _best_record(target, stored, seeds)
             if record is None:
-                data_key = _digest([target.model, target.attrs.get("cache_keys"),
-                                    {k: target.attrs.get(k) for k in _DATA_KEYS}])
+                data_key = _digest(
+                    [target.model, target.attrs.get("cache_keys"), {k: target.attrs.get(k) for k in _DATA_KEYS}]
+                )
                 if data_key not in loaded:
-                    loaded[data_key] = load_training_data(study, with_test=True, data_dir=data_dir,
-                                                          cache_dir=cache_dir, device=device)
+                    loaded[data_key] = load_training_data(
+                        study, with_test=True, data_dir=data_dir, cache_dir=cache_dir, device=device
+                    )
                 data = loaded[data_key]
                 builtin_test, builtin_val = _train_scores(target.builtin, data, seeds, device)
                 if target.regenerated.to_dict() == target.builtin.to_dict():  # same config, same seeds
@@ -375,17 +480,33 @@ def leave_one_task_out(storage_url: str, *, models: Sequence[str] = (), tasks: S
                     regen_test, regen_val = _train_scores(target.regenerated, data, seeds, device)
                     trained += 2
                 key = target.key(seeds)
-                record = {"version": _RECORD_VERSION, "key": key, "ilge_search_version": __version__,
-                          "regenerated_from": target.regenerated_from,
-                          "builtin": {"config": target.builtin.to_dict(), "test_scores": builtin_test,
-                                      "val_scores": builtin_val},
-                          "regenerated": {"config": target.regenerated.to_dict(), "test_scores": regen_test,
-                                          "val_scores": regen_val}}
+                record = {
+                    "version": _RECORD_VERSION,
+                    "key": key,
+                    "ilge_search_version": __version__,
+                    "regenerated_from": target.regenerated_from,
+                    "builtin": {
+                        "config": target.builtin.to_dict(),
+                        "test_scores": builtin_test,
+                        "val_scores": builtin_val,
+                    },
+                    "regenerated": {
+                        "config": target.regenerated.to_dict(),
+                        "test_scores": regen_test,
+                        "val_scores": regen_val,
+                    },
+                }
                 # records of configurations the storage no longer gives are stale: replaced, not kept
                 kept = {k: r for k, r in stored.items() if isinstance(r, dict) and target.is_current(r)}
                 study.set_user_attr(LOTO_ATTR, {**kept, _digest(key): record})
-                logger.info("%s without %s on %s: built-in %.4f, regenerated %.4f", target.family, target.task,
-                            target.model, statistics.fmean(builtin_test), statistics.fmean(regen_test))
+                logger.info(
+                    "%s without %s on %s: built-in %.4f, regenerated %.4f",
+                    target.family,
+                    target.task,
+                    target.model,
+                    statistics.fmean(builtin_test),
+                    statistics.fmean(regen_test),
+                )
             records[target.study] = record
     finally:
         torch.set_num_threads(previous_threads)
@@ -404,16 +525,37 @@ def _mean_std(mean: float, std: float, seeds: int) -> str:
 def loto_rows(result: LotoResult) -> Tuple[List[str], List[List[Cell]]]:
     """(header, rows): per (model, left-out task, family), built-in and regenerated defaults' test scores
     (mean ± std over seeds), their difference, and how many other studies the regenerated ones came from."""
-    header = ["model", "left-out task", "family", "unit", "seeds", "built-in", "regenerated without it",
-              "difference", "from studies"]
+    header = [
+        "model",
+        "left-out task",
+        "family",
+        "unit",
+        "seeds",
+        "built-in",
+        "regenerated without it",
+        "difference",
+        "from studies",
+    ]
     rows = []
     for r in result.rows.itertuples():
         shown = round(r.difference, 2)  # the better of the two in bold, at the shown precision
-        rows.append([Cell(r.model), Cell(r.task), Cell(r.family), Cell(r.unit), Cell(str(len(r.seeds))),
-                     Cell(_mean_std(r.builtin_mean, r.builtin_std, len(r.seeds)), bold=shown < 0),
-                     Cell(_mean_std(r.regenerated_mean, r.regenerated_std, len(r.seeds))
-                          + (" (same config)" if r.same_config else ""), bold=shown > 0),
-                     Cell(f"{r.difference:+.2f}"), Cell(str(r.regenerated_from))])
+        rows.append(
+            [
+                Cell(r.model),
+                Cell(r.task),
+                Cell(r.family),
+                Cell(r.unit),
+                Cell(str(len(r.seeds))),
+                Cell(_mean_std(r.builtin_mean, r.builtin_std, len(r.seeds)), bold=shown < 0),
+                Cell(
+                    _mean_std(r.regenerated_mean, r.regenerated_std, len(r.seeds))
+                    + (" (same config)" if r.same_config else ""),
+                    bold=shown > 0,
+                ),
+                Cell(f"{r.difference:+.2f}"),
+                Cell(str(r.regenerated_from)),
+            ]
+        )
     return header, rows
 
 
@@ -421,9 +563,18 @@ def loto_verdict_rows(result: LotoResult) -> Tuple[List[str], List[List[Cell]]]:
     """(header, rows): per family and size bucket, the mean difference and whether the regenerated defaults
     win on average."""
     header = ["family", "size", "rows", "mean difference", "regenerated ahead", "behind", "regenerated win"]
-    rows = [[Cell(v.family), Cell(v.bucket), Cell(str(v.rows)), Cell(f"{v.mean_difference:+.2f}"), Cell(str(v.wins)),
-             Cell(str(v.losses)), Cell("yes" if v.regenerated_win else "no", bold=v.regenerated_win)]
-            for v in result.verdicts.values()]
+    rows = [
+        [
+            Cell(v.family),
+            Cell(v.bucket),
+            Cell(str(v.rows)),
+            Cell(f"{v.mean_difference:+.2f}"),
+            Cell(str(v.wins)),
+            Cell(str(v.losses)),
+            Cell("yes" if v.regenerated_win else "no", bold=v.regenerated_win),
+        ]
+        for v in result.verdicts.values()
+    ]
     return header, rows
 
 
@@ -431,13 +582,21 @@ def loto_sentences(result: LotoResult) -> List[str]:
     """One sentence per family and bucket saying whether the regenerated defaults won, and what is missing."""
     out = []
     for v in result.verdicts.values():
-        seeds = sorted({len(s) for s in result.rows.loc[(result.rows["family"] == v.family)
-                                                        & (result.rows["bucket"] == v.bucket), "seeds"]})
+        seeds = sorted(
+            {
+                len(s)
+                for s in result.rows.loc[
+                    (result.rows["family"] == v.family) & (result.rows["bucket"] == v.bucket), "seeds"
+                ]
+            }
+        )
         verb = "beat" if v.regenerated_win else "do not beat"
-        out.append(f"{v.family} ({v.bucket} models): defaults regenerated without the task {verb} the built-in "
-                   f"defaults on average over {plural(v.rows, 'left-out (model, task) row')}: "
-                   f"{v.mean_difference:+.2f} points (ahead on {v.wins}, behind on {v.losses}; "
-                   f"{'/'.join(map(str, seeds))} seeds per configuration).")
+        out.append(
+            f"{v.family} ({v.bucket} models): defaults regenerated without the task {verb} the built-in "
+            f"defaults on average over {plural(v.rows, 'left-out (model, task) row')}: "
+            f"{v.mean_difference:+.2f} points (ahead on {v.wins}, behind on {v.losses}; "
+            f"{'/'.join(map(str, seeds))} seeds per configuration)."
+        )
     if result.missing:
         out.append(f"Not evaluated yet (or stale): {', '.join(result.missing)}.")
     out += result.notes

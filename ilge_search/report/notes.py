@@ -14,31 +14,37 @@ from .tables import DECIMALS, full_data, model_order, model_protocols
 
 __all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
 
-SUMMARY_NOTE = ("Whole training subsets only: a few-shot row is a point of its curve, not a task. Mean score over the "
-                "tasks the method has; mean gain over the tasks with both the method and the last layer; wins: "
-                "tasks where it is the best of the row (ties count for each); mean rank among the methods of each "
-                "row (1 = best).")
+SUMMARY_NOTE = (
+    "Whole training subsets only: a few-shot row is a point of its curve, not a task. Mean score over the "
+    "tasks the method has; mean gain over the tasks with both the method and the last layer; wins: "
+    "tasks where it is the best of the row (ties count for each); mean rank among the methods of each "
+    "row (1 = best)."
+)
 
 
 def intro(storage_url: str, n_studies: int) -> str:
     """The opening paragraph: when, by which version, from where, and how to read a cell."""
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"Generated {generated} by ilge-search {__version__} from `{hide_password(storage_url)}` "
-            f"({plural(n_studies, 'study', 'studies')}). Cells: final test score, mean ± std over the final seeds "
-            "(the selected trial retrained with each seed); accuracy in %, Spearman correlation ×100. "
-            f"Bold: best of the row. {MISSING}: no study or no final test score (never filled in). "
-            "Each table says its protocol: *matched* (every method trained with its own head on the same "
-            f"training data and scored by it) or *paper* (rows marked{PAPER_SUFFIX}: MTEB's few-shot "
-            "logistic readout of the vectors, as in the published table); the two are never mixed in a row, "
-            "a mean or a gain.")
+    return (
+        f"Generated {generated} by ilge-search {__version__} from `{hide_password(storage_url)}` "
+        f"({plural(n_studies, 'study', 'studies')}). Cells: final test score, mean ± std over the final seeds "
+        "(the selected trial retrained with each seed); accuracy in %, Spearman correlation ×100. "
+        f"Bold: best of the row. {MISSING}: no study or no final test score (never filled in). "
+        "Each table says its protocol: *matched* (every method trained with its own head on the same "
+        f"training data and scored by it) or *paper* (rows marked{PAPER_SUFFIX}: MTEB's few-shot "
+        "logistic readout of the vectors, as in the published table); the two are never mixed in a row, "
+        "a mean or a gain."
+    )
 
 
 def published_note() -> str:
     """Where the *published* rows come from."""
     source = paper_source()
-    return (f"Rows marked *published* give the numbers of \"{source['paper']}\" (arXiv {source['arxiv']} "
-            f"{source['version']}, {source['table']}), {source['transcription']}. Protocol: {source['protocol']}. "
-            "They are shown only beside scores measured under the paper protocol, for the same model and task.")
+    return (
+        f'Rows marked *published* give the numbers of "{source["paper"]}" (arXiv {source["arxiv"]} '
+        f"{source['version']}, {source['table']}), {source['transcription']}. Protocol: {source['protocol']}. "
+        "They are shown only beside scores measured under the paper protocol, for the same model and task."
+    )
 
 
 def no_published_note() -> str:
@@ -46,10 +52,12 @@ def no_published_note() -> str:
     source, cells = paper_source(), load_paper_results()
     models = sorted({cell.model.rsplit("/", 1)[-1] for cell in cells})
     tasks = sorted({cell.task for cell in cells})
-    return (f"No (model, task, method) measured here under the paper protocol has a published number in "
-            f"\"{source['paper']}\" (arXiv {source['arxiv']}), so no published row is shown (published numbers sit "
-            "only beside paper-protocol scores of the same model and task); the paper reports "
-            f"{', '.join(models)} on {', '.join(tasks)}.")
+    return (
+        f"No (model, task, method) measured here under the paper protocol has a published number in "
+        f'"{source["paper"]}" (arXiv {source["arxiv"]}), so no published row is shown (published numbers sit '
+        "only beside paper-protocol scores of the same model and task); the paper reports "
+        f"{', '.join(models)} on {', '.join(tasks)}."
+    )
 
 
 def closing_notes(frame: Any, summary: Any) -> List[str]:
@@ -71,19 +79,22 @@ def closing_notes(frame: Any, summary: Any) -> List[str]:
                 continue
             diff = both["cayley"] - both[other]
             shown = diff.round(DECIMALS)
-            spread = (f" (range {diff.min():+.{DECIMALS}f} to {diff.max():+.{DECIMALS}f})" if len(diff) > 1
-                      else "")
-            parts.append(f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
-                         f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
-                         f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}")
+            spread = f" (range {diff.min():+.{DECIMALS}f} to {diff.max():+.{DECIMALS}f})" if len(diff) > 1 else ""
+            parts.append(
+                f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
+                f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
+                f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}"
+            )
         model_summary = summary[(summary["model"] == model) & (summary["protocol"] == protocol)]
         lead = ""
         if not model_summary.empty:
             # only encoders with the widest coverage: a mean rank over fewer tasks is not comparable
             widest = model_summary[model_summary["tasks"] == model_summary["tasks"].max()]
             top = widest.sort_values(["mean_rank", "wins"], ascending=[True, False]).iloc[0]
-            lead = (f" Among the methods with scores on {plural(int(top['tasks']), 'task')}, "
-                    f"{METHOD_LABELS[top['method']]} has the best mean rank ({top['mean_rank']:.2f}; best of the "
-                    f"row in {int(top['wins'])}).")
+            lead = (
+                f" Among the methods with scores on {plural(int(top['tasks']), 'task')}, "
+                f"{METHOD_LABELS[top['method']]} has the best mean rank ({top['mean_rank']:.2f}; best of the "
+                f"row in {int(top['wins'])})."
+            )
         notes.append(f"{model} ({protocol} protocol): " + "; ".join(parts) + "." + lead)
     return notes

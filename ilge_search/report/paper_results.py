@@ -25,8 +25,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..models import known_model
 
-__all__ = ["PAPER_RESULTS_PATH", "PublishedResult", "load_paper_results", "published_result",
-           "paper_source", "canonical_model", "canonical_task"]
+__all__ = [
+    "PAPER_RESULTS_PATH",
+    "PublishedResult",
+    "load_paper_results",
+    "published_result",
+    "paper_source",
+    "canonical_model",
+    "canonical_task",
+]
 
 PAPER_RESULTS_PATH = Path(__file__).resolve().parent.parent / "data" / "paper_results.json"
 _FORMAT_VERSION = 2
@@ -70,11 +77,18 @@ def _load(path: str) -> Dict[str, Any]:
             tasks[_key(alias)] = canonical
     cells: Dict[Tuple[str, str, str], PublishedResult] = {}
     for record in data["results"]:
-        result = PublishedResult(record["model"], record["task"], record["method"], float(record["value"]),
-                                 bool(record.get("cross_checked", False)))
+        result = PublishedResult(
+            record["model"],
+            record["task"],
+            record["method"],
+            float(record["value"]),
+            bool(record.get("cross_checked", False)),
+        )
         if canonical_model(result.model) != result.model:
-            raise ValueError(f"{path}: model {result.model!r} is not a paper model of ilge_search.models.MODELS "
-                             "(its canonical name, with a paper_name)")
+            raise ValueError(
+                f"{path}: model {result.model!r} is not a paper model of ilge_search.models.MODELS "
+                "(its canonical name, with a paper_name)"
+            )
         cells[(result.model, result.task, result.method)] = result
     return {"raw": data, "tasks": tasks, "cells": cells}
 

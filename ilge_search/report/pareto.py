@@ -41,7 +41,8 @@ PARETO_NOTE = (
     "test once per seed. Left panels: the search on validation (front as a step line, retrained trials "
     "ringed); right panels: the retrained front on test (mean ± std over seeds) with the final test scores "
     "of the layer baselines (a linear probe on the last or the best layer, or on the mean of the layers: no "
-    "encoder of their own) as reference points. Parameters include the classification head.")
+    "encoder of their own) as reference points. Parameters include the classification head."
+)
 _BASELINE_MARKERS = {"last-layer": "s", "best-layer": "D", "mean-layers": "^"}
 
 
@@ -52,16 +53,25 @@ def pareto_pairs(records: Sequence[StudyRecord]) -> List[Tuple[str, str]]:
 
 
 def _studies(records: Sequence[StudyRecord], model: str, task: str) -> List[StudyRecord]:
-    return sorted((r for r in records if r.multi_objective and r.model == model and r.task == task),
-                  key=lambda r: (METHODS.index(r.encoder), r.name))
+    return sorted(
+        (r for r in records if r.multi_objective and r.model == model and r.task == task),
+        key=lambda r: (METHODS.index(r.encoder), r.name),
+    )
 
 
 def _baselines(records: Sequence[StudyRecord], model: str, task: str) -> List[Tuple[StudyRecord, Optional[int]]]:
     """The single-objective baseline studies of the pair with final scores, and their final trial's parameters."""
     found = []
     for encoder in PARETO_BASELINES:
-        candidates = [r for r in records if r.model == model and r.task == task and r.encoder == encoder
-                      and not r.multi_objective and r.test_mean is not None]
+        candidates = [
+            r
+            for r in records
+            if r.model == model
+            and r.task == task
+            and r.encoder == encoder
+            and not r.multi_objective
+            and r.test_mean is not None
+        ]
         if not candidates:
             continue
         record = max(candidates, key=lambda r: (len(r.test_scores), r.n_complete, r.name))
@@ -97,8 +107,9 @@ def _colors() -> Dict[str, Any]:
     return {m: cmap(i) for i, m in enumerate(METHODS)}
 
 
-def _pareto_figure(studies: Sequence[StudyRecord], baselines: Sequence[Tuple[StudyRecord, Optional[int]]],
-                   path: Path) -> bool:
+def _pareto_figure(
+    studies: Sequence[StudyRecord], baselines: Sequence[Tuple[StudyRecord, Optional[int]]], path: Path
+) -> bool:
     from ..objectives import complete_trials
 
     if not any(complete_trials(r.study) for r in studies):
@@ -110,30 +121,68 @@ def _pareto_figure(studies: Sequence[StudyRecord], baselines: Sequence[Tuple[Stu
     for record in studies:
         color, label = colors[record.encoder], METHOD_LABELS[record.encoder]
         trials = [t for t in complete_trials(record.study) if t.user_attrs.get(PARAMS_ATTR)]
-        search.scatter([t.user_attrs[PARAMS_ATTR] for t in trials], [t.values[0] * scale for t in trials], s=14,
-                       alpha=0.35, color=color, label=f"{label}: trials ({len(trials)})")
+        search.scatter(
+            [t.user_attrs[PARAMS_ATTR] for t in trials],
+            [t.values[0] * scale for t in trials],
+            s=14,
+            alpha=0.35,
+            color=color,
+            label=f"{label}: trials ({len(trials)})",
+        )
         front = sorted(_search_front(record), key=lambda t: t.user_attrs[PARAMS_ATTR])
-        search.plot([t.user_attrs[PARAMS_ATTR] for t in front], [t.values[0] * scale for t in front],
-                    drawstyle="steps-post", marker="o", markersize=5, linewidth=1.8, color=color,
-                    label=f"{label}: front ({len(front)})")
+        search.plot(
+            [t.user_attrs[PARAMS_ATTR] for t in front],
+            [t.values[0] * scale for t in front],
+            drawstyle="steps-post",
+            marker="o",
+            markersize=5,
+            linewidth=1.8,
+            color=color,
+            label=f"{label}: front ({len(front)})",
+        )
         retrained = _front_records(record)
         if retrained:
-            search.scatter([r["params"] for r in retrained], [r["val_score"] * scale for r in retrained], s=120,
-                           facecolors="none", edgecolors="black", linewidths=1.2, zorder=4)
+            search.scatter(
+                [r["params"] for r in retrained],
+                [r["val_score"] * scale for r in retrained],
+                s=120,
+                facecolors="none",
+                edgecolors="black",
+                linewidths=1.2,
+                zorder=4,
+            )
             ordered = sorted(retrained, key=lambda r: r["params"])
-            final.errorbar([r["params"] for r in ordered], [r["test_mean"] * scale for r in ordered],
-                           yerr=[r["test_std"] * scale for r in ordered], marker="o", markersize=5, capsize=3,
-                           linewidth=1.6, color=color, label=f"{label}: final front ({len(ordered)})")
+            final.errorbar(
+                [r["params"] for r in ordered],
+                [r["test_mean"] * scale for r in ordered],
+                yerr=[r["test_std"] * scale for r in ordered],
+                marker="o",
+                markersize=5,
+                capsize=3,
+                linewidth=1.6,
+                color=color,
+                label=f"{label}: final front ({len(ordered)})",
+            )
     for record, params in baselines:
         if params is None:
             continue
-        final.errorbar([params], [record.test_mean * scale], yerr=[(record.test_std or 0.0) * scale],
-                       marker=_BASELINE_MARKERS[record.encoder], markersize=8, capsize=3, linestyle="none",
-                       color=colors[record.encoder], label=f"{METHOD_LABELS[record.encoder]} (baseline)")
+        final.errorbar(
+            [params],
+            [record.test_mean * scale],
+            yerr=[(record.test_std or 0.0) * scale],
+            marker=_BASELINE_MARKERS[record.encoder],
+            markersize=8,
+            capsize=3,
+            linestyle="none",
+            color=colors[record.encoder],
+            label=f"{METHOD_LABELS[record.encoder]} (baseline)",
+        )
     if any(_front_records(r) for r in studies):
         search.scatter([], [], s=120, facecolors="none", edgecolors="black", label="retrained (final front)")
-    for ax, title, kind in ((search, "search: every trial (validation)", "validation"),
-                            (final, "final front retrained (test, mean ± std)", "test")):
+    for ax, title, kind in (
+        (search, "search: every trial (validation)", "validation"),
+        (final, "final front retrained (test, mean ± std)", "test"),
+    ):
         ax.set_xscale("log")
         ax.set_xlabel("trainable parameters (log scale)")
         ax.set_ylabel(f"{kind} {unit}")
@@ -142,8 +191,10 @@ def _pareto_figure(studies: Sequence[StudyRecord], baselines: Sequence[Tuple[Stu
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="lower right", frameon=False)
     first = studies[0]
-    figure.suptitle(f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
-                    f"objectives {', '.join(first.objectives)})")
+    figure.suptitle(
+        f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
+        f"objectives {', '.join(first.objectives)})"
+    )
     save_figure(figure, path)
     return True
 
@@ -179,28 +230,42 @@ def pareto_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[Ce
             scale = score_unit(record.metric)[0]
             for front in _front_records(record):
                 latency = front.get("latency_ms")
-                rows.append([Cell(model), Cell(task), Cell(METHOD_LABELS[record.encoder]), Cell(str(front["trial"])),
-                             Cell(_count(front["params"])),
-                             Cell(MISSING if latency is None else f"{latency:.1f}"),
-                             Cell(f"{front['val_score'] * scale:.2f}"),
-                             Cell(_mean_std(front["test_mean"], front["test_std"], scale))])
+                rows.append(
+                    [
+                        Cell(model),
+                        Cell(task),
+                        Cell(METHOD_LABELS[record.encoder]),
+                        Cell(str(front["trial"])),
+                        Cell(_count(front["params"])),
+                        Cell(MISSING if latency is None else f"{latency:.1f}"),
+                        Cell(f"{front['val_score'] * scale:.2f}"),
+                        Cell(_mean_std(front["test_mean"], front["test_std"], scale)),
+                    ]
+                )
         for record, params in _baselines(records, model, task):
             scale = score_unit(record.metric)[0]
-            rows.append([Cell(model, italic=True), Cell(task, italic=True),
-                         Cell(f"{METHOD_LABELS[record.encoder]} (baseline)", italic=True),
-                         Cell(str(record.final_trial), italic=True), Cell(_count(params), italic=True),
-                         Cell(MISSING, italic=True),
-                         Cell(MISSING if record.best_value is None else f"{record.best_value * scale:.2f}",
-                              italic=True),
-                         Cell(_mean_std(record.test_mean, record.test_std, scale), italic=True)])
+            rows.append(
+                [
+                    Cell(model, italic=True),
+                    Cell(task, italic=True),
+                    Cell(f"{METHOD_LABELS[record.encoder]} (baseline)", italic=True),
+                    Cell(str(record.final_trial), italic=True),
+                    Cell(_count(params), italic=True),
+                    Cell(MISSING, italic=True),
+                    Cell(MISSING if record.best_value is None else f"{record.best_value * scale:.2f}", italic=True),
+                    Cell(_mean_std(record.test_mean, record.test_std, scale), italic=True),
+                ]
+            )
     return header, rows
 
 
 def _study_sentence(record: StudyRecord, baselines: Sequence[Tuple[StudyRecord, Optional[int]]]) -> str:
     scale, unit = score_unit(record.metric)
     front = _search_front(record)
-    head = (f"{record.model} · {record.task} · {METHOD_LABELS[record.encoder]}: {len(front)} of "
-            f"{plural(record.n_complete, 'complete trial')} on the score-vs-parameters front")
+    head = (
+        f"{record.model} · {record.task} · {METHOD_LABELS[record.encoder]}: {len(front)} of "
+        f"{plural(record.n_complete, 'complete trial')} on the score-vs-parameters front"
+    )
     retrained = _front_records(record)
     if not retrained:
         return head + "; no final front yet."
@@ -208,18 +273,24 @@ def _study_sentence(record: StudyRecord, baselines: Sequence[Tuple[StudyRecord, 
     small = min(retrained, key=lambda r: r["params"])
     text = head + f"; {len(retrained)} retrained ({len(record.test_scores)} seeds)"
     if small is best:
-        text += (f": one trial, {_count(best['params'])} parameters at "
-                 f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}")
+        text += (
+            f": one trial, {_count(best['params'])} parameters at "
+            f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}"
+        )
     else:
         ratio = best["params"] / max(1, small["params"])
         delta = (best["test_mean"] - small["test_mean"]) * scale * (1 if record.maximize else -1)
         versus = f"{abs(delta):.2f} points {'lower' if delta >= 0 else 'higher'}"
-        text += (f": the best-validation trial {best['trial']} has {_count(best['params'])} parameters and "
-                 f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}; the smallest, trial "
-                 f"{small['trial']}, {_count(small['params'])} ({ratio:.0f}x fewer) and "
-                 f"{_mean_std(small['test_mean'], small['test_std'], scale)} ({versus})")
-    references = [f"{METHOD_LABELS[b.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} with "
-                  f"{_count(p)} parameters" for b, p in baselines]
+        text += (
+            f": the best-validation trial {best['trial']} has {_count(best['params'])} parameters and "
+            f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}; the smallest, trial "
+            f"{small['trial']}, {_count(small['params'])} ({ratio:.0f}x fewer) and "
+            f"{_mean_std(small['test_mean'], small['test_std'], scale)} ({versus})"
+        )
+    references = [
+        f"{METHOD_LABELS[b.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} with {_count(p)} parameters"
+        for b, p in baselines
+    ]
     if references:
         text += "; for reference, " + ", ".join(references)
     return text + "."

@@ -22,13 +22,31 @@ from .document import MISSING, Cell, plural
 from .paper_results import published_result
 from .tables import DECIMALS, fmt, model_order
 
-__all__ = ["EFFECT_COLUMNS", "PROTOCOL_EFFECT_NOTE", "protocol_effect_frame", "protocol_effect_rows",
-           "protocol_effect_notes"]
+__all__ = [
+    "EFFECT_COLUMNS",
+    "PROTOCOL_EFFECT_NOTE",
+    "protocol_effect_frame",
+    "protocol_effect_rows",
+    "protocol_effect_notes",
+]
 
 EFFECT_METHODS = ("last-layer", "cayley")
-EFFECT_COLUMNS = ["model", "task", "unit", "last_matched", "last_paper", "last_effect", "cayley_matched",
-                  "cayley_paper", "cayley_effect", "gain_matched", "gain_paper", "published_last", "published_cayley",
-                  "samples_per_label"]
+EFFECT_COLUMNS = [
+    "model",
+    "task",
+    "unit",
+    "last_matched",
+    "last_paper",
+    "last_effect",
+    "cayley_matched",
+    "cayley_paper",
+    "cayley_effect",
+    "gain_matched",
+    "gain_paper",
+    "published_last",
+    "published_cayley",
+    "samples_per_label",
+]
 PROTOCOL_EFFECT_NOTE = (
     "*Matched*: every method is trained with its own head on the study's training split and scored by that head "
     "on test (the other tables). *Paper*: the published table's protocol, MTEB's evaluators (code of mteb "
@@ -38,7 +56,8 @@ PROTOCOL_EFFECT_NOTE = (
     "*paper − matched*: what the protocol alone moves a method. *Cayley − last*: the encoder's gain within one "
     "protocol. Each protocol has its own study (the same search space, seeds and budget), so the configuration "
     "each retrains may differ too. *Published*: the paper's number for the same model, task and method, shown "
-    "beside the paper-protocol scores only.")
+    "beside the paper-protocol scores only."
+)
 
 
 def _cell(frame: Any, model: str, task: str, method: str, protocol: str) -> Tuple[float, float, Any]:
@@ -62,12 +81,17 @@ def protocol_effect_frame(frame: Any) -> Any:
     for model in model_order(frame["model"]):
         part = frame[frame["model"] == model]
         paper = part[part["protocol"] == "paper"]
-        tasks = list(dict.fromkeys(label[:-len(PAPER_SUFFIX)] for label in paper["task"]))
+        tasks = list(dict.fromkeys(label[: -len(PAPER_SUFFIX)] for label in paper["task"]))
         for task in tasks:
-            values = {(method, protocol): _cell(part, model, task, method, protocol)
-                      for method in EFFECT_METHODS for protocol in ("matched", "paper")}
-            if not any(not math.isnan(values[(m, "matched")][0]) and not math.isnan(values[(m, "paper")][0])
-                       for m in EFFECT_METHODS):
+            values = {
+                (method, protocol): _cell(part, model, task, method, protocol)
+                for method in EFFECT_METHODS
+                for protocol in ("matched", "paper")
+            }
+            if not any(
+                not math.isnan(values[(m, "matched")][0]) and not math.isnan(values[(m, "paper")][0])
+                for m in EFFECT_METHODS
+            ):
                 continue
             first = next(row for _, _, row in values.values() if row is not None)
             shots = first["shots"]
@@ -77,38 +101,69 @@ def protocol_effect_frame(frame: Any) -> Any:
                 cell = None if few_shot else published_result(model, first["base_task"], method)
                 published[method] = math.nan if cell is None else cell.value
             mean = {key: value[0] for key, value in values.items()}
-            paper_row = next((row for (_, protocol), (_, _, row) in values.items()
-                              if protocol == "paper" and row is not None), None)
-            rows.append({
-                "model": model, "task": task, "unit": first["unit"],
-                "last_matched": mean[("last-layer", "matched")], "last_paper": mean[("last-layer", "paper")],
-                "last_effect": mean[("last-layer", "paper")] - mean[("last-layer", "matched")],
-                "cayley_matched": mean[("cayley", "matched")], "cayley_paper": mean[("cayley", "paper")],
-                "cayley_effect": mean[("cayley", "paper")] - mean[("cayley", "matched")],
-                "gain_matched": mean[("cayley", "matched")] - mean[("last-layer", "matched")],
-                "gain_paper": mean[("cayley", "paper")] - mean[("last-layer", "paper")],
-                "published_last": published["last-layer"], "published_cayley": published["cayley"],
-                # similarity is scored by cosine Spearman under the paper protocol: no examples per label
-                "samples_per_label": None if paper_row is None or paper_row["metric"] == "spearman"
-                else paper_row["samples_per_label"],
-            })
+            paper_row = next(
+                (row for (_, protocol), (_, _, row) in values.items() if protocol == "paper" and row is not None), None
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "task": task,
+                    "unit": first["unit"],
+                    "last_matched": mean[("last-layer", "matched")],
+                    "last_paper": mean[("last-layer", "paper")],
+                    "last_effect": mean[("last-layer", "paper")] - mean[("last-layer", "matched")],
+                    "cayley_matched": mean[("cayley", "matched")],
+                    "cayley_paper": mean[("cayley", "paper")],
+                    "cayley_effect": mean[("cayley", "paper")] - mean[("cayley", "matched")],
+                    "gain_matched": mean[("cayley", "matched")] - mean[("last-layer", "matched")],
+                    "gain_paper": mean[("cayley", "paper")] - mean[("last-layer", "paper")],
+                    "published_last": published["last-layer"],
+                    "published_cayley": published["cayley"],
+                    # similarity is scored by cosine Spearman under the paper protocol: no examples per label
+                    "samples_per_label": None
+                    if paper_row is None or paper_row["metric"] == "spearman"
+                    else paper_row["samples_per_label"],
+                }
+            )
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 
 def protocol_effect_rows(effect: Any, model: str) -> Tuple[List[str], List[List[Cell]]]:
     """(header, rows) of one model's protocol effect table."""
-    header = ["task", "unit", "last: matched", "last: paper", "last: paper − matched", "Cayley: matched",
-              "Cayley: paper", "Cayley: paper − matched", "Cayley − last: matched", "Cayley − last: paper",
-              "published last", "published Cayley"]
+    header = [
+        "task",
+        "unit",
+        "last: matched",
+        "last: paper",
+        "last: paper − matched",
+        "Cayley: matched",
+        "Cayley: paper",
+        "Cayley: paper − matched",
+        "Cayley − last: matched",
+        "Cayley − last: paper",
+        "published last",
+        "published Cayley",
+    ]
     rows: List[List[Cell]] = []
     for r in effect[effect["model"] == model].itertuples():
         spl = r.samples_per_label
         task = r.task if spl is None or spl != spl else f"{r.task} ({int(spl)} per label)"  # NaN != NaN
-        rows.append([Cell(task), Cell(r.unit), Cell(fmt(r.last_matched)), Cell(fmt(r.last_paper)),
-                     Cell(fmt(r.last_effect, signed=True)), Cell(fmt(r.cayley_matched)), Cell(fmt(r.cayley_paper)),
-                     Cell(fmt(r.cayley_effect, signed=True)), Cell(fmt(r.gain_matched, signed=True)),
-                     Cell(fmt(r.gain_paper, signed=True)), Cell(_published(r.published_last)),
-                     Cell(_published(r.published_cayley))])
+        rows.append(
+            [
+                Cell(task),
+                Cell(r.unit),
+                Cell(fmt(r.last_matched)),
+                Cell(fmt(r.last_paper)),
+                Cell(fmt(r.last_effect, signed=True)),
+                Cell(fmt(r.cayley_matched)),
+                Cell(fmt(r.cayley_paper)),
+                Cell(fmt(r.cayley_effect, signed=True)),
+                Cell(fmt(r.gain_matched, signed=True)),
+                Cell(fmt(r.gain_paper, signed=True)),
+                Cell(_published(r.published_last)),
+                Cell(_published(r.published_cayley)),
+            ]
+        )
     return header, rows
 
 
@@ -131,14 +186,18 @@ def protocol_effect_notes(effect: Any) -> List[str]:
         for column, text in (("last_effect", "moves the last layer by"), ("cayley_effect", "moves Cayley by")):
             value = _mean(part[column])
             if value is not None:
-                pieces.append(f"the paper protocol {text} {value:+.{DECIMALS}f} points on average "
-                              f"({plural(int(part[column].notna().sum()), 'task')})")
+                pieces.append(
+                    f"the paper protocol {text} {value:+.{DECIMALS}f} points on average "
+                    f"({plural(int(part[column].notna().sum()), 'task')})"
+                )
         for column, protocol in (("gain_matched", "matched"), ("gain_paper", "paper")):
             value = _mean(part[column])
             if value is not None:
                 behind = int((part[column].dropna().round(DECIMALS) < 0).sum())
-                pieces.append(f"Cayley's gain over the last layer is {value:+.{DECIMALS}f} under the {protocol} "
-                              f"protocol (behind on {behind} of {plural(int(part[column].notna().sum()), 'task')})")
+                pieces.append(
+                    f"Cayley's gain over the last layer is {value:+.{DECIMALS}f} under the {protocol} "
+                    f"protocol (behind on {behind} of {plural(int(part[column].notna().sum()), 'task')})"
+                )
         if pieces:
             notes.append(f"{model}: " + "; ".join(pieces) + ".")
     return notes

@@ -29,14 +29,53 @@ from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, StudyRecord, collect_rec
 from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
-__all__ = ["DECIMALS", "RESULT_COLUMNS", "collect_results", "full_data", "results_frame", "model_order", "pivot",
-           "summary_frame", "model_tables", "model_protocols", "seed_note", "summary_rows", "studies_rows", "fmt",
-           "selection_frame", "selection_rows", "selection_summary_rows", "SELECTION_NOTE"]
+__all__ = [
+    "DECIMALS",
+    "RESULT_COLUMNS",
+    "collect_results",
+    "full_data",
+    "results_frame",
+    "model_order",
+    "pivot",
+    "summary_frame",
+    "model_tables",
+    "model_protocols",
+    "seed_note",
+    "summary_rows",
+    "studies_rows",
+    "fmt",
+    "selection_frame",
+    "selection_rows",
+    "selection_summary_rows",
+    "SELECTION_NOTE",
+]
 
 DECIMALS = 2
-RESULT_COLUMNS = ["model", "task", "method", "metric", "unit", "mean", "std", "n_seeds", "scores", "gain",
-                  "is_best", "published", "best_val", "n_complete", "n_pruned", "n_failed", "study", "base_task",
-                  "shots", "maximize", "source_task", "protocol", "samples_per_label"]
+RESULT_COLUMNS = [
+    "model",
+    "task",
+    "method",
+    "metric",
+    "unit",
+    "mean",
+    "std",
+    "n_seeds",
+    "scores",
+    "gain",
+    "is_best",
+    "published",
+    "best_val",
+    "n_complete",
+    "n_pruned",
+    "n_failed",
+    "study",
+    "base_task",
+    "shots",
+    "maximize",
+    "source_task",
+    "protocol",
+    "samples_per_label",
+]
 
 
 def model_order(models: Iterable[str]) -> List[str]:
@@ -61,34 +100,63 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
             cell = published_result(r.model, r.base_task, r.encoder)
             published = None if cell is None else cell.value
         protocol = {"protocol": r.protocol, "samples_per_label": r.samples_per_label}
-        rows.append({
-            "model": r.model, "task": r.task, "method": r.encoder, "metric": r.metric, "unit": unit,
-            "mean": math.nan if r.test_mean is None else r.test_mean * scale,
-            "std": math.nan if r.test_std is None else r.test_std * scale,
-            "n_seeds": len(r.test_scores),
-            "scores": json.dumps([round(s * scale, 4) for s in r.test_scores]),
-            "gain": math.nan, "is_best": False,
-            "published": math.nan if published is None else published,
-            "best_val": math.nan if r.best_value is None else r.best_value * scale,
-            "n_complete": r.n_complete, "n_pruned": r.n_pruned, "n_failed": r.n_failed, "study": r.name,
-            "base_task": r.base_task, "shots": r.attrs.get("shots"), "maximize": r.maximize, "source_task": r.task,
-            **protocol,
-        })
+        rows.append(
+            {
+                "model": r.model,
+                "task": r.task,
+                "method": r.encoder,
+                "metric": r.metric,
+                "unit": unit,
+                "mean": math.nan if r.test_mean is None else r.test_mean * scale,
+                "std": math.nan if r.test_std is None else r.test_std * scale,
+                "n_seeds": len(r.test_scores),
+                "scores": json.dumps([round(s * scale, 4) for s in r.test_scores]),
+                "gain": math.nan,
+                "is_best": False,
+                "published": math.nan if published is None else published,
+                "best_val": math.nan if r.best_value is None else r.best_value * scale,
+                "n_complete": r.n_complete,
+                "n_pruned": r.n_pruned,
+                "n_failed": r.n_failed,
+                "study": r.name,
+                "base_task": r.base_task,
+                "shots": r.attrs.get("shots"),
+                "maximize": r.maximize,
+                "source_task": r.task,
+                **protocol,
+            }
+        )
         # similarity encoders evaluated on other STS tasks without training on them (the paper's zero-shot STS)
         for name, zero in sorted((r.attrs.get("final_zero_shot") or {}).items()):
             z_scale, z_unit = score_unit("spearman")
             z_scores = [float(v) for v in zero.get("scores", [])]
-            rows.append({
-                "model": r.model, "method": r.encoder,
-                "task": f"{name} (zero-shot, {_without_protocol(r.task)} encoder)"
-                        + (PAPER_SUFFIX if r.protocol == "paper" else ""),
-                "metric": "spearman", "unit": z_unit, "mean": float(zero["mean"]) * z_scale,
-                "std": float(zero.get("std", math.nan)) * z_scale, "n_seeds": len(z_scores),
-                "scores": json.dumps([round(v * z_scale, 4) for v in z_scores]), "gain": math.nan,
-                "is_best": False, "published": math.nan, "best_val": math.nan, "n_complete": r.n_complete,
-                "n_pruned": r.n_pruned, "n_failed": r.n_failed, "study": r.name, "base_task": name,
-                "shots": None, "maximize": True, "source_task": r.task, **protocol,
-            })
+            rows.append(
+                {
+                    "model": r.model,
+                    "method": r.encoder,
+                    "task": f"{name} (zero-shot, {_without_protocol(r.task)} encoder)"
+                    + (PAPER_SUFFIX if r.protocol == "paper" else ""),
+                    "metric": "spearman",
+                    "unit": z_unit,
+                    "mean": float(zero["mean"]) * z_scale,
+                    "std": float(zero.get("std", math.nan)) * z_scale,
+                    "n_seeds": len(z_scores),
+                    "scores": json.dumps([round(v * z_scale, 4) for v in z_scores]),
+                    "gain": math.nan,
+                    "is_best": False,
+                    "published": math.nan,
+                    "best_val": math.nan,
+                    "n_complete": r.n_complete,
+                    "n_pruned": r.n_pruned,
+                    "n_failed": r.n_failed,
+                    "study": r.name,
+                    "base_task": name,
+                    "shots": None,
+                    "maximize": True,
+                    "source_task": r.task,
+                    **protocol,
+                }
+            )
     frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
     if frame.empty:
         return frame
@@ -103,14 +171,17 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
     encoder_rank = {m: i for i, m in enumerate(METHODS)}
     model_rank = {m: i for i, m in enumerate(model_order(frame["model"]))}
     # zero-shot rows follow the task their encoder was trained on
-    frame = frame.assign(_m=frame["model"].map(model_rank), _k=frame["method"].map(encoder_rank),
-                         _z=frame["task"] != frame["source_task"])
+    frame = frame.assign(
+        _m=frame["model"].map(model_rank),
+        _k=frame["method"].map(encoder_rank),
+        _z=frame["task"] != frame["source_task"],
+    )
     order = ["_m", "source_task", "_z", "task", "_k"]
     return frame.sort_values(order).drop(columns=["_m", "_k", "_z"]).reset_index(drop=True)
 
 
 def _without_protocol(label: str) -> str:
-    return label[:-len(PAPER_SUFFIX)] if label.endswith(PAPER_SUFFIX) else label
+    return label[: -len(PAPER_SUFFIX)] if label.endswith(PAPER_SUFFIX) else label
 
 
 def collect_results(storage_url: str) -> Any:
@@ -149,20 +220,33 @@ def summary_frame(frame: Any) -> Any:
             if mine.empty:
                 continue
             gains = mine["gain"].dropna()
-            rows.append({"model": model, "protocol": protocol, "method": encoder, "tasks": int(len(mine)),
-                         "mean_score": float(mine["mean"].mean()),
-                         "mean_gain": float(gains.mean()) if len(gains) else math.nan,
-                         "gain_tasks": int(len(gains)),
-                         "wins": int(mine["is_best"].sum()),
-                         "mean_rank": float(mine["rank"].mean())})
-    return pd.DataFrame(rows, columns=["model", "protocol", "method", "tasks", "mean_score", "mean_gain",
-                                       "gain_tasks", "wins", "mean_rank"])
+            rows.append(
+                {
+                    "model": model,
+                    "protocol": protocol,
+                    "method": encoder,
+                    "tasks": int(len(mine)),
+                    "mean_score": float(mine["mean"].mean()),
+                    "mean_gain": float(gains.mean()) if len(gains) else math.nan,
+                    "gain_tasks": int(len(gains)),
+                    "wins": int(mine["is_best"].sum()),
+                    "mean_rank": float(mine["rank"].mean()),
+                }
+            )
+    return pd.DataFrame(
+        rows,
+        columns=["model", "protocol", "method", "tasks", "mean_score", "mean_gain", "gain_tasks", "wins", "mean_rank"],
+    )
 
 
 def _model_protocols(frame: Any) -> List[Tuple[str, str]]:
     """(model, protocol) pairs of ``frame``: models by size, matched before paper."""
-    return [(model, protocol) for model in model_order(frame["model"]) for protocol in ("matched", "paper")
-            if ((frame["model"] == model) & (frame["protocol"] == protocol)).any()]
+    return [
+        (model, protocol)
+        for model in model_order(frame["model"])
+        for protocol in ("matched", "paper")
+        if ((frame["model"] == model) & (frame["protocol"] == protocol)).any()
+    ]
 
 
 def model_protocols(frame: Any, model: str) -> List[str]:
@@ -185,8 +269,9 @@ def _cell_text(row: Any) -> str:
     return f"{row['mean']:.{DECIMALS}f}"
 
 
-def model_tables(frame: Any, model: str,
-                 protocol: Optional[str] = None) -> Tuple[List[str], List[List[Cell]], List[List[Cell]]]:
+def model_tables(
+    frame: Any, model: str, protocol: Optional[str] = None
+) -> Tuple[List[str], List[List[Cell]], List[List[Cell]]]:
     """(header, score rows, gain rows) for one model (and one ``protocol``, default: all), as cells every
     writer renders. The published numbers follow paper-protocol rows only."""
     part = frame[frame["model"] == model]
@@ -199,9 +284,13 @@ def model_tables(frame: Any, model: str,
         rows = part[part["task"] == task]
         by_encoder = {row["method"]: row for _, row in rows.iterrows()}
         unit = rows["unit"].iloc[0]
-        score_rows.append([Cell(task), Cell(unit)] + [
-            Cell(_cell_text(by_encoder.get(m)), bold=bool(by_encoder[m]["is_best"]) if m in by_encoder else False)
-            for m in METHODS])
+        score_rows.append(
+            [Cell(task), Cell(unit)]
+            + [
+                Cell(_cell_text(by_encoder.get(m)), bold=bool(by_encoder[m]["is_best"]) if m in by_encoder else False)
+                for m in METHODS
+            ]
+        )
         published = {}
         # the paper's numbers sit beside paper-protocol scores only, never beside few-shot rows
         if not rows["shots"].notna().any() and (rows["protocol"] == "paper").all():
@@ -210,10 +299,14 @@ def model_tables(frame: Any, model: str,
                 if cell is not None:
                     published[encoder] = cell.value
         if published:
-            score_rows.append([Cell(f"{task}, published", italic=True), Cell(unit, italic=True)] + [
-                Cell(f"{published[m]:.2f}" if m in published else MISSING, italic=True) for m in METHODS])
-        gain_rows.append([Cell(task)] + [
-            Cell(fmt(by_encoder[m]["gain"], signed=True) if m in by_encoder else MISSING) for m in METHODS[1:]])
+            score_rows.append(
+                [Cell(f"{task}, published", italic=True), Cell(unit, italic=True)]
+                + [Cell(f"{published[m]:.2f}" if m in published else MISSING, italic=True) for m in METHODS]
+            )
+        gain_rows.append(
+            [Cell(task)]
+            + [Cell(fmt(by_encoder[m]["gain"], signed=True) if m in by_encoder else MISSING) for m in METHODS[1:]]
+        )
     return header, score_rows, gain_rows
 
 
@@ -242,8 +335,18 @@ def summary_rows(summary: Any) -> Tuple[List[str], List[List[Cell]]]:
             gain = MISSING
         else:
             gain = f"{r.mean_gain:+.{DECIMALS}f} ({plural(r.gain_tasks, 'task')})"
-        rows.append([Cell(r.model), Cell(r.protocol), Cell(METHOD_LABELS[r.method]), Cell(str(r.tasks)),
-                     Cell(fmt(r.mean_score)), Cell(gain), Cell(str(r.wins)), Cell(f"{r.mean_rank:.2f}")])
+        rows.append(
+            [
+                Cell(r.model),
+                Cell(r.protocol),
+                Cell(METHOD_LABELS[r.method]),
+                Cell(str(r.tasks)),
+                Cell(fmt(r.mean_score)),
+                Cell(gain),
+                Cell(str(r.wins)),
+                Cell(f"{r.mean_rank:.2f}"),
+            ]
+        )
     return header, rows
 
 
@@ -256,18 +359,39 @@ def studies_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[C
     """(header, rows) of the list of studies: setting, trial counts, best validation value, final seeds, the
     finally evaluated trial and its rule, its validation-to-test gap and the search gain (``—`` when the
     study's final evaluation predates them)."""
-    header = ["study", "setting", "protocol", "complete", "pruned", "failed", "best val (trial)", "final seeds",
-              "final trial (rule)", "val − test", "search gain"]
+    header = [
+        "study",
+        "setting",
+        "protocol",
+        "complete",
+        "pruned",
+        "failed",
+        "best val (trial)",
+        "final seeds",
+        "final trial (rule)",
+        "val − test",
+        "search gain",
+    ]
     rows = []
     for r in sorted(records, key=lambda r: r.name):
         scale = score_unit(r.metric)[0]
         best = MISSING if r.best_value is None else f"{r.best_value * scale:.{DECIMALS}f} ({r.best_number})"
         final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.select})"
-        rows.append([Cell(r.name), Cell(_setting(r.attrs)), Cell(_protocol_text(r)), Cell(str(r.n_complete)),
-                     Cell(str(r.n_pruned)),
-                     Cell(str(r.n_failed)), Cell(best), Cell(str(len(r.test_scores))), Cell(final),
-                     Cell(fmt(_scaled(r.val_test_gap, scale), signed=True)),
-                     Cell(fmt(_scaled(r.search_gain, scale), signed=True))])
+        rows.append(
+            [
+                Cell(r.name),
+                Cell(_setting(r.attrs)),
+                Cell(_protocol_text(r)),
+                Cell(str(r.n_complete)),
+                Cell(str(r.n_pruned)),
+                Cell(str(r.n_failed)),
+                Cell(best),
+                Cell(str(len(r.test_scores))),
+                Cell(final),
+                Cell(fmt(_scaled(r.val_test_gap, scale), signed=True)),
+                Cell(fmt(_scaled(r.search_gain, scale), signed=True)),
+            ]
+        )
     return header, rows
 
 
@@ -283,8 +407,25 @@ def _scaled(value: Optional[float], scale: float) -> Optional[float]:
 
 # ----------------------------------------------------------------------------- selection rules compared
 
-SELECTION_COLUMNS = ["model", "task", "encoder", "max_train", "cv", "unit", "rule", "trial", "test_mean", "test_std",
-                     "n_seeds", "start_mean", "search_gain", "val_test_gap", "trial_seconds", "n_trials", "study"]
+SELECTION_COLUMNS = [
+    "model",
+    "task",
+    "encoder",
+    "max_train",
+    "cv",
+    "unit",
+    "rule",
+    "trial",
+    "test_mean",
+    "test_std",
+    "n_seeds",
+    "start_mean",
+    "search_gain",
+    "val_test_gap",
+    "trial_seconds",
+    "n_trials",
+    "study",
+]
 SELECTION_NOTE = (
     "Each study is evaluated under both rules on the same trials: *best* retrains the trial with the best "
     "objective, *one-se* the one with the fewest trainable parameters among those within one standard error "
@@ -309,18 +450,27 @@ def selection_frame(records: Sequence[StudyRecord]) -> Any:
         scale, unit = score_unit(r.metric)
         for rule, kept in sorted(r.by_rule.items()):
             scores = [float(v) for v in kept.get("final_test_scores") or []]
-            rows.append({
-                "model": r.model, "task": r.task, "encoder": r.encoder, "max_train": r.attrs.get("max_train"),
-                "cv": r.cv or 0,
-                "unit": unit, "rule": rule, "trial": kept.get("final_trial"),
-                "test_mean": _nan(kept.get("final_test_mean"), scale),
-                "test_std": _nan(kept.get("final_test_std"), scale),
-                "n_seeds": len(scores), "start_mean": _nan(kept.get("final_start_test_mean"), scale),
-                "search_gain": _nan(kept.get("final_search_gain"), scale),
-                "val_test_gap": _nan(kept.get("final_val_test_gap"), scale),
-                "trial_seconds": math.nan if r.trial_seconds is None else r.trial_seconds,
-                "n_trials": r.n_complete + r.n_pruned, "study": r.name,
-            })
+            rows.append(
+                {
+                    "model": r.model,
+                    "task": r.task,
+                    "encoder": r.encoder,
+                    "max_train": r.attrs.get("max_train"),
+                    "cv": r.cv or 0,
+                    "unit": unit,
+                    "rule": rule,
+                    "trial": kept.get("final_trial"),
+                    "test_mean": _nan(kept.get("final_test_mean"), scale),
+                    "test_std": _nan(kept.get("final_test_std"), scale),
+                    "n_seeds": len(scores),
+                    "start_mean": _nan(kept.get("final_start_test_mean"), scale),
+                    "search_gain": _nan(kept.get("final_search_gain"), scale),
+                    "val_test_gap": _nan(kept.get("final_val_test_gap"), scale),
+                    "trial_seconds": math.nan if r.trial_seconds is None else r.trial_seconds,
+                    "n_trials": r.n_complete + r.n_pruned,
+                    "study": r.name,
+                }
+            )
     frame = pd.DataFrame(rows, columns=SELECTION_COLUMNS)
     if frame.empty:
         return frame
@@ -341,9 +491,23 @@ def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
     """(header, rows) of :func:`selection_frame`: one row per study, both rules side by side; the better test
     mean of the two in bold. An encoder column when the studies are of more than one encoder."""
     several = frame["encoder"].nunique() > 1
-    header = (["model", "task"] + (["encoder"] if several else []) +
-              ["train", "cv", "unit", "start", "best (trial)", "one-se (trial)", "gain best", "gain one-se",
-               "val − test best", "val − test one-se", "s/trial"])
+    header = (
+        ["model", "task"]
+        + (["encoder"] if several else [])
+        + [
+            "train",
+            "cv",
+            "unit",
+            "start",
+            "best (trial)",
+            "one-se (trial)",
+            "gain best",
+            "gain one-se",
+            "val − test best",
+            "val − test one-se",
+            "s/trial",
+        ]
+    )
     rows: List[List[Cell]] = []
     for _, group in frame.groupby("study", sort=False):
         by_rule = {row["rule"]: row for _, row in group.iterrows()}
@@ -352,15 +516,23 @@ def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
         top = round(max(means.values()), DECIMALS) if means else None
         max_train, cv = first["max_train"], first["cv"]
         train = MISSING if max_train is None or max_train != max_train else str(int(max_train))  # NaN != NaN
-        rows.append([Cell(first["model"]), Cell(first["task"])] +
-                    ([Cell(METHOD_LABELS.get(first["encoder"], first["encoder"]))] if several else []) +
-                    [Cell(train), Cell(str(int(cv)) if cv else "no"), Cell(first["unit"]),
-                     Cell(fmt(first["start_mean"])), _test_cell(by_rule.get("best"), top),
-                     _test_cell(by_rule.get("one-se"), top), _signed_cell(by_rule.get("best"), "search_gain"),
-                     _signed_cell(by_rule.get("one-se"), "search_gain"),
-                     _signed_cell(by_rule.get("best"), "val_test_gap"),
-                     _signed_cell(by_rule.get("one-se"), "val_test_gap"),
-                     Cell(MISSING if math.isnan(first["trial_seconds"]) else f"{first['trial_seconds']:.1f}")])
+        rows.append(
+            [Cell(first["model"]), Cell(first["task"])]
+            + ([Cell(METHOD_LABELS.get(first["encoder"], first["encoder"]))] if several else [])
+            + [
+                Cell(train),
+                Cell(str(int(cv)) if cv else "no"),
+                Cell(first["unit"]),
+                Cell(fmt(first["start_mean"])),
+                _test_cell(by_rule.get("best"), top),
+                _test_cell(by_rule.get("one-se"), top),
+                _signed_cell(by_rule.get("best"), "search_gain"),
+                _signed_cell(by_rule.get("one-se"), "search_gain"),
+                _signed_cell(by_rule.get("best"), "val_test_gap"),
+                _signed_cell(by_rule.get("one-se"), "val_test_gap"),
+                Cell(MISSING if math.isnan(first["trial_seconds"]) else f"{first['trial_seconds']:.1f}"),
+            ]
+        )
     return header, rows
 
 
@@ -379,8 +551,17 @@ def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
     """(header, rows): per (training size, cv, rule), over the studies of :func:`selection_frame` evaluated
     under every rule (so both rules are averaged over the same studies): studies, mean test score, mean search
     gain, how many gains are negative, mean validation-to-test gap, mean seconds per trial."""
-    header = ["train", "cv", "rule", "studies", "mean test", "mean search gain", "negative gains", "mean val − test",
-              "mean s/trial"]
+    header = [
+        "train",
+        "cv",
+        "rule",
+        "studies",
+        "mean test",
+        "mean search gain",
+        "negative gains",
+        "mean val − test",
+        "mean s/trial",
+    ]
     rows: List[List[Cell]] = []
     scored = frame[frame["test_mean"].notna()]
     paired = scored.groupby("study")["rule"].transform("nunique") == scored["rule"].nunique()
@@ -389,11 +570,17 @@ def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
         done = group[group["test_mean"].notna()]
         gains = done["search_gain"].dropna()
         seconds = group["trial_seconds"].dropna()
-        rows.append([Cell(str(train) if train else "all"), Cell(str(int(cv)) if cv else "no"), Cell(rule),
-                     Cell(str(len(done))),
-                     Cell(fmt(float(done["test_mean"].mean()) if len(done) else None)),
-                     Cell(fmt(float(gains.mean()) if len(gains) else None, signed=True)),
-                     Cell(f"{int((gains < 0).sum())} of {len(gains)}"),
-                     Cell(fmt(float(done["val_test_gap"].mean()) if len(done) else None, signed=True)),
-                     Cell(f"{seconds.mean():.1f}" if len(seconds) else MISSING)])
+        rows.append(
+            [
+                Cell(str(train) if train else "all"),
+                Cell(str(int(cv)) if cv else "no"),
+                Cell(rule),
+                Cell(str(len(done))),
+                Cell(fmt(float(done["test_mean"].mean()) if len(done) else None)),
+                Cell(fmt(float(gains.mean()) if len(gains) else None, signed=True)),
+                Cell(f"{int((gains < 0).sum())} of {len(gains)}"),
+                Cell(fmt(float(done["val_test_gap"].mean()) if len(done) else None, signed=True)),
+                Cell(f"{seconds.mean():.1f}" if len(seconds) else MISSING),
+            ]
+        )
     return header, rows

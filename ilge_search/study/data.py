@@ -37,14 +37,22 @@ class DataSpec:
     source: Optional[ModelSource] = None
 
     @classmethod
-    def from_options(cls, model: str, task: str, options: StudyOptions,
-                     source: Optional[ModelSource] = None) -> "DataSpec":
+    def from_options(
+        cls, model: str, task: str, options: StudyOptions, source: Optional[ModelSource] = None
+    ) -> "DataSpec":
         """The data part of ``options`` for ``model`` and ``task``."""
-        return cls(model=str(model), task=str(task), shots=options.shots, max_train=options.max_train,
-                   max_eval=options.max_eval, data_seed=options.data_seed,
-                   data_dir=None if options.data_dir is None else str(options.data_dir),
-                   cache_dir=None if options.cache_dir is None else str(options.cache_dir),
-                   device=options.device, source=source)
+        return cls(
+            model=str(model),
+            task=str(task),
+            shots=options.shots,
+            max_train=options.max_train,
+            max_eval=options.max_eval,
+            data_seed=options.data_seed,
+            data_dir=None if options.data_dir is None else str(options.data_dir),
+            cache_dir=None if options.cache_dir is None else str(options.cache_dir),
+            device=options.device,
+            source=source,
+        )
 
     @property
     def model_or_source(self) -> Any:
@@ -96,20 +104,28 @@ def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: Dict[str, 
     if spec.source is None:
         return {}
     cache = EmbeddingCache(spec.cache_dir)
-    return {split: cache.key(model_identity=spec.source.identity, task=task_data.name, split=split,
-                             fingerprint=fingerprint) for split, fingerprint in fingerprints.items()}
+    return {
+        split: cache.key(model_identity=spec.source.identity, task=task_data.name, split=split, fingerprint=fingerprint)
+        for split, fingerprint in fingerprints.items()
+    }
 
 
-def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True,
-                    task_data: Any = None) -> StudyData:
+def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: Any = None) -> StudyData:
     """Embeddings of every needed split, from the cache (extracting on a miss)."""
     from ..cache import load_task_embeddings
 
     if task_data is None:
         task_data = load_task_data(spec)
     splits = ["train", "validation"] + (["test"] if with_test else [])
-    embeddings = load_task_embeddings(spec.model_or_source, task_data, data_dir=spec.data_dir,
-                                      cache_dir=spec.cache_dir, splits=splits, device=spec.device, progress=progress)
+    embeddings = load_task_embeddings(
+        spec.model_or_source,
+        task_data,
+        data_dir=spec.data_dir,
+        cache_dir=spec.cache_dir,
+        splits=splits,
+        device=spec.device,
+        progress=progress,
+    )
     by_split = embeddings.splits
     kind = task_data.spec.kind
     return StudyData(
@@ -128,8 +144,7 @@ def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True,
     )
 
 
-def load_zero_shot_data(spec: DataSpec, task_names: List[str], *,
-                        progress: bool = True) -> Dict[str, Tuple[Any, Any]]:
+def load_zero_shot_data(spec: DataSpec, task_names: List[str], *, progress: bool = True) -> Dict[str, Tuple[Any, Any]]:
     """``{task: (test features, test scores)}`` of similarity tasks scored zero-shot.
 
     Each task is loaded without the study's training options (``shots``,
@@ -143,7 +158,14 @@ def load_zero_shot_data(spec: DataSpec, task_names: List[str], *,
         zero_task = load_task_data(zero_spec)
         if zero_task.kind != "similarity":
             raise ValueError(f"zero-shot task {name!r} is {zero_task.kind}, not a similarity task")
-        emb = load_task_embeddings(spec.model_or_source, zero_task, data_dir=spec.data_dir,
-                                   cache_dir=spec.cache_dir, splits=["test"], device=spec.device, progress=progress)
+        emb = load_task_embeddings(
+            spec.model_or_source,
+            zero_task,
+            data_dir=spec.data_dir,
+            cache_dir=spec.cache_dir,
+            splits=["test"],
+            device=spec.device,
+            progress=progress,
+        )
         out[name] = (emb.splits["test"].features, emb.splits["test"].labels)
     return out

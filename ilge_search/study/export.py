@@ -38,8 +38,16 @@ from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 
-__all__ = ["StudyModel", "load_study_model", "load_training_data", "load_run_study", "selected_trial", "chosen_trial",
-           "STUDY_TOKEN_POOLING", "STUDY_MAX_LENGTH"]
+__all__ = [
+    "StudyModel",
+    "load_study_model",
+    "load_training_data",
+    "load_run_study",
+    "selected_trial",
+    "chosen_trial",
+    "STUDY_TOKEN_POOLING",
+    "STUDY_MAX_LENGTH",
+]
 
 # how studies extract their features: the defaults of cache.load_task_embeddings, which study/data.py uses
 STUDY_TOKEN_POOLING = "mean"
@@ -92,11 +100,14 @@ def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
     if study is None:
         names = sorted(s.study_name for s in opened.study_summaries())
         shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
-        raise ValueError(f"no study {study_name!r} in {opened.shown_url}; it has: {shown or 'no studies'} "
-                         "(see `ilge-search studies`)")
+        raise ValueError(
+            f"no study {study_name!r} in {opened.shown_url}; it has: {shown or 'no studies'} "
+            "(see `ilge-search studies`)"
+        )
     if "model" not in study.user_attrs or "task_kind" not in study.user_attrs:
-        raise ValueError(f"study {study_name!r} was not created by `ilge-search run`; only its studies can be "
-                         f"{purpose}")
+        raise ValueError(
+            f"study {study_name!r} was not created by `ilge-search run`; only its studies can be {purpose}"
+        )
     return study
 
 
@@ -114,8 +125,7 @@ def _base_model(name: str) -> str:
     return str(path.resolve()) if path.is_dir() else name
 
 
-def _download(storage: Storage, study: Any, artifact_id: str, target: Path,
-              artifact_dir: Optional[PathLike]) -> None:
+def _download(storage: Storage, study: Any, artifact_id: str, target: Path, artifact_dir: Optional[PathLike]) -> None:
     """Fetch one artifact from the first artifact store that has it."""
     from optuna.artifacts import FileSystemArtifactStore, download_artifact
     from optuna.artifacts.exceptions import ArtifactNotFound
@@ -128,19 +138,23 @@ def _download(storage: Storage, study: Any, artifact_id: str, target: Path,
         if not folder.is_dir():
             continue
         try:
-            download_artifact(artifact_store=FileSystemArtifactStore(folder), file_path=str(target),
-                              artifact_id=artifact_id)
+            download_artifact(
+                artifact_store=FileSystemArtifactStore(folder), file_path=str(target), artifact_id=artifact_id
+            )
             return
         except (ArtifactNotFound, FileNotFoundError):
             continue
     looked = ", ".join(str(f) for f in dict.fromkeys(candidates))
-    raise ValueError(f"the final weights of study {study.study_name!r} (artifact {artifact_id}) are not in {looked}; "
-                     "pass --artifact-dir with the folder `run` uploaded them to, or --retrain to train the best "
-                     "trial again")
+    raise ValueError(
+        f"the final weights of study {study.study_name!r} (artifact {artifact_id}) are not in {looked}; "
+        "pass --artifact-dir with the folder `run` uploaded them to, or --retrain to train the best "
+        "trial again"
+    )
 
 
-def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLike],
-                    ids: Dict[str, str]) -> Tuple[Any, Dict[str, Any]]:
+def _from_artifacts(
+    storage: Storage, study: Any, artifact_dir: Optional[PathLike], ids: Dict[str, str]
+) -> Tuple[Any, Dict[str, Any]]:
     """A final evaluation's model (``ids``: its weights + config JSON artifacts) and its recorded metadata."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -155,23 +169,39 @@ def _from_artifacts(storage: Storage, study: Any, artifact_dir: Optional[PathLik
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
             state = load_file(str(weights_path))
         except (ValueError, OSError, SafetensorError) as exc:
-            raise ValueError(f"the final artifacts of study {study.study_name!r} cannot be read ({exc}); "
-                             "pass --retrain to train the best trial again") from None
+            raise ValueError(
+                f"the final artifacts of study {study.study_name!r} cannot be read ({exc}); "
+                "pass --retrain to train the best trial again"
+            ) from None
     config = config_from_dict(meta["config"])
     score_range = meta.get("score_range")
-    model = build_model(config, int(meta["num_layers"]), int(meta["hidden_size"]), meta["task_kind"],
-                        num_classes=meta.get("num_classes"),
-                        score_range=None if score_range is None else tuple(score_range))
+    model = build_model(
+        config,
+        int(meta["num_layers"]),
+        int(meta["hidden_size"]),
+        meta["task_kind"],
+        num_classes=meta.get("num_classes"),
+        score_range=None if score_range is None else tuple(score_range),
+    )
     expected = model.state_dict()
     if set(expected) != set(state) or any(expected[k].shape != state[k].shape for k in expected):
-        raise ValueError(f"the final weights of study {study.study_name!r} do not match their config; "
-                         "pass --retrain to train the best trial again")
+        raise ValueError(
+            f"the final weights of study {study.study_name!r} do not match their config; "
+            "pass --retrain to train the best trial again"
+        )
     model.load_state_dict(state)
     return model.eval(), meta
 
 
-def load_training_data(study: Any, *, data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-                       device: str = "auto", show_progress: bool = False, with_test: bool = False) -> Any:
+def load_training_data(
+    study: Any,
+    *,
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    show_progress: bool = False,
+    with_test: bool = False,
+) -> Any:
     """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData`; with ``with_test``
     its test split too), rebuilt from its user attrs through the embedding cache (extracting on a miss).
 
@@ -181,18 +211,29 @@ def load_training_data(study: Any, *, data_dir: Optional[PathLike] = None, cache
     from .data import DataSpec, load_study_data
 
     attrs = study.user_attrs
-    spec = DataSpec(model=attrs["model"], task=attrs.get("task_path") or attrs["task"], shots=attrs.get("shots"),
-                    max_train=attrs.get("max_train"), max_eval=attrs.get("max_eval"),
-                    data_seed=int(attrs.get("data_seed", 0)),
-                    data_dir=None if data_dir is None else str(data_dir),
-                    cache_dir=None if cache_dir is None else str(cache_dir), device=device)
+    spec = DataSpec(
+        model=attrs["model"],
+        task=attrs.get("task_path") or attrs["task"],
+        shots=attrs.get("shots"),
+        max_train=attrs.get("max_train"),
+        max_eval=attrs.get("max_eval"),
+        data_seed=int(attrs.get("data_seed", 0)),
+        data_dir=None if data_dir is None else str(data_dir),
+        cache_dir=None if cache_dir is None else str(cache_dir),
+        device=device,
+    )
     data = load_study_data(spec, with_test=with_test, progress=show_progress)
     stored_keys = attrs.get("cache_keys") or {}
-    changed = [split for split in ("train", "validation") + (("test",) if with_test else ())
-               if split in stored_keys and stored_keys[split] != data.cache_keys.get(split)]
+    changed = [
+        split
+        for split in ("train", "validation") + (("test",) if with_test else ())
+        if split in stored_keys and stored_keys[split] != data.cache_keys.get(split)
+    ]
     if changed:
-        raise ValueError(f"the {'/'.join(changed)} data of task {attrs['task']!r} (or the model's weights) differ "
-                         f"from those study {study.study_name!r} was run on; pass the same --data-dir and model")
+        raise ValueError(
+            f"the {'/'.join(changed)} data of task {attrs['task']!r} (or the model's weights) differ "
+            f"from those study {study.study_name!r} was run on; pass the same --data-dir and model"
+        )
     return data
 
 
@@ -226,31 +267,58 @@ def chosen_trial(study: Any, number: int) -> Any:
     shown = ", ".join(map(str, complete[:20])) + (" ..." if len(complete) > 20 else "")
     found = next((t for t in trials if t.number == number), None)
     if found is None:
-        raise ValueError(f"study {study.study_name!r} has no trial {number} (its trials are 0-{len(trials) - 1}); "
-                         f"pass --trial with a complete one: {shown}")
+        raise ValueError(
+            f"study {study.study_name!r} has no trial {number} (its trials are 0-{len(trials) - 1}); "
+            f"pass --trial with a complete one: {shown}"
+        )
     if number not in complete:
-        raise ValueError(f"trial {number} of study {study.study_name!r} is {found.state.name.lower()}, not complete; "
-                         f"pass --trial with a complete one: {shown}")
+        raise ValueError(
+            f"trial {number} of study {study.study_name!r} is {found.state.name.lower()}, not complete; "
+            f"pass --trial with a complete one: {shown}"
+        )
     return found
 
 
-def _retrained(study: Any, trial: Any, seed: int, *, data_dir: Optional[PathLike], cache_dir: Optional[PathLike],
-               device: str, show_progress: bool) -> Tuple[Any, float]:
+def _retrained(
+    study: Any,
+    trial: Any,
+    seed: int,
+    *,
+    data_dir: Optional[PathLike],
+    cache_dir: Optional[PathLike],
+    device: str,
+    show_progress: bool,
+) -> Tuple[Any, float]:
     """``trial``'s config trained once with ``seed`` on the study's data (as the final evaluation does)."""
     from ..engine import train_encoder
 
-    data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device,
-                              show_progress=show_progress)
+    data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress)
     config = config_from_dict(trial.user_attrs["config"])
-    result = train_encoder(config, data.train, data.validation, task_kind=data.task_kind,
-                           num_classes=data.num_classes, seed=seed, device=device)
+    result = train_encoder(
+        config,
+        data.train,
+        data.validation,
+        task_kind=data.task_kind,
+        num_classes=data.num_classes,
+        seed=seed,
+        device=device,
+    )
     return result.model, float(result.best_val_metric)
 
 
-def load_study_model(storage: Union[str, Storage, None], study_name: str, *, seed: int = 0, retrain: bool = False,
-                     artifact_dir: Optional[PathLike] = None, data_dir: Optional[PathLike] = None,
-                     cache_dir: Optional[PathLike] = None, device: str = "auto",
-                     show_progress: bool = False, trial: Optional[int] = None) -> StudyModel:
+def load_study_model(
+    storage: Union[str, Storage, None],
+    study_name: str,
+    *,
+    seed: int = 0,
+    retrain: bool = False,
+    artifact_dir: Optional[PathLike] = None,
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    show_progress: bool = False,
+    trial: Optional[int] = None,
+) -> StudyModel:
     """The model a finished study found, with its provenance.
 
     Args:
@@ -273,9 +341,18 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
     opened, study = _open_study(storage, study_name)
     attrs = study.user_attrs
     if trial is not None:
-        return _trial_model(opened, study, chosen_trial(study, trial), seed=seed, retrain=retrain,
-                            artifact_dir=artifact_dir, data_dir=data_dir, cache_dir=cache_dir, device=device,
-                            show_progress=show_progress)
+        return _trial_model(
+            opened,
+            study,
+            chosen_trial(study, trial),
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device=device,
+            show_progress=show_progress,
+        )
     has_final = bool(attrs.get("final_artifacts")) and "final_test_scores" in attrs
     provenance = _provenance(opened, study)
     # under the paper protocol the stored test scores are a logistic readout of the vectors, not this model's head
@@ -286,7 +363,9 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
         seeds = list(attrs.get("final_seeds", []))
         test_scores = list(attrs.get("final_test_scores", []))
         provenance.update(
-            source="final evaluation", trial=int(meta["trial"]), seed=trained_seed,
+            source="final evaluation",
+            trial=int(meta["trial"]),
+            seed=trained_seed,
             val_score=float(meta["val_metric"]),
             test_score=test_scores[seeds.index(trained_seed)] if trained_seed in seeds and not paper else None,
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
@@ -295,10 +374,10 @@ def load_study_model(storage: Union[str, Storage, None], study_name: str, *, see
         config = config_from_dict(meta["config"])
     else:
         selected = selected_trial(study)
-        model, val_score = _retrained(study, selected, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
-                                      show_progress=show_progress)
-        provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score,
-                          test_score=None)
+        model, val_score = _retrained(
+            study, selected, seed, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress
+        )
+        provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None)
         config = config_from_dict(selected.user_attrs["config"])
     return _study_model(study, model, config, provenance)
 
@@ -318,15 +397,30 @@ def _provenance(opened: Storage, study: Any) -> Dict[str, Any]:
     }
 
 
-def _trial_model(opened: Storage, study: Any, trial: Any, *, seed: int, retrain: bool,
-                 artifact_dir: Optional[PathLike], data_dir: Optional[PathLike], cache_dir: Optional[PathLike],
-                 device: str, show_progress: bool) -> StudyModel:
+def _trial_model(
+    opened: Storage,
+    study: Any,
+    trial: Any,
+    *,
+    seed: int,
+    retrain: bool,
+    artifact_dir: Optional[PathLike],
+    data_dir: Optional[PathLike],
+    cache_dir: Optional[PathLike],
+    device: str,
+    show_progress: bool,
+) -> StudyModel:
     """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``seed``."""
     attrs = study.user_attrs
     records = [r for r in attrs.get("final_front") or [] if r.get("trial") == trial.number]
     if attrs.get("final_trial") == trial.number and attrs.get("final_artifacts"):
-        records.append({"artifacts": attrs["final_artifacts"], "test_scores": attrs.get("final_test_scores", []),
-                        "seeds": attrs.get("final_seeds", [])})
+        records.append(
+            {
+                "artifacts": attrs["final_artifacts"],
+                "test_scores": attrs.get("final_test_scores", []),
+                "seeds": attrs.get("final_seeds", []),
+            }
+        )
     stored = next((r for r in records if r.get("artifacts")), None)
     provenance = _provenance(opened, study)
     if stored is not None and not retrain:
@@ -334,30 +428,44 @@ def _trial_model(opened: Storage, study: Any, trial: Any, *, seed: int, retrain:
         trained_seed = int(meta["seed"])
         seeds = list(attrs.get("final_seeds", []))
         scores = list(stored.get("test_scores", []))
-        provenance.update(source="final evaluation", trial=trial.number, seed=trained_seed,
-                          val_score=float(meta["val_metric"]),
-                          test_score=(scores[seeds.index(trained_seed)]
-                                      if trained_seed in seeds[:len(scores)] and provenance["protocol"] != "paper"
-                                      else None),
-                          trained_with={"ilge_search": meta.get("ilge_search_version"),
-                                        "torch": meta.get("torch_version")},
-                          selected_trial_now=trial.number)
+        provenance.update(
+            source="final evaluation",
+            trial=trial.number,
+            seed=trained_seed,
+            val_score=float(meta["val_metric"]),
+            test_score=(
+                scores[seeds.index(trained_seed)]
+                if trained_seed in seeds[: len(scores)] and provenance["protocol"] != "paper"
+                else None
+            ),
+            trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
+            selected_trial_now=trial.number,
+        )
         return _study_model(study, model, config_from_dict(meta["config"]), provenance)
-    model, val_score = _retrained(study, trial, seed, data_dir=data_dir, cache_dir=cache_dir, device=device,
-                                  show_progress=show_progress)
+    model, val_score = _retrained(
+        study, trial, seed, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress
+    )
     provenance.update(source="retrained", trial=trial.number, seed=seed, val_score=val_score, test_score=None)
     return _study_model(study, model, config_from_dict(trial.user_attrs["config"]), provenance)
 
 
 def _study_model(study: Any, model: Any, config: EncoderConfig, provenance: Dict[str, Any]) -> StudyModel:
     attrs = study.user_attrs
-    provenance.update(ilge_search_version=__version__,
-                      exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    provenance.update(
+        ilge_search_version=__version__, exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
     task_kind = str(attrs["task_kind"])
     return StudyModel(
-        model=model, config=config, task_kind=task_kind, metric=str(attrs.get("metric", "")),
-        base_model=_base_model(str(attrs["model"])), token_pooling=STUDY_TOKEN_POOLING,
-        max_length=STUDY_MAX_LENGTH, num_layers=int(model.aggregator.num_layers),
+        model=model,
+        config=config,
+        task_kind=task_kind,
+        metric=str(attrs.get("metric", "")),
+        base_model=_base_model(str(attrs["model"])),
+        token_pooling=STUDY_TOKEN_POOLING,
+        max_length=STUDY_MAX_LENGTH,
+        num_layers=int(model.aggregator.num_layers),
         hidden_size=int(model.aggregator.hidden_in),
         label_names=list(attrs.get("label_names") or []) if task_kind == "classification" else [],
-        score_range=model.score_range, provenance=provenance)
+        score_range=model.score_range,
+        provenance=provenance,
+    )

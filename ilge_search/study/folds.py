@@ -90,9 +90,17 @@ def _split(data: Tuple[Any, Any], rows: np.ndarray) -> Tuple[Any, Any]:
     return data[0][index], data[1][index]
 
 
-def cross_validate(config: Any, train: Tuple[Any, Any], folds: List[np.ndarray], *, task_kind: str,
-                   num_classes: Optional[int], seed: int, device: str,
-                   report: Optional[Callable[[int, float], None]] = None) -> CVResult:
+def cross_validate(
+    config: Any,
+    train: Tuple[Any, Any],
+    folds: List[np.ndarray],
+    *,
+    task_kind: str,
+    num_classes: Optional[int],
+    seed: int,
+    device: str,
+    report: Optional[Callable[[int, float], None]] = None,
+) -> CVResult:
     """Train ``config`` once per fold (on the other folds) and score it on the fold.
 
     ``report(step, value)`` receives the fold's validation score after each
@@ -128,8 +136,10 @@ def cross_validate(config: Any, train: Tuple[Any, Any], folds: List[np.ndarray],
         else:
             callback = None
             if report is not None:
+
                 def callback(epoch: int, value: float, offset: int = fold * config.epochs) -> None:
                     report(offset + epoch, value)
+
             result = train_encoder(config, fold_train, fold_val, epoch_callback=callback, **common)
         scores.append(float(result.best_val_metric))
         best_epochs.append(int(result.best_epoch))

@@ -77,8 +77,20 @@ __all__ = [
 ENCODER_CHOICES: Tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
 
 # study user attrs that must match when a study is resumed: they define what is being searched and scored
-IDENTITY_KEYS = ("model", "task", "encoder", "shots", "max_train", "max_eval", "max_epochs", "data_seed", "cv",
-                 "objectives", "protocol", "samples_per_label")
+IDENTITY_KEYS = (
+    "model",
+    "task",
+    "encoder",
+    "shots",
+    "max_train",
+    "max_eval",
+    "max_epochs",
+    "data_seed",
+    "cv",
+    "objectives",
+    "protocol",
+    "samples_per_label",
+)
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
 # what an identity key means when a study stored before it existed lacks it (absent keys not listed here: None)
@@ -89,8 +101,11 @@ def search_identity(attrs: Mapping[str, Any], without: Sequence[str] = ()) -> Tu
     """What a study's trials search, from its user attrs: the identity keys other than the protocol's (trials
     are the same under either protocol) and ``without``, absent keys read as :data:`IDENTITY_DEFAULTS`, so a
     study stored before a key existed matches one that stores the key's default."""
-    return tuple(json.dumps(attrs.get(key, IDENTITY_DEFAULTS.get(key)), sort_keys=True, default=str)
-                 for key in IDENTITY_KEYS if key not in PROTOCOL_KEYS and key not in without)
+    return tuple(
+        json.dumps(attrs.get(key, IDENTITY_DEFAULTS.get(key)), sort_keys=True, default=str)
+        for key in IDENTITY_KEYS
+        if key not in PROTOCOL_KEYS and key not in without
+    )
 
 
 # study user attrs that must match too: the data itself (label names, sha256 of each split's content)
@@ -132,16 +147,18 @@ def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
     if not fingerprint:
         return loaded.name
     splits = {name: loaded.fingerprint(name) for name in loaded.splits}
-    digest = hashlib.sha256(json.dumps({"kind": loaded.kind, "labels": list(loaded.label_names), "splits": splits},
-                                       sort_keys=True).encode()).hexdigest()
+    digest = hashlib.sha256(
+        json.dumps({"kind": loaded.kind, "labels": list(loaded.label_names), "splits": splits}, sort_keys=True).encode()
+    ).hexdigest()
     return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
 
 
 def data_identity(task_data: Any) -> Dict[str, Any]:
     """The :data:`DATA_KEYS` of a study on ``task_data`` (the task after its data options)."""
-    return {"label_names": list(task_data.label_names),
-            "data_fingerprints": {name: task_data.fingerprint(name) for name in DATA_SPLITS
-                                  if name in task_data.splits}}
+    return {
+        "label_names": list(task_data.label_names),
+        "data_fingerprints": {name: task_data.fingerprint(name) for name in DATA_SPLITS if name in task_data.splits},
+    }
 
 
 def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
@@ -161,11 +178,20 @@ def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
     return out
 
 
-def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[int] = None,
-                       max_train: Optional[int] = None, max_eval: Optional[int] = None,
-                       max_epochs: Optional[int] = None, cv: Optional[int] = None,
-                       objectives: Sequence[str] = DEFAULT_OBJECTIVES, protocol: str = DEFAULT_PROTOCOL,
-                       samples_per_label: Optional[int] = None) -> str:
+def default_study_name(
+    model: str,
+    task: str,
+    encoder: str,
+    *,
+    shots: Optional[int] = None,
+    max_train: Optional[int] = None,
+    max_eval: Optional[int] = None,
+    max_epochs: Optional[int] = None,
+    cv: Optional[int] = None,
+    objectives: Sequence[str] = DEFAULT_OBJECTIVES,
+    protocol: str = DEFAULT_PROTOCOL,
+    samples_per_label: Optional[int] = None,
+) -> str:
     """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
     (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
     ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
@@ -196,8 +222,9 @@ def default_study_name(model: str, task: str, encoder: str, *, shots: Optional[i
     return ":".join(parts)
 
 
-def study_identity(model: str, task: str, encoder: str, options: StudyOptions, *,
-                   registered: Optional[bool] = None) -> Dict[str, Any]:
+def study_identity(
+    model: str, task: str, encoder: str, options: StudyOptions, *, registered: Optional[bool] = None
+) -> Dict[str, Any]:
     """The user attrs that say what a study searches and how it is scored (:data:`IDENTITY_KEYS`).
 
     Under the paper protocol ``samples_per_label`` is resolved here (the option,
@@ -208,10 +235,20 @@ def study_identity(model: str, task: str, encoder: str, options: StudyOptions, *
     if options.protocol == "paper":
         registered = is_registered_task(task) if registered is None else registered
         samples_per_label = paper_samples_per_label(task if registered else None, options.samples_per_label)
-    return {"model": model, "task": task, "encoder": encoder, "shots": options.shots,
-            "max_train": options.max_train, "max_eval": options.max_eval, "max_epochs": options.max_epochs,
-            "data_seed": options.data_seed, "cv": options.cv, "objectives": list(options.objectives),
-            "protocol": options.protocol, "samples_per_label": samples_per_label}
+    return {
+        "model": model,
+        "task": task,
+        "encoder": encoder,
+        "shots": options.shots,
+        "max_train": options.max_train,
+        "max_eval": options.max_eval,
+        "max_epochs": options.max_epochs,
+        "data_seed": options.data_seed,
+        "cv": options.cv,
+        "objectives": list(options.objectives),
+        "protocol": options.protocol,
+        "samples_per_label": samples_per_label,
+    }
 
 
 def _cache_keys_match(stored: Any, expected: Optional[Mapping[str, str]]) -> bool:
@@ -244,9 +281,14 @@ def _data_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> List[
     return changes
 
 
-def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[str, Any], *,
-                   cache_keys: Optional[Mapping[str, str]] = None,
-                   new_study_hint: str = "pass another --study-name or another --storage") -> bool:
+def check_identity(
+    study_name: str,
+    stored: Mapping[str, Any],
+    wanted: Mapping[str, Any],
+    *,
+    cache_keys: Optional[Mapping[str, str]] = None,
+    new_study_hint: str = "pass another --study-name or another --storage",
+) -> bool:
     """Refuse a stored study that was not made by ilge-search, searches something else, or ran on other data.
 
     Args:
@@ -269,8 +311,9 @@ def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[s
     # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
     keys = [key for key in IDENTITY_KEYS if not (adopt and key == "task")]
     # a key absent on either side (a study or a caller from before it existed) has its default meaning
-    values = {key: (stored.get(key, IDENTITY_DEFAULTS.get(key)), wanted.get(key, IDENTITY_DEFAULTS.get(key)))
-              for key in keys}
+    values = {
+        key: (stored.get(key, IDENTITY_DEFAULTS.get(key)), wanted.get(key, IDENTITY_DEFAULTS.get(key))) for key in keys
+    }
     different = {key: pair for key, pair in values.items() if pair[0] != pair[1]}
     if different:
         details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
@@ -295,9 +338,14 @@ def check_identity(study_name: str, stored: Mapping[str, Any], wanted: Mapping[s
     return False
 
 
-def precheck_existing(storage: Storage, study_name: str, identity: Mapping[str, Any], *,
-                      cache_keys: Optional[Mapping[str, str]] = None,
-                      new_study_hint: str = "pass another --study-name or another --storage") -> None:
+def precheck_existing(
+    storage: Storage,
+    study_name: str,
+    identity: Mapping[str, Any],
+    *,
+    cache_keys: Optional[Mapping[str, str]] = None,
+    new_study_hint: str = "pass another --study-name or another --storage",
+) -> None:
     """Refuse a study name already used for something else or on other data, before any extraction."""
     existing = storage.load_study(study_name)
     if existing is None:
@@ -329,10 +377,18 @@ def _check_shapes(study_name: str, stored: Mapping[str, Any], data: "StudyData")
             )
 
 
-def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], data: "StudyData",
-                   artifact_dir: Path, sampler: Any = None, pruner: Any = None, *,
-                   new_study_hint: str = "pass another --study-name or another --storage",
-                   task_path: Optional[str] = None) -> Tuple[Any, bool]:
+def create_or_load(
+    storage: Storage,
+    study_name: str,
+    identity: Dict[str, Any],
+    data: "StudyData",
+    artifact_dir: Path,
+    sampler: Any = None,
+    pruner: Any = None,
+    *,
+    new_study_hint: str = "pass another --study-name or another --storage",
+    task_path: Optional[str] = None,
+) -> Tuple[Any, bool]:
     """Create the study (identity attrs, recommended trial enqueued once) or load it.
 
     Several processes may race to create the same study: ``create_study``
@@ -352,9 +408,13 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
     direction = "minimize" if data.metric == "loss" else "maximize"
     objectives = study_objectives(identity)
     try:
-        study = optuna.create_study(study_name=study_name, storage=storage.rdb,
-                                    directions=objective_directions(objectives, data.metric),
-                                    sampler=sampler, pruner=pruner)
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=storage.rdb,
+            directions=objective_directions(objectives, data.metric),
+            sampler=sampler,
+            pruner=pruner,
+        )
         created = True
     except optuna.exceptions.DuplicatedStudyError:
         study = storage.load_study(study_name, sampler=sampler, pruner=pruner)
@@ -369,8 +429,11 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
             created = True  # its creator died before setting it up: finish the job
         else:
             if check_identity(study_name, study.user_attrs, identity, **check):
-                logger.info("%s: made by an earlier ilge-search on the same data (its cache keys match); "
-                            "recording its data fingerprints", study_name)
+                logger.info(
+                    "%s: made by an earlier ilge-search on the same data (its cache keys match); "
+                    "recording its data fingerprints",
+                    study_name,
+                )
                 for key in ("task",) + DATA_KEYS:
                     study.set_user_attr(key, identity[key])
             _check_shapes(study_name, study.user_attrs, data)
@@ -382,21 +445,23 @@ def create_or_load(storage: Storage, study_name: str, identity: Dict[str, Any], 
             study.set_metric_names(objective_metric_names(objectives, data.metric))
     if created:
         record = dict(identity)
-        record.update({
-            "task_kind": data.task_kind,
-            "metric": data.metric,
-            "direction": direction,
-            "num_layers": data.num_layers,
-            "hidden_size": data.hidden_size,
-            "num_classes": data.num_classes,
-            "label_names": data.label_names,
-            "split_sizes": data.split_sizes,
-            "cache_keys": data.cache_keys,
-            "model_revision": data.model_revision,
-            "ilge_search_version": __version__,
-            "artifact_dir": str(artifact_dir),
-            "task_path": task_path,
-        })
+        record.update(
+            {
+                "task_kind": data.task_kind,
+                "metric": data.metric,
+                "direction": direction,
+                "num_layers": data.num_layers,
+                "hidden_size": data.hidden_size,
+                "num_classes": data.num_classes,
+                "label_names": data.label_names,
+                "split_sizes": data.split_sizes,
+                "cache_keys": data.cache_keys,
+                "model_revision": data.model_revision,
+                "ilge_search_version": __version__,
+                "artifact_dir": str(artifact_dir),
+                "task_path": task_path,
+            }
+        )
         for key, value in record.items():
             study.set_user_attr(key, value)
         if not any(t.user_attrs.get("recommended") for t in study.trials):
@@ -423,7 +488,8 @@ def requeue_failed_recommended(study: Any, storage: Storage) -> Optional[int]:
         return None
     last = max(recommended, key=lambda t: t.number)
     if requeue_trial(study, storage, last):
-        logger.info("%s: the recommended configuration (trial %d) failed; it is queued again", study.study_name,
-                    last.number)
+        logger.info(
+            "%s: the recommended configuration (trial %d) failed; it is queued again", study.study_name, last.number
+        )
         return last.number
     return None

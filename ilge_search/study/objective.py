@@ -74,8 +74,7 @@ def recommended_params(encoder: str, hidden_size: Optional[int] = None, model: O
 class TrialObjective:
     """The Optuna objective of one encoder on one study's data: returns the best validation metric."""
 
-    def __init__(self, encoder: str, data: "StudyData", *, seed: int, device: str,
-                 max_epochs: Optional[int]) -> None:
+    def __init__(self, encoder: str, data: "StudyData", *, seed: int, device: str, max_epochs: Optional[int]) -> None:
         self.encoder = encoder
         self.data = data
         self.seed = seed
@@ -93,8 +92,10 @@ class TrialObjective:
             return None
         key = (int(cv), int(attrs.get("data_seed") or 0))
         if self._folds is None or self._folds[0] != key:
-            self._folds = (key, stratified_folds(self.data.train[1], key[0], seed=key[1],
-                                                 task_kind=self.data.task_kind))
+            self._folds = (
+                key,
+                stratified_folds(self.data.train[1], key[0], seed=key[1], task_kind=self.data.task_kind),
+            )
         return self._folds[1]
 
     def __call__(self, trial: Any) -> Union[float, Tuple[float, ...]]:
@@ -142,11 +143,13 @@ class TrialObjective:
         trial.set_user_attr("epochs_run", int(result.epochs_run))
         trial.set_user_attr("best_epoch", int(result.best_epoch))
         trial.set_user_attr("seconds", round(float(result.seconds), 3))
-        return self._values(trial, objectives, float(result.best_val_metric), int(result.num_trainable_params),
-                            result.model)
+        return self._values(
+            trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
+        )
 
-    def _values(self, trial: Any, objectives: Sequence[str], score: float, params: int,
-                model: Any) -> Union[float, Tuple[float, ...]]:
+    def _values(
+        self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any
+    ) -> Union[float, Tuple[float, ...]]:
         """Record the latency, write the live note and return the trial's value(s), one per objective."""
         from ..configs import config_from_dict
         from ..engine import build_model
@@ -155,8 +158,9 @@ class TrialObjective:
         data = self.data
         if model is None:  # cross-validated: no single trained model; the forward time is the architecture's
             config = config_from_dict(trial.user_attrs["config"])
-            model = build_model(config, data.num_layers, data.hidden_size, data.task_kind,
-                                num_classes=data.num_classes).to(resolve_device(self.device))
+            model = build_model(
+                config, data.num_layers, data.hidden_size, data.task_kind, num_classes=data.num_classes
+            ).to(resolve_device(self.device))
         latency = measure_latency(model, data.validation[0])
         trial.set_user_attr(LATENCY_ATTR, round(latency, 4))
         write_live_note(trial, data.metric)
@@ -165,8 +169,9 @@ class TrialObjective:
             return by_name["score"]
         return tuple(by_name[name] for name in objectives)
 
-    def _cross_validated(self, trial: Any, config: Any, folds: List[Any], report: Callable[[int, float], None],
-                         common: Dict[str, Any]) -> Tuple[float, int]:
+    def _cross_validated(
+        self, trial: Any, config: Any, folds: List[Any], report: Callable[[int, float], None], common: Dict[str, Any]
+    ) -> Tuple[float, int]:
         from .folds import cross_validate
 
         result = cross_validate(config, self.data.train, folds, report=report, **common)

@@ -32,8 +32,10 @@ def check_study_name(name: Any) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"the study name must be a non-empty string, got {name!r}")
     if len(name) > MAX_STUDY_NAME_LENGTH:
-        raise ValueError(f"the study name has {len(name)} characters; a study storage keeps at most "
-                         f"{MAX_STUDY_NAME_LENGTH}. Pass a shorter --study-name")
+        raise ValueError(
+            f"the study name has {len(name)} characters; a study storage keeps at most "
+            f"{MAX_STUDY_NAME_LENGTH}. Pass a shorter --study-name"
+        )
     return name
 
 
@@ -166,8 +168,10 @@ class StudyOptions:
         check_protocol(self.protocol)
         check_int("samples_per_label", self.samples_per_label, allow_none=True)
         if self.samples_per_label is not None and self.protocol != "paper":
-            raise ValueError("samples_per_label sets the paper protocol's readout; add protocol='paper' "
-                             "(--protocol paper) or drop it")
+            raise ValueError(
+                "samples_per_label sets the paper protocol's readout; add protocol='paper' "
+                "(--protocol paper) or drop it"
+            )
         if isinstance(self.zero_shot_tasks, str):
             object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))

@@ -62,9 +62,21 @@ from .identity import (
 )
 from .options import StudyOptions, check_study_name
 
-__all__ = ["RunCheck", "StudyPlan", "RunPlan", "check_run", "plan_run", "estimate_run", "may_be_long",
-           "missing_sqlite_file", "format_seconds",
-           "LONG_RUN_SECONDS", "CALIBRATION_EPOCHS", "CALIBRATION_ROWS", "EXTRACTION_SAMPLE"]
+__all__ = [
+    "RunCheck",
+    "StudyPlan",
+    "RunPlan",
+    "check_run",
+    "plan_run",
+    "estimate_run",
+    "may_be_long",
+    "missing_sqlite_file",
+    "format_seconds",
+    "LONG_RUN_SECONDS",
+    "CALIBRATION_EPOCHS",
+    "CALIBRATION_ROWS",
+    "EXTRACTION_SAMPLE",
+]
 
 LONG_RUN_SECONDS = 300.0  # a run estimated longer than this says so in one log line at its start
 CALIBRATION_EPOCHS = 3  # epochs of the first trial's config timed per encoder (the first one carries the set-up)
@@ -130,12 +142,24 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bo
         if missing_sqlite_file(url):
             return None
         return open_storage(url, must_exist=True, artifact_dir=options.artifact_dir)
-    return open_storage(storage, artifact_dir=options.artifact_dir, heartbeat_interval=options.heartbeat_interval,
-                        grace_period=options.grace_period, max_retry=options.max_retry)
+    return open_storage(
+        storage,
+        artifact_dir=options.artifact_dir,
+        heartbeat_interval=options.heartbeat_interval,
+        grace_period=options.grace_period,
+        max_retry=options.max_retry,
+    )
 
 
-def check_run(model: str, task: str, encoders: Union[str, Sequence[str]], storage: Union[str, Storage, None],
-              options: StudyOptions, *, dry_run: bool = False) -> RunCheck:
+def check_run(
+    model: str,
+    task: str,
+    encoders: Union[str, Sequence[str]],
+    storage: Union[str, Storage, None],
+    options: StudyOptions,
+    *,
+    dry_run: bool = False,
+) -> RunCheck:
     """Check everything a run needs before any model loads (step 1 of ``run_study``).
 
     A dry run opens the storage only to read it (never creating a SQLite file or
@@ -179,21 +203,49 @@ def check_run(model: str, task: str, encoders: Union[str, Sequence[str]], storag
     identities: Dict[str, Dict[str, Any]] = {}
     hints: Dict[str, str] = {}
     for enc in encoder_list:
-        default = default_study_name(model, label, enc, shots=options.shots, max_train=options.max_train,
-                                     max_eval=options.max_eval, max_epochs=options.max_epochs, cv=options.cv,
-                                     objectives=options.objectives, protocol=options.protocol,
-                                     samples_per_label=options.samples_per_label)
+        default = default_study_name(
+            model,
+            label,
+            enc,
+            shots=options.shots,
+            max_train=options.max_train,
+            max_eval=options.max_eval,
+            max_epochs=options.max_epochs,
+            cv=options.cv,
+            objectives=options.objectives,
+            protocol=options.protocol,
+            samples_per_label=options.samples_per_label,
+        )
         names[enc] = check_study_name(options.study_name or default)
-        identities[enc] = {**study_identity(model, task_label(task, loaded, fingerprint=False), enc, options,
-                                            registered=is_registered_task(task)),
-                           **data_id, "model_revision": source.revision}
-        hints[enc] = (f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
-                      if names[enc] != default else "pass another --study-name or another --storage")
+        identities[enc] = {
+            **study_identity(
+                model, task_label(task, loaded, fingerprint=False), enc, options, registered=is_registered_task(task)
+            ),
+            **data_id,
+            "model_revision": source.revision,
+        }
+        hints[enc] = (
+            f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
+            if names[enc] != default
+            else "pass another --study-name or another --storage"
+        )
         if opened is not None:
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
-    return RunCheck(model=model, task=task, options=options, encoders=encoder_list, trial_counts=trial_counts,
-                    storage=opened, shown_url=hide_password(url), spec=spec, task_data=task_data, names=names,
-                    identities=identities, hints=hints, cache_keys=cache_keys)
+    return RunCheck(
+        model=model,
+        task=task,
+        options=options,
+        encoders=encoder_list,
+        trial_counts=trial_counts,
+        storage=opened,
+        shown_url=hide_password(url),
+        spec=spec,
+        task_data=task_data,
+        names=names,
+        identities=identities,
+        hints=hints,
+        cache_keys=cache_keys,
+    )
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -275,38 +327,46 @@ class RunPlan:
         added = "until the timeout" if None in trials else f"{sum(t for t in trials if t is not None)} trials"
         epochs = sorted({s.epochs for s in self.studies})
         extraction = f", {format_seconds(self.extraction_seconds)} of it extraction" if self.extraction_seconds else ""
-        return (f"estimated wall time {format_seconds(self.seconds)}{extraction}: {len(self.studies)} "
-                f"{'study' if len(self.studies) == 1 else 'studies'}, {added} of up to "
-                f"{'/'.join(map(str, epochs))} epochs on {self.split_sizes.get('train', 0)} training texts, "
-                f"{self.parallel} at a time, then {self.final_seeds} final seeds "
-                f"(measured: {self.calibration}; pruned and early-stopped trials make it shorter)")
+        return (
+            f"estimated wall time {format_seconds(self.seconds)}{extraction}: {len(self.studies)} "
+            f"{'study' if len(self.studies) == 1 else 'studies'}, {added} of up to "
+            f"{'/'.join(map(str, epochs))} epochs on {self.split_sizes.get('train', 0)} training texts, "
+            f"{self.parallel} at a time, then {self.final_seeds} final seeds "
+            f"(measured: {self.calibration}; pruned and early-stopped trials make it shorter)"
+        )
 
     def describe(self) -> str:
         """The plan as the lines ``ilge-search run --dry-run`` prints."""
         sizes = ", ".join(f"{name} {size}" for name, size in self.split_sizes.items())
         cache = ", ".join(f"{name} {'cached' if hit else 'not cached'}" for name, hit in self.cached.items())
-        shape = (f" ({self.num_layers} layers x {self.hidden_size})" if self.num_layers else "")
-        lines = [f"dry run: nothing is created or written (storage {self.storage})",
-                 f"model {self.model}{shape}, task {self.task}",
-                 f"data after the caps: {sizes}",
-                 f"embedding cache: {cache}"
-                 + (f"; {self.texts_to_embed} texts to embed" if self.texts_to_embed else ""),
-                 f"workers {self.workers} ({self.parallel} trial{'s' if self.parallel > 1 else ''} at a time), "
-                 f"threads {self.threads if self.threads is not None else 'default'}, device {self.device}, "
-                 f"final seeds {self.final_seeds}",
-                 "studies:"]
+        shape = f" ({self.num_layers} layers x {self.hidden_size})" if self.num_layers else ""
+        lines = [
+            f"dry run: nothing is created or written (storage {self.storage})",
+            f"model {self.model}{shape}, task {self.task}",
+            f"data after the caps: {sizes}",
+            f"embedding cache: {cache}" + (f"; {self.texts_to_embed} texts to embed" if self.texts_to_embed else ""),
+            f"workers {self.workers} ({self.parallel} trial{'s' if self.parallel > 1 else ''} at a time), "
+            f"threads {self.threads if self.threads is not None else 'default'}, device {self.device}, "
+            f"final seeds {self.final_seeds}",
+            "studies:",
+        ]
         width = max(len(s.study_name) for s in self.studies)
         for s in self.studies:
             state = f"resumes with {s.finished} finished trials" if s.exists else "new"
             trials = "until timeout" if s.trials is None else f"+{s.trials} trials"
             final = f", final {s.final_runs} retrainings" if s.final_runs else ", final evaluation current"
-            time_text = "" if math.isnan(s.seconds) else (f"  ~{format_seconds(s.seconds)} "
-                                                          f"({format_seconds(s.trial_seconds)} per trial)")
+            time_text = (
+                ""
+                if math.isnan(s.seconds)
+                else (f"  ~{format_seconds(s.seconds)} ({format_seconds(s.trial_seconds)} per trial)")
+            )
             lines.append(f"  {s.study_name:<{width}}  {state}; {trials} x up to {s.epochs} epochs{final}{time_text}")
         lines.append(self.estimate_line() if not math.isnan(self.seconds) else "no time estimate (calibrate=False)")
         if self.threads == 1 and self.cpu_per_second < 0.75:
-            lines.append(f"note: the calibration got {self.cpu_per_second:.0%} of a CPU core (a busy machine); "
-                         "the estimate assumes the load stays the same")
+            lines.append(
+                f"note: the calibration got {self.cpu_per_second:.0%} of a CPU core (a busy machine); "
+                "the estimate assumes the load stays the same"
+            )
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -322,9 +382,16 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def plan_run(model: str, task: str, encoders: Union[str, Sequence[str]] = "cayley", *,
-             storage: Union[str, Storage, None] = None, options: Optional[StudyOptions] = None,
-             calibrate: bool = True, **option_values: Any) -> RunPlan:
+def plan_run(
+    model: str,
+    task: str,
+    encoders: Union[str, Sequence[str]] = "cayley",
+    *,
+    storage: Union[str, Storage, None] = None,
+    options: Optional[StudyOptions] = None,
+    calibrate: bool = True,
+    **option_values: Any,
+) -> RunPlan:
     """What ``run_study`` would do with the same arguments, with its estimated wall time (a dry run).
 
     Nothing is created or written: not the storage (an existing one is only read,
@@ -343,8 +410,7 @@ def plan_run(model: str, task: str, encoders: Union[str, Sequence[str]] = "cayle
     if options is None:
         options = StudyOptions(**option_values)
     elif option_values:
-        raise ValueError(f"give the study options either as options= or as keywords, not both: "
-                         f"{sorted(option_values)}")
+        raise ValueError(f"give the study options either as options= or as keywords, not both: {sorted(option_values)}")
     check = check_run(model, task, encoders, storage, options, dry_run=True)
     return estimate_run(check, calibrate=calibrate)
 
@@ -374,11 +440,26 @@ def _study_plans(check: RunCheck) -> List[StudyPlan]:
         trials_after = finished + (count or 0)
         retrained = min(options.final_front, trials_after) if options.multi_objective else 1
         final_runs = options.final_seeds * (retrained + (1 if trials_after > 1 else 0))
-        if final_runs and study is not None and count == 0 and final_is_current(
-                study, options.final_seed_list(), options.max_epochs, options.select, options.final_front):
+        if (
+            final_runs
+            and study is not None
+            and count == 0
+            and final_is_current(
+                study, options.final_seed_list(), options.max_epochs, options.select, options.final_front
+            )
+        ):
             final_runs = 0
-        plans.append(StudyPlan(encoder=enc, study_name=check.names[enc], exists=study is not None, finished=finished,
-                               trials=count, epochs=epochs, final_runs=final_runs))
+        plans.append(
+            StudyPlan(
+                encoder=enc,
+                study_name=check.names[enc],
+                exists=study is not None,
+                finished=finished,
+                trials=count,
+                epochs=epochs,
+                final_runs=final_runs,
+            )
+        )
     return plans
 
 
@@ -430,8 +511,7 @@ def may_be_long(check: RunCheck) -> bool:
         work += runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.cv or 1)
     seconds = work * _PRIOR_TRAIN_SECONDS / max(1, options.workers)
     cached = _cached_keys(check)
-    texts = sum(sizes.get(name, 0) for name in _needed_splits(check)
-                if check.cache_keys.get(name) not in cached)
+    texts = sum(sizes.get(name, 0) for name in _needed_splits(check) if check.cache_keys.get(name) not in cached)
     seconds += texts * params * _PRIOR_EXTRACT_SECONDS
     return seconds > LONG_RUN_SECONDS
 
@@ -451,10 +531,20 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
     cached_now = _cached_keys(check)
     needed = _needed_splits(check)
     cached = {name: check.cache_keys.get(name) in cached_now for name in needed}
-    plan = RunPlan(model=check.model, task=check.task, storage=check.shown_url, studies=_study_plans(check),
-                   split_sizes=sizes, cached=cached, cache_keys={n: check.cache_keys.get(n, "") for n in needed},
-                   workers=options.workers, parallel=_parallel(options, device), threads=options.threads,
-                   device=device, final_seeds=options.final_seeds)
+    plan = RunPlan(
+        model=check.model,
+        task=check.task,
+        storage=check.shown_url,
+        studies=_study_plans(check),
+        split_sizes=sizes,
+        cached=cached,
+        cache_keys={n: check.cache_keys.get(n, "") for n in needed},
+        workers=options.workers,
+        parallel=_parallel(options, device),
+        threads=options.threads,
+        device=device,
+        final_seeds=options.final_seeds,
+    )
     plan.texts_to_embed = sum(len(splits[name].flat_texts()) for name, hit in cached.items() if not hit)
     if options.zero_shot_tasks:
         plan.notes.append("zero-shot tasks are not in the estimate: each adds the scoring of its test split")
@@ -478,8 +568,11 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
             if options.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
                 search_trial = options.cv * setup + (options.cv - 1) * study.epochs * per_epoch
             waves = math.inf if study.trials is None else math.ceil(study.trials / plan.parallel)
-            trial_time = (options.timeout if waves == math.inf
-                          else waves * search_trial + (WORKER_START_SECONDS if options.workers > 1 else 0))
+            trial_time = (
+                options.timeout
+                if waves == math.inf
+                else waves * search_trial + (WORKER_START_SECONDS if options.workers > 1 else 0)
+            )
             study.seconds = trial_time + study.final_runs * study.trial_seconds
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
     finally:
@@ -501,30 +594,45 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
     import torch
 
     fraction = _subset_rows(plan.split_sizes["train"]) / plan.split_sizes["train"]
-    rows = {"train": _subset_rows(plan.split_sizes["train"]),
-            "validation": max(1, min(plan.split_sizes["validation"],
-                                     round(plan.split_sizes["validation"] * fraction)))}
-    labels = {name: check.task_data.splits[name].labels[:rows[name]] for name in rows}
+    rows = {
+        "train": _subset_rows(plan.split_sizes["train"]),
+        "validation": max(1, min(plan.split_sizes["validation"], round(plan.split_sizes["validation"] * fraction))),
+    }
+    labels = {name: check.task_data.splits[name].labels[: rows[name]] for name in rows}
     if plan.cached["train"] and plan.cached["validation"]:
         from ..cache import load_task_embeddings
 
-        embeddings = load_task_embeddings(check.spec.model_or_source, check.task_data, data_dir=check.spec.data_dir,
-                                          cache_dir=check.spec.cache_dir, splits=["train", "validation"],
-                                          device=check.spec.device, progress=False)
+        embeddings = load_task_embeddings(
+            check.spec.model_or_source,
+            check.task_data,
+            data_dir=check.spec.data_dir,
+            cache_dir=check.spec.cache_dir,
+            splits=["train", "validation"],
+            device=check.spec.device,
+            progress=False,
+        )
         plan.num_layers, plan.hidden_size = int(embeddings.num_layers), int(embeddings.hidden_size)
-        parts = {name: (embeddings.splits[name].features[:rows[name]], embeddings.splits[name].labels[:rows[name]])
-                 for name in rows}
+        parts = {
+            name: (embeddings.splits[name].features[: rows[name]], embeddings.splits[name].labels[: rows[name]])
+            for name in rows
+        }
         how = "cached features"
     else:
         layers, width = _time_extraction(check, plan, device)
         plan.num_layers, plan.hidden_size = layers, width
         generator = torch.Generator().manual_seed(0)
         pair = (2,) if check.task_data.kind == "similarity" else ()
-        parts = {name: (torch.randn((rows[name], *pair, layers, width), generator=generator).half(),
-                        torch.from_numpy(np.asarray(labels[name])))
-                 for name in rows}
-        how = (f"random features of the model's shape after timing {EXTRACTION_SAMPLE} texts' extraction "
-               f"({plan.texts_to_embed} texts to embed)")
+        parts = {
+            name: (
+                torch.randn((rows[name], *pair, layers, width), generator=generator).half(),
+                torch.from_numpy(np.asarray(labels[name])),
+            )
+            for name in rows
+        }
+        how = (
+            f"random features of the model's shape after timing {EXTRACTION_SAMPLE} texts' extraction "
+            f"({plan.texts_to_embed} texts to embed)"
+        )
     if not plan.cached.get("test", True):
         how += f"; test split to embed ({len(check.task_data.splits['test'])} rows)"
     return parts["train"], parts["validation"], how
@@ -537,8 +645,7 @@ def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> Tuple[int, 
 
     from ..extraction import LayerEmbedder
 
-    texts = [text for name, hit in plan.cached.items() if not hit
-             for text in check.task_data.splits[name].flat_texts()]
+    texts = [text for name, hit in plan.cached.items() if not hit for text in check.task_data.splits[name].flat_texts()]
     sample = random.Random(0).sample(texts, min(EXTRACTION_SAMPLE, len(texts)))
     embedder = LayerEmbedder(check.spec.model_or_source, device=check.spec.device, cache_dir=check.spec.cache_dir)
     try:
@@ -553,16 +660,28 @@ def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> Tuple[int, 
         embedder.unload()
 
 
-def _time_config(encoder: str, config: Any, train: Tuple[Any, Any], validation: Tuple[Any, Any],
-                 check: RunCheck, plan: RunPlan, device: str) -> Tuple[float, float]:
+def _time_config(
+    encoder: str,
+    config: Any,
+    train: Tuple[Any, Any],
+    validation: Tuple[Any, Any],
+    check: RunCheck,
+    plan: RunPlan,
+    device: str,
+) -> Tuple[float, float]:
     """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
     from ..engine import select_best_layer, train_encoder
 
     scale = plan.split_sizes["train"] / len(train[1])
     task_kind = check.task_data.kind
     num_classes = len(check.task_data.label_names) if task_kind == "classification" else None
-    common = dict(task_kind=task_kind, num_classes=num_classes, seed=check.options.seed or 0, device=check.spec.device,
-                  patience=None)
+    common = dict(
+        task_kind=task_kind,
+        num_classes=num_classes,
+        seed=check.options.seed or 0,
+        device=check.spec.device,
+        patience=None,
+    )
     # an untimed epoch on a few rows first: the first call of an encoder pays one-time imports and set-up
     few = min(len(train[1]), WARM_UP_ROWS)
     warm_up = (train[0][:few], train[1][:few]), (validation[0][:few], validation[1][:few])
@@ -574,14 +693,18 @@ def _time_config(encoder: str, config: Any, train: Tuple[Any, Any], validation: 
         times = []
         for epochs in (1, CALIBRATION_EPOCHS):
             started = time.perf_counter()
-            select_best_layer(config.replace(epochs=epochs), train, validation, layers=[plan.num_layers - 1],
-                              **common)
+            select_best_layer(config.replace(epochs=epochs), train, validation, layers=[plan.num_layers - 1], **common)
             times.append(time.perf_counter() - started)
         per_epoch = max(0.0, times[1] - times[0]) / (CALIBRATION_EPOCHS - 1)
         return plan.num_layers * max(0.0, times[0] - per_epoch), plan.num_layers * per_epoch * scale
     stamps: List[float] = []
     started = time.perf_counter()
-    train_encoder(config.replace(epochs=CALIBRATION_EPOCHS), train, validation,
-                  epoch_callback=lambda epoch, value: stamps.append(time.perf_counter()), **common)
+    train_encoder(
+        config.replace(epochs=CALIBRATION_EPOCHS),
+        train,
+        validation,
+        epoch_callback=lambda epoch, value: stamps.append(time.perf_counter()),
+        **common,
+    )
     per_epoch = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     return max(0.0, stamps[0] - started - per_epoch), per_epoch * scale

@@ -122,30 +122,47 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
         if len(objectives) > 1 and "model" in attrs:  # Optuna summarises only single-objective studies' best
             study = opened.load_study(summary.study_name)
             best = best_score_trial(study) if study is not None and study.best_trials else None
-        rows.append({
-            "study": summary.study_name,
-            "model": attrs.get("model"),
-            "task": attrs.get("task"),
-            "encoder": attrs.get("encoder"),
-            "protocol": protocol_of(attrs) if attrs.get("model") else None,
-            "metric": attrs.get("metric"),
-            "trials": summary.n_trials,
-            "best_val": None if best is None else score_of(best),
-            "best_trial": None if best is None else best.number,
-            "test_mean": attrs.get("final_test_mean"),
-            "test_std": attrs.get("final_test_std"),
-            "seeds": len(attrs.get("final_test_scores", [])),
-            "select": attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
-            "final_trial": attrs.get("final_trial"),
-            "search_gain": attrs.get("final_search_gain"),
-            "objectives": "+".join(objectives),
-        })
-    columns = ["study", "model", "task", "encoder", "protocol", "metric", "trials", "best_val", "best_trial",
-               "test_mean", "test_std", "seeds", "select", "final_trial", "search_gain", "objectives"]
+        rows.append(
+            {
+                "study": summary.study_name,
+                "model": attrs.get("model"),
+                "task": attrs.get("task"),
+                "encoder": attrs.get("encoder"),
+                "protocol": protocol_of(attrs) if attrs.get("model") else None,
+                "metric": attrs.get("metric"),
+                "trials": summary.n_trials,
+                "best_val": None if best is None else score_of(best),
+                "best_trial": None if best is None else best.number,
+                "test_mean": attrs.get("final_test_mean"),
+                "test_std": attrs.get("final_test_std"),
+                "seeds": len(attrs.get("final_test_scores", [])),
+                "select": attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
+                "final_trial": attrs.get("final_trial"),
+                "search_gain": attrs.get("final_search_gain"),
+                "objectives": "+".join(objectives),
+            }
+        )
+    columns = [
+        "study",
+        "model",
+        "task",
+        "encoder",
+        "protocol",
+        "metric",
+        "trials",
+        "best_val",
+        "best_trial",
+        "test_mean",
+        "test_std",
+        "seeds",
+        "select",
+        "final_trial",
+        "search_gain",
+        "objectives",
+    ]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
-    frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]],
-                                     dtype=object)
+    frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]], dtype=object)
     if not frame.empty:
         frame = frame.sort_values(["model", "task", "encoder", "study"], na_position="last").reset_index(drop=True)
     return frame
@@ -166,8 +183,18 @@ def format_results(results: Iterable[StudyResult]) -> str:
             test += f" (trial {r.final_trial}, {r.select})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
         gain = "-" if r.search_gain is None else f"{r.search_gain:+.4f}"
-        rows.append((r.study_name, r.protocol, str(r.n_complete + r.n_pruned + r.n_failed), str(r.n_pruned),
-                     str(r.n_failed), best, test, gain))
+        rows.append(
+            (
+                r.study_name,
+                r.protocol,
+                str(r.n_complete + r.n_pruned + r.n_failed),
+                str(r.n_pruned),
+                str(r.n_failed),
+                best,
+                test,
+                gain,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     for r in results:
@@ -183,14 +210,26 @@ def format_front(result: StudyResult) -> str:
     rows = [header]
     for record in result.front:
         latency = record.get("latency_ms")
-        rows.append((str(record["trial"]), f"{int(record['params']):,}" if record.get("params") is not None else "-",
-                     "-" if latency is None else f"{latency:.1f}", f"{record['val_score']:.4f}",
-                     f"{record['test_mean']:.4f} +- {record['test_std']:.4f} ({len(record['test_scores'])} seeds)"))
+        rows.append(
+            (
+                str(record["trial"]),
+                f"{int(record['params']):,}" if record.get("params") is not None else "-",
+                "-" if latency is None else f"{latency:.1f}",
+                f"{record['val_score']:.4f}",
+                f"{record['test_mean']:.4f} +- {record['test_std']:.4f} ({len(record['test_scores'])} seeds)",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    title = (f"final front of {result.study_name} ({' vs '.join(result.objectives)}; "
-             f"{len(result.front)} Pareto-front trials retrained):")
-    return "\n".join([title] + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                               for row in rows])
+    title = (
+        f"final front of {result.study_name} ({' vs '.join(result.objectives)}; "
+        f"{len(result.front)} Pareto-front trials retrained):"
+    )
+    return "\n".join(
+        [title]
+        + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    )
+
+
 def _protocol_text(result: StudyResult) -> str:
     if result.protocol == "paper" and result.metric == "accuracy":
         return f"paper protocol: logistic readout, {result.samples_per_label} per label"
@@ -199,13 +238,14 @@ def _protocol_text(result: StudyResult) -> str:
 
 def summary_line(result: StudyResult) -> str:
     """One log line: trial counts, best validation value and the final test score."""
-    text = (f"{result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, "
-            f"{result.n_failed} failed")
+    text = f"{result.study_name}: {result.n_complete} complete, {result.n_pruned} pruned, {result.n_failed} failed"
     if result.best_value is not None:
         text += f"; best validation {result.metric} {result.best_value:.4f} (trial {result.best_trial})"
     if result.test_mean is not None:
-        text += (f"; test {result.metric} {result.test_mean:.4f} +- {result.test_std:.4f} "
-                 f"over {len(result.test_scores)} seeds ({_protocol_text(result)})")
+        text += (
+            f"; test {result.metric} {result.test_mean:.4f} +- {result.test_std:.4f} "
+            f"over {len(result.test_scores)} seeds ({_protocol_text(result)})"
+        )
         if result.search_gain is not None:
             text += f" (trial {result.final_trial}, {result.select}; search gain {result.search_gain:+.4f})"
     return text

@@ -187,14 +187,38 @@ def run_study(
         KeyboardInterrupt: after the running trial was marked FAIL; every
             finished trial is stored and rerunning resumes.
     """
-    given = dict(n_trials=n_trials, timeout=timeout, total_trials=total_trials, study_name=study_name,
-                 sampler=sampler, pruner=pruner, seed=seed, workers=workers, final_seeds=final_seeds, shots=shots,
-                 max_train=max_train, max_eval=max_eval, max_epochs=max_epochs, cv=cv, select=select,
-                 objectives=tuple(objectives), final_front=final_front, data_seed=data_seed, protocol=protocol,
-                 samples_per_label=samples_per_label,
-                 zero_shot_tasks=tuple(zero_shot_tasks), data_dir=data_dir, cache_dir=cache_dir, device=device,
-                 artifact_dir=artifact_dir, threads=threads, heartbeat_interval=heartbeat_interval,
-                 grace_period=grace_period, max_retry=max_retry, show_progress=show_progress)
+    given = dict(
+        n_trials=n_trials,
+        timeout=timeout,
+        total_trials=total_trials,
+        study_name=study_name,
+        sampler=sampler,
+        pruner=pruner,
+        seed=seed,
+        workers=workers,
+        final_seeds=final_seeds,
+        shots=shots,
+        max_train=max_train,
+        max_eval=max_eval,
+        max_epochs=max_epochs,
+        cv=cv,
+        select=select,
+        objectives=tuple(objectives),
+        final_front=final_front,
+        data_seed=data_seed,
+        protocol=protocol,
+        samples_per_label=samples_per_label,
+        zero_shot_tasks=tuple(zero_shot_tasks),
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device=device,
+        artifact_dir=artifact_dir,
+        threads=threads,
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+        max_retry=max_retry,
+        show_progress=show_progress,
+    )
     if options is None:
         options = StudyOptions(**given)
     else:
@@ -206,8 +230,11 @@ def run_study(
     check = check_run(model, task, encoders, storage, options)
     opened, spec, task_data, names = check.storage, check.spec, check.task_data, check.names
     if options.multi_objective and options.pruner != "none":
-        logger.warning("pruning is off: Optuna cannot prune a multi-objective study (objectives %s), so "
-                       "--pruner %s is not used", "+".join(options.objectives), options.pruner)
+        logger.warning(
+            "pruning is off: Optuna cannot prune a multi-objective study (objectives %s), so --pruner %s is not used",
+            "+".join(options.objectives),
+            options.pruner,
+        )
     if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
         plan = estimate_run(check)
         if plan.is_long:
@@ -219,12 +246,26 @@ def run_study(
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     try:
-        data = load_study_data(spec, with_test=options.final_seeds > 0, progress=options.show_progress,
-                               task_data=task_data)  # ---- 2. extracted once, here, before any worker starts
+        data = load_study_data(
+            spec, with_test=options.final_seeds > 0, progress=options.show_progress, task_data=task_data
+        )  # ---- 2. extracted once, here, before any worker starts
         zero_shot = load_zero_shot_data(spec, list(options.zero_shot_tasks), progress=options.show_progress)
-        return [_run_one(opened, enc, names[enc], check.identities[enc], check.trial_counts[enc], data, spec,
-                         options, zero_shot=zero_shot, callbacks=callbacks, new_study_hint=check.hints[enc])
-                for enc in check.encoders]
+        return [
+            _run_one(
+                opened,
+                enc,
+                names[enc],
+                check.identities[enc],
+                check.trial_counts[enc],
+                data,
+                spec,
+                options,
+                zero_shot=zero_shot,
+                callbacks=callbacks,
+                new_study_hint=check.hints[enc],
+            )
+            for enc in check.encoders
+        ]
     except Exception as exc:
         fault = storage_fault(exc)
         if fault is None:
@@ -234,21 +275,49 @@ def run_study(
         torch.set_num_threads(previous_threads)
 
 
-def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any], count: Optional[int],
-             data: StudyData, spec: DataSpec, options: StudyOptions, *, zero_shot: Mapping[str, Any],
-             callbacks: Sequence[Callable[[Any, Any], None]], new_study_hint: str) -> StudyResult:
+def _run_one(
+    storage: Storage,
+    encoder: str,
+    name: str,
+    identity: Dict[str, Any],
+    count: Optional[int],
+    data: StudyData,
+    spec: DataSpec,
+    options: StudyOptions,
+    *,
+    zero_shot: Mapping[str, Any],
+    callbacks: Sequence[Callable[[Any, Any], None]],
+    new_study_hint: str,
+) -> StudyResult:
     """Steps 3-5 of :func:`run_study` for one encoder."""
     from ..tuning import make_pruner, make_sampler
 
     # ---- 3. create or load
-    study, created = create_or_load(storage, name, identity, data, storage.artifact_dir,
-                                    sampler=make_sampler(options.sampler, options.seed),
-                                    pruner=make_pruner(options.effective_pruner, options.max_epochs),
-                                    new_study_hint=new_study_hint,
-                                    task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()))
+    study, created = create_or_load(
+        storage,
+        name,
+        identity,
+        data,
+        storage.artifact_dir,
+        sampler=make_sampler(options.sampler, options.seed),
+        pruner=make_pruner(options.effective_pruner, options.max_epochs),
+        new_study_hint=new_study_hint,
+        task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
+    )
     try:
-        _optimize_and_evaluate(study, storage, encoder, name, count, data, spec, options, zero_shot=zero_shot,
-                               callbacks=callbacks, created=created)
+        _optimize_and_evaluate(
+            study,
+            storage,
+            encoder,
+            name,
+            count,
+            data,
+            spec,
+            options,
+            zero_shot=zero_shot,
+            callbacks=callbacks,
+            created=created,
+        )
     except Exception as exc:
         if storage_fault(exc) is not None:  # fail this process's half-done trial, if the storage still lets us
             fail_own_running_trials(study, storage)
@@ -259,14 +328,30 @@ def _run_one(storage: Storage, encoder: str, name: str, identity: Dict[str, Any]
     return result
 
 
-def _optimize_and_evaluate(study: Any, storage: Storage, encoder: str, name: str, count: Optional[int],
-                           data: StudyData, spec: DataSpec, options: StudyOptions, *, zero_shot: Mapping[str, Any],
-                           callbacks: Sequence[Callable[[Any, Any], None]], created: bool) -> None:
+def _optimize_and_evaluate(
+    study: Any,
+    storage: Storage,
+    encoder: str,
+    name: str,
+    count: Optional[int],
+    data: StudyData,
+    spec: DataSpec,
+    options: StudyOptions,
+    *,
+    zero_shot: Mapping[str, Any],
+    callbacks: Sequence[Callable[[Any, Any], None]],
+    created: bool,
+) -> None:
     """Steps 4 and 5 of :func:`run_study` on a created or loaded study."""
     fail_stale_trials(study, storage)
     requeue_failed_recommended(study, storage)
-    logger.info("%s study %s (%d finished trials); adding %s", "created" if created else "resuming", name,
-                finished_trial_count(study), "trials until timeout" if count is None else f"{count} trials")
+    logger.info(
+        "%s study %s (%d finished trials); adding %s",
+        "created" if created else "resuming",
+        name,
+        finished_trial_count(study),
+        "trials until timeout" if count is None else f"{count} trials",
+    )
 
     # ---- 4. optimise
     total = options.total_for(encoder)
@@ -281,15 +366,32 @@ def _optimize_and_evaluate(study: Any, storage: Storage, encoder: str, name: str
         if final_is_current(study, seeds, options.max_epochs, options.select, options.final_front):
             front = study.user_attrs.get("final_front")
             if front:
-                logger.info("%s: final scores of the %d front trials (%s) are up to date", name, len(front),
-                            ", ".join(str(r["trial"]) for r in front))
+                logger.info(
+                    "%s: final scores of the %d front trials (%s) are up to date",
+                    name,
+                    len(front),
+                    ", ".join(str(r["trial"]) for r in front),
+                )
             else:
-                logger.info("%s: final scores of trial %d (%s) are up to date", name,
-                            study.user_attrs["final_trial"], options.select)
+                logger.info(
+                    "%s: final scores of trial %d (%s) are up to date",
+                    name,
+                    study.user_attrs["final_trial"],
+                    options.select,
+                )
         else:
-            final_evaluation(study, data, encoder=encoder, seeds=seeds, device=spec.device,
-                             max_epochs=options.max_epochs, select=options.select,
-                             artifact_store=storage.artifact_store(), final_front=options.final_front,
-                             zero_shot=zero_shot, show_progress=options.show_progress)
+            final_evaluation(
+                study,
+                data,
+                encoder=encoder,
+                seeds=seeds,
+                device=spec.device,
+                max_epochs=options.max_epochs,
+                select=options.select,
+                artifact_store=storage.artifact_store(),
+                final_front=options.final_front,
+                zero_shot=zero_shot,
+                show_progress=options.show_progress,
+            )
     elif options.final_seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)

@@ -26,8 +26,18 @@ from typing import Any, List, Optional
 
 from ..objectives import best_score_trial, objective_directions, pareto_front, score_of, study_objectives
 
-__all__ = ["SELECTION_RULES", "DEFAULT_SELECT", "DEFAULT_FINAL_FRONT", "FRONT_RULE", "standard_error",
-           "select_trial", "start_trial", "is_better", "study_front", "front_trials"]
+__all__ = [
+    "SELECTION_RULES",
+    "DEFAULT_SELECT",
+    "DEFAULT_FINAL_FRONT",
+    "FRONT_RULE",
+    "standard_error",
+    "select_trial",
+    "start_trial",
+    "is_better",
+    "study_front",
+    "front_trials",
+]
 
 SELECTION_RULES = ("best", "one-se")
 # measured (reports/selection: Cayley, 10 trials, trec/emotion/sst2 on MiniLM-L6 and SmolLM2, 500 and 2,000
@@ -86,8 +96,9 @@ def _complete(study: Any) -> List[Any]:
 def start_trial(study: Any) -> Optional[Any]:
     """The recommended starting configuration: the first trial marked ``recommended`` that has a config
     (complete first, else any state: a pruned start is still the configuration a user would have used)."""
-    marked = [t for t in study.get_trials(deepcopy=False)
-              if t.user_attrs.get("recommended") and t.user_attrs.get("config")]
+    marked = [
+        t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("recommended") and t.user_attrs.get("config")
+    ]
     complete = [t for t in marked if t.values]
     pool = complete or marked
     return min(pool, key=lambda t: t.number) if pool else None
@@ -118,8 +129,12 @@ def select_trial(study: Any, rule: str) -> Any:
 
     def simplicity(trial: Any) -> tuple:
         params = trial.user_attrs.get("num_trainable_params")
-        return (math.inf if params is None else int(params), not trial.user_attrs.get("recommended", False),
-                -sign * score_of(trial), trial.number)
+        return (
+            math.inf if params is None else int(params),
+            not trial.user_attrs.get("recommended", False),
+            -sign * score_of(trial),
+            trial.number,
+        )
 
     return min(within, key=simplicity)
 

@@ -77,18 +77,59 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["SweepEntry", "Sweep", "load_sweep", "with_overrides", "with_protocol", "plan_sweep", "estimate_sweep",
-           "run_sweep"]
+__all__ = [
+    "SweepEntry",
+    "Sweep",
+    "load_sweep",
+    "with_overrides",
+    "with_protocol",
+    "plan_sweep",
+    "estimate_sweep",
+    "run_sweep",
+]
 
 logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
 
-_TOP_KEYS = {"name", "storage", "models", "encoders", "sampler", "pruner", "seed", "final_seeds", "workers", "threads",
-             "max_epochs", "max_train", "max_eval", "shots", "timeout", "trials", "tasks", "cv", "select", "objectives",
-             "final_front", "protocol", "samples_per_label"}
-_TASK_KEYS = {"max_train", "max_eval", "shots", "max_epochs", "zero_shot", "encoders", "trials", "cv", "objectives",
-              "protocol", "samples_per_label"}
+_TOP_KEYS = {
+    "name",
+    "storage",
+    "models",
+    "encoders",
+    "sampler",
+    "pruner",
+    "seed",
+    "final_seeds",
+    "workers",
+    "threads",
+    "max_epochs",
+    "max_train",
+    "max_eval",
+    "shots",
+    "timeout",
+    "trials",
+    "tasks",
+    "cv",
+    "select",
+    "objectives",
+    "final_front",
+    "protocol",
+    "samples_per_label",
+}
+_TASK_KEYS = {
+    "max_train",
+    "max_eval",
+    "shots",
+    "max_epochs",
+    "zero_shot",
+    "encoders",
+    "trials",
+    "cv",
+    "objectives",
+    "protocol",
+    "samples_per_label",
+}
 
 
 @dataclass(frozen=True)
@@ -118,22 +159,50 @@ class SweepEntry:
             from ..tasks import load_task
 
             task = task_label(task, load_task(task))
-        return default_study_name(self.model, task, self.encoder, shots=self.shots, max_train=self.max_train,
-                                  max_eval=self.max_eval, max_epochs=self.max_epochs, cv=self.cv,
-                                  objectives=self.objectives, protocol=self.protocol,
-                                  samples_per_label=self.samples_per_label)
+        return default_study_name(
+            self.model,
+            task,
+            self.encoder,
+            shots=self.shots,
+            max_train=self.max_train,
+            max_eval=self.max_eval,
+            max_epochs=self.max_epochs,
+            cv=self.cv,
+            objectives=self.objectives,
+            protocol=self.protocol,
+            samples_per_label=self.samples_per_label,
+        )
 
     def group_key(self) -> Tuple:
         """Entries with the same key share one ``run_study`` call (the same data and study options)."""
-        return (self.model, self.task, self.max_train, self.max_eval, self.shots, self.max_epochs, self.zero_shot,
-                self.cv, self.objectives, self.protocol, self.samples_per_label)
+        return (
+            self.model,
+            self.task,
+            self.max_train,
+            self.max_eval,
+            self.shots,
+            self.max_epochs,
+            self.zero_shot,
+            self.cv,
+            self.objectives,
+            self.protocol,
+            self.samples_per_label,
+        )
 
     def options(self, base: StudyOptions, n_trials: Any) -> StudyOptions:
         """``base`` with this entry's data, budget, objective and protocol options and ``n_trials``."""
-        return base.replace(n_trials=n_trials, shots=self.shots, max_train=self.max_train, max_eval=self.max_eval,
-                            max_epochs=self.max_epochs, zero_shot_tasks=self.zero_shot, cv=self.cv,
-                            objectives=self.objectives, protocol=self.protocol,
-                            samples_per_label=self.samples_per_label)
+        return base.replace(
+            n_trials=n_trials,
+            shots=self.shots,
+            max_train=self.max_train,
+            max_eval=self.max_eval,
+            max_epochs=self.max_epochs,
+            zero_shot_tasks=self.zero_shot,
+            cv=self.cv,
+            objectives=self.objectives,
+            protocol=self.protocol,
+            samples_per_label=self.samples_per_label,
+        )
 
 
 @dataclass
@@ -164,9 +233,15 @@ class Sweep:
 
     def study_options(self, **changes: Any) -> StudyOptions:
         """The grid's shared :class:`StudyOptions` (validated), with ``changes`` applied."""
-        values: Dict[str, Any] = dict(sampler=self.sampler, pruner=self.pruner, seed=self.seed,
-                                      final_seeds=self.final_seeds, workers=self.workers, threads=self.threads,
-                                      timeout=self.timeout)
+        values: Dict[str, Any] = dict(
+            sampler=self.sampler,
+            pruner=self.pruner,
+            seed=self.seed,
+            final_seeds=self.final_seeds,
+            workers=self.workers,
+            threads=self.threads,
+            timeout=self.timeout,
+        )
         if self.select is not None:
             values["select"] = self.select
         if self.final_front is not None:
@@ -185,8 +260,9 @@ def _check_keys(where: str, table: Mapping[str, Any], allowed: set) -> None:
         raise _fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
 
 
-def _int_or_none(where: str, table: Mapping[str, Any], key: str, default: Optional[int] = None,
-                 minimum: int = 1) -> Optional[int]:
+def _int_or_none(
+    where: str, table: Mapping[str, Any], key: str, default: Optional[int] = None, minimum: int = 1
+) -> Optional[int]:
     value = table.get(key, default)
     if value is None:
         return None
@@ -221,14 +297,16 @@ def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
     for encoder in encoders:
         value = table.get(encoder, table.get("default"))
         if value is None:
-            raise _fail(where, f"no trial budget for encoder {encoder!r}; add `{encoder} = N` or `default = N` "
-                        "under [trials]")
+            raise _fail(
+                where, f"no trial budget for encoder {encoder!r}; add `{encoder} = N` or `default = N` under [trials]"
+            )
         out[encoder] = _int_or_none(where + " [trials]", {encoder: value}, encoder, minimum=0)
     return out
 
 
-def _objectives(where: str, value: Any, encoders: Sequence[str],
-                inherited: Optional[Mapping[str, Tuple[str, ...]]] = None) -> Dict[str, Tuple[str, ...]]:
+def _objectives(
+    where: str, value: Any, encoders: Sequence[str], inherited: Optional[Mapping[str, Tuple[str, ...]]] = None
+) -> Dict[str, Tuple[str, ...]]:
     """Objectives per encoder from ``objectives = [...]`` (every encoder) or a table of encoder = [...] with an
     optional ``default`` (encoders it does not name keep ``inherited``, else score alone)."""
     base = {encoder: (inherited or {}).get(encoder, DEFAULT_OBJECTIVES) for encoder in encoders}
@@ -238,14 +316,22 @@ def _objectives(where: str, value: Any, encoders: Sequence[str],
         if isinstance(value, Mapping):
             _check_keys(where + " objectives", value, set(resolve_encoders("all")) | {"default"})
             default = check_objectives(value["default"]) if "default" in value else None
-            return {encoder: check_objectives(value[encoder]) if encoder in value
-                    else default if default is not None else base[encoder] for encoder in encoders}
+            return {
+                encoder: check_objectives(value[encoder])
+                if encoder in value
+                else default
+                if default is not None
+                else base[encoder]
+                for encoder in encoders
+            }
         shared = check_objectives(_str_list(where, value, "objectives"))
     except ValueError as exc:
         if str(exc).startswith(where):
             raise
         raise _fail(where, str(exc)) from None
     return {encoder: shared for encoder in encoders}
+
+
 def _protocols(where: str, value: Any) -> List[str]:
     """A grid's ``protocol``: one name or a list of them (each gets its own studies)."""
     names = _str_list(where, value, "protocol")
@@ -275,13 +361,13 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
         return [None]
     values = value if isinstance(value, list) else [value]
     if not values:
-        raise _fail(where, "shots must be a count, or a non-empty list of counts and \"full\"")
+        raise _fail(where, 'shots must be a count, or a non-empty list of counts and "full"')
     out: List[Optional[int]] = []
     for item in values:
         if item == FULL_SHOTS and isinstance(value, list):
             shots = None
         elif isinstance(item, bool) or not isinstance(item, int):
-            raise _fail(where, f"shots must be a count >= 1, or a list of counts and \"full\", got {value!r}")
+            raise _fail(where, f'shots must be a count >= 1, or a list of counts and "full", got {value!r}')
         else:
             shots = _int_or_none(where, {"shots": item}, "shots")
         if shots in out:
@@ -330,17 +416,27 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         protocols = _protocols(task_where, options.get("protocol", raw.get("protocol", DEFAULT_PROTOCOL)))
         samples_per_label = _int_or_none(task_where, options, "samples_per_label", raw.get("samples_per_label"))
         if samples_per_label is not None and protocols == ["matched"]:
-            raise _fail(task_where, "samples_per_label sets the paper protocol's readout; add protocol = \"paper\" "
-                        "or drop it")
+            raise _fail(
+                task_where, 'samples_per_label sets the paper protocol\'s readout; add protocol = "paper" or drop it'
+            )
         shot_values = _shots(task_where, task, options, raw)
         for protocol in protocols:
             for model in models:
                 for shots in shot_values:
                     for encoder in task_encoders:
-                        entries.append(SweepEntry(
-                            model=model, task=task, encoder=encoder, n_trials=task_budgets[encoder], shots=shots,
-                            objectives=objectives[encoder], protocol=protocol,
-                            samples_per_label=samples_per_label if protocol == "paper" else None, **common))
+                        entries.append(
+                            SweepEntry(
+                                model=model,
+                                task=task,
+                                encoder=encoder,
+                                n_trials=task_budgets[encoder],
+                                shots=shots,
+                                objectives=objectives[encoder],
+                                protocol=protocol,
+                                samples_per_label=samples_per_label if protocol == "paper" else None,
+                                **common,
+                            )
+                        )
     return entries
 
 
@@ -358,10 +454,21 @@ def load_sweep(path: PathLike) -> Sweep:
 
     models = _str_list(where, raw.get("models"), "models")
     encoders = _encoders(where, raw.get("encoders", ["all"]))
-    sweep = Sweep(name=str(raw.get("name", path.stem)), storage=raw.get("storage"), entries=[],
-                  sampler=raw.get("sampler", "tpe"), pruner=raw.get("pruner", "median"), seed=raw.get("seed", 0),
-                  final_seeds=raw.get("final_seeds", 3), workers=raw.get("workers", 1), threads=raw.get("threads"),
-                  timeout=raw.get("timeout"), select=raw.get("select"), final_front=raw.get("final_front"), path=path)
+    sweep = Sweep(
+        name=str(raw.get("name", path.stem)),
+        storage=raw.get("storage"),
+        entries=[],
+        sampler=raw.get("sampler", "tpe"),
+        pruner=raw.get("pruner", "median"),
+        seed=raw.get("seed", 0),
+        final_seeds=raw.get("final_seeds", 3),
+        workers=raw.get("workers", 1),
+        threads=raw.get("threads"),
+        timeout=raw.get("timeout"),
+        select=raw.get("select"),
+        final_front=raw.get("final_front"),
+        path=path,
+    )
     try:
         sweep.study_options()  # the shared options are checked once, by StudyOptions
     except ValueError as exc:
@@ -384,20 +491,25 @@ def with_protocol(sweep: Sweep, protocol: Optional[str] = None, samples_per_labe
     entries = list(sweep.entries)
     if protocol is not None:
         check_protocol(protocol)
-        entries = list(dict.fromkeys(dataclasses.replace(e, protocol=protocol, samples_per_label=None)
-                                     for e in entries))
+        entries = list(
+            dict.fromkeys(dataclasses.replace(e, protocol=protocol, samples_per_label=None) for e in entries)
+        )
     if samples_per_label is not None:
         check_int("samples_per_label", samples_per_label)
         if not any(e.protocol == "paper" for e in entries):
-            raise ValueError("samples_per_label sets the paper protocol's readout and this sweep has no paper "
-                             "study; add --protocol paper")
-        entries = [dataclasses.replace(e, samples_per_label=samples_per_label) if e.protocol == "paper" else e
-                   for e in entries]
+            raise ValueError(
+                "samples_per_label sets the paper protocol's readout and this sweep has no paper "
+                "study; add --protocol paper"
+            )
+        entries = [
+            dataclasses.replace(e, samples_per_label=samples_per_label) if e.protocol == "paper" else e for e in entries
+        ]
     return dataclasses.replace(sweep, entries=entries)
 
 
-def with_overrides(sweep: Sweep, *, cv: Optional[int] = None, protocol: Optional[str] = None,
-                   samples_per_label: Optional[int] = None) -> Sweep:
+def with_overrides(
+    sweep: Sweep, *, cv: Optional[int] = None, protocol: Optional[str] = None, samples_per_label: Optional[int] = None
+) -> Sweep:
     """``sweep`` with the command line's overrides of what names its studies: every study's ``cv``, then
     :func:`with_protocol`. ``run``, ``plan`` and ``estimate`` all go through it, so a dry run names the studies
     the run would."""
@@ -415,13 +527,22 @@ def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple
         return None, 0, False
     if options.final_seeds == 0:
         return study, finished_trial_count(study), True
-    return study, finished_trial_count(study), final_is_current(study, options.final_seed_list(), entry.max_epochs,
-                                                                options.select, options.final_front)
+    return (
+        study,
+        finished_trial_count(study),
+        final_is_current(study, options.final_seed_list(), entry.max_epochs, options.select, options.final_front),
+    )
 
 
-def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None, *, cv: Optional[int] = None,
-               select: Optional[str] = None, protocol: Optional[str] = None,
-               samples_per_label: Optional[int] = None) -> Any:
+def plan_sweep(
+    sweep: Union[Sweep, PathLike],
+    storage: Optional[str] = None,
+    *,
+    cv: Optional[int] = None,
+    select: Optional[str] = None,
+    protocol: Optional[str] = None,
+    samples_per_label: Optional[int] = None,
+) -> Any:
     """One row per study: its name, protocol, budget, finished trials, trials still to run and
     whether its final evaluation (under ``select``, else the grid's rule) is done (a ``pandas.DataFrame``);
     ``cv``, ``protocol`` and ``samples_per_label`` override the grid's (:func:`with_overrides`)."""
@@ -437,20 +558,42 @@ def plan_sweep(sweep: Union[Sweep, PathLike], storage: Optional[str] = None, *, 
     rows = []
     for entry in sweep.entries:
         _, finished, final = _status(opened, entry, options) if opened is not None else (None, 0, False)
-        rows.append({"study": entry.study_name, "model": entry.model, "task": entry.task, "encoder": entry.encoder,
-                     "protocol": entry.protocol, "budget": entry.n_trials, "finished": finished,
-                     "to_run": max(0, entry.n_trials - finished), "final_done": final})
-    return pd.DataFrame(rows, columns=["study", "model", "task", "encoder", "protocol", "budget", "finished", "to_run",
-                                       "final_done"])
+        rows.append(
+            {
+                "study": entry.study_name,
+                "model": entry.model,
+                "task": entry.task,
+                "encoder": entry.encoder,
+                "protocol": entry.protocol,
+                "budget": entry.n_trials,
+                "finished": finished,
+                "to_run": max(0, entry.n_trials - finished),
+                "final_done": final,
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["study", "model", "task", "encoder", "protocol", "budget", "finished", "to_run", "final_done"]
+    )
 
 
-
-def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, workers: Optional[int] = None,
-                   threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
-                   encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None,
-                   cache_dir: Optional[PathLike] = None, device: str = "auto", calibrate: bool = True,
-                   select: Optional[str] = None, cv: Optional[int] = None, protocol: Optional[str] = None,
-                   samples_per_label: Optional[int] = None) -> List[Any]:
+def estimate_sweep(
+    sweep: Union[Sweep, PathLike],
+    *,
+    storage: Optional[str] = None,
+    workers: Optional[int] = None,
+    threads: Optional[int] = None,
+    models: Sequence[str] = (),
+    tasks: Sequence[str] = (),
+    encoders: Sequence[str] = (),
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    calibrate: bool = True,
+    select: Optional[str] = None,
+    cv: Optional[int] = None,
+    protocol: Optional[str] = None,
+    samples_per_label: Optional[int] = None,
+) -> List[Any]:
     """The :class:`~ilge_search.study.plan.RunPlan` of each ``run_study`` call the sweep would make (a dry
     run: nothing is created or written), with the trials each study still needs to reach its budget.
     Arguments as in :func:`run_sweep`."""
@@ -459,16 +602,19 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
     sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
-    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select))
-                 if value}
-    options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=False,
-                                  **overrides)
+    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select)) if value}
+    options = sweep.study_options(
+        data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=False, **overrides
+    )
     url = storage if storage is not None else sweep.storage
     wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
     groups: Dict[Tuple, List[SweepEntry]] = {}
     for entry in sweep.entries:
-        if (models and entry.model not in models) or (tasks and entry.task not in tasks) or (
-                wanted_encoders is not None and entry.encoder not in wanted_encoders):
+        if (
+            (models and entry.model not in models)
+            or (tasks and entry.task not in tasks)
+            or (wanted_encoders is not None and entry.encoder not in wanted_encoders)
+        ):
             continue
         groups.setdefault(entry.group_key(), []).append(entry)
     plans = []
@@ -478,16 +624,38 @@ def estimate_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = No
         encoders = [e.encoder for e in group]
         now = plan_run(first.model, first.task, encoders, storage=url, options=group_options, calibrate=False)
         left = {s.encoder: max(0, e.n_trials - s.finished) for s, e in zip(now.studies, group, strict=True)}
-        plans.append(plan_run(first.model, first.task, encoders, storage=url, calibrate=calibrate,
-                              options=group_options.replace(n_trials=left)))
+        plans.append(
+            plan_run(
+                first.model,
+                first.task,
+                encoders,
+                storage=url,
+                calibrate=calibrate,
+                options=group_options.replace(n_trials=left),
+            )
+        )
     return plans
 
-def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, workers: Optional[int] = None,
-              threads: Optional[int] = None, models: Sequence[str] = (), tasks: Sequence[str] = (),
-              encoders: Sequence[str] = (), data_dir: Optional[PathLike] = None, cache_dir: Optional[PathLike] = None,
-              device: str = "auto", artifact_dir: Optional[PathLike] = None, select: Optional[str] = None,
-              cv: Optional[int] = None, protocol: Optional[str] = None, samples_per_label: Optional[int] = None,
-              show_progress: bool = True) -> List[StudyResult]:
+
+def run_sweep(
+    sweep: Union[Sweep, PathLike],
+    *,
+    storage: Optional[str] = None,
+    workers: Optional[int] = None,
+    threads: Optional[int] = None,
+    models: Sequence[str] = (),
+    tasks: Sequence[str] = (),
+    encoders: Sequence[str] = (),
+    data_dir: Optional[PathLike] = None,
+    cache_dir: Optional[PathLike] = None,
+    device: str = "auto",
+    artifact_dir: Optional[PathLike] = None,
+    select: Optional[str] = None,
+    cv: Optional[int] = None,
+    protocol: Optional[str] = None,
+    samples_per_label: Optional[int] = None,
+    show_progress: bool = True,
+) -> List[StudyResult]:
     """Run every study of a grid up to its budget, then its final evaluation.
 
     Args:
@@ -506,20 +674,33 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
     """
     if not isinstance(sweep, Sweep):
         sweep = load_sweep(sweep)
-    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select))
-                 if value}
+    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select)) if value}
     sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
-    options = sweep.study_options(data_dir=data_dir, cache_dir=cache_dir, device=device, artifact_dir=artifact_dir,
-                                  show_progress=show_progress, **overrides)
+    options = sweep.study_options(
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device=device,
+        artifact_dir=artifact_dir,
+        show_progress=show_progress,
+        **overrides,
+    )
     wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
-    entries = [e for e in sweep.entries
-               if (not models or e.model in models) and (not tasks or e.task in tasks)
-               and (wanted_encoders is None or e.encoder in wanted_encoders)]
+    entries = [
+        e
+        for e in sweep.entries
+        if (not models or e.model in models)
+        and (not tasks or e.task in tasks)
+        and (wanted_encoders is None or e.encoder in wanted_encoders)
+    ]
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
-    opened = open_storage(storage if storage is not None else sweep.storage, artifact_dir=options.artifact_dir,
-                          heartbeat_interval=options.heartbeat_interval, grace_period=options.grace_period,
-                          max_retry=options.max_retry)
+    opened = open_storage(
+        storage if storage is not None else sweep.storage,
+        artifact_dir=options.artifact_dir,
+        heartbeat_interval=options.heartbeat_interval,
+        grace_period=options.grace_period,
+        max_retry=options.max_retry,
+    )
     groups: Dict[Tuple, List[SweepEntry]] = {}
     for entry in entries:  # one run_study call per (model, task, data, objective and protocol options)
         groups.setdefault(entry.group_key(), []).append(entry)
@@ -534,14 +715,22 @@ def run_sweep(sweep: Union[Sweep, PathLike], *, storage: Optional[str] = None, w
                 done[entry.encoder] = study
             else:
                 remaining[entry.encoder] = max(0, entry.n_trials - finished)
-        logger.info("[%d/%d] %s / %s (%s protocol): %s", number, len(groups), first.model, first.task,
-                    first.protocol, ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done")
+        logger.info(
+            "[%d/%d] %s / %s (%s protocol): %s",
+            number,
+            len(groups),
+            first.model,
+            first.task,
+            first.protocol,
+            ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done",
+        )
         ran: Dict[str, StudyResult] = {}
         if remaining:
             # the budget is also a cap shared with every other process on the storage (another sweep of the same
             # grid, extra workers): counted when each trial starts, so concurrent runs stop at the budget together
             group_options = first.options(options, remaining).replace(
-                total_trials={e.encoder: e.n_trials for e in group if e.encoder in remaining})
+                total_trials={e.encoder: e.n_trials for e in group if e.encoder in remaining}
+            )
             ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
             ran = dict(zip(remaining, ran_results, strict=True))
         for entry in group:

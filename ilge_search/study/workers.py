@@ -150,17 +150,26 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     quiet_interrupt_tracebacks()
     study = None
     try:
-        study = job.storage.load_study(job.study_name, sampler=make_sampler(options.sampler, job.sampler_seed),
-                                       pruner=make_pruner(options.effective_pruner, options.max_epochs))
+        study = job.storage.load_study(
+            job.study_name,
+            sampler=make_sampler(options.sampler, job.sampler_seed),
+            pruner=make_pruner(options.effective_pruner, options.max_epochs),
+        )
         if study is None:
             raise RuntimeError(f"study {job.study_name!r} is not in {job.storage.shown_url}")
         if total_reached(study, options.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
-        objective = TrialObjective(job.encoder, data, seed=options.seed, device=job.data.device,
-                                   max_epochs=options.max_epochs)
-        study.optimize(objective, n_trials=job.n_trials, timeout=options.timeout, catch=catchable_errors(),
-                       callbacks=_total_trials_callbacks(options.total_for(job.encoder)))
+        objective = TrialObjective(
+            job.encoder, data, seed=options.seed, device=job.data.device, max_epochs=options.max_epochs
+        )
+        study.optimize(
+            objective,
+            n_trials=job.n_trials,
+            timeout=options.timeout,
+            catch=catchable_errors(),
+            callbacks=_total_trials_callbacks(options.total_for(job.encoder)),
+        )
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:
@@ -169,20 +178,26 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
             raise
         if study is not None:
             fail_own_running_trials(study, job.storage)
-        print(f"{multiprocessing.current_process().name}: cannot write the study storage {job.storage.shown_url}: "
-              f"{fault}", file=sys.stderr)
+        print(
+            f"{multiprocessing.current_process().name}: cannot write the study storage {job.storage.shown_url}: "
+            f"{fault}",
+            file=sys.stderr,
+        )
         raise SystemExit(STORAGE_FAULT_EXIT) from None
 
 
-def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_progress: bool,
-                         total: Optional[int]) -> None:
+def _optimize_in_workers(
+    study: Any, jobs: List[WorkerJob], metric: str, show_progress: bool, total: Optional[int]
+) -> None:
     """Run ``jobs`` in spawned processes; show progress by polling the storage."""
     from tqdm.auto import tqdm
 
     baseline = count_trials(study, ENDED_STATES)
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=worker_main, args=(job, os.getpid()), name=f"ilge-worker-{i}")
-                 for i, job in enumerate(jobs)]
+    processes = [
+        context.Process(target=worker_main, args=(job, os.getpid()), name=f"ilge-worker-{i}")
+        for i, job in enumerate(jobs)
+    ]
     for process in processes:
         process.start()
     bar = tqdm(total=total, desc=f"{study.study_name} ({len(jobs)} workers)", unit="trial", disable=not show_progress)
@@ -210,9 +225,11 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_pr
             process.join()
     failed = [(p.name, p.exitcode) for p in processes if p.exitcode != 0]
     if any(code == STORAGE_FAULT_EXIT for _, code in failed):
-        raise StorageError(f"worker process(es) could not write the study storage (their message is above): "
-                           f"{failed}. Fix the storage, then rerun the same command: finished trials are kept and "
-                           "interrupted ones are retried")
+        raise StorageError(
+            f"worker process(es) could not write the study storage (their message is above): "
+            f"{failed}. Fix the storage, then rerun the same command: finished trials are kept and "
+            "interrupted ones are retried"
+        )
     if failed:
         raise RuntimeError(
             f"worker process(es) failed: {failed}; their error is printed above. Finished trials are stored; "
@@ -220,8 +237,16 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, show_pr
         )
 
 
-def optimize(study: Any, storage: Storage, encoder: str, data: "StudyData", spec: DataSpec, options: StudyOptions,
-             count: Optional[int], callbacks: Sequence[Callable[[Any, Any], None]] = ()) -> None:
+def optimize(
+    study: Any,
+    storage: Storage,
+    encoder: str,
+    data: "StudyData",
+    spec: DataSpec,
+    options: StudyOptions,
+    count: Optional[int],
+    callbacks: Sequence[Callable[[Any, Any], None]] = (),
+) -> None:
     """Add ``count`` trials (``None``: until ``timeout`` or ``total_trials``) to ``study``.
 
     With ``options.workers == 1`` the trials run here on ``data`` (and
@@ -232,16 +257,32 @@ def optimize(study: Any, storage: Storage, encoder: str, data: "StudyData", spec
     if options.workers == 1:
         from tqdm.auto import tqdm
 
-        objective = TrialObjective(encoder, data, seed=options.seed, device=spec.device,
-                                   max_epochs=options.max_epochs)
+        objective = TrialObjective(encoder, data, seed=options.seed, device=spec.device, max_epochs=options.max_epochs)
         with tqdm(total=count, desc=study.study_name, unit="trial", disable=not options.show_progress) as bar:
-            study.optimize(objective, n_trials=count, timeout=options.timeout, catch=catchable_errors(),
-                           callbacks=[_ProgressCallback(bar, data.metric), *callbacks,
-                                      *_total_trials_callbacks(options.total_for(encoder))])
+            study.optimize(
+                objective,
+                n_trials=count,
+                timeout=options.timeout,
+                catch=catchable_errors(),
+                callbacks=[
+                    _ProgressCallback(bar, data.metric),
+                    *callbacks,
+                    *_total_trials_callbacks(options.total_for(encoder)),
+                ],
+            )
         return
     per_worker = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
-    jobs = [WorkerJob(storage=storage, study_name=study.study_name, encoder=encoder, data=spec, options=options,
-                      n_trials=share, sampler_seed=None if options.seed is None else options.seed + i,
-                      torch_threads=per_worker)
-            for i, share in enumerate(split_trials(count, options.workers))]
+    jobs = [
+        WorkerJob(
+            storage=storage,
+            study_name=study.study_name,
+            encoder=encoder,
+            data=spec,
+            options=options,
+            n_trials=share,
+            sampler_seed=None if options.seed is None else options.seed + i,
+            torch_threads=per_worker,
+        )
+        for i, share in enumerate(split_trials(count, options.workers))
+    ]
     _optimize_in_workers(study, jobs, data.metric, options.show_progress, count)

@@ -78,7 +78,7 @@ class LayerEncoderContract:
         x = self.make_input(batch_size=6)
         with torch.no_grad():
             full = agg(x)
-            singles = torch.cat([agg(x[i:i + 1]) for i in range(len(x))])
+            singles = torch.cat([agg(x[i : i + 1]) for i in range(len(x))])
             shuffled = agg(x.flip(0)).flip(0)
             other = agg(torch.cat([x[:2], torch.randn(3, *x.shape[1:])]))[:2]
         torch.testing.assert_close(singles, full, rtol=1e-4, atol=1e-5)

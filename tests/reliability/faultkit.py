@@ -24,8 +24,9 @@ def write_task(folder: Path, splits: Dict[str, List[dict]]) -> Path:
 
 def sentences(count: int, start: int = 0) -> List[str]:
     words = "river stone cloud lamp garden violin harbour pencil meadow copper lantern orchard".split()
-    return [f"the {words[i % 12]} near the {words[(i * 5 + 3) % 12]} is number {i}"
-            for i in range(start, start + count)]
+    return [
+        f"the {words[i % 12]} near the {words[(i * 5 + 3) % 12]} is number {i}" for i in range(start, start + count)
+    ]
 
 
 def labelled(count: int, labels: List[str], start: int = 0) -> List[dict]:

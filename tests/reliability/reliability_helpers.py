@@ -25,8 +25,9 @@ def cache_trec_subset(data_dir: Path, cache_dir: Path) -> Path:
     from ilge_search.study.data import DataSpec, load_task_data
 
     task = load_task_data(DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir)))
-    load_task_embeddings(MODEL, task, cache_dir=cache_dir, splits=["train", "validation", "test"], device="cpu",
-                         progress=False)
+    load_task_embeddings(
+        MODEL, task, cache_dir=cache_dir, splits=["train", "validation", "test"], device="cpu", progress=False
+    )
     return cache_dir
 
 
@@ -45,9 +46,28 @@ def subprocess_env(**extra: str) -> Dict[str, str]:
 
 def run_args(db: Path, data_dir: Path, cache_dir: Path, *more: str) -> List[str]:
     """``ilge-search run`` on the cached trec subset, no final evaluation, no pruning."""
-    return ["run", "--model", MODEL, "--task", "trec", "--storage", sqlite_url(db), "--final-seeds", "0",
-            "--pruner", "none", "--data-dir", str(data_dir), "--cache-dir", str(cache_dir), "--device", "cpu",
-            "--quiet", *SMALL, *more]
+    return [
+        "run",
+        "--model",
+        MODEL,
+        "--task",
+        "trec",
+        "--storage",
+        sqlite_url(db),
+        "--final-seeds",
+        "0",
+        "--pruner",
+        "none",
+        "--data-dir",
+        str(data_dir),
+        "--cache-dir",
+        str(cache_dir),
+        "--device",
+        "cpu",
+        "--quiet",
+        *SMALL,
+        *more,
+    ]
 
 
 def trials(db: Path) -> Dict[int, Tuple[str, int]]:
@@ -59,7 +79,8 @@ def trials(db: Path) -> Dict[int, Tuple[str, int]]:
             return {}
         rows = conn.execute(
             "SELECT t.number, t.state, COUNT(v.trial_intermediate_value_id) FROM trials t "
-            "LEFT JOIN trial_intermediate_values v ON v.trial_id = t.trial_id GROUP BY t.trial_id").fetchall()
+            "LEFT JOIN trial_intermediate_values v ON v.trial_id = t.trial_id GROUP BY t.trial_id"
+        ).fetchall()
     return {number: (state, epochs) for number, state, epochs in rows}
 
 
@@ -85,8 +106,9 @@ def wait_for(condition, timeout: float, proc: "subprocess.Popen | None" = None, 
 def tmpfs(folder: Path, size: str) -> Iterator[Path]:
     """A tiny tmpfs mounted at ``folder`` (skips the test where mounting is not allowed)."""
     folder.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); needs root")
     try:

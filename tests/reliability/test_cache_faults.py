@@ -29,9 +29,14 @@ MODEL = "minilm-l6"  # 7 layers x 384: 5,376 bytes per text in float16
 
 
 def _task(tmp_path: Path, train: int, test: int = 10) -> Path:
-    return write_task(tmp_path / f"task-{train}", {"train": labelled(train, ["a", "b", "c"]),
-                                                   "validation": labelled(9, ["a", "b", "c"], 5000),
-                                                   "test": labelled(test, ["a", "b", "c"], 6000)})
+    return write_task(
+        tmp_path / f"task-{train}",
+        {
+            "train": labelled(train, ["a", "b", "c"]),
+            "validation": labelled(9, ["a", "b", "c"], 5000),
+            "test": labelled(test, ["a", "b", "c"], 6000),
+        },
+    )
 
 
 def _one_line_error(result) -> str:
@@ -52,13 +57,14 @@ def test_full_disk_is_refused_before_any_model_load_naming_folder_and_size(tmp_p
     assert f"in {small_disk / 'embeddings'}: it needs 1.6 MB, " in message and "--cache-dir" in message
     assert temp_files(small_disk) == [] and list((small_disk / "embeddings").iterdir()) == []
 
-    result = CliRunner().invoke(cli, ["embed", "--model", MODEL, "--task", str(task), "--cache-dir", str(small_disk),
-                                      "--device", "cpu", "--quiet"])
+    result = CliRunner().invoke(
+        cli,
+        ["embed", "--model", MODEL, "--task", str(task), "--cache-dir", str(small_disk), "--device", "cpu", "--quiet"],
+    )
     assert _one_line_error(result).startswith("Error: not enough free space for embedding cache entry")
 
 
-def test_enospc_while_allocating_is_one_line_and_leaves_no_temp_file(tmp_path, small_disk, no_model_loads,
-                                                                     monkeypatch):
+def test_enospc_while_allocating_is_one_line_and_leaves_no_temp_file(tmp_path, small_disk, no_model_loads, monkeypatch):
     # a filesystem that reports more free space than it has (quotas, thin provisioning, a racing writer)
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 1 << 40))
@@ -76,8 +82,22 @@ def test_disk_filled_by_another_writer_during_extraction_is_one_line_then_recove
     """The disk fills up while the model runs: exit 1 with one line (before: a bus error, exit 135),
     no temporary file and no entry left; with space freed, the same command extracts the entry."""
     task = _task(tmp_path, 100, test=10)  # the train entry: 100 x 7 x 384 x 2 = 538 KB, fits
-    embed = cli_command("embed", "--model", MODEL, "--task", str(task), "--split", "train", "--batch-size", "4",
-                        "--cache-dir", str(small_disk), "--device", "cpu", "--quiet")
+    embed = cli_command(
+        "embed",
+        "--model",
+        MODEL,
+        "--task",
+        str(task),
+        "--split",
+        "train",
+        "--batch-size",
+        "4",
+        "--cache-dir",
+        str(small_disk),
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     filler = small_disk / "filler.bin"
     handle = open(filler, "wb")  # created first: on a full tmpfs even a new empty file fails
     proc = subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
@@ -118,11 +138,27 @@ def test_disk_filled_by_another_writer_during_extraction_is_one_line_then_recove
 
 def test_read_only_cache_is_refused_in_one_line_before_any_model_load(tmp_path, read_only_dir, no_model_loads):
     task = _task(tmp_path, 30)
-    with pytest.raises(DiskError, match=rf"^the embedding cache folder {read_only_dir / 'embeddings'} is not "
-                                        rf"writable \((Read-only file system|Permission denied)\); pass --cache-dir"):
+    with pytest.raises(
+        DiskError,
+        match=rf"^the embedding cache folder {read_only_dir / 'embeddings'} is not "
+        rf"writable \((Read-only file system|Permission denied)\); pass --cache-dir",
+    ):
         load_task_embeddings(MODEL, task, cache_dir=read_only_dir, device="cpu", progress=False)
-    result = CliRunner().invoke(cli, ["embed", "--model", MODEL, "--task", str(task), "--cache-dir",
-                                      str(read_only_dir), "--device", "cpu", "--quiet"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "embed",
+            "--model",
+            MODEL,
+            "--task",
+            str(task),
+            "--cache-dir",
+            str(read_only_dir),
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+    )
     assert "is not writable" in _one_line_error(result)
 
 
@@ -192,8 +228,10 @@ def test_a_temp_file_whose_entry_lock_is_held_is_kept_even_if_its_pid_looks_dead
     (cache / "locks").mkdir()
     name = f".abc.safetensors.tmp-{_dead_pid()}-0123abcd@{socket.gethostname()}"
     (cache / "embeddings" / name).write_bytes(b"\0" * 100)
-    script = (f"import time; from filelock import FileLock; lock = FileLock({str(cache / 'locks' / 'abc.lock')!r}); "
-              "lock.acquire(); print('held', flush=True); time.sleep(60)")
+    script = (
+        f"import time; from filelock import FileLock; lock = FileLock({str(cache / 'locks' / 'abc.lock')!r}); "
+        "lock.acquire(); print('held', flush=True); time.sleep(60)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -218,14 +256,31 @@ def _size(path):
 def test_temp_file_of_a_sigkilled_extraction_is_removed_when_the_cache_is_next_opened(tmp_path):
     task = _task(tmp_path, 400)
     cache = tmp_path / "cache"
-    embed = cli_command("embed", "--model", MODEL, "--task", str(task), "--split", "train", "--batch-size", "2",
-                        "--cache-dir", str(cache), "--device", "cpu", "--quiet")
+    embed = cli_command(
+        "embed",
+        "--model",
+        MODEL,
+        "--task",
+        str(task),
+        "--split",
+        "train",
+        "--batch-size",
+        "2",
+        "--cache-dir",
+        str(cache),
+        "--device",
+        "cpu",
+        "--quiet",
+    )
     proc = subprocess.Popen(embed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=subprocess_env())
     try:
         deadline = time.monotonic() + 120
         # kill it once the temp file is allocated (on a loaded machine the file can be seen before that)
-        while proc.poll() is None and time.monotonic() < deadline and not any(
-                _size(path) > 400 * 7 * 384 for path in temp_files(cache)):
+        while (
+            proc.poll() is None
+            and time.monotonic() < deadline
+            and not any(_size(path) > 400 * 7 * 384 for path in temp_files(cache))
+        ):
             time.sleep(0.01)
         assert proc.poll() is None, "the extraction ended before it could be killed"
         os.kill(proc.pid, signal.SIGKILL)

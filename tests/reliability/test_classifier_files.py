@@ -43,18 +43,25 @@ def test_weights_holding_nan_or_inf_are_refused(tmp_path, fitted, bad):
     name = sorted(state)[1]
     state[name].view(-1)[0] = bad
     save_file(state, str(folder / WEIGHTS_FILE))
-    with pytest.raises(ValueError, match=rf"model.safetensors holds NaN or infinite values in \['{name}'\]; "
-                                         r"these weights cannot predict anything"):
+    with pytest.raises(
+        ValueError,
+        match=rf"model.safetensors holds NaN or infinite values in \['{name}'\]; "
+        r"these weights cannot predict anything",
+    ):
         ILGEClassifier.load(folder, device="cpu")
 
 
-@pytest.mark.parametrize("recorded", ["../elsewhere", "./sub/../../elsewhere", "/opt/models/llm", "~/models/llm",
-                                      "sub/../../../x"])
+@pytest.mark.parametrize(
+    "recorded", ["../elsewhere", "./sub/../../elsewhere", "/opt/models/llm", "~/models/llm", "sub/../../../x"]
+)
 def test_a_recorded_base_model_path_outside_the_folder_is_refused(tmp_path, fitted, recorded):
     folder = fitted.save(tmp_path / "clf")
     _edit_meta(folder, base_model=recorded)
-    with pytest.raises(ValueError, match=rf"records the base model '{recorded}', a local path outside that folder, "
-                                         r"which is not followed; if you trust it, pass it explicitly"):
+    with pytest.raises(
+        ValueError,
+        match=rf"records the base model '{recorded}', a local path outside that folder, "
+        r"which is not followed; if you trust it, pass it explicitly",
+    ):
         ILGEClassifier.load(folder, device="cpu")
     explicit = ILGEClassifier.load(folder, device="cpu", base_model="minilm-l6")  # the caller's choice wins
     assert explicit.base_model == "minilm-l6"

@@ -40,20 +40,41 @@ def test_single_label_task_is_refused_before_any_model_load(tmp_path, no_model_l
     assert not (cache / "embeddings").exists()  # nothing extracted, nothing written
 
     db = tmp_path / "studies.db"
-    result = CliRunner().invoke(cli, ["run", "--model", "minilm-l6", "--task", str(task), "--storage",
-                                      f"sqlite:///{db}", "--cache-dir", str(cache), "--device", "cpu", "--quiet",
-                                      "--n-trials", "1", "--final-seeds", "0"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--model",
+            "minilm-l6",
+            "--task",
+            str(task),
+            "--storage",
+            f"sqlite:///{db}",
+            "--cache-dir",
+            str(cache),
+            "--device",
+            "cpu",
+            "--quiet",
+            "--n-trials",
+            "1",
+            "--final-seeds",
+            "0",
+        ],
+    )
     assert "at least two labels" in _one_line_error(result)
 
 
 # ----------------------------------------------------------------------------- lists and dicts
 
 
-@pytest.mark.parametrize("column, value, kind", [
-    ("label", ["sports", "politics"], "list"),
-    ("label", {"name": "sports"}, "dict"),
-    ("text", ["two", "sentences"], "list"),
-])
+@pytest.mark.parametrize(
+    "column, value, kind",
+    [
+        ("label", ["sports", "politics"], "list"),
+        ("label", {"name": "sports"}, "dict"),
+        ("text", ["two", "sentences"], "list"),
+    ],
+)
 def test_list_or_dict_values_are_refused_naming_the_rows(tmp_path, no_model_loads, column, value, kind):
     rows = labelled(30, ["a", "b"])
     for row in (rows[3], rows[7]):
@@ -72,8 +93,14 @@ def test_list_or_dict_values_are_refused_naming_the_rows(tmp_path, no_model_load
 def _ten_labels(tmp_path: Path) -> Path:
     # 10 labels, 12..21 training rows each (the largest has 21)
     rows = [row for i in range(10) for row in labelled(12 + i, [f"l{i}"], 100 * i)]
-    return write_task(tmp_path / "ten", {"train": rows, "validation": labelled(20, [f"l{i}" for i in range(10)], 5000),
-                                         "test": labelled(20, [f"l{i}" for i in range(10)], 6000)})
+    return write_task(
+        tmp_path / "ten",
+        {
+            "train": rows,
+            "validation": labelled(20, [f"l{i}" for i in range(10)], 5000),
+            "test": labelled(20, [f"l{i}" for i in range(10)], 6000),
+        },
+    )
 
 
 def test_max_train_below_the_number_of_labels_warns_in_one_line(tmp_path, caplog):
@@ -82,8 +109,10 @@ def test_max_train_below_the_number_of_labels_warns_in_one_line(tmp_path, caplog
         kept = subsample(task, 6, seed=0, splits=["train"])
     assert len(kept["train"]) == 6 and len(set(kept["train"].labels.tolist())) == 6
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == ["warning: task 'ten': 4 of 10 labels have no example among the 6 training rows kept "
-                        "(--max-train 6), so they can never be predicted; use --max-train 10 or more, or --shots."]
+    assert warnings == [
+        "warning: task 'ten': 4 of 10 labels have no example among the 6 training rows kept "
+        "(--max-train 6), so they can never be predicted; use --max-train 10 or more, or --shots."
+    ]
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
@@ -96,14 +125,36 @@ def test_shots_above_every_label_count_is_refused_before_any_model_load(tmp_path
     folder = _ten_labels(tmp_path)
     task = load_task(folder)
     assert len(few_shot(task, 21, seed=0)["train"]) == sum(range(12, 22))  # = the largest label: allowed
-    with pytest.raises(TaskError, match=r"shots_per_label=22 \(--shots\) is more than any label of 'ten' has in "
-                                        r"train \(the largest has 21\).*Use --shots 21 or fewer"):
+    with pytest.raises(
+        TaskError,
+        match=r"shots_per_label=22 \(--shots\) is more than any label of 'ten' has in "
+        r"train \(the largest has 21\).*Use --shots 21 or fewer",
+    ):
         few_shot(task, 22, seed=0)
 
-    result = CliRunner().invoke(cli, ["run", "--model", "minilm-l6", "--task", str(folder), "--shots", "500",
-                                      "--storage", f"sqlite:///{tmp_path / 's.db'}", "--cache-dir",
-                                      str(tmp_path / "cache"), "--device", "cpu", "--quiet", "--n-trials", "1",
-                                      "--final-seeds", "0"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--model",
+            "minilm-l6",
+            "--task",
+            str(folder),
+            "--shots",
+            "500",
+            "--storage",
+            f"sqlite:///{tmp_path / 's.db'}",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--device",
+            "cpu",
+            "--quiet",
+            "--n-trials",
+            "1",
+            "--final-seeds",
+            "0",
+        ],
+    )
     assert "the largest has 21" in _one_line_error(result)
 
 
@@ -113,8 +164,7 @@ def test_shots_above_every_label_count_is_refused_before_any_model_load(tmp_path
 def test_test_rows_duplicated_in_train_are_counted_in_a_one_line_warning(tmp_path, caplog):
     train = labelled(40, ["a", "b"])
     test = train[5:12] + labelled(13, ["a", "b"], 500)  # 7 of 20 test rows copied from train
-    folder = write_task(tmp_path / "leaky", {"train": train, "validation": labelled(10, ["a", "b"], 900),
-                                             "test": test})
+    folder = write_task(tmp_path / "leaky", {"train": train, "validation": labelled(10, ["a", "b"], 900), "test": test})
     with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
         load_task(folder)
         load_task(folder)  # the same data again: not repeated
@@ -130,8 +180,10 @@ def test_test_rows_duplicated_in_train_are_counted_in_a_one_line_warning(tmp_pat
 
 
 def test_duplicated_sentence_pairs_are_counted_too(tmp_path, caplog):
-    pairs = [{"sentence1": a, "sentence2": b, "score": float(i % 5)}
-             for i, (a, b) in enumerate(zip(sentences(30), sentences(30, 300), strict=True))]
+    pairs = [
+        {"sentence1": a, "sentence2": b, "score": float(i % 5)}
+        for i, (a, b) in enumerate(zip(sentences(30), sentences(30, 300), strict=True))
+    ]
     folder = write_task(tmp_path / "pairs", {"train": pairs, "test": pairs[:4] + pairs[-1:]})
     with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
         task = load_task(folder)
@@ -139,7 +191,8 @@ def test_duplicated_sentence_pairs_are_counted_too(tmp_path, caplog):
     expected = sum(1 for pair in task["test"].pairs if pair in train_pairs)  # validation was carved from train
     assert expected >= 1
     assert [r.getMessage()[:60] for r in caplog.records] == [
-        f"warning: task 'pairs': {expected} of 5 test rows also appear in train"[:60]]
+        f"warning: task 'pairs': {expected} of 5 test rows also appear in train"[:60]
+    ]
 
 
 # ----------------------------------------------------------------------------- bytes that are not UTF-8
@@ -160,8 +213,9 @@ def test_non_utf8_jsonl_names_the_file_and_the_line(tmp_path, no_model_loads):
 
 @pytest.mark.parametrize("suffix, sep", [(".csv", b","), (".tsv", b"\t")])
 def test_non_utf8_csv_and_tsv_name_the_file_and_the_line(tmp_path, suffix, sep):
-    rows = [b"text" + sep + b"label"] + [text.encode() + sep + label for text, label in
-                                        zip(sentences(8), [b"a", b"b"] * 4, strict=True)]
+    rows = [b"text" + sep + b"label"] + [
+        text.encode() + sep + label for text, label in zip(sentences(8), [b"a", b"b"] * 4, strict=True)
+    ]
     rows[6] = b"na\xefve caf\xe9" + sep + b"a"  # line 7
     path = tmp_path / f"task{suffix}"
     path.write_bytes(b"\n".join(rows) + b"\n")
@@ -171,8 +225,9 @@ def test_non_utf8_csv_and_tsv_name_the_file_and_the_line(tmp_path, suffix, sep):
 
 def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.csv"
-    path.write_bytes(b"\xef\xbb\xbftext,label\n" + b"".join(f"{t},{'ab'[i % 2]}\n".encode()
-                                                          for i, t in enumerate(sentences(12))))
+    path.write_bytes(
+        b"\xef\xbb\xbftext,label\n" + b"".join(f"{t},{'ab'[i % 2]}\n".encode() for i, t in enumerate(sentences(12)))
+    )
     assert load_task(path, text_col="text", label_col="label").label_names == ["a", "b"]
 
 

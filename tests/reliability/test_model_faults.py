@@ -41,8 +41,7 @@ def _one_line_error(result) -> str:
 
 
 @pytest.mark.parametrize("device", MISSING_DEVICES)
-def test_a_device_this_machine_lacks_is_refused_at_every_entrance_before_any_load(tmp_path, device,
-                                                                                   no_model_loads):
+def test_a_device_this_machine_lacks_is_refused_at_every_entrance_before_any_load(tmp_path, device, no_model_loads):
     pattern = rf"device '{device}' (is not available|does not exist)"
     with pytest.raises(ValueError, match=pattern):
         resolve_device(device)
@@ -55,8 +54,14 @@ def test_a_device_this_machine_lacks_is_refused_at_every_entrance_before_any_loa
     with pytest.raises(ValueError, match=pattern):  # the estimator, before training
         ILGEClassifier(config=MLPLastConfig(hidden_dim=4), device=device).fit_embeddings(features, np.arange(40) % 2)
     with pytest.raises(ValueError, match=pattern):  # the engine, before a model is built
-        train_encoder(MLPLastConfig(hidden_dim=4), (features, torch.arange(40) % 2), (features, torch.arange(40) % 2),
-                      task_kind="classification", num_classes=2, device=device)
+        train_encoder(
+            MLPLastConfig(hidden_dim=4),
+            (features, torch.arange(40) % 2),
+            (features, torch.arange(40) % 2),
+            task_kind="classification",
+            num_classes=2,
+            device=device,
+        )
     assert not (tmp_path / "cache" / "embeddings").exists() or not any((tmp_path / "cache" / "embeddings").iterdir())
 
 
@@ -66,21 +71,42 @@ def test_an_unknown_device_name_is_refused(device):
         resolve_device(device)
 
 
-@pytest.mark.parametrize("device, message", [
-    pytest.param("cuda", f"device 'cuda' is not available: this torch is built without CUDA (torch "
-                         f"{torch.__version__}); use --device cpu or auto",
-                 marks=pytest.mark.skipif(CUDA or torch.version.cuda is not None, reason="a torch built with CUDA")),
-    ("gpu", "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
-])
-def test_embed_and_run_with_a_missing_device_fail_in_one_line_before_any_trial(tmp_path, no_model_loads, device,
-                                                                               message):
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        pytest.param(
+            "cuda",
+            f"device 'cuda' is not available: this torch is built without CUDA (torch "
+            f"{torch.__version__}); use --device cpu or auto",
+            marks=pytest.mark.skipif(CUDA or torch.version.cuda is not None, reason="a torch built with CUDA"),
+        ),
+        ("gpu", "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
+    ],
+)
+def test_embed_and_run_with_a_missing_device_fail_in_one_line_before_any_trial(
+    tmp_path, no_model_loads, device, message
+):
     task = write_task(tmp_path / "task", {"train": labelled(30, ["a", "b"]), "test": labelled(6, ["a", "b"], 60)})
     db = tmp_path / "s.db"
-    for command in (["embed", "--model", "minilm-l6", "--task", str(task)],
-                    ["run", "--model", "minilm-l6", "--task", str(task), "--storage", f"sqlite:///{db}",
-                     "--n-trials", "1", "--final-seeds", "0"]):
-        result = CliRunner().invoke(cli, [*command, "--cache-dir", str(tmp_path / "cache"), "--device", device,
-                                          "--quiet"])
+    for command in (
+        ["embed", "--model", "minilm-l6", "--task", str(task)],
+        [
+            "run",
+            "--model",
+            "minilm-l6",
+            "--task",
+            str(task),
+            "--storage",
+            f"sqlite:///{db}",
+            "--n-trials",
+            "1",
+            "--final-seeds",
+            "0",
+        ],
+    ):
+        result = CliRunner().invoke(
+            cli, [*command, "--cache-dir", str(tmp_path / "cache"), "--device", device, "--quiet"]
+        )
         assert _one_line_error(result) == f"Error: {message}"
     if db.exists():  # no trial was started (before: trial 0 failed with a traceback)
         with sqlite3.connect(db) as conn:
@@ -104,36 +130,65 @@ def _model_folder(path: Path, config, weights: bool = True) -> Path:
     return path
 
 
-@pytest.mark.parametrize("config, weights, reason", [
-    ('{"model_type": "bert", ', True, r"its config.json cannot be read as JSON \(Expecting"),
-    ({}, True, 'its config.json has no "model_type"'),
-    (["bert"], True, 'its config.json has no "model_type"'),
-    ({"model_type": "bert", "hidden_size": 32}, False, r"it has no weights file \(\*.safetensors, \*.bin \.\.\.\)"),
-])
-def test_a_folder_that_is_not_a_usable_model_is_refused_when_resolved(tmp_path, no_model_loads, config, weights,
-                                                                      reason):
+@pytest.mark.parametrize(
+    "config, weights, reason",
+    [
+        ('{"model_type": "bert", ', True, r"its config.json cannot be read as JSON \(Expecting"),
+        ({}, True, 'its config.json has no "model_type"'),
+        (["bert"], True, 'its config.json has no "model_type"'),
+        ({"model_type": "bert", "hidden_size": 32}, False, r"it has no weights file \(\*.safetensors, \*.bin \.\.\.\)"),
+    ],
+)
+def test_a_folder_that_is_not_a_usable_model_is_refused_when_resolved(
+    tmp_path, no_model_loads, config, weights, reason
+):
     folder = _model_folder(tmp_path / "my-model", config, weights)
     with pytest.raises(ModelLoadError, match=rf"^{folder} is not a usable model: {reason}") as caught:
         resolve_model(str(folder), tmp_path / "cache")
     assert "\n" not in str(caught.value) and "save_pretrained" in str(caught.value)
     task = write_task(tmp_path / "task", {"train": labelled(30, ["a", "b"]), "test": labelled(6, ["a", "b"], 60)})
-    result = CliRunner().invoke(cli, ["embed", "--model", str(folder), "--task", str(task), "--cache-dir",
-                                      str(tmp_path / "cache"), "--device", "cpu", "--quiet"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "embed",
+            "--model",
+            str(folder),
+            "--task",
+            str(task),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+    )
     assert _one_line_error(result).startswith(f"Error: {folder} is not a usable model: ")
 
 
 def test_config_values_transformers_rejects_are_one_line_before_any_weights_load(tmp_path, no_model_loads):
     folder = _model_folder(tmp_path / "odd-llama", {"model_type": "llama", "hidden_size": 8})  # 32 heads by default
-    with pytest.raises(ModelLoadError, match=rf"^{folder} is not a usable model: .*hidden size \(8\) is not a "
-                                             r"multiple of the number of attention heads \(32\)") as caught:
+    with pytest.raises(
+        ModelLoadError,
+        match=rf"^{folder} is not a usable model: .*hidden size \(8\) is not a "
+        r"multiple of the number of attention heads \(32\)",
+    ) as caught:
         load_config(str(folder), tmp_path / "cache")
     assert "\n" not in str(caught.value)
 
 
 def test_a_folder_without_tokenizer_files_says_so_instead_of_a_sentencepiece_error(tmp_path):
-    folder = _model_folder(tmp_path / "no-tokenizer", {
-        "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 100})
+    folder = _model_folder(
+        tmp_path / "no-tokenizer",
+        {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "vocab_size": 100,
+        },
+    )
     with pytest.raises(ModelLoadError) as caught:
         load_model_and_tokenizer(str(folder), "cpu", cache_dir=tmp_path / "cache")
     message = str(caught.value)
@@ -144,5 +199,7 @@ def test_a_folder_without_tokenizer_files_says_so_instead_of_a_sentencepiece_err
 def test_model_reference_kind_is_read_from_the_spelling():
     assert model_reference_kind("minilm-l6") == "alias"
     assert [model_reference_kind(name) for name in ("gpt2", "org/model", "org/model@main")] == ["hub"] * 3
-    assert [model_reference_kind(name) for name in (
-        "/abs/model", "./model", "../model", "~/model", "a/b/c", "a\\b", "org/../x", "bad name")] == ["path"] * 8
+    assert [
+        model_reference_kind(name)
+        for name in ("/abs/model", "./model", "../model", "~/model", "a/b/c", "a\\b", "org/../x", "bad name")
+    ] == ["path"] * 8

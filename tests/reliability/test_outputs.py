@@ -67,8 +67,9 @@ def test_recommend_writes_the_user_file_and_leaves_the_shipped_one(storage_copy,
 def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config, monkeypatch, tmp_path):
     shipped = load_recommended_defaults()
     user_config.mkdir(parents=True)
-    (user_config / "recommended_defaults.json").write_text(json.dumps(
-        {"format_version": 1, "metadata": {}, "families": {"cayley": {"small": {"lr": 0.0123}}}}))
+    (user_config / "recommended_defaults.json").write_text(
+        json.dumps({"format_version": 1, "metadata": {}, "families": {"cayley": {"small": {"lr": 0.0123}}}})
+    )
     cayley = recommended_config("cayley")
     assert cayley.lr == 0.0123
     assert cayley.hidden_dim == shipped["cayley"]["small"]["hidden_dim"]  # fields the user file lacks: shipped
@@ -93,8 +94,9 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
     before = digest(stand_in)
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", stand_in)
     page = tmp_path / "defaults.md"
-    result = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--report",
-                                      str(page)])
+    result = CliRunner().invoke(
+        cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--report", str(page)]
+    )
     loto = stored_loto(storage_copy)
     if loto.missing or not loto.verdicts:
         # the shipping rule: without a complete leave-one-task-out evaluation in the storage nothing is shipped
@@ -108,8 +110,9 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
         assert json.loads(stand_in.read_text())["families"] == committed["families"]
     assert not user_config.exists()
 
-    both = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--out",
-                                    str(tmp_path / "x.json")])
+    both = CliRunner().invoke(
+        cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--out", str(tmp_path / "x.json")]
+    )
     assert both.exit_code == 1 and "either out_path (--out) or update_shipped (--update-shipped)" in both.output
     assert not (tmp_path / "x.json").exists()
 
@@ -117,16 +120,19 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
 def test_the_readme_regenerates_with_explicit_flags():
     readme = (ROOT / "README.md").read_text()
     assert "ilge-search report --storage sqlite:///reports/offline.db --out reports --force" in readme
-    assert "ilge-search recommend --storage sqlite:///reports/offline.db --update-shipped --report " \
-           "reports/defaults.md" in readme
+    assert (
+        "ilge-search recommend --storage sqlite:///reports/offline.db --update-shipped --report "
+        "reports/defaults.md" in readme
+    )
 
 
 # ----------------------------------------------------------------------------- report
 
 
 def report(storage: str, out: Path, *more: str):
-    return CliRunner().invoke(cli, ["report", "--storage", storage, "--out", str(out), "--no-figures", "--quiet",
-                                    *more])
+    return CliRunner().invoke(
+        cli, ["report", "--storage", storage, "--out", str(out), "--no-figures", "--quiet", *more]
+    )
 
 
 def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(storage_copy, tmp_path):
@@ -140,8 +146,10 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(stor
 
     refused = report(storage_copy, out)
     assert refused.exit_code == 1
-    assert f"{out} is not empty and was not written by `ilge-search report` (it has no {MANIFEST_NAME}); pass a new " \
-           "or empty --out, or --force" in " ".join(refused.output.split())
+    assert (
+        f"{out} is not empty and was not written by `ilge-search report` (it has no {MANIFEST_NAME}); pass a new "
+        "or empty --out, or --force" in " ".join(refused.output.split())
+    )
     assert tree(out) == before  # nothing written, nothing removed
 
     forced = report(storage_copy, out, "--force")
@@ -151,8 +159,15 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(stor
     assert after["notes.txt"] == before["notes.txt"]
     assert all(after[name] == before[name] for name in before if name.startswith("figures/"))
     manifest = json.loads((out / MANIFEST_NAME).read_text())
-    assert sorted(manifest["files"]) == ["importances.csv", "index.html", "protocol_effect.csv", "report.md",
-                                         "report.tex", "results.csv", "summary.csv"]  # both protocols are stored
+    assert sorted(manifest["files"]) == [
+        "importances.csv",
+        "index.html",
+        "protocol_effect.csv",
+        "report.md",
+        "report.tex",
+        "results.csv",
+        "summary.csv",
+    ]  # both protocols are stored
     again = report(storage_copy, out)  # a folder the report wrote into: no --force needed
     assert again.exit_code == 0, again.output
 

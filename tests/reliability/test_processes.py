@@ -47,8 +47,10 @@ def worker_stamps(db: Path) -> Dict[int, dict]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'trial_user_attributes'").fetchone() is None:
             return {}
-        rows = conn.execute("SELECT t.number, a.value_json FROM trials t JOIN trial_user_attributes a "
-                            "ON a.trial_id = t.trial_id WHERE a.key = 'ilge_worker' AND t.state = 'RUNNING'")
+        rows = conn.execute(
+            "SELECT t.number, a.value_json FROM trials t JOIN trial_user_attributes a "
+            "ON a.trial_id = t.trial_id WHERE a.key = 'ilge_worker' AND t.state = 'RUNNING'"
+        )
         return {number: json.loads(value) for number, value in rows}
 
 
@@ -65,8 +67,11 @@ def alive(pid: int) -> bool:
 
 def training(db: Path, number: int = None):
     """A RUNNING trial that has reported an epoch (optionally: trial ``number``)."""
-    return [n for n, (state, epochs) in trials(db).items()
-            if state == "RUNNING" and epochs and (number is None or n == number)]
+    return [
+        n
+        for n, (state, epochs) in trials(db).items()
+        if state == "RUNNING" and epochs and (number is None or n == number)
+    ]
 
 
 # ----------------------------------------------------------------------------- the recommended trial
@@ -78,9 +83,14 @@ def test_ctrl_c_during_the_recommended_trial_does_not_lose_it(tmp_path, data_dir
     args = run_args(db, data_dir, trec_cached, "--encoder", "cayley", "--max-epochs", "4")
     # SIGINT as a terminal delivers it, even when this test runs under a shell that started it in the background
     # (such a shell makes SIGINT ignored, and children keep an ignored signal)
-    proc = subprocess.Popen(cli_command(*args, "--n-trials", "5"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=subprocess_env(),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cli_command(*args, "--n-trials", "5"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert wait_for(lambda: training(db, 0), 240, proc, step=0.01), "trial 0 never started training"
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
@@ -92,8 +102,9 @@ def test_ctrl_c_during_the_recommended_trial_does_not_lose_it(tmp_path, data_dir
     assert proc.returncode == 130, stderr[-2000:]
     assert trials(db)[0][0] == "FAIL"
 
-    rerun = subprocess.run(cli_command(*args, "--n-trials", "1"), capture_output=True, text=True,
-                           env=subprocess_env(), timeout=300)
+    rerun = subprocess.run(
+        cli_command(*args, "--n-trials", "1"), capture_output=True, text=True, env=subprocess_env(), timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     study = optuna.load_study(study_name=f"{MODEL}:trec:cayley:train240:eval160:ep4", storage=sqlite_url(db))
     first, retry = study.trials[0], study.trials[1]
@@ -107,12 +118,23 @@ def test_a_failing_recommended_trial_is_retried_up_to_max_retry(tmp_path, data_d
     import ilge_search.engine as engine
 
     real_train = engine.train_encoder
+
     def broken(*args, **kwargs):
         raise RuntimeError("a fault in the trial")
 
     url = sqlite_url(tmp_path / "fault.db")
-    options = dict(storage=url, final_seeds=0, data_dir=data_dir, cache_dir=trec_cached, device="cpu",
-                   show_progress=False, max_retry=2, max_train=240, max_eval=160, max_epochs=3)
+    options = dict(
+        storage=url,
+        final_seeds=0,
+        data_dir=data_dir,
+        cache_dir=trec_cached,
+        device="cpu",
+        show_progress=False,
+        max_retry=2,
+        max_train=240,
+        max_eval=160,
+        max_epochs=3,
+    )
     monkeypatch.setattr(engine, "train_encoder", broken)
     for _ in range(4):  # the first try and two retries fail; the fourth run finds no retry left
         with pytest.raises(RuntimeError, match="a fault in the trial"):
@@ -142,12 +164,21 @@ def test_a_failing_recommended_trial_is_retried_up_to_max_retry(tmp_path, data_d
 def test_workers_die_with_their_killed_parent(tmp_path, data_dir, trec_cached):
     """Before: SIGKILL of the parent of `--workers 2` left both workers training on as orphans."""
     db = tmp_path / "orphans.db"
-    proc = subprocess.Popen(cli_command(*run_args(db, data_dir, trec_cached, "--encoder", "cayley", "--workers", "2",
-                                                  "--threads", "1"), "--n-trials", "40"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    proc = subprocess.Popen(
+        cli_command(
+            *run_args(db, data_dir, trec_cached, "--encoder", "cayley", "--workers", "2", "--threads", "1"),
+            "--n-trials",
+            "40",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
-        stamps = wait_for(lambda: (lambda s: s if len({v["pid"] for v in s.values()}) == 2 else None)(
-            worker_stamps(db)), 240, proc)
+        stamps = wait_for(
+            lambda: (lambda s: s if len({v["pid"] for v in s.values()}) == 2 else None)(worker_stamps(db)), 240, proc
+        )
         assert stamps, "two workers never ran trials at once"
         workers = {stamp["pid"] for stamp in stamps.values()}
         assert proc.pid not in workers
@@ -167,17 +198,22 @@ def test_workers_die_with_their_killed_parent(tmp_path, data_dir, trec_cached):
     assert integrity(db) == "ok"
 
 
-def test_a_trial_whose_process_died_on_this_host_is_retried_by_an_immediate_rerun(tmp_path, data_dir,
-                                                                                  trec_cached):
+def test_a_trial_whose_process_died_on_this_host_is_retried_by_an_immediate_rerun(tmp_path, data_dir, trec_cached):
     """Before: with the default 60 s heartbeat the dead trial stayed RUNNING for 120 s, so an immediate rerun
     finished while it still counted."""
     db = tmp_path / "host.db"
     args = run_args(db, data_dir, trec_cached, "--encoder", "cayley", "--max-epochs", "4", "--heartbeat-interval", "60")
-    proc = subprocess.Popen(cli_command(*args, "--n-trials", "50"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    proc = subprocess.Popen(
+        cli_command(*args, "--n-trials", "50"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
-        mid = wait_for(lambda: any(s == "COMPLETE" for s, _ in trials(db).values()) and training(db), 240, proc,
-                       step=0.01)
+        mid = wait_for(
+            lambda: any(s == "COMPLETE" for s, _ in trials(db).values()) and training(db), 240, proc, step=0.01
+        )
         assert mid, "no trial was training"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
@@ -189,8 +225,9 @@ def test_a_trial_whose_process_died_on_this_host_is_retried_by_an_immediate_reru
     assert len(dead) == 1
 
     started = time.monotonic()
-    rerun = subprocess.run(cli_command(*args, "--n-trials", "1"), capture_output=True,
-                           text=True, env=subprocess_env(), timeout=300)
+    rerun = subprocess.run(
+        cli_command(*args, "--n-trials", "1"), capture_output=True, text=True, env=subprocess_env(), timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert time.monotonic() - started < 100  # far less than the 120 s grace period of the heartbeat rule
     assert f"trial {dead[0]}: its process {proc.pid} on this host is gone; marked FAIL and re-queued" in rerun.stderr

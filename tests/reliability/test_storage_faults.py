@@ -42,6 +42,7 @@ from ilge_search.cli import cli
 def trec_cached(data_dir, cache_dir):
     return cache_trec_subset(data_dir, cache_dir)
 
+
 # ----------------------------------------------------------------------------- the schema-creation race
 
 OPENER = textwrap.dedent("""
@@ -69,9 +70,16 @@ OPENER = textwrap.dedent("""
 def open_together(urls: list, gates: Path, count: int = 4) -> list:
     """``count`` processes open each of ``urls`` at once (one after the other); per URL, what each printed."""
     gates.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", OPENER, str(gates), str(i), str(count), *urls],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
-             for i in range(count)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(gates), str(i), str(count), *urls],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
+        )
+        for i in range(count)
+    ]
     outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=180)
@@ -108,9 +116,15 @@ def test_a_storage_on_a_full_filesystem_stops_with_one_line_and_loses_nothing(tm
     with tmpfs(tmp_path / "small", "2m") as small:
         db = small / "studies.db"
         args = run_args(db, data_dir, trec_cached, "--encoder", "cayley", "--max-epochs", "3")
-        proc = subprocess.Popen(cli_command(*args, "--n-trials", "200"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=subprocess_env())
+        proc = subprocess.Popen(
+            cli_command(*args, "--n-trials", "200"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=subprocess_env(),
+        )
         try:
+
             def mid_trial():  # a trial completed, and the next one is training (it has reported an epoch)
                 states = trials(db).values()
                 return any(s == "COMPLETE" for s, _ in states) and any(s == "RUNNING" and e for s, e in states)
@@ -124,16 +138,19 @@ def test_a_storage_on_a_full_filesystem_stops_with_one_line_and_loses_nothing(tm
                 proc.communicate()
         assert proc.returncode == 1, stderr[-3000:]
         lines = stderr.strip().splitlines()
-        assert lines[-1].startswith(f"Error: cannot write the study storage {sqlite_url(db)}: the database or its "
-                                    "disk is full. Free space on its filesystem"), stderr[-3000:]
+        assert lines[-1].startswith(
+            f"Error: cannot write the study storage {sqlite_url(db)}: the database or its "
+            "disk is full. Free space on its filesystem"
+        ), stderr[-3000:]
         assert "Traceback" not in stderr and "Should not reach" not in stderr
         after_fault = trials(db)
         complete = {n for n, (s, _) in after_fault.items() if s == "COMPLETE"}
         assert integrity(db) == "ok"
 
         filler.unlink()  # space again: the same command resumes
-        rerun = subprocess.run(cli_command(*args, "--n-trials", "1"), capture_output=True, text=True,
-                               env=subprocess_env(), timeout=300)
+        rerun = subprocess.run(
+            cli_command(*args, "--n-trials", "1"), capture_output=True, text=True, env=subprocess_env(), timeout=300
+        )
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         study = optuna.load_study(study_name=f"{MODEL}:trec:cayley:train240:eval160:ep3", storage=sqlite_url(db))
         assert complete <= {t.number for t in study.trials if t.state == TrialState.COMPLETE}
@@ -156,13 +173,33 @@ def test_a_read_only_storage_folder_is_refused_before_any_model_loads(tmp_path, 
         storage.engine.dispose()  # no open file, or the remount is refused as busy
         remount_read_only(folder)
         cache = tmp_path / "cache"
-        result = CliRunner().invoke(cli, ["run", "--model", MODEL, "--task", "trec", "--storage", sqlite_url(db),
-                                          "--data-dir", str(data_dir), "--cache-dir", str(cache), "--device", "cpu",
-                                          "--n-trials", "1", "--quiet"])
+        result = CliRunner().invoke(
+            cli,
+            [
+                "run",
+                "--model",
+                MODEL,
+                "--task",
+                "trec",
+                "--storage",
+                sqlite_url(db),
+                "--data-dir",
+                str(data_dir),
+                "--cache-dir",
+                str(cache),
+                "--device",
+                "cpu",
+                "--n-trials",
+                "1",
+                "--quiet",
+            ],
+        )
         assert result.exit_code == 1, (result.output, result.exception)
-        assert f"Error: cannot write the study storage {sqlite_url(db)}: the study storage folder {folder} is not " \
-               "writable (Read-only file system); make it writable or pass another --storage" in \
-               " ".join(result.output.split())
+        assert (
+            f"Error: cannot write the study storage {sqlite_url(db)}: the study storage folder {folder} is not "
+            "writable (Read-only file system); make it writable or pass another --storage"
+            in " ".join(result.output.split())
+        )
         assert len(result.output.strip().splitlines()) == 1
         assert not cache.exists()  # nothing extracted
         assert [s.study_name for s in optuna.get_all_study_summaries(sqlite_url(db))] == ["kept"]
@@ -172,19 +209,49 @@ def test_a_read_only_storage_folder_is_refused_before_any_model_loads(tmp_path, 
 
 
 def test_a_study_name_longer_than_a_storage_keeps_is_refused_up_front(tmp_path, no_model_loads):
-    result = CliRunner().invoke(cli, ["run", "--model", MODEL, "--task", "trec", "--study-name", "x" * 600,
-                                      "--storage", sqlite_url(tmp_path / "s.db"), "--quiet"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--model",
+            MODEL,
+            "--task",
+            "trec",
+            "--study-name",
+            "x" * 600,
+            "--storage",
+            sqlite_url(tmp_path / "s.db"),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 1
-    assert "Error: the study name has 600 characters; a study storage keeps at most 512. Pass a shorter " \
-           "--study-name" in result.output
+    assert (
+        "Error: the study name has 600 characters; a study storage keeps at most 512. Pass a shorter "
+        "--study-name" in result.output
+    )
     assert not (tmp_path / "s.db").exists()
 
 
 @pytest.mark.postgres
 def test_a_long_study_name_on_postgresql_is_a_clear_error_not_a_traceback(postgres_url, data_dir, no_model_loads):
     """Before: `StringDataRightTruncation` traceback from the server."""
-    result = CliRunner().invoke(cli, ["run", "--model", MODEL, "--task", "trec", "--study-name", "y" * 600,
-                                      "--storage", postgres_url, "--data-dir", str(data_dir), "--quiet"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--model",
+            MODEL,
+            "--task",
+            "trec",
+            "--study-name",
+            "y" * 600,
+            "--storage",
+            postgres_url,
+            "--data-dir",
+            str(data_dir),
+            "--quiet",
+        ],
+    )
     assert result.exit_code == 1 and "keeps at most 512" in result.output
     assert optuna.get_all_study_summaries(postgres_url) == []
 
@@ -207,12 +274,18 @@ def test_the_dashboard_listens_beyond_loopback_only_when_allowed(tmp_path):
     optuna.create_study(study_name="one", storage=url)
     refused = CliRunner().invoke(cli, ["dashboard", "--storage", url, "--host", "0.0.0.0", "--port", "0"])
     assert refused.exit_code == 1
-    assert "--host 0.0.0.0 would let anyone who can reach this machine read, edit and delete studies" in \
-        refused.output and "pass --allow-remote" in refused.output
+    assert (
+        "--host 0.0.0.0 would let anyone who can reach this machine read, edit and delete studies" in refused.output
+        and "pass --allow-remote" in refused.output
+    )
 
-    proc = subprocess.Popen(cli_command("dashboard", "--storage", url, "--host", "0.0.0.0", "--port", "0",
-                                        "--allow-remote"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=subprocess_env())
+    proc = subprocess.Popen(
+        cli_command("dashboard", "--storage", url, "--host", "0.0.0.0", "--port", "0", "--allow-remote"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=subprocess_env(),
+    )
     try:
         lines = []
         deadline = time.monotonic() + 60
