@@ -1,0 +1,704 @@
+"""The study record: everything ilge-search stores on an Optuna study or trial, typed and versioned.
+
+Optuna keeps free-form *user attrs* on every study and trial. This module is
+the only one in the package (with :mod:`ilge_search.storage`, which stamps the
+process running a trial) that reads or writes them; every other module works
+with the typed records below:
+
+- :class:`StudyRecord`, one per study, read with :func:`study_record` from an
+  ``optuna.Study``, a ``FrozenStudy`` or a study summary. It holds the study's
+  :class:`Identity` (what its trials search and how its final scores are
+  measured), its :class:`DataRecord` (the embeddings it ran on), its
+  :class:`FinalRecord` (the final evaluation under the current selection rule;
+  one per rule in ``by_rule``), and the :class:`ExplainRecord` and
+  :class:`LotoRecord` entries other commands stored on it;
+- :class:`TrialRecord`, one per trial, read with :func:`trial_record`.
+
+Writers (:func:`save_identity`, :func:`save_final`, :func:`save_trial` ...)
+take the same records. On disk every field stays a flat user attr under its
+historical name (``final_test_mean``, ``val_metric`` ...), so optuna-dashboard
+shows them and older tools keep reading them; a study written by this version
+also stores :data:`VERSION_ATTR` = :data:`RECORD_VERSION`.
+
+Format versions: version 1 is every study stored before the record existed
+(no :data:`VERSION_ATTR`). :func:`upgrade_attrs` is the one converter: it
+reads a version-1 study's absent keys as what they meant then (objectives:
+the score alone; protocol: ``matched``; a final evaluation without a rule:
+``best``), so every reader sees one shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "RECORD_VERSION",
+    "VERSION_ATTR",
+    "READY_ATTR",
+    "DEFAULT_OBJECTIVES",
+    "DEFAULT_PROTOCOL",
+    "LEGACY_SELECT",
+    "IDENTITY_KEYS",
+    "PROTOCOL_KEYS",
+    "DATA_SPLITS",
+    "Identity",
+    "DataRecord",
+    "ZeroShotScores",
+    "FrontMember",
+    "FinalRecord",
+    "ExplainRecord",
+    "LotoScores",
+    "LotoRecord",
+    "StudyRecord",
+    "TrialRecord",
+    "upgrade_attrs",
+    "study_record",
+    "trial_record",
+    "is_ilge_study",
+    "save_identity",
+    "save_data_fingerprints",
+    "save_task_path",
+    "mark_ready",
+    "is_ready",
+    "save_final",
+    "save_explain",
+    "save_loto",
+    "save_trial",
+]
+
+RECORD_VERSION = 2  # the format this module writes; version 1: studies stored without VERSION_ATTR
+VERSION_ATTR = "ilge_record_version"
+READY_ATTR = "ilge_search_ready"  # set last by the process that creates a study
+DEFAULT_OBJECTIVES: tuple[str, ...] = ("score",)
+DEFAULT_PROTOCOL = "matched"
+LEGACY_SELECT = "best"  # the rule of final evaluations stored before selection rules existed
+DATA_SPLITS = ("train", "validation", "test")
+
+# what a study searches and how its final scores are measured: must match when a study is resumed
+IDENTITY_KEYS = (
+    "model",
+    "task",
+    "encoder",
+    "shots",
+    "max_train",
+    "max_eval",
+    "max_epochs",
+    "data_seed",
+    "cv",
+    "objectives",
+    "protocol",
+    "samples_per_label",
+)
+# the identity keys that decide how the final scores are measured, not what the trials do
+PROTOCOL_KEYS = ("protocol", "samples_per_label")
+
+_Record = TypeVar("_Record")
+
+
+def _fields_from(cls: type[_Record], values: Mapping[str, Any], rename: Mapping[str, str] | None = None) -> _Record:
+    """An instance of the dataclass ``cls`` from ``values`` (attr name -> value; ``rename``: field -> attr
+    name); absent attrs take the field's default."""
+    rename = rename or {}
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        key = rename.get(f.name, f.name)
+        if key in values:
+            kwargs[f.name] = values[key]
+    return cls(**kwargs)
+
+
+def _finite(value: Any) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+# ----------------------------------------------------------------------------- identity and data
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a study's trials search and how its final scores are measured.
+
+    Two runs may share a study only when their identities are equal. ``task``
+    is a registered task's name or a custom task's file or folder name;
+    ``objectives`` is ``("score",)`` or the score with ``params`` and/or
+    ``latency``; ``protocol`` is ``matched`` or ``paper`` (with its
+    ``samples_per_label``, ``None`` under ``matched``).
+    """
+
+    VERSION: ClassVar[int] = 1
+
+    model: str
+    task: str
+    encoder: str
+    shots: int | None = None
+    max_train: int | None = None
+    max_eval: int | None = None
+    max_epochs: int | None = None
+    data_seed: int | None = 0
+    cv: int | None = None
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
+    protocol: str = DEFAULT_PROTOCOL
+    samples_per_label: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "objectives", tuple(self.objectives))
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> Identity:
+        """The identity stored in (upgraded) user ``attrs``."""
+        values = {key: attrs.get(key) for key in IDENTITY_KEYS}
+        values["objectives"] = tuple(values["objectives"] or DEFAULT_OBJECTIVES)
+        values["protocol"] = str(values["protocol"] or DEFAULT_PROTOCOL)
+        return cls(**values)
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attrs this identity is stored as (``objectives`` as a list, as JSON keeps it)."""
+        out = {key: getattr(self, key) for key in IDENTITY_KEYS}
+        out["objectives"] = list(self.objectives)
+        return out
+
+    def differences(self, other: Identity, *, ignore: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+        """``{key: (self's value, other's value)}`` for every identity key that differs."""
+        mine, theirs = self.to_attrs(), other.to_attrs()
+        return {
+            key: (mine[key], theirs[key]) for key in IDENTITY_KEYS if key not in ignore and mine[key] != theirs[key]
+        }
+
+    def search_key(self, without: Sequence[str] = ()) -> tuple[str, ...]:
+        """What the trials search, as a hashable key: the identity without the protocol's keys (trials are
+        the same under either protocol) and without ``without``."""
+        attrs = self.to_attrs()
+        return tuple(
+            json.dumps(attrs[key], sort_keys=True, default=str)
+            for key in IDENTITY_KEYS
+            if key not in PROTOCOL_KEYS and key not in without
+        )
+
+    @property
+    def multi_objective(self) -> bool:
+        """Whether the study has more than one objective."""
+        return len(self.objectives) > 1
+
+    def data_setting(self) -> dict[str, Any]:
+        """The data and budget options of the identity: what decides the arrays and epochs a config trains."""
+        return {key: getattr(self, key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")}
+
+
+@dataclass(frozen=True)
+class DataRecord:
+    """The embeddings a study ran on, recorded when it was created.
+
+    ``data_fingerprints`` (split -> sha256 of its content) and ``label_names``
+    decide whether new data may join the study; ``cache_keys`` are the
+    embedding-cache entries of its splits; ``task_path`` is a custom task's file
+    or folder (absolute), ``artifact_dir`` the artifact store its weights went to.
+    """
+
+    VERSION: ClassVar[int] = 1
+
+    task_kind: str | None = None
+    metric: str | None = None
+    direction: str = "maximize"
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_classes: int | None = None
+    label_names: list[str] = field(default_factory=list)
+    split_sizes: dict[str, int] = field(default_factory=dict)
+    cache_keys: dict[str, str] = field(default_factory=dict)
+    data_fingerprints: dict[str, str] | None = None
+    model_revision: str = ""
+    task_path: str | None = None
+    artifact_dir: str | None = None
+    ilge_search_version: str | None = None
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> DataRecord:
+        record = _fields_from(cls, {k: v for k, v in attrs.items() if v is not None or k == "data_fingerprints"})
+        return dataclasses.replace(
+            record,
+            label_names=list(record.label_names or []),
+            split_sizes=dict(record.split_sizes or {}),
+            cache_keys=dict(record.cache_keys or {}),
+        )
+
+    def to_attrs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def maximize(self) -> bool:
+        """Whether a higher score is better (every metric but a loss)."""
+        return self.direction != "minimize"
+
+    @property
+    def n_validation(self) -> int | None:
+        """The validation split's size."""
+        return self.split_sizes.get("validation")
+
+
+# ----------------------------------------------------------------------------- final evaluation
+
+
+@dataclass(frozen=True)
+class ZeroShotScores:
+    """One zero-shot similarity task's test scores over the final seeds."""
+
+    mean: float
+    std: float
+    scores: list[float]
+
+
+@dataclass(frozen=True)
+class FrontMember:
+    """One trial of a multi-objective study's final front, retrained with the final seeds."""
+
+    trial: int
+    config: dict[str, Any]
+    values: dict[str, float]
+    params: int | None
+    latency_ms: float | None
+    val_score: float
+    test_mean: float
+    test_std: float
+    test_scores: list[float]
+    val_scores: list[float]
+    artifacts: dict[str, str]
+    artifact_seed: int | None
+
+    @classmethod
+    def from_attrs(cls, values: Mapping[str, Any]) -> FrontMember:
+        return _fields_from(cls, values)
+
+    def to_attrs(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# final_* attr -> FinalRecord field, for the fields whose names differ only by the prefix
+_FINAL_PREFIX = "final_"
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """A study's final evaluation under one selection rule.
+
+    The selected trial (``trial``, by the rule ``select``: ``best``, ``one-se``
+    or ``front``) retrained once per seed and scored on test; the starting
+    configuration retrained with the same seeds (``start_*``) and the
+    ``search_gain`` (selected minus start, in the direction of improvement);
+    ``selected_value`` (the selected trial's objective) and ``val_test_gap``
+    (that minus the test mean; ``None`` under the paper protocol);
+    ``artifacts`` (the best seed's weights by validation) and
+    ``artifact_seed``; ``protocol`` (how the test scores were measured, with
+    the paper protocol's draws); ``zero_shot`` scores on similarity tasks; a
+    multi-objective study's ``front`` with ``front_k`` (asked for) and
+    ``front_size`` (of the whole front then).
+    """
+
+    VERSION: ClassVar[int] = 1
+
+    select: str
+    trial: int
+    config: dict[str, Any]
+    seeds: list[int]
+    test_scores: list[float]
+    test_mean: float
+    test_std: float
+    val_scores: list[float] = field(default_factory=list)
+    max_epochs: int | None = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+    artifact_seed: int | None = None
+    selected_value: float | None = None
+    val_test_gap: float | None = None
+    start_trial: int | None = None
+    start_test_mean: float | None = None
+    start_test_scores: list[float] | None = None
+    search_gain: float | None = None
+    protocol: dict[str, Any] = field(default_factory=lambda: {"protocol": DEFAULT_PROTOCOL})
+    zero_shot: dict[str, ZeroShotScores] = field(default_factory=dict)
+    front: list[FrontMember] = field(default_factory=list)
+    front_k: int | None = None
+    front_size: int | None = None
+
+    # the attrs one rule's evaluation consists of (final_by_rule keeps these per rule)
+    RULE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "test_mean",
+        "test_std",
+        "test_scores",
+        "val_scores",
+        "seeds",
+        "trial",
+        "config",
+        "artifacts",
+        "artifact_seed",
+        "zero_shot",
+        "max_epochs",
+        "select",
+        "selected_value",
+        "val_test_gap",
+        "start_trial",
+        "start_test_mean",
+        "start_test_scores",
+        "search_gain",
+        "protocol",
+    )
+    FRONT_FIELDS: ClassVar[tuple[str, ...]] = ("front", "front_k", "front_size")
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> FinalRecord | None:
+        """The final evaluation stored in ``attrs`` (a study's upgraded attrs, or one ``final_by_rule``
+        entry); ``None`` when there is none."""
+        if "final_test_mean" not in attrs:
+            return None
+        values = {
+            f.name: attrs[_FINAL_PREFIX + f.name]
+            for f in dataclasses.fields(cls)
+            if _FINAL_PREFIX + f.name in attrs and attrs[_FINAL_PREFIX + f.name] is not None
+        }
+        values.setdefault("select", LEGACY_SELECT)
+        values["zero_shot"] = {
+            name: _fields_from(ZeroShotScores, scores) for name, scores in (values.get("zero_shot") or {}).items()
+        }
+        values["front"] = [FrontMember.from_attrs(member) for member in values.get("front") or []]
+        values.setdefault("config", {})
+        values.setdefault("seeds", [])
+        values.setdefault("test_scores", [])
+        values.setdefault("test_std", 0.0)
+        values.setdefault("trial", -1)
+        return cls(**values)
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The ``final_*`` user attrs of this evaluation (front attrs only for a front)."""
+        names = self.RULE_FIELDS + (self.FRONT_FIELDS if self.front else ())
+        out = {}
+        for name in names:
+            value = getattr(self, name)
+            if name == "zero_shot":
+                value = {task: dataclasses.asdict(scores) for task, scores in value.items()}
+            elif name == "front":
+                value = [member.to_attrs() for member in value]
+            out[_FINAL_PREFIX + name] = value
+        return out
+
+    def rule_attrs(self) -> dict[str, Any]:
+        """The attrs of this evaluation kept per rule in ``final_by_rule``."""
+        attrs = self.to_attrs()
+        return {_FINAL_PREFIX + name: attrs[_FINAL_PREFIX + name] for name in self.RULE_FIELDS}
+
+    def matches(self, trial: int, seeds: Sequence[int], max_epochs: int | None) -> bool:
+        """Whether this evaluation retrained ``trial`` with ``seeds`` under the epoch cap ``max_epochs``
+        (then a new evaluation would give the same scores)."""
+        return self.trial == trial and list(self.seeds) == list(seeds) and self.max_epochs == max_epochs
+
+    @property
+    def finite_test_mean(self) -> float | None:
+        return _finite(self.test_mean)
+
+
+# ----------------------------------------------------------------------------- explain and LOTO
+
+
+@dataclass(frozen=True)
+class ExplainRecord:
+    """A study's layer attribution (``ilge-search explain``): per final seed, the validation score, the
+    ablation drop and gradient x input of every layer, and ``source``, what it was computed from (it is
+    current while the study's final evaluation and data are those)."""
+
+    VERSION: ClassVar[int] = 1
+    ATTR: ClassVar[str] = "explain_layers"
+
+    split: str
+    metric: str
+    seeds: list[int]
+    scores: list[float]
+    ablation: list[list[float]]
+    gradient_input: list[list[float]]
+    source: dict[str, Any]
+    seconds: float = 0.0
+    version: int = 1
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> ExplainRecord | None:
+        stored = attrs.get(cls.ATTR)
+        if not isinstance(stored, Mapping) or not isinstance(stored.get("source"), Mapping):
+            return None
+        try:
+            return _fields_from(cls, stored)
+        except TypeError:  # a record missing a field: not a usable explanation
+            return None
+
+    def to_attrs(self) -> dict[str, Any]:
+        return {self.ATTR: dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class LotoScores:
+    """One configuration trained with no search on a study's data: its test and validation scores per seed."""
+
+    config: dict[str, Any]
+    test_scores: list[float]
+    val_scores: list[float]
+
+
+@dataclass(frozen=True)
+class LotoRecord:
+    """Leave one task out on one study: the built-in and the regenerated defaults (chosen without this
+    study's task) trained with the same seeds; ``key`` says what the numbers depend on."""
+
+    VERSION: ClassVar[int] = 1
+    ATTR: ClassVar[str] = "loto_evaluations"
+
+    key: dict[str, Any]
+    builtin: LotoScores
+    regenerated: LotoScores
+    regenerated_from: list[str] = field(default_factory=list)
+    ilge_search_version: str | None = None
+    version: int = 1
+
+    @classmethod
+    def from_value(cls, stored: Any) -> LotoRecord | None:
+        if not isinstance(stored, Mapping):
+            return None
+        try:
+            values = dict(stored)
+            values["builtin"] = _fields_from(LotoScores, values["builtin"])
+            values["regenerated"] = _fields_from(LotoScores, values["regenerated"])
+            return _fields_from(cls, values)
+        except (KeyError, TypeError):
+            return None
+
+    def to_value(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- the study record
+
+
+def upgrade_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """A study's user attrs in the current format (:data:`RECORD_VERSION`), whatever version wrote them.
+
+    Version 1 (no :data:`VERSION_ATTR`): ``objectives`` absent means the score
+    alone, ``protocol`` absent means ``matched``, and a final evaluation without
+    ``final_select`` was made under ``best``. Nothing else changed meaning.
+    """
+    out = dict(attrs)
+    version = int(out.get(VERSION_ATTR) or 1)
+    if version > RECORD_VERSION:
+        raise ValueError(
+            f"this study was stored by a newer ilge-search (record format {version}, this one reads "
+            f"up to {RECORD_VERSION}); upgrade ilge-search to read it"
+        )
+    if "objectives" not in out or not out["objectives"]:
+        out["objectives"] = list(DEFAULT_OBJECTIVES)
+    if not out.get("protocol"):
+        out["protocol"] = DEFAULT_PROTOCOL
+    if "final_test_mean" in out and not out.get("final_select"):
+        out["final_select"] = LEGACY_SELECT
+    out[VERSION_ATTR] = RECORD_VERSION
+    return out
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """Everything ilge-search stored on one study, typed (see the module's docstring).
+
+    ``identity`` and ``data`` are ``None`` for a study ilge-search did not
+    create; ``final`` is the evaluation under the rule the study was last
+    evaluated with and ``by_rule`` every rule's; ``loto`` maps a key digest to
+    a :class:`LotoRecord`. ``version`` is the format the study was stored in.
+    """
+
+    name: str
+    identity: Identity | None
+    data: DataRecord | None
+    final: FinalRecord | None
+    by_rule: dict[str, FinalRecord]
+    explain: ExplainRecord | None
+    loto: dict[str, LotoRecord]
+    ready: bool
+    version: int
+
+    @classmethod
+    def from_attrs(cls, name: str, attrs: Mapping[str, Any]) -> StudyRecord:
+        stored_version = int(attrs.get(VERSION_ATTR) or 1)
+        upgraded = upgrade_attrs(attrs)
+        is_ours = all(upgraded.get(key) for key in ("model", "task", "encoder"))
+        by_rule = {}
+        for rule, entry in (upgraded.get("final_by_rule") or {}).items():
+            final = FinalRecord.from_attrs({"final_select": rule, **entry}) if isinstance(entry, Mapping) else None
+            if final is not None:
+                by_rule[str(rule)] = final
+        loto = {}
+        for digest, value in (upgraded.get(LotoRecord.ATTR) or {}).items():
+            entry = LotoRecord.from_value(value)
+            if entry is not None:
+                loto[str(digest)] = entry
+        return cls(
+            name=name,
+            identity=Identity.from_attrs(upgraded) if is_ours else None,
+            data=DataRecord.from_attrs(upgraded) if "model" in upgraded else None,
+            final=FinalRecord.from_attrs(upgraded),
+            by_rule=by_rule,
+            explain=ExplainRecord.from_attrs(upgraded),
+            loto=loto,
+            ready=bool(upgraded.get(READY_ATTR)),
+            version=stored_version,
+        )
+
+    @property
+    def is_ours(self) -> bool:
+        """Whether ilge-search created the study (it names its model, task and encoder)."""
+        return self.identity is not None
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the study recorded its data (``task_kind``): made by ``ilge-search run``."""
+        return self.data is not None and self.data.task_kind is not None
+
+    @property
+    def maximize(self) -> bool:
+        return self.data is None or self.data.maximize
+
+    @property
+    def select(self) -> str | None:
+        """The rule of the stored final evaluation (``None``: none yet)."""
+        return None if self.final is None else self.final.select
+
+
+def _attrs_of(obj: Any) -> Mapping[str, Any]:
+    attrs = getattr(obj, "user_attrs", None)
+    if attrs is None:
+        raise TypeError(f"expected an Optuna study, frozen study or study summary, got {type(obj).__name__}")
+    return attrs
+
+
+def study_record(study: Any) -> StudyRecord:
+    """The :class:`StudyRecord` of an ``optuna.Study``, ``FrozenStudy`` or study summary."""
+    return StudyRecord.from_attrs(str(getattr(study, "study_name", "")), _attrs_of(study))
+
+
+def is_ilge_study(study: Any) -> bool:
+    """Whether ``study`` was created by ilge-search (cheaper than a whole record)."""
+    return "model" in _attrs_of(study)
+
+
+def _write(study: Any, values: Mapping[str, Any]) -> None:
+    for key, value in values.items():
+        study.set_user_attr(key, value)
+
+
+def save_identity(study: Any, identity: Identity, data: DataRecord) -> None:
+    """Store a new study's identity and data record (before it is marked ready)."""
+    _write(study, {**identity.to_attrs(), **data.to_attrs(), VERSION_ATTR: RECORD_VERSION})
+
+
+def save_data_fingerprints(study: Any, task: str, label_names: Sequence[str], fingerprints: Mapping[str, str]) -> None:
+    """Give a study stored before data fingerprints existed its task name and fingerprints (adopted)."""
+    _write(study, {"task": task, "label_names": list(label_names), "data_fingerprints": dict(fingerprints)})
+
+
+def save_task_path(study: Any, task_path: str) -> None:
+    """Record where a custom task's data is now (its file or folder moved)."""
+    study.set_user_attr("task_path", task_path)
+
+
+def mark_ready(study: Any) -> None:
+    """Mark a study set up: its creator stored its identity and enqueued its first trial."""
+    study.set_user_attr(READY_ATTR, True)
+
+
+def is_ready(study: Any) -> bool:
+    """Whether a study's creator finished setting it up (read fresh from the storage)."""
+    return bool(study._storage.get_study_user_attrs(study._study_id).get(READY_ATTR))
+
+
+def save_final(study: Any, final: FinalRecord, *, keep_by_rule: bool = True) -> None:
+    """Store ``final`` as the study's final evaluation; with ``keep_by_rule`` it is also kept as its rule's
+    entry of ``final_by_rule`` (a multi-objective study's front is not). A zero-shot record of an earlier
+    evaluation is cleared when this one has none."""
+    attrs = final.to_attrs()
+    if not final.zero_shot and "final_zero_shot" not in _attrs_of(study):
+        attrs.pop("final_zero_shot", None)
+    _write(study, attrs)
+    if keep_by_rule:
+        by_rule = dict(_attrs_of(study).get("final_by_rule") or {})
+        by_rule[final.select] = final.rule_attrs()
+        study.set_user_attr("final_by_rule", by_rule)
+
+
+def save_explain(study: Any, record: ExplainRecord) -> None:
+    _write(study, record.to_attrs())
+
+
+def save_loto(study: Any, records: Mapping[str, LotoRecord]) -> None:
+    """Replace a study's leave-one-task-out records with ``records`` (digest -> record)."""
+    study.set_user_attr(LotoRecord.ATTR, {digest: record.to_value() for digest, record in records.items()})
+
+
+# ----------------------------------------------------------------------------- trials
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What a trial recorded: its configuration and how its training went.
+
+    ``val_metric`` is its objective score (the mean over folds with ``--cv``,
+    with ``fold_scores``/``fold_best_epochs``); ``params`` its trainable
+    parameters; ``latency_ms`` its forward time per 1,000 validation samples;
+    ``layer``/``layer_scores`` the best-layer baseline's choice; ``pruned_fold``
+    the fold a cross-validated trial was pruned in; ``recommended`` marks the
+    starting configuration.
+    """
+
+    VERSION: ClassVar[int] = 1
+    # field -> user attr, where they differ
+    ATTRS: ClassVar[dict[str, str]] = {"params": "num_trainable_params"}
+
+    config: dict[str, Any] | None = None
+    val_metric: float | None = None
+    params: int | None = None
+    latency_ms: float | None = None
+    epochs_run: int | None = None
+    best_epoch: int | None = None
+    seconds: float | None = None
+    layer: int | None = None
+    layer_scores: list[float] = field(default_factory=list)
+    fold_scores: list[float] = field(default_factory=list)
+    fold_best_epochs: list[int] = field(default_factory=list)
+    pruned_fold: int | None = None
+    recommended: bool = False
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
+        return _fields_from(cls, {k: v for k, v in attrs.items() if v is not None}, cls.ATTRS)
+
+    @classmethod
+    def attr_name(cls, name: str) -> str:
+        """The user attr a field is stored as."""
+        if name not in {f.name for f in dataclasses.fields(cls)}:
+            raise KeyError(f"a trial record has no field {name!r}")
+        return cls.ATTRS.get(name, name)
+
+
+def trial_record(trial: Any) -> TrialRecord:
+    """The :class:`TrialRecord` of an ``optuna.Trial`` or ``FrozenTrial``."""
+    return TrialRecord.from_attrs(_attrs_of(trial))
+
+
+def save_trial(trial: Any, **values: Any) -> None:
+    """Record fields of :class:`TrialRecord` on a running trial (each as it becomes known)."""
+    for name, value in values.items():
+        trial.set_user_attr(TrialRecord.attr_name(name), value)
+
+
+def trial_enqueue_attrs(*, recommended: bool) -> dict[str, Any]:
+    """The user attrs a trial is enqueued with."""
+    return {"recommended": True} if recommended else {}
