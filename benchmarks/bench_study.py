@@ -25,6 +25,8 @@ from pathlib import Path
 
 import optuna
 
+from ilge_search.study import StudyOptions
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,19 +57,21 @@ def timed_study(args, root: Path, label: str, cache_dir: Path, workers: int = 1)
         args.model,
         args.task,
         args.encoder,
-        n_trials=args.trials,
         storage=url,
-        workers=workers,
-        final_seeds=0,
-        pruner="none",
-        seed=0,
-        max_train=args.max_train,
-        max_eval=args.max_eval,
-        max_epochs=args.max_epochs,
-        data_dir=args.data_dir,
-        cache_dir=cache_dir,
-        device=args.device,
-        show_progress=False,
+        options=StudyOptions.from_flat(
+            n_trials=args.trials,
+            workers=workers,
+            final_seeds=0,
+            pruner="none",
+            seed=0,
+            max_train=args.max_train,
+            max_eval=args.max_eval,
+            max_epochs=args.max_epochs,
+            data_dir=args.data_dir,
+            cache_dir=cache_dir,
+            device=args.device,
+            progress=False,
+        ),
     )[0]
     seconds = time.perf_counter() - started
     assert result.n_finished == args.trials, result

@@ -308,7 +308,7 @@ def run_command(
     _study_logging(quiet)
     if n_trials is None and total_trials is None:
         n_trials = 20
-    options = StudyOptions(
+    options = StudyOptions.from_flat(
         n_trials=n_trials,
         timeout=timeout,
         total_trials=total_trials,
@@ -335,7 +335,7 @@ def run_command(
         artifact_dir=artifact_dir,
         threads=threads,
         heartbeat_interval=heartbeat_interval,
-        show_progress=not quiet,
+        progress=not quiet,
     )
     if dry_run:
         from .study import plan_run
@@ -412,35 +412,28 @@ def sweep_command(
     quiet: bool,
 ) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
-    from .study import plan_sweep, run_sweep
+    from .study import SweepFilter, SweepOverrides, plan_sweep, run_sweep
     from .study.plan import format_seconds
 
     _study_logging(quiet)
+    overrides = SweepOverrides(
+        cv=cv, protocol=protocol, samples_per_label=samples_per_label, select=select, workers=workers, threads=threads
+    )
+    only = SweepFilter(models=models, tasks=tasks, encoders=encoders)
     if dry_run:
         from .study import estimate_sweep
 
-        click.echo(
-            plan_sweep(
-                grid, storage=storage, cv=cv, select=select, protocol=protocol, samples_per_label=samples_per_label
-            ).to_string(index=False)
-        )
+        click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
         if not estimate:
             return
         plans = estimate_sweep(
             grid,
             storage=storage,
-            workers=workers,
-            threads=threads,
-            models=models,
-            tasks=tasks,
-            encoders=encoders,
+            only=only,
+            overrides=overrides,
             data_dir=settings.data_dir,
             cache_dir=settings.cache_dir,
             device=settings.device,
-            select=select,
-            cv=cv,
-            protocol=protocol,
-            samples_per_label=samples_per_label,
         )
         for plan in plans:
             click.echo("")
@@ -451,20 +444,13 @@ def sweep_command(
         results = run_sweep(
             grid,
             storage=storage,
-            workers=workers,
-            threads=threads,
-            models=models,
-            tasks=tasks,
-            encoders=encoders,
+            only=only,
+            overrides=overrides,
             data_dir=settings.data_dir,
             cache_dir=settings.cache_dir,
             device=settings.device,
             artifact_dir=artifact_dir,
-            select=select,
-            cv=cv,
-            protocol=protocol,
-            samples_per_label=samples_per_label,
-            show_progress=not quiet,
+            progress=not quiet,
         )
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)

@@ -4,7 +4,7 @@
 - No import cycle between modules, counting imports inside functions (lazy imports).
 - No private name (leading underscore) imported from another module, and no private module of
   another package (``optuna.storages._rdb``): those break without notice on upgrades.
-- No module longer than 700 lines.
+- No module longer than 900 lines (as `ruff format` writes them).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ilge_search"
-MAX_LINES = 700
+MAX_LINES = 900  # lines as `ruff format` writes them
 
 # first component below ilge_search -> layer; higher layers may import lower ones, never the reverse
 LAYERS: Dict[str, int] = {
@@ -35,6 +35,7 @@ LAYERS: Dict[str, int] = {
     "extraction": 3,
     "cache": 3,
     "engine": 3,
+    "record": 2,
     "storage": 3,
     "objectives": 3,
     "protocol": 3,

@@ -29,7 +29,7 @@ from ilge_search.dashboard import (
     write_study_note,
     write_trial_note,
 )
-from ilge_search.study import StorageError, artifact_dir_for
+from ilge_search.study import StorageError, StudyOptions, artifact_dir_for
 
 MODEL = "minilm-l6"
 SMALL = dict(max_train=240, max_eval=160, max_epochs=6)  # same subset as tests/test_study.py: cache hits
@@ -250,16 +250,18 @@ def small_study(tmp_path_factory, data_dir, cache_dir):
         MODEL,
         "trec",
         "fc",
-        n_trials=3,
         storage=url,
-        final_seeds=2,
-        seed=0,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
         callbacks=[note_so_far],
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=3,
+            final_seeds=2,
+            seed=0,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            **SMALL,
+        ),
     )[0]
     return root, url, result, notes_while_running
 

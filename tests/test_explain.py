@@ -14,6 +14,7 @@ from ilge_search import CayleyConfig, DeepSetConfig, FCConfig, ScalarMixConfig, 
 from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
 from ilge_search.explain import EXPLAIN_ATTR, attribute_layers, explain_study, explanation_is_current
+from ilge_search.study import StudyOptions
 
 # ----------------------------------------------------------------------------- a known answer
 
@@ -114,12 +115,29 @@ def studies(tmp_path_factory, data_dir, cache_dir):
     """MiniLM-L6 on TREC: a 1-trial Cayley study with 2 final seeds, its best-layer sibling (probes) and a
     mean-layers study without final evaluation."""
     url = f"sqlite:///{tmp_path_factory.mktemp('explain') / 'studies.db'}"
-    common = dict(
-        storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, **SMALL
+    common_storage = url
+    common = dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False, **SMALL)
+    run_study(
+        "minilm-l6",
+        "trec",
+        "cayley",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=1, final_seeds=2, **common),
     )
-    run_study("minilm-l6", "trec", "cayley", n_trials=1, final_seeds=2, **common)
-    run_study("minilm-l6", "trec", "best-layer", n_trials=1, final_seeds=0, **common)
-    run_study("minilm-l6", "trec", "mean-layers", n_trials=1, final_seeds=0, **common)
+    run_study(
+        "minilm-l6",
+        "trec",
+        "best-layer",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common),
+    )
+    run_study(
+        "minilm-l6",
+        "trec",
+        "mean-layers",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common),
+    )
     return {"url": url, "data_dir": data_dir, "cache_dir": cache_dir}
 
 

@@ -19,6 +19,7 @@ from ilge_search import ILGEClassifier, run_study
 from ilge_search.classifier import clear_embedding_memo
 from ilge_search.cli import cli
 from ilge_search.engine import spearman
+from ilge_search.study import StudyOptions
 from ilge_search.study.data import DataSpec, load_task_data
 
 SMALL = dict(max_train=240, max_eval=160, max_epochs=3)
@@ -37,12 +38,29 @@ def studies(tmp_path_factory, data_dir, cache_dir):
     evaluation, and an STS-B Cayley study (1 final seed)."""
     folder = tmp_path_factory.mktemp("export")
     url = f"sqlite:///{folder / 'studies.db'}"
-    common = dict(
-        storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, **SMALL
+    common_storage = url
+    common = dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False, **SMALL)
+    run_study(
+        "minilm-l6",
+        "trec",
+        "cayley",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=3, final_seeds=2, **common),
     )
-    run_study("minilm-l6", "trec", "cayley", n_trials=3, final_seeds=2, **common)
-    run_study("minilm-l6", "trec", "last-layer", n_trials=2, final_seeds=0, **common)
-    run_study("minilm-l6", "stsb", "cayley", n_trials=2, final_seeds=1, **common)
+    run_study(
+        "minilm-l6",
+        "trec",
+        "last-layer",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=2, final_seeds=0, **common),
+    )
+    run_study(
+        "minilm-l6",
+        "stsb",
+        "cayley",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=2, final_seeds=1, **common),
+    )
     return {"url": url, "folder": folder, "data_dir": data_dir, "cache_dir": cache_dir}
 
 

@@ -11,6 +11,7 @@ import pytest
 from ilge_search.report import build_report
 from ilge_search.report.data import collect_records
 from ilge_search.report.fewshot import fewshot_frame
+from ilge_search.study import SweepOverrides
 
 MODEL = "minilm-l6"
 GRID = """
@@ -36,7 +37,9 @@ def fewshot_storage(tmp_path_factory, data_dir, cache_dir):
     url = f"sqlite:///{folder / 'studies.db'}"
     grid = folder / "grid.toml"
     grid.write_text(GRID.format(storage=url))
-    run_sweep(grid, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False)
+    run_sweep(
+        grid, data_dir=data_dir, cache_dir=cache_dir, device="cpu", overrides=SweepOverrides(threads=1), progress=False
+    )
     return url
 
 

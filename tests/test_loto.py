@@ -17,6 +17,7 @@ from ilge_search.configs import CayleyConfig
 from ilge_search.report import build_report
 from ilge_search.report.loto import LOTO_ATTR, leave_one_task_out, start_config, stored_loto
 from ilge_search.report.recommend import recommend_defaults
+from ilge_search.study import StudyOptions
 
 MODEL = "minilm-l6"
 SMALL = dict(max_train=240, max_eval=160, max_epochs=2)  # the data caps of tests/test_report.py
@@ -33,16 +34,18 @@ def studies(tmp_path_factory, data_dir, cache_dir):
             MODEL,
             task,
             "cayley",
-            n_trials=2,
-            final_seeds=0,
             storage=url,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            threads=1,
-            show_progress=False,
-            seed=0,
-            **SMALL,
+            options=StudyOptions.from_flat(
+                n_trials=2,
+                final_seeds=0,
+                data_dir=data_dir,
+                cache_dir=cache_dir,
+                device="cpu",
+                threads=1,
+                progress=False,
+                seed=0,
+                **SMALL,
+            ),
         )
     return url
 
@@ -225,17 +228,19 @@ def test_paper_protocol_studies_are_not_evaluation_targets(studies, data_dir, ca
         MODEL,
         "trec",
         "cayley",
-        n_trials=3,
-        final_seeds=0,
         storage=url,
-        data_dir=data_dir,
-        protocol="paper",
-        cache_dir=cache_dir,
-        device="cpu",
-        threads=1,
-        show_progress=False,
-        seed=0,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=3,
+            final_seeds=0,
+            data_dir=data_dir,
+            protocol="paper",
+            cache_dir=cache_dir,
+            device="cpu",
+            threads=1,
+            progress=False,
+            seed=0,
+            **SMALL,
+        ),
     )
     names = [s.study_name for s in optuna.get_all_study_summaries(url)]
     assert f"{MODEL}:trec:cayley:train240:eval160:ep2:paper" in names

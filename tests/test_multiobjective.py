@@ -111,11 +111,14 @@ def test_objectives_are_checked_ordered_and_flops_is_refused_with_the_reason():
     with pytest.raises(ValueError) as error:
         check_objectives(["score", "flops"])
     assert str(error.value) == FLOPS_REFUSAL and "sparse" in FLOPS_REFUSAL
-    options = StudyOptions(objectives=["score", "params"], n_trials=1)
-    assert options.objectives == ("score", "params") and options.multi_objective
-    assert options.effective_pruner == "none" and StudyOptions(n_trials=1).effective_pruner == "median"
+    options = StudyOptions.from_flat(objectives=["score", "params"], n_trials=1)
+    assert options.search.objectives == ("score", "params") and options.search.multi_objective
+    assert (
+        options.search.effective_pruner == "none"
+        and StudyOptions.from_flat(n_trials=1).search.effective_pruner == "median"
+    )
     with pytest.raises(ValueError, match="final_front must be an integer >= 1"):
-        StudyOptions(objectives=["score", "params"], final_front=0, n_trials=1)
+        StudyOptions.from_flat(objectives=["score", "params"], final_front=0, n_trials=1)
 
 
 def test_a_known_front_is_found_ordered_by_score_and_matches_optunas():
@@ -244,8 +247,8 @@ def test_objectives_are_part_of_the_study_identity_and_name():
         "minilm-l6:trec:cayley:train500:cv5:obj-params"
     )
     assert default_study_name("m", "t", "fc", objectives=("score", "params", "latency")) == "m:t:fc:obj-params-latency"
-    single = study_identity("m", "t", "fc", StudyOptions(n_trials=1))
-    multi = study_identity("m", "t", "fc", StudyOptions(n_trials=1, objectives=["score", "params"]))
+    single = study_identity("m", "t", "fc", StudyOptions.from_flat(n_trials=1))
+    multi = study_identity("m", "t", "fc", StudyOptions.from_flat(n_trials=1, objectives=["score", "params"]))
     stored_before = {key: value for key, value in single.items() if key != "objectives"}  # an older study
     stored_before.update(model="m", cache_keys={"train": "k"})
     assert check_identity("s", stored_before, single, cache_keys={"train": "k"}) is True  # legacy, adopted
@@ -265,7 +268,7 @@ def test_sweep_grids_take_objectives_per_grid_task_and_encoder(tmp_path):
     assert found[("trec", "cayley")] == (("score", "params"), "minilm-l6:trec:cayley:obj-params")
     assert found[("trec", "last-layer")] == (("score",), "minilm-l6:trec:last-layer")
     assert found[("emotion", "last-layer")][0] == ("score", "latency")
-    assert sweep.study_options().final_front == 3
+    assert sweep.study_options().final.front == 3
     assert len({e.group_key() for e in sweep.entries}) == 3  # trec's two objective sets run apart
     grid.write_text('models = ["minilm-l6"]\nobjectives = ["score", "flops"]\n[trials]\ndefault = 1\n[tasks.trec]\n')
     with pytest.raises(ValueError, match=f"{grid}: the objective 'flops' is not available"):

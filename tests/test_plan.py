@@ -23,7 +23,7 @@ SMALL = dict(max_train=240, max_eval=160, max_epochs=4)  # the runner tests' sub
 
 
 def common(data_dir, cache_dir):
-    return dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False, **SMALL)
+    return dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False, **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def warm(data_dir, cache_dir):
     from ilge_search.cache import load_task_embeddings
     from ilge_search.study.data import DataSpec, load_task_data
 
-    spec = DataSpec.from_options(MODEL, "trec", StudyOptions(**common(data_dir, cache_dir)))
+    spec = DataSpec.from_options(MODEL, "trec", StudyOptions.from_flat(**common(data_dir, cache_dir)))
     load_task_embeddings(
         MODEL,
         load_task_data(spec),
@@ -53,9 +53,9 @@ def test_a_cold_cache_is_timed_by_extracting_a_few_texts_and_nothing_is_written(
         "trec",
         "cayley",
         storage=f"sqlite:///{db}",
-        n_trials=3,
-        final_seeds=1,
-        **{**common(data_dir, cache), "max_train": 60, "max_eval": 40},
+        options=StudyOptions.from_flat(
+            n_trials=3, final_seeds=1, **{**common(data_dir, cache), "max_train": 60, "max_eval": 40}
+        ),
     )
     assert plan.split_sizes == {"train": 60, "validation": 40, "test": 40}
     assert plan.cached == {"train": False, "validation": False, "test": False}
@@ -84,23 +84,28 @@ def test_the_estimate_is_within_a_factor_of_a_real_tiny_run(tmp_path, warm, data
     # estimate says it assumes every trial costs what the start costs, and the README says so)
     # epochs enough that training, which the estimate measures, outweighs the fixed cost of creating a study
     options = dict(n_trials=1, final_seeds=1, seed=0, **{**common(data_dir, warm), "max_epochs": 12})
-    plan = plan_run(MODEL, "trec", "cayley", storage=url, **options)
+    plan = plan_run(MODEL, "trec", "cayley", storage=url, options=StudyOptions.from_flat(**options))
     assert plan.cached == {"train": True, "validation": True, "test": True}
     assert plan.texts_to_embed == 0 and plan.extraction_seconds == 0 and "cached features" in plan.calibration
     assert not (tmp_path / "studies.db").exists()
 
     started = time.perf_counter()
-    run_study(MODEL, "trec", "cayley", storage=url, **options)
+    run_study(MODEL, "trec", "cayley", storage=url, options=StudyOptions.from_flat(**options))
     actual = time.perf_counter() - started
     # a sane factor: the estimate leaves out study creation and notes, and assumes no trial stops early
     assert actual / 4 < plan.seconds < actual * 4, (plan.seconds, actual)
 
     # the same command again: the study exists and would get 1 more trial; a cap that it already holds adds none
     names = [s.study_name for s in optuna.get_all_study_summaries(url)]
-    again = plan_run(MODEL, "trec", "cayley", storage=url, calibrate=False, **options)
+    again = plan_run(MODEL, "trec", "cayley", storage=url, calibrate=False, options=StudyOptions.from_flat(**options))
     assert (again.studies[0].exists, again.studies[0].finished, again.studies[0].trials) == (True, 1, 1)
     capped = plan_run(
-        MODEL, "trec", "cayley", storage=url, calibrate=False, **{**options, "n_trials": None, "total_trials": 1}
+        MODEL,
+        "trec",
+        "cayley",
+        storage=url,
+        calibrate=False,
+        options=StudyOptions.from_flat(**{**options, "n_trials": None, "total_trials": 1}),
     )
     assert (capped.studies[0].trials, capped.studies[0].final_runs) == (0, 0)
     assert [s.study_name for s in optuna.get_all_study_summaries(url)] == names
@@ -110,7 +115,7 @@ def test_the_estimate_is_within_a_factor_of_a_real_tiny_run(tmp_path, warm, data
 def test_a_dry_run_refuses_what_the_run_refuses_with_the_same_message(tmp_path, warm, data_dir):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     options = dict(n_trials=1, final_seeds=0, **common(data_dir, warm))
-    run_study(MODEL, "trec", "last-layer", storage=url, study_name="taken", **options)
+    run_study(MODEL, "trec", "last-layer", storage=url, options=StudyOptions.from_flat(study_name="taken", **options))
     bad = [
         dict(task="no-such-task"),
         dict(model="no-such-model"),
@@ -123,11 +128,11 @@ def test_a_dry_run_refuses_what_the_run_refuses_with_the_same_message(tmp_path, 
         messages = []
         for call in (run_study, plan_run):
             with pytest.raises(ValueError) as caught:
-                call(*where, storage=url, **keywords)
+                call(*where, storage=url, options=StudyOptions.from_flat(**keywords))
             messages.append(str(caught.value))
         assert messages[0] == messages[1], case
     with pytest.raises(ValueError, match="max_epochs"):
-        plan_run(MODEL, "trec", storage=url, **{**options, "max_epochs": 0})
+        plan_run(MODEL, "trec", storage=url, options=StudyOptions.from_flat(**{**options, "max_epochs": 0}))
 
 
 def test_run_dry_run_prints_the_plan_and_creates_nothing(tmp_path, warm, data_dir):
@@ -224,9 +229,7 @@ def test_a_long_run_logs_its_estimate_at_the_start(tmp_path, warm, data_dir, mon
             "trec",
             "last-layer",
             storage=f"sqlite:///{tmp_path / 's.db'}",
-            n_trials=1,
-            final_seeds=0,
-            **common(data_dir, warm),
+            options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common(data_dir, warm)),
         )
     lines = [r.getMessage() for r in caplog.records if "estimated wall time" in r.getMessage()]
     assert len(lines) == 1 and "1 study, 1 trials of up to 4 epochs on 240 training texts" in lines[0]

@@ -243,15 +243,15 @@ def test_the_protocol_is_part_of_the_study_identity_and_name():
         "minilm-l6:emotion:cayley:paper-4-per-label"
     )
     matched = study_identity(MODEL, "emotion", "cayley", StudyOptions())
-    paper = study_identity(MODEL, "emotion", "cayley", StudyOptions(protocol="paper"))
+    paper = study_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper"))
     assert (matched["protocol"], matched["samples_per_label"]) == ("matched", None)
     assert (paper["protocol"], paper["samples_per_label"]) == ("paper", 16)
-    custom = study_identity(MODEL, "emotion", "cayley", StudyOptions(protocol="paper"), registered=False)
+    custom = study_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper"), registered=False)
     assert custom["samples_per_label"] == 8  # a custom task called "emotion" is not MTEB's Emotion
     data_keys = {"label_names": ["a"], "data_fingerprints": {"train": "x"}}
     with pytest.raises(StudyConflictError, match="protocol: stored 'matched', requested 'paper'"):
         check_identity("s", {**matched, **data_keys}, {**paper, **data_keys})
-    fewer = study_identity(MODEL, "emotion", "cayley", StudyOptions(protocol="paper", samples_per_label=4))
+    fewer = study_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper", samples_per_label=4))
     with pytest.raises(StudyConflictError, match="samples_per_label: stored 16, requested 4"):
         check_identity("s", {**paper, **data_keys}, {**fewer, **data_keys})
     # stored before protocols existed: a matched study, resumable as one and never as a paper study
@@ -263,11 +263,11 @@ def test_the_protocol_is_part_of_the_study_identity_and_name():
 
 def test_protocol_options_are_checked_once():
     with pytest.raises(ValueError, match="unknown protocol 'mteb'"):
-        StudyOptions(protocol="mteb")
+        StudyOptions.from_flat(protocol="mteb")
     with pytest.raises(ValueError, match="samples_per_label sets the paper protocol's readout"):
-        StudyOptions(samples_per_label=8)
+        StudyOptions.from_flat(samples_per_label=8)
     with pytest.raises(ValueError, match="samples_per_label must be an integer >= 1"):
-        StudyOptions(protocol="paper", samples_per_label=0)
+        StudyOptions.from_flat(protocol="paper", samples_per_label=0)
 
 
 def test_the_cli_refuses_samples_per_label_without_the_paper_protocol(tmp_path):
@@ -352,18 +352,24 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     small = dict(max_train=240, max_eval=160, max_epochs=3)  # the runner tests' subsets (shared embedding cache)
+    common_storage = url
     common = dict(
-        storage=url,
         data_dir=data_dir,
         cache_dir=cache_dir,
         device="cpu",
-        show_progress=False,
+        progress=False,
         seed=0,
         threads=1,
         final_seeds=2,
         **small,
     )
-    results = run_study(MODEL, "trec", ["cayley", "last-layer"], n_trials=2, protocol="paper", **common)
+    results = run_study(
+        MODEL,
+        "trec",
+        ["cayley", "last-layer"],
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=2, protocol="paper", **common),
+    )
     assert [r.study_name for r in results] == [
         f"minilm-l6:trec:{e}:train240:eval160:ep3:paper" for e in ("cayley", "last-layer")
     ]
@@ -407,13 +413,21 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
     assert cayley["final_val_test_gap"] is None and cayley["final_search_gain"] is not None
 
     # a matched run on the same storage makes its own studies; an explicit name of a paper study is refused
-    matched = run_study(MODEL, "trec", "last-layer", n_trials=1, **common)
+    matched = run_study(
+        MODEL, "trec", "last-layer", storage=common_storage, options=StudyOptions.from_flat(n_trials=1, **common)
+    )
     assert matched[0].study_name == "minilm-l6:trec:last-layer:train240:eval160:ep3" and matched[0].protocol == (
         "matched"
     )
     assert not math.isclose(matched[0].test_mean, expected)
     with pytest.raises(StudyConflictError, match="protocol: stored 'paper', requested 'matched'"):
-        run_study(MODEL, "trec", "last-layer", n_trials=1, study_name=results[1].study_name, **common)
+        run_study(
+            MODEL,
+            "trec",
+            "last-layer",
+            storage=common_storage,
+            options=StudyOptions.from_flat(n_trials=1, study_name=results[1].study_name, **common),
+        )
 
 
 @pytest.mark.slow
@@ -429,17 +443,19 @@ def test_a_paper_protocol_similarity_study_scores_the_raw_cosine(tmp_path, data_
         MODEL,
         "stsb",
         "last-layer",
-        n_trials=1,
-        final_seeds=1,
-        protocol="paper",
-        zero_shot_tasks=["sick_r"],
         storage=f"sqlite:///{tmp_path / 's.db'}",
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **small,
+        options=StudyOptions.from_flat(
+            n_trials=1,
+            final_seeds=1,
+            protocol="paper",
+            zero_shot_tasks=["sick_r"],
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **small,
+        ),
     )
     spec = DataSpec(
         model=MODEL, task="stsb", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240, max_eval=160

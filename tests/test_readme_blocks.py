@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from ilge_search.study import StudyOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 SHRUNK_STUDY = {"n_trials": 1, "max_train": 90, "max_eval": 60, "max_epochs": 2, "workers": 1, "final_seeds": 1}
@@ -69,7 +71,10 @@ def shrunk_run_study(monkeypatch):
     def shrunk(*args, **kwargs):
         inspect.signature(run_study).bind(*args, **kwargs)  # what the README passes must exist
         calls.append(kwargs)
-        return run_study(*args, **{**kwargs, **SHRUNK_STUDY})
+        options = kwargs.get("options") or StudyOptions()
+        return run_study(
+            *args, options=StudyOptions.from_flat(**{**kwargs, "options": options.replace(**SHRUNK_STUDY)})
+        )
 
     monkeypatch.setattr(ilge_search, "run_study", shrunk)
     return calls
@@ -91,7 +96,8 @@ def test_python_block_runs_as_written(block, clone, shrunk_run_study):
         exec(compile(block, "README.md", "exec"), namespace)
     printed = out.getvalue()
     if "run_study(" in block:
-        assert len(shrunk_run_study) == 1 and shrunk_run_study[0]["data_dir"] == "../shared/datasets"
+        assert len(shrunk_run_study) == 1
+        assert shrunk_run_study[0]["options"].data.data_dir == "../shared/datasets"
         lines = printed.splitlines()
         assert [line.split()[0].split(":")[:3] for line in lines] == [
             ["minilm-l6", "trec", "cayley"],

@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 
 from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.cli import cli
+from ilge_search.study import StudyOptions
 
 MODEL = "minilm-l6"
 # the same subset as tests/test_study.py, so a full test session extracts it once
@@ -384,26 +385,30 @@ def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_failed_and_retr
     from ilge_search.tuning import suggest_config
 
     url = sqlite_url(tmp_path / "orphan.db")
+    options_storage = url
     options = dict(
-        storage=url,
         final_seeds=0,
         data_dir=data_dir,
         cache_dir=trec_cached,
         device="cpu",
-        show_progress=False,
+        progress=False,
         heartbeat_interval=1,
         grace_period=2,
         max_train=240,
         max_eval=160,
         max_epochs=6,
     )
-    run_study(MODEL, "trec", "last-layer", n_trials=1, **options)
+    run_study(
+        MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=1, **options)
+    )
     name = default_study_name(MODEL, "trec", "last-layer", max_train=240, max_eval=160, max_epochs=6)
     study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat_interval=1, grace_period=2))
     orphan = study.ask()  # no heartbeat is ever recorded for it
     suggest_config(orphan, "last-layer")
     time.sleep(2.5)
-    result = run_study(MODEL, "trec", "last-layer", n_trials=2, **options)[0]
+    result = run_study(
+        MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=2, **options)
+    )[0]
     study = optuna.load_study(study_name=name, storage=url)
     assert study.trials[orphan.number].state == TrialState.FAIL
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == orphan.number]

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from ilge_search.cli import cli
 from ilge_search.report import METHOD_LABELS, METHODS, MISSING, build_report
 from ilge_search.report.paper_results import canonical_model, canonical_task, load_paper_results, published_result
+from ilge_search.study import StudyOptions
 
 MODEL = "minilm-l6"
 SMALL = dict(max_train=240, max_eval=160, max_epochs=4)  # the runner tests' subsets (shared embedding cache)
@@ -49,19 +50,31 @@ def real_storage(tmp_path_factory, data_dir, cache_dir):
     from ilge_search.study import run_study
 
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'studies.db'}"
-    common = dict(
-        storage=url, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False, seed=0, **SMALL
-    )
+    common_storage = url
+    common = dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False, seed=0, **SMALL)
     run_study(
         MODEL,
         "trec",
         ["last-layer", "best-layer", "cayley"],
-        n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2},
-        final_seeds=2,
-        **common,
+        storage=common_storage,
+        options=StudyOptions.from_flat(
+            n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2}, final_seeds=2, **common
+        ),
     )
-    run_study(MODEL, "trec", "scalar-mix", n_trials=1, final_seeds=0, **common)
-    run_study(MODEL, "stsb", "last-layer", n_trials=2, final_seeds=2, **common)
+    run_study(
+        MODEL,
+        "trec",
+        "scalar-mix",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common),
+    )
+    run_study(
+        MODEL,
+        "stsb",
+        "last-layer",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=2, final_seeds=2, **common),
+    )
     optuna.create_study(study_name="not-ours", storage=url).optimize(lambda t: t.suggest_float("x", 0, 1), 2)
     return url
 

@@ -104,9 +104,9 @@ def test_cv_must_be_two_or_more_and_at_most_the_training_size():
     with pytest.raises(ValueError, match="--cv 20 needs at least 20 training examples; the training split has 12"):
         check_cv(20, 12)
     with pytest.raises(ValueError, match="cv"):
-        StudyOptions(cv=1)
+        StudyOptions.from_flat(cv=1)
     with pytest.raises(ValueError, match="select"):
-        StudyOptions(select="worst")
+        StudyOptions.from_flat(select="worst")
 
 
 # ----------------------------------------------------------------------------- the cross-validated objective
@@ -391,7 +391,7 @@ def test_cv_is_part_of_the_study_identity_and_name():
     name = default_study_name("minilm-l6", "trec", "cayley", max_train=500, cv=5)
     assert name == "minilm-l6:trec:cayley:train500:cv5"
     plain = study_identity("minilm-l6", "trec", "cayley", StudyOptions())
-    cv = study_identity("minilm-l6", "trec", "cayley", StudyOptions(cv=5))
+    cv = study_identity("minilm-l6", "trec", "cayley", StudyOptions.from_flat(cv=5))
     assert plain["cv"] is None and cv["cv"] == 5
     data_keys = {"label_names": ["a"], "data_fingerprints": {"train": "x"}}
     stored = {**plain, **data_keys}
@@ -410,7 +410,7 @@ def test_sweep_grids_take_cv_globally_and_per_task_and_select(tmp_path):
     sweep = load_sweep(grid)
     names = {e.task: e.study_name for e in sweep.entries}
     assert names == {"trec": "minilm-l6:trec:cayley:train500:cv5", "sst2": "minilm-l6:sst2:cayley:train500:cv3"}
-    assert sweep.study_options().select == "one-se"
+    assert sweep.study_options().final.select == "one-se"
     grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley"]\n[trials]\ndefault = 2\n[tasks.trec]\ncv = 1\n')
     with pytest.raises(ValueError, match=r"\[tasks.trec\]: cv must be"):
         load_sweep(grid)

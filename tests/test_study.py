@@ -16,6 +16,7 @@ from ilge_search.configs import config_from_dict
 from ilge_search.study import (
     StorageError,
     StudyConflictError,
+    StudyOptions,
     artifact_dir_for,
     default_study_name,
     list_studies,
@@ -142,21 +143,28 @@ def test_bad_storage_urls_are_clear_errors(url, message):
 
 def test_bad_arguments_fail_before_any_model_loads(tmp_path, data_dir):
     cache = tmp_path / "cache"
-    common = dict(storage=sqlite_url(tmp_path / "s.db"), data_dir=data_dir, cache_dir=cache)
+    common_storage = sqlite_url(tmp_path / "s.db")
+    common = dict(data_dir=data_dir, cache_dir=cache)
     with pytest.raises(ValueError, match="unknown encoder"):
-        run_study(MODEL, "trec", ["gnn"], **common)
+        run_study(MODEL, "trec", ["gnn"], storage=common_storage, options=StudyOptions.from_flat(**common))
     with pytest.raises(ValueError, match="unknown sampler"):
-        run_study(MODEL, "trec", sampler="bayes", **common)
+        run_study(MODEL, "trec", storage=common_storage, options=StudyOptions.from_flat(sampler="bayes", **common))
     with pytest.raises(ValueError, match="give n_trials, total_trials or a timeout"):
-        run_study(MODEL, "trec", n_trials=None, **common)
+        run_study(MODEL, "trec", storage=common_storage, options=StudyOptions.from_flat(n_trials=None, **common))
     with pytest.raises(ValueError, match="exactly one encoder"):
-        run_study(MODEL, "trec", ["fc", "cayley"], study_name="x", **common)
+        run_study(
+            MODEL,
+            "trec",
+            ["fc", "cayley"],
+            storage=common_storage,
+            options=StudyOptions.from_flat(study_name="x", **common),
+        )
     with pytest.raises(ValueError, match="unknown task"):
-        run_study(MODEL, "no_such_task", **common)
+        run_study(MODEL, "no_such_task", storage=common_storage, options=StudyOptions.from_flat(**common))
     with pytest.raises(ValueError, match="not an alias"):
-        run_study("no-such-model", "trec", **common)
+        run_study("no-such-model", "trec", storage=common_storage, options=StudyOptions.from_flat(**common))
     with pytest.raises(ValueError, match="classification task"):
-        run_study(MODEL, "stsb", shots=4, **common)
+        run_study(MODEL, "stsb", storage=common_storage, options=StudyOptions.from_flat(shots=4, **common))
     assert not cache.exists() or not any(cache.rglob("*.safetensors"))
 
 
@@ -177,14 +185,26 @@ def test_a_study_name_reused_for_another_task_is_refused_before_extraction(tmp_p
         study.set_user_attr(key, value)
     cache = tmp_path / "cache"
     with pytest.raises(StudyConflictError) as info:
-        run_study(MODEL, "sst2", "cayley", study_name="mine", storage=url, data_dir=data_dir, cache_dir=cache)
+        run_study(
+            MODEL,
+            "sst2",
+            "cayley",
+            storage=url,
+            options=StudyOptions.from_flat(study_name="mine", data_dir=data_dir, cache_dir=cache),
+        )
     assert "task: stored 'trec', requested 'sst2'" in str(info.value)
     assert not cache.exists() or not any(cache.rglob("*.safetensors"))
 
     foreign = optuna.create_study(study_name="foreign", storage=url)
     foreign.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
     with pytest.raises(StudyConflictError, match="not created by ilge-search"):
-        run_study(MODEL, "trec", "cayley", study_name="foreign", storage=url, data_dir=data_dir, cache_dir=cache)
+        run_study(
+            MODEL,
+            "trec",
+            "cayley",
+            storage=url,
+            options=StudyOptions.from_flat(study_name="foreign", data_dir=data_dir, cache_dir=cache),
+        )
 
 
 def test_listing_a_missing_sqlite_file_says_so(tmp_path):
@@ -205,16 +225,18 @@ def trec_study(tmp_path_factory, data_dir, cache_dir):
         MODEL,
         "trec",
         "cayley",
-        n_trials=6,
         storage=url,
-        final_seeds=2,
-        seed=0,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=6,
+            final_seeds=2,
+            seed=0,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **SMALL,
+        ),
     )
     return url, results[0]
 
@@ -315,15 +337,17 @@ def test_rerunning_resumes_and_adds_trials(trec_study, data_dir, cache_dir):
         MODEL,
         "trec",
         "cayley",
-        n_trials=3,
         storage=url,
-        final_seeds=2,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=3,
+            final_seeds=2,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **SMALL,
+        ),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert len(study.trials) == 9 and again.n_finished == 9
@@ -346,17 +370,19 @@ def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_d
         MODEL,
         "trec",
         "deepset",
-        n_trials=7,
-        workers=2,
         storage=url,
-        final_seeds=1,
-        seed=3,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=7,
+            workers=2,
+            final_seeds=1,
+            seed=3,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **SMALL,
+        ),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     states = [t.state for t in study.trials]
@@ -371,32 +397,62 @@ def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_d
 @pytest.mark.realmodel
 def test_total_trials_is_one_cap_across_calls_and_workers(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "capped.db")
+    common_storage = url
     common = dict(
-        storage=url,
         final_seeds=0,
         data_dir=data_dir,
         cache_dir=cache_dir,
         device="cpu",
-        show_progress=False,
+        progress=False,
         threads=1,
         pruner="none",
         **SMALL,
     )
-    name = run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=3, **common)[0].study_name
+    name = run_study(
+        MODEL,
+        "trec",
+        "deepset",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=None, total_trials=3, **common),
+    )[0].study_name
     study = optuna.load_study(study_name=name, storage=url)
     assert len(study.trials) == 3  # no n_trials: ran until the cap
-    run_study(MODEL, "trec", "deepset", n_trials=5, total_trials=3, **common)  # already at the cap: adds none
+    run_study(
+        MODEL,
+        "trec",
+        "deepset",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=5, total_trials=3, **common),
+    )  # already at the cap: adds none
     assert len(study.trials) == 3
-    run_study(MODEL, "trec", "deepset", n_trials=5, total_trials=4, **common)  # the cap wins over n_trials
+    run_study(
+        MODEL,
+        "trec",
+        "deepset",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=5, total_trials=4, **common),
+    )  # the cap wins over n_trials
     assert len(study.trials) == 4
     # two processes: each stops once finished + running trials reach the cap
-    run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=8, workers=2, **common)
+    run_study(
+        MODEL,
+        "trec",
+        "deepset",
+        storage=common_storage,
+        options=StudyOptions.from_flat(n_trials=None, total_trials=8, workers=2, **common),
+    )
     states = [t.state for t in study.trials]
     assert all(s == TrialState.COMPLETE for s in states)
     assert 8 <= len(states) <= 9  # at most one over: both workers may start a trial in the same instant
     assert sorted(t.number for t in study.trials) == list(range(len(states)))
     with pytest.raises(ValueError, match="total_trials"):
-        run_study(MODEL, "trec", "deepset", n_trials=None, total_trials=0, **common)
+        run_study(
+            MODEL,
+            "trec",
+            "deepset",
+            storage=common_storage,
+            options=StudyOptions.from_flat(n_trials=None, total_trials=0, **common),
+        )
 
 
 @pytest.mark.slow
@@ -407,16 +463,18 @@ def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir
         MODEL,
         "stsb",
         "deepset",
-        n_trials=3,
         storage=url,
-        final_seeds=2,
-        zero_shot_tasks=["sick_r"],
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=3,
+            final_seeds=2,
+            zero_shot_tasks=["sick_r"],
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **SMALL,
+        ),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     attrs = study.user_attrs
@@ -440,16 +498,18 @@ def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_
         MODEL,
         "trec",
         "best-layer",
-        n_trials=2,
         storage=url,
-        final_seeds=1,
-        sampler="gp",
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=2,
+            final_seeds=1,
+            sampler="gp",
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **SMALL,
+        ),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     for trial in study.trials:
@@ -469,17 +529,19 @@ def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, data_dir, cache
         MODEL,
         "trec",
         "last-layer",
-        n_trials=2,
-        shots=4,
-        max_eval=160,
-        max_epochs=6,
         storage=url,
-        final_seeds=1,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
+        options=StudyOptions.from_flat(
+            n_trials=2,
+            shots=4,
+            max_eval=160,
+            max_epochs=6,
+            final_seeds=1,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+        ),
     )[0]
     assert result.study_name == "minilm-l6:trec:last-layer:4shot:eval160:ep6"
     attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
@@ -503,25 +565,29 @@ def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, 
         return real_train(*args, **kwargs)
 
     monkeypatch.setattr(engine, "train_encoder", interrupted_on_third_call)
+    options_storage = url
     options = dict(
-        storage=url,
         final_seeds=1,
         data_dir=data_dir,
         cache_dir=cache_dir,
         device="cpu",
-        show_progress=False,
+        progress=False,
         threads=1,
         **SMALL,
     )
     with pytest.raises(KeyboardInterrupt):
-        run_study(MODEL, "trec", "mean-layers", n_trials=5, **options)
+        run_study(
+            MODEL, "trec", "mean-layers", storage=options_storage, options=StudyOptions.from_flat(n_trials=5, **options)
+        )
     name = default_study_name(MODEL, "trec", "mean-layers", **SMALL)
     study = optuna.load_study(study_name=name, storage=url)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
     assert "final_test_mean" not in study.user_attrs
 
     monkeypatch.setattr(engine, "train_encoder", real_train)
-    result = run_study(MODEL, "trec", "mean-layers", n_trials=2, **options)[0]
+    result = run_study(
+        MODEL, "trec", "mean-layers", storage=options_storage, options=StudyOptions.from_flat(n_trials=2, **options)
+    )[0]
     assert (result.n_complete, result.n_failed) == (4, 1)
     assert result.test_mean is not None
 
@@ -531,19 +597,21 @@ def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, 
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
 def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data_dir, cache_dir, trec_study):
     url = sqlite_url(tmp_path / "hb.db")
+    options_storage = url
     options = dict(
-        storage=url,
         final_seeds=0,
         data_dir=data_dir,
         cache_dir=cache_dir,
         device="cpu",
-        show_progress=False,
+        progress=False,
         threads=1,
         heartbeat_interval=1,
         grace_period=2,
         **SMALL,
     )
-    run_study(MODEL, "trec", "last-layer", n_trials=1, **options)
+    run_study(
+        MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=1, **options)
+    )
     name = default_study_name(MODEL, "trec", "last-layer", **SMALL)
     # a worker that asked for a trial, beat once and died
     study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat_interval=1, grace_period=2))
@@ -553,7 +621,9 @@ def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data
     suggest_config(dead, "last-layer")
     study._storage.record_heartbeat(dead._trial_id)
     time.sleep(3)
-    result = run_study(MODEL, "trec", "last-layer", n_trials=2, **options)[0]
+    result = run_study(
+        MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=2, **options)
+    )[0]
     study = optuna.load_study(study_name=name, storage=url)
     assert study.trials[dead.number].state == TrialState.FAIL
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
@@ -573,16 +643,18 @@ def test_plain_postgresql_url_with_two_workers(postgres_url, data_dir, cache_dir
         MODEL,
         "trec",
         "last-layer",
-        n_trials=4,
-        workers=2,
         storage=url,
-        final_seeds=1,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
-        threads=1,
-        **SMALL,
+        options=StudyOptions.from_flat(
+            n_trials=4,
+            workers=2,
+            final_seeds=1,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device="cpu",
+            progress=False,
+            threads=1,
+            **SMALL,
+        ),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=make_storage(url, heartbeat_interval=None))
     assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ilge_search.study import ENCODER_CHOICES, load_sweep, plan_sweep, run_sweep
+from ilge_search.study import ENCODER_CHOICES, SweepFilter, load_sweep, plan_sweep, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -249,13 +249,13 @@ last-layer = 2
 [tasks.trec]
 """,
     )
-    results = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
+    results = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
     assert [(r.encoder, r.n_finished) for r in results] == [("last-layer", 2), ("deepset", 3)]
     assert all(len(r.test_scores) == 2 and r.test_mean is not None for r in results)
     plan = plan_sweep(path)
     assert list(plan["to_run"]) == [0, 0] and plan["final_done"].all()
 
-    again = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
+    again = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
     assert [r.n_finished for r in again] == [2, 3]
     for r in results:
         study = optuna.load_study(study_name=r.study_name, storage=storage)
@@ -265,7 +265,12 @@ last-layer = 2
     # a bigger budget tops the study up to it, not by it
     path.write_text(path.read_text().replace("last-layer = 2", "last-layer = 4"))
     topped = run_sweep(
-        path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False
+        path,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        only=SweepFilter(encoders=["last-layer"]),
+        progress=False,
     )
     assert [(r.encoder, r.n_finished) for r in topped] == [("last-layer", 4)]
 
@@ -275,6 +280,13 @@ last-layer = 2
 
     optuna.load_study(study_name=topped[0].study_name, storage=storage).ask()
     path.write_text(path.read_text().replace("last-layer = 4", "last-layer = 6"))
-    run_sweep(path, encoders=["last-layer"], data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False)
+    run_sweep(
+        path,
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device="cpu",
+        only=SweepFilter(encoders=["last-layer"]),
+        progress=False,
+    )
     states = Counter(t.state.name for t in optuna.load_study(study_name=topped[0].study_name, storage=storage).trials)
     assert states["RUNNING"] == 1 and states["COMPLETE"] + states["PRUNED"] == 5

@@ -20,18 +20,22 @@ from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
 from .compat import artifact_store_for, make_storage
 from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
 from .objective import recommended_params
-from .options import StudyOptions
+from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
 from .plan import RunPlan, StudyPlan, plan_run
 from .results import StudyResult, format_front, format_results, list_studies, study_result
 from .runner import run_study
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES, front_trials, select_trial, study_front
-from .sweep import Sweep, SweepEntry, estimate_sweep, load_sweep, plan_sweep, run_sweep
+from .sweep import Sweep, SweepEntry, SweepFilter, SweepOverrides, estimate_sweep, load_sweep, plan_sweep, run_sweep
 
 __all__ = [
     "ENCODER_CHOICES",
     "SAMPLERS",
     "PRUNERS",
     "StudyOptions",
+    "SearchOptions",
+    "DataOptions",
+    "FinalOptions",
+    "RuntimeOptions",
     "StudyResult",
     "StudyConflictError",
     "StorageError",
@@ -60,6 +64,8 @@ __all__ = [
     "format_front",
     "SweepEntry",
     "Sweep",
+    "SweepFilter",
+    "SweepOverrides",
     "load_sweep",
     "plan_sweep",
     "estimate_sweep",

@@ -44,13 +44,13 @@ class DataSpec:
         return cls(
             model=str(model),
             task=str(task),
-            shots=options.shots,
-            max_train=options.max_train,
-            max_eval=options.max_eval,
-            data_seed=options.data_seed,
-            data_dir=None if options.data_dir is None else str(options.data_dir),
-            cache_dir=None if options.cache_dir is None else str(options.cache_dir),
-            device=options.device,
+            shots=options.data.shots,
+            max_train=options.data.max_train,
+            max_eval=options.data.max_eval,
+            data_seed=options.data.data_seed,
+            data_dir=None if options.data.data_dir is None else str(options.data.data_dir),
+            cache_dir=None if options.data.cache_dir is None else str(options.data.cache_dir),
+            device=options.runtime.device,
             source=source,
         )
 

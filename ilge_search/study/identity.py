@@ -232,21 +232,21 @@ def study_identity(
     ``None`` under the matched protocol. ``registered`` defaults to :func:`is_registered_task`.
     """
     samples_per_label = None
-    if options.protocol == "paper":
+    if options.final.protocol == "paper":
         registered = is_registered_task(task) if registered is None else registered
-        samples_per_label = paper_samples_per_label(task if registered else None, options.samples_per_label)
+        samples_per_label = paper_samples_per_label(task if registered else None, options.final.samples_per_label)
     return {
         "model": model,
         "task": task,
         "encoder": encoder,
-        "shots": options.shots,
-        "max_train": options.max_train,
-        "max_eval": options.max_eval,
-        "max_epochs": options.max_epochs,
-        "data_seed": options.data_seed,
-        "cv": options.cv,
-        "objectives": list(options.objectives),
-        "protocol": options.protocol,
+        "shots": options.data.shots,
+        "max_train": options.data.max_train,
+        "max_eval": options.data.max_eval,
+        "max_epochs": options.search.max_epochs,
+        "data_seed": options.data.data_seed,
+        "cv": options.search.cv,
+        "objectives": list(options.search.objectives),
+        "protocol": options.final.protocol,
         "samples_per_label": samples_per_label,
     }
 

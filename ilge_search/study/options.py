@@ -1,28 +1,51 @@
-"""The options of a study run, declared and validated once.
+"""The options of a study run: four small groups, each field declared, checked and documented once.
 
-:class:`StudyOptions` holds everything :func:`~ilge_search.study.run_study`
-takes besides the model, the task, the encoders and the storage. The CLI
-``run`` command builds one, ``run_study`` builds one from its keywords, each
-worker process receives it, and a sweep derives one per (model, task) group
-with :func:`dataclasses.replace` (which validates again).
+:class:`StudyOptions` is what :func:`~ilge_search.study.run_study` takes besides
+the model, the task, the encoders and the storage, as four objects:
+
+- :class:`SearchOptions`: how trials are searched and for how long;
+- :class:`DataOptions`: which data the trials train and are scored on;
+- :class:`FinalOptions`: how the final evaluation retrains and scores the chosen trial;
+- :class:`RuntimeOptions`: where and how the work runs.
+
+Each field's ``help`` (its ``metadata``) is its only description: the class
+docstrings list them and the CLI's option help reads them (:func:`option_help`).
+Command lines and sweep grids name options flat (``--max-train``,
+``final_seeds = 3``); :meth:`StudyOptions.from_flat` and
+:meth:`StudyOptions.replace` route those names to their group
+(:data:`FLAT_NAMES`). Every group is frozen and picklable (worker processes get it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
 
 from ..objectives import check_objectives
-from ..protocol import DEFAULT_PROTOCOL, check_protocol
+from ..protocol import DEFAULT_PROTOCOL, PROTOCOLS, check_protocol
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 from .folds import check_cv
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
-__all__ = ["StudyOptions", "MAX_STUDY_NAME_LENGTH", "DEFAULT_FINAL_FRONT", "check_study_name"]
+__all__ = [
+    "StudyOptions",
+    "SearchOptions",
+    "DataOptions",
+    "FinalOptions",
+    "RuntimeOptions",
+    "FLAT_NAMES",
+    "option_help",
+    "MAX_STUDY_NAME_LENGTH",
+    "DEFAULT_FINAL_FRONT",
+    "check_study_name",
+]
 
 PathLike = Union[str, os.PathLike]
+TrialCount = Union[int, Mapping[str, Union[int, None]], None]
 
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
 
@@ -39,146 +62,101 @@ def check_study_name(name: Any) -> str:
     return name
 
 
-def _path_or_none(value: Optional[PathLike]) -> Optional[str]:
+def _option(default: Any = None, *, help: str, factory: Any = None) -> Any:
+    """A dataclass field with its one description."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+def _documented(cls: type) -> type:
+    """Append an ``Attributes:`` section built from the fields' help to the class docstring."""
+    lines = [f"    {f.name}: {f.metadata['help']}" for f in dataclasses.fields(cls)]
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n    Attributes:\n" + "\n".join("    " + line for line in lines)
+    return cls
+
+
+def _path_or_none(value: PathLike | None) -> str | None:
     return None if value is None else os.fspath(value)
 
 
+def _dict_of_counts(name: str, value: Any, minimum: int | None) -> Any:
+    """``value`` checked as a count, or as a mapping of counts (made a plain dict, so it pickles)."""
+    if isinstance(value, Mapping):
+        counts = dict(value)
+        for key, count in counts.items():
+            check_int(f"{name}[{key}]", count, allow_none=True, **({} if minimum is None else {"minimum": minimum}))
+        return counts
+    check_int(name, value, allow_none=True, **({} if minimum is None else {"minimum": minimum}))
+    return value
+
+
+@_documented
 @dataclass(frozen=True)
-class StudyOptions:
-    """How a study searches, on which data, and where it runs (picklable, for worker processes).
+class SearchOptions:
+    """How a study searches: the trial budget, the sampler and pruner, and what each trial returns."""
 
-    Attributes:
-        n_trials: trials to add in this call (complete, pruned or failed), split
-            exactly across ``workers``; a mapping gives one count per encoder;
-            ``0`` only (re)runs the final evaluation; ``None`` runs until
-            ``timeout`` or ``total_trials``.
-        timeout: seconds per study (per worker) before no new trial starts.
-        total_trials: a cap on the study's complete, pruned and running trials,
-            shared by every process on the storage; a mapping gives one cap per
-            encoder (a sweep caps each study at its budget, so two sweeps on one
-            storage never run a study past it).
-        study_name: only with one encoder (default: ``default_study_name``).
-        sampler, pruner: one of :data:`~ilge_search.tuning.SAMPLERS` / :data:`~ilge_search.tuning.PRUNERS`.
-        seed: seeds the sampler (worker ``i`` uses ``seed + i``), every trial's
-            training and, as ``seed + 1000 + i``, the final seeds.
-        workers: processes optimising the same study in parallel.
-        final_seeds: seeds the best config is retrained with for the test score (0: skip).
-        shots, max_train, max_eval, data_seed: the data options (part of the study's identity).
-        max_epochs: cap on every config's ``epochs`` (part of the study's identity).
-        cv: score each trial on this many stratified folds of the training data
-            instead of the validation split (``None``: no cross-validation; part
-            of the study's identity, see :mod:`~ilge_search.study.folds`).
-        select: which trial the final evaluation retrains, ``"best"`` or
-            ``"one-se"`` (:mod:`~ilge_search.study.selection`); not part of the
-            identity: it changes the final evaluation, not the trials. A
-            multi-objective study retrains its Pareto front instead.
-        objectives: what every trial returns (:mod:`~ilge_search.objectives`):
-            ``("score",)``, or the score and ``params`` and/or ``latency`` for a
-            multi-objective study (part of the identity and name, e.g. ``:obj-params``;
-            Optuna cannot prune such a study, so its pruner is ``none``).
-        final_front: at most this many Pareto-front trials a multi-objective
-            study's final evaluation retrains (spread evenly along the front,
-            :func:`~ilge_search.study.selection.front_trials`).
-        protocol: how the final scores are measured: ``"matched"`` (every encoder
-            trained with its head on the same data) or ``"paper"`` (MTEB's
-            evaluators on the encoders' vectors, see :mod:`ilge_search.protocol`);
-            part of the identity and name (``:paper``). Trials are the same under both.
-        samples_per_label: the paper protocol's examples per label (default: the
-            MTEB task's own, else 8); part of the identity.
-        zero_shot_tasks: similarity tasks also scored with every final model.
-        data_dir, cache_dir, device: task data, embedding cache, device.
-        artifact_dir: artifact store folder (default: next to a SQLite file, else ``studies/artifacts``).
-        threads: torch CPU threads in-process and per worker.
-        heartbeat_interval, grace_period, max_retry: dead-worker detection and retry.
-        show_progress: tqdm bars for extraction, trials and final seeds.
-
-    Raises:
-        ValueError: on construction, naming the first invalid option.
-    """
-
-    n_trials: Union[int, Mapping[str, Optional[int]], None] = 20
-    timeout: Optional[float] = None
-    total_trials: Union[int, Mapping[str, Optional[int]], None] = None
-    study_name: Optional[str] = None
-    sampler: str = "tpe"
-    pruner: str = "median"
-    seed: int = 0
-    workers: int = 1
-    final_seeds: int = 3
-    shots: Optional[int] = None
-    max_train: Optional[int] = None
-    max_eval: Optional[int] = None
-    max_epochs: Optional[int] = None
-    cv: Optional[int] = None
-    select: str = DEFAULT_SELECT
-    objectives: Tuple[str, ...] = ("score",)
-    final_front: int = DEFAULT_FINAL_FRONT
-    data_seed: int = 0
-    protocol: str = DEFAULT_PROTOCOL
-    samples_per_label: Optional[int] = None
-    zero_shot_tasks: Tuple[str, ...] = ()
-    data_dir: Optional[PathLike] = None
-    cache_dir: Optional[PathLike] = None
-    device: str = "auto"
-    artifact_dir: Optional[PathLike] = None
-    threads: Optional[int] = None
-    heartbeat_interval: Optional[int] = 60
-    grace_period: Optional[int] = None
-    max_retry: int = 3
-    show_progress: bool = True
+    n_trials: TrialCount = _option(
+        20,
+        help="trials to add in this call (complete, pruned or failed), split exactly across the workers; a "
+        "mapping gives one count per encoder; 0 only (re)runs the final evaluation; None runs until the "
+        "timeout or total_trials.",
+    )
+    timeout: float | None = _option(help="seconds per study (per worker) before no new trial starts.")
+    total_trials: TrialCount = _option(
+        help="a cap on the study's complete, pruned and running trials, shared by every process on the "
+        "storage; a mapping gives one cap per encoder (a sweep caps each study at its budget).",
+    )
+    study_name: str | None = _option(help="the study's name, with one encoder only (default: model:task:encoder).")
+    sampler: str = _option("tpe", help=f"Optuna sampler, one of {', '.join(SAMPLERS)}.")
+    pruner: str = _option("median", help=f"Optuna pruner, one of {', '.join(PRUNERS)}.")
+    seed: int = _option(
+        0,
+        help="seeds the sampler (worker i uses seed + i), every trial's training and, as seed + 1000 + i, the "
+        "final seeds.",
+    )
+    max_epochs: int | None = _option(help="cap on every config's epochs (part of the study's identity).")
+    cv: int | None = _option(
+        help="score each trial on this many stratified folds of the training data instead of the validation "
+        "split (part of the study's identity and name, :cvK).",
+    )
+    objectives: tuple[str, ...] = _option(
+        ("score",),
+        help="what every trial returns: the score, and params and/or latency for a multi-objective study "
+        "(part of the identity and name, e.g. :obj-params; Optuna cannot prune such a study).",
+    )
 
     def __post_init__(self) -> None:
-        if isinstance(self.n_trials, Mapping):
-            counts = dict(self.n_trials)
-            for name, count in counts.items():
-                check_int(f"n_trials[{name}]", count, minimum=0, allow_none=True)
-            object.__setattr__(self, "n_trials", counts)  # a plain dict: it pickles for workers
-            unbounded = any(count is None for count in counts.values())
-        else:
-            check_int("n_trials", self.n_trials, minimum=0, allow_none=True)
-            unbounded = self.n_trials is None
-        if isinstance(self.total_trials, Mapping):
-            caps = dict(self.total_trials)
-            for name, cap in caps.items():
-                check_int(f"total_trials[{name}]", cap, allow_none=True)
-            object.__setattr__(self, "total_trials", caps)
-        else:
-            check_int("total_trials", self.total_trials, allow_none=True)
+        object.__setattr__(self, "n_trials", _dict_of_counts("n_trials", self.n_trials, 0))
+        object.__setattr__(self, "total_trials", _dict_of_counts("total_trials", self.total_trials, None))
         check_positive_number("timeout", self.timeout, allow_none=True, unit="seconds")
+        unbounded = (
+            any(c is None for c in self.n_trials.values())
+            if isinstance(self.n_trials, Mapping)
+            else self.n_trials is None
+        )
         if unbounded and self.timeout is None and self.total_trials is None:
             raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
         check_int("seed", self.seed, minimum=0, allow_none=True)
-        check_int("data_seed", self.data_seed, minimum=0)
-        check_int("workers", self.workers)
-        check_int("threads", self.threads, allow_none=True)
-        check_int("final_seeds", self.final_seeds, minimum=0)
-        for name in ("shots", "max_train", "max_eval", "max_epochs"):
-            check_int(name, getattr(self, name), allow_none=True)
-        check_int("heartbeat_interval", self.heartbeat_interval, allow_none=True)
-        check_int("grace_period", self.grace_period, allow_none=True)
-        check_int("max_retry", self.max_retry, minimum=0, allow_none=True)
+        check_int("max_epochs", self.max_epochs, allow_none=True)
         if self.study_name is not None:
             check_study_name(self.study_name)
         check_choice("sampler", self.sampler, SAMPLERS)
         check_choice("pruner", self.pruner, PRUNERS)
         check_cv(self.cv)
-        check_choice("select", self.select, SELECTION_RULES)
         object.__setattr__(self, "objectives", check_objectives(self.objectives))
-        check_int("final_front", self.final_front)
-        check_protocol(self.protocol)
-        check_int("samples_per_label", self.samples_per_label, allow_none=True)
-        if self.samples_per_label is not None and self.protocol != "paper":
-            raise ValueError(
-                "samples_per_label sets the paper protocol's readout; add protocol='paper' "
-                "(--protocol paper) or drop it"
-            )
-        if isinstance(self.zero_shot_tasks, str):
-            object.__setattr__(self, "zero_shot_tasks", (self.zero_shot_tasks,))
-        object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in self.zero_shot_tasks))
-        for name in ("data_dir", "cache_dir", "artifact_dir"):
-            object.__setattr__(self, name, _path_or_none(getattr(self, name)))
 
-    def trial_counts(self, encoders: List[str]) -> Dict[str, Optional[int]]:
+    @property
+    def multi_objective(self) -> bool:
+        """Whether the studies have more than one objective."""
+        return len(self.objectives) > 1
+
+    @property
+    def effective_pruner(self) -> str:
+        """The pruner the studies use: ``pruner``, or ``none`` for a multi-objective study."""
+        return "none" if self.multi_objective else self.pruner
+
+    def trial_counts(self, encoders: list[str]) -> dict[str, int | None]:
         """Trials to add per encoder (from ``n_trials``, one count or one per encoder).
 
         Raises:
@@ -195,29 +173,186 @@ class StudyOptions:
             raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
         return counts
 
-    def total_for(self, encoder: str) -> Optional[int]:
+    def total_for(self, encoder: str) -> int | None:
         """The ``total_trials`` cap of ``encoder``'s study (``None``: no cap)."""
         if isinstance(self.total_trials, Mapping):
             return self.total_trials.get(encoder)
         return self.total_trials
 
-    @property
-    def multi_objective(self) -> bool:
-        """Whether the studies have more than one objective."""
-        return len(self.objectives) > 1
 
-    @property
-    def effective_pruner(self) -> str:
-        """The pruner the studies use: ``pruner``, or ``none`` for a multi-objective study (Optuna cannot
-        prune one)."""
-        return "none" if self.multi_objective else self.pruner
+@_documented
+@dataclass(frozen=True)
+class DataOptions:
+    """Which data a study's trials train and are scored on (the caps are part of its identity), and where the
+    task data and the embedding cache are."""
 
-    def final_seed_list(self) -> List[int]:
-        """The seeds of the final evaluation: ``seed + 1000 + i`` for each of the ``final_seeds``."""
-        return [self.seed + 1000 + i for i in range(self.final_seeds)]
+    shots: int | None = _option(help="keep this many training examples per label (few-shot).")
+    max_train: int | None = _option(help="seeded stratified cap on the training split.")
+    max_eval: int | None = _option(help="seeded stratified cap on the validation and test splits.")
+    data_seed: int = _option(0, help="seed of the few-shot and subsampling draws.")
+    zero_shot_tasks: tuple[str, ...] = _option(
+        (), help="similarity tasks whose test split every final model is also scored on (zero-shot STS)."
+    )
+    data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
+    cache_dir: str | None = _option(help="the embedding cache folder.")
 
-    def replace(self, **changes: Any) -> "StudyOptions":
-        """A validated copy with ``changes`` applied (:func:`dataclasses.replace`)."""
-        import dataclasses
+    def __post_init__(self) -> None:
+        for name in ("shots", "max_train", "max_eval"):
+            check_int(name, getattr(self, name), allow_none=True)
+        check_int("data_seed", self.data_seed, minimum=0)
+        tasks = (self.zero_shot_tasks,) if isinstance(self.zero_shot_tasks, str) else self.zero_shot_tasks
+        object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in tasks))
+        for name in ("data_dir", "cache_dir"):
+            object.__setattr__(self, name, _path_or_none(getattr(self, name)))
 
-        return dataclasses.replace(self, **changes)
+
+@_documented
+@dataclass(frozen=True)
+class FinalOptions:
+    """How the final evaluation retrains the selected trial (or a multi-objective study's Pareto front) and
+    scores it on test, next to the starting configuration."""
+
+    seeds: int = _option(3, help="seeds the selected configuration is retrained with for the test score (0: skip).")
+    select: str = _option(
+        DEFAULT_SELECT,
+        help=f"which trial the final evaluation retrains, one of {', '.join(SELECTION_RULES)}: the best "
+        "objective, or the fewest trainable parameters within one standard error of it (not part of the "
+        "identity: it changes the final evaluation, not the trials).",
+    )
+    front: int = _option(
+        DEFAULT_FINAL_FRONT,
+        help="at most this many Pareto-front trials a multi-objective study's final evaluation retrains, spread "
+        "evenly along the front.",
+    )
+    protocol: str = _option(
+        DEFAULT_PROTOCOL,
+        help=f"how the final scores are measured, one of {', '.join(PROTOCOLS)}: each encoder's own head on "
+        "test, or MTEB's evaluators on its vectors (part of the identity and name, :paper).",
+    )
+    samples_per_label: int | None = _option(
+        help="the paper protocol's examples per label (default: the MTEB task's own, else 8); part of the identity."
+    )
+
+    def __post_init__(self) -> None:
+        check_int("final_seeds", self.seeds, minimum=0)
+        check_choice("select", self.select, SELECTION_RULES)
+        check_int("final_front", self.front)
+        check_protocol(self.protocol)
+        check_int("samples_per_label", self.samples_per_label, allow_none=True)
+        if self.samples_per_label is not None and self.protocol != "paper":
+            raise ValueError(
+                "samples_per_label sets the paper protocol's readout; add protocol='paper' "
+                "(--protocol paper) or drop it"
+            )
+
+    def seed_list(self, seed: int | None) -> list[int]:
+        """The seeds of the final evaluation: ``seed + 1000 + i`` for each of the ``seeds``."""
+        return [(seed or 0) + 1000 + i for i in range(self.seeds)]
+
+
+@_documented
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Where and how a study's work runs; none of it changes the numbers."""
+
+    workers: int = _option(1, help="processes optimising the same study in parallel.")
+    threads: int | None = _option(
+        help="torch CPU threads in this process and per worker (default: unchanged in-process, cpus // workers "
+        "per worker)."
+    )
+    device: str = _option("auto", help="device for extraction and training (auto, cpu, cuda, mps).")
+    artifact_dir: str | None = _option(
+        help="artifact store folder for the final weights (default: next to a SQLite file, else studies/artifacts)."
+    )
+    heartbeat_interval: int | None = _option(60, help="seconds between a running trial's heartbeats.")
+    grace_period: int | None = _option(help="seconds without a heartbeat before a trial counts as dead.")
+    max_retry: int = _option(3, help="times a trial of a dead worker is retried.")
+    progress: bool = _option(True, help="progress bars for extraction, trials and final seeds.")
+
+    def __post_init__(self) -> None:
+        check_int("workers", self.workers)
+        check_int("threads", self.threads, allow_none=True)
+        check_int("heartbeat_interval", self.heartbeat_interval, allow_none=True)
+        check_int("grace_period", self.grace_period, allow_none=True)
+        check_int("max_retry", self.max_retry, minimum=0, allow_none=True)
+        object.__setattr__(self, "artifact_dir", _path_or_none(self.artifact_dir))
+
+
+_GROUPS: dict[str, type] = {
+    "search": SearchOptions,
+    "data": DataOptions,
+    "final": FinalOptions,
+    "runtime": RuntimeOptions,
+}
+# flat names whose field in the group is named differently
+_RENAMED = {"final_seeds": ("final", "seeds"), "final_front": ("final", "front")}
+# flat option name (command line, sweep grids) -> (group, field)
+FLAT_NAMES: dict[str, tuple[str, str]] = {
+    **{
+        f.name: (group, f.name)
+        for group, cls in _GROUPS.items()
+        for f in dataclasses.fields(cls)
+        if (group, f.name) not in _RENAMED.values()
+    },
+    **_RENAMED,
+}
+
+
+def option_help(name: str) -> str:
+    """The one description of the flat option ``name`` (what the CLI's help shows)."""
+    group, attr = FLAT_NAMES[name]
+    return next(f.metadata["help"] for f in dataclasses.fields(_GROUPS[group]) if f.name == attr)
+
+
+def _grouped(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    unknown = sorted(set(flat) - set(FLAT_NAMES))
+    if unknown:
+        raise ValueError(f"unknown study option(s) {unknown}; expected some of {sorted(FLAT_NAMES)}")
+    groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+    for name, value in flat.items():
+        group, attr = FLAT_NAMES[name]
+        groups[group][attr] = value
+    return groups
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """Everything a study run takes besides the model, the task, the encoders and the storage.
+
+    Attributes:
+        search: :class:`SearchOptions`; data: :class:`DataOptions`; final: :class:`FinalOptions`;
+        runtime: :class:`RuntimeOptions` (each checked when built).
+
+    Raises:
+        ValueError: on construction, naming the first invalid option.
+    """
+
+    search: SearchOptions = field(default_factory=SearchOptions)
+    data: DataOptions = field(default_factory=DataOptions)
+    final: FinalOptions = field(default_factory=FinalOptions)
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+
+    def __post_init__(self) -> None:
+        for name, cls in _GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"StudyOptions({name}=...) takes a {cls.__name__}, got {type(getattr(self, name))}")
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> StudyOptions:
+        """Options from flat names (:data:`FLAT_NAMES`: ``n_trials``, ``max_train``, ``final_seeds`` ...),
+        as the command line and sweep grids give them; the others keep their defaults."""
+        return cls(**{group: _GROUPS[group](**values) for group, values in _grouped(flat).items()})
+
+    def replace(self, **flat: Any) -> StudyOptions:
+        """A checked copy with the flat-named ``flat`` options changed."""
+        groups = _grouped(flat)
+        return StudyOptions(
+            **{
+                name: dataclasses.replace(getattr(self, name), **groups[name]) if groups[name] else getattr(self, name)
+                for name in _GROUPS
+            }
+        )
+
+    def final_seed_list(self) -> list[int]:
+        """The seeds of the final evaluation: ``seed + 1000 + i`` for each of the final seeds."""
+        return self.final.seed_list(self.search.seed)

@@ -134,20 +134,22 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bo
     from ..storage import artifact_dir_for
 
     if isinstance(storage, Storage):
-        if options.artifact_dir is not None:
-            return dataclasses.replace(storage, artifact_dir=artifact_dir_for(storage.url, options.artifact_dir))
+        if options.runtime.artifact_dir is not None:
+            return dataclasses.replace(
+                storage, artifact_dir=artifact_dir_for(storage.url, options.runtime.artifact_dir)
+            )
         return storage
     if dry_run:
         url = default_storage_url() if storage is None else storage
         if missing_sqlite_file(url):
             return None
-        return open_storage(url, must_exist=True, artifact_dir=options.artifact_dir)
+        return open_storage(url, must_exist=True, artifact_dir=options.runtime.artifact_dir)
     return open_storage(
         storage,
-        artifact_dir=options.artifact_dir,
-        heartbeat_interval=options.heartbeat_interval,
-        grace_period=options.grace_period,
-        max_retry=options.max_retry,
+        artifact_dir=options.runtime.artifact_dir,
+        heartbeat_interval=options.runtime.heartbeat_interval,
+        grace_period=options.runtime.grace_period,
+        max_retry=options.runtime.max_retry,
     )
 
 
@@ -174,14 +176,14 @@ def check_run(
     from ..files import check_writable
 
     encoder_list = resolve_encoders(encoders)
-    trial_counts = options.trial_counts(encoder_list)
-    if options.study_name is not None and len(encoder_list) > 1:
+    trial_counts = options.search.trial_counts(encoder_list)
+    if options.search.study_name is not None and len(encoder_list) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
     opened = _open(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
-    if options.workers > 1 and opened is not None and opened.is_in_memory:
+    if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
         raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
-    if options.final_seeds > 0 and opened is not None and not dry_run:  # the final weights go there
+    if options.final.seeds > 0 and opened is not None and not dry_run:  # the final weights go there
         check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
     model, task = str(model), str(task)
 
@@ -189,13 +191,15 @@ def check_run(
     from ..storage import hide_password
     from ..tasks import load_task
 
-    source = resolve_model(model, options.cache_dir, materialize=False)  # unknown model: clear error, nothing loaded
+    source = resolve_model(
+        model, options.data.cache_dir, materialize=False
+    )  # unknown model: clear error, nothing loaded
     spec = DataSpec.from_options(model, task, options, source=source)
     loaded = load_task(spec.task, spec.data_dir)
     task_data = load_task_data(spec, loaded)
-    if options.zero_shot_tasks and task_data.kind != "similarity":
+    if options.data.zero_shot_tasks and task_data.kind != "similarity":
         raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
-    check_cv(options.cv, len(task_data.split("train")) if options.cv else None)
+    check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
     label = task_label(task, loaded)  # a custom task by its name and content, never its path
     data_id = data_identity(task_data)
     cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
@@ -207,16 +211,16 @@ def check_run(
             model,
             label,
             enc,
-            shots=options.shots,
-            max_train=options.max_train,
-            max_eval=options.max_eval,
-            max_epochs=options.max_epochs,
-            cv=options.cv,
-            objectives=options.objectives,
-            protocol=options.protocol,
-            samples_per_label=options.samples_per_label,
+            shots=options.data.shots,
+            max_train=options.data.max_train,
+            max_eval=options.data.max_eval,
+            max_epochs=options.search.max_epochs,
+            cv=options.search.cv,
+            objectives=options.search.objectives,
+            protocol=options.final.protocol,
+            samples_per_label=options.final.samples_per_label,
         )
-        names[enc] = check_study_name(options.study_name or default)
+        names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
                 model, task_label(task, loaded, fingerprint=False), enc, options, registered=is_registered_task(task)
@@ -390,7 +394,6 @@ def plan_run(
     storage: Union[str, Storage, None] = None,
     options: Optional[StudyOptions] = None,
     calibrate: bool = True,
-    **option_values: Any,
 ) -> RunPlan:
     """What ``run_study`` would do with the same arguments, with its estimated wall time (a dry run).
 
@@ -399,28 +402,24 @@ def plan_run(
 
     Args:
         model, task, encoders, storage: as in :func:`~ilge_search.study.run_study`.
-        options: a :class:`StudyOptions`; or give its fields as keywords
-            (``n_trials=8, max_epochs=10 ...``), as ``run_study`` takes them.
+        options: a :class:`StudyOptions`, as ``run_study`` takes it (default: ``StudyOptions()``).
         calibrate: measure the estimate (a few epochs per encoder, and the
             extraction rate when the cache is cold); ``False`` only plans.
 
     Raises:
         ValueError: whatever ``run_study`` would refuse, with the same message.
     """
-    if options is None:
-        options = StudyOptions(**option_values)
-    elif option_values:
-        raise ValueError(f"give the study options either as options= or as keywords, not both: {sorted(option_values)}")
+    options = StudyOptions() if options is None else options
     check = check_run(model, task, encoders, storage, options, dry_run=True)
     return estimate_run(check, calibrate=calibrate)
 
 
 def _parallel(options: StudyOptions, device: str) -> int:
     """Trials that really run at once: ``workers``, on a CPU no more than its cores allow."""
-    if options.workers == 1 or device != "cpu":
-        return options.workers
-    threads = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
-    return max(1, min(options.workers, (os.cpu_count() or 1) // threads))
+    if options.runtime.workers == 1 or device != "cpu":
+        return options.runtime.workers
+    threads = options.runtime.threads or max(1, (os.cpu_count() or 1) // options.runtime.workers)
+    return max(1, min(options.runtime.workers, (os.cpu_count() or 1) // threads))
 
 
 def _study_plans(check: RunCheck) -> List[StudyPlan]:
@@ -430,7 +429,7 @@ def _study_plans(check: RunCheck) -> List[StudyPlan]:
         study = check.storage.load_study(check.names[enc]) if check.storage is not None else None
         finished = finished_trial_count(study) if study is not None else 0
         count = check.trial_counts[enc]
-        total = options.total_for(enc)
+        total = options.search.total_for(enc)
         if total is not None:
             room = max(0, total - finished)
             count = room if count is None else min(count, room)
@@ -438,14 +437,14 @@ def _study_plans(check: RunCheck) -> List[StudyPlan]:
         # the final evaluation retrains the selected trial (a multi-objective study: up to final_front trials
         # of its front) and, unless it is the start (trial 0), the start too
         trials_after = finished + (count or 0)
-        retrained = min(options.final_front, trials_after) if options.multi_objective else 1
-        final_runs = options.final_seeds * (retrained + (1 if trials_after > 1 else 0))
+        retrained = min(options.final.front, trials_after) if options.search.multi_objective else 1
+        final_runs = options.final.seeds * (retrained + (1 if trials_after > 1 else 0))
         if (
             final_runs
             and study is not None
             and count == 0
             and final_is_current(
-                study, options.final_seed_list(), options.max_epochs, options.select, options.final_front
+                study, options.final_seed_list(), options.search.max_epochs, options.final.select, options.final.front
             )
         ):
             final_runs = 0
@@ -472,11 +471,11 @@ def _first_config(encoder: str, check: RunCheck, hidden_size: Optional[int]) -> 
 
     params = recommended_params(encoder, hidden_size, check.model)
     with quiet_optuna_warnings():
-        return suggest_capped(optuna.trial.FixedTrial(params), encoder, check.options.max_epochs)
+        return suggest_capped(optuna.trial.FixedTrial(params), encoder, check.options.search.max_epochs)
 
 
 def _needed_splits(check: RunCheck) -> List[str]:
-    return ["train", "validation"] + (["test"] if check.options.final_seeds > 0 else [])
+    return ["train", "validation"] + (["test"] if check.options.final.seeds > 0 else [])
 
 
 def _cached_keys(check: RunCheck) -> set:
@@ -498,18 +497,22 @@ def may_be_long(check: RunCheck) -> bool:
     """Whether a pessimistic count of the run's work could exceed :data:`LONG_RUN_SECONDS`
     (only then does the runner spend seconds calibrating an estimate)."""
     options = check.options
-    if options.timeout is not None and any(count is None for count in check.trial_counts.values()):
-        return options.timeout * len(check.encoders) > LONG_RUN_SECONDS
+    if options.search.timeout is not None and any(count is None for count in check.trial_counts.values()):
+        return options.search.timeout * len(check.encoders) > LONG_RUN_SECONDS
     layers, width, params = _dims(check)
     sizes = {name: len(check.task_data.splits[name]) for name in check.task_data.splits}
     rows = sizes.get("train", 0) + sizes.get("validation", 0)
     work = 0.0
     for enc, count in check.trial_counts.items():
-        retrained = options.final_front if options.multi_objective else 1
-        runs = (count if count is not None else options.total_for(enc) or 0) + (retrained + 1) * options.final_seeds
+        retrained = options.final.front if options.search.multi_objective else 1
+        runs = (count if count is not None else options.search.total_for(enc) or 0) + (
+            retrained + 1
+        ) * options.final.seeds
         epochs = _first_config(enc, check, width).epochs
-        work += runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.cv or 1)
-    seconds = work * _PRIOR_TRAIN_SECONDS / max(1, options.workers)
+        work += (
+            runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.search.cv or 1)
+        )
+    seconds = work * _PRIOR_TRAIN_SECONDS / max(1, options.runtime.workers)
     cached = _cached_keys(check)
     texts = sum(sizes.get(name, 0) for name in _needed_splits(check) if check.cache_keys.get(name) not in cached)
     seconds += texts * params * _PRIOR_EXTRACT_SECONDS
@@ -539,14 +542,14 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
         split_sizes=sizes,
         cached=cached,
         cache_keys={n: check.cache_keys.get(n, "") for n in needed},
-        workers=options.workers,
+        workers=options.runtime.workers,
         parallel=_parallel(options, device),
-        threads=options.threads,
+        threads=options.runtime.threads,
         device=device,
-        final_seeds=options.final_seeds,
+        final_seeds=options.final.seeds,
     )
     plan.texts_to_embed = sum(len(splits[name].flat_texts()) for name, hit in cached.items() if not hit)
-    if options.zero_shot_tasks:
+    if options.data.zero_shot_tasks:
         plan.notes.append("zero-shot tasks are not in the estimate: each adds the scoring of its test split")
     if not calibrate:
         return plan
@@ -555,8 +558,8 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
 
     started = time.perf_counter()
     previous_threads = torch.get_num_threads()
-    if options.threads is not None:
-        torch.set_num_threads(options.threads)
+    if options.runtime.threads is not None:
+        torch.set_num_threads(options.runtime.threads)
     try:
         train, validation, how = _calibration_data(check, plan, device)
         timed, cpu = time.perf_counter(), time.process_time()
@@ -565,13 +568,13 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
             setup, per_epoch = _time_config(study.encoder, config, train, validation, check, plan, device)
             study.trial_seconds = setup + study.epochs * per_epoch
             search_trial = study.trial_seconds
-            if options.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
-                search_trial = options.cv * setup + (options.cv - 1) * study.epochs * per_epoch
+            if options.search.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
+                search_trial = options.search.cv * setup + (options.search.cv - 1) * study.epochs * per_epoch
             waves = math.inf if study.trials is None else math.ceil(study.trials / plan.parallel)
             trial_time = (
-                options.timeout
+                options.search.timeout
                 if waves == math.inf
-                else waves * search_trial + (WORKER_START_SECONDS if options.workers > 1 else 0)
+                else waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
             )
             study.seconds = trial_time + study.final_runs * study.trial_seconds
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
@@ -678,7 +681,7 @@ def _time_config(
     common = dict(
         task_kind=task_kind,
         num_classes=num_classes,
-        seed=check.options.seed or 0,
+        seed=check.options.search.seed or 0,
         device=check.spec.device,
         patience=None,
     )

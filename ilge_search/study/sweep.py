@@ -78,6 +78,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = [
+    "SweepOverrides",
+    "SweepFilter",
     "SweepEntry",
     "Sweep",
     "load_sweep",
@@ -247,7 +249,7 @@ class Sweep:
         if self.final_front is not None:
             values["final_front"] = self.final_front
         values.update(changes)
-        return StudyOptions(**values)
+        return StudyOptions.from_flat(**values)
 
 
 def _fail(where: str, message: str) -> ValueError:
@@ -507,16 +509,59 @@ def with_protocol(sweep: Sweep, protocol: Optional[str] = None, samples_per_labe
     return dataclasses.replace(sweep, entries=entries)
 
 
-def with_overrides(
-    sweep: Sweep, *, cv: Optional[int] = None, protocol: Optional[str] = None, samples_per_label: Optional[int] = None
-) -> Sweep:
+@dataclass(frozen=True)
+class SweepOverrides:
+    """What the command line changes in a grid: ``cv``, ``protocol`` and ``samples_per_label`` change every
+    study's identity (and name); ``select``, ``workers`` and ``threads`` only how it runs and is evaluated.
+    ``None`` keeps the grid's value."""
+
+    cv: int | None = None
+    protocol: str | None = None
+    samples_per_label: int | None = None
+    select: str | None = None
+    workers: int | None = None
+    threads: int | None = None
+
+    def run_options(self) -> dict[str, Any]:
+        """The flat study options these overrides set (those that do not rename a study)."""
+        pairs = (("workers", self.workers), ("threads", self.threads), ("select", self.select))
+        return {key: value for key, value in pairs if value}
+
+
+@dataclass(frozen=True)
+class SweepFilter:
+    """Which part of a grid to run: only these models, tasks and encoders (empty: all)."""
+
+    models: Sequence[str] = ()
+    tasks: Sequence[str] = ()
+    encoders: Sequence[str] = ()
+
+    def entries(self, sweep: Sweep) -> list[SweepEntry]:
+        """The grid's entries this filter keeps, in file order."""
+        wanted = set(resolve_encoders(list(self.encoders))) if self.encoders else None
+        return [
+            e
+            for e in sweep.entries
+            if (not self.models or e.model in self.models)
+            and (not self.tasks or e.task in self.tasks)
+            and (wanted is None or e.encoder in wanted)
+        ]
+
+
+def with_overrides(sweep: Sweep, overrides: SweepOverrides | None) -> Sweep:
     """``sweep`` with the command line's overrides of what names its studies: every study's ``cv``, then
     :func:`with_protocol`. ``run``, ``plan`` and ``estimate`` all go through it, so a dry run names the studies
     the run would."""
-    if cv is not None:
-        check_cv(cv)
-        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
-    return with_protocol(sweep, protocol, samples_per_label)
+    if overrides is None:
+        return sweep
+    if overrides.cv is not None:
+        check_cv(overrides.cv)
+        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=overrides.cv) for e in sweep.entries])
+    return with_protocol(sweep, overrides.protocol, overrides.samples_per_label)
+
+
+def _prepared(sweep: Sweep | PathLike, overrides: SweepOverrides | None) -> Sweep:
+    return with_overrides(sweep if isinstance(sweep, Sweep) else load_sweep(sweep), overrides)
 
 
 def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple[Optional[Any], int, bool]:
@@ -525,33 +570,23 @@ def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple
     study = storage.load_study(entry.study_name)
     if study is None:
         return None, 0, False
-    if options.final_seeds == 0:
+    if options.final.seeds == 0:
         return study, finished_trial_count(study), True
     return (
         study,
         finished_trial_count(study),
-        final_is_current(study, options.final_seed_list(), entry.max_epochs, options.select, options.final_front),
+        final_is_current(study, options.final_seed_list(), entry.max_epochs, options.final.select, options.final.front),
     )
 
 
-def plan_sweep(
-    sweep: Union[Sweep, PathLike],
-    storage: Optional[str] = None,
-    *,
-    cv: Optional[int] = None,
-    select: Optional[str] = None,
-    protocol: Optional[str] = None,
-    samples_per_label: Optional[int] = None,
-) -> Any:
+def plan_sweep(sweep: Sweep | PathLike, storage: str | None = None, *, overrides: SweepOverrides | None = None) -> Any:
     """One row per study: its name, protocol, budget, finished trials, trials still to run and
-    whether its final evaluation (under ``select``, else the grid's rule) is done (a ``pandas.DataFrame``);
-    ``cv``, ``protocol`` and ``samples_per_label`` override the grid's (:func:`with_overrides`)."""
+    whether its final evaluation (under the overrides' ``select``, else the grid's rule) is done (a
+    ``pandas.DataFrame``)."""
     import pandas as pd
 
-    if not isinstance(sweep, Sweep):
-        sweep = load_sweep(sweep)
-    sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
-    options = sweep.study_options(**({"select": select} if select else {}))
+    sweep = _prepared(sweep, overrides)
+    options = sweep.study_options(**(overrides.run_options() if overrides else {}))
     url = storage if storage is not None else sweep.storage
     # only read: a SQLite file that does not exist yet holds no study, and is not created
     opened = None if missing_sqlite_file(url or default_storage_url()) else open_storage(url, must_exist=True)
@@ -577,45 +612,32 @@ def plan_sweep(
 
 
 def estimate_sweep(
-    sweep: Union[Sweep, PathLike],
+    sweep: Sweep | PathLike,
     *,
-    storage: Optional[str] = None,
-    workers: Optional[int] = None,
-    threads: Optional[int] = None,
-    models: Sequence[str] = (),
-    tasks: Sequence[str] = (),
-    encoders: Sequence[str] = (),
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
+    storage: str | None = None,
+    only: SweepFilter | None = None,
+    overrides: SweepOverrides | None = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
     device: str = "auto",
     calibrate: bool = True,
-    select: Optional[str] = None,
-    cv: Optional[int] = None,
-    protocol: Optional[str] = None,
-    samples_per_label: Optional[int] = None,
-) -> List[Any]:
+) -> list[Any]:
     """The :class:`~ilge_search.study.plan.RunPlan` of each ``run_study`` call the sweep would make (a dry
     run: nothing is created or written), with the trials each study still needs to reach its budget.
     Arguments as in :func:`run_sweep`."""
     from .plan import plan_run
 
-    if not isinstance(sweep, Sweep):
-        sweep = load_sweep(sweep)
-    sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
-    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select)) if value}
+    sweep = _prepared(sweep, overrides)
     options = sweep.study_options(
-        data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=False, **overrides
+        data_dir=data_dir,
+        cache_dir=cache_dir,
+        device=device,
+        progress=False,
+        **(overrides.run_options() if overrides else {}),
     )
     url = storage if storage is not None else sweep.storage
-    wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
-    groups: Dict[Tuple, List[SweepEntry]] = {}
-    for entry in sweep.entries:
-        if (
-            (models and entry.model not in models)
-            or (tasks and entry.task not in tasks)
-            or (wanted_encoders is not None and entry.encoder not in wanted_encoders)
-        ):
-            continue
+    groups: dict[tuple, list[SweepEntry]] = {}
+    for entry in (only or SweepFilter()).entries(sweep):
         groups.setdefault(entry.group_key(), []).append(entry)
     plans = []
     for group in groups.values():
@@ -638,68 +660,48 @@ def estimate_sweep(
 
 
 def run_sweep(
-    sweep: Union[Sweep, PathLike],
+    sweep: Sweep | PathLike,
     *,
-    storage: Optional[str] = None,
-    workers: Optional[int] = None,
-    threads: Optional[int] = None,
-    models: Sequence[str] = (),
-    tasks: Sequence[str] = (),
-    encoders: Sequence[str] = (),
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
+    storage: str | None = None,
+    only: SweepFilter | None = None,
+    overrides: SweepOverrides | None = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
     device: str = "auto",
-    artifact_dir: Optional[PathLike] = None,
-    select: Optional[str] = None,
-    cv: Optional[int] = None,
-    protocol: Optional[str] = None,
-    samples_per_label: Optional[int] = None,
-    show_progress: bool = True,
-) -> List[StudyResult]:
+    artifact_dir: PathLike | None = None,
+    progress: bool = True,
+) -> list[StudyResult]:
     """Run every study of a grid up to its budget, then its final evaluation.
 
     Args:
         sweep: a :class:`Sweep` or the path of a grid file.
         storage: overrides the file's ``storage`` (default ``sqlite:///studies/ilge.db``).
-        workers, threads: override the file's ``workers`` and ``threads``.
-        models, tasks, encoders: run only these parts of the grid (empty: all).
-        select: overrides the file's ``select`` (the final evaluation's selection rule).
-        cv: overrides every study's ``cv`` (and so its name: ``--cv`` studies are other studies).
-        protocol, samples_per_label: override the grid's (and so the names: ``:paper`` studies are
-            other studies; see :func:`with_overrides`).
-        data_dir, cache_dir, device, artifact_dir, show_progress: as in :func:`run_study`.
+        only: run only these models, tasks and encoders of the grid (:class:`SweepFilter`; default: all).
+        overrides: the command line's changes to the grid (:class:`SweepOverrides`): ``cv``, ``protocol``
+            and ``samples_per_label`` are other studies (other names); ``select``, ``workers``, ``threads``.
+        data_dir, cache_dir, device, artifact_dir, progress: as in :class:`StudyOptions`.
 
     Returns:
         One :class:`StudyResult` per study run (skipped finished studies included).
     """
-    if not isinstance(sweep, Sweep):
-        sweep = load_sweep(sweep)
-    overrides = {key: value for key, value in (("workers", workers), ("threads", threads), ("select", select)) if value}
-    sweep = with_overrides(sweep, cv=cv, protocol=protocol, samples_per_label=samples_per_label)
+    sweep = _prepared(sweep, overrides)
     options = sweep.study_options(
         data_dir=data_dir,
         cache_dir=cache_dir,
         device=device,
         artifact_dir=artifact_dir,
-        show_progress=show_progress,
-        **overrides,
+        progress=progress,
+        **(overrides.run_options() if overrides else {}),
     )
-    wanted_encoders = set(resolve_encoders(list(encoders))) if encoders else None
-    entries = [
-        e
-        for e in sweep.entries
-        if (not models or e.model in models)
-        and (not tasks or e.task in tasks)
-        and (wanted_encoders is None or e.encoder in wanted_encoders)
-    ]
+    entries = (only or SweepFilter()).entries(sweep)
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
     opened = open_storage(
         storage if storage is not None else sweep.storage,
-        artifact_dir=options.artifact_dir,
-        heartbeat_interval=options.heartbeat_interval,
-        grace_period=options.grace_period,
-        max_retry=options.max_retry,
+        artifact_dir=options.runtime.artifact_dir,
+        heartbeat_interval=options.runtime.heartbeat_interval,
+        grace_period=options.runtime.grace_period,
+        max_retry=options.runtime.max_retry,
     )
     groups: Dict[Tuple, List[SweepEntry]] = {}
     for entry in entries:  # one run_study call per (model, task, data, objective and protocol options)

@@ -152,23 +152,23 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     try:
         study = job.storage.load_study(
             job.study_name,
-            sampler=make_sampler(options.sampler, job.sampler_seed),
-            pruner=make_pruner(options.effective_pruner, options.max_epochs),
+            sampler=make_sampler(options.search.sampler, job.sampler_seed),
+            pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         )
         if study is None:
             raise RuntimeError(f"study {job.study_name!r} is not in {job.storage.shown_url}")
-        if total_reached(study, options.total_for(job.encoder)):
+        if total_reached(study, options.search.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
         objective = TrialObjective(
-            job.encoder, data, seed=options.seed, device=job.data.device, max_epochs=options.max_epochs
+            job.encoder, data, seed=options.search.seed, device=job.data.device, max_epochs=options.search.max_epochs
         )
         study.optimize(
             objective,
             n_trials=job.n_trials,
-            timeout=options.timeout,
+            timeout=options.search.timeout,
             catch=catchable_errors(),
-            callbacks=_total_trials_callbacks(options.total_for(job.encoder)),
+            callbacks=_total_trials_callbacks(options.search.total_for(job.encoder)),
         )
     except KeyboardInterrupt:
         raise SystemExit(130) from None
@@ -249,29 +249,31 @@ def optimize(
 ) -> None:
     """Add ``count`` trials (``None``: until ``timeout`` or ``total_trials``) to ``study``.
 
-    With ``options.workers == 1`` the trials run here on ``data`` (and
+    With ``options.runtime.workers == 1`` the trials run here on ``data`` (and
     ``callbacks`` run after each); otherwise ``count`` is split exactly across
     that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``).
     """
     quiet_interrupt_tracebacks()
-    if options.workers == 1:
+    if options.runtime.workers == 1:
         from tqdm.auto import tqdm
 
-        objective = TrialObjective(encoder, data, seed=options.seed, device=spec.device, max_epochs=options.max_epochs)
-        with tqdm(total=count, desc=study.study_name, unit="trial", disable=not options.show_progress) as bar:
+        objective = TrialObjective(
+            encoder, data, seed=options.search.seed, device=spec.device, max_epochs=options.search.max_epochs
+        )
+        with tqdm(total=count, desc=study.study_name, unit="trial", disable=not options.runtime.progress) as bar:
             study.optimize(
                 objective,
                 n_trials=count,
-                timeout=options.timeout,
+                timeout=options.search.timeout,
                 catch=catchable_errors(),
                 callbacks=[
                     _ProgressCallback(bar, data.metric),
                     *callbacks,
-                    *_total_trials_callbacks(options.total_for(encoder)),
+                    *_total_trials_callbacks(options.search.total_for(encoder)),
                 ],
             )
         return
-    per_worker = options.threads or max(1, (os.cpu_count() or 1) // options.workers)
+    per_worker = options.runtime.threads or max(1, (os.cpu_count() or 1) // options.runtime.workers)
     jobs = [
         WorkerJob(
             storage=storage,
@@ -280,9 +282,9 @@ def optimize(
             data=spec,
             options=options,
             n_trials=share,
-            sampler_seed=None if options.seed is None else options.seed + i,
+            sampler_seed=None if options.search.seed is None else options.search.seed + i,
             torch_threads=per_worker,
         )
-        for i, share in enumerate(split_trials(count, options.workers))
+        for i, share in enumerate(split_trials(count, options.runtime.workers))
     ]
-    _optimize_in_workers(study, jobs, data.metric, options.show_progress, count)
+    _optimize_in_workers(study, jobs, data.metric, options.runtime.progress, count)

@@ -30,7 +30,7 @@ from reliability_helpers import (
     wait_for,
 )
 
-from ilge_search.study import recommended_params, run_study
+from ilge_search.study import StudyOptions, recommended_params, run_study
 
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
 
@@ -123,13 +123,13 @@ def test_a_failing_recommended_trial_is_retried_up_to_max_retry(tmp_path, data_d
         raise RuntimeError("a fault in the trial")
 
     url = sqlite_url(tmp_path / "fault.db")
+    options_storage = url
     options = dict(
-        storage=url,
         final_seeds=0,
         data_dir=data_dir,
         cache_dir=trec_cached,
         device="cpu",
-        show_progress=False,
+        progress=False,
         max_retry=2,
         max_train=240,
         max_eval=160,
@@ -138,7 +138,13 @@ def test_a_failing_recommended_trial_is_retried_up_to_max_retry(tmp_path, data_d
     monkeypatch.setattr(engine, "train_encoder", broken)
     for _ in range(4):  # the first try and two retries fail; the fourth run finds no retry left
         with pytest.raises(RuntimeError, match="a fault in the trial"):
-            run_study(MODEL, "trec", "mean-layers", n_trials=1, **options)
+            run_study(
+                MODEL,
+                "trec",
+                "mean-layers",
+                storage=options_storage,
+                options=StudyOptions.from_flat(n_trials=1, **options),
+            )
     name = f"{MODEL}:trec:mean-layers:train240:eval160:ep3"
     study = optuna.load_study(study_name=name, storage=url)
     recommended = [t for t in study.trials if t.user_attrs.get("recommended")]
@@ -147,11 +153,18 @@ def test_a_failing_recommended_trial_is_retried_up_to_max_retry(tmp_path, data_d
     assert len(study.trials) == 4  # the fourth run sampled a new trial instead
 
     # once the fault is gone, the next run starts with the recommended configuration again
-    fresh = dict(options, storage=sqlite_url(tmp_path / "fresh.db"))
+    fresh_storage = sqlite_url(tmp_path / "fresh.db")
+    fresh = dict(
+        options,
+    )
     with pytest.raises(RuntimeError):
-        run_study(MODEL, "trec", "mean-layers", n_trials=1, **fresh)
+        run_study(
+            MODEL, "trec", "mean-layers", storage=fresh_storage, options=StudyOptions.from_flat(n_trials=1, **fresh)
+        )
     monkeypatch.setattr(engine, "train_encoder", real_train)
-    result = run_study(MODEL, "trec", "mean-layers", n_trials=2, **fresh)[0]
+    result = run_study(
+        MODEL, "trec", "mean-layers", storage=fresh_storage, options=StudyOptions.from_flat(n_trials=2, **fresh)
+    )[0]
     study = optuna.load_study(study_name=name, storage=fresh["storage"])
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert study.trials[1].params == study.trials[0].params and study.trials[1].user_attrs["recommended"]

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from reliability_helpers import cache_trec_subset
 
 from ilge_search.cli import cli
-from ilge_search.study import SweepEntry, run_study
+from ilge_search.study import StudyOptions, SweepEntry, run_study
 from ilge_search.study.identity import DataChangedError, check_identity
 
 MODEL = "minilm-l6"
@@ -60,13 +60,10 @@ def questions_study(tmp_path_factory, data_dir, cache_dir):
         MODEL,
         str(folder),
         "last-layer",
-        n_trials=2,
         storage=url,
-        final_seeds=0,
-        max_epochs=3,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
+        options=StudyOptions.from_flat(
+            n_trials=2, final_seeds=0, max_epochs=3, cache_dir=cache_dir, device="cpu", progress=False
+        ),
     )[0]
     return root, folder, url, result
 
@@ -155,14 +152,16 @@ def test_changed_labels_are_named_in_the_refusal(questions_study, tmp_path, cach
             MODEL,
             str(relabelled),
             "last-layer",
-            n_trials=1,
             storage=url,
-            study_name=result.study_name,
-            final_seeds=0,
-            max_epochs=3,
-            cache_dir=cache_dir,
-            device="cpu",
-            show_progress=False,
+            options=StudyOptions.from_flat(
+                n_trials=1,
+                study_name=result.study_name,
+                final_seeds=0,
+                max_epochs=3,
+                cache_dir=cache_dir,
+                device="cpu",
+                progress=False,
+            ),
         )
 
 
@@ -174,13 +173,10 @@ def test_rerunning_the_same_command_on_changed_data_starts_a_new_study(questions
         MODEL,
         str(changed),
         "last-layer",
-        n_trials=1,
         storage=url,
-        final_seeds=0,
-        max_epochs=3,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
+        options=StudyOptions.from_flat(
+            n_trials=1, final_seeds=0, max_epochs=3, cache_dir=cache_dir, device="cpu", progress=False
+        ),
     )[0]
     assert new.study_name != result.study_name and new.study_name.startswith(f"{MODEL}:questions@")
     assert study_trials(url) == {result.study_name: 2, new.study_name: 1}
@@ -199,13 +195,10 @@ def test_a_moved_task_folder_resumes_its_study_without_extracting_again(
         MODEL,
         str(moved),
         "last-layer",
-        n_trials=1,
         storage=url,
-        final_seeds=0,
-        max_epochs=3,
-        cache_dir=cache_dir,
-        device="cpu",
-        show_progress=False,
+        options=StudyOptions.from_flat(
+            n_trials=1, final_seeds=0, max_epochs=3, cache_dir=cache_dir, device="cpu", progress=False
+        ),
     )[0]
     assert again.study_name == result.study_name and again.n_complete == 3
     assert optuna.load_study(study_name=again.study_name, storage=url).user_attrs["task_path"] == str(moved.resolve())
@@ -240,10 +233,23 @@ def test_a_registered_task_whose_files_changed_is_refused_before_any_model_loads
     tmp_path, data_dir, trec_cached, no_model_loads
 ):
     url = sqlite_url(tmp_path / "s.db")
-    options = dict(storage=url, final_seeds=0, cache_dir=trec_cached, device="cpu", show_progress=False, **SUBSET)
-    first = run_study(MODEL, "trec", "last-layer", n_trials=1, data_dir=data_dir, **options)[0]
+    options_storage = url
+    options = dict(final_seeds=0, cache_dir=trec_cached, device="cpu", progress=False, **SUBSET)
+    first = run_study(
+        MODEL,
+        "trec",
+        "last-layer",
+        storage=options_storage,
+        options=StudyOptions.from_flat(n_trials=1, data_dir=data_dir, **options),
+    )[0]
     with pytest.raises(DataChangedError) as info:
-        run_study(MODEL, "trec", "last-layer", n_trials=1, data_dir=edited_trec(tmp_path, data_dir), **options)
+        run_study(
+            MODEL,
+            "trec",
+            "last-layer",
+            storage=options_storage,
+            options=StudyOptions.from_flat(n_trials=1, data_dir=edited_trec(tmp_path, data_dir), **options),
+        )
     message = str(info.value)
     assert (
         f"study '{first.study_name}' was run on other data: the content of the train and validation splits "
@@ -263,14 +269,25 @@ def test_a_study_from_before_fingerprints_is_adopted_on_the_same_data_and_refuse
     tmp_path, data_dir, trec_cached
 ):
     db = tmp_path / "old.db"
-    options = dict(
-        storage=sqlite_url(db), final_seeds=0, cache_dir=trec_cached, device="cpu", show_progress=False, **SUBSET
-    )
-    name = run_study(MODEL, "trec", "mean-layers", n_trials=1, data_dir=data_dir, **options)[0].study_name
+    options_storage = sqlite_url(db)
+    options = dict(final_seeds=0, cache_dir=trec_cached, device="cpu", progress=False, **SUBSET)
+    name = run_study(
+        MODEL,
+        "trec",
+        "mean-layers",
+        storage=options_storage,
+        options=StudyOptions.from_flat(n_trials=1, data_dir=data_dir, **options),
+    )[0].study_name
     fingerprints = optuna.load_study(study_name=name, storage=sqlite_url(db)).user_attrs["data_fingerprints"]
     _forget_fingerprints(db)
 
-    adopted = run_study(MODEL, "trec", "mean-layers", n_trials=1, data_dir=data_dir, **options)[0]
+    adopted = run_study(
+        MODEL,
+        "trec",
+        "mean-layers",
+        storage=options_storage,
+        options=StudyOptions.from_flat(n_trials=1, data_dir=data_dir, **options),
+    )[0]
     assert adopted.n_complete == 2
     assert optuna.load_study(study_name=name, storage=sqlite_url(db)).user_attrs["data_fingerprints"] == fingerprints
 
@@ -279,7 +296,13 @@ def test_a_study_from_before_fingerprints_is_adopted_on_the_same_data_and_refuse
         DataChangedError,
         match="made by an earlier ilge-search .* cached-embedding keys it stored differ from this data's",
     ):
-        run_study(MODEL, "trec", "mean-layers", n_trials=1, data_dir=edited_trec(tmp_path, data_dir), **options)
+        run_study(
+            MODEL,
+            "trec",
+            "mean-layers",
+            storage=options_storage,
+            options=StudyOptions.from_flat(n_trials=1, data_dir=edited_trec(tmp_path, data_dir), **options),
+        )
     assert study_trials(sqlite_url(db)) == {name: 2}
 
 
