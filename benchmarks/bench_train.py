@@ -84,7 +84,7 @@ def main() -> None:
 
     from ilge_search.cache import load_task_embeddings
     from ilge_search.configs import CayleyConfig
-    from ilge_search.engine import build_model, train_encoder
+    from ilge_search.engine import TrainingRecipe, build_model, train_encoder
     from ilge_search.tasks import load_task, subsample
 
     task = subsample(load_task("banking77", data_dir=args.data_dir), n=args.train_size, seed=0, splits=["train"])
@@ -100,9 +100,11 @@ def main() -> None:
     )
 
     # --- the engine (validation every epoch included, as in real use)
-    train_encoder(config.replace(epochs=1), train, val, num_classes=num_classes, patience=None)  # warm-up
+    train_encoder(
+        config.replace(epochs=1), train, val, num_classes=num_classes, recipe=TrainingRecipe(patience=None)
+    )  # warm-up
     started = time.perf_counter()
-    train_encoder(config, train, val, num_classes=num_classes, patience=None)
+    train_encoder(config, train, val, num_classes=num_classes, recipe=TrainingRecipe(patience=None))
     engine_eps = args.epochs / (time.perf_counter() - started)
 
     # --- the textbook per-sample path, same model and recipe

@@ -394,14 +394,14 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         X_val: torch.Tensor,
         y_val: np.ndarray,
     ) -> "ILGEClassifier":
-        from .engine import select_best_layer, train_encoder
+        from .engine import TrainingRecipe, select_best_layer, train_encoder
 
         kwargs = dict(
             task_kind="classification",
             num_classes=len(classes),
             seed=int(self.random_state),
             device=self.device,
-            patience=self.patience,
+            recipe=TrainingRecipe(patience=self.patience),
             progress=bool(self.verbose),
         )
         train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))

@@ -26,6 +26,7 @@ Task kinds:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ __all__ = [
     "ILGEModel",
     "TrainResult",
     "train_encoder",
+    "TrainingRecipe",
     "evaluate",
     "predict_logits",
     "select_best_layer",
@@ -408,6 +410,37 @@ def _check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> Non
 # --------------------------------------------------------------------------- training
 
 
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How the engine trains beyond what an encoder config says (its ``lr``, ``weight_decay``,
+    ``batch_size`` and ``epochs``).
+
+    Attributes:
+        patience: stop after this many epochs without a better validation metric (``None``: never early).
+        lr_patience, lr_factor: ReduceLROnPlateau on the validation metric.
+        selection_metric: metric for early stopping, the LR schedule and the best epoch; default
+            ``"accuracy"`` / ``"spearman"``; ``"loss"`` is minimised.
+        optimizer: ``"adam"`` (L2 weight decay) or ``"adamw"`` (decoupled).
+        standardize: z-score every (layer, dimension) with training-set statistics (stored in the model)
+            before the aggregator.
+    """
+
+    patience: Optional[int] = 10
+    lr_patience: int = 3
+    lr_factor: float = 0.5
+    selection_metric: Optional[str] = None
+    optimizer: str = "adam"
+    standardize: bool = True
+
+    def resolved(self, task_kind: str) -> "TrainingRecipe":
+        """The recipe checked for ``task_kind``, with its selection metric filled in."""
+        metric = _check_options(task_kind, self.selection_metric, self.optimizer, self.patience)
+        return dataclasses.replace(self, selection_metric=metric)
+
+
+DEFAULT_RECIPE = TrainingRecipe()
+
+
 def train_encoder(
     config: EncoderConfig,
     train: Dataset,
@@ -418,14 +451,9 @@ def train_encoder(
     score_range: Optional[Tuple[float, float]] = None,
     seed: int = 0,
     device: Union[str, torch.device] = "cpu",
-    patience: Optional[int] = 10,
-    lr_patience: int = 3,
-    lr_factor: float = 0.5,
-    selection_metric: Optional[str] = None,
-    optimizer: str = "adam",
+    recipe: TrainingRecipe = DEFAULT_RECIPE,
     epoch_callback: Optional[Callable[[int, float], Any]] = None,
     progress: bool = False,
-    standardize: bool = True,
 ) -> TrainResult:
     """Train an aggregator from ``config`` plus its head; return the best epoch's model.
 
@@ -441,33 +469,18 @@ def train_encoder(
             STS-B (default: min and max of the training scores).
         seed: seeds model init, dropout and batch order.
         device: ``"cpu"``, ``"cuda"``, ``"auto"``...
-        patience: stop after this many epochs without a better validation
-            metric (``None`` disables early stopping).
-        lr_patience, lr_factor: ReduceLROnPlateau on the validation metric.
-        selection_metric: metric for early stopping, LR schedule and best
-            epoch; default ``"accuracy"`` / ``"spearman"``; ``"loss"`` is minimised.
-        optimizer: ``"adam"`` (L2 weight decay) or ``"adamw"`` (decoupled).
+        recipe: early stopping, LR schedule, selection metric, optimizer and
+            standardisation (:class:`TrainingRecipe`).
         epoch_callback: ``f(epoch, val_metric)`` after each epoch (epochs count
             from 1); exceptions such as ``optuna.TrialPruned`` propagate.
         progress: show a tqdm bar over epochs.
-        standardize: z-score every (layer, dimension) with training-set
-            statistics (stored in the model) before the aggregator.
     """
-    selection_metric = _check_options(task_kind, selection_metric, optimizer, patience)
+    recipe = recipe.resolved(task_kind)
     prepared = _prepare_data(train, val, task_kind, num_classes, score_range)
     return _train_prepared(
         config,
         prepared,
-        seed=seed,
-        device=device,
-        patience=patience,
-        lr_patience=lr_patience,
-        lr_factor=lr_factor,
-        selection_metric=selection_metric,
-        optimizer=optimizer,
-        epoch_callback=epoch_callback,
-        progress=progress,
-        standardize=standardize,
+        _Run(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress),
     )
 
 
@@ -556,28 +569,28 @@ def _train_one_epoch(
     return float(loss_sum) / len(order)
 
 
-def _train_prepared(
-    config: EncoderConfig,
-    data: _PreparedData,
-    *,
-    seed: int,
-    device: Union[str, torch.device],
-    patience: Optional[int],
-    lr_patience: int,
-    lr_factor: float,
-    selection_metric: str,
-    optimizer: str,
-    epoch_callback: Optional[Callable[[int, float], Any]],
-    progress: bool,
-    standardize: bool = True,
-    fitted_standardizer: Optional[FeatureStandardizer] = None,
-) -> TrainResult:
-    """Train on prepared data. ``fitted_standardizer`` (statistics already computed on
+@dataclass(frozen=True)
+class _Run:
+    """One training run's settings besides the config and the data."""
+
+    seed: int
+    device: Union[str, torch.device]
+    recipe: TrainingRecipe  # resolved: its selection metric is set
+    epoch_callback: Optional[Callable[[int, float], Any]] = None
+    progress: bool = False
+    fitted_standardizer: Optional["FeatureStandardizer"] = None
+
+
+def _train_prepared(config: EncoderConfig, data: _PreparedData, run: _Run) -> TrainResult:
+    """Train on prepared data. ``run.fitted_standardizer`` (statistics already computed on
     ``data.train_x``) saves callers that train many models on one set from refitting it."""
+    recipe, seed, epoch_callback = run.recipe, run.seed, run.epoch_callback
+    selection_metric, optimizer, standardize = recipe.selection_metric, recipe.optimizer, recipe.standardize
+    patience, fitted_standardizer = recipe.patience, run.fitted_standardizer
     task_kind, num_classes, score_range = data.task_kind, data.num_classes, data.score_range
     train_x, train_y, val_x, val_y = data.train_x, data.train_y, data.val_x, data.val_y
     num_layers, hidden_in = train_x.shape[-2], train_x.shape[-1]
-    device = resolve_device(device)
+    device = resolve_device(run.device)
     maximise = selection_metric != "loss"
     started = time.perf_counter()
     rng_devices = [device.index or 0] if device.type == "cuda" else []
@@ -594,7 +607,7 @@ def _train_prepared(
         optimizer_cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
         opt = optimizer_cls(params, lr=config.lr, weight_decay=config.weight_decay)
         scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            opt, mode="max" if maximise else "min", factor=lr_factor, patience=lr_patience
+            opt, mode="max" if maximise else "min", factor=recipe.lr_factor, patience=recipe.lr_patience
         )
         if device.type != "cpu":
             train_x, val_x = train_x.to(device), val_x.to(device)  # stays float16 if cached as float16
@@ -602,7 +615,7 @@ def _train_prepared(
 
         history: List[Dict[str, float]] = []
         best_metric, best_epoch, best_state = -math.inf if maximise else math.inf, 0, None
-        epochs = tqdm(range(1, config.epochs + 1), desc=f"train {config.family}", disable=not progress, leave=False)
+        epochs = tqdm(range(1, config.epochs + 1), desc=f"train {config.family}", disable=not run.progress, leave=False)
         for epoch in epochs:
             order = torch.randperm(train_x.shape[0], generator=generator).to(train_x.device)
             train_loss = _train_one_epoch(model, opt, train_x, train_y, order, config.batch_size, device)
@@ -652,11 +665,7 @@ def select_best_layer(
     score_range: Optional[Tuple[float, float]] = None,
     seed: int = 0,
     device: Union[str, torch.device] = "cpu",
-    patience: Optional[int] = 10,
-    lr_patience: int = 3,
-    lr_factor: float = 0.5,
-    selection_metric: Optional[str] = None,
-    optimizer: str = "adam",
+    recipe: TrainingRecipe = DEFAULT_RECIPE,
     progress: bool = False,
 ) -> Tuple[int, TrainResult, List[float]]:
     """Train one linear probe per layer with the engine; keep the best on validation.
@@ -673,7 +682,7 @@ def select_best_layer(
     """
     if not isinstance(config, BestLayerConfig):
         raise ValueError(f"select_best_layer needs a BestLayerConfig, got {type(config).__name__}")
-    selection_metric = _check_options(task_kind, selection_metric, optimizer, patience)
+    recipe = recipe.resolved(task_kind)
     data = _prepare_data(train, val, task_kind, num_classes, score_range)
     num_layers = data.train_x.shape[-2]
     candidates = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
@@ -682,26 +691,14 @@ def select_best_layer(
     for layer in candidates:
         if not -num_layers <= layer < num_layers:
             raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
-    maximise = selection_metric != "loss"
+    maximise = recipe.selection_metric != "loss"
     standardizer = FeatureStandardizer(num_layers, data.train_x.shape[-1]).fit(data.train_x)  # once, not per probe
     best: Optional[Tuple[int, TrainResult]] = None
     scores: List[float] = []
     for layer in tqdm(candidates, desc="best-layer probes", disable=not progress, leave=False):
         layer = layer % num_layers
-        result = _train_prepared(
-            config.replace(layer=layer),
-            data,
-            seed=seed,
-            device=device,
-            patience=patience,
-            lr_patience=lr_patience,
-            lr_factor=lr_factor,
-            selection_metric=selection_metric,
-            optimizer=optimizer,
-            epoch_callback=None,
-            progress=False,
-            fitted_standardizer=standardizer,
-        )
+        run = _Run(seed=seed, device=device, recipe=recipe, fitted_standardizer=standardizer)
+        result = _train_prepared(config.replace(layer=layer), data, run)
         scores.append(result.best_val_metric)
         better = (
             (

@@ -10,6 +10,7 @@ from sklearn.metrics import f1_score
 from ilge_search import configs as C
 from ilge_search.engine import (
     ILGEModel,
+    TrainingRecipe,
     evaluate,
     macro_f1,
     pearson,
@@ -105,7 +106,7 @@ def test_float16_is_upcast_per_batch_without_changing_results(data):
 def test_learns_a_separable_task(config, data):
     train, val = data
     # The signal here is partly the informative layer's larger norm, which z-scoring removes on purpose.
-    result = train_encoder(config, train, val, seed=0, standardize=False)
+    result = train_encoder(config, train, val, seed=0, recipe=TrainingRecipe(standardize=False))
     assert result.best_val_metric > 0.8  # chance is 0.25
     assert result.history[result.best_epoch - 1]["val_accuracy"] == result.best_val_metric
     assert set(result.history[0]) == {"epoch", "train_loss", "val_loss", "val_accuracy", "val_macro_f1", "lr"}
@@ -124,7 +125,13 @@ def test_last_layer_probe_only_sees_the_last_layer(data):
 def test_early_stopping_restores_the_best_epoch():
     x, y = make_classification(n=400, noise_labels=True)  # nothing to learn: validation loss soon rises
     config = C.MLPLastConfig(hidden_dim=64, epochs=60, lr=1e-2)
-    result = train_encoder(config, (x[:300], y[:300]), (x[300:], y[300:]), seed=0, patience=3, selection_metric="loss")
+    result = train_encoder(
+        config,
+        (x[:300], y[:300]),
+        (x[300:], y[300:]),
+        seed=0,
+        recipe=TrainingRecipe(patience=3, selection_metric="loss"),
+    )
     losses = [h["val_loss"] for h in result.history]
     assert result.epochs_run < 60
     assert result.best_epoch == int(np.argmin(losses)) + 1
@@ -137,7 +144,7 @@ def test_early_stopping_restores_the_best_epoch():
 
 def test_patience_none_runs_every_epoch(data):
     train, val = data
-    result = train_encoder(C.ScalarMixConfig(epochs=6), train, val, patience=None)
+    result = train_encoder(C.ScalarMixConfig(epochs=6), train, val, recipe=TrainingRecipe(patience=None))
     assert result.epochs_run == 6
 
 
@@ -147,9 +154,7 @@ def test_lr_is_reduced_on_plateau():
         C.MLPLastConfig(hidden_dim=32, epochs=30, lr=1e-2),
         (x[:200], y[:200]),
         (x[200:], y[200:]),
-        patience=None,
-        lr_patience=1,
-        lr_factor=0.5,
+        recipe=TrainingRecipe(patience=None, lr_patience=1, lr_factor=0.5),
     )
     lrs = [h["lr"] for h in result.history]
     assert lrs[0] == 1e-2
@@ -160,8 +165,8 @@ def test_lr_is_reduced_on_plateau():
 def test_adamw_is_a_different_optimizer(data):
     train, val = data
     config = C.ScalarMixConfig(epochs=3, weight_decay=0.1)
-    adam = train_encoder(config, train, val, optimizer="adam")
-    adamw = train_encoder(config, train, val, optimizer="adamw")
+    adam = train_encoder(config, train, val, recipe=TrainingRecipe(optimizer="adam"))
+    adamw = train_encoder(config, train, val, recipe=TrainingRecipe(optimizer="adamw"))
     assert adam.history != adamw.history
 
 
@@ -172,8 +177,8 @@ def test_callback_sees_every_epoch_and_pruning_propagates(data):
         C.ScalarMixConfig(epochs=4),
         train,
         val,
-        patience=None,
         epoch_callback=lambda epoch, metric: seen.append((epoch, metric)),
+        recipe=TrainingRecipe(patience=None),
     )
     assert seen == [(h["epoch"], h["val_accuracy"]) for h in result.history]
     assert [epoch for epoch, _ in seen] == [1, 2, 3, 4]
@@ -194,7 +199,12 @@ def test_similarity_training_improves_spearman():
     x, score = make_pairs()
     train, val = (x[:300], score[:300]), (x[300:], score[300:])
     result = train_encoder(
-        C.ScalarMixConfig(epochs=40, lr=1e-2), train, val, task_kind="similarity", score_range=(0, 5), standardize=False
+        C.ScalarMixConfig(epochs=40, lr=1e-2),
+        train,
+        val,
+        task_kind="similarity",
+        score_range=(0, 5),
+        recipe=TrainingRecipe(standardize=False),
     )  # signal is layer 1's norm, kept here
     first = result.history[0]["val_spearman"]
     assert result.selection_metric == "spearman"
@@ -304,9 +314,9 @@ def test_labels_outside_num_classes(data):
     "kwargs, message",
     [
         ({"task_kind": "regression"}, "task_kind"),
-        ({"selection_metric": "spearman"}, "selection_metric"),
-        ({"optimizer": "sgd"}, "optimizer"),
-        ({"patience": 0}, "patience"),
+        ({"recipe": TrainingRecipe(selection_metric="spearman")}, "selection_metric"),
+        ({"recipe": TrainingRecipe(optimizer="sgd")}, "optimizer"),
+        ({"recipe": TrainingRecipe(patience=0)}, "patience"),
     ],
 )
 def test_bad_options(data, kwargs, message):
@@ -389,7 +399,7 @@ def test_standardisation_rescues_massive_activation_dimensions():
     x = x.float()
     x[:, :, 0] = 3000.0 + 500.0 * torch.randn(480, L, generator=g)  # one huge, uninformative dimension
     train, val = (x[:320], y[:320]), (x[320:], y[320:])
-    raw = train_encoder(SMALL_CAYLEY, train, val, seed=0, standardize=False)
+    raw = train_encoder(SMALL_CAYLEY, train, val, seed=0, recipe=TrainingRecipe(standardize=False))
     scaled = train_encoder(SMALL_CAYLEY, train, val, seed=0)
     assert scaled.best_val_metric > 0.7
     assert scaled.best_val_metric > raw.best_val_metric + 0.2

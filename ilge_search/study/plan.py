@@ -673,7 +673,7 @@ def _time_config(
     device: str,
 ) -> Tuple[float, float]:
     """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
-    from ..engine import select_best_layer, train_encoder
+    from ..engine import TrainingRecipe, select_best_layer, train_encoder
 
     scale = plan.split_sizes["train"] / len(train[1])
     task_kind = check.task_data.kind
@@ -683,7 +683,7 @@ def _time_config(
         num_classes=num_classes,
         seed=check.options.search.seed or 0,
         device=check.spec.device,
-        patience=None,
+        recipe=TrainingRecipe(patience=None),
     )
     # an untimed epoch on a few rows first: the first call of an encoder pays one-time imports and set-up
     few = min(len(train[1]), WARM_UP_ROWS)
