@@ -551,6 +551,8 @@ class EmbeddingCache:
                 embedder = self._embedder(source, pooling, max_length, batch_size, device)
                 self._extract_and_write(key, embedder, texts_fn(), pairs, labels, storage_dtype, meta, progress)
                 found = self._read(key)
+                if found is None:
+                    raise CacheCorruptError(f"cache entry {key} vanished right after it was written; extract again")
                 found.hit = False
         finally:
             lock.release()
@@ -745,7 +747,7 @@ class EmbeddingCache:
             for leftover in self.embeddings_dir.glob(".*.tmp-*") if self.embeddings_dir.is_dir() else []:
                 leftover.unlink(missing_ok=True)
             return keys
-        matches = [key for key in keys if key.startswith(key_or_prefix)]
+        matches = [key for key in keys if key.startswith(key_or_prefix or "")]
         if not matches:
             raise ValueError(
                 f"no cache entry matches {key_or_prefix!r} in {self.embeddings_dir}; see `ilge-search cache ls`"

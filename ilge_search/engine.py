@@ -30,7 +30,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ from tqdm.auto import tqdm
 from .configs import BestLayerConfig, EncoderConfig
 from .models import resolve_device
 from .validation import check_int
+
+if TYPE_CHECKING:  # pragma: no cover - the aggregator pulls in PyTorch Geometric, imported lazily
+    from .aggregator import Aggregator
 
 __all__ = [
     "FeatureStandardizer",
@@ -85,6 +88,9 @@ class FeatureStandardizer(nn.Module):
         - input: ``(..., num_layers, hidden_in)``
         - output: same shape, float32
     """
+
+    mean: torch.Tensor
+    inv_std: torch.Tensor
 
     def __init__(self, num_layers: int, hidden_in: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -138,14 +144,14 @@ class ILGEModel(nn.Module):
 
     def __init__(
         self,
-        aggregator: nn.Module,
-        head: nn.Module,
+        aggregator: Aggregator,
+        head: nn.Linear,
         task_kind: str = "classification",
         score_range: Optional[Tuple[float, float]] = None,
     ) -> None:
         super().__init__()
         _check_task_kind(task_kind)
-        self.standardizer = FeatureStandardizer(aggregator.num_layers, aggregator.hidden_in)
+        self.standardizer = FeatureStandardizer(int(aggregator.num_layers), int(aggregator.hidden_in))
         self.aggregator = aggregator
         self.head = head
         self.task_kind = task_kind
@@ -165,6 +171,8 @@ class ILGEModel(nn.Module):
 
     def normalise_scores(self, scores: torch.Tensor) -> torch.Tensor:
         """Gold similarity scores -> ``[0, 1]`` targets (min-max of ``score_range``)."""
+        if self.score_range is None:
+            raise ValueError("this similarity model has no score range to normalise gold scores with")
         low, high = self.score_range
         return (scores - low) / (high - low)
 
@@ -395,7 +403,7 @@ def evaluate(
     features = _as_features(features, task_kind, "evaluation")
     labels = _as_labels(labels, features.shape[0], task_kind, "evaluation")
     if task_kind == "classification":
-        num_classes = model.head.out_features
+        num_classes = int(model.head.out_features)
         _check_label_range(labels, num_classes, "evaluation")
     outputs = predict_logits(model, features, device=device, batch_size=batch_size)
     return _metrics(model, outputs, labels)
@@ -621,7 +629,7 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, run: _Run) -> Tr
             train_loss = _train_one_epoch(model, opt, train_x, train_y, order, config.batch_size, device)
 
             val_metrics = _metrics(model, predict_logits(model, val_x, device=device), val_y)
-            metric = val_metrics[selection_metric]
+            metric = val_metrics[str(selection_metric)]
             record = {"epoch": epoch, "train_loss": train_loss}
             record.update({f"val_{name}": value for name, value in val_metrics.items()})
             record["lr"] = opt.param_groups[0]["lr"]
@@ -640,6 +648,7 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, run: _Run) -> Tr
             if patience is not None and epoch - best_epoch >= patience:
                 break
 
+    assert best_state is not None  # the first epoch always sets it
     model.load_state_dict(best_state)
     model.eval()
     return TrainResult(
@@ -647,7 +656,7 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, run: _Run) -> Tr
         best_epoch=best_epoch,
         epochs_run=len(history),
         best_val_metric=float(best_metric),
-        selection_metric=selection_metric,
+        selection_metric=str(selection_metric),
         history=history,
         num_trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         seconds=time.perf_counter() - started,
@@ -711,4 +720,5 @@ def select_best_layer(
         )
         if better:
             best = (layer, result)
+    assert best is not None  # candidates is not empty
     return best[0], best[1], scores

@@ -87,7 +87,9 @@ def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = Fal
         raise _unknown(
             path_or_id, "not a local folder, not in the built-in table and not in the local Hugging Face cache"
         ) from None
-    return _dims_from_config(config)
+    layers, hidden = _dims_from_config(config)
+    assert layers is not None and hidden is not None  # _dims_from_config checked both
+    return layers, hidden
 
 
 def _dims(

@@ -381,6 +381,7 @@ def _gguf_source(name: str, gguf: Path, cache_dir: Optional[PathLike], is_alias:
 
 def _resolve_alias(name: str, cache_dir: Optional[PathLike]) -> ModelSource:
     alias = MODEL_ALIASES[name].offline
+    assert alias is not None  # MODEL_ALIASES holds only models with an offline package
     package_dir = _package_dir(alias.package)
     target = package_dir / alias.relative if package_dir else None
     if target is None or not target.exists():
@@ -430,7 +431,7 @@ def _resolve_hub_id(name: str) -> ModelSource:
             f"model {name!r} is not a local folder, not an alias and not in the local Hugging Face cache, "
             f"and the hub is unreachable ({type(exc).__name__}: {exc}). {_how_to_provide(name)}"
         ) from exc
-    return ModelSource(name=name, path=repo_id, revision=info.sha)
+    return ModelSource(name=name, path=repo_id, revision=info.sha or "")
 
 
 def model_reference_kind(name: str) -> str:
@@ -561,6 +562,8 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    if source.gguf_file is None:
+        raise ValueError(f"model {source.name!r} has no GGUF file to convert")
     gguf = Path(source.gguf_file)
     tmp = temp_name(target)
     try:
@@ -649,11 +652,11 @@ def resolve_device(device: Any = "auto") -> Any:
             raise ValueError(
                 f"device {device!r} does not exist: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
             )
-    elif resolved.type == "mps" and not (mps is not None and mps.is_available()):
+    elif resolved.type == "mps" and not getattr(mps, "is_available", lambda: False)():
         raise ValueError(f"device {device!r} is not available on this machine; use --device cpu or auto")
     elif resolved.type not in ("cpu", "cuda", "mps"):
-        backend = getattr(torch, resolved.type, None)
-        if not (callable(getattr(backend, "is_available", None)) and backend.is_available()):
+        available = getattr(getattr(torch, resolved.type, None), "is_available", None)
+        if not (callable(available) and available()):
             raise ValueError(f"device {device!r} is not available on this machine; use auto, cpu, cuda, cuda:N or mps")
     return resolved
 
@@ -707,9 +710,10 @@ def load_model_and_tokenizer(
         if isinstance(exc, torch.OutOfMemoryError):
             raise
         folder = Path(source.path)
+        reason: Any = exc
         if folder.is_dir() and not any(folder.glob("tokenizer*")) and not any(folder.glob("vocab*")):
-            exc = f"it has no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.txt ...): {exc}"
-        raise _unusable(source.path, exc) from None
+            reason = f"it has no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.txt ...): {exc}"
+        raise _unusable(source.path, reason) from None
     if tokenizer.pad_token is None:
         fallback = tokenizer.eos_token or tokenizer.unk_token
         if fallback is None:

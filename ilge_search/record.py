@@ -156,7 +156,7 @@ class Identity:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> Identity:
         """The identity stored in (upgraded) user ``attrs``."""
-        values = {key: attrs.get(key) for key in IDENTITY_KEYS}
+        values: dict[str, Any] = {key: attrs.get(key) for key in IDENTITY_KEYS}
         values["objectives"] = tuple(values["objectives"] or DEFAULT_OBJECTIVES)
         values["protocol"] = str(values["protocol"] or DEFAULT_PROTOCOL)
         return cls(**values)

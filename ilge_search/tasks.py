@@ -111,16 +111,16 @@ class TaskSplit:
         """The texts to embed: ``texts``, or pairs interleaved ``[a0, b0, a1, b1, ...]``."""
         if self.pairs is not None:
             return [sentence for pair in self.pairs for sentence in pair]
-        return list(self.texts)
+        return list(self.texts or [])
 
-    def subset(self, indices: Sequence[int]) -> "TaskSplit":
+    def subset(self, indices: Sequence[int] | np.ndarray) -> "TaskSplit":
         """The rows at ``indices`` (in that order)."""
-        indices = np.asarray(indices, dtype=np.int64)
+        rows = np.asarray(indices, dtype=np.int64)
         return TaskSplit(
             name=self.name,
-            labels=self.labels[indices],
-            texts=[self.texts[i] for i in indices] if self.texts is not None else None,
-            pairs=[self.pairs[i] for i in indices] if self.pairs is not None else None,
+            labels=self.labels[rows],
+            texts=[self.texts[i] for i in rows] if self.texts is not None else None,
+            pairs=[self.pairs[i] for i in rows] if self.pairs is not None else None,
         )
 
 
@@ -522,9 +522,10 @@ def _warn_test_in_train(task: TaskData) -> None:
     if "train" not in task.splits or "test" not in task.splits:
         return
     train, test = (
-        part.pairs if part.pairs is not None else part.texts for part in (task.splits["train"], task.splits["test"])
+        list(part.pairs if part.pairs is not None else part.texts or [])
+        for part in (task.splits["train"], task.splits["test"])
     )
-    seen = set(train)
+    seen: set = set(train)
     duplicated = sum(1 for row in test if row in seen)
     if duplicated:
         _warn_once(
@@ -658,7 +659,7 @@ def _custom_columns(
     if text_cols is not None:
         if len(text_cols) != 2:
             raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
-        return _Columns("similarity", text_cols=tuple(text_cols), score_col=score_col or "score")
+        return _Columns("similarity", text_cols=(text_cols[0], text_cols[1]), score_col=score_col or "score")
     if text_col is None and label_col is None and {"sentence1", "sentence2"} <= sample.columns.keys():
         return _Columns("similarity", score_col=score_col or "score")
     if score_col is not None:
@@ -737,11 +738,13 @@ def load_task(
             if local is not None
             else _Columns(spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
         )
+        if text_cols is not None and len(text_cols) != 2:
+            raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
         cols = _Columns(
             spec.kind,
             text_col or defaults.text_col,
             label_col or defaults.label_col,
-            tuple(text_cols) if text_cols else defaults.text_cols,
+            (text_cols[0], text_cols[1]) if text_cols else defaults.text_cols,
             score_col or defaults.score_col,
         )
         if local is not None:
@@ -799,7 +802,7 @@ def subsample(
         if splits is not None and name not in splits:
             new_splits[name] = part
             continue
-        count = n if n is not None else max(1, int(round(fraction * len(part))))
+        count = n if n is not None else max(1, int(round((fraction or 1.0) * len(part))))
         new_splits[name] = part.subset(_pick(part, task.kind, count, rng, stratified))
         labels = len(np.unique(part.labels))
         lost = labels - len(np.unique(new_splits[name].labels))

@@ -6,7 +6,7 @@ must be and what it got; the CLI turns that line into its error message.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Optional
+from typing import Any, Collection, Literal, Optional, overload
 
 __all__ = ["check_int", "check_choice", "check_positive_number", "ArgumentTypeError"]
 
@@ -19,6 +19,10 @@ class ArgumentTypeError(TypeError, ValueError):
     """
 
 
+@overload
+def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: Literal[False] = False) -> int: ...
+@overload
+def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool) -> Optional[int]: ...
 def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> Optional[int]:
     """``value`` if it is an integer >= ``minimum`` (or ``None`` when allowed); bools are refused."""
     if value is None and allow_none:

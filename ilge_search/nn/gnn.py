@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Dict, Optional
+from typing import Dict, Optional, cast
 
 import torch
 from torch import nn
-from torch_geometric.nn import GATConv, GCNConv, GINConv
+from torch_geometric.nn import GATConv, GCNConv, GINConv, MessagePassing
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
 from ..graphs import LayerGraph, cayley_graph, fully_connected_graph
@@ -239,7 +239,7 @@ class GNNStack(nn.Module):
     def _make_conv(self) -> nn.Module:
         H = self.hidden_dim
         if self.conv_type == "gin":
-            layers = []
+            layers: list[nn.Module] = []
             for i in range(self.gin_mlp_layers):
                 if i:
                     layers.append(nn.ReLU())
@@ -252,7 +252,7 @@ class GNNStack(nn.Module):
     def reset_parameters(self) -> None:
         self.input_proj.reset_parameters()
         for conv in self.convs:
-            conv.reset_parameters()
+            cast(MessagePassing, conv).reset_parameters()
 
     def _with_virtual(self, h_real: torch.Tensor, num_nodes: int) -> torch.Tensor:
         """Append the virtual nodes' rows: zeros, never projected from anything."""
@@ -308,6 +308,8 @@ class GNNEncoder(LayerEncoder):
         - input: ``(N, num_layers, hidden_in)``
         - output: ``(N, hidden_dim)``
     """
+
+    edge_index: torch.Tensor
 
     def __init__(
         self,
