@@ -66,10 +66,10 @@ _LAZY = {
     "serve_dashboard": "dashboard",
     "write_notes": "dashboard",
     "build_report": "report",
-    "recommend_defaults": "report.recommend",
-    "leave_one_task_out": "report.loto",
-    "stored_loto": "report.loto",
-    "LotoResult": "report.loto",
+    "recommend_defaults": "report.defaults_page",
+    "leave_one_task_out": "defaults.loto",
+    "stored_loto": "defaults.loto",
+    "LotoResult": "defaults.loto",
 }
 
 __all__ = [

@@ -97,7 +97,7 @@ def main() -> None:  # console-script entry point
 
 # the loggers of the study runner and sweeps (ilge_search.study.runner, .sweep ... log through their
 # package's logger), of the storage's dead-worker repair, and of the live trial notes
-_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.report.loto")
+_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.defaults.loto")
 
 
 def _study_logging(quiet: bool) -> None:
@@ -722,7 +722,8 @@ def recommend_command(
     With --update-shipped, a family's regenerated defaults are shipped only when `ilge-search loto` found
     them better than the built-in ones on average over tasks they never saw.
     """
-    from .report.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets, recommend_defaults
+    from .defaults.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets
+    from .report.defaults_page import recommend_defaults
 
     report = report_path or NEXT_TO_DEFAULTS
     target, page = defaults_targets(out_path, report, update_shipped=update_shipped)
@@ -773,7 +774,8 @@ def loto_command(
     defaults are trained with no search on the data of the task's study, scored on its test split, and
     stored on that study (a rerun trains only what is missing). `report` and `recommend` show the table.
     """
-    from .report.loto import LOTO_FAMILIES, leave_one_task_out, loto_sentences
+    from .defaults.loto import LOTO_FAMILIES, leave_one_task_out
+    from .report.loto import loto_sentences
 
     _study_logging(quiet)
     result = leave_one_task_out(

@@ -24,8 +24,8 @@ measures, on the **validation** split (never test):
 Both are reported as mean +- std over the final seeds, next to the per-layer
 probe score of the study's best-layer sibling (the same model, task and data
 options; its best trial's ``layer_scores``, which the report plots). The result
-is stored on the study as the user attr :data:`EXPLAIN_ATTR` with the seeds,
-split and what it was computed from, so the report draws it without
+is stored on the study as its :class:`~ilge_search.record.ExplainRecord` with the
+seeds, split and what it was computed from, so the report draws it without
 retraining; a rerun recomputes only when the study's final evaluation changed.
 """
 
@@ -35,16 +35,16 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from .configs import config_from_dict
+from .record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from .storage import Storage, open_storage
 from .study.export import load_run_study, load_training_data
-from .study.identity import search_identity
 
 __all__ = [
-    "EXPLAIN_ATTR",
     "EXPLAIN_SPLIT",
     "EXPLAIN_FORMATS",
     "LayerAttribution",
@@ -55,7 +55,6 @@ __all__ = [
     "format_explanation",
 ]
 
-EXPLAIN_ATTR = "explain_layers"
 EXPLAIN_SPLIT = "validation"
 EXPLAIN_FORMATS = ("table", "csv", "json")
 EXPLAIN_VERSION = 1  # bump when the measures change: stored results of another version are recomputed
@@ -87,15 +86,15 @@ class LayerAttribution:
     encoder: str
     metric: str
     split: str
-    seeds: List[int]
-    scores: List[float]
-    ablation: List[List[float]]
-    gradient_input: List[List[float]]
-    probe_scores: Optional[List[float]] = None
-    probe_study: Optional[str] = None
+    seeds: list[int]
+    scores: list[float]
+    ablation: list[list[float]]
+    gradient_input: list[list[float]]
+    probe_scores: list[float] | None = None
+    probe_study: str | None = None
     computed: bool = False
     seconds: float = 0.0
-    source: Dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
@@ -120,19 +119,19 @@ class LayerAttribution:
             }
         )
 
-    def record(self) -> Dict[str, Any]:
-        """What is stored as the study's :data:`EXPLAIN_ATTR` (JSON-able)."""
-        return {
-            "version": EXPLAIN_VERSION,
-            "split": self.split,
-            "metric": self.metric,
-            "seeds": self.seeds,
-            "scores": self.scores,
-            "ablation": self.ablation,
-            "gradient_input": self.gradient_input,
-            "seconds": round(self.seconds, 2),
-            "source": self.source,
-        }
+    def record(self) -> ExplainRecord:
+        """What is stored on the study."""
+        return ExplainRecord(
+            split=self.split,
+            metric=self.metric,
+            seeds=self.seeds,
+            scores=self.scores,
+            ablation=self.ablation,
+            gradient_input=self.gradient_input,
+            source=self.source,
+            seconds=round(self.seconds, 2),
+            version=EXPLAIN_VERSION,
+        )
 
 
 def _mean_features(features: Any) -> Any:
@@ -154,8 +153,8 @@ def _gold_evidence(model: Any, outputs: Any, labels: Any) -> Any:
 
 
 def attribute_layers(
-    model: Any, train_features: Any, features: Any, labels: Any, *, metric: Optional[str] = None, batch_size: int = 256
-) -> Tuple[float, List[float], List[float]]:
+    model: Any, train_features: Any, features: Any, labels: Any, *, metric: str | None = None, batch_size: int = 256
+) -> tuple[float, list[float], list[float]]:
     """Layer ablation and gradient x input of a trained :class:`~ilge_search.engine.ILGEModel` on one labelled set.
 
     Args:
@@ -182,7 +181,7 @@ def attribute_layers(
     labels = torch.as_tensor(labels)
     score = float(evaluate(model, features, labels)[metric])
     ablated = features.to(torch.float32, copy=True)
-    drops: List[float] = []
+    drops: list[float] = []
     for layer in range(ablated.shape[-2]):
         kept = ablated[..., layer, :].clone()
         ablated[..., layer, :] = baseline[layer]
@@ -209,112 +208,179 @@ def attribute_layers(
 # ----------------------------------------------------------------------------- studies
 
 
-def _load_study(storage: Storage, study_name: str) -> Any:
-    """The study, checked before any training: made by ilge-search, with a final evaluation, over several layers."""
+@dataclass(frozen=True)
+class _Explained:
+    """A study checked for explaining: made by ilge-search (``identity``), with a ``final`` evaluation."""
+
+    study: Any
+    record: StudyRecord
+    identity: Identity
+    final: FinalRecord
+
+
+def _load_study(storage: Storage, study_name: str) -> _Explained:
+    """The study, checked before any training: made by ilge-search, with a final evaluation, over several
+    layers."""
     study = load_run_study(storage, study_name, purpose="explained")
-    attrs = study.user_attrs
-    encoder = attrs.get("encoder")
+    record = study_record(study)
+    encoder = record.identity.encoder if record.identity else None
     if encoder in SINGLE_LAYER_ENCODERS:
         raise ValueError(
             f"study {study_name!r} uses the {encoder} baseline, which reads a single layer: there are "
             "no layer inputs to attribute; explain a cayley, fc, deepset, mean-layers or scalar-mix study"
         )
-    if not attrs.get("final_config") or not attrs.get("final_seeds"):
+    if record.identity is None or record.final is None or not record.final.config or not record.final.seeds:
         raise ValueError(
             f"study {study_name!r} has no final evaluation; run it with --final-seeds (e.g. "
             "`ilge-search run ... --n-trials 0 --final-seeds 3` with the study's other options) first"
         )
-    return study
+    return _Explained(study, record, record.identity, record.final)
 
 
-def _source(attrs: Mapping[str, Any]) -> Dict[str, Any]:
+def _source(record: StudyRecord) -> dict[str, Any]:
     """What the attribution depends on: the final evaluation and the data it trained on."""
-    keys = attrs.get("cache_keys") or {}
+    final = record.final
+    keys = record.data.cache_keys if record.data else {}
     return {
         "version": EXPLAIN_VERSION,
         "split": EXPLAIN_SPLIT,
-        "final_trial": attrs.get("final_trial"),
-        "final_seeds": list(attrs.get("final_seeds") or []),
-        "final_config": attrs.get("final_config"),
-        "final_max_epochs": attrs.get("final_max_epochs"),
+        "final_trial": final.trial if final else None,
+        "final_seeds": list(final.seeds) if final else [],
+        "final_config": final.config if final else None,
+        "final_max_epochs": final.max_epochs if final else None,
         "cache_keys": {split: keys.get(split) for split in ("train", "validation")},
     }
 
 
-def explanation_is_current(attrs: Mapping[str, Any]) -> bool:
-    """Whether a study's stored :data:`EXPLAIN_ATTR` was computed from its present final evaluation."""
-    stored = attrs.get(EXPLAIN_ATTR)
-    if not isinstance(stored, Mapping) or not isinstance(stored.get("source"), Mapping):
+def explanation_is_current(record: StudyRecord) -> bool:
+    """Whether a study's stored explanation was computed from its present final evaluation."""
+    if record.explain is None:
         return False
     # through JSON: tuples, ints and floats compare as they were stored
-    return json.loads(json.dumps(stored["source"])) == json.loads(json.dumps(_source(attrs)))
+    return json.loads(json.dumps(record.explain.source)) == json.loads(json.dumps(_source(record)))
 
 
 def stored_explanation(
-    study_name: str,
-    attrs: Mapping[str, Any],
-    probe_scores: Optional[List[float]] = None,
-    probe_study: Optional[str] = None,
-) -> Optional[LayerAttribution]:
-    """The attribution stored on a study (its user ``attrs``) when it is current, else ``None``."""
-    if not explanation_is_current(attrs):
+    record: StudyRecord, probe_scores: list[float] | None = None, probe_study: str | None = None
+) -> LayerAttribution | None:
+    """The attribution stored on a study when it is current, else ``None``."""
+    stored = record.explain
+    if stored is None or record.identity is None or not explanation_is_current(record):
         return None
-    stored = attrs[EXPLAIN_ATTR]
     return LayerAttribution(
-        study=study_name,
-        model=str(attrs["model"]),
-        task=str(attrs["task"]),
-        encoder=str(attrs["encoder"]),
-        metric=str(stored["metric"]),
-        split=stored["split"],
-        seeds=list(stored["seeds"]),
-        scores=list(stored["scores"]),
-        ablation=[list(row) for row in stored["ablation"]],
-        gradient_input=[list(row) for row in stored["gradient_input"]],
+        study=record.name,
+        model=str(record.identity.model),
+        task=str(record.identity.task),
+        encoder=str(record.identity.encoder),
+        metric=str(stored.metric),
+        split=stored.split,
+        seeds=list(stored.seeds),
+        scores=list(stored.scores),
+        ablation=[list(row) for row in stored.ablation],
+        gradient_input=[list(row) for row in stored.gradient_input],
         probe_scores=probe_scores,
         probe_study=probe_study,
-        seconds=float(stored.get("seconds", 0.0)),
-        source=dict(stored["source"]),
+        seconds=float(stored.seconds),
+        source=dict(stored.source),
     )
 
 
-def _probe(storage: Storage, attrs: Mapping[str, Any]) -> Tuple[Optional[List[float]], Optional[str]]:
+def _probe(storage: Storage, record: StudyRecord) -> tuple[list[float] | None, str | None]:
     """The per-layer probe scores of the best-layer study with the same model, task and data options."""
+    if record.identity is None:
+        return None, None
+    # the probe scores are trial scores: the same under either protocol
+    wanted = record.identity.search_key(without=("encoder",))
+    fingerprints = record.data.data_fingerprints if record.data else None
     for summary in storage.study_summaries():
-        other = summary.user_attrs
-        if other.get("encoder") != PROBE_ENCODER or summary.best_trial is None:
+        other = study_record(summary)
+        if other.identity is None or other.identity.encoder != PROBE_ENCODER or summary.best_trial is None:
             continue
-        # the probe scores are trial scores: the same under either protocol
-        if search_identity(other, without=("encoder",)) != search_identity(attrs, without=("encoder",)):
+        if other.identity.search_key(without=("encoder",)) != wanted:
             continue
-        if (
-            other.get("data_fingerprints")
-            and attrs.get("data_fingerprints")
-            and other["data_fingerprints"] != attrs["data_fingerprints"]
-        ):
+        theirs = other.data.data_fingerprints if other.data else None
+        if theirs and fingerprints and theirs != fingerprints:
             continue
-        scores = summary.best_trial.user_attrs.get("layer_scores")
+        scores = trial_record(summary.best_trial).layer_scores
         if scores:
             return [float(s) for s in scores], summary.study_name
     return None, None
 
 
+@dataclass(frozen=True)
+class _Training:
+    """Where the study's data and embedding cache are, the training device and torch's CPU threads."""
+
+    data_dir: str | None
+    cache_dir: str | None
+    device: str
+    threads: int | None
+
+
+def _measure(
+    target: _Explained, training: _Training, *, show_progress: bool
+) -> tuple[str, list[float], list[list[float]], list[list[float]]]:
+    """The final configuration retrained once per final seed, each model measured on validation: the metric,
+    then per seed the score, the layer ablation drops and gradient x input."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from .engine import train_encoder
+
+    previous_threads = torch.get_num_threads()
+    if training.threads is not None:
+        torch.set_num_threads(training.threads)
+    scores: list[float] = []
+    ablation: list[list[float]] = []
+    grads: list[list[float]] = []
+    try:
+        data = load_training_data(
+            target.study,
+            data_dir=training.data_dir,
+            cache_dir=training.cache_dir,
+            device=training.device,
+            show_progress=show_progress,
+        )
+        config = config_from_dict(target.final.config)
+        seeds = [int(seed) for seed in target.final.seeds]
+        label = f"explain {target.identity.encoder} ({len(seeds)} seeds)"
+        for seed in tqdm(seeds, desc=label, unit="seed", disable=not show_progress):
+            result = train_encoder(
+                config,
+                data.train,
+                data.validation,
+                task_kind=data.task_kind,
+                num_classes=data.num_classes,
+                seed=seed,
+                device=training.device,
+            )
+            score, drops, grad_input = attribute_layers(
+                result.model, data.train[0], *data.validation, metric=data.metric
+            )
+            scores.append(score)
+            ablation.append(drops)
+            grads.append(grad_input)
+    finally:
+        torch.set_num_threads(previous_threads)
+    return data.metric, scores, ablation, grads
+
+
 def explain_study(
-    storage: Union[str, Storage, None],
+    storage: str | Storage | None,
     study_name: str,
     *,
     recompute: bool = False,
-    data_dir: Optional[str] = None,
-    cache_dir: Optional[str] = None,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
     device: str = "auto",
-    threads: Optional[int] = None,
+    threads: int | None = None,
     show_progress: bool = True,
 ) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
     Args:
         storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); it is written to
-            (the result is stored on the study as :data:`EXPLAIN_ATTR`).
+            (the result is stored on the study).
         study_name: a study with a final evaluation, of an encoder over several layers.
         recompute: compute again even when the stored result is current.
         data_dir, cache_dir, device: where the task data and embedding cache are; the training device.
@@ -326,60 +392,25 @@ def explain_study(
             study's; all before any training.
     """
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
-    study = _load_study(opened, study_name)
-    attrs = study.user_attrs
-    probe_scores, probe_study = _probe(opened, attrs)
+    target = _load_study(opened, study_name)
+    probe_scores, probe_study = _probe(opened, target.record)
     if not recompute:
-        stored = stored_explanation(study.study_name, attrs, probe_scores, probe_study)
+        stored = stored_explanation(target.record, probe_scores, probe_study)
         if stored is not None:
             return stored
 
-    import torch
-    from tqdm.auto import tqdm
-
-    from .engine import train_encoder
-
     started = time.perf_counter()
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        data = load_training_data(
-            study, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress
-        )
-        config = config_from_dict(attrs["final_config"])
-        seeds = [int(seed) for seed in attrs["final_seeds"]]
-        scores: List[float] = []
-        ablation: List[List[float]] = []
-        grads: List[List[float]] = []
-        for seed in tqdm(
-            seeds, desc=f"explain {attrs['encoder']} ({len(seeds)} seeds)", unit="seed", disable=not show_progress
-        ):
-            result = train_encoder(
-                config,
-                data.train,
-                data.validation,
-                task_kind=data.task_kind,
-                num_classes=data.num_classes,
-                seed=seed,
-                device=device,
-            )
-            score, drops, grad_input = attribute_layers(
-                result.model, data.train[0], *data.validation, metric=data.metric
-            )
-            scores.append(score)
-            ablation.append(drops)
-            grads.append(grad_input)
-    finally:
-        torch.set_num_threads(previous_threads)
+    metric, scores, ablation, grads = _measure(
+        target, _Training(data_dir, cache_dir, device, threads), show_progress=show_progress
+    )
     result = LayerAttribution(
-        study=study.study_name,
-        model=str(attrs["model"]),
-        task=str(attrs["task"]),
-        encoder=str(attrs["encoder"]),
-        metric=data.metric,
+        study=target.study.study_name,
+        model=str(target.identity.model),
+        task=str(target.identity.task),
+        encoder=str(target.identity.encoder),
+        metric=metric,
         split=EXPLAIN_SPLIT,
-        seeds=seeds,
+        seeds=[int(seed) for seed in target.final.seeds],
         scores=scores,
         ablation=ablation,
         gradient_input=grads,
@@ -387,9 +418,9 @@ def explain_study(
         probe_study=probe_study,
         computed=True,
         seconds=time.perf_counter() - started,
-        source=_source(attrs),
+        source=_source(target.record),
     )
-    study.set_user_attr(EXPLAIN_ATTR, result.record())
+    save_explain(target.study, result.record())
     return result
 
 

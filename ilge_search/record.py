@@ -256,6 +256,11 @@ class ZeroShotScores:
     std: float
     scores: list[float]
 
+    @classmethod
+    def from_attrs(cls, values: Mapping[str, Any]) -> ZeroShotScores:
+        """The scores stored for one task; a spread or scores not stored read as NaN and none."""
+        return _fields_from(cls, {"std": math.nan, "scores": [], **values})
+
 
 @dataclass(frozen=True)
 class FrontMember:
@@ -276,7 +281,9 @@ class FrontMember:
 
     @classmethod
     def from_attrs(cls, values: Mapping[str, Any]) -> FrontMember:
-        return _fields_from(cls, values)
+        """A stored member; what it lacks (written by hand or by an earlier version) reads as unknown or empty."""
+        absent: dict[str, Any] = {"config": {}, "values": {}, "params": None, "latency_ms": None, "artifact_seed": None}
+        return _fields_from(cls, {**absent, "test_scores": [], "val_scores": [], "artifacts": {}, **values})
 
     def to_attrs(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -365,7 +372,7 @@ class FinalRecord:
         }
         values.setdefault("select", LEGACY_SELECT)
         values["zero_shot"] = {
-            name: _fields_from(ZeroShotScores, scores) for name, scores in (values.get("zero_shot") or {}).items()
+            name: ZeroShotScores.from_attrs(scores) for name, scores in (values.get("zero_shot") or {}).items()
         }
         values["front"] = [FrontMember.from_attrs(member) for member in values.get("front") or []]
         values.setdefault("config", {})

@@ -24,6 +24,7 @@ LAYERS: Dict[str, int] = {
     "settings": 0,
     "validation": 0,
     "files": 0,
+    "scores": 0,
     "configs": 1,
     "graphs": 1,
     "models": 2,
@@ -43,13 +44,15 @@ LAYERS: Dict[str, int] = {
     "catalog": 4,
     "study": 5,
     # classifier above study: ILGEClassifier.from_study reads studies
-    "report": 6,
+    "defaults": 6,
     "classifier": 6,
     "predict": 6,
     "explain": 6,
-    "cli": 7,
-    "testing": 7,
-    "__init__": 8,
+    # report above defaults: it reads what defaults/ stored and trains nothing
+    "report": 7,
+    "cli": 8,
+    "testing": 8,
+    "__init__": 9,
 }
 
 

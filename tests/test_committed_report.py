@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from ilge_search.report import METHODS, collect_results
-from ilge_search.report.recommend import recommend_defaults
+from ilge_search.report.defaults_page import recommend_defaults
 from ilge_search.study import load_sweep
 from ilge_search.tuning import RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
 
@@ -72,7 +72,7 @@ def test_the_committed_numbers_are_the_stored_ones(storage_copy):
 
 def test_the_package_defaults_are_what_recommend_derives_from_the_storage(storage_copy, tmp_path, monkeypatch):
     from ilge_search import tuning
-    from ilge_search.report.loto import stored_loto
+    from ilge_search.defaults.loto import stored_loto
 
     shipped = json.loads(RECOMMENDED_DEFAULTS_PATH.read_text())
     loto = stored_loto(storage_copy)

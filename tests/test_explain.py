@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from ilge_search import CayleyConfig, DeepSetConfig, FCConfig, ScalarMixConfig, run_study
 from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
-from ilge_search.explain import EXPLAIN_ATTR, attribute_layers, explain_study, explanation_is_current
+from ilge_search.explain import attribute_layers, explain_study, explanation_is_current
+from ilge_search.record import study_record
 from ilge_search.study import StudyOptions
 
 # ----------------------------------------------------------------------------- a known answer
@@ -178,20 +179,21 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
     probe = _study(studies, PROBE).best_trial.user_attrs["layer_scores"]
     assert result.probe_study == PROBE and list(frame["probe_score"]) == pytest.approx(probe)
     assert np.asarray(result.ablation).shape == (2, 7)
-    assert explanation_is_current(attrs) and attrs[EXPLAIN_ATTR]["seeds"] == attrs["final_seeds"]
+    record = study_record(study)
+    assert explanation_is_current(record) and record.explain.seeds == attrs["final_seeds"]
 
     _no_training(monkeypatch)  # a rerun reads the stored result back
     again = explain_study(studies["url"], CAYLEY, show_progress=False)
     assert not again.computed and again.ablation == result.ablation and again.gradient_input == result.gradient_input
 
     study.set_user_attr("final_seeds", attrs["final_seeds"][:1])  # the final evaluation changed: stale
-    assert not explanation_is_current(study.user_attrs)
+    assert not explanation_is_current(study_record(study))
     with pytest.raises(AssertionError, match="a model was trained"):
         explain_study(
             studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], show_progress=False
         )
     study.set_user_attr("final_seeds", attrs["final_seeds"])
-    assert explanation_is_current(_study(studies, CAYLEY).user_attrs)
+    assert explanation_is_current(study_record(_study(studies, CAYLEY)))
 
 
 @pytest.mark.slow

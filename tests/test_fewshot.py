@@ -3,6 +3,7 @@ report tests' caps, so the session cache already holds the validation, test and 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import optuna
@@ -103,9 +104,9 @@ def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, t
 def test_a_curve_needs_the_same_setting(fewshot_storage):
     """The full-data study of another max_train is no point of the curve."""
     records, duplicates, _ = collect_records(fewshot_storage)
-    other = [r for r in records + duplicates if r.attrs.get("shots") is None]
+    other = [r for r in records + duplicates if r.identity.shots is None]
     for record in other:
-        record.attrs = {**record.attrs, "max_train": 999}
+        record.stored = dataclasses.replace(record.stored, identity=dataclasses.replace(record.identity, max_train=999))
     frame, notes = fewshot_frame(records + duplicates)
     assert frame["shots"].notna().all() and len(frame) == 4 and notes == []
 
@@ -114,14 +115,18 @@ def test_a_curve_needs_the_same_setting(fewshot_storage):
 def test_a_curve_has_one_protocol_and_only_encoders_with_few_shot_points(fewshot_storage):
     """A paper-protocol study of the same data is not the matched curve's full point, and an encoder with a
     full-subset study but no few-shot study draws no curve."""
-    import dataclasses
-
     records, duplicates, _ = collect_records(fewshot_storage)
     every = records + duplicates
-    full = [r for r in every if r.attrs.get("shots") is None]
+    full = [r for r in every if r.identity.shots is None]
     paper = [
         dataclasses.replace(
-            r, name=r.name + ":paper", protocol="paper", test_mean=0.01, attrs={**r.attrs, "protocol": "paper"}
+            r,
+            name=r.name + ":paper",
+            stored=dataclasses.replace(
+                r.stored,
+                identity=dataclasses.replace(r.identity, protocol="paper"),
+                final=dataclasses.replace(r.final, test_mean=0.01),
+            ),
         )
         for r in full
     ]

@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from ilge_search import tuning
 from ilge_search.cli import cli
 from ilge_search.configs import CayleyConfig
+from ilge_search.defaults.loto import leave_one_task_out, start_config, stored_loto
+from ilge_search.record import LotoRecord
 from ilge_search.report import build_report
-from ilge_search.report.loto import LOTO_ATTR, leave_one_task_out, start_config, stored_loto
-from ilge_search.report.recommend import recommend_defaults
+from ilge_search.report.defaults_page import recommend_defaults
 from ilge_search.study import StudyOptions
 
 MODEL = "minilm-l6"
@@ -104,7 +105,7 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, dat
             in json.loads((tmp_path / f"no-{task}.json").read_text())["metadata"]["studies"]["cayley/small"]
         )
         # stored on the study whose data it used
-        assert len(study_attrs(url, task)[LOTO_ATTR]) == 1
+        assert len(study_attrs(url, task)[LotoRecord.ATTR]) == 1
         if task != "trec":
             continue
         # the numbers are those of the one engine trained directly with the same seeds on the study's data
@@ -160,7 +161,7 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
     assert stored_loto(url).rows["difference"].tolist() == first.rows["difference"].tolist()
     # other built-in defaults are another configuration: the stored records no longer count
     changed = {**tuning.BUILTIN_RECOMMENDED, "cayley": {"small": {"lr": 3e-3, "gnn_layers": 1, "hidden_dim": 256}}}
-    monkeypatch.setattr("ilge_search.report.loto.BUILTIN_RECOMMENDED", changed)
+    monkeypatch.setattr("ilge_search.defaults.loto.BUILTIN_RECOMMENDED", changed)
     stale = stored_loto(url)
     assert stale.rows.empty and sorted(stale.missing) == [f"{MODEL}/stsb/cayley", f"{MODEL}/trec/cayley"]
 
@@ -217,7 +218,7 @@ def test_loto_errors_are_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_paper_protocol_studies_are_not_evaluation_targets(studies, data_dir, cache_dir, tmp_path):
-    from ilge_search.report.loto import _targets
+    from ilge_search.defaults.loto import _targets
     from ilge_search.study import run_study
 
     copy = tmp_path / "studies.db"

@@ -578,7 +578,7 @@ def test_a_similarity_row_of_the_effect_table_names_no_examples_per_label(tmp_pa
 def test_recommend_counts_a_search_once_under_either_protocol(tmp_path):
     from optuna.trial import TrialState
 
-    from ilge_search.report.recommend import recommend_defaults
+    from ilge_search.report.defaults_page import recommend_defaults
     from ilge_search.tuning import suggest_config
 
     url = f"sqlite:///{tmp_path / 's.db'}"

@@ -13,12 +13,14 @@ retrained here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
 
 from ..explain import LayerAttribution, stored_explanation
-from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
+from ..scores import score_unit
+from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import plural, slug
 from .figures import new_figure, save_figure
 
@@ -31,9 +33,9 @@ CARRY_FRACTION = 0.5  # a layer "carries" a task when ablating it costs at least
 class ExplainedTask:
     """One (model, task, encoder) with a current attribution, and the probe's best layer when known."""
 
-    record: StudyRecord
+    record: ReportStudy
     attribution: LayerAttribution
-    probe_layer: Optional[int]
+    probe_layer: int | None
 
     def mean_drop(self) -> Any:
         import numpy as np
@@ -46,14 +48,14 @@ class ExplainedTask:
         return np.asarray(self.attribution.gradient_input, dtype=float).mean(0)
 
 
-def explained_tasks(records: Sequence[StudyRecord]) -> Dict[str, List[ExplainedTask]]:
+def explained_tasks(records: Sequence[ReportStudy]) -> dict[str, list[ExplainedTask]]:
     """Per model, its studies with a current stored attribution, by task then encoder."""
     probes = {(r.model, r.task): r for r in records if r.encoder == "best-layer"}
-    out: Dict[str, List[ExplainedTask]] = {}
+    out: dict[str, list[ExplainedTask]] = {}
     for record in sorted(records, key=lambda r: (r.model, r.task, METHODS.index(r.encoder))):
         probe = probes.get((record.model, record.task))
         attribution = stored_explanation(
-            record.name, record.attrs, probe.layer_scores if probe else None, probe.name if probe else None
+            record.stored, probe.layer_scores if probe else None, probe.name if probe else None
         )
         if attribution is None or not attribution.num_layers:
             continue
@@ -64,7 +66,7 @@ def explained_tasks(records: Sequence[StudyRecord]) -> Dict[str, List[ExplainedT
     return out
 
 
-def layer_thirds(num_layers: int) -> List[List[int]]:
+def layer_thirds(num_layers: int) -> list[list[int]]:
     """The layers split into a first, middle and last third (as equal as possible, earlier thirds larger)."""
     import numpy as np
 
@@ -95,7 +97,7 @@ def _task_sentence(item: ExplainedTask) -> str:
     return f"{item.record.task}: " + ", ".join(parts)
 
 
-def _thirds_shares(items: Sequence[ExplainedTask], values: str, num_layers: int) -> Optional[List[float]]:
+def _thirds_shares(items: Sequence[ExplainedTask], values: str, num_layers: int) -> list[float] | None:
     """Mean over tasks of the share of the positive part of ``values`` ("drop" or "grad") per third, in %."""
     import numpy as np
 
@@ -139,7 +141,7 @@ def _model_note(model: str, items: Sequence[ExplainedTask]) -> str:
     return text
 
 
-def attribution_notes(records: Sequence[StudyRecord]) -> Dict[str, List[str]]:
+def attribution_notes(records: Sequence[ReportStudy]) -> dict[str, list[str]]:
     """Per model with stored attributions: the sentence saying which layers carry its tasks."""
     return {model: [_model_note(model, items)] for model, items in explained_tasks(records).items()}
 
@@ -201,9 +203,9 @@ def _heatmap(model: str, items: Sequence[ExplainedTask], path: Path) -> bool:
     return True
 
 
-def draw_attribution_figures(records: Sequence[StudyRecord], fig_dir: Path) -> Dict[str, Dict[str, str]]:
+def draw_attribution_figures(records: Sequence[ReportStudy], fig_dir: Path) -> dict[str, dict[str, str]]:
     """Per model with stored attributions: ``{"attribution": path relative to the report folder}``."""
-    drawn: Dict[str, Dict[str, str]] = {}
+    drawn: dict[str, dict[str, str]] = {}
     for model, items in explained_tasks(records).items():
         name = f"{slug(model)}-layer-attribution.png"
         if _heatmap(model, items, fig_dir / name):

@@ -23,13 +23,15 @@ stored, starting from ``optuna.get_all_study_summaries`` and each study's
   ``shots``, :mod:`~ilge_search.report.fewshot`): a table and one figure per
   model and task of test score against examples per label;
 - when it holds a current leave-one-task-out evaluation (``ilge-search loto``,
-  :mod:`~ilge_search.report.loto`): the table of built-in against regenerated
+  :mod:`~ilge_search.defaults.loto`): the table of built-in against regenerated
   defaults on each left-out task, and whether the regenerated ones win.
+
+Each part of ``report.md`` is a section object of :mod:`~ilge_search.report.sections`.
 
 Conventions:
 
-- Scores are the study user attr ``final_test_mean``/``final_test_std`` times
-  100: accuracy in %, Spearman correlation x 100. A cell whose study is
+- Scores are the final evaluation's test mean and std (``final_test_mean``/``final_test_std``
+  of the study's record) times 100: accuracy in %, Spearman correlation x 100. A cell whose study is
   missing, or has no final test score yet, is shown as ``—`` and never filled.
 - Few-shot studies are their own rows (``trec (8-shot)``), and so are
   paper-protocol studies (``trec [paper protocol]``). When several
@@ -59,60 +61,25 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any
 
 from .._version import __version__
+from ..defaults.loto import stored_loto
 from ..storage import hide_password
-from .attributions import attribution_notes, draw_attribution_figures
-from .data import METHOD_LABELS, METHODS, collect_records
-from .document import Document, slug, write_atomic
-from .fewshot import draw_fewshot_figures, fewshot_frame, fewshot_notes, fewshot_rows
-from .figures import display_width, draw_figures
-from .loto import loto_rows, loto_sentences, loto_verdict_rows, stored_loto
-from .notes import SUMMARY_NOTE, closing_notes, intro, no_published_note, published_note
-from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
-from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_frame, protocol_effect_notes, protocol_effect_rows
-from .tables import (
-    SELECTION_NOTE,
-    model_order,
-    model_protocols,
-    model_tables,
-    pivot,
-    results_frame,
-    seed_note,
-    selection_frame,
-    selection_rows,
-    selection_summary_rows,
-    studies_rows,
-    summary_frame,
-    summary_rows,
-)
+from .attributions import attribution_notes
+from .data import collect_records
+from .document import Document, write_atomic
+from .fewshot import fewshot_frame
+from .notes import closing_notes, intro, no_published_note, published_note
+from .protocol_effect import protocol_effect_frame, protocol_effect_notes
+from .sections import FigureFolder, Figures, ReportData, report_sections
+from .tables import model_order, pivot, results_frame, selection_frame, summary_frame
 
 __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_NAME = ".ilge-report.json"  # the files a report wrote into its folder (relative paths)
-_PROTOCOL_CAPTIONS = {
-    "matched": "matched protocol (each method trained with its own head on the same data, scored by it)",
-    "paper": (
-        "paper protocol (MTEB's logistic readout of the vectors on a few examples per label, mean over 10 "
-        "draws; cosine Spearman for similarity; the last layer, best layer and mean of layers untrained, the "
-        "same score for every seed)"
-    ),
-}
-FEWSHOT_NOTE = (
-    "Studies that differ only in training examples per label (`shots`; `studies/fewshot.toml`), with the "
-    "study of the same setting on the whole training subset as the last point. Each point is the "
-    "selected trial retrained with the final seeds and scored once on test. One few-shot draw per "
-    "count (the data seed): the spread is over training seeds, not over draws."
-)
-LOTO_NOTE = (
-    "For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
-    "trained with no search on that task's study data, next to the built-in defaults of the published "
-    "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
-    "defaults are shipped only when they beat the built-in ones on average over the left-out tasks."
-)
 
 
 @dataclass
@@ -139,20 +106,20 @@ class ReportResult:
 
     out_dir: Path
     results: Any
-    tables: Dict[str, Any]
-    gains: Dict[str, Any]
+    tables: dict[str, Any]
+    gains: dict[str, Any]
     summary: Any
     importances: Any
     protocol_effect: Any = None
-    files: Dict[str, Path] = field(default_factory=dict)
-    figures: List[str] = field(default_factory=list)
-    notes: List[str] = field(default_factory=list)
-    skipped: List[str] = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
     fewshot: Any = None
     loto: Any = None
 
 
-def _read_manifest(out: Path) -> Optional[Set[str]]:
+def _read_manifest(out: Path) -> set[str] | None:
     """The files an earlier report wrote into ``out`` (``None``: no readable manifest)."""
     try:
         data = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
@@ -164,14 +131,14 @@ def _read_manifest(out: Path) -> Optional[Set[str]]:
     return set(files)
 
 
-def _inside(out: Path, relative: str) -> Optional[Path]:
+def _inside(out: Path, relative: str) -> Path | None:
     """``out / relative`` when it stays inside ``out`` (a manifest never names files elsewhere)."""
     path = (out / relative).resolve()
     root = out.resolve()
     return path if path != root and root in path.parents else None
 
 
-def _check_out_dir(out: Path, force: bool) -> Set[str]:
+def _check_out_dir(out: Path, force: bool) -> set[str]:
     """Refuse a folder the report did not make (unless ``force``); the files it wrote there before."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder; pass a folder for the report")
@@ -185,7 +152,7 @@ def _check_out_dir(out: Path, force: bool) -> Set[str]:
     return previous or set()
 
 
-def _finish_out_dir(out: Path, written: Set[str], previous: Set[str]) -> None:
+def _finish_out_dir(out: Path, written: set[str], previous: set[str]) -> None:
     """Remove what an earlier report wrote and this one did not; record what this one wrote."""
     for relative in sorted(previous - written):
         path = _inside(out, relative)
@@ -197,43 +164,72 @@ def _finish_out_dir(out: Path, written: Set[str], previous: Set[str]) -> None:
     )
 
 
-def _show_images(doc: Document, images: Mapping[str, str], out: Path) -> None:
-    """Images (caption -> path relative to ``out``), each shown at the width it was drawn for."""
-    doc.images(images, widths={caption: display_width(out / path) for caption, path in images.items()})
+def _read_report_data(storage_url: str) -> ReportData:
+    """Everything the report shows, computed from the storage without writing anything.
 
-
-def _figure_anchor(model: str, task: str) -> str:
-    return f"figures-{slug(model, task)}"
-
-
-def _contents(
-    models: List[str], pairs: List[Tuple[str, str]], effect: bool = False
-) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
-    """The report's table of contents: each model's tables, the cross-model summary, the protocol effect,
-    the notes, the figures of every (model, task), the studies."""
-    entries: List[Tuple[str, str, List[Tuple[str, str]]]] = [
-        ("Tables", f"model-{slug(models[0])}", [(model, f"model-{slug(model)}") for model in models]),
-        ("Across models", "across-models", []),
+    Raises:
+        ValueError: the storage cannot be opened, or it holds no ilge-search study.
+    """
+    records, duplicates, skipped = collect_records(storage_url)
+    if not records:
+        raise ValueError(
+            f"no ilge-search studies in {hide_password(storage_url)}"
+            + (f" ({len(skipped)} other studies skipped)" if skipped else "")
+            + "; run `ilge-search run` or `ilge-search sweep` first"
+        )
+    skipped += [
+        f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
+        "study; its Pareto front is under 'Pareto fronts'"
+        if r.multi_objective
+        else f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
+        "(with final scores, more seeds or more trials)"
+        for r in duplicates
     ]
-    if effect:
-        entries.append(("Protocol effect", "protocol-effect", []))
-    entries.append(("Notes", "notes", []))
-    if pairs:
-        entries += [
-            (
-                f"Figures: {model}",
-                _figure_anchor(*next(p for p in pairs if p[0] == model)),
-                [(task, _figure_anchor(m, task)) for m, task in pairs if m == model],
-            )
-            for model in models
-            if any(m == model for m, _ in pairs)
-        ]
-    return entries + [("Studies", "studies", [])]
+    frame = results_frame(records)
+    summary = summary_frame(frame)
+    effect = protocol_effect_frame(frame)
+    every = records + duplicates  # the selection, Pareto and few-shot sections compare studies of every setting
+    fewshot, fewshot_skipped = fewshot_frame(every)
+    return ReportData(
+        storage_url=storage_url,
+        records=records,
+        every=every,
+        frame=frame,
+        models=model_order(frame["model"]),
+        summary=summary,
+        effect=effect,
+        notes=closing_notes(frame, summary) + protocol_effect_notes(effect),
+        selection=selection_frame(every),
+        fewshot=fewshot,
+        fewshot_skipped=fewshot_skipped,
+        layer_notes=attribution_notes(records),  # from the attributions `ilge-search explain` stored
+        loto=stored_loto(storage_url),
+        skipped=skipped,
+    )
+
+
+def _write_texts(out: Path, doc: Document, data: ReportData, importances: Any) -> dict[str, Path]:
+    """Write the report's text files (Markdown, LaTeX, HTML, the CSVs); their paths by kind."""
+    texts = {
+        "markdown": ("report.md", doc.markdown()),
+        "latex": ("report.tex", doc.latex()),
+        "html": ("index.html", doc.html_page("ILGE results")),
+        "csv": ("results.csv", data.frame.to_csv(index=False)),
+        "summary_csv": ("summary.csv", data.summary.to_csv(index=False)),
+        "importances_csv": ("importances.csv", importances.to_csv(index=False)),
+    }
+    if not data.effect.empty:
+        texts["protocol_effect_csv"] = ("protocol_effect.csv", data.effect.to_csv(index=False))
+    files = {}
+    for kind, (name, text) in texts.items():
+        files[kind] = out / name
+        write_atomic(files[kind], text)
+    return files
 
 
 def build_report(
     storage_url: str,
-    out_dir: Union[str, os.PathLike] = "reports",
+    out_dir: str | os.PathLike = "reports",
     *,
     figures: bool = True,
     show_progress: bool = True,
@@ -259,234 +255,44 @@ def build_report(
     """
     import pandas as pd
 
-    records, duplicates, skipped = collect_records(storage_url)
-    if not records:
-        raise ValueError(
-            f"no ilge-search studies in {hide_password(storage_url)}"
-            + (f" ({len(skipped)} other studies skipped)" if skipped else "")
-            + "; run `ilge-search run` or `ilge-search sweep` first"
-        )
-    skipped += [
-        f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
-        "study; its Pareto front is under 'Pareto fronts'"
-        if r.multi_objective
-        else f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
-        "(with final scores, more seeds or more trials)"
-        for r in duplicates
-    ]
-    out, fig_dir = Path(out_dir), Path(out_dir) / "figures"
+    data = _read_report_data(storage_url)
+    out = Path(out_dir)
     previous = _check_out_dir(out, force)
-    fig_dir.mkdir(parents=True, exist_ok=True)
-
-    frame = results_frame(records)
-    models = model_order(frame["model"])
-    summary = summary_frame(frame)
-    effect = protocol_effect_frame(frame)
-    notes = closing_notes(frame, summary) + protocol_effect_notes(effect)
-    # few-shot studies get their curves (below), not a set of figures each
-    pairs = [
-        (m, t) for m in models for t in sorted({r.task for r in records if r.model == m and not r.attrs.get("shots")})
-    ]
-    figure_paths, figure_notes, importance_rows = (
-        draw_figures(records, pairs, fig_dir, show_progress) if figures else ({}, {}, [])
-    )
+    folder = FigureFolder(out, draw=figures, show_progress=show_progress)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    sections = [section for section in report_sections() if section.applies(data, folder)]
+    if folder.draw:
+        for section in sections:
+            section.draw(data, folder)
 
     doc = Document()
     doc.heading(1, "ILGE results")
-    doc.paragraph(intro(storage_url, len(records)), tex=True)
-    doc.paragraph(published_note() if frame["published"].notna().any() else no_published_note())
-    layer_notes = attribution_notes(records)  # from the attributions `ilge-search explain` stored
-    layer_figures = draw_attribution_figures(records, fig_dir) if figures else {}
-    contents = _contents(models, pairs if figures else [], effect=not effect.empty)
-    if layer_notes:
-        after_notes = next(i for i, entry in enumerate(contents) if entry[1] == "notes") + 1
-        contents.insert(after_notes, ("Which layers carry the task", "layers", []))
-    selection = selection_frame(records + duplicates)  # every study: they differ by training size and cv
-    if not selection.empty:
-        contents.insert(len(contents) - 1, ("Selection rules", "selection", []))
-    every = records + duplicates
-    fronts = pareto_pairs(every)  # only storages with multi-objective studies get this section
-    front_figures = draw_pareto_figures(every, fig_dir) if figures and fronts else {}
-    if fronts:
-        contents.insert(len(contents) - 1, ("Pareto fronts", "pareto", []))
-    fewshot, fewshot_skipped = fewshot_frame(every)  # curves differ by shots only
-    if not fewshot.empty:
-        contents.insert(len(contents) - 1, ("Few-shot curves", "few-shot", []))
-    loto = stored_loto(storage_url)
-    if loto.verdicts:
-        contents.insert(len(contents) - 1, ("Defaults on tasks they never saw", "leave-one-task-out", []))
-    doc.contents(contents)
-    for model in models:
-        doc.heading(2, model, anchor=f"model-{slug(model)}")
-        for protocol in model_protocols(frame, model):
-            header, score_rows, gain_rows = model_tables(frame, model, protocol)
-            key = slug(model) + ("" if protocol == "matched" else "-paper")
-            doc.table(
-                header,
-                score_rows,
-                label=f"tab:{key}",
-                text_columns=2,
-                caption=f"{model}, {_PROTOCOL_CAPTIONS[protocol]}: test score, mean ± std over seeds (best "
-                "of each row in bold).",
-            )
-            doc.table(
-                ["task"] + [METHOD_LABELS[m] for m in METHODS[1:]],
-                gain_rows,
-                label=f"tab:{key}-gain",
-                caption=f"{model}, {protocol} protocol: gain over the last layer (points).",
-            )
-        doc.paragraph(seed_note(frame, model))
-    doc.heading(2, "Across models", anchor="across-models")
-    doc.table(
-        *summary_rows(summary),
-        label="tab:summary",
-        text_columns=2,
-        caption="Across models: mean score, mean gain over the last layer, wins and mean rank.",
-    )
-    doc.paragraph(SUMMARY_NOTE)
-    if not effect.empty:
-        doc.heading(2, "Protocol effect", anchor="protocol-effect")
-        doc.paragraph(PROTOCOL_EFFECT_NOTE)
-        for model in model_order(effect["model"]):
-            doc.heading(3, model)
-            doc.table(
-                *protocol_effect_rows(effect, model),
-                label=f"tab:{slug(model)}-protocol",
-                text_columns=2,
-                caption=f"{model}: the last layer and Cayley under the matched and the paper protocol, and "
-                "the differences (points).",
-            )
-    doc.heading(2, "Notes", anchor="notes")
-    doc.bullets(notes)
-    if layer_notes:
-        doc.heading(2, "Which layers carry the task", anchor="layers")
-        for model, sentences in layer_notes.items():
-            doc.heading(3, model)
-            shown = layer_figures.get(model, {})
-            _show_images(doc, shown, out)
-            doc.bullets(sentences)
-    if figures:
-        doc.heading(2, "Figures", anchor="figures")
-        for model, task in pairs:
-            doc.heading(3, f"{model} · {task}", anchor=_figure_anchor(model, task))
-            shown = figure_paths[(model, task)]
-            _show_images(doc, shown, out)
-            doc.bullets(figure_notes[(model, task)])
-    if not selection.empty:
-        doc.heading(2, "Selection rules", anchor="selection")
-        doc.paragraph(SELECTION_NOTE)
-        header, rows = selection_rows(selection)
-        doc.table(
-            header,
-            rows,
-            label="tab:selection",
-            text_columns=header.index("start"),
-            caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
-            "bold), search gain and validation-to-test gap, in score units.",
-        )
-        doc.table(
-            *selection_summary_rows(selection),
-            label="tab:selection-summary",
-            text_columns=3,
-            caption="Selection rules per training size, with and without cross-validation, over the studies "
-            "above that were evaluated under both rules.",
-        )
-    if fronts:
-        doc.heading(2, "Pareto fronts: score vs size", anchor="pareto")
-        doc.paragraph(PARETO_NOTE)
-        for pair in fronts:
-            shown = front_figures.get(pair, {})
-            _show_images(doc, shown, out)
-        doc.table(
-            *pareto_rows(every),
-            label="tab:pareto",
-            text_columns=4,
-            caption="Final fronts: each retrained Pareto-front trial (validation score of the trial; test "
-            "mean ± std over the final seeds, in score units), and the layer baselines of the same "
-            "model and task (in italics) for reference.",
-        )
-        doc.bullets(pareto_notes(every))
-    fewshot_figures = draw_fewshot_figures(fewshot, fig_dir) if figures and not fewshot.empty else {}
-    if not fewshot.empty:
-        doc.heading(2, "Few-shot curves", anchor="few-shot")
-        doc.paragraph(FEWSHOT_NOTE)
-        doc.table(
-            *fewshot_rows(fewshot),
-            label="tab:few-shot",
-            text_columns=4,
-            caption="Test score by training examples per label, mean ± std over the final seeds (best encoder "
-            "of each column in bold).",
-        )
-        doc.bullets(fewshot_notes(fewshot) + fewshot_skipped)
-        for (model, task), path in fewshot_figures.items():
-            _show_images(doc, {f"{model} · {task} few-shot": path}, out)
-    if loto.verdicts:
-        doc.heading(2, "Defaults on tasks they never saw", anchor="leave-one-task-out")
-        doc.paragraph(LOTO_NOTE)
-        doc.table(
-            *loto_verdict_rows(loto),
-            label="tab:loto-verdict",
-            text_columns=2,
-            caption="Regenerated minus built-in defaults over the left-out tasks (points).",
-        )
-        doc.bullets(loto_sentences(loto))
-        doc.table(
-            *loto_rows(loto),
-            label="tab:loto",
-            text_columns=4,
-            caption="Each task left out in turn: test score of the built-in defaults and of the defaults "
-            "regenerated without the task, both with no search (mean ± std over seeds).",
-        )
-    doc.heading(2, "Studies", anchor="studies")
-    doc.table(*studies_rows(records))
-    if skipped:
-        doc.paragraph("Not reported:")
-        doc.bullets(skipped)
+    doc.paragraph(intro(storage_url, len(data.records)), tex=True)
+    doc.paragraph(published_note() if data.frame["published"].notna().any() else no_published_note())
+    doc.contents([entry for section in sections for entry in section.contents(data)])
+    for section in sections:
+        section.render(doc, data, folder)
 
-    importances = pd.DataFrame(importance_rows, columns=["model", "task", "method", "study", "param", "importance"])
-    files = {
-        "markdown": out / "report.md",
-        "latex": out / "report.tex",
-        "html": out / "index.html",
-        "csv": out / "results.csv",
-        "summary_csv": out / "summary.csv",
-        "importances_csv": out / "importances.csv",
-    }
-    texts = [
-        ("markdown", doc.markdown()),
-        ("latex", doc.latex()),
-        ("html", doc.html_page("ILGE results")),
-        ("csv", frame.to_csv(index=False)),
-        ("summary_csv", summary.to_csv(index=False)),
-        ("importances_csv", importances.to_csv(index=False)),
-    ]
-    if not effect.empty:
-        files["protocol_effect_csv"] = out / "protocol_effect.csv"
-        texts.append(("protocol_effect_csv", effect.to_csv(index=False)))
-    for kind, text in texts:
-        write_atomic(files[kind], text)
-    figure_files = sorted(
-        [
-            p
-            for paths in [*figure_paths.values(), *layer_figures.values(), *front_figures.values()]
-            for p in paths.values()
-        ]
-        + list(fewshot_figures.values())
+    drawn = next((s for s in sections if isinstance(s, Figures)), Figures())
+    importances = pd.DataFrame(
+        drawn.importance_rows, columns=["model", "task", "method", "study", "param", "importance"]
     )
+    files = _write_texts(out, doc, data, importances)
+    figure_files = sorted(path for section in sections for path in section.figures)
     _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
-    logger.info("report of %d studies written to %s", len(records), out)
+    logger.info("report of %d studies written to %s", len(data.records), out)
     return ReportResult(
         out_dir=out,
-        results=frame,
-        tables={m: pivot(frame, m, "mean") for m in models},
-        gains={m: pivot(frame, m, "gain").drop(columns=["last-layer"]) for m in models},
-        summary=summary,
+        results=data.frame,
+        tables={m: pivot(data.frame, m, "mean") for m in data.models},
+        gains={m: pivot(data.frame, m, "gain").drop(columns=["last-layer"]) for m in data.models},
+        summary=data.summary,
         importances=importances,
-        protocol_effect=effect,
+        protocol_effect=data.effect,
         files=files,
         figures=figure_files,
-        notes=notes,
-        skipped=skipped,
-        fewshot=fewshot,
-        loto=loto,
+        notes=data.notes,
+        skipped=data.skipped,
+        fewshot=data.fewshot,
+        loto=data.loto,
     )

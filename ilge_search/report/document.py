@@ -3,7 +3,7 @@
 :class:`Document` collects headings, paragraphs, bullets, images and tables of
 :class:`Cell` objects and renders each of them three ways; the results report
 (:mod:`ilge_search.report.build`) writes all three, the defaults page
-(:mod:`ilge_search.report.recommend`) the Markdown. Cells equal to
+(:mod:`ilge_search.report.defaults_page`) the Markdown. Cells equal to
 :data:`MISSING` are never bold.
 """
 

@@ -18,10 +18,12 @@ and the others are named in a note.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any
 
-from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
+from ..scores import score_unit
+from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, plural, slug
 from .figures import new_figure, save_figure
 
@@ -44,23 +46,23 @@ FEWSHOT_COLUMNS = [
 _SETTING = ("max_train", "max_eval", "max_epochs", "cv", "data_seed")
 
 
-def _setting(record: StudyRecord) -> Tuple:
+def _setting(record: ReportStudy) -> tuple:
     # the protocol too: a paper-protocol study of the same data is another curve's full point, never this one's
-    return (record.model, record.base_task, record.protocol) + tuple(record.attrs.get(key) for key in _SETTING)
+    return (record.model, record.base_task, record.protocol) + tuple(getattr(record.identity, key) for key in _SETTING)
 
 
-def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
+def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[Any, list[str]]:
     """One row per (model, task, encoder, shots) of every few-shot curve (``shots`` NaN: the full point), in
     score units; and notes on the curves not drawn."""
     import pandas as pd
 
-    settings: Dict[Tuple, List[StudyRecord]] = {}
+    settings: dict[tuple, list[ReportStudy]] = {}
     for record in records:
         if record.test_mean is not None:
             settings.setdefault(_setting(record), []).append(record)
-    curves = {key: group for key, group in settings.items() if any(r.attrs.get("shots") for r in group)}
-    chosen: Dict[Tuple[str, str], Tuple] = {}
-    notes: List[str] = []
+    curves = {key: group for key, group in settings.items() if any(r.identity.shots for r in group)}
+    chosen: dict[tuple[str, str], tuple] = {}
+    notes: list[str] = []
     for key in sorted(curves, key=lambda k: (-len(curves[k]), repr(k))):
         pair = key[:2]
         if pair in chosen:
@@ -72,11 +74,11 @@ def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
             chosen[pair] = key
     rows = []
     for key in chosen.values():
-        with_shots = {r.encoder for r in curves[key] if r.attrs.get("shots")}
+        with_shots = {r.encoder for r in curves[key] if r.identity.shots}
         seen = set()
         # several studies of one encoder and shots (e.g. with and without a final evaluation): the most seeds
         for r in sorted(curves[key], key=lambda r: (len(r.test_scores), r.name), reverse=True):
-            shots = r.attrs.get("shots") or None
+            shots = r.identity.shots or None
             if r.encoder not in with_shots or (r.encoder, shots) in seen:  # a full point alone is no curve
                 continue
             seen.add((r.encoder, shots))
@@ -87,7 +89,7 @@ def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
                     "task": r.base_task,
                     "encoder": r.encoder,
                     "shots": math.nan if shots is None else float(shots),
-                    "train_size": (r.attrs.get("split_sizes") or {}).get("train"),
+                    "train_size": r.stored.data.split_sizes.get("train") if r.stored.data else None,
                     "metric": r.metric,
                     "unit": unit,
                     "mean": r.test_mean * scale,
@@ -104,7 +106,7 @@ def fewshot_frame(records: Sequence[StudyRecord]) -> Tuple[Any, List[str]]:
     return frame, notes
 
 
-def _shots_columns(frame: Any) -> List[int]:
+def _shots_columns(frame: Any) -> list[int]:
     return sorted(int(s) for s in frame["shots"].dropna().unique())
 
 
@@ -114,14 +116,14 @@ def _cell(row: Any) -> str:
     return f"{row['mean']:.2f} ± {row['std']:.2f}" if row["n_seeds"] > 1 else f"{row['mean']:.2f}"
 
 
-def fewshot_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
+def fewshot_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per (model, task, encoder), the test score at each shots per label and on the full
     subset (its training size in the cell); the best encoder of each column of a (model, task) in bold."""
     shots = _shots_columns(frame)
     header = ["model", "task", "unit", "encoder"] + [f"{s} per label" for s in shots] + ["full subset"]
-    rows: List[List[Cell]] = []
+    rows: list[list[Cell]] = []
     for (model, task), part in frame.groupby(["model", "task"], sort=False):
-        best: Dict[Any, float] = {}
+        best: dict[Any, float] = {}
         for column in shots + [None]:
             here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
             if len(here):
@@ -142,7 +144,7 @@ def fewshot_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
     return header, rows
 
 
-def fewshot_notes(frame: Any) -> List[str]:
+def fewshot_notes(frame: Any) -> list[str]:
     """Per model: where Cayley stands against the last and the best single layer at the fewest shots and on
     the full subset, over the tasks with both."""
     notes = []
@@ -233,11 +235,11 @@ def _figure(part: Any, path: Path) -> None:
     save_figure(figure, path)
 
 
-def draw_fewshot_figures(frame: Any, fig_dir: Path) -> Dict[Tuple[str, str], str]:
+def draw_fewshot_figures(frame: Any, fig_dir: Path) -> dict[tuple[str, str], str]:
     """One PNG per (model, task) curve: ``{(model, task): path relative to the report folder}``."""
     from .figures import figure_style
 
-    drawn: Dict[Tuple[str, str], str] = {}
+    drawn: dict[tuple[str, str], str] = {}
     for (model, task), part in frame.groupby(["model", "task"], sort=False):
         name = f"{slug(model, task)}-fewshot.png"
         with figure_style():

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
-from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
+from ..scores import score_unit
+from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import slug
 
 __all__ = [
@@ -49,7 +51,7 @@ _RC = {
 }
 
 
-def trial_counts(record: StudyRecord) -> str:
+def trial_counts(record: ReportStudy) -> str:
     """``"8 complete, 8 pruned"`` (failed trials only when there are any): what a panel title says."""
     parts = [f"{record.n_complete} complete", f"{record.n_pruned} pruned"]
     if record.n_failed:
@@ -57,7 +59,7 @@ def trial_counts(record: StudyRecord) -> str:
     return ", ".join(parts)
 
 
-def display_width(path: Path) -> Optional[int]:
+def display_width(path: Path) -> int | None:
     """The width in pixels at which the page shows the PNG at ``path`` (its size at :data:`DISPLAY_DPI`)."""
     try:
         with open(path, "rb") as handle:
@@ -94,14 +96,14 @@ def figure_style() -> Any:
     return rc_context(_RC)
 
 
-def _encoder_colors() -> Dict[str, Any]:
+def _encoder_colors() -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
     return {m: cmap(i) for i, m in enumerate(METHODS)}
 
 
-def _layer_figure(records: Sequence[StudyRecord], path: Path) -> bool:
+def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     by_encoder = {r.encoder: r for r in records}
     probe = by_encoder.get("best-layer")
     if probe is None or not probe.layer_scores:
@@ -156,7 +158,7 @@ def _layer_figure(records: Sequence[StudyRecord], path: Path) -> bool:
     return True
 
 
-def _history_figure(records: Sequence[StudyRecord], path: Path) -> bool:
+def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     """One panel per encoder (shared y axis): complete trials as dots, the best so far as a line."""
     from matplotlib.ticker import MaxNLocator
 
@@ -206,7 +208,7 @@ def _history_figure(records: Sequence[StudyRecord], path: Path) -> bool:
     return True
 
 
-def _importances(record: StudyRecord) -> Tuple[Dict[str, float], Optional[str]]:
+def _importances(record: ReportStudy) -> tuple[dict[str, float], str | None]:
     """fANOVA importances over the parameters that vary among complete trials."""
     import optuna
     from optuna.trial import TrialState
@@ -237,7 +239,7 @@ def _importances(record: StudyRecord) -> Tuple[Dict[str, float], Optional[str]]:
     return (values, None) if values else ({}, "importances are undefined (no variance explained)")
 
 
-def _importance_figure(items: Sequence[Tuple[StudyRecord, Dict[str, float]]], path: Path) -> bool:
+def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], path: Path) -> bool:
     items = [(r, imp) for r, imp in items if imp]
     if not items:
         return False
@@ -260,21 +262,21 @@ def _importance_figure(items: Sequence[Tuple[StudyRecord, Dict[str, float]]], pa
 
 
 def draw_figures(
-    records: Sequence[StudyRecord], pairs: Sequence[Tuple[str, str]], fig_dir: Path, show_progress: bool
-) -> Tuple[Dict[Tuple[str, str], Dict[str, str]], Dict[Tuple[str, str], List[str]], List[Dict[str, Any]]]:
+    records: Sequence[ReportStudy], pairs: Sequence[tuple[str, str]], fig_dir: Path, show_progress: bool
+) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, Any]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
     from tqdm.auto import tqdm
 
-    paths: Dict[Tuple[str, str], Dict[str, str]] = {}
-    notes: Dict[Tuple[str, str], List[str]] = {}
-    importance_rows: List[Dict[str, Any]] = []
+    paths: dict[tuple[str, str], dict[str, str]] = {}
+    notes: dict[tuple[str, str], list[str]] = {}
+    importance_rows: list[dict[str, Any]] = []
     for model, task in tqdm(pairs, desc="report figures", unit="task", disable=not show_progress):
         group = sorted(
             (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)
         )
-        here: Dict[str, str] = {}
-        missing: List[str] = []
+        here: dict[str, str] = {}
+        missing: list[str] = []
         items = []
         for record in group:
             importances, reason = _importances(record)

@@ -23,11 +23,14 @@ per study go with the figures.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
-from ..objectives import PARAMS_ATTR, pareto_front
-from .data import METHOD_LABELS, METHODS, StudyRecord, score_unit
+from ..objectives import pareto_front
+from ..record import FrontMember, trial_record
+from ..scores import score_unit
+from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, plural, slug
 from .figures import figure_style, new_figure, save_figure
 
@@ -46,20 +49,20 @@ PARETO_NOTE = (
 _BASELINE_MARKERS = {"last-layer": "s", "best-layer": "D", "mean-layers": "^"}
 
 
-def pareto_pairs(records: Sequence[StudyRecord]) -> List[Tuple[str, str]]:
+def pareto_pairs(records: Sequence[ReportStudy]) -> list[tuple[str, str]]:
     """(model, task) pairs with at least one multi-objective study, in report order."""
     pairs = {(r.model, r.task) for r in records if r.multi_objective}
     return sorted(pairs)
 
 
-def _studies(records: Sequence[StudyRecord], model: str, task: str) -> List[StudyRecord]:
+def _studies(records: Sequence[ReportStudy], model: str, task: str) -> list[ReportStudy]:
     return sorted(
         (r for r in records if r.multi_objective and r.model == model and r.task == task),
         key=lambda r: (METHODS.index(r.encoder), r.name),
     )
 
 
-def _baselines(records: Sequence[StudyRecord], model: str, task: str) -> List[Tuple[StudyRecord, Optional[int]]]:
+def _baselines(records: Sequence[ReportStudy], model: str, task: str) -> list[tuple[ReportStudy, int | None]]:
     """The single-objective baseline studies of the pair with final scores, and their final trial's parameters."""
     found = []
     for encoder in PARETO_BASELINES:
@@ -79,20 +82,17 @@ def _baselines(records: Sequence[StudyRecord], model: str, task: str) -> List[Tu
     return found
 
 
-def _final_params(record: StudyRecord) -> Optional[int]:
-    frame = record.trials
-    column = f"user_attrs_{PARAMS_ATTR}"
-    if record.final_trial is None or frame.empty or column not in frame:
-        return None
-    rows = frame.loc[frame["number"] == record.final_trial, column].dropna()
-    return int(rows.iloc[0]) if len(rows) else None
+def _final_params(record: ReportStudy) -> int | None:
+    trial = None if record.final_trial is None else record.trial_records.get(record.final_trial)
+    return None if trial is None or trial.params is None else int(trial.params)
 
 
-def _front_records(record: StudyRecord) -> List[Dict[str, Any]]:
-    return [r for r in record.attrs.get("final_front") or [] if r.get("params") is not None]
+def _front_records(record: ReportStudy) -> list[FrontMember]:
+    """The retrained trials of the study's final front that know their size."""
+    return [member for member in (record.final.front if record.final else []) if member.params is not None]
 
 
-def _search_front(record: StudyRecord) -> List[Any]:
+def _search_front(record: ReportStudy) -> list[Any]:
     """The complete trials' front on (score, parameters)."""
     from ..objectives import complete_trials
 
@@ -100,7 +100,7 @@ def _search_front(record: StudyRecord) -> List[Any]:
     return pareto_front(complete_trials(record.study), directions, ("score", "params"))
 
 
-def _colors() -> Dict[str, Any]:
+def _colors() -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
@@ -108,7 +108,7 @@ def _colors() -> Dict[str, Any]:
 
 
 def _pareto_figure(
-    studies: Sequence[StudyRecord], baselines: Sequence[Tuple[StudyRecord, Optional[int]]], path: Path
+    studies: Sequence[ReportStudy], baselines: Sequence[tuple[ReportStudy, int | None]], path: Path
 ) -> bool:
     from ..objectives import complete_trials
 
@@ -120,18 +120,20 @@ def _pareto_figure(
     search, final = figure.subplots(1, 2, sharex=True)
     for record in studies:
         color, label = colors[record.encoder], METHOD_LABELS[record.encoder]
-        trials = [t for t in complete_trials(record.study) if t.user_attrs.get(PARAMS_ATTR)]
+        complete = complete_trials(record.study)
+        sizes = {t.number: trial_record(t).params for t in complete}
+        trials = [t for t in complete if sizes[t.number]]
         search.scatter(
-            [t.user_attrs[PARAMS_ATTR] for t in trials],
+            [sizes[t.number] for t in trials],
             [t.values[0] * scale for t in trials],
             s=14,
             alpha=0.35,
             color=color,
             label=f"{label}: trials ({len(trials)})",
         )
-        front = sorted(_search_front(record), key=lambda t: t.user_attrs[PARAMS_ATTR])
+        front = sorted(_search_front(record), key=lambda t: trial_record(t).params)
         search.plot(
-            [t.user_attrs[PARAMS_ATTR] for t in front],
+            [trial_record(t).params for t in front],
             [t.values[0] * scale for t in front],
             drawstyle="steps-post",
             marker="o",
@@ -143,19 +145,19 @@ def _pareto_figure(
         retrained = _front_records(record)
         if retrained:
             search.scatter(
-                [r["params"] for r in retrained],
-                [r["val_score"] * scale for r in retrained],
+                [r.params for r in retrained],
+                [r.val_score * scale for r in retrained],
                 s=120,
                 facecolors="none",
                 edgecolors="black",
                 linewidths=1.2,
                 zorder=4,
             )
-            ordered = sorted(retrained, key=lambda r: r["params"])
+            ordered = sorted(retrained, key=lambda r: r.params)
             final.errorbar(
-                [r["params"] for r in ordered],
-                [r["test_mean"] * scale for r in ordered],
-                yerr=[r["test_std"] * scale for r in ordered],
+                [r.params for r in ordered],
+                [r.test_mean * scale for r in ordered],
+                yerr=[r.test_std * scale for r in ordered],
                 marker="o",
                 markersize=5,
                 capsize=3,
@@ -199,9 +201,9 @@ def _pareto_figure(
     return True
 
 
-def draw_pareto_figures(records: Sequence[StudyRecord], fig_dir: Path) -> Dict[Tuple[str, str], Dict[str, str]]:
+def draw_pareto_figures(records: Sequence[ReportStudy], fig_dir: Path) -> dict[tuple[str, str], dict[str, str]]:
     """Per (model, task) with a multi-objective study: ``{"pareto": path relative to the report folder}``."""
-    drawn: Dict[Tuple[str, str], Dict[str, str]] = {}
+    drawn: dict[tuple[str, str], dict[str, str]] = {}
     for model, task in pareto_pairs(records):
         name = f"{slug(model, task)}-pareto.png"
         with figure_style():
@@ -215,31 +217,31 @@ def _count(value: Any) -> str:
     return MISSING if value is None else f"{int(value):,}"
 
 
-def _mean_std(mean: Optional[float], std: Optional[float], scale: float) -> str:
+def _mean_std(mean: float | None, std: float | None, scale: float) -> str:
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return MISSING
     return f"{mean * scale:.2f} ± {(std or 0.0) * scale:.2f}"
 
 
-def pareto_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[Cell]]]:
+def pareto_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): every retrained front trial, then the pair's reference baselines in italics."""
     header = ["model", "task", "encoder", "trial", "params", "latency ms/1k", "validation", "test (mean ± std)"]
-    rows: List[List[Cell]] = []
+    rows: list[list[Cell]] = []
     for model, task in pareto_pairs(records):
         for record in _studies(records, model, task):
             scale = score_unit(record.metric)[0]
             for front in _front_records(record):
-                latency = front.get("latency_ms")
+                latency = front.latency_ms
                 rows.append(
                     [
                         Cell(model),
                         Cell(task),
                         Cell(METHOD_LABELS[record.encoder]),
-                        Cell(str(front["trial"])),
-                        Cell(_count(front["params"])),
+                        Cell(str(front.trial)),
+                        Cell(_count(front.params)),
                         Cell(MISSING if latency is None else f"{latency:.1f}"),
-                        Cell(f"{front['val_score'] * scale:.2f}"),
-                        Cell(_mean_std(front["test_mean"], front["test_std"], scale)),
+                        Cell(f"{front.val_score * scale:.2f}"),
+                        Cell(_mean_std(front.test_mean, front.test_std, scale)),
                     ]
                 )
         for record, params in _baselines(records, model, task):
@@ -259,7 +261,7 @@ def pareto_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[Ce
     return header, rows
 
 
-def _study_sentence(record: StudyRecord, baselines: Sequence[Tuple[StudyRecord, Optional[int]]]) -> str:
+def _study_sentence(record: ReportStudy, baselines: Sequence[tuple[ReportStudy, int | None]]) -> str:
     scale, unit = score_unit(record.metric)
     front = _search_front(record)
     head = (
@@ -269,23 +271,23 @@ def _study_sentence(record: StudyRecord, baselines: Sequence[Tuple[StudyRecord, 
     retrained = _front_records(record)
     if not retrained:
         return head + "; no final front yet."
-    best = max(retrained, key=lambda r: r["val_score"] if record.maximize else -r["val_score"])
-    small = min(retrained, key=lambda r: r["params"])
+    best = max(retrained, key=lambda r: r.val_score if record.maximize else -r.val_score)
+    small = min(retrained, key=lambda r: r.params)
     text = head + f"; {len(retrained)} retrained ({len(record.test_scores)} seeds)"
     if small is best:
         text += (
-            f": one trial, {_count(best['params'])} parameters at "
-            f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}"
+            f": one trial, {_count(best.params)} parameters at "
+            f"{_mean_std(best.test_mean, best.test_std, scale)} test {unit}"
         )
     else:
-        ratio = best["params"] / max(1, small["params"])
-        delta = (best["test_mean"] - small["test_mean"]) * scale * (1 if record.maximize else -1)
+        ratio = best.params / max(1, small.params)
+        delta = (best.test_mean - small.test_mean) * scale * (1 if record.maximize else -1)
         versus = f"{abs(delta):.2f} points {'lower' if delta >= 0 else 'higher'}"
         text += (
-            f": the best-validation trial {best['trial']} has {_count(best['params'])} parameters and "
-            f"{_mean_std(best['test_mean'], best['test_std'], scale)} test {unit}; the smallest, trial "
-            f"{small['trial']}, {_count(small['params'])} ({ratio:.0f}x fewer) and "
-            f"{_mean_std(small['test_mean'], small['test_std'], scale)} ({versus})"
+            f": the best-validation trial {best.trial} has {_count(best.params)} parameters and "
+            f"{_mean_std(best.test_mean, best.test_std, scale)} test {unit}; the smallest, trial "
+            f"{small.trial}, {_count(small.params)} ({ratio:.0f}x fewer) and "
+            f"{_mean_std(small.test_mean, small.test_std, scale)} ({versus})"
         )
     references = [
         f"{METHOD_LABELS[b.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} with {_count(p)} parameters"
@@ -296,7 +298,7 @@ def _study_sentence(record: StudyRecord, baselines: Sequence[Tuple[StudyRecord, 
     return text + "."
 
 
-def pareto_notes(records: Sequence[StudyRecord]) -> List[str]:
+def pareto_notes(records: Sequence[ReportStudy]) -> list[str]:
     """One sentence per multi-objective study: its front, what the smallest retrained trial costs in score."""
     notes = []
     for model, task in pareto_pairs(records):

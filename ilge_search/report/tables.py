@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..models import model_num_params
-from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, StudyRecord, collect_records, score_unit
+from ..record import Identity
+from ..scores import score_unit
+from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, ReportStudy, collect_records
 from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
@@ -78,17 +81,17 @@ RESULT_COLUMNS = [
 ]
 
 
-def model_order(models: Iterable[str]) -> List[str]:
+def model_order(models: Iterable[str]) -> list[str]:
     """Models by parameter count (unknown ones last), then by name."""
 
-    def key(model: str) -> Tuple[float, str]:
+    def key(model: str) -> tuple[float, str]:
         params = model_num_params(model)
         return (params if params is not None else math.inf, model)
 
     return sorted(set(models), key=key)
 
 
-def results_frame(records: Sequence[StudyRecord]) -> Any:
+def results_frame(records: Sequence[ReportStudy]) -> Any:
     """The long table: one row per (model, task, encoder), columns :data:`RESULT_COLUMNS`."""
     import pandas as pd
 
@@ -96,7 +99,7 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
     for r in records:
         scale, unit = score_unit(r.metric)
         published = None
-        if not r.attrs.get("shots") and r.protocol == "paper":  # the paper's numbers are paper-protocol scores
+        if not r.identity.shots and r.protocol == "paper":  # the paper's numbers are paper-protocol scores
             cell = published_result(r.model, r.base_task, r.encoder)
             published = None if cell is None else cell.value
         protocol = {"protocol": r.protocol, "samples_per_label": r.samples_per_label}
@@ -120,16 +123,16 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
                 "n_failed": r.n_failed,
                 "study": r.name,
                 "base_task": r.base_task,
-                "shots": r.attrs.get("shots"),
+                "shots": r.identity.shots,
                 "maximize": r.maximize,
                 "source_task": r.task,
                 **protocol,
             }
         )
         # similarity encoders evaluated on other STS tasks without training on them (the paper's zero-shot STS)
-        for name, zero in sorted((r.attrs.get("final_zero_shot") or {}).items()):
+        for name, zero in sorted((r.final.zero_shot if r.final else {}).items()):
             z_scale, z_unit = score_unit("spearman")
-            z_scores = [float(v) for v in zero.get("scores", [])]
+            z_scores = [float(v) for v in zero.scores]
             rows.append(
                 {
                     "model": r.model,
@@ -138,8 +141,8 @@ def results_frame(records: Sequence[StudyRecord]) -> Any:
                     + (PAPER_SUFFIX if r.protocol == "paper" else ""),
                     "metric": "spearman",
                     "unit": z_unit,
-                    "mean": float(zero["mean"]) * z_scale,
-                    "std": float(zero.get("std", math.nan)) * z_scale,
+                    "mean": float(zero.mean) * z_scale,
+                    "std": float(zero.std) * z_scale,
                     "n_seeds": len(z_scores),
                     "scores": json.dumps([round(v * z_scale, 4) for v in z_scores]),
                     "gain": math.nan,
@@ -239,7 +242,7 @@ def summary_frame(frame: Any) -> Any:
     )
 
 
-def _model_protocols(frame: Any) -> List[Tuple[str, str]]:
+def _model_protocols(frame: Any) -> list[tuple[str, str]]:
     """(model, protocol) pairs of ``frame``: models by size, matched before paper."""
     return [
         (model, protocol)
@@ -249,12 +252,12 @@ def _model_protocols(frame: Any) -> List[Tuple[str, str]]:
     ]
 
 
-def model_protocols(frame: Any, model: str) -> List[str]:
+def model_protocols(frame: Any, model: str) -> list[str]:
     """The protocols of ``model``'s rows, matched first."""
     return [protocol for m, protocol in _model_protocols(frame) if m == model]
 
 
-def fmt(value: Optional[float], signed: bool = False) -> str:
+def fmt(value: float | None, signed: bool = False) -> str:
     """``value`` at the shown precision (``signed``: with its sign); :data:`MISSING` for None/NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return MISSING
@@ -270,16 +273,16 @@ def _cell_text(row: Any) -> str:
 
 
 def model_tables(
-    frame: Any, model: str, protocol: Optional[str] = None
-) -> Tuple[List[str], List[List[Cell]], List[List[Cell]]]:
+    frame: Any, model: str, protocol: str | None = None
+) -> tuple[list[str], list[list[Cell]], list[list[Cell]]]:
     """(header, score rows, gain rows) for one model (and one ``protocol``, default: all), as cells every
     writer renders. The published numbers follow paper-protocol rows only."""
     part = frame[frame["model"] == model]
     if protocol is not None:
         part = part[part["protocol"] == protocol]
     header = ["task", "metric"] + [METHOD_LABELS[m] for m in METHODS]
-    score_rows: List[List[Cell]] = []
-    gain_rows: List[List[Cell]] = []
+    score_rows: list[list[Cell]] = []
+    gain_rows: list[list[Cell]] = []
     for task in part["task"].unique():  # the frame's row order
         rows = part[part["task"] == task]
         by_encoder = {row["method"]: row for _, row in rows.iterrows()}
@@ -324,7 +327,7 @@ def seed_note(frame: Any, model: str) -> str:
     return f"Final seeds: {most} for most cells; fewer for {listed}."
 
 
-def summary_rows(summary: Any) -> Tuple[List[str], List[List[Cell]]]:
+def summary_rows(summary: Any) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of the across-models table."""
     header = ["model", "protocol", "method", "tasks", "mean score", "mean gain vs last layer", "wins", "mean rank"]
     rows = []
@@ -350,12 +353,13 @@ def summary_rows(summary: Any) -> Tuple[List[str], List[List[Cell]]]:
     return header, rows
 
 
-def _setting(attrs: Dict[str, Any]) -> str:
-    parts = [f"{key}={attrs[key]}" for key in ("shots", "max_train", "max_eval", "max_epochs", "cv") if attrs.get(key)]
+def _setting(identity: Identity) -> str:
+    keys = ("shots", "max_train", "max_eval", "max_epochs", "cv")
+    parts = [f"{key}={getattr(identity, key)}" for key in keys if getattr(identity, key)]
     return ", ".join(parts) or "full data"
 
 
-def studies_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[Cell]]]:
+def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of the list of studies: setting, trial counts, best validation value, final seeds, the
     finally evaluated trial and its rule, its validation-to-test gap and the search gain (``—`` when the
     study's final evaluation predates them)."""
@@ -380,7 +384,7 @@ def studies_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[C
         rows.append(
             [
                 Cell(r.name),
-                Cell(_setting(r.attrs)),
+                Cell(_setting(r.identity)),
                 Cell(_protocol_text(r)),
                 Cell(str(r.n_complete)),
                 Cell(str(r.n_pruned)),
@@ -395,13 +399,13 @@ def studies_rows(records: Sequence[StudyRecord]) -> Tuple[List[str], List[List[C
     return header, rows
 
 
-def _protocol_text(record: StudyRecord) -> str:
+def _protocol_text(record: ReportStudy) -> str:
     if record.protocol == "paper" and record.metric != "spearman":
         return f"paper ({record.samples_per_label} per label)"
     return record.protocol
 
 
-def _scaled(value: Optional[float], scale: float) -> Optional[float]:
+def _scaled(value: float | None, scale: float) -> float | None:
     return None if value is None else value * scale
 
 
@@ -437,7 +441,7 @@ SELECTION_NOTE = (
 )
 
 
-def selection_frame(records: Sequence[StudyRecord]) -> Any:
+def selection_frame(records: Sequence[ReportStudy]) -> Any:
     """One row per (study, rule) of every study evaluated under more than one selection rule
     (``final_by_rule``), in score units (columns :data:`SELECTION_COLUMNS`). A study evaluated under one rule
     only compares nothing, so it is left out (the list of studies shows its rule)."""
@@ -449,23 +453,23 @@ def selection_frame(records: Sequence[StudyRecord]) -> Any:
             continue
         scale, unit = score_unit(r.metric)
         for rule, kept in sorted(r.by_rule.items()):
-            scores = [float(v) for v in kept.get("final_test_scores") or []]
+            scores = [float(v) for v in kept.test_scores]
             rows.append(
                 {
                     "model": r.model,
                     "task": r.task,
                     "encoder": r.encoder,
-                    "max_train": r.attrs.get("max_train"),
+                    "max_train": r.identity.max_train,
                     "cv": r.cv or 0,
                     "unit": unit,
                     "rule": rule,
-                    "trial": kept.get("final_trial"),
-                    "test_mean": _nan(kept.get("final_test_mean"), scale),
-                    "test_std": _nan(kept.get("final_test_std"), scale),
+                    "trial": kept.trial,
+                    "test_mean": _nan(kept.test_mean, scale),
+                    "test_std": _nan(kept.test_std, scale),
                     "n_seeds": len(scores),
-                    "start_mean": _nan(kept.get("final_start_test_mean"), scale),
-                    "search_gain": _nan(kept.get("final_search_gain"), scale),
-                    "val_test_gap": _nan(kept.get("final_val_test_gap"), scale),
+                    "start_mean": _nan(kept.start_test_mean, scale),
+                    "search_gain": _nan(kept.search_gain, scale),
+                    "val_test_gap": _nan(kept.val_test_gap, scale),
                     "trial_seconds": math.nan if r.trial_seconds is None else r.trial_seconds,
                     "n_trials": r.n_complete + r.n_pruned,
                     "study": r.name,
@@ -487,7 +491,7 @@ def _mean_std(mean: float, std: float) -> str:
     return MISSING if math.isnan(mean) else f"{mean:.{DECIMALS}f} ± {std:.{DECIMALS}f}"
 
 
-def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
+def selection_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of :func:`selection_frame`: one row per study, both rules side by side; the better test
     mean of the two in bold. An encoder column when the studies are of more than one encoder."""
     several = frame["encoder"].nunique() > 1
@@ -508,7 +512,7 @@ def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
             "s/trial",
         ]
     )
-    rows: List[List[Cell]] = []
+    rows: list[list[Cell]] = []
     for _, group in frame.groupby("study", sort=False):
         by_rule = {row["rule"]: row for _, row in group.iterrows()}
         first = group.iloc[0]
@@ -536,7 +540,7 @@ def selection_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
     return header, rows
 
 
-def _test_cell(row: Any, top: Optional[float]) -> Cell:
+def _test_cell(row: Any, top: float | None) -> Cell:
     if row is None:
         return Cell(MISSING)
     text = f"{_mean_std(row['test_mean'], row['test_std'])} ({row['trial']})"
@@ -547,7 +551,7 @@ def _signed_cell(row: Any, column: str) -> Cell:
     return Cell(MISSING if row is None else fmt(row[column], signed=True))
 
 
-def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
+def selection_summary_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per (training size, cv, rule), over the studies of :func:`selection_frame` evaluated
     under every rule (so both rules are averaged over the same studies): studies, mean test score, mean search
     gain, how many gains are negative, mean validation-to-test gap, mean seconds per trial."""
@@ -562,7 +566,7 @@ def selection_summary_rows(frame: Any) -> Tuple[List[str], List[List[Cell]]]:
         "mean val − test",
         "mean s/trial",
     ]
-    rows: List[List[Cell]] = []
+    rows: list[list[Cell]] = []
     scored = frame[frame["test_mean"].notna()]
     paired = scored.groupby("study")["rule"].transform("nunique") == scored["rule"].nunique()
     scored = scored.assign(train=scored["max_train"].fillna(0).astype(int))  # 0: the whole training split

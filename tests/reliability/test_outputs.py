@@ -86,7 +86,7 @@ def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config
 
 
 def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_config, monkeypatch, tmp_path):
-    from ilge_search.report.loto import stored_loto
+    from ilge_search.defaults.loto import stored_loto
 
     stand_in = tmp_path / "package" / "recommended_defaults.json"  # never the real package file in a test
     stand_in.parent.mkdir()

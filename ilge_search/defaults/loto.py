@@ -1,0 +1,536 @@
+"""Do regenerated defaults generalise? Leave one task out, and compare with the built-in defaults.
+
+The defaults ``recommend`` regenerates from a storage were chosen on the
+storage's own tasks, so scoring them on those tasks flatters them. For each task
+``T`` with studies in the storage, :func:`leave_one_task_out`:
+
+1. regenerates the defaults from every study except those of ``T``
+   (:func:`~ilge_search.defaults.rule.derive_defaults`, the rule
+   ``recommend`` uses);
+2. for each model and ILGE family (``cayley``, ``fc``, ``deepset``) with a
+   study on ``T``, trains two configurations on that study's data with no
+   search, through the one engine: the regenerated defaults and the built-in
+   defaults (:data:`~ilge_search.tuning.BUILTIN_RECOMMENDED`, the published
+   package's, which saw no task). Each is built exactly as a study's first
+   trial is (search-space fields through a fixed trial, ``epochs`` capped at the
+   study's ``max_epochs``), trained once per seed (``seed + 1000 + i``, the
+   final seeds of ``run``) and scored once on test. The data is the study's own
+   (its task, ``shots``, ``max_train``, ``max_eval`` and data seed, checked
+   against the cache keys it stored);
+3. stores both configurations' scores on that study as a
+   :class:`~ilge_search.record.LotoRecord`, keyed by a hash of everything that
+   changes the numbers: model, task, family, the study's data setting and
+   fingerprints, the seeds and both configurations. A rerun trains only what is
+   missing; a record whose configurations are no longer the ones the storage
+   gives (new studies changed the regenerated defaults) is stale, ignored and
+   replaced.
+
+:func:`stored_loto` reads the current records back without training (the
+report's table, ``defaults.md`` and the shipping rule of
+:mod:`~ilge_search.defaults.recommend` use it; the tables and sentences are
+:mod:`ilge_search.report.loto`'s). Differences are regenerated minus
+built-in, in score units (accuracy %, Spearman x 100), in the direction of
+improvement; a family's regenerated defaults *win on average* when the mean
+difference over its (model, left-out task) rows is above zero.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._version import __version__
+from ..configs import config_class_for
+from ..models import model_size_bucket
+from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
+from ..scores import score_unit
+from ..storage import hide_password, open_storage
+from ..tuning import BUILTIN_RECOMMENDED
+from ..validation import check_int
+from .problems import ProblemGroups, open_existing_storage, problem_tasks, read_problems
+from .rule import derive_defaults
+
+__all__ = [
+    "LOTO_FAMILIES",
+    "ROW_COLUMNS",
+    "LotoVerdict",
+    "LotoResult",
+    "leave_one_task_out",
+    "stored_loto",
+    "start_config",
+]
+
+logger = logging.getLogger(__name__)
+
+LOTO_FAMILIES: tuple[str, ...] = ("cayley", "fc", "deepset")  # the families recommend regenerates
+ROW_COLUMNS = [
+    "model",
+    "task",
+    "family",
+    "bucket",
+    "metric",
+    "unit",
+    "study",
+    "seeds",
+    "builtin_mean",
+    "builtin_std",
+    "regenerated_mean",
+    "regenerated_std",
+    "difference",
+    "same_config",
+    "regenerated_from",
+    "builtin_scores",
+    "regenerated_scores",
+    "builtin_config",
+    "regenerated_config",
+]
+
+
+def start_config(family: str, values: dict[str, Any], max_epochs: int | None) -> Any:
+    """The config a study's first trial trains when ``values`` are the recommended defaults: the search-space
+    fields through a fixed trial (what a study enqueues), the rest at their class defaults, ``epochs`` capped."""
+    import optuna
+
+    from ..storage import quiet_optuna_warnings
+    from ..study.objective import suggest_capped
+    from ..tuning import suggest_config
+
+    config = config_class_for(family)(**values)
+    fixed = optuna.trial.FixedTrial({k: v for k, v in config.to_dict().items() if k != "family"})
+    with quiet_optuna_warnings():
+        suggest_config(fixed, family)
+        return suggest_capped(optuna.trial.FixedTrial(dict(fixed.params)), family, max_epochs)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- what is evaluated
+
+
+@dataclass
+class _Target:
+    """One (model, task, family) and the study whose data it is evaluated on."""
+
+    model: str
+    task: str
+    family: str
+    bucket: str
+    study: str
+    stored: StudyRecord
+    builtin: Any = None  # configs
+    regenerated: Any = None
+    regenerated_from: list[str] = field(default_factory=list)
+
+    def key(self, seeds: Sequence[int]) -> dict[str, Any]:
+        """Everything the numbers depend on (a stored record whose key differs is stale)."""
+        identity, data = self.stored.identity, self.stored.data
+        return {
+            "model": self.model,
+            "task": self.task,
+            "family": self.family,
+            "data": identity.data_setting() if identity else {},
+            "fingerprints": (data.data_fingerprints or data.cache_keys or None) if data else None,
+            "seeds": list(seeds),
+            "builtin": _digest(self.builtin.to_dict()),
+            "regenerated": _digest(self.regenerated.to_dict()),
+        }
+
+    def is_current(self, record: LotoRecord) -> bool:
+        return record.version == LotoRecord.VERSION and record.key == self.key(record.key.get("seeds") or [])
+
+
+def _preference(record: StudyRecord, n_trials: int) -> tuple:
+    """Which study of a (model, task, family) LOTO evaluates on: full data first, then the report's order."""
+    final = record.final
+    shots = record.identity.shots if record.identity else None
+    return (not shots, final is not None, len(final.test_scores) if final else 0, n_trials, record.name)
+
+
+def _evaluated_studies(storage_url: str, families: Sequence[str]) -> dict[tuple[str, str, str], StudyRecord]:
+    """Per (model, task, family), the matched-protocol study made by ``run`` whose data LOTO trains on."""
+    import optuna
+
+    storage = open_existing_storage(storage_url)
+    chosen: dict[tuple[str, str, str], tuple[StudyRecord, int]] = {}
+    for summary in optuna.get_all_study_summaries(storage.rdb, include_best_trial=False):
+        record = study_record(summary)
+        identity = record.identity
+        if identity is None or identity.encoder not in families or not record.has_data:
+            continue
+        if identity.protocol != "matched":  # LOTO trains and scores under the matched protocol only
+            continue
+        key = (str(identity.model), str(identity.task), str(identity.encoder))
+        if key not in chosen or _preference(record, summary.n_trials) > _preference(*chosen[key]):
+            chosen[key] = (record, summary.n_trials)
+    return {key: record for key, (record, _) in chosen.items()}
+
+
+def _check_requested(
+    storage_url: str, families: Sequence[str], requested: Sequence[str], known: list[str], what: str
+) -> None:
+    """A one-line error for requested models or tasks (``what``) without studies."""
+    unknown = [name for name in requested if name not in known]
+    if unknown:
+        raise ValueError(
+            f"no {'/'.join(families)} study of {what}(s) {unknown} in {hide_password(storage_url)}; "
+            f"its {what}s are {known or 'none'}"
+        )
+
+
+def _target(key: tuple[str, str, str], record: StudyRecord, derived: tuple[dict, ProblemGroups]) -> _Target | str:
+    """The target of one (model, task, family) with both configurations, or why it cannot be evaluated."""
+    model, task, family = key
+    values, used = derived
+    try:
+        bucket = model_size_bucket(model, record.data.hidden_size if record.data else None)
+    except ValueError as exc:  # as recommend skips such a study
+        return f"{model}/{task}/{family}: {exc}"
+    regenerated = values.get(family, {}).get(bucket)
+    if regenerated is None:
+        return (
+            f"{model}/{task}/{family}: no {family} study of another task in the {bucket} bucket to "
+            "regenerate defaults from"
+        )
+    builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
+    max_epochs = record.identity.max_epochs if record.identity else None
+    return _Target(
+        model=model,
+        task=task,
+        family=family,
+        bucket=bucket,
+        study=record.name,
+        stored=record,
+        builtin=start_config(family, builtin, max_epochs),
+        regenerated=start_config(family, {**builtin, **regenerated}, max_epochs),
+        regenerated_from=[p.study for p in used[(family, bucket)]],
+    )
+
+
+def _targets(
+    storage_url: str, families: Sequence[str], models: Sequence[str], tasks: Sequence[str]
+) -> tuple[list[_Target], list[str], list[str]]:
+    """Every (model, task, family) to evaluate with its configurations; notes on those that cannot be; and
+    every task with studies of ``families``."""
+    groups, _ = read_problems(storage_url, families)
+    chosen = _evaluated_studies(storage_url, families)
+    all_tasks = sorted({task for _, task, _ in chosen} | set(problem_tasks(groups)))
+    _check_requested(storage_url, families, tasks, all_tasks, "task")
+    _check_requested(storage_url, families, models, sorted({model for model, _, _ in chosen}), "model")
+    derived: dict[str, tuple[dict, ProblemGroups]] = {}
+    targets: list[_Target] = []
+    notes: list[str] = []
+    for key, record in sorted(chosen.items(), key=lambda item: (item[0][1], item[0][0], families.index(item[0][2]))):
+        model, task, _ = key
+        if (models and model not in models) or (tasks and task not in tasks):
+            continue
+        if task not in derived:
+            values, _, used = derive_defaults(groups, exclude_tasks=[task])
+            derived[task] = (values, used)
+        target = _target(key, record, derived[task])
+        if isinstance(target, str):
+            notes.append(target)
+        else:
+            targets.append(target)
+    return targets, notes, all_tasks
+
+
+def _best_record(
+    target: _Target, records: dict[str, LotoRecord], seeds: Sequence[int] | None = None
+) -> LotoRecord | None:
+    """The current record with ``seeds`` (any seeds: the one with the most)."""
+    current = [r for r in records.values() if target.is_current(r) and (seeds is None or r.key["seeds"] == list(seeds))]
+    return max(current, key=lambda r: (len(r.key["seeds"]), r.key["seeds"]), default=None)
+
+
+# ----------------------------------------------------------------------------- training and storing
+
+
+@dataclass(frozen=True)
+class _DataSource:
+    """Where the studies' task data and embedding cache are, and the training device."""
+
+    data_dir: str | None
+    cache_dir: str | None
+    device: str
+
+
+def _train_scores(config: Any, data: Any, seeds: Sequence[int], device: str) -> tuple[list[float], list[float]]:
+    """``config`` trained once per seed by the one engine: (test scores, best validation scores)."""
+    from ..engine import evaluate, train_encoder
+
+    test, val = [], []
+    for seed in seeds:
+        result = train_encoder(
+            config,
+            data.train,
+            data.validation,
+            task_kind=data.task_kind,
+            num_classes=data.num_classes,
+            seed=seed,
+            device=device,
+        )
+        test.append(float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric]))
+        val.append(float(result.best_val_metric))
+    return test, val
+
+
+def _evaluate(
+    target: _Target, study: Any, seeds: list[int], source: _DataSource, loaded: dict[str, Any]
+) -> tuple[LotoRecord, int]:
+    """Both configurations of ``target`` trained on its study's data (``loaded``: one load per data setting);
+    the record and how many configurations were trained (one when they are equal)."""
+    from ..study.export import load_training_data
+
+    identity, data_record = target.stored.identity, target.stored.data
+    data_key = _digest(
+        [target.model, data_record.cache_keys if data_record else None, identity.data_setting() if identity else {}]
+    )
+    if data_key not in loaded:
+        loaded[data_key] = load_training_data(
+            study, with_test=True, data_dir=source.data_dir, cache_dir=source.cache_dir, device=source.device
+        )
+    data = loaded[data_key]
+    builtin = _train_scores(target.builtin, data, seeds, source.device)
+    if target.regenerated.to_dict() == target.builtin.to_dict():  # same config, same seeds
+        regenerated, trained = builtin, 1
+    else:
+        regenerated, trained = _train_scores(target.regenerated, data, seeds, source.device), 2
+    record = LotoRecord(
+        key=target.key(seeds),
+        builtin=LotoScores(target.builtin.to_dict(), *builtin),
+        regenerated=LotoScores(target.regenerated.to_dict(), *regenerated),
+        regenerated_from=target.regenerated_from,
+        ilge_search_version=__version__,
+        version=LotoRecord.VERSION,
+    )
+    return record, trained
+
+
+def _stored_or_trained(
+    study: Any, target: _Target, seeds: list[int], source: _DataSource, loaded: dict[str, Any]
+) -> tuple[LotoRecord, int]:
+    """The study's current record for ``seeds``, or a new one trained and stored; and the configurations
+    trained."""
+    stored = study_record(study).loto
+    record = _best_record(target, stored, seeds)
+    if record is not None:
+        return record, 0
+    record, trained = _evaluate(target, study, seeds, source, loaded)
+    # records of configurations the storage no longer gives are stale: replaced, not kept
+    kept = {digest: r for digest, r in stored.items() if target.is_current(r)}
+    save_loto(study, {**kept, _digest(record.key): record})
+    logger.info(
+        "%s without %s on %s: built-in %.4f, regenerated %.4f",
+        target.family,
+        target.task,
+        target.model,
+        statistics.fmean(record.builtin.test_scores),
+        statistics.fmean(record.regenerated.test_scores),
+    )
+    return record, trained
+
+
+# ----------------------------------------------------------------------------- the result
+
+
+def _row(target: _Target, record: LotoRecord) -> dict[str, Any]:
+    metric = target.stored.data.metric if target.stored.data else None
+    scale, unit = score_unit(metric or "")
+    built, regen = record.builtin.test_scores, record.regenerated.test_scores
+
+    def spread(scores: list[float]) -> float:
+        return statistics.stdev(scores) * scale if len(scores) > 1 else 0.0
+
+    sign = 1.0 if target.stored.maximize else -1.0
+    return {
+        "model": target.model,
+        "task": target.task,
+        "family": target.family,
+        "bucket": target.bucket,
+        "metric": metric,
+        "unit": unit,
+        "study": target.study,
+        "seeds": list(record.key["seeds"]),
+        "builtin_mean": statistics.fmean(built) * scale,
+        "builtin_std": spread(built),
+        "regenerated_mean": statistics.fmean(regen) * scale,
+        "regenerated_std": spread(regen),
+        "difference": sign * (statistics.fmean(regen) - statistics.fmean(built)) * scale,
+        "same_config": record.key["builtin"] == record.key["regenerated"],
+        "regenerated_from": len(record.regenerated_from or []),
+        "builtin_scores": [s * scale for s in built],
+        "regenerated_scores": [s * scale for s in regen],
+        "builtin_config": record.builtin.config,
+        "regenerated_config": record.regenerated.config,
+    }
+
+
+@dataclass
+class LotoVerdict:
+    """One family and size bucket over its left-out (model, task) rows."""
+
+    family: str
+    bucket: str
+    rows: int
+    mean_difference: float  # regenerated minus built-in, score units, in the direction of improvement
+    wins: int
+    losses: int
+
+    @property
+    def regenerated_win(self) -> bool:
+        """Whether the regenerated defaults beat the built-in ones on average (what shipping needs)."""
+        return self.rows > 0 and self.mean_difference > 0
+
+
+@dataclass
+class LotoResult:
+    """The leave-one-task-out table of a storage.
+
+    Attributes:
+        storage: the storage URL (password hidden).
+        rows: one row per (model, left-out task, family), columns :data:`ROW_COLUMNS` (a ``pandas.DataFrame``).
+        verdicts: per (family, bucket), the mean difference and who won.
+        missing: ``model/task/family`` that have a study but no current evaluation.
+        notes: what could not be evaluated, and why.
+        trained: configurations trained by this call (0 when everything was stored).
+    """
+
+    storage: str
+    rows: Any
+    verdicts: dict[tuple[str, str], LotoVerdict]
+    missing: list[str]
+    notes: list[str]
+    tasks: list[str] = field(default_factory=list)
+    trained: int = 0
+
+    def regenerated_win(self, family: str, bucket: str) -> bool | None:
+        """Whether ``family``'s regenerated defaults win for ``bucket`` (``None``: no evaluation)."""
+        verdict = self.verdicts.get((family, bucket))
+        return None if verdict is None else verdict.regenerated_win
+
+
+def _result(
+    storage_url: str,
+    targets: list[_Target],
+    records: dict[str, LotoRecord],
+    notes: list[str],
+    tasks: list[str],
+    trained: int,
+) -> LotoResult:
+    import pandas as pd
+
+    rows, missing = [], []
+    for target in targets:
+        record = records.get(target.study)
+        if record is None:
+            missing.append(f"{target.model}/{target.task}/{target.family}")
+        else:
+            rows.append(_row(target, record))
+    frame = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    verdicts: dict[tuple[str, str], LotoVerdict] = {}
+    for (family, bucket), group in frame.groupby(["family", "bucket"], sort=False):
+        shown = group["difference"].round(2)
+        verdicts[(family, bucket)] = LotoVerdict(
+            family=family,
+            bucket=bucket,
+            rows=len(group),
+            mean_difference=float(group["difference"].mean()),
+            wins=int((shown > 0).sum()),
+            losses=int((shown < 0).sum()),
+        )
+    return LotoResult(
+        storage=hide_password(storage_url),
+        rows=frame,
+        verdicts=verdicts,
+        missing=missing,
+        notes=notes,
+        tasks=tasks,
+        trained=trained,
+    )
+
+
+def _check_names(families: Sequence[str]) -> list[str]:
+    families = list(families)
+    unknown = [f for f in families if f not in LOTO_FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"unknown families {unknown}; choose from {list(LOTO_FAMILIES)}")
+    return families
+
+
+def stored_loto(storage_url: str, *, families: Sequence[str] = LOTO_FAMILIES) -> LotoResult:
+    """The current leave-one-task-out records of a storage, read without training (stale ones ignored)."""
+    families = _check_names(families)
+    targets, notes, tasks = _targets(storage_url, families, (), ())
+    records = {}
+    for target in targets:
+        record = _best_record(target, target.stored.loto)
+        if record is not None:
+            records[target.study] = record
+    return _result(storage_url, targets, records, notes, tasks, 0)
+
+
+def leave_one_task_out(
+    storage_url: str,
+    *,
+    models: Sequence[str] = (),
+    tasks: Sequence[str] = (),
+    families: Sequence[str] = LOTO_FAMILIES,
+    final_seeds: int = 3,
+    seed: int = 0,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
+    device: str = "auto",
+    threads: int | None = None,
+    show_progress: bool = True,
+) -> LotoResult:
+    """Regenerate the defaults without each task and score them against the built-in defaults on that task.
+
+    Args:
+        storage_url: a storage of ilge-search studies (written to: the results are stored on its studies).
+        models, tasks: evaluate only these models and left-out tasks (empty: all the storage has); the
+            defaults are always regenerated from every other task's studies.
+        families: the ILGE families to evaluate (those with studies in the storage).
+        final_seeds: training seeds per configuration, ``seed + 1000 + i`` as in ``run`` (at least 1; the
+            report asks for 3 or more).
+        data_dir, cache_dir, device: the task data and embedding cache the studies were run with.
+        threads: torch CPU threads while training (restored afterwards).
+        show_progress: a progress bar over the (model, task, family) rows.
+
+    Returns:
+        A :class:`LotoResult` with every row now stored (the ones evaluated earlier included).
+
+    Raises:
+        ValueError: an unknown family, a model or task without studies, task data that differ from a study's.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    families = _check_names(families)
+    check_int("final_seeds", final_seeds)
+    check_int("seed", seed, minimum=0)
+    seeds = [seed + 1000 + i for i in range(final_seeds)]
+    targets, notes, all_tasks = _targets(storage_url, families, list(models), list(tasks))
+    opened = open_storage(storage_url, must_exist=True)
+    source = _DataSource(data_dir, cache_dir, device)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    records: dict[str, LotoRecord] = {}
+    loaded: dict[str, Any] = {}  # one data load per distinct data setting
+    trained = 0
+    try:
+        for target in tqdm(targets, desc="leave one task out", unit="row", disable=not show_progress):
+            records[target.study], count = _stored_or_trained(
+                opened.load_study(target.study), target, seeds, source, loaded
+            )
+            trained += count
+    finally:
+        torch.set_num_threads(previous_threads)
+    return _result(storage_url, targets, records, notes, all_tasks, trained)

@@ -1,0 +1,264 @@
+"""Regenerate the ``recommended_config`` defaults from stored studies.
+
+:func:`regenerate_defaults` reads every study of an encoder family (``cayley``,
+``fc``, ``deepset``) in a storage as problems
+(:func:`~ilge_search.defaults.problems.read_problems`), groups them by family and
+model-size bucket, and derives one configuration per group with the rule of
+:mod:`~ilge_search.defaults.rule`. The result is a :class:`Recommendation`: the
+defaults document that :func:`ilge_search.tuning.recommended_config` reads
+(schema in :mod:`ilge_search.tuning`) and the evidence behind every value.
+``exclude_tasks`` (``--exclude-task T``) leaves every study of the named tasks
+out, e.g. to see what the defaults would be without a task. Writing the document
+and its page is :func:`ilge_search.report.defaults_page.recommend_defaults`'s job;
+:func:`defaults_targets` says where it writes.
+
+Shipping only what generalises
+------------------------------
+Defaults regenerated from a storage's studies were chosen on those studies'
+tasks. Before they replace the shipped ones (``update_shipped=True``), the
+leave-one-task-out evaluation of :mod:`~ilge_search.defaults.loto` must be in the
+storage and current for every (model, task) a family has a study of: for each
+task, the defaults regenerated without that task and the built-in defaults,
+each trained with no search on that task. A family's regenerated defaults are
+shipped only when they beat the built-in ones on average over the left-out
+tasks (:func:`shipping_decision`); otherwise the shipped file leaves the family
+out, so ``recommended_config`` falls back to the built-in values.
+``defaults.md`` says which happened and shows the table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..configs import CONFIG_CLASSES
+from ..settings import user_defaults_path
+from ..storage import hide_password
+from ..tuning import DEFAULTS_FORMAT_VERSION
+from .loto import LOTO_FAMILIES, LotoResult, stored_loto
+from .problems import Problem, ProblemGroups, problem_tasks, read_problems
+from .rule import RULE, RecommendedValue, derive_defaults
+
+__all__ = [
+    "DEFAULT_FAMILIES",
+    "NEXT_TO_DEFAULTS",
+    "Recommendation",
+    "regenerate_defaults",
+    "defaults_targets",
+    "shipping_decision",
+]
+
+PathLike = str | os.PathLike
+
+DEFAULT_FAMILIES: tuple[str, ...] = ("cayley", "fc", "deepset")
+NEXT_TO_DEFAULTS = "next-to-defaults"  # report_path default: the defaults file's name with .md
+SIZE_BUCKETS_NOTE = (
+    "small: up to 3B parameters (models of 1B-3B included, as the study runner buckets them); large: above 3B"
+)
+
+Values = dict[str, dict[str, dict[str, Any]]]  # family -> size bucket -> configuration values
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """Regenerated defaults and what they were derived from.
+
+    Attributes:
+        document: the defaults file's content (``format_version``, ``metadata``, ``families``).
+        evidence: per (family, bucket), each chosen value with its score, coverage and runner-up.
+        groups: per (family, bucket), the problems (studies) the rule used.
+        families: the families asked for, in order.
+        loto: the stored leave-one-task-out evaluation of those families (``None``: none of them has one).
+    """
+
+    document: dict[str, Any]
+    evidence: dict[tuple[str, str], list[RecommendedValue]]
+    groups: dict[tuple[str, str], list[Problem]]
+    families: list[str]
+    loto: LotoResult | None
+
+
+def defaults_targets(
+    out_path: PathLike | None = None,
+    report_path: PathLike | None = NEXT_TO_DEFAULTS,
+    *,
+    update_shipped: bool = False,
+) -> tuple[Path, Path | None]:
+    """Where ``recommend`` writes: (defaults file, Markdown page or ``None``).
+
+    Raises:
+        ValueError: ``update_shipped`` together with ``out_path``.
+    """
+    if update_shipped and out_path is not None:
+        raise ValueError("give either out_path (--out) or update_shipped (--update-shipped), not both")
+    if update_shipped:
+        from ..tuning import RECOMMENDED_DEFAULTS_PATH  # looked up now: tests point it elsewhere
+
+        target = RECOMMENDED_DEFAULTS_PATH
+    else:
+        target = user_defaults_path(out_path)
+    if report_path == NEXT_TO_DEFAULTS:
+        # the shipped file's page is reports/defaults.md in the repository, not inside the package
+        return target, None if update_shipped else target.with_suffix(".md")
+    return target, None if report_path is None else Path(report_path)
+
+
+def shipping_decision(values: Mapping[str, Mapping[str, Any]], loto: LotoResult) -> dict[str, str]:
+    """The shipping rule: per ``family/bucket`` of ``values``, shipped or not and why.
+
+    A group is shipped only when its regenerated defaults beat the built-in ones on average over the
+    left-out tasks of a current leave-one-task-out evaluation (:class:`~ilge_search.defaults.loto.LotoResult`).
+
+    Raises:
+        ValueError: a group has no such evaluation, or rows of it are missing or stale.
+    """
+    decisions: dict[str, str] = {}
+    for family, buckets in values.items():
+        for bucket in buckets:
+            missing = [m for m in loto.missing if m.endswith(f"/{family}")]
+            verdict = loto.verdicts.get((family, bucket))
+            if verdict is None or missing:
+                what = f" (missing or stale: {', '.join(missing)})" if missing else ""
+                raise ValueError(
+                    f"the leave-one-task-out evaluation of {family} ({bucket}) in {loto.storage} is "
+                    f"not complete{what}; run `ilge-search loto --storage {loto.storage}` first (it "
+                    "trains only what is missing): regenerated defaults are shipped only when they beat "
+                    "the built-in ones on tasks they never saw"
+                )
+            rows = f"{verdict.rows} left-out row{'' if verdict.rows == 1 else 's'}"
+            if verdict.regenerated_win:
+                decisions[f"{family}/{bucket}"] = (
+                    f"regenerated, {verdict.mean_difference:+.2f} points over the built-in defaults on {rows}"
+                )
+            else:
+                decisions[f"{family}/{bucket}"] = (
+                    f"built-in kept: the regenerated defaults were {verdict.mean_difference:+.2f} points "
+                    f"against them on {rows}"
+                )
+    return decisions
+
+
+def _checked_request(families: Sequence[str], exclude_tasks: Sequence[str], update_shipped: bool) -> list[str]:
+    """The families, checked, and the excluded tasks without repeats; one-line errors for what cannot be done."""
+    unknown = [f for f in families if f not in CONFIG_CLASSES]
+    if unknown or not families:
+        raise ValueError(f"unknown families {unknown}; choose from {sorted(CONFIG_CLASSES)}")
+    excluded = list(dict.fromkeys(exclude_tasks))
+    if update_shipped and excluded:
+        raise ValueError(
+            "the shipped defaults come from every study; drop --exclude-task or write your own file "
+            "(--out) instead of --update-shipped"
+        )
+    return excluded
+
+
+def _derived(
+    storage_url: str, families: Sequence[str], exclude_tasks: list[str]
+) -> tuple[Values, dict[tuple[str, str], list[RecommendedValue]], ProblemGroups, list[str]]:
+    """The rule over the storage's problems without those of ``exclude_tasks``: values, evidence, the problems
+    used, and why studies were skipped."""
+    all_groups, skipped = read_problems(storage_url, families)
+    tasks = problem_tasks(all_groups)
+    absent = [t for t in exclude_tasks if t not in tasks]
+    if absent:
+        raise ValueError(
+            f"--exclude-task {', '.join(absent)}: no {'/'.join(families)} study of "
+            f"{'that task' if len(absent) == 1 else 'those tasks'} in {hide_password(storage_url)} "
+            f"(its tasks: {', '.join(tasks) or 'none'})"
+        )
+    values, evidence, groups = derive_defaults(all_groups, exclude_tasks)
+    if not groups:
+        raise ValueError(
+            f"no {'/'.join(families)} study with at least two scored trials in "
+            f"{hide_password(storage_url)}"
+            + (" besides those of the excluded tasks" if exclude_tasks else "")
+            + (f" ({'; '.join(skipped)})" if skipped else "")
+            + "; run studies first (`ilge-search sweep studies/offline.toml`)"
+        )
+    return values, evidence, groups, skipped
+
+
+def _shipped(values: Values, loto: LotoResult | None) -> tuple[Values, dict[str, str]]:
+    """The groups of ``values`` the shipping rule lets into the package's file, and the decision for each."""
+    if loto is None:
+        raise ValueError(f"only {'/'.join(LOTO_FAMILIES)} defaults are regenerated and shipped")
+    shipping = shipping_decision(values, loto)
+    kept = {
+        family: {
+            bucket: chosen
+            for bucket, chosen in buckets.items()
+            if shipping[f"{family}/{bucket}"].startswith("regenerated")
+        }
+        for family, buckets in values.items()
+    }
+    return {family: buckets for family, buckets in kept.items() if buckets}, shipping
+
+
+def _metadata(
+    storage_url: str, groups: ProblemGroups, skipped: list[str], exclude_tasks: list[str], loto: LotoResult | None
+) -> dict[str, Any]:
+    """The defaults document's ``metadata`` (without ``shipping``): when, from what, by which rule."""
+    return {
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "source": hide_password(storage_url),
+        "ilge_search_version": __version__,
+        "rule": RULE,
+        "size_buckets": SIZE_BUCKETS_NOTE,
+        "studies": {
+            f"{family}/{bucket}": [p.study for p in problems] for (family, bucket), problems in sorted(groups.items())
+        },
+        "skipped": skipped,
+        "excluded_tasks": exclude_tasks,
+        "leave_one_task_out": {}
+        if loto is None
+        else {
+            f"{v.family}/{v.bucket}": {
+                "rows": v.rows,
+                "mean_difference": round(v.mean_difference, 4),
+                "regenerated_win": v.regenerated_win,
+            }
+            for v in loto.verdicts.values()
+        },
+    }
+
+
+def regenerate_defaults(
+    storage_url: str,
+    *,
+    families: Sequence[str] = DEFAULT_FAMILIES,
+    update_shipped: bool = False,
+    exclude_tasks: Sequence[str] = (),
+) -> Recommendation:
+    """Derive recommended defaults per family and model-size bucket from the studies in a storage.
+
+    Args:
+        storage_url: an Optuna RDB URL holding ilge-search studies.
+        families: the encoder families to derive defaults for.
+        update_shipped: for the package's own file: only the groups the shipping rule
+            (:func:`shipping_decision`) lets in; the others are left out (the built-in values apply).
+        exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
+
+    Raises:
+        ValueError: unknown family, the storage cannot be opened, no study of ``families`` in it has at
+            least two scored trials, an excluded task without studies, ``exclude_tasks`` with
+            ``update_shipped``, or no complete leave-one-task-out evaluation for ``update_shipped``.
+    """
+    families = list(families)
+    excluded = _checked_request(families, exclude_tasks, update_shipped)
+    values, evidence, groups, skipped = _derived(storage_url, families, excluded)
+    loto_families = [f for f in families if f in LOTO_FAMILIES]
+    loto = stored_loto(storage_url, families=loto_families) if loto_families else None
+    shipping: dict[str, str] = {}
+    if update_shipped:
+        values, shipping = _shipped(values, loto)
+    document = {
+        "format_version": DEFAULTS_FORMAT_VERSION,
+        "metadata": {**_metadata(storage_url, groups, skipped, excluded, loto), "shipping": shipping},
+        "families": values,
+    }
+    return Recommendation(document=document, evidence=evidence, groups=groups, families=families, loto=loto)

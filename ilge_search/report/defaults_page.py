@@ -1,0 +1,222 @@
+"""The ``recommend`` command's outputs: the regenerated defaults file and its "Defaults by model size" page.
+
+:func:`recommend_defaults` regenerates the defaults with
+:func:`ilge_search.defaults.recommend.regenerate_defaults` (the rule, the
+leave-one-task-out shipping rule, ``--exclude-task``) and writes them: the
+defaults file that :func:`ilge_search.tuning.recommended_config` reads (schema in
+:mod:`ilge_search.tuning`) and, with it, a Markdown page with the "Defaults by
+model size" table, the stored leave-one-task-out table, and the evidence behind
+every value.
+
+Where it writes: by default the user's defaults file
+(:func:`ilge_search.settings.user_defaults_path`: ``$ILGE_SEARCH_DEFAULTS``,
+else ``~/.config/ilge-search/recommended_defaults.json``), which
+``recommended_config`` reads over the shipped defaults, and the page next to it
+(same name, ``.md``). The package's own ``ilge_search/data/recommended_defaults.json``
+is rewritten only with ``update_shipped=True`` (``ilge-search recommend
+--update-shipped``), for the maintainers who regenerate the shipped defaults
+from the committed studies (:func:`~ilge_search.defaults.recommend.defaults_targets`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..defaults.loto import LotoResult
+from ..defaults.recommend import (
+    DEFAULT_FAMILIES,
+    NEXT_TO_DEFAULTS,
+    Recommendation,
+    defaults_targets,
+    regenerate_defaults,
+)
+from ..defaults.rule import RecommendedValue
+from ..tuning import BUILTIN_RECOMMENDED, load_recommended_defaults
+from .document import MISSING, Cell, Document, plural, write_atomic
+from .loto import loto_rows, loto_sentences, loto_verdict_rows
+
+__all__ = ["recommend_defaults", "defaults_page"]
+
+PathLike = str | os.PathLike
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _loto_section(doc: Document, meta: Mapping[str, Any], loto: LotoResult | None) -> None:
+    doc.heading(2, "On tasks they never saw")
+    if loto is None or not loto.verdicts:
+        doc.paragraph(
+            "No leave-one-task-out evaluation is stored in this storage, so nothing here says whether "
+            "these defaults generalise beyond the tasks they were chosen on. Run "
+            f"`ilge-search loto --storage {meta['source']}` (the shipped defaults change only after it)."
+        )
+        return
+    doc.paragraph(
+        "For each task, the defaults were regenerated from every other task's studies and trained with "
+        "no search on that task next to the built-in defaults (the published package's), each with the "
+        "same seeds, on the data of the task's study; cells are test scores, mean ± std over the seeds, "
+        "and the difference is regenerated minus built-in. Made with `ilge-search loto`."
+    )
+    doc.table(*loto_verdict_rows(loto))
+    doc.bullets(loto_sentences(loto))
+    shipping = meta.get("shipping")
+    if shipping:
+        doc.paragraph(
+            "Shipped in `ilge_search/data/recommended_defaults.json` (regenerated defaults only where they "
+            "win on average over the left-out tasks):"
+        )
+        doc.bullets([f"{group}: {decision}" for group, decision in shipping.items()])
+    doc.table(*loto_rows(loto))
+
+
+def _defaults_table(doc: Document, recommendation: Recommendation) -> None:
+    """Per family, the values of each size bucket (the built-in ones where nothing was regenerated)."""
+    rows = []
+    for family in recommendation.families:
+        cells = [Cell(family)]
+        for bucket in ("small", "large"):
+            values = recommendation.document["families"].get(family, {}).get(bucket)
+            if values:
+                cells.append(Cell(", ".join(f"{k}={_format(v)}" for k, v in values.items())))
+            else:
+                builtin = BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {})
+                cells.append(Cell("*built-in*: " + ", ".join(f"{k}={_format(v)}" for k, v in builtin.items())))
+        rows.append(cells)
+    doc.table(["family", "small (up to 3B parameters)", "large (above 3B)"], rows)
+
+
+def _evidence_rows(chosen: Sequence[RecommendedValue]) -> list[list[Cell]]:
+    rows = []
+    for item in chosen:
+        runner = (
+            MISSING
+            if item.runner_up is None
+            else (f"{_format(item.runner_up[0])} ({item.runner_up[1]:.3f}, {item.runner_up[2]})")
+        )
+        rows.append(
+            [
+                Cell(item.param),
+                Cell(_format(item.value)),
+                Cell(f"{item.score:.3f}"),
+                Cell(f"{item.coverage}/{item.problems}"),
+                Cell(str(item.trials)),
+                Cell(runner),
+            ]
+        )
+    return rows
+
+
+def _evidence_section(doc: Document, recommendation: Recommendation) -> None:
+    """Per (family, bucket): the studies used, the previous default's rank, every chosen value's evidence."""
+    doc.heading(2, "Evidence")
+    for (family, bucket), chosen in sorted(recommendation.evidence.items()):
+        problems = recommendation.groups[(family, bucket)]
+        defaults = [p.default_q for p in problems if p.default_q is not None]
+        doc.heading(3, f"{family}, {bucket}")
+        doc.paragraph(
+            f"{plural(len(problems), 'study', 'studies')} ({sum(len(p.trials) for p in problems)} complete "
+            "or pruned trials): " + ", ".join(f"`{p.study}`" for p in problems) + "."
+        )
+        if len(problems) < 3:
+            doc.paragraph("Weak evidence: fewer than three studies; run more tasks before relying on these values.")
+        if defaults:
+            doc.paragraph(
+                f"The previous default (each study's enqueued first trial) has mean normalised rank "
+                f"{sum(defaults) / len(defaults):.3f} over {plural(len(defaults), 'study', 'studies')} "
+                "(1 = best trial of every study, 0 = worst)."
+            )
+        doc.table(
+            ["parameter", "value", "score", "studies with it", "trials", "runner-up (score, studies)"],
+            _evidence_rows(chosen),
+        )
+
+
+def defaults_page(recommendation: Recommendation) -> str:
+    """The "Defaults by model size" page (Markdown): the values, the leave-one-task-out check, the rule and
+    the evidence behind every value."""
+    meta = recommendation.document["metadata"]
+    doc = Document()
+    doc.heading(1, "Defaults by model size")
+    doc.paragraph(
+        f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
+        f"`ilge-search recommend --storage {meta['source']}`. `recommended_config(family, model_size_hint)` "
+        "reads these values from `ilge_search/data/recommended_defaults.json`; a family or bucket without "
+        "studies, or whose regenerated defaults were not shipped, keeps the built-in default (marked "
+        "*built-in*)."
+    )
+    _defaults_table(doc, recommendation)
+    if meta.get("excluded_tasks"):
+        doc.paragraph(
+            "Regenerated without the studies of "
+            + ", ".join(f"`{t}`" for t in meta["excluded_tasks"])
+            + " (`--exclude-task`)."
+        )
+    _loto_section(doc, meta, recommendation.loto)
+    doc.heading(2, "Rule")
+    doc.paragraph(meta["rule"])
+    _evidence_section(doc, recommendation)
+    if meta.get("skipped"):
+        doc.paragraph("Studies not used:")
+        doc.bullets(meta["skipped"])
+    return doc.markdown()
+
+
+def recommend_defaults(
+    storage_url: str,
+    out_path: PathLike | None = None,
+    report_path: PathLike | None = NEXT_TO_DEFAULTS,
+    *,
+    families: Sequence[str] = DEFAULT_FAMILIES,
+    update_shipped: bool = False,
+    exclude_tasks: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Derive recommended defaults per family and model-size bucket from the studies in a storage, and write
+    them with their page.
+
+    Args:
+        storage_url: an Optuna RDB URL holding ilge-search studies.
+        out_path: the defaults file to write (default: the user's file,
+            :func:`ilge_search.settings.user_defaults_path`, which
+            ``recommended_config`` reads over the shipped defaults).
+        report_path: where to write the "Defaults by model size" Markdown page
+            (default: next to the defaults file, same name with ``.md``; with
+            ``update_shipped``, none unless given); ``None`` skips it.
+        families: the encoder families to derive defaults for.
+        update_shipped: rewrite the package's own
+            ``ilge_search/data/recommended_defaults.json`` instead (maintainers only),
+            under the shipping rule (:func:`~ilge_search.defaults.recommend.shipping_decision`):
+            a family whose regenerated defaults do not beat the built-in ones on the left-out
+            tasks is left out of the file (the built-in values apply).
+        exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
+
+    Returns:
+        The written defaults document (``format_version``, ``metadata``, ``families``).
+
+    Raises:
+        ValueError: unknown family, both ``out_path`` and ``update_shipped``, the
+            storage cannot be opened, no study of ``families`` in it has at least
+            two scored trials, an excluded task without studies, no complete
+            leave-one-task-out evaluation for ``update_shipped``, or the file
+            cannot be written.
+    """
+    target, page_target = defaults_targets(out_path, report_path, update_shipped=update_shipped)
+    recommendation = regenerate_defaults(
+        storage_url, families=families, update_shipped=update_shipped, exclude_tasks=exclude_tasks
+    )
+    try:
+        write_atomic(target, json.dumps(recommendation.document, indent=2) + "\n")
+        load_recommended_defaults(target)  # what was written must read back
+        if page_target is not None:
+            write_atomic(page_target, defaults_page(recommendation))
+    except OSError as exc:  # e.g. a read-only installed package, a full disk
+        raise ValueError(
+            f"cannot write {exc.filename or target}: {exc.strerror or exc}; pass another --out (out_path)"
+        ) from exc
+    return recommendation.document

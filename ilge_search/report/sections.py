@@ -1,0 +1,396 @@
+"""The results report's sections, each a small object :func:`~ilge_search.report.build.build_report` iterates.
+
+A :class:`Section` has a ``title`` and an ``anchor`` (its line in the table of
+contents), says whether the storage holds what it shows (:meth:`Section.applies`),
+draws its figures (:meth:`Section.draw`, only when the report draws figures) and
+writes its part of the :class:`~ilge_search.report.document.Document`
+(:meth:`Section.render`). Everything a section shows is computed once, before
+any section runs, into a :class:`ReportData`; sections only format and draw.
+:func:`report_sections` lists them in the order the report shows them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .attributions import draw_attribution_figures
+from .data import METHOD_LABELS, METHODS, ReportStudy
+from .document import Document, slug
+from .fewshot import draw_fewshot_figures, fewshot_notes, fewshot_rows
+from .figures import display_width, draw_figures
+from .loto import loto_rows, loto_sentences, loto_verdict_rows
+from .notes import SUMMARY_NOTE
+from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
+from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_rows
+from .tables import (
+    SELECTION_NOTE,
+    model_order,
+    model_protocols,
+    model_tables,
+    seed_note,
+    selection_rows,
+    selection_summary_rows,
+    studies_rows,
+    summary_rows,
+)
+
+__all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
+
+ContentsEntry = tuple[str, str, list[tuple[str, str]]]  # (text, anchor, sub-links (text, anchor))
+
+_PROTOCOL_CAPTIONS = {
+    "matched": "matched protocol (each method trained with its own head on the same data, scored by it)",
+    "paper": (
+        "paper protocol (MTEB's logistic readout of the vectors on a few examples per label, mean over 10 "
+        "draws; cosine Spearman for similarity; the last layer, best layer and mean of layers untrained, the "
+        "same score for every seed)"
+    ),
+}
+FEWSHOT_NOTE = (
+    "Studies that differ only in training examples per label (`shots`; `studies/fewshot.toml`), with the "
+    "study of the same setting on the whole training subset as the last point. Each point is the "
+    "selected trial retrained with the final seeds and scored once on test. One few-shot draw per "
+    "count (the data seed): the spread is over training seeds, not over draws."
+)
+LOTO_NOTE = (
+    "For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
+    "trained with no search on that task's study data, next to the built-in defaults of the published "
+    "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
+    "defaults are shipped only when they beat the built-in ones on average over the left-out tasks."
+)
+
+
+@dataclass
+class ReportData:
+    """What the report shows, computed once from the storage.
+
+    ``records`` are the studies in the tables, ``every`` those and the duplicates not shown there (the
+    selection, Pareto and few-shot sections compare studies that differ by data setting); the frames are
+    those of :mod:`~ilge_search.report.tables`, :mod:`~ilge_search.report.protocol_effect` and
+    :mod:`~ilge_search.report.fewshot`; ``layer_notes`` the sentences on the stored layer attributions, per
+    model; ``loto`` the stored leave-one-task-out evaluation.
+    """
+
+    storage_url: str
+    records: list[ReportStudy]
+    every: list[ReportStudy]
+    frame: Any
+    models: list[str]
+    summary: Any
+    effect: Any
+    notes: list[str]
+    selection: Any
+    fewshot: Any
+    fewshot_skipped: list[str]
+    layer_notes: dict[str, list[str]]
+    loto: Any
+    skipped: list[str]
+
+
+@dataclass
+class FigureFolder:
+    """Where figures go and whether they are drawn (``draw``), with a progress bar or not."""
+
+    out: Path
+    draw: bool
+    show_progress: bool
+
+    @property
+    def path(self) -> Path:
+        return self.out / "figures"
+
+    def show(self, doc: Document, images: Mapping[str, str]) -> None:
+        """Images (caption -> path relative to the report folder), each shown at the width it was drawn for."""
+        doc.images(images, widths={caption: display_width(self.out / path) for caption, path in images.items()})
+
+
+@dataclass
+class Section:
+    """One part of the report: its contents line, whether it applies, its figures and its body."""
+
+    title: str = ""
+    anchor: str = ""
+    figures: list[str] = field(default_factory=list)  # drawn PNGs, relative to the report folder
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return True
+
+    def contents(self, data: ReportData) -> list[ContentsEntry]:
+        return [(self.title, self.anchor, [])]
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        """Draw the section's figures into ``folder`` (called only when the report draws figures)."""
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        raise NotImplementedError
+
+
+class ModelTables(Section):
+    """Per model and protocol: the score table and the gain over the last layer."""
+
+    def contents(self, data: ReportData) -> list[ContentsEntry]:
+        links = [(model, f"model-{slug(model)}") for model in data.models]
+        return [("Tables", f"model-{slug(data.models[0])}", links)]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        for model in data.models:
+            doc.heading(2, model, anchor=f"model-{slug(model)}")
+            for protocol in model_protocols(data.frame, model):
+                header, score_rows, gain_rows = model_tables(data.frame, model, protocol)
+                key = slug(model) + ("" if protocol == "matched" else "-paper")
+                doc.table(
+                    header,
+                    score_rows,
+                    label=f"tab:{key}",
+                    text_columns=2,
+                    caption=f"{model}, {_PROTOCOL_CAPTIONS[protocol]}: test score, mean ± std over seeds (best "
+                    "of each row in bold).",
+                )
+                doc.table(
+                    ["task"] + [METHOD_LABELS[m] for m in METHODS[1:]],
+                    gain_rows,
+                    label=f"tab:{key}-gain",
+                    caption=f"{model}, {protocol} protocol: gain over the last layer (points).",
+                )
+            doc.paragraph(seed_note(data.frame, model))
+
+
+class AcrossModels(Section):
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.table(
+            *summary_rows(data.summary),
+            label="tab:summary",
+            text_columns=2,
+            caption="Across models: mean score, mean gain over the last layer, wins and mean rank.",
+        )
+        doc.paragraph(SUMMARY_NOTE)
+
+
+class ProtocolEffect(Section):
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return not data.effect.empty
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(PROTOCOL_EFFECT_NOTE)
+        for model in model_order(data.effect["model"]):
+            doc.heading(3, model)
+            doc.table(
+                *protocol_effect_rows(data.effect, model),
+                label=f"tab:{slug(model)}-protocol",
+                text_columns=2,
+                caption=f"{model}: the last layer and Cayley under the matched and the paper protocol, and "
+                "the differences (points).",
+            )
+
+
+class Notes(Section):
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.bullets(data.notes)
+
+
+@dataclass
+class LayerAttributions(Section):
+    """The layer attributions ``ilge-search explain`` stored: a heatmap and a sentence per model."""
+
+    drawn: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.layer_notes)
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        self.drawn = draw_attribution_figures(data.records, folder.path)
+        self.figures = [path for paths in self.drawn.values() for path in paths.values()]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        for model, sentences in data.layer_notes.items():
+            doc.heading(3, model)
+            folder.show(doc, self.drawn.get(model, {}))
+            doc.bullets(sentences)
+
+
+def _figure_anchor(model: str, task: str) -> str:
+    return f"figures-{slug(model, task)}"
+
+
+@dataclass
+class Figures(Section):
+    """Per (model, task) of whole-data studies: the per-layer, history and importance figures."""
+
+    paths: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    notes: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    importance_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @staticmethod
+    def pairs(data: ReportData) -> list[tuple[str, str]]:
+        # few-shot studies get their curves, not a set of figures each
+        return [
+            (m, t)
+            for m in data.models
+            for t in sorted({r.task for r in data.records if r.model == m and not r.identity.shots})
+        ]
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return folder.draw
+
+    def contents(self, data: ReportData) -> list[ContentsEntry]:
+        pairs = self.pairs(data)
+        return [
+            (
+                f"Figures: {model}",
+                _figure_anchor(*next(p for p in pairs if p[0] == model)),
+                [(task, _figure_anchor(m, task)) for m, task in pairs if m == model],
+            )
+            for model in data.models
+            if any(m == model for m, _ in pairs)
+        ]
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        self.paths, self.notes, self.importance_rows = draw_figures(
+            data.records, self.pairs(data), folder.path, folder.show_progress
+        )
+        self.figures = [path for paths in self.paths.values() for path in paths.values()]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        for model, task in self.pairs(data):
+            doc.heading(3, f"{model} · {task}", anchor=_figure_anchor(model, task))
+            folder.show(doc, self.paths[(model, task)])
+            doc.bullets(self.notes[(model, task)])
+
+
+class SelectionRules(Section):
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return not data.selection.empty
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(SELECTION_NOTE)
+        header, rows = selection_rows(data.selection)
+        doc.table(
+            header,
+            rows,
+            label="tab:selection",
+            text_columns=header.index("start"),
+            caption="Test score of the trial each rule retrains (mean ± std over seeds; the better rule in "
+            "bold), search gain and validation-to-test gap, in score units.",
+        )
+        doc.table(
+            *selection_summary_rows(data.selection),
+            label="tab:selection-summary",
+            text_columns=3,
+            caption="Selection rules per training size, with and without cross-validation, over the studies "
+            "above that were evaluated under both rules.",
+        )
+
+
+@dataclass
+class ParetoFronts(Section):
+    """Only for storages with multi-objective studies: score against size, search and final fronts."""
+
+    drawn: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(pareto_pairs(data.every))
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        self.drawn = draw_pareto_figures(data.every, folder.path)
+        self.figures = [path for paths in self.drawn.values() for path in paths.values()]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, "Pareto fronts: score vs size", anchor=self.anchor)
+        doc.paragraph(PARETO_NOTE)
+        for pair in pareto_pairs(data.every):
+            folder.show(doc, self.drawn.get(pair, {}))
+        doc.table(
+            *pareto_rows(data.every),
+            label="tab:pareto",
+            text_columns=4,
+            caption="Final fronts: each retrained Pareto-front trial (validation score of the trial; test "
+            "mean ± std over the final seeds, in score units), and the layer baselines of the same "
+            "model and task (in italics) for reference.",
+        )
+        doc.bullets(pareto_notes(data.every))
+
+
+@dataclass
+class FewShotCurves(Section):
+    drawn: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return not data.fewshot.empty
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        self.drawn = draw_fewshot_figures(data.fewshot, folder.path)
+        self.figures = list(self.drawn.values())
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(FEWSHOT_NOTE)
+        doc.table(
+            *fewshot_rows(data.fewshot),
+            label="tab:few-shot",
+            text_columns=4,
+            caption="Test score by training examples per label, mean ± std over the final seeds (best encoder "
+            "of each column in bold).",
+        )
+        doc.bullets(fewshot_notes(data.fewshot) + data.fewshot_skipped)
+        for (model, task), path in self.drawn.items():
+            folder.show(doc, {f"{model} · {task} few-shot": path})
+
+
+class LeaveOneTaskOut(Section):
+    """The leave-one-task-out evaluation ``ilge-search loto`` stored, when there is one."""
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.loto.verdicts)
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(LOTO_NOTE)
+        doc.table(
+            *loto_verdict_rows(data.loto),
+            label="tab:loto-verdict",
+            text_columns=2,
+            caption="Regenerated minus built-in defaults over the left-out tasks (points).",
+        )
+        doc.bullets(loto_sentences(data.loto))
+        doc.table(
+            *loto_rows(data.loto),
+            label="tab:loto",
+            text_columns=4,
+            caption="Each task left out in turn: test score of the built-in defaults and of the defaults "
+            "regenerated without the task, both with no search (mean ± std over seeds).",
+        )
+
+
+class Studies(Section):
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.table(*studies_rows(data.records))
+        if data.skipped:
+            doc.paragraph("Not reported:")
+            doc.bullets(data.skipped)
+
+
+def report_sections() -> list[Section]:
+    """Every section, in the order of the report (new objects: sections keep what they drew)."""
+    return [
+        ModelTables(),
+        AcrossModels("Across models", "across-models"),
+        ProtocolEffect("Protocol effect", "protocol-effect"),
+        Notes("Notes", "notes"),
+        LayerAttributions("Which layers carry the task", "layers"),
+        Figures("Figures", "figures"),
+        SelectionRules("Selection rules", "selection"),
+        ParetoFronts("Pareto fronts", "pareto"),
+        FewShotCurves("Few-shot curves", "few-shot"),
+        LeaveOneTaskOut("Defaults on tasks they never saw", "leave-one-task-out"),
+        Studies("Studies", "studies"),
+    ]
