@@ -102,7 +102,7 @@ def start_config(family: str, values: Dict[str, Any], max_epochs: Optional[int])
     import optuna
 
     from ..storage import quiet_optuna_warnings
-    from ..study.objective import suggest_capped
+    from ..study.trial import suggest_capped
     from ..tuning import suggest_config
 
     config = config_class_for(family)(**values)
