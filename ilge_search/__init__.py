@@ -34,7 +34,6 @@ _LAZY = {
     "suggest_config": "tuning",
     "recommended_config": "tuning",
     "ILGEClassifier": "classifier",
-    "export_study": "predict",
     "predict_file": "predict",
     "explain_study": "explain",
     "LayerAttribution": "explain",
