@@ -19,7 +19,6 @@ record (:mod:`ilge_search.record`).
 
 from ..storage import StorageError, artifact_dir_for, finished_trial_count
 from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
-from .compat import artifact_store_for, make_storage
 from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
 from .options import StudyOptions
 from .plan import RunPlan, StudyPlan, plan_run
@@ -52,10 +51,8 @@ __all__ = [
     "resolve_encoders",
     "default_study_name",
     "recommended_params",
-    "make_storage",
     "make_sampler",
     "make_pruner",
-    "artifact_store_for",
     "artifact_dir_for",
     "finished_trial_count",
     "format_results",
