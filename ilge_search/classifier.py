@@ -34,7 +34,7 @@ from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_
 from .models import model_reference_to_load, model_reference_to_save, resolve_device
 from .validation import ArgumentTypeError, check_int
 
-__all__ = ["ILGEClassifier", "clear_embedding_memo", "FORMAT_VERSION"]
+__all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -45,6 +45,33 @@ PathLike = Union[str, os.PathLike]
 
 # (base_model, token_pooling, max_length) -> {text: (L, D) tensor}; see clear_embedding_memo()
 _EMBEDDING_MEMO: Dict[Tuple[str, str, int], Dict[str, torch.Tensor]] = {}
+
+
+def check_save_folder(path: PathLike, *, overwrite: bool = False, keep: PathLike | None = None) -> None:
+    """Refuse a folder :meth:`ILGEClassifier.save` must not write into: anything but a new or empty folder,
+    or, with ``overwrite``, one holding an earlier save. ``keep`` (the base model, when it is a local folder
+    inside ``path``) does not count: saving writes beside it and never into it.
+
+    Raises:
+        ValueError: ``path`` is a file, holds other files without ``overwrite``, or holds files that are
+            not a saved classifier.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a folder; pass another --out")
+    if not path.is_dir():
+        return
+    kept = Path(keep).expanduser() if keep is not None else None
+    kept = kept.resolve() if kept is not None and kept.is_dir() else None
+    entries = [entry for entry in path.iterdir() if kept is None or not kept.is_relative_to(entry.resolve())]
+    if not entries:
+        return
+    if not overwrite:
+        raise ValueError(
+            f"{path} exists and is not empty; pass another --out, or --overwrite to replace the model files in it"
+        )
+    if not (path / META_FILE).is_file():
+        raise ValueError(f"{path} holds files that are not an exported model; pass an empty or new --out")
 
 
 def clear_embedding_memo() -> None:
@@ -526,17 +553,18 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ persistence
 
-    def save(self, path: PathLike) -> Path:
+    def save(self, path: PathLike, *, overwrite: bool = False) -> Path:
         """Write ``model.safetensors`` and ``ilge_classifier.json`` into directory ``path``.
 
-        The LLM is not saved, only its name; no pickle is used.
+        The LLM is not saved, only its name; no pickle is used. ``path`` must be new or empty, or, with
+        ``overwrite``, an earlier save (:func:`check_save_folder`), so saving never replaces files it
+        did not write; a base model folder kept inside ``path`` stays, recorded as ``./relative``.
         """
         from safetensors.torch import save_file
 
         self._check_fitted()
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"{path} exists and is not a directory; save() writes a directory")
+        path = Path(path).expanduser()
+        check_save_folder(path, overwrite=overwrite, keep=self.base_model)
         path.mkdir(parents=True, exist_ok=True)
         state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
         meta = {

@@ -861,21 +861,21 @@ def export_command(
     The final evaluation's weights (its best seed by validation); a study without a final evaluation
     gets its best trial retrained once with --seed.
     """
-    from .predict import export_study
+    from .classifier import ILGEClassifier, check_save_folder
 
-    clf = export_study(
+    check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
+    clf = ILGEClassifier.from_study(
         storage,
         study_name,
-        out_dir,
         seed=seed,
         retrain=retrain,
         artifact_dir=artifact_dir,
         data_dir=settings.data_dir,
         cache_dir=settings.cache_dir,
         device=settings.device,
-        overwrite=overwrite,
         trial=trial_number,
     )
+    clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(

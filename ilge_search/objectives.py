@@ -20,8 +20,8 @@ first), Optuna cannot prune it, and its final evaluation retrains trials of its
 **Pareto front**: the complete trials that no other complete trial beats on one
 objective without losing on another (:func:`pareto_front`).
 
-A study stored without the ``objectives`` user attr has the one objective
-``score`` (:data:`DEFAULT_OBJECTIVES`).
+A study's objectives are part of its identity (:class:`ilge_search.record.Identity`);
+one stored without them has the one objective ``score`` (:data:`DEFAULT_OBJECTIVES`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import math
 import statistics
 import time
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record, upgrade_attrs
 
 __all__ = [
     "OBJECTIVES",
@@ -53,9 +55,8 @@ __all__ = [
 ]
 
 OBJECTIVES: Tuple[str, ...] = ("score", "params", "latency")
-DEFAULT_OBJECTIVES: Tuple[str, ...] = ("score",)
-LATENCY_ATTR = "latency_ms"  # trial user attr: forward milliseconds per 1,000 samples
-PARAMS_ATTR = "num_trainable_params"
+LATENCY_ATTR = TrialRecord.attr_name("latency_ms")  # forward milliseconds per 1,000 samples
+PARAMS_ATTR = TrialRecord.attr_name("params")
 LATENCY_SAMPLES = 1000  # latency is stated per this many samples
 LATENCY_REPEATS = 5  # timed passes; the median is kept
 FLOPS_REFUSAL = (
@@ -98,10 +99,12 @@ def objective_suffix(objectives: Sequence[str]) -> Optional[str]:
     return "obj-" + "-".join(extra) if extra else None
 
 
-def study_objectives(attrs: Any) -> Tuple[str, ...]:
-    """A study's objectives from its user attrs (``objectives``; score alone when absent: older studies)."""
-    stored = attrs.get("objectives") if hasattr(attrs, "get") else None
-    return tuple(stored) if stored else DEFAULT_OBJECTIVES
+def study_objectives(attrs: Any) -> tuple[str, ...]:
+    """A study's objectives from its user attrs, read as the study record reads them
+    (:func:`ilge_search.record.upgrade_attrs`: the score alone when absent)."""
+    if not hasattr(attrs, "get"):
+        return DEFAULT_OBJECTIVES
+    return tuple(upgrade_attrs(attrs)["objectives"])
 
 
 def objective_directions(objectives: Sequence[str], metric: str) -> List[str]:
@@ -125,20 +128,21 @@ def score_of(trial: Any) -> Optional[float]:
     return None if not values else float(values[0])
 
 
-def objective_values(trial: Any, objectives: Sequence[str]) -> Optional[Tuple[float, ...]]:
+def objective_values(trial: Any, objectives: Sequence[str]) -> tuple[float, ...] | None:
     """A trial's value per objective: its returned values, or (single-objective study) its score with the
-    ``params`` and ``latency`` it recorded as user attrs; ``None`` when one is missing."""
+    ``params`` and ``latency`` its record holds; ``None`` when one is missing."""
     values = getattr(trial, "values", None)
     if not values:
         return None
     if len(values) == len(objectives):
         return tuple(float(v) for v in values)
-    out: List[float] = []
+    record = trial_record(trial)
+    out: list[float] = []
     for name in objectives:
         if name == "score":
             out.append(float(values[0]))
             continue
-        stored = trial.user_attrs.get(PARAMS_ATTR if name == "params" else LATENCY_ATTR)
+        stored = record.params if name == "params" else record.latency_ms
         if stored is None:
             return None
         out.append(float(stored))

@@ -1,12 +1,12 @@
-"""From a finished study to labels: export its model, then label files with it.
+"""Labelling files with an exported model (``ilge-search predict``).
 
-- :func:`export_study` is ``ilge-search export``: ``ILGEClassifier.from_study``
-  written with ``ILGEClassifier.save`` (``model.safetensors`` + ``ilge_classifier.json``).
-- :func:`predict_file` is ``ilge-search predict``: it reads JSONL, CSV/TSV,
-  Parquet or plain text (one text per line) chunk by chunk, embeds each chunk
-  through the one embedding cache (:meth:`~ilge_search.cache.EmbeddingCache.get_or_extract_texts`,
-  the base model loaded once), and writes one JSONL or CSV/TSV row per input row,
-  in order. Memory stays flat in the number of rows: only one chunk is held.
+A study's model is exported with ``ILGEClassifier.from_study`` and
+``ILGEClassifier.save`` (``ilge-search export``). :func:`predict_file` reads
+JSONL, CSV/TSV, Parquet or plain text (one text per line) chunk by chunk,
+embeds each chunk through the one embedding cache
+(:meth:`~ilge_search.cache.EmbeddingCache.get_or_extract_texts`, the base
+model loaded once), and writes one JSONL or CSV/TSV row per input row, in
+order. Memory stays flat in the number of rows: only one chunk is held.
 
 The input is read twice: a first pass checks the columns and every text (and
 counts the rows for the progress bar) before any model loads, so a bad row 90,000
@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
 
-from .classifier import META_FILE, ILGEClassifier
+from .classifier import ILGEClassifier
 from .files import check_writable, disk_error, iter_json_objects, iter_lines_utf8, temp_name
 from .validation import check_int
 
-__all__ = ["export_study", "predict_file", "PredictSummary", "INPUT_SUFFIXES", "OUTPUT_SUFFIXES"]
+__all__ = ["predict_file", "PredictSummary", "INPUT_SUFFIXES", "OUTPUT_SUFFIXES"]
 
 PathLike = Union[str, os.PathLike]
 INPUT_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".txt")
@@ -39,61 +39,6 @@ OUTPUT_SUFFIXES = (".jsonl", ".csv", ".tsv")
 DEFAULT_TEXT_COL = "text"
 DEFAULT_PAIR_COLS = ("sentence1", "sentence2")
 PLAIN_TEXT_COL = "text"  # the one column of a plain-text input
-
-
-# ----------------------------------------------------------------------------- export
-
-
-def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"{out_dir} exists and is not a folder; pass another --out")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise ValueError(
-                f"{out_dir} exists and is not empty; pass another --out, or --overwrite to replace "
-                "the model files in it"
-            )
-        if not (out_dir / META_FILE).is_file():
-            raise ValueError(f"{out_dir} holds files that are not an exported model; pass an empty or new --out")
-
-
-def export_study(
-    storage: Any,
-    study_name: str,
-    out_dir: PathLike,
-    *,
-    seed: int = 0,
-    retrain: bool = False,
-    artifact_dir: Optional[PathLike] = None,
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
-    device: str = "auto",
-    overwrite: bool = False,
-    verbose: bool = False,
-    trial: Optional[int] = None,
-) -> ILGEClassifier:
-    """Write a finished study's model to ``out_dir`` as an ``ILGEClassifier`` folder; return the classifier.
-
-    See :meth:`ILGEClassifier.from_study` for which weights are exported (``trial``: any complete
-    trial, e.g. one of a multi-objective study's final front). ``out_dir`` must be new or empty (or,
-    with ``overwrite``, an earlier export), checked first.
-    """
-    out_dir = Path(out_dir).expanduser()
-    _check_out_dir(out_dir, overwrite)
-    clf = ILGEClassifier.from_study(
-        storage,
-        study_name,
-        seed=seed,
-        retrain=retrain,
-        artifact_dir=artifact_dir,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device=device,
-        verbose=verbose,
-        trial=trial,
-    )
-    clf.save(out_dir)
-    return clf
 
 
 # ----------------------------------------------------------------------------- reading inputs

@@ -46,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .record import DEFAULT_PROTOCOL, Identity, upgrade_attrs
 from .validation import check_choice, check_int
 
 __all__ = [
@@ -69,8 +70,7 @@ __all__ = [
     "paper_vectors",
 ]
 
-PROTOCOLS: Tuple[str, ...] = ("matched", "paper")
-DEFAULT_PROTOCOL = "matched"  # also the protocol of every study stored before protocols existed
+PROTOCOLS: Tuple[str, ...] = ("matched", "paper")  # the first is DEFAULT_PROTOCOL
 
 MTEB_VERSION = "2.26.24"  # the mteb release whose evaluator code and task settings are followed
 MTEB_SEED = 42  # AbsTask's default seed: the undersampling RandomState and LogisticRegression's random_state
@@ -105,8 +105,9 @@ def check_protocol(protocol: Any) -> str:
 
 
 def protocol_of(attrs: Mapping[str, Any]) -> str:
-    """A study's protocol from its user attrs (studies stored before protocols existed are ``matched``)."""
-    return str(attrs.get("protocol") or DEFAULT_PROTOCOL)
+    """A study's protocol from its user attrs, read as the study record reads them
+    (:func:`ilge_search.record.upgrade_attrs`: studies stored before protocols existed are ``matched``)."""
+    return str(upgrade_attrs(attrs)["protocol"])
 
 
 def paper_samples_per_label(task: Optional[str], override: Optional[int] = None) -> int:
@@ -148,11 +149,11 @@ class PaperProtocol:
         }
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> Optional["PaperProtocol"]:
-        """The readout of a study with these user attrs; ``None`` for a matched study."""
-        if protocol_of(attrs) != "paper":
+    def for_identity(cls, identity: Identity) -> PaperProtocol | None:
+        """The readout of a study with this identity; ``None`` for a matched study."""
+        if identity.protocol != "paper":
             return None
-        return cls(samples_per_label=int(attrs.get("samples_per_label") or MTEB_DEFAULT_SAMPLES_PER_LABEL))
+        return cls(samples_per_label=int(identity.samples_per_label or MTEB_DEFAULT_SAMPLES_PER_LABEL))
 
 
 def undersample(

@@ -69,6 +69,7 @@ __all__ = [
     "save_explain",
     "save_loto",
     "save_trial",
+    "enqueue_start_trial",
 ]
 
 RECORD_VERSION = 2  # the format this module writes; version 1: studies stored without VERSION_ATTR
@@ -245,6 +246,9 @@ class DataRecord:
         return self.split_sizes.get("validation")
 
 
+_DATA_FIELDS = frozenset(f.name for f in dataclasses.fields(DataRecord))
+
+
 # ----------------------------------------------------------------------------- final evaluation
 
 
@@ -264,20 +268,21 @@ class ZeroShotScores:
 
 @dataclass(frozen=True)
 class FrontMember:
-    """One trial of a multi-objective study's final front, retrained with the final seeds."""
+    """One trial of a multi-objective study's final front, retrained with the final seeds (``values``: its
+    objective values by name; ``artifacts``: the best seed's weights by validation, ``artifact_seed``)."""
 
     trial: int
-    config: dict[str, Any]
-    values: dict[str, float]
-    params: int | None
-    latency_ms: float | None
     val_score: float
     test_mean: float
     test_std: float
     test_scores: list[float]
-    val_scores: list[float]
-    artifacts: dict[str, str]
-    artifact_seed: int | None
+    config: dict[str, Any] = field(default_factory=dict)
+    values: dict[str, float] = field(default_factory=dict)
+    params: int | None = None
+    latency_ms: float | None = None
+    val_scores: list[float] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    artifact_seed: int | None = None
 
     @classmethod
     def from_attrs(cls, values: Mapping[str, Any]) -> FrontMember:
@@ -517,10 +522,11 @@ def upgrade_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
 class StudyRecord:
     """Everything ilge-search stored on one study, typed (see the module's docstring).
 
-    ``identity`` and ``data`` are ``None`` for a study ilge-search did not
-    create; ``final`` is the evaluation under the rule the study was last
-    evaluated with and ``by_rule`` every rule's; ``loto`` maps a key digest to
-    a :class:`LotoRecord`. ``version`` is the format the study was stored in.
+    ``identity`` and ``data`` are ``None`` when none of their fields was
+    stored (a study ilge-search did not create; see :attr:`is_ours`); ``final``
+    is the evaluation under the rule the study was last evaluated with and
+    ``by_rule`` every rule's; ``loto`` maps a key digest to a
+    :class:`LotoRecord`. ``version`` is the format the study was stored in.
     """
 
     name: str
@@ -537,7 +543,6 @@ class StudyRecord:
     def from_attrs(cls, name: str, attrs: Mapping[str, Any]) -> StudyRecord:
         stored_version = int(attrs.get(VERSION_ATTR) or 1)
         upgraded = upgrade_attrs(attrs)
-        is_ours = all(upgraded.get(key) for key in ("model", "task", "encoder"))
         by_rule = {}
         for rule, entry in (upgraded.get("final_by_rule") or {}).items():
             final = FinalRecord.from_attrs({"final_select": rule, **entry}) if isinstance(entry, Mapping) else None
@@ -550,8 +555,8 @@ class StudyRecord:
                 loto[str(digest)] = entry
         return cls(
             name=name,
-            identity=Identity.from_attrs(upgraded) if is_ours else None,
-            data=DataRecord.from_attrs(upgraded) if "model" in upgraded else None,
+            identity=Identity.from_attrs(upgraded) if any(key in attrs for key in IDENTITY_KEYS) else None,
+            data=DataRecord.from_attrs(upgraded) if _DATA_FIELDS & upgraded.keys() else None,
             final=FinalRecord.from_attrs(upgraded),
             by_rule=by_rule,
             explain=ExplainRecord.from_attrs(upgraded),
@@ -563,7 +568,8 @@ class StudyRecord:
     @property
     def is_ours(self) -> bool:
         """Whether ilge-search created the study (it names its model, task and encoder)."""
-        return self.identity is not None
+        identity = self.identity
+        return identity is not None and all((identity.model, identity.task, identity.encoder))
 
     @property
     def has_data(self) -> bool:
@@ -578,6 +584,11 @@ class StudyRecord:
     def select(self) -> str | None:
         """The rule of the stored final evaluation (``None``: none yet)."""
         return None if self.final is None else self.final.select
+
+    @property
+    def objectives(self) -> tuple[str, ...]:
+        """What the study optimises (the score alone for a study ilge-search did not create)."""
+        return DEFAULT_OBJECTIVES if self.identity is None else self.identity.objectives
 
 
 def _attrs_of(obj: Any) -> Mapping[str, Any]:
@@ -706,6 +717,6 @@ def save_trial(trial: Any, **values: Any) -> None:
         trial.set_user_attr(TrialRecord.attr_name(name), value)
 
 
-def trial_enqueue_attrs(*, recommended: bool) -> dict[str, Any]:
-    """The user attrs a trial is enqueued with."""
-    return {"recommended": True} if recommended else {}
+def enqueue_start_trial(study: Any, params: Mapping[str, Any]) -> None:
+    """Enqueue the starting configuration (Optuna ``params``) as the study's next trial, marked ``recommended``."""
+    study.enqueue_trial(dict(params), user_attrs={"recommended": True})

@@ -51,6 +51,7 @@ __all__ = [
     "storage_fault",
     "WORKER_ATTR",
     "worker_stamp",
+    "stamp_worker",
     "fail_own_running_trials",
     "requeue_trial",
 ]
@@ -463,6 +464,12 @@ def worker_stamp(trial_number: int) -> Dict[str, Any]:
         "started": stat[19] if stat else None,
         "pidns": _pid_namespace(),
     }
+
+
+def stamp_worker(trial: Any) -> None:
+    """Record on a running trial which process runs it (:func:`worker_stamp`), so that a run on this host
+    fails it at once when that process dies."""
+    trial.set_user_attr(WORKER_ATTR, worker_stamp(trial.number))
 
 
 def _process_gone(stamp: Any, trial_number: int) -> bool:

@@ -32,6 +32,7 @@ LAYERS: Dict[str, int] = {
     "nn": 2,
     "aggregator": 2,
     "tuning": 2,
+    "record": 2,
     "tasks": 3,
     "extraction": 3,
     "cache": 3,

@@ -18,18 +18,17 @@ from click.testing import CliRunner
 from optuna_dashboard import get_note
 
 from ilge_search.cli import cli
-from ilge_search.dashboard import (
-    DirectoriesArtifactStore,
-    dashboard_artifact_dirs,
-    make_dashboard_app,
-    serve_dashboard,
+from ilge_search.dashboard import DirectoriesArtifactStore, dashboard_artifact_dirs, make_dashboard_app, serve_dashboard
+from ilge_search.record import StudyRecord
+from ilge_search.study import StorageError, StudyOptions, artifact_dir_for
+from ilge_search.study.notes import (
+    TrialCounts,
     study_note_markdown,
     trial_note_markdown,
     write_notes,
     write_study_note,
     write_trial_note,
 )
-from ilge_search.study import StorageError, StudyOptions, artifact_dir_for
 
 MODEL = "minilm-l6"
 SMALL = dict(max_train=240, max_eval=160, max_epochs=6)  # same subset as tests/test_study.py: cache hits
@@ -88,7 +87,8 @@ def test_study_note_has_mean_std_per_seed_and_artifact_links():
         "split_sizes": {"train": 240, "test": 160},
         "max_train": 240,
     }
-    before = study_note_markdown("s", attrs, study_id=3, n_complete=5, n_pruned=1, best_trial=2, best_value=0.75)
+    counts = TrialCounts(complete=5, pruned=1, best_trial=2, best_value=0.75)
+    before = study_note_markdown(StudyRecord.from_attrs("s", attrs), counts, study_id=3)
     assert before.splitlines()[0] == "## minilm-l6 · trec · fc"
     assert "7 hidden states × 384" in before and "train 240, test 160" in before and "max train 240" in before
     assert "Trials: 5 complete, 1 pruned, 0 failed." in before
@@ -105,7 +105,7 @@ def test_study_note_has_mean_std_per_seed_and_artifact_links():
         final_artifact_seed=1001,
         final_artifacts={"weights": "w-1", "config": "c-2"},
     )
-    after = study_note_markdown("s", attrs, study_id=3)
+    after = study_note_markdown(StudyRecord.from_attrs("s", attrs), study_id=3)
     assert "**0.8500 ± 0.0707** over 2 seeds" in after and "trial 2's configuration" in after
     assert "| 1000 | 0.7000 | 0.8000 |  |" in after and "| 1001 | 0.7500 | 0.9000 | ✓ |" in after
     assert "[weights](/artifacts/3/w-1)" in after and "[config](/artifacts/3/c-2)" in after

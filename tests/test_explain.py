@@ -256,9 +256,10 @@ def test_a_loaded_study_without_a_name_gets_one(tmp_path):
     """Studies made before objectives were named are named when they are next loaded."""
     import optuna
 
+    from ilge_search.record import READY_ATTR
     from ilge_search.storage import open_storage
     from ilge_search.study.data import StudyData
-    from ilge_search.study.identity import READY_ATTR, create_or_load
+    from ilge_search.study.identity import create_or_load
 
     storage = open_storage(f"sqlite:///{tmp_path / 's.db'}")
     identity = {

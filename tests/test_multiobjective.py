@@ -31,8 +31,8 @@ from ilge_search.study import StudyOptions, default_study_name, load_sweep
 from ilge_search.study.data import StudyData
 from ilge_search.study.final import final_evaluation, final_is_current
 from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
-from ilge_search.study.objective import TrialObjective, recommended_params
 from ilge_search.study.selection import front_trials, select_trial, study_front
+from ilge_search.study.trial import TrialObjective, recommended_params
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -349,7 +349,8 @@ def _stored_front_study(url, name="minilm-l6:trec:cayley:obj-params"):
 
 
 def test_the_dashboard_serves_a_multi_objective_study_with_its_directions_names_and_front(tmp_path):
-    from ilge_search.dashboard import make_dashboard_app, write_notes
+    from ilge_search.dashboard import make_dashboard_app
+    from ilge_search.study.notes import write_notes
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     study = _stored_front_study(url)

@@ -381,7 +381,8 @@ class TestBadInputHasClearMessageAndNoSideEffects:
 def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_failed_and_retried(tmp_path, data_dir, trec_cached):
     """Optuna's stale-trial check only sees trials with a heartbeat; a worker killed between ``study.ask()``
     and its heartbeat thread's first beat (the sampler runs in between) must not leave a trial RUNNING forever."""
-    from ilge_search.study import default_study_name, make_storage, run_study
+    from ilge_search.storage import open_storage
+    from ilge_search.study import default_study_name, run_study
     from ilge_search.tuning import suggest_config
 
     url = sqlite_url(tmp_path / "orphan.db")
@@ -402,7 +403,7 @@ def test_a_trial_whose_worker_died_before_its_first_heartbeat_is_failed_and_retr
         MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=1, **options)
     )
     name = default_study_name(MODEL, "trec", "last-layer", max_train=240, max_eval=160, max_epochs=6)
-    study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat_interval=1, grace_period=2))
+    study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_interval=1, grace_period=2).rdb)
     orphan = study.ask()  # no heartbeat is ever recorded for it
     suggest_config(orphan, "last-layer")
     time.sleep(2.5)

@@ -22,8 +22,8 @@ from ilge_search.study.data import StudyData
 from ilge_search.study.final import final_evaluation, final_is_current
 from ilge_search.study.folds import check_cv, cross_validate, stratified_folds
 from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
-from ilge_search.study.objective import TrialObjective, recommended_params
 from ilge_search.study.selection import select_trial, standard_error, start_trial
+from ilge_search.study.trial import TrialObjective, recommended_params
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 
 from ilge_search.configs import config_from_dict
+from ilge_search.storage import open_storage
 from ilge_search.study import (
     StorageError,
     StudyConflictError,
@@ -22,7 +23,6 @@ from ilge_search.study import (
     list_studies,
     make_pruner,
     make_sampler,
-    make_storage,
     recommended_params,
     resolve_encoders,
     run_study,
@@ -90,7 +90,7 @@ def test_samplers_and_pruners_by_name():
 
 def test_sqlite_storage_gets_busy_timeout_heartbeat_and_its_folder(tmp_path):
     url = sqlite_url(tmp_path / "deep" / "er" / "s.db")
-    storage = make_storage(url, heartbeat_interval=5)
+    storage = open_storage(url, heartbeat_interval=5).rdb
     assert (tmp_path / "deep" / "er" / "s.db").exists()
     assert storage.engine_kwargs["connect_args"]["timeout"] == 60
     assert storage.heartbeat_interval == 5 and storage.grace_period == 10
@@ -100,7 +100,7 @@ def test_sqlite_storage_gets_busy_timeout_heartbeat_and_its_folder(tmp_path):
 
 
 def _ask_three(url, barrier, queue):  # runs in a spawned process
-    study = optuna.load_study(study_name="race", storage=make_storage(url, heartbeat_interval=None))
+    study = optuna.load_study(study_name="race", storage=open_storage(url, heartbeat_interval=None).rdb)
     barrier.wait()
     queue.put([study.ask().number for _ in range(3)])
 
@@ -111,7 +111,7 @@ def test_sqlite_workers_never_pop_the_same_enqueued_trial(tmp_path):
     import multiprocessing
 
     url = sqlite_url(tmp_path / "race.db")
-    study = optuna.create_study(study_name="race", storage=make_storage(url, heartbeat_interval=None))
+    study = optuna.create_study(study_name="race", storage=open_storage(url, heartbeat_interval=None).rdb)
     for x in range(12):
         study.enqueue_trial({"x": x})
     context = multiprocessing.get_context("spawn")
@@ -136,7 +136,7 @@ def test_sqlite_workers_never_pop_the_same_enqueued_trial(tmp_path):
 )
 def test_bad_storage_urls_are_clear_errors(url, message):
     with pytest.raises(StorageError) as info:
-        make_storage(url)
+        open_storage(url)
     assert message in str(info.value)
     assert "secret" not in str(info.value)
 
@@ -293,7 +293,6 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
 
     from ilge_search.cache import load_task_embeddings
     from ilge_search.engine import build_model, evaluate
-    from ilge_search.study import artifact_store_for
 
     url, result = trec_study
     study = optuna.load_study(study_name=result.study_name, storage=url)
@@ -309,7 +308,7 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
     assert result.test_scores == scores and result.test_mean == attrs["final_test_mean"]
 
     # the artifact rebuilds a model that reproduces its seed's test score
-    store = artifact_store_for(url)
+    store = open_storage(url).artifact_store()
     weights, meta = tmp_path / "model.safetensors", tmp_path / "config.json"
     download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["weights"], file_path=str(weights))
     download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["config"], file_path=str(meta))
@@ -614,7 +613,7 @@ def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data
     )
     name = default_study_name(MODEL, "trec", "last-layer", **SMALL)
     # a worker that asked for a trial, beat once and died
-    study = optuna.load_study(study_name=name, storage=make_storage(url, heartbeat_interval=1, grace_period=2))
+    study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_interval=1, grace_period=2).rdb)
     from ilge_search.tuning import suggest_config
 
     dead = study.ask()
@@ -656,7 +655,7 @@ def test_plain_postgresql_url_with_two_workers(postgres_url, data_dir, cache_dir
             **SMALL,
         ),
     )[0]
-    study = optuna.load_study(study_name=result.study_name, storage=make_storage(url, heartbeat_interval=None))
+    study = optuna.load_study(study_name=result.study_name, storage=open_storage(url, heartbeat_interval=None).rdb)
     assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
     assert all(t.state == TrialState.COMPLETE for t in study.trials)
     assert [t.number for t in study.trials if t.user_attrs.get("recommended")] == [0]

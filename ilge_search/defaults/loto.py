@@ -97,7 +97,7 @@ def start_config(family: str, values: dict[str, Any], max_epochs: int | None) ->
     import optuna
 
     from ..storage import quiet_optuna_warnings
-    from ..study.objective import suggest_capped
+    from ..study.trial import suggest_capped
     from ..tuning import suggest_config
 
     config = config_class_for(family)(**values)

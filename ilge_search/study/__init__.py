@@ -2,30 +2,31 @@
 
 - :func:`run_study` (:mod:`.runner`) runs or resumes one study per encoder for
   a (model, task) pair, with one validated :class:`StudyOptions` (:mod:`.options`);
-- :mod:`.data` loads the task and its cached embeddings, :mod:`.objective` is
+- :mod:`.data` loads the task and its cached embeddings, :mod:`.trial` is
   the trial, :mod:`.identity` names, checks and creates studies, :mod:`.workers`
   runs trials in several processes, :mod:`.folds` gives cross-validated objectives,
   :mod:`.selection` picks the trial to retrain (``best`` or ``one-se``; a multi-objective
   study: up to K trials of its Pareto front), :mod:`.final` scores it on test next to the
   starting configuration (the search gain);
 - :mod:`.plan` checks a run before anything expensive and estimates its wall time (``--dry-run``);
-- :mod:`.results` reads studies back (:func:`study_result`, :func:`list_studies`);
+- :mod:`.results` reads studies back (:func:`study_result`, :func:`list_studies`), :mod:`.notes`
+  writes their optuna-dashboard notes, :mod:`.export` turns a finished study into a trained model;
 - :mod:`.sweep` runs TOML grids of models x tasks x encoders up to their budgets.
 
-The storage itself is opened by :func:`ilge_search.storage.open_storage`.
+The storage itself is opened by :func:`ilge_search.storage.open_storage`; what a study stores is its
+record (:mod:`ilge_search.record`).
 """
 
 from ..storage import StorageError, artifact_dir_for, finished_trial_count
 from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
-from .compat import artifact_store_for, make_storage
 from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
-from .objective import recommended_params
 from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
 from .plan import RunPlan, StudyPlan, plan_run
 from .results import StudyResult, format_front, format_results, list_studies, study_result
 from .runner import run_study
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES, front_trials, select_trial, study_front
 from .sweep import Sweep, SweepEntry, SweepFilter, SweepOverrides, estimate_sweep, load_sweep, plan_sweep, run_sweep
+from .trial import recommended_params
 
 __all__ = [
     "ENCODER_CHOICES",
@@ -54,10 +55,8 @@ __all__ = [
     "resolve_encoders",
     "default_study_name",
     "recommended_params",
-    "make_storage",
     "make_sampler",
     "make_pruner",
-    "artifact_store_for",
     "artifact_dir_for",
     "finished_trial_count",
     "format_results",

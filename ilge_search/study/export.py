@@ -29,11 +29,11 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 from .._version import __version__
 from ..configs import EncoderConfig, config_from_dict
-from ..protocol import protocol_of
+from ..record import DataRecord, FinalRecord, Identity, StudyRecord, study_record, trial_record
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
@@ -53,7 +53,7 @@ __all__ = [
 STUDY_TOKEN_POOLING = "mean"
 STUDY_MAX_LENGTH = 512
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 @dataclass
@@ -84,9 +84,9 @@ class StudyModel:
     max_length: int
     num_layers: int
     hidden_size: int
-    label_names: List[str] = field(default_factory=list)
-    score_range: Optional[Tuple[float, float]] = None
-    provenance: Dict[str, Any] = field(default_factory=dict)
+    label_names: list[str] = field(default_factory=list)
+    score_range: tuple[float, float] | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
@@ -104,14 +104,15 @@ def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
             f"no study {study_name!r} in {opened.shown_url}; it has: {shown or 'no studies'} "
             "(see `ilge-search studies`)"
         )
-    if "model" not in study.user_attrs or "task_kind" not in study.user_attrs:
+    record = study_record(study)
+    if record.identity is None or not record.identity.model or not record.has_data:
         raise ValueError(
             f"study {study_name!r} was not created by `ilge-search run`; only its studies can be {purpose}"
         )
     return study
 
 
-def _open_study(storage: Union[str, Storage, None], study_name: str) -> Tuple[Storage, Any]:
+def _open_study(storage: str | Storage | None, study_name: str) -> tuple[Storage, Any]:
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="exported")
     if not count_trials(study, ("COMPLETE",)):
@@ -125,15 +126,16 @@ def _base_model(name: str) -> str:
     return str(path.resolve()) if path.is_dir() else name
 
 
-def _download(storage: Storage, study: Any, artifact_id: str, target: Path, artifact_dir: Optional[PathLike]) -> None:
+def _download(storage: Storage, study: Any, artifact_id: str, target: Path, artifact_dir: PathLike | None) -> None:
     """Fetch one artifact from the first artifact store that has it."""
     from optuna.artifacts import FileSystemArtifactStore, download_artifact
     from optuna.artifacts.exceptions import ArtifactNotFound
 
     candidates = [Path(artifact_dir).expanduser()] if artifact_dir is not None else []
     candidates.append(storage.artifact_dir)
-    if study.user_attrs.get("artifact_dir"):
-        candidates.append(Path(study.user_attrs["artifact_dir"]))
+    recorded = _data(study_record(study)).artifact_dir
+    if recorded:
+        candidates.append(Path(recorded))
     for folder in dict.fromkeys(candidates):
         if not folder.is_dir():
             continue
@@ -153,8 +155,8 @@ def _download(storage: Storage, study: Any, artifact_id: str, target: Path, arti
 
 
 def _from_artifacts(
-    storage: Storage, study: Any, artifact_dir: Optional[PathLike], ids: Dict[str, str]
-) -> Tuple[Any, Dict[str, Any]]:
+    storage: Storage, study: Any, artifact_dir: PathLike | None, ids: dict[str, str]
+) -> tuple[Any, dict[str, Any]]:
     """A final evaluation's model (``ids``: its weights + config JSON artifacts) and its recorded metadata."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -193,61 +195,72 @@ def _from_artifacts(
     return model.eval(), meta
 
 
+def _identity(record: StudyRecord) -> Identity:
+    """The identity of a study made by ``ilge-search run`` (:func:`load_run_study` checked it has one)."""
+    if record.identity is None:
+        raise ValueError(f"study {record.name!r} was not created by `ilge-search run`")
+    return record.identity
+
+
+def _data(record: StudyRecord) -> DataRecord:
+    return DataRecord() if record.data is None else record.data
+
+
 def load_training_data(
     study: Any,
     *,
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
     device: str = "auto",
     show_progress: bool = False,
     with_test: bool = False,
 ) -> Any:
     """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData`; with ``with_test``
-    its test split too), rebuilt from its user attrs through the embedding cache (extracting on a miss).
+    its test split too), rebuilt from its record through the embedding cache (extracting on a miss).
 
     Raises:
         ValueError: the data (or the model's weights) differ from those the study stored cache keys for.
     """
     from .data import DataSpec, load_study_data
 
-    attrs = study.user_attrs
+    record = study_record(study)
+    identity, stored = _identity(record), _data(record)
     spec = DataSpec(
-        model=attrs["model"],
-        task=attrs.get("task_path") or attrs["task"],
-        shots=attrs.get("shots"),
-        max_train=attrs.get("max_train"),
-        max_eval=attrs.get("max_eval"),
-        data_seed=int(attrs.get("data_seed", 0)),
+        model=identity.model,
+        task=stored.task_path or identity.task,
+        shots=identity.shots,
+        max_train=identity.max_train,
+        max_eval=identity.max_eval,
+        data_seed=int(identity.data_seed or 0),
         data_dir=None if data_dir is None else str(data_dir),
         cache_dir=None if cache_dir is None else str(cache_dir),
         device=device,
     )
     data = load_study_data(spec, with_test=with_test, progress=show_progress)
-    stored_keys = attrs.get("cache_keys") or {}
     changed = [
         split
         for split in ("train", "validation") + (("test",) if with_test else ())
-        if split in stored_keys and stored_keys[split] != data.cache_keys.get(split)
+        if split in stored.cache_keys and stored.cache_keys[split] != data.cache_keys.get(split)
     ]
     if changed:
         raise ValueError(
-            f"the {'/'.join(changed)} data of task {attrs['task']!r} (or the model's weights) differ "
+            f"the {'/'.join(changed)} data of task {identity.task!r} (or the model's weights) differ "
             f"from those study {study.study_name!r} was run on; pass the same --data-dir and model"
         )
     return data
 
 
-def selected_trial(study: Any, rule: Optional[str] = None) -> Any:
-    """The trial a study's model comes from: the one its final evaluation retrained (``final_trial``),
-    else the one ``rule`` (default: the study's ``final_select``, else the default rule) selects now; a
+def selected_trial(study: Any, rule: str | None = None) -> Any:
+    """The trial a study's model comes from: the one its final evaluation retrained, else the one ``rule``
+    (default: the rule of the study's final evaluation, else the default rule) selects now; a
     multi-objective study's final front (rule ``front``) gives its best-score trial."""
     if rule is None:
-        number = study.user_attrs.get("final_trial")
-        if number is not None:
+        final = study_record(study).final
+        if final is not None:
             for trial in study.get_trials(deepcopy=False):
-                if trial.number == number and trial.user_attrs.get("config"):
+                if trial.number == final.trial and trial_record(trial).config:
                     return trial
-        rule = study.user_attrs.get("final_select")
+        rule = None if final is None else final.select
     if rule == FRONT_RULE:
         return study_front(study)[0]
     return select_trial(study, rule or DEFAULT_SELECT)
@@ -263,7 +276,7 @@ def chosen_trial(study: Any, number: int) -> Any:
 
     check_int("trial", number, minimum=0)
     trials = study.get_trials(deepcopy=False)
-    complete = [t.number for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("config")]
+    complete = [t.number for t in trials if t.state == TrialState.COMPLETE and trial_record(t).config]
     shown = ", ".join(map(str, complete[:20])) + (" ..." if len(complete) > 20 else "")
     found = next((t for t in trials if t.number == number), None)
     if found is None:
@@ -279,45 +292,49 @@ def chosen_trial(study: Any, number: int) -> Any:
     return found
 
 
-def _retrained(
-    study: Any,
-    trial: Any,
-    seed: int,
-    *,
-    data_dir: Optional[PathLike],
-    cache_dir: Optional[PathLike],
-    device: str,
-    show_progress: bool,
-) -> Tuple[Any, float]:
-    """``trial``'s config trained once with ``seed`` on the study's data (as the final evaluation does)."""
+@dataclass(frozen=True)
+class _Retraining:
+    """How a trial is retrained when no stored weights are used: the seed, and where the data and cache are."""
+
+    seed: int
+    data_dir: PathLike | None
+    cache_dir: PathLike | None
+    device: str
+    show_progress: bool
+
+
+def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
+    """``trial``'s config trained once with ``how.seed`` on the study's data (as the final evaluation does)."""
     from ..engine import train_encoder
 
-    data = load_training_data(study, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress)
-    config = config_from_dict(trial.user_attrs["config"])
+    data = load_training_data(
+        study, data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, show_progress=how.show_progress
+    )
+    config = config_from_dict(trial_record(trial).config)
     result = train_encoder(
         config,
         data.train,
         data.validation,
         task_kind=data.task_kind,
         num_classes=data.num_classes,
-        seed=seed,
-        device=device,
+        seed=how.seed,
+        device=how.device,
     )
     return result.model, float(result.best_val_metric)
 
 
 def load_study_model(
-    storage: Union[str, Storage, None],
+    storage: str | Storage | None,
     study_name: str,
     *,
     seed: int = 0,
     retrain: bool = False,
-    artifact_dir: Optional[PathLike] = None,
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
+    artifact_dir: PathLike | None = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
     device: str = "auto",
     show_progress: bool = False,
-    trial: Optional[int] = None,
+    trial: int | None = None,
 ) -> StudyModel:
     """The model a finished study found, with its provenance.
 
@@ -339,133 +356,106 @@ def load_study_model(
     """
     check_int("seed", seed, minimum=0)
     opened, study = _open_study(storage, study_name)
-    attrs = study.user_attrs
+    how = _Retraining(seed=seed, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress)
     if trial is not None:
-        return _trial_model(
-            opened,
-            study,
-            chosen_trial(study, trial),
-            seed=seed,
-            retrain=retrain,
-            artifact_dir=artifact_dir,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device=device,
-            show_progress=show_progress,
-        )
-    has_final = bool(attrs.get("final_artifacts")) and "final_test_scores" in attrs
-    provenance = _provenance(opened, study)
+        chosen = chosen_trial(study, trial)
+        return _trial_model(opened, study, chosen, how, retrain=retrain, artifact_dir=artifact_dir)
+    record = study_record(study)
+    final = record.final
+    provenance = _provenance(opened, record)
     # under the paper protocol the stored test scores are a logistic readout of the vectors, not this model's head
     paper = provenance["protocol"] == "paper"
-    if has_final and not retrain:
-        model, meta = _from_artifacts(opened, study, artifact_dir, attrs["final_artifacts"])
+    if final is not None and final.artifacts and not retrain:
+        model, meta = _from_artifacts(opened, study, artifact_dir, final.artifacts)
         trained_seed = int(meta["seed"])
-        seeds = list(attrs.get("final_seeds", []))
-        test_scores = list(attrs.get("final_test_scores", []))
         provenance.update(
             source="final evaluation",
             trial=int(meta["trial"]),
             seed=trained_seed,
             val_score=float(meta["val_metric"]),
-            test_score=test_scores[seeds.index(trained_seed)] if trained_seed in seeds and not paper else None,
+            test_score=None if paper else _seed_score(final, final.test_scores, trained_seed),
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
-            selected_trial_now=selected_trial(study, attrs.get("final_select") or DEFAULT_SELECT).number,
+            selected_trial_now=selected_trial(study, final.select or DEFAULT_SELECT).number,
         )
         config = config_from_dict(meta["config"])
     else:
         selected = selected_trial(study)
-        model, val_score = _retrained(
-            study, selected, seed, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress
-        )
+        model, val_score = _retrained(study, selected, how)
         provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None)
-        config = config_from_dict(selected.user_attrs["config"])
-    return _study_model(study, model, config, provenance)
+        config = config_from_dict(trial_record(selected).config)
+    return _study_model(record, model, config, provenance)
 
 
-def _provenance(opened: Storage, study: Any) -> Dict[str, Any]:
-    attrs = study.user_attrs
+def _seed_score(final: FinalRecord, scores: list[float], seed: int) -> float | None:
+    """The test score of ``seed`` among the final seeds (``scores`` in their order); ``None`` when it has none."""
+    seeds = list(final.seeds)
+    return scores[seeds.index(seed)] if seed in seeds[: len(scores)] else None
+
+
+def _provenance(opened: Storage, record: StudyRecord) -> dict[str, Any]:
+    identity, data = _identity(record), _data(record)
     return {
-        "study": study.study_name,
+        "study": record.name,
         "storage": opened.shown_url,
-        "model": attrs["model"],
-        "model_revision": attrs.get("model_revision", ""),
-        "task": attrs["task"],
-        "encoder": attrs.get("encoder"),
-        "metric": attrs.get("metric"),
-        "data": {key: attrs.get(key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")},
-        "protocol": protocol_of(attrs),
+        "model": identity.model,
+        "model_revision": data.model_revision,
+        "task": identity.task,
+        "encoder": identity.encoder,
+        "metric": data.metric,
+        "data": identity.data_setting(),
+        "protocol": identity.protocol,
     }
 
 
 def _trial_model(
-    opened: Storage,
-    study: Any,
-    trial: Any,
-    *,
-    seed: int,
-    retrain: bool,
-    artifact_dir: Optional[PathLike],
-    data_dir: Optional[PathLike],
-    cache_dir: Optional[PathLike],
-    device: str,
-    show_progress: bool,
+    opened: Storage, study: Any, trial: Any, how: _Retraining, *, retrain: bool, artifact_dir: PathLike | None
 ) -> StudyModel:
-    """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``seed``."""
-    attrs = study.user_attrs
-    records = [r for r in attrs.get("final_front") or [] if r.get("trial") == trial.number]
-    if attrs.get("final_trial") == trial.number and attrs.get("final_artifacts"):
-        records.append(
-            {
-                "artifacts": attrs["final_artifacts"],
-                "test_scores": attrs.get("final_test_scores", []),
-                "seeds": attrs.get("final_seeds", []),
-            }
-        )
-    stored = next((r for r in records if r.get("artifacts")), None)
-    provenance = _provenance(opened, study)
-    if stored is not None and not retrain:
-        model, meta = _from_artifacts(opened, study, artifact_dir, stored["artifacts"])
+    """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``how.seed``."""
+    record = study_record(study)
+    final = record.final
+    stored: tuple[dict[str, str], list[float]] | None = None  # (artifacts, test scores) kept for this trial
+    if final is not None:
+        kept = [(m.artifacts, m.test_scores) for m in final.front if m.trial == trial.number]
+        if final.trial == trial.number and final.artifacts:
+            kept.append((final.artifacts, final.test_scores))
+        stored = next((entry for entry in kept if entry[0]), None)
+    provenance = _provenance(opened, record)
+    if final is not None and stored is not None and not retrain:
+        artifacts, scores = stored
+        model, meta = _from_artifacts(opened, study, artifact_dir, artifacts)
         trained_seed = int(meta["seed"])
-        seeds = list(attrs.get("final_seeds", []))
-        scores = list(stored.get("test_scores", []))
         provenance.update(
             source="final evaluation",
             trial=trial.number,
             seed=trained_seed,
             val_score=float(meta["val_metric"]),
-            test_score=(
-                scores[seeds.index(trained_seed)]
-                if trained_seed in seeds[: len(scores)] and provenance["protocol"] != "paper"
-                else None
-            ),
+            test_score=None if provenance["protocol"] == "paper" else _seed_score(final, scores, trained_seed),
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
             selected_trial_now=trial.number,
         )
-        return _study_model(study, model, config_from_dict(meta["config"]), provenance)
-    model, val_score = _retrained(
-        study, trial, seed, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress
-    )
-    provenance.update(source="retrained", trial=trial.number, seed=seed, val_score=val_score, test_score=None)
-    return _study_model(study, model, config_from_dict(trial.user_attrs["config"]), provenance)
+        return _study_model(record, model, config_from_dict(meta["config"]), provenance)
+    model, val_score = _retrained(study, trial, how)
+    provenance.update(source="retrained", trial=trial.number, seed=how.seed, val_score=val_score, test_score=None)
+    return _study_model(record, model, config_from_dict(trial_record(trial).config), provenance)
 
 
-def _study_model(study: Any, model: Any, config: EncoderConfig, provenance: Dict[str, Any]) -> StudyModel:
-    attrs = study.user_attrs
+def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provenance: dict[str, Any]) -> StudyModel:
+    identity, data = _identity(record), _data(record)
     provenance.update(
         ilge_search_version=__version__, exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
-    task_kind = str(attrs["task_kind"])
+    task_kind = str(data.task_kind)
     return StudyModel(
         model=model,
         config=config,
         task_kind=task_kind,
-        metric=str(attrs.get("metric", "")),
-        base_model=_base_model(str(attrs["model"])),
+        metric=data.metric or "",
+        base_model=_base_model(str(identity.model)),
         token_pooling=STUDY_TOKEN_POOLING,
         max_length=STUDY_MAX_LENGTH,
         num_layers=int(model.aggregator.num_layers),
         hidden_size=int(model.aggregator.hidden_in),
-        label_names=list(attrs.get("label_names") or []) if task_kind == "classification" else [],
+        label_names=list(data.label_names) if task_kind == "classification" else [],
         score_range=model.score_range,
         provenance=provenance,
     )

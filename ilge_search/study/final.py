@@ -1,76 +1,85 @@
 """The final evaluation: the selected trial's config retrained per seed and scored on test once.
 
 Which trial is retrained is the selection rule's choice (``--select``,
-:mod:`~ilge_search.study.selection`). Stored as study user attrs:
-``final_test_mean``, ``final_test_std``, ``final_test_scores``,
-``final_val_scores``, ``final_seeds``, ``final_trial``, ``final_config``,
-``final_max_epochs``, ``final_artifacts`` (the weights of the best seed by
-validation and a JSON with its config, uploaded to the artifact store),
-``final_artifact_seed`` and, for similarity studies scored on other STS tasks,
-``final_zero_shot``; and, for the selection:
+:mod:`~ilge_search.study.selection`). What it measured is stored as the study's
+:class:`~ilge_search.record.FinalRecord`: the test score of each seed
+(``test_scores``, with their mean and std), the validation score of each
+(``val_scores``), the ``seeds``, the retrained ``trial`` and its ``config``,
+the epoch cap (``max_epochs``), the best seed's weights by validation and a
+JSON with its config (``artifacts``, uploaded to the artifact store, and
+``artifact_seed``), and, for similarity studies scored on other STS tasks,
+``zero_shot``; and, for the selection:
 
-- ``final_select``: the rule (``best`` or ``one-se``);
-- ``final_selected_value``: the selected trial's objective (its validation
-  score, or its mean over folds with ``--cv``), and ``final_val_test_gap``:
-  that value minus ``final_test_mean`` (positive: test is below what
-  validation promised);
-- ``final_start_trial``, ``final_start_test_mean``, ``final_start_test_scores``:
-  the recommended starting configuration (the enqueued trial 0) retrained with
-  the same seeds, and ``final_search_gain``: the selected trial's test mean
-  minus the start's (in the direction of improvement; negative: the search did
-  worse than no search). When the selected trial is the start, its scores are reused;
-- ``final_by_rule``: ``{rule: {...the attrs above...}}``, so that both rules'
-  results stay side by side on one study, and switching back to a rule whose
-  evaluation is still current costs no training.
+- ``select``: the rule (``best`` or ``one-se``);
+- ``selected_value``: the selected trial's objective (its validation score, or
+  its mean over folds with ``--cv``), and ``val_test_gap``: that value minus
+  the test mean (positive: test is below what validation promised);
+- ``start_trial``, ``start_test_mean``, ``start_test_scores``: the recommended
+  starting configuration (the enqueued trial 0) retrained with the same seeds,
+  and ``search_gain``: the selected trial's test mean minus the start's (in the
+  direction of improvement; negative: the search did worse than no search).
+  When the selected trial is the start, its scores are reused.
 
-Studies evaluated before selection rules existed have no ``final_select``:
-they were evaluated under ``best``.
+Each rule's evaluation is kept (the record's ``by_rule``), so that both rules'
+results stay side by side on one study, and switching back to a rule whose
+evaluation is still current costs no training. Studies evaluated before
+selection rules existed were evaluated under ``best`` (the record reads them so).
 
 A multi-objective study (:mod:`~ilge_search.objectives`) retrains its **final
 front** instead: up to ``final_front`` trials of its Pareto front, spread evenly
 along it (:func:`~ilge_search.study.selection.front_trials`), each with the
-final seeds. ``final_front`` is one record per retrained trial, best validation
-score first: ``trial``, ``config``, ``values`` (objective -> the trial's value),
-``params``, ``latency_ms``, ``val_score`` (its objective score), ``test_mean``,
-``test_std``, ``test_scores``, ``val_scores``, ``artifacts`` (the best seed's
-weights and config, by validation) and ``artifact_seed``;
-``final_front_k`` is the K asked for and ``final_front_size`` the front's size
-then. The top-level ``final_*`` attrs are those of the front's best-score trial
-(``final_select = "front"``), with the start configuration's scores and the
-search gain as above, so every table of single-objective studies reads it too.
-A front trial already retrained with the same seeds and epoch cap is reused.
-The study's protocol (its ``protocol`` attr, :mod:`ilge_search.protocol`)
-decides how each final model is scored; ``final_protocol`` records it. Under
-``matched`` (and for every study stored before protocols existed) the trained
-model's own head is scored on test. Under ``paper`` each seed's model is
-trained exactly as under ``matched`` and then read out as MTEB would: its
+final seeds, one :class:`~ilge_search.record.FrontMember` each, best validation
+score first (``front``; ``front_k`` is the K asked for and ``front_size`` the
+front's size then). The record's other fields are those of the front's
+best-score trial (``select = "front"``), with the start configuration's scores
+and the search gain as above, so every table of single-objective studies reads
+it too. A front trial already retrained with the same seeds and epoch cap is reused.
+
+The study's protocol (its identity's ``protocol``, :mod:`ilge_search.protocol`)
+decides how each final model is scored; the record's ``protocol`` says how.
+Under ``matched`` (and for every study stored before protocols existed) the
+trained model's own head is scored on test. Under ``paper`` each seed's model
+is trained exactly as under ``matched`` and then read out as MTEB would: its
 vectors scored by logistic regressions fitted on ``samples_per_label``
-examples per label (``n_experiments`` draws; ``final_test_scores`` holds each
-seed's mean over the draws, ``final_protocol["test_experiment_scores"]`` the
-draws), or by the cosine Spearman of the vectors for similarity tasks. A
-parameter-free baseline (last layer, best layer, mean of layers) is not
-trained at all under ``paper``: its raw layer readout is scored, the same for
-every seed, and no weights are uploaded. ``final_val_scores`` is then the same
-readout on validation, and ``final_val_test_gap`` is ``None``: the trials'
-objective is a matched score (trials are the same under both protocols), so
-its difference to a paper-protocol test score would measure the protocol, not
-the selection.
+examples per label (``n_experiments`` draws; ``test_scores`` holds each seed's
+mean over the draws, ``protocol["test_experiment_scores"]`` the draws), or by
+the cosine Spearman of the vectors for similarity tasks. A parameter-free
+baseline (last layer, best layer, mean of layers) is not trained at all under
+``paper``: its raw layer readout is scored, the same for every seed, and no
+weights are uploaded. ``val_scores`` is then the same readout on validation,
+and ``val_test_gap`` is ``None``: the trials' objective is a matched score
+(trials are the same under both protocols), so its difference to a
+paper-protocol test score would measure the protocol, not the selection.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..configs import config_from_dict
-from ..objectives import LATENCY_ATTR, PARAMS_ATTR, is_multi_objective, objective_values, score_of, study_objectives
+from ..objectives import is_multi_objective, objective_values, score_of
 from ..protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
+from ..record import (
+    DEFAULT_PROTOCOL,
+    LEGACY_SELECT,
+    FinalRecord,
+    FrontMember,
+    Identity,
+    StudyRecord,
+    ZeroShotScores,
+    save_final,
+    study_record,
+    trial_record,
+)
 from ..storage import StorageError, count_trials
 from .selection import (
     DEFAULT_FINAL_FRONT,
@@ -87,90 +96,74 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["final_is_current", "final_evaluation", "LEGACY_SELECT"]
 
-LEGACY_SELECT = "best"  # the rule of final evaluations stored without final_select
-_RULE_KEYS = (
-    "final_test_mean",
-    "final_test_std",
-    "final_test_scores",
-    "final_val_scores",
-    "final_seeds",
-    "final_trial",
-    "final_config",
-    "final_artifacts",
-    "final_artifact_seed",
-    "final_zero_shot",
-    "final_max_epochs",
-    "final_select",
-    "final_selected_value",
-    "final_val_test_gap",
-    "final_start_trial",
-    "final_start_test_mean",
-    "final_start_test_scores",
-    "final_search_gain",
-    "final_protocol",
-)
-
-
-def _matches(record: Mapping[str, Any], trial: int, seeds: List[int], max_epochs: Optional[int]) -> bool:
-    return (
-        record.get("final_trial") == trial
-        and record.get("final_seeds") == list(seeds)
-        and record.get("final_max_epochs") == max_epochs
-        and "final_test_mean" in record
-    )
+ZeroShotData = Mapping[str, tuple[Any, Any]]  # task name -> (features, gold scores)
 
 
 def final_is_current(
     study: Any,
-    seeds: List[int],
-    max_epochs: Optional[int],
+    seeds: list[int],
+    max_epochs: int | None,
     select: str = DEFAULT_SELECT,
     final_front: int = DEFAULT_FINAL_FRONT,
 ) -> bool:
     """Whether ``study``'s stored final scores are those a final evaluation would produce now.
 
     True when the study has a complete trial and its final evaluation exists
-    (``final_test_mean``) under the rule ``select``, for the trial that rule
-    selects now, with the same seed list and the same ``max_epochs``. For a
-    multi-objective study: its final front holds the trials
+    under the rule ``select``, for the trial that rule selects now, with the
+    same seed list and the same ``max_epochs``. For a multi-objective study:
+    its final front holds the trials
     :func:`~ilge_search.study.selection.front_trials` picks now out of
     ``final_front``, with those seeds and that epoch cap (``select`` does not
     apply). The runner and sweeps both ask this.
     """
     if not count_trials(study, ("COMPLETE",)):
         return False
-    attrs = study.user_attrs
+    final = study_record(study).final
+    if final is None:
+        return False
     if is_multi_objective(study):
         wanted = [t.number for t in front_trials(study_front(study), final_front)]
-        records = attrs.get("final_front") or []
         return (
-            attrs.get("final_select") == FRONT_RULE
-            and [r.get("trial") for r in records] == wanted
-            and attrs.get("final_seeds") == list(seeds)
-            and attrs.get("final_max_epochs") == max_epochs
-            and "final_test_mean" in attrs
+            final.select == FRONT_RULE
+            and [member.trial for member in final.front] == wanted
+            and list(final.seeds) == list(seeds)
+            and final.max_epochs == max_epochs
         )
-    if attrs.get("final_select", LEGACY_SELECT) != select:
+    if final.select != select:
         return False
-    return _matches(attrs, select_trial(study, select).number, seeds, max_epochs)
+    return final.matches(select_trial(study, select).number, seeds, max_epochs)
+
+
+@dataclass(frozen=True)
+class _Retraining:
+    """How a final evaluation retrains a configuration: on which data and seeds, where, and how it scores."""
+
+    identity: Identity | None  # names the model and task in the uploaded config
+    data: StudyData
+    seeds: list[int]
+    device: str
+    max_epochs: int | None
+    encoder: str
+    show_progress: bool
+    readout: PaperProtocol | None  # None: the matched protocol
+    zero_shot: ZeroShotData
+    artifact_store: Any
+
+    def protocol_record(self) -> dict[str, Any]:
+        """How the test scores are measured, as the record's ``protocol``."""
+        return {"protocol": DEFAULT_PROTOCOL} if self.readout is None else self.readout.record()
 
 
 def _upload_artifacts(
-    study: Any,
-    data: "StudyData",
-    config: Any,
-    model: Any,
-    *,
-    seed: int,
-    val_metric: float,
-    trial: int,
-    artifact_store: Any,
-) -> Dict[str, str]:
+    study: Any, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+) -> dict[str, str]:
     """Upload the weights (safetensors) and a JSON of config, labels and provenance; their artifact ids."""
     import torch
     from optuna.artifacts import upload_artifact
     from safetensors.torch import save_file
 
+    model, seed, val_metric = best
+    data = run.data
     with tempfile.TemporaryDirectory(prefix="ilge-final-") as tmp:
         weights_path = Path(tmp, "model.safetensors")
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -180,8 +173,8 @@ def _upload_artifacts(
             json.dumps(
                 {
                     "config": config.to_dict(),
-                    "model": study.user_attrs.get("model"),
-                    "task": study.user_attrs.get("task"),
+                    "model": None if run.identity is None else run.identity.model,
+                    "task": None if run.identity is None else run.identity.task,
                     "task_kind": data.task_kind,
                     "metric": data.metric,
                     "num_layers": data.num_layers,
@@ -198,15 +191,11 @@ def _upload_artifacts(
                 indent=2,
             )
         )
+        store = run.artifact_store
         return {
-            "weights": upload_artifact(
-                study_or_trial=study, file_path=str(weights_path), artifact_store=artifact_store
-            ),
+            "weights": upload_artifact(study_or_trial=study, file_path=str(weights_path), artifact_store=store),
             "config": upload_artifact(
-                study_or_trial=study,
-                file_path=str(meta_path),
-                artifact_store=artifact_store,
-                mimetype="application/json",
+                study_or_trial=study, file_path=str(meta_path), artifact_store=store, mimetype="application/json"
             ),
         }
 
@@ -215,21 +204,21 @@ def _upload_artifacts(
 class _Scores:
     """What a final evaluation measured: per seed, and the best seed's model by validation."""
 
-    test: List[float] = field(default_factory=list)
-    validation: List[float] = field(default_factory=list)
-    zero_shot: Dict[str, List[float]] = field(default_factory=dict)
-    experiments: List[List[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
-    best: Tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
+    test: list[float] = field(default_factory=list)
+    validation: list[float] = field(default_factory=list)
+    zero_shot: dict[str, list[float]] = field(default_factory=dict)
+    experiments: list[list[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
+    best: tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
 
 
 def _paper_readout(
-    data: "StudyData",
-    zero_shot: Mapping[str, Tuple[Any, Any]],
+    data: StudyData,
+    zero_shot: Mapping[str, tuple[Any, Any]],
     readout: PaperProtocol,
     *,
     model: Any = None,
     config: Any = None,
-) -> Tuple[float, float, Dict[str, float], List[float]]:
+) -> tuple[float, float, dict[str, float], list[float]]:
     """(test score, validation score, zero-shot scores, test score of each draw) of one final model, or of
     a parameter-free baseline's ``config`` untrained, under the paper protocol."""
     import numpy as np
@@ -257,26 +246,19 @@ def _paper_readout(
     return statistics.fmean(scores["test"]), statistics.fmean(scores["validation"]), zero, scores["test"]
 
 
-def _retrain(
-    config: Any,
-    data: "StudyData",
-    seeds: List[int],
-    device: str,
-    zero_shot: Mapping[str, Tuple[Any, Any]],
-    encoder: str,
-    show_progress: bool,
-    readout: Optional[PaperProtocol] = None,
-) -> _Scores:
-    """Train ``config`` once per seed and score it on test (its head, or the paper protocol's ``readout``)."""
+def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
+    """Train ``config`` once per seed and score it on test (its head, or the paper protocol's readout);
+    ``label`` names the progress bar."""
     from tqdm.auto import tqdm
 
     from ..engine import evaluate, train_encoder
 
+    data, readout, seeds = run.data, run.readout, run.seeds
     out = _Scores(zero_shot={name: [] for name in zero_shot})
     untrained = None
     if readout is not None and is_parameter_free(config):  # the paper scores the raw readout: nothing to train
         untrained = _paper_readout(data, zero_shot, readout, config=config)
-    for seed in tqdm(seeds, desc=f"final {encoder} ({len(seeds)} seeds)", disable=not show_progress, leave=False):
+    for seed in tqdm(seeds, desc=f"final {label} ({len(seeds)} seeds)", disable=not run.show_progress, leave=False):
         if untrained is not None:
             test, validation, zero, draws = untrained
         else:
@@ -287,7 +269,7 @@ def _retrain(
                 task_kind=data.task_kind,
                 num_classes=data.num_classes,
                 seed=seed,
-                device=device,
+                device=run.device,
             )
             if result.best_val_metric > out.best[2]:  # the artifact is the best seed by validation, never by test
                 out.best = (result.model, seed, float(result.best_val_metric))
@@ -309,48 +291,34 @@ def _retrain(
 
 
 def _start_scores(
-    study: Any,
-    data: "StudyData",
-    selected: Any,
-    test_scores: List[float],
-    seeds: List[int],
-    device: str,
-    max_epochs: Optional[int],
-    encoder: str,
-    show_progress: bool,
-    readout: Optional[PaperProtocol],
-) -> Tuple[Optional[int], Optional[List[float]]]:
-    """The starting configuration's test scores with ``seeds``: the selected trial's own when it is the start,
-    else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
+    study: Any, record: StudyRecord, run: _Retraining, selected: Any, test_scores: list[float]
+) -> tuple[int | None, list[float] | None]:
+    """The starting configuration's test scores with the run's seeds: the selected trial's own when it is the
+    start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
     start = start_trial(study)
     if start is None:
         return None, None
     if start.number == selected.number:
         return start.number, list(test_scores)
-    attrs = study.user_attrs
-    for record in [attrs, *(attrs.get("final_by_rule") or {}).values()]:
+    for earlier in [record.final, *record.by_rule.values()]:
         if (
-            record.get("final_start_trial") == start.number
-            and record.get("final_seeds") == list(seeds)
-            and record.get("final_max_epochs") == max_epochs
-            and record.get("final_start_test_scores")
+            earlier is not None
+            and earlier.start_trial == start.number
+            and list(earlier.seeds) == list(run.seeds)
+            and earlier.max_epochs == run.max_epochs
+            and earlier.start_test_scores
         ):
-            return start.number, list(record["final_start_test_scores"])
-    config = config_from_dict(start.user_attrs["config"])
-    return start.number, _retrain(config, data, seeds, device, {}, f"{encoder} start", show_progress, readout).test
+            return start.number, list(earlier.start_test_scores)
+    config = config_from_dict(trial_record(start).config)
+    return start.number, _retrain(config, run, label=f"{run.encoder} start", zero_shot={}).test
 
 
-def _upload_best(
-    study: Any, data: "StudyData", config: Any, best: Tuple[Any, Any, float], trial: int, artifact_store: Any
-) -> Dict[str, str]:
+def _upload_best(study: Any, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int) -> dict[str, str]:
     """Upload the best seed's weights; a full or read-only artifact folder is one clear error."""
-    model, seed, val_metric = best
-    if artifact_store is None or model is None:  # nothing to upload: no store, or nothing trained (paper baselines)
+    if run.artifact_store is None or best[0] is None:  # nothing to upload: no store, or nothing trained
         return {}
     try:
-        return _upload_artifacts(
-            study, data, config, model, seed=seed, val_metric=val_metric, trial=trial, artifact_store=artifact_store
-        )
+        return _upload_artifacts(study, run, config, best, trial)
     except OSError as exc:  # a full or read-only artifact folder: nothing of the final evaluation is stored
         raise StorageError(
             f"cannot store the best weights in the artifact store ({exc.strerror or exc}); "
@@ -359,230 +327,179 @@ def _upload_best(
         ) from exc
 
 
-def _std(scores: List[float]) -> float:
+def _std(scores: Sequence[float]) -> float:
     return statistics.stdev(scores) if len(scores) > 1 else 0.0
 
 
-def _zero_shot_record(zero_shot_scores: Mapping[str, List[float]]) -> Dict[str, Any]:
+def _zero_shot_record(zero_shot_scores: Mapping[str, list[float]]) -> dict[str, ZeroShotScores]:
     return {
-        name: {"mean": statistics.fmean(scores), "std": _std(scores), "scores": scores}
+        name: ZeroShotScores(mean=statistics.fmean(scores), std=_std(scores), scores=scores)
         for name, scores in zero_shot_scores.items()
     }
 
 
-def _front_record(
-    trial: Any,
-    objectives: Tuple[str, ...],
-    test_scores: List[float],
-    val_scores: List[float],
-    artifacts: Dict[str, str],
-    artifact_seed: Any,
-) -> Dict[str, Any]:
+def _with_start(study: Any, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any) -> FinalRecord:
+    """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap."""
+    start_number, start_scores = _start_scores(study, record, run, selected, top.test_scores)
+    sign = 1.0 if record.maximize else -1.0
+    start_mean = None if start_scores is None else statistics.fmean(start_scores)
+    gap = None  # a matched objective against a paper-protocol test score would measure the protocol: no gap there
+    if run.readout is None and top.selected_value is not None:
+        gap = sign * (top.selected_value - top.test_mean)
+    return dataclasses.replace(
+        top,
+        val_test_gap=gap,
+        start_trial=start_number,
+        start_test_mean=start_mean,
+        start_test_scores=start_scores,
+        search_gain=None if start_mean is None else sign * (top.test_mean - start_mean),
+    )
+
+
+def _front_member(trial: Any, objectives: Sequence[str], scores: _Scores, artifacts: dict[str, str]) -> FrontMember:
+    record = trial_record(trial)
     values = objective_values(trial, objectives) or ()
-    return {
-        "trial": trial.number,
-        "config": dict(trial.user_attrs["config"]),
-        "values": dict(zip(objectives, values, strict=False)),
-        "params": trial.user_attrs.get(PARAMS_ATTR),
-        "latency_ms": trial.user_attrs.get(LATENCY_ATTR),
-        "val_score": score_of(trial),
-        "test_mean": statistics.fmean(test_scores),
-        "test_std": _std(test_scores),
-        "test_scores": test_scores,
-        "val_scores": val_scores,
-        "artifacts": artifacts,
-        "artifact_seed": artifact_seed,
-    }
+    return FrontMember(
+        trial=trial.number,
+        config=dict(record.config or {}),
+        values=dict(zip(objectives, values, strict=False)),
+        params=record.params,
+        latency_ms=record.latency_ms,
+        val_score=score_of(trial),
+        test_mean=statistics.fmean(scores.test),
+        test_std=_std(scores.test),
+        test_scores=scores.test,
+        val_scores=scores.validation,
+        artifacts=artifacts,
+        artifact_seed=scores.best[1],
+    )
 
 
-def _front_evaluation(
-    study: Any,
-    data: "StudyData",
-    *,
-    encoder: str,
-    seeds: List[int],
-    device: str,
-    max_epochs: Optional[int],
-    final_front: int,
-    artifact_store: Any,
-    zero_shot: Mapping[str, Tuple[Any, Any]],
-    show_progress: bool,
-) -> None:
+def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_front: int) -> None:
     """A multi-objective study's final evaluation: each trial of its final front retrained per seed."""
     front = study_front(study)
     chosen = front_trials(front, final_front)
-    attrs = study.user_attrs
-    objectives = study_objectives(attrs)
-    readout = PaperProtocol.from_attrs(attrs)
-    kept = {}  # records of an earlier evaluation with the same seeds and epoch cap: the same scores again
-    if attrs.get("final_seeds") == list(seeds) and attrs.get("final_max_epochs") == max_epochs:
-        kept = {r["trial"]: r for r in attrs.get("final_front") or [] if r.get("artifacts") or artifact_store is None}
-    records: List[Dict[str, Any]] = []
-    top_zero_shot: Dict[str, List[float]] = {}
+    kept = {}  # members of an earlier evaluation with the same seeds and epoch cap: the same scores again
+    earlier = record.final
+    if earlier is not None and list(earlier.seeds) == list(run.seeds) and earlier.max_epochs == run.max_epochs:
+        kept = {m.trial: m for m in earlier.front if m.artifacts or run.artifact_store is None}
+    members: list[FrontMember] = []
+    top_zero_shot: dict[str, list[float]] = {}
     for index, trial in enumerate(chosen):
-        wants_zero_shot = index == 0 and bool(zero_shot)
-        if trial.number in kept and not wants_zero_shot:
-            records.append(kept[trial.number])
+        zero_shot = run.zero_shot if index == 0 else {}
+        if trial.number in kept and not zero_shot:
+            members.append(kept[trial.number])
             continue
-        config = config_from_dict(trial.user_attrs["config"])
-        scores = _retrain(
-            config,
-            data,
-            seeds,
-            device,
-            zero_shot if index == 0 else {},
-            f"{encoder} front trial {trial.number}",
-            show_progress,
-            readout,
-        )
-        test_scores, val_scores, zero_shot_scores, best = scores.test, scores.validation, scores.zero_shot, scores.best
+        config = config_from_dict(trial_record(trial).config)
+        scores = _retrain(config, run, label=f"{run.encoder} front trial {trial.number}", zero_shot=zero_shot)
         if index == 0:
-            top_zero_shot = zero_shot_scores
-        artifacts = _upload_best(study, data, config, best, trial.number, artifact_store)
-        records.append(_front_record(trial, objectives, test_scores, val_scores, artifacts, best[1]))
-    top, top_trial = records[0], chosen[0]
-    start_number, start_scores = _start_scores(
-        study, data, top_trial, top["test_scores"], seeds, device, max_epochs, encoder, show_progress, readout
+            top_zero_shot = scores.zero_shot
+        artifacts = _upload_best(study, run, config, scores.best, trial.number)
+        members.append(_front_member(trial, record.objectives, scores, artifacts))
+    top = members[0]
+    final = FinalRecord(
+        select=FRONT_RULE,
+        trial=top.trial,
+        config=top.config,
+        seeds=list(run.seeds),
+        test_scores=top.test_scores,
+        test_mean=top.test_mean,
+        test_std=top.test_std,
+        val_scores=top.val_scores,
+        max_epochs=run.max_epochs,
+        artifacts=top.artifacts,
+        artifact_seed=top.artifact_seed,
+        selected_value=top.val_score,
+        protocol=run.protocol_record(),
+        zero_shot=_zero_shot_record(top_zero_shot),
+        front=members,
+        front_k=final_front,
+        front_size=len(front),
     )
-    sign = -1.0 if attrs.get("direction") == "minimize" else 1.0
-    start_mean = None if start_scores is None else statistics.fmean(start_scores)
-    record: Dict[str, Any] = {
-        "final_test_mean": top["test_mean"],
-        "final_test_std": top["test_std"],
-        "final_test_scores": top["test_scores"],
-        "final_val_scores": top["val_scores"],
-        "final_seeds": list(seeds),
-        "final_trial": top["trial"],
-        "final_config": top["config"],
-        "final_artifacts": top["artifacts"],
-        "final_artifact_seed": top["artifact_seed"],
-        "final_select": FRONT_RULE,
-        "final_selected_value": top["val_score"],
-        "final_val_test_gap": None if readout is not None else sign * (top["val_score"] - top["test_mean"]),
-        "final_start_trial": start_number,
-        "final_start_test_mean": start_mean,
-        "final_start_test_scores": start_scores,
-        "final_search_gain": None if start_mean is None else sign * (top["test_mean"] - start_mean),
-        "final_max_epochs": max_epochs,
-        "final_front": records,
-        "final_front_k": final_front,
-        "final_front_size": len(front),
-        "final_protocol": {"protocol": "matched"} if readout is None else readout.record(),
-    }
-    if top_zero_shot:
-        record["final_zero_shot"] = _zero_shot_record(top_zero_shot)
-    elif "final_zero_shot" in attrs and not zero_shot:
-        record["final_zero_shot"] = {}
-    for key, value in record.items():
-        study.set_user_attr(key, value)
+    save_final(study, _with_start(study, record, run, final, chosen[0]), keep_by_rule=False)
+
+
+def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: int, select: str) -> bool:
+    """Store again an earlier evaluation of the ``selected`` trial with the run's seeds and epoch cap, as
+    ``select``'s (the same trial, seeds and epoch cap retrain to the same scores); whether there was one."""
+    # the rule's own evaluation first, then one another rule made of the same trial
+    for rule in sorted(record.by_rule, key=lambda name: name != select):
+        kept = record.by_rule[rule]
+        if kept.matches(selected, run.seeds, run.max_epochs) and (kept.artifacts or run.artifact_store is None):
+            save_final(study, dataclasses.replace(kept, select=select))
+            return True
+    return False
+
+
+def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, select: str) -> None:
+    """A single-objective study's final evaluation: the trial ``select`` picks retrained per seed."""
+    selected = select_trial(study, select)
+    if _restore_kept(study, record, run, selected.number, select):
+        return
+    config = config_from_dict(trial_record(selected).config)
+    scores = _retrain(config, run, label=run.encoder, zero_shot=run.zero_shot)
+    artifacts = _upload_best(study, run, config, scores.best, selected.number)
+    protocol = run.protocol_record()
+    if run.readout is not None and run.data.task_kind == "classification":  # each seed's draws (similarity: none)
+        protocol["test_experiment_scores"] = scores.experiments
+    final = FinalRecord(
+        select=select,
+        trial=selected.number,
+        config=config.to_dict(),
+        seeds=list(run.seeds),
+        test_scores=scores.test,
+        test_mean=statistics.fmean(scores.test),
+        test_std=_std(scores.test),
+        val_scores=scores.validation,
+        max_epochs=run.max_epochs,
+        artifacts=artifacts,
+        artifact_seed=scores.best[1],
+        selected_value=float(selected.value),
+        protocol=protocol,
+        zero_shot=_zero_shot_record(scores.zero_shot),
+    )
+    save_final(study, _with_start(study, record, run, final, selected))
 
 
 def final_evaluation(
     study: Any,
-    data: "StudyData",
+    data: StudyData,
     *,
     encoder: str,
-    seeds: List[int],
+    seeds: list[int],
     device: str,
-    max_epochs: Optional[int],
+    max_epochs: int | None,
     select: str = DEFAULT_SELECT,
     artifact_store: Any = None,
-    zero_shot: Mapping[str, Tuple[Any, Any]] = {},
+    zero_shot: ZeroShotData | None = None,
     show_progress: bool = True,
     final_front: int = DEFAULT_FINAL_FRONT,
 ) -> None:
     """Retrain the trial ``select`` picks with each seed; evaluate on test once per seed; store the scores.
 
     The starting configuration is retrained with the same seeds for the search
-    gain (unless its scores are at hand). A rule whose earlier evaluation
-    (``final_by_rule``) is still current is restored without training.
-    ``artifact_store`` (e.g. ``Storage.artifact_store()``) receives the best
-    seed's weights; ``None`` uploads nothing. ``max_epochs`` is recorded as
-    ``final_max_epochs`` (what :func:`final_is_current` compares). A
-    multi-objective study retrains up to ``final_front`` trials of its Pareto
-    front instead (``select`` does not apply).
+    gain (unless its scores are at hand). A rule whose earlier evaluation is
+    still current is restored without training. ``artifact_store`` (e.g.
+    ``Storage.artifact_store()``) receives the best seed's weights; ``None``
+    uploads nothing. ``zero_shot`` maps other similarity tasks to their
+    ``(features, scores)``. ``max_epochs`` is recorded (what
+    :func:`final_is_current` compares). A multi-objective study retrains up to
+    ``final_front`` trials of its Pareto front instead (``select`` does not apply).
     """
-    if is_multi_objective(study):
-        _front_evaluation(
-            study,
-            data,
-            encoder=encoder,
-            seeds=seeds,
-            device=device,
-            max_epochs=max_epochs,
-            final_front=final_front,
-            artifact_store=artifact_store,
-            zero_shot=zero_shot,
-            show_progress=show_progress,
-        )
-        return
-    selected = select_trial(study, select)
-    by_rule = dict(study.user_attrs.get("final_by_rule") or {})
-    # the same trial, seeds and epoch cap retrain to the same scores: a rule that picks what another rule
-    # already evaluated (or itself, before a switch) reuses that record
-    for rule in sorted(by_rule, key=lambda name: name != select):
-        kept = by_rule[rule]
-        if _matches(kept, selected.number, seeds, max_epochs) and (
-            bool(kept.get("final_artifacts")) or artifact_store is None
-        ):
-            kept = {**kept, "final_select": select}
-            for key in _RULE_KEYS:
-                if key in kept:
-                    study.set_user_attr(key, kept[key])
-                elif key == "final_zero_shot" and key in study.user_attrs:
-                    study.set_user_attr(key, {})
-            by_rule[select] = kept
-            study.set_user_attr("final_by_rule", by_rule)
-            return
-
-    config = config_from_dict(selected.user_attrs["config"])
-    readout = PaperProtocol.from_attrs(study.user_attrs)
-    scores = _retrain(config, data, seeds, device, zero_shot, encoder, show_progress, readout)
-    test_scores, val_scores, zero_shot_scores = scores.test, scores.validation, scores.zero_shot
-    best_model, best_seed, best_val = scores.best
-
-    artifacts = _upload_best(study, data, config, (best_model, best_seed, best_val), selected.number, artifact_store)
-    start_number, start_scores = _start_scores(
-        study, data, selected, test_scores, seeds, device, max_epochs, encoder, show_progress, readout
+    record = study_record(study)
+    run = _Retraining(
+        identity=record.identity,
+        data=data,
+        seeds=list(seeds),
+        device=device,
+        max_epochs=max_epochs,
+        encoder=encoder,
+        show_progress=show_progress,
+        readout=None if record.identity is None else PaperProtocol.for_identity(record.identity),
+        zero_shot=zero_shot or {},
+        artifact_store=artifact_store,
     )
-
-    mean = statistics.fmean(test_scores)
-    sign = -1.0 if study.user_attrs.get("direction") == "minimize" else 1.0
-    record: Dict[str, Any] = {
-        "final_test_mean": mean,
-        "final_test_std": statistics.stdev(test_scores) if len(test_scores) > 1 else 0.0,
-        "final_test_scores": test_scores,
-        "final_val_scores": val_scores,
-        "final_seeds": list(seeds),
-        "final_trial": selected.number,
-        "final_config": config.to_dict(),
-        "final_artifacts": artifacts,
-        "final_artifact_seed": best_seed,
-        "final_select": select,
-        "final_selected_value": float(selected.value),
-        # a matched objective against a paper-protocol test score would measure the protocol: no gap there
-        "final_val_test_gap": None if readout is not None else sign * (float(selected.value) - mean),
-        "final_start_trial": start_number,
-        "final_start_test_mean": None if start_scores is None else statistics.fmean(start_scores),
-        "final_start_test_scores": start_scores,
-        "final_search_gain": None if start_scores is None else sign * (mean - statistics.fmean(start_scores)),
-        "final_protocol": ({"protocol": "matched"} if readout is None else readout.record()),
-    }
-    if readout is not None and data.task_kind == "classification":  # each seed's draws (similarity has none)
-        record["final_protocol"]["test_experiment_scores"] = scores.experiments
-    if zero_shot_scores:
-        record["final_zero_shot"] = {
-            name: {
-                "mean": statistics.fmean(scores),
-                "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                "scores": scores,
-            }
-            for name, scores in zero_shot_scores.items()
-        }
-    record["final_max_epochs"] = max_epochs
-    for key, value in record.items():
-        study.set_user_attr(key, value)
-    if "final_zero_shot" not in record and "final_zero_shot" in study.user_attrs:
-        study.set_user_attr("final_zero_shot", {})  # not this evaluation's: never shown beside its scores
-    by_rule[select] = record
-    study.set_user_attr("final_by_rule", by_rule)
+    if is_multi_objective(study):
+        _front_evaluation(study, record, run, final_front)
+    else:
+        _selected_evaluation(study, record, run, select)

@@ -1,16 +1,17 @@
 """What a study is: its encoder, name and identity, and creating or resuming it safely.
 
 A study's *identity* is the model, task, encoder and the data and budget
-options that decide what it searches (:data:`IDENTITY_KEYS`), plus the data
-itself (:data:`DATA_KEYS`: the label names and a content fingerprint of each
-split it trains, validates and tests on), all stored as study user attrs.
+options that decide what it searches (:data:`~ilge_search.record.IDENTITY_KEYS`), plus the data
+itself (the label names and a content fingerprint of each split it trains,
+validates and tests on), stored as the study's record
+(:class:`~ilge_search.record.Identity`, :class:`~ilge_search.record.DataRecord`).
 Resuming a study with another identity is refused with
 :class:`StudyConflictError` (:class:`DataChangedError` when only the data
 changed) before anything expensive runs: the fingerprints come from the
 loaded texts and labels, before any model loads. Several processes may create
 the same study at once: exactly one wins and sets it up (identity attrs, the
 recommended config enqueued as trial 0), then marks it ready with
-:data:`READY_ATTR`; the others wait for that mark.
+:func:`~ilge_search.record.mark_ready`; the others wait for that mark.
 
 A custom task (a file or folder) is never called by its path: its ``task``
 attr is its file or folder name, and its default study name adds a short
@@ -19,8 +20,7 @@ fingerprint of its content (:func:`task_label`, e.g.
 study; two folders of the same name with different content get different
 studies; changed content under an explicit ``--study-name`` is refused.
 
-Studies made before the data fingerprints existed have no
-``data_fingerprints`` attr. They are adopted on their first resume when the
+Studies made before the data fingerprints existed have none. They are adopted on their first resume when the
 embedding-cache keys they stored (which hash the model, the task name and
 each split's content) equal those of the data now, and refused otherwise.
 """
@@ -32,34 +32,40 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
-from ..objectives import (
-    DEFAULT_OBJECTIVES,
-    objective_directions,
-    objective_metric_names,
-    objective_suffix,
-    study_objectives,
-)
+from ..objectives import DEFAULT_OBJECTIVES, objective_directions, objective_metric_names, objective_suffix
 from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
+from ..record import (
+    DATA_SPLITS,
+    DataRecord,
+    Identity,
+    StudyRecord,
+    enqueue_start_trial,
+    is_ilge_study,
+    is_ready,
+    mark_ready,
+    save_data_fingerprints,
+    save_identity,
+    save_task_path,
+    study_record,
+    trial_record,
+    upgrade_attrs,
+)
 from ..storage import Storage, quiet_optuna_warnings, requeue_trial
-from .objective import recommended_params
 from .options import StudyOptions
+from .trial import recommended_params
 
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
 __all__ = [
     "ENCODER_CHOICES",
-    "IDENTITY_KEYS",
-    "IDENTITY_DEFAULTS",
-    "PROTOCOL_KEYS",
-    "DATA_KEYS",
     "search_identity",
-    "READY_ATTR",
     "StudyConflictError",
     "DataChangedError",
     "is_registered_task",
@@ -74,44 +80,16 @@ __all__ = [
     "create_or_load",
 ]
 
-ENCODER_CHOICES: Tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
-
-# study user attrs that must match when a study is resumed: they define what is being searched and scored
-IDENTITY_KEYS = (
-    "model",
-    "task",
-    "encoder",
-    "shots",
-    "max_train",
-    "max_eval",
-    "max_epochs",
-    "data_seed",
-    "cv",
-    "objectives",
-    "protocol",
-    "samples_per_label",
-)
-# the identity keys that decide how the final scores are measured, not what the trials do
-PROTOCOL_KEYS = ("protocol", "samples_per_label")
-# what an identity key means when a study stored before it existed lacks it (absent keys not listed here: None)
-IDENTITY_DEFAULTS: Dict[str, Any] = {"objectives": list(DEFAULT_OBJECTIVES), "protocol": DEFAULT_PROTOCOL}
+ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
 
 
-def search_identity(attrs: Mapping[str, Any], without: Sequence[str] = ()) -> Tuple[str, ...]:
-    """What a study's trials search, from its user attrs: the identity keys other than the protocol's (trials
-    are the same under either protocol) and ``without``, absent keys read as :data:`IDENTITY_DEFAULTS`, so a
-    study stored before a key existed matches one that stores the key's default."""
-    return tuple(
-        json.dumps(attrs.get(key, IDENTITY_DEFAULTS.get(key)), sort_keys=True, default=str)
-        for key in IDENTITY_KEYS
-        if key not in PROTOCOL_KEYS and key not in without
-    )
+def search_identity(attrs: Mapping[str, Any], without: Sequence[str] = ()) -> tuple[str, ...]:
+    """What a study's trials search, from its user attrs: :meth:`~ilge_search.record.Identity.search_key` of
+    the identity they hold (absent keys read as the record reads them, so a study stored before a key existed
+    matches one that stores the key's default)."""
+    return _wanted_identity(attrs).search_key(without)
 
 
-# study user attrs that must match too: the data itself (label names, sha256 of each split's content)
-DATA_KEYS = ("label_names", "data_fingerprints")
-DATA_SPLITS = ("train", "validation", "test")
-READY_ATTR = "ilge_search_ready"  # set last by the process that creates a study
 READY_WAIT_SECONDS = 30.0
 TASK_FINGERPRINT_DIGITS = 10
 
@@ -153,19 +131,20 @@ def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
     return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
 
 
-def data_identity(task_data: Any) -> Dict[str, Any]:
-    """The :data:`DATA_KEYS` of a study on ``task_data`` (the task after its data options)."""
+def data_identity(task_data: Any) -> dict[str, Any]:
+    """The data a study on ``task_data`` (the task after its data options) must keep: its label names and
+    each split's fingerprint, as the fields of :class:`~ilge_search.record.DataRecord` they are stored as."""
     return {
         "label_names": list(task_data.label_names),
         "data_fingerprints": {name: task_data.fingerprint(name) for name in DATA_SPLITS if name in task_data.splits},
     }
 
 
-def resolve_encoders(encoders: Union[str, Sequence[str]]) -> List[str]:
+def resolve_encoders(encoders: str | Sequence[str]) -> list[str]:
     """Expand ``"all"`` and check names; keeps order and drops duplicates."""
     if isinstance(encoders, str):
         encoders = [encoders]
-    out: List[str] = []
+    out: list[str] = []
     for name in encoders:
         names = list(ENCODER_CHOICES) if name == "all" else [name]
         for item in names:
@@ -183,14 +162,14 @@ def default_study_name(
     task: str,
     encoder: str,
     *,
-    shots: Optional[int] = None,
-    max_train: Optional[int] = None,
-    max_eval: Optional[int] = None,
-    max_epochs: Optional[int] = None,
-    cv: Optional[int] = None,
+    shots: int | None = None,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    max_epochs: int | None = None,
+    cv: int | None = None,
     objectives: Sequence[str] = DEFAULT_OBJECTIVES,
     protocol: str = DEFAULT_PROTOCOL,
-    samples_per_label: Optional[int] = None,
+    samples_per_label: int | None = None,
 ) -> str:
     """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
     (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
@@ -223,9 +202,10 @@ def default_study_name(
 
 
 def study_identity(
-    model: str, task: str, encoder: str, options: StudyOptions, *, registered: Optional[bool] = None
-) -> Dict[str, Any]:
-    """The user attrs that say what a study searches and how it is scored (:data:`IDENTITY_KEYS`).
+    model: str, task: str, encoder: str, options: StudyOptions, *, registered: bool | None = None
+) -> dict[str, Any]:
+    """What a study searches and how it is scored: an :class:`~ilge_search.record.Identity` as the user attrs
+    it is stored as.
 
     Under the paper protocol ``samples_per_label`` is resolved here (the option,
     else the MTEB task's own value for a ``registered`` task, else 8); it is
@@ -235,24 +215,31 @@ def study_identity(
     if options.final.protocol == "paper":
         registered = is_registered_task(task) if registered is None else registered
         samples_per_label = paper_samples_per_label(task if registered else None, options.final.samples_per_label)
-    return {
-        "model": model,
-        "task": task,
-        "encoder": encoder,
-        "shots": options.data.shots,
-        "max_train": options.data.max_train,
-        "max_eval": options.data.max_eval,
-        "max_epochs": options.search.max_epochs,
-        "data_seed": options.data.data_seed,
-        "cv": options.search.cv,
-        "objectives": list(options.search.objectives),
-        "protocol": options.final.protocol,
-        "samples_per_label": samples_per_label,
-    }
+    identity = Identity(
+        model=model,
+        task=task,
+        encoder=encoder,
+        shots=options.data.shots,
+        max_train=options.data.max_train,
+        max_eval=options.data.max_eval,
+        max_epochs=options.search.max_epochs,
+        data_seed=options.data.data_seed,
+        cv=options.search.cv,
+        objectives=tuple(options.search.objectives),
+        protocol=options.final.protocol,
+        samples_per_label=samples_per_label,
+    )
+    return identity.to_attrs()
 
 
-def _cache_keys_match(stored: Any, expected: Optional[Mapping[str, str]]) -> bool:
-    if not isinstance(stored, Mapping) or not expected:
+def _wanted_identity(wanted: Mapping[str, Any]) -> Identity:
+    """The identity in a mapping of identity keys (a run's, or a study's user attrs), absent keys read as the
+    study record reads them."""
+    return Identity.from_attrs(upgrade_attrs(wanted))
+
+
+def _cache_keys_match(stored: Mapping[str, str], expected: Mapping[str, str] | None) -> bool:
+    if not expected:
         return False
     common = set(stored) & set(expected)
     return bool(common) and all(stored[name] == expected[name] for name in common)
@@ -264,15 +251,15 @@ def _short(labels: Any) -> str:
     return f"[{shown}]"
 
 
-def _data_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> List[str]:
+def _data_changes(stored: DataRecord, wanted: DataRecord) -> list[str]:
     changes = []
     # the features are the model's: new weights under the same name or folder are other data
-    old_revision, new_revision = stored.get("model_revision"), wanted.get("model_revision")
+    old_revision, new_revision = stored.model_revision, wanted.model_revision
     if old_revision and new_revision and old_revision != new_revision:
         changes.append(f"the model's weights (stored revision {str(old_revision)[:19]}, now {str(new_revision)[:19]})")
-    if list(stored.get("label_names") or []) != list(wanted["label_names"]):
-        changes.append(f"the labels (stored {_short(stored.get('label_names'))}, now {_short(wanted['label_names'])})")
-    old, new = stored.get("data_fingerprints") or {}, wanted["data_fingerprints"]
+    if list(stored.label_names) != list(wanted.label_names):
+        changes.append(f"the labels (stored {_short(stored.label_names)}, now {_short(wanted.label_names)})")
+    old, new = stored.data_fingerprints or {}, wanted.data_fingerprints or {}
     splits = [name for name in DATA_SPLITS if name in old or name in new]
     changed = [name for name in splits if old.get(name) != new.get(name)]
     if changed:
@@ -283,16 +270,18 @@ def _data_changes(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> List[
 
 def check_identity(
     study_name: str,
-    stored: Mapping[str, Any],
+    stored: StudyRecord | Mapping[str, Any],
     wanted: Mapping[str, Any],
     *,
-    cache_keys: Optional[Mapping[str, str]] = None,
+    cache_keys: Mapping[str, str] | None = None,
     new_study_hint: str = "pass another --study-name or another --storage",
 ) -> bool:
     """Refuse a stored study that was not made by ilge-search, searches something else, or ran on other data.
 
     Args:
-        stored: the study's user attrs; ``wanted``: :data:`IDENTITY_KEYS` and :data:`DATA_KEYS` of this run.
+        stored: the study's record (or the user attrs it is read from).
+        wanted: this run's identity (:func:`study_identity`) with its data (:func:`data_identity`, and the
+            model's ``model_revision``).
         cache_keys: the embedding-cache keys of this run's splits; a study without
             data fingerprints (made by an earlier version) is accepted only when
             its stored keys match them.
@@ -301,20 +290,17 @@ def check_identity(
     Returns:
         Whether the study predates the data fingerprints and should be given them (adopted).
     """
-    if "model" not in stored:
+    record = stored if isinstance(stored, StudyRecord) else StudyRecord.from_attrs(study_name, stored)
+    if record.identity is None or not record.is_ours:
         raise StudyConflictError(
             f"study {study_name!r} exists in the storage but was not created by ilge-search run; "
             "choose another --study-name"
         )
-    legacy = "data_fingerprints" not in stored
-    adopt = legacy and _cache_keys_match(stored.get("cache_keys"), cache_keys)
+    data = record.data or DataRecord()
+    legacy = data.data_fingerprints is None
+    adopt = legacy and _cache_keys_match(data.cache_keys, cache_keys)
     # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
-    keys = [key for key in IDENTITY_KEYS if not (adopt and key == "task")]
-    # a key absent on either side (a study or a caller from before it existed) has its default meaning
-    values = {
-        key: (stored.get(key, IDENTITY_DEFAULTS.get(key)), wanted.get(key, IDENTITY_DEFAULTS.get(key))) for key in keys
-    }
-    different = {key: pair for key, pair in values.items() if pair[0] != pair[1]}
+    different = record.identity.differences(_wanted_identity(wanted), ignore=("task",) if adopt else ())
     if different:
         details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
         raise StudyConflictError(
@@ -329,7 +315,7 @@ def check_identity(
                 f"changed since. Its trials cannot be mixed with trials on this data; {new_study_hint}"
             )
         return True
-    changes = _data_changes(stored, wanted)
+    changes = _data_changes(data, DataRecord.from_attrs(wanted))
     if changes:
         raise DataChangedError(
             f"study {study_name!r} was run on other data: {' and '.join(changes)} changed since. Its trials "
@@ -343,16 +329,17 @@ def precheck_existing(
     study_name: str,
     identity: Mapping[str, Any],
     *,
-    cache_keys: Optional[Mapping[str, str]] = None,
+    cache_keys: Mapping[str, str] | None = None,
     new_study_hint: str = "pass another --study-name or another --storage",
 ) -> None:
     """Refuse a study name already used for something else or on other data, before any extraction."""
     existing = storage.load_study(study_name)
     if existing is None:
         return
-    attrs = existing.user_attrs
-    if "model" in attrs or existing.get_trials(deepcopy=False):
-        check_identity(study_name, attrs, identity, cache_keys=cache_keys, new_study_hint=new_study_hint)
+    if is_ilge_study(existing) or existing.get_trials(deepcopy=False):
+        check_identity(
+            study_name, study_record(existing), identity, cache_keys=cache_keys, new_study_hint=new_study_hint
+        )
     # else: an empty study without attrs is being created right now (or its creator died);
     # create_or_load waits for it or adopts it
 
@@ -361,35 +348,69 @@ def _wait_until_ready(study: Any, timeout: float = READY_WAIT_SECONDS) -> bool:
     """Another process created the study; wait for it to finish setting it up."""
     deadline = time.monotonic() + timeout
     while True:
-        if study._storage.get_study_user_attrs(study._study_id).get(READY_ATTR):
+        if is_ready(study):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.5)
 
 
-def _check_shapes(study_name: str, stored: Mapping[str, Any], data: "StudyData") -> None:
+def _check_shapes(study_name: str, stored: DataRecord | None, data: StudyData) -> None:
     for key in ("num_layers", "hidden_size", "task_kind", "metric"):
-        if key in stored and stored[key] != getattr(data, key):
+        recorded = None if stored is None else getattr(stored, key)
+        if recorded is not None and recorded != getattr(data, key):
             raise StudyConflictError(
-                f"study {study_name!r} was run on embeddings with {key}={stored[key]!r}, the cache now gives "
+                f"study {study_name!r} was run on embeddings with {key}={recorded!r}, the cache now gives "
                 f"{getattr(data, key)!r}; use another --study-name"
             )
+
+
+def _data_record(wanted: Mapping[str, Any], data: StudyData, artifact_dir: Path, task_path: str | None) -> DataRecord:
+    """What a new study records about the embeddings it runs on."""
+    return DataRecord(
+        task_kind=data.task_kind,
+        metric=data.metric,
+        direction="minimize" if data.metric == "loss" else "maximize",
+        num_layers=data.num_layers,
+        hidden_size=data.hidden_size,
+        num_classes=data.num_classes,
+        label_names=list(data.label_names),
+        split_sizes=dict(data.split_sizes),
+        cache_keys=dict(data.cache_keys),
+        data_fingerprints=wanted.get("data_fingerprints"),
+        model_revision=data.model_revision,
+        task_path=task_path,
+        artifact_dir=str(artifact_dir),
+        ilge_search_version=__version__,
+    )
+
+
+def _resume(study: Any, study_name: str, wanted: Mapping[str, Any], data: StudyData, **check: Any) -> None:
+    """Check a study another process set up against this run; adopt one made before data fingerprints."""
+    record = study_record(study)
+    if check_identity(study_name, record, wanted, **check):
+        logger.info(
+            "%s: made by an earlier ilge-search on the same data (its cache keys match); "
+            "recording its data fingerprints",
+            study_name,
+        )
+        save_data_fingerprints(study, wanted["task"], wanted["label_names"], wanted["data_fingerprints"])
+    _check_shapes(study_name, record.data, data)
 
 
 def create_or_load(
     storage: Storage,
     study_name: str,
-    identity: Dict[str, Any],
-    data: "StudyData",
+    identity: Mapping[str, Any],
+    data: StudyData,
     artifact_dir: Path,
     sampler: Any = None,
     pruner: Any = None,
     *,
     new_study_hint: str = "pass another --study-name or another --storage",
-    task_path: Optional[str] = None,
-) -> Tuple[Any, bool]:
-    """Create the study (identity attrs, recommended trial enqueued once) or load it.
+    task_path: str | None = None,
+) -> tuple[Any, bool]:
+    """Create the study (its record, the recommended trial enqueued once) or load it.
 
     Several processes may race to create the same study: ``create_study``
     without ``load_if_exists`` lets exactly one win; the others load it and wait
@@ -397,21 +418,21 @@ def create_or_load(
     enqueued once and before any sampled trial. A loaded study is checked again
     (:func:`check_identity`, with the cache keys of ``data``); one made before
     data fingerprints existed is adopted here when its cache keys match.
-    ``task_path`` (a custom task's file or folder, absolute) is recorded as the
-    ``task_path`` attr, and updated when the folder moved: where to find the data again.
+    ``identity`` is this run's, as :func:`check_identity` takes it. ``task_path``
+    (a custom task's file or folder, absolute) is recorded, and updated when the
+    folder moved: where to find the data again.
 
     Returns:
         The study and whether this call set it up.
     """
     import optuna
 
-    direction = "minimize" if data.metric == "loss" else "maximize"
-    objectives = study_objectives(identity)
+    wanted = _wanted_identity(identity)
     try:
         study = optuna.create_study(
             study_name=study_name,
             storage=storage.rdb,
-            directions=objective_directions(objectives, data.metric),
+            directions=objective_directions(wanted.objectives, data.metric),
             sampler=sampler,
             pruner=pruner,
         )
@@ -420,58 +441,30 @@ def create_or_load(
         study = storage.load_study(study_name, sampler=sampler, pruner=pruner)
         created = False
 
-    attrs = study.user_attrs
     check = dict(cache_keys=data.cache_keys, new_study_hint=new_study_hint)
     if not created:
-        if not attrs.get(READY_ATTR) and not _wait_until_ready(study):
+        if not is_ready(study) and not _wait_until_ready(study):
             if study.trials:
-                check_identity(study_name, study.user_attrs, identity, **check)
+                check_identity(study_name, study_record(study), identity, **check)
             created = True  # its creator died before setting it up: finish the job
         else:
-            if check_identity(study_name, study.user_attrs, identity, **check):
-                logger.info(
-                    "%s: made by an earlier ilge-search on the same data (its cache keys match); "
-                    "recording its data fingerprints",
-                    study_name,
-                )
-                for key in ("task",) + DATA_KEYS:
-                    study.set_user_attr(key, identity[key])
-            _check_shapes(study_name, study.user_attrs, data)
-            if task_path is not None and study.user_attrs.get("task_path") != task_path:
-                study.set_user_attr("task_path", task_path)
+            _resume(study, study_name, identity, data, **check)
+            stored = study_record(study).data
+            if task_path is not None and (stored is None or stored.task_path != task_path):
+                save_task_path(study, task_path)
 
     if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
         with quiet_optuna_warnings():
-            study.set_metric_names(objective_metric_names(objectives, data.metric))
+            study.set_metric_names(objective_metric_names(wanted.objectives, data.metric))
     if created:
-        record = dict(identity)
-        record.update(
-            {
-                "task_kind": data.task_kind,
-                "metric": data.metric,
-                "direction": direction,
-                "num_layers": data.num_layers,
-                "hidden_size": data.hidden_size,
-                "num_classes": data.num_classes,
-                "label_names": data.label_names,
-                "split_sizes": data.split_sizes,
-                "cache_keys": data.cache_keys,
-                "model_revision": data.model_revision,
-                "ilge_search_version": __version__,
-                "artifact_dir": str(artifact_dir),
-                "task_path": task_path,
-            }
-        )
-        for key, value in record.items():
-            study.set_user_attr(key, value)
-        if not any(t.user_attrs.get("recommended") for t in study.trials):
-            params = recommended_params(identity["encoder"], data.hidden_size, model=identity["model"])
-            study.enqueue_trial(params, user_attrs={"recommended": True})
-        study.set_user_attr(READY_ATTR, True)
+        save_identity(study, wanted, _data_record(identity, data, artifact_dir, task_path))
+        if not any(trial_record(t).recommended for t in study.trials):
+            enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+        mark_ready(study)
     return study, created
 
 
-def requeue_failed_recommended(study: Any, storage: Storage) -> Optional[int]:
+def requeue_failed_recommended(study: Any, storage: Storage) -> int | None:
     """Retry the recommended trial (trial 0) when every try of it failed, like a trial killed by a fault.
 
     Ctrl-C, a crash or a fault during the recommended trial leaves it FAIL,
@@ -483,7 +476,7 @@ def requeue_failed_recommended(study: Any, storage: Storage) -> Optional[int]:
     """
     from optuna.trial import TrialState
 
-    recommended = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("recommended")]
+    recommended = [t for t in study.get_trials(deepcopy=False) if trial_record(t).recommended]
     if not recommended or any(t.state != TrialState.FAIL for t in recommended):
         return None
     last = max(recommended, key=lambda t: t.number)

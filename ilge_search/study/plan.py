@@ -467,7 +467,7 @@ def _first_config(encoder: str, check: RunCheck, hidden_size: Optional[int]) -> 
     import optuna
 
     from ..storage import quiet_optuna_warnings
-    from .objective import recommended_params, suggest_capped
+    from .trial import recommended_params, suggest_capped
 
     params = recommended_params(encoder, hidden_size, check.model)
     with quiet_optuna_warnings():

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any
 
-from ..objectives import best_score_trial, score_of, study_objectives
-from ..protocol import protocol_of
+from ..objectives import best_score_trial, score_of
+from ..record import DEFAULT_PROTOCOL, FrontMember, StudyRecord, study_record, trial_record
 from ..storage import Storage, hide_password, open_storage
-from .final import LEGACY_SELECT
 
 __all__ = ["StudyResult", "study_result", "list_studies", "format_results", "format_front", "summary_line"]
 
@@ -41,21 +41,21 @@ class StudyResult:
     n_complete: int
     n_pruned: int
     n_failed: int
-    best_value: Optional[float] = None
-    best_trial: Optional[int] = None
-    best_config: Optional[Dict[str, Any]] = None
-    test_mean: Optional[float] = None
-    test_std: Optional[float] = None
-    test_scores: List[float] = field(default_factory=list)
-    artifacts: Dict[str, str] = field(default_factory=dict)
-    final_trial: Optional[int] = None
-    select: Optional[str] = None
-    search_gain: Optional[float] = None
-    val_test_gap: Optional[float] = None
-    objectives: List[str] = field(default_factory=lambda: ["score"])
-    front: List[Dict[str, Any]] = field(default_factory=list)
-    protocol: str = "matched"
-    samples_per_label: Optional[int] = None
+    best_value: float | None = None
+    best_trial: int | None = None
+    best_config: dict[str, Any] | None = None
+    test_mean: float | None = None
+    test_std: float | None = None
+    test_scores: list[float] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    final_trial: int | None = None
+    select: str | None = None
+    search_gain: float | None = None
+    val_test_gap: float | None = None
+    objectives: list[str] = field(default_factory=lambda: ["score"])
+    front: list[FrontMember] = field(default_factory=list)
+    protocol: str = DEFAULT_PROTOCOL
+    samples_per_label: int | None = None
 
     @property
     def n_finished(self) -> int:
@@ -63,14 +63,33 @@ class StudyResult:
         return self.n_complete + self.n_pruned
 
 
-def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
+def _final_fields(record: StudyRecord) -> dict[str, Any]:
+    """The :class:`StudyResult` fields of a study's final evaluation (none: left at their defaults)."""
+    final = record.final
+    if final is None:
+        return {}
+    return {
+        "test_mean": final.test_mean,
+        "test_std": final.test_std,
+        "test_scores": list(final.test_scores),
+        "artifacts": dict(final.artifacts),
+        "final_trial": final.trial,
+        "select": final.select,
+        "search_gain": final.search_gain,
+        "val_test_gap": final.val_test_gap,
+        "front": list(final.front),
+    }
+
+
+def study_result(study: Any, storage: str | Storage = "") -> StudyResult:
     """A :class:`StudyResult` from a loaded ``optuna.Study``; ``storage`` (a URL or a
     :class:`~ilge_search.storage.Storage`) is recorded with its password hidden."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     count = {state: sum(t.state == state for t in trials) for state in TrialState}
-    attrs = study.user_attrs
+    record = study_record(study)
+    identity, data = record.identity, record.data
     best = best_score_trial(study) if count[TrialState.COMPLETE] else None
     if isinstance(storage, Storage):
         shown = storage.shown_url
@@ -79,32 +98,24 @@ def study_result(study: Any, storage: Union[str, Storage] = "") -> StudyResult:
     return StudyResult(
         study_name=study.study_name,
         storage=shown,
-        model=attrs.get("model", ""),
-        task=attrs.get("task", ""),
-        encoder=attrs.get("encoder", ""),
-        metric=attrs.get("metric", ""),
+        model=(identity.model if identity else None) or "",
+        task=(identity.task if identity else None) or "",
+        encoder=(identity.encoder if identity else None) or "",
+        metric=(data.metric if data else None) or "",
         n_complete=count[TrialState.COMPLETE],
         n_pruned=count[TrialState.PRUNED],
         n_failed=count[TrialState.FAIL],
         best_value=None if best is None else score_of(best),
         best_trial=None if best is None else best.number,
-        best_config=None if best is None else best.user_attrs.get("config"),
-        test_mean=attrs.get("final_test_mean"),
-        test_std=attrs.get("final_test_std"),
-        test_scores=list(attrs.get("final_test_scores", [])),
-        artifacts=dict(attrs.get("final_artifacts", {})),
-        final_trial=attrs.get("final_trial"),
-        select=attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
-        search_gain=attrs.get("final_search_gain"),
-        val_test_gap=attrs.get("final_val_test_gap"),
-        objectives=list(study_objectives(attrs)),
-        front=list(attrs.get("final_front") or []),
-        protocol=protocol_of(attrs),
-        samples_per_label=attrs.get("samples_per_label"),
+        best_config=None if best is None else trial_record(best).config,
+        objectives=list(record.objectives),
+        protocol=identity.protocol if identity else DEFAULT_PROTOCOL,
+        samples_per_label=identity.samples_per_label if identity else None,
+        **_final_fields(record),
     )
 
 
-def list_studies(storage: Union[str, Storage, None] = None) -> Any:
+def list_studies(storage: str | Storage | None = None) -> Any:
     """One row per study in ``storage``: identity, trial counts, best validation
     value and final test mean/std (a ``pandas.DataFrame``, sorted by model, task, encoder).
 
@@ -114,34 +125,7 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
     import pandas as pd
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
-    rows = []
-    for summary in opened.study_summaries():
-        attrs = summary.user_attrs
-        best = summary.best_trial
-        objectives = study_objectives(attrs)
-        if len(objectives) > 1 and "model" in attrs:  # Optuna summarises only single-objective studies' best
-            study = opened.load_study(summary.study_name)
-            best = best_score_trial(study) if study is not None and study.best_trials else None
-        rows.append(
-            {
-                "study": summary.study_name,
-                "model": attrs.get("model"),
-                "task": attrs.get("task"),
-                "encoder": attrs.get("encoder"),
-                "protocol": protocol_of(attrs) if attrs.get("model") else None,
-                "metric": attrs.get("metric"),
-                "trials": summary.n_trials,
-                "best_val": None if best is None else score_of(best),
-                "best_trial": None if best is None else best.number,
-                "test_mean": attrs.get("final_test_mean"),
-                "test_std": attrs.get("final_test_std"),
-                "seeds": len(attrs.get("final_test_scores", [])),
-                "select": attrs.get("final_select", LEGACY_SELECT if "final_test_mean" in attrs else None),
-                "final_trial": attrs.get("final_trial"),
-                "search_gain": attrs.get("final_search_gain"),
-                "objectives": "+".join(objectives),
-            }
-        )
+    rows = [_listing_row(opened, summary) for summary in opened.study_summaries()]
     columns = [
         "study",
         "model",
@@ -166,6 +150,35 @@ def list_studies(storage: Union[str, Storage, None] = None) -> Any:
     if not frame.empty:
         frame = frame.sort_values(["model", "task", "encoder", "study"], na_position="last").reset_index(drop=True)
     return frame
+
+
+def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
+    """One row of :func:`list_studies`: a study's summary and record."""
+    record = study_record(summary)
+    identity, data, final = record.identity, record.data, record.final
+    model = identity.model if identity else None
+    best = summary.best_trial
+    if len(record.objectives) > 1 and model is not None:  # Optuna summarises only single-objective studies' best
+        study = opened.load_study(summary.study_name)
+        best = best_score_trial(study) if study is not None and study.best_trials else None
+    return {
+        "study": summary.study_name,
+        "model": model,
+        "task": identity.task if identity else None,
+        "encoder": identity.encoder if identity else None,
+        "protocol": identity.protocol if identity and model else None,
+        "metric": data.metric if data else None,
+        "trials": summary.n_trials,
+        "best_val": None if best is None else score_of(best),
+        "best_trial": None if best is None else best.number,
+        "test_mean": final.test_mean if final else None,
+        "test_std": final.test_std if final else None,
+        "seeds": len(final.test_scores) if final else 0,
+        "select": record.select,
+        "final_trial": final.trial if final else None,
+        "search_gain": final.search_gain if final else None,
+        "objectives": "+".join(record.objectives),
+    }
 
 
 def format_results(results: Iterable[StudyResult]) -> str:
@@ -208,15 +221,14 @@ def format_front(result: StudyResult) -> str:
     validation score and test mean +- std, best score first."""
     header = ("trial", "params", "latency ms/1k", f"val {result.metric}", "test mean +- std")
     rows = [header]
-    for record in result.front:
-        latency = record.get("latency_ms")
+    for member in result.front:
         rows.append(
             (
-                str(record["trial"]),
-                f"{int(record['params']):,}" if record.get("params") is not None else "-",
-                "-" if latency is None else f"{latency:.1f}",
-                f"{record['val_score']:.4f}",
-                f"{record['test_mean']:.4f} +- {record['test_std']:.4f} ({len(record['test_scores'])} seeds)",
+                str(member.trial),
+                "-" if member.params is None else f"{int(member.params):,}",
+                "-" if member.latency_ms is None else f"{member.latency_ms:.1f}",
+                f"{member.val_score:.4f}",
+                f"{member.test_mean:.4f} +- {member.test_std:.4f} ({len(member.test_scores)} seeds)",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

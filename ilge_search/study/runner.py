@@ -27,16 +27,14 @@
 
 Stored layout (what reports and the dashboard read):
 
-- study user attrs: ``model``, ``task``, ``encoder``, ``task_kind``, ``metric``,
-  ``direction``, ``num_layers``, ``hidden_size``, ``num_classes``, ``label_names``,
-  ``split_sizes``, ``cache_keys``, ``model_revision``, ``ilge_search_version``,
-  ``shots``, ``max_train``, ``max_eval``, ``max_epochs``, ``data_seed``, ``cv``,
-  ``protocol`` and ``samples_per_label`` (absent on studies stored before
-  protocols existed: those are ``matched``),
-  ``data_fingerprints``, ``task_path`` (a custom task's file or folder),
-  ``artifact_dir`` and, after the final evaluation, the ``final_*`` attrs of
-  :mod:`ilge_search.study.final`;
-- trial user attrs: see :mod:`ilge_search.study.objective`.
+- the study's record (:class:`ilge_search.record.StudyRecord`): its
+  :class:`~ilge_search.record.Identity` (model, task, encoder, the data and budget
+  options, ``cv``, objectives, protocol), its :class:`~ilge_search.record.DataRecord`
+  (task kind, metric, shapes, label names, split sizes, cache keys, data
+  fingerprints, the model's revision, a custom task's path, the artifact folder)
+  and, after the final evaluation, its :class:`~ilge_search.record.FinalRecord`
+  (:mod:`ilge_search.study.final`);
+- each trial's :class:`~ilge_search.record.TrialRecord`: see :mod:`ilge_search.study.trial`.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from ..dashboard import write_notes
+from ..record import study_record
 from ..storage import (
     Storage,
     StorageError,
@@ -63,6 +61,7 @@ from .identity import (
     is_registered_task,
     requeue_failed_recommended,
 )
+from .notes import write_notes
 from .options import StudyOptions
 from .plan import check_run, estimate_run, may_be_long
 from .results import StudyResult, study_result, summary_line
@@ -250,19 +249,20 @@ def _optimize_and_evaluate(
     if options.final.seeds > 0 and count_trials(study, ("COMPLETE",)):
         seeds = options.final_seed_list()
         if final_is_current(study, seeds, options.search.max_epochs, options.final.select, options.final.front):
-            front = study.user_attrs.get("final_front")
+            final = study_record(study).final
+            front = [] if final is None else final.front
             if front:
                 logger.info(
                     "%s: final scores of the %d front trials (%s) are up to date",
                     name,
                     len(front),
-                    ", ".join(str(r["trial"]) for r in front),
+                    ", ".join(str(member.trial) for member in front),
                 )
             else:
                 logger.info(
                     "%s: final scores of trial %d (%s) are up to date",
                     name,
-                    study.user_attrs["final_trial"],
+                    -1 if final is None else final.trial,
                     options.final.select,
                 )
         else:

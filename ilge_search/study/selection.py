@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, List, Optional
+from typing import Any
 
-from ..objectives import best_score_trial, objective_directions, pareto_front, score_of, study_objectives
+from ..objectives import best_score_trial, objective_directions, pareto_front, score_of
+from ..record import TrialRecord, study_record, trial_record
 
 __all__ = [
     "SELECTION_RULES",
@@ -52,12 +53,17 @@ FRONT_RULE = "front"  # the final_select of a multi-objective study's final eval
 SPEARMAN_VARIANCE_FACTOR = 1.06  # var(atanh(rho)) ~ 1.06 / (n - 3) for Spearman's rho (Fieller et al., 1957)
 
 
+def _is_start(record: TrialRecord) -> bool:
+    """Whether a trial ran the starting configuration (and recorded it)."""
+    return record.recommended and bool(record.config)
+
+
 def is_better(a: float, b: float, maximize: bool) -> bool:
     """Whether objective ``a`` beats ``b``."""
     return a > b if maximize else a < b
 
 
-def standard_error(trial: Any, metric: str, n_validation: Optional[int]) -> float:
+def standard_error(trial: Any, metric: str, n_validation: int | None) -> float:
     """The standard error of a trial's objective.
 
     With ``--cv`` (the trial has ``fold_scores``): the standard deviation of
@@ -71,7 +77,7 @@ def standard_error(trial: Any, metric: str, n_validation: Optional[int]) -> floa
     the noise that picking the maximum over trials exploits. ``0.0`` when
     it cannot be estimated (one fold, a loss objective, no split size).
     """
-    folds = trial.user_attrs.get("fold_scores")
+    folds = trial_record(trial).fold_scores
     if folds:
         return statistics.stdev(folds) / math.sqrt(len(folds)) if len(folds) > 1 else 0.0
     value = score_of(trial)
@@ -87,18 +93,16 @@ def standard_error(trial: Any, metric: str, n_validation: Optional[int]) -> floa
     return math.sqrt(value * (1.0 - value) / n_validation)
 
 
-def _complete(study: Any) -> List[Any]:
+def _complete(study: Any) -> list[Any]:
     from optuna.trial import TrialState
 
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
 
 
-def start_trial(study: Any) -> Optional[Any]:
+def start_trial(study: Any) -> Any | None:
     """The recommended starting configuration: the first trial marked ``recommended`` that has a config
     (complete first, else any state: a pruned start is still the configuration a user would have used)."""
-    marked = [
-        t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("recommended") and t.user_attrs.get("config")
-    ]
+    marked = [t for t in study.get_trials(deepcopy=False) if _is_start(trial_record(t))]
     complete = [t for t in marked if t.values]
     pool = complete or marked
     return min(pool, key=lambda t: t.number) if pool else None
@@ -119,19 +123,18 @@ def select_trial(study: Any, rule: str) -> Any:
     best = best_score_trial(study)
     if rule == "best":
         return best
-    attrs = study.user_attrs
-    maximize = attrs.get("direction", "maximize") != "minimize"
-    n_validation = (attrs.get("split_sizes") or {}).get("validation")
-    margin = standard_error(best, attrs.get("metric", ""), n_validation)
-    sign = 1.0 if maximize else -1.0
+    data = study_record(study).data
+    n_validation = None if data is None else data.n_validation
+    margin = standard_error(best, (data.metric if data is not None else None) or "", n_validation)
+    sign = 1.0 if data is None or data.maximize else -1.0
     # a tiny tolerance: the best trial is always inside its own band, whatever the rounding
     within = [t for t in trials if sign * (score_of(best) - score_of(t)) <= margin + 1e-12]
 
     def simplicity(trial: Any) -> tuple:
-        params = trial.user_attrs.get("num_trainable_params")
+        record = trial_record(trial)
         return (
-            math.inf if params is None else int(params),
-            not trial.user_attrs.get("recommended", False),
+            math.inf if record.params is None else int(record.params),
+            not record.recommended,
             -sign * score_of(trial),
             trial.number,
         )
@@ -139,16 +142,15 @@ def select_trial(study: Any, rule: str) -> Any:
     return min(within, key=simplicity)
 
 
-def study_front(study: Any) -> List[Any]:
+def study_front(study: Any) -> list[Any]:
     """The Pareto front of ``study``'s complete trials on its objectives, best score first
     (:func:`~ilge_search.objectives.pareto_front`)."""
-    attrs = study.user_attrs
-    objectives = study_objectives(attrs)
-    directions = objective_directions(objectives, attrs.get("metric", ""))
-    return pareto_front(_complete(study), directions, objectives)
+    record = study_record(study)
+    metric = (record.data.metric if record.data is not None else None) or ""
+    return pareto_front(_complete(study), objective_directions(record.objectives, metric), record.objectives)
 
 
-def front_trials(front: List[Any], k: int) -> List[Any]:
+def front_trials(front: list[Any], k: int) -> list[Any]:
     """Up to ``k`` trials of a Pareto ``front`` (best score first), spread evenly along it.
 
     The whole front when it has at most ``k`` trials; otherwise the trials at ``k`` evenly spaced

@@ -38,8 +38,8 @@ from ..storage import (
     storage_fault,
 )
 from .data import DataSpec, load_study_data
-from .objective import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 from .options import StudyOptions
+from .trial import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData

@@ -1,43 +1,45 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
-Every trial stores as user attrs ``ilge_worker`` (host and pid of the process
-running it, :data:`~ilge_search.storage.WORKER_ATTR`), ``config`` (the full config dict),
-``val_metric``, ``num_trainable_params``, ``epochs_run``, ``best_epoch``,
-``seconds``, ``latency_ms`` (the trained model's forward time per 1,000
-validation samples, :func:`~ilge_search.objectives.measure_latency`) and
-``layer``/``layer_scores`` for the best-layer baseline; the validation metric of
-every epoch is an intermediate value, for the pruner.
+Every trial records which process runs it (:func:`~ilge_search.storage.stamp_worker`)
+and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
+dict), ``val_metric``, ``params`` (trainable parameters), ``epochs_run``,
+``best_epoch``, ``seconds``, ``latency_ms`` (the trained model's forward time
+per 1,000 validation samples, :func:`~ilge_search.objectives.measure_latency`)
+and ``layer``/``layer_scores`` for the best-layer baseline; the validation
+metric of every epoch is an intermediate value, for the pruner.
 
-A multi-objective study (its ``objectives`` user attr, part of its identity)
-gets one value per objective back, score first (``params``: the trainable
-parameters; ``latency``: ``latency_ms``); it reports no intermediate values,
-since Optuna cannot prune such a study.
+A multi-objective study (its identity's ``objectives``) gets one value per
+objective back, score first (``params``: the trainable parameters;
+``latency``: ``latency_ms``); it reports no intermediate values, since Optuna
+cannot prune such a study.
 
-A study created with ``--cv K`` (its ``cv`` user attr, part of its identity)
-scores every trial on K folds of the training data instead
-(:mod:`~ilge_search.study.folds`): the objective and ``val_metric`` are the
-mean of the per-fold scores, stored as ``fold_scores`` (with
-``fold_best_epochs``); ``epochs_run`` and ``best_epoch`` are those of the last
-fold; the intermediate value at step ``fold * epochs + epoch`` is that fold's
-score after that epoch.
+A study created with ``--cv K`` (its identity's ``cv``) scores every trial on
+K folds of the training data instead (:mod:`~ilge_search.study.folds`): the
+objective and ``val_metric`` are the mean of the per-fold scores, recorded as
+``fold_scores`` (with ``fold_best_epochs``); ``epochs_run`` and ``best_epoch``
+are those of the last fold; the intermediate value at step
+``fold * epochs + epoch`` is that fold's score after that epoch.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ..dashboard import write_live_note
-from ..objectives import LATENCY_ATTR, measure_latency, study_objectives
-from ..storage import WORKER_ATTR, quiet_optuna_warnings, storage_fault, worker_stamp
+from ..objectives import measure_latency
+from ..record import save_trial, study_record, trial_record
+from ..storage import quiet_optuna_warnings, stamp_worker, storage_fault
+from .notes import write_live_note
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..record import Identity
     from .data import StudyData
 
 __all__ = ["TrialObjective", "recommended_params", "suggest_capped", "catchable_errors", "quiet_interrupt_tracebacks"]
 
 
-def suggest_capped(trial: Any, encoder: str, max_epochs: Optional[int]) -> Any:
+def suggest_capped(trial: Any, encoder: str, max_epochs: int | None) -> Any:
     """``suggest_config(trial, encoder)`` with ``epochs`` capped at ``max_epochs``."""
     from ..tuning import suggest_config
 
@@ -47,7 +49,7 @@ def suggest_capped(trial: Any, encoder: str, max_epochs: Optional[int]) -> Any:
     return config
 
 
-def recommended_params(encoder: str, hidden_size: Optional[int] = None, model: Optional[str] = None) -> Dict[str, Any]:
+def recommended_params(encoder: str, hidden_size: int | None = None, model: str | None = None) -> dict[str, Any]:
     """The encoder's ``recommended_config`` as Optuna params of ``suggest_config``'s search space.
 
     The size bucket is :func:`ilge_search.models.model_size_bucket` of ``model``
@@ -74,23 +76,21 @@ def recommended_params(encoder: str, hidden_size: Optional[int] = None, model: O
 class TrialObjective:
     """The Optuna objective of one encoder on one study's data: returns the best validation metric."""
 
-    def __init__(self, encoder: str, data: "StudyData", *, seed: int, device: str, max_epochs: Optional[int]) -> None:
+    def __init__(self, encoder: str, data: StudyData, *, seed: int, device: str, max_epochs: int | None) -> None:
         self.encoder = encoder
         self.data = data
         self.seed = seed
         self.device = device
         self.max_epochs = max_epochs
-        self._folds: Optional[Tuple[Tuple[int, int], List[Any]]] = None
+        self._folds: tuple[tuple[int, int], list[Any]] | None = None
 
-    def folds(self, study: Any) -> Optional[List[Any]]:
+    def folds(self, identity: Identity | None) -> list[Any] | None:
         """The study's folds (``None`` without ``cv``), computed once per process from its identity."""
         from .folds import stratified_folds
 
-        attrs = study.user_attrs
-        cv = attrs.get("cv")
-        if not cv:
+        if identity is None or not identity.cv:
             return None
-        key = (int(cv), int(attrs.get("data_seed") or 0))
+        key = (int(identity.cv), int(identity.data_seed or 0))
         if self._folds is None or self._folds[0] != key:
             self._folds = (
                 key,
@@ -98,20 +98,21 @@ class TrialObjective:
             )
         return self._folds[1]
 
-    def __call__(self, trial: Any) -> Union[float, Tuple[float, ...]]:
+    def __call__(self, trial: Any) -> float | tuple[float, ...]:
         import optuna
 
         from ..engine import select_best_layer, train_encoder
 
         data = self.data
         # first: a trial whose process dies is then failed at once by the next run on this host
-        trial.set_user_attr(WORKER_ATTR, worker_stamp(trial.number))
+        stamp_worker(trial)
         config = suggest_capped(trial, self.encoder, self.max_epochs)
-        trial.set_user_attr("config", config.to_dict())  # stored first, so failed trials show it too
+        save_trial(trial, config=config.to_dict())  # recorded first, so failed trials show it too
         common = dict(task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device)
 
-        folds = self.folds(trial.study)
-        objectives = study_objectives(trial.study.user_attrs)
+        study = study_record(trial.study)
+        folds = self.folds(study.identity)
+        objectives = study.objectives
 
         def report(step: int, value: float) -> None:
             if len(objectives) > 1:
@@ -119,10 +120,10 @@ class TrialObjective:
             trial.report(float(value), step)
             if trial.should_prune():
                 fold, epoch = divmod(step - 1, config.epochs) if folds is not None else (None, step - 1)
-                trial.set_user_attr("epochs_run", int(epoch + 1))
+                save_trial(trial, epochs_run=int(epoch + 1))
                 where = f"epoch {epoch + 1}" + ("" if fold is None else f" of fold {fold + 1}")
                 if fold is not None:
-                    trial.set_user_attr("pruned_fold", int(fold + 1))
+                    save_trial(trial, pruned_fold=int(fold + 1))
                 write_live_note(trial, data.metric, state="pruned")
                 raise optuna.TrialPruned(f"pruned at {where} ({data.metric} {value:.4f})")
 
@@ -133,23 +134,24 @@ class TrialObjective:
             # the layer is chosen on validation inside the trial; the search covers the recipe
             layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
             config = config.replace(layer=layer)
-            trial.set_user_attr("config", config.to_dict())
-            trial.set_user_attr("layer", int(layer))
-            trial.set_user_attr("layer_scores", [float(s) for s in scores])
+            save_trial(trial, config=config.to_dict(), layer=int(layer), layer_scores=[float(s) for s in scores])
         else:
             result = train_encoder(config, data.train, data.validation, epoch_callback=report, **common)
-        trial.set_user_attr("val_metric", float(result.best_val_metric))
-        trial.set_user_attr("num_trainable_params", int(result.num_trainable_params))
-        trial.set_user_attr("epochs_run", int(result.epochs_run))
-        trial.set_user_attr("best_epoch", int(result.best_epoch))
-        trial.set_user_attr("seconds", round(float(result.seconds), 3))
+        save_trial(
+            trial,
+            val_metric=float(result.best_val_metric),
+            params=int(result.num_trainable_params),
+            epochs_run=int(result.epochs_run),
+            best_epoch=int(result.best_epoch),
+            seconds=round(float(result.seconds), 3),
+        )
         return self._values(
             trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
         )
 
     def _values(
         self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any
-    ) -> Union[float, Tuple[float, ...]]:
+    ) -> float | tuple[float, ...]:
         """Record the latency, write the live note and return the trial's value(s), one per objective."""
         from ..configs import config_from_dict
         from ..engine import build_model
@@ -157,12 +159,12 @@ class TrialObjective:
 
         data = self.data
         if model is None:  # cross-validated: no single trained model; the forward time is the architecture's
-            config = config_from_dict(trial.user_attrs["config"])
+            config = config_from_dict(trial_record(trial).config)
             model = build_model(
                 config, data.num_layers, data.hidden_size, data.task_kind, num_classes=data.num_classes
             ).to(resolve_device(self.device))
         latency = measure_latency(model, data.validation[0])
-        trial.set_user_attr(LATENCY_ATTR, round(latency, 4))
+        save_trial(trial, latency_ms=round(latency, 4))
         write_live_note(trial, data.metric)
         by_name = {"score": float(score), "params": float(params), "latency": float(latency)}
         if len(objectives) == 1:
@@ -170,23 +172,24 @@ class TrialObjective:
         return tuple(by_name[name] for name in objectives)
 
     def _cross_validated(
-        self, trial: Any, config: Any, folds: List[Any], report: Callable[[int, float], None], common: Dict[str, Any]
-    ) -> Tuple[float, int]:
+        self, trial: Any, config: Any, folds: list[Any], report: Callable[[int, float], None], common: dict[str, Any]
+    ) -> tuple[float, int]:
         from .folds import cross_validate
 
         result = cross_validate(config, self.data.train, folds, report=report, **common)
         if result.layer is not None:
             config = config.replace(layer=result.layer)
-            trial.set_user_attr("config", config.to_dict())
-            trial.set_user_attr("layer", int(result.layer))
-            trial.set_user_attr("layer_scores", result.layer_scores)
-        trial.set_user_attr("fold_scores", result.fold_scores)
-        trial.set_user_attr("fold_best_epochs", result.best_epochs)
-        trial.set_user_attr("val_metric", result.mean)
-        trial.set_user_attr("num_trainable_params", result.num_trainable_params)
-        trial.set_user_attr("epochs_run", result.epochs_run[-1])
-        trial.set_user_attr("best_epoch", result.best_epochs[-1])
-        trial.set_user_attr("seconds", round(result.seconds, 3))
+            save_trial(trial, config=config.to_dict(), layer=int(result.layer), layer_scores=result.layer_scores)
+        save_trial(
+            trial,
+            fold_scores=result.fold_scores,
+            fold_best_epochs=result.best_epochs,
+            val_metric=result.mean,
+            params=result.num_trainable_params,
+            epochs_run=result.epochs_run[-1],
+            best_epoch=result.best_epochs[-1],
+            seconds=round(result.seconds, 3),
+        )
         return result.mean, int(result.num_trainable_params)
 
 
@@ -209,7 +212,7 @@ def quiet_interrupt_tracebacks() -> None:
             handler.addFilter(_NoInterruptTraceback())
 
 
-def catchable_errors() -> Tuple[type, ...]:
+def catchable_errors() -> tuple[type, ...]:
     """Errors that fail one trial, not the study: a configuration too large for the accelerator."""
     import torch
 
