@@ -31,7 +31,7 @@ import statistics
 import time
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record, upgrade_attrs
+from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
 
 __all__ = [
     "OBJECTIVES",
@@ -40,7 +40,6 @@ __all__ = [
     "LATENCY_SAMPLES",
     "check_objectives",
     "objective_suffix",
-    "study_objectives",
     "objective_directions",
     "objective_metric_names",
     "is_multi_objective",
@@ -51,12 +50,10 @@ __all__ = [
     "pareto_front",
     "measure_latency",
     "LATENCY_ATTR",
-    "PARAMS_ATTR",
 ]
 
 OBJECTIVES: Tuple[str, ...] = ("score", "params", "latency")
 LATENCY_ATTR = TrialRecord.attr_name("latency_ms")  # forward milliseconds per 1,000 samples
-PARAMS_ATTR = TrialRecord.attr_name("params")
 LATENCY_SAMPLES = 1000  # latency is stated per this many samples
 LATENCY_REPEATS = 5  # timed passes; the median is kept
 FLOPS_REFUSAL = (
@@ -97,14 +94,6 @@ def objective_suffix(objectives: Sequence[str]) -> Optional[str]:
     """The part of a default study name that says its objectives (``obj-params``), ``None`` for score alone."""
     extra = [name for name in objectives if name != "score"]
     return "obj-" + "-".join(extra) if extra else None
-
-
-def study_objectives(attrs: Any) -> tuple[str, ...]:
-    """A study's objectives from its user attrs, read as the study record reads them
-    (:func:`ilge_search.record.upgrade_attrs`: the score alone when absent)."""
-    if not hasattr(attrs, "get"):
-        return DEFAULT_OBJECTIVES
-    return tuple(upgrade_attrs(attrs)["objectives"])
 
 
 def objective_directions(objectives: Sequence[str], metric: str) -> List[str]:

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .record import DEFAULT_PROTOCOL, Identity, upgrade_attrs
+from .record import DEFAULT_PROTOCOL, Identity
 from .validation import check_choice, check_int
 
 __all__ = [
@@ -61,7 +61,6 @@ __all__ = [
     "PARAMETER_FREE_FAMILIES",
     "PaperProtocol",
     "check_protocol",
-    "protocol_of",
     "paper_samples_per_label",
     "undersample",
     "logistic_readout",
@@ -102,12 +101,6 @@ MTEB_TASK_NAMES: Dict[str, str] = {
 def check_protocol(protocol: Any) -> str:
     """``protocol`` if it is one of :data:`PROTOCOLS`."""
     return check_choice("protocol", protocol, PROTOCOLS)
-
-
-def protocol_of(attrs: Mapping[str, Any]) -> str:
-    """A study's protocol from its user attrs, read as the study record reads them
-    (:func:`ilge_search.record.upgrade_attrs`: studies stored before protocols existed are ``matched``)."""
-    return str(upgrade_attrs(attrs)["protocol"])
 
 
 def paper_samples_per_label(task: Optional[str], override: Optional[int] = None) -> int:

@@ -37,7 +37,6 @@ LAYERS: Dict[str, int] = {
     "extraction": 3,
     "cache": 3,
     "engine": 3,
-    "record": 2,
     "storage": 3,
     "objectives": 3,
     "protocol": 3,

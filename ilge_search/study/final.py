@@ -70,7 +70,6 @@ from ..objectives import is_multi_objective, objective_values, score_of
 from ..protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from ..record import (
     DEFAULT_PROTOCOL,
-    LEGACY_SELECT,
     FinalRecord,
     FrontMember,
     Identity,
@@ -94,7 +93,7 @@ from .selection import (
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
-__all__ = ["final_is_current", "final_evaluation", "LEGACY_SELECT"]
+__all__ = ["final_is_current", "final_evaluation"]
 
 ZeroShotData = Mapping[str, tuple[Any, Any]]  # task name -> (features, gold scores)
 

@@ -65,7 +65,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ENCODER_CHOICES",
-    "search_identity",
     "StudyConflictError",
     "DataChangedError",
     "is_registered_task",
@@ -81,13 +80,6 @@ __all__ = [
 ]
 
 ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
-
-
-def search_identity(attrs: Mapping[str, Any], without: Sequence[str] = ()) -> tuple[str, ...]:
-    """What a study's trials search, from its user attrs: :meth:`~ilge_search.record.Identity.search_key` of
-    the identity they hold (absent keys read as the record reads them, so a study stored before a key existed
-    matches one that stores the key's default)."""
-    return _wanted_identity(attrs).search_key(without)
 
 
 READY_WAIT_SECONDS = 30.0
