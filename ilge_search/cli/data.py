@@ -1,0 +1,148 @@
+"""Commands about data: ``embed``, ``cache ls|rm``, ``tasks``, ``models``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from ..settings import Settings
+from .group import FORMAT_OPTION, cli, echo_frame, location_options
+
+# ---------------------------------------------------------------- embed / cache (extraction)
+
+_POOLING_CHOICES = ["mean", "last", "first", "mean_including_padding"]  # = extraction.POOLINGS (kept import-free)
+
+
+@cli.command("embed")
+@click.option("--model", required=True, help="Alias (minilm-l6, smollm2-135m), local model folder or HF id.")
+@click.option("--task", required=True, help="Registered task name, or a CSV/TSV/JSONL/Parquet file or folder.")
+@click.option(
+    "--pooling",
+    type=click.Choice(_POOLING_CHOICES),
+    default="mean",
+    show_default=True,
+    help="How each layer's tokens become one vector.",
+)
+@click.option("--max-length", type=click.IntRange(min=1), default=512, show_default=True, help="Tokens per text.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per batch.")
+@click.option("--split", "splits", multiple=True, help="Only these splits (repeatable) [default: all].")
+@click.option(
+    "--storage-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True
+)
+@click.option("--text-col", default=None, help="Custom task: the text column.")
+@click.option("--label-col", default=None, help="Custom task: the label column.")
+@click.option("--text-cols", default=None, help="Custom pair task: two text columns, comma-separated.")
+@click.option("--score-col", default=None, help="Custom pair task: the score column.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@location_options
+def embed_command(
+    settings: Settings,
+    model: str,
+    task: str,
+    pooling: str,
+    max_length: int,
+    batch_size: int,
+    splits,
+    storage_dtype: str,
+    text_col,
+    label_col,
+    text_cols,
+    score_col,
+    quiet: bool,
+) -> None:
+    """Extract (or find in the cache) every layer's pooled embeddings of a task's splits."""
+    from ..cache import embed_task
+
+    pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
+    # an unknown task or model, bad columns or texts raise ValueError before anything is loaded
+    result = embed_task(
+        model,
+        task,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        splits=list(splits) or None,
+        text_col=text_col,
+        label_col=label_col,
+        text_cols=pair_cols,
+        score_col=score_col,
+        pooling=pooling,
+        max_length=max_length,
+        batch_size=batch_size,
+        device=settings.device,
+        storage_dtype=storage_dtype,
+        progress=not quiet,
+    )
+    click.echo(f"{result.model} / {result.task.name}: {result.num_layers} layers x {result.hidden_size}")
+    for split, entry in result.splits.items():
+        status = "cache hit" if entry.hit else "extracted"
+        shape = "x".join(map(str, entry.features.shape))
+        click.echo(
+            f"  {split:<10} {status:<9} key {entry.key}  features {shape} {str(entry.features.dtype)[6:]}"
+            f"  labels {tuple(entry.labels.shape)}  {entry.seconds:.2f}s  {entry.path}"
+        )
+
+
+@cli.group("cache")
+def cache_group() -> None:
+    """List or remove embedding cache entries."""
+
+
+@cache_group.command("ls")
+@location_options
+def cache_ls_command(settings: Settings) -> None:
+    """Show every cache entry: key, model, task, split, shape, size and when it was made."""
+    from ..cache import EmbeddingCache
+
+    entries = EmbeddingCache(settings.cache_dir).ls()
+    if not entries:
+        click.echo(f"no embedding cache entries in {settings.cache_dir}")
+        return
+    rows = [("key", "model", "task", "split", "shape", "MB", "created")]
+    rows += [
+        (e.key, e.model, e.task, e.split, "x".join(map(str, e.shape)), f"{e.size_bytes / 2**20:.1f}", e.created)
+        for e in entries
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    total = sum(e.size_bytes for e in entries) / 2**20
+    click.echo(f"{len(entries)} entries, {total:.1f} MB in {settings.cache_dir}")
+
+
+@cache_group.command("rm")
+@click.argument("key", required=False)
+@click.option("--all", "remove_all", is_flag=True, help="Remove every entry (converted models are kept).")
+@location_options
+def cache_rm_command(settings: Settings, key: Optional[str], remove_all: bool) -> None:
+    """Remove the entry KEY (a unique prefix is enough) or, with --all, every entry."""
+    from ..cache import EmbeddingCache
+
+    if (key is None) == (not remove_all):
+        raise click.UsageError("give a KEY or --all (one of them)")
+    removed = EmbeddingCache(settings.cache_dir).rm(key, all=remove_all)
+    click.echo(
+        f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}"
+        + (f": {', '.join(removed)}" if 0 < len(removed) <= 5 else "")
+    )
+
+
+@cli.command("tasks")
+@FORMAT_OPTION
+@location_options
+def tasks_command(settings: Settings, fmt: str) -> None:
+    """List the registered tasks: kind, classes or score range, splits, where each loads from, and whether
+    it is available offline now (its files are in --data-dir)."""
+    from ..catalog import task_catalog
+
+    echo_frame(task_catalog(settings.data_dir), fmt, empty="no tasks")
+
+
+@cli.command("models")
+@FORMAT_OPTION
+def models_command(fmt: str) -> None:
+    """List the model table and its offline aliases: layers (hidden states, embedding layer included), hidden
+    size, parameters, and whether each is available offline now."""
+    from ..catalog import model_catalog
+
+    echo_frame(model_catalog(), fmt, empty="no models")

@@ -1,0 +1,145 @@
+"""The ``ilge-search`` command group and what its commands share.
+
+The group builds one :class:`~ilge_search.settings.Settings`; each subcommand
+parses its options and calls one library function. ``--cache-dir``,
+``--data-dir`` and ``--device`` are accepted on the group and on each
+subcommand (the subcommand's value wins); ``--storage`` is declared once
+(:func:`storage_option`). A ``ValueError`` from the library (bad argument,
+unknown task or model, unreachable storage ...) becomes a one-line click error
+with exit status 1, in one place (:class:`IlgeGroup`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional
+
+import click
+
+from .._version import __version__
+from ..settings import Settings, default_storage_url
+
+__all__ = [
+    "cli",
+    "main",
+    "IlgeGroup",
+    "location_options",
+    "storage_option",
+    "study_logging",
+    "print_results",
+    "echo_frame",
+    "FORMAT_OPTION",
+]
+
+STORAGE_HELP = "Optuna RDB URL of the studies, e.g. sqlite:///studies/ilge.db or postgresql://user@host:5432/db"
+
+
+class IlgeGroup(click.Group):
+    """A click group whose subcommands' ``ValueError`` is a click error: its message, exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def storage_option(*, required: bool = False, default_text: Optional[str] = None) -> Callable:
+    """The ``--storage`` option of every command that reads or writes studies.
+
+    Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what
+    ``default_text`` says); ``required=True`` for commands that must be told
+    which storage to read.
+    """
+    if required:
+        shown = ""
+    else:
+        shown = f" [default: {default_text or default_storage_url()}]"
+    return click.option("--storage", default=None, required=required, help=STORAGE_HELP + "." + shown)
+
+
+def location_options(func: Callable) -> Callable:
+    """Add --cache-dir/--data-dir/--device to a subcommand and pass ``settings``."""
+
+    @click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Embedding cache (default: $ILGE_SEARCH_CACHE or ~/.cache/ilge-search).",
+    )
+    @click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Offline task data in the shared JSONL layout (default: $ILGE_SEARCH_DATA).",
+    )
+    @click.option("--device", default=None, help="auto, cpu, cuda, cuda:1, mps ...")
+    @click.pass_obj
+    @functools.wraps(func)
+    def wrapper(settings: Settings, cache_dir: Optional[str], data_dir: Optional[str], device: Optional[str], **kwargs):
+        settings = (settings or Settings()).updated(cache_dir=cache_dir, data_dir=data_dir, device=device)
+        return func(settings, **kwargs)
+
+    return wrapper
+
+
+@click.group(cls=IlgeGroup)
+@click.version_option(__version__, prog_name="ilge-search")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Embedding cache directory.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Offline task data directory.")
+@click.option("--device", default="auto", show_default=True, help="Device for extraction and training.")
+@click.pass_context
+def cli(ctx: click.Context, cache_dir: Optional[str], data_dir: Optional[str], device: str) -> None:
+    """ILGE encoders over every layer of a frozen LLM, and Optuna searches over them."""
+    ctx.obj = Settings().updated(cache_dir=cache_dir, data_dir=data_dir, device=device)
+
+
+def main() -> None:  # console-script entry point
+    cli()
+
+
+# Subcommands are defined below, one block per library entry point.
+
+
+# the loggers of the study runner and sweeps (ilge_search.study.runner, .sweep ... log through their
+# package's logger), of the storage's dead-worker repair, and of the live trial notes
+_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.defaults.loto")
+
+
+def study_logging(quiet: bool) -> None:
+    """Concise progress lines from the study runner; Optuna's per-trial lines only with warnings."""
+    import logging
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    for name in _STUDY_LOGGERS:
+        log = logging.getLogger(name)
+        log.setLevel(logging.WARNING if quiet else logging.INFO)
+        if not log.handlers:
+            log.addHandler(handler)
+
+
+def print_results(results) -> None:
+    from ..study import format_results
+
+    click.echo(format_results(results))
+
+
+def echo_frame(frame, fmt: str, empty: str) -> None:
+    """A listing as a table, CSV or JSON records (``--format``)."""
+    if fmt == "csv":
+        click.echo(frame.to_csv(index=False), nl=False)
+    elif fmt == "json":
+        click.echo(frame.to_json(orient="records", indent=1))
+    elif frame.empty:
+        click.echo(empty)
+    else:
+        click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-"))
+
+
+FORMAT_OPTION = click.option(
+    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
+)

@@ -1,0 +1,215 @@
+"""Commands that read results back: ``dashboard``, ``report``, ``recommend``, ``loto``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from ..settings import Settings
+from .group import FORMAT_OPTION, cli, echo_frame, location_options, storage_option, study_logging
+
+# ----------------------------------------------------------------------------- dashboard
+
+
+@cli.command("dashboard")
+@storage_option()
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to listen on. The dashboard has no login: anything but loopback needs --allow-remote.",
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="TCP port (0 picks a free one)."
+)
+@click.option(
+    "--artifact-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Artifact store to serve [default: the one `run` uploads to for this storage].",
+)
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="Allow a --host other than loopback (the dashboard has no login: trusted networks only).",
+)
+@click.option("--log-requests", is_flag=True, help="Print one line per HTTP request.")
+def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote: bool, log_requests: bool) -> None:
+    """Browse studies, trial notes and artifacts (weights, figures) in optuna-dashboard."""
+    from ..dashboard import serve_dashboard
+
+    serve_dashboard(
+        storage,
+        host=host,
+        port=port,
+        artifact_dir=artifact_dir,
+        allow_remote=allow_remote,
+        log_requests=log_requests,
+        echo=click.echo,
+    )
+
+
+# ----------------------------------------------------------------------------- report / recommend / loto
+
+
+@cli.command("report")
+@storage_option(required=True)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="reports",
+    show_default=True,
+    help="Folder for report.md, report.tex, index.html, the CSVs and figures/.",
+)
+@click.option("--no-figures", is_flag=True, help="Tables only: no PNGs and no importances (faster).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Write into a non-empty folder that no report wrote (same-named files are replaced, none removed).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def report_command(storage: str, out_dir: str, no_figures: bool, force: bool, quiet: bool) -> None:
+    """Paper-style tables (Markdown, LaTeX, CSV) and an HTML page with figures from every study.
+
+    The folder records what the report wrote (.ilge-report.json); a rerun replaces only those files.
+    """
+    from ..report import build_report
+
+    result = build_report(storage, out_dir, figures=not no_figures, show_progress=not quiet, force=force)
+    counts = result.results.groupby("model")["mean"].count()
+    for model, table in result.tables.items():
+        click.echo(f"{model}: {len(table)} tasks, {int(counts.get(model, 0))} cells with test scores")
+    click.echo(f"wrote {', '.join(str(p) for p in result.files.values())} and {len(result.figures)} figures")
+
+
+@cli.command("recommend")
+@storage_option(required=True)
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Defaults file to write [default: $ILGE_SEARCH_DEFAULTS, else "
+    "~/.config/ilge-search/recommended_defaults.json; recommended_config reads it over the "
+    "shipped defaults].",
+)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The 'Defaults by model size' Markdown page [default: next to the defaults file, .md; "
+    "none with --update-shipped].",
+)
+@click.option(
+    "--update-shipped",
+    is_flag=True,
+    help="Rewrite the package's own ilge_search/data/recommended_defaults.json (maintainers).",
+)
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    type=click.Choice(["cayley", "fc", "deepset"]),
+    help="Only these families (repeatable) [default: all three].",
+)
+@click.option(
+    "--exclude-task",
+    "exclude_tasks",
+    multiple=True,
+    help="Leave every study of this task out (repeatable): the defaults a task never influenced.",
+)
+def recommend_command(
+    storage: str, out_path: Optional[str], report_path: Optional[str], update_shipped: bool, families, exclude_tasks
+) -> None:
+    """Derive recommended defaults per family and model size from the studies' validation scores.
+
+    With --update-shipped, a family's regenerated defaults are shipped only when `ilge-search loto` found
+    them better than the built-in ones on average over tasks they never saw.
+    """
+    from ..defaults.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets
+    from ..report.defaults_page import recommend_defaults
+
+    report = report_path or NEXT_TO_DEFAULTS
+    target, page = defaults_targets(out_path, report, update_shipped=update_shipped)
+    data = recommend_defaults(
+        storage,
+        out_path,
+        report,
+        families=list(families) or DEFAULT_FAMILIES,
+        update_shipped=update_shipped,
+        exclude_tasks=exclude_tasks,
+    )
+    for family, buckets in data["families"].items():
+        for bucket, values in buckets.items():
+            click.echo(f"{family:<8} {bucket:<6} " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    for group, decision in data["metadata"]["shipping"].items():
+        click.echo(f"{group}: {decision}")
+    click.echo(f"wrote {target}" + (f" and {page}" if page is not None else ""))
+
+
+@cli.command("loto")
+@storage_option(required=True)
+@click.option("--model", "models", multiple=True, help="Only this model (repeatable) [default: every model].")
+@click.option("--task", "tasks", multiple=True, help="Leave out only this task (repeatable) [default: each task].")
+@click.option(
+    "--family",
+    "families",
+    multiple=True,
+    type=click.Choice(["cayley", "fc", "deepset"]),
+    help="Only these families (repeatable) [default: all three].",
+)
+@click.option(
+    "--final-seeds",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Training seeds per configuration (1000, 1001, ... as in `run`).",
+)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads while training.")
+@FORMAT_OPTION
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def loto_command(
+    settings: Settings, storage: str, models, tasks, families, final_seeds: int, threads, fmt: str, quiet: bool
+) -> None:
+    """Leave one task out: do defaults regenerated without a task beat the built-in ones on it?
+
+    For each task, the defaults are regenerated from every other task's studies; they and the built-in
+    defaults are trained with no search on the data of the task's study, scored on its test split, and
+    stored on that study (a rerun trains only what is missing). `report` and `recommend` show the table.
+    """
+    from ..defaults.loto import LOTO_FAMILIES, leave_one_task_out
+    from ..report.loto import loto_sentences
+
+    study_logging(quiet)
+    result = leave_one_task_out(
+        storage,
+        models=models,
+        tasks=tasks,
+        families=list(families) or LOTO_FAMILIES,
+        final_seeds=final_seeds,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        threads=threads,
+        show_progress=not quiet,
+    )
+    columns = [
+        "model",
+        "task",
+        "family",
+        "unit",
+        "builtin_mean",
+        "builtin_std",
+        "regenerated_mean",
+        "regenerated_std",
+        "difference",
+    ]
+    echo_frame(result.rows[columns], fmt, empty="nothing to evaluate")
+    if fmt == "table":
+        for sentence in loto_sentences(result):
+            click.echo(sentence)
+        click.echo(f"trained {result.trained} configurations; the rest were stored")

@@ -1,0 +1,241 @@
+"""Commands that use a finished study: ``export``, ``predict``, ``explain``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from ..settings import Settings
+from .group import FORMAT_OPTION, cli, location_options, storage_option
+
+# ----------------------------------------------------------------------------- export / predict / listings
+
+
+@cli.command("export")
+@storage_option()
+@click.option("--study", "study_name", required=True, help="The study to export (see `ilge-search studies`).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder for the model (new or empty): model.safetensors + ilge_classifier.json.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Training seed when the best trial is retrained (a study without a final evaluation, or --retrain).",
+)
+@click.option("--retrain", is_flag=True, help="Retrain the best trial with --seed even if the study has final weights.")
+@click.option(
+    "--trial",
+    "trial_number",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Export this complete trial instead (e.g. one of a multi-objective study's final front: its "
+    "final weights; any other trial is retrained with --seed).",
+)
+@click.option(
+    "--artifact-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@location_options
+def export_command(
+    settings: Settings,
+    storage,
+    study_name: str,
+    out_dir: str,
+    seed: int,
+    retrain: bool,
+    trial_number: Optional[int],
+    artifact_dir,
+    overwrite: bool,
+) -> None:
+    """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
+
+    The final evaluation's weights (its best seed by validation); a study without a final evaluation
+    gets its best trial retrained once with --seed.
+    """
+    from ..classifier import ILGEClassifier, check_save_folder
+
+    check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
+    clf = ILGEClassifier.from_study(
+        storage,
+        study_name,
+        seed=seed,
+        retrain=retrain,
+        artifact_dir=artifact_dir,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        trial=trial_number,
+    )
+    clf.save(out_dir, overwrite=overwrite)
+    p = clf.provenance_
+    test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
+    click.echo(
+        f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
+        f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {clf.base_model}"
+    )
+    if p.get("selected_trial_now", p["trial"]) != p["trial"]:
+        click.echo(
+            f"note: the study's selected trial is now {p['selected_trial_now']}; rerun its final evaluation "
+            "(`ilge-search run ... --n-trials 0`) or pass --retrain to export that one",
+            err=True,
+        )
+
+
+@cli.command("predict")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--input",
+    "-i",
+    "input_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="A .jsonl, .csv, .tsv, .parquet or .txt file (plain text: one text per line).",
+)
+@click.option(
+    "--out",
+    "-o",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A .jsonl, .csv or .tsv file [default: JSONL on stdout].",
+)
+@click.option("--text-col", default=None, help="The text column [default: text].")
+@click.option(
+    "--text-cols",
+    default=None,
+    help="Similarity models: the two text columns of each pair, comma-separated [default: sentence1,sentence2].",
+)
+@click.option("--proba", is_flag=True, help="Add each class's probability (classifiers).")
+@click.option(
+    "--chunk-rows",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Rows read, embedded and written at a time (memory does not grow with the file).",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per LLM batch.")
+@click.option(
+    "--base-model",
+    default=None,
+    help="The frozen model to embed with, instead of the recorded one (needed when that is a local "
+    "folder outside MODEL_DIR).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def predict_command(
+    settings: Settings,
+    model_dir: str,
+    input_path: str,
+    out_path: Optional[str],
+    text_col: Optional[str],
+    text_cols: Optional[str],
+    proba: bool,
+    chunk_rows: int,
+    batch_size: int,
+    base_model: Optional[str],
+    overwrite: bool,
+    quiet: bool,
+) -> None:
+    """Label every row of a file with an exported model (`ilge-search export`) or a saved ILGEClassifier.
+
+    One output row per input row, in order: the row number, the text(s), and the label (with --proba the
+    class probabilities) or, for a similarity model, the score.
+    """
+    from ..predict import predict_file
+
+    pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
+    summary = predict_file(
+        model_dir,
+        input_path,
+        out_path,
+        text_col=text_col,
+        text_cols=pair_cols,
+        proba=proba,
+        chunk_rows=chunk_rows,
+        batch_size=batch_size,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        overwrite=overwrite,
+        progress=not quiet,
+        base_model=base_model,
+    )
+    for note in summary.notes:
+        click.echo(f"warning: {note}", err=True)
+    if summary.out is not None:
+        click.echo(f"wrote {summary.rows} rows to {summary.out} in {summary.seconds:.1f}s")
+
+
+@cli.command("explain")
+@storage_option()
+@click.option(
+    "--study", "study_name", required=True, help="A study with a final evaluation (see `ilge-search studies`)."
+)
+@FORMAT_OPTION
+@click.option(
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the table, CSV or JSON to this file [default: stdout].",
+)
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Torch CPU threads while retraining [default: unchanged].",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def explain_command(
+    settings: Settings,
+    storage,
+    study_name: str,
+    fmt: str,
+    out_path: Optional[str],
+    overwrite: bool,
+    recompute: bool,
+    threads: Optional[int],
+    quiet: bool,
+) -> None:
+    """Which LLM layers a study's final model uses: per layer, the validation score lost when the layer is
+    replaced by its training mean and the gradient x input (mean +- std over the final seeds), next to a
+    linear probe's score on that layer.
+
+    The final configuration is retrained once per final seed; the result is stored on the study (the report
+    draws it) and reused until the study's final evaluation changes.
+    """
+    from pathlib import Path
+
+    from ..explain import explain_study, format_explanation
+
+    if out_path is not None and Path(out_path).exists() and not overwrite:
+        raise click.ClickException(f"{out_path} exists; pass another --out, or --overwrite to replace it")
+    result = explain_study(
+        storage,
+        study_name,
+        recompute=recompute,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        threads=threads,
+        show_progress=not quiet,
+    )
+    text = format_explanation(result, fmt)
+    if out_path is None:
+        click.echo(text, nl=False)
+        return
+    Path(out_path).write_text(text, encoding="utf-8")
+    click.echo(f"wrote {result.num_layers} layers of study {result.study} to {out_path}")
