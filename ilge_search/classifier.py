@@ -173,7 +173,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
-        verbose: show progress bars.
+        progress: show progress bars.
         val_fraction: share of the training data held out (stratified) for
             early stopping when no validation data are given.
         patience: early-stopping patience in epochs.
@@ -195,7 +195,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         device: str = "auto",
         random_state: int = 0,
         cache_dir: Optional[PathLike] = None,
-        verbose: bool = False,
+        progress: bool = False,
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
@@ -208,7 +208,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         self.device = device
         self.random_state = random_state
         self.cache_dir = cache_dir
-        self.verbose = verbose
+        self.progress = progress
         self.val_fraction = val_fraction
         self.patience = patience
 
@@ -325,7 +325,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 max_length=self.max_length,
                 batch_size=self.batch_size,
                 device=self.device,
-                progress=bool(self.verbose),
+                progress=bool(self.progress),
             )
             for text, row in zip(missing, features, strict=True):
                 memo[text] = row
@@ -429,7 +429,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             seed=int(self.random_state),
             device=self.device,
             recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.verbose),
+            progress=bool(self.progress),
         )
         train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))
         if isinstance(config, BestLayerConfig) and config.layer is None:
@@ -603,7 +603,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         device: str = "auto",
         cache_dir: Optional[PathLike] = None,
         batch_size: int = 32,
-        verbose: bool = False,
+        progress: bool = False,
         base_model: Optional[PathLike] = None,
     ) -> "ILGEClassifier":
         """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
@@ -653,7 +653,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 device=device,
                 random_state=int(meta["random_state"]),
                 cache_dir=cache_dir,
-                verbose=verbose,
+                progress=progress,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
@@ -719,7 +719,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         device: str = "auto",
         cache_dir: Optional[PathLike] = None,
         batch_size: int = 32,
-        verbose: bool = False,
+        progress: bool = False,
         trial: Optional[int] = None,
     ) -> "ILGEClassifier":
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
@@ -744,7 +744,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             data_dir=data_dir,
             cache_dir=cache_dir,
             device=device,
-            show_progress=verbose,
+            progress=progress,
             trial=trial,
         )
         names = found.label_names
@@ -764,7 +764,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             device=device,
             random_state=int(found.provenance["seed"]),
             cache_dir=cache_dir,
-            verbose=verbose,
+            progress=progress,
         )
 
         clf.classes_ = classes

@@ -318,7 +318,7 @@ class _Training:
 
 
 def _measure(
-    target: _Explained, training: _Training, *, show_progress: bool
+    target: _Explained, training: _Training, *, progress: bool
 ) -> tuple[str, list[float], list[list[float]], list[list[float]]]:
     """The final configuration retrained once per final seed, each model measured on validation: the metric,
     then per seed the score, the layer ablation drops and gradient x input."""
@@ -339,12 +339,12 @@ def _measure(
             data_dir=training.data_dir,
             cache_dir=training.cache_dir,
             device=training.device,
-            show_progress=show_progress,
+            progress=progress,
         )
         config = config_from_dict(target.final.config)
         seeds = [int(seed) for seed in target.final.seeds]
         label = f"explain {target.identity.encoder} ({len(seeds)} seeds)"
-        for seed in tqdm(seeds, desc=label, unit="seed", disable=not show_progress):
+        for seed in tqdm(seeds, desc=label, unit="seed", disable=not progress):
             result = train_encoder(
                 config,
                 data.train,
@@ -374,7 +374,7 @@ def explain_study(
     cache_dir: str | None = None,
     device: str = "auto",
     threads: int | None = None,
-    show_progress: bool = True,
+    progress: bool = True,
 ) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
@@ -385,7 +385,7 @@ def explain_study(
         recompute: compute again even when the stored result is current.
         data_dir, cache_dir, device: where the task data and embedding cache are; the training device.
         threads: torch CPU threads while training (restored afterwards).
-        show_progress: a progress bar over seeds and layers.
+        progress: a progress bar over seeds and layers.
 
     Raises:
         ValueError: unknown study, no final evaluation, a single-layer baseline, or data that differ from the
@@ -401,7 +401,7 @@ def explain_study(
 
     started = time.perf_counter()
     metric, scores, ablation, grads = _measure(
-        target, _Training(data_dir, cache_dir, device, threads), show_progress=show_progress
+        target, _Training(data_dir, cache_dir, device, threads), progress=progress
     )
     result = LayerAttribution(
         study=target.study.study_name,

@@ -50,7 +50,7 @@ def test_init_only_stores_arguments():
         "device",
         "random_state",
         "cache_dir",
-        "verbose",
+        "progress",
         "val_fraction",
         "patience",
     }

@@ -167,7 +167,7 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
         cache_dir=studies["cache_dir"],
         device="cpu",
         threads=1,
-        show_progress=False,
+        progress=False,
     )
     study = _study(studies, CAYLEY)
     attrs = study.user_attrs
@@ -183,14 +183,14 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
     assert explanation_is_current(record) and record.explain.seeds == attrs["final_seeds"]
 
     _no_training(monkeypatch)  # a rerun reads the stored result back
-    again = explain_study(studies["url"], CAYLEY, show_progress=False)
+    again = explain_study(studies["url"], CAYLEY, progress=False)
     assert not again.computed and again.ablation == result.ablation and again.gradient_input == result.gradient_input
 
     study.set_user_attr("final_seeds", attrs["final_seeds"][:1])  # the final evaluation changed: stale
     assert not explanation_is_current(study_record(study))
     with pytest.raises(AssertionError, match="a model was trained"):
         explain_study(
-            studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], show_progress=False
+            studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], progress=False
         )
     study.set_user_attr("final_seeds", attrs["final_seeds"])
     assert explanation_is_current(study_record(_study(studies, CAYLEY)))
@@ -206,7 +206,7 @@ def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
         cache_dir=studies["cache_dir"],
         device="cpu",
         threads=1,
-        show_progress=False,
+        progress=False,
     )
     _no_training(monkeypatch)
     result = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--format", "csv", "--quiet")
@@ -310,9 +310,9 @@ def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_th
         cache_dir=studies["cache_dir"],
         device="cpu",
         threads=1,
-        show_progress=False,
+        progress=False,
     )
-    report = build_report(studies["url"], tmp_path / "report", show_progress=False)
+    report = build_report(studies["url"], tmp_path / "report", progress=False)
     assert "figures/minilm-l6-layer-attribution.png" in report.figures
     assert (tmp_path / "report" / "figures" / "minilm-l6-layer-attribution.png").stat().st_size > 5000
     text = (tmp_path / "report" / "report.md").read_text()

@@ -60,7 +60,7 @@ def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, t
     assert sorted(finals, key=str) == sorted(((e, s) for e in ("cayley", "last-layer") for s in (8, 16, None)), key=str)
     assert finals[("cayley", 8)][1] == 48 and finals[("cayley", 16)][1] == 96 and finals[("cayley", None)][1] == 240
 
-    result = build_report(fewshot_storage, tmp_path / "out", show_progress=False)
+    result = build_report(fewshot_storage, tmp_path / "out", progress=False)
     # the main tables: one row per shots value, never merged into one cell
     table = result.tables[MODEL]
     assert list(table.index) == ["trec", "trec (16-shot)", "trec (8-shot)"]

@@ -58,7 +58,7 @@ def evaluated(studies, data_dir, cache_dir, tmp_path_factory):
     shutil.copyfile(studies.removeprefix("sqlite:///"), copy)
     url = f"sqlite:///{copy}"
     result = leave_one_task_out(
-        url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, show_progress=False
+        url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False
     )
     return url, result
 
@@ -153,9 +153,7 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
         raise AssertionError("retrained")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
-    again = leave_one_task_out(
-        url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", show_progress=False
-    )
+    again = leave_one_task_out(url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
     assert again.trained == 0
     assert again.rows[["builtin_mean", "regenerated_mean"]].equals(first.rows[["builtin_mean", "regenerated_mean"]])
     assert stored_loto(url).rows["difference"].tolist() == first.rows["difference"].tolist()
@@ -170,7 +168,7 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
 @pytest.mark.realmodel
 def test_the_report_and_the_shipping_rule_use_the_stored_table(evaluated, studies, tmp_path, monkeypatch):
     url, result = evaluated
-    report = build_report(url, tmp_path / "report", figures=False, show_progress=False)
+    report = build_report(url, tmp_path / "report", figures=False, progress=False)
     text = report.files["markdown"].read_text()
     section = text.split("## Defaults on tasks they never saw\n", 1)[1].split("\n## ", 1)[0]
     for row in result.rows.itertuples():

@@ -388,11 +388,11 @@ def test_the_report_draws_fronts_only_for_storages_with_multi_objective_studies(
     }.items():
         baseline.set_user_attr(key, value)
     add_trial(baseline, 0.74, 2_310)
-    plain = build_report(url, tmp_path / "plain", show_progress=False)
+    plain = build_report(url, tmp_path / "plain", progress=False)
     assert "Pareto" not in plain.files["markdown"].read_text() and not any("pareto" in f for f in plain.figures)
 
     _stored_front_study(url)
-    result = build_report(url, tmp_path / "out", show_progress=False)
+    result = build_report(url, tmp_path / "out", progress=False)
     text = result.files["markdown"].read_text()
     assert "figures/minilm-l6-trec-pareto.png" in result.figures
     assert (tmp_path / "out" / "figures" / "minilm-l6-trec-pareto.png").stat().st_size > 10_000

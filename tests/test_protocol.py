@@ -516,7 +516,7 @@ def test_the_report_puts_both_protocols_side_by_side(tmp_path):
     _fake(url, "banking77", "last-layer", [0.60, 0.60], "paper")
     _fake(url, "banking77", "cayley", [0.85, 0.87], "paper")
     _fake(url, "trec", "last-layer", [0.80], "matched")  # no paper study: not in the effect table
-    result = build_report(url, tmp_path / "out", figures=False, show_progress=False)
+    result = build_report(url, tmp_path / "out", figures=False, progress=False)
 
     effect = result.protocol_effect.set_index("task")
     assert list(effect.index) == ["banking77"]
@@ -563,7 +563,7 @@ def test_a_similarity_row_of_the_effect_table_names_no_examples_per_label(tmp_pa
     for method, matched, paper in (("last-layer", 0.80, 0.78), ("cayley", 0.70, 0.72)):
         _fake(url, "stsb", method, [matched], "matched", metric="spearman")
         _fake(url, "stsb", method, [paper], "paper", metric="spearman")
-    result = build_report(url, tmp_path / "out", figures=False, show_progress=False)
+    result = build_report(url, tmp_path / "out", figures=False, progress=False)
     section = result.files["markdown"].read_text().split("## Protocol effect\n", 1)[1].split("\n## ", 1)[0]
     line = next(line for line in section.splitlines() if line.startswith("| stsb"))
     assert [cell.strip() for cell in line.strip("|").split("|")][:5] == [

@@ -307,7 +307,7 @@ def test_each_rule_keeps_its_final_evaluation_and_switching_back_restores_it_wit
         return retrain(config, run, label=label, zero_shot=zero_shot)
 
     monkeypatch.setattr(final_module, "_retrain", counting)
-    common = dict(encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3, show_progress=False)
+    common = dict(encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3, progress=False)
 
     final_evaluation(study, data, select="best", **common)
     best = study_record(study).final

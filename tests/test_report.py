@@ -82,7 +82,7 @@ def real_storage(tmp_path_factory, data_dir, cache_dir):
 @pytest.fixture(scope="module")
 def real_report(real_storage, tmp_path_factory):
     out = tmp_path_factory.mktemp("report-out")
-    return build_report(real_storage, out, show_progress=False), real_storage
+    return build_report(real_storage, out, progress=False), real_storage
 
 
 def stored(url):
@@ -322,7 +322,7 @@ def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
         more={"metric": "spearman", "final_zero_shot": {"sick_r": {"mean": 0.65, "std": 0.0, "scores": [0.65, 0.65]}}},
     )
 
-    result = build_report(url, tmp_path / "out", show_progress=False)
+    result = build_report(url, tmp_path / "out", progress=False)
     table = result.tables[pythia]
     bank, emo = "banking77 [paper protocol]", "emotion [paper protocol]"
     assert list(table.index) == [
@@ -381,7 +381,7 @@ def test_a_storage_without_ilge_studies_is_a_clear_error(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     optuna.create_study(study_name="other", storage=url)
     with pytest.raises(ValueError, match="no ilge-search studies"):
-        build_report(url, tmp_path / "out", show_progress=False)
+        build_report(url, tmp_path / "out", progress=False)
 
 
 def test_contents_anchors_figure_sizes_and_trial_states(tmp_path):
@@ -405,7 +405,7 @@ def test_contents_anchors_figure_sizes_and_trial_states(tmp_path):
     )
     study.add_trial(create_trial(state=TrialState.FAIL, params={"lr": 1e-5}, distributions=lr))
 
-    result = build_report(url, tmp_path / "out", show_progress=False)
+    result = build_report(url, tmp_path / "out", progress=False)
     cayley = next(r for r in collect_records(url)[0] if r.encoder == "cayley")
     assert trial_counts(cayley) == "2 complete, 1 pruned, 1 failed"
     last = next(r for r in collect_records(url)[0] if r.encoder == "last-layer")

@@ -283,7 +283,7 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
         device="cpu",
         max_epochs=3,
         select="best",
-        show_progress=False,
+        progress=False,
     )
     attrs = study.user_attrs
     best = study.best_trial
@@ -310,7 +310,7 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
         device="cpu",
         max_epochs=3,
         select="one-se",
-        show_progress=False,
+        progress=False,
     )
     chosen = select_trial(study, "one-se")
     assert study.user_attrs["final_trial"] == chosen.number and study.user_attrs["final_select"] == "one-se"
@@ -329,7 +329,7 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
         device="cpu",
         max_epochs=3,
         select="best",
-        show_progress=False,
+        progress=False,
     )
     assert not calls and study.user_attrs["final_test_scores"] == attrs["final_test_scores"]
     assert final_is_current(study, [1000, 1001], 3, "best")
@@ -358,7 +358,7 @@ def test_when_the_start_is_selected_its_scores_are_reused_and_the_gain_is_zero(e
         device="cpu",
         max_epochs=3,
         select="one-se",
-        show_progress=False,
+        progress=False,
     )
     attrs = study.user_attrs
     assert attrs["final_trial"] == 0 and attrs["final_search_gain"] == 0.0 and len(calls) == 2

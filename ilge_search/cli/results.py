@@ -77,7 +77,7 @@ def report_command(storage: str, out_dir: str, no_figures: bool, force: bool, qu
     """
     from ..report import build_report
 
-    result = build_report(storage, out_dir, figures=not no_figures, show_progress=not quiet, force=force)
+    result = build_report(storage, out_dir, figures=not no_figures, progress=not quiet, force=force)
     counts = result.results.groupby("model")["mean"].count()
     for model, table in result.tables.items():
         click.echo(f"{model}: {len(table)} tasks, {int(counts.get(model, 0))} cells with test scores")
@@ -195,7 +195,7 @@ def loto_command(
         cache_dir=settings.cache_dir,
         device=settings.device,
         threads=threads,
-        show_progress=not quiet,
+        progress=not quiet,
     )
     columns = [
         "model",

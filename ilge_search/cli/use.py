@@ -231,7 +231,7 @@ def explain_command(
         cache_dir=settings.cache_dir,
         device=settings.device,
         threads=threads,
-        show_progress=not quiet,
+        progress=not quiet,
     )
     text = format_explanation(result, fmt)
     if out_path is None:

@@ -488,7 +488,7 @@ def leave_one_task_out(
     cache_dir: str | None = None,
     device: str = "auto",
     threads: int | None = None,
-    show_progress: bool = True,
+    progress: bool = True,
 ) -> LotoResult:
     """Regenerate the defaults without each task and score them against the built-in defaults on that task.
 
@@ -501,7 +501,7 @@ def leave_one_task_out(
             report asks for 3 or more).
         data_dir, cache_dir, device: the task data and embedding cache the studies were run with.
         threads: torch CPU threads while training (restored afterwards).
-        show_progress: a progress bar over the (model, task, family) rows.
+        progress: a progress bar over the (model, task, family) rows.
 
     Returns:
         A :class:`LotoResult` with every row now stored (the ones evaluated earlier included).
@@ -526,7 +526,7 @@ def leave_one_task_out(
     loaded: dict[str, Any] = {}  # one data load per distinct data setting
     trained = 0
     try:
-        for target in tqdm(targets, desc="leave one task out", unit="row", disable=not show_progress):
+        for target in tqdm(targets, desc="leave one task out", unit="row", disable=not progress):
             records[target.study], count = _stored_or_trained(
                 opened.load_study(target.study), target, seeds, source, loaded
             )

@@ -232,7 +232,7 @@ def build_report(
     out_dir: str | os.PathLike = "reports",
     *,
     figures: bool = True,
-    show_progress: bool = True,
+    progress: bool = True,
     force: bool = False,
 ) -> ReportResult:
     """Write the paper-style report of every ilge-search study in ``storage_url`` to ``out_dir``.
@@ -242,7 +242,7 @@ def build_report(
         out_dir: the report folder (created). A folder with files that no
             report wrote is refused unless ``force``.
         figures: draw the PNG figures (per-layer, history, importance) and compute importances.
-        show_progress: a tqdm bar over (model, task) pairs while drawing.
+        progress: a tqdm bar over (model, task) pairs while drawing.
         force: write into a non-empty folder that no report made (files of the
             same names are replaced; other files are kept).
 
@@ -258,7 +258,7 @@ def build_report(
     data = _read_report_data(storage_url)
     out = Path(out_dir)
     previous = _check_out_dir(out, force)
-    folder = FigureFolder(out, draw=figures, show_progress=show_progress)
+    folder = FigureFolder(out, draw=figures, progress=progress)
     folder.path.mkdir(parents=True, exist_ok=True)
     sections = [section for section in report_sections() if section.applies(data, folder)]
     if folder.draw:

@@ -262,7 +262,7 @@ def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], pa
 
 
 def draw_figures(
-    records: Sequence[ReportStudy], pairs: Sequence[tuple[str, str]], fig_dir: Path, show_progress: bool
+    records: Sequence[ReportStudy], pairs: Sequence[tuple[str, str]], fig_dir: Path, progress: bool
 ) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, Any]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
@@ -271,7 +271,7 @@ def draw_figures(
     paths: dict[tuple[str, str], dict[str, str]] = {}
     notes: dict[tuple[str, str], list[str]] = {}
     importance_rows: list[dict[str, Any]] = []
-    for model, task in tqdm(pairs, desc="report figures", unit="task", disable=not show_progress):
+    for model, task in tqdm(pairs, desc="report figures", unit="task", disable=not progress):
         group = sorted(
             (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)
         )

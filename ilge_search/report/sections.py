@@ -96,7 +96,7 @@ class FigureFolder:
 
     out: Path
     draw: bool
-    show_progress: bool
+    progress: bool
 
     @property
     def path(self) -> Path:
@@ -253,7 +253,7 @@ class Figures(Section):
 
     def draw(self, data: ReportData, folder: FigureFolder) -> None:
         self.paths, self.notes, self.importance_rows = draw_figures(
-            data.records, self.pairs(data), folder.path, folder.show_progress
+            data.records, self.pairs(data), folder.path, folder.progress
         )
         self.figures = [path for paths in self.paths.values() for path in paths.values()]
 

@@ -212,7 +212,7 @@ def load_training_data(
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
     device: str = "auto",
-    show_progress: bool = False,
+    progress: bool = False,
     with_test: bool = False,
 ) -> Any:
     """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData`; with ``with_test``
@@ -236,7 +236,7 @@ def load_training_data(
         cache_dir=None if cache_dir is None else str(cache_dir),
         device=device,
     )
-    data = load_study_data(spec, with_test=with_test, progress=show_progress)
+    data = load_study_data(spec, with_test=with_test, progress=progress)
     changed = [
         split
         for split in ("train", "validation") + (("test",) if with_test else ())
@@ -300,7 +300,7 @@ class _Retraining:
     data_dir: PathLike | None
     cache_dir: PathLike | None
     device: str
-    show_progress: bool
+    progress: bool
 
 
 def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
@@ -308,7 +308,7 @@ def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
     from ..engine import train_encoder
 
     data = load_training_data(
-        study, data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, show_progress=how.show_progress
+        study, data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, progress=how.progress
     )
     config = config_from_dict(trial_record(trial).config)
     result = train_encoder(
@@ -333,7 +333,7 @@ def load_study_model(
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
     device: str = "auto",
-    show_progress: bool = False,
+    progress: bool = False,
     trial: int | None = None,
 ) -> StudyModel:
     """The model a finished study found, with its provenance.
@@ -346,7 +346,7 @@ def load_study_model(
         retrain: retrain the best trial even when a final evaluation exists.
         artifact_dir: where the final weights were uploaded, if not next to the storage.
         data_dir, cache_dir, device: for retraining (the task data and embedding cache).
-        show_progress: progress bars while retraining.
+        progress: progress bars while retraining.
         trial: export this complete trial instead of the study's selected one: its final-front
             weights when a multi-objective study's final evaluation retrained it, else retrained with ``seed``.
 
@@ -356,7 +356,7 @@ def load_study_model(
     """
     check_int("seed", seed, minimum=0)
     opened, study = _open_study(storage, study_name)
-    how = _Retraining(seed=seed, data_dir=data_dir, cache_dir=cache_dir, device=device, show_progress=show_progress)
+    how = _Retraining(seed=seed, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress)
     if trial is not None:
         chosen = chosen_trial(study, trial)
         return _trial_model(opened, study, chosen, how, retrain=retrain, artifact_dir=artifact_dir)

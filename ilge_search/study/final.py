@@ -143,7 +143,7 @@ class _Retraining:
     device: str
     max_epochs: int | None
     encoder: str
-    show_progress: bool
+    progress: bool
     readout: PaperProtocol | None  # None: the matched protocol
     zero_shot: ZeroShotData
     artifact_store: Any
@@ -257,7 +257,7 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
     untrained = None
     if readout is not None and is_parameter_free(config):  # the paper scores the raw readout: nothing to train
         untrained = _paper_readout(data, zero_shot, readout, config=config)
-    for seed in tqdm(seeds, desc=f"final {label} ({len(seeds)} seeds)", disable=not run.show_progress, leave=False):
+    for seed in tqdm(seeds, desc=f"final {label} ({len(seeds)} seeds)", disable=not run.progress, leave=False):
         if untrained is not None:
             test, validation, zero, draws = untrained
         else:
@@ -471,7 +471,7 @@ def final_evaluation(
     select: str = DEFAULT_SELECT,
     artifact_store: Any = None,
     zero_shot: ZeroShotData | None = None,
-    show_progress: bool = True,
+    progress: bool = True,
     final_front: int = DEFAULT_FINAL_FRONT,
 ) -> None:
     """Retrain the trial ``select`` picks with each seed; evaluate on test once per seed; store the scores.
@@ -493,7 +493,7 @@ def final_evaluation(
         device=device,
         max_epochs=max_epochs,
         encoder=encoder,
-        show_progress=show_progress,
+        progress=progress,
         readout=None if record.identity is None else PaperProtocol.for_identity(record.identity),
         zero_shot=zero_shot or {},
         artifact_store=artifact_store,

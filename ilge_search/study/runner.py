@@ -277,7 +277,7 @@ def _optimize_and_evaluate(
                 artifact_store=storage.artifact_store(),
                 final_front=options.final.front,
                 zero_shot=zero_shot,
-                show_progress=options.runtime.progress,
+                progress=options.runtime.progress,
             )
     elif options.final.seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)

@@ -186,9 +186,7 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
         raise SystemExit(STORAGE_FAULT_EXIT) from None
 
 
-def _optimize_in_workers(
-    study: Any, jobs: List[WorkerJob], metric: str, show_progress: bool, total: Optional[int]
-) -> None:
+def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, progress: bool, total: Optional[int]) -> None:
     """Run ``jobs`` in spawned processes; show progress by polling the storage."""
     from tqdm.auto import tqdm
 
@@ -200,7 +198,7 @@ def _optimize_in_workers(
     ]
     for process in processes:
         process.start()
-    bar = tqdm(total=total, desc=f"{study.study_name} ({len(jobs)} workers)", unit="trial", disable=not show_progress)
+    bar = tqdm(total=total, desc=f"{study.study_name} ({len(jobs)} workers)", unit="trial", disable=not progress)
     try:
         while any(p.is_alive() for p in processes):
             bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)

@@ -198,5 +198,5 @@ def test_report_out_that_is_a_file_is_a_clear_error(storage_copy, tmp_path):
     from ilge_search.report import build_report
 
     with pytest.raises(ValueError, match="is a file, not a folder"):
-        build_report(storage_copy, target, figures=False, show_progress=False)
+        build_report(storage_copy, target, figures=False, progress=False)
     assert target.read_text() == "keep"
