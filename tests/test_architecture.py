@@ -32,6 +32,8 @@ LAYERS: Dict[str, int] = {
     "aggregator": 2,
     "tuning": 2,
     "tasks": 3,
+    "task_files": 3,
+    "tagging": 3,
     "extraction": 3,
     "cache": 3,
     "engine": 3,
