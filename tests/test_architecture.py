@@ -35,6 +35,7 @@ LAYERS: Dict[str, int] = {
     "task_files": 3,
     "tagging": 3,
     "extraction": 3,
+    "words": 3,
     "cache": 3,
     "engine": 3,
     "record": 2,
