@@ -610,7 +610,7 @@ class EmbeddingCache:
         found.seconds = time.perf_counter() - started
         return found
 
-    def _base_meta(
+    def entry_meta(
         self,
         key: str,
         source: ModelSource,
@@ -622,6 +622,7 @@ class EmbeddingCache:
         storage_dtype: str,
         device: str,
     ) -> Dict[str, Any]:
+        """The JSON record of a new entry before extraction: what it holds and which versions made it."""
         import transformers
 
         return {
@@ -685,7 +686,7 @@ class EmbeddingCache:
             max_length=max_length,
             storage_dtype=storage_dtype,
         )
-        meta = self._base_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype, device)
+        meta = self.entry_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype, device)
         meta.update(
             kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(part.labels.dtype)
         )
@@ -732,7 +733,7 @@ class EmbeddingCache:
             max_length=max_length,
             storage_dtype=storage_dtype,
         )
-        meta = self._base_meta(
+        meta = self.entry_meta(
             key, source, _TEXTS_TASK, "texts", fingerprint, pooling, max_length, storage_dtype, device
         )
         meta.update(kind="texts", label_names=[])

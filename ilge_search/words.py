@@ -6,8 +6,10 @@ the fast tokenizer's character offsets. The alternative, ``is_split_into_words=T
 the space before every word for byte-level BPE tokenizers (SmolLM2's): on UD English-EWT a
 decoder then reads 1.36 pieces per word instead of 1.19 and 93 % of the sentences become texts
 it never saw in training, so it is not used. For BERT's WordPiece both give identical pieces.
-A tokenizer without offsets (a slow one) is handled word by word, each word after the first
-with its leading space, between the special tokens the tokenizer adds around a text.
+A piece that covers no word's characters (a byte-level BPE piece that is only the space
+before a word) belongs to no word. A tokenizer without offsets (a slow one) is handled word
+by word, each word after the first with its leading space, between the special tokens the
+tokenizer adds around a text.
 
 A sentence longer than the model's ``max_length`` pieces is cut into windows at word
 boundaries, never inside a word: consecutive windows share about ``overlap`` pieces of
@@ -133,7 +135,8 @@ class WordTokenizer:
             # the leading space is what a BPE tokenizer sees before every word but the first of a text
             word_ids = self.tokenizer(word if index == 0 else f" {word}", add_special_tokens=False)["input_ids"]
             ids += word_ids
-            owners += [index] * len(word_ids)
+            # a piece that is only that space covers none of the word's characters, as with offsets
+            owners += [index if self.tokenizer.decode([piece]).strip() else _NO_WORD for piece in word_ids]
         ids += self.suffix
         owners += [_NO_WORD] * len(self.suffix)
         return ids, np.asarray(owners, dtype=np.int64)

@@ -37,6 +37,7 @@ LAYERS: Dict[str, int] = {
     "extraction": 3,
     "words": 3,
     "cache": 3,
+    "word_cache": 3,
     "engine": 3,
     "record": 2,
     "storage": 3,
@@ -48,6 +49,7 @@ LAYERS: Dict[str, int] = {
     # classifier above study: ILGEClassifier.from_study reads studies
     "report": 6,
     "classifier": 6,
+    "tagger": 6,
     "predict": 6,
     "explain": 6,
     "cli": 7,
