@@ -374,7 +374,7 @@ class EmbeddingCache:
     def verify_file(self, path: Path, meta: Mapping[str, Any], stat: os.stat_result, data: Any = None) -> None:
         """With ``verify``, check the file's sha256 against its record once per process (until the file
         changes); ``data``: its bytes, if already in memory, else it is read in blocks."""
-        stamp = (stat.st_size, stat.st_mtime_ns, meta.get("file_sha256"))
+        stamp = (stat.st_size, stat.st_mtime_ns, str(meta.get("file_sha256")))
         if not self.verify or _VERIFIED.get(str(path)) == stamp:
             return
         actual = hashlib.sha256(data).hexdigest() if data is not None else file_sha256(path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -85,6 +85,11 @@ class ILGETagger(BaseEstimator):
         best_epoch_, best_val_score_ (validation token accuracy), num_trainable_params_, and for
         best-layer ``best_layer_`` and ``layer_scores_``.
     """
+
+    best_epoch_: int | None
+    best_val_score_: float | None
+    best_layer_: int | None
+    _cache: Any = None  # the embedding cache, made on first use and never pickled
 
     def __init__(
         self,
@@ -177,9 +182,8 @@ class ILGETagger(BaseEstimator):
         options = WordOptions(
             word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device
         )
-        return get_or_extract_sentences(
-            self._embedding_cache(), self.base_model, sentences, options, progress=bool(self.verbose)
-        )
+        model = cast(PathLike, self.base_model)  # checked by _check_params
+        return get_or_extract_sentences(self._embedding_cache(), model, sentences, options, progress=bool(self.verbose))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

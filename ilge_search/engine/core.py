@@ -24,7 +24,7 @@ Task kinds:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -207,7 +207,7 @@ def _batches(num_rows: int, batch_size: int, order: Optional[torch.Tensor] = Non
 
 @torch.no_grad()
 def predict_logits(
-    model: ILGEModel,
+    model: ILGEModel | tokens.TaggerModel,
     features: ArrayLike,
     device: Union[str, torch.device, None] = None,
     batch_size: int = EVAL_BATCH_SIZE,
@@ -218,7 +218,7 @@ def predict_logits(
 
     Runs in eval mode and restores the model's previous mode afterwards.
     """
-    if model.task_kind == TAGGING:
+    if isinstance(model, tokens.TaggerModel):
         return tokens.predict_word_logits(model, features, device)
     features = torch.as_tensor(features)
     if device is None:
@@ -246,7 +246,7 @@ def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> D
 
 
 def evaluate(
-    model: ILGEModel,
+    model: ILGEModel | tokens.TaggerModel,
     features: ArrayLike,
     labels: ArrayLike,
     task_kind: Optional[str] = None,
@@ -262,7 +262,7 @@ def evaluate(
     task_kind = task_kind or model.task_kind
     if task_kind != model.task_kind:
         raise ValueError(f"model was trained for {model.task_kind!r}, not {task_kind!r}")
-    if task_kind == TAGGING:
+    if isinstance(model, tokens.TaggerModel):
         return tokens.evaluate_words(model, features, labels, device)
     features = _as_features(features, task_kind, "evaluation")
     labels = _as_labels(labels, features.shape[0], task_kind, "evaluation")
@@ -423,10 +423,11 @@ class _SequenceTask:
         train_x = self.data.train_x
         order = torch.randperm(train_x.shape[0], generator=generator).to(train_x.device)
         return _train_one_epoch(
-            model, optimizer, train_x, self.data.train_y, order, self.config.batch_size, self.device
+            cast(ILGEModel, model), optimizer, train_x, self.data.train_y, order, self.config.batch_size, self.device
         )
 
     def validate(self, model: nn.Module) -> dict[str, float]:
+        model = cast(ILGEModel, model)
         return _metrics(model, predict_logits(model, self.data.val_x, device=self.device), self.data.val_y)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -163,7 +163,7 @@ class TaggerModel(nn.Module):
         - output: logits ``(B, T, num_classes)``
     """
 
-    def __init__(self, encoder: nn.Module, head: nn.Linear, per_word: bool) -> None:
+    def __init__(self, encoder: Any, head: nn.Linear, per_word: bool) -> None:
         super().__init__()
         self.num_layers, self.hidden_in = int(encoder.num_layers), int(encoder.hidden_in)
         self.standardizer = FeatureStandardizer(self.num_layers, self.hidden_in)
@@ -325,7 +325,8 @@ class _TaggingTask:
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         assert self.data.val.labels is not None
-        return class_metrics(predict_word_logits(model, self.data.val, self.device), self.data.val.labels)
+        logits = predict_word_logits(cast(TaggerModel, model), self.data.val, self.device)
+        return class_metrics(logits, self.data.val.labels)
 
 
 def train_prepared_words(config: EncoderConfig, data: PreparedWords, run: RunSettings) -> TrainResult:
