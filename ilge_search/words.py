@@ -95,10 +95,13 @@ class WordTokenizer:
     def __init__(self, tokenizer: Any, use_offsets: bool | None = None) -> None:
         self.tokenizer = tokenizer
         self.use_offsets = bool(getattr(tokenizer, "is_fast", False)) if use_offsets is None else use_offsets
+        # where a text goes between the special tokens: find a one-word text's own pieces among them
         with_special = list(tokenizer("a")["input_ids"])
         bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
-        start = next(i for i in range(len(with_special) - len(bare) + 1) if with_special[i : i + len(bare)] == bare)
-        self.prefix, self.suffix = with_special[:start], with_special[start + len(bare) :]
+        starts = [i for i in range(len(with_special) - len(bare) + 1) if with_special[i : i + len(bare)] == bare]
+        if not bare or not starts:
+            raise ValueError(f"{type(tokenizer).__name__} does not keep a text's pieces between its special tokens")
+        self.prefix, self.suffix = with_special[: starts[0]], with_special[starts[0] + len(bare) :]
 
     @property
     def num_special(self) -> int:
