@@ -335,3 +335,23 @@ def test_reading_an_entry_maps_it_instead_of_loading_it(tmp_path, monkeypatch):
     sentence = entry.sentence(4321).float()
     assert torch.equal(sentence[:, 0, 0], torch.arange(4321 * 20, 4322 * 20).remainder(251).float())
     assert _rss_bytes() - before < size / 10
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow  # the first smollm2-135m load of a session dequantises its GGUF weights
+def test_smollm2_words_through_the_cache(cache_dir):
+    """The GGUF decoder: its fast tokenizer maps pieces to words by offsets, and each word's cached vector
+    (float16) is its first piece's state in a direct run of the model over the sentence."""
+    cache = EmbeddingCache(cache_dir)
+    entry = get_or_extract_sentences(cache, "smollm2-135m", SENTENCES[:3], WordOptions(device="cpu"), progress=False)
+    assert (entry.num_layers, entry.hidden_size, entry.num_words) == (31, 576, 22)
+    embedder = cache.embedder(cache.resolve("smollm2-135m"), "mean", 512, 32, "cpu").load()
+    ids, owners = WordTokenizer(embedder._tokenizer).pieces(SENTENCES[2])
+    with torch.no_grad():
+        states = embedder._model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+    for word in (0, 4, 9):
+        first = int(np.flatnonzero(owners == word)[0])
+        expected = torch.stack([layer[0, first] for layer in states])
+        got = entry.features[12 + word].float()
+        assert ((got - expected).norm(dim=-1) / expected.norm(dim=-1)).max() < 1e-2  # float16 storage
+    cache.unload()
