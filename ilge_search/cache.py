@@ -32,11 +32,12 @@ import os
 import struct
 import time
 import warnings
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 import torch
@@ -94,6 +95,14 @@ _FIX_WRITABLE = "pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a writable fold
 
 class CacheCorruptError(RuntimeError):
     """A cache entry failed its size, header or checksum check."""
+
+
+class _Entry(Protocol):
+    hit: bool
+    seconds: float
+
+
+EntryT = TypeVar("EntryT", bound=_Entry)
 
 
 @dataclass
@@ -171,7 +180,8 @@ def texts_fingerprint(texts: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in blocks (memory stays flat in its size)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(1 << 22):
@@ -189,7 +199,7 @@ def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype
     resolve_device(device)  # a device this machine lacks: refused before any task, model or cache work
 
 
-def _safetensors_header(tensors: List[Tuple[str, str, tuple, int]], metadata: Dict[str, str]) -> bytes:
+def safetensors_header(tensors: list[tuple[str, str, tuple, int]], metadata: dict[str, str]) -> bytes:
     """The safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order (data
     starts right after it, 8-byte aligned)."""
     header: Dict[str, Any] = {"__metadata__": metadata}
@@ -200,6 +210,21 @@ def _safetensors_header(tensors: List[Tuple[str, str, tuple, int]], metadata: Di
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * ((-(8 + len(raw))) % 8)
     return struct.pack("<Q", len(raw)) + raw
+
+
+def storable(pooled: torch.Tensor, storage_dtype: str) -> np.ndarray:
+    """Pooled float32 vectors as the array a cache file of ``storage_dtype`` holds (bfloat16 as raw bits);
+    values that overflow the storage dtype are refused with what to do."""
+    torch_dtype = STORAGE_DTYPES[storage_dtype][2]
+    stored = pooled.to(torch_dtype)
+    if not bool(torch.isfinite(stored).all()):
+        raise ValueError(
+            f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
+            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'"
+        )
+    if torch_dtype == torch.bfloat16:
+        stored = stored.view(torch.uint16)
+    return stored.numpy()
 
 
 _NP_FROM_SAFETENSORS = {
@@ -273,7 +298,8 @@ class EmbeddingCache:
     def embeddings_dir(self) -> Path:
         return self.cache_dir / "embeddings"
 
-    def _paths(self, key: str) -> Tuple[Path, Path, Path]:
+    def entry_paths(self, key: str) -> tuple[Path, Path, Path]:
+        """The entry's data file, its JSON record (written last: the commit marker) and its lock file."""
         return (
             self.embeddings_dir / f"{key}.safetensors",
             self.embeddings_dir / f"{key}.json",
@@ -292,8 +318,10 @@ class EmbeddingCache:
         pooling: str = "mean",
         max_length: int = 512,
         storage_dtype: str = "float16",
+        extra: Mapping[str, Any] | None = None,
     ) -> str:
-        """sha256 (first 24 hex digits) over FORMAT_VERSION and the non-default fields."""
+        """sha256 (first 24 hex digits) over FORMAT_VERSION and the non-default fields; ``extra`` adds
+        fields of other kinds of entry (word entries: their layout and word pooling)."""
         fields: Dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "model": model_identity,
@@ -304,6 +332,10 @@ class EmbeddingCache:
         for name, value in (("pooling", pooling), ("max_length", max_length), ("storage_dtype", storage_dtype)):
             if value != _KEY_DEFAULTS[name]:
                 fields[name] = value
+        clash = set(extra or {}) & (set(fields) | set(_KEY_DEFAULTS))
+        if clash:
+            raise ValueError(f"extra key fields {sorted(clash)} would replace the standard ones")
+        fields.update(extra or {})
         # json.dumps raises on anything it cannot encode: a failed hash never becomes a random key.
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:_KEY_HEX_DIGITS]
 
@@ -318,9 +350,10 @@ class EmbeddingCache:
 
     # -- reading ------------------------------------------------------------------------
 
-    def _read(self, key: str) -> Optional[CachedEmbeddings]:
-        """The committed entry, None if there is none; raises CacheCorruptError if it is damaged."""
-        data_path, meta_path, _ = self._paths(key)
+    def committed_record(self, key: str) -> tuple[dict[str, Any], os.stat_result] | None:
+        """The entry's JSON record and its data file's stat, None if the entry is not committed;
+        raises CacheCorruptError if the record is unreadable or the file is missing or of the wrong size."""
+        data_path, meta_path, _ = self.entry_paths(key)
         if not meta_path.is_file():
             return None
         try:
@@ -336,22 +369,37 @@ class EmbeddingCache:
             raise CacheCorruptError(
                 f"{data_path.name} has {stat.st_size} bytes, expected {expected_size} (truncated or overwritten)"
             )
+        return meta, stat
+
+    def verify_file(self, path: Path, meta: Mapping[str, Any], stat: os.stat_result, data: Any = None) -> None:
+        """With ``verify``, check the file's sha256 against its record once per process (until the file
+        changes); ``data``: its bytes, if already in memory, else it is read in blocks."""
+        stamp = (stat.st_size, stat.st_mtime_ns, str(meta.get("file_sha256")))
+        if not self.verify or _VERIFIED.get(str(path)) == stamp:
+            return
+        actual = hashlib.sha256(data).hexdigest() if data is not None else file_sha256(path)
+        if actual != meta.get("file_sha256"):
+            raise CacheCorruptError(
+                f"{path.name} fails its checksum (sha256 {actual[:12]}..., "
+                f"expected {str(meta.get('file_sha256'))[:12]}...)"
+            )
+        _VERIFIED[str(path)] = stamp
+
+    def _read(self, key: str) -> Optional[CachedEmbeddings]:
+        """The committed entry, None if there is none; raises CacheCorruptError if it is damaged."""
+        record = self.committed_record(key)
+        if record is None:
+            return None
+        meta, stat = record
+        data_path = self.entry_paths(key)[0]
+        expected_size = stat.st_size
         # Read into owned memory (not an mmap: a file truncated or replaced later must not
         # crash tensors handed out earlier); the checksum runs over the same buffer.
         buffer = bytearray(expected_size)
         with open(data_path, "rb") as handle:
             if handle.readinto(buffer) != expected_size:
                 raise CacheCorruptError(f"{data_path.name} changed size while being read")
-        if self.verify:
-            stamp = (stat.st_size, stat.st_mtime_ns, meta.get("file_sha256"))
-            if _VERIFIED.get(str(data_path)) != stamp:
-                actual = hashlib.sha256(buffer).hexdigest()
-                if actual != meta.get("file_sha256"):
-                    raise CacheCorruptError(
-                        f"{data_path.name} fails its checksum (sha256 {actual[:12]}..., "
-                        f"expected {str(meta.get('file_sha256'))[:12]}...)"
-                    )
-                _VERIFIED[str(data_path)] = stamp
+        self.verify_file(data_path, meta, stat, buffer)
         tensors = _parse_safetensors(buffer, data_path.name)
         features = tensors.get("features")
         if features is None or list(features.shape) != list(meta.get("shape", [])):
@@ -370,24 +418,25 @@ class EmbeddingCache:
             hit=True,
         )
 
-    def _read_or_discard(self, key: str, announce: bool) -> Optional[CachedEmbeddings]:
-        """``_read``, but a damaged entry is removed (with a warning if ``announce``) and gives None."""
+    @staticmethod
+    def _read_or_discard(key: str, read: Callable[[str], EntryT | None], announce: bool) -> EntryT | None:
+        """``read``, but a damaged entry gives None (with a warning if ``announce``)."""
         try:
-            return self._read(key)
+            return read(key)
         except CacheCorruptError as exc:
             if announce:
                 warnings.warn(f"embedding cache entry {key} is corrupt: {exc}; rebuilding it", stacklevel=4)
             return None
 
     def _remove_files(self, key: str) -> None:
-        data_path, meta_path, _ = self._paths(key)
+        data_path, meta_path, _ = self.entry_paths(key)
         for path in (meta_path, data_path):  # metadata first: the entry stops being committed
             path.unlink(missing_ok=True)
         _VERIFIED.pop(str(data_path), None)
 
     # -- writing ------------------------------------------------------------------------
 
-    def _embedder(
+    def embedder(
         self, source: ModelSource, pooling: str, max_length: int, batch_size: int, device: str
     ) -> LayerEmbedder:
         slot = (source.identity, pooling, max_length, batch_size, device)
@@ -413,11 +462,11 @@ class EmbeddingCache:
         """Temporary files of extractions killed on this host: their pid is gone and nobody
         holds their entry's lock (the writer holds it while writing)."""
         remove_stale_temp_files(
-            self.embeddings_dir, lambda path: lock_is_held(self._paths(path.name[1:].split(".", 1)[0])[2])
+            self.embeddings_dir, lambda path: lock_is_held(self.entry_paths(path.name[1:].split(".", 1)[0])[2])
         )
 
     @contextmanager
-    def _disk_errors(self, key: str, size: int) -> Iterator[None]:
+    def disk_errors(self, key: str, size: int) -> Iterator[None]:
         """A full or read-only disk met while writing becomes one line (a DiskError)."""
         try:
             yield
@@ -426,6 +475,39 @@ class EmbeddingCache:
             if error is None:
                 raise
             raise error from exc
+
+    @contextmanager
+    def new_entry_file(self, key: str, header: bytes, size: int) -> Iterator[Path]:
+        """A temporary file of ``size`` bytes that starts with ``header``, allocated in full before
+        anything is extracted (a full disk fails here, as one line, never later inside a memmap write);
+        removed on the way out unless :meth:`commit_entry` moved it into place."""
+        check_free_space(self.embeddings_dir, size + _META_RESERVE, f"embedding cache entry {key}", _FIX_SPACE)
+        tmp = temp_name(self.entry_paths(key)[0])
+        try:
+            with self.disk_errors(key, size), open(tmp, "wb") as handle:
+                handle.write(header)
+                preallocate(handle, size)
+            yield tmp
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def commit_entry(self, key: str, tmp: Path, meta: dict[str, Any]) -> None:
+        """Record the written file's size, checksum and time in ``meta``, then rename file and record into
+        place, the record (the commit marker) last."""
+        data_path, meta_path, _ = self.entry_paths(key)
+        meta_tmp = temp_name(meta_path)
+        meta.update(
+            file_size=tmp.stat().st_size,
+            file_sha256=file_sha256(tmp),
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        try:
+            meta_tmp.write_text(json.dumps(meta, indent=1))  # written before anything is renamed into place
+            meta_path.unlink(missing_ok=True)
+            os.replace(tmp, data_path)
+            os.replace(meta_tmp, meta_path)
+        finally:
+            meta_tmp.unlink(missing_ok=True)
 
     def _extract_and_write(
         self,
@@ -441,8 +523,7 @@ class EmbeddingCache:
         """Stream pooled batches into a memmapped safetensors file, then commit it atomically.
 
         The file's size is known from the model's config, so free space is checked and the
-        whole file allocated before the model loads: a disk that fills up fails here with
-        ENOSPC (one line), never later inside a memmap write (a bus error).
+        whole file allocated before the model loads.
         """
         st_dtype, np_dtype, torch_dtype = STORAGE_DTYPES[storage_dtype]
         num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
@@ -452,30 +533,16 @@ class EmbeddingCache:
         tensors = [("features", st_dtype, shape, feature_bytes)]
         if labels is not None:
             tensors.append(("labels", "I64" if labels.dtype == np.int64 else "F32", labels.shape, labels.nbytes))
-        header = _safetensors_header(tensors, {"format": "pt", "key": key})
+        header = safetensors_header(tensors, {"format": "pt", "key": key})
         start, size = len(header), len(header) + sum(t[3] for t in tensors)
-        check_free_space(self.embeddings_dir, size + _META_RESERVE, f"embedding cache entry {key}", _FIX_SPACE)
-        data_path, meta_path, _ = self._paths(key)
-        tmp, meta_tmp = temp_name(data_path), temp_name(meta_path)
-        try:
-            with self._disk_errors(key, size), open(tmp, "wb") as handle:
-                handle.write(header)
-                preallocate(handle, size)
+        with self.new_entry_file(key, header, size) as tmp:
             embedder.load()
             started = time.perf_counter()
-            with self._disk_errors(key, size):
+            with self.disk_errors(key, size):
                 features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=start, shape=shape)
                 rows = features.reshape(len(texts), num_layers, hidden)  # pairs: row 2i+s is sentence s of pair i
                 for indices, pooled in embedder.iter_pooled_batches(texts, progress=progress):
-                    stored = pooled.to(torch_dtype)
-                    if not bool(torch.isfinite(stored).all()):
-                        raise ValueError(
-                            f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
-                            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'"
-                        )
-                    if torch_dtype == torch.bfloat16:
-                        stored = stored.view(torch.uint16)
-                    rows[indices] = stored.numpy()
+                    rows[indices] = storable(pooled, storage_dtype)
                 features.flush()
                 del rows, features
                 with open(tmp, "r+b") as handle:
@@ -493,40 +560,25 @@ class EmbeddingCache:
                     effective_max_length=embedder.effective_max_length,
                     extract_seconds=round(seconds, 3),
                     texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
-                    file_size=tmp.stat().st_size,
-                    file_sha256=_file_sha256(tmp),
-                    created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 )
-                meta_tmp.write_text(json.dumps(meta, indent=1))  # written before anything is renamed into place
-                meta_path.unlink(missing_ok=True)
-                os.replace(tmp, data_path)
-                os.replace(meta_tmp, meta_path)
-        finally:
-            tmp.unlink(missing_ok=True)
-            meta_tmp.unlink(missing_ok=True)
+                self.commit_entry(key, tmp, meta)
 
-    def _get_or_extract_entry(
-        self,
-        key: str,
-        source: ModelSource,
-        texts_fn: Any,
-        pairs: bool,
-        labels: Optional[np.ndarray],
-        pooling: str,
-        max_length: int,
-        batch_size: int,
-        device: str,
-        storage_dtype: str,
-        meta: Dict[str, Any],
-        progress: bool,
-    ) -> CachedEmbeddings:
+    def get_or_build(
+        self, key: str, read: Callable[[str], EntryT | None], build: Callable[[], None], progress: bool = True
+    ) -> EntryT:
+        """Entry ``key`` as ``read`` gives it, or, when it is missing or damaged, built once by ``build``
+        under the entry's file lock; a second process waits on the lock, then reads what the first wrote.
+
+        ``read`` returns None for a missing entry and raises CacheCorruptError for a damaged one (which
+        is rebuilt, with a warning). The result's ``hit`` says whether it was read, ``seconds`` how long
+        this call took.
+        """
         from filelock import FileLock, Timeout
 
         started = time.perf_counter()
-        data_path, meta_path, lock_path = self._paths(key)
         damaged = False
         try:
-            found = self._read(key)
+            found = read(key)
         except CacheCorruptError as exc:
             warnings.warn(f"embedding cache entry {key} is corrupt: {exc}; rebuilding it", stacklevel=3)
             found, damaged = None, True
@@ -534,7 +586,7 @@ class EmbeddingCache:
             found.seconds = time.perf_counter() - started
             return found
         self._check_writable()
-        lock = FileLock(str(lock_path))
+        lock = FileLock(str(self.entry_paths(key)[2]))
         try:
             lock.acquire(timeout=0)
         except Timeout:
@@ -545,12 +597,11 @@ class EmbeddingCache:
             lock.acquire()
         try:
             # Another process may have written (or repaired) the entry while we waited.
-            found = self._read_or_discard(key, announce=not damaged)
+            found = self._read_or_discard(key, read, announce=not damaged)
             if found is None:
                 self._remove_files(key)
-                embedder = self._embedder(source, pooling, max_length, batch_size, device)
-                self._extract_and_write(key, embedder, texts_fn(), pairs, labels, storage_dtype, meta, progress)
-                found = self._read(key)
+                build()
+                found = read(key)
                 if found is None:
                     raise CacheCorruptError(f"cache entry {key} vanished right after it was written; extract again")
                 found.hit = False
@@ -559,7 +610,7 @@ class EmbeddingCache:
         found.seconds = time.perf_counter() - started
         return found
 
-    def _base_meta(
+    def entry_meta(
         self,
         key: str,
         source: ModelSource,
@@ -571,6 +622,7 @@ class EmbeddingCache:
         storage_dtype: str,
         device: str,
     ) -> Dict[str, Any]:
+        """The JSON record of a new entry before extraction: what it holds and which versions made it."""
         import transformers
 
         return {
@@ -617,6 +669,11 @@ class EmbeddingCache:
         """
         _check_options(pooling, max_length, batch_size, storage_dtype, device)
         task = load_task(task_data_or_name, data_dir)
+        if task.kind == "tagging":
+            raise TaskError(
+                f"{task.name!r} is a tagging task: its words are cached one vector per word by "
+                f"ilge_search.word_cache.get_or_extract_words, not one per text"
+            )
         part = task.split(split)
         source = self.resolve(model)
         fingerprint = task.fingerprint(split)
@@ -629,25 +686,18 @@ class EmbeddingCache:
             max_length=max_length,
             storage_dtype=storage_dtype,
         )
-        meta = self._base_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype, device)
+        meta = self.entry_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype, device)
         meta.update(
             kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(part.labels.dtype)
         )
         labels = part.labels.astype(np.int64 if task.kind == "classification" else np.float32)
-        return self._get_or_extract_entry(
-            key,
-            source,
-            part.flat_texts,
-            task.kind == "similarity",
-            labels,
-            pooling,
-            max_length,
-            batch_size,
-            device,
-            storage_dtype,
-            meta,
-            progress,
-        )
+        pairs = task.kind == "similarity"
+
+        def build() -> None:
+            embedder = self.embedder(source, pooling, max_length, batch_size, device)
+            self._extract_and_write(key, embedder, part.flat_texts(), pairs, labels, storage_dtype, meta, progress)
+
+        return self.get_or_build(key, self._read, build, progress)
 
     def get_or_extract_texts(
         self,
@@ -683,25 +733,16 @@ class EmbeddingCache:
             max_length=max_length,
             storage_dtype=storage_dtype,
         )
-        meta = self._base_meta(
+        meta = self.entry_meta(
             key, source, _TEXTS_TASK, "texts", fingerprint, pooling, max_length, storage_dtype, device
         )
         meta.update(kind="texts", label_names=[])
-        entry = self._get_or_extract_entry(
-            key,
-            source,
-            lambda: texts,
-            False,
-            None,
-            pooling,
-            max_length,
-            batch_size,
-            device,
-            storage_dtype,
-            meta,
-            progress,
-        )
-        return entry.features
+
+        def build() -> None:
+            embedder = self.embedder(source, pooling, max_length, batch_size, device)
+            self._extract_and_write(key, embedder, texts, False, None, storage_dtype, meta, progress)
+
+        return self.get_or_build(key, self._read, build, progress).features
 
     def ls(self) -> List[CacheEntry]:
         """Committed entries, newest first."""

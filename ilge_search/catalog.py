@@ -38,6 +38,8 @@ MODEL_COLUMNS = [
 
 
 def _hub_source(spec: TaskSpec) -> str:
+    if spec.hf_dataset is None:
+        return "data dir only"  # no download source: the task loads from --data-dir alone
     return f"hf:{spec.hf_dataset}" + (f" ({spec.hf_config})" if spec.hf_config else "")
 
 
@@ -61,6 +63,8 @@ def _task_row(spec: TaskSpec, data_dir: Optional[Path]) -> Dict[str, Any]:
         return row
     if task.kind == "classification":
         row["classes_or_scores"] = f"{task.num_labels} classes"
+    elif task.kind == "tagging":
+        row["classes_or_scores"] = f"{task.num_labels} tags"
     else:
         low = min(float(part.labels.min()) for part in task.splits.values())
         high = max(float(part.labels.max()) for part in task.splits.values())
@@ -75,8 +79,9 @@ def task_catalog(data_dir: Optional[PathLike] = None) -> Any:
     """One row per registered task (a ``pandas.DataFrame`` with :data:`TASK_COLUMNS`).
 
     ``data_dir`` (default ``$ILGE_SEARCH_DATA``) holds local copies in the shared
-    layout; a task found there is read to count its classes (or score range) and
-    split sizes, and is ``offline``. Other tasks load from the Hugging Face hub.
+    layout; a task found there is read to count its classes (tags, or score range) and
+    split sizes (sentences for a tagging task), and is ``offline``. Other tasks load from the
+    Hugging Face hub, except those whose source is ``data dir only``.
     """
     import pandas as pd
 

@@ -1,4 +1,4 @@
-"""The one extraction path: every hidden state of a frozen model, pooled over tokens.
+"""The one extraction path: every hidden state of a frozen model, pooled over tokens or over words.
 
 Texts are tokenised once to get their lengths, sorted so that each batch needs
 little padding, run through the model under ``torch.inference_mode`` with
@@ -6,6 +6,11 @@ little padding, run through the model under ``torch.inference_mode`` with
 ``(batch, num_layers, hidden)``: (N, L, T, D) is never held. Results come back in the
 original order. :meth:`LayerEmbedder.iter_pooled_batches` streams the pooled batches,
 so a writer (the embedding cache) needs memory for the output only.
+
+Sentences of words take the same path (:meth:`LayerEmbedder.iter_word_batches`): each is
+tokenised as its words joined by spaces, cut into windows if it is longer than
+``max_length`` pieces (:mod:`ilge_search.words`), and every word's pieces are pooled to one
+``(num_layers, hidden)`` vector (its first piece, or their mean).
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from .models import (
     resolve_dtype,
     resolve_model,
 )
+from .tagging import sentence_offsets
 from .validation import check_int
+from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, pool_window_words
 
-__all__ = ["POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
+__all__ = ["POOLINGS", "WORD_POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
 
 POOLINGS = ("mean", "last", "first", "mean_including_padding")
 PathLike = Union[str, os.PathLike]
@@ -233,7 +240,6 @@ class LayerEmbedder:
         bar = tqdm(
             total=len(texts), unit="text", desc=f"embed {self.source.name}", disable=not progress, dynamic_ncols=True
         )
-        device = next(self._model.parameters()).device
         try:
             for start in range(0, len(order), self.batch_size):
                 indices = order[start : start + self.batch_size]
@@ -244,18 +250,86 @@ class LayerEmbedder:
                     max_length=self.effective_max_length,
                     return_tensors="pt",
                 )
-                encoded = {name: tensor.to(device) for name, tensor in encoded.items()}
-                mask = encoded["attention_mask"]
-                extra = dict(self._forward_kwargs)
-                if self._accepts_position_ids and bool((mask[:, 0] == 0).any()):
-                    # Left padding: count positions from each row's first real token, as with no padding.
-                    extra["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
                 with torch.inference_mode():
-                    outputs = self._model(**encoded, **extra, output_hidden_states=True, return_dict=True)
-                    pooled = pool_hidden_states(outputs.hidden_states, mask, self.pooling)
-                del outputs
+                    hidden_states, mask = self._hidden_states(encoded)
+                    pooled = pool_hidden_states(hidden_states, mask, self.pooling)
+                del hidden_states
                 bar.update(len(indices))
                 yield indices, pooled.cpu()
+        finally:
+            bar.close()
+
+    def _hidden_states(self, encoded: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Every hidden state of a padded batch (call under ``torch.inference_mode``), and its attention mask."""
+        device = next(self._model.parameters()).device
+        encoded = {name: tensor.to(device) for name, tensor in encoded.items()}
+        mask = encoded["attention_mask"]
+        extra = dict(self._forward_kwargs)
+        if self._accepts_position_ids and bool((mask[:, 0] == 0).any()):
+            # Left padding: count positions from each row's first real token, as with no padding.
+            extra["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        outputs = self._model(**encoded, **extra, output_hidden_states=True, return_dict=True)
+        return outputs.hidden_states, mask
+
+    def word_windows(self, sentences: Sequence[Sequence[str]], window_overlap: int = 0) -> list[WordWindow]:
+        """Every sentence's model inputs: one window each, or several for one longer than
+        :attr:`effective_max_length` pieces (``window_overlap`` pieces shared between neighbours).
+        Loads the tokenizer (and the model) if needed; raises ``ValueError`` for a word the
+        tokenizer drops or one too long for a window."""
+        check_int("window_overlap", window_overlap, minimum=0)
+        self.load()
+        tokenizer = WordTokenizer(self._tokenizer)
+        max_length = self.effective_max_length
+        return [
+            window
+            for index, words in enumerate(sentences)
+            for window in tokenizer.windows(index, words, max_length, window_overlap)
+        ]
+
+    def iter_word_batches(
+        self,
+        sentences: Sequence[Sequence[str]],
+        word_pooling: str = "first",
+        window_overlap: int = 0,
+        progress: bool = True,
+    ) -> Iterator[Tuple[np.ndarray, torch.Tensor]]:
+        """Yield ``(rows, pooled)``: positions of words in the sentences' words laid end to end, and their
+        (n, L, D) float32 CPU tensor. Every word of every sentence comes exactly once.
+
+        ``word_pooling``: ``first`` (the word's first piece) or ``mean`` (all its pieces).
+        Windows come longest first, as texts do in :meth:`iter_pooled_batches`.
+        """
+        if word_pooling not in WORD_POOLINGS:
+            raise ValueError(f"word_pooling must be one of {list(WORD_POOLINGS)}, got {word_pooling!r}")
+        sentences = check_sentences(sentences)
+        windows = self.word_windows(sentences, window_overlap)
+        offsets = sentence_offsets([len(words) for words in sentences])
+        order = sorted(range(len(windows)), key=lambda i: -len(windows[i].input_ids))
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=int(offsets[-1]),
+            unit="word",
+            desc=f"embed {self.source.name}",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
+        try:
+            for start in range(0, len(order), self.batch_size):
+                batch = [windows[i] for i in order[start : start + self.batch_size]]
+                encoded = self._tokenizer.pad({"input_ids": [w.input_ids for w in batch]}, return_tensors="pt")
+                length = encoded["input_ids"].shape[1]
+                left = self._tokenizer.padding_side == "left"
+                pad_left = [length - len(w.input_ids) if left else 0 for w in batch]
+                with torch.inference_mode():
+                    hidden_states, _ = self._hidden_states(encoded)
+                    pooled = pool_window_words(hidden_states, batch, pad_left, word_pooling)
+                del hidden_states
+                rows = np.concatenate(
+                    [offsets[w.sentence] + w.first_word + np.arange(w.keep[0], w.keep[1]) for w in batch]
+                )
+                bar.update(len(rows))
+                yield rows, pooled.cpu()
         finally:
             bar.close()
 

@@ -1,10 +1,11 @@
 """Task registry and loading: the paper's tasks, a few more, and custom files.
 
-Every task loads into a :class:`TaskData`: splits of texts (or sentence pairs) with
-integer label ids (or float scores), label names sorted so that ids are stable, and a
-content fingerprint per split for cache keys. Every check (unknown task, missing files
-or columns, non-UTF-8 bytes, empty texts, list or dict values, a single label, labels a
-split has but train lacks) runs here, before any model is loaded.
+Every task loads into a :class:`TaskData`: splits of texts (or sentence pairs, or for a
+tagging task sentences of words) with integer label ids (or float scores, or one tag id
+per word), label names sorted so that ids are stable, and a content fingerprint per split
+for cache keys. Every check (unknown task, missing files or columns, non-UTF-8 bytes,
+empty texts, list or dict values, a single label, labels a split has but train lacks; for
+tagging the checks of :mod:`ilge_search.tagging`) runs here, before any model is loaded.
 
 Sources, in order: a registered task read from a local data dir in the shared layout
 (``<data_dir>/<task>/{train,validation,test}.jsonl``), a registered task downloaded
@@ -15,7 +16,6 @@ files or a single CSV / TSV / JSONL / Parquet file.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import math
@@ -27,8 +27,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .files import iter_json_objects, read_text_utf8
 from .settings import DATA_ENV, resolve_data_dir
+from .tagging import TaggedRows, check_tagged_rows, check_tags_seen_in_train, sentence_offsets
+from .task_files import MAX_ROWS_LISTED, Table, TaskError, find_split_files, read_table
 from .validation import check_int
 
 __all__ = [
@@ -46,16 +47,9 @@ __all__ = [
 
 PathLike = Union[str, os.PathLike]
 SPLITS = ("train", "validation", "test")
-KINDS = ("classification", "similarity")
-_SPLIT_FILE_NAMES = {"train": ("train",), "validation": ("validation", "val", "dev"), "test": ("test",)}
-_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".json")
-_MAX_ROWS_LISTED = 10
+KINDS = ("classification", "similarity", "tagging")
 _NOT_SCALAR = (list, tuple, dict, set, np.ndarray)
 log = logging.getLogger(__name__)  # data warnings: one line each (the CLI shows them as they are)
-
-
-class TaskError(ValueError):
-    """Bad task name, task files or columns; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -64,11 +58,13 @@ class TaskSpec:
 
     Attributes:
         name: registry name (``banking77``); custom tasks use the file or folder stem.
-        kind: ``classification`` or ``similarity`` (sentence pairs with a score).
-        metric: ``accuracy`` or ``spearman`` (of the cosine similarity).
+        kind: ``classification``, ``similarity`` (sentence pairs with a score) or ``tagging``
+            (sentences of words, one tag per word).
+        metric: ``accuracy`` (of texts, or of words for tagging) or ``spearman`` (of the cosine similarity).
         hf_dataset / hf_config: Hugging Face dataset id and config for online users.
         text_col / label_col: classification columns of the online source.
         text_cols / score_col: similarity columns of the online source.
+        tokens_col / tags_col: tagging columns (a list of words and a list of tags per row).
         local_name: folder under the data dir (``sick`` for ``sick_r``); None for online-only.
         splits: the splits the source provides.
         zero_shot_of: evaluated zero-shot with the encoder trained on this task (``stsb``).
@@ -84,6 +80,8 @@ class TaskSpec:
     label_col: str = "label"
     text_cols: Tuple[str, str] = ("sentence1", "sentence2")
     score_col: str = "score"
+    tokens_col: str = "tokens"
+    tags_col: str = "tags"
     local_name: Optional[str] = None
     splits: Tuple[str, ...] = SPLITS
     zero_shot_of: Optional[str] = None
@@ -96,26 +94,44 @@ class TaskSpec:
 
 @dataclass
 class TaskSplit:
-    """One split: ``texts`` (classification) or ``pairs`` (similarity), and ``labels``
-    (int64 label ids, or float32 scores for similarity)."""
+    """One split: ``texts`` (classification), ``pairs`` (similarity) or ``sentences`` (tagging), and
+    ``labels``: int64 label ids, float32 scores for similarity, or for tagging one int64 tag id per word,
+    sentence after sentence (sentence ``i``'s tags are ``labels[word_offsets[i]:word_offsets[i + 1]]``).
+    Its length is the number of examples: texts, pairs or sentences."""
 
     name: str
     labels: np.ndarray
     texts: Optional[List[str]] = None
     pairs: Optional[List[Tuple[str, str]]] = None
+    sentences: list[list[str]] | None = None
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self.sentences) if self.sentences is not None else len(self.labels)
+
+    @property
+    def word_offsets(self) -> np.ndarray:
+        """Tagging: ``(num_sentences + 1,)`` where each sentence's words start in ``labels``, then the end."""
+        if self.sentences is None:
+            raise ValueError(f"split {self.name!r} holds no sentences of words; word offsets are for tagging tasks")
+        return sentence_offsets([len(words) for words in self.sentences])
 
     def flat_texts(self) -> List[str]:
-        """The texts to embed: ``texts``, or pairs interleaved ``[a0, b0, a1, b1, ...]``."""
+        """The texts to embed: ``texts``, pairs interleaved ``[a0, b0, a1, b1, ...]``, or each sentence's
+        words joined by single spaces (the text a tagging model reads)."""
         if self.pairs is not None:
             return [sentence for pair in self.pairs for sentence in pair]
+        if self.sentences is not None:
+            return [" ".join(words) for words in self.sentences]
         return list(self.texts or [])
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> "TaskSplit":
         """The rows at ``indices`` (in that order)."""
         rows = np.asarray(indices, dtype=np.int64)
+        if self.sentences is not None:
+            offsets = self.word_offsets
+            kept = [self.labels[offsets[i] : offsets[i + 1]] for i in rows]
+            labels = np.concatenate(kept) if kept else np.empty(0, dtype=np.int64)
+            return TaskSplit(self.name, labels=labels, sentences=[self.sentences[i] for i in rows])
         return TaskSplit(
             name=self.name,
             labels=self.labels[rows],
@@ -157,14 +173,17 @@ class TaskData:
         return self.splits[name]
 
     def fingerprint(self, split: str) -> str:
-        """sha256 of the split's content: kind, texts (or pairs), labels and label names."""
+        """sha256 of the split's content: kind, texts (or pairs, or sentences word by word), labels and
+        label names."""
         part = self.split(split)
         digest = hashlib.sha256()
         digest.update(json.dumps({"kind": self.kind, "label_names": self.label_names, "n": len(part)}).encode())
-        for text in part.flat_texts():
+        # a tagging sentence's words are kept apart (\x1f): ["New York"] and ["New", "York"] differ
+        texts = ["\x1f".join(words) for words in part.sentences] if part.sentences is not None else part.flat_texts()
+        for text in texts:
             digest.update(text.encode("utf-8"))
             digest.update(b"\x00")
-        labels = part.labels.astype(np.int64 if self.kind == "classification" else np.float32)
+        labels = part.labels.astype(np.float32 if self.kind == "similarity" else np.int64)
         digest.update(np.ascontiguousarray(labels).tobytes())
         return digest.hexdigest()
 
@@ -278,6 +297,14 @@ TASKS: Dict[str, TaskSpec] = {
         _similarity("sts16", "mteb/sts16-sts", "SemEval STS 2016, zero-shot"),
         _similarity("biosses", "mteb/biosses-sts", "biomedical sentence similarity, zero-shot"),
         _similarity("sick_r", "mteb/sickr-sts", "SICK relatedness, zero-shot", local="sick"),
+        # Token tasks: one tag per word; read from the data dir only (no download source).
+        TaskSpec(
+            name="ud_ewt_pos",
+            kind="tagging",
+            metric="accuracy",
+            local_name="ud_ewt_pos",
+            description="part-of-speech tags (UPOS) of UD English-EWT words, 17 tags",
+        ),
     ]
 }
 
@@ -299,91 +326,10 @@ def get_task_spec(name: str) -> TaskSpec:
     )
 
 
-# ----------------------------------------------------------------------------- reading files
+# ----------------------------------------------------------------------------- checking columns
 
 
-@dataclass
-class _Table:
-    """Columns of one split file, with where they came from (for error messages)."""
-
-    columns: Dict[str, list]
-    where: str
-    first_row: int = 1  # number of the first data row in the file (for messages)
-
-    @property
-    def num_rows(self) -> int:
-        return len(next(iter(self.columns.values()))) if self.columns else 0
-
-    def column(self, name: str, option: str) -> list:
-        if name not in self.columns:
-            raise TaskError(
-                f"{self.where} has no column {name!r} (columns present: "
-                f"{', '.join(map(str, self.columns)) or 'none'}). Pass {option} with one of them."
-            )
-        return self.columns[name]
-
-    def rows(self, positions: Sequence[int]) -> str:
-        shown = ", ".join(str(p + self.first_row) for p in positions[:_MAX_ROWS_LISTED])
-        more = f" and {len(positions) - _MAX_ROWS_LISTED} more" if len(positions) > _MAX_ROWS_LISTED else ""
-        return f"{shown}{more}"
-
-
-def _read_jsonl(path: Path) -> _Table:
-    columns: Dict[str, list] = {}
-    n = 0
-    for _, row in iter_json_objects(path, TaskError):
-        for key in row:
-            if key not in columns:  # keeps the file's column order
-                columns[key] = [None] * n
-        for key, values in columns.items():
-            values.append(row.get(key))
-        n += 1
-    if n == 0:
-        raise TaskError(f"{path} has no rows")
-    return _Table(columns, str(path), first_row=1)
-
-
-def _read_with_pandas(path: Path) -> _Table:
-    import pandas as pd
-
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            frame = pd.read_parquet(path)
-        elif suffix == ".json":
-            frame = pd.read_json(io.StringIO(read_text_utf8(path, TaskError)))
-        else:  # decoded here, so bytes that are not UTF-8 are reported with their line
-            frame = pd.read_csv(
-                io.StringIO(read_text_utf8(path, TaskError)),
-                sep="\t" if suffix == ".tsv" else ",",
-                keep_default_na=False,
-                na_filter=False,
-                quoting=3 if suffix == ".tsv" else 0,
-            )
-    except ImportError as exc:
-        raise TaskError(
-            f"reading {path} needs an optional package: {exc}. Install it (pip install pyarrow) "
-            f"or convert the file to CSV/JSONL."
-        ) from exc
-    except TaskError:
-        raise
-    except Exception as exc:  # pandas parser errors
-        raise TaskError(f"could not read {path}: {exc}") from exc
-    if len(frame) == 0:
-        raise TaskError(f"{path} has no rows")
-    columns = {str(name): frame[name].tolist() for name in frame.columns}
-    return _Table(columns, str(path), first_row=2 if suffix in (".csv", ".tsv") else 1)
-
-
-def _read_table(path: Path) -> _Table:
-    if path.suffix.lower() == ".jsonl":
-        return _read_jsonl(path)
-    if path.suffix.lower() not in _SUFFIXES:
-        raise TaskError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(_SUFFIXES)}")
-    return _read_with_pandas(path)
-
-
-def _refuse_non_scalar(table: _Table, name: str, values: list, what: str) -> None:
+def _refuse_non_scalar(table: Table, name: str, values: list, what: str) -> None:
     bad = [i for i, value in enumerate(values) if isinstance(value, _NOT_SCALAR)]
     if bad:
         kinds = sorted({type(values[i]).__name__ for i in bad})
@@ -393,7 +339,7 @@ def _refuse_non_scalar(table: _Table, name: str, values: list, what: str) -> Non
         )
 
 
-def _check_texts(table: _Table, name: str, option: str) -> List[str]:
+def _check_texts(table: Table, name: str, option: str) -> List[str]:
     values = table.column(name, option)
     _refuse_non_scalar(table, name, values, "text")
     bad = [
@@ -409,7 +355,7 @@ def _check_texts(table: _Table, name: str, option: str) -> List[str]:
     return [str(value) for value in values]
 
 
-def _check_labels(table: _Table, name: str) -> List[str]:
+def _check_labels(table: Table, name: str) -> List[str]:
     values = table.column(name, "--label-col")
     _refuse_non_scalar(table, name, values, "label")
     bad = [
@@ -423,7 +369,7 @@ def _check_labels(table: _Table, name: str) -> List[str]:
     return [str(int(v)) if isinstance(v, float) and float(v).is_integer() else str(v) for v in values]
 
 
-def _check_scores(table: _Table, name: str) -> np.ndarray:
+def _check_scores(table: Table, name: str) -> np.ndarray:
     values = table.column(name, "--score-col")
     scores = np.empty(len(values), dtype=np.float32)
     bad = []
@@ -450,6 +396,8 @@ class _Columns:
     label_col: str = "label"
     text_cols: Tuple[str, str] = ("sentence1", "sentence2")
     score_col: str = "score"
+    tokens_col: str = "tokens"
+    tags_col: str = "tags"
 
 
 def _sorted_label_names(names: Sequence[str]) -> List[str]:
@@ -460,10 +408,12 @@ def _sorted_label_names(names: Sequence[str]) -> List[str]:
 
 
 def _build_task(
-    spec: TaskSpec, tables: Dict[str, _Table], cols: _Columns, source: str, val_fraction: float, seed: int
+    spec: TaskSpec, tables: Dict[str, Table], cols: _Columns, source: str, val_fraction: float, seed: int
 ) -> TaskData:
     """Validate every split's columns, map labels to ids, carve validation if needed."""
-    if cols.kind == "similarity":
+    if cols.kind == "tagging":
+        task = _tagging_task(spec, tables, cols, source)
+    elif cols.kind == "similarity":
         splits = {}
         for name, table in tables.items():
             a = _check_texts(table, cols.text_cols[0], "--text-cols")
@@ -489,8 +439,8 @@ def _build_task(
                 count = sum(1 for label in split_names if label not in ids)
                 raise TaskError(
                     f"{tables[name].where}: {count} row(s) of split {name!r} have label(s) that the {reference} "
-                    f"split does not have: {', '.join(map(repr, unseen[:_MAX_ROWS_LISTED]))}"
-                    f"{' ...' if len(unseen) > _MAX_ROWS_LISTED else ''}. A classifier cannot predict labels "
+                    f"split does not have: {', '.join(map(repr, unseen[:MAX_ROWS_LISTED]))}"
+                    f"{' ...' if len(unseen) > MAX_ROWS_LISTED else ''}. A classifier cannot predict labels "
                     f"it never saw; fix the files or drop those rows."
                 )
         splits = {
@@ -508,6 +458,31 @@ def _build_task(
     return task
 
 
+def _tagging_task(spec: TaskSpec, tables: Dict[str, Table], cols: _Columns, source: str) -> TaskData:
+    """Sentences of words with one tag id per word; tag names sorted as label names are."""
+    rows: Dict[str, TaggedRows] = {
+        name: check_tagged_rows(table, cols.tokens_col, cols.tags_col) for name, table in tables.items()
+    }
+    reference = "train" if "train" in rows else next(iter(rows))
+    tag_names = _sorted_label_names([tag for tags in rows[reference].tags for tag in tags])
+    if len(tag_names) < 2:
+        raise TaskError(
+            f"{rows[reference].where}: every word has the tag {tag_names[0]!r}; a tagger needs at least two "
+            f"tags. Check --tags-col or add sentences with other tags."
+        )
+    check_tags_seen_in_train({name: part for name, part in rows.items() if name != reference}, tag_names)
+    ids = {tag: i for i, tag in enumerate(tag_names)}
+    splits = {
+        name: TaskSplit(
+            name,
+            labels=np.array([ids[tag] for tags in part.tags for tag in tags], dtype=np.int64),
+            sentences=part.sentences,
+        )
+        for name, part in rows.items()
+    }
+    return TaskData(spec=spec, splits=splits, label_names=tag_names, source=source)
+
+
 _WARNED: set = set()  # (source, warning) pairs already shown by this process
 
 
@@ -522,7 +497,9 @@ def _warn_test_in_train(task: TaskData) -> None:
     if "train" not in task.splits or "test" not in task.splits:
         return
     train, test = (
-        list(part.pairs if part.pairs is not None else part.texts or [])
+        [tuple(words) for words in part.sentences]
+        if part.sentences is not None
+        else list(part.pairs if part.pairs is not None else part.texts or [])
         for part in (task.splits["train"], task.splits["test"])
     )
     seen: set = set(train)
@@ -573,17 +550,6 @@ def _carve_validation(task: TaskData, fraction: float, seed: int) -> TaskData:
 # ----------------------------------------------------------------------------- sources
 
 
-def _find_split_files(folder: Path) -> Dict[str, Path]:
-    found: Dict[str, Path] = {}
-    for split, stems in _SPLIT_FILE_NAMES.items():
-        for stem in stems:
-            candidates = [folder / f"{stem}{suffix}" for suffix in _SUFFIXES if (folder / f"{stem}{suffix}").is_file()]
-            if candidates:
-                found[split] = candidates[0]
-                break
-    return found
-
-
 def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_fraction: float, seed: int) -> TaskData:
     folder = data_dir / spec.local_name if spec.local_name else None
     if folder is None or not folder.is_dir():
@@ -593,12 +559,14 @@ def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_f
             if data_dir.is_dir()
             else f"{data_dir}, which does not exist"
         )
-        hint = (
-            f"Put {spec.local_name or spec.name}/train.jsonl and test.jsonl there, or unset --data-dir/"
-            f"${DATA_ENV} to download {spec.hf_dataset!r} with the `datasets` library."
+        download = (
+            f", or unset --data-dir/${DATA_ENV} to download {spec.hf_dataset!r} with the `datasets` library"
+            if spec.hf_dataset
+            else " (this task has no download source)"
         )
+        hint = f"Put {spec.local_name or spec.name}/train.jsonl and test.jsonl there{download}."
         raise TaskError(f"task {spec.name!r} is not in the data dir {where}. {hint}")
-    files = _find_split_files(folder)
+    files = find_split_files(folder)
     wanted = ("test",) if spec.zero_shot_of else ("train", "test")
     missing = [s for s in wanted if s not in files]
     if missing:
@@ -609,7 +577,7 @@ def _load_local_registered(spec: TaskSpec, data_dir: Path, cols: _Columns, val_f
         )
     if spec.zero_shot_of:  # evaluated on test only
         files = {"test": files["test"]}
-    tables = {split: _read_table(path) for split, path in files.items()}
+    tables = {split: read_table(path) for split, path in files.items()}
     return _build_task(spec, tables, cols, str(folder), val_fraction, seed)
 
 
@@ -618,6 +586,8 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
         f"Pass --data-dir (or set ${DATA_ENV}) to a folder with {spec.local_name or spec.name}/"
         f"train.jsonl and test.jsonl in the shared layout."
     )
+    if spec.hf_dataset is None:
+        raise TaskError(f"task {spec.name!r} has no download source and no data dir. {offline_hint}")
     try:
         import datasets
     except ImportError as exc:
@@ -641,7 +611,7 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
         feature = part.features.get(cols.label_col)
         if cols.kind == "classification" and hasattr(feature, "int2str") and cols.label_col in columns:
             columns[cols.label_col] = [feature.int2str(int(v)) for v in columns[cols.label_col]]
-        tables[split] = _Table(columns, f"{spec.hf_dataset} [{split}]", first_row=0)
+        tables[split] = Table(columns, f"{spec.hf_dataset} [{split}]", first_row=0)
     if "test" not in tables:
         raise TaskError(f"{spec.hf_dataset!r} has no test split (it has {list(loaded)}).")
     if spec.zero_shot_of:
@@ -650,12 +620,24 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
 
 
 def _custom_columns(
-    sample: _Table,
+    sample: Table,
     text_col: Optional[str],
     label_col: Optional[str],
     text_cols: Optional[Sequence[str]],
     score_col: Optional[str],
+    tagging_cols: tuple[str | None, str | None] = (None, None),
 ) -> _Columns:
+    tokens_col, tags_col = tagging_cols
+    sequence_options = [text_col, label_col, text_cols, score_col]
+    if tokens_col is not None or tags_col is not None:
+        if any(option is not None for option in sequence_options):
+            raise TaskError(
+                "tokens_col/tags_col are for tagging files (a list of words and a list of tags per row); "
+                "drop text_col, label_col, text_cols and score_col, or drop tokens_col/tags_col"
+            )
+        return _Columns("tagging", tokens_col=tokens_col or "tokens", tags_col=tags_col or "tags")
+    if all(option is None for option in sequence_options) and {"tokens", "tags"} <= sample.columns.keys():
+        return _Columns("tagging")
     if text_cols is not None:
         if len(text_cols) != 2:
             raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
@@ -669,27 +651,29 @@ def _custom_columns(
     return _Columns("classification", text_col=text_col or "text", label_col=label_col or "label")
 
 
-def _load_custom(path: Path, text_col, label_col, text_cols, score_col, val_fraction, seed) -> TaskData:
+def _load_custom(path: Path, text_col, label_col, text_cols, score_col, tagging_cols, val_fraction, seed) -> TaskData:
     if path.is_dir():
-        files = _find_split_files(path)
+        files = find_split_files(path)
         if "train" not in files:
             present = sorted(p.name for p in path.iterdir())
             raise TaskError(
                 f"{path} has no train file (train.jsonl/.csv/.tsv/.parquet); it has: "
                 f"{', '.join(present[:20]) or 'nothing'}."
             )
-        tables = {split: _read_table(file) for split, file in files.items()}
+        tables = {split: read_table(file) for split, file in files.items()}
     else:
-        tables = {"train": _read_table(path)}
-    cols = _custom_columns(tables["train"], text_col, label_col, text_cols, score_col)
+        tables = {"train": read_table(path)}
+    cols = _custom_columns(tables["train"], text_col, label_col, text_cols, score_col, tagging_cols)
     spec = TaskSpec(
         name=path.stem if path.is_file() else path.name,
         kind=cols.kind,
-        metric="accuracy" if cols.kind == "classification" else "spearman",
+        metric="spearman" if cols.kind == "similarity" else "accuracy",
         text_col=cols.text_col,
         label_col=cols.label_col,
         text_cols=cols.text_cols,
         score_col=cols.score_col,
+        tokens_col=cols.tokens_col,
+        tags_col=cols.tags_col,
         splits=tuple(tables),
         description=f"custom task from {path}",
     )
@@ -704,6 +688,8 @@ def load_task(
     label_col: Optional[str] = None,
     text_cols: Optional[Sequence[str]] = None,
     score_col: Optional[str] = None,
+    tokens_col: str | None = None,
+    tags_col: str | None = None,
     val_fraction: float = 0.15,
     seed: int = 42,
 ) -> TaskData:
@@ -717,12 +703,15 @@ def load_task(
             registered tasks are downloaded with Hugging Face ``datasets``.
         text_col, label_col: classification columns (override the registered ones).
         text_cols, score_col: two text columns and a score column for sentence-pair tasks.
+        tokens_col, tags_col: a tagging task's columns, one list of words and one list of tags per row
+            (default ``tokens``/``tags``; a custom file with both columns is a tagging task).
         val_fraction, seed: where there is no validation split, a stratified, seeded
-            ``val_fraction`` of train becomes one.
+            ``val_fraction`` of train becomes one (whole sentences for tagging).
 
     Raises:
         TaskError (a ValueError): unknown task, missing files or columns, empty texts,
-        labels in validation/test that train lacks.
+        labels in validation/test that train lacks; for tagging also an empty sentence, a word that is not
+        a non-empty string, or a row whose numbers of words and tags differ.
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path
@@ -746,12 +735,15 @@ def load_task(
             label_col or defaults.label_col,
             (text_cols[0], text_cols[1]) if text_cols else defaults.text_cols,
             score_col or defaults.score_col,
+            tokens_col or spec.tokens_col,
+            tags_col or spec.tags_col,
         )
         if local is not None:
             return _load_local_registered(spec, local, cols, val_fraction, seed)
         return _load_online(spec, cols, val_fraction, seed)
     if path.exists():
-        return _load_custom(path, text_col, label_col, text_cols, score_col, val_fraction, seed)
+        tagging_cols = (tokens_col, tags_col)
+        return _load_custom(path, text_col, label_col, text_cols, score_col, tagging_cols, val_fraction, seed)
     get_task_spec(raw)  # raises the unknown-task error
     raise AssertionError("unreachable")
 
@@ -822,6 +814,11 @@ def few_shot(task: TaskData, shots_per_label: int, *, seed: int = 0) -> TaskData
 
     ``shots_per_label`` above every label's count raises :class:`TaskError`: it would keep
     the whole train split under a few-shot name."""
+    if task.kind == "tagging":
+        raise TaskError(
+            f"few-shot draws texts per label, but {task.name!r} tags words (a tagging task); drop --shots "
+            f"and cap the training sentences with --max-train instead"
+        )
     if task.kind != "classification":
         raise ValueError(f"few_shot needs a classification task; {task.name!r} is {task.kind}")
     check_int("shots_per_label", shots_per_label)

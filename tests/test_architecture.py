@@ -34,8 +34,12 @@ LAYERS: Dict[str, int] = {
     "tuning": 2,
     "record": 2,
     "tasks": 3,
+    "task_files": 3,
+    "tagging": 3,
     "extraction": 3,
+    "words": 3,
     "cache": 3,
+    "word_cache": 3,
     "engine": 3,
     "storage": 3,
     "objectives": 3,
@@ -46,6 +50,7 @@ LAYERS: Dict[str, int] = {
     # classifier above study: ILGEClassifier.from_study reads studies
     "defaults": 6,
     "classifier": 6,
+    "tagger": 6,
     "predict": 6,
     "explain": 6,
     # report above defaults: it reads what defaults/ stored and trains nothing

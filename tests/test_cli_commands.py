@@ -185,6 +185,8 @@ def test_tasks_lists_the_registry_with_local_data(data_dir):
     assert rows["trec"]["splits"] == "train 4635 / validation 817 / test 500"  # validation carved from train
     assert rows["stsb"]["classes_or_scores"] == "scores 0-5"
     assert rows["mtop_intent"]["source"] == "hf:mteb/mtop_intent (en)"
+    assert (rows["ud_ewt_pos"]["kind"], rows["ud_ewt_pos"]["classes_or_scores"]) == ("tagging", "17 tags")
+    assert rows["ud_ewt_pos"]["splits"] == "train 12544 / validation 2001 / test 2077"  # sentences
 
     table = invoke("--data-dir", data_dir, "tasks")
     assert table.exit_code == 0 and "banking77" in table.output and "77 classes" in table.output
@@ -195,7 +197,9 @@ def test_tasks_lists_the_registry_with_local_data(data_dir):
 def test_tasks_without_a_data_dir_load_from_the_hub(monkeypatch):
     monkeypatch.delenv("ILGE_SEARCH_DATA", raising=False)
     rows = json.loads(invoke("tasks", "--format", "json").output)
-    assert all(not row["offline"] and row["source"].startswith("hf:") for row in rows)
+    assert all(not row["offline"] for row in rows)
+    assert all(row["source"].startswith("hf:") for row in rows if row["kind"] != "tagging")
+    assert [row["source"] for row in rows if row["kind"] == "tagging"] == ["data dir only"]
 
 
 def test_models_lists_the_model_table_and_offline_aliases():

@@ -42,7 +42,7 @@ def banking(data_dir):
 
 
 def test_registry_has_the_paper_tasks_and_more():
-    assert PAPER_TASKS | {"trec", "sst2", "tweeteval_emotion"} == set(list_tasks())
+    assert PAPER_TASKS | {"trec", "sst2", "tweeteval_emotion", "ud_ewt_pos"} == set(list_tasks())
     for name in ("banking77", "emotion", "mtop_domain", "mtop_intent", "poem_sentiment", "trec", "sst2"):
         assert (TASKS[name].kind, TASKS[name].metric) == ("classification", "accuracy")
     for name in ("stsb", "sts12", "sts13", "sts14", "sts15", "sts16", "biosses", "sick_r"):
@@ -58,7 +58,12 @@ def test_registry_has_the_paper_tasks_and_more():
         "sick_r",
     }
     assert TASKS["sick_r"].local_name == "sick"
-    assert all(spec.hf_dataset for spec in TASKS.values())
+    assert all(spec.hf_dataset for spec in TASKS.values() if spec.kind != "tagging")
+    assert (TASKS["ud_ewt_pos"].kind, TASKS["ud_ewt_pos"].metric, TASKS["ud_ewt_pos"].hf_dataset) == (
+        "tagging",
+        "accuracy",
+        None,
+    )
     assert get_task_spec("Sick-R") is TASKS["sick_r"]
 
 

@@ -1,18 +1,13 @@
-"""The one training engine.
+"""Training and evaluation on texts and sentence pairs, and the engine's entry points for every kind.
 
-Every model in the project (``ILGEClassifier``, each study trial, each layer
-baseline, each final evaluation) is trained by :func:`train_encoder`:
+:func:`train_encoder` trains a standardiser, an aggregator and a head from a config:
 
 - data are in-memory tensors of per-layer embeddings, ``(N, L, D)`` for
   classification and ``(N, 2, L, D)`` for sentence pairs, usually float16 from
   the embedding cache. A batch is an index slice of a seeded permutation and is
   upcast to float32 on its own; the whole set is never copied or upcast.
-- Adam (or AdamW) with the config's weight decay, ReduceLROnPlateau on the
-  validation metric, early stopping, and the best epoch's weights restored.
-- ``epoch_callback(epoch, val_metric)`` runs after every epoch; the study
-  runner raises ``optuna.TrialPruned`` from it and the exception propagates.
-- Seeded and deterministic on CPU: the same seed and data give the same
-  metrics and weights, and the caller's global RNG state is left untouched.
+- the loop (optimizer, plateau schedule, early stopping, best epoch, seeding,
+  ``epoch_callback``) is :func:`~ilge_search.engine.loop.run_epochs`.
 
 Task kinds:
 
@@ -21,109 +16,47 @@ Task kinds:
 - ``"similarity"``: one shared aggregator and a linear projection embed both
   sentences, their cosine is regressed (MSE) on the gold score min-max
   normalised to ``[0, 1]``; metrics ``spearman`` and ``pearson``.
+- ``"tagging"``: handed to :mod:`ilge_search.engine.tokens` by the same entry points
+  (:func:`train_encoder`, :func:`select_best_layer`, :func:`evaluate`, :func:`predict_logits`),
+  whose features are then sentences of word vectors.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import math
-import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .configs import BestLayerConfig, EncoderConfig
-from .models import resolve_device
-from .validation import check_int
+from ..configs import BestLayerConfig, EncoderConfig
+from ..models import resolve_device
+from . import tokens
+from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingRecipe, TrainResult, run_epochs
+from .metrics import ArrayLike, class_metrics, pearson, spearman
+from .standardizer import FeatureStandardizer
 
 if TYPE_CHECKING:  # pragma: no cover - the aggregator pulls in PyTorch Geometric, imported lazily
-    from .aggregator import Aggregator
+    from ..aggregator import Aggregator
 
 __all__ = [
-    "FeatureStandardizer",
     "ILGEModel",
-    "TrainResult",
+    "build_model",
     "train_encoder",
-    "TrainingRecipe",
     "evaluate",
     "predict_logits",
     "select_best_layer",
-    "spearman",
-    "pearson",
-    "macro_f1",
-    "TASK_KINDS",
-    "METRICS",
+    "EVAL_BATCH_SIZE",
 ]
 
-TASK_KINDS = ("classification", "similarity")
-# metrics per task kind; the first one is the default selection metric. "loss" is minimised, the rest maximised.
-METRICS = {
-    "classification": ("accuracy", "macro_f1", "loss"),
-    "similarity": ("spearman", "pearson", "loss"),
-}
 EVAL_BATCH_SIZE = 1024
 
-ArrayLike = Union[torch.Tensor, np.ndarray]
-Dataset = Tuple[ArrayLike, ArrayLike]  # (features, labels)
+Dataset = Tuple[Any, ArrayLike]  # (features, labels); tagging features are (word features, sentence offsets)
 
 
 # --------------------------------------------------------------------------- model
-
-
-class FeatureStandardizer(nn.Module):
-    """Per-(layer, dimension) z-scoring with statistics of the training set.
-
-    LLM hidden states carry a few "massive activation" dimensions (SmolLM2's
-    early layers reach values in the thousands) that swamp every other
-    feature; without standardisation the encoders barely train on them. The
-    statistics are buffers, so a saved model applies the same transform.
-    Before :meth:`fit` it is the identity.
-
-    Shapes:
-        - input: ``(..., num_layers, hidden_in)``
-        - output: same shape, float32
-    """
-
-    mean: torch.Tensor
-    inv_std: torch.Tensor
-
-    def __init__(self, num_layers: int, hidden_in: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.num_layers = num_layers
-        self.hidden_in = hidden_in
-        self.eps = eps
-        self.register_buffer("mean", torch.zeros(num_layers, hidden_in))
-        self.register_buffer("inv_std", torch.ones(num_layers, hidden_in))
-
-    @torch.no_grad()
-    def fit(self, features: torch.Tensor, chunk_size: int = 4096) -> "FeatureStandardizer":
-        """Set the statistics from ``features`` ``(..., L, D)``, reading it in float64 chunks."""
-        flat = features.reshape(-1, self.num_layers, self.hidden_in)  # pairs: both sentences count
-        total = torch.zeros(self.num_layers, self.hidden_in, dtype=torch.float64)
-        total_sq = torch.zeros_like(total)
-        for start in range(0, flat.shape[0], chunk_size):
-            chunk = flat[start : start + chunk_size].to(torch.float64).cpu()
-            total += chunk.sum(0)
-            total_sq += chunk.square().sum(0)
-        n = flat.shape[0]
-        mean = total / n
-        var = (total_sq / n - mean.square()).clamp_min(0.0)
-        self.mean.copy_(mean.to(self.mean))
-        self.inv_std.copy_((var.sqrt() + self.eps).reciprocal().to(self.inv_std))
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2:] != self.mean.shape:
-            return x  # let the aggregator report the shape error
-        return (x.float() - self.mean) * self.inv_std
-
-    def extra_repr(self) -> str:
-        return f"num_layers={self.num_layers}, hidden_in={self.hidden_in}"
 
 
 class ILGEModel(nn.Module):
@@ -189,7 +122,7 @@ def build_model(
     score_range: Optional[Tuple[float, float]] = None,
 ) -> ILGEModel:
     """Build an untrained :class:`ILGEModel` (uses the global torch RNG for init)."""
-    from .aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
+    from ..aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
 
     _check_task_kind(task_kind)
     aggregator = build_aggregator(config, num_layers=num_layers, hidden_in=hidden_in)
@@ -207,75 +140,6 @@ def build_model(
 
 
 # --------------------------------------------------------------------------- results
-
-
-@dataclass
-class TrainResult:
-    """What one training run produced.
-
-    Attributes:
-        model: the trained :class:`ILGEModel` with the best epoch's weights, in eval mode.
-        best_epoch: epoch (counted from 1) whose weights were kept.
-        epochs_run: epochs actually run (early stopping may end before ``config.epochs``).
-        best_val_metric: the selection metric at ``best_epoch``.
-        selection_metric: its name (``"accuracy"``, ``"spearman"``, ``"loss"``...).
-        history: one dict per epoch: ``epoch``, ``train_loss``, ``val_loss``,
-            ``val_<metric>`` for each metric of the task, ``lr``.
-        num_trainable_params: trainable parameters of aggregator plus head.
-        seconds: wall time of the run.
-    """
-
-    model: ILGEModel
-    best_epoch: int
-    epochs_run: int
-    best_val_metric: float
-    selection_metric: str
-    history: List[Dict[str, float]] = field(default_factory=list)
-    num_trainable_params: int = 0
-    seconds: float = 0.0
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def _average_ranks(values: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties get the mean of the ranks they span."""
-    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
-    last_rank = np.cumsum(counts)
-    average_rank = last_rank - (counts - 1) / 2.0
-    return average_rank[inverse.reshape(-1)]
-
-
-def pearson(x: ArrayLike, y: ArrayLike) -> float:
-    """Pearson correlation; 0.0 when either vector is constant (undefined)."""
-    x = np.asarray(x, dtype=np.float64).reshape(-1)
-    y = np.asarray(y, dtype=np.float64).reshape(-1)
-    if x.shape != y.shape:
-        raise ValueError(f"pearson: vectors differ in length ({x.size} vs {y.size})")
-    x = x - x.mean()
-    y = y - y.mean()
-    denom = math.sqrt(float((x * x).sum()) * float((y * y).sum()))
-    return float((x * y).sum() / denom) if denom > 0 else 0.0
-
-
-def spearman(x: ArrayLike, y: ArrayLike) -> float:
-    """Spearman rank correlation (ties averaged); 0.0 when either vector is constant."""
-    x = np.asarray(x, dtype=np.float64).reshape(-1)
-    y = np.asarray(y, dtype=np.float64).reshape(-1)
-    return pearson(_average_ranks(x), _average_ranks(y))
-
-
-def macro_f1(y_true: ArrayLike, y_pred: ArrayLike) -> float:
-    """Unweighted mean of per-class F1 over the classes present in ``y_true`` or ``y_pred``."""
-    y_true = torch.as_tensor(y_true).long().reshape(-1)
-    y_pred = torch.as_tensor(y_pred).long().reshape(-1)
-    num_classes = int(max(y_true.max(), y_pred.max())) + 1
-    tp = torch.bincount(y_true[y_true == y_pred], minlength=num_classes).double()
-    true_count = torch.bincount(y_true, minlength=num_classes).double()
-    pred_count = torch.bincount(y_pred, minlength=num_classes).double()
-    present = (true_count + pred_count) > 0
-    f1 = 2 * tp[present] / (true_count[present] + pred_count[present])  # 2tp / (2tp + fp + fn)
-    return float(f1.mean())
 
 
 # --------------------------------------------------------------------------- input checks
@@ -343,15 +207,19 @@ def _batches(num_rows: int, batch_size: int, order: Optional[torch.Tensor] = Non
 
 @torch.no_grad()
 def predict_logits(
-    model: ILGEModel,
+    model: ILGEModel | tokens.TaggerModel,
     features: ArrayLike,
     device: Union[str, torch.device, None] = None,
     batch_size: int = EVAL_BATCH_SIZE,
 ) -> torch.Tensor:
-    """Model outputs on CPU, float32: logits ``(N, C)`` or cosine similarities ``(N,)``.
+    """Model outputs on CPU, float32: logits ``(N, C)`` or cosine similarities ``(N,)``; for a tagger,
+    ``features`` are ``(word features, sentence offsets)`` (or a word cache entry) and the logits
+    ``(num_words, C)``.
 
     Runs in eval mode and restores the model's previous mode afterwards.
     """
+    if isinstance(model, tokens.TaggerModel):
+        return tokens.predict_word_logits(model, features, device)
     features = torch.as_tensor(features)
     if device is None:
         device = next(model.parameters()).device
@@ -370,13 +238,7 @@ def predict_logits(
 
 def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
     if model.task_kind == "classification":
-        predicted = outputs.argmax(dim=1)
-        loss = nn.functional.cross_entropy(outputs, labels.long())
-        return {
-            "loss": float(loss),
-            "accuracy": float((predicted == labels).double().mean()),
-            "macro_f1": macro_f1(labels, predicted),
-        }
+        return class_metrics(outputs, labels)
     out = {"spearman": spearman(outputs, labels), "pearson": pearson(outputs, labels)}
     if model.score_range is not None:
         out["loss"] = float(nn.functional.mse_loss(outputs, model.normalise_scores(labels.float())))
@@ -384,7 +246,7 @@ def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> D
 
 
 def evaluate(
-    model: ILGEModel,
+    model: ILGEModel | tokens.TaggerModel,
     features: ArrayLike,
     labels: ArrayLike,
     task_kind: Optional[str] = None,
@@ -393,13 +255,15 @@ def evaluate(
 ) -> Dict[str, float]:
     """Metrics of ``model`` on a labelled set.
 
-    Returns ``{"accuracy", "macro_f1", "loss"}`` for classification and
-    ``{"spearman", "pearson", "loss"}`` for similarity (``loss`` only when the
-    model knows its score range).
+    Returns ``{"accuracy", "macro_f1", "loss"}`` for classification and, over words, for tagging
+    (``features``: ``(word features, sentence offsets)``, ``labels``: one per word), and
+    ``{"spearman", "pearson", "loss"}`` for similarity (``loss`` only when the model knows its score range).
     """
     task_kind = task_kind or model.task_kind
     if task_kind != model.task_kind:
         raise ValueError(f"model was trained for {model.task_kind!r}, not {task_kind!r}")
+    if isinstance(model, tokens.TaggerModel):
+        return tokens.evaluate_words(model, features, labels, device)
     features = _as_features(features, task_kind, "evaluation")
     labels = _as_labels(labels, features.shape[0], task_kind, "evaluation")
     if task_kind == "classification":
@@ -416,37 +280,6 @@ def _check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> Non
 
 
 # --------------------------------------------------------------------------- training
-
-
-@dataclass(frozen=True)
-class TrainingRecipe:
-    """How the engine trains beyond what an encoder config says (its ``lr``, ``weight_decay``,
-    ``batch_size`` and ``epochs``).
-
-    Attributes:
-        patience: stop after this many epochs without a better validation metric (``None``: never early).
-        lr_patience, lr_factor: ReduceLROnPlateau on the validation metric.
-        selection_metric: metric for early stopping, the LR schedule and the best epoch; default
-            ``"accuracy"`` / ``"spearman"``; ``"loss"`` is minimised.
-        optimizer: ``"adam"`` (L2 weight decay) or ``"adamw"`` (decoupled).
-        standardize: z-score every (layer, dimension) with training-set statistics (stored in the model)
-            before the aggregator.
-    """
-
-    patience: Optional[int] = 10
-    lr_patience: int = 3
-    lr_factor: float = 0.5
-    selection_metric: Optional[str] = None
-    optimizer: str = "adam"
-    standardize: bool = True
-
-    def resolved(self, task_kind: str) -> "TrainingRecipe":
-        """The recipe checked for ``task_kind``, with its selection metric filled in."""
-        metric = _check_options(task_kind, self.selection_metric, self.optimizer, self.patience)
-        return dataclasses.replace(self, selection_metric=metric)
-
-
-DEFAULT_RECIPE = TrainingRecipe()
 
 
 def train_encoder(
@@ -470,8 +303,11 @@ def train_encoder(
             ``weight_decay``, ``batch_size`` and ``epochs`` are the recipe.
         train, val: ``(features, labels)``. Features are ``(N, L, D)``
             (classification) or ``(N, 2, L, D)`` (similarity), any float dtype;
-            labels are class ids or gold similarity scores.
-        task_kind: ``"classification"`` or ``"similarity"``.
+            labels are class ids or gold similarity scores. For tagging, features
+            are ``(word features (W, L, D), sentence offsets (S + 1,))`` or a word
+            cache entry, and labels one class id per word.
+        task_kind: ``"classification"``, ``"similarity"`` or ``"tagging"`` (a
+            :class:`~ilge_search.engine.TaggerModel`, :mod:`ilge_search.engine.tokens`).
         num_classes: number of classes (default: largest label in train/val + 1).
         score_range: ``(low, high)`` of the similarity scale, e.g. ``(0, 5)`` for
             STS-B (default: min and max of the training scores).
@@ -484,26 +320,10 @@ def train_encoder(
         progress: show a tqdm bar over epochs.
     """
     recipe = recipe.resolved(task_kind)
-    prepared = _prepare_data(train, val, task_kind, num_classes, score_range)
-    return _train_prepared(
-        config,
-        prepared,
-        _Run(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress),
-    )
-
-
-def _check_options(task_kind: str, selection_metric: Optional[str], optimizer: str, patience: Optional[int]) -> str:
-    """Validate the training options; return the resolved selection metric."""
-    _check_task_kind(task_kind)
-    selection_metric = selection_metric or METRICS[task_kind][0]
-    if selection_metric not in METRICS[task_kind]:
-        raise ValueError(
-            f"selection_metric for {task_kind!r} must be one of {list(METRICS[task_kind])}, got {selection_metric!r}"
-        )
-    if optimizer not in ("adam", "adamw"):
-        raise ValueError(f"optimizer must be 'adam' or 'adamw', got {optimizer!r}")
-    check_int("patience", patience, allow_none=True)
-    return selection_metric
+    run = RunSettings(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress)
+    if task_kind == TAGGING:
+        return tokens.train_prepared_words(config, tokens.prepare_words(train, val, num_classes), run)
+    return _train_prepared(config, _prepare_data(train, val, task_kind, num_classes, score_range), run)
 
 
 @dataclass
@@ -577,90 +397,43 @@ def _train_one_epoch(
     return float(loss_sum) / len(order)
 
 
-@dataclass(frozen=True)
-class _Run:
-    """One training run's settings besides the config and the data."""
+class _SequenceTask:
+    """Texts or sentence pairs for :func:`~ilge_search.engine.loop.run_epochs`: index batches of a seeded
+    permutation, each upcast to float32 on its own."""
 
-    seed: int
-    device: Union[str, torch.device]
-    recipe: TrainingRecipe  # resolved: its selection metric is set
-    epoch_callback: Optional[Callable[[int, float], Any]] = None
-    progress: bool = False
-    fitted_standardizer: Optional["FeatureStandardizer"] = None
+    def __init__(self, config: EncoderConfig, data: _PreparedData, run: RunSettings) -> None:
+        self.config, self.data, self.run = config, data, run
+        self.device = resolve_device(run.device)
 
+    def build(self) -> ILGEModel:
+        data, recipe, fitted = self.data, self.run.recipe, self.run.fitted_standardizer
+        num_layers, hidden_in = data.train_x.shape[-2], data.train_x.shape[-1]
+        model = build_model(self.config, num_layers, hidden_in, data.task_kind, data.num_classes, data.score_range)
+        if recipe.standardize and fitted is not None:
+            model.standardizer.load_state_dict(fitted.state_dict())
+        elif recipe.standardize:
+            model.standardizer.fit(data.train_x)
+        model = model.to(self.device)
+        if self.device.type != "cpu":  # stays float16 if cached as float16
+            data.train_x, data.val_x = data.train_x.to(self.device), data.val_x.to(self.device)
+            data.train_y = data.train_y.to(self.device)
+        return model
 
-def _train_prepared(config: EncoderConfig, data: _PreparedData, run: _Run) -> TrainResult:
-    """Train on prepared data. ``run.fitted_standardizer`` (statistics already computed on
-    ``data.train_x``) saves callers that train many models on one set from refitting it."""
-    recipe, seed, epoch_callback = run.recipe, run.seed, run.epoch_callback
-    selection_metric, optimizer, standardize = recipe.selection_metric, recipe.optimizer, recipe.standardize
-    patience, fitted_standardizer = recipe.patience, run.fitted_standardizer
-    task_kind, num_classes, score_range = data.task_kind, data.num_classes, data.score_range
-    train_x, train_y, val_x, val_y = data.train_x, data.train_y, data.val_x, data.val_y
-    num_layers, hidden_in = train_x.shape[-2], train_x.shape[-1]
-    device = resolve_device(run.device)
-    maximise = selection_metric != "loss"
-    started = time.perf_counter()
-    rng_devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices):
-        torch.manual_seed(seed)
-        model = build_model(config, num_layers, hidden_in, task_kind, num_classes, score_range)
-        if standardize and fitted_standardizer is not None:
-            model.standardizer.load_state_dict(fitted_standardizer.state_dict())
-        elif standardize:
-            model.standardizer.fit(train_x)
-        model = model.to(device)
-        generator = torch.Generator().manual_seed(seed)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer_cls = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
-        opt = optimizer_cls(params, lr=config.lr, weight_decay=config.weight_decay)
-        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-            opt, mode="max" if maximise else "min", factor=recipe.lr_factor, patience=recipe.lr_patience
+    def train_epoch(self, model: nn.Module, optimizer: torch.optim.Optimizer, generator: torch.Generator) -> float:
+        train_x = self.data.train_x
+        order = torch.randperm(train_x.shape[0], generator=generator).to(train_x.device)
+        return _train_one_epoch(
+            cast(ILGEModel, model), optimizer, train_x, self.data.train_y, order, self.config.batch_size, self.device
         )
-        if device.type != "cpu":
-            train_x, val_x = train_x.to(device), val_x.to(device)  # stays float16 if cached as float16
-            train_y = train_y.to(device)
 
-        history: List[Dict[str, float]] = []
-        best_metric, best_epoch, best_state = -math.inf if maximise else math.inf, 0, None
-        epochs = tqdm(range(1, config.epochs + 1), desc=f"train {config.family}", disable=not run.progress, leave=False)
-        for epoch in epochs:
-            order = torch.randperm(train_x.shape[0], generator=generator).to(train_x.device)
-            train_loss = _train_one_epoch(model, opt, train_x, train_y, order, config.batch_size, device)
+    def validate(self, model: nn.Module) -> dict[str, float]:
+        model = cast(ILGEModel, model)
+        return _metrics(model, predict_logits(model, self.data.val_x, device=self.device), self.data.val_y)
 
-            val_metrics = _metrics(model, predict_logits(model, val_x, device=device), val_y)
-            metric = val_metrics[str(selection_metric)]
-            record = {"epoch": epoch, "train_loss": train_loss}
-            record.update({f"val_{name}": value for name, value in val_metrics.items()})
-            record["lr"] = opt.param_groups[0]["lr"]
-            history.append(record)
-            scheduler.step(metric)
 
-            improved = metric > best_metric if maximise else metric < best_metric
-            if improved or best_state is None:
-                best_metric, best_epoch = metric, epoch
-                best_state = copy.deepcopy(model.state_dict())
-            epochs.set_postfix(
-                {"train_loss": f"{record['train_loss']:.4f}", f"val_{selection_metric}": f"{metric:.4f}"}
-            )
-            if epoch_callback is not None:
-                epoch_callback(epoch, metric)
-            if patience is not None and epoch - best_epoch >= patience:
-                break
-
-    assert best_state is not None  # the first epoch always sets it
-    model.load_state_dict(best_state)
-    model.eval()
-    return TrainResult(
-        model=model,
-        best_epoch=best_epoch,
-        epochs_run=len(history),
-        best_val_metric=float(best_metric),
-        selection_metric=str(selection_metric),
-        history=history,
-        num_trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
-        seconds=time.perf_counter() - started,
-    )
+def _train_prepared(config: EncoderConfig, data: _PreparedData, run: RunSettings) -> TrainResult:
+    """Train on data checked by :func:`_prepare_data`."""
+    return run_epochs(config, _SequenceTask(config, data, run), run)
 
 
 def select_best_layer(
@@ -692,8 +465,21 @@ def select_best_layer(
     if not isinstance(config, BestLayerConfig):
         raise ValueError(f"select_best_layer needs a BestLayerConfig, got {type(config).__name__}")
     recipe = recipe.resolved(task_kind)
-    data = _prepare_data(train, val, task_kind, num_classes, score_range)
-    num_layers = data.train_x.shape[-2]
+    train_probe: Callable[[EncoderConfig, RunSettings], TrainResult]
+    if task_kind == TAGGING:
+        words = tokens.prepare_words(train, val, num_classes)
+        features = words.train.features
+
+        def train_probe(probe: EncoderConfig, run: RunSettings) -> TrainResult:
+            return tokens.train_prepared_words(probe, words, run)
+    else:
+        data = _prepare_data(train, val, task_kind, num_classes, score_range)
+        features = data.train_x
+
+        def train_probe(probe: EncoderConfig, run: RunSettings) -> TrainResult:
+            return _train_prepared(probe, data, run)
+
+    num_layers = features.shape[-2]
     candidates = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
     if not candidates:
         raise ValueError("layers is empty; pass at least one layer index")
@@ -701,13 +487,13 @@ def select_best_layer(
         if not -num_layers <= layer < num_layers:
             raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
     maximise = recipe.selection_metric != "loss"
-    standardizer = FeatureStandardizer(num_layers, data.train_x.shape[-1]).fit(data.train_x)  # once, not per probe
+    standardizer = FeatureStandardizer(num_layers, features.shape[-1]).fit(features)  # once, not per probe
     best: Optional[Tuple[int, TrainResult]] = None
     scores: List[float] = []
     for layer in tqdm(candidates, desc="best-layer probes", disable=not progress, leave=False):
         layer = layer % num_layers
-        run = _Run(seed=seed, device=device, recipe=recipe, fitted_standardizer=standardizer)
-        result = _train_prepared(config.replace(layer=layer), data, run)
+        run = RunSettings(seed=seed, device=device, recipe=recipe, fitted_standardizer=standardizer)
+        result = train_probe(config.replace(layer=layer), run)
         scores.append(result.best_val_metric)
         better = (
             (

@@ -1,0 +1,439 @@
+"""``ILGETagger``: one tag per word, from an encoder over every layer of a frozen LLM, scikit-learn style.
+
+The frozen LLM turns each word into its per-layer states ``(L, D)`` (its first piece, or
+the mean of its pieces, through the one embedding cache's word entries), and the one
+training engine trains a per-token encoder and a linear head on them. A graph family
+(``cayley``, ``fc``) passes messages over one graph per sentence, whose nodes are the
+sentence's (word, layer) pairs; any other family reads each word's layers alone.
+
+The estimator follows scikit-learn's rules: ``__init__`` only stores its arguments,
+``fit`` returns ``self``, fitted state ends in ``_``, the seed comes in as
+``random_state``, and ``sklearn.base.clone`` works. Inputs are sentences already split
+into words (``"The cat sat".split()``); ``predict`` returns one list of tags per sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
+
+from ._version import __version__
+from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+from .models import model_reference_to_load, model_reference_to_save, resolve_device
+from .validation import ArgumentTypeError, check_choice, check_int
+from .words import WORD_POOLINGS, check_sentences
+
+__all__ = ["ILGETagger", "FORMAT_VERSION"]
+
+FORMAT = "ilge-search-tagger"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+META_FILE = "ilge_tagger.json"
+
+PathLike = str | os.PathLike
+
+
+def _check_tags(tags: Any, sentences: list[list[str]], name: str) -> list[list[Any]]:
+    """One list of tags per sentence, each as long as its sentence; tags all strings or all integers."""
+    if isinstance(tags, (str, bytes)):
+        raise ValueError(f"{name} must be a list of tag lists, one per sentence, not one string")
+    tags = [list(row) if not isinstance(row, (str, bytes)) else row for row in tags]
+    if len(tags) != len(sentences):
+        raise ValueError(f"got {len(sentences)} sentences but {len(tags)} {name}; give one list of tags per sentence")
+    for i, (row, words) in enumerate(zip(tags, sentences, strict=True)):
+        if isinstance(row, (str, bytes)) or len(row) != len(words):
+            count = "a string" if isinstance(row, (str, bytes)) else f"{len(row)} tags"
+            raise ValueError(f"{name}[{i}] has {count} for {len(words)} words; give exactly one tag per word")
+    kinds = {type(tag) for row in tags for tag in row}
+    if not kinds <= {str} and not all(issubclass(kind, (int, np.integer)) and kind is not bool for kind in kinds):
+        raise ValueError(f"{name} must be all strings or all integers, got {sorted(k.__name__ for k in kinds)}")
+    return tags
+
+
+def _flat(tags: list[list[Any]]) -> np.ndarray:
+    return np.asarray([tag for row in tags for tag in row])
+
+
+class ILGETagger(BaseEstimator):
+    """Word tagger: an encoder over every layer of a frozen LLM's word states, plus a linear head.
+
+    Args:
+        base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local folder or Hugging Face id.
+        config: an encoder config (default ``CayleyConfig()``: one graph per sentence), or a family
+            name such as ``"last-layer"`` for its defaults; ``BestLayerConfig(layer=None)`` picks the
+            layer on validation data.
+        word_pooling: ``"first"`` (a word is its first piece) or ``"mean"`` (the mean of its pieces).
+        max_length: pieces per model input; longer sentences are cut into windows, never truncated.
+        batch_size: model inputs per LLM forward pass (the encoder's batch is ``config.batch_size`` sentences).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
+        random_state: seeds the validation split, initialisation and batch order.
+        cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
+        verbose: show progress bars.
+        val_fraction: share of the training sentences held out for early stopping when no validation
+            sentences are given.
+        patience: early-stopping patience in epochs.
+
+    Fitted attributes:
+        classes_ (the tags, sorted), model_, config_ (resolved), num_layers_, hidden_size_, history_,
+        best_epoch_, best_val_score_ (validation token accuracy), num_trainable_params_, and for
+        best-layer ``best_layer_`` and ``layer_scores_``.
+    """
+
+    best_epoch_: int | None
+    best_val_score_: float | None
+    best_layer_: int | None
+    _cache: Any = None  # the embedding cache, made on first use and never pickled
+
+    def __init__(
+        self,
+        base_model: PathLike | None = None,
+        config: EncoderConfig | str | None = None,
+        word_pooling: str = "first",
+        max_length: int = 512,
+        batch_size: int = 32,
+        device: str = "auto",
+        random_state: int = 0,
+        cache_dir: PathLike | None = None,
+        verbose: bool = False,
+        val_fraction: float = 0.15,
+        patience: int = 10,
+    ) -> None:
+        self.base_model = base_model
+        self.config = config
+        self.word_pooling = word_pooling
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.cache_dir = cache_dir
+        self.verbose = verbose
+        self.val_fraction = val_fraction
+        self.patience = patience
+
+    # ------------------------------------------------------------------ checks
+
+    def _resolved_config(self) -> EncoderConfig:
+        config = self.config
+        if config is None:
+            return CayleyConfig()
+        if isinstance(config, str):
+            return config_class_for(config)()
+        if isinstance(config, dict):
+            return config_from_dict(config)
+        if not isinstance(config, EncoderConfig):
+            raise ArgumentTypeError(
+                f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}"
+            )
+        return config
+
+    def _check_params(self) -> EncoderConfig:
+        if self.base_model is None or not isinstance(self.base_model, (str, os.PathLike)):
+            raise ValueError(f"base_model must be a model name or folder, got {self.base_model!r}")
+        check_choice("word_pooling", self.word_pooling, WORD_POOLINGS)
+        check_int("max_length", self.max_length)
+        check_int("batch_size", self.batch_size)
+        check_int("patience", self.patience)
+        resolve_device(self.device)  # a device this machine lacks fails before any embedding or training
+        if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
+            raise ValueError(f"random_state must be an integer, got {self.random_state!r}")
+        if not 0.0 < float(self.val_fraction) < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        return self._resolved_config()
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit() first")
+
+    def _encode(self, tags: list[list[Any]], name: str) -> np.ndarray:
+        flat = _flat(tags)
+        if flat.dtype.kind != self.classes_.dtype.kind and not (
+            flat.dtype.kind in "iu" and self.classes_.dtype.kind in "iu"
+        ):
+            raise ValueError(f"{name} are {flat.dtype} but the tags seen in fit are {self.classes_.dtype}")
+        unseen = np.setdiff1d(np.unique(flat), self.classes_)
+        if unseen.size:
+            raise ValueError(
+                f"{name} contain {unseen.size} tag(s) not seen in training: {unseen[:10].tolist()}; "
+                f"known tags: {self.classes_[:20].tolist()}"
+            )
+        return np.searchsorted(self.classes_, flat).astype(np.int64)
+
+    # ------------------------------------------------------------------ embeddings
+
+    def _embedding_cache(self) -> Any:
+        from .cache import EmbeddingCache  # lazy: pulls in transformers
+
+        cache = getattr(self, "_cache", None)
+        if cache is None:
+            cache = self._cache = EmbeddingCache(self.cache_dir)
+        return cache
+
+    def _embed(self, sentences: list[list[str]]) -> Any:
+        """The sentences' word entry (memory-mapped); only sentences never extracted reach the LLM."""
+        from .word_cache import WordOptions, get_or_extract_sentences
+
+        options = WordOptions(
+            word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device
+        )
+        model = cast(PathLike, self.base_model)  # checked by _check_params
+        return get_or_extract_sentences(self._embedding_cache(), model, sentences, options, progress=bool(self.verbose))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_cache", None)  # never pickle a loaded LLM
+        return state
+
+    def unload_llm(self) -> ILGETagger:
+        """Free the LLM (the trained encoder stays); the next text method reloads it."""
+        cache = getattr(self, "_cache", None)
+        if cache is not None:
+            cache.unload()
+        self._cache = None
+        return self
+
+    # ------------------------------------------------------------------ fitting
+
+    def _validation_split(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Seeded split of the training sentences into (train, validation) positions."""
+        held_out = int(round(count * float(self.val_fraction)))
+        if count < 2 or held_out == 0 or held_out == count:
+            raise ValueError(
+                f"{count} training sentence(s) are too few to hold out {self.val_fraction:.0%} for validation; "
+                f"pass val_sentences/val_tags, or more sentences"
+            )
+        order = np.random.default_rng(int(self.random_state)).permutation(count)
+        return np.sort(order[held_out:]), np.sort(order[:held_out])
+
+    def fit(self, sentences: Any, tags: Any, val_sentences: Any = None, val_tags: Any = None) -> ILGETagger:
+        """Embed the words with the frozen LLM and train the encoder and head.
+
+        Tags may be strings or integers. Without validation sentences, a seeded ``val_fraction``
+        of the training sentences is held out for early stopping.
+        """
+        config = self._check_params()
+        sentences = check_sentences(sentences)
+        tags = _check_tags(tags, sentences, "tags")
+        if (val_sentences is None) != (val_tags is None):
+            raise ValueError("pass both val_sentences and val_tags, or neither")
+        if val_sentences is None:
+            train_rows, val_rows = self._validation_split(len(sentences))
+            val_sentences, val_tags = [sentences[i] for i in val_rows], [tags[i] for i in val_rows]
+            sentences, tags = [sentences[i] for i in train_rows], [tags[i] for i in train_rows]
+        else:
+            val_sentences = check_sentences(val_sentences, "val_sentences")
+            val_tags = _check_tags(val_tags, val_sentences, "val_tags")
+        self.classes_ = np.unique(_flat(tags))
+        if len(self.classes_) < 2:
+            raise ValueError(f"need at least 2 distinct tags to train a tagger, got {self.classes_.tolist()}")
+        y, y_val = self._encode(tags, "tags"), self._encode(val_tags, "val_tags")
+        return self._train(config, (self._embed(sentences), y), (self._embed(val_sentences), y_val))
+
+    def _train(self, config: EncoderConfig, train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray]) -> ILGETagger:
+        from .engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
+
+        options: dict[str, Any] = dict(
+            task_kind=TAGGING,
+            num_classes=len(self.classes_),
+            seed=int(self.random_state),
+            device=self.device,
+            recipe=TrainingRecipe(patience=self.patience),
+            progress=bool(self.verbose),
+        )
+        if isinstance(config, BestLayerConfig) and config.layer is None:
+            layer, result, scores = select_best_layer(config, train, val, **options)
+            config = config.replace(layer=layer)
+            self.best_layer_, self.layer_scores_ = layer, scores
+        else:
+            result = train_encoder(config, train, val, **options)
+        self.config_ = config
+        self.num_layers_, self.hidden_size_ = int(train[0].num_layers), int(train[0].hidden_size)
+        self.model_ = result.model
+        self.history_ = result.history
+        self.best_epoch_ = result.best_epoch
+        self.best_val_score_ = result.best_val_metric
+        self.num_trainable_params_ = result.num_trainable_params
+        return self
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict(self, sentences: Any) -> list[list[Any]]:
+        """One list of tags per sentence, one tag per word, in the type given to ``fit``."""
+        from .engine import predict_logits
+
+        self._check_fitted()
+        self._check_params()
+        sentences = check_sentences(sentences)
+        entry = self._embed(sentences)
+        if (entry.num_layers, entry.hidden_size) != (self.num_layers_, self.hidden_size_):
+            raise ValueError(
+                f"{self.base_model!r} gives ({entry.num_layers}, {entry.hidden_size}) word states but the tagger "
+                f"was fitted on ({self.num_layers_}, {self.hidden_size_})"
+            )
+        predicted = self.classes_[predict_logits(self.model_, entry, device=self.device).argmax(dim=1).numpy()]
+        return [predicted[entry.offsets[i] : entry.offsets[i + 1]].tolist() for i in range(entry.num_sentences)]
+
+    def score(self, sentences: Any, tags: Any) -> float:
+        """Token accuracy: the share of words whose predicted tag is the given one."""
+        self._check_fitted()
+        checked = check_sentences(sentences)
+        gold = _flat(_check_tags(tags, checked, "tags"))
+        predicted = _flat(self.predict(checked))
+        return float((predicted == gold).mean())
+
+    # ------------------------------------------------------------------ persistence
+
+    def save(self, path: PathLike) -> Path:
+        """Write ``model.safetensors`` and ``ilge_tagger.json`` into the folder ``path``.
+
+        The LLM is not saved, only its name; no pickle is used. Files of those names that an
+        earlier ``ILGETagger.save`` did not write are never replaced: the save is refused.
+        """
+        from safetensors.torch import save_file
+
+        self._check_fitted()
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"{path} exists and is not a folder; save() writes a folder")
+        _refuse_foreign_files(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
+        meta = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "library_version": __version__,
+            "config": self.config_.to_dict(),
+            "classes": [value.item() if isinstance(value, np.generic) else value for value in self.classes_],
+            "classes_kind": self.classes_.dtype.kind,
+            "base_model": model_reference_to_save(self.base_model, path),
+            "word_pooling": self.word_pooling,
+            "max_length": self.max_length,
+            "num_layers": self.num_layers_,
+            "hidden_size": self.hidden_size_,
+            "random_state": int(self.random_state),
+            "best_epoch": self.best_epoch_,
+            "best_val_score": self.best_val_score_,
+        }
+        # temporary names, then renames: an interrupted save never leaves a half-written pair
+        tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
+        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
+        os.chmod(tmp_weights, tmp_meta.stat().st_mode & 0o7777)  # safetensors writes 0600; follow the umask
+        os.replace(tmp_weights, path / WEIGHTS_FILE)
+        os.replace(tmp_meta, path / META_FILE)
+        return path
+
+    @classmethod
+    def load(
+        cls,
+        path: PathLike,
+        *,
+        device: str = "auto",
+        cache_dir: PathLike | None = None,
+        batch_size: int = 32,
+        verbose: bool = False,
+        base_model: PathLike | None = None,
+    ) -> ILGETagger:
+        """Rebuild a tagger written by :meth:`save` (the LLM loads on the first ``predict``).
+
+        The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
+        one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
+        """
+        path = Path(path)
+        meta = _read_meta(path)
+        try:
+            config = config_from_dict(meta["config"])
+            classes = np.asarray(meta["classes"])
+            tagger = cls(
+                base_model=None,
+                config=config,
+                word_pooling=meta["word_pooling"],
+                max_length=int(meta["max_length"]),
+                batch_size=batch_size,
+                device=device,
+                random_state=int(meta["random_state"]),
+                cache_dir=cache_dir,
+                verbose=verbose,
+            )
+            num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path / META_FILE} is missing or has invalid fields ({exc!r}); it is corrupt") from None
+        if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != str(meta.get("classes_kind")).replace("u", "i"):
+            raise ValueError(f"{path / META_FILE}: 'classes' do not match their recorded type; the file is corrupt")
+        tagger.base_model = model_reference_to_load(meta["base_model"], path, base_model)
+        tagger.model_ = _load_weights(path / WEIGHTS_FILE, config, (num_layers, hidden_size, len(classes)), device)
+        tagger.classes_, tagger.config_ = classes, config
+        tagger.num_layers_, tagger.hidden_size_ = num_layers, hidden_size
+        tagger.history_ = []
+        tagger.best_epoch_, tagger.best_val_score_ = meta.get("best_epoch"), meta.get("best_val_score")
+        tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
+        if isinstance(config, BestLayerConfig):
+            tagger.best_layer_ = config.layer
+        return tagger
+
+
+def _refuse_foreign_files(path: Path) -> None:
+    """Refuse to replace a weights or record file that an ``ILGETagger.save`` did not write."""
+    weights, meta = path / WEIGHTS_FILE, path / META_FILE
+    ours = False
+    if meta.exists():
+        try:
+            ours = json.loads(meta.read_text(encoding="utf-8")).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            ours = False
+    if (meta.exists() or weights.exists()) and not ours:
+        found = ", ".join(p.name for p in (weights, meta) if p.exists())
+        raise ValueError(
+            f"{path} already holds {found}, not written by ILGETagger.save(); save into a new or empty folder"
+        )
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
+    if not meta_path.is_file() or not weights_path.is_file():
+        raise ValueError(f"{path} is not a saved ILGETagger: expected {META_FILE} and {WEIGHTS_FILE} in it")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{meta_path} is not valid JSON ({exc}); the saved tagger is corrupt") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path} was not written by ILGETagger.save()")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version {meta.get('format_version')!r}; this ilge-search ({__version__}) reads "
+            f"version {FORMAT_VERSION}. Save it again with a matching version."
+        )
+    return meta
+
+
+def _load_weights(weights_path: Path, config: EncoderConfig, sizes: tuple[int, int, int], device: str) -> Any:
+    """The tagger model of ``config`` and ``sizes`` = (layers, hidden size, classes) with the saved weights."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .engine import build_tagger
+
+    try:
+        state = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
+    bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if bad:
+        raise ValueError(f"{weights_path} holds NaN or infinite values in {bad[:5]}; retrain and save again")
+    model = build_tagger(config, *sizes)
+    expected = model.state_dict()
+    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
+    wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
+    if missing or unexpected or wrong_shape:
+        raise ValueError(
+            f"{weights_path} does not match its config: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
+        )
+    model.load_state_dict(state)
+    return model.to(resolve_device(device)).eval()

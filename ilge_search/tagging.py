@@ -1,0 +1,148 @@
+"""The rows of a token task (kind ``tagging``): sentences of words, one tag per word.
+
+A row holds a list of words and a list of tags of the same length, in JSONL or Parquet
+as lists, in CSV/TSV as one whitespace-separated string each. :func:`check_tagged_rows`
+reads one split file's two columns and refuses, with one line naming the file and the row,
+what a tagger cannot use: a missing or empty sentence, a word that is not a non-empty
+string, a missing tag, or a number of tags that differs from the number of words.
+:func:`check_tags_seen_in_train` refuses tags of validation or test that train lacks.
+Both raise :class:`~ilge_search.task_files.TaskError`; the task loader
+(:mod:`ilge_search.tasks`) builds its splits from what they return.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .task_files import Table, TaskError
+
+__all__ = ["TaggedRows", "check_tagged_rows", "check_tags_seen_in_train", "sentence_offsets"]
+
+_LIST_TYPES = (list, tuple, np.ndarray)
+_SHOWN = 5  # bad values quoted in a message
+
+
+@dataclass(frozen=True)
+class TaggedRows:
+    """One split's sentences and their tags (as strings), checked.
+
+    Attributes:
+        sentences: the words of each sentence.
+        tags: the tag of each word, sentence by sentence.
+        where: the file (or source) the rows came from, for messages.
+        first_row: the number of the first row in that file.
+    """
+
+    sentences: list[list[str]]
+    tags: list[list[str]]
+    where: str
+    first_row: int = 1
+
+    @property
+    def num_words(self) -> int:
+        return sum(len(words) for words in self.sentences)
+
+
+def sentence_offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``(num_sentences + 1,)`` int64: where each sentence's words start in a flat word array, then the end."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+    return offsets
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _as_list(value: Any) -> list | None:
+    """A cell as a list of items: lists (and Parquet arrays) as they are, a string split on whitespace."""
+    if isinstance(value, str):
+        return value.split()
+    if isinstance(value, _LIST_TYPES):
+        return list(value)
+    return None
+
+
+def _row_words(value: Any, where: str, row: int, column: str) -> list[str]:
+    words = None if _is_missing(value) else _as_list(value)
+    if words is None:
+        got = "nothing" if _is_missing(value) else f"a {type(value).__name__}"
+        raise TaskError(
+            f"{where}: row {row}: column {column!r} holds {got}, not a list of words; give every row "
+            f'a list such as ["The", "cat", "sat"] (or, in CSV/TSV, the words separated by spaces)'
+        )
+    if not words:
+        raise TaskError(f"{where}: row {row}: column {column!r} is an empty sentence; remove the row")
+    for position, word in enumerate(words):
+        if not isinstance(word, str) or not word.strip():
+            shown = repr(word) if isinstance(word, str) else f"{word!r} ({type(word).__name__})"
+            raise TaskError(
+                f"{where}: row {row}: word {position} of column {column!r} is {shown}; every word must be "
+                f"a non-empty string (quote numbers, drop empty words)"
+            )
+    return words
+
+
+def _tag_name(value: Any) -> str | None:
+    if _is_missing(value) or isinstance(value, (bool, *_LIST_TYPES, dict)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # 3 and 3.0 are the same tag
+    name = str(value)
+    return name if name.strip() else None
+
+
+def _row_tags(value: Any, num_words: int, context: tuple[str, int, str]) -> list[str]:
+    where, row, column = context
+    items = None if _is_missing(value) else _as_list(value)
+    if items is None:
+        raise TaskError(f"{where}: row {row}: column {column!r} holds no list of tags; give one tag per word")
+    if len(items) != num_words:
+        raise TaskError(
+            f"{where}: row {row}: {num_words} word(s) but {len(items)} tag(s) in column {column!r}; "
+            f"every word needs exactly one tag"
+        )
+    names = [_tag_name(item) for item in items]
+    if None in names:
+        position = names.index(None)
+        raise TaskError(
+            f"{where}: row {row}: tag {position} of column {column!r} is {items[position]!r}; every tag must be "
+            f"a non-empty string or an integer"
+        )
+    return [name for name in names if name is not None]
+
+
+def check_tagged_rows(table: Table, tokens_col: str, tags_col: str) -> TaggedRows:
+    """One split file's words and tags (columns ``tokens_col`` and ``tags_col``), checked row by row;
+    the first bad row raises :class:`TaskError`."""
+    words_column, tags_column = table.column(tokens_col, "--tokens-col"), table.column(tags_col, "--tags-col")
+    sentences, tags = [], []
+    for position, (words_value, tags_value) in enumerate(zip(words_column, tags_column, strict=True)):
+        row = position + table.first_row
+        words = _row_words(words_value, table.where, row, tokens_col)
+        sentences.append(words)
+        tags.append(_row_tags(tags_value, len(words), (table.where, row, tags_col)))
+    if not sentences:
+        raise TaskError(f"{table.where} has no rows")
+    return TaggedRows(sentences, tags, table.where, table.first_row)
+
+
+def check_tags_seen_in_train(splits: Mapping[str, TaggedRows], tag_names: Sequence[str]) -> None:
+    """Refuse a split whose words carry a tag that the train split never has: a tagger cannot predict it."""
+    known = set(tag_names)
+    for split, rows in splits.items():
+        for position, row_tags in enumerate(rows.tags):
+            unseen = sorted(set(row_tags) - known)
+            if unseen:
+                count = sum(1 for tags in rows.tags for tag in tags if tag not in known)
+                shown = ", ".join(map(repr, unseen[:_SHOWN])) + (" ..." if len(unseen) > _SHOWN else "")
+                raise TaskError(
+                    f"{rows.where}: row {position + rows.first_row} of split {split!r} has tag(s) {shown} that the "
+                    f"train split does not have ({count} word(s) of {split} in all); a tagger cannot predict "
+                    f"tags it never saw: fix the files or drop those rows"
+                )
