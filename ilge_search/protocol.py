@@ -150,7 +150,10 @@ class PaperProtocol:
 
 
 def undersample(
-    labels: Sequence[Any], samples_per_label: int, n_experiments: int = MTEB_N_EXPERIMENTS, seed: int = MTEB_SEED
+    labels: Sequence[Any] | np.ndarray,
+    samples_per_label: int,
+    n_experiments: int = MTEB_N_EXPERIMENTS,
+    seed: int = MTEB_SEED,
 ) -> List[np.ndarray]:
     """The training rows of each experiment, drawn as MTEB's ``AbsTaskClassification._undersample_data``.
 

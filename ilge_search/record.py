@@ -34,7 +34,10 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from .configs import EncoderConfig
 
 __all__ = [
     "RECORD_VERSION",
@@ -59,6 +62,7 @@ __all__ = [
     "upgrade_attrs",
     "study_record",
     "trial_record",
+    "trial_config",
     "is_ilge_study",
     "save_identity",
     "save_data_fingerprints",
@@ -709,6 +713,22 @@ class TrialRecord:
 def trial_record(trial: Any) -> TrialRecord:
     """The :class:`TrialRecord` of an ``optuna.Trial`` or ``FrozenTrial``."""
     return TrialRecord.from_attrs(_attrs_of(trial))
+
+
+def trial_config(trial: Any) -> EncoderConfig:
+    """The encoder configuration a trial recorded, rebuilt.
+
+    Raises:
+        ValueError: the trial recorded none (it failed before its configuration was drawn).
+    """
+    from .configs import config_from_dict
+
+    config = trial_record(trial).config
+    if not config:
+        raise ValueError(
+            f"trial {trial.number} recorded no configuration (it failed before one was drawn); choose another trial"
+        )
+    return config_from_dict(config)
 
 
 def save_trial(trial: Any, **values: Any) -> None:
