@@ -45,6 +45,7 @@ __all__ = [
     "READY_ATTR",
     "DEFAULT_OBJECTIVES",
     "DEFAULT_PROTOCOL",
+    "PROTOCOLS",
     "LEGACY_SELECT",
     "IDENTITY_KEYS",
     "PROTOCOL_KEYS",
@@ -81,6 +82,9 @@ VERSION_ATTR = "ilge_record_version"
 READY_ATTR = "ilge_search_ready"  # set last by the process that creates a study
 DEFAULT_OBJECTIVES: tuple[str, ...] = ("score",)
 DEFAULT_PROTOCOL = "matched"
+# how a study's final scores are measured (ilge_search.protocol); here, with the rest of the identity's
+# vocabulary, so the options and the CLI name them without importing numpy
+PROTOCOLS: tuple[str, ...] = (DEFAULT_PROTOCOL, "paper")
 LEGACY_SELECT = "best"  # the rule of final evaluations stored before selection rules existed
 DATA_SPLITS = ("train", "validation", "test")
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._version import __version__
-from ..configs import config_class_for
+from ..configs import ENCODER_FAMILIES, config_class_for
 from ..models import model_size_bucket
 from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
 from ..scores import score_unit
@@ -68,7 +68,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOTO_FAMILIES: tuple[str, ...] = ("cayley", "fc", "deepset")  # the families recommend regenerates
+LOTO_FAMILIES: tuple[str, ...] = ENCODER_FAMILIES  # the families recommend regenerates: every ILGE family
 ROW_COLUMNS = [
     "model",
     "task",
