@@ -77,7 +77,7 @@ class StudyData:
     cache_keys: Dict[str, str]
     model_revision: str = ""
 
-    def test_split(self) -> Tuple[Any, Any]:
+    def test_split(self) -> tuple[Any, Any]:
         """The test features and labels (loaded only by ``load_study_data(..., with_test=True)``)."""
         if self.test is None:
             raise ValueError("the test split was not loaded; load the study data with with_test=True")
