@@ -106,17 +106,24 @@ class StudyOption(click.Option):
     """An option for a field of :class:`~ilge_search.study.StudyOptions`: its help is that field's one
     description (:func:`~ilge_search.study.options.option_help`), capitalised, then ``more`` (formatted with
     ``{default}``, the field's default, for options whose own default is unset so that a command can tell
-    whether they were given). It is read when the help is shown: the options module, which a
-    command's help needs, is not imported for ``ilge-search --help`` or any command that never shows it."""
+    whether they were given). It is read on first use: the options module is not imported for
+    ``ilge-search --help``, nor by a command that never shows its help."""
+
+    _help: str | None
 
     def __init__(self, param_decls: Sequence[str], *, study_field: str, more: str = "", **attrs: Any) -> None:
-        super().__init__(param_decls, **attrs)
         self.study_field, self.more = study_field, more
+        super().__init__(param_decls, **attrs)
 
-    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
-        if self.help is None:
-            self.help = study_option_help(self.study_field, self.more)
-        return super().get_help_record(ctx)
+    @property
+    def help(self) -> str | None:
+        if self._help is None:
+            self._help = study_option_help(self.study_field, self.more)
+        return self._help
+
+    @help.setter
+    def help(self, text: str | None) -> None:
+        self._help = text
 
 
 def study_option_help(name: str, more: str = "") -> str:

@@ -222,7 +222,7 @@ def run_command(
     type=click.Choice(SELECT_CHOICES),
     default=None,
     field="select",
-    more="Overrides the grid's select.",
+    more="Overrides the grid's select. [default: {default}]",
 )
 @study_option(
     "--protocol",
