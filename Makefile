@@ -2,9 +2,9 @@
 #
 #   make demo   create .venv and install everything, run the quick-start study on the default
 #               SQLite storage (studies/ilge.db), print its results and how to open the dashboard
-#   make test   create .venv if it is missing, then `ruff check .` and the whole pytest suite, listing
-#               the 10 slowest tests at the end (what CI runs: .ci/run calls the README's test command,
-#               which is `make test`)
+#   make test   create .venv if it is missing, then `ruff check .`, `ruff format --check .`, `mypy` and the
+#               whole pytest suite, listing the 10 slowest tests at the end (what CI runs: .ci/run calls the
+#               README's test command, which is `make test`)
 #
 # Task data: $ILGE_SEARCH_DATA if set, else ../shared/datasets beside this clone (the shared JSONL
 # layout: <task>/train.jsonl, test.jsonl ...); override with `make demo DATA=/path/to/datasets`.
@@ -46,4 +46,4 @@ demo: setup
 	@echo "    ilge-search predict models/trec-cayley --input questions.txt --out labels.csv"
 
 test: setup
-	$(ACTIVATE) && ruff check . && python -m pytest -q --durations=10
+	$(ACTIVATE) && ruff check . && ruff format --check . && mypy && python -m pytest -q --durations=10

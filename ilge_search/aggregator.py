@@ -43,7 +43,7 @@ __all__ = [
 
 INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 OUTPUT_MODES = ("per_token", "sequence")
-TOKEN_POOLINGS = ("mean", "sum")
+PER_TOKEN_POOLINGS = ("mean", "sum")  # how "per_token" output pools each token's layer nodes
 PER_TOKEN_WARN_NODES = 2000
 
 
@@ -222,8 +222,8 @@ class PerTokenAggregator(nn.Module):
             raise ArgumentTypeError(
                 f"per-token aggregation needs a graph family (CayleyConfig or FCConfig), got {type(config).__name__}"
             )
-        if token_pooling not in TOKEN_POOLINGS:
-            raise ValueError(f"token_pooling must be one of {list(TOKEN_POOLINGS)}, got {token_pooling!r}")
+        if token_pooling not in PER_TOKEN_POOLINGS:
+            raise ValueError(f"token_pooling must be one of {list(PER_TOKEN_POOLINGS)}, got {token_pooling!r}")
         if output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}")
         from .nn.gnn import GNNStack, GraphCache

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,20 +33,23 @@ from sklearn.exceptions import NotFittedError
 
 from ._version import __version__
 from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+from .extraction import POOLINGS
 from .models import model_reference_to_load, model_reference_to_save, resolve_device
 from .validation import ArgumentTypeError, check_int
+
+if TYPE_CHECKING:
+    from .engine import ILGEModel
 
 __all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "ilge_classifier.json"
-TOKEN_POOLINGS = ("mean", "last", "first", "mean_including_padding")
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # (base_model, token_pooling, max_length) -> {text: (L, D) tensor}; see clear_embedding_memo()
-_EMBEDDING_MEMO: Dict[Tuple[str, str, int], Dict[str, torch.Tensor]] = {}
+_EMBEDDING_MEMO: dict[tuple[str, str, int], dict[str, torch.Tensor]] = {}
 
 
 def check_save_folder(path: PathLike, *, overwrite: bool = False, keep: PathLike | None = None) -> None:
@@ -79,7 +84,7 @@ def clear_embedding_memo() -> None:
     _EMBEDDING_MEMO.clear()
 
 
-def _check_texts(texts: Any, name: str = "texts") -> List[str]:
+def _check_texts(texts: Any, name: str = "texts") -> list[str]:
     if isinstance(texts, (str, bytes)):
         raise ValueError(f"{name} must be a list of strings, not a single string; wrap it in a list")
     try:
@@ -118,7 +123,7 @@ def _check_labels(labels: Any, num_rows: int, name: str = "labels") -> np.ndarra
     return labels
 
 
-def _check_pairs(pairs: Any, name: str = "pairs") -> List[str]:
+def _check_pairs(pairs: Any, name: str = "pairs") -> list[str]:
     """``[(a, b), ...]`` -> the flat texts ``[a0, b0, a1, b1, ...]`` (as the embedding cache stores pairs)."""
     what = "a list of (sentence_a, sentence_b) pairs"
     if isinstance(pairs, (str, bytes)):
@@ -129,7 +134,7 @@ def _check_pairs(pairs: Any, name: str = "pairs") -> List[str]:
         raise ValueError(f"{name} must be {what}, got {type(pairs).__name__}") from None
     if not pairs:
         raise ValueError(f"{name} is empty; pass at least one pair")
-    flat: List[str] = []
+    flat: list[str] = []
     for i, pair in enumerate(pairs):
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
             raise ValueError(f"{name}[{i}] must be a (sentence_a, sentence_b) pair, got {pair!r:.60}")
@@ -152,6 +157,81 @@ def _check_features(X: Any, name: str = "X", pairs: bool = False) -> torch.Tenso
 
 def _json_label(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    """The checked ``ilge_classifier.json`` of a folder :meth:`ILGEClassifier.save` wrote."""
+    meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
+    if not meta_path.is_file() or not weights_path.is_file():
+        raise ValueError(f"{path} is not a saved ILGEClassifier: expected {META_FILE} and {WEIGHTS_FILE} in it")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{meta_path} is not valid JSON ({exc}); the saved classifier is corrupt") from None
+    if not isinstance(meta, dict) or meta.get("format") != "ilge-search-classifier":
+        raise ValueError(f"{meta_path} was not written by ILGEClassifier.save()")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format_version {meta.get('format_version')!r}; this ilge-search "
+            f"({__version__}) reads version {FORMAT_VERSION}. Re-save it with a matching version."
+        )
+    task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
+    if task_kind not in ("classification", "similarity") or (
+        score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
+    ):
+        raise ValueError(
+            f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; the file is corrupt"
+        )
+    return meta
+
+
+def _read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
+    """The saved tensors, refused when unreadable or not finite (such weights predict nothing)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
+    bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if bad:
+        raise ValueError(
+            f"{weights_path} holds NaN or infinite values in {bad[:5]}; these weights cannot "
+            f"predict anything, retrain and save again"
+        )
+    return state
+
+
+def _load_state(model: ILGEModel, state: dict[str, torch.Tensor], weights_path: Path) -> None:
+    """Put ``state`` into ``model`` after checking it has exactly the model's tensors, in their shapes."""
+    expected = model.state_dict()
+    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
+    wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
+    if missing or unexpected or wrong_shape:
+        raise ValueError(
+            f"{weights_path} does not match its config: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
+        )
+    model.load_state_dict(state)
+
+
+@dataclass(frozen=True)
+class _Fitted:
+    """An estimator's fitted state, whether trained here, read from a saved folder or exported from a study."""
+
+    model: ILGEModel
+    config: EncoderConfig
+    classes: np.ndarray
+    num_layers: int
+    hidden_size: int
+    task_kind: str = "classification"
+    score_range: tuple[float, float] | None = None
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_epoch: int | None = None
+    best_val_score: float | None = None
+    best_layer: int | None = None  # a best-layer config's layer (its fitted attribute exists only when known)
+    provenance: dict[str, Any] | None = None  # from_study's record of where the model came from
 
 
 class ILGEClassifier(ClassifierMixin, BaseEstimator):
@@ -184,17 +264,33 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         and ``layer_scores_`` (validation accuracy per layer).
     """
 
+    # fitted attributes (absent until fit, load or from_study sets them, as scikit-learn expects)
+    classes_: np.ndarray
+    config_: EncoderConfig
+    model_: ILGEModel
+    task_kind_: str
+    score_range_: tuple[float, float] | None
+    num_layers_: int
+    hidden_size_: int
+    history_: list[dict[str, float]]
+    best_epoch_: int | None
+    best_val_score_: float | None
+    num_trainable_params_: int
+    best_layer_: int | None
+    layer_scores_: list[float]
+    provenance_: dict[str, Any]
+
     def __init__(
         self,
-        base_model: Optional[PathLike] = None,
-        config: Union[EncoderConfig, str, None] = None,
-        num_classes: Optional[int] = None,
+        base_model: PathLike | None = None,
+        config: EncoderConfig | str | None = None,
+        num_classes: int | None = None,
         token_pooling: str = "mean",
         max_length: int = 512,
         batch_size: int = 32,
         device: str = "auto",
         random_state: int = 0,
-        cache_dir: Optional[PathLike] = None,
+        cache_dir: PathLike | None = None,
         progress: bool = False,
         val_fraction: float = 0.15,
         patience: int = 10,
@@ -235,8 +331,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError("base_model is None; pass a model name or folder, or use fit_embeddings()")
             if not isinstance(self.base_model, (str, os.PathLike)):
                 raise ValueError(f"base_model must be a model name or folder, got {type(self.base_model).__name__}")
-            if self.token_pooling not in TOKEN_POOLINGS:
-                raise ValueError(f"token_pooling must be one of {list(TOKEN_POOLINGS)}, got {self.token_pooling!r}")
+            if self.token_pooling not in POOLINGS:
+                raise ValueError(f"token_pooling must be one of {list(POOLINGS)}, got {self.token_pooling!r}")
             for name in ("max_length", "batch_size"):
                 check_int(name, getattr(self, name))
         check_int("num_classes", self.num_classes, minimum=2, allow_none=True)
@@ -275,7 +371,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             )
         return np.searchsorted(classes, labels).astype(np.int64)
 
-    def _validation_split(self, labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    def _validation_split(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Stratified, seeded split of train into (train rows, validation rows).
 
         About ``val_fraction`` of the rows are held out, each class in proportion
@@ -292,18 +388,18 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         for i in order[: max(remaining, 0)]:
             n_val[i] += 1
         n_val = np.minimum(n_val, counts - 1)
-        train_rows, val_rows = [], []
+        train_parts, val_parts = [], []
         for label, k in zip(classes, n_val, strict=True):
             rows = rng.permutation(np.flatnonzero(labels == label))
-            val_rows.append(rows[:k])
-            train_rows.append(rows[k:])
-        val_rows = np.sort(np.concatenate(val_rows))
+            val_parts.append(rows[:k])
+            train_parts.append(rows[k:])
+        val_rows = np.sort(np.concatenate(val_parts))
         if val_rows.size == 0:
             raise ValueError(
                 f"too few examples to hold out {self.val_fraction:.0%} for validation; "
                 "pass val_texts/val_labels (or X_val/y_val) or more data"
             )
-        return np.sort(np.concatenate(train_rows)), val_rows
+        return np.sort(np.concatenate(train_parts)), val_rows
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "model_"):
@@ -311,7 +407,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ embeddings
 
-    def _embed(self, texts: List[str]) -> torch.Tensor:
+    def _embed(self, texts: list[str]) -> torch.Tensor:
         """(N, L, D) embeddings; only texts never seen in this process reach the LLM."""
         key = (str(self.base_model), self.token_pooling, int(self.max_length))
         memo = _EMBEDDING_MEMO.setdefault(key, {})
@@ -339,12 +435,12 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             cache = self._cache = EmbeddingCache(self.cache_dir)
         return cache
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_cache", None)  # never pickle a loaded LLM
         return state
 
-    def unload_llm(self) -> "ILGEClassifier":
+    def unload_llm(self) -> ILGEClassifier:
         """Free the LLM (the trained encoder stays); the next text method reloads it."""
         cache = getattr(self, "_cache", None)
         if cache is not None:
@@ -360,57 +456,54 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         self,
         texts: Sequence[str],
         labels: Sequence[Any],
-        val_texts: Optional[Sequence[str]] = None,
-        val_labels: Optional[Sequence[Any]] = None,
-    ) -> "ILGEClassifier":
+        val_texts: Sequence[str] | None = None,
+        val_labels: Sequence[Any] | None = None,
+    ) -> ILGEClassifier:
         """Embed the texts with the frozen LLM and train the encoder and head.
 
         Labels may be ints or strings. Without validation data, a stratified
         ``val_fraction`` of the training data is held out for early stopping.
         """
         config = self._check_params(needs_model=True)
-        texts = _check_texts(texts)
-        labels = _check_labels(labels, len(texts))
+        train_texts = _check_texts(texts)
+        label_array = _check_labels(labels, len(train_texts))
         if (val_texts is None) != (val_labels is None):
             raise ValueError("pass both val_texts and val_labels, or neither")
-        if val_texts is not None:
-            val_texts = _check_texts(val_texts, "val_texts")
-            val_labels = _check_labels(val_labels, len(val_texts), "val_labels")
-        classes = self._fit_classes(labels)
-        y = self._encode(labels, classes, "labels")
-        y_val = None if val_labels is None else self._encode(val_labels, classes, "val_labels")
-        if val_texts is None:
+        if val_texts is None or val_labels is None:
+            classes = self._fit_classes(label_array)
+            y = self._encode(label_array, classes, "labels")
             train_rows, val_rows = self._validation_split(y)
-
-        features = self._embed(texts + (val_texts or []))  # one pass for all texts not yet embedded
-        if val_texts is None:
-            X, X_val, y, y_val = features[train_rows], features[val_rows], y[train_rows], y[val_rows]
-        else:
-            X, X_val = features[: len(texts)], features[len(texts) :]
-        return self._train(config, classes, X, y, X_val, y_val)
+            features = self._embed(train_texts)
+            return self._train(config, classes, features[train_rows], y[train_rows], features[val_rows], y[val_rows])
+        held_out_texts = _check_texts(val_texts, "val_texts")
+        held_out_labels = _check_labels(val_labels, len(held_out_texts), "val_labels")
+        classes = self._fit_classes(label_array)
+        y = self._encode(label_array, classes, "labels")
+        y_val = self._encode(held_out_labels, classes, "val_labels")
+        features = self._embed(train_texts + held_out_texts)  # one pass for all texts not yet embedded
+        return self._train(config, classes, features[: len(train_texts)], y, features[len(train_texts) :], y_val)
 
     def fit_embeddings(
-        self, X: Any, y: Sequence[Any], X_val: Any = None, y_val: Optional[Sequence[Any]] = None
-    ) -> "ILGEClassifier":
+        self, X: Any, y: Sequence[Any], X_val: Any = None, y_val: Sequence[Any] | None = None
+    ) -> ILGEClassifier:
         """Train on precomputed per-layer embeddings ``X`` of shape ``(N, L, D)``."""
         config = self._check_params(needs_model=False)
         X = _check_features(X)
         labels = _check_labels(y, X.shape[0], "y")
         if (X_val is None) != (y_val is None):
             raise ValueError("pass both X_val and y_val, or neither")
-        if X_val is not None:
-            X_val = _check_features(X_val, "X_val")
-            if X_val.shape[1:] != X.shape[1:]:
-                raise ValueError(f"X_val rows are {tuple(X_val.shape[1:])} but X rows are {tuple(X.shape[1:])}")
-            y_val = _check_labels(y_val, X_val.shape[0], "y_val")
+        if X_val is None or y_val is None:
+            classes = self._fit_classes(labels)
+            y_ids = self._encode(labels, classes, "y")
+            train_rows, val_rows = self._validation_split(y_ids)
+            return self._train(config, classes, X[train_rows], y_ids[train_rows], X[val_rows], y_ids[val_rows])
+        X_val = _check_features(X_val, "X_val")
+        if X_val.shape[1:] != X.shape[1:]:
+            raise ValueError(f"X_val rows are {tuple(X_val.shape[1:])} but X rows are {tuple(X.shape[1:])}")
+        val_labels = _check_labels(y_val, X_val.shape[0], "y_val")
         classes = self._fit_classes(labels)
         y_ids = self._encode(labels, classes, "y")
-        if X_val is None:
-            train_rows, val_rows = self._validation_split(y_ids)
-            X, X_val, y_ids, y_val_ids = X[train_rows], X[val_rows], y_ids[train_rows], y_ids[val_rows]
-        else:
-            y_val_ids = self._encode(y_val, classes, "y_val")
-        return self._train(config, classes, X, y_ids, X_val, y_val_ids)
+        return self._train(config, classes, X, y_ids, X_val, self._encode(val_labels, classes, "y_val"))
 
     def _train(
         self,
@@ -420,10 +513,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         y: np.ndarray,
         X_val: torch.Tensor,
         y_val: np.ndarray,
-    ) -> "ILGEClassifier":
+    ) -> ILGEClassifier:
         from .engine import TrainingRecipe, select_best_layer, train_encoder
 
-        kwargs = dict(
+        kwargs: dict[str, Any] = dict(
             task_kind="classification",
             num_classes=len(classes),
             seed=int(self.random_state),
@@ -432,21 +525,38 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             progress=bool(self.progress),
         )
         train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))
+        best_layer = None
         if isinstance(config, BestLayerConfig) and config.layer is None:
-            layer, result, scores = select_best_layer(config, train, val, **kwargs)
-            config = config.replace(layer=layer)
-            self.best_layer_, self.layer_scores_ = layer, scores
+            best_layer, result, scores = select_best_layer(config, train, val, **kwargs)
+            config = config.replace(layer=best_layer)
+            self.layer_scores_ = scores
         else:
             result = train_encoder(config, train, val, **kwargs)
-        self.classes_ = classes
-        self.config_ = config
-        self.task_kind_, self.score_range_ = "classification", None
-        self.num_layers_, self.hidden_size_ = int(X.shape[1]), int(X.shape[2])
-        self.model_ = result.model
-        self.history_ = result.history
-        self.best_epoch_ = result.best_epoch
-        self.best_val_score_ = result.best_val_metric
-        self.num_trainable_params_ = result.num_trainable_params
+        fitted = _Fitted(
+            model=result.model,
+            config=config,
+            classes=classes,
+            num_layers=int(X.shape[1]),
+            hidden_size=int(X.shape[2]),
+            history=result.history,
+            best_epoch=result.best_epoch,
+            best_val_score=result.best_val_metric,
+            best_layer=best_layer,
+        )
+        return self._adopt(fitted)
+
+    def _adopt(self, fitted: _Fitted) -> ILGEClassifier:
+        """Set the fitted attributes from ``fitted``; returns ``self``."""
+        self.classes_, self.config_, self.model_ = fitted.classes, fitted.config, fitted.model
+        self.task_kind_, self.score_range_ = fitted.task_kind, fitted.score_range
+        self.num_layers_, self.hidden_size_ = fitted.num_layers, fitted.hidden_size
+        self.history_ = fitted.history
+        self.best_epoch_, self.best_val_score_ = fitted.best_epoch, fitted.best_val_score
+        self.num_trainable_params_ = sum(p.numel() for p in fitted.model.parameters() if p.requires_grad)
+        if fitted.best_layer is not None:
+            self.best_layer_ = fitted.best_layer
+        if fitted.provenance is not None:
+            self.provenance_ = fitted.provenance
         return self
 
     # ------------------------------------------------------------------ prediction
@@ -542,8 +652,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         labels unseen in training raise before any embedding."""
         self._check_fitted()
         count = len(_check_pairs(texts)) // 2 if self._similarity() else len(_check_texts(texts))
-        labels = self._checked_targets(labels, count, "labels")
-        return self._score_predictions(self.predict(texts), labels, sample_weight)
+        targets = self._checked_targets(labels, count, "labels")
+        return self._score_predictions(self.predict(texts), targets, sample_weight)
 
     def score_embeddings(self, X: Any, y: Sequence[Any]) -> float:
         """Accuracy (Spearman for a similarity model) on precomputed embeddings."""
@@ -601,44 +711,23 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         path: PathLike,
         *,
         device: str = "auto",
-        cache_dir: Optional[PathLike] = None,
+        cache_dir: PathLike | None = None,
         batch_size: int = 32,
         progress: bool = False,
-        base_model: Optional[PathLike] = None,
-    ) -> "ILGEClassifier":
+        base_model: PathLike | None = None,
+    ) -> ILGEClassifier:
         """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
 
         The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
         one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
         Weights holding NaN or infinity are refused.
         """
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         from .engine import build_model
 
         path = Path(path)
         meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
-        if not meta_path.is_file() or not weights_path.is_file():
-            raise ValueError(f"{path} is not a saved ILGEClassifier: expected {META_FILE} and {WEIGHTS_FILE} in it")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{meta_path} is not valid JSON ({exc}); the saved classifier is corrupt") from None
-        if not isinstance(meta, dict) or meta.get("format") != "ilge-search-classifier":
-            raise ValueError(f"{meta_path} was not written by ILGEClassifier.save()")
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{path} has format_version {meta.get('format_version')!r}; this ilge-search "
-                f"({__version__}) reads version {FORMAT_VERSION}. Re-save it with a matching version."
-            )
+        meta = _read_meta(path)
         task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
-        if task_kind not in ("classification", "similarity") or (
-            score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
-        ):
-            raise ValueError(
-                f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; the file is corrupt"
-            )
         try:
             config = config_from_dict(meta["config"])
             classes = np.asarray(meta["classes"])
@@ -662,16 +751,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
 
-        try:
-            state = load_file(str(weights_path))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
-        bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
-        if bad:
-            raise ValueError(
-                f"{weights_path} holds NaN or infinite values in {bad[:5]}; these weights cannot "
-                f"predict anything, retrain and save again"
-            )
+        state = _read_weights(weights_path)
         model = build_model(
             config,
             num_layers,
@@ -680,31 +760,22 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             num_classes=len(classes) or None,
             score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])),
         )
-        expected = model.state_dict()
-        missing, unexpected = set(expected) - set(state), set(state) - set(expected)
-        wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
-        if missing or unexpected or wrong_shape:
-            raise ValueError(
-                f"{weights_path} does not match its config: missing {sorted(missing)[:5]}, "
-                f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
-            )
-        model.load_state_dict(state)
+        _load_state(model, state, weights_path)
         model.to(resolve_device(device)).eval()
-
-        clf.classes_ = classes
-        clf.config_ = config
-        clf.task_kind_, clf.score_range_ = task_kind, model.score_range
-        if meta.get("provenance") is not None:
-            clf.provenance_ = meta["provenance"]
-        clf.num_layers_, clf.hidden_size_ = num_layers, hidden_size
-        clf.model_ = model
-        clf.history_ = []
-        clf.best_epoch_ = meta.get("best_epoch")
-        clf.best_val_score_ = meta.get("best_val_score")
-        clf.num_trainable_params_ = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        if isinstance(config, BestLayerConfig):
-            clf.best_layer_ = config.layer
-        return clf
+        fitted = _Fitted(
+            model=model,
+            config=config,
+            classes=classes,
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            task_kind=task_kind,
+            score_range=model.score_range,
+            best_epoch=meta.get("best_epoch"),
+            best_val_score=meta.get("best_val_score"),
+            best_layer=config.layer if isinstance(config, BestLayerConfig) else None,
+            provenance=meta.get("provenance"),
+        )
+        return clf._adopt(fitted)
 
     @classmethod
     def from_study(
@@ -714,14 +785,14 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         *,
         seed: int = 0,
         retrain: bool = False,
-        artifact_dir: Optional[PathLike] = None,
-        data_dir: Optional[PathLike] = None,
+        artifact_dir: PathLike | None = None,
+        data_dir: PathLike | None = None,
         device: str = "auto",
-        cache_dir: Optional[PathLike] = None,
+        cache_dir: PathLike | None = None,
         batch_size: int = 32,
         progress: bool = False,
-        trial: Optional[int] = None,
-    ) -> "ILGEClassifier":
+        trial: int | None = None,
+    ) -> ILGEClassifier:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
         The final evaluation's weights (its best seed by validation), or for a study without
@@ -767,16 +838,16 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             progress=progress,
         )
 
-        clf.classes_ = classes
-        clf.config_ = found.config
-        clf.task_kind_, clf.score_range_ = found.task_kind, found.score_range
-        clf.provenance_ = found.provenance
-        clf.num_layers_, clf.hidden_size_ = found.num_layers, found.hidden_size
-        clf.model_ = found.model.to(resolve_device(device)).eval()
-        clf.history_ = []
-        clf.best_epoch_ = None
-        clf.best_val_score_ = found.provenance.get("val_score")
-        clf.num_trainable_params_ = sum(p.numel() for p in found.model.parameters() if p.requires_grad)
-        if isinstance(found.config, BestLayerConfig):
-            clf.best_layer_ = found.config.layer
-        return clf
+        fitted = _Fitted(
+            model=found.model.to(resolve_device(device)).eval(),
+            config=found.config,
+            classes=classes,
+            num_layers=found.num_layers,
+            hidden_size=found.hidden_size,
+            task_kind=found.task_kind,
+            score_range=found.score_range,
+            best_val_score=found.provenance.get("val_score"),
+            best_layer=found.config.layer if isinstance(found.config, BestLayerConfig) else None,
+            provenance=found.provenance,
+        )
+        return clf._adopt(fitted)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -311,8 +312,8 @@ def _probe(storage: Storage, record: StudyRecord) -> tuple[list[float] | None, s
 class _Training:
     """Where the study's data and embedding cache are, the training device and torch's CPU threads."""
 
-    data_dir: str | None
-    cache_dir: str | None
+    data_dir: str | os.PathLike | None
+    cache_dir: str | os.PathLike | None
     device: str
     threads: int | None
 
@@ -370,8 +371,8 @@ def explain_study(
     study_name: str,
     *,
     recompute: bool = False,
-    data_dir: str | None = None,
-    cache_dir: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
     device: str = "auto",
     threads: int | None = None,
     progress: bool = True,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple
 
 from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
 
@@ -96,7 +96,7 @@ def objective_suffix(objectives: Sequence[str]) -> Optional[str]:
     return "obj-" + "-".join(extra) if extra else None
 
 
-def objective_directions(objectives: Sequence[str], metric: str) -> List[str]:
+def objective_directions(objectives: Sequence[str], metric: str) -> list[Literal["minimize", "maximize"]]:
     """Optuna directions: the score maximised (minimised for a loss), every other objective minimised."""
     return ["minimize" if name != "score" or metric == "loss" else "maximize" for name in objectives]
 

@@ -23,17 +23,26 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
+from typing import Any, TextIO
 
 from .classifier import ILGEClassifier
 from .files import check_writable, disk_error, iter_json_objects, iter_lines_utf8, temp_name
 from .validation import check_int
 
-__all__ = ["predict_file", "PredictSummary", "INPUT_SUFFIXES", "OUTPUT_SUFFIXES"]
+__all__ = [
+    "predict_file",
+    "PredictInput",
+    "PredictOutput",
+    "PredictOptions",
+    "PredictSummary",
+    "INPUT_SUFFIXES",
+    "OUTPUT_SUFFIXES",
+]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 INPUT_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".txt")
 OUTPUT_SUFFIXES = (".jsonl", ".csv", ".tsv")
 DEFAULT_TEXT_COL = "text"
@@ -55,7 +64,7 @@ def _suffix(path: Path, allowed: Sequence[str], what: str) -> str:
     return suffix
 
 
-def _text(value: Any) -> Optional[str]:
+def _text(value: Any) -> str | None:
     """A cell as text; ``None`` when it is missing, blank or not a scalar (a JSON list or object)."""
     if value is None or isinstance(value, (dict, list)) or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -63,8 +72,8 @@ def _text(value: Any) -> Optional[str]:
     return text if text.strip() else None
 
 
-def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
-    chunk: List[List[Any]] = []
+def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
+    chunk: list[list[Any]] = []
     for line_number, row in iter_json_objects(path):
         missing = [c for c in columns if c not in row]
         if missing:
@@ -80,7 +89,7 @@ def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[Lis
         yield chunk
 
 
-def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[List[List[Any]]]:
+def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[Any]]]:
     import pandas as pd
 
     options = dict(
@@ -107,7 +116,7 @@ def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iter
         raise ValueError(f"could not read {path}: {exc}") from None
 
 
-def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
+def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -130,8 +139,8 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[L
         yield [list(row) for row in zip(*values, strict=True)]
 
 
-def _text_chunks(path: Path, size: int) -> Iterator[List[List[Any]]]:
-    chunk: List[List[Any]] = []
+def _text_chunks(path: Path, size: int) -> Iterator[list[list[Any]]]:
+    chunk: list[list[Any]] = []
     for _, line in iter_lines_utf8(path):
         chunk.append([line.rstrip("\r\n")])
         if len(chunk) == size:
@@ -141,7 +150,7 @@ def _text_chunks(path: Path, size: int) -> Iterator[List[List[Any]]]:
         yield chunk
 
 
-def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[List[List[Any]]]:
+def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
     """Rows of ``columns`` (raw cell values), ``size`` at a time, in file order."""
     if suffix == ".jsonl":
         return _jsonl_chunks(path, columns, size)
@@ -153,15 +162,17 @@ def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Itera
 
 
 def _checked_texts(
-    chunk: List[List[Any]], columns: Sequence[str], first_row: int, path: Path, row_word: str
-) -> List[List[str]]:
+    chunk: list[list[Any]], columns: Sequence[str], first_row: int, path: Path, row_word: str
+) -> list[list[str]]:
     rows = []
     for offset, cells in enumerate(chunk):
-        texts = [_text(value) for value in cells]
-        for column, text in zip(columns, texts, strict=True):
+        texts = []
+        for column, value in zip(columns, cells, strict=True):
+            text = _text(value)
             if text is None:
                 where = f"{row_word} {first_row + offset}" + ("" if row_word == "line" else f", column {column!r},")
                 raise ValueError(f"{path}: {where} is empty or not a text; every row needs one (fill or remove it)")
+            texts.append(text)
         rows.append(texts)
     return rows
 
@@ -179,7 +190,7 @@ class _Writer:
             self.csv = csv.writer(handle, delimiter="\t" if kind == ".tsv" else ",", lineterminator="\n")
             self.csv.writerow(self.header)
 
-    def write(self, record: Dict[str, Any]) -> None:
+    def write(self, record: dict[str, Any]) -> None:
         if self.kind == ".jsonl":
             self.handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         else:
@@ -195,20 +206,108 @@ def _json_value(value: Any) -> Any:
 # ----------------------------------------------------------------------------- predict
 
 
+@dataclass(frozen=True)
+class PredictInput:
+    """What to label: a ``.jsonl``, ``.csv``, ``.tsv``, ``.parquet`` or ``.txt`` file (one text per line).
+
+    Attributes:
+        path: the input file.
+        text_col: the text column (default ``text``); a plain-text file has none.
+        text_cols: the two columns of a similarity model's pairs (default ``sentence1``, ``sentence2``).
+    """
+
+    path: PathLike
+    text_col: str | None = None
+    text_cols: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class PredictOutput:
+    """Where the predictions go and what they hold.
+
+    Attributes:
+        path: a ``.jsonl``, ``.csv`` or ``.tsv`` file; ``None`` writes JSONL to ``stream`` (default stdout).
+        proba: add the class probabilities (classifiers only).
+        overwrite: replace ``path`` if it exists.
+        stream: where JSONL goes without a ``path``.
+    """
+
+    path: PathLike | None = None
+    proba: bool = False
+    overwrite: bool = False
+    stream: TextIO | None = None
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """How to embed and run.
+
+    Attributes:
+        chunk_rows: rows read, embedded and written at a time (the memory bound).
+        batch_size: texts per LLM forward pass.
+        cache_dir: the embedding cache (default: the usual one).
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
+        base_model: the frozen model to embed with instead of the recorded one (needed when that is a local
+            folder outside the model folder, which ``ILGEClassifier.load`` does not follow).
+        progress: a progress bar over rows on stderr.
+    """
+
+    chunk_rows: int = 512
+    batch_size: int = 32
+    cache_dir: PathLike | None = None
+    device: str = "auto"
+    base_model: PathLike | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        check_int("chunk_rows", self.chunk_rows)
+
+
 @dataclass
 class PredictSummary:
     """What :func:`predict_file` did."""
 
     rows: int
-    out: Optional[Path]
+    out: Path | None
     task_kind: str
     seconds: float
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A checked prediction: the loaded model, the input's type and columns, its row count and the output."""
+
+    clf: ILGEClassifier
+    base_model: PathLike  # the frozen model the texts are embedded with
+    input_path: Path
+    suffix: str
+    columns: tuple[str, ...]
+    rows: int
+    out_path: Path | None
+    out_kind: str
+    proba: bool
+
+    @property
+    def similarity(self) -> bool:
+        return self.clf.task_kind_ == "similarity"
+
+    @property
+    def row_word(self) -> str:
+        """How error messages count rows: lines of a plain-text file, rows of any other."""
+        return "line" if self.suffix == ".txt" else "row"
+
+    def value_columns(self) -> list[str]:
+        """The output columns after the text(s): the score, or the label (and in CSV each class's probability)."""
+        if self.similarity:
+            return ["score"]
+        names = [f"proba_{c}" for c in self.clf.classes_.tolist()]
+        return ["label"] + (names if self.proba and self.out_kind != ".jsonl" else [])
 
 
 def _resolve_columns(
-    clf: ILGEClassifier, suffix: str, text_col: Optional[str], text_cols: Optional[Sequence[str]]
-) -> Tuple[str, ...]:
+    clf: ILGEClassifier, suffix: str, text_col: str | None, text_cols: Sequence[str] | None
+) -> tuple[str, ...]:
     similarity = clf.task_kind_ == "similarity"
     if similarity:
         if text_col is not None:
@@ -244,153 +343,154 @@ def _scan(path: Path, suffix: str, columns: Sequence[str], chunk_rows: int) -> i
     return rows
 
 
-def predict_file(
-    model_dir: PathLike,
-    input_path: PathLike,
-    out: Optional[PathLike] = None,
-    *,
-    text_col: Optional[str] = None,
-    text_cols: Optional[Sequence[str]] = None,
-    proba: bool = False,
-    chunk_rows: int = 512,
-    batch_size: int = 32,
-    cache_dir: Optional[PathLike] = None,
-    device: str = "auto",
-    overwrite: bool = False,
-    progress: bool = True,
-    base_model: Optional[PathLike] = None,
-    stream: Optional[TextIO] = None,
-) -> PredictSummary:
-    """Label every row of ``input_path`` with the model saved in ``model_dir``.
-
-    Args:
-        model_dir: a folder written by ``ILGEClassifier.save`` or ``ilge-search export``.
-        input_path: ``.jsonl``, ``.csv``, ``.tsv``, ``.parquet`` or ``.txt`` (one text per line).
-        out: ``.jsonl``, ``.csv`` or ``.tsv``; ``None`` writes JSONL to ``stream`` (default stdout).
-        text_col: the text column (default ``text``); ``text_cols``: the two columns of a
-            similarity model's pairs (default ``sentence1``, ``sentence2``).
-        proba: add the class probabilities (classifiers only).
-        chunk_rows: rows read, embedded and written at a time (the memory bound).
-        batch_size, cache_dir, device: texts per LLM forward pass, embedding cache, device.
-        overwrite: replace ``out`` if it exists.
-        progress: a progress bar over rows on stderr.
-        base_model: the frozen model to embed with instead of the recorded one (needed when that
-            is a local folder outside ``model_dir``, which ``ILGEClassifier.load`` does not follow).
-
-    Each output row holds ``row`` (the input row's number, from 1; a CSV header and
-    blank JSONL lines are not counted), the input text(s), and ``label`` (plus
-    ``proba`` per class) or, for a similarity model, ``score``.
-
-    Raises:
-        ValueError: a bad model folder, file type, column or empty text, an empty
-            input, or an existing ``out`` -- all before the model loads.
-    """
-    from tqdm.auto import tqdm
-
-    started = time.perf_counter()
-    check_int("chunk_rows", chunk_rows)
-    input_path = Path(input_path).expanduser()
+def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, options: PredictOptions) -> _Job:
+    """Every check that needs no model: paths, file types, the saved model, the columns, every row's texts."""
+    input_path = Path(source.path).expanduser()
     if not input_path.is_file():
         raise ValueError(f"input file {input_path} does not exist")
     suffix = _suffix(input_path, INPUT_SUFFIXES, "input")
-    out_path = None if out is None else Path(out).expanduser()
+    out_path = None if out.path is None else Path(out.path).expanduser()
     out_kind = ".jsonl" if out_path is None else _suffix(out_path, OUTPUT_SUFFIXES, "output")
     if out_path is not None:
         if out_path.resolve() == input_path.resolve():
             raise ValueError("--out is the input file; write the predictions somewhere else")
-        if out_path.exists() and not overwrite:
+        if out_path.exists() and not out.overwrite:
             raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
         check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
     clf = ILGEClassifier.load(
-        model_dir, device=device, cache_dir=cache_dir, batch_size=batch_size, base_model=base_model
+        model_dir,
+        device=options.device,
+        cache_dir=options.cache_dir,
+        batch_size=options.batch_size,
+        base_model=options.base_model,
     )
-    similarity = clf.task_kind_ == "similarity"
-    if proba and similarity:
+    if out.proba and clf.task_kind_ == "similarity":
         raise ValueError("--proba is for classifiers; this similarity model gives one score per pair")
-    if clf.base_model is None:
+    base_model = clf.base_model
+    if base_model is None:
         raise ValueError(f"{model_dir} was saved without a base model, so it cannot embed texts")
-    columns = _resolve_columns(clf, suffix, text_col, text_cols)
-    total = _scan(input_path, suffix, columns, chunk_rows)  # ---- pass 1: every text checked, no model loaded
+    columns = _resolve_columns(clf, suffix, source.text_col, source.text_cols)
+    rows = _scan(input_path, suffix, columns, options.chunk_rows)  # every text checked, no model loaded
+    return _Job(clf, base_model, input_path, suffix, columns, rows, out_path, out_kind, out.proba)
+
+
+def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
+    """Each row's prediction: ``score``, or ``label`` (and ``proba`` per class name)."""
+    clf = job.clf
+    if job.similarity:
+        pairs = features.view(rows, 2, *features.shape[1:])
+        return [{"score": float(s)} for s in clf.predict_embeddings(pairs)]
+    probabilities = clf.predict_proba_embeddings(features)
+    labels = clf.classes_[probabilities.argmax(axis=1)]
+    values: list[dict[str, Any]] = [{"label": _json_value(label)} for label in labels]
+    if job.proba:
+        names = [str(_json_value(c)) for c in clf.classes_]
+        for value, p in zip(values, probabilities, strict=True):
+            value["proba"] = {name: float(x) for name, x in zip(names, p, strict=True)}
+    return values
+
+
+def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes: list[str]) -> int:
+    """Embed and label the input chunk by chunk, writing each row to ``handle``; returns the rows written."""
+    from tqdm.auto import tqdm
 
     from .cache import EmbeddingCache
 
-    notes: List[str] = []
-    value_columns = (
-        ["score"]
-        if similarity
-        else ["label"] + ([f"proba_{c}" for c in clf.classes_.tolist()] if proba and out_kind != ".jsonl" else [])
-    )
-    if out_path is not None:
-        tmp = temp_name(out_path)
-        handle: TextIO = open(tmp, "w", encoding="utf-8", newline="")
-    else:
-        tmp, handle = None, stream or sys.stdout
+    clf = job.clf
     bar = tqdm(
-        total=total,
+        total=job.rows,
         unit="row",
-        desc=f"predict {input_path.name}",
-        disable=not progress,
+        desc=f"predict {job.input_path.name}",
+        disable=not options.progress,
         file=sys.stderr,
         dynamic_ncols=True,
     )
+    row = 0  # rows written so far; the output's "row" counts from 1, as error messages do
     try:
-        with EmbeddingCache(cache_dir) as cache:
-            source = cache.resolve(clf.base_model)
+        with EmbeddingCache(options.cache_dir) as cache:
+            source = cache.resolve(job.base_model)
             recorded = (getattr(clf, "provenance_", None) or {}).get("model_revision")
             if recorded and recorded != source.revision:
                 notes.append(
                     f"the weights of {clf.base_model!r} differ from those the model was trained on "
                     f"({source.revision[:19]} vs {recorded[:19]}); predictions may be off"
                 )
-            writer = _Writer(handle, out_kind, columns, value_columns)
-            row = 0  # rows written so far; the output's "row" counts from 1, as error messages do
-            for chunk in _chunks(input_path, suffix, columns, chunk_rows):  # ---- pass 2
-                texts = _checked_texts(chunk, columns, row + 1, input_path, "line" if suffix == ".txt" else "row")
-                flat = [text for cells in texts for text in cells]
+            writer = _Writer(handle, job.out_kind, job.columns, job.value_columns())
+            for chunk in _chunks(job.input_path, job.suffix, job.columns, options.chunk_rows):
+                texts = _checked_texts(chunk, job.columns, row + 1, job.input_path, job.row_word)
                 features = cache.get_or_extract_texts(
                     source,
-                    flat,
+                    [text for cells in texts for text in cells],
                     pooling=clf.token_pooling,
                     max_length=clf.max_length,
                     batch_size=clf.batch_size,
-                    device=device,
+                    device=options.device,
                     progress=False,
                 )
-                if similarity:
-                    features = features.view(len(texts), 2, *features.shape[1:])
-                    values = [{"score": float(s)} for s in clf.predict_embeddings(features)]
-                else:
-                    probabilities = clf.predict_proba_embeddings(features)
-                    labels = clf.classes_[probabilities.argmax(axis=1)]
-                    values = [{"label": _json_value(label)} for label in labels]
-                    if proba:
-                        names = [str(_json_value(c)) for c in clf.classes_]
-                        for value, p in zip(values, probabilities, strict=True):
-                            value["proba"] = {name: float(x) for name, x in zip(names, p, strict=True)}
-                for cells, value in zip(texts, values, strict=True):
+                for cells, value in zip(texts, _chunk_values(job, features, len(texts)), strict=True):
                     row += 1
-                    writer.write({"row": row, **dict(zip(columns, cells, strict=True)), **value})
+                    writer.write({"row": row, **dict(zip(job.columns, cells, strict=True)), **value})
                 bar.update(len(texts))
-        if tmp is not None:
-            handle.close()
-            os.replace(tmp, out_path)
-        else:
+    finally:
+        bar.close()
+    return row
+
+
+def predict_file(
+    model_dir: PathLike,
+    source: PredictInput,
+    out: PredictOutput | None = None,
+    *,
+    options: PredictOptions | None = None,
+) -> PredictSummary:
+    """Label every row of ``source`` with the model saved in ``model_dir``.
+
+    Args:
+        model_dir: a folder written by ``ILGEClassifier.save`` or ``ilge-search export``.
+        source: the input file and its text column(s) (:class:`PredictInput`).
+        out: where the predictions go (:class:`PredictOutput`; default: JSONL on stdout).
+        options: chunk size, LLM batch size, embedding cache, device, base model, progress bar
+            (:class:`PredictOptions`).
+
+    Each output row holds ``row`` (the input row's number, from 1; a CSV header and
+    blank JSONL lines are not counted), the input text(s), and ``label`` (plus
+    ``proba`` per class) or, for a similarity model, ``score``. A file is written
+    under a temporary name and renamed when complete.
+
+    Raises:
+        ValueError: a bad model folder, file type, column or empty text, an empty
+            input, or an existing ``out`` -- all before the model loads.
+    """
+    started = time.perf_counter()
+    out = PredictOutput() if out is None else out
+    options = PredictOptions() if options is None else options
+    job = _checked_job(model_dir, source, out, options)
+    notes: list[str] = []
+    try:
+        if job.out_path is None:
+            handle = out.stream or sys.stdout
+            rows = _write_predictions(job, handle, options, notes)
             handle.flush()
+        else:
+            rows = _write_file(job, job.out_path, options, notes)
     except OSError as exc:
-        problem = disk_error(
-            exc,
-            out_path.parent if out_path is not None else Path.cwd(),
-            "the predictions",
-            "free some space or pass another --out",
-        )
+        folder = job.out_path.parent if job.out_path is not None else Path.cwd()
+        problem = disk_error(exc, folder, "the predictions", "free some space or pass another --out")
         if problem is None:
             raise
         raise problem from None
-    finally:
-        bar.close()
-        if tmp is not None:
-            handle.close()
-            tmp.unlink(missing_ok=True)
     return PredictSummary(
-        rows=row, out=out_path, task_kind=clf.task_kind_, seconds=time.perf_counter() - started, notes=notes
+        rows=rows, out=job.out_path, task_kind=job.clf.task_kind_, seconds=time.perf_counter() - started, notes=notes
     )
+
+
+def _write_file(job: _Job, out_path: Path, options: PredictOptions, notes: list[str]) -> int:
+    """The predictions written to a temporary sibling of ``out_path``, renamed to it once complete."""
+    tmp = temp_name(out_path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as handle:
+            rows = _write_predictions(job, handle, options, notes)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone after the rename; left by an error otherwise
+    return rows

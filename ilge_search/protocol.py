@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .record import DEFAULT_PROTOCOL, Identity
+from .record import DEFAULT_PROTOCOL, PROTOCOLS, Identity
 from .validation import check_choice, check_int
 
 __all__ = [
@@ -68,8 +68,6 @@ __all__ = [
     "is_parameter_free",
     "paper_vectors",
 ]
-
-PROTOCOLS: Tuple[str, ...] = ("matched", "paper")  # the first is DEFAULT_PROTOCOL
 
 MTEB_VERSION = "2.26.24"  # the mteb release whose evaluator code and task settings are followed
 MTEB_SEED = 42  # AbsTask's default seed: the undersampling RandomState and LogisticRegression's random_state
@@ -150,7 +148,10 @@ class PaperProtocol:
 
 
 def undersample(
-    labels: Sequence[Any], samples_per_label: int, n_experiments: int = MTEB_N_EXPERIMENTS, seed: int = MTEB_SEED
+    labels: Sequence[Any] | np.ndarray,
+    samples_per_label: int,
+    n_experiments: int = MTEB_N_EXPERIMENTS,
+    seed: int = MTEB_SEED,
 ) -> List[np.ndarray]:
     """The training rows of each experiment, drawn as MTEB's ``AbsTaskClassification._undersample_data``.
 

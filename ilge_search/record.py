@@ -34,7 +34,10 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from .configs import EncoderConfig
 
 __all__ = [
     "RECORD_VERSION",
@@ -42,6 +45,7 @@ __all__ = [
     "READY_ATTR",
     "DEFAULT_OBJECTIVES",
     "DEFAULT_PROTOCOL",
+    "PROTOCOLS",
     "LEGACY_SELECT",
     "IDENTITY_KEYS",
     "PROTOCOL_KEYS",
@@ -59,6 +63,7 @@ __all__ = [
     "upgrade_attrs",
     "study_record",
     "trial_record",
+    "trial_config",
     "is_ilge_study",
     "save_identity",
     "save_data_fingerprints",
@@ -77,6 +82,9 @@ VERSION_ATTR = "ilge_record_version"
 READY_ATTR = "ilge_search_ready"  # set last by the process that creates a study
 DEFAULT_OBJECTIVES: tuple[str, ...] = ("score",)
 DEFAULT_PROTOCOL = "matched"
+# how a study's final scores are measured (ilge_search.protocol); here, with the rest of the identity's
+# vocabulary, so the options and the CLI name them without importing numpy
+PROTOCOLS: tuple[str, ...] = (DEFAULT_PROTOCOL, "paper")
 LEGACY_SELECT = "best"  # the rule of final evaluations stored before selection rules existed
 DATA_SPLITS = ("train", "validation", "test")
 
@@ -709,6 +717,22 @@ class TrialRecord:
 def trial_record(trial: Any) -> TrialRecord:
     """The :class:`TrialRecord` of an ``optuna.Trial`` or ``FrozenTrial``."""
     return TrialRecord.from_attrs(_attrs_of(trial))
+
+
+def trial_config(trial: Any) -> EncoderConfig:
+    """The encoder configuration a trial recorded, rebuilt.
+
+    Raises:
+        ValueError: the trial recorded none (it failed before its configuration was drawn).
+    """
+    from .configs import config_from_dict
+
+    config = trial_record(trial).config
+    if not config:
+        raise ValueError(
+            f"trial {trial.number} recorded no configuration (it failed before one was drawn); choose another trial"
+        )
+    return config_from_dict(config)
 
 
 def save_trial(trial: Any, **values: Any) -> None:

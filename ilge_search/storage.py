@@ -526,7 +526,7 @@ def fail_own_running_trials(study: Any, storage: Storage) -> List[int]:
     Called when a storage fault stopped a trial half-way; what cannot be written
     now is repaired by the next run (:func:`fail_stale_trials`). Returns their numbers.
     """
-    numbers = []
+    numbers: list[int] = []
     try:
         running = study.get_trials(deepcopy=False, states=_states("RUNNING"))
     except Exception:  # the storage may be unreadable too; the next run repairs it

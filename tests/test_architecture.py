@@ -5,6 +5,8 @@
 - No private name (leading underscore) imported from another module, and no private module of
   another package (``optuna.storages._rdb``): those break without notice on upgrades.
 - No module longer than 900 lines (as `ruff format` writes them).
+- No function longer than 100 lines, and none with more than 12 parameters outside ``cli/`` (click
+  passes a command every option as a parameter).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ilge_search"
 MAX_LINES = 900  # lines as `ruff format` writes them
+MAX_FUNCTION_LINES = 100  # from the `def` line to the last line of the body, decorators not counted
+MAX_PARAMETERS = 12  # self and cls not counted; click commands in cli/ are exempt
 
 # first component below ilge_search -> layer; higher layers may import lower ones, never the reverse
 LAYERS: Dict[str, int] = {
@@ -186,3 +190,52 @@ def test_no_private_names_from_other_modules():
 def test_module_size(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines; split it (at most {MAX_LINES})"
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = function.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return [name for name in names if name not in ("self", "cls")]
+
+
+def _long_or_wide_functions(package: Path) -> list[str]:
+    """One line per function of ``package`` over the line or the parameter limit."""
+    wrong = []
+    for path in sorted(package.rglob("*.py")):
+        in_cli = path.relative_to(package).parts[0] == "cli"
+        for function in _functions(path):
+            where = f"{path.relative_to(package)}:{function.lineno} {function.name}"
+            lines = function.end_lineno - function.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                wrong.append(f"{where} has {lines} lines (at most {MAX_FUNCTION_LINES}); split it")
+            count = len(_parameters(function))
+            if count > MAX_PARAMETERS and not in_cli:
+                wrong.append(f"{where} takes {count} parameters (at most {MAX_PARAMETERS}); group them in a dataclass")
+    return wrong
+
+
+def test_functions_are_short_and_take_few_parameters():
+    wrong = _long_or_wide_functions(PACKAGE)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_function_check_finds_a_long_and_a_wide_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(99))
+    wide = ", ".join(f"p{i}" for i in range(13))
+    source = (
+        f"def long():\n{body}\n    return x0\n\n\ndef wide(self, {wide}):\n    pass\n\n\ndef fine(a, b):\n    pass\n"
+    )
+    for folder in ("study", "cli"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "probe.py").write_text(source, encoding="utf-8")
+    assert _long_or_wide_functions(tmp_path) == [
+        "cli/probe.py:1 long has 101 lines (at most 100); split it",  # cli/ is exempt from the parameters only
+        "study/probe.py:1 long has 101 lines (at most 100); split it",
+        "study/probe.py:104 wide takes 13 parameters (at most 12); group them in a dataclass",
+    ]

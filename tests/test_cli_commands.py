@@ -153,6 +153,7 @@ def test_ci_runs_the_readme_test_command_which_runs_ruff_and_every_test():
     assert "readme_block ci:test" in ci and "pg_ctlcluster" in ci and "chromium" in ci
     recipe = " ".join(_make_recipe("test"))
     assert "ruff check ." in recipe and "python -m pytest -q" in recipe
+    assert "ruff format --check ." in recipe and "&& mypy &&" in recipe
     assert re.search(r"^test: setup$", MAKEFILE, flags=re.M) and re.search(r"^demo: setup$", MAKEFILE, flags=re.M)
     # the demo is the README's quick start, on the default storage
     demo = " ".join(_make_recipe("demo"))

@@ -341,7 +341,7 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
 def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, tmp_path, monkeypatch):
     from ilge_search import classifier
     from ilge_search.cache import EmbeddingCache
-    from ilge_search.predict import predict_file
+    from ilge_search.predict import PredictInput, PredictOptions, PredictOutput, predict_file
 
     texts = [f"What is the capital of country number {i} ?" for i in range(130)]
     source = tmp_path / "q.txt"
@@ -357,12 +357,9 @@ def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, t
     clear_embedding_memo()
     summary = predict_file(
         exported,
-        source,
-        tmp_path / "q.jsonl",
-        chunk_rows=40,
-        cache_dir=studies["cache_dir"],
-        device="cpu",
-        progress=False,
+        PredictInput(source),
+        PredictOutput(tmp_path / "q.jsonl"),
+        options=PredictOptions(chunk_rows=40, cache_dir=studies["cache_dir"], device="cpu", progress=False),
     )
     assert summary.rows == 130 and calls == [40, 40, 40, 10]  # never more than one chunk in memory
     assert classifier._EMBEDDING_MEMO == {}  # nothing kept per text in the process
@@ -371,12 +368,9 @@ def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, t
     monkeypatch.setattr("ilge_search.extraction.LayerEmbedder.load", lambda self: pytest.fail("model loaded"))
     again = predict_file(
         exported,
-        source,
-        tmp_path / "q2.jsonl",
-        chunk_rows=40,
-        cache_dir=studies["cache_dir"],
-        device="cpu",
-        progress=False,
+        PredictInput(source),
+        PredictOutput(tmp_path / "q2.jsonl"),
+        options=PredictOptions(chunk_rows=40, cache_dir=studies["cache_dir"], device="cpu", progress=False),
     )
     assert again.rows == 130 and _rows(tmp_path / "q2.jsonl") == _rows(tmp_path / "q.jsonl")
 

@@ -11,7 +11,10 @@ from .group import FORMAT_OPTION, cli, echo_frame, location_options
 
 # ---------------------------------------------------------------- embed / cache (extraction)
 
-_POOLING_CHOICES = ["mean", "last", "first", "mean_including_padding"]  # = extraction.POOLINGS (kept import-free)
+# the choices whose library constant lives in a module that imports torch: copied here so that
+# `ilge-search --help` stays fast (tests/test_cli_choices.py checks they are equal)
+POOLING_CHOICES = ("mean", "last", "first", "mean_including_padding")  # ilge_search.extraction.POOLINGS
+STORAGE_DTYPE_CHOICES = ("float16", "bfloat16", "float32")  # the keys of ilge_search.cache.STORAGE_DTYPES
 
 
 @cli.command("embed")
@@ -19,7 +22,7 @@ _POOLING_CHOICES = ["mean", "last", "first", "mean_including_padding"]  # = extr
 @click.option("--task", required=True, help="Registered task name, or a CSV/TSV/JSONL/Parquet file or folder.")
 @click.option(
     "--pooling",
-    type=click.Choice(_POOLING_CHOICES),
+    type=click.Choice(POOLING_CHOICES),
     default="mean",
     show_default=True,
     help="How each layer's tokens become one vector.",
@@ -27,9 +30,7 @@ _POOLING_CHOICES = ["mean", "last", "first", "mean_including_padding"]  # = extr
 @click.option("--max-length", type=click.IntRange(min=1), default=512, show_default=True, help="Tokens per text.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per batch.")
 @click.option("--split", "splits", multiple=True, help="Only these splits (repeatable) [default: all].")
-@click.option(
-    "--storage-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True
-)
+@click.option("--storage-dtype", type=click.Choice(STORAGE_DTYPE_CHOICES), default="float16", show_default=True)
 @click.option("--text-col", default=None, help="Custom task: the text column.")
 @click.option("--label-col", default=None, help="Custom task: the label column.")
 @click.option("--text-cols", default=None, help="Custom pair task: two text columns, comma-separated.")

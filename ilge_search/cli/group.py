@@ -12,6 +12,7 @@ with exit status 1, in one place (:class:`IlgeGroup`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import click
@@ -25,10 +26,13 @@ __all__ = [
     "IlgeGroup",
     "location_options",
     "storage_option",
+    "StudyOption",
+    "study_option",
     "study_logging",
     "print_results",
     "echo_frame",
     "FORMAT_OPTION",
+    "FORMAT_CHOICES",
 ]
 
 STORAGE_HELP = "Optuna RDB URL of the studies, e.g. sqlite:///studies/ilge.db or postgresql://user@host:5432/db"
@@ -98,6 +102,47 @@ def main() -> None:  # console-script entry point
     cli()
 
 
+class StudyOption(click.Option):
+    """An option for a field of :class:`~ilge_search.study.StudyOptions`: its help is that field's one
+    description (:func:`~ilge_search.study.options.option_help`), capitalised, then ``more`` (formatted with
+    ``{default}``, the field's default, for options whose own default is unset so that a command can tell
+    whether they were given). It is read on first use: the options module is not imported for
+    ``ilge-search --help``, nor by a command that never shows its help."""
+
+    _help: str | None
+
+    def __init__(self, param_decls: Sequence[str], *, study_field: str, more: str = "", **attrs: Any) -> None:
+        self.study_field, self.more = study_field, more
+        super().__init__(param_decls, **attrs)
+
+    @property
+    def help(self) -> str | None:
+        if self._help is None:
+            self._help = study_option_help(self.study_field, self.more)
+        return self._help
+
+    @help.setter
+    def help(self, text: str | None) -> None:
+        self._help = text
+
+
+def study_option_help(name: str, more: str = "") -> str:
+    """The CLI help of the study option ``name``: its description, capitalised, then ``more`` (``{default}``
+    in it: the option's default)."""
+    from ..study.options import option_default, option_help
+
+    text = option_help(name)
+    default = option_default(name)
+    shown = ", ".join(map(str, default)) if isinstance(default, tuple) else str(default)
+    return " ".join(part for part in (text[:1].upper() + text[1:], more.format(default=shown)) if part)
+
+
+def study_option(*param_decls: str, field: str, more: str = "", **attrs: Any) -> Callable:
+    """``click.option`` for the study option ``field`` (a name of :data:`~ilge_search.study.options.FLAT_NAMES`),
+    documented by :class:`StudyOption`."""
+    return click.option(*param_decls, cls=StudyOption, study_field=field, more=more, **attrs)
+
+
 # Subcommands are defined below, one block per library entry point.
 
 
@@ -140,6 +185,5 @@ def echo_frame(frame, fmt: str, empty: str) -> None:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-"))
 
 
-FORMAT_OPTION = click.option(
-    "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True
-)
+FORMAT_CHOICES = ("table", "csv", "json")  # ilge_search.explain.EXPLAIN_FORMATS, and what echo_frame writes
+FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="table", show_default=True)

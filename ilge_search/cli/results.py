@@ -6,6 +6,7 @@ from typing import Optional
 
 import click
 
+from ..configs import ENCODER_FAMILIES
 from ..settings import Settings
 from .group import FORMAT_OPTION, cli, echo_frame, location_options, storage_option, study_logging
 
@@ -112,7 +113,7 @@ def report_command(storage: str, out_dir: str, no_figures: bool, force: bool, qu
     "--family",
     "families",
     multiple=True,
-    type=click.Choice(["cayley", "fc", "deepset"]),
+    type=click.Choice(ENCODER_FAMILIES),
     help="Only these families (repeatable) [default: all three].",
 )
 @click.option(
@@ -158,7 +159,7 @@ def recommend_command(
     "--family",
     "families",
     multiple=True,
-    type=click.Choice(["cayley", "fc", "deepset"]),
+    type=click.Choice(ENCODER_FAMILIES),
     help="Only these families (repeatable) [default: all three].",
 )
 @click.option(

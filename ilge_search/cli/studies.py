@@ -6,39 +6,28 @@ from typing import Optional
 
 import click
 
+from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
 from ..settings import Settings
 from ..tuning import PRUNERS, SAMPLERS
-from .group import cli, echo_frame, location_options, print_results, storage_option, study_logging
+from .group import (
+    FORMAT_OPTION,
+    cli,
+    echo_frame,
+    location_options,
+    print_results,
+    storage_option,
+    study_logging,
+    study_option,
+)
 
-_SELECT_CHOICES = ("best", "one-se")
-_CV_HELP = (
-    "Score each trial on K stratified folds of the training data (mean over folds) instead of the "
-    "validation split; a :cvK study of its own."
-)
-_SELECT_HELP = (
-    "Trial the final evaluation retrains: 'best' (best objective) or 'one-se' (fewest parameters "
-    "within one standard error of the best; the start configuration wins ties) [default: one-se]."
-)
+# the choices of options whose library constant lives in a module that imports numpy or the study runner:
+# copied here so that `ilge-search --help` stays fast (tests/test_cli_choices.py checks they are equal)
+SELECT_CHOICES = ("best", "one-se")  # ilge_search.study.selection.SELECTION_RULES
+PROTOCOL_CHOICES = ("matched", "paper")  # ilge_search.protocol.PROTOCOLS
 
-# = protocol.PROTOCOLS (kept import-free)
-_PROTOCOL_CHOICES = ("matched", "paper")
-_PROTOCOL_HELP = (
-    "How final scores are measured: 'matched' (each method trained with its head on the same data) "
-    "or 'paper' (MTEB's logistic-regression readout of the vectors on a few examples per label, "
-    "cosine Spearman for similarity; parameter-free baselines untrained); a :paper study of its own."
-)
-_SPL_HELP = "The paper protocol's training examples per label [default: the MTEB task's own (Emotion 16), else 8]."
-
-_ENCODER_HELP = "Encoder family or baseline; repeat it, or 'all' (cayley, fc, deepset and the five baselines)."
-_OBJECTIVE_HELP = (
-    "What each trial optimises; repeat it: 'score' (maximised), 'params' (trainable parameters) and "
-    "'latency' (forward ms per 1,000 samples on this device), minimised. Several make a "
-    "multi-objective study (its own :obj-... study; no pruning; its Pareto front is retrained) "
-    "[default: score]."
-)
-_FRONT_HELP = (
-    "Multi-objective studies: retrain at most this many Pareto-front trials with the final seeds, spread "
-    "along the front from the best score to the smallest [default: 5]."
+_ENCODER_HELP = (
+    "Encoder family or baseline; repeat it, or 'all' "
+    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)})."
 )
 
 
@@ -51,88 +40,61 @@ _FRONT_HELP = (
     help="Registered task name (banking77, trec, stsb ...) or a CSV/TSV/JSONL/Parquet task file or folder.",
 )
 @click.option("--encoder", "-e", "encoders", multiple=True, default=("cayley",), show_default=True, help=_ENCODER_HELP)
-@click.option(
+@study_option(
     "--n-trials",
     type=click.IntRange(min=0),
     default=None,
-    help="Trials to add to each study in this run (split across workers) "
-    "[default: 20; with --total-trials: until the cap].",
+    field="n_trials",
+    more="[default: {default}; with --total-trials: until the cap]",
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Seconds per study after which no new trial starts.",
-)
-@click.option(
-    "--total-trials",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Cap on each study's complete + pruned + running trials, shared by every process and node on the storage.",
-)
+@study_option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, field="timeout")
+@study_option("--total-trials", type=click.IntRange(min=1), default=None, field="total_trials")
 @storage_option()
-@click.option("--study-name", default=None, help="Study name (one encoder only) [default: model:task:encoder].")
-@click.option("--sampler", type=click.Choice(list(SAMPLERS)), default="tpe", show_default=True)
-@click.option("--pruner", type=click.Choice(list(PRUNERS)), default="median", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the sampler and every trial's training.")
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Parallel worker processes on the same storage.",
-)
-@click.option(
-    "--final-seeds",
-    type=click.IntRange(min=0),
-    default=3,
-    show_default=True,
-    help="Retrain the best config with this many seeds and score each on test once (0: skip).",
-)
-@click.option("--shots", type=click.IntRange(min=1), default=None, help="Training examples per label (few-shot).")
-@click.option(
-    "--max-train", type=click.IntRange(min=1), default=None, help="Cap on training examples (seeded, stratified)."
-)
-@click.option(
-    "--max-eval",
-    type=click.IntRange(min=1),
+@study_option("--study-name", default=None, field="study_name")
+@study_option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True, field="sampler")
+@study_option("--pruner", type=click.Choice(PRUNERS), default="median", show_default=True, field="pruner")
+@study_option("--seed", type=int, default=0, show_default=True, field="seed")
+@study_option("--workers", type=click.IntRange(min=1), default=1, show_default=True, field="workers")
+@study_option("--final-seeds", type=click.IntRange(min=0), default=3, show_default=True, field="final_seeds")
+@study_option("--shots", type=click.IntRange(min=1), default=None, field="shots")
+@study_option("--max-train", type=click.IntRange(min=1), default=None, field="max_train")
+@study_option("--max-eval", type=click.IntRange(min=1), default=None, field="max_eval")
+@study_option("--max-epochs", type=click.IntRange(min=1), default=None, field="max_epochs")
+@study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
+@study_option(
+    "--select",
+    type=click.Choice(SELECT_CHOICES),
     default=None,
-    help="Cap on validation and test examples each (seeded, stratified; for quick runs).",
+    field="select",
+    more="[default: {default}]",
 )
-@click.option("--max-epochs", type=click.IntRange(min=1), default=None, help="Cap on every config's epochs.")
-@click.option("--cv", type=click.IntRange(min=2), default=None, help=_CV_HELP)
-@click.option("--select", type=click.Choice(list(_SELECT_CHOICES)), default=None, help=_SELECT_HELP)
-@click.option("--objective", "objectives", multiple=True, help=_OBJECTIVE_HELP)
-@click.option("--final-front", type=click.IntRange(min=1), default=None, help=_FRONT_HELP)
-@click.option(
-    "--protocol", type=click.Choice(list(_PROTOCOL_CHOICES)), default="matched", show_default=True, help=_PROTOCOL_HELP
-)
-@click.option("--samples-per-label", type=click.IntRange(min=1), default=None, help=_SPL_HELP)
-@click.option(
-    "--zero-shot",
-    "zero_shot_tasks",
+@study_option(
+    "--objective",
+    "objectives",
     multiple=True,
-    help="Similarity task to also score each final model on (repeatable; similarity studies only).",
+    field="objectives",
+    more="Repeat it. [default: {default}]",
 )
-@click.option(
-    "--artifact-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Artifact store for the best weights [default: next to a SQLite file, else studies/artifacts].",
-)
-@click.option(
-    "--threads",
+@study_option(
+    "--final-front",
     type=click.IntRange(min=1),
     default=None,
-    help="Torch CPU threads per process [default: unchanged; cpus/workers per worker]. "
-    "The encoders are small: on a CPU, 1 thread per worker and --workers = cores is usually fastest.",
+    field="final_front",
+    more="[default: {default}]",
 )
-@click.option(
+@study_option(
+    "--protocol", type=click.Choice(PROTOCOL_CHOICES), default=PROTOCOL_CHOICES[0], show_default=True, field="protocol"
+)
+@study_option("--samples-per-label", type=click.IntRange(min=1), default=None, field="samples_per_label")
+@study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
+@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
+@study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")
+@study_option(
     "--heartbeat-interval",
     type=click.IntRange(min=1),
     default=60,
     show_default=True,
-    help="Seconds between trial heartbeats; a trial silent for twice as long is failed and retried.",
+    field="heartbeat_interval",
 )
 @click.option(
     "--dry-run",
@@ -244,27 +206,37 @@ def run_command(
 @cli.command("sweep")
 @click.argument("grid", type=click.Path(exists=True, dir_okay=False))
 @storage_option(default_text="the grid's storage, else sqlite:///studies/ilge.db")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Overrides the grid's workers.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Overrides the grid's threads.")
+@study_option(
+    "--workers", type=click.IntRange(min=1), default=None, field="workers", more="Overrides the grid's workers."
+)
+@study_option(
+    "--threads", type=click.IntRange(min=1), default=None, field="threads", more="Overrides the grid's threads."
+)
 @click.option("--model", "models", multiple=True, help="Run only this model (repeatable).")
 @click.option("--task", "tasks", multiple=True, help="Run only this task (repeatable).")
 @click.option("--encoder", "encoders", multiple=True, help="Run only this encoder (repeatable).")
-@click.option("--artifact-dir", type=click.Path(file_okay=False), default=None, help="Artifact store folder.")
-@click.option("--cv", type=click.IntRange(min=2), default=None, help=_CV_HELP + " Overrides the grid's cv.")
-@click.option(
+@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
+@study_option("--cv", type=click.IntRange(min=2), default=None, field="cv", more="Overrides the grid's cv.")
+@study_option(
     "--select",
-    type=click.Choice(list(_SELECT_CHOICES)),
+    type=click.Choice(SELECT_CHOICES),
     default=None,
-    help=_SELECT_HELP + " Overrides the grid's select.",
+    field="select",
+    more="Overrides the grid's select. [default: {default}]",
 )
-@click.option(
+@study_option(
     "--protocol",
-    type=click.Choice(list(_PROTOCOL_CHOICES)),
+    type=click.Choice(PROTOCOL_CHOICES),
     default=None,
-    help=_PROTOCOL_HELP + " Overrides the grid's protocol.",
+    field="protocol",
+    more="Overrides the grid's protocol.",
 )
-@click.option(
-    "--samples-per-label", type=click.IntRange(min=1), default=None, help=_SPL_HELP + " Overrides the grid's."
+@study_option(
+    "--samples-per-label",
+    type=click.IntRange(min=1),
+    default=None,
+    field="samples_per_label",
+    more="Overrides the grid's.",
 )
 @click.option(
     "--dry-run",
@@ -347,7 +319,7 @@ def sweep_command(
 
 @cli.command("studies")
 @storage_option()
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@FORMAT_OPTION
 def studies_command(storage, fmt: str) -> None:
     """List the studies in a storage: trials, best validation value, final test mean +- std."""
     from ..study import list_studies

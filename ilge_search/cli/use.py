@@ -152,23 +152,21 @@ def predict_command(
     One output row per input row, in order: the row number, the text(s), and the label (with --proba the
     class probabilities) or, for a similarity model, the score.
     """
-    from ..predict import predict_file
+    from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
 
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     summary = predict_file(
         model_dir,
-        input_path,
-        out_path,
-        text_col=text_col,
-        text_cols=pair_cols,
-        proba=proba,
-        chunk_rows=chunk_rows,
-        batch_size=batch_size,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        overwrite=overwrite,
-        progress=not quiet,
-        base_model=base_model,
+        PredictInput(input_path, text_col=text_col, text_cols=pair_cols),
+        PredictOutput(out_path, proba=proba, overwrite=overwrite),
+        options=PredictOptions(
+            chunk_rows=chunk_rows,
+            batch_size=batch_size,
+            cache_dir=settings.cache_dir,
+            device=settings.device,
+            base_model=base_model,
+            progress=not quiet,
+        ),
     )
     for note in summary.notes:
         click.echo(f"warning: {note}", err=True)

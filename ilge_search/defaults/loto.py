@@ -39,13 +39,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._version import __version__
-from ..configs import config_class_for
+from ..configs import ENCODER_FAMILIES, config_class_for
 from ..models import model_size_bucket
 from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
 from ..scores import score_unit
@@ -67,7 +68,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOTO_FAMILIES: tuple[str, ...] = ("cayley", "fc", "deepset")  # the families recommend regenerates
+LOTO_FAMILIES: tuple[str, ...] = ENCODER_FAMILIES  # the families recommend regenerates: every ILGE family
 ROW_COLUMNS = [
     "model",
     "task",
@@ -256,8 +257,8 @@ def _best_record(
 class _DataSource:
     """Where the studies' task data and embedding cache are, and the training device."""
 
-    data_dir: str | None
-    cache_dir: str | None
+    data_dir: str | os.PathLike | None
+    cache_dir: str | os.PathLike | None
     device: str
 
 
@@ -276,7 +277,8 @@ def _train_scores(config: Any, data: Any, seeds: Sequence[int], device: str) -> 
             seed=seed,
             device=device,
         )
-        test.append(float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric]))
+        test_features, test_labels = data.test_split()
+        test.append(float(evaluate(result.model, test_features, test_labels, task_kind=data.task_kind)[data.metric]))
         val.append(float(result.best_val_metric))
     return test, val
 
@@ -484,8 +486,8 @@ def leave_one_task_out(
     families: Sequence[str] = LOTO_FAMILIES,
     final_seeds: int = 3,
     seed: int = 0,
-    data_dir: str | None = None,
-    cache_dir: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
     device: str = "auto",
     threads: int | None = None,
     progress: bool = True,

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..configs import CONFIG_CLASSES
+from ..configs import CONFIG_CLASSES, ENCODER_FAMILIES
 from ..settings import user_defaults_path
 from ..storage import hide_password
 from ..tuning import DEFAULTS_FORMAT_VERSION
@@ -55,7 +55,7 @@ __all__ = [
 
 PathLike = str | os.PathLike
 
-DEFAULT_FAMILIES: tuple[str, ...] = ("cayley", "fc", "deepset")
+DEFAULT_FAMILIES: tuple[str, ...] = ENCODER_FAMILIES  # every ILGE family
 NEXT_TO_DEFAULTS = "next-to-defaults"  # report_path default: the defaults file's name with .md
 SIZE_BUCKETS_NOTE = (
     "small: up to 3B parameters (models of 1B-3B included, as the study runner buckets them); large: above 3B"

@@ -115,9 +115,9 @@ class Document:
             self.md += [f"- {item}" for item in items] + [""]
             self.html.append("<ul>" + "".join(f"<li>{_inline_html(item)}</li>" for item in items) + "</ul>")
 
-    def images(self, paths: Mapping[str, str], widths: Optional[Mapping[str, int]] = None) -> None:
+    def images(self, paths: Mapping[str, str], widths: Mapping[str, int | None] | None = None) -> None:
         """Images by kind; ``widths`` (pixels, by kind) is the size the HTML page shows each at
-        (never wider than the page)."""
+        (never wider than the page; an unknown width shows the image at its own size)."""
         if paths:
             widths = widths or {}
             self.md += [f"![{kind}]({path})" for kind, path in paths.items()] + [""]

@@ -78,8 +78,9 @@ def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[Any, list[str]]:
         seen = set()
         # several studies of one encoder and shots (e.g. with and without a final evaluation): the most seeds
         for r in sorted(curves[key], key=lambda r: (len(r.test_scores), r.name), reverse=True):
-            shots = r.identity.shots or None
-            if r.encoder not in with_shots or (r.encoder, shots) in seen:  # a full point alone is no curve
+            shots, mean = r.identity.shots or None, r.test_mean
+            # a full point alone is no curve
+            if mean is None or r.encoder not in with_shots or (r.encoder, shots) in seen:
                 continue
             seen.add((r.encoder, shots))
             scale, unit = score_unit(r.metric)
@@ -92,7 +93,7 @@ def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[Any, list[str]]:
                     "train_size": r.stored.data.split_sizes.get("train") if r.stored.data else None,
                     "metric": r.metric,
                     "unit": unit,
-                    "mean": r.test_mean * scale,
+                    "mean": mean * scale,
                     "std": (r.test_std or 0.0) * scale,
                     "n_seeds": len(r.test_scores),
                     "study": r.name,

@@ -17,12 +17,16 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import slug
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 __all__ = [
     "FIGURE_KINDS",
@@ -40,7 +44,7 @@ FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
 SAVE_DPI = 150  # the PNG's own resolution: sharper text than the displayed size needs
 MIN_FONT = 9.0  # points; tick labels, legends and panel titles never go below this
-_RC = {
+_RC: dict[RcKeyType, Any] = {
     "font.size": 10.5,
     "axes.titlesize": 11,
     "axes.labelsize": 10.5,
@@ -250,7 +254,7 @@ def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], pa
     figure = new_figure(3.8 * columns, (0.32 * tallest + 1.0) * rows + 0.5)
     for index, (record, importances) in enumerate(items):
         ax = figure.add_subplot(rows, columns, index + 1)
-        names = sorted(importances, key=importances.get)
+        names = sorted(importances, key=lambda name: importances[name])
         ax.barh(names, [importances[n] for n in names], height=0.6, color=colors[record.encoder])
         ax.set_xlim(0, 1)
         ax.set_title(f"{METHOD_LABELS[record.encoder]} ({trial_counts(record)})", fontsize=MIN_FONT + 1)
@@ -294,14 +298,14 @@ def draw_figures(
                 }
                 for param, value in importances.items()
             ]
-        for kind, draw, arg in (
-            ("layers", _layer_figure, group),
-            ("history", _history_figure, group),
-            ("importance", _importance_figure, items),
+        for kind, draw in (
+            ("layers", partial(_layer_figure, group)),
+            ("history", partial(_history_figure, group)),
+            ("importance", partial(_importance_figure, items)),
         ):
             name = f"{slug(model, task)}-{kind}.png"
             with figure_style():
-                drawn = draw(arg, fig_dir / name)
+                drawn = draw(fig_dir / name)
             if drawn:
                 here[kind] = f"figures/{name}"
         if "layers" not in here:

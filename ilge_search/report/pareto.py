@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,23 +63,33 @@ def _studies(records: Sequence[ReportStudy], model: str, task: str) -> list[Repo
     )
 
 
-def _baselines(records: Sequence[ReportStudy], model: str, task: str) -> list[tuple[ReportStudy, int | None]]:
+@dataclass(frozen=True)
+class _Baseline:
+    """A reference point: a single-objective layer-baseline study with a final test score."""
+
+    record: ReportStudy
+    params: int | None  # its final trial's trainable parameters (unknown: not drawn)
+    test_mean: float
+    test_std: float
+
+
+def _baselines(records: Sequence[ReportStudy], model: str, task: str) -> list[_Baseline]:
     """The single-objective baseline studies of the pair with final scores, and their final trial's parameters."""
     found = []
     for encoder in PARETO_BASELINES:
         candidates = [
-            r
+            (r, mean)
             for r in records
             if r.model == model
             and r.task == task
             and r.encoder == encoder
             and not r.multi_objective
-            and r.test_mean is not None
+            and (mean := r.test_mean) is not None
         ]
         if not candidates:
             continue
-        record = max(candidates, key=lambda r: (len(r.test_scores), r.n_complete, r.name))
-        found.append((record, _final_params(record)))
+        record, mean = max(candidates, key=lambda pair: (len(pair[0].test_scores), pair[0].n_complete, pair[0].name))
+        found.append(_Baseline(record, _final_params(record), mean, record.test_std or 0.0))
     return found
 
 
@@ -87,17 +98,20 @@ def _final_params(record: ReportStudy) -> int | None:
     return None if trial is None or trial.params is None else int(trial.params)
 
 
-def _front_records(record: ReportStudy) -> list[FrontMember]:
-    """The retrained trials of the study's final front that know their size."""
-    return [member for member in (record.final.front if record.final else []) if member.params is not None]
+def _front_records(record: ReportStudy) -> list[tuple[FrontMember, int]]:
+    """The retrained trials of the study's final front that know their size, with it."""
+    members = record.final.front if record.final else []
+    return [(member, member.params) for member in members if member.params is not None]
 
 
-def _search_front(record: ReportStudy) -> list[Any]:
-    """The complete trials' front on (score, parameters)."""
+def _search_front(record: ReportStudy) -> list[tuple[Any, int]]:
+    """The complete trials' front on (score, parameters), with each trial's parameters, fewest first."""
     from ..objectives import complete_trials
 
     directions = ["maximize" if record.maximize else "minimize", "minimize"]
-    return pareto_front(complete_trials(record.study), directions, ("score", "params"))
+    front = pareto_front(complete_trials(record.study), directions, ("score", "params"))
+    sized = [(trial, params) for trial in front if (params := trial_record(trial).params) is not None]
+    return sorted(sized, key=lambda pair: pair[1])
 
 
 def _colors() -> dict[str, Any]:
@@ -107,9 +121,7 @@ def _colors() -> dict[str, Any]:
     return {m: cmap(i) for i, m in enumerate(METHODS)}
 
 
-def _pareto_figure(
-    studies: Sequence[ReportStudy], baselines: Sequence[tuple[ReportStudy, int | None]], path: Path
-) -> bool:
+def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline], path: Path) -> bool:
     from ..objectives import complete_trials
 
     if not any(complete_trials(r.study) for r in studies):
@@ -131,10 +143,10 @@ def _pareto_figure(
             color=color,
             label=f"{label}: trials ({len(trials)})",
         )
-        front = sorted(_search_front(record), key=lambda t: trial_record(t).params)
+        front = _search_front(record)
         search.plot(
-            [trial_record(t).params for t in front],
-            [t.values[0] * scale for t in front],
+            [params for _, params in front],
+            [t.values[0] * scale for t, _ in front],
             drawstyle="steps-post",
             marker="o",
             markersize=5,
@@ -145,19 +157,19 @@ def _pareto_figure(
         retrained = _front_records(record)
         if retrained:
             search.scatter(
-                [r.params for r in retrained],
-                [r.val_score * scale for r in retrained],
+                [params for _, params in retrained],
+                [r.val_score * scale for r, _ in retrained],
                 s=120,
                 facecolors="none",
                 edgecolors="black",
                 linewidths=1.2,
                 zorder=4,
             )
-            ordered = sorted(retrained, key=lambda r: r.params)
+            ordered = sorted(retrained, key=lambda pair: pair[1])
             final.errorbar(
-                [r.params for r in ordered],
-                [r.test_mean * scale for r in ordered],
-                yerr=[r.test_std * scale for r in ordered],
+                [params for _, params in ordered],
+                [r.test_mean * scale for r, _ in ordered],
+                yerr=[r.test_std * scale for r, _ in ordered],
                 marker="o",
                 markersize=5,
                 capsize=3,
@@ -165,19 +177,20 @@ def _pareto_figure(
                 color=color,
                 label=f"{label}: final front ({len(ordered)})",
             )
-    for record, params in baselines:
-        if params is None:
+    for baseline in baselines:
+        if baseline.params is None:
             continue
+        encoder = baseline.record.encoder
         final.errorbar(
-            [params],
-            [record.test_mean * scale],
-            yerr=[(record.test_std or 0.0) * scale],
-            marker=_BASELINE_MARKERS[record.encoder],
+            [baseline.params],
+            [baseline.test_mean * scale],
+            yerr=[baseline.test_std * scale],
+            marker=_BASELINE_MARKERS[encoder],
             markersize=8,
             capsize=3,
             linestyle="none",
-            color=colors[record.encoder],
-            label=f"{METHOD_LABELS[record.encoder]} (baseline)",
+            color=colors[encoder],
+            label=f"{METHOD_LABELS[encoder]} (baseline)",
         )
     if any(_front_records(r) for r in studies):
         search.scatter([], [], s=120, facecolors="none", edgecolors="black", label="retrained (final front)")
@@ -230,7 +243,7 @@ def pareto_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Ce
     for model, task in pareto_pairs(records):
         for record in _studies(records, model, task):
             scale = score_unit(record.metric)[0]
-            for front in _front_records(record):
+            for front, params in _front_records(record):
                 latency = front.latency_ms
                 rows.append(
                     [
@@ -238,21 +251,21 @@ def pareto_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Ce
                         Cell(task),
                         Cell(METHOD_LABELS[record.encoder]),
                         Cell(str(front.trial)),
-                        Cell(_count(front.params)),
+                        Cell(_count(params)),
                         Cell(MISSING if latency is None else f"{latency:.1f}"),
                         Cell(f"{front.val_score * scale:.2f}"),
                         Cell(_mean_std(front.test_mean, front.test_std, scale)),
                     ]
                 )
-        for record, params in _baselines(records, model, task):
-            scale = score_unit(record.metric)[0]
+        for baseline in _baselines(records, model, task):
+            record, scale = baseline.record, score_unit(baseline.record.metric)[0]
             rows.append(
                 [
                     Cell(model, italic=True),
                     Cell(task, italic=True),
                     Cell(f"{METHOD_LABELS[record.encoder]} (baseline)", italic=True),
                     Cell(str(record.final_trial), italic=True),
-                    Cell(_count(params), italic=True),
+                    Cell(_count(baseline.params), italic=True),
                     Cell(MISSING, italic=True),
                     Cell(MISSING if record.best_value is None else f"{record.best_value * scale:.2f}", italic=True),
                     Cell(_mean_std(record.test_mean, record.test_std, scale), italic=True),
@@ -261,7 +274,7 @@ def pareto_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Ce
     return header, rows
 
 
-def _study_sentence(record: ReportStudy, baselines: Sequence[tuple[ReportStudy, int | None]]) -> str:
+def _study_sentence(record: ReportStudy, baselines: Sequence[_Baseline]) -> str:
     scale, unit = score_unit(record.metric)
     front = _search_front(record)
     head = (
@@ -271,27 +284,28 @@ def _study_sentence(record: ReportStudy, baselines: Sequence[tuple[ReportStudy, 
     retrained = _front_records(record)
     if not retrained:
         return head + "; no final front yet."
-    best = max(retrained, key=lambda r: r.val_score if record.maximize else -r.val_score)
-    small = min(retrained, key=lambda r: r.params)
+    best, best_params = max(retrained, key=lambda pair: pair[0].val_score if record.maximize else -pair[0].val_score)
+    small, small_params = min(retrained, key=lambda pair: pair[1])
     text = head + f"; {len(retrained)} retrained ({len(record.test_scores)} seeds)"
     if small is best:
         text += (
-            f": one trial, {_count(best.params)} parameters at "
+            f": one trial, {_count(best_params)} parameters at "
             f"{_mean_std(best.test_mean, best.test_std, scale)} test {unit}"
         )
     else:
-        ratio = best.params / max(1, small.params)
+        ratio = best_params / max(1, small_params)
         delta = (best.test_mean - small.test_mean) * scale * (1 if record.maximize else -1)
         versus = f"{abs(delta):.2f} points {'lower' if delta >= 0 else 'higher'}"
         text += (
-            f": the best-validation trial {best.trial} has {_count(best.params)} parameters and "
+            f": the best-validation trial {best.trial} has {_count(best_params)} parameters and "
             f"{_mean_std(best.test_mean, best.test_std, scale)} test {unit}; the smallest, trial "
-            f"{small.trial}, {_count(small.params)} ({ratio:.0f}x fewer) and "
+            f"{small.trial}, {_count(small_params)} ({ratio:.0f}x fewer) and "
             f"{_mean_std(small.test_mean, small.test_std, scale)} ({versus})"
         )
     references = [
-        f"{METHOD_LABELS[b.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} with {_count(p)} parameters"
-        for b, p in baselines
+        f"{METHOD_LABELS[b.record.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} "
+        f"with {_count(b.params)} parameters"
+        for b in baselines
     ]
     if references:
         text += "; for reference, " + ", ".join(references)

@@ -75,7 +75,7 @@ def protocol_effect_frame(frame: Any) -> Any:
     :data:`EFFECT_COLUMNS`, in score units; ``frame`` is :func:`~ilge_search.report.tables.results_frame`'s."""
     import pandas as pd
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     if frame.empty:
         return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
     for model in model_order(frame["model"]):

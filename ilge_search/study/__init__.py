@@ -17,16 +17,97 @@ The storage itself is opened by :func:`ilge_search.storage.open_storage`; what a
 record (:mod:`ilge_search.record`).
 """
 
-from ..storage import StorageError, artifact_dir_for, finished_trial_count
-from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
-from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
-from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
-from .plan import RunPlan, StudyPlan, plan_run
-from .results import StudyResult, format_front, format_results, list_studies, study_result
-from .runner import run_study
-from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES, front_trials, select_trial, study_front
-from .sweep import Sweep, SweepEntry, SweepFilter, SweepOverrides, estimate_sweep, load_sweep, plan_sweep, run_sweep
-from .trial import recommended_params
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..storage import StorageError, artifact_dir_for, finished_trial_count
+    from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
+    from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
+    from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
+    from .plan import RunPlan, StudyPlan, plan_run
+    from .results import StudyResult, format_front, format_results, list_studies, study_result
+    from .runner import run_study
+    from .selection import (
+        DEFAULT_FINAL_FRONT,
+        DEFAULT_SELECT,
+        SELECTION_RULES,
+        front_trials,
+        select_trial,
+        study_front,
+    )
+    from .sweep import (
+        Sweep,
+        SweepEntry,
+        SweepFilter,
+        SweepOverrides,
+        estimate_sweep,
+        load_sweep,
+        plan_sweep,
+        run_sweep,
+    )
+    from .trial import recommended_params
+
+# public name -> the module that defines it, imported on first use: the CLI reads the options' help from
+# .options without paying for the runner, the storage and numpy
+_LAZY = {
+    "StorageError": "..storage",
+    "artifact_dir_for": "..storage",
+    "finished_trial_count": "..storage",
+    "PRUNERS": "..tuning",
+    "SAMPLERS": "..tuning",
+    "make_pruner": "..tuning",
+    "make_sampler": "..tuning",
+    "ENCODER_CHOICES": ".identity",
+    "StudyConflictError": ".identity",
+    "default_study_name": ".identity",
+    "resolve_encoders": ".identity",
+    "DataOptions": ".options",
+    "FinalOptions": ".options",
+    "RuntimeOptions": ".options",
+    "SearchOptions": ".options",
+    "StudyOptions": ".options",
+    "RunPlan": ".plan",
+    "StudyPlan": ".plan",
+    "plan_run": ".plan",
+    "StudyResult": ".results",
+    "format_front": ".results",
+    "format_results": ".results",
+    "list_studies": ".results",
+    "study_result": ".results",
+    "run_study": ".runner",
+    "DEFAULT_FINAL_FRONT": ".selection",
+    "DEFAULT_SELECT": ".selection",
+    "SELECTION_RULES": ".selection",
+    "front_trials": ".selection",
+    "select_trial": ".selection",
+    "study_front": ".selection",
+    "Sweep": ".sweep",
+    "SweepEntry": ".sweep",
+    "SweepFilter": ".sweep",
+    "SweepOverrides": ".sweep",
+    "estimate_sweep": ".sweep",
+    "load_sweep": ".sweep",
+    "plan_sweep": ".sweep",
+    "run_sweep": ".sweep",
+    "recommended_params": ".trial",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "ENCODER_CHOICES",

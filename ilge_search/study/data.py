@@ -77,6 +77,12 @@ class StudyData:
     cache_keys: Dict[str, str]
     model_revision: str = ""
 
+    def test_split(self) -> tuple[Any, Any]:
+        """The test features and labels (loaded only by ``load_study_data(..., with_test=True)``)."""
+        if self.test is None:
+            raise ValueError("the test split was not loaded; load the study data with with_test=True")
+        return self.test
+
 
 def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);

@@ -33,7 +33,7 @@ from typing import Any
 
 from .._version import __version__
 from ..configs import EncoderConfig, config_from_dict
-from ..record import DataRecord, FinalRecord, Identity, StudyRecord, study_record, trial_record
+from ..record import DataRecord, FinalRecord, Identity, StudyRecord, study_record, trial_config, trial_record
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
@@ -310,7 +310,7 @@ def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
     data = load_training_data(
         study, data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, progress=how.progress
     )
-    config = config_from_dict(trial_record(trial).config)
+    config = trial_config(trial)
     result = train_encoder(
         config,
         data.train,
@@ -382,7 +382,7 @@ def load_study_model(
         selected = selected_trial(study)
         model, val_score = _retrained(study, selected, how)
         provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None)
-        config = config_from_dict(trial_record(selected).config)
+        config = trial_config(selected)
     return _study_model(record, model, config, provenance)
 
 
@@ -436,7 +436,7 @@ def _trial_model(
         return _study_model(record, model, config_from_dict(meta["config"]), provenance)
     model, val_score = _retrained(study, trial, how)
     provenance.update(source="retrained", trial=trial.number, seed=how.seed, val_score=val_score, test_score=None)
-    return _study_model(record, model, config_from_dict(trial_record(trial).config), provenance)
+    return _study_model(record, model, trial_config(trial), provenance)
 
 
 def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provenance: dict[str, Any]) -> StudyModel:

@@ -65,8 +65,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import config_from_dict
-from ..objectives import is_multi_objective, objective_values, score_of
+from ..objectives import is_multi_objective, objective_values
 from ..protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from ..record import (
     DEFAULT_PROTOCOL,
@@ -77,6 +76,7 @@ from ..record import (
     ZeroShotScores,
     save_final,
     study_record,
+    trial_config,
     trial_record,
 )
 from ..storage import StorageError, count_trials
@@ -225,19 +225,18 @@ def _paper_readout(
     def vectors(features: Any) -> Any:
         return paper_vectors(features, model=model, config=config)
 
-    zero = {
-        name: cosine_spearman(*vectors(features).transpose(1, 0, 2), labels)
-        for name, (features, labels) in zero_shot.items()
-    }
+    def pair_spearman(features: Any, gold: Any) -> float:
+        pairs = vectors(features)  # (N, 2, E): the two sentences' vectors
+        return cosine_spearman(pairs[:, 0], pairs[:, 1], gold)
+
+    zero = {name: pair_spearman(features, labels) for name, (features, labels) in zero_shot.items()}
+    test_split = data.test_split()
     if data.task_kind == "similarity":
-        test, validation = (
-            cosine_spearman(*vectors(split[0]).transpose(1, 0, 2), split[1]) for split in (data.test, data.validation)
-        )
-        return test, validation, zero, []
+        return pair_spearman(*test_split), pair_spearman(*data.validation), zero, []
     scores = logistic_readout(
         (vectors(data.train[0]), np.asarray(data.train[1])),
         {
-            "test": (vectors(data.test[0]), np.asarray(data.test[1])),
+            "test": (vectors(test_split[0]), np.asarray(test_split[1])),
             "validation": (vectors(data.validation[0]), np.asarray(data.validation[1])),
         },
         readout,
@@ -275,7 +274,8 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
             if readout is not None:
                 test, validation, zero, draws = _paper_readout(data, zero_shot, readout, model=result.model)
             else:
-                test = float(evaluate(result.model, *data.test, task_kind=data.task_kind)[data.metric])
+                test_features, test_labels = data.test_split()
+                test = float(evaluate(result.model, test_features, test_labels, task_kind=data.task_kind)[data.metric])
                 validation, draws = float(result.best_val_metric), []
                 zero = {
                     name: float(evaluate(result.model, features, labels, "similarity")["spearman"])
@@ -308,7 +308,7 @@ def _start_scores(
             and earlier.start_test_scores
         ):
             return start.number, list(earlier.start_test_scores)
-    config = config_from_dict(trial_record(start).config)
+    config = trial_config(start)
     return start.number, _retrain(config, run, label=f"{run.encoder} start", zero_shot={}).test
 
 
@@ -364,7 +364,7 @@ def _front_member(trial: Any, objectives: Sequence[str], scores: _Scores, artifa
         values=dict(zip(objectives, values, strict=False)),
         params=record.params,
         latency_ms=record.latency_ms,
-        val_score=score_of(trial),
+        val_score=float(trial.values[0]),  # a front trial is complete: its first value is its score
         test_mean=statistics.fmean(scores.test),
         test_std=_std(scores.test),
         test_scores=scores.test,
@@ -389,7 +389,7 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         if trial.number in kept and not zero_shot:
             members.append(kept[trial.number])
             continue
-        config = config_from_dict(trial_record(trial).config)
+        config = trial_config(trial)
         scores = _retrain(config, run, label=f"{run.encoder} front trial {trial.number}", zero_shot=zero_shot)
         if index == 0:
             top_zero_shot = scores.zero_shot
@@ -435,7 +435,7 @@ def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, sele
     selected = select_trial(study, select)
     if _restore_kept(study, record, run, selected.number, select):
         return
-    config = config_from_dict(trial_record(selected).config)
+    config = trial_config(selected)
     scores = _retrain(config, run, label=run.encoder, zero_shot=run.zero_shot)
     artifacts = _upload_best(study, run, config, scores.best, selected.number)
     protocol = run.protocol_record()

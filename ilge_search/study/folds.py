@@ -119,7 +119,9 @@ def cross_validate(
     score_range = None
     if task_kind == "similarity":  # one scale for every fold: that of the whole training set
         score_range = (float(labels.min()), float(labels.max()))
-    common = dict(task_kind=task_kind, num_classes=num_classes, score_range=score_range, seed=seed, device=device)
+    common: dict[str, Any] = dict(
+        task_kind=task_kind, num_classes=num_classes, score_range=score_range, seed=seed, device=device
+    )
     started = time.perf_counter()
     scores: List[float] = []
     best_epochs: List[int] = []

@@ -430,10 +430,12 @@ def create_or_load(
         )
         created = True
     except optuna.exceptions.DuplicatedStudyError:
-        study = storage.load_study(study_name, sampler=sampler, pruner=pruner)
-        created = False
+        loaded = storage.load_study(study_name, sampler=sampler, pruner=pruner)
+        if loaded is None:  # another process deleted it between the two calls
+            raise ValueError(f"study {study_name!r} was deleted while this run opened it; run again") from None
+        study, created = loaded, False
 
-    check = dict(cache_keys=data.cache_keys, new_study_hint=new_study_hint)
+    check: dict[str, Any] = dict(cache_keys=data.cache_keys, new_study_hint=new_study_hint)
     if not created:
         if not is_ready(study) and not _wait_until_ready(study):
             if study.trials:

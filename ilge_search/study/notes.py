@@ -204,8 +204,8 @@ def _seed_lines(record: StudyRecord, final: FinalRecord) -> list[str]:
         "each model evaluated on test once" + _protocol_words(record) + ".",
         "",
     ]
-    seeds = list(final.seeds or [None] * len(scores))
-    val_scores = list(final.val_scores or [None] * len(scores))
+    seeds: list[int | None] = list(final.seeds) if final.seeds else [None] * len(scores)
+    val_scores: list[float | None] = list(final.val_scores) if final.val_scores else [None] * len(scores)
     rows = [
         [
             str(seed) if seed is not None else str(i),

@@ -24,11 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..objectives import check_objectives
-from ..protocol import DEFAULT_PROTOCOL, PROTOCOLS, check_protocol
+from ..record import DEFAULT_PROTOCOL, PROTOCOLS
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
-from .folds import check_cv
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
 __all__ = [
@@ -39,6 +37,7 @@ __all__ = [
     "RuntimeOptions",
     "FLAT_NAMES",
     "option_help",
+    "option_default",
     "MAX_STUDY_NAME_LENGTH",
     "DEFAULT_FINAL_FRONT",
     "check_study_name",
@@ -98,35 +97,41 @@ class SearchOptions:
 
     n_trials: TrialCount = _option(
         20,
-        help="trials to add in this call (complete, pruned or failed), split exactly across the workers; a "
-        "mapping gives one count per encoder; 0 only (re)runs the final evaluation; None runs until the "
-        "timeout or total_trials.",
+        help="trials to add to each study in this run (complete, pruned or failed), split exactly across the "
+        "workers; 0 only (re)runs the final evaluation; with no count a study runs until the timeout or its "
+        "total_trials cap (a mapping of encoder to count gives each study its own).",
     )
-    timeout: float | None = _option(help="seconds per study (per worker) before no new trial starts.")
+    timeout: float | None = _option(help="seconds per study (per worker) after which no new trial starts.")
     total_trials: TrialCount = _option(
-        help="a cap on the study's complete, pruned and running trials, shared by every process on the "
-        "storage; a mapping gives one cap per encoder (a sweep caps each study at its budget).",
+        help="a cap on each study's complete, pruned and running trials, shared by every process and node on "
+        "the storage (a mapping of encoder to cap gives each study its own, as a sweep does with its budgets).",
     )
     study_name: str | None = _option(help="the study's name, with one encoder only (default: model:task:encoder).")
-    sampler: str = _option("tpe", help=f"Optuna sampler, one of {', '.join(SAMPLERS)}.")
-    pruner: str = _option("median", help=f"Optuna pruner, one of {', '.join(PRUNERS)}.")
+    sampler: str = _option("tpe", help=f"the Optuna sampler, one of {', '.join(SAMPLERS)}.")
+    pruner: str = _option(
+        "median", help=f"the Optuna pruner, one of {', '.join(PRUNERS)} (a multi-objective study is never pruned)."
+    )
     seed: int = _option(
         0,
         help="seeds the sampler (worker i uses seed + i), every trial's training and, as seed + 1000 + i, the "
         "final seeds.",
     )
-    max_epochs: int | None = _option(help="cap on every config's epochs (part of the study's identity).")
+    max_epochs: int | None = _option(help="a cap on every config's epochs (part of the study's identity).")
     cv: int | None = _option(
-        help="score each trial on this many stratified folds of the training data instead of the validation "
-        "split (part of the study's identity and name, :cvK).",
+        help="score each trial on this many stratified folds of the training data (the mean over folds) instead "
+        "of the validation split; part of the study's identity and name (:cvK).",
     )
     objectives: tuple[str, ...] = _option(
         ("score",),
-        help="what every trial returns: the score, and params and/or latency for a multi-objective study "
-        "(part of the identity and name, e.g. :obj-params; Optuna cannot prune such a study).",
+        help="what each trial optimises: 'score' (maximised), and 'params' (trainable parameters) and/or "
+        "'latency' (forward ms per 1,000 samples on this device), minimised; several make a multi-objective "
+        "study (part of the identity and name, e.g. :obj-params; never pruned; its Pareto front is retrained).",
     )
 
     def __post_init__(self) -> None:
+        from ..objectives import check_objectives
+        from .folds import check_cv  # lazy: numpy, which `ilge-search run --help` must not wait for
+
         object.__setattr__(self, "n_trials", _dict_of_counts("n_trials", self.n_trials, 0))
         object.__setattr__(self, "total_trials", _dict_of_counts("total_trials", self.total_trials, None))
         check_positive_number("timeout", self.timeout, allow_none=True, unit="seconds")
@@ -186,12 +191,16 @@ class DataOptions:
     """Which data a study's trials train and are scored on (the caps are part of its identity), and where the
     task data and the embedding cache are."""
 
-    shots: int | None = _option(help="keep this many training examples per label (few-shot).")
-    max_train: int | None = _option(help="seeded stratified cap on the training split.")
-    max_eval: int | None = _option(help="seeded stratified cap on the validation and test splits.")
+    shots: int | None = _option(help="training examples per label (few-shot).")
+    max_train: int | None = _option(help="a seeded, stratified cap on the training examples.")
+    max_eval: int | None = _option(
+        help="a seeded, stratified cap on the validation and test examples each (for quick runs)."
+    )
     data_seed: int = _option(0, help="seed of the few-shot and subsampling draws.")
     zero_shot_tasks: tuple[str, ...] = _option(
-        (), help="similarity tasks whose test split every final model is also scored on (zero-shot STS)."
+        (),
+        help="similarity tasks whose test split every final model is also scored on (zero-shot STS; similarity "
+        "studies only).",
     )
     data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
     cache_dir: str | None = _option(help="the embedding cache folder.")
@@ -212,28 +221,35 @@ class FinalOptions:
     """How the final evaluation retrains the selected trial (or a multi-objective study's Pareto front) and
     scores it on test, next to the starting configuration."""
 
-    seeds: int = _option(3, help="seeds the selected configuration is retrained with for the test score (0: skip).")
+    seeds: int = _option(
+        3, help="retrain the selected configuration with this many seeds and score each on test once (0: skip)."
+    )
     select: str = _option(
         DEFAULT_SELECT,
         help=f"which trial the final evaluation retrains, one of {', '.join(SELECTION_RULES)}: the best "
-        "objective, or the fewest trainable parameters within one standard error of it (not part of the "
-        "identity: it changes the final evaluation, not the trials).",
+        "objective, or the fewest trainable parameters within one standard error of the best (the starting "
+        "configuration winning ties); not part of the identity: it changes the final evaluation, not the trials.",
     )
     front: int = _option(
         DEFAULT_FINAL_FRONT,
-        help="at most this many Pareto-front trials a multi-objective study's final evaluation retrains, spread "
-        "evenly along the front.",
+        help="multi-objective studies: retrain at most this many Pareto-front trials with the final seeds, "
+        "spread along the front from the best score to the smallest.",
     )
     protocol: str = _option(
         DEFAULT_PROTOCOL,
-        help=f"how the final scores are measured, one of {', '.join(PROTOCOLS)}: each encoder's own head on "
-        "test, or MTEB's evaluators on its vectors (part of the identity and name, :paper).",
+        help=f"how the final scores are measured, one of {', '.join(PROTOCOLS)}: each method trained with its "
+        "head on the same data, or MTEB's logistic-regression readout of the vectors on a few examples per "
+        "label (cosine Spearman for similarity; parameter-free baselines untrained); part of the identity "
+        "and name (:paper).",
     )
     samples_per_label: int | None = _option(
-        help="the paper protocol's examples per label (default: the MTEB task's own, else 8); part of the identity."
+        help="the paper protocol's training examples per label (default: the MTEB task's own, Emotion 16, else "
+        "8); part of the identity."
     )
 
     def __post_init__(self) -> None:
+        from ..protocol import check_protocol  # lazy: numpy, which `ilge-search run --help` must not wait for
+
         check_int("final_seeds", self.seeds, minimum=0)
         check_choice("select", self.select, SELECTION_RULES)
         check_int("final_front", self.front)
@@ -255,16 +271,19 @@ class FinalOptions:
 class RuntimeOptions:
     """Where and how a study's work runs; none of it changes the numbers."""
 
-    workers: int = _option(1, help="processes optimising the same study in parallel.")
+    workers: int = _option(1, help="worker processes optimising the same study in parallel, on one storage.")
     threads: int | None = _option(
         help="torch CPU threads in this process and per worker (default: unchanged in-process, cpus // workers "
-        "per worker)."
+        "per worker); the encoders are small: on a CPU, 1 thread per worker and as many workers as cores is "
+        "usually fastest."
     )
     device: str = _option("auto", help="device for extraction and training (auto, cpu, cuda, mps).")
     artifact_dir: str | None = _option(
         help="artifact store folder for the final weights (default: next to a SQLite file, else studies/artifacts)."
     )
-    heartbeat_interval: int | None = _option(60, help="seconds between a running trial's heartbeats.")
+    heartbeat_interval: int | None = _option(
+        60, help="seconds between a running trial's heartbeats; a trial silent for twice as long is failed and retried."
+    )
     grace_period: int | None = _option(help="seconds without a heartbeat before a trial counts as dead.")
     max_retry: int = _option(3, help="times a trial of a dead worker is retried.")
     progress: bool = _option(True, help="progress bars for extraction, trials and final seeds.")
@@ -298,10 +317,22 @@ FLAT_NAMES: dict[str, tuple[str, str]] = {
 }
 
 
+def _flat_field(name: str) -> dataclasses.Field:
+    group, attr = FLAT_NAMES[name]
+    return next(f for f in dataclasses.fields(_GROUPS[group]) if f.name == attr)
+
+
 def option_help(name: str) -> str:
     """The one description of the flat option ``name`` (what the CLI's help shows)."""
-    group, attr = FLAT_NAMES[name]
-    return next(f.metadata["help"] for f in dataclasses.fields(_GROUPS[group]) if f.name == attr)
+    return _flat_field(name).metadata["help"]
+
+
+def option_default(name: str) -> Any:
+    """The default of the flat option ``name`` (what the CLI's help shows where its own default is unset)."""
+    found = _flat_field(name)
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
 
 
 def _grouped(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

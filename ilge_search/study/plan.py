@@ -113,6 +113,12 @@ class RunCheck:
     hints: Dict[str, str]
     cache_keys: Dict[str, str]
 
+    def opened_storage(self) -> Storage:
+        """The storage a real run writes to (only a dry run may leave it unopened)."""
+        if self.storage is None:
+            raise RuntimeError(f"the storage {self.shown_url} was not opened: this check was made for a dry run")
+        return self.storage
+
 
 def missing_sqlite_file(url: str) -> bool:
     """Whether ``url`` is a SQLite file that does not exist (a dry run must not create it)."""
@@ -570,12 +576,12 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
             search_trial = study.trial_seconds
             if options.search.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
                 search_trial = options.search.cv * setup + (options.search.cv - 1) * study.epochs * per_epoch
-            waves = math.inf if study.trials is None else math.ceil(study.trials / plan.parallel)
-            trial_time = (
-                options.search.timeout
-                if waves == math.inf
-                else waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
-            )
+            if study.trials is None:  # no trial budget: the options' own check made sure of a timeout
+                timeout = options.search.timeout
+                trial_time = math.inf if timeout is None else timeout
+            else:
+                waves = math.ceil(study.trials / plan.parallel)
+                trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
             study.seconds = trial_time + study.final_runs * study.trial_seconds
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
     finally:
@@ -675,10 +681,13 @@ def _time_config(
     """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
     from ..engine import TrainingRecipe, select_best_layer, train_encoder
 
+    if plan.num_layers is None:  # _calibration_data sets it before any config is timed
+        raise RuntimeError("the calibration data did not say how many layers the model has")
+    last_layer = plan.num_layers - 1
     scale = plan.split_sizes["train"] / len(train[1])
     task_kind = check.task_data.kind
     num_classes = len(check.task_data.label_names) if task_kind == "classification" else None
-    common = dict(
+    common: dict[str, Any] = dict(
         task_kind=task_kind,
         num_classes=num_classes,
         seed=check.options.search.seed or 0,
@@ -689,14 +698,14 @@ def _time_config(
     few = min(len(train[1]), WARM_UP_ROWS)
     warm_up = (train[0][:few], train[1][:few]), (validation[0][:few], validation[1][:few])
     if encoder == "best-layer":
-        select_best_layer(config.replace(epochs=1), *warm_up, layers=[plan.num_layers - 1], **common)
+        select_best_layer(config.replace(epochs=1), *warm_up, layers=[last_layer], **common)
     else:
         train_encoder(config.replace(epochs=1), *warm_up, **common)
     if encoder == "best-layer":  # one probe per layer: time the last layer's for 1 and for 3 epochs
         times = []
         for epochs in (1, CALIBRATION_EPOCHS):
             started = time.perf_counter()
-            select_best_layer(config.replace(epochs=epochs), train, validation, layers=[plan.num_layers - 1], **common)
+            select_best_layer(config.replace(epochs=epochs), train, validation, layers=[last_layer], **common)
             times.append(time.perf_counter() - started)
         per_epoch = max(0.0, times[1] - times[0]) / (CALIBRATION_EPOCHS - 1)
         return plan.num_layers * max(0.0, times[0] - per_epoch), plan.num_layers * per_epoch * scale

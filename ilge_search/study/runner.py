@@ -113,7 +113,7 @@ def run_study(
 
     # ---- 1. arguments, storage, data and existing studies, before anything expensive (plan.check_run)
     check = check_run(model, task, encoders, storage, options)
-    opened, spec, task_data, names = check.storage, check.spec, check.task_data, check.names
+    opened, spec, task_data, names = check.opened_storage(), check.spec, check.task_data, check.names
     if options.search.multi_objective and options.search.pruner != "none":
         logger.warning(
             "pruning is off: Optuna cannot prune a multi-objective study (objectives %s), so --pruner %s is not used",

@@ -127,15 +127,16 @@ def select_trial(study: Any, rule: str) -> Any:
     n_validation = None if data is None else data.n_validation
     margin = standard_error(best, (data.metric if data is not None else None) or "", n_validation)
     sign = 1.0 if data is None or data.maximize else -1.0
+    score = {t.number: float(t.values[0]) for t in trials}  # a complete trial's first value is its score
     # a tiny tolerance: the best trial is always inside its own band, whatever the rounding
-    within = [t for t in trials if sign * (score_of(best) - score_of(t)) <= margin + 1e-12]
+    within = [t for t in trials if sign * (score[best.number] - score[t.number]) <= margin + 1e-12]
 
     def simplicity(trial: Any) -> tuple:
         record = trial_record(trial)
         return (
             math.inf if record.params is None else int(record.params),
             not record.recommended,
-            -sign * score_of(trial),
+            -sign * score[trial.number],
             trial.number,
         )
 

@@ -302,7 +302,10 @@ def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
             raise _fail(
                 where, f"no trial budget for encoder {encoder!r}; add `{encoder} = N` or `default = N` under [trials]"
             )
-        out[encoder] = _int_or_none(where + " [trials]", {encoder: value}, encoder, minimum=0)
+        try:
+            out[encoder] = check_int(encoder, value, minimum=0)
+        except ValueError as exc:
+            raise _fail(where + " [trials]", str(exc)) from None
     return out
 
 
@@ -408,7 +411,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         for name in zero_shot:
             _check_task_name(task_where, name)
         objectives = _objectives(task_where, options.get("objectives"), all_encoders, grid_objectives)
-        common = dict(
+        common: dict[str, Any] = dict(
             max_train=_int_or_none(task_where, options, "max_train", raw.get("max_train")),
             max_eval=_int_or_none(task_where, options, "max_eval", raw.get("max_eval")),
             max_epochs=_int_or_none(task_where, options, "max_epochs", raw.get("max_epochs")),

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..objectives import measure_latency
-from ..record import save_trial, study_record, trial_record
+from ..record import save_trial, study_record, trial_config
 from ..storage import quiet_optuna_warnings, stamp_worker, storage_fault
 from .notes import write_live_note
 
@@ -108,7 +108,9 @@ class TrialObjective:
         stamp_worker(trial)
         config = suggest_capped(trial, self.encoder, self.max_epochs)
         save_trial(trial, config=config.to_dict())  # recorded first, so failed trials show it too
-        common = dict(task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device)
+        common: dict[str, Any] = dict(
+            task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device
+        )
 
         study = study_record(trial.study)
         folds = self.folds(study.identity)
@@ -153,13 +155,12 @@ class TrialObjective:
         self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any
     ) -> float | tuple[float, ...]:
         """Record the latency, write the live note and return the trial's value(s), one per objective."""
-        from ..configs import config_from_dict
         from ..engine import build_model
         from ..models import resolve_device
 
         data = self.data
         if model is None:  # cross-validated: no single trained model; the forward time is the architecture's
-            config = config_from_dict(trial_record(trial).config)
+            config = trial_config(trial)
             model = build_model(
                 config, data.num_layers, data.hidden_size, data.task_kind, num_classes=data.num_classes
             ).to(resolve_device(self.device))

@@ -209,7 +209,7 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, progres
     except KeyboardInterrupt:
         # the workers got the terminal's SIGINT too; make sure (a test harness may only signal us)
         for process in processes:
-            if process.is_alive():
+            if process.is_alive() and process.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGINT)
         for process in processes:
