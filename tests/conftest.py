@@ -154,20 +154,13 @@ def postgres_url():
 
 
 @pytest.fixture()
-def no_model_loads(monkeypatch):
-    """Any attempt to load a model or tokenizer fails the test."""
-    import transformers
+def no_model_loads():
+    """Any attempt to load a model or tokenizer fails the test (``ilge_search.testing.refuse_model_loads``;
+    a module-scoped fixture that must load nothing uses that block itself)."""
+    from ilge_search.testing import refuse_model_loads
 
-    from ilge_search import extraction
-    from ilge_search.extraction import LayerEmbedder
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model or tokenizer was loaded")
-
-    monkeypatch.setattr(extraction, "load_model_and_tokenizer", refuse)
-    monkeypatch.setattr(LayerEmbedder, "load", refuse)
-    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refuse)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    with refuse_model_loads():
+        yield
 
 
 # ----------------------------------------------------------------------------- language-model loads

@@ -10,7 +10,7 @@ studies, reports, selection, export and defaults need no language model.
   tokenizer (:func:`write_tiny_model`), a real model folder that loads in milliseconds.
 - :mod:`~ilge_search.testing.cached`: synthetic embeddings written into the embedding cache under the keys
   the runner computes (:func:`cache_study_embeddings`), so ``run_study``, ``export``, ``explain``,
-  ``loto`` and the report run their real code with no model loaded.
+  ``loto`` and the report run their real code with no model loaded (:func:`refuse_model_loads` proves it).
 - :mod:`~ilge_search.testing.store`: studies written straight into an Optuna storage through the study
   record's writers (:func:`add_study`), for code that only reads studies.
 """
@@ -20,6 +20,7 @@ from .cached import (
     SyntheticSetup,
     cache_study_embeddings,
     cache_text_embeddings,
+    refuse_model_loads,
     split_features,
     write_split_embeddings,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "write_split_embeddings",
     "cache_study_embeddings",
     "cache_text_embeddings",
+    "refuse_model_loads",
     "FakeTrial",
     "add_study",
     "final_record",

@@ -24,7 +24,8 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,12 @@ __all__ = [
     "write_split_embeddings",
     "cache_study_embeddings",
     "cache_text_embeddings",
+    "refuse_model_loads",
 ]
 
 PathLike = str | os.PathLike[str]
 _TEXTS_TASK = "<texts>"  # the task name the cache files arbitrary texts under
+_INHERITED = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,38 @@ class EntryFormat:
         )
 
 
+@contextmanager
+def refuse_model_loads() -> Iterator[None]:
+    """Within this block any attempt to load a model or tokenizer raises ``AssertionError``: proof that the
+    cache answered every lookup (the ``no_model_loads`` fixture of the tests is this block)."""
+    import transformers
+
+    from .. import extraction
+    from ..extraction import LayerEmbedder
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model or tokenizer was loaded")
+
+    targets = [
+        (extraction, "load_model_and_tokenizer"),
+        (LayerEmbedder, "load"),
+        (transformers.AutoModel, "from_pretrained"),
+        (transformers.AutoTokenizer, "from_pretrained"),
+    ]
+    # what each owner defines itself (an inherited attribute is restored by deleting the override)
+    saved = [(owner, name, vars(owner).get(name, _INHERITED)) for owner, name in targets]
+    try:
+        for owner, name in targets:
+            setattr(owner, name, refuse)
+        yield
+    finally:
+        for owner, name, value in saved:
+            if value is _INHERITED:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
 def _model_shape(source: ModelSource, cache_dir: PathLike | None) -> tuple[int, int]:
     """(hidden states, hidden size) from the model's config, read without loading weights."""
     from ..models import load_config
@@ -89,11 +124,28 @@ def split_features(task: TaskData, split: str, num_layers: int, hidden_size: int
     return similarity_features(part.labels, num_layers, hidden_size, signal, row_keys=keys)
 
 
+def _written_before(cache: EmbeddingCache, key: str, meta: dict) -> bool:
+    """Whether the entry ``key`` holds these synthetic features already. Its key says nothing of the signal,
+    so an entry of another signal is refused rather than replaced under the tests that read it."""
+    try:
+        stored = json.loads((cache.embeddings_dir / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if stored.get("synthetic") != meta["synthetic"]:
+        raise ValueError(
+            f"cache entry {key} ({meta['task']} {meta['split']}) holds features of another signal "
+            f"({stored.get('synthetic')}); give this signal its own cache_dir"
+        )
+    return True
+
+
 def _write_entry(cache: EmbeddingCache, key: str, features: np.ndarray, labels: np.ndarray | None, meta: dict) -> None:
     """One committed entry: the safetensors file first, its JSON record (the commit marker) last."""
     import torch
     from safetensors.torch import save_file
 
+    if _written_before(cache, key, meta):
+        return
     _, _, torch_dtype = STORAGE_DTYPES[meta["storage_dtype"]]
     tensors = {"features": torch.from_numpy(features).to(torch_dtype).contiguous()}
     if labels is not None:
