@@ -120,7 +120,7 @@ def split_features(task: TaskData, split: str, num_layers: int, hidden_size: int
     part = task.split(split)
     if task.kind == "classification":
         return classification_features(part.labels, num_layers, hidden_size, signal, row_keys=part.texts)
-    keys = [f"{first}\x00{second}" for first, second in part.pairs]
+    keys = [f"{first}\x00{second}" for first, second in part.pairs or []]
     return similarity_features(part.labels, num_layers, hidden_size, signal, row_keys=keys)
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 
 from ..objectives import objective_directions, objective_metric_names
@@ -162,9 +163,8 @@ def add_study(
         samples_per_label=identity.samples_per_label,
     )
     metric = data.metric or "accuracy"
-    study = optuna.create_study(
-        study_name=name, storage=storage, directions=objective_directions(identity.objectives, metric)
-    )
+    directions = [StudyDirection[way.upper()] for way in objective_directions(identity.objectives, metric)]
+    study = optuna.create_study(study_name=name, storage=storage, directions=directions)
     with quiet_optuna_warnings():
         study.set_metric_names(objective_metric_names(identity.objectives, metric))
     save_identity(study, identity, data)

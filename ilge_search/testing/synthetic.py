@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["LayerSignal", "SIMILARITY_RANK", "classification_features", "similarity_features", "row_generator"]
 
@@ -73,7 +74,7 @@ def _class_means(num_classes: int, hidden_size: int, signal: LayerSignal) -> np.
 
 
 def classification_features(
-    labels: Sequence[int],
+    labels: ArrayLike,
     num_layers: int,
     hidden_size: int,
     signal: LayerSignal | None = None,
@@ -86,15 +87,15 @@ def classification_features(
     (e.g. the texts) make each row's noise depend on its key alone.
     """
     signal = signal or LayerSignal()
-    labels = np.asarray(labels, dtype=np.int64)
-    if labels.ndim != 1 or (labels.size and labels.min() < 0):
+    ids = np.asarray(labels, dtype=np.int64)
+    if ids.ndim != 1 or (ids.size and ids.min() < 0):
         raise ValueError("labels must be a 1-d sequence of class ids >= 0")
     layer = signal.layer_index(num_layers)
-    means = _class_means(int(labels.max(initial=0)) + 1, hidden_size, signal)
-    out = np.empty((labels.size, num_layers, hidden_size), dtype=np.float32)
-    for row, generator in enumerate(_row_generators(labels.size, row_keys, signal.seed)):
+    means = _class_means(int(ids.max(initial=0)) + 1, hidden_size, signal)
+    out = np.empty((ids.size, num_layers, hidden_size), dtype=np.float32)
+    for row, generator in enumerate(_row_generators(ids.size, row_keys, signal.seed)):
         out[row] = generator.standard_normal((num_layers, hidden_size))
-        out[row, layer] += means[labels[row]]
+        out[row, layer] += means[ids[row]]
     return out
 
 
@@ -106,7 +107,7 @@ def _meaning_basis(hidden_size: int, signal: LayerSignal) -> np.ndarray:
 
 
 def similarity_features(
-    scores: Sequence[float],
+    scores: ArrayLike,
     num_layers: int,
     hidden_size: int,
     signal: LayerSignal | None = None,
@@ -122,15 +123,15 @@ def similarity_features(
     to [-1, 1]. Every other layer, and the rest of the signal layer, is noise.
     """
     signal = signal or LayerSignal()
-    scores = np.asarray(scores, dtype=np.float64)
+    gold = np.asarray(scores, dtype=np.float64)
     low, high = score_range
     if not high > low:
         raise ValueError(f"score_range must be (low, high) with high > low, got {score_range}")
-    agreement = np.clip(2.0 * (scores - low) / (high - low) - 1.0, -1.0, 1.0)
+    agreement = np.clip(2.0 * (gold - low) / (high - low) - 1.0, -1.0, 1.0)
     layer = signal.layer_index(num_layers)
     basis = _meaning_basis(hidden_size, signal)
-    out = np.empty((scores.size, 2, num_layers, hidden_size), dtype=np.float32)
-    for row, generator in enumerate(_row_generators(scores.size, row_keys, signal.seed)):
+    out = np.empty((gold.size, 2, num_layers, hidden_size), dtype=np.float32)
+    for row, generator in enumerate(_row_generators(gold.size, row_keys, signal.seed)):
         out[row] = generator.standard_normal((2, num_layers, hidden_size))
         first, other = generator.standard_normal((2, basis.shape[0]))
         first /= np.linalg.norm(first)
