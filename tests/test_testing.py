@@ -204,7 +204,8 @@ def test_a_fake_study_reads_back_as_the_runner_would_leave_it():
     assert [t.state for t in stored] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.PRUNED]
     assert stored[0].user_attrs == {"val_metric": 0.80, "num_trainable_params": 10, "recommended": True}
     assert stored[1].user_attrs["fold_scores"] == [0.8, 0.88] and stored[2].intermediate_values == {1: 0.3}
-    assert stored[1].distributions["lr"].low == 1e-5 and stored[1].distributions["lr"].high == 1e-2
+    lr = stored[1].distributions["lr"]
+    assert (lr.low, lr.high, lr.log) == (1e-5, 1e-2, True)
     assert set(stored[0].distributions["conv_type"].choices) == {"gcn", "gat"}
 
 

@@ -98,12 +98,15 @@ def final_record(test_scores: Sequence[float], *, trial: int = 0, select: str = 
 
 
 def _distribution(values: list[Any]) -> BaseDistribution:
-    """The widest distribution every stored value of one parameter fits."""
+    """A distribution every stored value of one parameter fits; positive floats (learning rates, weight
+    decays) on a log scale, as the search space draws them."""
     if all(isinstance(v, bool) or isinstance(v, str) for v in values):
         return CategoricalDistribution(sorted(set(values), key=str))
     if all(isinstance(v, int) for v in values):
         return IntDistribution(min(values), max(values))
     low, high = float(min(values)), float(max(values))
+    if low > 0:
+        return FloatDistribution(low, high if high > low else 10 * low, log=True)
     return FloatDistribution(low, high if high > low else low + 1.0)
 
 
