@@ -72,7 +72,9 @@ def _rows(task: SyntheticTask, count: int, start: int, rng: np.random.Generator)
         labels = [task.label_names[(start + index) % task.num_labels] for index in range(count)]
         return [{"text": text, "label": label} for text, label in zip(texts, labels, strict=True)]
     sentences = _unique_texts(2 * count, 2 * start, task.words, rng)
-    scores = np.round(rng.uniform(0.0, 5.0, count), 2)
+    # steps of 0.2 from 0 to 5, both ends in every split: the scale a model derives from its training scores
+    scores = np.round(0.2 * rng.integers(0, 26, count), 1)
+    scores[: min(2, count)] = [0.0, 5.0][: min(2, count)]
     return [
         {"sentence1": sentences[2 * index], "sentence2": sentences[2 * index + 1], "score": float(scores[index])}
         for index in range(count)
