@@ -225,3 +225,33 @@ def test_a_fake_multi_objective_study_has_its_directions_and_front():
     assert record.final.front == [member] and record.by_rule == {}  # a front is not one rule's evaluation
     with pytest.raises(ValueError, match="at least one test score"):
         final_record([])
+
+
+def test_an_entry_of_another_signal_is_refused_and_the_same_one_is_kept(synthetic, tmp_path):
+    import dataclasses
+
+    setup = dataclasses.replace(synthetic, cache_dir=tmp_path / "cache")
+    keys = setup.cache("sst2")
+    written = (tmp_path / "cache" / "embeddings" / f"{keys['train']}.safetensors").stat().st_mtime_ns
+    assert setup.cache("sst2") == keys  # the same signal again: nothing rewritten
+    assert (tmp_path / "cache" / "embeddings" / f"{keys['train']}.safetensors").stat().st_mtime_ns == written
+    with pytest.raises(ValueError, match=r"holds features of another signal .*; give this signal its own cache_dir"):
+        setup.cache("sst2", signal=LayerSignal(layer=0))
+    with pytest.raises(ValueError, match="cache_dir"):
+        from ilge_search.testing import cache_study_embeddings
+
+        cache_study_embeddings(dataclasses.replace(setup.spec("sst2"), cache_dir=None))
+
+
+def test_refused_model_loads_raise_inside_the_block_and_work_again_after_it(tiny_model):
+    import transformers
+
+    from ilge_search.extraction import LayerEmbedder
+    from ilge_search.testing import refuse_model_loads
+
+    with refuse_model_loads():
+        with pytest.raises(AssertionError, match="a model or tokenizer was loaded"):
+            LayerEmbedder(tiny_model, device="cpu").embed(["river stone"], progress=False)
+        with pytest.raises(AssertionError, match="a model or tokenizer was loaded"):
+            transformers.AutoTokenizer.from_pretrained(tiny_model)
+    assert LayerEmbedder(tiny_model, device="cpu").embed(["river stone"], progress=False).shape == (1, 5, 64)
