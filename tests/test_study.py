@@ -480,7 +480,7 @@ def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, synthetic, no_m
 
 
 def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, synthetic, monkeypatch, no_model_loads):
-    from ilge_search.study.objective import TrialObjective
+    from ilge_search.study.trial import TrialObjective
 
     url = sqlite_url(tmp_path / "int.db")
     real_trial = TrialObjective.__call__
