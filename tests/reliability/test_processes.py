@@ -161,7 +161,7 @@ def test_a_failing_recommended_trial_is_retried_up_to_max_retry(tmp_path, data_d
     result = run_study(
         MODEL, "trec", "mean-layers", storage=fresh_storage, options=StudyOptions.from_flat(n_trials=2, **fresh)
     )[0]
-    study = optuna.load_study(study_name=name, storage=fresh["storage"])
+    study = optuna.load_study(study_name=name, storage=fresh_storage)
     assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
     assert study.trials[1].params == study.trials[0].params and study.trials[1].user_attrs["recommended"]
     assert (result.n_complete, result.n_failed) == (2, 1)
