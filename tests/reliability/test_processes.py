@@ -197,10 +197,9 @@ def test_workers_die_with_their_killed_parent(tmp_path, data_dir, trec_cached):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
-    started = time.monotonic()
+    # a deadline for the workers to exit, not a timing claim: orphans would train on for minutes
     gone = wait_for(lambda: not any(alive(pid) for pid in workers), 30, step=0.1)
     assert gone, f"workers {[pid for pid in workers if alive(pid)]} outlived their parent"
-    assert time.monotonic() - started < 30
     states = trials(db)
     assert all(states[number][0] == "FAIL" for number in stamps), states  # each marked its own trial FAIL
     assert not [n for n, (state, _) in states.items() if state == "RUNNING"]
@@ -233,12 +232,12 @@ def test_a_trial_whose_process_died_on_this_host_is_retried_by_an_immediate_reru
     dead = [n for n, (state, _) in trials(db).items() if state == "RUNNING"]
     assert len(dead) == 1
 
-    started = time.monotonic()
     rerun = subprocess.run(
         cli_command(*args, "--n-trials", "1"), capture_output=True, text=True, env=subprocess_env(), timeout=300
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    assert time.monotonic() - started < 100  # far less than the 120 s grace period of the heartbeat rule
+    # repaired at once by the process check, not by the heartbeat rule (its 120 s grace period has not passed:
+    # the heartbeat rule would have left the trial RUNNING and said nothing)
     assert f"trial {dead[0]}: its process {proc.pid} on this host is gone; marked FAIL and re-queued" in rerun.stderr
     study = optuna.load_study(study_name=f"{MODEL}:trec:cayley:train240:eval160:ep4", storage=sqlite_url(db))
     assert study.trials[dead[0]].state == TrialState.FAIL
