@@ -19,7 +19,7 @@ from ilge_search.report.paper_results import canonical_model, canonical_task, lo
 from ilge_search.study import StudyOptions
 from ilge_search.testing import FakeTrial, add_study, classification_data, final_record, similarity_data
 
-SMALL = dict(max_train=240, max_eval=100, max_epochs=4)  # the runner tests' subsets (shared embedding cache)
+SMALL = dict(max_train=240, max_eval=100, max_epochs=2)  # the runner tests' subsets (shared embedding cache)
 
 
 def markdown_table(text: str, heading: str):
