@@ -349,7 +349,7 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, synthetic, 
     from ilge_search.study.export import load_study_model
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    small = dict(max_train=240, max_eval=100, max_epochs=3)  # the runner tests' subsets (shared embedding cache)
+    small = dict(max_train=240, max_eval=100, max_epochs=2)  # the runner tests' subsets (shared embedding cache)
     synthetic.cache("trec", max_train=240, max_eval=100)  # what the studies read: no model loads
     model, data_dir, cache_dir = synthetic.model, synthetic.data_dir, synthetic.cache_dir
     common_storage = url
@@ -371,7 +371,7 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, synthetic, 
         options=StudyOptions.from_flat(n_trials=2, protocol="paper", **common),
     )
     assert [r.study_name for r in results] == [
-        f"{model}:trec:{e}:train240:eval100:ep3:paper" for e in ("cayley", "last-layer")
+        f"{model}:trec:{e}:train240:eval100:ep2:paper" for e in ("cayley", "last-layer")
     ]
     assert all(r.protocol == "paper" and r.samples_per_label == 8 for r in results)
     data = load_study_data(synthetic.spec("trec", max_train=240, max_eval=100), with_test=True, progress=False)
@@ -410,7 +410,7 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, synthetic, 
     matched = run_study(
         model, "trec", "last-layer", storage=common_storage, options=StudyOptions.from_flat(n_trials=1, **common)
     )
-    assert matched[0].study_name == f"{model}:trec:last-layer:train240:eval100:ep3"
+    assert matched[0].study_name == f"{model}:trec:last-layer:train240:eval100:ep2"
     assert matched[0].protocol == "matched"
     assert not math.isclose(matched[0].test_mean, expected)
     with pytest.raises(StudyConflictError, match="protocol: stored 'paper', requested 'matched'"):
