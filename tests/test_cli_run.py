@@ -199,7 +199,7 @@ def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports
     model = synthetic.model
     url = f"sqlite:///{tmp_path / 'mo.db'}"
     common = ["--data-dir", synthetic.data_dir, "--cache-dir", synthetic.cache_dir, "--device", "cpu", "--storage", url]
-    small = ["--max-train", 200, "--max-eval", 200, "--max-epochs", 3, "--threads", 1]
+    small = ["--max-train", 200, "--max-eval", 200, "--max-epochs", 2, "--threads", 1]
     with caplog.at_level(logging.WARNING, logger="ilge_search.study"):
         result = invoke(
             "run",
@@ -226,7 +226,7 @@ def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports
             *common,
         )
     assert result.exit_code == 0, result.output
-    name = f"{model}:trec:cayley:train200:eval200:ep3:obj-params"
+    name = f"{model}:trec:cayley:train200:eval200:ep2:obj-params"
     pruning = [r.getMessage() for r in caplog.records if "pruning is off" in r.getMessage()]
     assert pruning == [
         "pruning is off: Optuna cannot prune a multi-objective study (objectives score+params), so "
