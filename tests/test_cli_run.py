@@ -97,16 +97,16 @@ def test_sweep_dry_run_lists_the_plan(tmp_path):
     assert result.exit_code == 1 and "unknown task 'nope'" in result.output
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
+def test_run_then_studies_then_name_reuse(tmp_path, synthetic, no_model_loads):
+    synthetic.cache("trec", max_train=200, max_eval=150)  # what the runs read: no model loads
+    model = synthetic.model
     url = f"sqlite:///{tmp_path / 'cli.db'}"
-    common = ["--data-dir", data_dir, "--cache-dir", cache_dir, "--device", "cpu", "--storage", url]
+    common = ["--data-dir", synthetic.data_dir, "--cache-dir", synthetic.cache_dir, "--device", "cpu", "--storage", url]
     small = ["--max-train", 200, "--max-eval", 150, "--max-epochs", 5, "--threads", 1]
     result = invoke(
         "run",
         "-m",
-        "minilm-l6",
+        model,
         "-t",
         "trec",
         "-e",
@@ -126,7 +126,7 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
         *common,
     )
     assert result.exit_code == 0, result.output
-    names = ["minilm-l6:trec:last-layer:train200:eval150:ep5", "minilm-l6:trec:mean-layers:train200:eval150:ep5"]
+    names = [f"{model}:trec:last-layer:train200:eval150:ep5", f"{model}:trec:mean-layers:train200:eval150:ep5"]
     for name in names:
         line = next(line for line in result.output.splitlines() if line.startswith(name))
         assert "(2 seeds)" in line
@@ -149,7 +149,7 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     result = invoke(
         "run",
         "-m",
-        "minilm-l6",
+        model,
         "-t",
         "sst2",
         "-e",
@@ -169,7 +169,7 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     result = invoke(
         "run",
         "-m",
-        "minilm-l6",
+        model,
         "-t",
         "trec",
         "-e",
@@ -186,25 +186,25 @@ def test_run_then_studies_then_name_reuse(tmp_path, data_dir, cache_dir):
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 5
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports_any_trial(
-    tmp_path, data_dir, cache_dir, caplog
+    tmp_path, synthetic, caplog, no_model_loads
 ):
-    """`run --objective score --objective params` on minilm-l6 / trec: a multi-objective study (two directions,
+    """`run --objective score --objective params` on the synthetic trec: a multi-objective study (two directions,
     named objectives, no pruning and one line saying so), its final front, and `export --trial N`."""
     import logging
 
     from ilge_search.study.selection import front_trials, study_front
 
+    synthetic.cache("trec", max_train=200, max_eval=200)  # what the run and the exports read: no model loads
+    model = synthetic.model
     url = f"sqlite:///{tmp_path / 'mo.db'}"
-    common = ["--data-dir", data_dir, "--cache-dir", cache_dir, "--device", "cpu", "--storage", url]
-    small = ["--max-train", 200, "--max-eval", 200, "--max-epochs", 3, "--threads", 1]
+    common = ["--data-dir", synthetic.data_dir, "--cache-dir", synthetic.cache_dir, "--device", "cpu", "--storage", url]
+    small = ["--max-train", 200, "--max-eval", 200, "--max-epochs", 2, "--threads", 1]
     with caplog.at_level(logging.WARNING, logger="ilge_search.study"):
         result = invoke(
             "run",
             "-m",
-            "minilm-l6",
+            model,
             "-t",
             "trec",
             "-e",
@@ -226,7 +226,7 @@ def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports
             *common,
         )
     assert result.exit_code == 0, result.output
-    name = "minilm-l6:trec:cayley:train200:eval200:ep3:obj-params"
+    name = f"{model}:trec:cayley:train200:eval200:ep2:obj-params"
     pruning = [r.getMessage() for r in caplog.records if "pruning is off" in r.getMessage()]
     assert pruning == [
         "pruning is off: Optuna cannot prune a multi-objective study (objectives score+params), so "
@@ -248,7 +248,7 @@ def test_a_two_objective_run_names_its_objectives_retrains_its_front_and_exports
 
     # the multi-objective study never takes single-objective trials under its name
     refused = invoke(
-        "run", "-m", "minilm-l6", "-t", "trec", "-e", "cayley", "--study-name", name, "--n-trials", 1, *small, *common
+        "run", "-m", model, "-t", "trec", "-e", "cayley", "--study-name", name, "--n-trials", 1, *small, *common
     )
     assert refused.exit_code == 1 and "objectives: stored ['score', 'params'], requested ['score']" in refused.output
 

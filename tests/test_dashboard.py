@@ -31,7 +31,7 @@ from ilge_search.study.notes import (
 )
 
 MODEL = "minilm-l6"
-SMALL = dict(max_train=240, max_eval=160, max_epochs=6)  # same subset as tests/test_study.py: cache hits
+SMALL = dict(max_train=240, max_eval=100, max_epochs=6)  # the subset of tests/test_study.py: its cache entries
 
 
 def sqlite_url(path) -> str:
@@ -235,9 +235,11 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_study(tmp_path_factory, data_dir, cache_dir):
-    """A real 3-trial fc study on the trec subset with 2 final seeds (weights uploaded)."""
+def small_study(tmp_path_factory, synthetic):
+    """A real 3-trial fc study on the synthetic trec subset with 2 final seeds (weights uploaded; no model
+    loads)."""
     from ilge_search.study import run_study
+    from ilge_search.testing import refuse_model_loads
 
     root = tmp_path_factory.mktemp("dashboard")
     url = sqlite_url(root / "studies.db")
@@ -246,28 +248,22 @@ def small_study(tmp_path_factory, data_dir, cache_dir):
     def note_so_far(study, trial):  # runs right after each trial, long before the run ends
         notes_while_running[trial.number] = trial_note(study, trial)
 
-    result = run_study(
-        MODEL,
-        "trec",
-        "fc",
-        storage=url,
-        callbacks=[note_so_far],
-        options=StudyOptions.from_flat(
-            n_trials=3,
-            final_seeds=2,
-            seed=0,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            **SMALL,
-        ),
-    )[0]
+    synthetic.cache("trec", max_train=SMALL["max_train"], max_eval=SMALL["max_eval"])
+    options = StudyOptions.from_flat(
+        n_trials=3,
+        final_seeds=2,
+        seed=0,
+        data_dir=synthetic.data_dir,
+        cache_dir=synthetic.cache_dir,
+        device="cpu",
+        progress=False,
+        **SMALL,
+    )
+    with refuse_model_loads():
+        result = run_study(synthetic.model, "trec", "fc", storage=url, callbacks=[note_so_far], options=options)[0]
     return root, url, result, notes_while_running
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_each_trial_has_its_note_as_soon_as_it_finishes(small_study):
     root, url, result, notes_while_running = small_study
     study = optuna.load_study(study_name=result.study_name, storage=url)
@@ -331,9 +327,8 @@ def _wait_until_answering(base: str) -> None:
             time.sleep(0.2)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(small_study, tmp_path):
+@pytest.mark.slow  # a dashboard process and a headless browser
+def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(small_study, tmp_path, synthetic):
     root, url, result, _ = small_study
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -351,7 +346,8 @@ def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(sm
         summaries = _get_json(f"{base}/api/studies")["study_summaries"]
         [summary] = [s for s in summaries if s["study_name"] == result.study_name]
         attrs = {a["key"]: a["value"] for a in summary["user_attrs"]}
-        assert (attrs["model"], attrs["task"], attrs["encoder"], attrs["metric"]) == (MODEL, "trec", "fc", "accuracy")
+        expected = (synthetic.model, "trec", "fc", "accuracy")
+        assert (attrs["model"], attrs["task"], attrs["encoder"], attrs["metric"]) == expected
         assert float(attrs["final_test_mean"]) == pytest.approx(result.test_mean)
         study_id = summary["study_id"]
 

@@ -1,8 +1,10 @@
-"""Layer attributions (`ilge-search explain`): a known answer on synthetic layers, a real MiniLM study, the CLI,
-the report's heatmap and sentence, and the objective's name on every study."""
+"""Layer attributions (`ilge-search explain`): a known answer on synthetic layers, the same through the runner's
+studies on the synthetic setup (no model loads), the CLI, the report's heatmap and sentence, and the objective's
+name on every study."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,6 +17,7 @@ from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
 from ilge_search.explain import attribute_layers, explain_study, explanation_is_current
 from ilge_search.record import study_record
+from ilge_search.report.document import slug
 from ilge_search.study import StudyOptions
 
 # ----------------------------------------------------------------------------- a known answer
@@ -47,13 +50,13 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def synthetic():
+def one_signal():
     return _layers_with_one_signal(300, seed=0), _layers_with_one_signal(200, seed=1)
 
 
 @pytest.mark.parametrize("family", ["cayley", "fc", "deepset"])
-def test_both_attributions_peak_at_the_only_layer_that_carries_the_label(synthetic, family):
-    train, val = synthetic
+def test_both_attributions_peak_at_the_only_layer_that_carries_the_label(one_signal, family):
+    train, val = one_signal
     model = train_encoder(SMALL_CONFIGS[family], train, val, seed=0).model
     score, drops, grads = attribute_layers(model, train[0], *val)
     assert score > 0.7  # the signal is learnable: 3 classes, chance is 1/3
@@ -99,12 +102,12 @@ def test_ablating_a_scalar_mix_layer_removes_exactly_its_share():
     assert drops == [pytest.approx(score - 0.5), 0.0]
 
 
-# ----------------------------------------------------------------------------- a real study
+# ----------------------------------------------------------------------------- studies on the synthetic setup
 
-SMALL = dict(max_train=240, max_eval=160, max_epochs=3)  # as tests/test_export_predict.py: one extraction
-CAYLEY = "minilm-l6:trec:cayley:train240:eval160:ep3"
-PROBE = "minilm-l6:trec:best-layer:train240:eval160:ep3"
-NO_FINAL = "minilm-l6:trec:mean-layers:train240:eval160:ep3"
+DATA = dict(max_train=240, max_eval=100)
+SMALL = dict(**DATA, max_epochs=3)
+CARRIER = 2  # of the tiny model's 5 layers: the one whose cached features carry the label
+LAYERS = 5
 
 
 def invoke(*args):
@@ -112,34 +115,30 @@ def invoke(*args):
 
 
 @pytest.fixture(scope="module")
-def studies(tmp_path_factory, data_dir, cache_dir):
-    """MiniLM-L6 on TREC: a 1-trial Cayley study with 2 final seeds, its best-layer sibling (probes) and a
-    mean-layers study without final evaluation."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('explain') / 'studies.db'}"
-    common_storage = url
-    common = dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False, **SMALL)
-    run_study(
-        "minilm-l6",
-        "trec",
-        "cayley",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=1, final_seeds=2, **common),
-    )
-    run_study(
-        "minilm-l6",
-        "trec",
-        "best-layer",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common),
-    )
-    run_study(
-        "minilm-l6",
-        "trec",
-        "mean-layers",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common),
-    )
-    return {"url": url, "data_dir": data_dir, "cache_dir": cache_dir}
+def studies(tmp_path_factory, synthetic):
+    """TREC on the synthetic setup with the label in layer CARRIER (its own cache): a 1-trial Cayley study with
+    2 final seeds, its best-layer sibling (probes) and a mean-layers study without final evaluation."""
+    from ilge_search.testing import LayerSignal, refuse_model_loads
+
+    root = tmp_path_factory.mktemp("explain")
+    setup = dataclasses.replace(synthetic, cache_dir=root / "cache", signal=LayerSignal(layer=CARRIER))
+    setup.cache("trec", **DATA)
+    url = f"sqlite:///{root / 'studies.db'}"
+    common = dict(data_dir=setup.data_dir, cache_dir=setup.cache_dir, device="cpu", threads=1, progress=False)
+    with refuse_model_loads():
+        for encoder, final_seeds in (("cayley", 2), ("best-layer", 0), ("mean-layers", 0)):
+            options = StudyOptions.from_flat(n_trials=1, final_seeds=final_seeds, **common, **SMALL)
+            run_study(setup.model, "trec", encoder, storage=url, options=options)
+    names = {encoder: f"{setup.model}:trec:{encoder}:train240:eval100:ep3" for encoder in ("cayley", "best-layer")}
+    return {
+        "url": url,
+        "data_dir": setup.data_dir,
+        "cache_dir": setup.cache_dir,
+        "model": setup.model,
+        "cayley": names["cayley"],
+        "probe": names["best-layer"],
+        "no-final": f"{setup.model}:trec:mean-layers:train240:eval100:ep3",
+    }
 
 
 def _study(studies, name):
@@ -157,51 +156,54 @@ def _no_training(monkeypatch):
     monkeypatch.setattr(engine, "train_encoder", refuse)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeypatch):
     result = explain_study(
         studies["url"],
-        CAYLEY,
+        studies["cayley"],
         data_dir=studies["data_dir"],
         cache_dir=studies["cache_dir"],
         device="cpu",
         threads=1,
         progress=False,
     )
-    study = _study(studies, CAYLEY)
+    study = _study(studies, studies["cayley"])
     attrs = study.user_attrs
     assert result.computed and result.seeds == attrs["final_seeds"] and result.split == "validation"
     # the retrained models are those of the final evaluation: same validation score per seed
     assert result.scores == pytest.approx(attrs["final_val_scores"], abs=1e-12)
     frame = result.frame()
-    assert list(frame["layer"]) == list(range(7)) and frame.notna().all().all()
-    probe = _study(studies, PROBE).best_trial.user_attrs["layer_scores"]
-    assert result.probe_study == PROBE and list(frame["probe_score"]) == pytest.approx(probe)
-    assert np.asarray(result.ablation).shape == (2, 7)
+    assert list(frame["layer"]) == list(range(LAYERS)) and frame.notna().all().all()
+    probe = _study(studies, studies["probe"]).best_trial.user_attrs["layer_scores"]
+    assert result.probe_study == studies["probe"] and list(frame["probe_score"]) == pytest.approx(probe)
+    assert np.asarray(result.ablation).shape == (2, LAYERS)
+    # the layer that carries the label is the one the models depend on, by both measures
+    assert int(np.mean(result.ablation, axis=0).argmax()) == CARRIER
+    assert int(np.mean(result.gradient_input, axis=0).argmax()) == CARRIER
     record = study_record(study)
     assert explanation_is_current(record) and record.explain.seeds == attrs["final_seeds"]
 
     _no_training(monkeypatch)  # a rerun reads the stored result back
-    again = explain_study(studies["url"], CAYLEY, progress=False)
+    again = explain_study(studies["url"], studies["cayley"], progress=False)
     assert not again.computed and again.ablation == result.ablation and again.gradient_input == result.gradient_input
 
     study.set_user_attr("final_seeds", attrs["final_seeds"][:1])  # the final evaluation changed: stale
     assert not explanation_is_current(study_record(study))
     with pytest.raises(AssertionError, match="a model was trained"):
         explain_study(
-            studies["url"], CAYLEY, data_dir=studies["data_dir"], cache_dir=studies["cache_dir"], progress=False
+            studies["url"],
+            studies["cayley"],
+            data_dir=studies["data_dir"],
+            cache_dir=studies["cache_dir"],
+            progress=False,
         )
     study.set_user_attr("final_seeds", attrs["final_seeds"])
-    assert explanation_is_current(study_record(_study(studies, CAYLEY)))
+    assert explanation_is_current(study_record(_study(studies, studies["cayley"])))
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
     explain_study(
         studies["url"],
-        CAYLEY,
+        studies["cayley"],
         data_dir=studies["data_dir"],
         cache_dir=studies["cache_dir"],
         device="cpu",
@@ -209,47 +211,45 @@ def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
         progress=False,
     )
     _no_training(monkeypatch)
-    result = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--format", "csv", "--quiet")
+    result = invoke("explain", "--storage", studies["url"], "--study", studies["cayley"], "--format", "csv", "--quiet")
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
     assert lines[0].split(",")[0] == "layer" and "ablation_drop_mean" in lines[0] and "probe_score" in lines[0]
-    assert [line.split(",")[0] for line in lines[1:]] == [str(i) for i in range(7)]
+    assert [line.split(",")[0] for line in lines[1:]] == [str(i) for i in range(LAYERS)]
 
     out = tmp_path / "explain.json"
-    result = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--format", "json", "--out", out)
-    assert result.exit_code == 0 and "wrote 7 layers" in result.output
+    result = invoke(
+        "explain", "--storage", studies["url"], "--study", studies["cayley"], "--format", "json", "--out", out
+    )
+    assert result.exit_code == 0 and f"wrote {LAYERS} layers" in result.output
     data = json.loads(out.read_text())
-    assert data["study"] == CAYLEY and data["split"] == "validation" and len(data["layers"]) == 7
+    assert data["study"] == studies["cayley"] and data["split"] == "validation" and len(data["layers"]) == LAYERS
     assert set(data["layers"][0]) >= {"layer", "ablation_drop_mean", "grad_input_mean", "probe_score"}
-    again = invoke("explain", "--storage", studies["url"], "--study", CAYLEY, "--out", out)
+    again = invoke("explain", "--storage", studies["url"], "--study", studies["cayley"], "--out", out)
     assert again.exit_code == 1 and "--overwrite" in again.output and json.loads(out.read_text()) == data
 
-    table = invoke("explain", "--storage", studies["url"], "--study", CAYLEY)
+    table = invoke("explain", "--storage", studies["url"], "--study", studies["cayley"])
     assert table.exit_code == 0 and "stored on the study" in table.output and "ablation_drop_mean" in table.output
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_explain_errors_are_one_line_before_any_training(studies, tmp_path, monkeypatch, no_model_loads):
     _no_training(monkeypatch)
     cases = {
         "nope": "no study 'nope'",
-        PROBE: "reads a single layer",
-        NO_FINAL: "has no final evaluation",
+        studies["probe"]: "reads a single layer",
+        studies["no-final"]: "has no final evaluation",
     }
     for name, message in cases.items():
         result = invoke("explain", "--storage", studies["url"], "--study", name)
         assert result.exit_code == 1 and message in result.output, result.output
         assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
-    missing = invoke("explain", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--study", CAYLEY)
+    missing = invoke("explain", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--study", studies["cayley"])
     assert missing.exit_code == 1 and "no study storage" in missing.output
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_every_study_names_its_objective_by_the_task_metric(studies):
-    assert _study(studies, CAYLEY).metric_names == ["accuracy"]
-    assert _study(studies, NO_FINAL).metric_names == ["accuracy"]
+    assert _study(studies, studies["cayley"]).metric_names == ["accuracy"]
+    assert _study(studies, studies["no-final"]).metric_names == ["accuracy"]
 
 
 def test_a_loaded_study_without_a_name_gets_one(tmp_path):
@@ -297,15 +297,13 @@ def test_a_loaded_study_without_a_name_gets_one(tmp_path):
     assert storage.load_study("old").metric_names == ["spearman"]
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_the_task(studies, tmp_path):
     from ilge_search import build_report
     from ilge_search.report.attributions import layer_thirds
 
     result = explain_study(
         studies["url"],
-        CAYLEY,
+        studies["cayley"],
         data_dir=studies["data_dir"],
         cache_dir=studies["cache_dir"],
         device="cpu",
@@ -313,23 +311,23 @@ def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_th
         progress=False,
     )
     report = build_report(studies["url"], tmp_path / "report", progress=False)
-    assert "figures/minilm-l6-layer-attribution.png" in report.figures
-    assert (tmp_path / "report" / "figures" / "minilm-l6-layer-attribution.png").stat().st_size > 5000
+    figure = f"figures/{slug(studies['model'])}-layer-attribution.png"
+    assert figure in report.figures and (tmp_path / "report" / figure).stat().st_size > 5000
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Which layers carry the task" in text and "](#layers)" in text
     drops = np.asarray(result.ablation)
     drop, spread, grad = drops.mean(0), drops.std(0, ddof=1), np.asarray(result.gradient_input).mean(0)
     top = int(drop.argmax())
-    assert drop[top] > 0  # the seeded study: some layer matters
+    assert top == CARRIER and drop[top] > 0  # the layer that carries the label matters
     assert (
         f"trec: ablation layer {top} ({drop[top] * 100:.1f} ± {spread[top] * 100:.1f} points"
         f"{', within the spread over seeds' if drop[top] <= spread[top] else ''}), gradient x input layer "
-        f"{int(grad.argmax())}, best probe layer {_study(studies, PROBE).best_trial.user_attrs['layer']}"
+        f"{int(grad.argmax())}, best probe layer {_study(studies, studies['probe']).best_trial.user_attrs['layer']}"
     ) in text
     positive = np.clip(drop, 0, None)
-    shares = "/".join(f"{positive[part].sum() / positive.sum() * 100:.0f}%" for part in layer_thirds(7))
+    shares = "/".join(f"{positive[part].sum() / positive.sum() * 100:.0f}%" for part in layer_thirds(LAYERS))
     assert (
         f"Share of the ablation drop (positive part, mean over 1 task) on the first, middle and last third "
-        f"of the 7 layers (0-2/3-4/5-6): {shares}" in text
+        f"of the {LAYERS} layers (0-1/2-3/4-4): {shares}" in text
     )
     assert layer_thirds(31)[1] == list(range(11, 21)) and layer_thirds(7) == [[0, 1, 2], [3, 4], [5, 6]]

@@ -1,8 +1,9 @@
 """From a study to a model in use: `ilge-search export` / `ILGEClassifier.from_study`, then `ilge-search predict`.
 
-Real, small studies (MiniLM-L6 on TREC and on STS-B, 240 training and 160 validation/test rows, at
-most 3 epochs) are run once per module; the exported models are checked against the scores the
-studies stored, and `predict` against `ILGEClassifier.predict` on the same texts.
+Small studies on the synthetic setup (TREC and STS-B, 240 training and 100 validation/test rows, at most 6
+epochs; no model loads) are run once per module; the exported models are checked against the scores the
+studies stored (their test texts get the cached rows they were scored on), and `predict` against
+`ILGEClassifier.predict` on the same texts (new texts go through the tiny model itself).
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from ilge_search.cli import cli
 from ilge_search.engine import spearman
 from ilge_search.study import StudyOptions
 from ilge_search.study.data import DataSpec, load_task_data
+from ilge_search.testing import cache_text_embeddings, refuse_model_loads
 
-SMALL = dict(max_train=240, max_eval=160, max_epochs=3)
-TREC_CAYLEY = "minilm-l6:trec:cayley:train240:eval160:ep3"
-TREC_LAST = "minilm-l6:trec:last-layer:train240:eval160:ep3"
-STSB_CAYLEY = "minilm-l6:stsb:cayley:train240:eval160:ep3"
+DATA = dict(max_train=240, max_eval=100)
+SMALL = dict(**DATA, max_epochs=6)
+SUFFIX = "train240:eval100:ep6"
 
 
 def invoke(*args):
@@ -33,35 +34,34 @@ def invoke(*args):
 
 
 @pytest.fixture(scope="module")
-def studies(tmp_path_factory, data_dir, cache_dir):
+def studies(tmp_path_factory, synthetic):
     """One storage with a TREC Cayley study (2 final seeds), a TREC last-layer study without a final
     evaluation, and an STS-B Cayley study (1 final seed)."""
     folder = tmp_path_factory.mktemp("export")
     url = f"sqlite:///{folder / 'studies.db'}"
-    common_storage = url
-    common = dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False, **SMALL)
-    run_study(
-        "minilm-l6",
-        "trec",
-        "cayley",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=3, final_seeds=2, **common),
+    for task in ("trec", "stsb"):
+        synthetic.cache(task, **DATA)
+    common = dict(
+        data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu", threads=1, progress=False, **SMALL
     )
-    run_study(
-        "minilm-l6",
-        "trec",
-        "last-layer",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=2, final_seeds=0, **common),
-    )
-    run_study(
-        "minilm-l6",
-        "stsb",
-        "cayley",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=2, final_seeds=1, **common),
-    )
-    return {"url": url, "folder": folder, "data_dir": data_dir, "cache_dir": cache_dir}
+    with refuse_model_loads():
+        for task, encoder, flat in (
+            ("trec", "cayley", dict(n_trials=3, final_seeds=2)),
+            ("trec", "last-layer", dict(n_trials=2, final_seeds=0)),
+            ("stsb", "cayley", dict(n_trials=2, final_seeds=1)),
+        ):
+            run_study(synthetic.model, task, encoder, storage=url, options=StudyOptions.from_flat(**flat, **common))
+    model = synthetic.model
+    return {
+        "url": url,
+        "folder": folder,
+        "data_dir": synthetic.data_dir,
+        "cache_dir": synthetic.cache_dir,
+        "model": model,
+        "trec-cayley": f"{model}:trec:cayley:{SUFFIX}",
+        "trec-last": f"{model}:trec:last-layer:{SUFFIX}",
+        "stsb-cayley": f"{model}:stsb:cayley:{SUFFIX}",
+    }
 
 
 def _study(studies, name):
@@ -71,14 +71,23 @@ def _study(studies, name):
 
 
 def _test_split(studies, task):
-    spec = DataSpec(
-        model="minilm-l6",
-        task=task,
-        data_dir=str(studies["data_dir"]),
-        **{k: v for k, v in SMALL.items() if k != "max_epochs"},
-    )
-    data = load_task_data(spec)
-    return data, data.splits["test"]
+    """The study's task data and its test split; the test texts' rows cached as texts, so a classifier
+    scoring them sees the features the study scored."""
+    data = load_task_data(DataSpec(model=studies["model"], task=task, data_dir=str(studies["data_dir"]), **DATA))
+    test = data.splits["test"]
+    cache_text_embeddings(studies["model"], test.flat_texts(), [data], cache_dir=studies["cache_dir"])
+    return data, test
+
+
+def _load(studies, folder):
+    """An exported classifier; its base model is the tiny model's folder, which a classifier folder does not
+    follow on its own (it lies outside), so it is passed explicitly, as a user would."""
+    return ILGEClassifier.load(folder, cache_dir=studies["cache_dir"], device="cpu", base_model=studies["model"])
+
+
+def _predict(studies, folder, *args):
+    """``ilge-search predict`` of an exported classifier with the tiny model as its base model."""
+    return invoke("--cache-dir", studies["cache_dir"], "predict", folder, *args, "--base-model", studies["model"])
 
 
 def _export(studies, name, out, *extra):
@@ -105,28 +114,26 @@ def _export(studies, name, out, *extra):
 # ----------------------------------------------------------------------------- export
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
     out = tmp_path / "trec-cayley"
-    result = _export(studies, TREC_CAYLEY, out)
+    result = _export(studies, studies["trec-cayley"], out)
     assert "final evaluation model of trial" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["ilge_classifier.json", "model.safetensors"]
 
-    attrs = _study(studies, TREC_CAYLEY).user_attrs
+    attrs = _study(studies, studies["trec-cayley"]).user_attrs
     seed = attrs["final_artifact_seed"]
     stored = attrs["final_test_scores"][attrs["final_seeds"].index(seed)]
     meta = json.loads((out / "ilge_classifier.json").read_text())
     provenance = meta["provenance"]
-    assert provenance["study"] == TREC_CAYLEY and provenance["trial"] == attrs["final_trial"]
+    assert provenance["study"] == studies["trec-cayley"] and provenance["trial"] == attrs["final_trial"]
     assert provenance["seed"] == seed and provenance["test_score"] == stored
     assert provenance["storage"] == studies["url"] and provenance["source"] == "final evaluation"
     assert provenance["ilge_search_version"] == ilge_version()
-    assert meta["base_model"] == "minilm-l6" and meta["token_pooling"] == "mean"
+    assert meta["base_model"] == studies["model"] and meta["token_pooling"] == "mean"
     assert meta["classes"] == attrs["label_names"] and meta["config"] == attrs["final_config"]
 
     clear_embedding_memo()  # texts go through the embedding cache, as any new text would
-    clf = ILGEClassifier.load(out, cache_dir=studies["cache_dir"], device="cpu")
+    clf = _load(studies, out)
     task, test = _test_split(studies, "trec")
     names = np.asarray(task.label_names)
     accuracy = clf.score(test.texts, names[test.labels])
@@ -134,25 +141,25 @@ def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
     # the same through the study's cached features, and from_study in Python without a folder
     from ilge_search.cache import load_task_embeddings
 
-    features = load_task_embeddings("minilm-l6", task, cache_dir=studies["cache_dir"], splits=["test"], progress=False)[
-        "test"
-    ].features
-    direct = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, cache_dir=studies["cache_dir"], device="cpu")
+    features = load_task_embeddings(
+        studies["model"], task, cache_dir=studies["cache_dir"], splits=["test"], progress=False
+    )["test"].features
+    direct = ILGEClassifier.from_study(
+        studies["url"], studies["trec-cayley"], cache_dir=studies["cache_dir"], device="cpu"
+    )
     assert abs(direct.score_embeddings(features, names[test.labels]) - stored) <= 1e-6
     assert direct.provenance_["seed"] == seed and set(direct.classes_) == set(names)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_retraining_the_best_trial_with_the_final_seed_gives_the_final_weights(studies):
-    attrs = _study(studies, TREC_CAYLEY).user_attrs
-    final = ILGEClassifier.from_study(studies["url"], TREC_CAYLEY, device="cpu")
+    attrs = _study(studies, studies["trec-cayley"]).user_attrs
+    final = ILGEClassifier.from_study(studies["url"], studies["trec-cayley"], device="cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the study ran: CPU results are bit-identical for the same thread count
     try:
         retrained = ILGEClassifier.from_study(
             studies["url"],
-            TREC_CAYLEY,
+            studies["trec-cayley"],
             seed=attrs["final_artifact_seed"],
             retrain=True,
             data_dir=studies["data_dir"],
@@ -167,22 +174,20 @@ def test_retraining_the_best_trial_with_the_final_seed_gives_the_final_weights(s
     assert "standardizer.mean" in a
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_a_study_without_final_evaluation_exports_its_best_trial_retrained(studies, tmp_path):
-    study = _study(studies, TREC_LAST)
+    study = _study(studies, studies["trec-last"])
     assert "final_test_mean" not in study.user_attrs
     out = tmp_path / "last"
-    result = _export(studies, TREC_LAST, out, "--seed", 7)
+    result = _export(studies, studies["trec-last"], out, "--seed", 7)
     assert "retrained model of trial" in result.output
-    clf = ILGEClassifier.load(out, cache_dir=studies["cache_dir"], device="cpu")
+    clf = _load(studies, out)
     assert clf.provenance_["seed"] == 7 and clf.provenance_["trial"] == study.best_trial.number
     assert clf.config_.to_dict() == study.best_trial.user_attrs["config"]
     task, test = _test_split(studies, "trec")
     accuracy = clf.score(test.texts, np.asarray(task.label_names)[test.labels])
     assert 0.3 < accuracy <= 1.0  # 6 classes: chance is about 0.17
     # the same folder again: refused, then replaced with --overwrite
-    again = invoke("export", "--storage", studies["url"], "--study", TREC_LAST, "--out", out)
+    again = invoke("export", "--storage", studies["url"], "--study", studies["trec-last"], "--out", out)
     assert again.exit_code == 1 and "--overwrite" in again.output
 
 
@@ -214,21 +219,19 @@ def studies_url_only(tmp_path):
     return url
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 @pytest.mark.postgres
 def test_export_from_postgres_hides_the_password(studies, postgres_url, tmp_path):
     import optuna
 
     with_password = postgres_url.replace("postgres@", "postgres:s3cret-pw@")  # trust auth ignores it
-    optuna.copy_study(from_study_name=TREC_CAYLEY, from_storage=studies["url"], to_storage=with_password)
+    optuna.copy_study(from_study_name=studies["trec-cayley"], from_storage=studies["url"], to_storage=with_password)
     out = tmp_path / "pg"
     result = invoke(
         "export",
         "--storage",
         with_password,
         "--study",
-        TREC_CAYLEY,
+        studies["trec-cayley"],
         "--out",
         out,
         "--artifact-dir",
@@ -252,7 +255,7 @@ def ilge_version():
 @pytest.fixture(scope="module")
 def exported(studies, tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "trec"
-    _export(studies, TREC_CAYLEY, out)
+    _export(studies, studies["trec-cayley"], out)
     return out
 
 
@@ -263,21 +266,17 @@ def _rows(path):
         return list(csv.DictReader(handle, delimiter="\t" if path.suffix == ".tsv" else ","))
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
     import pandas as pd
 
     texts = [
-        json.loads(line)["text"] for line in (studies["data_dir"] / "trec" / "test.jsonl").read_text().splitlines()
+        json.loads(line)["text"] for line in (studies["data_dir"] / "trec" / "train.jsonl").read_text().splitlines()
     ][-200:]
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(texts)))
     out = tmp_path / "out.jsonl"
-    result = invoke(
-        "--cache-dir",
-        studies["cache_dir"],
-        "predict",
+    result = _predict(
+        studies,
         exported,
         "--input",
         source,
@@ -297,7 +296,7 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
     assert [r["text"] for r in rows] == texts
 
     clear_embedding_memo()
-    clf = ILGEClassifier.load(exported, cache_dir=studies["cache_dir"], device="cpu")
+    clf = _load(studies, exported)
     expected = clf.predict(texts)
     assert [r["label"] for r in rows] == expected.tolist()
     probabilities = np.array([[r["proba"][str(c)] for c in clf.classes_] for r in rows])
@@ -314,10 +313,8 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
         ("in.txt", []),
     ):
         target = tmp_path / f"{name}.out.csv"
-        result = invoke(
-            "--cache-dir",
-            studies["cache_dir"],
-            "predict",
+        result = _predict(
+            studies,
             exported,
             "-i",
             tmp_path / name,
@@ -332,12 +329,10 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
         table = _rows(target)
         assert len(table) == 200 and [r["label"] for r in table] == expected.tolist(), name
         assert table[0].keys() == {"row", "question" if name != "in.txt" else "text", "label"}
-    stdout = invoke("--cache-dir", studies["cache_dir"], "predict", exported, "-i", tmp_path / "in.txt", "-q")
+    stdout = _predict(studies, exported, "-i", tmp_path / "in.txt", "-q")
     assert [json.loads(line)["label"] for line in stdout.output.splitlines()] == expected.tolist()
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, tmp_path, monkeypatch):
     from ilge_search import classifier
     from ilge_search.cache import EmbeddingCache
@@ -359,7 +354,9 @@ def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, t
         exported,
         PredictInput(source),
         PredictOutput(tmp_path / "q.jsonl"),
-        options=PredictOptions(chunk_rows=40, cache_dir=studies["cache_dir"], device="cpu", progress=False),
+        options=PredictOptions(
+            chunk_rows=40, cache_dir=studies["cache_dir"], device="cpu", progress=False, base_model=studies["model"]
+        ),
     )
     assert summary.rows == 130 and calls == [40, 40, 40, 10]  # never more than one chunk in memory
     assert classifier._EMBEDDING_MEMO == {}  # nothing kept per text in the process
@@ -370,16 +367,16 @@ def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, t
         exported,
         PredictInput(source),
         PredictOutput(tmp_path / "q2.jsonl"),
-        options=PredictOptions(chunk_rows=40, cache_dir=studies["cache_dir"], device="cpu", progress=False),
+        options=PredictOptions(
+            chunk_rows=40, cache_dir=studies["cache_dir"], device="cpu", progress=False, base_model=studies["model"]
+        ),
     )
     assert again.rows == 130 and _rows(tmp_path / "q2.jsonl") == _rows(tmp_path / "q.jsonl")
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_predict_errors_are_one_line_before_the_model_loads(exported, tmp_path, no_model_loads):
+def test_predict_errors_are_one_line_before_the_model_loads(studies, exported, tmp_path, no_model_loads):
     def run(*args):
-        result = invoke("predict", exported, *args)
+        result = _predict(studies, exported, *args)
         assert result.exit_code != 0 and "Traceback" not in result.output
         return result.output.strip().splitlines()[-1]
 
@@ -406,20 +403,18 @@ def test_predict_errors_are_one_line_before_the_model_loads(exported, tmp_path, 
     assert "--overwrite" in run("-i", good, "-o", kept)
     assert kept.read_text() == "mine"
     assert "--out is the input file" in run("-i", good, "-o", good, "--overwrite")
-    assert "not a saved ILGEClassifier" in invoke("predict", tmp_path, "-i", good).output
+    assert "not a saved ILGEClassifier" in _predict(studies, tmp_path, "-i", good).output
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_a_similarity_study_exports_a_pair_scorer(studies, tmp_path):
     out = tmp_path / "stsb"
-    _export(studies, STSB_CAYLEY, out)
-    attrs = _study(studies, STSB_CAYLEY).user_attrs
+    _export(studies, studies["stsb-cayley"], out)
+    attrs = _study(studies, studies["stsb-cayley"]).user_attrs
     stored = attrs["final_test_scores"][0]
     clear_embedding_memo()
-    clf = ILGEClassifier.load(out, cache_dir=studies["cache_dir"], device="cpu")
+    clf = _load(studies, out)
     assert clf.task_kind_ == "similarity" and clf.score_range_ == (0.0, 5.0)
-    _, test = _test_split(studies, "stsb")
+    task, test = _test_split(studies, "stsb")
     scores = clf.predict(test.pairs)
     assert scores.shape == (len(test.pairs),) and scores.dtype == np.float64
     assert abs(clf.score(test.pairs, test.labels) - stored) <= 1e-6, (clf.score(test.pairs, test.labels), stored)
@@ -435,11 +430,12 @@ def test_a_similarity_study_exports_a_pair_scorer(studies, tmp_path):
         writer = csv.writer(handle)
         writer.writerow(["a", "b", "gold"])
         writer.writerows([(a, b, g) for (a, b), g in zip(pairs, gold, strict=True)])
+    for start in range(0, 48, 16):  # what predict asks the cache for, chunk by chunk
+        chunk = [text for pair in pairs[start : start + 16] for text in pair]
+        cache_text_embeddings(studies["model"], chunk, [task], cache_dir=studies["cache_dir"])
     target = tmp_path / "scores.jsonl"
-    result = invoke(
-        "--cache-dir",
-        studies["cache_dir"],
-        "predict",
+    result = _predict(
+        studies,
         out,
         "-i",
         source,
@@ -455,6 +451,6 @@ def test_a_similarity_study_exports_a_pair_scorer(studies, tmp_path):
     rows = _rows(target)
     assert len(rows) == 48 and [(r["a"], r["b"]) for r in rows] == [tuple(p) for p in pairs]
     assert np.allclose([r["score"] for r in rows], scores[:48], atol=1e-3)
-    assert "--text-cols a,b, not --text-col" in invoke("predict", out, "-i", source, "--text-col", "a").output
-    assert "has no column 'sentence1'" in invoke("predict", out, "-i", source).output
-    assert "--proba is for classifiers" in invoke("predict", out, "-i", source, "--text-cols", "a,b", "--proba").output
+    assert "--text-cols a,b, not --text-col" in _predict(studies, out, "-i", source, "--text-col", "a").output
+    assert "has no column 'sentence1'" in _predict(studies, out, "-i", source).output
+    assert "--proba is for classifiers" in _predict(studies, out, "-i", source, "--text-cols", "a,b", "--proba").output

@@ -1,5 +1,5 @@
-"""Few-shot curves in the report: a small real sweep over shots 8, 16 and the full subset (minilm-l6, trec; the
-report tests' caps, so the session cache already holds the validation, test and full training embeddings)."""
+"""Few-shot curves in the report: a small real sweep over shots 8, 16 and the full subset (trec on the synthetic
+setup: no model loads)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import pytest
 
 from ilge_search.report import build_report
 from ilge_search.report.data import collect_records
+from ilge_search.report.document import slug
 from ilge_search.report.fewshot import fewshot_frame
 from ilge_search.study import SweepOverrides
 
-MODEL = "minilm-l6"
 GRID = """
 storage = "{storage}"
-models = ["minilm-l6"]
+models = ["{model}"]
 encoders = ["cayley", "last-layer"]
 final_seeds = 2
 max_train = 240
-max_eval = 160
+max_eval = 100
 max_epochs = 4
 shots = [8, 16, "full"]
 [trials]
@@ -31,16 +31,25 @@ default = 1
 
 
 @pytest.fixture(scope="module")
-def fewshot_storage(tmp_path_factory, data_dir, cache_dir):
+def fewshot_storage(tmp_path_factory, synthetic):
     from ilge_search.study import run_sweep
+    from ilge_search.testing import refuse_model_loads
 
+    for shots in (8, 16, None):
+        synthetic.cache("trec", shots=shots, max_train=240, max_eval=100)
     folder = tmp_path_factory.mktemp("fewshot")
     url = f"sqlite:///{folder / 'studies.db'}"
     grid = folder / "grid.toml"
-    grid.write_text(GRID.format(storage=url))
-    run_sweep(
-        grid, data_dir=data_dir, cache_dir=cache_dir, device="cpu", overrides=SweepOverrides(threads=1), progress=False
-    )
+    grid.write_text(GRID.format(storage=url, model=synthetic.model))
+    with refuse_model_loads():
+        run_sweep(
+            grid,
+            data_dir=synthetic.data_dir,
+            cache_dir=synthetic.cache_dir,
+            device="cpu",
+            overrides=SweepOverrides(threads=1),
+            progress=False,
+        )
     return url
 
 
@@ -53,16 +62,15 @@ def stored_finals(url):
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, tmp_path):
+def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, tmp_path, synthetic):
+    model = synthetic.model
     finals = stored_finals(fewshot_storage)
     assert sorted(finals, key=str) == sorted(((e, s) for e in ("cayley", "last-layer") for s in (8, 16, None)), key=str)
     assert finals[("cayley", 8)][1] == 48 and finals[("cayley", 16)][1] == 96 and finals[("cayley", None)][1] == 240
 
     result = build_report(fewshot_storage, tmp_path / "out", progress=False)
     # the main tables: one row per shots value, never merged into one cell
-    table = result.tables[MODEL]
+    table = result.tables[model]
     assert list(table.index) == ["trec", "trec (16-shot)", "trec (8-shot)"]
     for (encoder, shots), (scores, _) in finals.items():
         row = "trec" if shots is None else f"trec ({shots}-shot)"
@@ -84,7 +92,7 @@ def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, t
 
     text = result.files["markdown"].read_text()
     section = text.split("## Few-shot curves\n", 1)[1].split("\n## ", 1)[0]
-    lines = [line for line in section.splitlines() if line.startswith("| minilm-l6 | trec |")]
+    lines = [line for line in section.splitlines() if line.startswith(f"| {model} | trec |")]
     cayley = next(line for line in lines if "| Cayley |" in line)
     cells = [c.strip().strip("*") for c in cayley.strip("|").split("|")]
     for index, shots in ((4, 8), (5, 16), (6, None)):
@@ -94,13 +102,11 @@ def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, t
     assert cells[6].endswith("(n=240)")
     assert "with 8 examples per label, Cayley minus the last layer" in section
     assert "[Few-shot curves](#few-shot)" in text
-    assert (result.out_dir / "figures" / "minilm-l6-trec-fewshot.png").is_file()
-    assert "figures/minilm-l6-trec-fewshot.png" in result.figures
+    figure = f"figures/{slug(model, 'trec')}-fewshot.png"
+    assert (result.out_dir / figure).is_file() and figure in result.figures
     assert "Defaults on tasks they never saw" not in text  # no leave-one-task-out evaluation stored
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_a_curve_needs_the_same_setting(fewshot_storage):
     """The full-data study of another max_train is no point of the curve."""
     records, duplicates, _ = collect_records(fewshot_storage)
@@ -111,7 +117,6 @@ def test_a_curve_needs_the_same_setting(fewshot_storage):
     assert frame["shots"].notna().all() and len(frame) == 4 and notes == []
 
 
-@pytest.mark.realmodel
 def test_a_curve_has_one_protocol_and_only_encoders_with_few_shot_points(fewshot_storage):
     """A paper-protocol study of the same data is not the matched curve's full point, and an encoder with a
     full-subset study but no few-shot study draws no curve."""

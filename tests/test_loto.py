@@ -1,5 +1,5 @@
-"""Leave one task out on a tiny real storage: minilm-l6 Cayley studies on stsb and trec (the report tests' subsets,
-whose embeddings the session cache already holds when the whole suite runs)."""
+"""Leave one task out on a tiny storage of real studies: Cayley studies on stsb and trec on the synthetic setup
+(no model loads)."""
 
 from __future__ import annotations
 
@@ -20,46 +20,54 @@ from ilge_search.report import build_report
 from ilge_search.report.defaults_page import recommend_defaults
 from ilge_search.study import StudyOptions
 
-MODEL = "minilm-l6"
-SMALL = dict(max_train=240, max_eval=160, max_epochs=2)  # the data caps of tests/test_report.py
+DATA = dict(max_train=240, max_eval=100)
+SMALL = dict(**DATA, max_epochs=2)
+SUFFIX = "train240:eval100:ep2"
 TASKS = ("stsb", "trec")
 
 
+def study_options(synthetic, **flat):
+    folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
+    return StudyOptions.from_flat(device="cpu", threads=1, progress=False, seed=0, **folders, **SMALL, **flat)
+
+
 @pytest.fixture(scope="module")
-def studies(tmp_path_factory, data_dir, cache_dir):
+def studies(tmp_path_factory, synthetic):
     from ilge_search.study import run_study
+    from ilge_search.testing import refuse_model_loads
 
     url = f"sqlite:///{tmp_path_factory.mktemp('loto') / 'studies.db'}"
     for task in TASKS:
-        run_study(
-            MODEL,
-            task,
-            "cayley",
-            storage=url,
-            options=StudyOptions.from_flat(
-                n_trials=2,
-                final_seeds=0,
-                data_dir=data_dir,
-                cache_dir=cache_dir,
-                device="cpu",
-                threads=1,
-                progress=False,
-                seed=0,
-                **SMALL,
-            ),
-        )
+        synthetic.cache(task, **DATA)
+        with refuse_model_loads():
+            run_study(
+                synthetic.model,
+                task,
+                "cayley",
+                storage=url,
+                options=study_options(synthetic, n_trials=2, final_seeds=0),
+            )
     return url
 
 
 @pytest.fixture(scope="module")
-def evaluated(studies, data_dir, cache_dir, tmp_path_factory):
+def evaluated(studies, synthetic, tmp_path_factory):
     """The storage after one leave-one-task-out run with 2 seeds (a copy: the studies fixture stays clean)."""
+    from ilge_search.testing import refuse_model_loads
+
     copy = tmp_path_factory.mktemp("loto-run") / "studies.db"
     shutil.copyfile(studies.removeprefix("sqlite:///"), copy)
     url = f"sqlite:///{copy}"
-    result = leave_one_task_out(
-        url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", threads=1, progress=False
-    )
+    with refuse_model_loads():
+        result = leave_one_task_out(
+            url,
+            final_seeds=2,
+            data_dir=synthetic.data_dir,
+            cache_dir=synthetic.cache_dir,
+            device="cpu",
+            threads=1,
+            progress=False,
+        )
     return url, result
 
 
@@ -67,9 +75,7 @@ def study_attrs(url, task):
     return next(s.user_attrs for s in optuna.get_all_study_summaries(url) if s.user_attrs.get("task") == task)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, data_dir, cache_dir, tmp_path):
+def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, synthetic, tmp_path, no_model_loads):
     import torch
 
     from ilge_search.engine import evaluate, train_encoder
@@ -101,7 +107,7 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, dat
         )
         assert (
             values != {}
-            and f"{MODEL}:{other}:cayley:train240:eval160:ep2"
+            and f"{synthetic.model}:{other}:cayley:{SUFFIX}"
             in json.loads((tmp_path / f"no-{task}.json").read_text())["metadata"]["studies"]["cayley/small"]
         )
         # stored on the study whose data it used
@@ -110,8 +116,10 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, dat
             continue
         # the numbers are those of the one engine trained directly with the same seeds on the study's data
         study = opened.load_study(row["study"])
-        data = load_training_data(study, with_test=True, data_dir=data_dir, cache_dir=cache_dir, device="cpu")
-        assert data.split_sizes == {"train": 240, "validation": 160, "test": 160}
+        data = load_training_data(
+            study, with_test=True, data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu"
+        )
+        assert data.split_sizes == {"train": 240, "validation": 100, "test": 100}
         # (the regenerated configuration: the built-in one goes through the same code)
         for column, config in (
             ("regenerated", CayleyConfig(**{k: v for k, v in row["regenerated_config"].items() if k != "family"})),
@@ -142,9 +150,7 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, dat
     assert verdict.regenerated_win == (verdict.mean_difference > 0)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkeypatch, data_dir, cache_dir):
+def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkeypatch, synthetic):
     from ilge_search import engine
 
     url, first = evaluated
@@ -153,7 +159,14 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
         raise AssertionError("retrained")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
-    again = leave_one_task_out(url, final_seeds=2, data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
+    again = leave_one_task_out(
+        url,
+        final_seeds=2,
+        data_dir=synthetic.data_dir,
+        cache_dir=synthetic.cache_dir,
+        device="cpu",
+        progress=False,
+    )
     assert again.trained == 0
     assert again.rows[["builtin_mean", "regenerated_mean"]].equals(first.rows[["builtin_mean", "regenerated_mean"]])
     assert stored_loto(url).rows["difference"].tolist() == first.rows["difference"].tolist()
@@ -161,18 +174,17 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
     changed = {**tuning.BUILTIN_RECOMMENDED, "cayley": {"small": {"lr": 3e-3, "gnn_layers": 1, "hidden_dim": 256}}}
     monkeypatch.setattr("ilge_search.defaults.loto.BUILTIN_RECOMMENDED", changed)
     stale = stored_loto(url)
-    assert stale.rows.empty and sorted(stale.missing) == [f"{MODEL}/stsb/cayley", f"{MODEL}/trec/cayley"]
+    model = synthetic.model
+    assert stale.rows.empty and sorted(stale.missing) == [f"{model}/stsb/cayley", f"{model}/trec/cayley"]
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_the_report_and_the_shipping_rule_use_the_stored_table(evaluated, studies, tmp_path, monkeypatch):
+def test_the_report_and_the_shipping_rule_use_the_stored_table(evaluated, studies, tmp_path, monkeypatch, synthetic):
     url, result = evaluated
     report = build_report(url, tmp_path / "report", figures=False, progress=False)
     text = report.files["markdown"].read_text()
     section = text.split("## Defaults on tasks they never saw\n", 1)[1].split("\n## ", 1)[0]
     for row in result.rows.itertuples():
-        assert f"| {MODEL} | {row.task} | cayley | {row.unit} | 2 |" in section
+        assert f"| {synthetic.model} | {row.task} | cayley | {row.unit} | 2 |" in section
         assert f"{row.builtin_mean:.2f} ± {row.builtin_std:.2f}" in section
         assert f"{row.difference:+.2f}" in section
     verdict = result.verdicts[("cayley", "small")]
@@ -213,9 +225,7 @@ def test_loto_errors_are_one_line(tmp_path):
         stored_loto(url, families=["mlp-last"])
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_paper_protocol_studies_are_not_evaluation_targets(studies, data_dir, cache_dir, tmp_path):
+def test_paper_protocol_studies_are_not_evaluation_targets(studies, synthetic, tmp_path, no_model_loads):
     from ilge_search.defaults.loto import _targets
     from ilge_search.study import run_study
 
@@ -223,26 +233,10 @@ def test_paper_protocol_studies_are_not_evaluation_targets(studies, data_dir, ca
     shutil.copyfile(studies.removeprefix("sqlite:///"), copy)
     url = f"sqlite:///{copy}"
     # more trials than the matched trec study (2), and its name sorts after: preferred, were it a candidate
-    run_study(
-        MODEL,
-        "trec",
-        "cayley",
-        storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=3,
-            final_seeds=0,
-            data_dir=data_dir,
-            protocol="paper",
-            cache_dir=cache_dir,
-            device="cpu",
-            threads=1,
-            progress=False,
-            seed=0,
-            **SMALL,
-        ),
-    )
+    options = study_options(synthetic, n_trials=3, final_seeds=0, protocol="paper")
+    run_study(synthetic.model, "trec", "cayley", storage=url, options=options)
     names = [s.study_name for s in optuna.get_all_study_summaries(url)]
-    assert f"{MODEL}:trec:cayley:train240:eval160:ep2:paper" in names
+    assert f"{synthetic.model}:trec:cayley:{SUFFIX}:paper" in names
     targets, _, tasks = _targets(url, ("cayley",), (), ())
     assert tasks == list(TASKS)
-    assert {t.task: t.study for t in targets} == {task: f"{MODEL}:{task}:cayley:train240:eval160:ep2" for task in TASKS}
+    assert {t.task: t.study for t in targets} == {task: f"{synthetic.model}:{task}:cayley:{SUFFIX}" for task in TASKS}

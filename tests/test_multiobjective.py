@@ -7,6 +7,7 @@ minilm-l6 is in ``tests/test_cli_run.py``.
 from __future__ import annotations
 
 import json
+import statistics
 import wsgiref.util
 
 import numpy as np
@@ -26,13 +27,14 @@ from ilge_search.objectives import (
     objective_values,
     pareto_front,
 )
-from ilge_search.storage import quiet_optuna_warnings
+from ilge_search.record import FrontMember, Identity, TrialRecord
 from ilge_search.study import StudyOptions, default_study_name, load_sweep
 from ilge_search.study.data import StudyData
 from ilge_search.study.final import final_evaluation, final_is_current
 from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
 from ilge_search.study.selection import front_trials, select_trial, study_front
 from ilge_search.study.trial import TrialObjective, recommended_params
+from ilge_search.testing import FakeTrial, add_study, final_record
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -304,48 +306,37 @@ def _get(app, path):
     return status[0], body
 
 
-def _stored_front_study(url, name="minilm-l6:trec:cayley:obj-params"):
-    """A multi-objective study as the runner leaves it: identity, names, four trials, a final front of two."""
-    study = new_study(storage=url, name=name, encoder="cayley")
-    with quiet_optuna_warnings():
-        study.set_metric_names(["accuracy", "params"])
-    for key, value in {"model": "minilm-l6", "task": "trec", "task_kind": "classification"}.items():
-        study.set_user_attr(key, value)
-    for score, params in [(0.80, 300_000), (0.84, 900_000), (0.70, 20_000), (0.60, 400_000)]:
-        add_trial(study, score, params, {"latency_ms": params / 1e4})
-    front = [
-        {
-            "trial": 1,
-            "config": {},
-            "params": 900_000,
-            "latency_ms": 90.0,
-            "val_score": 0.84,
-            "test_mean": 0.82,
-            "test_std": 0.01,
-            "test_scores": [0.81, 0.83],
-        },
-        {
-            "trial": 2,
-            "config": {},
-            "params": 20_000,
-            "latency_ms": 2.0,
-            "val_score": 0.70,
-            "test_mean": 0.66,
-            "test_std": 0.02,
-            "test_scores": [0.64, 0.68],
-        },
+def _front_member(trial, params, latency, val, scores, std):
+    return FrontMember(
+        trial=trial,
+        config={},
+        values={"accuracy": val, "params": float(params)},
+        params=params,
+        latency_ms=latency,
+        val_score=val,
+        test_mean=statistics.fmean(scores),
+        test_std=std,
+        test_scores=scores,
+        val_scores=[val] * len(scores),
+        artifacts={},
+        artifact_seed=None,
+    )
+
+
+def _stored_front_study(url):
+    """A multi-objective study as the runner leaves it (the fake study store): its record, four trials, a final
+    front of two of its three front trials."""
+    trials = [
+        FakeTrial([score, params], params={"size": params}, record=TrialRecord(params=params, latency_ms=params / 1e4))
+        for score, params in [(0.80, 300_000), (0.84, 900_000), (0.70, 20_000), (0.60, 400_000)]
     ]
-    for key, value in {
-        "final_front": front,
-        "final_trial": 1,
-        "final_test_mean": 0.82,
-        "final_test_std": 0.01,
-        "final_test_scores": [0.81, 0.83],
-        "final_select": "front",
-        "final_front_size": 3,
-    }.items():
-        study.set_user_attr(key, value)
-    return study
+    front = [
+        _front_member(1, 900_000, 90.0, 0.84, [0.81, 0.83], 0.01),
+        _front_member(2, 20_000, 2.0, 0.70, [0.64, 0.68], 0.02),
+    ]
+    final = final_record([0.81, 0.83], trial=1, select="front", front=front, front_k=2, front_size=3, test_std=0.01)
+    identity = Identity(model="minilm-l6", task="trec", encoder="cayley", objectives=("score", "params"))
+    return add_study(url, identity, trials=trials, final=final)
 
 
 def test_the_dashboard_serves_a_multi_objective_study_with_its_directions_names_and_front(tmp_path):
@@ -374,20 +365,9 @@ def test_the_report_draws_fronts_only_for_storages_with_multi_objective_studies(
     from ilge_search.report import build_report
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    baseline = optuna.create_study(study_name="minilm-l6:trec:last-layer", storage=url, direction="maximize")
-    for key, value in {
-        "model": "minilm-l6",
-        "task": "trec",
-        "encoder": "last-layer",
-        "metric": "accuracy",
-        "task_kind": "classification",
-        "final_test_mean": 0.75,
-        "final_test_std": 0.0,
-        "final_test_scores": [0.75, 0.75],
-        "final_trial": 0,
-    }.items():
-        baseline.set_user_attr(key, value)
-    add_trial(baseline, 0.74, 2_310)
+    baseline = Identity(model="minilm-l6", task="trec", encoder="last-layer")
+    last = FakeTrial(0.74, params={"size": 2_310}, record=TrialRecord(params=2_310))
+    add_study(url, baseline, trials=[last], final=final_record([0.75, 0.75]))
     plain = build_report(url, tmp_path / "plain", progress=False)
     assert "Pareto" not in plain.files["markdown"].read_text() and not any("pareto" in f for f in plain.figures)
 

@@ -343,15 +343,15 @@ def _independent_readout(train_x, train_y, test_x, test_y, per_label, experiment
     return float(np.mean(scores)), scores
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, cache_dir):
+def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, synthetic, no_model_loads):
     from ilge_search.study import run_study
-    from ilge_search.study.data import DataSpec, load_study_data
+    from ilge_search.study.data import load_study_data
     from ilge_search.study.export import load_study_model
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    small = dict(max_train=240, max_eval=160, max_epochs=3)  # the runner tests' subsets (shared embedding cache)
+    small = dict(max_train=240, max_eval=100, max_epochs=2)  # the runner tests' subsets (shared embedding cache)
+    synthetic.cache("trec", max_train=240, max_eval=100)  # what the studies read: no model loads
+    model, data_dir, cache_dir = synthetic.model, synthetic.data_dir, synthetic.cache_dir
     common_storage = url
     common = dict(
         data_dir=data_dir,
@@ -364,23 +364,17 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
         **small,
     )
     results = run_study(
-        MODEL,
+        model,
         "trec",
         ["cayley", "last-layer"],
         storage=common_storage,
         options=StudyOptions.from_flat(n_trials=2, protocol="paper", **common),
     )
     assert [r.study_name for r in results] == [
-        f"minilm-l6:trec:{e}:train240:eval160:ep3:paper" for e in ("cayley", "last-layer")
+        f"{model}:trec:{e}:train240:eval100:ep2:paper" for e in ("cayley", "last-layer")
     ]
     assert all(r.protocol == "paper" and r.samples_per_label == 8 for r in results)
-    data = load_study_data(
-        DataSpec(
-            model=MODEL, task="trec", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240, max_eval=160
-        ),
-        with_test=True,
-        progress=False,
-    )
+    data = load_study_data(synthetic.spec("trec", max_train=240, max_eval=100), with_test=True, progress=False)
     train_y, test_y = data.train[1].numpy(), data.test[1].numpy()
 
     last = optuna.load_study(study_name=results[1].study_name, storage=url).user_attrs
@@ -414,15 +408,14 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
 
     # a matched run on the same storage makes its own studies; an explicit name of a paper study is refused
     matched = run_study(
-        MODEL, "trec", "last-layer", storage=common_storage, options=StudyOptions.from_flat(n_trials=1, **common)
+        model, "trec", "last-layer", storage=common_storage, options=StudyOptions.from_flat(n_trials=1, **common)
     )
-    assert matched[0].study_name == "minilm-l6:trec:last-layer:train240:eval160:ep3" and matched[0].protocol == (
-        "matched"
-    )
+    assert matched[0].study_name == f"{model}:trec:last-layer:train240:eval100:ep2"
+    assert matched[0].protocol == "matched"
     assert not math.isclose(matched[0].test_mean, expected)
     with pytest.raises(StudyConflictError, match="protocol: stored 'paper', requested 'matched'"):
         run_study(
-            MODEL,
+            model,
             "trec",
             "last-layer",
             storage=common_storage,
@@ -430,17 +423,17 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, data_dir, c
         )
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_a_paper_protocol_similarity_study_scores_the_raw_cosine(tmp_path, data_dir, cache_dir):
+def test_a_paper_protocol_similarity_study_scores_the_raw_cosine(tmp_path, synthetic, no_model_loads):
     from scipy.stats import spearmanr
 
     from ilge_search.study import run_study
-    from ilge_search.study.data import DataSpec, load_study_data, load_zero_shot_data
+    from ilge_search.study.data import load_study_data, load_zero_shot_data
 
-    small = dict(max_train=240, max_eval=160, max_epochs=3)
+    small = dict(max_train=240, max_eval=100, max_epochs=3)
+    synthetic.cache("stsb", max_train=240, max_eval=100, zero_shot_tasks=["sick_r"])  # no model loads
+    data_dir, cache_dir = synthetic.data_dir, synthetic.cache_dir
     [result] = run_study(
-        MODEL,
+        synthetic.model,
         "stsb",
         "last-layer",
         storage=f"sqlite:///{tmp_path / 's.db'}",
@@ -457,9 +450,7 @@ def test_a_paper_protocol_similarity_study_scores_the_raw_cosine(tmp_path, data_
             **small,
         ),
     )
-    spec = DataSpec(
-        model=MODEL, task="stsb", data_dir=str(data_dir), cache_dir=str(cache_dir), max_train=240, max_eval=160
-    )
+    spec = synthetic.spec("stsb", max_train=240, max_eval=100)
     test = load_study_data(spec, with_test=True, progress=False).test
     sick = load_zero_shot_data(spec, ["sick_r"], progress=False)["sick_r"]
 

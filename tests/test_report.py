@@ -1,4 +1,4 @@
-"""Reports: a small real storage (trec / stsb subsets with minilm-l6) and synthetic partial grids."""
+"""Reports: a small storage of real studies (trec / stsb subsets on the synthetic setup) and stored partial grids."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
+from ilge_search.record import Identity, ZeroShotScores
 from ilge_search.report import METHOD_LABELS, METHODS, MISSING, build_report
+from ilge_search.report.document import slug
 from ilge_search.report.paper_results import canonical_model, canonical_task, load_paper_results, published_result
 from ilge_search.study import StudyOptions
+from ilge_search.testing import FakeTrial, add_study, classification_data, final_record, similarity_data
 
-MODEL = "minilm-l6"
-SMALL = dict(max_train=240, max_eval=160, max_epochs=4)  # the runner tests' subsets (shared embedding cache)
+SMALL = dict(max_train=240, max_eval=100, max_epochs=2)  # the runner tests' subsets (shared embedding cache)
 
 
 def markdown_table(text: str, heading: str):
@@ -41,40 +43,34 @@ def section(text: str, title: str) -> str:
     return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-# ----------------------------------------------------------------------------- a small real storage
+# ----------------------------------------------------------------------------- a small storage of real studies
 
 
 @pytest.fixture(scope="module")
-def real_storage(tmp_path_factory, data_dir, cache_dir):
-    """trec: last-layer, best-layer, cayley with final scores; scalar-mix without; stsb: last-layer only."""
+def real_storage(tmp_path_factory, synthetic):
+    """trec: last-layer, best-layer, cayley with final scores; scalar-mix without; stsb: last-layer only. The
+    runner's studies on the synthetic setup (no model loads)."""
     from ilge_search.study import run_study
+    from ilge_search.testing import refuse_model_loads
 
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'studies.db'}"
-    common_storage = url
-    common = dict(data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False, seed=0, **SMALL)
-    run_study(
-        MODEL,
-        "trec",
-        ["last-layer", "best-layer", "cayley"],
-        storage=common_storage,
-        options=StudyOptions.from_flat(
-            n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2}, final_seeds=2, **common
-        ),
-    )
-    run_study(
-        MODEL,
-        "trec",
-        "scalar-mix",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=1, final_seeds=0, **common),
-    )
-    run_study(
-        MODEL,
-        "stsb",
-        "last-layer",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=2, final_seeds=2, **common),
-    )
+    for task in ("trec", "stsb"):
+        synthetic.cache(task, max_train=SMALL["max_train"], max_eval=SMALL["max_eval"])
+    folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
+
+    def run(task, encoders, **flat):
+        options = StudyOptions.from_flat(device="cpu", progress=False, seed=0, **folders, **SMALL, **flat)
+        run_study(synthetic.model, task, encoders, storage=url, options=options)
+
+    with refuse_model_loads():
+        run(
+            "trec",
+            ["last-layer", "best-layer", "cayley"],
+            n_trials={"last-layer": 2, "best-layer": 1, "cayley": 2},
+            final_seeds=2,
+        )
+        run("trec", "scalar-mix", n_trials=1, final_seeds=0)
+        run("stsb", "last-layer", n_trials=2, final_seeds=2)
     optuna.create_study(study_name="not-ours", storage=url).optimize(lambda t: t.suggest_float("x", 0, 1), 2)
     return url
 
@@ -91,13 +87,11 @@ def stored(url):
     return {(s.user_attrs["task"], s.user_attrs["encoder"]): s.user_attrs for s in summaries if "model" in s.user_attrs}
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_tables_hold_the_stored_final_scores_and_nothing_else(real_report):
+def test_tables_hold_the_stored_final_scores_and_nothing_else(real_report, synthetic):
     result, url = real_report
     attrs = stored(url)
-    assert list(result.tables) == [MODEL]
-    table = result.tables[MODEL]
+    assert list(result.tables) == [synthetic.model]
+    table = result.tables[synthetic.model]
     assert list(table.index) == ["stsb", "trec"] and list(table.columns) == list(METHODS)
     for task in table.index:
         for method in METHODS:
@@ -115,13 +109,11 @@ def test_tables_hold_the_stored_final_scores_and_nothing_else(real_report):
     assert result.skipped == ["not-ours: not an ilge-search study (no model/task/encoder user attrs)"]
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_markdown_cells_bold_row_best_and_gains(real_report):
+def test_markdown_cells_bold_row_best_and_gains(real_report, synthetic):
     result, url = real_report
     attrs = stored(url)
     text = result.files["markdown"].read_text()
-    rows = markdown_table(text, f"## {MODEL}")
+    rows = markdown_table(text, f"## {synthetic.model}")
     assert set(rows) == {"stsb", "trec"}
     means = {m: attrs[("trec", m)].get("final_test_mean") for m in METHODS if ("trec", m) in attrs}
     scored = {m: round(100 * v, 2) for m, v in means.items() if v is not None}
@@ -141,32 +133,30 @@ def test_markdown_cells_bold_row_best_and_gains(real_report):
     last = 100 * means["last-layer"]
     for method in ("best-layer", "cayley"):
         expected = 100 * means[method] - last
-        assert result.gains[MODEL].loc["trec", method] == pytest.approx(expected)
+        assert result.gains[synthetic.model].loc["trec", method] == pytest.approx(expected)
         assert gains["trec"][METHOD_LABELS[method]] == f"{expected:+.2f}"
     assert gains["trec"][METHOD_LABELS["scalar-mix"]] == MISSING and gains["stsb"][METHOD_LABELS["cayley"]] == MISSING
 
     summary = markdown_table(text, "## Across models")
-    assert summary[MODEL]  # one row per (model, method); the first cell is the model
+    assert summary[synthetic.model]  # one row per (model, method); the first cell is the model
     frame = result.summary.set_index("method")
     assert frame.loc["last-layer", "tasks"] == 2 and frame.loc["cayley", "tasks"] == 1
     assert frame.loc["cayley", "mean_gain"] == pytest.approx(100 * (means["cayley"] - means["last-layer"]))
     assert frame["wins"].sum() >= 2  # each row has at least one best
     notes = section(text, "Notes")
     assert "against the last layer" in notes and "against the best single layer" in notes
-    # minilm-l6 is not in the paper: the report says so instead of showing a published row
+    # the model is not in the paper: the report says so instead of showing a published row
     assert "has a published number" in text and "pythia-410m" in text and ", published" not in text
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_csv_latex_html_and_figures(real_report):
+def test_csv_latex_html_and_figures(real_report, synthetic):
     result, url = real_report
     out = result.out_dir
     frame = pd.read_csv(result.files["csv"])
     assert len(frame) == 5  # trec: 4 studies, stsb: 1
     assert set(frame.columns) >= {"model", "task", "method", "mean", "std", "n_seeds", "gain", "is_best", "published"}
     merged = frame.set_index(["task", "method"])["mean"]
-    for (task, method), value in result.tables[MODEL].stack().dropna().items():
+    for (task, method), value in result.tables[synthetic.model].stack().dropna().items():
         assert merged[(task, method)] == pytest.approx(value)
     assert math.isnan(merged[("trec", "scalar-mix")])
 
@@ -181,7 +171,8 @@ def test_csv_latex_html_and_figures(real_report):
     assert page.count("<html") == 1 and page.count("<table>") >= 4
     images = re.findall(r'<img src="([^"]+)"', page)
     assert sorted(images) == sorted(result.figures)
-    assert "figures/minilm-l6-trec-layers.png" in images and "figures/minilm-l6-stsb-layers.png" not in images
+    layers = {task: f"figures/{slug(synthetic.model, task)}-layers.png" for task in ("trec", "stsb")}
+    assert layers["trec"] in images and layers["stsb"] not in images
     for image in images:
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "no per-layer figure" in page  # stsb has no best-layer study
@@ -204,15 +195,13 @@ def test_csv_latex_html_and_figures(real_report):
         assert f"{METHOD_LABELS[method]}: no importances (" in page
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_report_cli(real_storage, tmp_path):
+def test_report_cli(real_storage, tmp_path, synthetic):
     runner = CliRunner()
     result = runner.invoke(
         cli, ["report", "--storage", real_storage, "--out", str(tmp_path / "r"), "--no-figures", "--quiet"]
     )
     assert result.exit_code == 0, result.output
-    assert f"{MODEL}: 2 tasks, 4 cells with test scores" in result.output
+    assert f"{synthetic.model}: 2 tasks, 4 cells with test scores" in result.output
     assert (tmp_path / "r" / "report.md").is_file() and not list((tmp_path / "r" / "figures").glob("*.png"))
     missing = runner.invoke(cli, ["report", "--storage", f"sqlite:///{tmp_path / 'absent.db'}"])
     assert missing.exit_code != 0 and "no study storage" in missing.output
@@ -222,34 +211,21 @@ def test_report_cli(real_storage, tmp_path):
 # ----------------------------------------------------------------------------- synthetic partial grids
 
 
-def fake_study(url, model, task, method, test_scores, val=0.5, more=None, **extra):
-    """A stored study as the runner leaves it: identity attrs, one trial, final scores if given."""
-    name = ":".join([model, task, method] + [f"{k}{v}" for k, v in extra.items()])
-    study = optuna.create_study(study_name=name, storage=url, direction="maximize")
-    attrs = {
-        "model": model,
-        "task": task,
-        "encoder": method,
-        "metric": "accuracy",
-        "task_kind": "classification",
-        "shots": None,
-        **extra,
-    }
+def fake_study(url, model, task, method, test_scores, val=0.5, similarity=False, zero_shot=None, **identity):
+    """A stored study as the runner leaves it (the fake study store): its record, one trial, final scores if
+    given (with ``zero_shot``: {task: (mean, std, scores)})."""
+    final = None
     if test_scores:
-        mean = sum(test_scores) / len(test_scores)
-        std = (sum((s - mean) ** 2 for s in test_scores) / (len(test_scores) - 1)) ** 0.5 if len(test_scores) > 1 else 0
-        attrs.update(final_test_mean=mean, final_test_std=std, final_test_scores=list(test_scores))
-    attrs.update(more or {})
-    for key, value in attrs.items():
-        study.set_user_attr(key, value)
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"lr": 1e-3},
-            distributions={"lr": optuna.distributions.FloatDistribution(1e-5, 1e-2, log=True)},
-            value=val,
-        )
+        scores = {name: ZeroShotScores(*values) for name, values in (zero_shot or {}).items()}
+        final = final_record(test_scores, zero_shot=scores)
+    study = add_study(
+        url,
+        Identity(model=model, task=task, encoder=method, **identity),
+        data=similarity_data() if similarity else classification_data(),
+        trials=[FakeTrial(val, params={"lr": 1e-3})],
+        final=final,
     )
-    return name
+    return study.study_name
 
 
 def test_published_numbers_are_data_with_their_source():
@@ -311,15 +287,17 @@ def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
     hidden = fake_study(url, pythia, "emotion", "scalar-mix", [0.9], max_train=100)  # fewer seeds: not shown
     fake_study(url, pythia, "emotion", "cayley", [0.30], shots=8)  # its own row, never matched to the paper
     fake_study(url, "my/model_x", "trec", "cayley", [0.7, 0.8])  # a LaTeX-special name
-    zero = {"sick_r": {"mean": 0.61, "std": 0.01, "scores": [0.60, 0.62]}}
-    fake_study(url, pythia, "stsb", "cayley", [0.80, 0.82], more={"metric": "spearman", "final_zero_shot": zero})
+    fake_study(
+        url, pythia, "stsb", "cayley", [0.80, 0.82], similarity=True, zero_shot={"sick_r": (0.61, 0.01, [0.6, 0.62])}
+    )
     fake_study(
         url,
         pythia,
         "stsb",
         "last-layer",
         [0.70, 0.72],
-        more={"metric": "spearman", "final_zero_shot": {"sick_r": {"mean": 0.65, "std": 0.0, "scores": [0.65, 0.65]}}},
+        similarity=True,
+        zero_shot={"sick_r": (0.65, 0.0, [0.65, 0.65])},
     )
 
     result = build_report(url, tmp_path / "out", progress=False)

@@ -1,7 +1,9 @@
-"""The study runner: storage and argument checks, then real studies on trec / stsb subsets with minilm-l6."""
+"""The study runner: storage and argument checks, then studies on the synthetic setup (no model loads) and one
+real-model study on an stsb subset with minilm-l6."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -29,10 +31,9 @@ from ilge_search.study import (
 )
 from ilge_search.study.selection import DEFAULT_SELECT, select_trial
 from ilge_search.study.workers import split_trials
+from ilge_search.testing import LayerSignal, refuse_model_loads
 
-MODEL = "minilm-l6"
-# tiny but real: ~1-2 s per trial on 2 CPU cores
-SMALL = dict(max_train=240, max_eval=160, max_epochs=6)
+MODEL = "minilm-l6"  # argument checks resolve it (no weights load); one real-model study below
 
 
 def sqlite_url(path) -> str:
@@ -213,48 +214,49 @@ def test_listing_a_missing_sqlite_file_says_so(tmp_path):
     assert not (tmp_path / "absent.db").exists()
 
 
-# ----------------------------------------------------------------------------- real studies
+# ----------------------------------------------------------------------------- studies on synthetic embeddings
+
+# The runner's whole path (task loading, fingerprints, cache lookup, engine, final evaluation) on the synthetic
+# setup: the tiny model's cache keys hold features whose label sits in the last of 5 layers; no model loads.
+DATA = dict(max_train=240, max_eval=100)
+SMALL = dict(**DATA, max_epochs=6)
+
+
+def synthetic_options(synthetic, **flat) -> StudyOptions:
+    """Options of a study on the synthetic setup (its data and cache folders, on CPU, quiet)."""
+    return StudyOptions.from_flat(
+        data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu", progress=False, threads=1, **flat
+    )
 
 
 @pytest.fixture(scope="module")
-def trec_study(tmp_path_factory, data_dir, cache_dir):
-    """One 6-trial cayley study on a trec subset, shared by the checks below."""
-    root = tmp_path_factory.mktemp("study")
-    url = sqlite_url(root / "studies.db")
-    results = run_study(
-        MODEL,
-        "trec",
-        "cayley",
-        storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=6,
-            final_seeds=2,
-            seed=0,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-            **SMALL,
-        ),
-    )
+def trec_study(tmp_path_factory, synthetic):
+    """One 6-trial cayley study on the synthetic trec subset, shared by the checks below."""
+    synthetic.cache("trec", **DATA)
+    url = sqlite_url(tmp_path_factory.mktemp("study") / "studies.db")
+    with refuse_model_loads():
+        results = run_study(
+            synthetic.model,
+            "trec",
+            "cayley",
+            storage=url,
+            options=synthetic_options(synthetic, n_trials=6, final_seeds=2, seed=0, **SMALL),
+        )
     return url, results[0]
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_six_trial_study_completes_with_its_records(trec_study):
+def test_six_trial_study_completes_with_its_records(trec_study, synthetic):
     url, result = trec_study
     study = optuna.load_study(study_name=result.study_name, storage=url)
-    assert result.study_name == "minilm-l6:trec:cayley:train240:eval160:ep6"
+    assert result.study_name == f"{synthetic.model}:trec:cayley:train240:eval100:ep6"
     assert len(study.trials) == 6 and result.n_finished == 6 and result.n_failed == 0
     attrs = study.user_attrs
-    assert (attrs["model"], attrs["task"], attrs["encoder"]) == (MODEL, "trec", "cayley")
-    assert (attrs["num_layers"], attrs["hidden_size"], attrs["num_classes"]) == (7, 384, 6)
-    assert attrs["split_sizes"] == {"train": 240, "validation": 160, "test": 160}
+    assert (attrs["model"], attrs["task"], attrs["encoder"]) == (synthetic.model, "trec", "cayley")
+    assert (attrs["num_layers"], attrs["hidden_size"], attrs["num_classes"]) == (5, 64, 6)
+    assert attrs["split_sizes"] == {"train": 240, "validation": 100, "test": 100}
     assert attrs["task_kind"] == "classification" and attrs["metric"] == "accuracy"
     assert attrs["direction"] == "maximize" and study.direction == optuna.study.StudyDirection.MAXIMIZE
-    assert set(attrs["cache_keys"]) == {"train", "validation", "test"} and all(attrs["cache_keys"].values())
+    assert attrs["cache_keys"] == synthetic.cache("trec", **DATA)  # the entries written for it, nothing else
     assert attrs["ilge_search_version"] and attrs["model_revision"].startswith("sha256:")
     for trial in study.trials:
         if trial.state == TrialState.COMPLETE:
@@ -269,14 +271,12 @@ def test_six_trial_study_completes_with_its_records(trec_study):
             assert 0.0 <= trial.value <= 1.0
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def test_first_trial_is_the_recommended_config(trec_study):
     url, result = trec_study
     study = optuna.load_study(study_name=result.study_name, storage=url)
     first = study.trials[0]
     assert first.user_attrs.get("recommended") is True
-    assert first.params == recommended_params("cayley", hidden_size=384)
+    assert first.params == recommended_params("cayley", hidden_size=64)
     assert sum(bool(t.user_attrs.get("recommended")) for t in study.trials) == 1
     from ilge_search.tuning import recommended_config
 
@@ -285,9 +285,7 @@ def test_first_trial_is_the_recommended_config(trec_study):
     assert {k: v for k, v in stored.items() if k != "epochs"} == {k: v for k, v in expected.items() if k != "epochs"}
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, cache_dir):
+def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, synthetic, no_model_loads):
     from optuna.artifacts import download_artifact
     from safetensors.torch import load_file
 
@@ -313,40 +311,28 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, data_dir, 
     download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["weights"], file_path=str(weights))
     download_artifact(artifact_store=store, artifact_id=attrs["final_artifacts"]["config"], file_path=str(meta))
     info = json.loads(meta.read_text())
-    assert info["model"] == MODEL and info["task"] == "trec" and info["seed"] in attrs["final_seeds"]
+    assert info["model"] == synthetic.model and info["task"] == "trec" and info["seed"] in attrs["final_seeds"]
     model = build_model(
         config_from_dict(info["config"]), info["num_layers"], info["hidden_size"], "classification", info["num_classes"]
     )
     model.load_state_dict(load_file(str(weights)))
-    from ilge_search.study.data import DataSpec, load_task_data
+    from ilge_search.study.data import load_task_data
 
-    spec = DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir))
-    task = load_task_data(spec)
+    task = load_task_data(synthetic.spec("trec", **DATA))
     assert json.loads(json.dumps(task.label_names)) == info["label_names"]
-    test = load_task_embeddings(MODEL, task, splits=["test"], cache_dir=cache_dir, progress=False)
+    test = load_task_embeddings(synthetic.model, task, splits=["test"], cache_dir=synthetic.cache_dir, progress=False)
     score = evaluate(model, test.splits["test"].features, test.splits["test"].labels)["accuracy"]
     assert score == pytest.approx(scores[attrs["final_seeds"].index(info["seed"])], abs=1e-6)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_rerunning_resumes_and_adds_trials(trec_study, data_dir, cache_dir):
+def test_rerunning_resumes_and_adds_trials(trec_study, synthetic, no_model_loads):
     url, result = trec_study
     again = run_study(
-        MODEL,
+        synthetic.model,
         "trec",
         "cayley",
         storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=3,
-            final_seeds=2,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-            **SMALL,
-        ),
+        options=synthetic_options(synthetic, n_trials=3, final_seeds=2, **SMALL),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert len(study.trials) == 9 and again.n_finished == 9
@@ -361,27 +347,15 @@ def listed_row(url, name):
     return frame[frame["study"] == name].iloc[0]
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_dir, cache_dir, trec_study):
+@pytest.mark.slow  # two worker processes
+def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, synthetic, trec_study):
     url = sqlite_url(tmp_path / "workers.db")
     result = run_study(
-        MODEL,
+        synthetic.model,
         "trec",
         "deepset",
         storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=7,
-            workers=2,
-            final_seeds=1,
-            seed=3,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-            **SMALL,
-        ),
+        options=synthetic_options(synthetic, n_trials=7, workers=2, final_seeds=1, seed=3, **SMALL),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     states = [t.state for t in study.trials]
@@ -392,88 +366,40 @@ def test_two_workers_on_sqlite_run_exactly_the_requested_trials(tmp_path, data_d
     assert len(study.user_attrs["final_test_scores"]) == 1
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_total_trials_is_one_cap_across_calls_and_workers(tmp_path, data_dir, cache_dir, trec_study):
+@pytest.mark.slow  # two worker processes
+def test_total_trials_is_one_cap_across_calls_and_workers(tmp_path, synthetic, trec_study):
     url = sqlite_url(tmp_path / "capped.db")
-    common_storage = url
-    common = dict(
-        final_seeds=0,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        progress=False,
-        threads=1,
-        pruner="none",
-        **SMALL,
-    )
-    name = run_study(
-        MODEL,
-        "trec",
-        "deepset",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=None, total_trials=3, **common),
-    )[0].study_name
+
+    def run(**flat):
+        options = synthetic_options(synthetic, final_seeds=0, pruner="none", **SMALL, **flat)
+        return run_study(synthetic.model, "trec", "deepset", storage=url, options=options)
+
+    name = run(n_trials=None, total_trials=3)[0].study_name
     study = optuna.load_study(study_name=name, storage=url)
     assert len(study.trials) == 3  # no n_trials: ran until the cap
-    run_study(
-        MODEL,
-        "trec",
-        "deepset",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=5, total_trials=3, **common),
-    )  # already at the cap: adds none
+    run(n_trials=5, total_trials=3)  # already at the cap: adds none
     assert len(study.trials) == 3
-    run_study(
-        MODEL,
-        "trec",
-        "deepset",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=5, total_trials=4, **common),
-    )  # the cap wins over n_trials
+    run(n_trials=5, total_trials=4)  # the cap wins over n_trials
     assert len(study.trials) == 4
     # two processes: each stops once finished + running trials reach the cap
-    run_study(
-        MODEL,
-        "trec",
-        "deepset",
-        storage=common_storage,
-        options=StudyOptions.from_flat(n_trials=None, total_trials=8, workers=2, **common),
-    )
+    run(n_trials=None, total_trials=8, workers=2)
     states = [t.state for t in study.trials]
     assert all(s == TrialState.COMPLETE for s in states)
     assert 8 <= len(states) <= 9  # at most one over: both workers may start a trial in the same instant
     assert sorted(t.number for t in study.trials) == list(range(len(states)))
     with pytest.raises(ValueError, match="total_trials"):
-        run_study(
-            MODEL,
-            "trec",
-            "deepset",
-            storage=common_storage,
-            options=StudyOptions.from_flat(n_trials=None, total_trials=0, **common),
-        )
+        run(n_trials=None, total_trials=0)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir):
+def test_similarity_study_records_spearman_and_zero_shot_scores(tmp_path, synthetic, no_model_loads):
+    synthetic.cache("stsb", **DATA, zero_shot_tasks=["sick_r"])
     url = sqlite_url(tmp_path / "sts.db")
     result = run_study(
-        MODEL,
+        synthetic.model,
         "stsb",
-        "deepset",
+        "last-layer",  # the meanings sit in the last layer: its probe learns them within the 6 epochs
         storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=3,
-            final_seeds=2,
-            zero_shot_tasks=["sick_r"],
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-            **SMALL,
-        ),
+        options=synthetic_options(synthetic, n_trials=3, final_seeds=2, zero_shot_tasks=["sick_r"], **SMALL),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=url)
     attrs = study.user_attrs
@@ -481,7 +407,7 @@ def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir
     assert attrs["num_classes"] is None
     assert len(study.trials) == 3
     assert all(-1.0 <= t.value <= 1.0 for t in study.trials if t.state == TrialState.COMPLETE)
-    # MiniLM is a sentence-similarity model: even a tiny subset correlates clearly
+    # the pairs' similarity in the signal layer follows their score: the encoder learns it
     assert result.test_mean > 0.3 and len(result.test_scores) == 2
     # every final seed's encoder also scored zero-shot on SICK-R's test split
     zero_shot = attrs["final_zero_shot"]["sick_r"]
@@ -491,127 +417,111 @@ def test_similarity_study_on_stsb_reports_spearman(tmp_path, data_dir, cache_dir
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-def test_best_layer_trials_pick_a_layer_on_validation(tmp_path, data_dir, cache_dir, trec_study):
-    url = sqlite_url(tmp_path / "best.db")
-    result = run_study(
-        MODEL,
-        "trec",
-        "best-layer",
-        storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=2,
-            final_seeds=1,
-            sampler="gp",
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-            **SMALL,
-        ),
-    )[0]
-    study = optuna.load_study(study_name=result.study_name, storage=url)
-    for trial in study.trials:
-        scores = trial.user_attrs["layer_scores"]
-        assert len(scores) == 7
-        assert trial.user_attrs["layer"] == max(range(7), key=lambda i: (scores[i], -i))
-        assert trial.user_attrs["config"]["layer"] == trial.user_attrs["layer"]
-        assert trial.value == pytest.approx(max(scores))
-    assert study.user_attrs["final_config"]["layer"] == select_trial(study, DEFAULT_SELECT).user_attrs["layer"]
-
-
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, data_dir, cache_dir, trec_study):
-    url = sqlite_url(tmp_path / "shots.db")
-    result = run_study(
-        MODEL,
-        "trec",
-        "last-layer",
-        storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=2,
-            shots=4,
-            max_eval=160,
-            max_epochs=6,
-            final_seeds=1,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-        ),
-    )[0]
-    assert result.study_name == "minilm-l6:trec:last-layer:4shot:eval160:ep6"
-    attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
-    assert attrs["shots"] == 4 and attrs["split_sizes"]["train"] == 4 * 6
-    assert attrs["split_sizes"]["validation"] == 160 and result.test_mean is not None
-
-
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, data_dir, cache_dir, monkeypatch, trec_study):
-    import ilge_search.engine as engine
-
-    url = sqlite_url(tmp_path / "int.db")
-    real_train = engine.train_encoder
-    calls = []
-
-    def interrupted_on_third_call(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real_train(*args, **kwargs)
-
-    monkeypatch.setattr(engine, "train_encoder", interrupted_on_third_call)
-    options_storage = url
-    options = dict(
-        final_seeds=1,
+def test_a_real_similarity_model_correlates_on_a_tiny_stsb_subset(tmp_path, data_dir, cache_dir):
+    url = sqlite_url(tmp_path / "sts.db")
+    options = StudyOptions.from_flat(
+        n_trials=3,
+        final_seeds=2,
+        zero_shot_tasks=["sick_r"],
         data_dir=data_dir,
         cache_dir=cache_dir,
         device="cpu",
         progress=False,
         threads=1,
-        **SMALL,
+        max_train=240,
+        max_eval=160,
+        max_epochs=6,
     )
+    result = run_study(MODEL, "stsb", "deepset", storage=url, options=options)[0]
+    attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
+    # MiniLM is a sentence-similarity model: even a tiny subset correlates clearly
+    assert result.metric == "spearman" and result.test_mean > 0.3 and len(result.test_scores) == 2
+    assert attrs["final_zero_shot"]["sick_r"]["mean"] > 0.3
+
+
+def test_best_layer_trials_pick_the_layer_that_carries_the_label(tmp_path, synthetic, no_model_loads):
+    # the label in layer 2 of 5 (its own cache: the session cache holds the last-layer signal)
+    setup = dataclasses.replace(synthetic, cache_dir=tmp_path / "cache", signal=LayerSignal(layer=2))
+    setup.cache("trec", **DATA)
+    url = sqlite_url(tmp_path / "best.db")
+    result = run_study(
+        setup.model,
+        "trec",
+        "best-layer",
+        storage=url,
+        options=synthetic_options(setup, n_trials=2, final_seeds=1, sampler="gp", **SMALL),
+    )[0]
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    for trial in study.trials:
+        scores = trial.user_attrs["layer_scores"]
+        assert len(scores) == 5
+        assert trial.user_attrs["layer"] == max(range(5), key=lambda i: (scores[i], -i)) == 2
+        assert trial.user_attrs["config"]["layer"] == trial.user_attrs["layer"]
+        assert trial.value == pytest.approx(max(scores))
+    best = study.best_trial.user_attrs["layer_scores"]  # the signal layer well above every noise layer
+    assert min(best[2] - score for i, score in enumerate(best) if i != 2) > 0.2
+    assert study.user_attrs["final_config"]["layer"] == select_trial(study, DEFAULT_SELECT).user_attrs["layer"]
+
+
+def test_few_shot_study_trains_on_k_examples_per_label(tmp_path, synthetic, no_model_loads):
+    synthetic.cache("trec", shots=4, max_eval=100)
+    url = sqlite_url(tmp_path / "shots.db")
+    result = run_study(
+        synthetic.model,
+        "trec",
+        "last-layer",
+        storage=url,
+        options=synthetic_options(synthetic, n_trials=2, shots=4, max_eval=100, max_epochs=6, final_seeds=1),
+    )[0]
+    assert result.study_name == f"{synthetic.model}:trec:last-layer:4shot:eval100:ep6"
+    attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
+    assert attrs["shots"] == 4 and attrs["split_sizes"]["train"] == 4 * 6
+    assert attrs["split_sizes"]["validation"] == 100 and result.test_mean is not None
+
+
+def test_ctrl_c_fails_the_running_trial_and_a_rerun_resumes(tmp_path, synthetic, monkeypatch, no_model_loads):
+    from ilge_search.study.trial import TrialObjective
+
+    url = sqlite_url(tmp_path / "int.db")
+    real_trial = TrialObjective.__call__
+
+    def interrupted_in_the_third_trial(self, trial):
+        if trial.number == 2:
+            raise KeyboardInterrupt
+        return real_trial(self, trial)
+
+    monkeypatch.setattr(TrialObjective, "__call__", interrupted_in_the_third_trial)
+    synthetic.cache("trec", **DATA)
+    options = dict(final_seeds=1, **SMALL)
     with pytest.raises(KeyboardInterrupt):
         run_study(
-            MODEL, "trec", "mean-layers", storage=options_storage, options=StudyOptions.from_flat(n_trials=5, **options)
+            synthetic.model,
+            "trec",
+            "mean-layers",
+            storage=url,
+            options=synthetic_options(synthetic, n_trials=5, **options),
         )
-    name = default_study_name(MODEL, "trec", "mean-layers", **SMALL)
+    name = default_study_name(synthetic.model, "trec", "mean-layers", **SMALL)
     study = optuna.load_study(study_name=name, storage=url)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.FAIL]
     assert "final_test_mean" not in study.user_attrs
 
-    monkeypatch.setattr(engine, "train_encoder", real_train)
+    monkeypatch.setattr(TrialObjective, "__call__", real_trial)
     result = run_study(
-        MODEL, "trec", "mean-layers", storage=options_storage, options=StudyOptions.from_flat(n_trials=2, **options)
+        synthetic.model, "trec", "mean-layers", storage=url, options=synthetic_options(synthetic, n_trials=2, **options)
     )[0]
     assert (result.n_complete, result.n_failed) == (4, 1)
     assert result.test_mean is not None
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage")
-def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data_dir, cache_dir, trec_study):
+def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, synthetic, trec_study, no_model_loads):
     url = sqlite_url(tmp_path / "hb.db")
-    options_storage = url
-    options = dict(
-        final_seeds=0,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
-        progress=False,
-        threads=1,
-        heartbeat_interval=1,
-        grace_period=2,
-        **SMALL,
-    )
+    options = dict(final_seeds=0, heartbeat_interval=1, grace_period=2, **SMALL)
     run_study(
-        MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=1, **options)
+        synthetic.model, "trec", "last-layer", storage=url, options=synthetic_options(synthetic, n_trials=1, **options)
     )
-    name = default_study_name(MODEL, "trec", "last-layer", **SMALL)
+    name = default_study_name(synthetic.model, "trec", "last-layer", **SMALL)
     # a worker that asked for a trial, beat once and died
     study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_interval=1, grace_period=2).rdb)
     from ilge_search.tuning import suggest_config
@@ -619,9 +529,9 @@ def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data
     dead = study.ask()
     suggest_config(dead, "last-layer")
     study._storage.record_heartbeat(dead._trial_id)
-    time.sleep(3)
+    time.sleep(3)  # past the grace period: the heartbeat is stale
     result = run_study(
-        MODEL, "trec", "last-layer", storage=options_storage, options=StudyOptions.from_flat(n_trials=2, **options)
+        synthetic.model, "trec", "last-layer", storage=url, options=synthetic_options(synthetic, n_trials=2, **options)
     )[0]
     study = optuna.load_study(study_name=name, storage=url)
     assert study.trials[dead.number].state == TrialState.FAIL
@@ -633,27 +543,16 @@ def test_a_dead_workers_trial_is_failed_and_retried_via_heartbeat(tmp_path, data
     assert math.isfinite(study.best_value)
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
+@pytest.mark.slow  # two worker processes
 @pytest.mark.postgres
-def test_plain_postgresql_url_with_two_workers(postgres_url, data_dir, cache_dir, trec_study):
+def test_plain_postgresql_url_with_two_workers(postgres_url, synthetic, trec_study):
     url = postgres_url.replace("postgresql+psycopg2://", "postgresql://")  # as users write it
     result = run_study(
-        MODEL,
+        synthetic.model,
         "trec",
         "last-layer",
         storage=url,
-        options=StudyOptions.from_flat(
-            n_trials=4,
-            workers=2,
-            final_seeds=1,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device="cpu",
-            progress=False,
-            threads=1,
-            **SMALL,
-        ),
+        options=synthetic_options(synthetic, n_trials=4, workers=2, final_seeds=1, **SMALL),
     )[0]
     study = optuna.load_study(study_name=result.study_name, storage=open_storage(url, heartbeat_interval=None).rdb)
     assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]

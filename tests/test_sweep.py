@@ -226,17 +226,17 @@ default = 4
     assert not plan["final_done"].any()
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-def test_tiny_real_sweep_runs_to_budget_and_a_rerun_adds_nothing(tmp_path, data_dir, cache_dir):
+def test_tiny_real_sweep_runs_to_budget_and_a_rerun_adds_nothing(tmp_path, synthetic, no_model_loads):
     import optuna
 
+    synthetic.cache("trec", max_train=200, max_eval=150)  # the sweep's studies read these: no model loads
+    data_dir, cache_dir = synthetic.data_dir, synthetic.cache_dir
     storage = f"sqlite:///{tmp_path / 'sweep.db'}"
     path = write(
         tmp_path,
         f"""
 storage = "{storage}"
-models = ["minilm-l6"]
+models = ["{synthetic.model}"]
 encoders = ["last-layer", "deepset"]
 final_seeds = 2
 threads = 1

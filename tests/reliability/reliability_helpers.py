@@ -1,8 +1,10 @@
-"""Helpers shared by the reliability tests: the CLI in a subprocess, plain-SQLite reads, tmpfs mounts."""
+"""Helpers shared by the reliability tests: the CLI in a subprocess, plain-SQLite reads, tmpfs mounts, tiny
+task folders (fixtures live in conftest.py; the real trec subset is ``trec_cached`` of tests/conftest.py)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -16,19 +18,6 @@ import pytest
 MODEL = "minilm-l6"
 SMALL = ["--max-train", "240", "--max-eval", "160", "--max-epochs", "6"]
 SMALL_NAME = "train240:eval160:ep6"
-
-
-def cache_trec_subset(data_dir: Path, cache_dir: Path) -> Path:
-    """Train, validation and test embeddings of the trec subset of ``SMALL`` in ``cache_dir`` (the subset of
-    tests/test_study.py, so a session extracts it once; later calls are cache hits)."""
-    from ilge_search.cache import load_task_embeddings
-    from ilge_search.study.data import DataSpec, load_task_data
-
-    task = load_task_data(DataSpec(model=MODEL, task="trec", max_train=240, max_eval=160, data_dir=str(data_dir)))
-    load_task_embeddings(
-        MODEL, task, cache_dir=cache_dir, splits=["train", "validation", "test"], device="cpu", progress=False
-    )
-    return cache_dir
 
 
 def sqlite_url(path: Path) -> str:
@@ -89,6 +78,11 @@ def integrity(db: Path) -> str:
         return conn.execute("PRAGMA integrity_check").fetchone()[0]
 
 
+def trial_states(db: Path) -> Dict[int, str]:
+    """``{trial number: state}`` read with plain sqlite3 (what a second process sees mid-run)."""
+    return {number: state for number, (state, _) in trials(db).items()}
+
+
 def wait_for(condition, timeout: float, proc: "subprocess.Popen | None" = None, step: float = 0.05):
     """Poll ``condition()`` until it is truthy (its value is returned) or ``timeout`` passes (``None``)."""
     deadline = time.monotonic() + timeout
@@ -129,3 +123,30 @@ def fill(folder: Path) -> Path:
             while True:
                 handle.write(b"\0" * 4096)
     return filler
+
+
+def remount(target: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(target)], check=True, capture_output=True)
+
+
+def write_task(folder: Path, splits: Dict[str, List[dict]]) -> Path:
+    """A custom task folder: one JSONL file per split."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def sentences(count: int, start: int = 0) -> List[str]:
+    words = "river stone cloud lamp garden violin harbour pencil meadow copper lantern orchard".split()
+    return [
+        f"the {words[i % 12]} near the {words[(i * 5 + 3) % 12]} is number {i}" for i in range(start, start + count)
+    ]
+
+
+def labelled(count: int, labels: List[str], start: int = 0) -> List[dict]:
+    return [{"text": text, "label": labels[i % len(labels)]} for i, text in enumerate(sentences(count, start))]
+
+
+def temp_files(folder: Path) -> List[Path]:
+    return sorted(folder.rglob(".*.tmp-*")) if folder.is_dir() else []

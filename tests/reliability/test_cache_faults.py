@@ -7,6 +7,7 @@ otherwise). A process killed during extraction is a real subprocess killed with 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from faultkit import cli_command, labelled, remount, subprocess_env, temp_files, write_task
+from reliability_helpers import cli_command, labelled, remount, subprocess_env, temp_files, write_task
 
 from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.cli import cli
@@ -244,8 +245,6 @@ def test_a_temp_file_whose_entry_lock_is_held_is_kept_even_if_its_pid_looks_dead
     assert not (cache / "embeddings" / name).exists()
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
 def _size(path):
     try:
         return path.stat().st_size
@@ -292,3 +291,55 @@ def test_temp_file_of_a_sigkilled_extraction_is_removed_when_the_cache_is_next_o
     assert len(left) == 1 and left[0].stat().st_size > 400 * 7 * 384  # the whole file was allocated
     EmbeddingCache(cache)
     assert temp_files(cache) == []
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_sigkill_during_extraction_leaves_no_entry_that_reads_as_valid(tmp_path, data_dir):
+    rows = [json.loads(line) for line in (data_dir / "trec" / "train.jsonl").read_text().splitlines()[:600]]
+    task_file = tmp_path / "questions.jsonl"
+    task_file.write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in rows))
+    cache_dir = tmp_path / "cache"
+    embed = cli_command(
+        "embed",
+        "--model",
+        MODEL,
+        "--task",
+        str(task_file),
+        "--split",
+        "train",
+        "--batch-size",
+        "2",
+        "--cache-dir",
+        str(cache_dir),
+        "--device",
+        "cpu",
+        "--quiet",
+    )
+    proc = subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env())
+    embeddings = cache_dir / "embeddings"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if embeddings.is_dir() and list(embeddings.glob(".*.tmp-*")):
+                break  # the data file is being written, batch by batch
+            time.sleep(0.02)
+        time.sleep(0.3)
+        assert proc.poll() is None, "the extraction finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert list(embeddings.glob(".*.tmp-*"))  # the half-written file is there, under its temporary name
+    assert EmbeddingCache(cache_dir).ls() == []  # and nothing reads as an entry
+
+    rerun = subprocess.run(embed, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "train      extracted" in rerun.stdout and "cache hit" not in rerun.stdout
+    entries = EmbeddingCache(cache_dir).ls()
+    assert [(e.split, e.shape[1:]) for e in entries] == [("train", (7, 384))]
+    assert f"features {'x'.join(map(str, entries[0].shape))} float16" in rerun.stdout
+    assert EmbeddingCache(cache_dir)._read(entries[0].key) is not None  # size, header and checksum valid

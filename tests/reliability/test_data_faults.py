@@ -1,4 +1,5 @@
-"""Faulty task data is refused (or warned about) in one line, before any model loads.
+"""Faulty task data is refused (or warned about) in one line, before any model loads; so is every bad input of
+``ilge-search run`` (model, task, storage, options), with no side effects.
 
 Each test builds a tiny task in tmp_path; ``no_model_loads`` fails a test the moment a model or
 tokenizer would load, so "refused before the model" is checked, not assumed.
@@ -6,12 +7,15 @@ tokenizer would load, so "refused before the model" is checked, not assumed.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
+from typing import List
 
+import optuna
 import pytest
 from click.testing import CliRunner
-from faultkit import labelled, sentences, write_task
+from reliability_helpers import MODEL, labelled, sentences, sqlite_url, write_task
 
 from ilge_search.cache import load_task_embeddings
 from ilge_search.cli import cli
@@ -255,3 +259,124 @@ def test_streamed_lines_name_the_right_line_of_a_bad_byte_far_into_the_file(tmp_
     assert "line 2501, column 4" in str(streamed.value) and "0xe9" in str(streamed.value)
     path.write_bytes(b"\xef\xbb\xbfa\r\nb\n")
     assert list(iter_lines_utf8(path)) == [(1, "a\r\n"), (2, "b\n")]
+
+
+# ----------------------------------------------------------------------------- bad input through `ilge-search run`
+
+
+def _write_jsonl(path: Path, rows: List[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+GOOD_ROWS = [{"text": f"question number {i}", "label": "ab"[i % 2]} for i in range(20)]
+
+
+class TestBadInputHasClearMessageAndNoSideEffects:
+    """``ilge-search run`` with one bad input: exit 1, a message naming the problem, no model loaded, no cache
+    entry written, no study created or changed."""
+
+    @pytest.fixture(autouse=True)
+    def _no_model_loads(self, no_model_loads):
+        """Every case must fail before any model or tokenizer loads."""
+
+    @pytest.fixture()
+    def paths(self, tmp_path, data_dir):
+        """A storage that already holds one trec study, an empty cache and a few broken task files."""
+        db = tmp_path / "s.db"
+        study = optuna.create_study(study_name="mine", storage=sqlite_url(db), direction="maximize")
+        for key, value in {
+            "model": MODEL,
+            "task": "trec",
+            "encoder": "cayley",
+            "shots": None,
+            "max_train": None,
+            "max_eval": None,
+            "max_epochs": None,
+            "data_seed": 0,
+            "ilge_search_ready": True,
+        }.items():
+            study.set_user_attr(key, value)
+        study.add_trial(optuna.trial.create_trial(value=0.5, params={}, distributions={}))
+        _write_jsonl(tmp_path / "columns.jsonl", [{"sentence": r["text"], "label": r["label"]} for r in GOOD_ROWS])
+        _write_jsonl(
+            tmp_path / "empty.jsonl", [dict(r, text="" if i == 3 else r["text"]) for i, r in enumerate(GOOD_ROWS)]
+        )
+        _write_jsonl(tmp_path / "unseen" / "train.jsonl", GOOD_ROWS)
+        _write_jsonl(tmp_path / "unseen" / "test.jsonl", [{"text": "a new one", "label": "c"}])
+        _write_jsonl(
+            tmp_path / "nolabel.jsonl", [dict(r, label=None) if i == 5 else r for i, r in enumerate(GOOD_ROWS)]
+        )
+        return {"db": db, "cache": tmp_path / "cache", "dir": tmp_path, "data": data_dir}
+
+    CASES = {
+        "unknown model": (["--model", "no-such-model"], "is not a local folder, not an alias"),
+        "unknown task": (["--task", "no_such_task"], "unknown task 'no_such_task'"),
+        "missing column": (["--task", "{dir}/columns.jsonl"], "no column 'text' (columns present: sentence, label)"),
+        "empty text": (["--task", "{dir}/empty.jsonl"], "empty text(s) at row(s) 4"),
+        "label not in train": (["--task", "{dir}/unseen"], "label(s) that the train split does not have: 'c'"),
+        "missing label": (["--task", "{dir}/nolabel.jsonl"], "column 'label' has 1 missing label(s) at row(s) 6"),
+        "unreachable storage": (
+            ["--storage", "postgresql://postgres@127.0.0.1:1/none"],
+            # the storage is named as the user wrote it (storage.open_storage)
+            (
+                "cannot open the study storage postgresql://postgres@127.0.0.1:1/none: connection to server",
+                "Check the URL, that the database server is running",
+            ),
+        ),
+        "name reused for another task": (
+            ["--task", "sst2", "--study-name", "mine"],
+            "task: stored 'trec', requested 'sst2'",
+        ),
+        "name reused for another model": (
+            ["--model", "smollm2-135m", "--study-name", "mine"],
+            "model: stored 'minilm-l6', requested 'smollm2-135m'",
+        ),
+        "negative trials": (["--n-trials", "-1"], "Invalid value for '--n-trials'"),
+        "zero workers": (["--workers", "0"], "Invalid value for '--workers'"),
+        "unknown encoder": (["--encoder", "transformer"], "unknown encoder 'transformer'"),
+        "shots on a similarity task": (["--task", "stsb", "--shots", "4"], "needs a classification task"),
+    }
+
+    @pytest.mark.parametrize("case", list(CASES))
+    def test_run(self, case, paths):
+        overrides, message = self.CASES[case]
+        overrides = [item.format(dir=paths["dir"]) for item in overrides]
+        base = {
+            "--model": MODEL,
+            "--task": "trec",
+            "--storage": sqlite_url(paths["db"]),
+            "--data-dir": str(paths["data"]),
+            "--cache-dir": str(paths["cache"]),
+            "--device": "cpu",
+            "--n-trials": "1",
+            "--final-seeds": "0",
+        }
+        flags = [item for item in overrides[::2]]
+        args = ["run", "--quiet"]
+        for key, value in base.items():
+            if key not in flags:
+                args += [key, value]
+        args += overrides
+        studies_before = self._studies(paths["db"])
+
+        result = CliRunner().invoke(cli, args)
+
+        messages = (message,) if isinstance(message, str) else message
+        assert result.exit_code == (2 if messages[0].startswith("Invalid value") else 1), (
+            result.output,
+            result.exception,
+        )
+        assert all(part in " ".join(result.output.split()) for part in messages), result.output
+        assert "Traceback" not in result.output
+        assert not paths["cache"].exists() or not list(paths["cache"].rglob("*.safetensors"))
+        assert self._studies(paths["db"]) == studies_before  # no study created, none changed
+
+    @staticmethod
+    def _studies(db: Path):
+        storage = optuna.storages.RDBStorage(sqlite_url(db))
+        return sorted(
+            (s.study_name, s.n_trials, json.dumps(s.user_attrs, sort_keys=True))
+            for s in optuna.get_all_study_summaries(storage)
+        )

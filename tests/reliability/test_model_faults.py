@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from faultkit import labelled, write_task
+from reliability_helpers import labelled, write_task
 
 from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.classifier import ILGEClassifier

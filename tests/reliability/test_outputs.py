@@ -1,8 +1,9 @@
 """Default outputs never overwrite shipped or committed files.
 
 ``recommend`` writes the user's defaults file unless told ``--update-shipped``; ``recommended_config`` reads
-that file over the shipped one. ``report`` writes only into a folder it made (or with ``--force``) and removes
-only files it wrote before. Run on a copy of the committed storage ``reports/offline.db``.
+that file over the shipped one (run on a copy of the committed storage ``reports/offline.db``). ``report``
+writes only into a folder it made (or with ``--force``) and removes only files it wrote before (run on a small
+storage from the fake study store, into a copy of the committed ``reports/`` folder).
 """
 
 from __future__ import annotations
@@ -38,6 +39,23 @@ def storage_copy(tmp_path_factory):
     copy = tmp_path_factory.mktemp("committed") / "offline.db"
     shutil.copyfile(REPORTS / "offline.db", copy)
     return f"sqlite:///{copy}"
+
+
+@pytest.fixture(scope="module")
+def small_storage(tmp_path_factory):
+    """Cayley and the last layer under both protocols, with final scores (the fake study store): every kind of
+    file a report writes, from a storage that takes a moment to read."""
+    from ilge_search.record import Identity
+    from ilge_search.testing import FakeTrial, add_study, final_record
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('small') / 'studies.db'}"
+    for encoder, score in (("last-layer", 0.70), ("cayley", 0.80)):
+        for protocol, shift in (("matched", 0.0), ("paper", -0.05)):
+            per_label = 8 if protocol == "paper" else None
+            identity = Identity("minilm-l6", "trec", encoder, protocol=protocol, samples_per_label=per_label)
+            trials = [FakeTrial(score + 0.01 * i, params={"lr": 10.0 ** -(3 + i)}) for i in range(3)]
+            add_study(url, identity, trials=trials, final=final_record([score + shift, score + shift + 0.02]))
+    return url
 
 
 @pytest.fixture()
@@ -135,7 +153,7 @@ def report(storage: str, out: Path, *more: str):
     )
 
 
-def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(storage_copy, tmp_path):
+def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(small_storage, tmp_path):
     """The issue's case: `report` into the committed reports/ folder deleted its figures."""
     out = tmp_path / "reports"
     # the committed folder as a user might have it: figures and tables, but no manifest of ours
@@ -144,7 +162,7 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(stor
     before = tree(out)
     assert sum(name.startswith("figures/") for name in before) == len(list((REPORTS / "figures").glob("*.png"))) >= 36
 
-    refused = report(storage_copy, out)
+    refused = report(small_storage, out)
     assert refused.exit_code == 1
     assert (
         f"{out} is not empty and was not written by `ilge-search report` (it has no {MANIFEST_NAME}); pass a new "
@@ -152,7 +170,7 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(stor
     )
     assert tree(out) == before  # nothing written, nothing removed
 
-    forced = report(storage_copy, out, "--force")
+    forced = report(small_storage, out, "--force")
     assert forced.exit_code == 0, forced.output
     after = tree(out)
     assert set(before) <= set(after)  # every figure and the foreign file are still there
@@ -168,13 +186,13 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(stor
         "results.csv",
         "summary.csv",
     ]  # both protocols are stored
-    again = report(storage_copy, out)  # a folder the report wrote into: no --force needed
+    again = report(small_storage, out)  # a folder the report wrote into: no --force needed
     assert again.exit_code == 0, again.output
 
 
-def test_a_rerun_removes_only_stale_files_the_report_itself_wrote(storage_copy, tmp_path):
+def test_a_rerun_removes_only_stale_files_the_report_itself_wrote(small_storage, tmp_path):
     out = tmp_path / "r"
-    assert report(storage_copy, out).exit_code == 0  # a new folder: created, no --force
+    assert report(small_storage, out).exit_code == 0  # a new folder: created, no --force
     (out / "figures" / "old-layers.png").write_bytes(b"drawn by an earlier report")
     (out / "figures" / "mine-layers.png").write_bytes(b"the user's own")
     (tmp_path / "outside.txt").write_text("not the report's")
@@ -182,7 +200,7 @@ def test_a_rerun_removes_only_stale_files_the_report_itself_wrote(storage_copy, 
     manifest["files"] += ["figures/old-layers.png", "../outside.txt", "/etc/hostname"]
     (out / MANIFEST_NAME).write_text(json.dumps(manifest))
 
-    assert report(storage_copy, out).exit_code == 0
+    assert report(small_storage, out).exit_code == 0
     assert not (out / "figures" / "old-layers.png").exists()  # its own, no longer drawn: removed
     assert (out / "figures" / "mine-layers.png").read_bytes() == b"the user's own"  # never listed: kept
     assert (tmp_path / "outside.txt").read_text() == "not the report's"  # outside the folder: never touched
@@ -190,13 +208,13 @@ def test_a_rerun_removes_only_stale_files_the_report_itself_wrote(storage_copy, 
     assert "figures/old-layers.png" not in json.loads((out / MANIFEST_NAME).read_text())["files"]
 
 
-def test_report_out_that_is_a_file_is_a_clear_error(storage_copy, tmp_path):
+def test_report_out_that_is_a_file_is_a_clear_error(small_storage, tmp_path):
     target = tmp_path / "report.md"
     target.write_text("keep")
-    result = report(storage_copy, target)
+    result = report(small_storage, target)
     assert result.exit_code == 2 and "is a file" in result.output  # click's own check of --out
     from ilge_search.report import build_report
 
     with pytest.raises(ValueError, match="is a file, not a folder"):
-        build_report(storage_copy, target, figures=False, progress=False)
+        build_report(small_storage, target, figures=False, progress=False)
     assert target.read_text() == "keep"

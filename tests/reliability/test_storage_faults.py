@@ -22,7 +22,6 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 from reliability_helpers import (
     MODEL,
-    cache_trec_subset,
     cli_command,
     fill,
     integrity,
@@ -36,12 +35,6 @@ from reliability_helpers import (
 )
 
 from ilge_search.cli import cli
-
-
-@pytest.fixture(scope="module")
-def trec_cached(data_dir, cache_dir):
-    return cache_trec_subset(data_dir, cache_dir)
-
 
 # ----------------------------------------------------------------------------- the schema-creation race
 
@@ -303,3 +296,29 @@ def test_the_dashboard_listens_beyond_loopback_only_when_allowed(tmp_path):
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0 and "dashboard stopped" in rest
+
+
+# ----------------------------------------------------------------------------- four workers on one file
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_four_workers_on_one_sqlite_file_finish_every_trial(tmp_path, data_dir, trec_cached):
+    db = tmp_path / "four.db"
+    result = subprocess.run(
+        cli_command(
+            *run_args(db, data_dir, trec_cached, "--encoder", "last-layer", "--workers", "4", "--n-trials", "8")
+        ),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "database is locked" not in result.stderr + result.stdout
+    states = {number: state for number, (state, _) in trials(db).items()}
+    assert sorted(states) == list(range(8))
+    assert set(states.values()) == {"COMPLETE"}
+    study = optuna.load_study(study_name=f"{MODEL}:trec:last-layer:train240:eval160:ep6", storage=sqlite_url(db))
+    assert all(t.user_attrs.get("val_metric") is not None for t in study.trials)
+    assert integrity(db) == "ok"

@@ -15,7 +15,6 @@ from pathlib import Path
 import optuna
 import pytest
 from click.testing import CliRunner
-from reliability_helpers import cache_trec_subset
 
 from ilge_search.cli import cli
 from ilge_search.study import StudyOptions, SweepEntry, run_study
@@ -24,11 +23,6 @@ from ilge_search.study.identity import DataChangedError, check_identity
 MODEL = "minilm-l6"
 SUBSET = dict(max_train=240, max_eval=160, max_epochs=4)
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
-
-
-@pytest.fixture(scope="module")
-def trec_cached(data_dir, cache_dir):
-    return cache_trec_subset(data_dir, cache_dir)
 
 
 def sqlite_url(path: Path) -> str:
