@@ -239,3 +239,27 @@ def test_function_check_finds_a_long_and_a_wide_function(tmp_path):
         "study/probe.py:1 long has 101 lines (at most 100); split it",
         "study/probe.py:104 wide takes 13 parameters (at most 12); group them in a dataclass",
     ]
+
+
+# the study record is the one reader and writer of what ilge-search stores on studies and trials;
+# storage.py stamps the process that runs a trial
+USER_ATTR_MODULES = {"record.py", "storage.py"}
+
+
+def _touches_user_attrs(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in ("user_attrs", "set_user_attr"):
+            return True
+    return False
+
+
+def test_only_the_record_and_the_storage_touch_user_attrs():
+    touching = {str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py")) if _touches_user_attrs(path)}
+    assert touching <= USER_ATTR_MODULES, f"read and write study and trial attrs through ilge_search.record: {touching}"
+
+
+def test_user_attr_check_finds_an_access(tmp_path):
+    (tmp_path / "reads.py").write_text("def f(study):\n    return study.user_attrs.get('x')\n", encoding="utf-8")
+    (tmp_path / "writes.py").write_text("def g(trial):\n    trial.set_user_attr('x', 1)\n", encoding="utf-8")
+    (tmp_path / "clean.py").write_text("def h(record):\n    return record.final\n", encoding="utf-8")
+    assert [_touches_user_attrs(tmp_path / n) for n in ("reads.py", "writes.py", "clean.py")] == [True, True, False]
