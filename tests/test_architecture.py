@@ -243,7 +243,7 @@ def test_function_check_finds_a_long_and_a_wide_function(tmp_path):
 
 # the study record is the one reader and writer of what ilge-search stores on studies and trials;
 # storage.py stamps the process that runs a trial
-USER_ATTR_MODULES = {"record.py", "storage.py"}
+USER_ATTR_MODULES = {"storage.py"}  # and every module of the record package, ilge_search/record/
 
 
 def _touches_user_attrs(path: Path) -> bool:
@@ -255,7 +255,8 @@ def _touches_user_attrs(path: Path) -> bool:
 
 def test_only_the_record_and_the_storage_touch_user_attrs():
     touching = {str(path.relative_to(PACKAGE)) for path in sorted(PACKAGE.rglob("*.py")) if _touches_user_attrs(path)}
-    assert touching <= USER_ATTR_MODULES, f"read and write study and trial attrs through ilge_search.record: {touching}"
+    outside = {path for path in touching if not path.startswith("record/")}
+    assert outside <= USER_ATTR_MODULES, f"read and write study and trial attrs through ilge_search.record: {outside}"
 
 
 def test_user_attr_check_finds_an_access(tmp_path):

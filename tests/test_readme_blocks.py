@@ -72,9 +72,7 @@ def shrunk_run_study(monkeypatch):
         inspect.signature(run_study).bind(*args, **kwargs)  # what the README passes must exist
         calls.append(kwargs)
         options = kwargs.get("options") or StudyOptions()
-        return run_study(
-            *args, options=StudyOptions.from_flat(**{**kwargs, "options": options.replace(**SHRUNK_STUDY)})
-        )
+        return run_study(*args, **{**kwargs, "options": options.replace(**SHRUNK_STUDY)})
 
     monkeypatch.setattr(ilge_search, "run_study", shrunk)
     return calls

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
-    from .configs import EncoderConfig
+    from ..configs import EncoderConfig
 
 __all__ = [
     "RECORD_VERSION",
@@ -725,7 +725,7 @@ def trial_config(trial: Any) -> EncoderConfig:
     Raises:
         ValueError: the trial recorded none (it failed before its configuration was drawn).
     """
-    from .configs import config_from_dict
+    from ..configs import config_from_dict
 
     config = trial_record(trial).config
     if not config:

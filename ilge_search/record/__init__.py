@@ -1,0 +1,12 @@
+"""The study record: everything ilge-search stores on an Optuna study or trial, typed and versioned.
+
+The package's other modules read and write study and trial attrs only through the names re-exported here
+(see :mod:`ilge_search.record.core` for the format and its versions). Each topic with its own stored
+record (ensembles, portfolios, token studies ...) has a module beside ``core``; together with
+:mod:`ilge_search.storage` they are the only modules that touch Optuna user attrs.
+"""
+
+from .core import *  # noqa: F403
+from .core import __all__ as _core_all
+
+__all__ = list(_core_all)
