@@ -44,6 +44,12 @@ from .group import FORMAT_OPTION, cli, location_options, storage_option
     default=None,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
+@click.option(
+    "--ensemble",
+    is_flag=True,
+    help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
+    "weights and the mix, used like one model.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
 @location_options
 def export_command(
@@ -55,6 +61,7 @@ def export_command(
     retrain: bool,
     trial_number: Optional[int],
     artifact_dir,
+    ensemble: bool,
     overwrite: bool,
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
@@ -65,6 +72,8 @@ def export_command(
     from ..classifier import ILGEClassifier, check_save_folder
 
     check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
+    if ensemble and (retrain or trial_number is not None):
+        raise click.UsageError("--ensemble exports the stored ensemble; drop --retrain and --trial")
     clf = ILGEClassifier.from_study(
         storage,
         study_name,
@@ -75,9 +84,15 @@ def export_command(
         cache_dir=settings.cache_dir,
         device=settings.device,
         trial=trial_number,
+        ensemble=ensemble,
     )
     clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
+    if ensemble:
+        members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
+        test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
+        click.echo(f"exported the ensemble of study {p['study']} to {out_dir}: {members}, seed {p['seed']}{test}")
+        return
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(
         f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "

@@ -10,3 +10,4 @@ from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
 __all__ = list(_core_all)
+from .ensemble import *  # noqa: F403, E402
