@@ -180,6 +180,7 @@ def _study(url, name):
     return optuna.load_study(study_name=name, storage=url)
 
 
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
 def test_run_with_ensemble_stores_the_ensemble_beside_the_selected_trial(ensembled):
     study = _study(ensembled["url"], ensembled["trec"])
     record = ensemble_record(study)
@@ -197,6 +198,7 @@ def test_run_with_ensemble_stores_the_ensemble_beside_the_selected_trial(ensembl
     assert "ensemble_val_predictions" not in study.user_attrs
 
 
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
 def test_export_and_predict_give_the_mean_of_the_members_probabilities(ensembled, tmp_path):
     synthetic = ensembled["synthetic"]
     out = tmp_path / "ensemble"
@@ -230,6 +232,7 @@ def test_export_and_predict_give_the_mean_of_the_members_probabilities(ensembled
     assert len(rows) == 3 and probs.shape == (3, len(clf.classes_))
 
 
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
 def test_the_ensemble_command_backfills_and_scores_sizes(ensembled):
     study = _study(ensembled["url"], ensembled["stsb"])
     synthetic = ensembled["synthetic"]
@@ -250,6 +253,7 @@ def test_the_ensemble_command_backfills_and_scores_sizes(ensembled):
     assert sorted(int(n) for n in backfilled) == complete and {e["seed"] for e in backfilled.values()} == {0}
 
 
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
 def test_ensemble_refuses_multi_objective_studies_in_one_line(ensembled):
     from ilge_search.record import Identity
     from ilge_search.testing.store import FakeTrial, add_study
@@ -261,3 +265,40 @@ def test_ensemble_refuses_multi_objective_studies_in_one_line(ensembled):
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     missing = invoke("ensemble", "--storage", ensembled["url"], "--study", "nope", "--size", "3")
     assert missing.exit_code != 0 and "no study 'nope'" in missing.output
+
+
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
+def test_studies_tables_notes_and_the_report_show_the_ensemble(ensembled, tmp_path):
+    from ilge_search.report.ensembles import draw_ensemble_figure, ensemble_frame, ensemble_rows, ensemble_sentences
+    from ilge_search.study import format_results, study_result
+    from ilge_search.study.notes import write_study_note
+
+    study = _study(ensembled["url"], ensembled["trec"])
+    listed = invoke("studies", "--storage", ensembled["url"], "--format", "json")
+    rows = {row["study"]: row for row in json.loads(listed.output)}
+    stored = ensemble_record(study)
+    assert rows[ensembled["trec"]]["ensemble_k"] == 3
+    assert rows[ensembled["trec"]]["ensemble_test_mean"] == pytest.approx(stored.ensemble.test_mean)
+    table = format_results([study_result(study)])
+    assert "ensemble test (K, vs selected)" in table and f"{stored.ensemble.test_mean:.4f}" in table
+    note = write_study_note(study)
+    assert "### Ensembles" in note and "| K = 3 |" in note
+    frame = ensemble_frame([study])
+    assert list(frame["k"]) == [3] and frame["ensemble"].iloc[0] == pytest.approx(stored.ensemble.test_mean * 100)
+    header, table_rows = ensemble_rows(frame)
+    assert len(table_rows) == 1 and len(table_rows[0]) == len(header)
+    assert ensemble_sentences(frame)[0].startswith("K = 3: ensemble minus selected trial")
+    assert draw_ensemble_figure(frame, tmp_path / "vs-k.png") and (tmp_path / "vs-k.png").stat().st_size > 0
+
+
+def test_grids_and_the_command_line_take_an_ensemble_size(tmp_path):
+    from ilge_search.study import load_sweep
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley"]\nensemble = 3\n[tasks.trec]\n', encoding="utf-8")
+    assert load_sweep(grid).study_options().final.ensemble == 3
+    assert StudyOptions().final.ensemble == 0  # off unless asked for (reports/ensembles.md)
+    with pytest.raises(ValueError, match="ensemble"):
+        StudyOptions.from_flat(ensemble=-1)
+    help_text = invoke("run", "--help").output
+    assert "--ensemble" in help_text and "greedily" in help_text

@@ -569,6 +569,7 @@ def ensemble_study(
     loading any data."""
     from ..storage import Storage, open_storage
     from .export import load_run_study, load_training_data
+    from .notes import write_study_note
     from .options import FinalOptions
 
     opened = (
@@ -597,7 +598,12 @@ def ensemble_study(
     data = load_training_data(
         study, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress, with_test=True
     )
-    return ensemble_evaluation(study, data, run)
+    out = ensemble_evaluation(study, data, run)
+    try:  # the dashboard's study note shows the ensemble; a note is for reading and never fails the command
+        write_study_note(study)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("%s: could not rewrite its dashboard note: %s", study_name, exc)
+    return out
 
 
 def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
