@@ -767,7 +767,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}
         shape.update(num_classes=len(classes) or None, score_range=score_range)
         if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
-            from .study.ensemble import build_ensemble
+            from .engine.ensemble import build_ensemble
 
             model = build_ensemble({**shape, "ensemble": meta["ensemble"]})
         else:
