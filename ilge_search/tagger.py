@@ -30,7 +30,7 @@ from .models import model_reference_to_load, model_reference_to_save, resolve_de
 from .validation import ArgumentTypeError, check_choice, check_int
 from .words import WORD_POOLINGS, check_sentences
 
-__all__ = ["ILGETagger", "FORMAT_VERSION"]
+__all__ = ["ILGETagger", "FORMAT_VERSION", "META_FILE", "check_tagger_folder"]
 
 FORMAT = "ilge-search-tagger"
 FORMAT_VERSION = 1
@@ -443,6 +443,16 @@ class ILGETagger(BaseEstimator):
         if isinstance(found.config, BestLayerConfig):
             tagger.best_layer_ = found.config.layer
         return tagger
+
+
+def check_tagger_folder(path: PathLike) -> Path:
+    """``path`` if :meth:`ILGETagger.save` may write there (a new or empty folder, or an earlier save);
+    else a one-line ``ValueError``, before any work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a folder; the tagger is saved as a folder")
+    _refuse_foreign_files(path)
+    return path
 
 
 def _refuse_foreign_files(path: Path) -> None:

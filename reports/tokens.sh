@@ -12,7 +12,9 @@ TRIALS=${TRIALS:-1}      # trials per study: 1 = the starting (recommended) conf
 EPOCHS=${EPOCHS:-4}      # epoch cap of every training run
 SEEDS=${SEEDS:-3}        # final seeds, each scored once on test
 ENCODERS=${ENCODERS:-"last-layer mlp-last cayley-word cayley best-layer"}
-for model in "${@:-minilm-l6 smollm2-135m}"; do
+MODELS=("$@")
+[ ${#MODELS[@]} -gt 0 ] || MODELS=(minilm-l6 smollm2-135m)
+for model in "${MODELS[@]}"; do
   for encoder in $ENCODERS; do
     ilge-search --data-dir "$DATA_DIR" run --model "$model" --task ud_ewt_pos --encoder "$encoder" \
       --storage sqlite:///reports/tokens.db --max-train "$TRAIN" --max-eval "$EVAL" \

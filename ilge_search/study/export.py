@@ -45,6 +45,7 @@ __all__ = [
     "load_run_study",
     "selected_trial",
     "chosen_trial",
+    "study_task_kind",
     "STUDY_TOKEN_POOLING",
     "STUDY_MAX_LENGTH",
 ]
@@ -121,6 +122,14 @@ def _open_study(storage: str | Storage | None, study_name: str) -> tuple[Storage
     if not count_trials(study, ("COMPLETE",)):
         raise ValueError(f"study {study_name!r} has no complete trial yet; run it first (`ilge-search run`)")
     return opened, study
+
+
+def study_task_kind(storage: str | Storage | None, study_name: str) -> str:
+    """The task kind a study made by ``ilge-search run`` was run on (``classification``, ``similarity`` or
+    ``tagging``), read from its record without loading any model."""
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    study = load_run_study(opened, study_name, purpose="exported")
+    return str(_data(study_record(study)).task_kind or "classification")
 
 
 def _base_model(name: str) -> str:
