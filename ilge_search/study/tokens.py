@@ -101,7 +101,7 @@ def tagging_calibration_data(
     parts = {}
     for name, count in counts.items():
         split = splits[name]
-        offsets = np.asarray(split.word_offsets()[: count + 1], dtype=np.int64)
+        offsets = np.asarray(split.word_offsets[: count + 1], dtype=np.int64)
         words = int(offsets[-1])
         features = torch.randn((words, layers, width), generator=generator).half()
         parts[name] = ((features, offsets), torch.from_numpy(np.asarray(split.labels[:words], dtype=np.int64)))
