@@ -83,6 +83,7 @@ def test_every_encoder_runs_trials_and_a_final_evaluation_on_words(setup, result
         trials = [trial_record(t) for t in study.trials]
         assert len(trials) == 1 and all(t.latency_ms and t.latency_ms > 0 for t in trials)
         assert all(t.epochs_run and t.epochs_run <= 2 for t in trials)
+        assert all(t.val_macro_f1 is not None and 0.0 <= t.val_macro_f1 <= 1.0 for t in trials)
     # the tags follow each word's spelling: reading every layer of a word beats its last layer alone
     scores = {r.encoder: r.test_mean for r in results}
     assert scores["cayley-word"] > scores["last-layer"]

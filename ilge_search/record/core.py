@@ -703,6 +703,7 @@ class TrialRecord:
     fold_best_epochs: list[int] = field(default_factory=list)
     pruned_fold: int | None = None
     recommended: bool = False
+    val_macro_f1: float | None = None  # tagging: macro-F1 over the validation words at the best epoch
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
