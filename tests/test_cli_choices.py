@@ -25,6 +25,7 @@ from ilge_search.protocol import PROTOCOLS
 from ilge_search.study import ENCODER_CHOICES, SELECTION_RULES
 from ilge_search.study.options import FLAT_NAMES, option_default, option_help
 from ilge_search.tuning import PRUNERS, SAMPLERS
+from ilge_search.words import WORD_POOLINGS
 
 # option name (its Python name) -> the library constant of its choices, whichever command has it
 LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
@@ -36,6 +37,7 @@ LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
     "storage_dtype": tuple(STORAGE_DTYPES),
     "families": ENCODER_FAMILIES,
     "fmt": EXPLAIN_FORMATS,
+    "word_pooling": WORD_POOLINGS,
 }
 # the commands that build StudyOptions from their options (others reuse a few names for other things:
 # `export --seed`, `loto --final-seeds`); --data-dir, --cache-dir and --device are every command's
