@@ -709,9 +709,9 @@ def load_task(
             ``val_fraction`` of train becomes one (whole sentences for tagging).
 
     Raises:
-        TaskError (a ValueError): unknown task, missing files or columns, empty texts,
-        labels in validation/test that train lacks; for tagging also an empty sentence, a word that is not
-        a non-empty string, or a row whose numbers of words and tags differ.
+        TaskError: (a ValueError) unknown task, missing files or columns, empty texts,
+            labels in validation/test that train lacks; for tagging also an empty sentence, a word that is
+            not a non-empty string, or a row whose numbers of words and tags differ.
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path
