@@ -484,9 +484,18 @@ def _tagging_task(spec: TaskSpec, tables: Dict[str, Table], cols: _Columns, sour
 
 
 _WARNED: set = set()  # (source, warning) pairs already shown by this process
+_QUIET = {"data warnings": False}
+
+
+def quiet_data_warnings() -> None:
+    """Show no warning about task data from now on in this process. A study's worker process calls it: the
+    process that started it loaded the same data first and showed them, so a run says each once."""
+    _QUIET["data warnings"] = True
 
 
 def _warn_once(task: TaskData, message: str) -> None:
+    if _QUIET["data warnings"]:
+        return
     if (task.source, message) not in _WARNED:
         _WARNED.add((task.source, message))
         log.warning(message)
