@@ -61,7 +61,8 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     built-in defaults, the marginal rule's and each problem's top trials. Cells are stored in the storage: a
     rerun trains only what is missing, and processes on one storage share the work.
     """
-    from ..defaults.portfolio import PortfolioRequest, TrainingSetup, portfolio
+    from ..defaults.portfolio import PortfolioRequest, TrainingSetup
+    from ..defaults.transfer import portfolio
 
     study_logging(quiet)
     request = PortfolioRequest(

@@ -44,13 +44,12 @@ from ..record import (
     claim_cell,
     finish_cell,
     portfolio_study_name,
-    save_portfolio_choice,
     stored_cells,
     study_record,
     trial_config,
     trial_record,
 )
-from ..storage import Storage, fail_stale_trials, hide_password, open_storage
+from ..storage import WORKER_ATTR, Storage, fail_stale_trials, hide_password, open_storage, worker_stamp
 from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, portfolio_value
@@ -73,7 +72,11 @@ __all__ = [
     "plan_cells",
     "train_cells",
     "build_matrix",
-    "portfolio",
+    "choose",
+    "estimate_seconds",
+    "portfolio_study",
+    "read_matrix",
+    "stored_scores",
 ]
 
 logger = logging.getLogger(__name__)
@@ -298,6 +301,10 @@ def plan_cells(
     return cells
 
 
+def _stamp(number: int) -> tuple[str, Any]:
+    return WORKER_ATTR, worker_stamp(number)
+
+
 def _train_one(config: Any, data: Any, seed: int, device: str) -> CellScores:
     import time
 
@@ -323,7 +330,7 @@ def _train_one(config: Any, data: Any, seed: int, device: str) -> CellScores:
     )
 
 
-def _portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> Any:
+def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> Any:
     import optuna
 
     name = portfolio_study_name(family, bucket)
@@ -347,7 +354,7 @@ def train_cells(
     from ..study.export import load_training_data
 
     storage = open_storage(storage_url)
-    study = _portfolio_study(storage, request.family, request.bucket, create=True)
+    study = portfolio_study(storage, request.family, request.bucket, create=True)
     fail_stale_trials(study, storage)  # claims of processes of this host that died are free again
     done, running = stored_cells(study)
     todo = [c for c in cells if c.key.digest not in done and c.key.digest not in running]
@@ -363,7 +370,7 @@ def train_cells(
     trained = skipped = 0
     try:
         for cell in tqdm(todo, desc=f"{request.family} matrix", unit="cell", disable=not setup.progress):
-            trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key)
+            trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key, _stamp)
             if trial_id is None:
                 skipped += 1
                 continue
@@ -408,7 +415,7 @@ def read_matrix(
     import numpy as np
 
     storage = open_storage(storage_url, must_exist=True)
-    study = _portfolio_study(storage, request.family, request.bucket, create=False)
+    study = portfolio_study(storage, request.family, request.bucket, create=False)
     done, running = stored_cells(study) if study is not None else ({}, set())
     sums: dict[tuple[int, int], list[CellScores]] = {}
     missing = busy = 0
@@ -430,7 +437,7 @@ def read_matrix(
 def stored_scores(storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell]) -> dict[str, CellScores]:
     """Digest -> scores of the stored cells among ``cells``."""
     storage = open_storage(storage_url, must_exist=True)
-    study = _portfolio_study(storage, request.family, request.bucket, create=False)
+    study = portfolio_study(storage, request.family, request.bucket, create=False)
     done, _ = stored_cells(study) if study is not None else ({}, set())
     wanted = {c.key.digest for c in cells}
     return {digest: cell.scores for digest, cell in done.items() if digest in wanted}
@@ -515,89 +522,6 @@ def estimate_seconds(cells: Sequence[PlannedCell], problems: Sequence[MatrixProb
         problems[c.problem].seconds or fallback
         for c in {c.key.digest: c for c in cells}.values()
         if c.key.digest in missing
-    )
-
-
-def portfolio(
-    storage_url: str,
-    request: PortfolioRequest,
-    setup: TrainingSetup = TrainingSetup(),
-    *,
-    dry_run: bool = False,
-    check: bool = False,
-    workers: int = 1,
-) -> PortfolioResult:
-    """Build (train what is missing), store and choose from the cross-task matrix of ``request``.
-
-    With ``dry_run`` nothing is trained or created: the result says how many cells are missing and
-    ``estimated_seconds``. With ``check`` the left-out checks of :mod:`~ilge_search.defaults.transfer`
-    run too (their extra cells trained). ``workers`` processes train at once, sharing the cells through
-    the storage as processes on other hosts would. The choice is stored on the portfolio study (where ``run
-    --warm-start`` reads it) only when no problem was excluded.
-
-    Raises:
-        ValueError: a bad request, excluded names without problems, no problem at all.
-    """
-    from .transfer import held_out_cells, held_out_check
-
-    rule_problems, result, cells = build_matrix(storage_url, request)
-    extra = held_out_cells(request, rule_problems, result) if check else []
-    everything = [*cells, *extra]
-    done = stored_scores(storage_url, request, everything)
-    missing = {c.key.digest for c in everything} - set(done)
-    result.planned = len({c.key.digest for c in everything})
-    result.estimated_seconds = estimate_seconds(everything, result.problems, missing)
-    if dry_run:
-        return choose(result)
-    if missing:
-        result.trained = _train_in_processes(storage_url, request, everything, result.problems, setup, workers)
-        result.matrix = read_matrix(storage_url, request, cells, result.matrix.validation.shape)
-    choose(result)
-    if check:
-        result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
-    if result.default is not None and not request.excludes:
-        _store_choice(storage_url, result)
-    return result
-
-
-def _train_in_processes(
-    storage_url: str,
-    request: PortfolioRequest,
-    cells: Sequence[PlannedCell],
-    problems: Sequence[MatrixProblem],
-    setup: TrainingSetup,
-    workers: int,
-) -> int:
-    """Train ``cells`` in ``workers`` processes (this one shows the progress); the cells trained."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    check_int("workers", workers)
-    if workers == 1:
-        return train_cells(storage_url, request, cells, problems, setup)[0]
-    quiet = TrainingSetup(setup.data_dir, setup.cache_dir, setup.device, setup.threads, progress=False)
-    # each helper starts at a different problem, so that the claims rarely collide
-    starts = [i * len(cells) // workers for i in range(1, workers)]
-    with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [
-            pool.submit(train_cells, storage_url, request, [*cells[k:], *cells[:k]], problems, quiet) for k in starts
-        ]
-        trained = train_cells(storage_url, request, cells, problems, setup)[0]
-        return trained + sum(f.result()[0] for f in futures)
-
-
-def _store_choice(storage_url: str, result: PortfolioResult) -> None:
-    storage = open_storage(storage_url)
-    study = _portfolio_study(storage, result.request.family, result.request.bucket, create=True)
-    save_portfolio_choice(
-        study,
-        {
-            "default": result.candidates[result.default].config if result.default is not None else None,
-            "portfolio": [result.candidates[i].config for i in result.portfolio],
-            "problems": [p.study for p in result.problems],
-            "seeds": result.request.seed_list,
-            "top_k": result.request.top_k,
-        },
     )
 
 

@@ -29,21 +29,41 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..record import save_portfolio_choice
 from ..scores import score_unit
+from ..storage import open_storage
+from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise
 from .portfolio import (
     BUILTIN,
+    MatrixProblem,
     PlannedCell,
     PortfolioRequest,
     PortfolioResult,
+    TrainingSetup,
+    build_matrix,
+    choose,
+    estimate_seconds,
     marginal_values,
     plan_cells,
+    portfolio_study,
+    read_matrix,
     start_config_dict,
     stored_scores,
+    train_cells,
 )
 from .problems import Problem
 
-__all__ = ["METHODS", "Fold", "HeldOut", "folds", "held_out_cells", "held_out_check", "shipping_verdict"]
+__all__ = [
+    "METHODS",
+    "Fold",
+    "HeldOut",
+    "folds",
+    "held_out_cells",
+    "held_out_check",
+    "shipping_verdict",
+    "portfolio",
+]
 
 METHODS = ("marginal", "portfolio_default", "portfolio_best")  # compared with the built-in defaults
 
@@ -217,3 +237,88 @@ def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default") -> tu
         )
     ok = bool(wins) and all(wins)
     return ok, ("shipped" if ok else "built-in kept") + f" ({'; '.join(parts) or 'no left-out rows'})"
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def portfolio(
+    storage_url: str,
+    request: PortfolioRequest,
+    setup: TrainingSetup | None = None,
+    *,
+    dry_run: bool = False,
+    check: bool = False,
+    workers: int = 1,
+) -> PortfolioResult:
+    """Build (train what is missing), store and choose from the cross-task matrix of ``request``.
+
+    With ``dry_run`` nothing is trained or created: the result says how many cells are missing and
+    ``estimated_seconds``. With ``check`` the left-out checks of :mod:`~ilge_search.defaults.transfer`
+    run too (their extra cells trained). ``workers`` processes train at once, sharing the cells through
+    the storage as processes on other hosts would. The choice is stored on the portfolio study (where ``run
+    --warm-start`` reads it) only when no problem was excluded.
+
+    Raises:
+        ValueError: a bad request, excluded names without problems, no problem at all.
+    """
+    setup = setup or TrainingSetup()
+    rule_problems, result, cells = build_matrix(storage_url, request)
+    extra = held_out_cells(request, rule_problems, result) if check else []
+    everything = [*cells, *extra]
+    done = stored_scores(storage_url, request, everything)
+    missing = {c.key.digest for c in everything} - set(done)
+    result.planned = len({c.key.digest for c in everything})
+    result.estimated_seconds = estimate_seconds(everything, result.problems, missing)
+    if dry_run:
+        return choose(result)
+    if missing:
+        result.trained = _train_in_processes(storage_url, request, everything, result.problems, setup, workers)
+        result.matrix = read_matrix(storage_url, request, cells, result.matrix.validation.shape)
+    choose(result)
+    if check:
+        result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
+    if result.default is not None and not request.excludes:
+        _store_choice(storage_url, result)
+    return result
+
+
+def _train_in_processes(
+    storage_url: str,
+    request: PortfolioRequest,
+    cells: Sequence[PlannedCell],
+    problems: Sequence[MatrixProblem],
+    setup: TrainingSetup,
+    workers: int,
+) -> int:
+    """Train ``cells`` in ``workers`` processes (this one shows the progress); the cells trained."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    check_int("workers", workers)
+    if workers == 1:
+        return train_cells(storage_url, request, cells, problems, setup)[0]
+    quiet = TrainingSetup(setup.data_dir, setup.cache_dir, setup.device, setup.threads, progress=False)
+    # each helper starts at a different problem, so that the claims rarely collide
+    starts = [i * len(cells) // workers for i in range(1, workers)]
+    with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [
+            pool.submit(train_cells, storage_url, request, [*cells[k:], *cells[:k]], problems, quiet) for k in starts
+        ]
+        trained = train_cells(storage_url, request, cells, problems, setup)[0]
+        return trained + sum(f.result()[0] for f in futures)
+
+
+def _store_choice(storage_url: str, result: PortfolioResult) -> None:
+    storage = open_storage(storage_url)
+    study = portfolio_study(storage, result.request.family, result.request.bucket, create=True)
+    save_portfolio_choice(
+        study,
+        {
+            "default": result.candidates[result.default].config if result.default is not None else None,
+            "portfolio": [result.candidates[i].config for i in result.portfolio],
+            "problems": [p.study for p in result.problems],
+            "seeds": result.request.seed_list,
+            "top_k": result.request.top_k,
+        },
+    )

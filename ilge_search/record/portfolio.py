@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -110,17 +110,17 @@ def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, Any]) -> i
     return int(rdb.create_new_trial(study_id, template_trial=template))
 
 
-def claim_cell(storage: Any, study: Any, key: CellKey) -> int | None:
+def claim_cell(storage: Any, study: Any, key: CellKey, stamp: Callable[[int], tuple[str, Any]]) -> int | None:
     """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's
-    RUNNING or COMPLETE claim came first (this one is then abandoned)."""
-    from ..storage import WORKER_ATTR, worker_stamp
-
+    RUNNING or COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker
+    stamp (attr name and value) that lets :func:`ilge_search.storage.fail_stale_trials` free the claim
+    of a process that died."""
     rdb = storage.rdb
     study_id = rdb.get_study_id_from_name(study.study_name)
     digest = key.digest
     trial_id = _create_running(rdb, study_id, {_CELL_ATTR: digest, _KEY_ATTR: asdict(key)})
     number = rdb.get_trial_number_from_id(trial_id)
-    rdb.set_trial_user_attr(trial_id, WORKER_ATTR, worker_stamp(number))
+    rdb.set_trial_user_attr(trial_id, *stamp(number))
     owner = min(cell_owners(study).get(digest, [number]))
     if owner != number:
         abandon_cell(storage, trial_id, duplicate=True)
