@@ -208,3 +208,40 @@ def test_json_shape(built, synthetic):
     )
     assert data["default"]["candidate"] == data["portfolio"][0]["candidate"]
     assert data["scores"][0][0] == pytest.approx(result.matrix.validation[0, 0], abs=1e-6)
+
+
+def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(studies, synthetic, tmp_path, no_model_loads):
+    from ilge_search.configs import CayleyConfig
+    from ilge_search.record import save_portfolio_choice, study_record, trial_record
+    from ilge_search.study import run_study
+    from ilge_search.study.trial import config_params, recommended_params
+
+    url = copy_of(studies, tmp_path)
+    folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
+    options = StudyOptions.from_flat(
+        device="cpu", threads=1, progress=False, seed=0, max_epochs=2, n_trials=4, final_seeds=0, **folders, **DATA
+    )
+    # no portfolio in the storage and none shipped for this bucket: one clear line, nothing created
+    before = {s.study_name for s in optuna.get_all_study_summaries(url)}
+    with pytest.raises(ValueError, match=r"--warm-start 2: .* run `ilge-search portfolio"):
+        run_study(synthetic.model, "trec", "cayley", storage=url, options=options.replace(warm_start=2))
+    assert {s.study_name for s in optuna.get_all_study_summaries(url)} == before
+    # a stored portfolio: the start configuration first, then the members that differ from it, in order
+    members = [
+        CayleyConfig(lr=3e-3, gnn_layers=2, hidden_dim=128).to_dict(),
+        CayleyConfig(lr=3e-4, gnn_layers=1, hidden_dim=512).to_dict(),
+        CayleyConfig(lr=1e-3, gnn_layers=3, hidden_dim=256).to_dict(),
+    ]
+    opened = open_storage(url)
+    study = optuna.create_study(study_name=portfolio_study_name("cayley", "small"), storage=opened.rdb)
+    save_portfolio_choice(study, {"portfolio": members})
+    (result,) = run_study(synthetic.model, "trec", "cayley", storage=url, options=options.replace(warm_start=2))
+    assert result.study_name.endswith(":warm2")
+    warm = optuna.load_study(study_name=result.study_name, storage=url)
+    trials = sorted(warm.trials, key=lambda t: t.number)
+    hidden = study_record(warm).data.hidden_size
+    assert trial_record(trials[0]).recommended
+    assert trials[0].params == recommended_params("cayley", hidden, model=synthetic.model)
+    assert [t.params for t in trials[1:3]] == [config_params("cayley", m) for m in members[:2]]
+    assert [t.user_attrs["warm_start_member"] for t in trials[1:3]] == [0, 1]
+    assert "warm_start_member" not in trials[3].user_attrs  # the sampler's

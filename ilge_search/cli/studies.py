@@ -61,6 +61,7 @@ _ENCODER_HELP = (
 @study_option("--max-eval", type=click.IntRange(min=1), default=None, field="max_eval")
 @study_option("--max-epochs", type=click.IntRange(min=1), default=None, field="max_epochs")
 @study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
+@study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
 @study_option(
     "--select",
     type=click.Choice(SELECT_CHOICES),
@@ -124,6 +125,7 @@ def run_command(
     max_eval,
     max_epochs,
     cv,
+    warm_start: int,
     select,
     objectives,
     final_front,
@@ -172,6 +174,7 @@ def run_command(
         max_eval=max_eval,
         max_epochs=max_epochs,
         cv=cv,
+        warm_start=warm_start,
         **({"select": select} if select else {}),
         objectives=objectives,
         **({"final_front": final_front} if final_front else {}),

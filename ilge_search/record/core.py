@@ -102,6 +102,7 @@ IDENTITY_KEYS = (
     "objectives",
     "protocol",
     "samples_per_label",
+    "warm_start",
 )
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
@@ -158,6 +159,7 @@ class Identity:
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: int | None = None
+    warm_start: int | None = None  # portfolio members enqueued after the starting configuration (None: 0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))

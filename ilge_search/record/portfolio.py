@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 __all__ = [
@@ -44,6 +45,9 @@ __all__ = [
     "cell_owners",
     "save_portfolio_choice",
     "stored_portfolio_choice",
+    "SHIPPED_PORTFOLIO_PATH",
+    "portfolio_members",
+    "enqueue_warm_trials",
 ]
 
 PORTFOLIO_PREFIX = "ilge-portfolio"
@@ -53,6 +57,8 @@ _KEY_ATTR = "portfolio_key"
 _SCORES_ATTR = "portfolio_scores"
 _DUPLICATE_ATTR = "portfolio_duplicate"
 _CHOICE_ATTR = "portfolio_choice"
+_WARM_ATTR = "warm_start_member"  # trial user attr: the portfolio member (0-based) a warm-started trial is
+SHIPPED_PORTFOLIO_PATH = Path(__file__).resolve().parents[1] / "data" / "portfolio.json"
 
 
 def portfolio_study_name(family: str, bucket: str) -> str:
@@ -191,3 +197,26 @@ def stored_portfolio_choice(study: Any) -> dict[str, Any] | None:
     """The choice :func:`save_portfolio_choice` stored, or ``None``."""
     value = study.user_attrs.get(_CHOICE_ATTR)
     return dict(value) if isinstance(value, Mapping) else None
+
+
+def portfolio_members(storage: Any, family: str, bucket: str) -> tuple[list[dict[str, Any]], str]:
+    """The portfolio of ``family`` and ``bucket`` (config dicts, best first) and where it came from: the
+    choice stored in ``storage`` (an opened :class:`~ilge_search.storage.Storage`, or ``None``), else the
+    package's shipped ``data/portfolio.json``; empty when neither has one."""
+    study = None if storage is None else storage.load_study(portfolio_study_name(family, bucket))
+    choice = None if study is None else stored_portfolio_choice(study)
+    if choice and choice.get("portfolio"):
+        return [dict(c) for c in choice["portfolio"]], f"the portfolio stored in {storage.shown_url}"
+    if SHIPPED_PORTFOLIO_PATH.is_file():
+        shipped = json.loads(SHIPPED_PORTFOLIO_PATH.read_text(encoding="utf-8"))
+        members = shipped.get("families", {}).get(family, {}).get(bucket) or []
+        if members:
+            return [dict(c) for c in members], "the portfolio shipped with ilge-search"
+    return [], "none"
+
+
+def enqueue_warm_trials(study: Any, params: Sequence[Mapping[str, Any]]) -> None:
+    """Enqueue portfolio members (Optuna ``params`` each) after the starting configuration, marked with their
+    place in the portfolio."""
+    for index, values in enumerate(params):
+        study.enqueue_trial(dict(values), user_attrs={_WARM_ATTR: index})

@@ -46,6 +46,7 @@ from ..record import (
     Identity,
     StudyRecord,
     enqueue_start_trial,
+    enqueue_warm_trials,
     is_ilge_study,
     is_ready,
     mark_ready,
@@ -162,11 +163,13 @@ def default_study_name(
     objectives: Sequence[str] = DEFAULT_OBJECTIVES,
     protocol: str = DEFAULT_PROTOCOL,
     samples_per_label: int | None = None,
+    warm_start: int | None = None,
 ) -> str:
     """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
     (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
     ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
-    ``:paper-16-per-label`` when its examples per label are not the task's default).
+    ``:paper-16-per-label`` when its examples per label are not the task's default; ``:warm4`` for a study
+    that enqueued 4 portfolio members after its starting configuration).
 
     >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
     'minilm-l6:trec:cayley:8shot'
@@ -190,6 +193,8 @@ def default_study_name(
     if protocol != DEFAULT_PROTOCOL:
         default = paper_samples_per_label(str(task))
         parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
+    if warm_start:
+        parts.append(f"warm{warm_start}")
     return ":".join(parts)
 
 
@@ -220,6 +225,7 @@ def study_identity(
         objectives=tuple(options.search.objectives),
         protocol=options.final.protocol,
         samples_per_label=samples_per_label,
+        warm_start=options.search.warm_start or None,
     )
     return identity.to_attrs()
 
@@ -401,6 +407,7 @@ def create_or_load(
     *,
     new_study_hint: str = "pass another --study-name or another --storage",
     task_path: str | None = None,
+    warm_start: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[Any, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
 
@@ -412,7 +419,8 @@ def create_or_load(
     data fingerprints existed is adopted here when its cache keys match.
     ``identity`` is this run's, as :func:`check_identity` takes it. ``task_path``
     (a custom task's file or folder, absolute) is recorded, and updated when the
-    folder moved: where to find the data again.
+    folder moved: where to find the data again. ``warm_start`` (Optuna params of portfolio members) is
+    enqueued right after the recommended trial, once, when the study is set up.
 
     Returns:
         The study and whether this call set it up.
@@ -454,6 +462,7 @@ def create_or_load(
         save_identity(study, wanted, _data_record(identity, data, artifact_dir, task_path))
         if not any(trial_record(t).recommended for t in study.trials):
             enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+            enqueue_warm_trials(study, warm_start)
         mark_ready(study)
     return study, created
 
