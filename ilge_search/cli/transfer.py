@@ -8,9 +8,9 @@ import click
 
 from ..configs import ENCODER_FAMILIES
 from ..settings import Settings
-from .group import cli, location_options, storage_option, study_logging
+from .group import FORMAT_OPTION, cli, location_options, storage_option, study_logging
 
-SIZE_BUCKETS = ("small", "large")  # ilge_search.models.model_size_bucket's answers
+SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
 
 
 def _table(result) -> str:
@@ -51,7 +51,7 @@ def _held_out_lines(held_out) -> list[str]:
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
 @click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
-@click.option("--format", "fmt", type=click.Choice(("table", "json")), default="table", show_default=True)
+@FORMAT_OPTION
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @location_options
 def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, **options) -> None:
@@ -86,6 +86,12 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
             f"{result.planned} cells, {result.matrix.missing} of the matrix missing; about {minutes:.0f} min "
             f"of training on one process (from the studies' own trial times); nothing was created"
         )
+        return
+    if fmt == "csv":
+        rows = ["candidate," + ",".join(p.study for p in result.problems)]
+        for candidate, values in zip(result.candidates, result.matrix.validation, strict=True):
+            rows.append(candidate.name + "," + ",".join("" if v != v else f"{v:.6f}" for v in values))
+        click.echo("\n".join(rows))
         return
     if fmt == "json":
         out = result.to_json()

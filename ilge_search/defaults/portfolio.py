@@ -50,7 +50,7 @@ from ..record import (
     trial_record,
 )
 from ..storage import WORKER_ATTR, Storage, fail_stale_trials, hide_password, open_storage, worker_stamp
-from ..tuning import BUILTIN_RECOMMENDED
+from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, portfolio_value
 from .loto import start_config
@@ -128,7 +128,7 @@ class PortfolioRequest:
     def check(self) -> PortfolioRequest:
         if self.family not in ENCODER_FAMILIES:
             raise ValueError(f"unknown family {self.family!r}; choose from {list(ENCODER_FAMILIES)}")
-        if self.bucket not in ("small", "large"):
+        if self.bucket not in MODEL_SIZE_HINTS:
             raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
         check_int("top_k", self.top_k, minimum=0)
         check_int("size", self.size)
