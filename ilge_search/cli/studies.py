@@ -66,6 +66,7 @@ _ENCODER_HELP = (
     "--word-pooling", type=click.Choice(WORD_POOLINGS), default="first", show_default=True, field="word_pooling"
 )
 @study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
+@study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
 @study_option(
     "--select",
     type=click.Choice(SELECT_CHOICES),
@@ -130,6 +131,7 @@ def run_command(
     max_epochs,
     word_pooling: str,
     cv,
+    warm_start: int,
     select,
     objectives,
     final_front,
@@ -179,6 +181,7 @@ def run_command(
         max_epochs=max_epochs,
         word_pooling=word_pooling,
         cv=cv,
+        warm_start=warm_start,
         **({"select": select} if select else {}),
         objectives=objectives,
         **({"final_front": final_front} if final_front else {}),

@@ -10,3 +10,7 @@ from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
 __all__ = list(_core_all)
+from .portfolio import *  # noqa: F403, E402
+from .portfolio import __all__ as _portfolio_all  # noqa: E402
+
+__all__ += list(_portfolio_all)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
-from ..objectives import DEFAULT_OBJECTIVES, objective_directions, objective_metric_names, objective_suffix
+from ..objectives import objective_directions, objective_metric_names, objective_suffix
 from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from ..record import (
     DATA_SPLITS,
@@ -46,6 +46,7 @@ from ..record import (
     Identity,
     StudyRecord,
     enqueue_start_trial,
+    enqueue_warm_trials,
     is_ilge_study,
     is_ready,
     mark_ready,
@@ -151,51 +152,45 @@ def resolve_encoders(encoders: str | Sequence[str], *, tagging: bool = False) ->
     return out
 
 
-def default_study_name(
-    model: str,
-    task: str,
-    encoder: str,
-    *,
-    shots: int | None = None,
-    max_train: int | None = None,
-    max_eval: int | None = None,
-    max_epochs: int | None = None,
-    cv: int | None = None,
-    objectives: Sequence[str] = DEFAULT_OBJECTIVES,
-    protocol: str = DEFAULT_PROTOCOL,
-    samples_per_label: int | None = None,
-    word_pooling: str | None = None,
-) -> str:
-    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
-        (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
-        ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
-        ``:paper-16-per-label`` when its examples per label are not the task's default; ``:mean-words`` for a tagging
-    study whose words are the mean of their pieces).
+def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> str:
+    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting.
 
-        >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
-        'minilm-l6:trec:cayley:8shot'
-        >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
-        'minilm-l6:trec:cayley:paper'
+    ``settings`` are :class:`~ilge_search.record.Identity` fields (``shots``, ``max_train``, ``cv``,
+    ``objectives``, ``protocol`` ...): ``:cv5`` for trials scored on 5 folds, so such a study never merges
+    with one scored on validation; ``:obj-params`` for a study that also minimises the parameters; ``:paper``
+    for the paper protocol, ``:paper-16-per-label`` when its examples per label are not the task's default;
+    ``:mean-words`` for a tagging study whose words are the mean of their pieces; ``:warm4`` for a study that
+    enqueued 4 portfolio members after its starting configuration.
+
+    >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
+    'minilm-l6:trec:cayley:8shot'
+    >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
+    'minilm-l6:trec:cayley:paper'
     """
-    parts = [str(model), str(task), encoder]
-    if shots is not None:
-        parts.append(f"{shots}shot")
-    if max_train is not None:
-        parts.append(f"train{max_train}")
-    if max_eval is not None:
-        parts.append(f"eval{max_eval}")
-    if max_epochs is not None:
-        parts.append(f"ep{max_epochs}")
-    if cv is not None:
-        parts.append(f"cv{cv}")
-    suffix = objective_suffix(objectives)
+    identity = Identity(model=str(model), task=str(task), encoder=encoder, **settings)
+    parts = [identity.model, identity.task, encoder]
+    for value, template in (
+        (identity.shots, "{}shot"),
+        (identity.max_train, "train{}"),
+        (identity.max_eval, "eval{}"),
+        (identity.max_epochs, "ep{}"),
+        (identity.cv, "cv{}"),
+    ):
+        if value is not None:
+            parts.append(template.format(value))
+    suffix = objective_suffix(identity.objectives)
     if suffix is not None:
         parts.append(suffix)
-    if protocol != DEFAULT_PROTOCOL:
-        default = paper_samples_per_label(str(task))
-        parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
-    if word_pooling not in (None, "first"):
-        parts.append(f"{word_pooling}-words")
+    if identity.protocol != DEFAULT_PROTOCOL:
+        default = paper_samples_per_label(identity.task)
+        per_label = identity.samples_per_label
+        parts.append(
+            identity.protocol if per_label in (None, default) else f"{identity.protocol}-{per_label}-per-label"
+        )
+    if identity.word_pooling not in (None, "first"):
+        parts.append(f"{identity.word_pooling}-words")
+    if identity.warm_start:
+        parts.append(f"warm{identity.warm_start}")
     return ":".join(parts)
 
 
@@ -234,6 +229,7 @@ def study_identity(
         protocol=options.final.protocol,
         samples_per_label=samples_per_label,
         word_pooling=options.data.word_pooling if tagging else None,
+        warm_start=options.search.warm_start or None,
     )
     return identity.to_attrs()
 
@@ -415,6 +411,7 @@ def create_or_load(
     *,
     new_study_hint: str = "pass another --study-name or another --storage",
     task_path: str | None = None,
+    warm_start: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[Any, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
 
@@ -426,7 +423,8 @@ def create_or_load(
     data fingerprints existed is adopted here when its cache keys match.
     ``identity`` is this run's, as :func:`check_identity` takes it. ``task_path``
     (a custom task's file or folder, absolute) is recorded, and updated when the
-    folder moved: where to find the data again.
+    folder moved: where to find the data again. ``warm_start`` (Optuna params of portfolio members) is
+    enqueued right after the recommended trial, once, when the study is set up.
 
     Returns:
         The study and whether this call set it up.
@@ -468,6 +466,7 @@ def create_or_load(
         save_identity(study, wanted, _data_record(identity, data, artifact_dir, task_path))
         if not any(trial_record(t).recommended for t in study.trials):
             enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+            enqueue_warm_trials(study, warm_start)
         mark_ready(study)
     return study, created
 

@@ -128,6 +128,12 @@ class SearchOptions:
         "'latency' (forward ms per 1,000 samples on this device), minimised; several make a multi-objective "
         "study (part of the identity and name, e.g. :obj-params; never pruned; its Pareto front is retrained).",
     )
+    warm_start: int = _option(
+        0,
+        help="enqueue, after the starting configuration, the first K members of the encoder's portfolio "
+        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package) before the sampler "
+        "takes over; part of the study's identity and name (:warmK).",
+    )
 
     def __post_init__(self) -> None:
         from ..objectives import check_objectives
@@ -151,6 +157,7 @@ class SearchOptions:
         check_choice("pruner", self.pruner, PRUNERS)
         check_cv(self.cv)
         object.__setattr__(self, "objectives", check_objectives(self.objectives))
+        check_int("warm_start", self.warm_start, minimum=0)
 
     @property
     def multi_objective(self) -> bool:

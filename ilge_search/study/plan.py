@@ -230,6 +230,7 @@ def check_run(
             protocol=options.final.protocol,
             samples_per_label=options.final.samples_per_label,
             word_pooling=options.data.word_pooling if tagging else None,
+            warm_start=options.search.warm_start,
         )
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
@@ -251,6 +252,8 @@ def check_run(
         )
         if opened is not None:
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
+        if options.search.warm_start:
+            _check_warm_start(opened, enc, model, options.search.warm_start)
     return RunCheck(
         model=model,
         task=task,
@@ -266,6 +269,19 @@ def check_run(
         hints=hints,
         cache_keys=cache_keys,
     )
+
+
+def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, count: int) -> None:
+    """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members (a model outside the table is
+    bucketed once its data is loaded, before its study is created)."""
+    from ..configs import ENCODER_FAMILIES
+    from ..models import known_model
+    from .trial import warm_start_params
+
+    known = known_model(model)
+    if encoder in ENCODER_FAMILIES and known is None:
+        return
+    warm_start_params(opened, encoder, count, hidden_size=known.hidden_size if known else None, model=model)
 
 
 # ----------------------------------------------------------------------------- the plan

@@ -65,6 +65,7 @@ from .notes import write_notes
 from .options import StudyOptions
 from .plan import check_run, estimate_run, may_be_long
 from .results import StudyResult, study_result, summary_line
+from .trial import warm_start_params
 from .workers import optimize, total_reached
 
 __all__ = ["run_study"]
@@ -178,6 +179,11 @@ def _run_one(
     from ..tuning import make_pruner, make_sampler
 
     # ---- 3. create or load
+    warm = (
+        warm_start_params(storage, encoder, options.search.warm_start, hidden_size=data.hidden_size, model=spec.model)
+        if options.search.warm_start
+        else []
+    )
     study, created = create_or_load(
         storage,
         name,
@@ -188,6 +194,7 @@ def _run_one(
         pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         new_study_hint=new_study_hint,
         task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
+        warm_start=warm,
     )
     try:
         _optimize_and_evaluate(
