@@ -216,6 +216,12 @@ def _load_state(model: ILGEModel, state: dict[str, torch.Tensor], weights_path: 
     model.load_state_dict(state)
 
 
+def _shape_kwargs(shape: dict[str, Any]) -> dict[str, Any]:
+    score_range = shape["score_range"]
+    low_high = None if score_range is None else (float(score_range[0]), float(score_range[1]))
+    return {"num_classes": shape["num_classes"], "score_range": low_high}
+
+
 @dataclass(frozen=True)
 class _Fitted:
     """An estimator's fitted state, whether trained here, read from a saved folder or exported from a study."""
@@ -279,6 +285,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
     best_layer_: int | None
     layer_scores_: list[float]
     provenance_: dict[str, Any]
+    n_members_: int
 
     def __init__(
         self,
@@ -553,6 +560,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         self.history_ = fitted.history
         self.best_epoch_, self.best_val_score_ = fitted.best_epoch, fitted.best_val_score
         self.num_trainable_params_ = sum(p.numel() for p in fitted.model.parameters() if p.requires_grad)
+        self.n_members_ = int(getattr(fitted.model, "n_members", 1))  # an ensemble exported from a study: its members
         if fitted.best_layer is not None:
             self.best_layer_ = fitted.best_layer
         if fitted.provenance is not None:
@@ -696,6 +704,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             "score_range": getattr(self, "score_range_", None),
             "provenance": getattr(self, "provenance_", None),  # set by from_study: study, trial, seed ...
         }
+        from .engine.ensemble import EnsembleModel
+
+        if isinstance(self.model_, EnsembleModel):  # an ensemble: every member's config and count
+            meta["ensemble"] = self.model_.description
         # write to temporary names, then rename: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
         tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -752,14 +764,14 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
 
         state = _read_weights(weights_path)
-        model = build_model(
-            config,
-            num_layers,
-            hidden_size,
-            task_kind,
-            num_classes=len(classes) or None,
-            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])),
-        )
+        shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}
+        shape.update(num_classes=len(classes) or None, score_range=score_range)
+        if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
+            from .study.ensemble import build_ensemble
+
+            model = build_ensemble({**shape, "ensemble": meta["ensemble"]})
+        else:
+            model = build_model(config, num_layers, hidden_size, task_kind, **_shape_kwargs(shape))
         _load_state(model, state, weights_path)
         model.to(resolve_device(device)).eval()
         fitted = _Fitted(
@@ -792,6 +804,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         batch_size: int = 32,
         progress: bool = False,
         trial: int | None = None,
+        ensemble: bool = False,
     ) -> ILGEClassifier:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
@@ -803,20 +816,26 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
         ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
         final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
+        ``ensemble``: the study's stored ensemble instead (``n_members_`` members, predicting their mixed
+        probabilities or scores; see :mod:`ilge_search.study.ensemble`).
         """
-        from .study.export import load_study_model
+        from .study.export import load_study_ensemble, load_study_model
 
-        found = load_study_model(
-            storage,
-            study_name,
-            seed=seed,
-            retrain=retrain,
-            artifact_dir=artifact_dir,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device=device,
-            progress=progress,
-            trial=trial,
+        found = (
+            load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
+            if ensemble
+            else load_study_model(
+                storage,
+                study_name,
+                seed=seed,
+                retrain=retrain,
+                artifact_dir=artifact_dir,
+                data_dir=data_dir,
+                cache_dir=cache_dir,
+                device=device,
+                progress=progress,
+                trial=trial,
+            )
         )
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):

@@ -44,6 +44,12 @@ from .group import FORMAT_OPTION, cli, location_options, storage_option
     default=None,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
+@click.option(
+    "--ensemble",
+    is_flag=True,
+    help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
+    "weights and the mix, used like one model.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
 @location_options
 def export_command(
@@ -55,6 +61,7 @@ def export_command(
     retrain: bool,
     trial_number: Optional[int],
     artifact_dir,
+    ensemble: bool,
     overwrite: bool,
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
@@ -67,6 +74,8 @@ def export_command(
     from ..study.export import study_task_kind
 
     tagging = study_task_kind(storage, study_name) == "tagging"
+    if ensemble and (tagging or retrain or trial_number is not None):
+        raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
     if tagging:
         from ..tagger import ILGETagger, check_tagger_folder
 
@@ -85,12 +94,18 @@ def export_command(
         cache_dir=settings.cache_dir,
         device=settings.device,
         trial=trial_number,
+        **({} if tagging else {"ensemble": ensemble}),
     )
     if tagging:
         clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
     else:
         clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
+    if ensemble:
+        members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
+        test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
+        click.echo(f"exported the ensemble of study {p['study']} to {out_dir}: {members}, seed {p['seed']}{test}")
+        return
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(
         f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "

@@ -41,6 +41,7 @@ from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 __all__ = [
     "StudyModel",
     "load_study_model",
+    "load_study_ensemble",
     "load_training_data",
     "load_run_study",
     "selected_trial",
@@ -479,3 +480,72 @@ def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provena
         provenance=provenance,
         word_pooling=(identity.word_pooling or "first") if tagging else None,
     )
+
+
+def load_study_ensemble(
+    storage: str | Storage | None, study_name: str, *, artifact_dir: PathLike | None = None
+) -> StudyModel:
+    """The ensemble a study's ensemble evaluation stored (``ilge-search ensemble`` or ``run --ensemble K``):
+    an :class:`~ilge_search.engine.ensemble.EnsembleModel` of its members trained with its best seed by
+    validation, as a :class:`StudyModel` whose ``config`` is the most-picked member's.
+
+    Raises:
+        ValueError: no such study, no stored ensemble, or missing or damaged artifacts.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..record import ensemble_record
+    from .ensemble import build_ensemble
+
+    opened, study = _open_study(storage, study_name)
+    stored = ensemble_record(study)
+    if stored is None or not stored.artifacts:
+        raise ValueError(
+            f"study {study_name!r} has no stored ensemble; make one with `ilge-search ensemble --study "
+            f"{study_name} --size K` (or `run --ensemble K`)"
+        )
+    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
+        meta_path, weights_path = Path(tmp, "ensemble.json"), Path(tmp, "ensemble.safetensors")
+        _download(opened, study, stored.artifacts["config"], meta_path, artifact_dir)
+        _download(opened, study, stored.artifacts["weights"], weights_path, artifact_dir)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            state = load_file(str(weights_path))
+            model = build_ensemble(meta)
+            model.load_state_dict(state)
+        except (ValueError, OSError, KeyError, RuntimeError, SafetensorError) as exc:
+            raise ValueError(f"the ensemble artifacts of study {study_name!r} cannot be read ({exc})") from None
+    record = study_record(study)
+    ensemble = stored.ensemble
+    provenance = _provenance(opened, record)
+    provenance.update(
+        source="ensemble evaluation",
+        members={str(m["trial"]): int(m["count"]) for m in meta["ensemble"]},
+        mix=meta.get("mix"),
+        seed=int(meta["seed"]),
+        trial=int(max(meta["ensemble"], key=lambda m: m["count"])["trial"]),
+        test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, int(meta["seed"])),
+        ilge_search_version=__version__,
+        exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    data, identity = _data(record), _identity(record)
+    first = max(meta["ensemble"], key=lambda m: m["count"])
+    return StudyModel(
+        model=model.eval(),
+        config=config_from_dict(first["config"]),
+        task_kind=str(data.task_kind),
+        metric=data.metric or "",
+        base_model=_base_model(str(identity.model)),
+        token_pooling=STUDY_TOKEN_POOLING,
+        max_length=STUDY_MAX_LENGTH,
+        num_layers=int(meta["num_layers"]),
+        hidden_size=int(meta["hidden_size"]),
+        label_names=list(data.label_names) if data.task_kind == "classification" else [],
+        score_range=model.score_range,
+        provenance=provenance,
+    )
+
+
+def _seed_score_of(seeds: list[int], scores: list[float], seed: int) -> float | None:
+    return scores[seeds.index(seed)] if seed in seeds[: len(scores)] else None

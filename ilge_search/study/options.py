@@ -256,6 +256,12 @@ class FinalOptions:
         "label (cosine Spearman for similarity; parameter-free baselines untrained); part of the identity "
         "and name (:paper).",
     )
+    ensemble: int = _option(
+        0,
+        help="after the final evaluation, select an ensemble of up to this many trials greedily (with "
+        "replacement) on their validation predictions, retrain its members with the final seeds and score it "
+        "on test beside the selected trial (0: off; multi-objective and paper-protocol studies: off).",
+    )
     samples_per_label: int | None = _option(
         help="the paper protocol's training examples per label (default: the MTEB task's own, Emotion 16, else "
         "8); part of the identity."
@@ -267,6 +273,7 @@ class FinalOptions:
         check_int("final_seeds", self.seeds, minimum=0)
         check_choice("select", self.select, SELECTION_RULES)
         check_int("final_front", self.front)
+        check_int("ensemble", self.ensemble, minimum=0)
         check_protocol(self.protocol)
         check_int("samples_per_label", self.samples_per_label, allow_none=True)
         if self.samples_per_label is not None and self.protocol != "paper":

@@ -290,5 +290,34 @@ def _optimize_and_evaluate(
                 zero_shot=zero_shot,
                 progress=options.runtime.progress,
             )
+        _ensemble_stage(study, storage, name, data, spec, options)
     elif options.final.seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)
+
+
+def _ensemble_stage(
+    study: Any, storage: Storage, name: str, data: StudyData, spec: DataSpec, options: StudyOptions
+) -> None:
+    """Step 6 of :func:`run_study` with ``--ensemble K``: the ensemble evaluation, unless it is current."""
+    from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current
+
+    size = options.final.ensemble
+    if not size:
+        return
+    if options.search.multi_objective or options.final.protocol != "matched":
+        logger.warning("%s: ensembles are off for multi-objective and paper-protocol studies", name)
+        return
+    run = EnsembleRun(
+        size=size,
+        seeds=options.final_seed_list(),
+        max_epochs=options.search.max_epochs,
+        select=options.final.select,
+        prediction_seed=options.search.seed or 0,
+        device=spec.device,
+        artifact_store=storage.artifact_store(),
+        progress=options.runtime.progress,
+    )
+    if ensemble_is_current(study, run):
+        logger.info("%s: the ensemble of %d is up to date", name, size)
+        return
+    ensemble_evaluation(study, data, run)
