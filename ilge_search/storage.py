@@ -42,6 +42,7 @@ __all__ = [
     "open_storage",
     "hide_password",
     "artifact_dir_for",
+    "sqlite_database",
     "quiet_optuna_warnings",
     "FINISHED_STATES",
     "ENDED_STATES",
@@ -129,6 +130,16 @@ def _sqlite_file(parsed: Any) -> Optional[Path]:
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database).expanduser()
+
+
+def sqlite_database(storage_url: str) -> Optional[Path]:
+    """The database file of a SQLite URL, resolved (``None`` for other backends, in-memory SQLite or an
+    unparsable URL)."""
+    try:
+        database = _sqlite_file(_parse(storage_url))
+    except StorageError:
+        return None
+    return None if database is None else database.resolve()
 
 
 def artifact_dir_for(storage_url: str, artifact_dir: Optional[PathLike] = None) -> Path:
