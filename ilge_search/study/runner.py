@@ -52,6 +52,7 @@ from ..storage import (
     fail_own_running_trials,
     fail_stale_trials,
     finished_trial_count,
+    owner_stamping,
     storage_fault,
 )
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
@@ -120,6 +121,7 @@ def run_study(
             "+".join(options.search.objectives),
             options.search.pruner,
         )
+    _say_which_defaults()
     if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
         plan = estimate_run(check)
         if plan.is_long:
@@ -160,6 +162,20 @@ def run_study(
         torch.set_num_threads(previous_threads)
 
 
+def _say_which_defaults() -> None:
+    """One line when the starting configuration comes from a user defaults file, not the shipped one: two
+    users running the same command would otherwise start different studies without knowing why."""
+    from ..tuning import user_defaults_in_use
+
+    user = user_defaults_in_use()
+    if user is not None:
+        logger.warning(
+            "the starting configuration (trial 0 of a new study) is read from the user defaults file %s over the "
+            "shipped defaults; move it away or point $ILGE_SEARCH_DEFAULTS elsewhere to start from the shipped ones",
+            user,
+        )
+
+
 def _run_one(
     storage: Storage,
     encoder: str,
@@ -184,7 +200,7 @@ def _run_one(
         identity,
         data,
         storage.artifact_dir,
-        sampler=make_sampler(options.search.sampler, options.search.seed),
+        sampler=owner_stamping(make_sampler(options.search.sampler, options.search.seed)),
         pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         new_study_hint=new_study_hint,
         task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
