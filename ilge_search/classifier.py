@@ -750,6 +750,11 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
+        if task_kind == "classification" and len(classes) < 2:
+            raise ValueError(
+                f"{meta_path} lists {len(classes)} class(es) and a classifier needs at least 2; the file was cut or "
+                "edited: export or save the model again"
+            )
 
         state = _read_weights(weights_path)
         model = build_model(
@@ -792,6 +797,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         batch_size: int = 32,
         progress: bool = False,
         trial: int | None = None,
+        task_path: PathLike | None = None,
     ) -> ILGEClassifier:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
@@ -803,6 +809,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
         ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
         final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
+        ``task_path``: where a custom task's data is now, when it moved since the study ran.
         """
         from .study.export import load_study_model
 
@@ -817,6 +824,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             device=device,
             progress=progress,
             trial=trial,
+            task_path=task_path,
         )
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):

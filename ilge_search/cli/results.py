@@ -150,6 +150,9 @@ def recommend_command(
             click.echo(f"{family:<8} {bucket:<6} " + ", ".join(f"{k}={v}" for k, v in values.items()))
     for group, decision in data["metadata"]["shipping"].items():
         click.echo(f"{group}: {decision}")
+    for reason in data["metadata"].get("skipped") or []:
+        if "left out" in reason:  # a study that cannot be read as a search of its family: the user should know
+            click.echo(f"skipped {reason}", err=True)
     click.echo(f"wrote {target}" + (f" and {page}" if page is not None else ""))
 
 

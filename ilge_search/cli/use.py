@@ -7,7 +7,7 @@ from typing import Optional
 import click
 
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, storage_option
+from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, storage_option
 
 # ----------------------------------------------------------------------------- export / predict / listings
 
@@ -45,6 +45,13 @@ from .group import FORMAT_OPTION, cli, location_options, storage_option
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
 @location_options
 def export_command(
     settings: Settings,
@@ -56,6 +63,7 @@ def export_command(
     trial_number: Optional[int],
     artifact_dir,
     overwrite: bool,
+    task_path: Optional[str],
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
@@ -75,6 +83,7 @@ def export_command(
         cache_dir=settings.cache_dir,
         device=settings.device,
         trial=trial_number,
+        task_path=task_path,
     )
     clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
@@ -154,6 +163,8 @@ def predict_command(
     """
     from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
 
+    if quiet:
+        quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     summary = predict_file(
         model_dir,
@@ -196,6 +207,13 @@ def predict_command(
     help="Torch CPU threads while retraining [default: unchanged].",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
 @location_options
 def explain_command(
     settings: Settings,
@@ -207,6 +225,7 @@ def explain_command(
     recompute: bool,
     threads: Optional[int],
     quiet: bool,
+    task_path: Optional[str],
 ) -> None:
     """Which LLM layers a study's final model uses: per layer, the validation score lost when the layer is
     replaced by its training mean and the gradient x input (mean +- std over the final seeds), next to a
@@ -230,6 +249,7 @@ def explain_command(
         device=settings.device,
         threads=threads,
         progress=not quiet,
+        task_path=task_path,
     )
     text = format_explanation(result, fmt)
     if out_path is None:

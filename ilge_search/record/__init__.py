@@ -10,3 +10,4 @@ from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
 __all__ = list(_core_all)
+from .source import COLUMN_OPTIONS, DEFAULT_MAX_LENGTH, DEFAULT_TOKEN_POOLING, SourceRecord, save_source, source_record  # noqa: E402, F401, E501

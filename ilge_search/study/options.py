@@ -219,8 +219,25 @@ class DataOptions:
     )
     data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
     cache_dir: str | None = _option(help="the embedding cache folder.")
+    text_col: str | None = _option(help="a custom task file's text column (default: text).")
+    label_col: str | None = _option(help="a custom task file's label column (default: label).")
+    text_cols: tuple[str, ...] | None = _option(
+        help="a custom pair task's two text columns, comma-separated (default: sentence1,sentence2)."
+    )
+    score_col: str | None = _option(help="a custom pair task's score column (default: score).")
+
+    def column_options(self) -> dict[str, Any]:
+        """The column options given, as :func:`~ilge_search.tasks.load_task` takes them."""
+        names = ("text_col", "label_col", "text_cols", "score_col")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def __post_init__(self) -> None:
+        if isinstance(self.text_cols, str):
+            object.__setattr__(self, "text_cols", tuple(part.strip() for part in self.text_cols.split(",")))
+        if self.text_cols is not None:
+            object.__setattr__(self, "text_cols", tuple(str(part) for part in self.text_cols))
+            if len(self.text_cols) != 2 or not all(self.text_cols):
+                raise ValueError(f"text_cols needs two column names, e.g. sentence1,sentence2; got {self.text_cols}")
         for name in ("shots", "max_train", "max_eval"):
             check_int(name, getattr(self, name), allow_none=True)
         check_int("data_seed", self.data_seed, minimum=0)

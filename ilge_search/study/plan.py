@@ -52,6 +52,7 @@ from .data import DataSpec, expected_cache_keys, load_task_data
 from .final import final_is_current
 from .folds import check_cv
 from .identity import (
+    adopt_renamed_task,
     data_identity,
     default_study_name,
     is_registered_task,
@@ -160,6 +161,20 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bo
     )
 
 
+def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> Tuple[Any, Any]:
+    """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
+    against it (:func:`~.limits.check_data_limits`)."""
+    from ..tasks import load_task
+
+    loaded = load_task(spec.task, spec.data_dir, **spec.column_options())
+    task_data = load_task_data(spec, loaded)
+    if options.data.zero_shot_tasks and task_data.kind != "similarity":
+        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
+    check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
+    check_data_limits(options, task, loaded, task_data)
+    return loaded, task_data
+
+
 def check_run(
     model: str,
     task: str,
@@ -190,17 +205,11 @@ def check_run(
 
     from ..models import resolve_model, weights_memo_read_only
     from ..storage import hide_password
-    from ..tasks import load_task
 
     with weights_memo_read_only():  # unknown model: clear error, nothing loaded, nothing written
         source = resolve_model(model, options.data.cache_dir, materialize=False)
     spec = DataSpec.from_options(model, task, options, source=source)
-    loaded = load_task(spec.task, spec.data_dir)
-    task_data = load_task_data(spec, loaded)
-    if options.data.zero_shot_tasks and task_data.kind != "similarity":
-        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
-    check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
-    check_data_limits(options, task, loaded, task_data)
+    loaded, task_data = _checked_task(task, spec, options)
     # the storage is opened (a SQLite file created) only once the settings fit the data
     opened = _open(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
@@ -208,6 +217,10 @@ def check_run(
         raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
     if options.final.seeds > 0 and opened is not None and not dry_run:  # the final weights go there
         check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
+    if opened is not None and not is_registered_task(task):  # a renamed folder resumes its studies
+        adopted = adopt_renamed_task(opened, model, task, loaded)
+        if adopted is not loaded:
+            loaded, task_data = adopted, load_task_data(spec, adopted)
     label = task_label(task, loaded)  # a custom task by its name and content, never its path
     data_id = data_identity(task_data)
     cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])

@@ -44,7 +44,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from ..record import study_record
+from ..record import SourceRecord, study_record
 from ..storage import (
     Storage,
     StorageError,
@@ -162,6 +162,21 @@ def run_study(
         torch.set_num_threads(previous_threads)
 
 
+def study_source(spec: DataSpec) -> SourceRecord:
+    """Where ``spec``'s data comes from (the data folder as given and as used, a custom task's path as given,
+    its columns) and the extraction settings every study uses: what the study records for later commands."""
+    from ..settings import resolve_data_dir
+
+    registered = is_registered_task(spec.task)
+    used = resolve_data_dir(spec.data_dir) if registered else None
+    return SourceRecord(
+        data_dir=spec.data_dir if registered else None,
+        data_dir_resolved=None if used is None else str(used.resolve()),
+        task_path_given=None if registered else spec.task,
+        task_columns=spec.column_options(),
+    )
+
+
 def _say_which_defaults() -> None:
     """One line when the starting configuration comes from a user defaults file, not the shipped one: two
     users running the same command would otherwise start different studies without knowing why."""
@@ -204,6 +219,7 @@ def _run_one(
         pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         new_study_hint=new_study_hint,
         task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
+        source=study_source(spec),
     )
     try:
         _optimize_and_evaluate(

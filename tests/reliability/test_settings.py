@@ -114,3 +114,27 @@ def test_similarity_folds_of_fewer_than_three_pairs_are_refused(tmp_path, pairs,
 def test_a_study_name_with_a_control_character_is_refused(tmp_path, six_labels, no_model_loads, name):
     message = one_line_error(run(tmp_path, six_labels, "--study-name", name))
     assert "holds a control character (newline, tab ...)" in message
+
+
+def test_cv_against_a_capped_split_names_the_cap_not_advice_already_followed(tmp_path, six_labels, no_model_loads):
+    """Before: `--cv 5 --max-train 12` advised "use --max-train 6 or more", which was already the case."""
+    message = one_line_error(run(tmp_path, six_labels, "--cv", "5", "--max-train", "12"))
+    assert "the largest of the 6 labels has 2 of 12 rows" in message
+    assert "pass --cv 2 or fewer, or a larger --max-train (about 30)" in message
+
+
+def test_a_dry_run_writes_no_weights_hash_memo(tmp_path, data_dir, no_model_loads):
+    """Before: `run --dry-run` wrote <cache>/models/file-hashes.json although its help says nothing is written."""
+    from ilge_search.study import plan_run
+
+    cache = tmp_path / "cache"
+    plan = plan_run(
+        "minilm-l6",
+        "trec",
+        "cayley",
+        storage=sqlite_url(tmp_path / "s.db"),
+        options=StudyOptions.from_flat(n_trials=1, max_train=60, data_dir=data_dir, cache_dir=cache, device="cpu"),
+        calibrate=False,
+    )
+    assert plan.describe()
+    assert not cache.exists() and not (tmp_path / "s.db").exists()
