@@ -762,6 +762,11 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
+        if task_kind == "classification" and len(classes) < 2:
+            raise ValueError(
+                f"{meta_path} lists {len(classes)} class(es) and a classifier needs at least 2; the file was cut or "
+                "edited: export or save the model again"
+            )
 
         state = _read_weights(weights_path)
         shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}
@@ -805,6 +810,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         progress: bool = False,
         trial: int | None = None,
         ensemble: bool = False,
+        task_path: PathLike | None = None,
     ) -> ILGEClassifier:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
@@ -835,6 +841,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 device=device,
                 progress=progress,
                 trial=trial,
+                task_path=task_path,
             )
         )
         names = found.label_names

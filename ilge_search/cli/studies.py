@@ -33,6 +33,29 @@ _ENCODER_HELP = (
 )
 
 
+def _checked_objectives(objectives, select, final_front) -> tuple:
+    """The run's objectives, refusing --select with several and --final-front with one."""
+    from ..objectives import check_objectives
+
+    checked = check_objectives(objectives or None)
+    if len(checked) > 1 and select:
+        raise click.UsageError(
+            "--select picks one trial; a study with several objectives retrains its Pareto "
+            "front instead (--final-front K): drop --select"
+        )
+    if len(checked) == 1 and final_front is not None:
+        raise click.UsageError(
+            "--final-front is for studies with several objectives; add e.g. --objective score "
+            "--objective params, or drop --final-front"
+        )
+    return tuple(checked)
+
+
+def _columns(text_col, label_col, text_cols, score_col) -> dict:
+    """The custom task's column options, as the study options name them."""
+    return dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
+
+
 @cli.command("run")
 @click.option("--model", "-m", required=True, help="Model alias (minilm-l6, smollm2-135m), local folder or HF id.")
 @click.option(
@@ -96,6 +119,10 @@ _ENCODER_HELP = (
 @study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
 @study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
 @study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")
+@study_option("--text-col", default=None, field="text_col")
+@study_option("--label-col", default=None, field="label_col")
+@study_option("--text-cols", default=None, field="text_cols")
+@study_option("--score-col", default=None, field="score_col")
 @study_option(
     "--heartbeat-interval",
     type=click.IntRange(min=1),
@@ -142,6 +169,10 @@ def run_command(
     zero_shot_tasks,
     artifact_dir,
     threads,
+    text_col,
+    label_col,
+    text_cols,
+    score_col,
     heartbeat_interval: int,
     dry_run: bool,
     quiet: bool,
@@ -150,20 +181,9 @@ def run_command(
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
-    from ..objectives import check_objectives
     from ..study import StudyOptions, run_study
 
-    objectives = check_objectives(objectives or None)
-    if len(objectives) > 1 and select:
-        raise click.UsageError(
-            "--select picks one trial; a study with several objectives retrains its Pareto "
-            "front instead (--final-front K): drop --select"
-        )
-    if len(objectives) == 1 and final_front is not None:
-        raise click.UsageError(
-            "--final-front is for studies with several objectives; add e.g. --objective score "
-            "--objective params, or drop --final-front"
-        )
+    objectives = _checked_objectives(objectives, select, final_front)
     study_logging(quiet)
     if n_trials is None and total_trials is None:
         n_trials = 20
@@ -196,6 +216,7 @@ def run_command(
         device=settings.device,
         artifact_dir=artifact_dir,
         threads=threads,
+        **_columns(text_col, label_col, text_cols, score_col),
         heartbeat_interval=heartbeat_interval,
         progress=not quiet,
     )

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import click
 
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, storage_option
+from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, storage_option
 
 # ----------------------------------------------------------------------------- export / predict / listings
 
@@ -51,6 +51,13 @@ from .group import FORMAT_OPTION, cli, location_options, storage_option
     "weights and the mix, used like one model.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
 @location_options
 def export_command(
     settings: Settings,
@@ -63,6 +70,7 @@ def export_command(
     artifact_dir,
     ensemble: bool,
     overwrite: bool,
+    task_path: Optional[str],
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
@@ -95,6 +103,7 @@ def export_command(
         device=settings.device,
         trial=trial_number,
         **({} if tagging else {"ensemble": ensemble}),
+        task_path=task_path,
     )
     if tagging:
         clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
@@ -192,6 +201,8 @@ def predict_command(
     from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
     from ..predict_tags import is_tagger_folder, predict_tags_file
 
+    if quiet:
+        quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     run = predict_tags_file if is_tagger_folder(model_dir) else predict_file
     summary = run(
@@ -235,6 +246,13 @@ def predict_command(
     help="Torch CPU threads while retraining [default: unchanged].",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
 @location_options
 def explain_command(
     settings: Settings,
@@ -246,6 +264,7 @@ def explain_command(
     recompute: bool,
     threads: Optional[int],
     quiet: bool,
+    task_path: Optional[str],
 ) -> None:
     """Which LLM layers a study's final model uses: per layer, the validation score lost when the layer is
     replaced by its training mean and the gradient x input (mean +- std over the final seeds), next to a
@@ -269,6 +288,7 @@ def explain_command(
         device=settings.device,
         threads=threads,
         progress=not quiet,
+        task_path=task_path,
     )
     text = format_explanation(result, fmt)
     if out_path is None:

@@ -18,3 +18,7 @@ from .ensemble import *  # noqa: F403, E402
 from .ensemble import __all__ as _ensemble_all  # noqa: E402
 
 __all__ += list(_ensemble_all)
+from .source import *  # noqa: F403, E402
+from .source import __all__ as _source_all  # noqa: E402
+
+__all__ += list(_source_all)

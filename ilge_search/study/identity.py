@@ -27,6 +27,7 @@ each split's content) equal those of the data now, and refused otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -44,6 +45,7 @@ from ..record import (
     DATA_SPLITS,
     DataRecord,
     Identity,
+    SourceRecord,
     StudyRecord,
     enqueue_start_trial,
     enqueue_warm_trials,
@@ -52,7 +54,9 @@ from ..record import (
     mark_ready,
     save_data_fingerprints,
     save_identity,
+    save_source,
     save_task_path,
+    source_record,
     study_record,
     trial_record,
     upgrade_attrs,
@@ -70,6 +74,7 @@ __all__ = [
     "DataChangedError",
     "is_registered_task",
     "task_label",
+    "adopt_renamed_task",
     "data_identity",
     "requeue_failed_recommended",
     "resolve_encoders",
@@ -122,6 +127,39 @@ def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
         json.dumps({"kind": loaded.kind, "labels": list(loaded.label_names), "splits": splits}, sort_keys=True).encode()
     ).hexdigest()
     return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
+
+
+def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: Any) -> Any:
+    """``loaded`` (a custom task as read) under the name its studies know it by, when its folder was renamed.
+
+    A custom task is identified by its content: the studies of ``model`` on the same content (the same
+    fingerprint after ``@`` in their names) were made under the folder's old name, which their identity, name
+    and embedding-cache keys carry. When exactly one such name exists and it is not the folder's name now, the
+    task is renamed back to it (with one log line), so the run resumes those studies and reuses their cache
+    entries instead of starting over.
+    """
+    import optuna
+
+    digest = task_label(task, loaded).rsplit("@", 1)[1]
+    prefix, marker = f"{model}:", f"@{digest}:"
+    with quiet_optuna_warnings():
+        names = optuna.get_all_study_names(storage=storage.rdb)
+    known = {
+        name[len(prefix) :].split(marker, 1)[0]
+        for name in names
+        if name.startswith(prefix) and marker in name[len(prefix) :]
+    }
+    known = {old for old in known if old and ":" not in old}
+    if len(known) != 1 or loaded.name in known:
+        return loaded
+    (old,) = known
+    logger.warning(
+        "%s holds the data of custom task %r (same content; the folder was renamed): resuming its studies and "
+        "cache entries under that name",
+        task,
+        old,
+    )
+    return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=old))
 
 
 def data_identity(task_data: Any) -> dict[str, Any]:
@@ -412,6 +450,7 @@ def create_or_load(
     new_study_hint: str = "pass another --study-name or another --storage",
     task_path: str | None = None,
     warm_start: Sequence[Mapping[str, Any]] = (),
+    source: SourceRecord | None = None,
 ) -> tuple[Any, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
 
@@ -423,8 +462,10 @@ def create_or_load(
     data fingerprints existed is adopted here when its cache keys match.
     ``identity`` is this run's, as :func:`check_identity` takes it. ``task_path``
     (a custom task's file or folder, absolute) is recorded, and updated when the
-    folder moved: where to find the data again. ``warm_start`` (Optuna params of portfolio members) is
-    enqueued right after the recommended trial, once, when the study is set up.
+    folder moved: where to find the data again; so is ``source`` (the data folder as
+    given and resolved, the columns, the extraction settings: :class:`SourceRecord`).
+    ``warm_start`` (Optuna params of portfolio members) is enqueued right after the recommended trial,
+    once, when the study is set up.
 
     Returns:
         The study and whether this call set it up.
@@ -458,12 +499,16 @@ def create_or_load(
             stored = study_record(study).data
             if task_path is not None and (stored is None or stored.task_path != task_path):
                 save_task_path(study, task_path)
+            if source is not None and source_record(study) != source:  # the data is found elsewhere now
+                save_source(study, source)
 
     if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
         with quiet_optuna_warnings():
             study.set_metric_names(objective_metric_names(wanted.objectives, data.metric))
     if created:
         save_identity(study, wanted, _data_record(identity, data, artifact_dir, task_path))
+        if source is not None:
+            save_source(study, source)
         if not any(trial_record(t).recommended for t in study.trials):
             enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
             enqueue_warm_trials(study, warm_start)
