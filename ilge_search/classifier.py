@@ -762,6 +762,11 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
+        if task_kind == "classification" and len(classes) < 2:
+            raise ValueError(
+                f"{meta_path} lists {len(classes)} class(es) and a classifier needs at least 2; the file was cut or "
+                "edited: export or save the model again"
+            )
 
         state = _read_weights(weights_path)
         shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}
@@ -804,7 +809,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         batch_size: int = 32,
         progress: bool = False,
         trial: int | None = None,
-        ensemble: bool = False,
+        task_path: PathLike | None = None,
     ) -> ILGEClassifier:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
@@ -816,27 +821,49 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
         ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
         final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
-        ``ensemble``: the study's stored ensemble instead (``n_members_`` members, predicting their mixed
-        probabilities or scores; see :mod:`ilge_search.study.ensemble`).
         """
-        from .study.export import load_study_ensemble, load_study_model
+        from .study.export import load_study_model
 
-        found = (
-            load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
-            if ensemble
-            else load_study_model(
-                storage,
-                study_name,
-                seed=seed,
-                retrain=retrain,
-                artifact_dir=artifact_dir,
-                data_dir=data_dir,
-                cache_dir=cache_dir,
-                device=device,
-                progress=progress,
-                trial=trial,
-            )
+        found = load_study_model(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device=device,
+            progress=progress,
+            trial=trial,
+            task_path=task_path,
         )
+        return cls._from_found(found, study_name, device=device, cache_dir=cache_dir, batch_size=batch_size)
+
+    @classmethod
+    def from_study_ensemble(
+        cls,
+        storage: Any,
+        study_name: str,
+        *,
+        artifact_dir: PathLike | None = None,
+        device: str = "auto",
+        cache_dir: PathLike | None = None,
+        batch_size: int = 32,
+    ) -> ILGEClassifier:
+        """The ensemble a study's ensemble evaluation stored (``ilge-search ensemble`` or ``run --ensemble K``)
+        as a fitted estimator: ``n_members_`` members run on each text's embeddings, predicting their mixed
+        probabilities (or similarity scores); ``provenance_`` names the members, their picks and the seed.
+        ``save`` writes it as one folder, which :meth:`load` reads back."""
+        from .study.export import load_study_ensemble
+
+        found = load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
+        return cls._from_found(found, study_name, device=device, cache_dir=cache_dir, batch_size=batch_size)
+
+    @classmethod
+    def _from_found(
+        cls, found: Any, study_name: str, *, device: str, cache_dir: PathLike | None, batch_size: int
+    ) -> ILGEClassifier:
+        """An estimator of a study's model (a :class:`~ilge_search.study.export.StudyModel`)."""
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):
             classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them
@@ -854,9 +881,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             device=device,
             random_state=int(found.provenance["seed"]),
             cache_dir=cache_dir,
-            progress=progress,
         )
-
         fitted = _Fitted(
             model=found.model.to(resolve_device(device)).eval(),
             config=found.config,

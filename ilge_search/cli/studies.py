@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
+from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
 from ..settings import Settings
 from ..tuning import PRUNERS, SAMPLERS
 from .group import (
@@ -24,11 +24,36 @@ from .group import (
 # copied here so that `ilge-search --help` stays fast (tests/test_cli_choices.py checks they are equal)
 SELECT_CHOICES = ("best", "one-se")  # ilge_search.study.selection.SELECTION_RULES
 PROTOCOL_CHOICES = ("matched", "paper")  # ilge_search.protocol.PROTOCOLS
+WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
-    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)})."
+    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)}; for a tagging task also "
+    f"{', '.join(TAGGER_FAMILIES)}: the Cayley graph over each word's own layers)."
 )
+
+
+def _checked_objectives(objectives, select, final_front) -> tuple:
+    """The run's objectives, refusing --select with several and --final-front with one."""
+    from ..objectives import check_objectives
+
+    checked = check_objectives(objectives or None)
+    if len(checked) > 1 and select:
+        raise click.UsageError(
+            "--select picks one trial; a study with several objectives retrains its Pareto "
+            "front instead (--final-front K): drop --select"
+        )
+    if len(checked) == 1 and final_front is not None:
+        raise click.UsageError(
+            "--final-front is for studies with several objectives; add e.g. --objective score "
+            "--objective params, or drop --final-front"
+        )
+    return tuple(checked)
+
+
+def _columns(text_col, label_col, text_cols, score_col) -> dict:
+    """The custom task's column options, as the study options name them."""
+    return dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
 
 
 @cli.command("run")
@@ -60,7 +85,11 @@ _ENCODER_HELP = (
 @study_option("--max-train", type=click.IntRange(min=1), default=None, field="max_train")
 @study_option("--max-eval", type=click.IntRange(min=1), default=None, field="max_eval")
 @study_option("--max-epochs", type=click.IntRange(min=1), default=None, field="max_epochs")
+@study_option(
+    "--word-pooling", type=click.Choice(WORD_POOLINGS), default="first", show_default=True, field="word_pooling"
+)
 @study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
+@study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
 @study_option(
     "--select",
     type=click.Choice(SELECT_CHOICES),
@@ -90,6 +119,10 @@ _ENCODER_HELP = (
 @study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
 @study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
 @study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")
+@study_option("--text-col", default=None, field="text_col")
+@study_option("--label-col", default=None, field="label_col")
+@study_option("--text-cols", default=None, field="text_cols")
+@study_option("--score-col", default=None, field="score_col")
 @study_option(
     "--heartbeat-interval",
     type=click.IntRange(min=1),
@@ -124,7 +157,9 @@ def run_command(
     max_train,
     max_eval,
     max_epochs,
+    word_pooling: str,
     cv,
+    warm_start: int,
     select,
     objectives,
     final_front,
@@ -134,6 +169,10 @@ def run_command(
     zero_shot_tasks,
     artifact_dir,
     threads,
+    text_col,
+    label_col,
+    text_cols,
+    score_col,
     heartbeat_interval: int,
     dry_run: bool,
     quiet: bool,
@@ -142,20 +181,9 @@ def run_command(
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
-    from ..objectives import check_objectives
     from ..study import StudyOptions, run_study
 
-    objectives = check_objectives(objectives or None)
-    if len(objectives) > 1 and select:
-        raise click.UsageError(
-            "--select picks one trial; a study with several objectives retrains its Pareto "
-            "front instead (--final-front K): drop --select"
-        )
-    if len(objectives) == 1 and final_front is not None:
-        raise click.UsageError(
-            "--final-front is for studies with several objectives; add e.g. --objective score "
-            "--objective params, or drop --final-front"
-        )
+    objectives = _checked_objectives(objectives, select, final_front)
     study_logging(quiet)
     if n_trials is None and total_trials is None:
         n_trials = 20
@@ -173,7 +201,9 @@ def run_command(
         max_train=max_train,
         max_eval=max_eval,
         max_epochs=max_epochs,
+        word_pooling=word_pooling,
         cv=cv,
+        warm_start=warm_start,
         **({"select": select} if select else {}),
         objectives=objectives,
         **({"final_front": final_front} if final_front else {}),
@@ -186,6 +216,7 @@ def run_command(
         device=settings.device,
         artifact_dir=artifact_dir,
         threads=threads,
+        **_columns(text_col, label_col, text_cols, score_col),
         heartbeat_interval=heartbeat_interval,
         progress=not quiet,
     )
