@@ -92,19 +92,23 @@ def export_command(
     else:
         check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
         model_class = ILGEClassifier
-    clf = model_class.from_study(
-        storage,
-        study_name,
-        seed=seed,
-        retrain=retrain,
-        artifact_dir=artifact_dir,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        trial=trial_number,
-        **({} if tagging else {"ensemble": ensemble}),
-        task_path=task_path,
-    )
+    if ensemble:
+        clf = ILGEClassifier.from_study_ensemble(
+            storage, study_name, artifact_dir=artifact_dir, cache_dir=settings.cache_dir, device=settings.device
+        )
+    else:
+        clf = model_class.from_study(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=settings.data_dir,
+            cache_dir=settings.cache_dir,
+            device=settings.device,
+            trial=trial_number,
+            task_path=task_path,
+        )
     if tagging:
         clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
     else:

@@ -24,7 +24,7 @@ from torch import nn
 
 from .core import ILGEModel
 
-__all__ = ["EnsembleModel"]
+__all__ = ["EnsembleModel", "build_ensemble"]
 
 
 class EnsembleModel(nn.Module):
@@ -101,3 +101,24 @@ class EnsembleModel(nn.Module):
     def extra_repr(self) -> str:
         weights = ", ".join(f"{float(w):.3f}" for w in self.mix)
         return f"task_kind={self.task_kind!r}, n_members={self.n_members}, mix=[{weights}]"
+
+
+def build_ensemble(meta: Mapping[str, Any]) -> Any:
+    """An untrained :class:`~ilge_search.engine.ensemble.EnsembleModel` of the members ``meta`` names
+    (``meta["ensemble"]``: each member's config and count, with the task's shapes), for loading weights into."""
+    from ..configs import config_from_dict
+    from .core import build_model
+
+    score_range = meta.get("score_range")
+    members = [
+        build_model(
+            config_from_dict(member["config"]),
+            int(meta["num_layers"]),
+            int(meta["hidden_size"]),
+            str(meta["task_kind"]),
+            num_classes=meta.get("num_classes"),
+            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])),
+        )
+        for member in meta["ensemble"]
+    ]
+    return EnsembleModel(members, [float(member["count"]) for member in meta["ensemble"]], meta["ensemble"])

@@ -76,7 +76,6 @@ __all__ = [
     "ensemble_is_current",
     "ensemble_study",
     "format_ensemble",
-    "build_ensemble",
 ]
 
 logger = logging.getLogger(__name__)
@@ -526,28 +525,6 @@ def _upload_ensemble(
 
 def _trial(study: Any, number: int) -> Any:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-
-
-def build_ensemble(meta: Mapping[str, Any]) -> Any:
-    """An untrained :class:`~ilge_search.engine.ensemble.EnsembleModel` of the members ``meta`` names
-    (``meta["ensemble"]``: each member's config and count, with the task's shapes), for loading weights into."""
-    from ..configs import config_from_dict
-    from ..engine import build_model
-    from ..engine.ensemble import EnsembleModel
-
-    score_range = meta.get("score_range")
-    members = [
-        build_model(
-            config_from_dict(member["config"]),
-            int(meta["num_layers"]),
-            int(meta["hidden_size"]),
-            str(meta["task_kind"]),
-            num_classes=meta.get("num_classes"),
-            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])),
-        )
-        for member in meta["ensemble"]
-    ]
-    return EnsembleModel(members, [float(member["count"]) for member in meta["ensemble"]], meta["ensemble"])
 
 
 def ensemble_study(

@@ -568,8 +568,8 @@ def load_study_ensemble(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from ..engine.ensemble import build_ensemble
     from ..record import ensemble_record
-    from .ensemble import build_ensemble
 
     opened, study = _open_study(storage, study_name)
     stored = ensemble_record(study)
