@@ -83,9 +83,7 @@ def export_command(
 
     tagging = study_task_kind(storage, study_name) == "tagging"
     if ensemble and (tagging or retrain or trial_number is not None):
-        raise click.UsageError(
-            "--ensemble exports the stored ensemble of a text or pair study; drop --retrain and --trial"
-        )
+        raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
     if tagging:
         from ..tagger import ILGETagger, check_tagger_folder
 
@@ -96,7 +94,7 @@ def export_command(
         model_class = ILGEClassifier
     if ensemble:
         clf = ILGEClassifier.from_study_ensemble(
-            storage, study_name, artifact_dir=artifact_dir, device=settings.device, cache_dir=settings.cache_dir
+            storage, study_name, artifact_dir=artifact_dir, cache_dir=settings.cache_dir, device=settings.device
         )
     else:
         clf = model_class.from_study(

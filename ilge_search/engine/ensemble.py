@@ -22,7 +22,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import nn
 
-from .core import ILGEModel, build_model
+from .core import ILGEModel
 
 __all__ = ["EnsembleModel", "build_ensemble"]
 
@@ -104,9 +104,10 @@ class EnsembleModel(nn.Module):
 
 
 def build_ensemble(meta: Mapping[str, Any]) -> Any:
-    """An untrained :class:`EnsembleModel` of the members ``meta`` names
+    """An untrained :class:`~ilge_search.engine.ensemble.EnsembleModel` of the members ``meta`` names
     (``meta["ensemble"]``: each member's config and count, with the task's shapes), for loading weights into."""
     from ..configs import config_from_dict
+    from .core import build_model
 
     score_range = meta.get("score_range")
     members = [

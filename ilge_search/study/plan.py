@@ -232,21 +232,7 @@ def check_run(
     identities: Dict[str, Dict[str, Any]] = {}
     hints: Dict[str, str] = {}
     for enc in encoder_list:
-        default = default_study_name(
-            model,
-            label,
-            enc,
-            shots=options.data.shots,
-            max_train=options.data.max_train,
-            max_eval=options.data.max_eval,
-            max_epochs=options.search.max_epochs,
-            cv=options.search.cv,
-            objectives=options.search.objectives,
-            protocol=options.final.protocol,
-            samples_per_label=options.final.samples_per_label,
-            word_pooling=options.data.word_pooling if tagging else None,
-            warm_start=options.search.warm_start,
-        )
+        default = _default_name(model, label, enc, options, tagging=tagging)
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
@@ -283,6 +269,25 @@ def check_run(
         identities=identities,
         hints=hints,
         cache_keys=cache_keys,
+    )
+
+
+def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *, tagging: bool) -> str:
+    """The name a study of ``encoder`` gets from the run's options (:func:`default_study_name`)."""
+    return default_study_name(
+        model,
+        label,
+        encoder,
+        shots=options.data.shots,
+        max_train=options.data.max_train,
+        max_eval=options.data.max_eval,
+        max_epochs=options.search.max_epochs,
+        cv=options.search.cv,
+        objectives=options.search.objectives,
+        protocol=options.final.protocol,
+        samples_per_label=options.final.samples_per_label,
+        word_pooling=options.data.word_pooling if tagging else None,
+        warm_start=options.search.warm_start,
     )
 
 
