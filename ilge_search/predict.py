@@ -214,11 +214,14 @@ class PredictInput:
         path: the input file.
         text_col: the text column (default ``text``); a plain-text file has none.
         text_cols: the two columns of a similarity model's pairs (default ``sentence1``, ``sentence2``).
+        tokens_col: a tagger's column of words in a JSONL file (default ``tokens``;
+            :func:`~ilge_search.predict_tags.predict_tags_file`).
     """
 
     path: PathLike
     text_col: str | None = None
     text_cols: Sequence[str] | None = None
+    tokens_col: str | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +360,13 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
         if out_path.exists() and not out.overwrite:
             raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
         check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
+    if (Path(model_dir) / "ilge_tagger.json").is_file():
+        raise ValueError(
+            f"{model_dir} holds an ILGETagger; tag files with ilge_search.predict_tags.predict_tags_file "
+            "(`ilge-search predict` does this by itself)"
+        )
+    if source.tokens_col is not None:
+        raise ValueError("--tokens-col is for taggers; this model reads texts: pass --text-col")
     clf = ILGEClassifier.load(
         model_dir,
         device=options.device,
@@ -369,9 +379,27 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
     base_model = clf.base_model
     if base_model is None:
         raise ValueError(f"{model_dir} was saved without a base model, so it cannot embed texts")
+    _check_base_model_shape(clf, base_model, model_dir)
     columns = _resolve_columns(clf, suffix, source.text_col, source.text_cols)
     rows = _scan(input_path, suffix, columns, options.chunk_rows)  # every text checked, no model loaded
     return _Job(clf, base_model, input_path, suffix, columns, rows, out_path, out_kind, out.proba)
+
+
+def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
+    """Refuse a base model whose hidden states (count and width, from the model table or its config) are not
+    those the classifier was trained on, before any text is embedded."""
+    from .model_utils import hidden_size_for, num_layers_for
+
+    try:
+        shape = (num_layers_for(base_model), hidden_size_for(base_model))
+    except Exception:  # a model whose config cannot be read fails, with its own message, when it is loaded
+        return
+    trained = (int(clf.num_layers_), int(clf.hidden_size_))
+    if shape != trained:
+        raise ValueError(
+            f"the base model {base_model} gives {shape[0]} hidden states of {shape[1]} features, but the model in "
+            f"{model_dir} was trained on {trained[0]} x {trained[1]}; pass the --base-model it was trained with"
+        )
 
 
 def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
