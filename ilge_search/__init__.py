@@ -77,6 +77,7 @@ _LAZY = {
     "leave_one_task_out": "defaults.loto",
     "stored_loto": "defaults.loto",
     "LotoResult": "defaults.loto",
+    "predict_tags_file": "predict_tags",
 }
 
 __all__ = [

@@ -30,7 +30,7 @@ from .models import model_reference_to_load, model_reference_to_save, resolve_de
 from .validation import ArgumentTypeError, check_choice, check_int
 from .words import WORD_POOLINGS, check_sentences
 
-__all__ = ["ILGETagger", "FORMAT_VERSION"]
+__all__ = ["ILGETagger", "FORMAT_VERSION", "META_FILE", "check_tagger_folder"]
 
 FORMAT = "ilge-search-tagger"
 FORMAT_VERSION = 1
@@ -319,6 +319,7 @@ class ILGETagger(BaseEstimator):
             "random_state": int(self.random_state),
             "best_epoch": self.best_epoch_,
             "best_val_score": self.best_val_score_,
+            "provenance": getattr(self, "provenance_", None),
         }
         # temporary names, then renames: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
@@ -372,10 +373,86 @@ class ILGETagger(BaseEstimator):
         tagger.num_layers_, tagger.hidden_size_ = num_layers, hidden_size
         tagger.history_ = []
         tagger.best_epoch_, tagger.best_val_score_ = meta.get("best_epoch"), meta.get("best_val_score")
+        if meta.get("provenance"):
+            tagger.provenance_ = meta["provenance"]
         tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
         if isinstance(config, BestLayerConfig):
             tagger.best_layer_ = config.layer
         return tagger
+
+    @classmethod
+    def from_study(
+        cls,
+        storage: Any,
+        study_name: str,
+        *,
+        seed: int = 0,
+        retrain: bool = False,
+        artifact_dir: PathLike | None = None,
+        data_dir: PathLike | None = None,
+        device: str = "auto",
+        cache_dir: PathLike | None = None,
+        batch_size: int = 32,
+        verbose: bool = False,
+        trial: int | None = None,
+    ) -> ILGETagger:
+        """The tagger a finished tagging study found, fitted (``save`` writes the usual folder).
+
+        The final evaluation's weights (its best seed by validation), or the selected trial retrained
+        once with ``seed`` (``retrain=True``, a study without a final evaluation, or another ``trial``);
+        ``provenance_`` says which (study, trial, seed, storage without password, scores, versions).
+        The words are made as the study made them (its word pooling, 512 pieces per window).
+        """
+        from .study.export import load_study_model
+
+        found = load_study_model(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device=device,
+            progress=verbose,
+            trial=trial,
+        )
+        if found.task_kind != "tagging":
+            raise ValueError(
+                f"study {study_name!r} is a {found.task_kind} study; export it with ILGEClassifier.from_study"
+            )
+        tagger = cls(
+            base_model=found.base_model,
+            config=found.config,
+            word_pooling=found.word_pooling or "first",
+            max_length=found.max_length,
+            batch_size=batch_size,
+            device=device,
+            random_state=int(found.provenance["seed"]),
+            cache_dir=cache_dir,
+            verbose=verbose,
+        )
+        tagger.model_ = found.model.to(resolve_device(device)).eval()
+        tagger.classes_ = np.asarray(found.label_names)
+        tagger.config_ = found.config
+        tagger.num_layers_, tagger.hidden_size_ = found.num_layers, found.hidden_size
+        tagger.history_ = []
+        tagger.best_epoch_, tagger.best_val_score_ = None, found.provenance.get("val_score")
+        tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
+        tagger.provenance_ = dict(found.provenance)
+        if isinstance(found.config, BestLayerConfig):
+            tagger.best_layer_ = found.config.layer
+        return tagger
+
+
+def check_tagger_folder(path: PathLike) -> Path:
+    """``path`` if :meth:`ILGETagger.save` may write there (a new or empty folder, or an earlier save);
+    else a one-line ``ValueError``, before any work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a folder; the tagger is saved as a folder")
+    _refuse_foreign_files(path)
+    return path
 
 
 def _refuse_foreign_files(path: Path) -> None:

@@ -56,6 +56,7 @@ LAYERS: Dict[str, int] = {
     "classifier": 6,
     "tagger": 6,
     "predict": 6,
+    "predict_tags": 6,
     "explain": 6,
     # report above defaults: it reads what defaults/ stored and trains nothing
     "report": 7,

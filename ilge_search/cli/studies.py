@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
+from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
 from ..settings import Settings
 from ..tuning import PRUNERS, SAMPLERS
 from .group import (
@@ -24,10 +24,12 @@ from .group import (
 # copied here so that `ilge-search --help` stays fast (tests/test_cli_choices.py checks they are equal)
 SELECT_CHOICES = ("best", "one-se")  # ilge_search.study.selection.SELECTION_RULES
 PROTOCOL_CHOICES = ("matched", "paper")  # ilge_search.protocol.PROTOCOLS
+WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
-    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)})."
+    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)}; for a tagging task also "
+    f"{', '.join(TAGGER_FAMILIES)}: the Cayley graph over each word's own layers)."
 )
 
 
@@ -60,6 +62,9 @@ _ENCODER_HELP = (
 @study_option("--max-train", type=click.IntRange(min=1), default=None, field="max_train")
 @study_option("--max-eval", type=click.IntRange(min=1), default=None, field="max_eval")
 @study_option("--max-epochs", type=click.IntRange(min=1), default=None, field="max_epochs")
+@study_option(
+    "--word-pooling", type=click.Choice(WORD_POOLINGS), default="first", show_default=True, field="word_pooling"
+)
 @study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
 @study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
 @study_option(
@@ -124,6 +129,7 @@ def run_command(
     max_train,
     max_eval,
     max_epochs,
+    word_pooling: str,
     cv,
     warm_start: int,
     select,
@@ -173,6 +179,7 @@ def run_command(
         max_train=max_train,
         max_eval=max_eval,
         max_epochs=max_epochs,
+        word_pooling=word_pooling,
         cv=cv,
         warm_start=warm_start,
         **({"select": select} if select else {}),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -60,12 +60,22 @@ def export_command(
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
     The final evaluation's weights (its best seed by validation); a study without a final evaluation
-    gets its best trial retrained once with --seed.
+    gets its best trial retrained once with --seed. A tagging study gives an ILGETagger folder
+    (model.safetensors + ilge_tagger.json; ILGETagger.load).
     """
     from ..classifier import ILGEClassifier, check_save_folder
+    from ..study.export import study_task_kind
 
-    check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
-    clf = ILGEClassifier.from_study(
+    tagging = study_task_kind(storage, study_name) == "tagging"
+    if tagging:
+        from ..tagger import ILGETagger, check_tagger_folder
+
+        check_tagger_folder(out_dir)
+        model_class: Any = ILGETagger
+    else:
+        check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
+        model_class = ILGEClassifier
+    clf = model_class.from_study(
         storage,
         study_name,
         seed=seed,
@@ -76,7 +86,10 @@ def export_command(
         device=settings.device,
         trial=trial_number,
     )
-    clf.save(out_dir, overwrite=overwrite)
+    if tagging:
+        clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
+    else:
+        clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(
@@ -115,6 +128,12 @@ def export_command(
     default=None,
     help="Similarity models: the two text columns of each pair, comma-separated [default: sentence1,sentence2].",
 )
+@click.option(
+    "--tokens-col",
+    default=None,
+    help="Taggers: the JSONL column holding each sentence's list of words [default: tokens]; a .txt input "
+    "holds one sentence per line, split on whitespace.",
+)
 @click.option("--proba", is_flag=True, help="Add each class's probability (classifiers).")
 @click.option(
     "--chunk-rows",
@@ -140,6 +159,7 @@ def predict_command(
     out_path: Optional[str],
     text_col: Optional[str],
     text_cols: Optional[str],
+    tokens_col: Optional[str],
     proba: bool,
     chunk_rows: int,
     batch_size: int,
@@ -150,14 +170,18 @@ def predict_command(
     """Label every row of a file with an exported model (`ilge-search export`) or a saved ILGEClassifier.
 
     One output row per input row, in order: the row number, the text(s), and the label (with --proba the
-    class probabilities) or, for a similarity model, the score.
+    class probabilities) or, for a similarity model, the score. A tagger (an exported tagging study) reads
+    JSONL rows with a list of words, or plain text with one sentence per line, and writes one tag per word:
+    JSONL {"row", "tokens", "tags"}, or CSV/TSV with one line per word.
     """
     from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
+    from ..predict_tags import is_tagger_folder, predict_tags_file
 
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
-    summary = predict_file(
+    run = predict_tags_file if is_tagger_folder(model_dir) else predict_file
+    summary = run(
         model_dir,
-        PredictInput(input_path, text_col=text_col, text_cols=pair_cols),
+        PredictInput(input_path, text_col=text_col, text_cols=pair_cols, tokens_col=tokens_col),
         PredictOutput(out_path, proba=proba, overwrite=overwrite),
         options=PredictOptions(
             chunk_rows=chunk_rows,

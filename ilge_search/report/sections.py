@@ -36,6 +36,7 @@ from .tables import (
     studies_rows,
     summary_rows,
 )
+from .tokens import TOKEN_NOTE, draw_token_figures, token_rows
 
 __all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
 
@@ -88,6 +89,8 @@ class ReportData:
     layer_notes: dict[str, list[str]]
     loto: Any
     skipped: list[str]
+    tokens: Any = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
+    tagging: list[ReportStudy] = field(default_factory=list)  # the tagging studies, never in ``records``
 
 
 @dataclass
@@ -131,6 +134,9 @@ class Section:
 class ModelTables(Section):
     """Per model and protocol: the score table and the gain over the last layer."""
 
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.models)
+
     def contents(self, data: ReportData) -> list[ContentsEntry]:
         links = [(model, f"model-{slug(model)}") for model in data.models]
         return [("Tables", f"model-{slug(data.models[0])}", links)]
@@ -159,6 +165,9 @@ class ModelTables(Section):
 
 
 class AcrossModels(Section):
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.models)
+
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
         doc.table(
@@ -189,6 +198,9 @@ class ProtocolEffect(Section):
 
 
 class Notes(Section):
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.notes)
+
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
         doc.bullets(data.notes)
@@ -237,7 +249,7 @@ class Figures(Section):
         ]
 
     def applies(self, data: ReportData, folder: FigureFolder) -> bool:
-        return folder.draw
+        return folder.draw and bool(data.models)
 
     def contents(self, data: ReportData) -> list[ContentsEntry]:
         pairs = self.pairs(data)
@@ -370,10 +382,41 @@ class LeaveOneTaskOut(Section):
         )
 
 
+@dataclass
+class TokenTables(Section):
+    """Tagging studies: per model, every method's token accuracy on test, and a bar chart."""
+
+    drawn: dict[str, str] = field(default_factory=dict)
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return data.tokens is not None and not data.tokens.empty
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        paths = draw_token_figures(data.tokens, folder.path)
+        self.drawn = {model: path.relative_to(folder.out).as_posix() for model, path in paths.items()}
+        self.figures = list(self.drawn.values())
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(TOKEN_NOTE)
+        for model in model_order(data.tokens["model"]):
+            doc.heading(3, model)
+            header, rows = token_rows(data.tokens, model)
+            doc.table(
+                header,
+                rows,
+                label=f"tab:{slug(model)}-tokens",
+                text_columns=2,
+                caption=f"{model}: token accuracy on test (%), mean ± std (seeds).",
+            )
+            if model in self.drawn:
+                folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})
+
+
 class Studies(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
-        doc.table(*studies_rows(data.records))
+        doc.table(*studies_rows(data.records + data.tagging))
         if data.skipped:
             doc.paragraph("Not reported:")
             doc.bullets(data.skipped)
@@ -384,6 +427,7 @@ def report_sections() -> list[Section]:
     return [
         ModelTables(),
         AcrossModels("Across models", "across-models"),
+        TokenTables("Tagging tasks", "tagging"),
         ProtocolEffect("Protocol effect", "protocol-effect"),
         Notes("Notes", "notes"),
         LayerAttributions("Which layers carry the task", "layers"),

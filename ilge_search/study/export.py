@@ -45,6 +45,7 @@ __all__ = [
     "load_run_study",
     "selected_trial",
     "chosen_trial",
+    "study_task_kind",
     "STUDY_TOKEN_POOLING",
     "STUDY_MAX_LENGTH",
 ]
@@ -63,16 +64,18 @@ class StudyModel:
     Attributes:
         model: the trained ``ILGEModel`` in eval mode (its standardiser statistics are buffers).
         config: the encoder configuration it was trained with.
-        task_kind: ``"classification"`` or ``"similarity"``.
+        task_kind: ``"classification"``, ``"similarity"`` or ``"tagging"`` (``model`` is then a
+            :class:`~ilge_search.engine.TaggerModel`).
         metric: the study's metric (``accuracy`` or ``spearman``).
         base_model: the frozen model the features come from, as the study names it.
         token_pooling, max_length: how the study pooled and truncated tokens.
         num_layers, hidden_size: the shape ``(L, D)`` of one text's features.
-        label_names: class id -> name (empty for similarity).
+        label_names: class (or tag) id -> name (empty for similarity).
         score_range: ``(low, high)`` of the gold scores (similarity only).
         provenance: study, trial, seed, storage (password hidden), scores, the study's protocol and versions;
             ``test_score`` is that seed's stored test score, ``None`` under the paper protocol (whose test
             scores read the vectors out with a logistic regression, not with this model's head).
+        word_pooling: a tagging study's word pooling (``first`` or ``mean``); ``None`` for other tasks.
     """
 
     model: Any
@@ -87,6 +90,7 @@ class StudyModel:
     label_names: list[str] = field(default_factory=list)
     score_range: tuple[float, float] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    word_pooling: str | None = None
 
 
 def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
@@ -118,6 +122,14 @@ def _open_study(storage: str | Storage | None, study_name: str) -> tuple[Storage
     if not count_trials(study, ("COMPLETE",)):
         raise ValueError(f"study {study_name!r} has no complete trial yet; run it first (`ilge-search run`)")
     return opened, study
+
+
+def study_task_kind(storage: str | Storage | None, study_name: str) -> str:
+    """The task kind a study made by ``ilge-search run`` was run on (``classification``, ``similarity`` or
+    ``tagging``), read from its record without loading any model."""
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    study = load_run_study(opened, study_name, purpose="exported")
+    return str(_data(study_record(study)).task_kind or "classification")
 
 
 def _base_model(name: str) -> str:
@@ -177,14 +189,19 @@ def _from_artifacts(
             ) from None
     config = config_from_dict(meta["config"])
     score_range = meta.get("score_range")
-    model = build_model(
-        config,
-        int(meta["num_layers"]),
-        int(meta["hidden_size"]),
-        meta["task_kind"],
-        num_classes=meta.get("num_classes"),
-        score_range=None if score_range is None else tuple(score_range),
-    )
+    if meta["task_kind"] == "tagging":
+        from ..engine import build_tagger
+
+        model: Any = build_tagger(config, int(meta["num_layers"]), int(meta["hidden_size"]), int(meta["num_classes"]))
+    else:
+        model = build_model(
+            config,
+            int(meta["num_layers"]),
+            int(meta["hidden_size"]),
+            meta["task_kind"],
+            num_classes=meta.get("num_classes"),
+            score_range=None if score_range is None else tuple(score_range),
+        )
     expected = model.state_dict()
     if set(expected) != set(state) or any(expected[k].shape != state[k].shape for k in expected):
         raise ValueError(
@@ -235,6 +252,7 @@ def load_training_data(
         data_dir=None if data_dir is None else str(data_dir),
         cache_dir=None if cache_dir is None else str(cache_dir),
         device=device,
+        word_pooling=identity.word_pooling or "first",
     )
     data = load_study_data(spec, with_test=with_test, progress=progress)
     changed = [
@@ -445,6 +463,7 @@ def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provena
         ilge_search_version=__version__, exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
     task_kind = str(data.task_kind)
+    tagging = task_kind == "tagging"
     return StudyModel(
         model=model,
         config=config,
@@ -453,9 +472,10 @@ def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provena
         base_model=_base_model(str(identity.model)),
         token_pooling=STUDY_TOKEN_POOLING,
         max_length=STUDY_MAX_LENGTH,
-        num_layers=int(model.aggregator.num_layers),
-        hidden_size=int(model.aggregator.hidden_in),
-        label_names=list(data.label_names) if task_kind == "classification" else [],
-        score_range=model.score_range,
+        num_layers=int(model.num_layers if tagging else model.aggregator.num_layers),
+        hidden_size=int(model.hidden_in if tagging else model.aggregator.hidden_in),
+        label_names=list(data.label_names) if task_kind in ("classification", "tagging") else [],
+        score_range=None if tagging else model.score_range,
         provenance=provenance,
+        word_pooling=(identity.word_pooling or "first") if tagging else None,
     )

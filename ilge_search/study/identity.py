@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
+from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
 from ..objectives import DEFAULT_OBJECTIVES, objective_directions, objective_metric_names, objective_suffix
 from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from ..record import (
@@ -80,7 +80,7 @@ __all__ = [
     "create_or_load",
 ]
 
-ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
+ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES + TAGGER_FAMILIES
 
 
 READY_WAIT_SECONDS = 30.0
@@ -133,13 +133,15 @@ def data_identity(task_data: Any) -> dict[str, Any]:
     }
 
 
-def resolve_encoders(encoders: str | Sequence[str]) -> list[str]:
-    """Expand ``"all"`` and check names; keeps order and drops duplicates."""
+def resolve_encoders(encoders: str | Sequence[str], *, tagging: bool = False) -> list[str]:
+    """Expand ``"all"`` and check names; keeps order and drops duplicates. ``"all"`` holds the tagging-only
+    encoders (``cayley-word``) only for a ``tagging`` task."""
     if isinstance(encoders, str):
         encoders = [encoders]
+    everything = [name for name in ENCODER_CHOICES if tagging or name not in TAGGER_FAMILIES]
     out: list[str] = []
     for name in encoders:
-        names = list(ENCODER_CHOICES) if name == "all" else [name]
+        names = everything if name == "all" else [name]
         for item in names:
             if item not in ENCODER_CHOICES:
                 raise ValueError(f"unknown encoder {item!r}; expected one of {list(ENCODER_CHOICES)} or 'all'")
@@ -164,17 +166,19 @@ def default_study_name(
     protocol: str = DEFAULT_PROTOCOL,
     samples_per_label: int | None = None,
     warm_start: int | None = None,
+    word_pooling: str | None = None,
 ) -> str:
     """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
     (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
     ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
     ``:paper-16-per-label`` when its examples per label are not the task's default; ``:warm4`` for a study
-    that enqueued 4 portfolio members after its starting configuration).
+    that enqueued 4 portfolio members after its starting configuration; ``:mean-words`` for a tagging
+    study whose words are the mean of their pieces).
 
-    >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
-    'minilm-l6:trec:cayley:8shot'
-    >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
-    'minilm-l6:trec:cayley:paper'
+        >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
+        'minilm-l6:trec:cayley:8shot'
+        >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
+        'minilm-l6:trec:cayley:paper'
     """
     parts = [str(model), str(task), encoder]
     if shots is not None:
@@ -195,18 +199,27 @@ def default_study_name(
         parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
     if warm_start:
         parts.append(f"warm{warm_start}")
+    if word_pooling not in (None, "first"):
+        parts.append(f"{word_pooling}-words")
     return ":".join(parts)
 
 
 def study_identity(
-    model: str, task: str, encoder: str, options: StudyOptions, *, registered: bool | None = None
+    model: str,
+    task: str,
+    encoder: str,
+    options: StudyOptions,
+    *,
+    registered: bool | None = None,
+    tagging: bool = False,
 ) -> dict[str, Any]:
     """What a study searches and how it is scored: an :class:`~ilge_search.record.Identity` as the user attrs
     it is stored as.
 
     Under the paper protocol ``samples_per_label`` is resolved here (the option,
     else the MTEB task's own value for a ``registered`` task, else 8); it is
-    ``None`` under the matched protocol. ``registered`` defaults to :func:`is_registered_task`.
+    ``None`` under the matched protocol. ``registered`` defaults to :func:`is_registered_task`. A ``tagging``
+    study also records its ``word_pooling``.
     """
     samples_per_label = None
     if options.final.protocol == "paper":
@@ -226,6 +239,7 @@ def study_identity(
         protocol=options.final.protocol,
         samples_per_label=samples_per_label,
         warm_start=options.search.warm_start or None,
+        word_pooling=options.data.word_pooling if tagging else None,
     )
     return identity.to_attrs()
 

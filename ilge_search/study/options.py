@@ -46,6 +46,7 @@ __all__ = [
 PathLike = Union[str, os.PathLike]
 TrialCount = Union[int, Mapping[str, Union[int, None]], None]
 
+WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS, copied import-free for the CLI's help
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
 
 
@@ -209,6 +210,11 @@ class DataOptions:
         help="similarity tasks whose test split every final model is also scored on (zero-shot STS; similarity "
         "studies only).",
     )
+    word_pooling: str = _option(
+        "first",
+        help="tagging tasks: how a word's sub-word pieces become its vector in every layer, 'first' (its first "
+        "piece) or 'mean' (their mean); part of a tagging study's identity (and name, :mean-words).",
+    )
     data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
     cache_dir: str | None = _option(help="the embedding cache folder.")
 
@@ -216,6 +222,7 @@ class DataOptions:
         for name in ("shots", "max_train", "max_eval"):
             check_int(name, getattr(self, name), allow_none=True)
         check_int("data_seed", self.data_seed, minimum=0)
+        check_choice("word_pooling", self.word_pooling, WORD_POOLINGS)
         tasks = (self.zero_shot_tasks,) if isinstance(self.zero_shot_tasks, str) else self.zero_shot_tasks
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in tasks))
         for name in ("data_dir", "cache_dir"):

@@ -61,6 +61,7 @@ from .identity import (
     task_label,
 )
 from .options import StudyOptions, check_study_name
+from .tokens import CALIBRATION_SENTENCES, check_tagging_options, head, rows_of, tagging_calibration_data
 
 __all__ = [
     "RunCheck",
@@ -181,9 +182,8 @@ def check_run(
     """
     from ..files import check_writable
 
-    encoder_list = resolve_encoders(encoders)
-    trial_counts = options.search.trial_counts(encoder_list)
-    if options.search.study_name is not None and len(encoder_list) > 1:
+    named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
+    if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
     opened = _open(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
@@ -203,6 +203,10 @@ def check_run(
     spec = DataSpec.from_options(model, task, options, source=source)
     loaded = load_task(spec.task, spec.data_dir)
     task_data = load_task_data(spec, loaded)
+    tagging = task_data.kind == "tagging"
+    encoder_list = resolve_encoders(encoders, tagging=tagging)
+    trial_counts = options.search.trial_counts(encoder_list)
+    check_tagging_options(task_data, encoder_list, options)
     if options.data.zero_shot_tasks and task_data.kind != "similarity":
         raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
     check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
@@ -226,11 +230,17 @@ def check_run(
             protocol=options.final.protocol,
             samples_per_label=options.final.samples_per_label,
             warm_start=options.search.warm_start,
+            word_pooling=options.data.word_pooling if tagging else None,
         )
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
-                model, task_label(task, loaded, fingerprint=False), enc, options, registered=is_registered_task(task)
+                model,
+                task_label(task, loaded, fingerprint=False),
+                enc,
+                options,
+                registered=is_registered_task(task),
+                tagging=tagging,
             ),
             **data_id,
             "model_revision": source.revision,
@@ -618,6 +628,9 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
     import numpy as np
     import torch
 
+    if check.task_data.kind == "tagging":
+        sentences = min(plan.split_sizes["train"], CALIBRATION_SENTENCES)
+        return tagging_calibration_data(check, plan, sentences, lambda: _time_extraction(check, plan, device))
     fraction = _subset_rows(plan.split_sizes["train"]) / plan.split_sizes["train"]
     rows = {
         "train": _subset_rows(plan.split_sizes["train"]),
@@ -700,9 +713,9 @@ def _time_config(
     if plan.num_layers is None:  # _calibration_data sets it before any config is timed
         raise RuntimeError("the calibration data did not say how many layers the model has")
     last_layer = plan.num_layers - 1
-    scale = plan.split_sizes["train"] / len(train[1])
+    scale = plan.split_sizes["train"] / rows_of(train)
     task_kind = check.task_data.kind
-    num_classes = len(check.task_data.label_names) if task_kind == "classification" else None
+    num_classes = len(check.task_data.label_names) if task_kind in ("classification", "tagging") else None
     common: dict[str, Any] = dict(
         task_kind=task_kind,
         num_classes=num_classes,
@@ -711,8 +724,8 @@ def _time_config(
         recipe=TrainingRecipe(patience=None),
     )
     # an untimed epoch on a few rows first: the first call of an encoder pays one-time imports and set-up
-    few = min(len(train[1]), WARM_UP_ROWS)
-    warm_up = (train[0][:few], train[1][:few]), (validation[0][:few], validation[1][:few])
+    few = min(rows_of(train), WARM_UP_ROWS)
+    warm_up = head(train, few), head(validation, few)
     if encoder == "best-layer":
         select_best_layer(config.replace(epochs=1), *warm_up, layers=[last_layer], **common)
     else:

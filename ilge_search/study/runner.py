@@ -237,16 +237,20 @@ def _optimize_and_evaluate(
     """Steps 4 and 5 of :func:`run_study` on a created or loaded study."""
     fail_stale_trials(study, storage)
     requeue_failed_recommended(study, storage)
+    total = options.search.total_for(encoder)
+    if count is not None:
+        adding = f"{count} trials"
+    else:
+        adding = "trials until timeout" if total is None else f"trials until it holds {total}"
     logger.info(
         "%s study %s (%d finished trials); adding %s",
         "created" if created else "resuming",
         name,
         finished_trial_count(study),
-        "trials until timeout" if count is None else f"{count} trials",
+        adding,
     )
 
     # ---- 4. optimise
-    total = options.search.total_for(encoder)
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:

@@ -66,7 +66,7 @@ from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
 from .final import final_is_current
 from .folds import check_cv
-from .identity import default_study_name, is_registered_task, resolve_encoders, task_label
+from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
 from .options import StudyOptions
 from .plan import missing_sqlite_file
 from .results import StudyResult, study_result
@@ -294,7 +294,7 @@ def _encoders(where: str, value: Any) -> List[str]:
 def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
     if not isinstance(table, Mapping):
         raise _fail(where, f"trials must be a table of encoder = count, got {table!r}")
-    _check_keys(where + " [trials]", table, set(resolve_encoders("all")) | {"default"})
+    _check_keys(where + " [trials]", table, set(ENCODER_CHOICES) | {"default"})
     out = {}
     for encoder in encoders:
         value = table.get(encoder, table.get("default"))
@@ -319,7 +319,7 @@ def _objectives(
         return base
     try:
         if isinstance(value, Mapping):
-            _check_keys(where + " objectives", value, set(resolve_encoders("all")) | {"default"})
+            _check_keys(where + " objectives", value, set(ENCODER_CHOICES) | {"default"})
             default = check_objectives(value["default"]) if "default" in value else None
             return {
                 encoder: check_objectives(value[encoder])
@@ -389,7 +389,7 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
 def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
-    all_encoders = resolve_encoders("all")
+    all_encoders = list(ENCODER_CHOICES)
     grid_objectives = _objectives(where, raw.get("objectives"), all_encoders)
     tasks = raw.get("tasks")
     if not isinstance(tasks, Mapping) or not tasks:

@@ -196,6 +196,9 @@ class TrialObjective:
             best_epoch=int(result.best_epoch),
             seconds=round(float(result.seconds), 3),
         )
+        best = result.history[result.best_epoch - 1] if 0 < result.best_epoch <= len(result.history) else {}
+        if data.task_kind == "tagging" and "val_macro_f1" in best:
+            save_trial(trial, val_macro_f1=float(best["val_macro_f1"]))
         return self._values(
             trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
         )
