@@ -267,3 +267,17 @@ def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, s
     assert ("cayley" in json.loads(shipped.read_text())["families"]) == wins
     with pytest.raises(ValueError, match=r"no complete portfolio of cayley \(small\) .* --check` first"):
         recommend_defaults(studies, tmp_path / "none.json", None, families=["cayley"], method="portfolio")
+
+
+def test_the_matrix_is_drawn_and_the_left_out_rows_tabled(built, tmp_path):
+    from ilge_search.report.portfolio import draw_matrix, held_out_table, verdict_lines
+
+    _, result = built
+    path = draw_matrix(result, tmp_path / "figures" / "matrix.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = held_out_table(result.held_out).splitlines()
+    assert len(table) == 2 + len(result.held_out.rows)
+    first = result.held_out.rows[0]
+    assert f"| {first['builtin']:.2f} |" in table[2] and f"{first['portfolio_default_diff']:+.2f}" in table[2]
+    lines = verdict_lines(result.held_out)
+    assert len(lines) == 3 and all(line.startswith("leave one task out") for line in lines)

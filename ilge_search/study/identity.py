@@ -74,6 +74,7 @@ __all__ = [
     "requeue_failed_recommended",
     "resolve_encoders",
     "default_study_name",
+    "with_warm_start",
     "study_identity",
     "check_identity",
     "precheck_existing",
@@ -165,15 +166,13 @@ def default_study_name(
     objectives: Sequence[str] = DEFAULT_OBJECTIVES,
     protocol: str = DEFAULT_PROTOCOL,
     samples_per_label: int | None = None,
-    warm_start: int | None = None,
     word_pooling: str | None = None,
 ) -> str:
     """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
     (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
     ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
-    ``:paper-16-per-label`` when its examples per label are not the task's default; ``:warm4`` for a study
-    that enqueued 4 portfolio members after its starting configuration; ``:mean-words`` for a tagging
-    study whose words are the mean of their pieces).
+    ``:paper-16-per-label`` when its examples per label are not the task's default; ``:mean-words`` for a
+    tagging study whose words are the mean of their pieces). :func:`with_warm_start` adds ``:warmK``.
 
         >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
         'minilm-l6:trec:cayley:8shot'
@@ -197,11 +196,15 @@ def default_study_name(
     if protocol != DEFAULT_PROTOCOL:
         default = paper_samples_per_label(str(task))
         parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
-    if warm_start:
-        parts.append(f"warm{warm_start}")
     if word_pooling not in (None, "first"):
         parts.append(f"{word_pooling}-words")
     return ":".join(parts)
+
+
+def with_warm_start(name: str, warm_start: int | None) -> str:
+    """``name`` with ``:warmK`` for a study that enqueued K portfolio members after its starting
+    configuration (``run --warm-start K``), so that it never merges with a cold one."""
+    return f"{name}:warm{warm_start}" if warm_start else name
 
 
 def study_identity(

@@ -59,6 +59,7 @@ from .identity import (
     resolve_encoders,
     study_identity,
     task_label,
+    with_warm_start,
 )
 from .options import StudyOptions, check_study_name
 from .tokens import CALIBRATION_SENTENCES, check_tagging_options, head, rows_of, tagging_calibration_data
@@ -217,21 +218,7 @@ def check_run(
     identities: Dict[str, Dict[str, Any]] = {}
     hints: Dict[str, str] = {}
     for enc in encoder_list:
-        default = default_study_name(
-            model,
-            label,
-            enc,
-            shots=options.data.shots,
-            max_train=options.data.max_train,
-            max_eval=options.data.max_eval,
-            max_epochs=options.search.max_epochs,
-            cv=options.search.cv,
-            objectives=options.search.objectives,
-            protocol=options.final.protocol,
-            samples_per_label=options.final.samples_per_label,
-            warm_start=options.search.warm_start,
-            word_pooling=options.data.word_pooling if tagging else None,
-        )
+        default = _default_name(model, label, enc, options, tagging)
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
@@ -269,6 +256,25 @@ def check_run(
         hints=hints,
         cache_keys=cache_keys,
     )
+
+
+def _default_name(model: str, label: str, encoder: str, options: StudyOptions, tagging: bool) -> str:
+    """The study's default name from the options that are part of its identity."""
+    name = default_study_name(
+        model,
+        label,
+        encoder,
+        shots=options.data.shots,
+        max_train=options.data.max_train,
+        max_eval=options.data.max_eval,
+        max_epochs=options.search.max_epochs,
+        cv=options.search.cv,
+        objectives=options.search.objectives,
+        protocol=options.final.protocol,
+        samples_per_label=options.final.samples_per_label,
+        word_pooling=options.data.word_pooling if tagging else None,
+    )
+    return with_warm_start(name, options.search.warm_start)
 
 
 def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, count: int) -> None:
