@@ -77,6 +77,11 @@ _LAZY = {
     "leave_one_task_out": "defaults.loto",
     "stored_loto": "defaults.loto",
     "LotoResult": "defaults.loto",
+    "predict_tags_file": "predict_tags",
+    "EnsembleModel": "engine.ensemble",
+    "EnsembleRecord": "record",
+    "ensemble_study": "study.ensemble",
+    "greedy_selection": "study.ensemble",
 }
 
 __all__ = [

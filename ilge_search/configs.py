@@ -20,6 +20,7 @@ from .validation import check_int
 __all__ = [
     "EncoderConfig",
     "CayleyConfig",
+    "CayleyWordConfig",
     "FCConfig",
     "DeepSetConfig",
     "LastLayerConfig",
@@ -30,6 +31,7 @@ __all__ = [
     "CONFIG_CLASSES",
     "ENCODER_FAMILIES",
     "BASELINE_FAMILIES",
+    "TAGGER_FAMILIES",
     "config_from_dict",
     "config_class_for",
 ]
@@ -110,6 +112,14 @@ class CayleyConfig(_GraphConfig):
     """GNN over the Cayley graph of SL(2, Z_n) (sparse 4-regular expander)."""
 
     family: ClassVar[str] = "cayley"
+
+
+@dataclass
+class CayleyWordConfig(CayleyConfig):
+    """Tagging only: the Cayley GNN over each word's own layer stack (one graph per word, no messages
+    between words), where ``cayley`` builds one graph over every (word, layer) node of a sentence."""
+
+    family: ClassVar[str] = "cayley-word"
 
 
 @dataclass
@@ -199,6 +209,7 @@ CONFIG_CLASSES: Dict[str, Type[EncoderConfig]] = {
     cls.family: cls
     for cls in (
         CayleyConfig,
+        CayleyWordConfig,
         FCConfig,
         DeepSetConfig,
         LastLayerConfig,
@@ -210,6 +221,7 @@ CONFIG_CLASSES: Dict[str, Type[EncoderConfig]] = {
 }
 ENCODER_FAMILIES = ("cayley", "fc", "deepset")
 BASELINE_FAMILIES = ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last")
+TAGGER_FAMILIES = ("cayley-word",)  # encoders of tagging studies only
 
 
 def config_class_for(family: str) -> Type[EncoderConfig]:

@@ -214,11 +214,14 @@ class PredictInput:
         path: the input file.
         text_col: the text column (default ``text``); a plain-text file has none.
         text_cols: the two columns of a similarity model's pairs (default ``sentence1``, ``sentence2``).
+        tokens_col: a tagger's column of words in a JSONL file (default ``tokens``;
+            :func:`~ilge_search.predict_tags.predict_tags_file`).
     """
 
     path: PathLike
     text_col: str | None = None
     text_cols: Sequence[str] | None = None
+    tokens_col: str | None = None
 
 
 @dataclass(frozen=True)
@@ -357,6 +360,13 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
         if out_path.exists() and not out.overwrite:
             raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
         check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
+    if (Path(model_dir) / "ilge_tagger.json").is_file():
+        raise ValueError(
+            f"{model_dir} holds an ILGETagger; tag files with ilge_search.predict_tags.predict_tags_file "
+            "(`ilge-search predict` does this by itself)"
+        )
+    if source.tokens_col is not None:
+        raise ValueError("--tokens-col is for taggers; this model reads texts: pass --text-col")
     clf = ILGEClassifier.load(
         model_dir,
         device=options.device,

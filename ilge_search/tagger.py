@@ -30,7 +30,7 @@ from .models import model_reference_to_load, model_reference_to_save, resolve_de
 from .validation import ArgumentTypeError, check_choice, check_int
 from .words import WORD_POOLINGS, check_sentences
 
-__all__ = ["ILGETagger", "FORMAT_VERSION"]
+__all__ = ["ILGETagger", "FORMAT_VERSION", "META_FILE", "check_tagger_folder"]
 
 FORMAT = "ilge-search-tagger"
 FORMAT_VERSION = 1
@@ -75,7 +75,7 @@ class ILGETagger(BaseEstimator):
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
-        verbose: show progress bars.
+        progress: show progress bars.
         val_fraction: share of the training sentences held out for early stopping when no validation
             sentences are given.
         patience: early-stopping patience in epochs.
@@ -101,7 +101,7 @@ class ILGETagger(BaseEstimator):
         device: str = "auto",
         random_state: int = 0,
         cache_dir: PathLike | None = None,
-        verbose: bool = False,
+        progress: bool = False,
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
@@ -113,7 +113,7 @@ class ILGETagger(BaseEstimator):
         self.device = device
         self.random_state = random_state
         self.cache_dir = cache_dir
-        self.verbose = verbose
+        self.progress = progress
         self.val_fraction = val_fraction
         self.patience = patience
 
@@ -183,7 +183,9 @@ class ILGETagger(BaseEstimator):
             word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device
         )
         model = cast(PathLike, self.base_model)  # checked by _check_params
-        return get_or_extract_sentences(self._embedding_cache(), model, sentences, options, progress=bool(self.verbose))
+        return get_or_extract_sentences(
+            self._embedding_cache(), model, sentences, options, progress=bool(self.progress)
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -244,7 +246,7 @@ class ILGETagger(BaseEstimator):
             seed=int(self.random_state),
             device=self.device,
             recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.verbose),
+            progress=bool(self.progress),
         )
         if isinstance(config, BestLayerConfig) and config.layer is None:
             layer, result, scores = select_best_layer(config, train, val, **options)
@@ -319,6 +321,7 @@ class ILGETagger(BaseEstimator):
             "random_state": int(self.random_state),
             "best_epoch": self.best_epoch_,
             "best_val_score": self.best_val_score_,
+            "provenance": getattr(self, "provenance_", None),
         }
         # temporary names, then renames: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
@@ -337,7 +340,7 @@ class ILGETagger(BaseEstimator):
         device: str = "auto",
         cache_dir: PathLike | None = None,
         batch_size: int = 32,
-        verbose: bool = False,
+        progress: bool = False,
         base_model: PathLike | None = None,
     ) -> ILGETagger:
         """Rebuild a tagger written by :meth:`save` (the LLM loads on the first ``predict``).
@@ -359,7 +362,7 @@ class ILGETagger(BaseEstimator):
                 device=device,
                 random_state=int(meta["random_state"]),
                 cache_dir=cache_dir,
-                verbose=verbose,
+                progress=progress,
             )
             num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -372,10 +375,88 @@ class ILGETagger(BaseEstimator):
         tagger.num_layers_, tagger.hidden_size_ = num_layers, hidden_size
         tagger.history_ = []
         tagger.best_epoch_, tagger.best_val_score_ = meta.get("best_epoch"), meta.get("best_val_score")
+        if meta.get("provenance"):
+            tagger.provenance_ = meta["provenance"]
         tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
         if isinstance(config, BestLayerConfig):
             tagger.best_layer_ = config.layer
         return tagger
+
+    @classmethod
+    def from_study(
+        cls,
+        storage: Any,
+        study_name: str,
+        *,
+        seed: int = 0,
+        retrain: bool = False,
+        artifact_dir: PathLike | None = None,
+        data_dir: PathLike | None = None,
+        device: str = "auto",
+        cache_dir: PathLike | None = None,
+        batch_size: int = 32,
+        progress: bool = False,
+        trial: int | None = None,
+        task_path: PathLike | None = None,
+    ) -> ILGETagger:
+        """The tagger a finished tagging study found, fitted (``save`` writes the usual folder).
+
+        The final evaluation's weights (its best seed by validation), or the selected trial retrained
+        once with ``seed`` (``retrain=True``, a study without a final evaluation, or another ``trial``);
+        ``provenance_`` says which (study, trial, seed, storage without password, scores, versions).
+        The words are made as the study made them (its word pooling, 512 pieces per window).
+        """
+        from .study.export import load_study_model
+
+        found = load_study_model(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=data_dir,
+            cache_dir=cache_dir,
+            device=device,
+            progress=progress,
+            trial=trial,
+            task_path=task_path,
+        )
+        if found.task_kind != "tagging":
+            raise ValueError(
+                f"study {study_name!r} is a {found.task_kind} study; export it with ILGEClassifier.from_study"
+            )
+        tagger = cls(
+            base_model=found.base_model,
+            config=found.config,
+            word_pooling=found.word_pooling or "first",
+            max_length=found.max_length,
+            batch_size=batch_size,
+            device=device,
+            random_state=int(found.provenance["seed"]),
+            cache_dir=cache_dir,
+            progress=progress,
+        )
+        tagger.model_ = found.model.to(resolve_device(device)).eval()
+        tagger.classes_ = np.asarray(found.label_names)
+        tagger.config_ = found.config
+        tagger.num_layers_, tagger.hidden_size_ = found.num_layers, found.hidden_size
+        tagger.history_ = []
+        tagger.best_epoch_, tagger.best_val_score_ = None, found.provenance.get("val_score")
+        tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
+        tagger.provenance_ = dict(found.provenance)
+        if isinstance(found.config, BestLayerConfig):
+            tagger.best_layer_ = found.config.layer
+        return tagger
+
+
+def check_tagger_folder(path: PathLike) -> Path:
+    """``path`` if :meth:`ILGETagger.save` may write there (a new or empty folder, or an earlier save);
+    else a one-line ``ValueError``, before any work."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} exists and is not a folder; the tagger is saved as a folder")
+    _refuse_foreign_files(path)
+    return path
 
 
 def _refuse_foreign_files(path: Path) -> None:

@@ -69,6 +69,7 @@ from .configs import (
     BASELINE_FAMILIES,
     CONFIG_CLASSES,
     ENCODER_FAMILIES,
+    TAGGER_FAMILIES,
     EncoderConfig,
     config_class_for,
 )
@@ -107,6 +108,7 @@ _PLAIN_DEFAULTS = {"small": {"lr": 1e-3}, "large": {"lr": 1e-4}}
 BUILTIN_RECOMMENDED: Dict[str, Dict[str, Dict[str, Any]]] = {
     "cayley": _GRAPH_DEFAULTS,
     "fc": _GRAPH_DEFAULTS,
+    "cayley-word": _GRAPH_DEFAULTS,
     "deepset": {bucket: {"lr": v["lr"], "hidden_dim": 256} for bucket, v in _GRAPH_DEFAULTS.items()},
     **{family: _PLAIN_DEFAULTS for family in BASELINE_FAMILIES},
     "mlp-last": {bucket: {"lr": v["lr"], "hidden_dim": 256} for bucket, v in _GRAPH_DEFAULTS.items()},
@@ -115,7 +117,8 @@ BUILTIN_RECOMMENDED: Dict[str, Dict[str, Dict[str, Any]]] = {
 
 def _check_family(family: str) -> None:
     if family not in CONFIG_CLASSES:
-        raise ValueError(f"unknown family {family!r}; expected one of {list(ENCODER_FAMILIES + BASELINE_FAMILIES)}")
+        known = list(ENCODER_FAMILIES + BASELINE_FAMILIES + TAGGER_FAMILIES)
+        raise ValueError(f"unknown family {family!r}; expected one of {known}")
 
 
 def _suggest_fields(trial, family: str, fixed: Dict[str, Any]) -> Dict[str, Any]:
@@ -126,7 +129,7 @@ def _suggest_fields(trial, family: str, fixed: Dict[str, Any]) -> Dict[str, Any]
             values[name] = suggest()
         return values[name]
 
-    if family in ("cayley", "fc"):
+    if family in ("cayley", "fc", "cayley-word"):
         conv_type = pick("conv_type", lambda: trial.suggest_categorical("conv_type", ["gin", "gcn", "gat"]))
         pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
         pick("gnn_layers", lambda: trial.suggest_int("gnn_layers", 1, 3))
@@ -142,7 +145,7 @@ def _suggest_fields(trial, family: str, fixed: Dict[str, Any]) -> Dict[str, Any]
         pick("pooling", lambda: trial.suggest_categorical("pooling", ["mean", "sum"]))
     elif family == "mlp-last":
         pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
-    if family in ENCODER_FAMILIES:
+    if family in ENCODER_FAMILIES + TAGGER_FAMILIES:
         pick("dropout", lambda: trial.suggest_float("dropout", 0.0, 0.5))
     pick("lr", lambda: trial.suggest_float("lr", 1e-5, 1e-2, log=True))
     pick("weight_decay", lambda: trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True))

@@ -48,6 +48,7 @@ __all__ = [
     "get_or_extract_sentences",
     "load_word_embeddings",
     "sentences_fingerprint",
+    "word_entry_key",
 ]
 
 WORDS_LAYOUT_VERSION = 1  # bump when the alignment of pieces to words or the entry layout changes
@@ -301,6 +302,23 @@ def _get_or_extract(
     return cache.get_or_build(job.key, lambda key: _read_words(cache, key), build, progress)
 
 
+def word_entry_key(
+    cache: EmbeddingCache, source: ModelSource, where: tuple[str, str, str], options: WordOptions
+) -> str:
+    """The cache key of the word entry of ``where`` = (task, split, fingerprint), computed without reading or
+    writing the cache."""
+    task, split, fingerprint = where
+    return cache.key(
+        model_identity=source.identity,
+        task=task,
+        split=split,
+        fingerprint=fingerprint,
+        max_length=options.max_length,
+        storage_dtype=options.storage_dtype,
+        extra=options.key_fields(),
+    )
+
+
 def _new_job(
     cache: EmbeddingCache,
     source: ModelSource,
@@ -312,15 +330,7 @@ def _new_job(
     (sentences, labels or None)."""
     task, split, fingerprint = where
     sentences, labels = data
-    key = cache.key(
-        model_identity=source.identity,
-        task=task,
-        split=split,
-        fingerprint=fingerprint,
-        max_length=options.max_length,
-        storage_dtype=options.storage_dtype,
-        extra=options.key_fields(),
-    )
+    key = word_entry_key(cache, source, where, options)
     meta = cache.entry_meta(
         key, source, task, split, fingerprint, "mean", options.max_length, options.storage_dtype, options.device
     )

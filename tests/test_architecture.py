@@ -27,6 +27,7 @@ LAYERS: Dict[str, int] = {
     "_version": 0,
     "settings": 0,
     "validation": 0,
+    "inputs": 0,
     "files": 0,
     "scores": 0,
     "configs": 1,
@@ -56,6 +57,7 @@ LAYERS: Dict[str, int] = {
     "classifier": 6,
     "tagger": 6,
     "predict": 6,
+    "predict_tags": 6,
     "explain": 6,
     # report above defaults: it reads what defaults/ stored and trains nothing
     "report": 7,

@@ -74,7 +74,7 @@ def test_each_sentence_of_a_batch_is_its_own_graph(config):
     torch.testing.assert_close(model(changed)[1:], together[1:])
 
 
-@pytest.mark.parametrize("family", ["last-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset"])
+@pytest.mark.parametrize("family", ["last-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset", "cayley-word"])
 def test_per_word_encoders_read_each_word_alone(family):
     torch.manual_seed(0)
     model = build_tagger(C.config_class_for(family)(), num_layers=5, hidden_in=8, num_classes=3).eval()
@@ -99,11 +99,13 @@ def test_a_tag_in_a_middle_layer_is_found_by_cayley_and_missed_by_the_last_layer
     train, val, test = middle_layer_tags(200, seed=0), middle_layer_tags(60, seed=1), middle_layer_tags(100, seed=2)
     last = _accuracy(_train(C.LastLayerConfig(epochs=20), train, val), test)
     cayley = _accuracy(_train(SMALL_CAYLEY.replace(gnn_layers=2), train, val), test)
+    per_word = _accuracy(_train(C.CayleyWordConfig(hidden_dim=32, epochs=20, batch_size=16), train, val), test)
     layer, probe, scores = select_best_layer(
         C.BestLayerConfig(epochs=20), train.data, val.data, task_kind=TAGGING, num_classes=5
     )
     assert last < 0.3
     assert cayley > last + 0.25, (cayley, last)
+    assert per_word > last + 0.25, (per_word, last)  # the Cayley graph over the word's own layers finds it too
     assert layer == 2 and int(np.argmax(scores)) == 2 and _accuracy(probe, test) > 0.9
 
 

@@ -6,7 +6,7 @@ from typing import Optional
 
 import click
 
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
+from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
 from ..settings import Settings
 from ..tuning import PRUNERS, SAMPLERS
 from .group import (
@@ -24,10 +24,12 @@ from .group import (
 # copied here so that `ilge-search --help` stays fast (tests/test_cli_choices.py checks they are equal)
 SELECT_CHOICES = ("best", "one-se")  # ilge_search.study.selection.SELECTION_RULES
 PROTOCOL_CHOICES = ("matched", "paper")  # ilge_search.protocol.PROTOCOLS
+WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
-    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)})."
+    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)}; for a tagging task also "
+    f"{', '.join(TAGGER_FAMILIES)}: the Cayley graph over each word's own layers)."
 )
 
 
@@ -83,7 +85,11 @@ def _columns(text_col, label_col, text_cols, score_col) -> dict:
 @study_option("--max-train", type=click.IntRange(min=1), default=None, field="max_train")
 @study_option("--max-eval", type=click.IntRange(min=1), default=None, field="max_eval")
 @study_option("--max-epochs", type=click.IntRange(min=1), default=None, field="max_epochs")
+@study_option(
+    "--word-pooling", type=click.Choice(WORD_POOLINGS), default="first", show_default=True, field="word_pooling"
+)
 @study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
+@study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
 @study_option(
     "--select",
     type=click.Choice(SELECT_CHOICES),
@@ -109,6 +115,7 @@ def _columns(text_col, label_col, text_cols, score_col) -> dict:
     "--protocol", type=click.Choice(PROTOCOL_CHOICES), default=PROTOCOL_CHOICES[0], show_default=True, field="protocol"
 )
 @study_option("--samples-per-label", type=click.IntRange(min=1), default=None, field="samples_per_label")
+@study_option("--ensemble", type=click.IntRange(min=0), default=None, field="ensemble", more="[default: {default}]")
 @study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
 @study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
 @study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")
@@ -150,12 +157,15 @@ def run_command(
     max_train,
     max_eval,
     max_epochs,
+    word_pooling: str,
     cv,
+    warm_start: int,
     select,
     objectives,
     final_front,
     protocol: str,
     samples_per_label,
+    ensemble,
     zero_shot_tasks,
     artifact_dir,
     threads,
@@ -191,12 +201,15 @@ def run_command(
         max_train=max_train,
         max_eval=max_eval,
         max_epochs=max_epochs,
+        word_pooling=word_pooling,
         cv=cv,
+        warm_start=warm_start,
         **({"select": select} if select else {}),
         objectives=objectives,
         **({"final_front": final_front} if final_front else {}),
         protocol=protocol,
         samples_per_label=samples_per_label,
+        **({"ensemble": ensemble} if ensemble is not None else {}),
         zero_shot_tasks=tuple(zero_shot_tasks),
         data_dir=settings.data_dir,
         cache_dir=settings.cache_dir,
@@ -346,3 +359,52 @@ def studies_command(storage, fmt: str) -> None:
     from ..study import list_studies
 
     echo_frame(list_studies(storage), fmt, empty="no studies in this storage")
+
+
+@cli.command("ensemble")
+@storage_option()
+@click.option("--study", "study_name", required=True, help="The study (see `ilge-search studies`).")
+@click.option(
+    "--size", "-k", type=click.IntRange(min=1), required=True, help="Ensemble size K: greedy picks, with replacement."
+)
+@click.option(
+    "--also",
+    "sizes",
+    type=click.IntRange(min=1),
+    multiple=True,
+    help="Score these sizes too (repeatable; one selection gives every size up to the largest).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The study's training seed (run --seed): retrains trials that stored no validation predictions.",
+)
+@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines; only the result table.")
+@location_options
+def ensemble_command(settings: Settings, storage, study_name: str, size: int, sizes, seed: int, artifact_dir, quiet):
+    """Select an ensemble of a study's trials on validation and score it on test beside the selected trial.
+
+    Greedy forward selection with replacement (Caruana et al., 2004) over the complete trials' validation
+    predictions (trials stored without them are retrained once with --seed to make them); the members are
+    retrained with the final evaluation's seeds and scored on test, next to the selected trial, the starting
+    configuration and the best single layer, with the same seeds. `export --ensemble` writes the result.
+    """
+    from ..study.ensemble import ensemble_study, format_ensemble
+
+    study_logging(quiet)
+    record = ensemble_study(
+        storage,
+        study_name,
+        size,
+        sizes=sizes,
+        seed=seed,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        artifact_dir=artifact_dir,
+        progress=not quiet,
+    )
+    click.echo(format_ensemble(record))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import click
 
@@ -44,6 +44,12 @@ from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, st
     default=None,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
+@click.option(
+    "--ensemble",
+    is_flag=True,
+    help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
+    "weights and the mix, used like one model.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
 @click.option(
     "--task-path",
@@ -62,31 +68,57 @@ def export_command(
     retrain: bool,
     trial_number: Optional[int],
     artifact_dir,
+    ensemble: bool,
     overwrite: bool,
     task_path: Optional[str],
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
     The final evaluation's weights (its best seed by validation); a study without a final evaluation
-    gets its best trial retrained once with --seed.
+    gets its best trial retrained once with --seed. A tagging study gives an ILGETagger folder
+    (model.safetensors + ilge_tagger.json; ILGETagger.load).
     """
     from ..classifier import ILGEClassifier, check_save_folder
+    from ..study.export import study_task_kind
 
-    check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
-    clf = ILGEClassifier.from_study(
-        storage,
-        study_name,
-        seed=seed,
-        retrain=retrain,
-        artifact_dir=artifact_dir,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        trial=trial_number,
-        task_path=task_path,
-    )
-    clf.save(out_dir, overwrite=overwrite)
+    tagging = study_task_kind(storage, study_name) == "tagging"
+    if ensemble and (tagging or retrain or trial_number is not None):
+        raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
+    if tagging:
+        from ..tagger import ILGETagger, check_tagger_folder
+
+        check_tagger_folder(out_dir)
+        model_class: Any = ILGETagger
+    else:
+        check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
+        model_class = ILGEClassifier
+    if ensemble:
+        clf = ILGEClassifier.from_study_ensemble(
+            storage, study_name, artifact_dir=artifact_dir, cache_dir=settings.cache_dir, device=settings.device
+        )
+    else:
+        clf = model_class.from_study(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=settings.data_dir,
+            cache_dir=settings.cache_dir,
+            device=settings.device,
+            trial=trial_number,
+            task_path=task_path,
+        )
+    if tagging:
+        clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
+    else:
+        clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
+    if ensemble:
+        members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
+        test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
+        click.echo(f"exported the ensemble of study {p['study']} to {out_dir}: {members}, seed {p['seed']}{test}")
+        return
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(
         f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
@@ -124,6 +156,12 @@ def export_command(
     default=None,
     help="Similarity models: the two text columns of each pair, comma-separated [default: sentence1,sentence2].",
 )
+@click.option(
+    "--tokens-col",
+    default=None,
+    help="Taggers: the JSONL column holding each sentence's list of words [default: tokens]; a .txt input "
+    "holds one sentence per line, split on whitespace.",
+)
 @click.option("--proba", is_flag=True, help="Add each class's probability (classifiers).")
 @click.option(
     "--chunk-rows",
@@ -149,6 +187,7 @@ def predict_command(
     out_path: Optional[str],
     text_col: Optional[str],
     text_cols: Optional[str],
+    tokens_col: Optional[str],
     proba: bool,
     chunk_rows: int,
     batch_size: int,
@@ -159,16 +198,20 @@ def predict_command(
     """Label every row of a file with an exported model (`ilge-search export`) or a saved ILGEClassifier.
 
     One output row per input row, in order: the row number, the text(s), and the label (with --proba the
-    class probabilities) or, for a similarity model, the score.
+    class probabilities) or, for a similarity model, the score. A tagger (an exported tagging study) reads
+    JSONL rows with a list of words, or plain text with one sentence per line, and writes one tag per word:
+    JSONL {"row", "tokens", "tags"}, or CSV/TSV with one line per word.
     """
     from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
+    from ..predict_tags import is_tagger_folder, predict_tags_file
 
     if quiet:
         quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
-    summary = predict_file(
+    run = predict_tags_file if is_tagger_folder(model_dir) else predict_file
+    summary = run(
         model_dir,
-        PredictInput(input_path, text_col=text_col, text_cols=pair_cols),
+        PredictInput(input_path, text_col=text_col, text_cols=pair_cols, tokens_col=tokens_col),
         PredictOutput(out_path, proba=proba, overwrite=overwrite),
         options=PredictOptions(
             chunk_rows=chunk_rows,

@@ -167,6 +167,8 @@ def _evaluated_studies(storage_url: str, families: Sequence[str]) -> dict[tuple[
             continue
         if identity.protocol != "matched":  # LOTO trains and scores under the matched protocol only
             continue
+        if record.data is not None and record.data.task_kind == "tagging":  # defaults are derived without them
+            continue
         key = (str(identity.model), str(identity.task), str(identity.encoder))
         if key not in chosen or _preference(record, summary.n_trials) > _preference(*chosen[key]):
             chosen[key] = (record, summary.n_trials)

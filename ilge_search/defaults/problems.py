@@ -242,6 +242,9 @@ def read_problems(storage_url: str, families: Sequence[str]) -> tuple[ProblemGro
         except ValueError as exc:
             skipped.append(f"{record.name}: {exc}")
             continue
+        if record.data is not None and record.data.task_kind == "tagging":  # token accuracy: another scale
+            skipped.append(f"{record.name}: a tagging study; defaults come from studies of texts and pairs")
+            continue
         if identity.multi_objective:  # its sampler traded score for size: not a score-only search
             skipped.append(
                 f"{record.name}: a multi-objective study ({'+'.join(identity.objectives)}); defaults come "

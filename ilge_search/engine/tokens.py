@@ -13,8 +13,8 @@ the run's seed.
 
 Encoders (:func:`build_tagger`): ``cayley`` and ``fc`` pass messages over one graph per
 sentence (:func:`~ilge_search.aggregator.build_per_token_aggregator`, ``output_mode="per_token"``,
-each word's layer nodes pooled as ``config.pooling`` says); every other family (DeepSet and the
-layer baselines) reads each word's ``(L, D)`` on its own, so it cannot see the neighbouring words.
+each word's layer nodes pooled as ``config.pooling`` says); every other family (``cayley-word``,
+DeepSet and the layer baselines) reads each word's ``(L, D)`` on its own, so it cannot see the neighbouring words.
 Metrics are over words: ``accuracy`` (the selection metric), ``macro_f1`` and ``loss``.
 """
 
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..configs import BestLayerConfig, CayleyConfig, EncoderConfig, FCConfig
+from ..configs import BestLayerConfig, CayleyConfig, CayleyWordConfig, EncoderConfig, FCConfig
 from ..models import resolve_device
 from .loop import TAGGING, RunSettings, TrainResult, run_epochs
 from .metrics import class_metrics
@@ -193,13 +193,14 @@ class TaggerModel(nn.Module):
 def build_tagger(config: EncoderConfig, num_layers: int, hidden_in: int, num_classes: int) -> TaggerModel:
     """An untrained :class:`TaggerModel` for ``config`` (initialised from the global torch RNG).
 
-    ``cayley``/``fc`` get one graph per sentence; any other family reads each word's layers alone.
+    ``cayley``/``fc`` get one graph per sentence; any other family (``cayley-word`` included: the Cayley
+    graph over one word's layers) reads each word's layers alone.
     """
     from ..aggregator import build_aggregator, build_per_token_aggregator  # lazy: pulls in PyTorch Geometric
 
     if num_classes is None or num_classes < 2:
         raise ValueError(f"tagging needs num_classes >= 2, got {num_classes!r}")
-    if isinstance(config, (CayleyConfig, FCConfig)):
+    if isinstance(config, (CayleyConfig, FCConfig)) and not isinstance(config, CayleyWordConfig):
         encoder: Any = build_per_token_aggregator(
             config, num_layers, hidden_in, token_pooling=config.pooling, output_mode="per_token"
         )

@@ -102,6 +102,8 @@ IDENTITY_KEYS = (
     "objectives",
     "protocol",
     "samples_per_label",
+    "word_pooling",
+    "warm_start",
 )
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
@@ -158,6 +160,8 @@ class Identity:
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: int | None = None
+    word_pooling: str | None = None  # tagging studies: how words are made from pieces (None: not a tagging study)
+    warm_start: int | None = None  # portfolio members enqueued after the starting configuration (None: 0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))
@@ -701,6 +705,7 @@ class TrialRecord:
     fold_best_epochs: list[int] = field(default_factory=list)
     pruned_fold: int | None = None
     recommended: bool = False
+    val_macro_f1: float | None = None  # tagging: macro-F1 over the validation words at the best epoch
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:

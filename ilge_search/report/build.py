@@ -73,6 +73,7 @@ from .notes import closing_notes, intro, no_published_note, published_note
 from .protocol_effect import protocol_effect_frame, protocol_effect_notes
 from .sections import FigureFolder, Figures, ReportData, report_sections
 from .tables import model_order, pivot, results_frame, selection_frame, summary_frame
+from .tokens import split_tagging, tokens_frame
 
 __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
@@ -123,7 +124,9 @@ def _read_report_data(storage_url: str) -> ReportData:
         ValueError: the storage cannot be opened, or it holds no ilge-search study.
     """
     records, duplicates, skipped = collect_records(storage_url)
-    if not records:
+    records, tagging = split_tagging(records)  # token accuracy never enters the sequence tables or ranks
+    duplicates, _ = split_tagging(duplicates)
+    if not records and not tagging:
         raise ValueError(
             f"no ilge-search studies in {hide_password(storage_url)}"
             + (f" ({len(skipped)} other studies skipped)" if skipped else "")
@@ -138,8 +141,8 @@ def _read_report_data(storage_url: str) -> ReportData:
         for r in duplicates
     ]
     frame = results_frame(records)
-    summary = summary_frame(frame)
-    effect = protocol_effect_frame(frame)
+    summary = summary_frame(frame) if records else frame
+    effect = protocol_effect_frame(frame) if records else frame
     every = records + duplicates  # the selection, Pareto and few-shot sections compare studies of every setting
     fewshot, fewshot_skipped = fewshot_frame(every)
     return ReportData(
@@ -147,16 +150,18 @@ def _read_report_data(storage_url: str) -> ReportData:
         records=records,
         every=every,
         frame=frame,
-        models=model_order(frame["model"]),
+        models=model_order(frame["model"]) if records else [],
         summary=summary,
         effect=effect,
-        notes=closing_notes(frame, summary) + protocol_effect_notes(effect),
+        notes=closing_notes(frame, summary) + protocol_effect_notes(effect) if records else [],
         selection=selection_frame(every),
         fewshot=fewshot,
         fewshot_skipped=fewshot_skipped,
         layer_notes=attribution_notes(records),  # from the attributions `ilge-search explain` stored
         loto=stored_loto(storage_url),
         skipped=skipped,
+        tokens=tokens_frame(tagging),
+        tagging=tagging,
     )
 
 
@@ -170,6 +175,8 @@ def _write_texts(out: Path, doc: Document, data: ReportData, importances: Any) -
         "summary_csv": ("summary.csv", data.summary.to_csv(index=False)),
         "importances_csv": ("importances.csv", importances.to_csv(index=False)),
     }
+    if data.tokens is not None and not data.tokens.empty:
+        texts["tokens_csv"] = ("tokens.csv", data.tokens.to_csv(index=False))
     if not data.effect.empty:
         texts["protocol_effect_csv"] = ("protocol_effect.csv", data.effect.to_csv(index=False))
     files = {}
@@ -220,7 +227,7 @@ def build_report(
 
     doc = Document()
     doc.heading(1, "ILGE results")
-    doc.paragraph(intro(storage_url, len(data.records)), tex=True)
+    doc.paragraph(intro(storage_url, len(data.records) + len(data.tagging)), tex=True)
     doc.paragraph(published_note() if data.frame["published"].notna().any() else no_published_note())
     doc.contents([entry for section in sections for entry in section.contents(data)])
     for section in sections:
@@ -235,7 +242,7 @@ def build_report(
     finish_out_dir(
         out, storage_url, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous
     )
-    logger.info("report of %d studies written to %s", len(data.records), out)
+    logger.info("report of %d studies written to %s", len(data.records) + len(data.tagging), out)
     return ReportResult(
         out_dir=out,
         results=data.frame,

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..configs import TAGGER_FAMILIES
 from ..defaults.problems import open_existing_storage
 from ..objectives import best_score_trial, score_of
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
@@ -206,7 +207,8 @@ def _read_study(storage: Any, summary: Any) -> tuple[ReportStudy | None, str | N
     if stored.identity is None:
         return None, f"{name}: not an ilge-search study (no model/task/encoder user attrs)"
     identity = stored.identity
-    if identity.encoder not in METHODS:
+    tagging = stored.data is not None and stored.data.task_kind == "tagging"
+    if identity.encoder not in METHODS and not (tagging and identity.encoder in TAGGER_FAMILIES):
         return None, f"{name}: unknown method {identity.encoder!r}"
     study = optuna.load_study(study_name=name, storage=storage.rdb)
     frame = _trials_frame(study)

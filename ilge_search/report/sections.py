@@ -18,7 +18,8 @@ from typing import Any
 
 from .attributions import draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, ReportStudy
-from .document import Document, slug
+from .document import Cell, Document, slug
+from .ensembles import ENSEMBLE_NOTE, draw_ensemble_figure, ensemble_frame, ensemble_rows, ensemble_sentences
 from .fewshot import draw_fewshot_figures, fewshot_notes, fewshot_rows
 from .figures import display_width, draw_figures
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
@@ -36,6 +37,7 @@ from .tables import (
     studies_rows,
     summary_rows,
 )
+from .tokens import TOKEN_NOTE, draw_token_figures, token_rows
 
 __all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
 
@@ -88,6 +90,8 @@ class ReportData:
     layer_notes: dict[str, list[str]]
     loto: Any
     skipped: list[str]
+    tokens: Any = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
+    tagging: list[ReportStudy] = field(default_factory=list)  # the tagging studies, never in ``records``
 
 
 @dataclass
@@ -131,6 +135,9 @@ class Section:
 class ModelTables(Section):
     """Per model and protocol: the score table and the gain over the last layer."""
 
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.models)
+
     def contents(self, data: ReportData) -> list[ContentsEntry]:
         links = [(model, f"model-{slug(model)}") for model in data.models]
         return [("Tables", f"model-{slug(data.models[0])}", links)]
@@ -159,6 +166,9 @@ class ModelTables(Section):
 
 
 class AcrossModels(Section):
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.models)
+
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
         doc.table(
@@ -189,6 +199,9 @@ class ProtocolEffect(Section):
 
 
 class Notes(Section):
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(data.notes)
+
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
         doc.bullets(data.notes)
@@ -237,7 +250,7 @@ class Figures(Section):
         ]
 
     def applies(self, data: ReportData, folder: FigureFolder) -> bool:
-        return folder.draw
+        return folder.draw and bool(data.models)
 
     def contents(self, data: ReportData) -> list[ContentsEntry]:
         pairs = self.pairs(data)
@@ -345,6 +358,28 @@ class FewShotCurves(Section):
             folder.show(doc, {f"{model} · {task} few-shot": path})
 
 
+class Ensembles(Section):
+    """The ensemble evaluations the studies stored (:mod:`~ilge_search.report.ensembles`): table and test vs K."""
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return not ensemble_frame(r.study for r in data.every).empty
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        path = folder.path / "ensembles-vs-k.png"
+        if draw_ensemble_figure(ensemble_frame(r.study for r in data.every), path):
+            self.figures = [f"{folder.path.name}/{path.name}"]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        frame = ensemble_frame(r.study for r in data.every)
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(ENSEMBLE_NOTE)
+        header, rows = ensemble_rows(frame)
+        doc.table(header, [[Cell(text) for text in row] for row in rows], label="tab:ensembles", text_columns=4)
+        doc.bullets(ensemble_sentences(frame))
+        if self.figures:
+            folder.show(doc, {"ensemble minus selected trial against K": self.figures[0]})
+
+
 class LeaveOneTaskOut(Section):
     """The leave-one-task-out evaluation ``ilge-search loto`` stored, when there is one."""
 
@@ -370,10 +405,41 @@ class LeaveOneTaskOut(Section):
         )
 
 
+@dataclass
+class TokenTables(Section):
+    """Tagging studies: per model, every method's token accuracy on test, and a bar chart."""
+
+    drawn: dict[str, str] = field(default_factory=dict)
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return data.tokens is not None and not data.tokens.empty
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        paths = draw_token_figures(data.tokens, folder.path)
+        self.drawn = {model: path.relative_to(folder.out).as_posix() for model, path in paths.items()}
+        self.figures = list(self.drawn.values())
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(TOKEN_NOTE)
+        for model in model_order(data.tokens["model"]):
+            doc.heading(3, model)
+            header, rows = token_rows(data.tokens, model)
+            doc.table(
+                header,
+                rows,
+                label=f"tab:{slug(model)}-tokens",
+                text_columns=2,
+                caption=f"{model}: token accuracy on test (%), mean ± std (seeds).",
+            )
+            if model in self.drawn:
+                folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})
+
+
 class Studies(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
-        doc.table(*studies_rows(data.records))
+        doc.table(*studies_rows(data.records + data.tagging))
         if data.skipped:
             doc.paragraph("Not reported:")
             doc.bullets(data.skipped)
@@ -384,6 +450,7 @@ def report_sections() -> list[Section]:
     return [
         ModelTables(),
         AcrossModels("Across models", "across-models"),
+        TokenTables("Tagging tasks", "tagging"),
         ProtocolEffect("Protocol effect", "protocol-effect"),
         Notes("Notes", "notes"),
         LayerAttributions("Which layers carry the task", "layers"),
@@ -391,6 +458,7 @@ def report_sections() -> list[Section]:
         SelectionRules("Selection rules", "selection"),
         ParetoFronts("Pareto fronts", "pareto"),
         FewShotCurves("Few-shot curves", "few-shot"),
+        Ensembles("Ensembles of a study's trials", "ensembles"),
         LeaveOneTaskOut("Defaults on tasks they never saw", "leave-one-task-out"),
         Studies("Studies", "studies"),
     ]

@@ -35,6 +35,7 @@ class DataSpec:
     cache_dir: Optional[str] = None
     device: str = "auto"
     source: Optional[ModelSource] = None
+    word_pooling: str = "first"
     columns: Tuple[Tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
 
     def column_options(self) -> Dict[str, Any]:
@@ -57,6 +58,7 @@ class DataSpec:
             cache_dir=None if options.data.cache_dir is None else str(options.data.cache_dir),
             device=options.runtime.device,
             source=source,
+            word_pooling=options.data.word_pooling,
             columns=tuple(sorted(options.data.column_options().items())),
         )
 
@@ -116,6 +118,14 @@ def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: Dict[str, 
     if spec.source is None:
         return {}
     cache = EmbeddingCache(spec.cache_dir)
+    if task_data.kind == "tagging":
+        from ..word_cache import WordOptions, word_entry_key
+
+        options = WordOptions(word_pooling=spec.word_pooling, device="cpu")
+        return {
+            split: word_entry_key(cache, spec.source, (task_data.name, split, fingerprint), options)
+            for split, fingerprint in fingerprints.items()
+        }
     return {
         split: cache.key(model_identity=spec.source.identity, task=task_data.name, split=split, fingerprint=fingerprint)
         for split, fingerprint in fingerprints.items()
@@ -129,6 +139,8 @@ def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, t
     if task_data is None:
         task_data = load_task_data(spec)
     splits = ["train", "validation"] + (["test"] if with_test else [])
+    if task_data.kind == "tagging":
+        return _load_word_data(spec, task_data, splits, progress)
     embeddings = load_task_embeddings(
         spec.model_or_source,
         task_data,
@@ -151,6 +163,38 @@ def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, t
         num_classes=len(embeddings.label_names) if kind == "classification" else None,
         label_names=list(embeddings.label_names),
         split_sizes={name: int(split.labels.shape[0]) for name, split in by_split.items()},
+        cache_keys=dict(embeddings.cache_keys),
+        model_revision=spec.source.revision if spec.source is not None else "",
+    )
+
+
+def _load_word_data(spec: DataSpec, task_data: Any, splits: List[str], progress: bool) -> StudyData:
+    """A tagging task's splits as word entries (memory-mapped): features are the entries themselves, labels
+    one tag id per word; ``split_sizes`` count sentences."""
+    from ..word_cache import WordOptions, load_word_embeddings
+
+    options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
+    embeddings = load_word_embeddings(
+        spec.model_or_source,
+        task_data,
+        data_dir=spec.data_dir,
+        cache_dir=spec.cache_dir,
+        splits=splits,
+        options=options,
+        progress=progress,
+    )
+    by_split = embeddings.splits
+    return StudyData(
+        task_kind="tagging",
+        metric=task_data.spec.metric,
+        train=(by_split["train"], by_split["train"].labels),
+        validation=(by_split["validation"], by_split["validation"].labels),
+        test=(by_split["test"], by_split["test"].labels) if "test" in by_split else None,
+        num_layers=int(embeddings.num_layers),
+        hidden_size=int(embeddings.hidden_size),
+        num_classes=len(embeddings.label_names),
+        label_names=list(embeddings.label_names),
+        split_sizes={name: int(entry.num_sentences) for name, entry in by_split.items()},
         cache_keys=dict(embeddings.cache_keys),
         model_revision=spec.source.revision if spec.source is not None else "",
     )

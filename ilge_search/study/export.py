@@ -54,10 +54,12 @@ from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 __all__ = [
     "StudyModel",
     "load_study_model",
+    "load_study_ensemble",
     "load_training_data",
     "load_run_study",
     "selected_trial",
     "chosen_trial",
+    "study_task_kind",
     "STUDY_TOKEN_POOLING",
     "STUDY_MAX_LENGTH",
 ]
@@ -78,16 +80,18 @@ class StudyModel:
     Attributes:
         model: the trained ``ILGEModel`` in eval mode (its standardiser statistics are buffers).
         config: the encoder configuration it was trained with.
-        task_kind: ``"classification"`` or ``"similarity"``.
+        task_kind: ``"classification"``, ``"similarity"`` or ``"tagging"`` (``model`` is then a
+            :class:`~ilge_search.engine.TaggerModel`).
         metric: the study's metric (``accuracy`` or ``spearman``).
         base_model: the frozen model the features come from, as the study names it.
         token_pooling, max_length: how the study pooled and truncated tokens.
         num_layers, hidden_size: the shape ``(L, D)`` of one text's features.
-        label_names: class id -> name (empty for similarity).
+        label_names: class (or tag) id -> name (empty for similarity).
         score_range: ``(low, high)`` of the gold scores (similarity only).
         provenance: study, trial, seed, storage (password hidden), scores, the study's protocol and versions;
             ``test_score`` is that seed's stored test score, ``None`` under the paper protocol (whose test
             scores read the vectors out with a logistic regression, not with this model's head).
+        word_pooling: a tagging study's word pooling (``first`` or ``mean``); ``None`` for other tasks.
     """
 
     model: Any
@@ -102,6 +106,7 @@ class StudyModel:
     label_names: list[str] = field(default_factory=list)
     score_range: tuple[float, float] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    word_pooling: str | None = None
 
 
 def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
@@ -133,6 +138,14 @@ def _open_study(storage: str | Storage | None, study_name: str) -> tuple[Storage
     if not count_trials(study, ("COMPLETE",)):
         raise ValueError(f"study {study_name!r} has no complete trial yet; run it first (`ilge-search run`)")
     return opened, study
+
+
+def study_task_kind(storage: str | Storage | None, study_name: str) -> str:
+    """The task kind a study made by ``ilge-search run`` was run on (``classification``, ``similarity`` or
+    ``tagging``), read from its record without loading any model."""
+    opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
+    study = load_run_study(opened, study_name, purpose="exported")
+    return str(_data(study_record(study)).task_kind or "classification")
 
 
 def _base_model(name: str) -> str:
@@ -192,14 +205,19 @@ def _from_artifacts(
             ) from None
     config = config_from_dict(meta["config"])
     score_range = meta.get("score_range")
-    model = build_model(
-        config,
-        int(meta["num_layers"]),
-        int(meta["hidden_size"]),
-        meta["task_kind"],
-        num_classes=meta.get("num_classes"),
-        score_range=None if score_range is None else tuple(score_range),
-    )
+    if meta["task_kind"] == "tagging":
+        from ..engine import build_tagger
+
+        model: Any = build_tagger(config, int(meta["num_layers"]), int(meta["hidden_size"]), int(meta["num_classes"]))
+    else:
+        model = build_model(
+            config,
+            int(meta["num_layers"]),
+            int(meta["hidden_size"]),
+            meta["task_kind"],
+            num_classes=meta.get("num_classes"),
+            score_range=None if score_range is None else tuple(score_range),
+        )
     expected = model.state_dict()
     if set(expected) != set(state) or any(expected[k].shape != state[k].shape for k in expected):
         raise ValueError(
@@ -294,6 +312,7 @@ def load_training_data(
         data_dir=folder,
         cache_dir=None if cache_dir is None else str(cache_dir),
         device=device,
+        word_pooling=identity.word_pooling or "first",
         columns=tuple(sorted(source.task_columns.items())),
     )
     data = load_study_data(spec, with_test=with_test, progress=progress)
@@ -518,6 +537,7 @@ def _study_model(
         ilge_search_version=__version__, exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
     task_kind = str(data.task_kind)
+    tagging = task_kind == "tagging"
     return StudyModel(
         model=model,
         config=config,
@@ -526,9 +546,79 @@ def _study_model(
         base_model=_base_model(str(identity.model)),
         token_pooling=source.token_pooling,
         max_length=source.max_length,
-        num_layers=int(model.aggregator.num_layers),
-        hidden_size=int(model.aggregator.hidden_in),
-        label_names=list(data.label_names) if task_kind == "classification" else [],
+        num_layers=int(model.num_layers if tagging else model.aggregator.num_layers),
+        hidden_size=int(model.hidden_in if tagging else model.aggregator.hidden_in),
+        label_names=list(data.label_names) if task_kind in ("classification", "tagging") else [],
+        score_range=None if tagging else model.score_range,
+        provenance=provenance,
+        word_pooling=(identity.word_pooling or "first") if tagging else None,
+    )
+
+
+def load_study_ensemble(
+    storage: str | Storage | None, study_name: str, *, artifact_dir: PathLike | None = None
+) -> StudyModel:
+    """The ensemble a study's ensemble evaluation stored (``ilge-search ensemble`` or ``run --ensemble K``):
+    an :class:`~ilge_search.engine.ensemble.EnsembleModel` of its members trained with its best seed by
+    validation, as a :class:`StudyModel` whose ``config`` is the most-picked member's.
+
+    Raises:
+        ValueError: no such study, no stored ensemble, or missing or damaged artifacts.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..engine.ensemble import build_ensemble
+    from ..record import ensemble_record
+
+    opened, study = _open_study(storage, study_name)
+    stored = ensemble_record(study)
+    if stored is None or not stored.artifacts:
+        raise ValueError(
+            f"study {study_name!r} has no stored ensemble; make one with `ilge-search ensemble --study "
+            f"{study_name} --size K` (or `run --ensemble K`)"
+        )
+    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
+        meta_path, weights_path = Path(tmp, "ensemble.json"), Path(tmp, "ensemble.safetensors")
+        _download(opened, study, stored.artifacts["config"], meta_path, artifact_dir)
+        _download(opened, study, stored.artifacts["weights"], weights_path, artifact_dir)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            state = load_file(str(weights_path))
+            model = build_ensemble(meta)
+            model.load_state_dict(state)
+        except (ValueError, OSError, KeyError, RuntimeError, SafetensorError) as exc:
+            raise ValueError(f"the ensemble artifacts of study {study_name!r} cannot be read ({exc})") from None
+    record = study_record(study)
+    ensemble = stored.ensemble
+    provenance = _provenance(opened, record)
+    provenance.update(
+        source="ensemble evaluation",
+        members={str(m["trial"]): int(m["count"]) for m in meta["ensemble"]},
+        mix=meta.get("mix"),
+        seed=int(meta["seed"]),
+        trial=int(max(meta["ensemble"], key=lambda m: m["count"])["trial"]),
+        test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, int(meta["seed"])),
+        ilge_search_version=__version__,
+        exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    data, identity = _data(record), _identity(record)
+    first = max(meta["ensemble"], key=lambda m: m["count"])
+    return StudyModel(
+        model=model.eval(),
+        config=config_from_dict(first["config"]),
+        task_kind=str(data.task_kind),
+        metric=data.metric or "",
+        base_model=_base_model(str(identity.model)),
+        token_pooling=STUDY_TOKEN_POOLING,
+        max_length=STUDY_MAX_LENGTH,
+        num_layers=int(meta["num_layers"]),
+        hidden_size=int(meta["hidden_size"]),
+        label_names=list(data.label_names) if data.task_kind == "classification" else [],
         score_range=model.score_range,
         provenance=provenance,
     )
+
+
+def _seed_score_of(seeds: list[int], scores: list[float], seed: int) -> float | None:
+    return scores[seeds.index(seed)] if seed in seeds[: len(scores)] else None

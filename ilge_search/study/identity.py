@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES
-from ..objectives import DEFAULT_OBJECTIVES, objective_directions, objective_metric_names, objective_suffix
+from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
+from ..objectives import objective_directions, objective_metric_names, objective_suffix
 from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from ..record import (
     DATA_SPLITS,
@@ -48,6 +48,7 @@ from ..record import (
     SourceRecord,
     StudyRecord,
     enqueue_start_trial,
+    enqueue_warm_trials,
     is_ilge_study,
     is_ready,
     mark_ready,
@@ -84,7 +85,7 @@ __all__ = [
     "create_or_load",
 ]
 
-ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES
+ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES + TAGGER_FAMILIES
 
 
 READY_WAIT_SECONDS = 30.0
@@ -170,13 +171,15 @@ def data_identity(task_data: Any) -> dict[str, Any]:
     }
 
 
-def resolve_encoders(encoders: str | Sequence[str]) -> list[str]:
-    """Expand ``"all"`` and check names; keeps order and drops duplicates."""
+def resolve_encoders(encoders: str | Sequence[str], *, tagging: bool = False) -> list[str]:
+    """Expand ``"all"`` and check names; keeps order and drops duplicates. ``"all"`` holds the tagging-only
+    encoders (``cayley-word``) only for a ``tagging`` task."""
     if isinstance(encoders, str):
         encoders = [encoders]
+    everything = [name for name in ENCODER_CHOICES if tagging or name not in TAGGER_FAMILIES]
     out: list[str] = []
     for name in encoders:
-        names = list(ENCODER_CHOICES) if name == "all" else [name]
+        names = everything if name == "all" else [name]
         for item in names:
             if item not in ENCODER_CHOICES:
                 raise ValueError(f"unknown encoder {item!r}; expected one of {list(ENCODER_CHOICES)} or 'all'")
@@ -187,59 +190,64 @@ def resolve_encoders(encoders: str | Sequence[str]) -> list[str]:
     return out
 
 
-def default_study_name(
-    model: str,
-    task: str,
-    encoder: str,
-    *,
-    shots: int | None = None,
-    max_train: int | None = None,
-    max_eval: int | None = None,
-    max_epochs: int | None = None,
-    cv: int | None = None,
-    objectives: Sequence[str] = DEFAULT_OBJECTIVES,
-    protocol: str = DEFAULT_PROTOCOL,
-    samples_per_label: int | None = None,
-) -> str:
-    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
-    (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
-    ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
-    ``:paper-16-per-label`` when its examples per label are not the task's default).
+def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> str:
+    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting.
+
+    ``settings`` are :class:`~ilge_search.record.Identity` fields (``shots``, ``max_train``, ``cv``,
+    ``objectives``, ``protocol`` ...): ``:cv5`` for trials scored on 5 folds, so such a study never merges
+    with one scored on validation; ``:obj-params`` for a study that also minimises the parameters; ``:paper``
+    for the paper protocol, ``:paper-16-per-label`` when its examples per label are not the task's default;
+    ``:mean-words`` for a tagging study whose words are the mean of their pieces; ``:warm4`` for a study that
+    enqueued 4 portfolio members after its starting configuration.
 
     >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
     'minilm-l6:trec:cayley:8shot'
     >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
     'minilm-l6:trec:cayley:paper'
     """
-    parts = [str(model), str(task), encoder]
-    if shots is not None:
-        parts.append(f"{shots}shot")
-    if max_train is not None:
-        parts.append(f"train{max_train}")
-    if max_eval is not None:
-        parts.append(f"eval{max_eval}")
-    if max_epochs is not None:
-        parts.append(f"ep{max_epochs}")
-    if cv is not None:
-        parts.append(f"cv{cv}")
-    suffix = objective_suffix(objectives)
+    identity = Identity(model=str(model), task=str(task), encoder=encoder, **settings)
+    parts = [identity.model, identity.task, encoder]
+    for value, template in (
+        (identity.shots, "{}shot"),
+        (identity.max_train, "train{}"),
+        (identity.max_eval, "eval{}"),
+        (identity.max_epochs, "ep{}"),
+        (identity.cv, "cv{}"),
+    ):
+        if value is not None:
+            parts.append(template.format(value))
+    suffix = objective_suffix(identity.objectives)
     if suffix is not None:
         parts.append(suffix)
-    if protocol != DEFAULT_PROTOCOL:
-        default = paper_samples_per_label(str(task))
-        parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
+    if identity.protocol != DEFAULT_PROTOCOL:
+        default = paper_samples_per_label(identity.task)
+        per_label = identity.samples_per_label
+        parts.append(
+            identity.protocol if per_label in (None, default) else f"{identity.protocol}-{per_label}-per-label"
+        )
+    if identity.word_pooling not in (None, "first"):
+        parts.append(f"{identity.word_pooling}-words")
+    if identity.warm_start:
+        parts.append(f"warm{identity.warm_start}")
     return ":".join(parts)
 
 
 def study_identity(
-    model: str, task: str, encoder: str, options: StudyOptions, *, registered: bool | None = None
+    model: str,
+    task: str,
+    encoder: str,
+    options: StudyOptions,
+    *,
+    registered: bool | None = None,
+    tagging: bool = False,
 ) -> dict[str, Any]:
     """What a study searches and how it is scored: an :class:`~ilge_search.record.Identity` as the user attrs
     it is stored as.
 
     Under the paper protocol ``samples_per_label`` is resolved here (the option,
     else the MTEB task's own value for a ``registered`` task, else 8); it is
-    ``None`` under the matched protocol. ``registered`` defaults to :func:`is_registered_task`.
+    ``None`` under the matched protocol. ``registered`` defaults to :func:`is_registered_task`. A ``tagging``
+    study also records its ``word_pooling``.
     """
     samples_per_label = None
     if options.final.protocol == "paper":
@@ -258,6 +266,8 @@ def study_identity(
         objectives=tuple(options.search.objectives),
         protocol=options.final.protocol,
         samples_per_label=samples_per_label,
+        word_pooling=options.data.word_pooling if tagging else None,
+        warm_start=options.search.warm_start or None,
     )
     return identity.to_attrs()
 
@@ -439,6 +449,7 @@ def create_or_load(
     *,
     new_study_hint: str = "pass another --study-name or another --storage",
     task_path: str | None = None,
+    warm_start: Sequence[Mapping[str, Any]] = (),
     source: SourceRecord | None = None,
 ) -> tuple[Any, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
@@ -453,6 +464,8 @@ def create_or_load(
     (a custom task's file or folder, absolute) is recorded, and updated when the
     folder moved: where to find the data again; so is ``source`` (the data folder as
     given and resolved, the columns, the extraction settings: :class:`SourceRecord`).
+    ``warm_start`` (Optuna params of portfolio members) is enqueued right after the recommended trial,
+    once, when the study is set up.
 
     Returns:
         The study and whether this call set it up.
@@ -498,6 +511,7 @@ def create_or_load(
             save_source(study, source)
         if not any(trial_record(t).recommended for t in study.trials):
             enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+            enqueue_warm_trials(study, warm_start)
         mark_ready(study)
     return study, created
 

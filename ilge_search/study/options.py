@@ -47,6 +47,7 @@ __all__ = [
 PathLike = Union[str, os.PathLike]
 TrialCount = Union[int, Mapping[str, Union[int, None]], None]
 
+WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS, copied import-free for the CLI's help
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
 
 
@@ -142,6 +143,12 @@ class SearchOptions:
         "'latency' (forward ms per 1,000 samples on this device), minimised; several make a multi-objective "
         "study (part of the identity and name, e.g. :obj-params; never pruned; its Pareto front is retrained).",
     )
+    warm_start: int = _option(
+        0,
+        help="enqueue, after the starting configuration, the first K members of the encoder's portfolio "
+        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package) before the sampler "
+        "takes over; part of the study's identity and name (:warmK).",
+    )
 
     def __post_init__(self) -> None:
         from ..objectives import check_objectives
@@ -165,6 +172,7 @@ class SearchOptions:
         check_choice("pruner", self.pruner, PRUNERS)
         check_cv(self.cv)
         object.__setattr__(self, "objectives", check_objectives(self.objectives))
+        check_int("warm_start", self.warm_start, minimum=0)
 
     @property
     def multi_objective(self) -> bool:
@@ -217,6 +225,11 @@ class DataOptions:
         help="similarity tasks whose test split every final model is also scored on (zero-shot STS; similarity "
         "studies only).",
     )
+    word_pooling: str = _option(
+        "first",
+        help="tagging tasks: how a word's sub-word pieces become its vector in every layer, 'first' (its first "
+        "piece) or 'mean' (their mean); part of a tagging study's identity (and name, :mean-words).",
+    )
     data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
     cache_dir: str | None = _option(help="the embedding cache folder.")
     text_col: str | None = _option(help="a custom task file's text column (default: text).")
@@ -241,6 +254,7 @@ class DataOptions:
         for name in ("shots", "max_train", "max_eval"):
             check_int(name, getattr(self, name), allow_none=True)
         check_int("data_seed", self.data_seed, minimum=0)
+        check_choice("word_pooling", self.word_pooling, WORD_POOLINGS)
         tasks = (self.zero_shot_tasks,) if isinstance(self.zero_shot_tasks, str) else self.zero_shot_tasks
         object.__setattr__(self, "zero_shot_tasks", tuple(str(name) for name in tasks))
         for name in ("data_dir", "cache_dir"):
@@ -274,6 +288,12 @@ class FinalOptions:
         "label (cosine Spearman for similarity; parameter-free baselines untrained); part of the identity "
         "and name (:paper).",
     )
+    ensemble: int = _option(
+        0,
+        help="after the final evaluation, select an ensemble of up to this many trials greedily (with "
+        "replacement) on their validation predictions, retrain its members with the final seeds and score it "
+        "on test beside the selected trial (0: off; multi-objective and paper-protocol studies: off).",
+    )
     samples_per_label: int | None = _option(
         help="the paper protocol's training examples per label (default: the MTEB task's own, Emotion 16, else "
         "8); part of the identity."
@@ -285,6 +305,7 @@ class FinalOptions:
         check_int("final_seeds", self.seeds, minimum=0)
         check_choice("select", self.select, SELECTION_RULES)
         check_int("final_front", self.front)
+        check_int("ensemble", self.ensemble, minimum=0)
         check_protocol(self.protocol)
         check_int("samples_per_label", self.samples_per_label, allow_none=True)
         if self.samples_per_label is not None and self.protocol != "paper":

@@ -63,6 +63,7 @@ from .identity import (
 )
 from .limits import check_data_limits
 from .options import StudyOptions, check_study_name
+from .tokens import CALIBRATION_SENTENCES, check_tagging_options, head, rows_of, tagging_calibration_data
 
 __all__ = [
     "RunCheck",
@@ -197,9 +198,8 @@ def check_run(
     """
     from ..files import check_writable
 
-    encoder_list = resolve_encoders(encoders)
-    trial_counts = options.search.trial_counts(encoder_list)
-    if options.search.study_name is not None and len(encoder_list) > 1:
+    named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
+    if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
     model, task = str(model), str(task)
 
@@ -210,6 +210,10 @@ def check_run(
         source = resolve_model(model, options.data.cache_dir, materialize=False)
     spec = DataSpec.from_options(model, task, options, source=source)
     loaded, task_data = _checked_task(task, spec, options)
+    tagging = task_data.kind == "tagging"
+    encoder_list = resolve_encoders(encoders, tagging=tagging)
+    trial_counts = options.search.trial_counts(encoder_list)
+    check_tagging_options(task_data, encoder_list, options)
     # the storage is opened (a SQLite file created) only once the settings fit the data
     opened = _open(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
@@ -228,23 +232,16 @@ def check_run(
     identities: Dict[str, Dict[str, Any]] = {}
     hints: Dict[str, str] = {}
     for enc in encoder_list:
-        default = default_study_name(
-            model,
-            label,
-            enc,
-            shots=options.data.shots,
-            max_train=options.data.max_train,
-            max_eval=options.data.max_eval,
-            max_epochs=options.search.max_epochs,
-            cv=options.search.cv,
-            objectives=options.search.objectives,
-            protocol=options.final.protocol,
-            samples_per_label=options.final.samples_per_label,
-        )
+        default = _default_name(model, label, enc, options, tagging=tagging)
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
-                model, task_label(task, loaded, fingerprint=False), enc, options, registered=is_registered_task(task)
+                model,
+                task_label(task, loaded, fingerprint=False),
+                enc,
+                options,
+                registered=is_registered_task(task),
+                tagging=tagging,
             ),
             **data_id,
             "model_revision": source.revision,
@@ -256,6 +253,8 @@ def check_run(
         )
         if opened is not None:
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
+        if options.search.warm_start:
+            _check_warm_start(opened, enc, model, options.search.warm_start)
     return RunCheck(
         model=model,
         task=task,
@@ -271,6 +270,38 @@ def check_run(
         hints=hints,
         cache_keys=cache_keys,
     )
+
+
+def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *, tagging: bool) -> str:
+    """The name a study of ``encoder`` gets from the run's options (:func:`default_study_name`)."""
+    return default_study_name(
+        model,
+        label,
+        encoder,
+        shots=options.data.shots,
+        max_train=options.data.max_train,
+        max_eval=options.data.max_eval,
+        max_epochs=options.search.max_epochs,
+        cv=options.search.cv,
+        objectives=options.search.objectives,
+        protocol=options.final.protocol,
+        samples_per_label=options.final.samples_per_label,
+        word_pooling=options.data.word_pooling if tagging else None,
+        warm_start=options.search.warm_start,
+    )
+
+
+def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, count: int) -> None:
+    """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members (a model outside the table is
+    bucketed once its data is loaded, before its study is created)."""
+    from ..configs import ENCODER_FAMILIES
+    from ..models import known_model
+    from .trial import warm_start_params
+
+    known = known_model(model)
+    if encoder in ENCODER_FAMILIES and known is None:
+        return
+    warm_start_params(opened, encoder, count, hidden_size=known.hidden_size if known else None, model=model)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -620,6 +651,9 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
     import numpy as np
     import torch
 
+    if check.task_data.kind == "tagging":
+        sentences = min(plan.split_sizes["train"], CALIBRATION_SENTENCES)
+        return tagging_calibration_data(check, plan, sentences, lambda: _time_extraction(check, plan, device))
     fraction = _subset_rows(plan.split_sizes["train"]) / plan.split_sizes["train"]
     rows = {
         "train": _subset_rows(plan.split_sizes["train"]),
@@ -702,9 +736,9 @@ def _time_config(
     if plan.num_layers is None:  # _calibration_data sets it before any config is timed
         raise RuntimeError("the calibration data did not say how many layers the model has")
     last_layer = plan.num_layers - 1
-    scale = plan.split_sizes["train"] / len(train[1])
+    scale = plan.split_sizes["train"] / rows_of(train)
     task_kind = check.task_data.kind
-    num_classes = len(check.task_data.label_names) if task_kind == "classification" else None
+    num_classes = len(check.task_data.label_names) if task_kind in ("classification", "tagging") else None
     common: dict[str, Any] = dict(
         task_kind=task_kind,
         num_classes=num_classes,
@@ -713,8 +747,8 @@ def _time_config(
         recipe=TrainingRecipe(patience=None),
     )
     # an untimed epoch on a few rows first: the first call of an encoder pays one-time imports and set-up
-    few = min(len(train[1]), WARM_UP_ROWS)
-    warm_up = (train[0][:few], train[1][:few]), (validation[0][:few], validation[1][:few])
+    few = min(rows_of(train), WARM_UP_ROWS)
+    warm_up = head(train, few), head(validation, few)
     if encoder == "best-layer":
         select_best_layer(config.replace(epochs=1), *warm_up, layers=[last_layer], **common)
     else:

@@ -66,6 +66,7 @@ from .notes import write_notes
 from .options import StudyOptions
 from .plan import check_run, estimate_run, may_be_long
 from .results import StudyResult, study_result, summary_line
+from .trial import warm_start_params
 from .workers import optimize, total_reached
 
 __all__ = ["run_study"]
@@ -209,6 +210,11 @@ def _run_one(
     from ..tuning import make_pruner, make_sampler
 
     # ---- 3. create or load
+    warm = (
+        warm_start_params(storage, encoder, options.search.warm_start, hidden_size=data.hidden_size, model=spec.model)
+        if options.search.warm_start
+        else []
+    )
     study, created = create_or_load(
         storage,
         name,
@@ -219,6 +225,7 @@ def _run_one(
         pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         new_study_hint=new_study_hint,
         task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
+        warm_start=warm,
         source=study_source(spec),
     )
     try:
@@ -262,16 +269,20 @@ def _optimize_and_evaluate(
     """Steps 4 and 5 of :func:`run_study` on a created or loaded study."""
     fail_stale_trials(study, storage)
     requeue_failed_recommended(study, storage)
+    total = options.search.total_for(encoder)
+    if count is not None:
+        adding = f"{count} trials"
+    else:
+        adding = "trials until timeout" if total is None else f"trials until it holds {total}"
     logger.info(
         "%s study %s (%d finished trials); adding %s",
         "created" if created else "resuming",
         name,
         finished_trial_count(study),
-        "trials until timeout" if count is None else f"{count} trials",
+        adding,
     )
 
     # ---- 4. optimise
-    total = options.search.total_for(encoder)
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
@@ -311,5 +322,34 @@ def _optimize_and_evaluate(
                 zero_shot=zero_shot,
                 progress=options.runtime.progress,
             )
+        _ensemble_stage(study, storage, name, data, spec, options)
     elif options.final.seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)
+
+
+def _ensemble_stage(
+    study: Any, storage: Storage, name: str, data: StudyData, spec: DataSpec, options: StudyOptions
+) -> None:
+    """Step 6 of :func:`run_study` with ``--ensemble K``: the ensemble evaluation, unless it is current."""
+    from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current
+
+    size = options.final.ensemble
+    if not size:
+        return
+    if options.search.multi_objective or options.final.protocol != "matched":
+        logger.warning("%s: ensembles are off for multi-objective and paper-protocol studies", name)
+        return
+    run = EnsembleRun(
+        size=size,
+        seeds=options.final_seed_list(),
+        max_epochs=options.search.max_epochs,
+        select=options.final.select,
+        prediction_seed=options.search.seed or 0,
+        device=spec.device,
+        artifact_store=storage.artifact_store(),
+        progress=options.runtime.progress,
+    )
+    if ensemble_is_current(study, run):
+        logger.info("%s: the ensemble of %d is up to date", name, size)
+        return
+    ensemble_evaluation(study, data, run)

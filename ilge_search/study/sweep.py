@@ -20,6 +20,7 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     objectives = ["score", "params"]   # a multi-objective study per entry (names get :obj-params); or a
                                        # table per encoder: {default = ["score", "params"], last-layer = ["score"]}
     final_front = 5                    # front trials a multi-objective study's final evaluation retrains
+    ensemble = 3                       # after the final evaluation, an ensemble of up to 3 trials (0: off)
     protocol = ["matched", "paper"]    # how final scores are measured (per task too); a list runs each;
                                        # paper studies are named :paper (see ilge_search.protocol)
     samples_per_label = 8              # the paper protocol's examples per label (per task too)
@@ -66,7 +67,7 @@ from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
 from .final import final_is_current
 from .folds import check_cv
-from .identity import default_study_name, is_registered_task, resolve_encoders, task_label
+from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
 from .options import StudyOptions
 from .plan import missing_sqlite_file
 from .results import StudyResult, study_result
@@ -116,6 +117,7 @@ _TOP_KEYS = {
     "select",
     "objectives",
     "final_front",
+    "ensemble",
     "protocol",
     "samples_per_label",
 }
@@ -223,6 +225,7 @@ class Sweep:
     timeout: Optional[float] = None
     select: Optional[str] = None
     final_front: Optional[int] = None
+    ensemble: Optional[int] = None
     path: Optional[Path] = None
 
     def pairs(self) -> List[Tuple[str, str]]:
@@ -248,6 +251,8 @@ class Sweep:
             values["select"] = self.select
         if self.final_front is not None:
             values["final_front"] = self.final_front
+        if self.ensemble is not None:
+            values["ensemble"] = self.ensemble
         values.update(changes)
         return StudyOptions.from_flat(**values)
 
@@ -294,7 +299,7 @@ def _encoders(where: str, value: Any) -> List[str]:
 def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
     if not isinstance(table, Mapping):
         raise _fail(where, f"trials must be a table of encoder = count, got {table!r}")
-    _check_keys(where + " [trials]", table, set(resolve_encoders("all")) | {"default"})
+    _check_keys(where + " [trials]", table, set(ENCODER_CHOICES) | {"default"})
     out = {}
     for encoder in encoders:
         value = table.get(encoder, table.get("default"))
@@ -319,7 +324,7 @@ def _objectives(
         return base
     try:
         if isinstance(value, Mapping):
-            _check_keys(where + " objectives", value, set(resolve_encoders("all")) | {"default"})
+            _check_keys(where + " objectives", value, set(ENCODER_CHOICES) | {"default"})
             default = check_objectives(value["default"]) if "default" in value else None
             return {
                 encoder: check_objectives(value[encoder])
@@ -389,7 +394,7 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
 def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
-    all_encoders = resolve_encoders("all")
+    all_encoders = list(ENCODER_CHOICES)
     grid_objectives = _objectives(where, raw.get("objectives"), all_encoders)
     tasks = raw.get("tasks")
     if not isinstance(tasks, Mapping) or not tasks:
@@ -472,6 +477,7 @@ def load_sweep(path: PathLike) -> Sweep:
         timeout=raw.get("timeout"),
         select=raw.get("select"),
         final_front=raw.get("final_front"),
+        ensemble=raw.get("ensemble"),
         path=path,
     )
     try:

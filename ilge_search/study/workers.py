@@ -141,10 +141,12 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     import optuna
     import torch
 
+    from ..tasks import quiet_data_warnings
     from ..tuning import make_pruner, make_sampler
 
     if parent is not None:
         _die_with_parent(parent)
+    quiet_data_warnings()  # the spawning process showed them when it loaded the same data
     options = job.options
     torch.set_num_threads(job.torch_threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -124,7 +124,7 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
         assert result.exit_code == 0, result.output
         assert result.output.strip().splitlines()[-1] == f"wrote {stand_in} and {page}"
         committed = json.loads((ROOT / "ilge_search" / "data" / "recommended_defaults.json").read_text())
-        # the README's command reproduces the shipped file
+        # the results page's command reproduces the shipped file
         assert json.loads(stand_in.read_text())["families"] == committed["families"]
     assert not user_config.exists()
 
@@ -135,8 +135,8 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
     assert not (tmp_path / "x.json").exists()
 
 
-def test_the_readme_regenerates_with_explicit_flags():
-    readme = (ROOT / "README.md").read_text()
+def test_the_results_page_regenerates_with_explicit_flags():
+    readme = (ROOT / "docs" / "results.md").read_text()
     assert "ilge-search report --storage sqlite:///reports/offline.db --out reports --force" in readme
     assert (
         "ilge-search recommend --storage sqlite:///reports/offline.db --update-shipped --report "

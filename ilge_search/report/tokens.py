@@ -1,0 +1,172 @@
+"""Tagging studies in the report: their own table, CSV and figure, never mixed into the sequence tables.
+
+A tagging study's score is token accuracy (every word of the test split counts once), which is not
+comparable with a text task's accuracy; so tagging studies are kept out of the per-model tables, the
+means and the ranks across tasks, and shown here: per model, one row per (task, data setting), every
+method's final token accuracy on test, mean ± std over the final seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .data import METHOD_LABELS, ReportStudy
+from .document import MISSING, Cell
+from .figures import figure_style, new_figure, save_figure
+
+__all__ = [
+    "TOKEN_METHODS",
+    "TOKEN_NOTE",
+    "is_tagging",
+    "split_tagging",
+    "tokens_frame",
+    "token_rows",
+    "draw_token_figures",
+]
+
+# methods in the order of the tables (the per-word encoders, then the per-sentence graphs)
+TOKEN_METHODS = (
+    "last-layer",
+    "best-layer",
+    "mean-layers",
+    "scalar-mix",
+    "mlp-last",
+    "deepset",
+    "cayley-word",
+    "fc",
+    "cayley",
+)
+TOKEN_LABELS = {**METHOD_LABELS, "cayley-word": "Cayley per word", "cayley": "Cayley per sentence"}
+TOKEN_NOTE = (
+    "Tagging studies (one tag per word): final token accuracy on the test split (%), mean ± std over the "
+    "final seeds, each seed scored once; the row says the training sentences and the validation/test cap. "
+    "'Cayley per sentence' passes messages over one Cayley graph per sentence whose nodes are every (word, "
+    "layer) pair; 'Cayley per word' is the Cayley graph over each word's own layers (no messages between "
+    "words); the other methods read each word alone. Kept out of the sequence tables, means and ranks."
+)
+TOKEN_COLUMNS = [
+    "model",
+    "task",
+    "setting",
+    "method",
+    "mean",
+    "std",
+    "n_seeds",
+    "scores",
+    "best_val",
+    "n_complete",
+    "n_pruned",
+    "word_pooling",
+    "trial_seconds",
+    "study",
+]
+
+
+def is_tagging(record: ReportStudy) -> bool:
+    """Whether ``record`` is a tagging study."""
+    return record.stored.data is not None and record.stored.data.task_kind == "tagging"
+
+
+def split_tagging(records: Sequence[ReportStudy]) -> tuple[list[ReportStudy], list[ReportStudy]]:
+    """``(sequence studies, tagging studies)``."""
+    return [r for r in records if not is_tagging(r)], [r for r in records if is_tagging(r)]
+
+
+def _setting(record: ReportStudy) -> str:
+    identity = record.identity
+    parts = [f"train {identity.max_train}" if identity.max_train else "full train"]
+    if identity.max_eval:
+        parts.append(f"eval {identity.max_eval}")
+    if identity.max_epochs:
+        parts.append(f"≤{identity.max_epochs} epochs")
+    if identity.word_pooling and identity.word_pooling != "first":
+        parts.append(f"{identity.word_pooling} of pieces")
+    return ", ".join(parts)
+
+
+def tokens_frame(records: Sequence[ReportStudy]) -> Any:
+    """One row per tagging study with a final evaluation: token accuracy in % (columns :data:`TOKEN_COLUMNS`)."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        if r.test_mean is None:
+            continue
+        rows.append(
+            {
+                "model": r.model,
+                "task": r.base_task,
+                "setting": _setting(r),
+                "method": r.encoder,
+                "mean": r.test_mean * 100.0,
+                "std": (r.test_std or 0.0) * 100.0,
+                "n_seeds": len(r.test_scores),
+                "scores": json.dumps([round(s * 100.0, 2) for s in r.test_scores]),
+                "best_val": math.nan if r.best_value is None else r.best_value * 100.0,
+                "n_complete": r.n_complete,
+                "n_pruned": r.n_pruned,
+                "word_pooling": r.identity.word_pooling or "first",
+                "trial_seconds": math.nan if r.trial_seconds is None else round(r.trial_seconds, 1),
+                "study": r.name,
+            }
+        )
+    return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
+
+
+def _methods(frame: Any) -> list[str]:
+    present = set(frame["method"])
+    return [m for m in TOKEN_METHODS if m in present] + sorted(present - set(TOKEN_METHODS))
+
+
+def token_rows(frame: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
+    """``(header, rows)`` of one model's table: a row per (task, setting), a column per method, the best in bold."""
+    part = frame[frame["model"] == model]
+    methods = _methods(part)
+    rows = []
+    for (task, setting), group in part.groupby(["task", "setting"], sort=True):
+        by_method = {row["method"]: row for _, row in group.iterrows()}
+        best = max(row["mean"] for row in by_method.values())
+        cells = [Cell(str(task)), Cell(str(setting))]
+        for method in methods:
+            row = by_method.get(method)
+            if row is None:
+                cells.append(Cell(MISSING))
+                continue
+            text = f"{row['mean']:.1f} ± {row['std']:.1f} ({row['n_seeds']})"
+            cells.append(Cell(text, bold=bool(row["mean"] == best)))
+        rows.append(cells)
+    return ["task", "setting"] + [TOKEN_LABELS.get(m, m) for m in methods], rows
+
+
+def draw_token_figures(frame: Any, folder: Path) -> dict[str, Path]:
+    """Per model, a bar chart of every method's token accuracy (mean, with the seeds' std): model -> path."""
+    paths = {}
+    style = figure_style()
+    for model in sorted(set(frame["model"])):
+        part = frame[frame["model"] == model]
+        settings = sorted(set(zip(part["task"], part["setting"], strict=True)))
+        methods = _methods(part)
+        with style:
+            figure = new_figure(1.2 + 0.8 * len(methods), 0.6 + 2.2 * len(settings))
+            axes = figure.subplots(len(settings), 1, squeeze=False)[:, 0]
+            for ax, (task, setting) in zip(axes, settings, strict=True):
+                rows = part[(part["task"] == task) & (part["setting"] == setting)].set_index("method")
+                shown = [m for m in methods if m in rows.index]
+                means = [float(rows.loc[m, "mean"]) for m in shown]
+                ax.bar(range(len(shown)), means, yerr=[float(rows.loc[m, "std"]) for m in shown], capsize=3)
+                ax.set_xticks(range(len(shown)), [TOKEN_LABELS.get(m, m) for m in shown], rotation=30, ha="right")
+                ax.set_ylim(max(0.0, min(means) - 10.0), min(100.0, max(means) + 5.0))
+                ax.set_ylabel("token accuracy (%)")
+                ax.set_title(f"{model}: {task} ({setting}), test")
+            path = folder / f"tokens_{_safe(model)}.png"
+            save_figure(figure, path)
+        paths[model] = path
+    return paths
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

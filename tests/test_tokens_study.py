@@ -1,0 +1,194 @@
+"""Tagging studies through the platform (issue 30, phase B): run, identity, checks, dry run, export and predict.
+
+The studies run on a tiny random BERT (``ilge_search.testing.tiny_models``) and a made-up tagging task
+whose tags follow the words' spelling, so extraction, trials, final seeds, export and predict all run
+for real in seconds, without a real LLM.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ilge_search.cli import cli
+from ilge_search.record import study_record, trial_record
+from ilge_search.storage import open_storage
+from ilge_search.study import StudyConflictError, StudyOptions, plan_run, run_study
+from ilge_search.tagger import ILGETagger
+from ilge_search.testing.tiny_models import tiny_encoder
+
+WORDS = "the a fox dog runs jumps over under quickly slowly , . ! red big".split()
+TAG_OF = {**dict.fromkeys("the a".split(), "DET"), **dict.fromkeys(", . !".split(), "PUNCT")}
+TAG_OF.update(dict.fromkeys("fox dog".split(), "NOUN"))
+TAG_OF.update(dict.fromkeys("runs jumps".split(), "VERB"))
+ENCODERS = ["cayley", "cayley-word", "last-layer"]
+
+
+def _tag(word: str) -> str:
+    return TAG_OF.get(word, "OTHER")
+
+
+def _sentences(count: int, seed: int) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    return [list(rng.choice(WORDS, size=int(rng.integers(2, 9)))) for _ in range(count)]
+
+
+def _task(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for split, (count, seed) in {"train": (32, 0), "validation": (12, 1), "test": (12, 2)}.items():
+        rows = [{"tokens": words, "tags": [_tag(w) for w in words]} for words in _sentences(count, seed)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tagging-study")
+    return {
+        "model": str(tiny_encoder(root / "model")),
+        "task": str(_task(root / "pos_toy")),
+        "cache": str(root / "cache"),
+        "storage": f"sqlite:///{root / 'studies.db'}",
+    }
+
+
+def _options(setup, **flat) -> StudyOptions:
+    values = dict(n_trials=1, max_epochs=2, final_seeds=2, cache_dir=setup["cache"], progress=False, device="cpu")
+    values.update(flat)
+    return StudyOptions.from_flat(**values)
+
+
+@pytest.fixture(scope="module")
+def results(setup):
+    return run_study(setup["model"], setup["task"], ENCODERS, storage=setup["storage"], options=_options(setup))
+
+
+def test_every_encoder_runs_trials_and_a_final_evaluation_on_words(setup, results):
+    storage = open_storage(setup["storage"])
+    assert [r.encoder for r in results] == ENCODERS
+    for result in results:
+        study = storage.load_study(result.study_name)
+        record = study_record(study)
+        assert ":pos_toy@" in result.study_name and result.study_name.endswith(f":{result.encoder}:ep2")
+        assert record.identity.word_pooling == "first" and record.data.task_kind == "tagging"
+        assert record.data.metric == "accuracy" and record.data.label_names == ["DET", "NOUN", "OTHER", "PUNCT", "VERB"]
+        assert record.data.split_sizes == {"train": 32, "validation": 12, "test": 12}  # sentences
+        final = record.final
+        assert final is not None and len(final.test_scores) == 2 and final.seeds == [1000, 1001]
+        assert all(0.0 <= score <= 1.0 for score in final.test_scores)
+        trials = [trial_record(t) for t in study.trials]
+        assert len(trials) == 1 and all(t.latency_ms and t.latency_ms > 0 for t in trials)
+        assert all(t.epochs_run and t.epochs_run <= 2 for t in trials)
+        assert all(t.val_macro_f1 is not None and 0.0 <= t.val_macro_f1 <= 1.0 for t in trials)
+    # the tags follow each word's spelling: reading every layer of a word beats its last layer alone
+    scores = {r.encoder: r.test_mean for r in results}
+    assert scores["cayley-word"] > scores["last-layer"]
+
+
+def test_a_rerun_resumes_and_mean_pooled_words_are_another_study(setup, results):
+    options = _options(setup, n_trials=0)
+    again = run_study(setup["model"], setup["task"], ["last-layer"], storage=setup["storage"], options=options)
+    assert again[0].study_name == results[2].study_name and again[0].n_complete == 1
+    plan = plan_run(
+        setup["model"],
+        setup["task"],
+        ["last-layer"],
+        storage=setup["storage"],
+        options=_options(setup, word_pooling="mean"),
+        calibrate=False,
+    )
+    assert plan.studies[0].study_name.endswith(":mean-words") and not plan.studies[0].exists
+    clash = _options(setup, word_pooling="mean", study_name=results[2].study_name)
+    with pytest.raises(StudyConflictError, match="word_pooling"):
+        run_study(setup["model"], setup["task"], ["last-layer"], storage=setup["storage"], options=clash)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(cv=3), "drop --cv"),
+        (dict(protocol="paper"), "drop --protocol paper"),
+        (dict(shots=4), "--shots needs a classification task"),
+    ],
+)
+def test_what_a_tagging_study_cannot_do_is_one_line_before_any_work(setup, tmp_path, change, message):
+    storage = f"sqlite:///{tmp_path / 'none.db'}"
+    with pytest.raises(ValueError, match=message):
+        run_study(setup["model"], setup["task"], ["cayley"], storage=storage, options=_options(setup, **change))
+    assert not open_storage(storage).study_summaries()  # no study was made
+
+
+def test_cayley_word_is_refused_on_a_text_task(setup, tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for split in ("train", "test"):
+        rows = [{"text": f"text number {i}", "label": "ab"[i % 2]} for i in range(12)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(ValueError, match="cayley-word reads each word of a tagging task"):
+        plan_run(setup["model"], str(folder), ["cayley-word"], options=_options(setup), calibrate=False)
+
+
+def test_the_dry_run_times_a_tagging_config_and_writes_nothing(setup, tmp_path):
+    storage = f"sqlite:///{tmp_path / 'dry.db'}"
+    plan = plan_run(setup["model"], setup["task"], ["cayley"], storage=storage, options=_options(setup))
+    assert plan.split_sizes == {"train": 32, "validation": 12, "test": 12}
+    assert plan.cached == {"train": True, "validation": True, "test": True}
+    assert plan.num_layers == 3 and plan.studies[0].trial_seconds > 0 and "cached word vectors" in plan.calibration
+    assert not (tmp_path / "dry.db").exists()
+
+
+def test_export_then_predict_tags_one_tag_per_word(setup, results, tmp_path):
+    study = results[1].study_name  # cayley-word
+    runner = CliRunner()
+    out = tmp_path / "tagger"
+    exported = runner.invoke(
+        cli,
+        ["--cache-dir", setup["cache"], "--device", "cpu", "export", "--storage", setup["storage"], "--study", study]
+        + ["--out", str(out)],
+    )
+    assert exported.exit_code == 0, exported.output
+    # the tiny model's folder lies outside the export: it is followed only when given again
+    tagger = ILGETagger.load(out, cache_dir=setup["cache"], device="cpu", base_model=setup["model"])
+    assert tagger.provenance_["study"] == study and tagger.provenance_["source"] == "final evaluation"
+    # the exported weights are the final seed's: scoring the test split gives that seed's stored test score
+    test = [json.loads(line) for line in Path(setup["task"], "test.jsonl").read_text().splitlines()]
+    score = tagger.score([r["tokens"] for r in test], [r["tags"] for r in test])
+    assert score == pytest.approx(tagger.provenance_["test_score"], abs=1e-6)
+
+    sentences = [["the", "dog", "runs", "."], ["a", "red", "fox", "jumps", "!"]]
+    (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"words": s}) + "\n" for s in sentences), encoding="utf-8")
+    expected = tagger.predict(sentences)
+    base = ["--cache-dir", setup["cache"], "--device", "cpu", "predict", str(out), "-q", "--base-model", setup["model"]]
+    as_json = runner.invoke(cli, base + ["-i", str(tmp_path / "in.jsonl"), "--tokens-col", "words"])
+    assert as_json.exit_code == 0, as_json.output
+    rows = [json.loads(line) for line in as_json.output.splitlines() if line.startswith("{")]
+    assert [r["tokens"] for r in rows] == sentences and [r["tags"] for r in rows] == expected
+    as_csv = runner.invoke(cli, base + ["-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "tags.csv")])
+    assert as_csv.exit_code == 0, as_csv.output
+    lines = (tmp_path / "tags.csv").read_text().splitlines()
+    assert lines[0] == "row,word,token,tag" and len(lines) == 1 + sum(len(s) for s in sentences)
+    assert lines[1:5] == [f"1,{i + 1},{w},{t}" for i, (w, t) in enumerate(zip(sentences[0], expected[0], strict=True))]
+
+
+@pytest.mark.parametrize(
+    ("content", "extra", "message"),
+    [
+        ("the dog\n\na fox\n", [], "line 2 is blank"),
+        ('{"tokens": []}\n', [], "an empty list"),
+        ('{"words": ["a"]}\n', [], "no column 'tokens'"),
+        ('{"tokens": ["a"]}\n', ["--proba"], "--proba is for classifiers"),
+    ],
+)
+def test_bad_predict_input_is_one_line_before_the_model_loads(setup, results, tmp_path, content, extra, message):
+    out = tmp_path / "tagger"
+    ILGETagger.from_study(setup["storage"], results[2].study_name, cache_dir=setup["cache"], device="cpu").save(out)
+    suffix = ".txt" if not content.startswith("{") else ".jsonl"
+    (tmp_path / f"in{suffix}").write_text(content, encoding="utf-8")
+    command = ["predict", str(out), "-i", str(tmp_path / f"in{suffix}"), "-q", "--base-model", setup["model"], *extra]
+    result = CliRunner().invoke(cli, command)
+    assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
