@@ -278,16 +278,12 @@ def _data_location(
 
 def _custom_task(spec: Any, identity: Identity) -> Any:
     """A custom task read from ``spec.task`` under the name the study knows it by (its folder may have been
-    renamed since: the name is part of the cache keys), after the study's data options; ``None`` for a
-    registered task."""
+    renamed since: the name is part of the cache keys), after the study's data options."""
     import dataclasses
 
     from ..tasks import load_task
     from .data import load_task_data
-    from .identity import is_registered_task
 
-    if is_registered_task(spec.task):
-        return None
     loaded = load_task(spec.task, None, **spec.column_options())
     if identity.task and loaded.name != identity.task:
         loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=str(identity.task)))
@@ -333,7 +329,9 @@ def load_training_data(
         word_pooling=identity.word_pooling or "first",
         columns=tuple(sorted(source.task_columns.items())),
     )
-    data = load_study_data(spec, with_test=with_test, progress=progress, task_data=_custom_task(spec, identity))
+    data = load_study_data(
+        spec, with_test=with_test, progress=progress, task_data=None if custom is None else _custom_task(spec, identity)
+    )
     changed = [
         split
         for split in ("train", "validation") + (("test",) if with_test else ())
