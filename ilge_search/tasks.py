@@ -352,6 +352,11 @@ def _check_texts(table: Table, name: str, option: str) -> List[str]:
             f"{table.where}: column {name!r} has {len(bad)} empty text(s) at row(s) "
             f"{table.rows(bad)}. Remove or fill those rows."
         )
+    if values and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in values):
+        raise TaskError(
+            f"{table.where}: column {name!r} holds numbers only (e.g. {values[0]!r}), not texts; name the "
+            f"text column with {option}"
+        )
     return [str(value) for value in values]
 
 

@@ -102,8 +102,8 @@ IDENTITY_KEYS = (
     "objectives",
     "protocol",
     "samples_per_label",
-    "warm_start",
     "word_pooling",
+    "warm_start",
 )
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
@@ -160,8 +160,8 @@ class Identity:
     objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: int | None = None
-    warm_start: int | None = None  # portfolio members enqueued after the starting configuration (None: 0)
     word_pooling: str | None = None  # tagging studies: how words are made from pieces (None: not a tagging study)
+    warm_start: int | None = None  # portfolio members enqueued after the starting configuration (None: 0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..objectives import measure_latency
-from ..record import save_trial, study_record, trial_config
+from ..record import save_trial, save_trial_predictions, study_record, trial_config
 from ..storage import quiet_optuna_warnings, stamp_worker, storage_fault
 from .notes import write_live_note
 
@@ -199,9 +200,33 @@ class TrialObjective:
         best = result.history[result.best_epoch - 1] if 0 < result.best_epoch <= len(result.history) else {}
         if data.task_kind == "tagging" and "val_macro_f1" in best:
             save_trial(trial, val_macro_f1=float(best["val_macro_f1"]))
+        self._keep_predictions(trial, study.data, result.model)
         return self._values(
             trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
         )
+
+    def _keep_predictions(self, trial: Any, stored: Any, model: Any) -> None:
+        """Store the trained model's validation predictions (float16) for ensemble selection; a study
+        without an artifact folder, or one that cannot be written, keeps none (they can be backfilled)."""
+        from optuna.artifacts import FileSystemArtifactStore
+
+        from .ensemble import predictions_of, upload_predictions
+
+        folder = None if stored is None else stored.artifact_dir
+        if not folder or model.task_kind not in ("classification", "similarity"):
+            return
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            store = FileSystemArtifactStore(folder)
+            artifact = upload_predictions(trial, predictions_of(model, self.data.validation[0]), store)
+        except OSError as exc:
+            logging.getLogger(__name__).warning(
+                "trial %d: validation predictions not stored (%s); `ilge-search ensemble` will backfill them",
+                trial.number,
+                exc.strerror or exc,
+            )
+            return
+        save_trial_predictions(trial, artifact)
 
     def _values(
         self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any

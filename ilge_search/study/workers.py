@@ -35,6 +35,7 @@ from ..storage import (
     StorageError,
     count_trials,
     fail_own_running_trials,
+    owner_stamping,
     storage_fault,
 )
 from .data import DataSpec, load_study_data
@@ -154,7 +155,7 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     try:
         study = job.storage.load_study(
             job.study_name,
-            sampler=make_sampler(options.search.sampler, job.sampler_seed),
+            sampler=owner_stamping(make_sampler(options.search.sampler, job.sampler_seed)),
             pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         )
         if study is None:
