@@ -19,6 +19,7 @@ STAMP := $(VENV)/.ilge-search-installed
 SHARED_DATA := $(if $(wildcard ../shared/datasets/banking77/train.jsonl),../shared/datasets)
 DATA ?= $(or $(ILGE_SEARCH_DATA),$(SHARED_DATA),examples/data)
 DEMO_STUDY := minilm-l6:banking77:cayley:train2000:eval800:ep10
+export NO_MKDOCS_2_WARNING := 1  # mkdocs-material's notice about its successor, printed on every build
 
 .PHONY: setup demo test docs
 

@@ -172,9 +172,9 @@ def test_the_checker_catches_a_missing_command():
 # ----------------------------------------------------------------------------- the two README commands
 
 
-def _readme_block(marker: str) -> list:
-    block = re.search(rf"<!-- {marker} -->\n```bash\n(.*?)```", README, flags=re.S)
-    assert block, f"README.md lacks the {marker} block"
+def _readme_block(marker: str, page: str = "README.md") -> list:
+    block = re.search(rf"<!-- {marker} -->\n```bash\n(.*?)```", PAGES[page], flags=re.S)
+    assert block, f"{page} lacks the {marker} block"
     return [line.strip() for line in block.group(1).splitlines() if line.strip()]
 
 
@@ -194,6 +194,7 @@ def test_makefile_sets_up_exactly_as_the_readme_says():
     assert made[-1] == "touch STAMP"
     readme = [line for line in _readme_block("ci:setup") if line != ". .venv/bin/activate"]
     assert made[:-1] == readme
+    assert _readme_block("ci:setup", "docs/guide.md") == _readme_block("ci:setup")  # the user guide's copy
 
 
 def test_ci_runs_the_readme_test_command_which_runs_ruff_and_every_test():

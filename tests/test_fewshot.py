@@ -71,7 +71,7 @@ def test_few_shot_studies_are_their_own_rows_and_curve_points(fewshot_storage, t
     result = build_report(fewshot_storage, tmp_path / "out", progress=False)
     # the main tables: one row per shots value, never merged into one cell
     table = result.tables[model]
-    assert list(table.index) == ["trec", "trec (16-shot)", "trec (8-shot)"]
+    assert list(table.index) == ["trec", "trec (8-shot)", "trec (16-shot)"]  # by number, not as text
     for (encoder, shots), (scores, _) in finals.items():
         row = "trec" if shots is None else f"trec ({shots}-shot)"
         assert table.loc[row, encoder] == pytest.approx(100 * sum(scores) / len(scores))
