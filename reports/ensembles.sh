@@ -19,4 +19,5 @@ for setting in train500 train2000; do
     done
   done
 done
-python -m ilge_search.report.ensembles "sqlite:///$DB" reports/ensembles
+python -c "import sys; from pathlib import Path; from ilge_search.report.ensembles import write_ensemble_page as w; \
+print(w(sys.argv[1], Path(sys.argv[2])))" "sqlite:///$DB" reports/ensembles

@@ -295,10 +295,36 @@ def test_grids_and_the_command_line_take_an_ensemble_size(tmp_path):
     from ilge_search.study import load_sweep
 
     grid = tmp_path / "grid.toml"
-    grid.write_text('models = ["minilm-l6"]\nencoders = ["cayley"]\nensemble = 3\n[tasks.trec]\n', encoding="utf-8")
+    grid.write_text(
+        'models = ["minilm-l6"]\nencoders = ["cayley"]\nensemble = 3\n[trials]\ndefault = 2\n[tasks.trec]\n',
+        encoding="utf-8",
+    )
     assert load_sweep(grid).study_options().final.ensemble == 3
     assert StudyOptions().final.ensemble == 0  # off unless asked for (reports/ensembles.md)
     with pytest.raises(ValueError, match="ensemble"):
         StudyOptions.from_flat(ensemble=-1)
     help_text = invoke("run", "--help").output
     assert "--ensemble" in help_text and "greedily" in help_text
+
+
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
+def test_predictions_whose_artifact_is_gone_are_backfilled_again(ensembled):
+    from ilge_search.record import trial_predictions
+    from ilge_search.storage import open_storage
+    from ilge_search.study.ensemble import backfill_predictions
+    from ilge_search.study.export import load_training_data
+
+    synthetic = ensembled["synthetic"]
+    study = _study(ensembled["url"], ensembled["trec"])
+    opened = open_storage(ensembled["url"])
+    stored = trial_predictions(study, [t for t in study.trials if t.state.name == "COMPLETE"])
+    number, (artifact, _) = sorted(stored.items())[0]
+    (opened.artifact_dir / artifact).unlink()  # a storage copied without its artifact folder
+    data = load_training_data(study, data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu")
+    with refuse_model_loads():
+        made = backfill_predictions(study, data, opened.artifact_store(), seed=0, device="cpu", progress=False)
+    assert made == 1
+    again = trial_predictions(
+        _study(ensembled["url"], ensembled["trec"]), [t for t in study.trials if t.number == number]
+    )
+    assert again[number][1] == 0 and again[number][0] != artifact  # the trial's own attr stays; the study's wins

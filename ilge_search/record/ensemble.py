@@ -156,16 +156,16 @@ class EnsembleRecord:
 
 def trial_predictions(study: Any, trials: Any) -> dict[int, tuple[str, int | None]]:
     """Trial number -> (artifact id of its validation predictions, training seed: ``None`` when the trial
-    stored them itself) for those of ``trials`` that have them."""
+    stored them itself) for those of ``trials`` that have them; backfilled ones win (they replace missing ones)."""
     backfilled = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
     out: dict[int, tuple[str, int | None]] = {}
     for trial in trials:
         own = _attrs_of(trial).get(PREDICTIONS_ATTR)
-        if own:
-            out[trial.number] = (str(own), None)
-        elif str(trial.number) in backfilled:
+        if str(trial.number) in backfilled:  # made later, because the trial's own were missing or unreadable
             entry = backfilled[str(trial.number)]
             out[trial.number] = (str(entry["artifact"]), int(entry["seed"]))
+        elif own:
+            out[trial.number] = (str(own), None)
     return out
 
 

@@ -9,16 +9,15 @@ the score the choice was made on (validation) minus the test mean: for an
 ensemble its greedy selection's validation score on the trials' predictions,
 for the selected trial its objective.
 
-``python -m ilge_search.report.ensembles STORAGE_URL OUT_STEM`` writes
+:func:`write_ensemble_page` (``reports/ensembles.sh``) writes
 ``OUT_STEM.md`` (the table and summary sentences) and ``OUT_STEM-vs-k.png``
-(the figure) from a storage, as ``reports/ensembles.sh`` does.
+(the figure) from a storage.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,14 @@ from typing import Any
 from ..record import EnsembleRecord, ensemble_record, study_record
 from ..scores import score_unit
 
-__all__ = ["ENSEMBLE_NOTE", "ensemble_frame", "ensemble_rows", "ensemble_sentences", "draw_ensemble_figure"]
+__all__ = [
+    "ENSEMBLE_NOTE",
+    "ensemble_frame",
+    "ensemble_rows",
+    "ensemble_sentences",
+    "draw_ensemble_figure",
+    "write_ensemble_page",
+]
 
 ENSEMBLE_NOTE = (
     "Ensembles of each search's complete trials: greedy forward selection with replacement (Caruana et al., "
@@ -200,7 +206,13 @@ def write_ensemble_page(storage_url: str, stem: Path) -> Path:
     drawn = draw_ensemble_figure(frame, figure)
     header, rows = ensemble_rows(frame)
     lines = ["# Ensembles of a study's trials (measured)", "", ENSEMBLE_NOTE, ""]
-    lines += [f"Storage: `{storage_url}`. Test scores in points (accuracy %), mean over the final seeds.", ""]
+    lines += [
+        f"Storage: `{storage_url}`. Test scores in points (accuracy %), mean over the final seeds. The selected "
+        "trial's and the start's scores are those the study's final evaluation stored; the ensemble's members "
+        "are retrained by `ilge-search ensemble`. Where K = 1 picks the selected trial, their difference is "
+        "retraining noise alone (e.g. another torch thread count): the yardstick for the other rows.",
+        "",
+    ]
     lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows] + [""]
     lines += [f"- {sentence}" for sentence in ensemble_sentences(frame)] + [""]
@@ -209,7 +221,3 @@ def write_ensemble_page(storage_url: str, stem: Path) -> Path:
     out = stem.parent / f"{stem.name}.md"
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
-
-
-if __name__ == "__main__":  # pragma: no cover - reports/ensembles.sh
-    print(write_ensemble_page(sys.argv[1], Path(sys.argv[2])))

@@ -164,13 +164,19 @@ def upload_predictions(study_or_trial: Any, predictions: np.ndarray, artifact_st
         )
 
 
-def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray:
+def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray | None:
+    """Stored predictions, or ``None`` when the artifact is not in ``artifact_store`` (a storage copied
+    without its artifact folder) or unreadable: such a trial is backfilled again."""
     from optuna.artifacts import download_artifact
+    from optuna.artifacts.exceptions import ArtifactNotFound
 
     with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
         path = Path(tmp, "val_predictions.npy")
-        download_artifact(artifact_store=artifact_store, file_path=str(path), artifact_id=artifact_id)
-        return np.load(path).astype(np.float64)
+        try:
+            download_artifact(artifact_store=artifact_store, file_path=str(path), artifact_id=artifact_id)
+            return np.load(path).astype(np.float64)
+        except (ArtifactNotFound, OSError, ValueError):
+            return None
 
 
 def _complete_trials(study: Any) -> list[Any]:
@@ -190,12 +196,12 @@ def backfill_predictions(
     from ..engine import train_encoder
 
     trials = _complete_trials(study)
-    have = trial_predictions(study, trials)
+    have = _validation_predictions(study, trials, artifact_store)
     missing = [t for t in trials if t.number not in have]
     if not missing:
         return 0
     logger.info(
-        "%s: %d of %d complete trials stored no validation predictions; retraining each one's configuration "
+        "%s: %d of %d complete trials have no readable validation predictions; retraining each one's configuration "
         "with seed %d on the study's data to make them",
         study.study_name,
         len(missing),
@@ -333,8 +339,13 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
 
 
 def _validation_predictions(study: Any, trials: Sequence[Any], artifact_store: Any) -> dict[int, np.ndarray]:
-    stored = trial_predictions(study, trials)
-    return {number: _download_predictions(artifact_store, artifact) for number, (artifact, _) in stored.items()}
+    """Trial number -> validation predictions, for the trials whose stored predictions can be read."""
+    out = {}
+    for number, (artifact, _) in trial_predictions(study, trials).items():
+        predictions = _download_predictions(artifact_store, artifact)
+        if predictions is not None:
+            out[number] = predictions
+    return out
 
 
 def _single_scores(
