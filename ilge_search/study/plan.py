@@ -160,6 +160,23 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bo
     )
 
 
+def _default_name(model: str, label: str, encoder: str, options: StudyOptions, tagging: bool) -> str:
+    return default_study_name(
+        model,
+        label,
+        encoder,
+        shots=options.data.shots,
+        max_train=options.data.max_train,
+        max_eval=options.data.max_eval,
+        max_epochs=options.search.max_epochs,
+        cv=options.search.cv,
+        objectives=options.search.objectives,
+        protocol=options.final.protocol,
+        samples_per_label=options.final.samples_per_label,
+        word_pooling=options.data.word_pooling if tagging else None,
+    )
+
+
 def check_run(
     model: str,
     task: str,
@@ -217,20 +234,7 @@ def check_run(
     identities: Dict[str, Dict[str, Any]] = {}
     hints: Dict[str, str] = {}
     for enc in encoder_list:
-        default = default_study_name(
-            model,
-            label,
-            enc,
-            shots=options.data.shots,
-            max_train=options.data.max_train,
-            max_eval=options.data.max_eval,
-            max_epochs=options.search.max_epochs,
-            cv=options.search.cv,
-            objectives=options.search.objectives,
-            protocol=options.final.protocol,
-            samples_per_label=options.final.samples_per_label,
-            word_pooling=options.data.word_pooling if tagging else None,
-        )
+        default = _default_name(model, label, enc, options, tagging)
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
