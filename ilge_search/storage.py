@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import importlib.util
 import logging
 import os
@@ -42,6 +43,7 @@ __all__ = [
     "open_storage",
     "hide_password",
     "artifact_dir_for",
+    "sqlite_database",
     "quiet_optuna_warnings",
     "FINISHED_STATES",
     "ENDED_STATES",
@@ -52,6 +54,7 @@ __all__ = [
     "WORKER_ATTR",
     "worker_stamp",
     "stamp_worker",
+    "owner_stamping",
     "fail_own_running_trials",
     "requeue_trial",
 ]
@@ -129,6 +132,16 @@ def _sqlite_file(parsed: Any) -> Optional[Path]:
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database).expanduser()
+
+
+def sqlite_database(storage_url: str) -> Optional[Path]:
+    """The database file of a SQLite URL, resolved (``None`` for other backends, in-memory SQLite or an
+    unparsable URL)."""
+    try:
+        database = _sqlite_file(_parse(storage_url))
+    except StorageError:
+        return None
+    return None if database is None else database.resolve()
 
 
 def artifact_dir_for(storage_url: str, artifact_dir: Optional[PathLike] = None) -> Path:
@@ -470,6 +483,63 @@ def stamp_worker(trial: Any) -> None:
     """Record on a running trial which process runs it (:func:`worker_stamp`), so that a run on this host
     fails it at once when that process dies."""
     trial.set_user_attr(WORKER_ATTR, worker_stamp(trial.number))
+
+
+@functools.lru_cache(maxsize=None)
+def _owner_stamping_class() -> type:
+    import optuna
+
+    class OwnerStampingSampler(optuna.samplers.BaseSampler):
+        """``inner``, which also stamps each trial with its process as the trial is created (Optuna calls
+        ``before_trial`` right after it made the trial RUNNING, before the heartbeat thread or the objective
+        starts), so a worker that dies at any point leaves a trial the next run can fail."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "inner":  # not set yet (unpickling): no recursion
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+        def __repr__(self) -> str:
+            return f"{type(self).__name__}({self.inner!r})"
+
+        def infer_relative_search_space(self, study: Any, trial: Any) -> Any:
+            return self.inner.infer_relative_search_space(study, trial)
+
+        def sample_relative(self, study: Any, trial: Any, search_space: Any) -> Any:
+            return self.inner.sample_relative(study, trial, search_space)
+
+        def sample_independent(self, study: Any, trial: Any, param_name: str, param_distribution: Any) -> Any:
+            return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+        def before_trial(self, study: Any, trial: Any) -> None:
+            study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
+            self.inner.before_trial(study, trial)
+
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            self.inner.after_trial(study, trial, state, values)
+
+        def reseed_rng(self) -> None:
+            self.inner.reseed_rng()
+
+    return OwnerStampingSampler
+
+
+def owner_stamping(sampler: Any) -> Any:
+    """``sampler`` (``None``: Optuna's default TPE) wrapped so that every trial records its process
+    (:data:`WORKER_ATTR`) the moment it is created, before it can run.
+
+    A worker that dies before its objective starts (its heartbeat thread could not start, say) then leaves
+    a stamped trial: the next run on this host fails and retries it at once, and a run on another host by
+    its missing heartbeat (:func:`fail_stale_trials`).
+    """
+    if sampler is None:
+        import optuna
+
+        sampler = optuna.samplers.TPESampler()
+    return _owner_stamping_class()(sampler)
 
 
 def _process_gone(stamp: Any, trial_number: int) -> bool:

@@ -75,7 +75,7 @@ class ILGETagger(BaseEstimator):
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
-        verbose: show progress bars.
+        progress: show progress bars.
         val_fraction: share of the training sentences held out for early stopping when no validation
             sentences are given.
         patience: early-stopping patience in epochs.
@@ -101,7 +101,7 @@ class ILGETagger(BaseEstimator):
         device: str = "auto",
         random_state: int = 0,
         cache_dir: PathLike | None = None,
-        verbose: bool = False,
+        progress: bool = False,
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
@@ -113,7 +113,7 @@ class ILGETagger(BaseEstimator):
         self.device = device
         self.random_state = random_state
         self.cache_dir = cache_dir
-        self.verbose = verbose
+        self.progress = progress
         self.val_fraction = val_fraction
         self.patience = patience
 
@@ -183,7 +183,9 @@ class ILGETagger(BaseEstimator):
             word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device
         )
         model = cast(PathLike, self.base_model)  # checked by _check_params
-        return get_or_extract_sentences(self._embedding_cache(), model, sentences, options, progress=bool(self.verbose))
+        return get_or_extract_sentences(
+            self._embedding_cache(), model, sentences, options, progress=bool(self.progress)
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -244,7 +246,7 @@ class ILGETagger(BaseEstimator):
             seed=int(self.random_state),
             device=self.device,
             recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.verbose),
+            progress=bool(self.progress),
         )
         if isinstance(config, BestLayerConfig) and config.layer is None:
             layer, result, scores = select_best_layer(config, train, val, **options)
@@ -338,7 +340,7 @@ class ILGETagger(BaseEstimator):
         device: str = "auto",
         cache_dir: PathLike | None = None,
         batch_size: int = 32,
-        verbose: bool = False,
+        progress: bool = False,
         base_model: PathLike | None = None,
     ) -> ILGETagger:
         """Rebuild a tagger written by :meth:`save` (the LLM loads on the first ``predict``).
@@ -360,7 +362,7 @@ class ILGETagger(BaseEstimator):
                 device=device,
                 random_state=int(meta["random_state"]),
                 cache_dir=cache_dir,
-                verbose=verbose,
+                progress=progress,
             )
             num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -393,8 +395,9 @@ class ILGETagger(BaseEstimator):
         device: str = "auto",
         cache_dir: PathLike | None = None,
         batch_size: int = 32,
-        verbose: bool = False,
+        progress: bool = False,
         trial: int | None = None,
+        task_path: PathLike | None = None,
     ) -> ILGETagger:
         """The tagger a finished tagging study found, fitted (``save`` writes the usual folder).
 
@@ -414,8 +417,9 @@ class ILGETagger(BaseEstimator):
             data_dir=data_dir,
             cache_dir=cache_dir,
             device=device,
-            progress=verbose,
+            progress=progress,
             trial=trial,
+            task_path=task_path,
         )
         if found.task_kind != "tagging":
             raise ValueError(
@@ -430,7 +434,7 @@ class ILGETagger(BaseEstimator):
             device=device,
             random_state=int(found.provenance["seed"]),
             cache_dir=cache_dir,
-            verbose=verbose,
+            progress=progress,
         )
         tagger.model_ = found.model.to(resolve_device(device)).eval()
         tagger.classes_ = np.asarray(found.label_names)

@@ -352,6 +352,11 @@ def _check_texts(table: Table, name: str, option: str) -> List[str]:
             f"{table.where}: column {name!r} has {len(bad)} empty text(s) at row(s) "
             f"{table.rows(bad)}. Remove or fill those rows."
         )
+    if values and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in values):
+        raise TaskError(
+            f"{table.where}: column {name!r} holds numbers only (e.g. {values[0]!r}), not texts; name the "
+            f"text column with {option}"
+        )
     return [str(value) for value in values]
 
 
@@ -484,9 +489,18 @@ def _tagging_task(spec: TaskSpec, tables: Dict[str, Table], cols: _Columns, sour
 
 
 _WARNED: set = set()  # (source, warning) pairs already shown by this process
+_QUIET = {"data warnings": False}
+
+
+def quiet_data_warnings() -> None:
+    """Show no warning about task data from now on in this process. A study's worker process calls it: the
+    process that started it loaded the same data first and showed them, so a run says each once."""
+    _QUIET["data warnings"] = True
 
 
 def _warn_once(task: TaskData, message: str) -> None:
+    if _QUIET["data warnings"]:
+        return
     if (task.source, message) not in _WARNED:
         _WARNED.add((task.source, message))
         log.warning(message)
@@ -709,9 +723,9 @@ def load_task(
             ``val_fraction`` of train becomes one (whole sentences for tagging).
 
     Raises:
-        TaskError (a ValueError): unknown task, missing files or columns, empty texts,
-        labels in validation/test that train lacks; for tagging also an empty sentence, a word that is not
-        a non-empty string, or a row whose numbers of words and tags differ.
+        TaskError: (a ValueError) unknown task, missing files or columns, empty texts,
+            labels in validation/test that train lacks; for tagging also an empty sentence, a word that is
+            not a non-empty string, or a row whose numbers of words and tags differ.
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path

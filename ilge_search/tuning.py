@@ -82,6 +82,7 @@ __all__ = [
     "load_recommended_defaults",
     "effective_recommended_defaults",
     "RECOMMENDED_DEFAULTS_PATH",
+    "user_defaults_in_use",
     "BUILTIN_RECOMMENDED",
     "MODEL_SIZE_HINTS",
     "SAMPLERS",
@@ -258,6 +259,12 @@ def effective_recommended_defaults(
             "--out` or pass another defaults_path"
         )
     return merged
+
+
+def user_defaults_in_use(defaults_path: Optional[Union[str, Path]] = None) -> Optional[Path]:
+    """The user defaults file :func:`recommended_config` reads over the shipped one, when there is one."""
+    user = user_defaults_path(defaults_path)
+    return user if user.is_file() else None
 
 
 def recommended_config(

@@ -1,12 +1,18 @@
 """Shared fixtures: the synthetic setup (a tiny model, made-up tasks and their cached synthetic embeddings: the
 fast loop's studies load no language model), real task data from ../shared/datasets with one embedding cache per
-session (the ``realmodel`` tests), and the check that only ``realmodel`` tests load a language model."""
+session (the ``realmodel`` tests), and the check that only ``realmodel`` tests load a language model.
+
+What the suite needs from outside the repository (the full task data, a PostgreSQL server, headless Chromium) is
+probed once, when the session starts. A test that needs something missing is skipped with one line naming it,
+so ``make test`` passes in a bare clone; ``ILGE_SEARCH_REQUIRE_ALL=1`` (set by ``.ci/run``) turns each such skip
+into a failure, so CI runs everything."""
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,16 +22,120 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+REQUIRE_ALL_ENV = "ILGE_SEARCH_REQUIRE_ALL"
+POSTGRES_ENV = "ILGE_TEST_POSTGRES"
+POSTGRES_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+# the tasks of the shared data the tests read; a data folder without any of them counts as missing
+NEEDED_TASKS = ("banking77", "trec", "sst2", "stsb", "emotion", "ud_ewt_pos")
+
+
 def _data_dir() -> Path:
     env = os.environ.get("ILGE_SEARCH_DATA")
     return Path(env) if env else REPO_ROOT.parent / "shared" / "datasets"
 
 
+def _require_all() -> bool:
+    return os.environ.get(REQUIRE_ALL_ENV, "") not in ("", "0")
+
+
+def _missing_data() -> str | None:
+    path = _data_dir()
+    absent = [task for task in NEEDED_TASKS if not (path / task / "train.jsonl").is_file()]
+    if not absent:
+        return None
+    return (
+        f"needs the full task data ({', '.join(absent)} not found in {path}): "
+        "set ILGE_SEARCH_DATA to the shared datasets folder (docs/guide.md: Where task data comes from)"
+    )
+
+
+def _postgres_admin_url():
+    from sqlalchemy.engine import make_url
+
+    return make_url(os.environ.get(POSTGRES_ENV) or POSTGRES_DEFAULT)
+
+
+def _missing_postgres() -> str | None:
+    try:
+        import psycopg2
+    except ImportError:
+        return "needs psycopg2 (pip install -e '.[dev]') for the PostgreSQL tests"
+    url = _postgres_admin_url()
+    try:
+        psycopg2.connect(
+            host=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            dbname=url.database,
+            user=url.username,
+            password=url.password,
+            connect_timeout=3,
+        ).close()
+    except psycopg2.OperationalError as exc:
+        why = " ".join(str(exc).split())[:120]
+        return (
+            f"needs a PostgreSQL server at {url.render_as_string(hide_password=True)} ({why}): start one or set "
+            f"{POSTGRES_ENV} (docs/contributing.md: What the tests need)"
+        )
+    return None
+
+
+def _chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _missing_chromium() -> str | None:
+    if _chromium_path():
+        return None
+    return "needs headless Chromium: apt-get install -y chromium (docs/contributing.md: What the tests need)"
+
+
+# what each outside need is, how a test shows it has it, and how to probe for it (once per session)
+_NEEDS = {
+    "task data": _missing_data,
+    "postgres": _missing_postgres,
+    "chromium": _missing_chromium,
+}
+_PROBED: dict[str, str | None] = {}
+
+
+def _uses(item, need: str) -> bool:
+    names = getattr(item, "fixturenames", ())
+    if need == "task data":
+        return "data_dir" in names
+    if need == "chromium":
+        return "chromium" in names
+    return item.get_closest_marker("postgres") is not None
+
+
+def missing(need: str) -> str | None:
+    """Why ``need`` (``task data``, ``postgres``, ``chromium``) is not available here, or None; probed once."""
+    if need not in _PROBED:
+        _PROBED[need] = _NEEDS[need]()
+    return _PROBED[need]
+
+
+def _refuse(need: str) -> None:
+    """In a test that needs ``need``, when it is missing: fail under ``ILGE_SEARCH_REQUIRE_ALL``, else skip."""
+    why = missing(need)
+    if why is None:
+        return
+    if _require_all():
+        pytest.fail(f"{why} ({REQUIRE_ALL_ENV} is set, so nothing may be skipped)")
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    path = _data_dir()
-    if not (path / "banking77" / "train.jsonl").is_file():
-        pytest.fail(f"task data not found at {path}; set ILGE_SEARCH_DATA to the shared datasets folder")
+    _refuse("task data")
+    return _data_dir()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """The headless Chromium binary (the dashboard page test renders the page with it)."""
+    _refuse("chromium")
+    path = _chromium_path()
+    assert path is not None
     return path
 
 
@@ -93,20 +203,38 @@ def synthetic(tiny_model, synthetic_data_dir, tmp_path_factory):
     return SyntheticSetup(tiny_model, synthetic_data_dir, tmp_path_factory.mktemp("synthetic-cache"))
 
 
-POSTGRES_ENV = "ILGE_TEST_POSTGRES"
-POSTGRES_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+_SKIPPED: dict[str, int] = {}  # need -> how many collected tests skip for it
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(trylast=True)  # after -m / -k deselected: only the tests that run are probed for
+def pytest_collection_modifyitems(config, items):
     """A test that uses the PostgreSQL server is marked ``postgres``, so ``-m "not postgres"`` leaves it out:
     one that asks for ``postgres_url``, or a parametrised one whose parameter is ``"postgresql"`` (the
-    storage fixtures that run a test once per storage kind)."""
+    storage fixtures that run a test once per storage kind). Then each outside need of the selected tests is
+    probed once; without ``ILGE_SEARCH_REQUIRE_ALL`` the tests whose need is missing are marked skipped with
+    one line saying what they need."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "postgres_url" in getattr(item, "fixturenames", ()) or any(
             isinstance(value, str) and value == "postgresql" for value in params.values()
         ):
             item.add_marker(pytest.mark.postgres)
+    if _require_all():
+        return  # every need is checked where it is used, and a missing one fails there
+    for item in items:
+        for need in _NEEDS:
+            if _uses(item, need) and (why := missing(need)) is not None:
+                item.add_marker(pytest.mark.skip(reason=why))
+                _SKIPPED[need] = _SKIPPED.get(need, 0) + 1
+                break
+
+
+def pytest_collection_finish(session):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return
+    for need, count in _SKIPPED.items():
+        reporter.write_line(f"skipping {count} test(s): {missing(need)}")
 
 
 @pytest.fixture()
@@ -121,7 +249,9 @@ def postgres_url():
 
     from sqlalchemy.engine import make_url
 
-    psycopg2 = pytest.importorskip("psycopg2")
+    _refuse("postgres")
+    import psycopg2
+
     admin_url = make_url(os.environ.get(POSTGRES_ENV) or POSTGRES_DEFAULT)
     name = f"ilge_{uuid.uuid4().hex[:12]}"
     try:
@@ -232,6 +362,8 @@ def _only_realmodel_tests_load_language_models(request):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for need, count in _SKIPPED.items():
+        terminalreporter.write_line(f"skipped {count} test(s): {missing(need)}")
     if _LOADS:
         files = sorted({test.split("::")[0] for test in _LOADS})
         loads = sum(len(models) for models in _LOADS.values())

@@ -27,6 +27,7 @@ LAYERS: Dict[str, int] = {
     "_version": 0,
     "settings": 0,
     "validation": 0,
+    "inputs": 0,
     "files": 0,
     "scores": 0,
     "configs": 1,

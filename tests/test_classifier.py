@@ -339,33 +339,18 @@ def test_banking77_minilm_fits_all_77_classes(banking77, cache_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_banking77(data_dir, cache_dir):
-    """Cayley and the last-layer probe fitted once on smollm2-135m features of a banking77 subset: 10 texts per
-    class, 231 validation and 308 test texts (extracting them is most of the cost)."""
-    data = _banking77(data_dir, shots=10, n_val=231, n_test=308)
+    """Cayley fitted on smollm2-135m features of a small banking77 subset: 2 texts per class, 77 validation and
+    60 test texts, a few epochs (loading the model and extracting is most of the cost). Whether Cayley beats the
+    last layer on this decoder is a measurement, not a check: ``benchmarks/baseline_accuracy.py --model
+    smollm2-135m`` (benchmarks/README.md)."""
+    data = _banking77(data_dir, shots=2, n_val=77, n_test=60)
     (train_texts, train_labels), (val_texts, val_labels) = data["train"], data["validation"]
-    fitted = {}
-    for name, config in (("cayley", C.CayleyConfig(epochs=30)), ("last", C.LastLayerConfig(epochs=30))):
-        clf = ILGEClassifier("smollm2-135m", config, random_state=0, cache_dir=cache_dir, max_length=32, batch_size=16)
-        fitted[name] = clf.fit(train_texts, train_labels, val_texts=val_texts, val_labels=val_labels)
-    yield fitted, data
-    fitted["last"].unload_llm()
-
-
-@pytest.mark.realmodel
-@pytest.mark.slow
-def test_banking77_smollm2_cayley_beats_the_last_layer(smollm2_banking77):
-    """On a decoder LLM the default Cayley encoder beats the last-layer probe.
-
-    Measured (seed 0, 10 texts per class, max_length 32, 2 threads): Cayley 0.679, last layer 0.627 test
-    accuracy on 308 test texts (with 15 per class, max_length 48 and 385 test texts, 1 thread: 0.743 and
-    0.686, a third more texts to extract for the same margin). MiniLM-L6, whose last layer is trained as the
-    sentence embedding, shows the opposite order (see test_banking77_minilm_fits_all_77_classes).
-    """
-    fitted, data = smollm2_banking77
-    test_texts, test_labels = data["test"]
-    scores = {name: clf.score(test_texts, test_labels) for name, clf in fitted.items()}
-    assert scores["cayley"] > 0.65, scores
-    assert scores["cayley"] > scores["last"] + 0.03, scores
+    clf = ILGEClassifier(
+        "smollm2-135m", C.CayleyConfig(epochs=3), random_state=0, cache_dir=cache_dir, max_length=32, batch_size=16
+    )
+    clf.fit(train_texts, train_labels, val_texts=val_texts, val_labels=val_labels)
+    yield {"cayley": clf}, data
+    clf.unload_llm()
 
 
 @pytest.mark.realmodel
@@ -376,7 +361,7 @@ def test_smollm2_classifier_reads_its_31_hidden_states_and_gives_probabilities(s
     assert (clf.num_layers_, clf.hidden_size_) == (31, 576)
     assert clf.classes_.tolist() == sorted(set(train_labels.tolist())) and len(clf.classes_) == 77
     proba = clf.predict_proba(test_texts[:60])
-    assert proba.shape == (60, 77) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-5)
+    assert len(test_texts) == 60 and proba.shape == (60, 77) and np.allclose(proba.sum(axis=1), 1.0, atol=1e-5)
     assert np.array_equal(clf.classes_[proba.argmax(axis=1)], clf.predict(test_texts[:60]))
 
 

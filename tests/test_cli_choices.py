@@ -24,7 +24,7 @@ from ilge_search.objectives import OBJECTIVES
 from ilge_search.protocol import PROTOCOLS
 from ilge_search.study import ENCODER_CHOICES, SELECTION_RULES
 from ilge_search.study.options import FLAT_NAMES, option_default, option_help
-from ilge_search.tuning import PRUNERS, SAMPLERS
+from ilge_search.tuning import MODEL_SIZE_HINTS, PRUNERS, SAMPLERS
 from ilge_search.words import WORD_POOLINGS
 
 # option name (its Python name) -> the library constant of its choices, whichever command has it
@@ -36,6 +36,8 @@ LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
     "pooling": POOLINGS,
     "storage_dtype": tuple(STORAGE_DTYPES),
     "families": ENCODER_FAMILIES,
+    "family": ENCODER_FAMILIES,
+    "bucket": MODEL_SIZE_HINTS,
     "fmt": EXPLAIN_FORMATS,
     "word_pooling": WORD_POOLINGS,
 }
@@ -88,7 +90,7 @@ def test_each_study_option_shows_its_fields_help_and_default():
         assert help_text.startswith(description[:1].upper() + description[1:]), where
         if option.default is not None and not option.multiple:
             assert option.default == option_default(option.study_field), where
-    assert study_options == 24 + 7  # run's and sweep's
+    assert study_options == 30 + 7  # run's (with the four column options, --warm-start and --ensemble) and sweep's
 
 
 def test_defaults_click_cannot_show_come_from_the_fields():

@@ -1,5 +1,6 @@
-"""The command line as documented: every `ilge-search <command>` named anywhere exists, the two README
-commands (`make demo`, `make test`) match the step-by-step set-up, and the `tasks` / `models` listings."""
+"""The command line as documented: every `ilge-search <command>` named in the README, the docs pages or a help
+text exists and takes the options written after it, the two README commands (`make demo`, `make test`) match the
+step-by-step set-up and the README's command line, and the `tasks` / `models` listings."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from ilge_search.tasks import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+PAGES = {"README.md": README} | {
+    f"docs/{page.name}": page.read_text(encoding="utf-8") for page in sorted((REPO / "docs").glob("*.md"))
+}
 MAKEFILE = (REPO / "Makefile").read_text(encoding="utf-8")
 
 
@@ -48,23 +52,36 @@ def _code_spans(markdown: str):
 _MENTION = re.compile(r"(?<![\w/.-])ilge-search(?![\w/.-])([^\n]*)")
 
 
-def _named_commands(text: str):
-    """The command path (``["cache", "ls"]``, ``["run"]``) after every ``ilge-search`` in ``text``."""
-    value_options = {
+def _group_value_options() -> set:
+    return {
         p.opts[0]
         for p in cli.params
         if isinstance(p, click.Option) and not p.is_flag and p.name not in ("version", "help")
     }
+
+
+def _mentions(text: str):
+    """(command path, the tokens after it) for every ``ilge-search`` in ``text``; a backslash-continued line
+    counts as one, and a comment, pipe or ``;`` ends the command."""
+    text = text.replace("\\\n", " ")
+    value_options = _group_value_options()
     for match in _MENTION.finditer(text):
-        tokens = match.group(1).split()
-        path, i = [], 0
+        tokens = re.split(r"\s(?:#|\||;|&&)", " " + match.group(1))[0].split()
+        path, i, group_options = [], 0, []
         while i < len(tokens) and tokens[i].startswith("-"):  # options of the group itself
+            group_options.append(tokens[i])
             i += 2 if tokens[i] in value_options else 1
         while i < len(tokens) and re.fullmatch(r"[a-z][a-z-]*", tokens[i]):
             path.append(tokens[i])
             i += 1
         if path:
-            yield path
+            yield path, group_options + tokens[i:]
+
+
+def _named_commands(text: str):
+    """The command path (``["cache", "ls"]``, ``["run"]``) after every ``ilge-search`` in ``text``."""
+    for path, _ in _mentions(text):
+        yield path
 
 
 def _check_path(path, where):
@@ -79,10 +96,29 @@ def _check_path(path, where):
     return None
 
 
-def test_every_command_named_in_the_readme_exists():
-    named = [path for span in _code_spans(README) for path in _named_commands(span)]
-    assert len(named) >= 15, named  # the parser finds the README's commands
-    assert {p[0] for p in named} >= {
+def _check_options(path, tokens, where):
+    """Whether every ``--option`` written after ``ilge-search <path>`` is one of that command or the group."""
+    command = cli
+    for name in path:
+        if not isinstance(command, click.Group):
+            break
+        command = command.commands[name]
+    known = {opt for param in cli.params + command.params for opt in getattr(param, "opts", [])}
+    known |= {opt for param in cli.params + command.params for opt in getattr(param, "secondary_opts", [])}
+    written = {token.split("=")[0] for token in tokens if re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", token)}
+    unknown = sorted(written - known - {"--help"})
+    return f"`ilge-search {' '.join(path)}` ({where}) has no option {unknown}" if unknown else None
+
+
+def test_every_command_named_in_the_readme_and_the_docs_exists_with_its_options():
+    named = [
+        (path, tokens, where)
+        for where, text in PAGES.items()
+        for span in _code_spans(text)
+        for path, tokens in _mentions(span)
+    ]
+    assert len(named) >= 15, named  # the parser finds the pages' commands
+    assert {p[0] for p, _, _ in named} >= {
         "run",
         "studies",
         "dashboard",
@@ -94,9 +130,14 @@ def test_every_command_named_in_the_readme_exists():
         "report",
         "recommend",
         "embed",
+        "explain",
+        "loto",
     }
-    problems = [problem for path in named if (problem := _check_path(path, "README.md"))]
+    problems = [problem for path, _, where in named if (problem := _check_path(path, where))]
     assert not problems, "\n".join(problems)
+    problems = [problem for path, tokens, where in named if (problem := _check_options(path, tokens, where))]
+    assert not problems, "\n".join(problems)
+    assert sum(len(tokens) for _, tokens, _ in named) > 100  # the options are read, not skipped
 
 
 def test_every_command_named_in_help_texts_exists():
@@ -118,6 +159,14 @@ def test_the_checker_catches_a_missing_command():
     assert _check_path(["serve"], "here") is not None
     assert _check_path(["cache", "ls"], "here") is None and _check_path(["cache", "list"], "here") is not None
     assert list(_named_commands("~/.cache/ilge-search and ilge-search-classifier")) == []
+    [(path, tokens)] = _mentions("ilge-search --data-dir d run --model m \\\n    --n-trails 3  # --not-this")
+    assert (
+        path == ["run"]
+        and _check_options(path, tokens, "here") == "`ilge-search run` (here) has no option ['--n-trails']"
+    )
+    [(path, tokens)] = _mentions("ilge-search sweep x.toml --no-estimate | tee x --y")
+    assert (path, tokens) == (["sweep"], ["x.toml", "--no-estimate"]) and _check_options(path, tokens, "") is None
+    assert _check_options(["run"], ["--no-estimate"], "here") is not None
 
 
 # ----------------------------------------------------------------------------- the two README commands
@@ -151,18 +200,67 @@ def test_ci_runs_the_readme_test_command_which_runs_ruff_and_every_test():
     assert _readme_block("ci:test") == ["make test"]
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert "readme_block ci:test" in ci and "pg_ctlcluster" in ci and "chromium" in ci
+    assert "export ILGE_SEARCH_REQUIRE_ALL=1" in ci  # in CI nothing is skipped
     recipe = " ".join(_make_recipe("test"))
     assert "ruff check ." in recipe and "python -m pytest -q" in recipe
     assert "ruff format --check ." in recipe and "&& mypy &&" in recipe
     assert re.search(r"^test: setup$", MAKEFILE, flags=re.M) and re.search(r"^demo: setup$", MAKEFILE, flags=re.M)
-    # the demo is the README's quick start, on the default storage
-    demo = " ".join(_make_recipe("demo"))
-    quick_start = re.search(r"(ilge-search --data-dir \.\./shared/datasets run .*?--threads 1)\n", README, re.S)
-    assert quick_start
-    wanted = " ".join(quick_start.group(1).replace("\\\n", " ").split()).replace("../shared/datasets", '"$(DATA)"')
-    assert wanted in " ".join(demo.replace("\\", " ").split())
+    assert "mkdocs build --strict" in recipe
+    assert "make demo" in README.split("## Install")[0] and "make test" in README.split("## Install")[0]
+
+
+def _readme_command_line() -> str:
+    """The README's demo command, on one line."""
+    found = re.search(r"(ilge-search --data-dir examples/data run .*?--threads 1)\n", README, re.S)
+    assert found, "README.md lacks the demo's command line"
+    return " ".join(found.group(1).replace("\\\n", " ").split())
+
+
+def test_the_demo_is_the_readmes_command_line_on_the_default_storage():
+    demo = " ".join(" ".join(_make_recipe("demo")).replace("\\", " ").split())
+    assert _readme_command_line().replace("examples/data", '"$(DATA)"') in demo
     assert "ilge-search studies" in demo and "ilge-search dashboard" in demo and "--storage" not in demo
-    assert "make demo" in README.split("## Set up")[0] and "make test" in README.split("## Set up")[0]
+    assert "--total-trials" in demo and "--n-trials" not in demo  # a rerun finishes the budget, adds nothing
+
+
+def test_the_demo_data_falls_back_to_the_shipped_subset():
+    assert re.search(r"^DATA \?= \$\(or \$\(ILGE_SEARCH_DATA\),\$\(SHARED_DATA\),examples/data\)$", MAKEFILE, re.M)
+    shipped = REPO / "examples" / "data" / "banking77"
+    sizes = {
+        split: len((shipped / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()) for split in ("train", "test")
+    }
+    assert sizes == {"train": 1848, "test": 770}  # what the README says
+    assert sum(f.stat().st_size for f in shipped.iterdir()) < 1_000_000
+    readme = (REPO / "examples" / "data" / "README.md").read_text(encoding="utf-8")
+    assert "CC BY 4.0" in readme and "PolyAI" in readme
+
+
+def test_the_demos_printed_hints_run_as_written():
+    from ilge_search.study.identity import default_study_name
+
+    study = re.search(r"^DEMO_STUDY := (\S+)$", MAKEFILE, re.M)
+    assert study
+    tokens = _readme_command_line().split()
+    value = {tokens[i]: tokens[i + 1] for i in range(len(tokens) - 1) if tokens[i].startswith("--")}
+    for encoder in ("cayley", "last-layer"):
+        name = default_study_name(
+            value["--model"],
+            value["--task"],
+            encoder,
+            max_train=int(value["--max-train"]),
+            max_eval=int(value["--max-eval"]),
+            max_epochs=int(value["--max-epochs"]),
+        )
+        assert encoder != "cayley" or name == study.group(1)
+    hints = [line for line in _make_recipe("demo") if line.startswith('@echo "    ')]
+    assert len(hints) == 3
+    for hint in hints:
+        assert hint.startswith('@echo "    . $(VENV)/bin/activate && ilge-search '), hint  # runs in a new shell
+    predict = next(hint for hint in hints if " predict " in hint)
+    input_file = re.search(r"--input (\S+)", predict)
+    assert input_file and (REPO / input_file.group(1).rstrip('"')).is_file()
+    assert "$(DEMO_STUDY)" in next(hint for hint in hints if " export " in hint)
+    assert f"--study {study.group(1)} " in README  # the README's export line names the same study
 
 
 # ----------------------------------------------------------------------------- tasks / models

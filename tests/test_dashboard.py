@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import queue
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -328,14 +327,10 @@ def _wait_until_answering(base: str) -> None:
 
 
 @pytest.mark.slow  # a dashboard process and a headless browser
-def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(small_study, tmp_path, synthetic):
+def test_dashboard_serves_the_study_notes_and_weights_and_renders_in_chromium(
+    small_study, tmp_path, synthetic, chromium
+):
     root, url, result, _ = small_study
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.fail(
-            "headless Chromium is needed: apt-get install -y chromium (see the README's 'What you need'), "
-            "or leave this test out with -k 'not chromium'"
-        )
 
     process, base, output, reader = _start_dashboard(url)
     try:

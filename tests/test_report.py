@@ -286,6 +286,7 @@ def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
     shown = fake_study(url, pythia, "emotion", "scalar-mix", [0.5, 0.5, 0.5], max_train=2000)
     hidden = fake_study(url, pythia, "emotion", "scalar-mix", [0.9], max_train=100)  # fewer seeds: not shown
     fake_study(url, pythia, "emotion", "cayley", [0.30], shots=8)  # its own row, never matched to the paper
+    fake_study(url, pythia, "emotion", "cayley", [0.33], shots=16)  # after 8 shots: sorted by number, not text
     fake_study(url, "my/model_x", "trec", "cayley", [0.7, 0.8])  # a LaTeX-special name
     fake_study(
         url, pythia, "stsb", "cayley", [0.80, 0.82], similarity=True, zero_shot={"sick_r": (0.61, 0.01, [0.6, 0.62])}
@@ -308,6 +309,7 @@ def test_partial_grid_published_rows_duplicates_and_few_shot(tmp_path):
         bank,
         "emotion",
         "emotion (8-shot)",
+        "emotion (16-shot)",
         emo,
         "stsb",
         "sick_r (zero-shot, stsb encoder)",

@@ -7,7 +7,7 @@ from typing import Optional
 import click
 
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, echo_frame, location_options
+from .group import FORMAT_OPTION, cli, echo_frame, location_options, quiet_model_loading
 
 # ---------------------------------------------------------------- embed / cache (extraction)
 
@@ -55,6 +55,8 @@ def embed_command(
     """Extract (or find in the cache) every layer's pooled embeddings of a task's splits."""
     from ..cache import embed_task
 
+    if quiet:
+        quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     # an unknown task or model, bad columns or texts raise ValueError before anything is loaded
     result = embed_task(
@@ -89,13 +91,28 @@ def cache_group() -> None:
     """List or remove embedding cache entries."""
 
 
+def _say_unreadable(cache, listed: set) -> None:
+    """One line for the entries whose metadata cannot be read (``ls`` cannot show them)."""
+    folder = cache.embeddings_dir
+    unreadable = sorted(p.stem for p in folder.glob("*.json") if p.stem not in listed) if folder.is_dir() else []
+    if unreadable:
+        shown = ", ".join(unreadable[:5]) + (f" and {len(unreadable) - 5} more" if len(unreadable) > 5 else "")
+        click.echo(
+            f"{len(unreadable)} entr{'y' if len(unreadable) == 1 else 'ies'} with unreadable metadata not listed "
+            f"({shown}); remove with `ilge-search cache rm KEY`, or let the next run that needs it rebuild it",
+            err=True,
+        )
+
+
 @cache_group.command("ls")
 @location_options
 def cache_ls_command(settings: Settings) -> None:
     """Show every cache entry: key, model, task, split, shape, size and when it was made."""
     from ..cache import EmbeddingCache
 
-    entries = EmbeddingCache(settings.cache_dir).ls()
+    cache = EmbeddingCache(settings.cache_dir)
+    entries = cache.ls()
+    _say_unreadable(cache, {e.key for e in entries})
     if not entries:
         click.echo(f"no embedding cache entries in {settings.cache_dir}")
         return

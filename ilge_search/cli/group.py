@@ -151,9 +151,23 @@ def study_option(*param_decls: str, field: str, more: str = "", **attrs: Any) ->
 _STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.defaults.loto")
 
 
+def quiet_model_loading() -> None:
+    """No progress bars from transformers and the hub (its "Loading weights" bar), for ``--quiet``."""
+    import os
+    import sys
+
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when transformers is first imported
+    transformers = sys.modules.get("transformers")
+    if transformers is not None:
+        transformers.utils.logging.disable_progress_bar()
+
+
 def study_logging(quiet: bool) -> None:
     """Concise progress lines from the study runner; Optuna's per-trial lines only with warnings."""
     import logging
+
+    if quiet:
+        quiet_model_loading()
 
     import optuna
 

@@ -60,21 +60,23 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote:
     "--out",
     "out_dir",
     type=click.Path(file_okay=False),
-    default="reports",
-    show_default=True,
-    help="Folder for report.md, report.tex, index.html, the CSVs and figures/.",
+    default=None,
+    help="Folder for report.md, report.tex, index.html, the CSVs and figures/ [default: beside the storage, "
+    "studies/x.db -> studies/x-report/; for a server database <backend>-<host>-<db>-report/ here].",
 )
 @click.option("--no-figures", is_flag=True, help="Tables only: no PNGs and no importances (faster).")
 @click.option(
     "--force",
     is_flag=True,
-    help="Write into a non-empty folder that no report wrote (same-named files are replaced, none removed).",
+    help="Write into a folder that holds git-tracked files, files no report wrote or another storage's report "
+    "(same-named files are replaced, none removed).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def report_command(storage: str, out_dir: str, no_figures: bool, force: bool, quiet: bool) -> None:
+def report_command(storage: str, out_dir: Optional[str], no_figures: bool, force: bool, quiet: bool) -> None:
     """Paper-style tables (Markdown, LaTeX, CSV) and an HTML page with figures from every study.
 
-    The folder records what the report wrote (.ilge-report.json); a rerun replaces only those files.
+    The folder records what the report wrote and from which storage (.ilge-report.json); a rerun on the same
+    storage replaces only those files. Folders with git-tracked files or another storage's report are refused.
     """
     from ..report import build_report
 
@@ -148,6 +150,9 @@ def recommend_command(
             click.echo(f"{family:<8} {bucket:<6} " + ", ".join(f"{k}={v}" for k, v in values.items()))
     for group, decision in data["metadata"]["shipping"].items():
         click.echo(f"{group}: {decision}")
+    for reason in data["metadata"].get("skipped") or []:
+        if "left out" in reason:  # a study that cannot be read as a search of its family: the user should know
+            click.echo(f"skipped {reason}", err=True)
     click.echo(f"wrote {target}" + (f" and {page}" if page is not None else ""))
 
 

@@ -33,6 +33,29 @@ _ENCODER_HELP = (
 )
 
 
+def _checked_objectives(objectives, select, final_front) -> tuple:
+    """The run's objectives, refusing --select with several and --final-front with one."""
+    from ..objectives import check_objectives
+
+    checked = check_objectives(objectives or None)
+    if len(checked) > 1 and select:
+        raise click.UsageError(
+            "--select picks one trial; a study with several objectives retrains its Pareto "
+            "front instead (--final-front K): drop --select"
+        )
+    if len(checked) == 1 and final_front is not None:
+        raise click.UsageError(
+            "--final-front is for studies with several objectives; add e.g. --objective score "
+            "--objective params, or drop --final-front"
+        )
+    return tuple(checked)
+
+
+def _columns(text_col, label_col, text_cols, score_col) -> dict:
+    """The custom task's column options, as the study options name them."""
+    return dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
+
+
 @cli.command("run")
 @click.option("--model", "-m", required=True, help="Model alias (minilm-l6, smollm2-135m), local folder or HF id.")
 @click.option(
@@ -66,6 +89,7 @@ _ENCODER_HELP = (
     "--word-pooling", type=click.Choice(WORD_POOLINGS), default="first", show_default=True, field="word_pooling"
 )
 @study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
+@study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
 @study_option(
     "--select",
     type=click.Choice(SELECT_CHOICES),
@@ -91,9 +115,14 @@ _ENCODER_HELP = (
     "--protocol", type=click.Choice(PROTOCOL_CHOICES), default=PROTOCOL_CHOICES[0], show_default=True, field="protocol"
 )
 @study_option("--samples-per-label", type=click.IntRange(min=1), default=None, field="samples_per_label")
+@study_option("--ensemble", type=click.IntRange(min=0), default=None, field="ensemble", more="[default: {default}]")
 @study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
 @study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
 @study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")
+@study_option("--text-col", default=None, field="text_col")
+@study_option("--label-col", default=None, field="label_col")
+@study_option("--text-cols", default=None, field="text_cols")
+@study_option("--score-col", default=None, field="score_col")
 @study_option(
     "--heartbeat-interval",
     type=click.IntRange(min=1),
@@ -130,14 +159,20 @@ def run_command(
     max_epochs,
     word_pooling: str,
     cv,
+    warm_start: int,
     select,
     objectives,
     final_front,
     protocol: str,
     samples_per_label,
+    ensemble,
     zero_shot_tasks,
     artifact_dir,
     threads,
+    text_col,
+    label_col,
+    text_cols,
+    score_col,
     heartbeat_interval: int,
     dry_run: bool,
     quiet: bool,
@@ -146,20 +181,9 @@ def run_command(
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
-    from ..objectives import check_objectives
     from ..study import StudyOptions, run_study
 
-    objectives = check_objectives(objectives or None)
-    if len(objectives) > 1 and select:
-        raise click.UsageError(
-            "--select picks one trial; a study with several objectives retrains its Pareto "
-            "front instead (--final-front K): drop --select"
-        )
-    if len(objectives) == 1 and final_front is not None:
-        raise click.UsageError(
-            "--final-front is for studies with several objectives; add e.g. --objective score "
-            "--objective params, or drop --final-front"
-        )
+    objectives = _checked_objectives(objectives, select, final_front)
     study_logging(quiet)
     if n_trials is None and total_trials is None:
         n_trials = 20
@@ -179,17 +203,20 @@ def run_command(
         max_epochs=max_epochs,
         word_pooling=word_pooling,
         cv=cv,
+        warm_start=warm_start,
         **({"select": select} if select else {}),
         objectives=objectives,
         **({"final_front": final_front} if final_front else {}),
         protocol=protocol,
         samples_per_label=samples_per_label,
+        **({"ensemble": ensemble} if ensemble is not None else {}),
         zero_shot_tasks=tuple(zero_shot_tasks),
         data_dir=settings.data_dir,
         cache_dir=settings.cache_dir,
         device=settings.device,
         artifact_dir=artifact_dir,
         threads=threads,
+        **_columns(text_col, label_col, text_cols, score_col),
         heartbeat_interval=heartbeat_interval,
         progress=not quiet,
     )
@@ -332,3 +359,52 @@ def studies_command(storage, fmt: str) -> None:
     from ..study import list_studies
 
     echo_frame(list_studies(storage), fmt, empty="no studies in this storage")
+
+
+@cli.command("ensemble")
+@storage_option()
+@click.option("--study", "study_name", required=True, help="The study (see `ilge-search studies`).")
+@click.option(
+    "--size", "-k", type=click.IntRange(min=1), required=True, help="Ensemble size K: greedy picks, with replacement."
+)
+@click.option(
+    "--also",
+    "sizes",
+    type=click.IntRange(min=1),
+    multiple=True,
+    help="Score these sizes too (repeatable; one selection gives every size up to the largest).",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The study's training seed (run --seed): retrains trials that stored no validation predictions.",
+)
+@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines; only the result table.")
+@location_options
+def ensemble_command(settings: Settings, storage, study_name: str, size: int, sizes, seed: int, artifact_dir, quiet):
+    """Select an ensemble of a study's trials on validation and score it on test beside the selected trial.
+
+    Greedy forward selection with replacement (Caruana et al., 2004) over the complete trials' validation
+    predictions (trials stored without them are retrained once with --seed to make them); the members are
+    retrained with the final evaluation's seeds and scored on test, next to the selected trial, the starting
+    configuration and the best single layer, with the same seeds. `export --ensemble` writes the result.
+    """
+    from ..study.ensemble import ensemble_study, format_ensemble
+
+    study_logging(quiet)
+    record = ensemble_study(
+        storage,
+        study_name,
+        size,
+        sizes=sizes,
+        seed=seed,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+        artifact_dir=artifact_dir,
+        progress=not quiet,
+    )
+    click.echo(format_ensemble(record))

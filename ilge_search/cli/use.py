@@ -7,7 +7,7 @@ from typing import Any, Optional
 import click
 
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, storage_option
+from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, storage_option
 
 # ----------------------------------------------------------------------------- export / predict / listings
 
@@ -44,7 +44,20 @@ from .group import FORMAT_OPTION, cli, location_options, storage_option
     default=None,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
+@click.option(
+    "--ensemble",
+    is_flag=True,
+    help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
+    "weights and the mix, used like one model.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
 @location_options
 def export_command(
     settings: Settings,
@@ -55,7 +68,9 @@ def export_command(
     retrain: bool,
     trial_number: Optional[int],
     artifact_dir,
+    ensemble: bool,
     overwrite: bool,
+    task_path: Optional[str],
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
@@ -67,6 +82,8 @@ def export_command(
     from ..study.export import study_task_kind
 
     tagging = study_task_kind(storage, study_name) == "tagging"
+    if ensemble and (tagging or retrain or trial_number is not None):
+        raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
     if tagging:
         from ..tagger import ILGETagger, check_tagger_folder
 
@@ -75,22 +92,33 @@ def export_command(
     else:
         check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
         model_class = ILGEClassifier
-    clf = model_class.from_study(
-        storage,
-        study_name,
-        seed=seed,
-        retrain=retrain,
-        artifact_dir=artifact_dir,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        trial=trial_number,
-    )
+    if ensemble:
+        clf = ILGEClassifier.from_study_ensemble(
+            storage, study_name, artifact_dir=artifact_dir, cache_dir=settings.cache_dir, device=settings.device
+        )
+    else:
+        clf = model_class.from_study(
+            storage,
+            study_name,
+            seed=seed,
+            retrain=retrain,
+            artifact_dir=artifact_dir,
+            data_dir=settings.data_dir,
+            cache_dir=settings.cache_dir,
+            device=settings.device,
+            trial=trial_number,
+            task_path=task_path,
+        )
     if tagging:
         clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
     else:
         clf.save(out_dir, overwrite=overwrite)
     p = clf.provenance_
+    if ensemble:
+        members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
+        test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
+        click.echo(f"exported the ensemble of study {p['study']} to {out_dir}: {members}, seed {p['seed']}{test}")
+        return
     test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
     click.echo(
         f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
@@ -177,6 +205,8 @@ def predict_command(
     from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
     from ..predict_tags import is_tagger_folder, predict_tags_file
 
+    if quiet:
+        quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     run = predict_tags_file if is_tagger_folder(model_dir) else predict_file
     summary = run(
@@ -220,6 +250,13 @@ def predict_command(
     help="Torch CPU threads while retraining [default: unchanged].",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
 @location_options
 def explain_command(
     settings: Settings,
@@ -231,6 +268,7 @@ def explain_command(
     recompute: bool,
     threads: Optional[int],
     quiet: bool,
+    task_path: Optional[str],
 ) -> None:
     """Which LLM layers a study's final model uses: per layer, the validation score lost when the layer is
     replaced by its training mean and the gradient x input (mean +- std over the final seeds), next to a
@@ -254,6 +292,7 @@ def explain_command(
         device=settings.device,
         threads=threads,
         progress=not quiet,
+        task_path=task_path,
     )
     text = format_explanation(result, fmt)
     if out_path is None:

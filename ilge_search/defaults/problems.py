@@ -36,11 +36,13 @@ runner's hidden-size proxy decides, read from the study's recorded hidden size.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..configs import config_class_for
 from ..models import model_size_bucket
 from ..record import Identity, study_record, trial_record
 from ..storage import Storage, open_storage
@@ -144,6 +146,49 @@ def _why_not_a_problem(name: str, identity: Identity, matched: set[tuple[str, ..
     return None
 
 
+class _SpaceCheck:
+    """A stand-in trial for :func:`~ilge_search.tuning.suggest_config` that answers with a stored trial's
+    parameters, refusing values the search space cannot suggest (absent parameters take the space's first)."""
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        self.params = params
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any:
+        value = self.params.get(name, choices[0])
+        if value not in choices:
+            raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+        return value
+
+    def suggest_int(self, name: str, low: int, high: int, **_: Any) -> Any:
+        return self._within(name, low, high)
+
+    def suggest_float(self, name: str, low: float, high: float, **_: Any) -> Any:
+        return self._within(name, low, high)
+
+    def _within(self, name: str, low: float, high: float) -> Any:
+        value = self.params.get(name, low)
+        if not low <= value <= high:
+            raise ValueError(f"{name}={value!r} is outside [{low}, {high}]")
+        return value
+
+
+def _outside_the_space(family: str, trials: Sequence[Any]) -> str | None:
+    """What in ``trials`` the family's search space cannot have suggested: unknown parameter names, or a
+    value outside a parameter's choices or range (``None``: every trial fits)."""
+    from ..tuning import suggest_config
+
+    known = {f.name for f in dataclasses.fields(config_class_for(family))}
+    unknown = sorted({p for t in trials for p in t.params} - known)
+    if unknown:
+        return f"parameters {unknown}"
+    for trial in trials:
+        try:
+            suggest_config(_SpaceCheck(trial.params), family)
+        except (TypeError, ValueError) as exc:
+            return f"a value outside it (trial {trial.number}: {exc})"
+    return None
+
+
 def _scored_problem(storage: Storage, name: str, identity: Identity) -> Problem | str:
     """The study's complete and pruned trials ranked, or why it has too few of them."""
     import optuna
@@ -158,6 +203,12 @@ def _scored_problem(storage: Storage, name: str, identity: Identity) -> Problem 
     ]
     if len(trials) < 2 or not any(t.state == TrialState.COMPLETE for t in trials):
         return f"{name}: needs 2 complete or pruned trials, one of them complete; has {len(trials)}"
+    foreign = _outside_the_space(identity.encoder, trials)
+    if foreign:
+        return (
+            f"{name}: left out, its trials have {foreign} that the {identity.encoder} search space does not have "
+            "(made or edited outside ilge-search); move it to another storage or delete it to silence this"
+        )
     qs = normalised_ranks([t.value if t.state == TrialState.COMPLETE else None for t in trials], maximize)
     scored = [
         ScoredTrial({p: parameter_level(v, t.distributions[p]) for p, v in t.params.items()}, q)

@@ -10,3 +10,15 @@ from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
 __all__ = list(_core_all)
+from .portfolio import *  # noqa: F403, E402
+from .portfolio import __all__ as _portfolio_all  # noqa: E402
+
+__all__ += list(_portfolio_all)
+from .ensemble import *  # noqa: F403, E402
+from .ensemble import __all__ as _ensemble_all  # noqa: E402
+
+__all__ += list(_ensemble_all)
+from .source import *  # noqa: F403, E402
+from .source import __all__ as _source_all  # noqa: E402
+
+__all__ += list(_source_all)

@@ -103,6 +103,7 @@ IDENTITY_KEYS = (
     "protocol",
     "samples_per_label",
     "word_pooling",
+    "warm_start",
 )
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
@@ -160,6 +161,7 @@ class Identity:
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: int | None = None
     word_pooling: str | None = None  # tagging studies: how words are made from pieces (None: not a tagging study)
+    warm_start: int | None = None  # portfolio members enqueued after the starting configuration (None: 0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))

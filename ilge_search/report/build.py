@@ -46,30 +46,29 @@ Conventions:
   section (:mod:`~ilge_search.report.pareto`) draws each final front's test
   scores in a panel of their own, next to the search on validation.
 
-The report folder is the report's own: it records what it wrote in
-``.ilge-report.json`` (:data:`MANIFEST_NAME`). A folder that is not empty and
-has no such manifest is refused unless ``force=True`` (``--force``); a rerun
-replaces the files it wrote before and removes those of them it no longer
-writes (a figure that cannot be drawn any more). Files it did not write are
-never removed.
+The report folder is the report's own (:mod:`.folder`): it records what it wrote, and from which
+storage, in ``.ilge-report.json`` (:data:`MANIFEST_NAME`). A folder holding files git tracks, files
+no report wrote or another storage's report is refused unless ``force=True`` (``--force``); a rerun
+replaces the files it wrote before and removes those of them it no longer writes (a figure that cannot
+be drawn any more). Files it did not write are never removed. Without ``out_dir`` the report goes
+beside the storage (``studies/offline.db`` -> ``studies/offline-report/``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._version import __version__
 from ..defaults.loto import stored_loto
 from ..storage import hide_password
 from .attributions import attribution_notes
 from .data import collect_records
 from .document import Document, write_atomic
 from .fewshot import fewshot_frame
+from .folder import MANIFEST_NAME, check_out_dir, default_report_dir, finish_out_dir
 from .notes import closing_notes, intro, no_published_note, published_note
 from .protocol_effect import protocol_effect_frame, protocol_effect_notes
 from .sections import FigureFolder, Figures, ReportData, report_sections
@@ -79,8 +78,6 @@ from .tokens import split_tagging, tokens_frame
 __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
 logger = logging.getLogger(__name__)
-
-MANIFEST_NAME = ".ilge-report.json"  # the files a report wrote into its folder (relative paths)
 
 
 @dataclass
@@ -118,51 +115,6 @@ class ReportResult:
     skipped: list[str] = field(default_factory=list)
     fewshot: Any = None
     loto: Any = None
-
-
-def _read_manifest(out: Path) -> set[str] | None:
-    """The files an earlier report wrote into ``out`` (``None``: no readable manifest)."""
-    try:
-        data = json.loads((out / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    files = data.get("files") if isinstance(data, dict) else None
-    if not isinstance(files, list) or not all(isinstance(name, str) for name in files):
-        return None
-    return set(files)
-
-
-def _inside(out: Path, relative: str) -> Path | None:
-    """``out / relative`` when it stays inside ``out`` (a manifest never names files elsewhere)."""
-    path = (out / relative).resolve()
-    root = out.resolve()
-    return path if path != root and root in path.parents else None
-
-
-def _check_out_dir(out: Path, force: bool) -> set[str]:
-    """Refuse a folder the report did not make (unless ``force``); the files it wrote there before."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder; pass a folder for the report")
-    previous = _read_manifest(out) if out.is_dir() else None
-    if previous is None and out.is_dir() and any(out.iterdir()) and not force:
-        raise ValueError(
-            f"{out} is not empty and was not written by `ilge-search report` (it has no "
-            f"{MANIFEST_NAME}); pass a new or empty --out, or --force to write into it anyway "
-            "(files of the same names are replaced, no other file is removed)"
-        )
-    return previous or set()
-
-
-def _finish_out_dir(out: Path, written: set[str], previous: set[str]) -> None:
-    """Remove what an earlier report wrote and this one did not; record what this one wrote."""
-    for relative in sorted(previous - written):
-        path = _inside(out, relative)
-        if path is not None and path.is_file():
-            path.unlink()
-    write_atomic(
-        out / MANIFEST_NAME,
-        json.dumps({"written_by": f"ilge-search report {__version__}", "files": sorted(written)}, indent=1) + "\n",
-    )
 
 
 def _read_report_data(storage_url: str) -> ReportData:
@@ -236,7 +188,7 @@ def _write_texts(out: Path, doc: Document, data: ReportData, importances: Any) -
 
 def build_report(
     storage_url: str,
-    out_dir: str | os.PathLike = "reports",
+    out_dir: str | os.PathLike | None = None,
     *,
     figures: bool = True,
     progress: bool = True,
@@ -246,25 +198,26 @@ def build_report(
 
     Args:
         storage_url: an Optuna RDB URL (``sqlite:///studies/offline.db``, PostgreSQL, MySQL).
-        out_dir: the report folder (created). A folder with files that no
-            report wrote is refused unless ``force``.
+        out_dir: the report folder (created; ``None``: :func:`~.folder.default_report_dir`, beside a
+            SQLite storage). A folder with git-tracked files, files no report wrote or another storage's
+            report is refused unless ``force``.
         figures: draw the PNG figures (per-layer, history, importance) and compute importances.
         progress: a tqdm bar over (model, task) pairs while drawing.
-        force: write into a non-empty folder that no report made (files of the
-            same names are replaced; other files are kept).
+        force: write into a folder that would be refused (files of the same names are replaced; other
+            files are kept).
 
     Returns:
         A :class:`ReportResult` with the tables as data frames and the written paths.
 
     Raises:
-        ValueError: ``out_dir`` is a file or a foreign non-empty folder (without
-            ``force``), the storage cannot be opened, or it holds no ilge-search study.
+        ValueError: ``out_dir`` is a file or a refused folder (without ``force``), the storage cannot be
+            opened, or it holds no ilge-search study.
     """
     import pandas as pd
 
+    out = Path(out_dir) if out_dir is not None else default_report_dir(storage_url)
+    previous = check_out_dir(out, storage_url, force)  # before reading: a refusal costs nothing
     data = _read_report_data(storage_url)
-    out = Path(out_dir)
-    previous = _check_out_dir(out, force)
     folder = FigureFolder(out, draw=figures, progress=progress)
     folder.path.mkdir(parents=True, exist_ok=True)
     sections = [section for section in report_sections() if section.applies(data, folder)]
@@ -286,7 +239,9 @@ def build_report(
     )
     files = _write_texts(out, doc, data, importances)
     figure_files = sorted(path for section in sections for path in section.figures)
-    _finish_out_dir(out, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous)
+    finish_out_dir(
+        out, storage_url, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous
+    )
     logger.info("report of %d studies written to %s", len(data.records) + len(data.tagging), out)
     return ReportResult(
         out_dir=out,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..defaults.loto import LotoResult
@@ -138,16 +139,29 @@ def _evidence_section(doc: Document, recommendation: Recommendation) -> None:
         )
 
 
-def defaults_page(recommendation: Recommendation) -> str:
+def _read_from(target: Path | None) -> str:
+    """Where ``recommended_config`` reads the values of a defaults file written to ``target``."""
+    from ..tuning import RECOMMENDED_DEFAULTS_PATH
+
+    if target is None or Path(target).resolve() == RECOMMENDED_DEFAULTS_PATH.resolve():
+        return "reads these values from `ilge_search/data/recommended_defaults.json`"
+    return (
+        f"reads these values from the user defaults file `{target}` over the shipped ones, when "
+        "`$ILGE_SEARCH_DEFAULTS` or `~/.config/ilge-search/recommended_defaults.json` names it"
+    )
+
+
+def defaults_page(recommendation: Recommendation, target: Path | None = None) -> str:
     """The "Defaults by model size" page (Markdown): the values, the leave-one-task-out check, the rule and
-    the evidence behind every value."""
+    the evidence behind every value; ``target`` is the defaults file the values were written to (``None``:
+    the shipped one)."""
     meta = recommendation.document["metadata"]
     doc = Document()
     doc.heading(1, "Defaults by model size")
     doc.paragraph(
         f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
         f"`ilge-search recommend --storage {meta['source']}`. `recommended_config(family, model_size_hint)` "
-        "reads these values from `ilge_search/data/recommended_defaults.json`; a family or bucket without "
+        f"{_read_from(target)}; a family or bucket without "
         "studies, or whose regenerated defaults were not shipped, keeps the built-in default (marked "
         "*built-in*)."
     )
@@ -214,7 +228,7 @@ def recommend_defaults(
         write_atomic(target, json.dumps(recommendation.document, indent=2) + "\n")
         load_recommended_defaults(target)  # what was written must read back
         if page_target is not None:
-            write_atomic(page_target, defaults_page(recommendation))
+            write_atomic(page_target, defaults_page(recommendation, Path(target)))
     except OSError as exc:  # e.g. a read-only installed package, a full disk
         raise ValueError(
             f"cannot write {exc.filename or target}: {exc.strerror or exc}; pass another --out (out_path)"

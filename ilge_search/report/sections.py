@@ -18,7 +18,8 @@ from typing import Any
 
 from .attributions import draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, ReportStudy
-from .document import Document, slug
+from .document import Cell, Document, slug
+from .ensembles import ENSEMBLE_NOTE, draw_ensemble_figure, ensemble_frame, ensemble_rows, ensemble_sentences
 from .fewshot import draw_fewshot_figures, fewshot_notes, fewshot_rows
 from .figures import display_width, draw_figures
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
@@ -357,6 +358,28 @@ class FewShotCurves(Section):
             folder.show(doc, {f"{model} · {task} few-shot": path})
 
 
+class Ensembles(Section):
+    """The ensemble evaluations the studies stored (:mod:`~ilge_search.report.ensembles`): table and test vs K."""
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return not ensemble_frame(r.study for r in data.every).empty
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        path = folder.path / "ensembles-vs-k.png"
+        if draw_ensemble_figure(ensemble_frame(r.study for r in data.every), path):
+            self.figures = [f"{folder.path.name}/{path.name}"]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        frame = ensemble_frame(r.study for r in data.every)
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(ENSEMBLE_NOTE)
+        header, rows = ensemble_rows(frame)
+        doc.table(header, [[Cell(text) for text in row] for row in rows], label="tab:ensembles", text_columns=4)
+        doc.bullets(ensemble_sentences(frame))
+        if self.figures:
+            folder.show(doc, {"ensemble minus selected trial against K": self.figures[0]})
+
+
 class LeaveOneTaskOut(Section):
     """The leave-one-task-out evaluation ``ilge-search loto`` stored, when there is one."""
 
@@ -435,6 +458,7 @@ def report_sections() -> list[Section]:
         SelectionRules("Selection rules", "selection"),
         ParetoFronts("Pareto fronts", "pareto"),
         FewShotCurves("Few-shot curves", "few-shot"),
+        Ensembles("Ensembles of a study's trials", "ensembles"),
         LeaveOneTaskOut("Defaults on tasks they never saw", "leave-one-task-out"),
         Studies("Studies", "studies"),
     ]

@@ -178,9 +178,16 @@ def results_frame(records: Sequence[ReportStudy]) -> Any:
         _m=frame["model"].map(model_rank),
         _k=frame["method"].map(encoder_rank),
         _z=frame["task"] != frame["source_task"],
+        _s=_by_shots(frame["source_task"]),
+        _t=_by_shots(frame["task"]),
     )
-    order = ["_m", "source_task", "_z", "task", "_k"]
-    return frame.sort_values(order).drop(columns=["_m", "_k", "_z"]).reset_index(drop=True)
+    order = ["_m", "_s", "_z", "_t", "_k"]
+    return frame.sort_values(order).drop(columns=["_m", "_k", "_z", "_s", "_t"]).reset_index(drop=True)
+
+
+def _by_shots(labels: Any) -> Any:
+    """Task labels that sort few-shot rows by their number of shots (8, 16, 32), not as text (16, 32, 8)."""
+    return labels.str.replace(r"\((\d+)-shot\)", lambda m: f"({int(m.group(1)):09d}-shot)", regex=True)
 
 
 def _without_protocol(label: str) -> str:

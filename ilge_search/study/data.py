@@ -36,6 +36,11 @@ class DataSpec:
     device: str = "auto"
     source: Optional[ModelSource] = None
     word_pooling: str = "first"
+    columns: Tuple[Tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
+
+    def column_options(self) -> Dict[str, Any]:
+        """The column options of a custom task file, as :func:`~ilge_search.tasks.load_task` takes them."""
+        return dict(self.columns)
 
     @classmethod
     def from_options(
@@ -54,6 +59,7 @@ class DataSpec:
             device=options.runtime.device,
             source=source,
             word_pooling=options.data.word_pooling,
+            columns=tuple(sorted(options.data.column_options().items())),
         )
 
     @property
@@ -91,7 +97,7 @@ def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     no model loads."""
     from ..tasks import few_shot, load_task, subsample
 
-    task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir)
+    task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir, **spec.column_options())
     if spec.shots is not None:
         if task_data.kind != "classification":
             raise ValueError(f"--shots needs a classification task; {spec.task!r} is {task_data.kind}")

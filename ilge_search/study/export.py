@@ -24,6 +24,7 @@ which sits in a higher layer.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -33,7 +34,19 @@ from typing import Any
 
 from .._version import __version__
 from ..configs import EncoderConfig, config_from_dict
-from ..record import DataRecord, FinalRecord, Identity, StudyRecord, study_record, trial_config, trial_record
+from ..record import (
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_TOKEN_POOLING,
+    DataRecord,
+    FinalRecord,
+    Identity,
+    SourceRecord,
+    StudyRecord,
+    source_record,
+    study_record,
+    trial_config,
+    trial_record,
+)
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
@@ -41,6 +54,7 @@ from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 __all__ = [
     "StudyModel",
     "load_study_model",
+    "load_study_ensemble",
     "load_training_data",
     "load_run_study",
     "selected_trial",
@@ -51,8 +65,10 @@ __all__ = [
 ]
 
 # how studies extract their features: the defaults of cache.load_task_embeddings, which study/data.py uses
-STUDY_TOKEN_POOLING = "mean"
-STUDY_MAX_LENGTH = 512
+logger = logging.getLogger(__name__)
+
+STUDY_TOKEN_POOLING = DEFAULT_TOKEN_POOLING  # what studies stored before their SourceRecord used
+STUDY_MAX_LENGTH = DEFAULT_MAX_LENGTH
 
 PathLike = str | os.PathLike
 
@@ -223,10 +239,48 @@ def _data(record: StudyRecord) -> DataRecord:
     return DataRecord() if record.data is None else record.data
 
 
+def _data_location(
+    study_name: str, stored: DataRecord, source: SourceRecord, data_dir: PathLike | None, task_path: PathLike | None
+) -> tuple[str | None, str | None]:
+    """Where a study's data is now: (custom task path or ``None``, data folder or ``None``).
+
+    The study's record says where the data was; ``task_path`` / ``data_dir`` override it when the data moved
+    (its content is still checked against the study's cache keys). A recorded place that is gone, with no
+    override, is one line that says which option to pass.
+    """
+    if stored.task_path is None:  # a registered task: its data folder
+        if task_path is not None:
+            raise ValueError(f"study {study_name!r} ran on a registered task; --task-path is for custom tasks")
+        if data_dir is not None:
+            if source.data_dir_resolved and Path(data_dir).resolve() != Path(source.data_dir_resolved):
+                logger.warning(
+                    "reading study %r's data from %s (it recorded %s)", study_name, data_dir, source.data_dir_resolved
+                )
+            return None, str(data_dir)
+        recorded = source.data_dir_resolved
+        if recorded is not None and not Path(recorded).is_dir():
+            raise ValueError(
+                f"study {study_name!r} read its task data from {recorded}, which no longer exists; pass --data-dir "
+                "with the folder where that data is now"
+            )
+        return None, recorded
+    if task_path is not None:
+        if Path(task_path).resolve() != Path(stored.task_path):
+            logger.warning("reading study %r's task from %s (it recorded %s)", study_name, task_path, stored.task_path)
+        return str(task_path), None
+    if not Path(stored.task_path).exists():
+        raise ValueError(
+            f"the custom task of study {study_name!r} was at {stored.task_path}, which no longer exists; pass "
+            "--task-path with where it is now (its content is checked against the study's)"
+        )
+    return stored.task_path, None
+
+
 def load_training_data(
     study: Any,
     *,
     data_dir: PathLike | None = None,
+    task_path: PathLike | None = None,
     cache_dir: PathLike | None = None,
     device: str = "auto",
     progress: bool = False,
@@ -235,24 +289,31 @@ def load_training_data(
     """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData`; with ``with_test``
     its test split too), rebuilt from its record through the embedding cache (extracting on a miss).
 
+    The data is read where the study recorded it (its data folder, or a custom task's path, and its
+    columns); ``data_dir`` or ``task_path`` say where it is now when it moved.
+
     Raises:
-        ValueError: the data (or the model's weights) differ from those the study stored cache keys for.
+        ValueError: the recorded data is gone and no override says where it is, or the data (or the model's
+            weights) differ from those the study stored cache keys for.
     """
     from .data import DataSpec, load_study_data
 
     record = study_record(study)
     identity, stored = _identity(record), _data(record)
+    source = source_record(study)
+    custom, folder = _data_location(study.study_name, stored, source, data_dir, task_path)
     spec = DataSpec(
         model=identity.model,
-        task=stored.task_path or identity.task,
+        task=custom or identity.task,
         shots=identity.shots,
         max_train=identity.max_train,
         max_eval=identity.max_eval,
         data_seed=int(identity.data_seed or 0),
-        data_dir=None if data_dir is None else str(data_dir),
+        data_dir=folder,
         cache_dir=None if cache_dir is None else str(cache_dir),
         device=device,
         word_pooling=identity.word_pooling or "first",
+        columns=tuple(sorted(source.task_columns.items())),
     )
     data = load_study_data(spec, with_test=with_test, progress=progress)
     changed = [
@@ -263,7 +324,8 @@ def load_training_data(
     if changed:
         raise ValueError(
             f"the {'/'.join(changed)} data of task {identity.task!r} (or the model's weights) differ "
-            f"from those study {study.study_name!r} was run on; pass the same --data-dir and model"
+            f"from those study {study.study_name!r} was run on; pass the --data-dir or --task-path of that data "
+            "and the same model"
         )
     return data
 
@@ -319,6 +381,7 @@ class _Retraining:
     cache_dir: PathLike | None
     device: str
     progress: bool
+    task_path: PathLike | None = None
 
 
 def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
@@ -326,7 +389,12 @@ def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
     from ..engine import train_encoder
 
     data = load_training_data(
-        study, data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, progress=how.progress
+        study,
+        data_dir=how.data_dir,
+        task_path=how.task_path,
+        cache_dir=how.cache_dir,
+        device=how.device,
+        progress=how.progress,
     )
     config = trial_config(trial)
     result = train_encoder(
@@ -353,6 +421,7 @@ def load_study_model(
     device: str = "auto",
     progress: bool = False,
     trial: int | None = None,
+    task_path: PathLike | None = None,
 ) -> StudyModel:
     """The model a finished study found, with its provenance.
 
@@ -365,6 +434,7 @@ def load_study_model(
         artifact_dir: where the final weights were uploaded, if not next to the storage.
         data_dir, cache_dir, device: for retraining (the task data and embedding cache).
         progress: progress bars while retraining.
+        task_path: where a custom task's data is now, when it moved since the study recorded it.
         trial: export this complete trial instead of the study's selected one: its final-front
             weights when a multi-objective study's final evaluation retrained it, else retrained with ``seed``.
 
@@ -374,7 +444,9 @@ def load_study_model(
     """
     check_int("seed", seed, minimum=0)
     opened, study = _open_study(storage, study_name)
-    how = _Retraining(seed=seed, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress)
+    how = _Retraining(
+        seed=seed, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress, task_path=task_path
+    )
     if trial is not None:
         chosen = chosen_trial(study, trial)
         return _trial_model(opened, study, chosen, how, retrain=retrain, artifact_dir=artifact_dir)
@@ -401,7 +473,7 @@ def load_study_model(
         model, val_score = _retrained(study, selected, how)
         provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None)
         config = trial_config(selected)
-    return _study_model(record, model, config, provenance)
+    return _study_model(record, model, config, provenance, source_record(study))
 
 
 def _seed_score(final: FinalRecord, scores: list[float], seed: int) -> float | None:
@@ -451,13 +523,15 @@ def _trial_model(
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
             selected_trial_now=trial.number,
         )
-        return _study_model(record, model, config_from_dict(meta["config"]), provenance)
+        return _study_model(record, model, config_from_dict(meta["config"]), provenance, source_record(study))
     model, val_score = _retrained(study, trial, how)
     provenance.update(source="retrained", trial=trial.number, seed=how.seed, val_score=val_score, test_score=None)
-    return _study_model(record, model, trial_config(trial), provenance)
+    return _study_model(record, model, trial_config(trial), provenance, source_record(study))
 
 
-def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provenance: dict[str, Any]) -> StudyModel:
+def _study_model(
+    record: StudyRecord, model: Any, config: EncoderConfig, provenance: dict[str, Any], source: SourceRecord
+) -> StudyModel:
     identity, data = _identity(record), _data(record)
     provenance.update(
         ilge_search_version=__version__, exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -470,8 +544,8 @@ def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provena
         task_kind=task_kind,
         metric=data.metric or "",
         base_model=_base_model(str(identity.model)),
-        token_pooling=STUDY_TOKEN_POOLING,
-        max_length=STUDY_MAX_LENGTH,
+        token_pooling=source.token_pooling,
+        max_length=source.max_length,
         num_layers=int(model.num_layers if tagging else model.aggregator.num_layers),
         hidden_size=int(model.hidden_in if tagging else model.aggregator.hidden_in),
         label_names=list(data.label_names) if task_kind in ("classification", "tagging") else [],
@@ -479,3 +553,72 @@ def _study_model(record: StudyRecord, model: Any, config: EncoderConfig, provena
         provenance=provenance,
         word_pooling=(identity.word_pooling or "first") if tagging else None,
     )
+
+
+def load_study_ensemble(
+    storage: str | Storage | None, study_name: str, *, artifact_dir: PathLike | None = None
+) -> StudyModel:
+    """The ensemble a study's ensemble evaluation stored (``ilge-search ensemble`` or ``run --ensemble K``):
+    an :class:`~ilge_search.engine.ensemble.EnsembleModel` of its members trained with its best seed by
+    validation, as a :class:`StudyModel` whose ``config`` is the most-picked member's.
+
+    Raises:
+        ValueError: no such study, no stored ensemble, or missing or damaged artifacts.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..engine.ensemble import build_ensemble
+    from ..record import ensemble_record
+
+    opened, study = _open_study(storage, study_name)
+    stored = ensemble_record(study)
+    if stored is None or not stored.artifacts:
+        raise ValueError(
+            f"study {study_name!r} has no stored ensemble; make one with `ilge-search ensemble --study "
+            f"{study_name} --size K` (or `run --ensemble K`)"
+        )
+    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
+        meta_path, weights_path = Path(tmp, "ensemble.json"), Path(tmp, "ensemble.safetensors")
+        _download(opened, study, stored.artifacts["config"], meta_path, artifact_dir)
+        _download(opened, study, stored.artifacts["weights"], weights_path, artifact_dir)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            state = load_file(str(weights_path))
+            model = build_ensemble(meta)
+            model.load_state_dict(state)
+        except (ValueError, OSError, KeyError, RuntimeError, SafetensorError) as exc:
+            raise ValueError(f"the ensemble artifacts of study {study_name!r} cannot be read ({exc})") from None
+    record = study_record(study)
+    ensemble = stored.ensemble
+    provenance = _provenance(opened, record)
+    provenance.update(
+        source="ensemble evaluation",
+        members={str(m["trial"]): int(m["count"]) for m in meta["ensemble"]},
+        mix=meta.get("mix"),
+        seed=int(meta["seed"]),
+        trial=int(max(meta["ensemble"], key=lambda m: m["count"])["trial"]),
+        test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, int(meta["seed"])),
+        ilge_search_version=__version__,
+        exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    data, identity = _data(record), _identity(record)
+    first = max(meta["ensemble"], key=lambda m: m["count"])
+    return StudyModel(
+        model=model.eval(),
+        config=config_from_dict(first["config"]),
+        task_kind=str(data.task_kind),
+        metric=data.metric or "",
+        base_model=_base_model(str(identity.model)),
+        token_pooling=STUDY_TOKEN_POOLING,
+        max_length=STUDY_MAX_LENGTH,
+        num_layers=int(meta["num_layers"]),
+        hidden_size=int(meta["hidden_size"]),
+        label_names=list(data.label_names) if data.task_kind == "classification" else [],
+        score_range=model.score_range,
+        provenance=provenance,
+    )
+
+
+def _seed_score_of(seeds: list[int], scores: list[float], seed: int) -> float | None:
+    return scores[seeds.index(seed)] if seed in seeds[: len(scores)] else None

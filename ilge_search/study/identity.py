@@ -27,6 +27,7 @@ each split's content) equal those of the data now, and refused otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -38,20 +39,24 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
-from ..objectives import DEFAULT_OBJECTIVES, objective_directions, objective_metric_names, objective_suffix
+from ..objectives import objective_directions, objective_metric_names, objective_suffix
 from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from ..record import (
     DATA_SPLITS,
     DataRecord,
     Identity,
+    SourceRecord,
     StudyRecord,
     enqueue_start_trial,
+    enqueue_warm_trials,
     is_ilge_study,
     is_ready,
     mark_ready,
     save_data_fingerprints,
     save_identity,
+    save_source,
     save_task_path,
+    source_record,
     study_record,
     trial_record,
     upgrade_attrs,
@@ -69,6 +74,7 @@ __all__ = [
     "DataChangedError",
     "is_registered_task",
     "task_label",
+    "adopt_renamed_task",
     "data_identity",
     "requeue_failed_recommended",
     "resolve_encoders",
@@ -123,6 +129,39 @@ def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
     return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
 
 
+def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: Any) -> Any:
+    """``loaded`` (a custom task as read) under the name its studies know it by, when its folder was renamed.
+
+    A custom task is identified by its content: the studies of ``model`` on the same content (the same
+    fingerprint after ``@`` in their names) were made under the folder's old name, which their identity, name
+    and embedding-cache keys carry. When exactly one such name exists and it is not the folder's name now, the
+    task is renamed back to it (with one log line), so the run resumes those studies and reuses their cache
+    entries instead of starting over.
+    """
+    import optuna
+
+    digest = task_label(task, loaded).rsplit("@", 1)[1]
+    prefix, marker = f"{model}:", f"@{digest}:"
+    with quiet_optuna_warnings():
+        names = optuna.get_all_study_names(storage=storage.rdb)
+    known = {
+        name[len(prefix) :].split(marker, 1)[0]
+        for name in names
+        if name.startswith(prefix) and marker in name[len(prefix) :]
+    }
+    known = {old for old in known if old and ":" not in old}
+    if len(known) != 1 or loaded.name in known:
+        return loaded
+    (old,) = known
+    logger.warning(
+        "%s holds the data of custom task %r (same content; the folder was renamed): resuming its studies and "
+        "cache entries under that name",
+        task,
+        old,
+    )
+    return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=old))
+
+
 def data_identity(task_data: Any) -> dict[str, Any]:
     """The data a study on ``task_data`` (the task after its data options) must keep: its label names and
     each split's fingerprint, as the fields of :class:`~ilge_search.record.DataRecord` they are stored as."""
@@ -151,51 +190,45 @@ def resolve_encoders(encoders: str | Sequence[str], *, tagging: bool = False) ->
     return out
 
 
-def default_study_name(
-    model: str,
-    task: str,
-    encoder: str,
-    *,
-    shots: int | None = None,
-    max_train: int | None = None,
-    max_eval: int | None = None,
-    max_epochs: int | None = None,
-    cv: int | None = None,
-    objectives: Sequence[str] = DEFAULT_OBJECTIVES,
-    protocol: str = DEFAULT_PROTOCOL,
-    samples_per_label: int | None = None,
-    word_pooling: str | None = None,
-) -> str:
-    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting
-        (``:cv5`` for trials scored on 5 folds, so such a study never merges with one scored on validation;
-        ``:obj-params`` for a study that also minimises the parameters; ``:paper`` for the paper protocol,
-        ``:paper-16-per-label`` when its examples per label are not the task's default; ``:mean-words`` for a tagging
-    study whose words are the mean of their pieces).
+def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> str:
+    """``model:task:encoder`` plus a suffix per non-default data, budget, objective or protocol setting.
 
-        >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
-        'minilm-l6:trec:cayley:8shot'
-        >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
-        'minilm-l6:trec:cayley:paper'
+    ``settings`` are :class:`~ilge_search.record.Identity` fields (``shots``, ``max_train``, ``cv``,
+    ``objectives``, ``protocol`` ...): ``:cv5`` for trials scored on 5 folds, so such a study never merges
+    with one scored on validation; ``:obj-params`` for a study that also minimises the parameters; ``:paper``
+    for the paper protocol, ``:paper-16-per-label`` when its examples per label are not the task's default;
+    ``:mean-words`` for a tagging study whose words are the mean of their pieces; ``:warm4`` for a study that
+    enqueued 4 portfolio members after its starting configuration.
+
+    >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
+    'minilm-l6:trec:cayley:8shot'
+    >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
+    'minilm-l6:trec:cayley:paper'
     """
-    parts = [str(model), str(task), encoder]
-    if shots is not None:
-        parts.append(f"{shots}shot")
-    if max_train is not None:
-        parts.append(f"train{max_train}")
-    if max_eval is not None:
-        parts.append(f"eval{max_eval}")
-    if max_epochs is not None:
-        parts.append(f"ep{max_epochs}")
-    if cv is not None:
-        parts.append(f"cv{cv}")
-    suffix = objective_suffix(objectives)
+    identity = Identity(model=str(model), task=str(task), encoder=encoder, **settings)
+    parts = [identity.model, identity.task, encoder]
+    for value, template in (
+        (identity.shots, "{}shot"),
+        (identity.max_train, "train{}"),
+        (identity.max_eval, "eval{}"),
+        (identity.max_epochs, "ep{}"),
+        (identity.cv, "cv{}"),
+    ):
+        if value is not None:
+            parts.append(template.format(value))
+    suffix = objective_suffix(identity.objectives)
     if suffix is not None:
         parts.append(suffix)
-    if protocol != DEFAULT_PROTOCOL:
-        default = paper_samples_per_label(str(task))
-        parts.append(protocol if samples_per_label in (None, default) else f"{protocol}-{samples_per_label}-per-label")
-    if word_pooling not in (None, "first"):
-        parts.append(f"{word_pooling}-words")
+    if identity.protocol != DEFAULT_PROTOCOL:
+        default = paper_samples_per_label(identity.task)
+        per_label = identity.samples_per_label
+        parts.append(
+            identity.protocol if per_label in (None, default) else f"{identity.protocol}-{per_label}-per-label"
+        )
+    if identity.word_pooling not in (None, "first"):
+        parts.append(f"{identity.word_pooling}-words")
+    if identity.warm_start:
+        parts.append(f"warm{identity.warm_start}")
     return ":".join(parts)
 
 
@@ -234,6 +267,7 @@ def study_identity(
         protocol=options.final.protocol,
         samples_per_label=samples_per_label,
         word_pooling=options.data.word_pooling if tagging else None,
+        warm_start=options.search.warm_start or None,
     )
     return identity.to_attrs()
 
@@ -415,6 +449,8 @@ def create_or_load(
     *,
     new_study_hint: str = "pass another --study-name or another --storage",
     task_path: str | None = None,
+    warm_start: Sequence[Mapping[str, Any]] = (),
+    source: SourceRecord | None = None,
 ) -> tuple[Any, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
 
@@ -426,7 +462,10 @@ def create_or_load(
     data fingerprints existed is adopted here when its cache keys match.
     ``identity`` is this run's, as :func:`check_identity` takes it. ``task_path``
     (a custom task's file or folder, absolute) is recorded, and updated when the
-    folder moved: where to find the data again.
+    folder moved: where to find the data again; so is ``source`` (the data folder as
+    given and resolved, the columns, the extraction settings: :class:`SourceRecord`).
+    ``warm_start`` (Optuna params of portfolio members) is enqueued right after the recommended trial,
+    once, when the study is set up.
 
     Returns:
         The study and whether this call set it up.
@@ -460,14 +499,19 @@ def create_or_load(
             stored = study_record(study).data
             if task_path is not None and (stored is None or stored.task_path != task_path):
                 save_task_path(study, task_path)
+            if source is not None and source_record(study) != source:  # the data is found elsewhere now
+                save_source(study, source)
 
     if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
         with quiet_optuna_warnings():
             study.set_metric_names(objective_metric_names(wanted.objectives, data.metric))
     if created:
         save_identity(study, wanted, _data_record(identity, data, artifact_dir, task_path))
+        if source is not None:
+            save_source(study, source)
         if not any(trial_record(t).recommended for t in study.trials):
             enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+            enqueue_warm_trials(study, warm_start)
         mark_ready(study)
     return study, created
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..objectives import best_score_trial, score_of
-from ..record import FinalRecord, StudyRecord, study_record, trial_record
+from ..record import EnsembleRecord, FinalRecord, StudyRecord, ensemble_record, study_record, trial_record
 from ..storage import ENDED_STATES
 
 __all__ = [
@@ -268,14 +268,20 @@ def _artifact_lines(final: FinalRecord, study_id: int | None) -> list[str]:
     return lines
 
 
-def study_note_markdown(record: StudyRecord, counts: TrialCounts | None = None, *, study_id: int | None = None) -> str:
+def study_note_markdown(
+    record: StudyRecord,
+    counts: TrialCounts | None = None,
+    *,
+    study_id: int | None = None,
+    ensemble: EnsembleRecord | None = None,
+) -> str:
     """The Markdown note of a study, from its record.
 
     Shows the identity (model, task, encoder, data), the trial ``counts`` (none
     given: no trial), the best trial, and -- once the final evaluation ran -- the
     test score as mean +- std with one row per seed, plus links to the uploaded
     artifacts (``study_id`` is needed for the links; the dashboard serves
-    ``/artifacts/<study_id>/<id>``).
+    ``/artifacts/<study_id>/<id>``); and the ``ensemble`` evaluation, when there is one.
     """
     counts = counts or TrialCounts()
     metric = _metric(record)
@@ -292,7 +298,41 @@ def study_note_markdown(record: StudyRecord, counts: TrialCounts | None = None, 
     lines += _front_lines(final, metric)
     lines += _zero_shot_lines(final)
     lines += _artifact_lines(final, study_id)
+    lines += _ensemble_lines(ensemble, metric)
     return "\n".join(lines) + "\n"
+
+
+def _ensemble_lines(ensemble: EnsembleRecord | None, metric: str) -> list[str]:
+    """The ensemble evaluation: each size's test score beside the selected trial's, with the same seeds."""
+    if ensemble is None:
+        return []
+
+    def mean(scores: list[float] | None) -> str:
+        return "-" if not scores else f"{sum(scores) / len(scores):.4f}"
+
+    lines = [
+        "",
+        f"### Ensembles (test {metric}, seeds {', '.join(map(str, ensemble.seeds))})",
+        "",
+        f"Greedy forward selection with replacement on the trials' validation predictions; {ensemble.mix}.",
+        "",
+        "| ensemble | trials (x picks) | validation | test mean +- std | gap |",
+        "|---|---|---|---|---|",
+    ]
+    for size in sorted(ensemble.sizes.values(), key=lambda s: s.size):
+        members = ", ".join(f"{n} x{c}" for n, c in size.members.items())
+        gap = "-" if size.val_test_gap is None else f"{size.val_test_gap:+.4f}"
+        lines.append(
+            f"| K = {size.size} | {members} | {size.val_score:.4f} | {size.test_mean:.4f} +- {size.test_std:.4f} "
+            f"| {gap} |"
+        )
+    lines += [
+        "",
+        f"Selected trial {ensemble.selected_trial} ({ensemble.select}): {mean(ensemble.selected_test_scores)}; "
+        f"starting configuration: {mean(ensemble.start_test_scores)}; "
+        f"best single layer: {mean(ensemble.best_layer_test_scores)}.",
+    ]
+    return lines
 
 
 # ----------------------------------------------------------------------------- writing notes
@@ -379,7 +419,7 @@ def write_study_note(study: Any) -> str:
         best_trial=best_trial,
         best_value=best_value,
     )
-    body = study_note_markdown(study_record(study), counts, study_id=study._study_id)
+    body = study_note_markdown(study_record(study), counts, study_id=study._study_id, ensemble=ensemble_record(study))
     save_note(study, body)
     return body
 

@@ -41,6 +41,7 @@ __all__ = [
     "MAX_STUDY_NAME_LENGTH",
     "DEFAULT_FINAL_FRONT",
     "check_study_name",
+    "usable_cpus",
 ]
 
 PathLike = Union[str, os.PathLike]
@@ -51,15 +52,29 @@ MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512
 
 
 def check_study_name(name: Any) -> str:
-    """``name`` if a storage can keep it as a study name: a non-empty string of at most 512 characters."""
+    """``name`` if a storage can keep it as a study name: a non-empty string of at most 512 printable
+    characters (a newline or tab would split log lines and listings)."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"the study name must be a non-empty string, got {name!r}")
+    if not name.isprintable():
+        raise ValueError(
+            f"the study name {name!r} holds a control character (newline, tab ...); pass a --study-name of "
+            "printable characters only"
+        )
     if len(name) > MAX_STUDY_NAME_LENGTH:
         raise ValueError(
             f"the study name has {len(name)} characters; a study storage keeps at most "
             f"{MAX_STUDY_NAME_LENGTH}. Pass a shorter --study-name"
         )
     return name
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _option(default: Any = None, *, help: str, factory: Any = None) -> Any:
@@ -128,6 +143,12 @@ class SearchOptions:
         "'latency' (forward ms per 1,000 samples on this device), minimised; several make a multi-objective "
         "study (part of the identity and name, e.g. :obj-params; never pruned; its Pareto front is retrained).",
     )
+    warm_start: int = _option(
+        0,
+        help="enqueue, after the starting configuration, the first K members of the encoder's portfolio "
+        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package) before the sampler "
+        "takes over; part of the study's identity and name (:warmK).",
+    )
 
     def __post_init__(self) -> None:
         from ..objectives import check_objectives
@@ -151,6 +172,7 @@ class SearchOptions:
         check_choice("pruner", self.pruner, PRUNERS)
         check_cv(self.cv)
         object.__setattr__(self, "objectives", check_objectives(self.objectives))
+        check_int("warm_start", self.warm_start, minimum=0)
 
     @property
     def multi_objective(self) -> bool:
@@ -210,8 +232,25 @@ class DataOptions:
     )
     data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
     cache_dir: str | None = _option(help="the embedding cache folder.")
+    text_col: str | None = _option(help="a custom task file's text column (default: text).")
+    label_col: str | None = _option(help="a custom task file's label column (default: label).")
+    text_cols: tuple[str, ...] | None = _option(
+        help="a custom pair task's two text columns, comma-separated (default: sentence1,sentence2)."
+    )
+    score_col: str | None = _option(help="a custom pair task's score column (default: score).")
+
+    def column_options(self) -> dict[str, Any]:
+        """The column options given, as :func:`~ilge_search.tasks.load_task` takes them."""
+        names = ("text_col", "label_col", "text_cols", "score_col")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def __post_init__(self) -> None:
+        if isinstance(self.text_cols, str):
+            object.__setattr__(self, "text_cols", tuple(part.strip() for part in self.text_cols.split(",")))
+        if self.text_cols is not None:
+            object.__setattr__(self, "text_cols", tuple(str(part) for part in self.text_cols))
+            if len(self.text_cols) != 2 or not all(self.text_cols):
+                raise ValueError(f"text_cols needs two column names, e.g. sentence1,sentence2; got {self.text_cols}")
         for name in ("shots", "max_train", "max_eval"):
             check_int(name, getattr(self, name), allow_none=True)
         check_int("data_seed", self.data_seed, minimum=0)
@@ -249,6 +288,12 @@ class FinalOptions:
         "label (cosine Spearman for similarity; parameter-free baselines untrained); part of the identity "
         "and name (:paper).",
     )
+    ensemble: int = _option(
+        0,
+        help="after the final evaluation, select an ensemble of up to this many trials greedily (with "
+        "replacement) on their validation predictions, retrain its members with the final seeds and score it "
+        "on test beside the selected trial (0: off; multi-objective and paper-protocol studies: off).",
+    )
     samples_per_label: int | None = _option(
         help="the paper protocol's training examples per label (default: the MTEB task's own, Emotion 16, else "
         "8); part of the identity."
@@ -260,6 +305,7 @@ class FinalOptions:
         check_int("final_seeds", self.seeds, minimum=0)
         check_choice("select", self.select, SELECTION_RULES)
         check_int("final_front", self.front)
+        check_int("ensemble", self.ensemble, minimum=0)
         check_protocol(self.protocol)
         check_int("samples_per_label", self.samples_per_label, allow_none=True)
         if self.samples_per_label is not None and self.protocol != "paper":
@@ -298,6 +344,12 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         check_int("workers", self.workers)
         check_int("threads", self.threads, allow_none=True)
+        if self.threads is not None and self.threads > usable_cpus():
+            # thread pools far above the cores fail to start (OpenBLAS) or thrash; refused before anything is made
+            raise ValueError(
+                f"--threads {self.threads} is more than the {usable_cpus()} CPUs this process may use; pass "
+                f"--threads {usable_cpus()} or fewer, or leave it out"
+            )
         check_int("heartbeat_interval", self.heartbeat_interval, allow_none=True)
         check_int("grace_period", self.grace_period, allow_none=True)
         check_int("max_retry", self.max_retry, minimum=0, allow_none=True)

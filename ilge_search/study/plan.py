@@ -52,6 +52,7 @@ from .data import DataSpec, expected_cache_keys, load_task_data
 from .final import final_is_current
 from .folds import check_cv
 from .identity import (
+    adopt_renamed_task,
     data_identity,
     default_study_name,
     is_registered_task,
@@ -60,6 +61,7 @@ from .identity import (
     study_identity,
     task_label,
 )
+from .limits import check_data_limits
 from .options import StudyOptions, check_study_name
 from .tokens import CALIBRATION_SENTENCES, check_tagging_options, head, rows_of, tagging_calibration_data
 
@@ -160,21 +162,18 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bo
     )
 
 
-def _default_name(model: str, label: str, encoder: str, options: StudyOptions, tagging: bool) -> str:
-    return default_study_name(
-        model,
-        label,
-        encoder,
-        shots=options.data.shots,
-        max_train=options.data.max_train,
-        max_eval=options.data.max_eval,
-        max_epochs=options.search.max_epochs,
-        cv=options.search.cv,
-        objectives=options.search.objectives,
-        protocol=options.final.protocol,
-        samples_per_label=options.final.samples_per_label,
-        word_pooling=options.data.word_pooling if tagging else None,
-    )
+def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> Tuple[Any, Any]:
+    """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
+    against it (:func:`~.limits.check_data_limits`)."""
+    from ..tasks import load_task
+
+    loaded = load_task(spec.task, spec.data_dir, **spec.column_options())
+    task_data = load_task_data(spec, loaded)
+    if options.data.zero_shot_tasks and task_data.kind != "similarity":
+        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
+    check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
+    check_data_limits(options, task, loaded, task_data)
+    return loaded, task_data
 
 
 def check_run(
@@ -202,31 +201,30 @@ def check_run(
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
+    model, task = str(model), str(task)
+
+    from ..models import resolve_model, weights_memo_read_only
+    from ..storage import hide_password
+
+    with weights_memo_read_only():  # unknown model: clear error, nothing loaded, nothing written
+        source = resolve_model(model, options.data.cache_dir, materialize=False)
+    spec = DataSpec.from_options(model, task, options, source=source)
+    loaded, task_data = _checked_task(task, spec, options)
+    tagging = task_data.kind == "tagging"
+    encoder_list = resolve_encoders(encoders, tagging=tagging)
+    trial_counts = options.search.trial_counts(encoder_list)
+    check_tagging_options(task_data, encoder_list, options)
+    # the storage is opened (a SQLite file created) only once the settings fit the data
     opened = _open(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
     if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
         raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
     if options.final.seeds > 0 and opened is not None and not dry_run:  # the final weights go there
         check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
-    model, task = str(model), str(task)
-
-    from ..models import resolve_model
-    from ..storage import hide_password
-    from ..tasks import load_task
-
-    source = resolve_model(
-        model, options.data.cache_dir, materialize=False
-    )  # unknown model: clear error, nothing loaded
-    spec = DataSpec.from_options(model, task, options, source=source)
-    loaded = load_task(spec.task, spec.data_dir)
-    task_data = load_task_data(spec, loaded)
-    tagging = task_data.kind == "tagging"
-    encoder_list = resolve_encoders(encoders, tagging=tagging)
-    trial_counts = options.search.trial_counts(encoder_list)
-    check_tagging_options(task_data, encoder_list, options)
-    if options.data.zero_shot_tasks and task_data.kind != "similarity":
-        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
-    check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
+    if opened is not None and not is_registered_task(task):  # a renamed folder resumes its studies
+        adopted = adopt_renamed_task(opened, model, task, loaded)
+        if adopted is not loaded:
+            loaded, task_data = adopted, load_task_data(spec, adopted)
     label = task_label(task, loaded)  # a custom task by its name and content, never its path
     data_id = data_identity(task_data)
     cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
@@ -234,7 +232,7 @@ def check_run(
     identities: Dict[str, Dict[str, Any]] = {}
     hints: Dict[str, str] = {}
     for enc in encoder_list:
-        default = _default_name(model, label, enc, options, tagging)
+        default = _default_name(model, label, enc, options, tagging=tagging)
         names[enc] = check_study_name(options.search.study_name or default)
         identities[enc] = {
             **study_identity(
@@ -255,6 +253,8 @@ def check_run(
         )
         if opened is not None:
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
+        if options.search.warm_start:
+            _check_warm_start(opened, enc, model, options.search.warm_start)
     return RunCheck(
         model=model,
         task=task,
@@ -270,6 +270,38 @@ def check_run(
         hints=hints,
         cache_keys=cache_keys,
     )
+
+
+def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *, tagging: bool) -> str:
+    """The name a study of ``encoder`` gets from the run's options (:func:`default_study_name`)."""
+    return default_study_name(
+        model,
+        label,
+        encoder,
+        shots=options.data.shots,
+        max_train=options.data.max_train,
+        max_eval=options.data.max_eval,
+        max_epochs=options.search.max_epochs,
+        cv=options.search.cv,
+        objectives=options.search.objectives,
+        protocol=options.final.protocol,
+        samples_per_label=options.final.samples_per_label,
+        word_pooling=options.data.word_pooling if tagging else None,
+        warm_start=options.search.warm_start,
+    )
+
+
+def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, count: int) -> None:
+    """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members (a model outside the table is
+    bucketed once its data is loaded, before its study is created)."""
+    from ..configs import ENCODER_FAMILIES
+    from ..models import known_model
+    from .trial import warm_start_params
+
+    known = known_model(model)
+    if encoder in ENCODER_FAMILIES and known is None:
+        return
+    warm_start_params(opened, encoder, count, hidden_size=known.hidden_size if known else None, model=model)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -429,9 +461,12 @@ def plan_run(
     Raises:
         ValueError: whatever ``run_study`` would refuse, with the same message.
     """
+    from ..models import weights_memo_read_only
+
     options = StudyOptions() if options is None else options
-    check = check_run(model, task, encoders, storage, options, dry_run=True)
-    return estimate_run(check, calibrate=calibrate)
+    with weights_memo_read_only():
+        check = check_run(model, task, encoders, storage, options, dry_run=True)
+        return estimate_run(check, calibrate=calibrate)
 
 
 def _parallel(options: StudyOptions, device: str) -> int:

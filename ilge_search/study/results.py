@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..objectives import best_score_trial, score_of
-from ..record import DEFAULT_PROTOCOL, FrontMember, StudyRecord, study_record, trial_record
+from ..record import (
+    DEFAULT_PROTOCOL,
+    EnsembleSize,
+    FrontMember,
+    StudyRecord,
+    ensemble_record,
+    study_record,
+    trial_record,
+)
 from ..storage import Storage, hide_password, open_storage
 
 __all__ = ["StudyResult", "study_result", "list_studies", "format_results", "format_front", "summary_line"]
@@ -56,6 +64,7 @@ class StudyResult:
     front: list[FrontMember] = field(default_factory=list)
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: int | None = None
+    ensemble: EnsembleSize | None = None  # the stored ensemble evaluation's asked-for size, with the same seeds
 
     @property
     def n_finished(self) -> int:
@@ -111,8 +120,14 @@ def study_result(study: Any, storage: str | Storage = "") -> StudyResult:
         objectives=list(record.objectives),
         protocol=identity.protocol if identity else DEFAULT_PROTOCOL,
         samples_per_label=identity.samples_per_label if identity else None,
+        ensemble=_ensemble_of(study),
         **_final_fields(record),
     )
+
+
+def _ensemble_of(study: Any) -> EnsembleSize | None:
+    stored = ensemble_record(study)
+    return None if stored is None else stored.ensemble
 
 
 def list_studies(storage: str | Storage | None = None) -> Any:
@@ -143,6 +158,8 @@ def list_studies(storage: str | Storage | None = None) -> Any:
         "final_trial",
         "search_gain",
         "objectives",
+        "ensemble_k",
+        "ensemble_test_mean",
     ]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
@@ -178,6 +195,17 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
         "final_trial": final.trial if final else None,
         "search_gain": final.search_gain if final else None,
         "objectives": "+".join(record.objectives),
+        **_ensemble_columns(summary),
+    }
+
+
+def _ensemble_columns(summary: Any) -> dict[str, Any]:
+    """The listing's ensemble columns: the size asked for and the ensemble's test mean (none: ``None``)."""
+    stored = ensemble_record(summary)
+    ensemble = None if stored is None else stored.ensemble
+    return {
+        "ensemble_k": None if stored is None else stored.size,
+        "ensemble_test_mean": None if ensemble is None else ensemble.test_mean,
     }
 
 
@@ -188,7 +216,10 @@ def format_results(results: Iterable[StudyResult]) -> str:
     ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown);
     ``protocol`` says how the test scores were measured.
     """
-    header = ("study", "protocol", "trials", "pruned", "failed", "best val", "test mean +- std", "search gain")
+    results = list(results)
+    with_ensemble = any(r.ensemble is not None for r in results)
+    header: tuple[str, ...] = ("study", "protocol", "trials", "pruned", "failed", "best val", "test mean +- std")
+    header += ("search gain",) + (("ensemble test (K, vs selected)",) if with_ensemble else ())
     rows = [header]
     for r in results:
         test = "-" if r.test_mean is None else f"{r.test_mean:.4f} +- {r.test_std:.4f} ({len(r.test_scores)} seeds)"
@@ -207,6 +238,7 @@ def format_results(results: Iterable[StudyResult]) -> str:
                 test,
                 gain,
             )
+            + ((_ensemble_cell(r),) if with_ensemble else ())
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -214,6 +246,16 @@ def format_results(results: Iterable[StudyResult]) -> str:
         if r.front:
             lines += ["", format_front(r)]
     return "\n".join(lines)
+
+
+def _ensemble_cell(result: StudyResult) -> str:
+    ensemble = result.ensemble
+    if ensemble is None:
+        return "-"
+    cell = f"{ensemble.test_mean:.4f} +- {ensemble.test_std:.4f} (K={ensemble.size}, {ensemble.n_members} trials"
+    if result.test_mean is not None:
+        cell += f", {ensemble.test_mean - result.test_mean:+.4f}"
+    return cell + ")"
 
 
 def format_front(result: StudyResult) -> str:
@@ -260,4 +302,10 @@ def summary_line(result: StudyResult) -> str:
         )
         if result.search_gain is not None:
             text += f" (trial {result.final_trial}, {result.select}; search gain {result.search_gain:+.4f})"
+    if result.ensemble is not None:
+        ensemble = result.ensemble
+        text += (
+            f"; ensemble of {ensemble.size} ({ensemble.n_members} trials): test {result.metric} "
+            f"{ensemble.test_mean:.4f} +- {ensemble.test_std:.4f}"
+        )
     return text

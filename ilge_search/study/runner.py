@@ -44,7 +44,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from ..record import study_record
+from ..record import SourceRecord, study_record
 from ..storage import (
     Storage,
     StorageError,
@@ -52,6 +52,7 @@ from ..storage import (
     fail_own_running_trials,
     fail_stale_trials,
     finished_trial_count,
+    owner_stamping,
     storage_fault,
 )
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
@@ -65,6 +66,7 @@ from .notes import write_notes
 from .options import StudyOptions
 from .plan import check_run, estimate_run, may_be_long
 from .results import StudyResult, study_result, summary_line
+from .trial import warm_start_params
 from .workers import optimize, total_reached
 
 __all__ = ["run_study"]
@@ -120,6 +122,7 @@ def run_study(
             "+".join(options.search.objectives),
             options.search.pruner,
         )
+    _say_which_defaults()
     if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
         plan = estimate_run(check)
         if plan.is_long:
@@ -160,6 +163,35 @@ def run_study(
         torch.set_num_threads(previous_threads)
 
 
+def study_source(spec: DataSpec) -> SourceRecord:
+    """Where ``spec``'s data comes from (the data folder as given and as used, a custom task's path as given,
+    its columns) and the extraction settings every study uses: what the study records for later commands."""
+    from ..settings import resolve_data_dir
+
+    registered = is_registered_task(spec.task)
+    used = resolve_data_dir(spec.data_dir) if registered else None
+    return SourceRecord(
+        data_dir=spec.data_dir if registered else None,
+        data_dir_resolved=None if used is None else str(used.resolve()),
+        task_path_given=None if registered else spec.task,
+        task_columns=spec.column_options(),
+    )
+
+
+def _say_which_defaults() -> None:
+    """One line when the starting configuration comes from a user defaults file, not the shipped one: two
+    users running the same command would otherwise start different studies without knowing why."""
+    from ..tuning import user_defaults_in_use
+
+    user = user_defaults_in_use()
+    if user is not None:
+        logger.warning(
+            "the starting configuration (trial 0 of a new study) is read from the user defaults file %s over the "
+            "shipped defaults; move it away or point $ILGE_SEARCH_DEFAULTS elsewhere to start from the shipped ones",
+            user,
+        )
+
+
 def _run_one(
     storage: Storage,
     encoder: str,
@@ -178,16 +210,23 @@ def _run_one(
     from ..tuning import make_pruner, make_sampler
 
     # ---- 3. create or load
+    warm = (
+        warm_start_params(storage, encoder, options.search.warm_start, hidden_size=data.hidden_size, model=spec.model)
+        if options.search.warm_start
+        else []
+    )
     study, created = create_or_load(
         storage,
         name,
         identity,
         data,
         storage.artifact_dir,
-        sampler=make_sampler(options.search.sampler, options.search.seed),
+        sampler=owner_stamping(make_sampler(options.search.sampler, options.search.seed)),
         pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         new_study_hint=new_study_hint,
         task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
+        warm_start=warm,
+        source=study_source(spec),
     )
     try:
         _optimize_and_evaluate(
@@ -230,16 +269,20 @@ def _optimize_and_evaluate(
     """Steps 4 and 5 of :func:`run_study` on a created or loaded study."""
     fail_stale_trials(study, storage)
     requeue_failed_recommended(study, storage)
+    total = options.search.total_for(encoder)
+    if count is not None:
+        adding = f"{count} trials"
+    else:
+        adding = "trials until timeout" if total is None else f"trials until it holds {total}"
     logger.info(
         "%s study %s (%d finished trials); adding %s",
         "created" if created else "resuming",
         name,
         finished_trial_count(study),
-        "trials until timeout" if count is None else f"{count} trials",
+        adding,
     )
 
     # ---- 4. optimise
-    total = options.search.total_for(encoder)
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
@@ -279,5 +322,34 @@ def _optimize_and_evaluate(
                 zero_shot=zero_shot,
                 progress=options.runtime.progress,
             )
+        _ensemble_stage(study, storage, name, data, spec, options)
     elif options.final.seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)
+
+
+def _ensemble_stage(
+    study: Any, storage: Storage, name: str, data: StudyData, spec: DataSpec, options: StudyOptions
+) -> None:
+    """Step 6 of :func:`run_study` with ``--ensemble K``: the ensemble evaluation, unless it is current."""
+    from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current
+
+    size = options.final.ensemble
+    if not size:
+        return
+    if options.search.multi_objective or options.final.protocol != "matched":
+        logger.warning("%s: ensembles are off for multi-objective and paper-protocol studies", name)
+        return
+    run = EnsembleRun(
+        size=size,
+        seeds=options.final_seed_list(),
+        max_epochs=options.search.max_epochs,
+        select=options.final.select,
+        prediction_seed=options.search.seed or 0,
+        device=spec.device,
+        artifact_store=storage.artifact_store(),
+        progress=options.runtime.progress,
+    )
+    if ensemble_is_current(study, run):
+        logger.info("%s: the ensemble of %d is up to date", name, size)
+        return
+    ensemble_evaluation(study, data, run)

@@ -20,6 +20,7 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     objectives = ["score", "params"]   # a multi-objective study per entry (names get :obj-params); or a
                                        # table per encoder: {default = ["score", "params"], last-layer = ["score"]}
     final_front = 5                    # front trials a multi-objective study's final evaluation retrains
+    ensemble = 3                       # after the final evaluation, an ensemble of up to 3 trials (0: off)
     protocol = ["matched", "paper"]    # how final scores are measured (per task too); a list runs each;
                                        # paper studies are named :paper (see ilge_search.protocol)
     samples_per_label = 8              # the paper protocol's examples per label (per task too)
@@ -116,6 +117,7 @@ _TOP_KEYS = {
     "select",
     "objectives",
     "final_front",
+    "ensemble",
     "protocol",
     "samples_per_label",
 }
@@ -223,6 +225,7 @@ class Sweep:
     timeout: Optional[float] = None
     select: Optional[str] = None
     final_front: Optional[int] = None
+    ensemble: Optional[int] = None
     path: Optional[Path] = None
 
     def pairs(self) -> List[Tuple[str, str]]:
@@ -248,6 +251,8 @@ class Sweep:
             values["select"] = self.select
         if self.final_front is not None:
             values["final_front"] = self.final_front
+        if self.ensemble is not None:
+            values["ensemble"] = self.ensemble
         values.update(changes)
         return StudyOptions.from_flat(**values)
 
@@ -472,6 +477,7 @@ def load_sweep(path: PathLike) -> Sweep:
         timeout=raw.get("timeout"),
         select=raw.get("select"),
         final_front=raw.get("final_front"),
+        ensemble=raw.get("ensemble"),
         path=path,
     )
     try:

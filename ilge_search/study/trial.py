@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..objectives import measure_latency
-from ..record import save_trial, study_record, trial_config
+from ..record import save_trial, save_trial_predictions, study_record, trial_config
 from ..storage import quiet_optuna_warnings, stamp_worker, storage_fault
 from .notes import write_live_note
 
@@ -36,7 +37,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..record import Identity
     from .data import StudyData
 
-__all__ = ["TrialObjective", "recommended_params", "suggest_capped", "catchable_errors", "quiet_interrupt_tracebacks"]
+__all__ = [
+    "TrialObjective",
+    "recommended_params",
+    "config_params",
+    "warm_start_params",
+    "suggest_capped",
+    "catchable_errors",
+    "quiet_interrupt_tracebacks",
+]
 
 
 def suggest_capped(trial: Any, encoder: str, max_epochs: int | None) -> Any:
@@ -71,6 +80,47 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
     with quiet_optuna_warnings():
         suggest_config(fixed, encoder)
     return dict(fixed.params)
+
+
+def config_params(encoder: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A config dict as the Optuna params ``suggest_config`` asks for (what a study enqueues to train it)."""
+    import optuna
+
+    from ..tuning import suggest_config
+
+    fixed = optuna.trial.FixedTrial({k: v for k, v in config.items() if k != "family"})
+    with quiet_optuna_warnings():
+        suggest_config(fixed, encoder)
+    return dict(fixed.params)
+
+
+def warm_start_params(storage: Any, encoder: str, count: int, *, hidden_size: int | None, model: str) -> list[dict]:
+    """The params of the first ``count`` portfolio members that differ from the starting configuration
+    (``run --warm-start``): from the storage's portfolio, else the shipped one.
+
+    Raises:
+        ValueError: a baseline encoder, or no portfolio with that many members.
+    """
+    from ..configs import ENCODER_FAMILIES
+    from ..models import model_size_bucket
+    from ..record import portfolio_members
+
+    if encoder not in ENCODER_FAMILIES:
+        raise ValueError(
+            f"--warm-start enqueues portfolio members of an ILGE family ({', '.join(ENCODER_FAMILIES)}); "
+            f"{encoder} has none: run it without --warm-start"
+        )
+    bucket = model_size_bucket(model, hidden_size)
+    members, source = portfolio_members(storage, encoder, bucket)
+    start = recommended_params(encoder, hidden_size, model)
+    params = [p for p in (config_params(encoder, m) for m in members) if p != start]
+    if len(params) < count:
+        raise ValueError(
+            f"--warm-start {count}: {source} has {len(params)} {encoder} ({bucket}) members besides the starting "
+            "configuration; run `ilge-search portfolio --storage URL --family "
+            f"{encoder} --size {count + 1}` first, or ask for fewer"
+        )
+    return params[:count]
 
 
 class TrialObjective:
@@ -150,9 +200,33 @@ class TrialObjective:
         best = result.history[result.best_epoch - 1] if 0 < result.best_epoch <= len(result.history) else {}
         if data.task_kind == "tagging" and "val_macro_f1" in best:
             save_trial(trial, val_macro_f1=float(best["val_macro_f1"]))
+        self._keep_predictions(trial, study.data, result.model)
         return self._values(
             trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
         )
+
+    def _keep_predictions(self, trial: Any, stored: Any, model: Any) -> None:
+        """Store the trained model's validation predictions (float16) for ensemble selection; a study
+        without an artifact folder, or one that cannot be written, keeps none (they can be backfilled)."""
+        from optuna.artifacts import FileSystemArtifactStore
+
+        from .ensemble import predictions_of, upload_predictions
+
+        folder = None if stored is None else stored.artifact_dir
+        if not folder or model.task_kind not in ("classification", "similarity"):
+            return
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            store = FileSystemArtifactStore(folder)
+            artifact = upload_predictions(trial, predictions_of(model, self.data.validation[0]), store)
+        except OSError as exc:
+            logging.getLogger(__name__).warning(
+                "trial %d: validation predictions not stored (%s); `ilge-search ensemble` will backfill them",
+                trial.number,
+                exc.strerror or exc,
+            )
+            return
+        save_trial_predictions(trial, artifact)
 
     def _values(
         self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any

@@ -35,6 +35,7 @@ from ..storage import (
     StorageError,
     count_trials,
     fail_own_running_trials,
+    owner_stamping,
     storage_fault,
 )
 from .data import DataSpec, load_study_data
@@ -140,10 +141,12 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     import optuna
     import torch
 
+    from ..tasks import quiet_data_warnings
     from ..tuning import make_pruner, make_sampler
 
     if parent is not None:
         _die_with_parent(parent)
+    quiet_data_warnings()  # the spawning process showed them when it loaded the same data
     options = job.options
     torch.set_num_threads(job.torch_threads)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -152,7 +155,7 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
     try:
         study = job.storage.load_study(
             job.study_name,
-            sampler=make_sampler(options.search.sampler, job.sampler_seed),
+            sampler=owner_stamping(make_sampler(options.search.sampler, job.sampler_seed)),
             pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         )
         if study is None:

@@ -343,3 +343,17 @@ def test_sigkill_during_extraction_leaves_no_entry_that_reads_as_valid(tmp_path,
     assert [(e.split, e.shape[1:]) for e in entries] == [("train", (7, 384))]
     assert f"features {'x'.join(map(str, entries[0].shape))} float16" in rerun.stdout
     assert EmbeddingCache(cache_dir)._read(entries[0].key) is not None  # size, header and checksum valid
+
+
+def test_cache_ls_says_which_entries_it_cannot_read(tmp_path):
+    """Before: an entry whose metadata was unreadable was left out of `cache ls` without a word."""
+    from click.testing import CliRunner
+
+    from ilge_search.cli import cli
+
+    folder = tmp_path / "cache" / "embeddings"
+    folder.mkdir(parents=True)
+    (folder / "0123456789abcdef01234567.json").write_bytes(b"\xff{not json")
+    result = CliRunner().invoke(cli, ["cache", "ls", "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 0
+    assert "1 entry with unreadable metadata not listed (0123456789abcdef01234567)" in " ".join(result.output.split())

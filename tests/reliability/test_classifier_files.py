@@ -117,3 +117,37 @@ def test_weights_and_json_are_written_with_the_same_mode_following_the_umask(tmp
     modes = {name: stat.S_IMODE((folder / name).stat().st_mode) for name in (WEIGHTS_FILE, META_FILE)}
     assert modes == {WEIGHTS_FILE: 0o666 & ~umask, META_FILE: 0o666 & ~umask}
     assert sorted(p.name for p in folder.iterdir()) == sorted([WEIGHTS_FILE, META_FILE])  # no temporary file left
+
+
+def test_a_class_list_cut_to_one_names_the_file(tmp_path, fitted):
+    """Before: "classification needs num_classes >= 2", naming neither the folder nor the file."""
+    folder = tmp_path / "clf"
+    fitted.save(folder)
+    meta = json.loads((folder / META_FILE).read_text())
+    _edit_meta(folder, classes=meta["classes"][:1])
+    with pytest.raises(
+        ValueError, match=rf"^{folder / META_FILE} lists 1 class\(es\) and a classifier needs at least 2"
+    ):
+        ILGEClassifier.load(folder, device="cpu")
+
+
+def test_predict_with_a_base_model_of_another_shape_is_refused_before_embedding(tmp_path, fitted, no_model_loads):
+    """Before: `predict --base-model smollm2-135m` on a MiniLM classifier embedded for 82 s, then failed on shapes."""
+    from click.testing import CliRunner
+
+    from ilge_search.cli import cli
+
+    folder = tmp_path / "clf"
+    fitted.save(folder)  # trained on 3 hidden states of 8 features
+    texts = tmp_path / "texts.txt"
+    texts.write_text("a first text\na second text\n")
+    for base in ([], ["--base-model", "smollm2-135m"]):
+        result = CliRunner().invoke(
+            cli, ["predict", str(folder), "--input", str(texts), "--cache-dir", str(tmp_path / "c"), *base]
+        )
+        assert result.exit_code == 1, result.output
+        shown = "minilm-l6" if not base else "smollm2-135m"
+        size = "7 hidden states of 384" if not base else "31 hidden states of 576"
+        assert f"the base model {shown} gives {size} features, but the model in {folder} was trained on 3 x 8" in (
+            " ".join(result.output.split())
+        )

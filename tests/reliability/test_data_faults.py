@@ -7,6 +7,7 @@ tokenizer would load, so "refused before the model" is checked, not assumed.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -181,6 +182,22 @@ def test_test_rows_duplicated_in_train_are_counted_in_a_one_line_warning(tmp_pat
     with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
         load_task(clean)
     assert not caplog.records
+
+
+def test_a_worker_process_does_not_repeat_the_data_warnings(tmp_path, monkeypatch, caplog):
+    from ilge_search import tasks
+    from ilge_search.study import workers
+
+    train = labelled(40, ["a", "b"])
+    folder = write_task(tmp_path / "leaky", {"train": train, "test": train[:5] + labelled(10, ["a", "b"], 500)})
+    monkeypatch.setattr(tasks, "_QUIET", {"data warnings": False})
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+        load_task(folder)  # the process that starts the workers: warns
+        assert len(caplog.records) == 1
+        tasks.quiet_data_warnings()  # what each worker process does first
+        load_task(write_task(tmp_path / "leaky-2", {"train": train, "test": train[:6]}))
+    assert len(caplog.records) == 1
+    assert "quiet_data_warnings()" in inspect.getsource(workers.worker_main)
 
 
 def test_duplicated_sentence_pairs_are_counted_too(tmp_path, caplog):

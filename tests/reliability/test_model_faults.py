@@ -122,11 +122,13 @@ def test_cpu_and_auto_still_resolve():
 # ----------------------------------------------------------------------------- unusable model folders
 
 
-def _model_folder(path: Path, config, weights: bool = True) -> Path:
+def _model_folder(path: Path, config, weights: bool = True, vocab: bool = False) -> Path:
     path.mkdir(parents=True)
     (path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
     if weights:
         (path / "model.safetensors").write_bytes(b"\0" * 64)
+    if vocab:
+        (path / "vocab.txt").write_text("[PAD]\n[UNK]\nthe\n")
     return path
 
 
@@ -166,7 +168,7 @@ def test_a_folder_that_is_not_a_usable_model_is_refused_when_resolved(
 
 
 def test_config_values_transformers_rejects_are_one_line_before_any_weights_load(tmp_path, no_model_loads):
-    folder = _model_folder(tmp_path / "odd-llama", {"model_type": "llama", "hidden_size": 8})  # 32 heads by default
+    folder = _model_folder(tmp_path / "odd-llama", {"model_type": "llama", "hidden_size": 8}, vocab=True)  # 32 heads
     with pytest.raises(
         ModelLoadError,
         match=rf"^{folder} is not a usable model: .*hidden size \(8\) is not a "
@@ -194,6 +196,35 @@ def test_a_folder_without_tokenizer_files_says_so_instead_of_a_sentencepiece_err
     message = str(caught.value)
     assert message.startswith(f"{folder} is not a usable model: it has no tokenizer files (tokenizer.json, ")
     assert "\n" not in message
+
+
+def test_a_folder_with_config_and_weights_but_no_vocabulary_is_refused_before_any_load(tmp_path, no_model_loads):
+    """Before: transformers built a tokenizer of its 5 special tokens, every word was [UNK], and `run`, `embed`
+    and `predict --base-model` ran to the end on meaningless embeddings."""
+    folder = _model_folder(tmp_path / "no-vocab", {"model_type": "bert", "hidden_size": 32})
+    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')  # settings, but no vocabulary
+    with pytest.raises(ModelLoadError, match=r"it has no tokenizer files \(tokenizer.json, vocab.txt, "):
+        resolve_model(str(folder), tmp_path / "cache")
+    task = write_task(tmp_path / "task", {"train": labelled(30, ["a", "b"]), "test": labelled(6, ["a", "b"], 60)})
+    common = ["--model", str(folder), "--task", str(task), "--cache-dir", str(tmp_path / "cache"), "--device", "cpu"]
+    for command in (["embed", *common], ["run", *common, "--storage", f"sqlite:///{tmp_path / 's.db'}"]):
+        line = _one_line_error(CliRunner().invoke(cli, [*command, "--quiet"]))
+        assert line.startswith(f"Error: {folder} is not a usable model: it has no tokenizer files"), line
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_tokenizer_that_reads_a_sample_sentence_as_unknown_tokens_only_is_refused(tmp_path, tiny_model):
+    import shutil
+
+    folder = tmp_path / "unk-only"
+    shutil.copytree(tiny_model, folder)
+    vocab = json.loads((folder / "tokenizer.json").read_text())
+    vocab["model"]["vocab"] = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])}
+    (folder / "tokenizer.json").write_text(json.dumps(vocab))
+    with pytest.raises(ModelLoadError, match=r"its tokenizer reads the sample sentence .* as unknown tokens only"):
+        load_model_and_tokenizer(str(folder), "cpu", cache_dir=tmp_path / "cache")
+    model, tokenizer = load_model_and_tokenizer(tiny_model, "cpu", cache_dir=tmp_path / "cache")  # its own: fine
+    assert len(tokenizer) > 5
 
 
 def test_model_reference_kind_is_read_from_the_spelling():

@@ -124,7 +124,7 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
         assert result.exit_code == 0, result.output
         assert result.output.strip().splitlines()[-1] == f"wrote {stand_in} and {page}"
         committed = json.loads((ROOT / "ilge_search" / "data" / "recommended_defaults.json").read_text())
-        # the README's command reproduces the shipped file
+        # the results page's command reproduces the shipped file
         assert json.loads(stand_in.read_text())["families"] == committed["families"]
     assert not user_config.exists()
 
@@ -135,8 +135,8 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
     assert not (tmp_path / "x.json").exists()
 
 
-def test_the_readme_regenerates_with_explicit_flags():
-    readme = (ROOT / "README.md").read_text()
+def test_the_results_page_regenerates_with_explicit_flags():
+    readme = (ROOT / "docs" / "results.md").read_text()
     assert "ilge-search report --storage sqlite:///reports/offline.db --out reports --force" in readme
     assert (
         "ilge-search recommend --storage sqlite:///reports/offline.db --update-shipped --report "
@@ -218,3 +218,13 @@ def test_report_out_that_is_a_file_is_a_clear_error(small_storage, tmp_path):
     with pytest.raises(ValueError, match="is a file, not a folder"):
         build_report(small_storage, target, figures=False, progress=False)
     assert target.read_text() == "keep"
+
+
+def test_the_defaults_page_of_a_user_file_says_it_is_read_from_that_file(storage_copy, user_config, tmp_path):
+    """Before: the page said its values were read from the package's file, also when written as a user file."""
+    out = tmp_path / "mine.json"
+    result = CliRunner().invoke(cli, ["recommend", "--storage", storage_copy, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = " ".join((tmp_path / "mine.md").read_text().split())
+    assert f"reads these values from the user defaults file `{out}` over the shipped ones" in page
+    assert "reads these values from `ilge_search/data/recommended_defaults.json`" not in page

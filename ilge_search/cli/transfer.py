@@ -1,0 +1,111 @@
+"""``portfolio``: the cross-task matrix of whole configurations, the default and portfolio chosen from it."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..configs import ENCODER_FAMILIES
+from ..settings import Settings
+from .group import FORMAT_OPTION, cli, location_options, storage_option, study_logging
+
+SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
+
+
+def _table(result) -> str:
+    """The matrix as text: mean validation score per candidate and problem, the choice marked."""
+    names = [f"{p.model.split('-')[0]}/{p.task[:10]}" for p in result.problems]
+    lines = ["candidate   " + " ".join(f"{n:>18}" for n in names)]
+    for index, candidate in enumerate(result.candidates):
+        mark = "D" if index == result.default else ("P" if index in result.portfolio else " ")
+        cells = " ".join(f"{v:18.4f}" if v == v else f"{'-':>18}" for v in result.matrix.validation[index])
+        lines.append(f"{mark} {candidate.name:<9} {cells}")
+    return "\n".join(lines)
+
+
+def _held_out_lines(held_out) -> list[str]:
+    from ..defaults.transfer import METHODS
+
+    lines = [f"left-out checks (test, mean over seeds {held_out.seeds}; difference to the built-in defaults):"]
+    for (kind, method), verdict in sorted(held_out.verdicts.items()):
+        if method in METHODS and verdict["rows"]:
+            lines.append(
+                f"  leave one {kind} out, {method}: {verdict['mean_difference']:+.2f} points, ahead on "
+                f"{verdict['ahead']}, behind on {verdict['behind']} of {verdict['rows']} problems"
+            )
+    return lines
+
+
+@cli.command("portfolio")
+@storage_option(required=True)
+@click.option("--family", type=click.Choice(ENCODER_FAMILIES), default="cayley", show_default=True)
+@click.option("--bucket", type=click.Choice(SIZE_BUCKETS), default="small", show_default=True, help="Model size.")
+@click.option("--top-k", type=click.IntRange(min=0), default=3, show_default=True, help="Top trials per problem.")
+@click.option("--size", type=click.IntRange(min=1), default=4, show_default=True, help="Portfolio members.")
+@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True, help="Training seeds per cell.")
+@click.option("--max-epochs", type=click.IntRange(min=1), default=None, help="Epoch cap [default: each study's].")
+@click.option("--exclude-task", "exclude_tasks", multiple=True, help="Leave this task's problems out (repeatable).")
+@click.option("--exclude-model", "exclude_models", multiple=True, help="Leave this model's problems out (repeatable).")
+@click.option("--check", is_flag=True, help="Also the left-out checks (leave one task / model out), on test.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
+@click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
+@FORMAT_OPTION
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@location_options
+def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, **options) -> None:
+    """Train whole candidate configurations on every problem; choose a default and a portfolio on validation.
+
+    Problems are the family's matched, full-subset, score-only studies of the size bucket; candidates the
+    built-in defaults, the marginal rule's and each problem's top trials. Cells are stored in the storage: a
+    rerun trains only what is missing, and processes on one storage share the work.
+    """
+    from ..defaults.portfolio import PortfolioRequest, TrainingSetup
+    from ..defaults.transfer import portfolio
+
+    study_logging(quiet)
+    request = PortfolioRequest(
+        family=options["family"],
+        bucket=options["bucket"],
+        top_k=options["top_k"],
+        size=options["size"],
+        seeds=options["seeds"],
+        max_epochs=options["max_epochs"],
+        exclude_tasks=tuple(options["exclude_tasks"]),
+        exclude_models=tuple(options["exclude_models"]),
+    )
+    setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
+    result = portfolio(
+        storage, request, setup, workers=options["workers"], dry_run=options["dry_run"], check=options["check"]
+    )
+    if options["dry_run"]:
+        minutes = (result.estimated_seconds or 0) / 60
+        click.echo(
+            f"{len(result.problems)} problems x {len(result.candidates)} candidates x {request.seeds} seeds: "
+            f"{result.planned} cells, {result.matrix.missing} of the matrix missing; about {minutes:.0f} min "
+            f"of training on one process (from the studies' own trial times); nothing was created"
+        )
+        return
+    if fmt == "csv":
+        rows = ["candidate," + ",".join(p.study for p in result.problems)]
+        for candidate, values in zip(result.candidates, result.matrix.validation, strict=True):
+            rows.append(candidate.name + "," + ",".join("" if v != v else f"{v:.6f}" for v in values))
+        click.echo("\n".join(rows))
+        return
+    if fmt == "json":
+        out = result.to_json()
+        if result.held_out is not None:
+            out["held_out"] = {"rows": result.held_out.rows, "seeds": result.held_out.seeds}
+        click.echo(json.dumps(out, indent=1))
+        return
+    click.echo(_table(result))
+    click.echo(f"D: default, P: portfolio member; trained {result.trained} cells, {result.matrix.missing} missing")
+    if result.default is not None:
+        for rank, (index, value) in enumerate(zip(result.portfolio, result.values, strict=True), 1):
+            config = result.candidates[index].config
+            shown = ", ".join(f"{k}={v}" for k, v in config.items() if k not in ("family",))
+            click.echo(f"{rank}. {result.candidates[index].name} (portfolio value {value:.3f}): {shown}")
+    if result.held_out is not None:
+        for line in _held_out_lines(result.held_out):
+            click.echo(line)

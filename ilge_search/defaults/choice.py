@@ -1,0 +1,84 @@
+"""Choosing a default and a portfolio from a candidates x problems matrix of validation scores.
+
+Pure functions over numbers; :mod:`~ilge_search.defaults.portfolio` fills the matrix.
+
+- :func:`normalise` puts each problem (column) on [0, 1]: 1 for the problem's best candidate, 0 for its
+  worst, in the direction of improvement, so that problems of different difficulty and metric weigh the
+  same (a column whose candidates all score the same is 1 everywhere; missing cells stay NaN).
+- :func:`choose_default`: the candidate with the best mean normalised score over problems (Probst et
+  al.'s "optimal default"). Only candidates scored on every problem are eligible; ties go to the
+  earlier candidate (the built-in defaults come first).
+- :func:`greedy_portfolio`: K candidates chosen greedily, each step adding the one that most raises the
+  mean over problems of the best member's normalised score (Pfisterer et al.; Auto-sklearn 2.0's
+  portfolio); the first member is therefore the default. Ties go to the earlier candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["normalise", "eligible_rows", "choose_default", "greedy_portfolio", "portfolio_value"]
+
+
+def normalise(scores: np.ndarray, maximize: Sequence[bool]) -> np.ndarray:
+    """Each column of ``scores`` (candidates x problems; NaN: missing) mapped to [0, 1], 1 = best."""
+    scores = np.asarray(scores, dtype=float)
+    if scores.ndim != 2 or scores.shape[1] != len(maximize):
+        raise ValueError(f"scores must be candidates x problems with {len(maximize)} problems, got {scores.shape}")
+    out = np.full(scores.shape, np.nan)
+    for column, up in enumerate(maximize):
+        values = scores[:, column] if up else -scores[:, column]
+        present = ~np.isnan(values)
+        if not present.any():
+            continue
+        low, high = values[present].min(), values[present].max()
+        out[present, column] = 1.0 if high == low else (values[present] - low) / (high - low)
+    return out
+
+
+def eligible_rows(normalised: np.ndarray) -> np.ndarray:
+    """Indices of the candidates scored on every problem."""
+    return np.flatnonzero(~np.isnan(normalised).any(axis=1))
+
+
+def choose_default(normalised: np.ndarray) -> int:
+    """The eligible candidate with the best mean normalised score (first on ties).
+
+    Raises:
+        ValueError: no candidate is scored on every problem.
+    """
+    rows = eligible_rows(normalised)
+    if rows.size == 0:
+        raise ValueError("no candidate has a score on every problem yet; train the missing cells first")
+    means = normalised[rows].mean(axis=1)
+    return int(rows[int(np.argmax(means))])
+
+
+def portfolio_value(normalised: np.ndarray, members: Sequence[int]) -> float:
+    """The mean over problems of the best member's normalised score."""
+    if not members:
+        return 0.0
+    return float(normalised[list(members)].max(axis=0).mean())
+
+
+def greedy_portfolio(normalised: np.ndarray, size: int) -> list[int]:
+    """Up to ``size`` eligible candidates, chosen greedily (see the module docstring); it stops early
+    when no candidate adds anything."""
+    if size < 1:
+        raise ValueError(f"a portfolio needs at least one member, got size {size}")
+    rows = [int(r) for r in eligible_rows(normalised)]
+    if not rows:
+        raise ValueError("no candidate has a score on every problem yet; train the missing cells first")
+    members: list[int] = [choose_default(normalised)]
+    while len(members) < size:
+        current = portfolio_value(normalised, members)
+        gains = [(portfolio_value(normalised, [*members, r]) - current, -r) for r in rows if r not in members]
+        if not gains:
+            break
+        gain, negative_row = max(gains)
+        if gain <= 1e-12:
+            break
+        members.append(-negative_row)
+    return members

@@ -1,0 +1,530 @@
+"""The cross-task matrix: whole candidate configurations trained on every problem, a default and a portfolio.
+
+The marginal rule (:mod:`~ilge_search.defaults.rule`) votes per hyperparameter,
+so the configuration it assembles is one no study trained. Here whole
+configurations are *evaluated* on every problem and chosen from that matrix
+(Probst et al., "Tunability", 2019; Pfisterer et al., "Learning multiple
+defaults", 2018; Feurer et al., "Auto-sklearn 2.0", 2022):
+
+- *problems*: every matched-protocol, full-subset, score-only study of a family
+  and size bucket (:func:`~ilge_search.defaults.problems.read_problems`), minus
+  the excluded tasks and models;
+- *candidates*: the built-in defaults, the marginal rule's configuration over
+  those problems, and the ``top_k`` complete trials by validation score of each
+  problem; identical configurations merged (their sources listed);
+- *cells*: each candidate trained once per seed (``seed + 1000 + i``, the
+  final seeds of ``run``) on each problem's own data through the one engine, as
+  a study's first trial would be (epochs capped at the study's, or at
+  ``max_epochs``), scored on validation and on test. Cells are stored in the
+  storage through :mod:`ilge_search.record.portfolio`, so a rerun trains only
+  what is missing and processes on one storage share the work;
+- *choice*, on validation only (:mod:`~ilge_search.defaults.choice`): the
+  default is the best mean normalised score, the portfolio of ``size`` is
+  greedy. Test scores are kept for the left-out checks of
+  :mod:`~ilge_search.defaults.transfer` and never choose anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..configs import ENCODER_FAMILIES, config_from_dict
+from ..record import (
+    CellKey,
+    CellScores,
+    StudyRecord,
+    abandon_cell,
+    cell_owners,
+    claim_cell,
+    finish_cell,
+    portfolio_study_name,
+    stored_cells,
+    study_record,
+    trial_config,
+    trial_record,
+)
+from ..storage import WORKER_ATTR, Storage, fail_stale_trials, hide_password, open_storage, worker_stamp
+from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
+from ..validation import check_int
+from .choice import choose_default, greedy_portfolio, normalise, portfolio_value
+from .loto import start_config
+from .problems import Problem, read_problems
+from .rule import derive_defaults
+
+__all__ = [
+    "BUILTIN",
+    "MARGINAL",
+    "Candidate",
+    "MatrixProblem",
+    "PortfolioRequest",
+    "TrainingSetup",
+    "PlannedCell",
+    "Matrix",
+    "PortfolioResult",
+    "read_matrix_problems",
+    "matrix_candidates",
+    "plan_cells",
+    "train_cells",
+    "build_matrix",
+    "choose",
+    "estimate_seconds",
+    "portfolio_study",
+    "read_matrix",
+    "stored_scores",
+]
+
+logger = logging.getLogger(__name__)
+
+BUILTIN = "built-in"
+MARGINAL = "marginal"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration evaluated on every problem: a short name, the config dict and where it came from
+    (``built-in``, ``marginal``, or ``<study>#<trial>`` for each problem trial it equals)."""
+
+    name: str
+    config: dict[str, Any]
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MatrixProblem:
+    """One problem as the matrix needs it: its study, data key, direction, metric and epoch cap, and its
+    complete trials' configurations best first (trial number, config dict)."""
+
+    study: str
+    model: str
+    task: str
+    metric: str
+    maximize: bool
+    max_epochs: int | None
+    data: dict[str, Any]
+    ranked: tuple[tuple[int, dict[str, Any]], ...]
+    seconds: float | None  # mean training seconds of its trials: what --dry-run estimates with
+
+
+@dataclass(frozen=True)
+class PortfolioRequest:
+    """What ``ilge-search portfolio`` is asked for (every field checked by :meth:`check`)."""
+
+    family: str = "cayley"
+    bucket: str = "small"
+    top_k: int = 3
+    size: int = 4
+    seeds: int = 3
+    seed: int = 0
+    max_epochs: int | None = None
+    exclude_tasks: tuple[str, ...] = ()
+    exclude_models: tuple[str, ...] = ()
+
+    def check(self) -> PortfolioRequest:
+        if self.family not in ENCODER_FAMILIES:
+            raise ValueError(f"unknown family {self.family!r}; choose from {list(ENCODER_FAMILIES)}")
+        if self.bucket not in MODEL_SIZE_HINTS:
+            raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
+        check_int("top_k", self.top_k, minimum=0)
+        check_int("size", self.size)
+        check_int("seeds", self.seeds)
+        check_int("seed", self.seed, minimum=0)
+        if self.max_epochs is not None:
+            check_int("max_epochs", self.max_epochs)
+        return self
+
+    @property
+    def seed_list(self) -> list[int]:
+        return [self.seed + 1000 + i for i in range(self.seeds)]
+
+    @property
+    def excludes(self) -> bool:
+        return bool(self.exclude_tasks or self.exclude_models)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """Where the studies' task data and embedding cache are, the device, CPU threads and progress bars."""
+
+    data_dir: str | os.PathLike | None = None
+    cache_dir: str | os.PathLike | None = None
+    device: str = "auto"
+    threads: int | None = None
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """One cell to read or train: candidate and problem indices (``candidate`` is -1 for a configuration
+    outside the candidate list, e.g. a left-out fold's marginal defaults), its config and key."""
+
+    candidate: int
+    problem: int
+    config: Any
+    key: CellKey
+
+
+# ----------------------------------------------------------------------------- problems and candidates
+
+
+def _data_key(record: StudyRecord) -> dict[str, Any]:
+    identity, data = record.identity, record.data
+    return {
+        "model": identity.model if identity else None,
+        "task": identity.task if identity else None,
+        "setting": identity.data_setting() if identity else {},
+        "fingerprints": (data.data_fingerprints or data.cache_keys or None) if data else None,
+    }
+
+
+def _matrix_problem(storage: Storage, problem: Problem) -> MatrixProblem:
+    import optuna
+
+    study = storage.load_study(problem.study)
+    if study is None:  # read_problems just listed it
+        raise ValueError(f"study {problem.study!r} vanished from the storage while it was read")
+    record = study_record(study)
+    complete = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.value is not None and math.isfinite(t.value) and trial_record(t).config
+    ]
+    complete.sort(key=lambda t: (-t.value if record.maximize else t.value, t.number))
+    seconds = [s for s in (trial_record(t).seconds for t in complete) if s is not None]
+    return MatrixProblem(
+        study=problem.study,
+        model=problem.model,
+        task=problem.task,
+        metric=(record.data.metric if record.data else None) or "score",
+        maximize=record.maximize,
+        max_epochs=record.identity.max_epochs if record.identity else None,
+        data=_data_key(record),
+        ranked=tuple((t.number, trial_config(t).to_dict()) for t in complete),
+        seconds=statistics.fmean(seconds) if seconds else None,
+    )
+
+
+def read_matrix_problems(storage_url: str, request: PortfolioRequest) -> tuple[list[Problem], list[MatrixProblem]]:
+    """The rule's problems and the matrix's problems of ``request`` (exclusions applied), in one order.
+
+    Raises:
+        ValueError: an excluded task or model without a problem, or no problem left.
+    """
+    groups, _ = read_problems(storage_url, [request.family])
+    found = groups.get((request.family, request.bucket), [])
+    for what, names, known in (
+        ("task", request.exclude_tasks, sorted({p.task for p in found})),
+        ("model", request.exclude_models, sorted({p.model for p in found})),
+    ):
+        absent = [n for n in names if n not in known]
+        if absent:
+            raise ValueError(
+                f"--exclude-{what} {', '.join(absent)}: no {request.family} ({request.bucket}) problem of that "
+                f"{what} in {hide_password(storage_url)} (its {what}s: {', '.join(known) or 'none'})"
+            )
+    problems = [p for p in found if p.task not in request.exclude_tasks and p.model not in request.exclude_models]
+    if not problems:
+        raise ValueError(
+            f"no {request.family} ({request.bucket}) study with two scored trials in {hide_password(storage_url)}"
+            + (" besides the excluded ones" if request.excludes else "")
+            + "; run studies first (`ilge-search sweep studies/offline.toml`)"
+        )
+    problems.sort(key=lambda p: (p.model, p.task, p.study))
+    storage = open_storage(storage_url, must_exist=True)
+    return problems, [_matrix_problem(storage, p) for p in problems]
+
+
+def marginal_values(family: str, bucket: str, problems: Sequence[Problem]) -> dict[str, Any]:
+    """The marginal rule's configuration (over the built-in values) from ``problems``."""
+    builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
+    values, _, _ = derive_defaults({(family, bucket): list(problems)})
+    return {**builtin, **values.get(family, {}).get(bucket, {})}
+
+
+def start_config_dict(family: str, values: dict[str, Any]) -> dict[str, Any]:
+    return dict(start_config(family, {k: v for k, v in values.items() if k != "family"}, None).to_dict())
+
+
+def matrix_candidates(
+    request: PortfolioRequest, problems: Sequence[Problem], matrix_problems: Sequence[MatrixProblem]
+) -> list[Candidate]:
+    """Built-in, marginal rule, then each problem's top ``top_k`` trials; identical configurations (up to
+    ``epochs``, which each cell caps) merged, the first source's config kept."""
+    builtin = dict(BUILTIN_RECOMMENDED.get(request.family, {}).get(request.bucket, {}))
+    found: list[tuple[str, dict[str, Any]]] = [
+        (BUILTIN, start_config_dict(request.family, builtin)),
+        (MARGINAL, start_config_dict(request.family, marginal_values(request.family, request.bucket, problems))),
+    ]
+    for problem in matrix_problems:
+        found += [(f"{problem.study}#{number}", config) for number, config in problem.ranked[: request.top_k]]
+    merged: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for source, config in found:
+        # a study's trials carry its epoch cap; every cell caps epochs again, so they do not tell configs apart
+        key = repr(sorted((k, v) for k, v in config.items() if k != "epochs"))
+        merged.setdefault(key, (config, []))[1].append(source)
+    candidates = []
+    for index, (config, sources) in enumerate(merged.values()):
+        name = sources[0] if sources[0] in (BUILTIN, MARGINAL) else f"c{index}"
+        candidates.append(Candidate(name=name, config=config, sources=tuple(sources)))
+    return candidates
+
+
+# ----------------------------------------------------------------------------- cells
+
+
+def cell_config(family: str, config: dict[str, Any], problem: MatrixProblem, max_epochs: int | None) -> Any:
+    """A candidate's config as trained on ``problem``: epochs capped at ``max_epochs``, else the study's cap."""
+    cap = max_epochs if max_epochs is not None else problem.max_epochs
+    return start_config(family, {k: v for k, v in config.items() if k != "family"}, cap)
+
+
+def plan_cells(
+    request: PortfolioRequest,
+    configs: Sequence[tuple[int, dict[str, Any]]],
+    problems: Sequence[MatrixProblem],
+    columns: Sequence[int] | None = None,
+) -> list[PlannedCell]:
+    """Every (config, problem, seed) cell of ``configs`` (candidate index, config dict) on ``columns`` (problem
+    indices; default all)."""
+    cells = []
+    for p in range(len(problems)) if columns is None else columns:
+        for candidate, values in configs:
+            config = cell_config(request.family, values, problems[p], request.max_epochs)
+            for seed in request.seed_list:
+                key = CellKey(config=config.to_dict(), problem=problems[p].study, data=problems[p].data, seed=seed)
+                cells.append(PlannedCell(candidate, p, config, key))
+    return cells
+
+
+def _stamp(number: int) -> tuple[str, Any]:
+    return WORKER_ATTR, worker_stamp(number)
+
+
+def _train_one(config: Any, data: Any, seed: int, device: str) -> CellScores:
+    import time
+
+    from ..engine import evaluate, train_encoder
+
+    start = time.perf_counter()
+    result = train_encoder(
+        config,
+        data.train,
+        data.validation,
+        task_kind=data.task_kind,
+        num_classes=data.num_classes,
+        seed=seed,
+        device=device,
+    )
+    features, labels = data.test_split()
+    test = float(evaluate(result.model, features, labels, task_kind=data.task_kind)[data.metric])
+    return CellScores(
+        validation=float(result.best_val_metric),
+        test=test,
+        epochs_run=int(result.epochs_run),
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> Any:
+    import optuna
+
+    name = portfolio_study_name(family, bucket)
+    study = storage.load_study(name)
+    if study is None and create:
+        study = optuna.create_study(study_name=name, storage=storage.rdb, direction="maximize", load_if_exists=True)
+    return study
+
+
+def train_cells(
+    storage_url: str,
+    request: PortfolioRequest,
+    cells: Sequence[PlannedCell],
+    problems: Sequence[MatrixProblem],
+    setup: TrainingSetup,
+) -> tuple[int, int]:
+    """Train the cells of ``cells`` no process has stored or is training; (trained, left to others)."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from ..study.export import load_training_data
+
+    storage = open_storage(storage_url)
+    study = portfolio_study(storage, request.family, request.bucket, create=True)
+    fail_stale_trials(study, storage)  # claims of processes of this host that died are free again
+    done, running = stored_cells(study)
+    todo = [c for c in cells if c.key.digest not in done and c.key.digest not in running]
+    todo = list({c.key.digest: c for c in todo}.values())
+    first: dict[int, int] = {}  # one problem's arrays loaded at a time, problems in the order given
+    for cell in todo:
+        first.setdefault(cell.problem, len(first))
+    todo.sort(key=lambda c: first[c.problem])
+    previous = torch.get_num_threads()
+    if setup.threads is not None:
+        torch.set_num_threads(setup.threads)
+    loaded: dict[int, Any] = {}
+    trained = skipped = 0
+    try:
+        for cell in tqdm(todo, desc=f"{request.family} matrix", unit="cell", disable=not setup.progress):
+            trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key, _stamp)
+            if trial_id is None:
+                skipped += 1
+                continue
+            try:
+                if cell.problem not in loaded:
+                    loaded.clear()
+                    loaded[cell.problem] = load_training_data(
+                        storage.load_study(problems[cell.problem].study),
+                        with_test=True,
+                        data_dir=setup.data_dir,
+                        cache_dir=setup.cache_dir,
+                        device=setup.device,
+                    )
+                scores = _train_one(cell.config, loaded[cell.problem], cell.key.seed, setup.device)
+            except BaseException:
+                abandon_cell(storage, trial_id)
+                raise
+            finish_cell(storage, trial_id, scores)
+            trained += 1
+    finally:
+        torch.set_num_threads(previous)
+    return trained, skipped + len(running & {c.key.digest for c in cells})
+
+
+# ----------------------------------------------------------------------------- the matrix
+
+
+@dataclass
+class Matrix:
+    """Mean validation and test scores over seeds, candidates x problems (NaN: a cell missing)."""
+
+    validation: Any  # numpy arrays
+    test: Any
+    missing: int  # cells not stored
+    running: int  # cells other processes are training
+
+
+def read_matrix(
+    storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell], shape: tuple[int, int]
+) -> Matrix:
+    """The stored scores of ``cells`` (those with a candidate index) as a :class:`Matrix`; nothing is created."""
+    import numpy as np
+
+    storage = open_storage(storage_url, must_exist=True)
+    study = portfolio_study(storage, request.family, request.bucket, create=False)
+    done, running = stored_cells(study) if study is not None else ({}, set())
+    sums: dict[tuple[int, int], list[CellScores]] = {}
+    missing = busy = 0
+    for cell in cells:
+        stored = done.get(cell.key.digest)
+        if stored is None:
+            missing += 1
+            busy += cell.key.digest in running
+            continue
+        sums.setdefault((cell.candidate, cell.problem), []).append(stored.scores)
+    validation, test = np.full(shape, np.nan), np.full(shape, np.nan)
+    for (c, p), scores in sums.items():
+        if c >= 0 and len(scores) == request.seeds:
+            validation[c, p] = statistics.fmean(s.validation for s in scores)
+            test[c, p] = statistics.fmean(s.test for s in scores)
+    return Matrix(validation=validation, test=test, missing=missing, running=busy)
+
+
+def stored_scores(storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell]) -> dict[str, CellScores]:
+    """Digest -> scores of the stored cells among ``cells``."""
+    storage = open_storage(storage_url, must_exist=True)
+    study = portfolio_study(storage, request.family, request.bucket, create=False)
+    done, _ = stored_cells(study) if study is not None else ({}, set())
+    wanted = {c.key.digest for c in cells}
+    return {digest: cell.scores for digest, cell in done.items() if digest in wanted}
+
+
+@dataclass
+class PortfolioResult:
+    """The matrix of one family and size bucket, and what was chosen from it (on validation only).
+
+    ``default`` and ``portfolio`` are candidate indices (``None`` / empty while no candidate has every
+    cell); ``values`` the portfolio's value after each member (mean best normalised score).
+    """
+
+    storage: str
+    request: PortfolioRequest
+    problems: list[MatrixProblem]
+    candidates: list[Candidate]
+    matrix: Matrix
+    default: int | None = None
+    portfolio: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    trained: int = 0
+    planned: int = 0
+    estimated_seconds: float | None = None
+    held_out: Any = None  # a transfer.HeldOut when the left-out checks were asked for
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"problems", "candidates", "scores", "default", "portfolio"}`` (``scores``: candidates x problems
+        mean validation scores, null where missing)."""
+
+        def number(value: float) -> float | None:
+            return None if value != value else round(float(value), 6)
+
+        def member(index: int, value: float | None = None) -> dict[str, Any]:
+            out = {"candidate": self.candidates[index].name, "config": self.candidates[index].config}
+            return out if value is None else {**out, "portfolio_value": round(value, 6)}
+
+        return {
+            "family": self.request.family,
+            "bucket": self.request.bucket,
+            "seeds": self.request.seed_list,
+            "problems": [
+                {"study": p.study, "model": p.model, "task": p.task, "metric": p.metric} for p in self.problems
+            ],
+            "candidates": [{"name": c.name, "sources": list(c.sources), "config": c.config} for c in self.candidates],
+            "scores": [[number(v) for v in row] for row in self.matrix.validation],
+            "default": None if self.default is None else member(self.default),
+            "portfolio": [member(i, v) for i, v in zip(self.portfolio, self.values, strict=True)],
+            "missing_cells": self.matrix.missing,
+        }
+
+
+def choose(result: PortfolioResult) -> PortfolioResult:
+    """Fill ``default``, ``portfolio`` and ``values`` from the validation matrix (when some candidate is
+    complete)."""
+    normalised = normalise(result.matrix.validation, [p.maximize for p in result.problems])
+    try:
+        result.default = choose_default(normalised)
+    except ValueError:
+        return result
+    result.portfolio = greedy_portfolio(normalised, result.request.size)
+    result.values = [portfolio_value(normalised, result.portfolio[: i + 1]) for i in range(len(result.portfolio))]
+    return result
+
+
+def build_matrix(storage_url: str, request: PortfolioRequest) -> tuple[list[Problem], PortfolioResult, list]:
+    """Problems, candidates and the planned cells of ``request``, with what is stored (nothing trained)."""
+    request = request.check()
+    rule_problems, problems = read_matrix_problems(storage_url, request)
+    candidates = matrix_candidates(request, rule_problems, problems)
+    cells = plan_cells(request, list(enumerate(c.config for c in candidates)), problems)
+    matrix = read_matrix(storage_url, request, cells, (len(candidates), len(problems)))
+    result = PortfolioResult(hide_password(storage_url), request, problems, candidates, matrix, planned=len(cells))
+    return rule_problems, result, cells
+
+
+def estimate_seconds(cells: Sequence[PlannedCell], problems: Sequence[MatrixProblem], missing: set[str]) -> float:
+    """Training time of the missing cells, from the problems' own trials' recorded seconds."""
+    known = [p.seconds for p in problems if p.seconds is not None]
+    fallback = statistics.fmean(known) if known else 10.0
+    return sum(
+        problems[c.problem].seconds or fallback
+        for c in {c.key.digest: c for c in cells}.values()
+        if c.key.digest in missing
+    )
+
+
+def config_of(values: dict[str, Any]) -> Any:
+    """A candidate's config dict as an encoder config."""
+    return config_from_dict(values)

@@ -1,0 +1,324 @@
+"""Checked on what it never saw: the matrix's choices on left-out tasks and models.
+
+For each *fold* (leave one task out: the problems of one task held out; leave
+one model out: those of one model, when the matrix has two models or more),
+everything is chosen again without the held-out problems, on validation only:
+
+- the candidates are the built-in defaults and the top trials of the other
+  problems (a candidate that came only from a held-out problem's trials, or
+  the marginal rule over every problem, saw the held-out problems and is left out);
+- the *portfolio default* is the best mean normalised validation score over
+  the other problems, the portfolio of ``size`` is greedy over them;
+- the *marginal* defaults are the rule's over the other problems; their cells on
+  the held-out problems are trained like every other cell (same seeds).
+
+On each held-out problem the test scores of four configurations are compared,
+mean over the same seeds: the built-in defaults, the fold's marginal
+defaults, the fold's portfolio default, and the portfolio member with the best
+validation score on that problem (what a search warm-started with the
+portfolio would keep after its first members). Differences are against the
+built-in defaults, in score units (accuracy %, Spearman x 100), in the
+direction of improvement. Test scores choose nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..record import save_portfolio_choice
+from ..scores import score_unit
+from ..storage import open_storage
+from ..validation import check_int
+from .choice import choose_default, greedy_portfolio, normalise
+from .portfolio import (
+    BUILTIN,
+    MatrixProblem,
+    PlannedCell,
+    PortfolioRequest,
+    PortfolioResult,
+    TrainingSetup,
+    build_matrix,
+    choose,
+    estimate_seconds,
+    marginal_values,
+    plan_cells,
+    portfolio_study,
+    read_matrix,
+    start_config_dict,
+    stored_scores,
+    train_cells,
+)
+from .problems import Problem
+
+__all__ = [
+    "METHODS",
+    "Fold",
+    "HeldOut",
+    "folds",
+    "held_out_cells",
+    "held_out_check",
+    "shipping_verdict",
+    "portfolio",
+]
+
+METHODS = ("marginal", "portfolio_default", "portfolio_best")  # compared with the built-in defaults
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One left-out check: ``kind`` is ``task`` or ``model``, ``name`` what is held out."""
+
+    kind: str
+    name: str
+    held: tuple[int, ...]  # problem indices
+
+    def label(self) -> str:
+        return f"without {self.kind} {self.name}"
+
+
+def folds(result: PortfolioResult) -> list[Fold]:
+    """Leave one task out, then (with two models or more) leave one model out; each fold keeps at least one
+    problem to choose from."""
+    out = []
+    for kind in ("task", "model"):
+        names = sorted({getattr(p, kind) for p in result.problems})
+        if kind == "model" and len(names) < 2:
+            continue
+        for name in names:
+            held = tuple(i for i, p in enumerate(result.problems) if getattr(p, kind) == name)
+            if len(held) < len(result.problems):
+                out.append(Fold(kind, name, held))
+    return out
+
+
+def _marginal_config(request: PortfolioRequest, rule_problems: Sequence[Problem], result: PortfolioResult, fold: Fold):
+    held = {result.problems[i].study for i in fold.held}
+    kept = [p for p in rule_problems if p.study not in held]
+    return start_config_dict(request.family, marginal_values(request.family, request.bucket, kept))
+
+
+def held_out_cells(
+    request: PortfolioRequest, rule_problems: Sequence[Problem], result: PortfolioResult
+) -> list[PlannedCell]:
+    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out
+    problems."""
+    cells: list[PlannedCell] = []
+    for fold in folds(result):
+        config = _marginal_config(request, rule_problems, result, fold)
+        cells += plan_cells(request, [(-1, config)], result.problems, fold.held)
+    return cells
+
+
+def _fold_rows(result: PortfolioResult, fold: Fold) -> list[int]:
+    """Candidates the fold may choose from: the built-in defaults and the other problems' top trials."""
+    kept = {p.study for i, p in enumerate(result.problems) if i not in fold.held}
+    return [
+        i
+        for i, c in enumerate(result.candidates)
+        if c.name == BUILTIN or any(s.rsplit("#", 1)[0] in kept for s in c.sources if "#" in s)
+    ]
+
+
+@dataclass
+class HeldOut:
+    """The left-out checks: one row per (fold, held-out problem), and per fold kind and method the mean
+    difference against the built-in defaults with how many problems it was ahead and behind."""
+
+    rows: list[dict[str, Any]]
+    verdicts: dict[tuple[str, str], dict[str, Any]]
+    seeds: list[int]
+
+
+def _row(result: PortfolioResult, fold: Fold, p: int, tests: dict[str, float], choices: dict[str, Any]):
+    problem = result.problems[p]
+    scale, unit = score_unit(problem.metric)
+    sign = 1.0 if problem.maximize else -1.0
+    row: dict[str, Any] = {"fold": fold.kind, "held_out": fold.name, "model": problem.model, "task": problem.task}
+    row["unit"] = unit
+    row["builtin"] = tests["builtin"] * scale
+    for method in METHODS:
+        row[method] = tests[method] * scale
+        row[f"{method}_diff"] = sign * (tests[method] - tests["builtin"]) * scale
+    return {**row, **choices}
+
+
+def _fold_check(result: PortfolioResult, fold: Fold, marginal: dict[int, float]) -> list[dict[str, Any]]:
+    import numpy as np
+
+    rows = _fold_rows(result, fold)
+    train = [i for i in range(len(result.problems)) if i not in fold.held]
+    validation, test = result.matrix.validation, result.matrix.test
+    normalised = normalise(validation[np.ix_(rows, train)], [result.problems[i].maximize for i in train])
+    default = rows[choose_default(normalised)]
+    members = [rows[i] for i in greedy_portfolio(normalised, result.request.size)]
+    builtin = next(i for i, c in enumerate(result.candidates) if c.name == BUILTIN)
+    out = []
+    for p in fold.held:
+        sign = 1.0 if result.problems[p].maximize else -1.0
+        best = max(members, key=lambda m: (sign * validation[m, p], -members.index(m)))
+        tests = {
+            "builtin": test[builtin, p],
+            "marginal": marginal.get(p, math.nan),
+            "portfolio_default": test[default, p],
+            "portfolio_best": test[best, p],
+        }
+        choices: dict[str, Any] = {
+            "default_candidate": result.candidates[default].name,
+            "best_member": result.candidates[best].name,
+            "portfolio": [result.candidates[m].name for m in members],
+        }
+        out.append(_row(result, fold, p, tests, choices))
+    return out
+
+
+def _verdicts(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    verdicts: dict[tuple[str, str], dict[str, Any]] = {}
+    for kind in sorted({r["fold"] for r in rows}):
+        for method in METHODS:
+            diffs = [r[f"{method}_diff"] for r in rows if r["fold"] == kind and not math.isnan(r[f"{method}_diff"])]
+            shown = [round(d, 2) for d in diffs]
+            verdicts[(kind, method)] = {
+                "rows": len(diffs),
+                "mean_difference": statistics.fmean(diffs) if diffs else math.nan,
+                "ahead": sum(d > 0 for d in shown),
+                "behind": sum(d < 0 for d in shown),
+            }
+    return verdicts
+
+
+def held_out_check(
+    storage_url: str,
+    request: PortfolioRequest,
+    rule_problems: Sequence[Problem],
+    result: PortfolioResult,
+    extra: Sequence[PlannedCell],
+) -> HeldOut:
+    """The left-out checks of ``result`` from stored cells (``extra``: :func:`held_out_cells`); rows of folds
+    with missing cells are left out."""
+    scores = stored_scores(storage_url, request, extra)
+    rows: list[dict[str, Any]] = []
+    for fold in folds(result):
+        config = _marginal_config(request, rule_problems, result, fold)
+        marginal: dict[int, float] = {}
+        for p in fold.held:
+            cells = [c for c in extra if c.problem == p and c.key.config == _capped(request, config, result, p)]
+            found = [scores[c.key.digest].test for c in cells if c.key.digest in scores]
+            if len(found) == request.seeds:
+                marginal[p] = statistics.fmean(found)
+        try:
+            rows += _fold_check(result, fold, marginal)
+        except ValueError:  # a candidate's cells are missing: nothing to choose from yet
+            continue
+    return HeldOut(rows=rows, verdicts=_verdicts(rows), seeds=request.seed_list)
+
+
+def _capped(request: PortfolioRequest, config: dict[str, Any], result: PortfolioResult, p: int) -> dict[str, Any]:
+    from .portfolio import cell_config
+
+    return dict(cell_config(request.family, config, result.problems[p], request.max_epochs).to_dict())
+
+
+def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default") -> tuple[bool, str]:
+    """Whether ``method`` may be shipped: on every fold kind, mean ahead of the built-in defaults and ahead on
+    more left-out problems than behind; and the sentence that says so."""
+    parts, wins = [], []
+    for (kind, name), verdict in sorted(held_out.verdicts.items()):
+        if name != method or not verdict["rows"]:
+            continue
+        win = verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
+        wins.append(win)
+        parts.append(
+            f"leave one {kind} out: {verdict['mean_difference']:+.2f} points, ahead on {verdict['ahead']}, "
+            f"behind on {verdict['behind']} of {verdict['rows']}"
+        )
+    ok = bool(wins) and all(wins)
+    return ok, ("shipped" if ok else "built-in kept") + f" ({'; '.join(parts) or 'no left-out rows'})"
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def portfolio(
+    storage_url: str,
+    request: PortfolioRequest,
+    setup: TrainingSetup | None = None,
+    *,
+    dry_run: bool = False,
+    check: bool = False,
+    workers: int = 1,
+) -> PortfolioResult:
+    """Build (train what is missing), store and choose from the cross-task matrix of ``request``.
+
+    With ``dry_run`` nothing is trained or created: the result says how many cells are missing and
+    ``estimated_seconds``. With ``check`` the left-out checks of :mod:`~ilge_search.defaults.transfer`
+    run too (their extra cells trained). ``workers`` processes train at once, sharing the cells through
+    the storage as processes on other hosts would. The choice is stored on the portfolio study (where ``run
+    --warm-start`` reads it) only when no problem was excluded.
+
+    Raises:
+        ValueError: a bad request, excluded names without problems, no problem at all.
+    """
+    setup = setup or TrainingSetup()
+    rule_problems, result, cells = build_matrix(storage_url, request)
+    extra = held_out_cells(request, rule_problems, result) if check else []
+    everything = [*cells, *extra]
+    done = stored_scores(storage_url, request, everything)
+    missing = {c.key.digest for c in everything} - set(done)
+    result.planned = len({c.key.digest for c in everything})
+    result.estimated_seconds = estimate_seconds(everything, result.problems, missing)
+    if dry_run:
+        return choose(result)
+    if missing:
+        result.trained = _train_in_processes(storage_url, request, everything, result.problems, setup, workers)
+        result.matrix = read_matrix(storage_url, request, cells, result.matrix.validation.shape)
+    choose(result)
+    if check:
+        result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
+    if result.default is not None and not request.excludes:
+        _store_choice(storage_url, result)
+    return result
+
+
+def _train_in_processes(
+    storage_url: str,
+    request: PortfolioRequest,
+    cells: Sequence[PlannedCell],
+    problems: Sequence[MatrixProblem],
+    setup: TrainingSetup,
+    workers: int,
+) -> int:
+    """Train ``cells`` in ``workers`` processes (this one shows the progress); the cells trained."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    check_int("workers", workers)
+    if workers == 1:
+        return train_cells(storage_url, request, cells, problems, setup)[0]
+    quiet = TrainingSetup(setup.data_dir, setup.cache_dir, setup.device, setup.threads, progress=False)
+    # each helper starts at a different problem, so that the claims rarely collide
+    starts = [i * len(cells) // workers for i in range(1, workers)]
+    with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [
+            pool.submit(train_cells, storage_url, request, [*cells[k:], *cells[:k]], problems, quiet) for k in starts
+        ]
+        trained = train_cells(storage_url, request, cells, problems, setup)[0]
+        return trained + sum(f.result()[0] for f in futures)
+
+
+def _store_choice(storage_url: str, result: PortfolioResult) -> None:
+    storage = open_storage(storage_url)
+    study = portfolio_study(storage, result.request.family, result.request.bucket, create=True)
+    save_portfolio_choice(
+        study,
+        {
+            "default": result.candidates[result.default].config if result.default is not None else None,
+            "portfolio": [result.candidates[i].config for i in result.portfolio],
+            "problems": [p.study for p in result.problems],
+            "seeds": result.request.seed_list,
+            "top_k": result.request.top_k,
+        },
+    )

@@ -1,0 +1,222 @@
+"""The cross-task matrix's stored record: one Optuna study per (family, size bucket), one trial per cell.
+
+A *cell* is one candidate configuration trained with one seed on one
+problem's data. Its :class:`CellKey` names everything the numbers depend on
+(the configuration as trained, the problem's study and data fingerprints, the
+seed); its digest is the trial's ``portfolio_cell`` user attr. A cell's trial
+is created already RUNNING with that attr in one storage write
+(:func:`claim_cell`), so a process that looks for a cell's trials after
+creating its own sees every claim made before it: the claim with the lowest
+trial number among the RUNNING and COMPLETE ones owns the cell, and a process
+whose claim lost abandons it (marked FAIL, ``portfolio_duplicate``). This is
+how several processes or hosts on one storage share the matrix without
+training a cell twice. A claim whose process died is failed by
+:func:`ilge_search.storage.fail_stale_trials` (it carries the worker stamp),
+and a FAIL or WAITING trial never owns a cell, so the cell is trained again.
+
+The study is not a search: it has no ``model`` attr, so
+:func:`~ilge_search.record.core.is_ilge_study` and the report leave it out.
+Each complete trial's value is the cell's best validation score; its user
+attrs hold :class:`CellScores` (validation and test score, epochs, seconds)
+and the key itself, so the matrix can be read back without the code that
+made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+__all__ = [
+    "PORTFOLIO_PREFIX",
+    "PORTFOLIO_VERSION",
+    "CellKey",
+    "CellScores",
+    "StoredCell",
+    "portfolio_study_name",
+    "claim_cell",
+    "finish_cell",
+    "abandon_cell",
+    "stored_cells",
+    "cell_owners",
+    "save_portfolio_choice",
+    "stored_portfolio_choice",
+    "SHIPPED_PORTFOLIO_PATH",
+    "portfolio_members",
+    "enqueue_warm_trials",
+]
+
+PORTFOLIO_PREFIX = "ilge-portfolio"
+PORTFOLIO_VERSION = 1
+_CELL_ATTR = "portfolio_cell"
+_KEY_ATTR = "portfolio_key"
+_SCORES_ATTR = "portfolio_scores"
+_DUPLICATE_ATTR = "portfolio_duplicate"
+_CHOICE_ATTR = "portfolio_choice"
+_WARM_ATTR = "warm_start_member"  # trial user attr: the portfolio member (0-based) a warm-started trial is
+SHIPPED_PORTFOLIO_PATH = Path(__file__).resolve().parents[1] / "data" / "portfolio.json"
+
+
+def portfolio_study_name(family: str, bucket: str) -> str:
+    """The study holding the cells of one family and size bucket (e.g. ``ilge-portfolio:cayley:small``)."""
+    return f"{PORTFOLIO_PREFIX}:{family}:{bucket}"
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """Everything one cell's numbers depend on.
+
+    ``config`` is the configuration exactly as trained (epochs capped), ``problem`` the study whose data it
+    trains on, ``data`` that study's data setting and fingerprints, ``seed`` the training seed.
+    """
+
+    VERSION: ClassVar[int] = PORTFOLIO_VERSION
+
+    config: dict[str, Any]
+    problem: str
+    data: dict[str, Any]
+    seed: int
+
+    @property
+    def digest(self) -> str:
+        return _digest({"version": self.VERSION, **asdict(self)})
+
+
+@dataclass(frozen=True)
+class CellScores:
+    """One cell's result: best validation score (what choices use) and test score (checks only)."""
+
+    validation: float
+    test: float
+    epochs_run: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class StoredCell:
+    """A complete cell read back: its digest, key (as stored) and scores."""
+
+    digest: str
+    key: dict[str, Any]
+    scores: CellScores
+
+
+def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, Any]) -> int:
+    import optuna
+
+    template = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs=dict(user_attrs))
+    return int(rdb.create_new_trial(study_id, template_trial=template))
+
+
+def claim_cell(storage: Any, study: Any, key: CellKey, stamp: Callable[[int], tuple[str, Any]]) -> int | None:
+    """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's
+    RUNNING or COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker
+    stamp (attr name and value) that lets :func:`ilge_search.storage.fail_stale_trials` free the claim
+    of a process that died."""
+    rdb = storage.rdb
+    study_id = rdb.get_study_id_from_name(study.study_name)
+    digest = key.digest
+    trial_id = _create_running(rdb, study_id, {_CELL_ATTR: digest, _KEY_ATTR: asdict(key)})
+    number = rdb.get_trial_number_from_id(trial_id)
+    rdb.set_trial_user_attr(trial_id, *stamp(number))
+    owner = min(cell_owners(study).get(digest, [number]))
+    if owner != number:
+        abandon_cell(storage, trial_id, duplicate=True)
+        return None
+    return trial_id
+
+
+def finish_cell(storage: Any, trial_id: int, scores: CellScores) -> None:
+    """Store a claimed cell's scores and complete its trial (value: the validation score)."""
+    import optuna
+
+    storage.rdb.set_trial_user_attr(trial_id, _SCORES_ATTR, asdict(scores))
+    storage.rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.COMPLETE, [float(scores.validation)])
+
+
+def abandon_cell(storage: Any, trial_id: int, *, duplicate: bool = False) -> None:
+    """Mark a claim FAIL (training failed, was interrupted, or another claim owns the cell), so that the
+    cell is free again."""
+    import optuna
+
+    if duplicate:
+        storage.rdb.set_trial_user_attr(trial_id, _DUPLICATE_ATTR, True)
+    try:
+        storage.rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
+
+
+def cell_owners(study: Any) -> dict[str, list[int]]:
+    """Per cell digest, the numbers of its RUNNING and COMPLETE trials (the lowest owns the cell)."""
+    from optuna.trial import TrialState
+
+    owners: dict[str, list[int]] = {}
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
+        digest = trial.user_attrs.get(_CELL_ATTR)
+        if isinstance(digest, str):
+            owners.setdefault(digest, []).append(trial.number)
+    return owners
+
+
+def stored_cells(study: Any) -> tuple[dict[str, StoredCell], set[str]]:
+    """The complete cells of a portfolio study (digest -> cell; the first complete one per digest) and the
+    digests other processes are training now (RUNNING)."""
+    from optuna.trial import TrialState
+
+    cells: dict[str, StoredCell] = {}
+    running: set[str] = set()
+    for trial in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        digest = trial.user_attrs.get(_CELL_ATTR)
+        if not isinstance(digest, str):
+            continue
+        if trial.state == TrialState.RUNNING:
+            running.add(digest)
+        elif trial.state == TrialState.COMPLETE and digest not in cells:
+            scores = trial.user_attrs.get(_SCORES_ATTR) or {}
+            if "validation" in scores and "test" in scores:
+                cells[digest] = StoredCell(digest, dict(trial.user_attrs.get(_KEY_ATTR) or {}), CellScores(**scores))
+    return cells, running - set(cells)
+
+
+def save_portfolio_choice(study: Any, choice: Mapping[str, Any]) -> None:
+    """Store the latest choice (default and portfolio members as config dicts, and what they were chosen
+    from) on the portfolio study, where ``run --warm-start`` reads it."""
+    study.set_user_attr(_CHOICE_ATTR, {"version": PORTFOLIO_VERSION, **dict(choice)})
+
+
+def stored_portfolio_choice(study: Any) -> dict[str, Any] | None:
+    """The choice :func:`save_portfolio_choice` stored, or ``None``."""
+    value = study.user_attrs.get(_CHOICE_ATTR)
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def portfolio_members(storage: Any, family: str, bucket: str) -> tuple[list[dict[str, Any]], str]:
+    """The portfolio of ``family`` and ``bucket`` (config dicts, best first) and where it came from: the
+    choice stored in ``storage`` (an opened :class:`~ilge_search.storage.Storage`, or ``None``), else the
+    package's shipped ``data/portfolio.json``; empty when neither has one."""
+    study = None if storage is None else storage.load_study(portfolio_study_name(family, bucket))
+    choice = None if study is None else stored_portfolio_choice(study)
+    if choice and choice.get("portfolio"):
+        return [dict(c) for c in choice["portfolio"]], f"the portfolio stored in {storage.shown_url}"
+    if SHIPPED_PORTFOLIO_PATH.is_file():
+        shipped = json.loads(SHIPPED_PORTFOLIO_PATH.read_text(encoding="utf-8"))
+        members = shipped.get("families", {}).get(family, {}).get(bucket) or []
+        if members:
+            return [dict(c) for c in members], "the portfolio shipped with ilge-search"
+    return [], "none"
+
+
+def enqueue_warm_trials(study: Any, params: Sequence[Mapping[str, Any]]) -> None:
+    """Enqueue portfolio members (Optuna ``params`` each) after the starting configuration, marked with their
+    place in the portfolio."""
+    for index, values in enumerate(params):
+        study.enqueue_trial(dict(values), user_attrs={_WARM_ATTR: index})

@@ -1,0 +1,622 @@
+"""Ensembles of a study's trials: greedy forward selection over their validation predictions.
+
+Caruana et al. ("Ensemble Selection from Libraries of Models", ICML 2004):
+start from an empty ensemble and, K times, add (with replacement) the trial
+whose predictions improve the ensemble's validation score most; a trial picked
+twice weighs twice. The ensemble of k is the first k picks, so one selection of
+the largest size gives every smaller one. Ties go to the earlier trial (the
+starting configuration is trial 0), and an ensemble of one is the trial with
+the best validation score on its predictions.
+
+How members are mixed (:class:`~ilge_search.engine.ensemble.EnsembleModel`):
+classification averages the members' class probabilities; similarity averages
+their predicted cosine similarities (the score a model's own head gives), then
+the metric (Spearman) is taken of the mean. Ensembles are scored under the
+matched protocol only (each model's own head); multi-objective studies have none.
+
+The final stage (:func:`ensemble_evaluation`) retrains every member with the
+final seeds and scores the ensemble on test once per seed, beside the selected
+single trial and the starting configuration (from the study's final evaluation
+when it used the same seeds, else retrained here) and the best single layer (a
+linear probe per layer, chosen on validation), all with the same seeds. It
+stores an :class:`~ilge_search.record.EnsembleRecord` and uploads the best
+seed's ensemble by validation, which :func:`load_study_ensemble` reads back for
+``ilge-search export --ensemble``.
+
+Validation predictions come from the trials (each stores its own, float16, in
+the artifact store); trials stored before this existed, or scored with ``--cv``,
+have none: they are backfilled by retraining the trial's configuration once
+with the study's training seed on the same data (:func:`backfill_predictions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..record import (
+    EnsembleRecord,
+    EnsembleSize,
+    StudyRecord,
+    ensemble_record,
+    save_backfilled_predictions,
+    save_ensemble,
+    study_record,
+    trial_config,
+    trial_predictions,
+    trial_record,
+)
+from .selection import DEFAULT_SELECT, is_better, select_trial, start_trial
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .data import StudyData
+
+__all__ = [
+    "MIX_RULE",
+    "ENSEMBLE_SIZES",
+    "prediction_score",
+    "greedy_selection",
+    "mixed",
+    "predictions_of",
+    "upload_predictions",
+    "backfill_predictions",
+    "EnsembleRun",
+    "ensemble_evaluation",
+    "check_ensemble_study",
+    "ensemble_is_current",
+    "ensemble_study",
+    "format_ensemble",
+]
+
+logger = logging.getLogger(__name__)
+
+MIX_RULE = {
+    "classification": "mean of the members' class probabilities",
+    "similarity": "mean of the members' predicted cosine similarities",
+}
+ENSEMBLE_SIZES = (1, 3, 5, 10)  # what the committed measurement compares
+
+
+# ----------------------------------------------------------------------------- the pure-numpy core
+
+
+def prediction_score(predictions: np.ndarray, targets: np.ndarray, task_kind: str, metric: str) -> float:
+    """The study metric of ``predictions`` (class probabilities ``(N, C)`` or scores ``(N,)``)."""
+    import torch
+
+    from ..engine.metrics import class_metrics, pearson, spearman
+
+    predictions = np.asarray(predictions, dtype=np.float64)
+    if task_kind == "similarity":
+        return (pearson if metric == "pearson" else spearman)(predictions, targets)
+    targets = np.asarray(targets)
+    if metric == "accuracy":
+        return float((predictions.argmax(axis=1) == targets).mean())
+    logits = torch.as_tensor(np.log(np.clip(predictions, 1e-12, None)))
+    return class_metrics(logits, torch.as_tensor(targets))[metric]
+
+
+def greedy_selection(
+    predictions: Sequence[np.ndarray], score: Callable[[np.ndarray], float], size: int, *, maximize: bool = True
+) -> list[int]:
+    """Greedy forward selection with replacement: ``size`` indices into ``predictions``, in the order picked.
+
+    At each step the candidate whose addition gives the best ``score`` of the
+    ensemble's mean prediction is added; ties go to the lowest index.
+    """
+    if size < 1 or not predictions:
+        raise ValueError(f"greedy selection needs a size >= 1 and candidates, got size {size}, {len(predictions)}")
+    total = np.zeros_like(np.asarray(predictions[0], dtype=np.float64))
+    picks: list[int] = []
+    for step in range(size):
+        best: tuple[int, float] | None = None
+        for index, candidate in enumerate(predictions):
+            value = score((total + candidate) / (step + 1))
+            if best is None or is_better(value, best[1], maximize):
+                best = (index, value)
+        assert best is not None
+        picks.append(best[0])
+        total = total + predictions[best[0]]
+    return picks
+
+
+def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> np.ndarray:
+    """The weighted mean of ``predictions`` (key -> array) with ``members`` (key -> times picked)."""
+    total = float(sum(members.values()))
+    stacked = [np.asarray(predictions[key], dtype=np.float64) * count for key, count in members.items()]
+    return np.sum(stacked, axis=0) / total
+
+
+# ----------------------------------------------------------------------------- validation predictions
+
+
+def predictions_of(model: Any, features: Any) -> np.ndarray:
+    """A trained model's predictions: class probabilities ``(N, C)`` or similarity scores ``(N,)``."""
+    import torch
+
+    from ..engine import predict_logits
+
+    outputs = predict_logits(model, features).double()
+    if model.task_kind == "classification":
+        outputs = torch.softmax(outputs, dim=1)
+    return outputs.numpy()
+
+
+def upload_predictions(study_or_trial: Any, predictions: np.ndarray, artifact_store: Any, storage: Any = None) -> str:
+    """Store ``predictions`` as a float16 ``.npy`` artifact of ``study_or_trial``; its artifact id."""
+    from optuna.artifacts import upload_artifact
+
+    with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
+        path = Path(tmp, "val_predictions.npy")
+        np.save(path, np.asarray(predictions, dtype=np.float16))
+        return upload_artifact(
+            study_or_trial=study_or_trial, file_path=str(path), artifact_store=artifact_store, storage=storage
+        )
+
+
+def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray:
+    from optuna.artifacts import download_artifact
+
+    with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
+        path = Path(tmp, "val_predictions.npy")
+        download_artifact(artifact_store=artifact_store, file_path=str(path), artifact_id=artifact_id)
+        return np.load(path).astype(np.float64)
+
+
+def _complete_trials(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return sorted((t for t in trials if t.values and trial_record(t).config), key=lambda t: t.number)
+
+
+def backfill_predictions(
+    study: Any, data: StudyData, artifact_store: Any, *, seed: int, device: str = "cpu", progress: bool = True
+) -> int:
+    """Give every complete trial without validation predictions some, by retraining its configuration once
+    with ``seed`` on ``data``; how many were backfilled."""
+    from tqdm.auto import tqdm
+
+    from ..engine import train_encoder
+
+    trials = _complete_trials(study)
+    have = trial_predictions(study, trials)
+    missing = [t for t in trials if t.number not in have]
+    if not missing:
+        return 0
+    logger.info(
+        "%s: %d of %d complete trials stored no validation predictions; retraining each one's configuration "
+        "with seed %d on the study's data to make them",
+        study.study_name,
+        len(missing),
+        len(trials),
+        seed,
+    )
+    made: dict[int, str] = {}
+    try:
+        for trial in tqdm(missing, desc="validation predictions", disable=not progress, leave=False):
+            result = train_encoder(
+                trial_config(trial),
+                data.train,
+                data.validation,
+                task_kind=data.task_kind,
+                num_classes=data.num_classes,
+                seed=seed,
+                device=device,
+            )
+            made[trial.number] = upload_predictions(
+                study, predictions_of(result.model, data.validation[0]), artifact_store
+            )
+    finally:  # what was made is kept, so an interrupted backfill resumes where it stopped
+        if made:
+            save_backfilled_predictions(study, made, seed)
+    return len(made)
+
+
+# ----------------------------------------------------------------------------- the final stage
+
+
+@dataclass(frozen=True)
+class EnsembleRun:
+    """How an ensemble evaluation runs: the size asked for (``size``, the study's ensemble) and every size
+    to score (``sizes``, which include it), the final ``seeds``, the epoch cap, the selection rule it is
+    compared with, the training seed of backfilled predictions, where it trains and stores weights."""
+
+    size: int
+    seeds: list[int]
+    max_epochs: int | None
+    select: str = DEFAULT_SELECT
+    sizes: tuple[int, ...] = ()
+    prediction_seed: int = 0
+    device: str = "cpu"
+    artifact_store: Any = None
+    progress: bool = True
+
+    @property
+    def all_sizes(self) -> list[int]:
+        return sorted({int(self.size), *map(int, self.sizes)})
+
+
+def check_ensemble_study(record: StudyRecord, size: int) -> None:
+    """Refuse, in one line, a study that cannot have an ensemble (before anything is trained)."""
+    from ..validation import check_int
+
+    check_int("ensemble size", size, minimum=1)
+    if record.identity is not None and record.identity.multi_objective:
+        raise ValueError(
+            f"study {record.name!r} is multi-objective: ensembles are off for such studies (their final "
+            "evaluation retrains a Pareto front instead)"
+        )
+    if record.identity is not None and record.identity.protocol != "matched":
+        raise ValueError(
+            f"study {record.name!r} is scored under the {record.identity.protocol} protocol; ensembles are "
+            "scored with each model's own head (matched protocol) only"
+        )
+    kind = None if record.data is None else record.data.task_kind
+    if kind not in MIX_RULE:
+        raise ValueError(f"study {record.name!r} is a {kind} study; ensembles cover classification and similarity")
+
+
+@dataclass
+class _Trained:
+    """One configuration retrained with the final seeds: per seed its validation and test predictions,
+    its model and training seconds."""
+
+    validation: dict[int, np.ndarray] = field(default_factory=dict)
+    test: dict[int, np.ndarray] = field(default_factory=dict)
+    models: dict[int, Any] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+
+
+def _retrain(config: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
+    from tqdm.auto import tqdm
+
+    from ..engine import train_encoder
+
+    out = _Trained()
+    for seed in tqdm(run.seeds, desc=f"ensemble {label}", disable=not run.progress, leave=False):
+        started = time.perf_counter()
+        result = train_encoder(
+            config,
+            data.train,
+            data.validation,
+            task_kind=data.task_kind,
+            num_classes=data.num_classes,
+            seed=seed,
+            device=run.device,
+        )
+        out.seconds[seed] = time.perf_counter() - started
+        out.models[seed] = result.model
+        out.validation[seed] = predictions_of(result.model, data.validation[0])
+        out.test[seed] = predictions_of(result.model, data.test_split()[0])
+    return out
+
+
+def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> list[float]:
+    """The best single layer (a linear probe per layer, chosen on validation) scored on test per seed."""
+    from ..configs import BestLayerConfig
+    from ..engine import select_best_layer
+    from ..models import model_size_bucket
+    from ..tuning import recommended_config
+
+    recommended = recommended_config("best-layer", model_size_hint=model_size_bucket(model_name, data.hidden_size))
+    assert isinstance(recommended, BestLayerConfig)
+    config: BestLayerConfig = recommended
+    if run.max_epochs is not None and config.epochs > run.max_epochs:
+        config = dataclasses.replace(config, epochs=run.max_epochs)
+    scores = []
+    test_x, test_y = data.test_split()
+    for seed in run.seeds:
+        _, result, _ = select_best_layer(
+            config,
+            data.train,
+            data.validation,
+            task_kind=data.task_kind,
+            num_classes=data.num_classes,
+            seed=seed,
+            device=run.device,
+        )
+        scores.append(
+            prediction_score(predictions_of(result.model, test_x), np.asarray(test_y), data.task_kind, data.metric)
+        )
+    return scores
+
+
+def _validation_predictions(study: Any, trials: Sequence[Any], artifact_store: Any) -> dict[int, np.ndarray]:
+    stored = trial_predictions(study, trials)
+    return {number: _download_predictions(artifact_store, artifact) for number, (artifact, _) in stored.items()}
+
+
+def _single_scores(
+    study: Any, record: StudyRecord, data: StudyData, run: EnsembleRun, trained: dict[int, _Trained]
+) -> tuple[int, list[float], int | None, list[float] | None]:
+    """(selected trial, its test scores, start trial, its test scores) with the run's seeds: the final
+    evaluation's under the same rule, seeds and epoch cap, else retrained here."""
+    final = record.by_rule.get(run.select)
+    selected = select_trial(study, run.select).number
+    if final is not None and final.matches(selected, run.seeds, run.max_epochs) and final.start_test_scores:
+        return selected, list(final.test_scores), final.start_trial, list(final.start_test_scores)
+    start = start_trial(study)
+    numbers = [selected] + ([] if start is None else [start.number])
+    for number in numbers:
+        if number not in trained:
+            trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+            trained[number] = _retrain(trial_config(trial), data, run, f"trial {number}")
+
+    def scores(number: int) -> list[float]:
+        return [_test_score(trained[number].test[seed], data) for seed in run.seeds]
+
+    return (
+        selected,
+        scores(selected),
+        None if start is None else start.number,
+        None if start is None else scores(start.number),
+    )
+
+
+def _test_score(predictions: np.ndarray, data: StudyData) -> float:
+    return prediction_score(predictions, np.asarray(data.test_split()[1]), data.task_kind, data.metric)
+
+
+def _size_scores(
+    size: int, picks: list[int], val_score: float, trained: Mapping[int, _Trained], data: StudyData, run: EnsembleRun
+) -> EnsembleSize:
+    members = Counter(picks[:size])
+    val_targets = np.asarray(data.validation[1])
+    test, validation = [], []
+    for seed in run.seeds:
+        test.append(_test_score(mixed({n: trained[n].test[seed] for n in members}, members), data))
+        validation.append(
+            prediction_score(
+                mixed({n: trained[n].validation[seed] for n in members}, members),
+                val_targets,
+                data.task_kind,
+                data.metric,
+            )
+        )
+    mean = statistics.fmean(test)
+    return EnsembleSize(
+        size=size,
+        members={str(n): c for n, c in sorted(members.items())},
+        val_score=val_score,
+        test_scores=test,
+        test_mean=mean,
+        test_std=statistics.stdev(test) if len(test) > 1 else 0.0,
+        val_scores=validation,
+        val_test_gap=val_score - mean,
+    )
+
+
+def _greedy(study: Any, data: StudyData, run: EnsembleRun) -> tuple[list[int], dict[int, float]]:
+    """The picks of the largest size (trial numbers) and the validation score of each prefix size."""
+    trials = _complete_trials(study)
+    predictions = _validation_predictions(study, trials, run.artifact_store)
+    numbers = [t.number for t in trials if t.number in predictions]
+    targets = np.asarray(data.validation[1])
+    maximize = study_record(study).maximize
+
+    def score(mean: np.ndarray) -> float:
+        return prediction_score(mean, targets, data.task_kind, data.metric)
+
+    indices = greedy_selection([predictions[n] for n in numbers], score, max(run.all_sizes), maximize=maximize)
+    picks = [numbers[i] for i in indices]
+    val_scores = {
+        size: score(mixed({n: predictions[n] for n in set(picks[:size])}, Counter(picks[:size])))
+        for size in run.all_sizes
+    }
+    return picks, val_scores
+
+
+def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> EnsembleRecord:
+    """Select ensembles greedily on the trials' validation predictions (backfilled where missing), retrain
+    their members with the final seeds, score them on test beside the selected trial, the starting
+    configuration and the best single layer; store and return the :class:`EnsembleRecord`."""
+    from ..engine.ensemble import EnsembleModel
+    from ..objectives import measure_latency
+
+    record = study_record(study)
+    check_ensemble_study(record, run.size)
+    backfill_predictions(
+        study, data, run.artifact_store, seed=run.prediction_seed, device=run.device, progress=run.progress
+    )
+    picks, val_scores = _greedy(study, data, run)
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    trained: dict[int, _Trained] = {}
+    for number in dict.fromkeys(picks):
+        trained[number] = _retrain(trial_config(by_number[number]), data, run, f"member trial {number}")
+    selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
+    sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
+    asked = sizes[str(run.size)]
+    members = {int(n): c for n, c in asked.members.items()}
+    best_seed = max(run.seeds, key=lambda s: (asked.val_scores[run.seeds.index(s)], -s))
+    model = EnsembleModel([trained[n].models[best_seed] for n in members], list(members.values()))
+    artifacts = _upload_ensemble(study, record, model, members, best_seed, run)
+    identity = record.identity
+    out = EnsembleRecord(
+        size=run.size,
+        picks=picks,
+        sizes=sizes,
+        seeds=list(run.seeds),
+        max_epochs=run.max_epochs,
+        select=run.select,
+        selected_trial=selected,
+        selected_test_scores=selected_scores,
+        start_trial=start,
+        start_test_scores=start_scores,
+        best_layer_test_scores=_best_layer_scores(data, run, "" if identity is None else identity.model),
+        member_seconds=statistics.fmean(sum(trained[n].seconds[s] for n in members) for s in run.seeds),
+        latency_ms=round(measure_latency(model, data.validation[0]), 4),
+        single_latency_ms=round(measure_latency(trained[next(iter(members))].models[best_seed], data.validation[0]), 4),
+        artifacts=artifacts,
+        artifact_seed=best_seed if artifacts else None,
+        prediction_seed=run.prediction_seed,
+        mix=MIX_RULE[data.task_kind],
+    )
+    save_ensemble(study, out)
+    return out
+
+
+def ensemble_is_current(study: Any, run: EnsembleRun) -> bool:
+    """Whether the stored ensemble evaluation already holds every size of ``run`` with its seeds and epoch cap."""
+    stored = ensemble_record(study)
+    return (
+        stored is not None
+        and stored.size == run.size
+        and all(stored.matches(size, run.seeds, run.max_epochs, run.select) for size in run.all_sizes)
+    )
+
+
+def _upload_ensemble(
+    study: Any, record: StudyRecord, model: Any, members: Mapping[int, int], seed: int, run: EnsembleRun
+) -> dict[str, str]:
+    """Upload the ensemble's weights (safetensors) and a JSON of its members, mix and provenance."""
+    import json
+
+    import torch
+    from optuna.artifacts import upload_artifact
+    from safetensors.torch import save_file
+
+    from .._version import __version__
+
+    if run.artifact_store is None:
+        return {}
+    data, identity = record.data, record.identity
+    first = model.members[0]
+    meta = {
+        "ensemble": [
+            {"trial": number, "count": count, "config": trial_config(_trial(study, number)).to_dict()}
+            for number, count in members.items()
+        ],
+        "mix": MIX_RULE[first.task_kind],
+        "model": None if identity is None else identity.model,
+        "task": None if identity is None else identity.task,
+        "task_kind": first.task_kind,
+        "metric": None if data is None else data.metric,
+        "num_layers": int(first.aggregator.num_layers),
+        "hidden_size": int(first.aggregator.hidden_in),
+        "num_classes": int(first.head.out_features) if first.task_kind == "classification" else None,
+        "score_range": first.score_range,
+        "seed": seed,
+        "ilge_search_version": __version__,
+        "torch_version": torch.__version__,
+    }
+    with tempfile.TemporaryDirectory(prefix="ilge-ensemble-") as tmp:
+        weights, config = Path(tmp, "ensemble.safetensors"), Path(tmp, "ensemble.json")
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(weights))
+        config.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        store = run.artifact_store
+        return {
+            "weights": upload_artifact(study_or_trial=study, file_path=str(weights), artifact_store=store),
+            "config": upload_artifact(
+                study_or_trial=study, file_path=str(config), artifact_store=store, mimetype="application/json"
+            ),
+        }
+
+
+def _trial(study: Any, number: int) -> Any:
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def ensemble_study(
+    storage: Any,
+    study_name: str,
+    size: int,
+    *,
+    sizes: Sequence[int] = (),
+    seed: int = 0,
+    data_dir: Any = None,
+    cache_dir: Any = None,
+    device: str = "auto",
+    artifact_dir: Any = None,
+    progress: bool = True,
+) -> EnsembleRecord:
+    """``ilge-search ensemble``: the ensemble evaluation of an existing study, with the seeds, epoch cap and
+    selection rule of its final evaluation (3 seeds from ``seed``, ``best``, when it has none); ``seed`` is
+    the training seed of backfilled validation predictions (the study's ``--seed``). Checks the study before
+    loading any data."""
+    from ..storage import Storage, open_storage
+    from .export import load_run_study, load_training_data
+    from .notes import write_study_note
+    from .options import FinalOptions
+
+    opened = (
+        storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True, artifact_dir=artifact_dir)
+    )
+    study = load_run_study(opened, study_name, purpose="ensembled")
+    record = study_record(study)
+    check_ensemble_study(record, size)
+    for extra in sizes:
+        check_ensemble_study(record, int(extra))
+    if not _complete_trials(study):
+        raise ValueError(f"study {study_name!r} has no complete trial to ensemble; run it first")
+    final = record.final
+    identity = record.identity
+    run = EnsembleRun(
+        size=size,
+        sizes=tuple(int(s) for s in sizes),
+        seeds=list(final.seeds) if final is not None and final.seeds else FinalOptions().seed_list(seed),
+        max_epochs=None if identity is None else identity.max_epochs,
+        select=final.select if final is not None else DEFAULT_SELECT,
+        prediction_seed=seed,
+        device=device,
+        artifact_store=opened.artifact_store(),
+        progress=progress,
+    )
+    data = load_training_data(
+        study, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress, with_test=True
+    )
+    out = ensemble_evaluation(study, data, run)
+    try:  # the dashboard's study note shows the ensemble; a note is for reading and never fails the command
+        write_study_note(study)
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("%s: could not rewrite its dashboard note: %s", study_name, exc)
+    return out
+
+
+def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
+    """The ensemble evaluation as a table: each size beside the selected trial, the start and the best layer."""
+    import pandas as pd
+
+    def row(name: str, members: str, val: float | None, scores: Sequence[float] | None) -> dict[str, Any]:
+        values = list(scores or [])
+        mean = statistics.fmean(values) if values else float("nan")
+        return {
+            "model": name,
+            "members": members,
+            "val": val,
+            f"test_{metric}": mean,
+            "test_std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "val_test_gap": None if val is None else val - mean,
+        }
+
+    rows = [
+        row(
+            f"ensemble of {size.size}",
+            " ".join(f"{n}x{c}" if c > 1 else n for n, c in size.members.items()),
+            size.val_score,
+            size.test_scores,
+        )
+        for size in sorted(record.sizes.values(), key=lambda s: s.size)
+    ]
+    rows.append(row(f"selected trial ({record.select})", str(record.selected_trial), None, record.selected_test_scores))
+    if record.start_test_scores:
+        rows.append(row("starting configuration", str(record.start_trial), None, record.start_test_scores))
+    if record.best_layer_test_scores:
+        rows.append(row("best single layer", "-", None, record.best_layer_test_scores))
+    table = pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-")
+    cost = (
+        f"seeds {record.seeds}; members trained in {record.member_seconds or 0:.1f} s per seed; forward "
+        f"{record.latency_ms or 0:.2f} ms per 1,000 samples (one member: {record.single_latency_ms or 0:.2f} ms); "
+        f"mix: {record.mix}"
+    )
+    return f"{table}\n{cost}"

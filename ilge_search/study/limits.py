@@ -1,0 +1,111 @@
+"""The numeric settings of a run checked against the data they apply to, before anything is created.
+
+:func:`check_data_limits` is part of :func:`~ilge_search.study.plan.check_run`. It reads the task as loaded
+and as the study will use it (after ``--shots`` and the caps) and refuses, in one line that says what to
+pass instead:
+
+- ``--shots`` whose few-shot set ``--max-train`` would cut again (the study would be named ``N-shot`` and
+  hold fewer examples per label);
+- ``--samples-per-label`` on a task whose paper readout trains nothing (similarity, tagging), or above
+  every label's count of the training split (each of the ten draws would be the whole split);
+- ``--cv K`` with more folds than the largest label has training examples (most folds would validate on
+  a handful of rows), or, on a similarity task, fewer than three pairs per fold (no Spearman correlation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .options import StudyOptions
+
+__all__ = ["check_data_limits", "MIN_PAIRS_PER_FOLD"]
+
+MIN_PAIRS_PER_FOLD = 3  # a Spearman correlation over fewer pairs is undefined or meaningless
+
+
+def _label_counts(task: Any) -> list[int]:
+    """Training examples per label present (classification)."""
+    import numpy as np  # lazy: `ilge-search run --help` imports this module's package
+
+    labels = np.asarray(task.split("train").labels)
+    return [int(count) for count in np.bincount(labels) if count > 0] if labels.size else []
+
+
+def _check_shots(options: StudyOptions, loaded: Any) -> None:
+    shots, cap = options.data.shots, options.data.max_train
+    if shots is None or cap is None or loaded.kind != "classification":
+        return
+    kept = sum(min(count, shots) for count in _label_counts(loaded))
+    if cap < kept:
+        raise ValueError(
+            f"--shots {shots} keeps {kept} training examples ({shots} or all of each label), but --max-train "
+            f"{cap} would cut them again, so the study would not be {shots}-shot; drop --max-train, or pass "
+            f"--max-train {kept} or more, or fewer --shots"
+        )
+
+
+def _check_samples_per_label(options: StudyOptions, task_name: str, used: Any) -> None:
+    from ..protocol import paper_samples_per_label
+
+    given = options.final.samples_per_label
+    if options.final.protocol != "paper":
+        return
+    if used.kind != "classification":
+        if given is not None:
+            raise ValueError(
+                f"--samples-per-label sets the paper protocol's logistic readout of classification tasks; "
+                f"{used.name!r} is a {used.kind} task, whose readout trains nothing: drop --samples-per-label"
+            )
+        return
+    per_label = paper_samples_per_label(task_name, given)
+    counts = _label_counts(used)
+    largest = max(counts, default=0)
+    if per_label > largest:
+        named = (
+            f"--samples-per-label {per_label}" if given is not None else f"the default {per_label} samples per label"
+        )
+        raise ValueError(
+            f"{named} is more than any label has in the training split the study uses (the largest has "
+            f"{largest}), so every one of the paper protocol's draws would be the whole split; pass "
+            f"--samples-per-label {largest} or fewer, or a larger --max-train"
+        )
+
+
+def _check_cv(options: StudyOptions, used: Any) -> None:
+    folds = options.search.cv
+    if folds is None:
+        return
+    rows = len(used.split("train"))
+    if used.kind == "similarity" and rows < MIN_PAIRS_PER_FOLD * folds:
+        raise ValueError(
+            f"--cv {folds} leaves fewer than {MIN_PAIRS_PER_FOLD} of the {rows} training pairs in a fold, too few "
+            f"for a Spearman correlation; pass --cv {max(2, rows // MIN_PAIRS_PER_FOLD)} or fewer, or more training "
+            "rows"
+        )
+    if used.kind != "classification":
+        return
+    counts = _label_counts(used)
+    largest = max(counts, default=0)
+    if folds > largest:
+        raise ValueError(
+            f"--cv {folds} makes more folds than any label has training examples (the largest of the "
+            f"{len(counts)} labels has {largest} of {rows} rows), so most folds would validate on a handful of "
+            f"rows; pass --cv {max(2, largest)} or fewer, or a larger --max-train (about {folds * len(counts)})"
+        )
+
+
+def check_data_limits(options: StudyOptions, task_name: str, loaded: Any, used: Any) -> None:
+    """Refuse settings the data cannot honour (see the module docstring).
+
+    Args:
+        options: the run's options.
+        task_name: the task as named on the command line (the paper protocol's samples per label of a
+            registered MTEB task).
+        loaded: the task as read; ``used``: after ``--shots`` and the caps (what the study trains on).
+
+    Raises:
+        ValueError: one line naming the setting, what the data allows and what to pass instead.
+    """
+    _check_shots(options, loaded)
+    _check_samples_per_label(options, task_name, used)
+    _check_cv(options, used)

@@ -1,0 +1,247 @@
+"""The cross-task matrix on a tiny storage of real studies (Cayley on stsb and trec, synthetic setup, no model
+loads): candidates, stored cells, resume, exclusions, work sharing, the JSON shape and the left-out checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import optuna
+import pytest
+from click.testing import CliRunner
+
+from ilge_search.cli import cli
+from ilge_search.defaults.portfolio import BUILTIN, MARGINAL, PortfolioRequest, TrainingSetup, build_matrix
+from ilge_search.defaults.transfer import portfolio
+from ilge_search.record import CellKey, claim_cell, portfolio_study_name, stored_cells
+from ilge_search.storage import WORKER_ATTR, open_storage, worker_stamp
+from ilge_search.study import StudyOptions
+
+DATA = dict(max_train=240, max_eval=100)
+TASKS = ("stsb", "trec")
+REQUEST = PortfolioRequest(top_k=1, seeds=1, size=2)
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory, synthetic):
+    from ilge_search.study import run_study
+    from ilge_search.testing import refuse_model_loads
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('portfolio') / 'studies.db'}"
+    folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
+    options = StudyOptions.from_flat(
+        device="cpu", threads=1, progress=False, seed=0, max_epochs=2, n_trials=3, final_seeds=0, **folders, **DATA
+    )
+    for task in TASKS:
+        synthetic.cache(task, **DATA)
+        with refuse_model_loads():
+            run_study(synthetic.model, task, "cayley", storage=url, options=options)
+    return url
+
+
+def copy_of(url: str, tmp_path) -> str:
+    target = tmp_path / "copy.db"
+    shutil.copyfile(url.removeprefix("sqlite:///"), target)
+    return f"sqlite:///{target}"
+
+
+def setup_of(synthetic) -> TrainingSetup:
+    return TrainingSetup(synthetic.data_dir, synthetic.cache_dir, "cpu", threads=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def built(studies, synthetic, tmp_path_factory):
+    """One matrix with its left-out checks, on a copy (the studies fixture stays clean)."""
+    from ilge_search.testing import refuse_model_loads
+
+    url = copy_of(studies, tmp_path_factory.mktemp("portfolio-run"))
+    with refuse_model_loads():
+        result = portfolio(url, REQUEST, setup_of(synthetic), check=True)
+    return url, result
+
+
+def test_candidates_are_builtin_marginal_and_each_problems_top_trials(studies):
+    _, result, cells = build_matrix(studies, REQUEST)
+    assert [p.task for p in result.problems] == list(TASKS)
+    names = [c.name for c in result.candidates]
+    assert names[0] == BUILTIN
+    sources = {s for c in result.candidates for s in c.sources}
+    # each problem's best complete trial is a candidate (merged with an equal one, if any)
+    for problem in result.problems:
+        assert f"{problem.study}#{problem.ranked[0][0]}" in sources
+    assert MARGINAL in sources
+    assert len({json.dumps(c.config, sort_keys=True) for c in result.candidates}) == len(result.candidates)
+    assert result.planned == len(cells) == len(result.candidates) * len(result.problems) * REQUEST.seeds
+    assert result.matrix.missing == len(cells)  # nothing trained yet
+
+
+def test_the_matrix_is_trained_stored_and_chosen_from_on_validation(built, synthetic, no_model_loads):
+    from ilge_search.engine import train_encoder
+    from ilge_search.study.export import load_training_data
+
+    url, result = built
+    assert result.matrix.missing == 0 and result.trained >= result.planned - 2  # equal cells trained once
+    assert not (result.matrix.validation != result.matrix.validation).any()  # no NaN
+    assert result.default == result.portfolio[0]
+    assert 1 <= len(result.portfolio) <= 2 and result.values == sorted(result.values)
+    # a stored cell holds what the engine gives for that config, data and seed
+    opened = open_storage(url, must_exist=True)
+    p = 0
+    builtin = next(i for i, c in enumerate(result.candidates) if c.name == BUILTIN)
+    from ilge_search.defaults.portfolio import cell_config
+
+    config = cell_config("cayley", result.candidates[builtin].config, result.problems[p], None)
+    assert config.epochs == 2  # capped at the study's max_epochs
+    data = load_training_data(
+        opened.load_study(result.problems[p].study), data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir
+    )
+    again = train_encoder(config, data.train, data.validation, task_kind=data.task_kind, seed=1000, device="cpu")
+    assert result.matrix.validation[builtin, p] == pytest.approx(again.best_val_metric, abs=1e-6)
+    # the choice is stored for run --warm-start
+    from ilge_search.record import stored_portfolio_choice
+
+    choice = stored_portfolio_choice(opened.load_study(portfolio_study_name("cayley", "small")))
+    assert choice["portfolio"] == [result.candidates[i].config for i in result.portfolio]
+
+
+def test_a_rerun_trains_nothing(built, synthetic, monkeypatch):
+    import ilge_search.engine as engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a stored cell was trained again")
+
+    monkeypatch.setattr(engine, "train_encoder", refuse)
+    url, first = built
+    again = portfolio(url, REQUEST, setup_of(synthetic), check=True)
+    assert again.trained == 0
+    assert (again.matrix.validation == first.matrix.validation).all()
+    assert again.portfolio == first.portfolio
+
+
+def test_the_left_out_checks_choose_without_the_held_out_task(built):
+    _, result = built
+    rows = result.held_out.rows
+    assert sorted((r["fold"], r["held_out"]) for r in rows) == [("task", "stsb"), ("task", "trec")]
+    for row in rows:
+        held = next(p.study for p in result.problems if p.task == row["held_out"])
+        chosen = [c for c in result.candidates if c.name in (row["default_candidate"], *row["portfolio"])]
+        # nothing that came only from the held-out problem's own trials is chosen
+        assert all(c.name == BUILTIN or any(not s.startswith(held) for s in c.sources) for c in chosen)
+        assert row["unit"] == ("acc. %" if row["task"] == "trec" else "Spearman ×100")
+        assert row["portfolio_default_diff"] == pytest.approx(row["portfolio_default"] - row["builtin"])
+        assert row["marginal"] == row["marginal"]  # its cells were trained: not NaN
+    assert set(result.held_out.verdicts) == {("task", m) for m in ("marginal", "portfolio_default", "portfolio_best")}
+
+
+def test_dry_run_creates_nothing_and_exclusions_exclude(studies, synthetic, tmp_path):
+    url = copy_of(studies, tmp_path)
+    dry = portfolio(url, REQUEST, setup_of(synthetic), dry_run=True)
+    assert dry.trained == 0 and dry.estimated_seconds > 0 and dry.default is None
+    assert portfolio_study_name("cayley", "small") not in [s.study_name for s in optuna.get_all_study_summaries(url)]
+    _, only_stsb, _ = build_matrix(url, PortfolioRequest(top_k=1, seeds=1, exclude_tasks=("trec",)))
+    assert [p.task for p in only_stsb.problems] == ["stsb"]
+    assert not any("trec" in s for c in only_stsb.candidates for s in c.sources)
+    runner = CliRunner()
+    bad = runner.invoke(cli, ["portfolio", "--storage", url, "--exclude-task", "sst2", "--dry-run"])
+    assert bad.exit_code != 0 and "--exclude-task sst2: no cayley (small) problem of that task" in bad.output
+    assert "Traceback" not in bad.output
+    shown = runner.invoke(cli, ["portfolio", "--storage", url, "--top-k", "1", "--seeds", "2", "--dry-run"])
+    assert shown.exit_code == 0, shown.output
+    assert (
+        f"2 problems x {len(dry.candidates)} candidates x 2 seeds" in shown.output
+        and "nothing was created" in shown.output
+    )
+
+
+def test_a_cell_claimed_by_a_live_process_is_not_trained_twice(studies, synthetic, tmp_path):
+    url = copy_of(studies, tmp_path)
+    _, result, cells = build_matrix(url, REQUEST)
+    opened = open_storage(url)
+    study = optuna.create_study(study_name=portfolio_study_name("cayley", "small"), storage=opened.rdb)
+
+    def stamp(number):
+        return WORKER_ATTR, worker_stamp(number)
+
+    key: CellKey = cells[0].key
+    assert claim_cell(opened, study, key, stamp) is not None  # this (live) process holds it
+    assert claim_cell(opened, study, key, stamp) is None  # a second claim loses and is abandoned
+    from ilge_search.defaults.portfolio import train_cells
+
+    trained, left = train_cells(url, REQUEST, cells[:2], result.problems, setup_of(synthetic))
+    assert (trained, left) == (1, 1)
+    done, running = stored_cells(study)
+    assert cells[1].key.digest in done and running == {key.digest}
+
+
+def test_json_shape(built, synthetic):
+    url, result = built
+    out = CliRunner().invoke(
+        cli,
+        [
+            "portfolio",
+            "--storage",
+            url,
+            "--top-k",
+            "1",
+            "--seeds",
+            "1",
+            "--size",
+            "2",
+            "--format",
+            "json",
+            "--quiet",
+            "--data-dir",
+            str(synthetic.data_dir),
+            "--cache-dir",
+            str(synthetic.cache_dir),
+            "--device",
+            "cpu",
+        ],
+        env={**os.environ},
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert {"problems", "candidates", "scores", "default", "portfolio"} <= set(data)
+    assert len(data["scores"]) == len(data["candidates"]) and all(
+        len(r) == len(data["problems"]) for r in data["scores"]
+    )
+    assert data["default"]["candidate"] == data["portfolio"][0]["candidate"]
+    assert data["scores"][0][0] == pytest.approx(result.matrix.validation[0, 0], abs=1e-6)
+
+
+def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(studies, synthetic, tmp_path, no_model_loads):
+    from ilge_search.configs import CayleyConfig
+    from ilge_search.record import save_portfolio_choice, study_record, trial_record
+    from ilge_search.study import run_study
+    from ilge_search.study.trial import config_params, recommended_params
+
+    url = copy_of(studies, tmp_path)
+    folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
+    options = StudyOptions.from_flat(
+        device="cpu", threads=1, progress=False, seed=0, max_epochs=2, n_trials=4, final_seeds=0, **folders, **DATA
+    )
+    # no portfolio in the storage and none shipped for this bucket: one clear line, nothing created
+    before = {s.study_name for s in optuna.get_all_study_summaries(url)}
+    with pytest.raises(ValueError, match=r"--warm-start 2: .* run `ilge-search portfolio"):
+        run_study(synthetic.model, "trec", "cayley", storage=url, options=options.replace(warm_start=2))
+    assert {s.study_name for s in optuna.get_all_study_summaries(url)} == before
+    # a stored portfolio: the start configuration first, then the members that differ from it, in order
+    members = [
+        CayleyConfig(lr=3e-3, gnn_layers=2, hidden_dim=128).to_dict(),
+        CayleyConfig(lr=3e-4, gnn_layers=1, hidden_dim=512).to_dict(),
+        CayleyConfig(lr=1e-3, gnn_layers=3, hidden_dim=256).to_dict(),
+    ]
+    opened = open_storage(url)
+    study = optuna.create_study(study_name=portfolio_study_name("cayley", "small"), storage=opened.rdb)
+    save_portfolio_choice(study, {"portfolio": members})
+    (result,) = run_study(synthetic.model, "trec", "cayley", storage=url, options=options.replace(warm_start=2))
+    assert result.study_name.endswith(":warm2")
+    warm = optuna.load_study(study_name=result.study_name, storage=url)
+    trials = sorted(warm.trials, key=lambda t: t.number)
+    hidden = study_record(warm).data.hidden_size
+    assert trial_record(trials[0]).recommended
+    assert trials[0].params == recommended_params("cayley", hidden, model=synthetic.model)
+    assert [t.params for t in trials[1:3]] == [config_params("cayley", m) for m in members[:2]]
+    assert [t.user_attrs["warm_start_member"] for t in trials[1:3]] == [0, 1]
+    assert "warm_start_member" not in trials[3].user_attrs  # the sampler's
