@@ -82,6 +82,10 @@ _LAZY = {
     "EnsembleRecord": "record",
     "ensemble_study": "study.ensemble",
     "greedy_selection": "study.ensemble",
+    "portfolio": "defaults.transfer",
+    "stored_portfolio": "defaults.transfer",
+    "PortfolioRequest": "defaults.portfolio",
+    "PortfolioResult": "defaults.portfolio",
 }
 
 __all__ = [

@@ -18,6 +18,7 @@ from ilge_search.cli.group import StudyOption, study_option_help
 from ilge_search.configs import ENCODER_FAMILIES
 from ilge_search.defaults.loto import LOTO_FAMILIES
 from ilge_search.defaults.recommend import DEFAULT_FAMILIES
+from ilge_search.defaults.recommend import METHODS as RECOMMEND_METHODS
 from ilge_search.explain import EXPLAIN_FORMATS
 from ilge_search.extraction import POOLINGS
 from ilge_search.objectives import OBJECTIVES
@@ -38,6 +39,7 @@ LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
     "families": ENCODER_FAMILIES,
     "family": ENCODER_FAMILIES,
     "bucket": MODEL_SIZE_HINTS,
+    "method": RECOMMEND_METHODS,
     "fmt": EXPLAIN_FORMATS,
     "word_pooling": WORD_POOLINGS,
 }

@@ -245,3 +245,39 @@ def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(studies, synt
     assert [t.params for t in trials[1:3]] == [config_params("cayley", m) for m in members[:2]]
     assert [t.user_attrs["warm_start_member"] for t in trials[1:3]] == [0, 1]
     assert "warm_start_member" not in trials[3].user_attrs  # the sampler's
+
+
+def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, studies, tmp_path, monkeypatch):
+    from ilge_search import tuning
+    from ilge_search.defaults.transfer import shipping_verdict, stored_portfolio
+    from ilge_search.report.defaults_page import recommend_defaults
+    from ilge_search.study.trial import config_params
+
+    url, result = built
+    again = stored_portfolio(url, "cayley", "small")  # read back, nothing trained
+    assert again.default == result.default and again.held_out.rows == result.held_out.rows
+    default = config_params("cayley", result.candidates[result.default].config)
+    data = recommend_defaults(url, tmp_path / "mine.json", None, families=["cayley"], method="portfolio")
+    assert data["families"]["cayley"]["small"] == default and data["metadata"]["method"] == "portfolio"
+    shipped = tmp_path / "shipped.json"
+    monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", shipped)
+    data = recommend_defaults(url, None, None, families=["cayley"], method="portfolio", update_shipped=True)
+    wins, why = shipping_verdict(result.held_out)
+    assert data["metadata"]["shipping"]["cayley/small"] == why
+    assert ("cayley" in json.loads(shipped.read_text())["families"]) == wins
+    with pytest.raises(ValueError, match=r"no complete portfolio of cayley \(small\) .* --check` first"):
+        recommend_defaults(studies, tmp_path / "none.json", None, families=["cayley"], method="portfolio")
+
+
+def test_the_matrix_is_drawn_and_the_left_out_rows_tabled(built, tmp_path):
+    from ilge_search.report.portfolio import draw_matrix, held_out_table, verdict_lines
+
+    _, result = built
+    path = draw_matrix(result, tmp_path / "figures" / "matrix.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = held_out_table(result.held_out).splitlines()
+    assert len(table) == 2 + len(result.held_out.rows)
+    first = result.held_out.rows[0]
+    assert f"| {first['builtin']:.2f} |" in table[2] and f"{first['portfolio_default_diff']:+.2f}" in table[2]
+    lines = verdict_lines(result.held_out)
+    assert len(lines) == 3 and all(line.startswith("leave one task out") for line in lines)

@@ -10,6 +10,8 @@ from ..configs import ENCODER_FAMILIES
 from ..settings import Settings
 from .group import FORMAT_OPTION, cli, echo_frame, location_options, storage_option, study_logging
 
+RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.METHODS
+
 # ----------------------------------------------------------------------------- dashboard
 
 
@@ -124,8 +126,22 @@ def report_command(storage: str, out_dir: Optional[str], no_figures: bool, force
     multiple=True,
     help="Leave every study of this task out (repeatable): the defaults a task never influenced.",
 )
+@click.option(
+    "--method",
+    type=click.Choice(RECOMMEND_METHODS),
+    default="marginal",
+    show_default=True,
+    help="marginal: the per-hyperparameter rule; portfolio: the default `ilge-search portfolio` chose from its "
+    "stored matrix (shipped only where it won its left-out checks).",
+)
 def recommend_command(
-    storage: str, out_path: Optional[str], report_path: Optional[str], update_shipped: bool, families, exclude_tasks
+    storage: str,
+    out_path: Optional[str],
+    report_path: Optional[str],
+    update_shipped: bool,
+    families,
+    exclude_tasks,
+    method: str,
 ) -> None:
     """Derive recommended defaults per family and model size from the studies' validation scores.
 
@@ -144,6 +160,7 @@ def recommend_command(
         families=list(families) or DEFAULT_FAMILIES,
         update_shipped=update_shipped,
         exclude_tasks=exclude_tasks,
+        method=method,
     )
     for family, buckets in data["families"].items():
         for bucket, values in buckets.items():

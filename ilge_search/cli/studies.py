@@ -185,10 +185,8 @@ def run_command(
 
     objectives = _checked_objectives(objectives, select, final_front)
     study_logging(quiet)
-    if n_trials is None and total_trials is None:
-        n_trials = 20
     options = StudyOptions.from_flat(
-        n_trials=n_trials,
+        n_trials=20 if n_trials is None and total_trials is None else n_trials,
         timeout=timeout,
         total_trials=total_trials,
         study_name=study_name,

@@ -24,19 +24,6 @@ def _table(result) -> str:
     return "\n".join(lines)
 
 
-def _held_out_lines(held_out) -> list[str]:
-    from ..defaults.transfer import METHODS
-
-    lines = [f"left-out checks (test, mean over seeds {held_out.seeds}; difference to the built-in defaults):"]
-    for (kind, method), verdict in sorted(held_out.verdicts.items()):
-        if method in METHODS and verdict["rows"]:
-            lines.append(
-                f"  leave one {kind} out, {method}: {verdict['mean_difference']:+.2f} points, ahead on "
-                f"{verdict['ahead']}, behind on {verdict['behind']} of {verdict['rows']} problems"
-            )
-    return lines
-
-
 @cli.command("portfolio")
 @storage_option(required=True)
 @click.option("--family", type=click.Choice(ENCODER_FAMILIES), default="cayley", show_default=True)
@@ -50,6 +37,7 @@ def _held_out_lines(held_out) -> list[str]:
 @click.option("--check", is_flag=True, help="Also the left-out checks (leave one task / model out), on test.")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also draw the matrix (PNG) here.")
 @click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
 @FORMAT_OPTION
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -79,6 +67,12 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     result = portfolio(
         storage, request, setup, workers=options["workers"], dry_run=options["dry_run"], check=options["check"]
     )
+    if options["plot"] and not options["dry_run"]:
+        from pathlib import Path
+
+        from ..report.portfolio import draw_matrix
+
+        draw_matrix(result, Path(options["plot"]))
     if options["dry_run"]:
         minutes = (result.estimated_seconds or 0) / 60
         click.echo(
@@ -107,5 +101,8 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
             shown = ", ".join(f"{k}={v}" for k, v in config.items() if k not in ("family",))
             click.echo(f"{rank}. {result.candidates[index].name} (portfolio value {value:.3f}): {shown}")
     if result.held_out is not None:
-        for line in _held_out_lines(result.held_out):
+        from ..report.portfolio import held_out_table, verdict_lines
+
+        click.echo(held_out_table(result.held_out))
+        for line in verdict_lines(result.held_out):
             click.echo(line)

@@ -46,6 +46,7 @@ from .rule import RULE, RecommendedValue, derive_defaults
 
 __all__ = [
     "DEFAULT_FAMILIES",
+    "METHODS",
     "NEXT_TO_DEFAULTS",
     "Recommendation",
     "regenerate_defaults",
@@ -56,6 +57,7 @@ __all__ = [
 PathLike = str | os.PathLike
 
 DEFAULT_FAMILIES: tuple[str, ...] = ENCODER_FAMILIES  # every ILGE family
+METHODS = ("marginal", "portfolio")  # how a group's defaults are chosen (recommend --method)
 NEXT_TO_DEFAULTS = "next-to-defaults"  # report_path default: the defaults file's name with .md
 SIZE_BUCKETS_NOTE = (
     "small: up to 3B parameters (models of 1B-3B included, as the study runner buckets them); large: above 3B"
@@ -233,6 +235,7 @@ def regenerate_defaults(
     families: Sequence[str] = DEFAULT_FAMILIES,
     update_shipped: bool = False,
     exclude_tasks: Sequence[str] = (),
+    method: str = "marginal",
 ) -> Recommendation:
     """Derive recommended defaults per family and model-size bucket from the studies in a storage.
 
@@ -242,11 +245,16 @@ def regenerate_defaults(
         update_shipped: for the package's own file: only the groups the shipping rule
             (:func:`shipping_decision`) lets in; the others are left out (the built-in values apply).
         exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
+        method: ``marginal`` (the rule of :mod:`~ilge_search.defaults.rule`) or ``portfolio``: each group's
+            default is the one ``ilge-search portfolio`` chose from its stored cross-task matrix, and
+            ``update_shipped`` lets it in only where it won its left-out checks
+            (:func:`~ilge_search.defaults.transfer.shipping_verdict`).
 
     Raises:
         ValueError: unknown family, the storage cannot be opened, no study of ``families`` in it has at
             least two scored trials, an excluded task without studies, ``exclude_tasks`` with
-            ``update_shipped``, or no complete leave-one-task-out evaluation for ``update_shipped``.
+            ``update_shipped``, or no complete leave-one-task-out evaluation for ``update_shipped``
+            (``portfolio``: no stored portfolio of a group).
     """
     families = list(families)
     excluded = _checked_request(families, exclude_tasks, update_shipped)
@@ -254,11 +262,25 @@ def regenerate_defaults(
     loto_families = [f for f in families if f in LOTO_FAMILIES]
     loto = stored_loto(storage_url, families=loto_families) if loto_families else None
     shipping: dict[str, str] = {}
-    if update_shipped:
+    if method == "portfolio":
+        from .transfer import portfolio_defaults
+
+        if excluded:
+            raise ValueError(
+                "--method portfolio reads the stored matrix; choose without tasks with `portfolio --exclude-task`"
+            )
+        values, shipping = portfolio_defaults(storage_url, values, update_shipped)
+    elif method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {list(METHODS)}")
+    elif update_shipped:
         values, shipping = _shipped(values, loto)
     document = {
         "format_version": DEFAULTS_FORMAT_VERSION,
-        "metadata": {**_metadata(storage_url, groups, skipped, excluded, loto), "shipping": shipping},
+        "metadata": {
+            **_metadata(storage_url, groups, skipped, excluded, loto),
+            "method": method,
+            "shipping": shipping,
+        },
         "families": values,
     }
     return Recommendation(document=document, evidence=evidence, groups=groups, families=families, loto=loto)

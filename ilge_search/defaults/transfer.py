@@ -31,7 +31,7 @@ from typing import Any
 
 from ..record import save_portfolio_choice
 from ..scores import score_unit
-from ..storage import open_storage
+from ..storage import hide_password, open_storage
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise
 from .portfolio import (
@@ -63,6 +63,8 @@ __all__ = [
     "held_out_check",
     "shipping_verdict",
     "portfolio",
+    "stored_portfolio",
+    "portfolio_defaults",
 ]
 
 METHODS = ("marginal", "portfolio_default", "portfolio_best")  # compared with the built-in defaults
@@ -320,5 +322,62 @@ def _store_choice(storage_url: str, result: PortfolioResult) -> None:
             "problems": [p.study for p in result.problems],
             "seeds": result.request.seed_list,
             "top_k": result.request.top_k,
+            "size": result.request.size,
+            "max_epochs": result.request.max_epochs,
         },
     )
+
+
+def stored_portfolio(storage_url: str, family: str, bucket: str) -> PortfolioResult | None:
+    """The matrix, choice and left-out checks of the portfolio ``ilge-search portfolio`` stored for ``family``
+    and ``bucket``, read back without training (``None``: none stored)."""
+    from ..record import portfolio_study_name, stored_portfolio_choice
+
+    storage = open_storage(storage_url, must_exist=True)
+    study = storage.load_study(portfolio_study_name(family, bucket))
+    choice = None if study is None else stored_portfolio_choice(study)
+    if not choice or not choice.get("seeds"):
+        return None
+    request = PortfolioRequest(
+        family=family,
+        bucket=bucket,
+        top_k=int(choice.get("top_k", 3)),
+        size=int(choice.get("size") or len(choice.get("portfolio") or [1])),
+        seeds=len(choice["seeds"]),
+        seed=int(choice["seeds"][0]) - 1000,
+        max_epochs=choice.get("max_epochs"),
+    )
+    rule_problems, result, _ = build_matrix(storage_url, request)
+    choose(result)
+    extra = held_out_cells(request, rule_problems, result)
+    result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
+    return result
+
+
+def portfolio_defaults(
+    storage_url: str, values: dict[str, dict[str, dict[str, Any]]], update_shipped: bool
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    """``recommend --method portfolio``: each group of ``values`` replaced by its stored portfolio default (as
+    search-space values); with ``update_shipped`` only the groups whose default won its left-out checks.
+
+    Raises:
+        ValueError: a group without a stored, complete portfolio.
+    """
+    from ..study.trial import config_params
+
+    chosen: dict[str, dict[str, dict[str, Any]]] = {}
+    shipping: dict[str, str] = {}
+    for family, buckets in values.items():
+        for bucket in buckets:
+            result = stored_portfolio(storage_url, family, bucket)
+            if result is None or result.default is None:
+                raise ValueError(
+                    f"no complete portfolio of {family} ({bucket}) in {hide_password(storage_url)}; run "
+                    f"`ilge-search portfolio --storage {hide_password(storage_url)} --family {family} --check` first"
+                )
+            default = config_params(family, result.candidates[result.default].config)
+            ship, why = shipping_verdict(result.held_out)
+            shipping[f"{family}/{bucket}"] = why
+            if ship or not update_shipped:
+                chosen.setdefault(family, {})[bucket] = default
+    return chosen, shipping

@@ -190,6 +190,7 @@ def recommend_defaults(
     families: Sequence[str] = DEFAULT_FAMILIES,
     update_shipped: bool = False,
     exclude_tasks: Sequence[str] = (),
+    method: str = "marginal",
 ) -> dict[str, Any]:
     """Derive recommended defaults per family and model-size bucket from the studies in a storage, and write
     them with their page.
@@ -209,6 +210,7 @@ def recommend_defaults(
             a family whose regenerated defaults do not beat the built-in ones on the left-out
             tasks is left out of the file (the built-in values apply).
         exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
+        method: ``marginal`` or ``portfolio`` (:func:`~ilge_search.defaults.recommend.regenerate_defaults`).
 
     Returns:
         The written defaults document (``format_version``, ``metadata``, ``families``).
@@ -222,7 +224,7 @@ def recommend_defaults(
     """
     target, page_target = defaults_targets(out_path, report_path, update_shipped=update_shipped)
     recommendation = regenerate_defaults(
-        storage_url, families=families, update_shipped=update_shipped, exclude_tasks=exclude_tasks
+        storage_url, families=families, update_shipped=update_shipped, exclude_tasks=exclude_tasks, method=method
     )
     try:
         write_atomic(target, json.dumps(recommendation.document, indent=2) + "\n")

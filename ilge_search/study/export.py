@@ -276,6 +276,20 @@ def _data_location(
     return stored.task_path, None
 
 
+def _custom_task(spec: Any, identity: Identity) -> Any:
+    """A custom task read from ``spec.task`` under the name the study knows it by (its folder may have been
+    renamed since: the name is part of the cache keys), after the study's data options."""
+    import dataclasses
+
+    from ..tasks import load_task
+    from .data import load_task_data
+
+    loaded = load_task(spec.task, None, **spec.column_options())
+    if identity.task and loaded.name != identity.task:
+        loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=str(identity.task)))
+    return load_task_data(spec, loaded)
+
+
 def load_training_data(
     study: Any,
     *,
@@ -315,7 +329,9 @@ def load_training_data(
         word_pooling=identity.word_pooling or "first",
         columns=tuple(sorted(source.task_columns.items())),
     )
-    data = load_study_data(spec, with_test=with_test, progress=progress)
+    data = load_study_data(
+        spec, with_test=with_test, progress=progress, task_data=None if custom is None else _custom_task(spec, identity)
+    )
     changed = [
         split
         for split in ("train", "validation") + (("test",) if with_test else ())

@@ -93,8 +93,9 @@ def test_a_moved_custom_task_names_task_path_and_is_read_from_the_new_place(synt
         )
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert source_record(study).task_path_given == str(task)
-    moved = tmp_path / "second" / "questions"
-    shutil.move(task.parent, moved.parent)
+    moved = tmp_path / "second" / "renamed-too"  # moved and renamed: the study still knows it as "questions"
+    moved.parent.mkdir()
+    shutil.move(task, moved)
     with pytest.raises(ValueError, match=r"which no longer exists; pass --task-path with where it is now"):
         load_training_data(study, cache_dir=synthetic.cache_dir, device="cpu")
     result = CliRunner().invoke(

@@ -7,6 +7,7 @@ import logging
 import shutil
 
 import optuna
+import pytest
 from reliability_helpers import sqlite_url
 
 from ilge_search.study import StudyOptions, run_study
@@ -91,3 +92,22 @@ def test_recommend_names_a_study_with_values_outside_the_space(tmp_path):
     assert f"{study.study_name}: left out, its trials have a value outside it (trial 0: hidden_dim=64 is not one" in (
         " ".join(result.output.split())
     )
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_quiet_hides_the_weight_loading_bar_of_a_real_model(tmp_path):
+    """Before: `--quiet` still showed transformers' "Loading weights" bar (MiniLM-L6, in a subprocess)."""
+    import subprocess
+
+    from reliability_helpers import cli_command, labelled, subprocess_env, write_task
+
+    task = write_task(tmp_path / "task", {"train": labelled(8, ["a", "b"]), "test": labelled(4, ["a", "b"], 60)})
+    shown = {}
+    for quiet in (False, True):
+        args = ["embed", "--model", "minilm-l6", "--task", str(task), "--device", "cpu", "--split", "test"]
+        args += ["--cache-dir", str(tmp_path / f"cache-{quiet}")] + (["--quiet"] if quiet else [])
+        done = subprocess.run(cli_command(*args), capture_output=True, text=True, env=subprocess_env(), timeout=300)
+        assert done.returncode == 0, done.stderr
+        shown[quiet] = "Loading weights" in done.stderr
+    assert shown == {False: True, True: False}
