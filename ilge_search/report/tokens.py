@@ -145,12 +145,11 @@ def token_rows(frame: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
 def draw_token_figures(frame: Any, folder: Path) -> dict[str, Path]:
     """Per model, a bar chart of every method's token accuracy (mean, with the seeds' std): model -> path."""
     paths = {}
-    style = figure_style()
     for model in sorted(set(frame["model"])):
         part = frame[frame["model"] == model]
         settings = sorted(set(zip(part["task"], part["setting"], strict=True)))
         methods = _methods(part)
-        with style:
+        with figure_style():  # one context per figure: it cannot be entered twice
             figure = new_figure(1.2 + 0.8 * len(methods), 0.6 + 2.2 * len(settings))
             axes = figure.subplots(len(settings), 1, squeeze=False)[:, 0]
             for ax, (task, setting) in zip(axes, settings, strict=True):
