@@ -104,10 +104,12 @@ def test_quiet_hides_the_weight_loading_bar_of_a_real_model(tmp_path):
 
     task = write_task(tmp_path / "task", {"train": labelled(8, ["a", "b"]), "test": labelled(4, ["a", "b"], 60)})
     shown = {}
+    env = subprocess_env()
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)  # set in this process by an earlier in-process `--quiet` command
     for quiet in (False, True):
         args = ["embed", "--model", "minilm-l6", "--task", str(task), "--device", "cpu", "--split", "test"]
         args += ["--cache-dir", str(tmp_path / f"cache-{quiet}")] + (["--quiet"] if quiet else [])
-        done = subprocess.run(cli_command(*args), capture_output=True, text=True, env=subprocess_env(), timeout=300)
+        done = subprocess.run(cli_command(*args), capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr
         shown[quiet] = "Loading weights" in done.stderr
     assert shown == {False: True, True: False}
