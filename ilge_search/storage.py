@@ -41,6 +41,7 @@ __all__ = [
     "Storage",
     "StorageError",
     "open_storage",
+    "check_storage_url",
     "hide_password",
     "artifact_dir_for",
     "sqlite_database",
@@ -125,6 +126,12 @@ def _parse(url: str) -> Any:
         raise StorageError(
             f"not a database URL: {url!r}; use e.g. sqlite:///studies/ilge.db or postgresql://user@host:5432/db"
         ) from exc
+
+
+def check_storage_url(url: str) -> None:
+    """Refuse an empty or malformed storage URL in one line (:class:`StorageError`), before any other work;
+    nothing is opened or created."""
+    _parse(url)
 
 
 def _sqlite_file(parsed: Any) -> Optional[Path]:

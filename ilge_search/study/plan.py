@@ -204,7 +204,10 @@ def check_run(
     model, task = str(model), str(task)
 
     from ..models import resolve_model, weights_memo_read_only
-    from ..storage import hide_password
+    from ..storage import check_storage_url, hide_password
+
+    if isinstance(storage, str):  # a bad URL is told before the data is read
+        check_storage_url(storage)
 
     with weights_memo_read_only():  # unknown model: clear error, nothing loaded, nothing written
         source = resolve_model(model, options.data.cache_dir, materialize=False)
