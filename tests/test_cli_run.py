@@ -42,7 +42,7 @@ def test_run_help_lists_every_option():
         assert option in result.output
 
 
-def test_bad_options_are_click_errors_naming_the_value(tmp_path):
+def test_bad_options_are_click_errors_naming_the_value(tmp_path, synthetic_data_dir):
     result = invoke("run", "--model", "minilm-l6", "--task", "trec", "--sampler", "bayes")
     assert result.exit_code == 2 and "bayes" in result.output
     result = invoke(
@@ -59,7 +59,9 @@ def test_bad_options_are_click_errors_naming_the_value(tmp_path):
         tmp_path / "c",
     )
     assert result.exit_code == 1 and "unknown encoder 'gnn'" in result.output
-    result = invoke("run", "--model", "minilm-l6", "--task", "trec", "--storage", "postgresql://u@127.0.0.1:1/x")
+    # the storage is opened once the data is read and the settings fit it
+    unreachable = ("--storage", "postgresql://u@127.0.0.1:1/x", "--data-dir", str(synthetic_data_dir))
+    result = invoke("run", "--model", "minilm-l6", "--task", "trec", *unreachable)
     assert result.exit_code == 1 and "cannot open the study storage" in result.output
 
 
