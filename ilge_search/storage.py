@@ -522,7 +522,10 @@ def _owner_stamping_class() -> type:
             return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
         def before_trial(self, study: Any, trial: Any) -> None:
-            study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
+            try:
+                study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # a Trial handle made for a finished trial (to read or write its note) runs nobody's work
             self.inner.before_trial(study, trial)
 
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
