@@ -21,6 +21,11 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# One torch (OpenMP) thread per test process and for the CLI subprocesses it starts, unless the caller set
+# another count: the tests' tensors are tiny, and a second thread mostly spins, which nearly doubled the quick
+# tests' CPU time on 2 shared cores (docs/contributing.md: How long it takes). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 REQUIRE_ALL_ENV = "ILGE_SEARCH_REQUIRE_ALL"
 POSTGRES_ENV = "ILGE_TEST_POSTGRES"
