@@ -15,8 +15,9 @@ Faults it turns into one clear :class:`StorageError`: an empty URL, a SQLite
 folder that cannot be written (checked up front for writers), a full or
 read-only database (:func:`storage_fault`), and the schema-creation race of
 several processes opening a fresh database at once (a file lock next to a
-SQLite file, retries for server databases). Every trial records which process
-runs it (:data:`WORKER_ATTR`); a RUNNING trial whose process is gone on this
+SQLite file, retries for server databases). Every trial of a study whose sampler
+:func:`owner_stamping` wraps (every study a run creates or loads) records which process
+runs it (:data:`WORKER_ATTR`) as it is created; a RUNNING trial whose process is gone on this
 host is failed and retried at once (:func:`fail_stale_trials`).
 """
 
@@ -486,10 +487,20 @@ def worker_stamp(trial_number: int) -> Dict[str, Any]:
     }
 
 
-def stamp_worker(trial: Any) -> None:
-    """Record on a running trial which process runs it (:func:`worker_stamp`), so that a run on this host
-    fails it at once when that process dies."""
-    trial.set_user_attr(WORKER_ATTR, worker_stamp(trial.number))
+def stamp_worker(study: Any, trial: Any) -> None:
+    """Record on ``trial`` (a ``Trial`` or ``FrozenTrial`` of ``study``) which process runs it
+    (:func:`worker_stamp`), so that a run on this host fails it at once when that process dies.
+
+    The one writer of the stamp: :func:`owner_stamping`'s sampler calls it as Optuna creates each trial,
+    before the objective starts. A handle made for a finished trial (the dashboard notes make such handles)
+    runs nobody's work and is left as it is.
+    """
+    import optuna
+
+    try:
+        study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
+    except optuna.exceptions.UpdateFinishedTrialError:
+        pass
 
 
 @functools.lru_cache(maxsize=None)
@@ -522,10 +533,7 @@ def _owner_stamping_class() -> type:
             return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
         def before_trial(self, study: Any, trial: Any) -> None:
-            try:
-                study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # a Trial handle made for a finished trial (to read or write its note) runs nobody's work
+            stamp_worker(study, trial)
             self.inner.before_trial(study, trial)
 
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import pickle
 
 import optuna
@@ -10,6 +11,7 @@ import pytest
 from optuna.trial import TrialState
 
 from ilge_search.storage import (
+    WORKER_ATTR,
     Storage,
     StorageError,
     artifact_dir_for,
@@ -18,6 +20,7 @@ from ilge_search.storage import (
     finished_trial_count,
     hide_password,
     open_storage,
+    owner_stamping,
 )
 
 
@@ -107,3 +110,25 @@ def test_hide_password_and_artifact_dirs(tmp_path):
     assert artifact_dir_for("postgresql://u@h/db", tmp_path / "x") == (tmp_path / "x").resolve()
     assert artifact_dir_for("postgresql://u@h/db").name == "artifacts"
     assert open_storage("sqlite:///:memory:").is_in_memory
+
+
+def test_each_trial_is_stamped_once_as_it_is_created_and_a_finished_trials_handle_is_left_alone(storage_url):
+    """The owner stamp has one writer (``stamp_worker``, called by the ``owner_stamping`` sampler): a trial
+    carries its own number and this process before its objective runs; a ``Trial`` handle made later for a
+    finished trial (as the dashboard notes do) neither fails nor changes it."""
+    storage = open_storage(storage_url)
+    study = optuna.create_study(
+        study_name="stamped", storage=storage.rdb, sampler=owner_stamping(optuna.samplers.RandomSampler(seed=0))
+    )
+    seen = []
+
+    def objective(trial):
+        seen.append(study._storage.get_trial(trial._trial_id).user_attrs.get(WORKER_ATTR))
+        return trial.suggest_float("x", 0, 1)
+
+    study.optimize(objective, n_trials=2)
+    assert [(stamp["trial"], stamp["pid"]) for stamp in seen] == [(0, os.getpid()), (1, os.getpid())]
+    finished = study.trials[0]
+    assert finished.user_attrs[WORKER_ATTR] == seen[0]
+    optuna.trial.Trial(study, finished._trial_id)  # before_trial runs on a COMPLETE trial: no error
+    assert study.trials[0].user_attrs == finished.user_attrs and study.trials[0].state == TrialState.COMPLETE

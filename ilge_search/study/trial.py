@@ -1,7 +1,8 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
-Every trial records which process runs it (:func:`~ilge_search.storage.stamp_worker`)
-and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
+Every trial records which process runs it before this objective starts (the run's sampler is wrapped
+by :func:`~ilge_search.storage.owner_stamping`, which calls :func:`~ilge_search.storage.stamp_worker` as
+Optuna creates the trial) and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
 dict), ``val_metric``, ``params`` (trainable parameters), ``epochs_run``,
 ``best_epoch``, ``seconds``, ``latency_ms`` (the trained model's forward time
 per 1,000 validation samples, :func:`~ilge_search.objectives.measure_latency`)
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..objectives import measure_latency
 from ..record import save_trial, save_trial_predictions, study_record, trial_config
-from ..storage import quiet_optuna_warnings, stamp_worker, storage_fault
+from ..storage import quiet_optuna_warnings, storage_fault
 from .notes import write_live_note
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,8 +155,6 @@ class TrialObjective:
         from ..engine import select_best_layer, train_encoder
 
         data = self.data
-        # first: a trial whose process dies is then failed at once by the next run on this host
-        stamp_worker(trial)
         config = suggest_capped(trial, self.encoder, self.max_epochs)
         save_trial(trial, config=config.to_dict())  # recorded first, so failed trials show it too
         common: dict[str, Any] = dict(
