@@ -9,9 +9,11 @@ into a failure, so CI runs everything."""
 
 from __future__ import annotations
 
+import ast
 import importlib.abc
 import importlib.util
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -286,6 +288,51 @@ def postgres_url():
             )
             cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.close()
+
+
+# ----------------------------------------------------------------------------- docs pages that name tests
+
+
+def _function_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def check_page_names_tests(page: str, *, minimum: int, markers: tuple[str, ...] = ("::",)) -> None:
+    """The check of a page that lists guarantees with the tests that check them (``docs/guarantees.md``,
+    ``docs/reliability.md``): every ``tests/...py`` and ``tests/...py::name`` it names exists (a bare
+    ``::name`` belongs to the file named last before it), every bullet holds one of ``markers``, and the page
+    names at least ``minimum`` tests or files."""
+    text = (REPO_ROOT / page).read_text(encoding="utf-8")
+    references: list[tuple[str, str | None]] = []
+    current = None
+    for match in re.finditer(r"(tests/[\w/]+\.py)(?:::(\w+))?|(?<![\w/.])::(\w+)", text):
+        if match.group(1):
+            current = match.group(1)
+            references.append((current, match.group(2)))
+        else:
+            assert current is not None, f"{page}: ::{match.group(3)} names no file before it"
+            references.append((current, match.group(3)))
+    missing = []
+    for file, name in references:
+        path = REPO_ROOT / file
+        if not path.is_file():
+            missing.append(file)
+        elif name is not None and name not in _function_names(path):
+            missing.append(f"{file}::{name}")
+    assert not missing, f"{page} names tests that do not exist: {missing}"
+    bullets = re.split(r"\n- ", text)[1:]
+    assert bullets and all(any(marker in bullet for marker in markers) for bullet in bullets), (
+        f"a guarantee on {page} names no test"
+    )
+    assert len(references) >= minimum, f"{page} names {len(references)} tests, fewer than {minimum}"
+
+
+@pytest.fixture(scope="session")
+def page_names_tests():
+    """:func:`check_page_names_tests`, for the test modules (in ``tests/`` and ``tests/reliability/``) that
+    check a guarantees page."""
+    return check_page_names_tests
 
 
 @pytest.fixture()
