@@ -33,6 +33,32 @@ def subprocess_env(**extra: str) -> Dict[str, str]:
     return dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **extra)
 
 
+def one_line_error(result) -> str:
+    """What a refused ``CliRunner`` command printed: it exited 1 through ``SystemExit`` with no traceback, and
+    its output is one line, ``Error: ...`` (returned with runs of whitespace collapsed)."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return " ".join(lines[0].split())
+
+
+def refused_run(tmp_path: Path, task: Path, *more: str):
+    """``ilge-search run`` of ``minilm-l6`` on the task folder ``task`` with ``more`` options, through
+    ``CliRunner``, for a run that must be refused: its storage file must not exist afterwards."""
+    from click.testing import CliRunner
+
+    from ilge_search.cli import cli
+
+    db = tmp_path / "s.db"
+    args = ["run", "--model", MODEL, "--task", str(task), "--storage", sqlite_url(db)]
+    args += ["--cache-dir", str(tmp_path / "cache"), "--device", "cpu", "--quiet", "--n-trials", "1"]
+    result = CliRunner().invoke(cli, [*args, "--final-seeds", "0", *more])
+    assert not db.exists(), "a refused run created its storage"
+    return result
+
+
 def run_args(db: Path, data_dir: Path, cache_dir: Path, *more: str) -> List[str]:
     """``ilge-search run`` on the cached trec subset, no final evaluation, no pruning."""
     return [

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from reliability_helpers import cli_command, labelled, remount, subprocess_env, temp_files, write_task
+from reliability_helpers import cli_command, labelled, one_line_error, remount, subprocess_env, temp_files, write_task
 
 from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.cli import cli
@@ -40,12 +40,6 @@ def _task(tmp_path: Path, train: int, test: int = 10) -> Path:
     )
 
 
-def _one_line_error(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
-    return [line for line in result.output.splitlines() if line.strip()][-1]
-
-
 # ----------------------------------------------------------------------------- a full disk
 
 
@@ -62,7 +56,7 @@ def test_full_disk_is_refused_before_any_model_load_naming_folder_and_size(tmp_p
         cli,
         ["embed", "--model", MODEL, "--task", str(task), "--cache-dir", str(small_disk), "--device", "cpu", "--quiet"],
     )
-    assert _one_line_error(result).startswith("Error: not enough free space for embedding cache entry")
+    assert one_line_error(result).startswith("Error: not enough free space for embedding cache entry")
 
 
 def test_enospc_while_allocating_is_one_line_and_leaves_no_temp_file(tmp_path, small_disk, no_model_loads, monkeypatch):
@@ -160,7 +154,7 @@ def test_read_only_cache_is_refused_in_one_line_before_any_model_load(tmp_path, 
             "--quiet",
         ],
     )
-    assert "is not writable" in _one_line_error(result)
+    assert "is not writable" in one_line_error(result)
 
 
 @pytest.mark.slow

@@ -16,23 +16,12 @@ from typing import List
 import optuna
 import pytest
 from click.testing import CliRunner
-from reliability_helpers import MODEL, labelled, sentences, sqlite_url, write_task
+from reliability_helpers import MODEL, labelled, one_line_error, refused_run, sentences, sqlite_url, write_task
 
 from ilge_search.cache import load_task_embeddings
 from ilge_search.cli import cli
 from ilge_search.study.sweep import load_sweep
 from ilge_search.tasks import TaskError, few_shot, load_task, subsample
-
-
-def _one_line_error(result) -> str:
-    """The CLI's message for a refused command: exit 1, ``Error: ...`` on one line, no traceback."""
-    assert result.exit_code == 1, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert "Traceback" not in result.output
-    assert lines[-1].startswith("Error: ")
-    return lines[-1]
-
 
 # ----------------------------------------------------------------------------- a single label
 
@@ -44,29 +33,8 @@ def test_single_label_task_is_refused_before_any_model_load(tmp_path, no_model_l
         load_task_embeddings("minilm-l6", task, cache_dir=cache, device="cpu", progress=False)
     assert not (cache / "embeddings").exists()  # nothing extracted, nothing written
 
-    db = tmp_path / "studies.db"
-    result = CliRunner().invoke(
-        cli,
-        [
-            "run",
-            "--model",
-            "minilm-l6",
-            "--task",
-            str(task),
-            "--storage",
-            f"sqlite:///{db}",
-            "--cache-dir",
-            str(cache),
-            "--device",
-            "cpu",
-            "--quiet",
-            "--n-trials",
-            "1",
-            "--final-seeds",
-            "0",
-        ],
-    )
-    assert "at least two labels" in _one_line_error(result)
+    result = refused_run(tmp_path, task)
+    assert "at least two labels" in one_line_error(result)
 
 
 # ----------------------------------------------------------------------------- lists and dicts
@@ -137,30 +105,8 @@ def test_shots_above_every_label_count_is_refused_before_any_model_load(tmp_path
     ):
         few_shot(task, 22, seed=0)
 
-    result = CliRunner().invoke(
-        cli,
-        [
-            "run",
-            "--model",
-            "minilm-l6",
-            "--task",
-            str(folder),
-            "--shots",
-            "500",
-            "--storage",
-            f"sqlite:///{tmp_path / 's.db'}",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--device",
-            "cpu",
-            "--quiet",
-            "--n-trials",
-            "1",
-            "--final-seeds",
-            "0",
-        ],
-    )
-    assert "the largest has 21" in _one_line_error(result)
+    result = refused_run(tmp_path, folder, "--shots", "500")
+    assert "the largest has 21" in one_line_error(result)
 
 
 # ----------------------------------------------------------------------------- test rows in train
@@ -258,7 +204,7 @@ def test_non_utf8_sweep_toml_names_the_file_and_the_line(tmp_path):
     with pytest.raises(ValueError, match=rf"^{path}: line 3, column 4 is not valid UTF-8 \(byte 0xe9 at offset 43"):
         load_sweep(path)
     result = CliRunner().invoke(cli, ["sweep", str(path), "--dry-run"])
-    assert "line 3, column 4 is not valid UTF-8" in _one_line_error(result)
+    assert "line 3, column 4 is not valid UTF-8" in one_line_error(result)
 
 
 def test_streamed_lines_name_the_right_line_of_a_bad_byte_far_into_the_file(tmp_path):

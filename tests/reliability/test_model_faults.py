@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from reliability_helpers import labelled, write_task
+from reliability_helpers import labelled, one_line_error, write_task
 
 from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.classifier import ILGEClassifier
@@ -29,12 +29,6 @@ from ilge_search.models import (
 CUDA = torch.cuda.is_available()
 MPS = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 MISSING_DEVICES = [d for d, present in (("cuda", CUDA), ("cuda:0", CUDA), ("mps", MPS)) if not present] + ["cuda:99"]
-
-
-def _one_line_error(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
-    return [line for line in result.output.splitlines() if line.strip()][-1]
 
 
 # ----------------------------------------------------------------------------- devices
@@ -107,7 +101,7 @@ def test_embed_and_run_with_a_missing_device_fail_in_one_line_before_any_trial(
         result = CliRunner().invoke(
             cli, [*command, "--cache-dir", str(tmp_path / "cache"), "--device", device, "--quiet"]
         )
-        assert _one_line_error(result) == f"Error: {message}"
+        assert one_line_error(result) == f"Error: {message}"
     if db.exists():  # no trial was started (before: trial 0 failed with a traceback)
         with sqlite3.connect(db) as conn:
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -164,7 +158,7 @@ def test_a_folder_that_is_not_a_usable_model_is_refused_when_resolved(
             "--quiet",
         ],
     )
-    assert _one_line_error(result).startswith(f"Error: {folder} is not a usable model: ")
+    assert one_line_error(result).startswith(f"Error: {folder} is not a usable model: ")
 
 
 def test_config_values_transformers_rejects_are_one_line_before_any_weights_load(tmp_path, no_model_loads):
@@ -208,7 +202,7 @@ def test_a_folder_with_config_and_weights_but_no_vocabulary_is_refused_before_an
     task = write_task(tmp_path / "task", {"train": labelled(30, ["a", "b"]), "test": labelled(6, ["a", "b"], 60)})
     common = ["--model", str(folder), "--task", str(task), "--cache-dir", str(tmp_path / "cache"), "--device", "cpu"]
     for command in (["embed", *common], ["run", *common, "--storage", f"sqlite:///{tmp_path / 's.db'}"]):
-        line = _one_line_error(CliRunner().invoke(cli, [*command, "--quiet"]))
+        line = one_line_error(CliRunner().invoke(cli, [*command, "--quiet"]))
         assert line.startswith(f"Error: {folder} is not a usable model: it has no tokenizer files"), line
     assert not (tmp_path / "s.db").exists()
 

@@ -12,48 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from reliability_helpers import labelled, sentences, sqlite_url, write_task
+from reliability_helpers import labelled, one_line_error, refused_run, sentences, sqlite_url, write_task
 
-from ilge_search.cli import cli
 from ilge_search.study import StudyOptions
 from ilge_search.study.options import usable_cpus
-
-
-def run(tmp_path: Path, task: Path, *more: str):
-    db = tmp_path / "s.db"
-    result = CliRunner().invoke(
-        cli,
-        [
-            "run",
-            "--model",
-            "minilm-l6",
-            "--task",
-            str(task),
-            "--storage",
-            sqlite_url(db),
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--device",
-            "cpu",
-            "--quiet",
-            "--n-trials",
-            "1",
-            "--final-seeds",
-            "0",
-            *more,
-        ],
-    )
-    assert not db.exists(), "a refused run created its storage"
-    return result
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return " ".join(lines[0].split())
 
 
 @pytest.fixture()
@@ -76,7 +38,7 @@ def pairs(tmp_path) -> Path:
 
 
 def test_threads_above_the_cpu_count_are_refused_before_the_study_is_created(tmp_path, six_labels, no_model_loads):
-    message = one_line_error(run(tmp_path, six_labels, "--threads", "100000", "--n-trials", "0"))
+    message = one_line_error(refused_run(tmp_path, six_labels, "--threads", "100000", "--n-trials", "0"))
     assert f"--threads 100000 is more than the {usable_cpus()} CPUs this process may use" in message
     with pytest.raises(ValueError, match="more than the"):
         StudyOptions.from_flat(threads=usable_cpus() + 1)
@@ -84,41 +46,41 @@ def test_threads_above_the_cpu_count_are_refused_before_the_study_is_created(tmp
 
 
 def test_shots_that_max_train_would_cut_again_are_refused(tmp_path, six_labels, no_model_loads):
-    message = one_line_error(run(tmp_path, six_labels, "--shots", "10", "--max-train", "20"))
+    message = one_line_error(refused_run(tmp_path, six_labels, "--shots", "10", "--max-train", "20"))
     assert "--shots 10 keeps 60 training examples" in message and "not be 10-shot" in message
     assert "--max-train 60 or more" in message
 
 
 def test_samples_per_label_above_every_label_is_refused(tmp_path, six_labels, no_model_loads):
-    message = one_line_error(run(tmp_path, six_labels, "--protocol", "paper", "--samples-per-label", "5000"))
+    message = one_line_error(refused_run(tmp_path, six_labels, "--protocol", "paper", "--samples-per-label", "5000"))
     assert "--samples-per-label 5000 is more than any label has" in message and "the largest has 12" in message
 
 
 def test_samples_per_label_on_a_similarity_task_is_refused(tmp_path, pairs, no_model_loads):
-    message = one_line_error(run(tmp_path, pairs, "--protocol", "paper", "--samples-per-label", "3"))
+    message = one_line_error(refused_run(tmp_path, pairs, "--protocol", "paper", "--samples-per-label", "3"))
     assert "'pairs' is a similarity task, whose readout trains nothing: drop --samples-per-label" in message
 
 
 def test_more_folds_than_the_largest_label_are_refused(tmp_path, six_labels, no_model_loads):
-    message = one_line_error(run(tmp_path, six_labels, "--cv", "50"))
+    message = one_line_error(refused_run(tmp_path, six_labels, "--cv", "50"))
     assert "--cv 50 makes more folds than any label has training examples" in message
     assert "pass --cv 12 or fewer" in message
 
 
 def test_similarity_folds_of_fewer_than_three_pairs_are_refused(tmp_path, pairs, no_model_loads):
-    message = one_line_error(run(tmp_path, pairs, "--cv", "11"))
+    message = one_line_error(refused_run(tmp_path, pairs, "--cv", "11"))
     assert "--cv 11 leaves fewer than 3 of the 30 training pairs in a fold" in message
 
 
 @pytest.mark.parametrize("name", ["two\nlines", "tab\there", "bell\x07"])
 def test_a_study_name_with_a_control_character_is_refused(tmp_path, six_labels, no_model_loads, name):
-    message = one_line_error(run(tmp_path, six_labels, "--study-name", name))
+    message = one_line_error(refused_run(tmp_path, six_labels, "--study-name", name))
     assert "holds a control character (newline, tab ...)" in message
 
 
 def test_cv_against_a_capped_split_names_the_cap_not_advice_already_followed(tmp_path, six_labels, no_model_loads):
     """Before: `--cv 5 --max-train 12` advised "use --max-train 6 or more", which was already the case."""
-    message = one_line_error(run(tmp_path, six_labels, "--cv", "5", "--max-train", "12"))
+    message = one_line_error(refused_run(tmp_path, six_labels, "--cv", "5", "--max-train", "12"))
     assert "the largest of the 6 labels has 2 of 12 rows" in message
     assert "pass --cv 2 or fewer, or a larger --max-train (about 30)" in message
 
