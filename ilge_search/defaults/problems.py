@@ -221,12 +221,12 @@ def _scored_problem(storage: Storage, name: str, identity: Identity) -> Problem 
 def read_problems(storage_url: str, families: Sequence[str]) -> tuple[ProblemGroups, list[str]]:
     """Every study of ``families`` in a storage as a :class:`Problem`, grouped by (family, size bucket);
     and why the others were skipped."""
-    import optuna
 
     storage = open_existing_storage(storage_url)
     groups: ProblemGroups = {}
     skipped: list[str] = []
-    records = [study_record(s) for s in optuna.get_all_study_summaries(storage.rdb, include_best_trial=False)]
+    # the studies without their trials: a summary would read every trial of every study first
+    records = [study_record(s) for s in storage.rdb.get_all_studies()]
     # a paper-protocol study searches exactly what its matched sibling searches: one problem, counted once
     matched = {r.identity.search_key() for r in records if r.identity is not None and r.identity.protocol == "matched"}
     for record in records:
