@@ -55,6 +55,7 @@ def test_the_report_covers_every_model_task_and_method_with_three_seeds():
         assert row["n_complete"] + row["n_pruned"] + row["n_failed"] == entry.n_trials, entry.study_name
 
 
+@pytest.mark.slow  # reads every trial of the committed storage: a check of committed files, run in CI
 def test_the_committed_numbers_are_the_stored_ones(storage_copy):
     stored = collect_results(storage_copy).set_index(["model", "task", "method"]).sort_index()
     committed = pd.read_csv(REPORTS / "results.csv").set_index(["model", "task", "method"]).sort_index()
@@ -70,6 +71,7 @@ def test_the_committed_numbers_are_the_stored_ones(storage_copy):
     assert f"{cayley['mean']:.2f} ± {cayley['std']:.2f}" in markdown
 
 
+@pytest.mark.slow  # derives the defaults from the whole committed storage, run in CI
 def test_the_package_defaults_are_what_recommend_derives_from_the_storage(storage_copy, tmp_path, monkeypatch):
     from ilge_search import tuning
     from ilge_search.defaults.loto import stored_loto

@@ -103,6 +103,7 @@ def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config
         recommended_config("fc", defaults_path=tmp_path / "absent.json")
 
 
+@pytest.mark.slow  # derives the defaults and the leave-one-task-out verdicts from the committed storage
 def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_config, monkeypatch, tmp_path):
     from ilge_search.defaults.loto import stored_loto
 

@@ -81,6 +81,7 @@ def open_together(urls: list, gates: Path, count: int = 4) -> list:
     return [[lines[i] for lines in outputs] for i in range(len(urls))]
 
 
+@pytest.mark.slow  # 16 processes, each importing optuna
 def test_four_processes_opening_one_fresh_sqlite_file_all_succeed(tmp_path):
     """Before: 0 of 4 tries had all four succeed ("table studies already exists", "UNIQUE constraint failed:
     alembic_version.version_num")."""
@@ -92,6 +93,7 @@ def test_four_processes_opening_one_fresh_sqlite_file_all_succeed(tmp_path):
         assert integrity(db) == "ok"
 
 
+@pytest.mark.slow  # 4 processes, each importing optuna
 @pytest.mark.postgres
 def test_four_processes_opening_one_fresh_postgresql_database_all_succeed(postgres_url, tmp_path):
     results = open_together([postgres_url], tmp_path / "gates")
