@@ -45,6 +45,8 @@ __all__ = [
     "cell_owners",
     "save_portfolio_choice",
     "stored_portfolio_choice",
+    "save_portfolio_request",
+    "stored_portfolio_request",
     "SHIPPED_PORTFOLIO_PATH",
     "portfolio_members",
     "enqueue_warm_trials",
@@ -57,6 +59,7 @@ _KEY_ATTR = "portfolio_key"
 _SCORES_ATTR = "portfolio_scores"
 _DUPLICATE_ATTR = "portfolio_duplicate"
 _CHOICE_ATTR = "portfolio_choice"
+_REQUEST_ATTR = "portfolio_request"  # the latest run's request, exclusions included: what the report shows
 _WARM_ATTR = "warm_start_member"  # trial user attr: the portfolio member (0-based) a warm-started trial is
 SHIPPED_PORTFOLIO_PATH = Path(__file__).resolve().parents[1] / "data" / "portfolio.json"
 
@@ -197,6 +200,20 @@ def stored_portfolio_choice(study: Any) -> dict[str, Any] | None:
     """The choice :func:`save_portfolio_choice` stored, or ``None``."""
     value = study.user_attrs.get(_CHOICE_ATTR)
     return dict(value) if isinstance(value, Mapping) else None
+
+
+def save_portfolio_request(study: Any, request: Mapping[str, Any]) -> None:
+    """Store what the latest ``ilge-search portfolio`` run asked for (its exclusions included), so that the
+    report can rebuild that matrix from the stored cells."""
+    study.set_user_attr(_REQUEST_ATTR, {"version": PORTFOLIO_VERSION, **dict(request)})
+
+
+def stored_portfolio_request(study: Any) -> dict[str, Any] | None:
+    """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
+    value = study.user_attrs.get(_REQUEST_ATTR)
+    if not isinstance(value, Mapping):
+        return None
+    return {key: item for key, item in value.items() if key != "version"}
 
 
 def portfolio_members(storage: Any, family: str, bucket: str) -> tuple[list[dict[str, Any]], str]:
