@@ -322,6 +322,7 @@ def _store_choice(storage_url: str, result: PortfolioResult) -> None:
         {
             "default": result.candidates[result.default].config if result.default is not None else None,
             "portfolio": [result.candidates[i].config for i in result.portfolio],
+            "warm_start": [result.candidates[i].config for i in result.order],
             "problems": [p.study for p in result.problems],
             "seeds": result.request.seed_list,
             "top_k": result.request.top_k,
