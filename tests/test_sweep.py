@@ -404,3 +404,17 @@ def test_bad_identity_keys_name_the_key(tmp_path, text, message):
     with pytest.raises(ValueError) as info:
         load_sweep(path)
     assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_the_grids_in_the_docs_load(tmp_path):
+    import re
+
+    text = (REPO / "docs" / "transfer.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```toml\n(.*?)^```", text, flags=re.S | re.M)
+    assert blocks
+    for number, block in enumerate(blocks):
+        sweep = load_sweep(write(tmp_path, block, f"doc{number}.toml"))
+        assert sweep.entries
+    names = {e.study_name for e in load_sweep(tmp_path / "doc0.toml").entries}
+    assert "minilm-l6:trec:cayley:train500:warm4" in names and "minilm-l6:trec:last-layer:train500" in names
+    assert "minilm-l6:sst2:cayley:train500" in names
