@@ -345,7 +345,7 @@ def _request_from(family: str, bucket: str, stored: dict[str, Any], choice: bool
     """The request a stored choice (``choice``) or a stored request was made with."""
     if not choice:
         fields = {f for f in PortfolioRequest.__dataclass_fields__ if f in stored}
-        values = {k: tuple(stored[k]) if isinstance(stored[k], list) else stored[k] for k in fields}
+        values: dict[str, Any] = {k: tuple(stored[k]) if isinstance(stored[k], list) else stored[k] for k in fields}
         return PortfolioRequest(**{**values, "family": family, "bucket": bucket}).check()
     return PortfolioRequest(
         family=family,

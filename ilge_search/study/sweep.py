@@ -66,7 +66,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..configs import ENCODER_FAMILIES
 from ..files import read_text_utf8
@@ -290,7 +290,7 @@ def _fail(where: str, message: str) -> ValueError:
     return ValueError(f"{where}: {message}")
 
 
-def _check_keys(where: str, table: Mapping[str, Any], allowed: set) -> None:
+def _check_keys(where: str, table: Mapping[str, Any], allowed: AbstractSet[str]) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise _fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -478,7 +478,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         shot_values = _shots(task_where, task, options, raw)
         common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
         common["word_pooling"] = _word_pooling(task_where, task, options, raw)
-        warm_start = _int_or_none(task_where, options, "warm_start", raw.get("warm_start", 0), minimum=0)
+        warm_start = _int_or_none(task_where, options, "warm_start", raw.get("warm_start", 0), minimum=0) or 0
         for protocol in protocols:
             for model in models:
                 for shots in shot_values:
