@@ -146,8 +146,9 @@ class SearchOptions:
     warm_start: int = _option(
         0,
         help="enqueue, after the starting configuration, the first K members of the encoder's portfolio "
-        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package) before the sampler "
-        "takes over; part of the study's identity and name (:warmK).",
+        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package; past the greedy "
+        "portfolio, its other candidates by mean normalised validation score) before the sampler takes over; "
+        "part of the study's identity and name (:warmK).",
     )
 
     def __post_init__(self) -> None:
