@@ -77,6 +77,7 @@ def test_the_report_shows_the_matrix_its_heatmap_and_the_left_out_columns(matrix
     text = report.files["markdown"].read_text()
     section = text[text.index("## Defaults on tasks they never saw") :]
     assert "### Cross-task matrix: cayley (small models)" in section
+    assert "(#portfolio-cayley-small)" in text[: text.index("## Defaults on tasks they never saw")]  # contents
     assert "figures/portfolio-cayley-small.png" in report.figures
     assert (tmp_path / "report" / "figures" / "portfolio-cayley-small.png").read_bytes()[:4] == b"\x89PNG"
     assert "](figures/portfolio-cayley-small.png)" in section

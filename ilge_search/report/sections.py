@@ -393,6 +393,10 @@ class LeaveOneTaskOut(Section):
     def applies(self, data: ReportData, folder: FigureFolder) -> bool:
         return bool(data.loto.verdicts or data.portfolios or data.portfolio_notes)
 
+    def contents(self, data: ReportData) -> list[ContentsEntry]:
+        keys = [(r.request.family, r.request.bucket) for r in data.portfolios]
+        return [(self.title, self.anchor, [(f"{f} ({b}) matrix", f"portfolio-{slug(f, b)}") for f, b in keys])]
+
     def draw(self, data: ReportData, folder: FigureFolder) -> None:
         for result in data.portfolios:
             key = (result.request.family, result.request.bucket)
