@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-from ilge_search.record import study_record, trial_record
+from ilge_search.record import source_record, study_record, trial_record
 from ilge_search.storage import open_storage
 from ilge_search.study import StudyConflictError, StudyOptions, plan_run, run_study
 from ilge_search.tagger import ILGETagger
@@ -192,3 +192,73 @@ def test_bad_predict_input_is_one_line_before_the_model_loads(setup, results, tm
     command = ["predict", str(out), "-i", str(tmp_path / f"in{suffix}"), "-q", "--base-model", setup["model"], *extra]
     result = CliRunner().invoke(cli, command)
     assert result.exit_code != 0 and message in result.output and "Traceback" not in result.output
+
+
+# ----------------------------------------------------------------------------- a custom token file, other columns
+
+
+def _renamed_task(folder: Path, bad: dict | None = None) -> Path:
+    """The toy task with its words in ``words`` and its tags in ``pos``; ``bad``: split -> a row added to it."""
+    folder.mkdir(parents=True)
+    for split, (count, seed) in {"train": (24, 3), "validation": (8, 4), "test": (8, 5)}.items():
+        rows = [{"id": i, "words": w, "pos": [_tag(x) for x in w]} for i, w in enumerate(_sentences(count, seed))]
+        rows += [(bad or {})[split]] if split in (bad or {}) else []
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return folder
+
+
+def _run(setup, task: str, storage: str, *extra: str):
+    command = ["run", "-m", setup["model"], "-t", task, "-e", "last-layer", "--storage", storage, "-q"]
+    command += ["--n-trials", "1", "--max-epochs", "1", "--final-seeds", "1", "--cache-dir", setup["cache"]]
+    return CliRunner().invoke(cli, [*command, "--device", "cpu", *extra])
+
+
+def test_run_reads_a_custom_token_file_by_its_column_options(setup, tmp_path):
+    task = _renamed_task(tmp_path / "renamed_toy")
+    storage = f"sqlite:///{tmp_path / 'renamed.db'}"
+    result = _run(setup, str(task), storage, "--tokens-col", "words", "--tags-col", "pos")
+    assert result.exit_code == 0, result.output
+    (summary,) = open_storage(storage).study_summaries()
+    record = study_record(summary)
+    assert record.data.task_kind == "tagging" and record.data.split_sizes == {"train": 24, "validation": 8, "test": 8}
+    assert record.data.label_names == ["DET", "NOUN", "OTHER", "PUNCT", "VERB"]
+    assert source_record(summary).task_columns == {"tokens_col": "words", "tags_col": "pos"}
+    final = record.final
+    assert final is not None and final.seeds == [1000] and 0.0 < final.test_scores[0] <= 1.0
+    # without the column options the file's lists are pointed at
+    again = _run(setup, str(task), storage)
+    assert again.exit_code == 1 and "has neither the columns tokens/tags nor text (columns present: id, words, pos)"
+    assert "its columns words, pos hold lists: for a token task pass --tokens-col and --tags-col" in again.output
+
+
+@pytest.mark.parametrize(
+    ("bad", "extra", "message"),
+    [
+        ({}, ["--tokens-col", "word", "--tags-col", "pos"], "has no column 'word' (columns present: id, words, pos). "),
+        ({"train": {"words": ["a", "dog"], "pos": ["DET"]}}, [], "row 25: 2 word(s) but 1 tag(s) in column 'pos'"),
+        ({"validation": {"words": [], "pos": []}}, [], "row 9: column 'words' is an empty sentence; remove the row"),
+        ({"test": {"words": ["oh"], "pos": ["INTJ"]}}, [], "has tag(s) 'INTJ' that the train split does not have"),
+        ({}, ["--text-col", "words"], "is a token task (a list of words and a list of tags per row): --text-col"),
+    ],
+)
+def test_a_bad_custom_token_file_is_one_line_before_any_work(setup, tmp_path, bad, extra, message):
+    task = _renamed_task(tmp_path / "toy", bad)
+    storage = tmp_path / "none.db"
+    options = extra or ["--tokens-col", "words", "--tags-col", "pos"]
+    result = _run(setup, str(task), f"sqlite:///{storage}", *options)
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert not storage.exists()  # checked before the storage is created
+
+
+def test_token_column_options_on_a_text_task_say_to_pass_the_text_options(setup, tmp_path):
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for split in ("train", "test"):
+        rows = [{"text": f"text number {i}", "label": "ab"[i % 2]} for i in range(12)]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    result = _run(setup, str(folder), f"sqlite:///{tmp_path / 'none.db'}", "--tokens-col", "words")
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "is a classification task: --tokens-col name a token task's columns; pass --text-col/--label-col" in (
+        result.output
+    )
