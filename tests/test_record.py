@@ -140,6 +140,18 @@ def test_every_record_reads_back_what_it_wrote():
     )
 
 
+def test_a_tagging_final_keeps_its_test_macro_f1_and_an_older_one_reads_as_not_measured():
+    tagging = dataclasses.replace(
+        FINAL, front=[], front_k=None, front_size=None, test_macro_f1=[0.61, 0.65], test_macro_f1_mean=0.63
+    )
+    attrs = tagging.to_attrs()
+    assert attrs["final_test_macro_f1"] == [0.61, 0.65] and attrs["final_test_macro_f1_mean"] == 0.63
+    assert FinalRecord.from_attrs(attrs) == FinalRecord.from_attrs(tagging.rule_attrs()) == tagging
+    older = {key: value for key, value in attrs.items() if "macro_f1" not in key}  # stored before it was recorded
+    read = FinalRecord.from_attrs(older)
+    assert read is not None and read.test_macro_f1 is None and read.test_macro_f1_mean is None
+
+
 def test_the_attrs_keep_their_flat_historical_names():
     attrs = {**IDENTITY.to_attrs(), **DATA.to_attrs(), **FINAL.to_attrs()}
     assert attrs["objectives"] == ["score", "params"]  # a list, as JSON keeps it

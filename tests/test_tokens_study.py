@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -35,6 +36,18 @@ def _tag(word: str) -> str:
 def _sentences(count: int, seed: int) -> list[list[str]]:
     rng = np.random.default_rng(seed)
     return [list(rng.choice(WORDS, size=int(rng.integers(2, 9)))) for _ in range(count)]
+
+
+def _macro_f1(gold: list[str], predicted: list[str]) -> float:
+    """The mean over the tags in ``gold`` or ``predicted`` of each tag's F1, 2tp / (2tp + fp + fn)."""
+    tags = sorted(set(gold) | set(predicted))
+    tp = {t: sum(g == p == t for g, p in zip(gold, predicted, strict=True)) for t in tags}
+    return sum(2 * tp[t] / (gold.count(t) + predicted.count(t)) for t in tags) / len(tags)
+
+
+def test_the_macro_f1_of_a_known_prediction_set():
+    # a: F1 2/3 (one of two found, no false alarm), b: 1/2 (found, two false alarms), c: 0 (missed)
+    assert _macro_f1(list("aabc"), list("abbb")) == pytest.approx(7 / 18)
 
 
 def _task(folder: Path) -> Path:
@@ -80,6 +93,8 @@ def test_every_encoder_runs_trials_and_a_final_evaluation_on_words(setup, result
         final = record.final
         assert final is not None and len(final.test_scores) == 2 and final.seeds == [1000, 1001]
         assert all(0.0 <= score <= 1.0 for score in final.test_scores)
+        assert final.test_macro_f1 is not None and len(final.test_macro_f1) == 2
+        assert all(0.0 <= score <= 1.0 for score in final.test_macro_f1)
         trials = [trial_record(t) for t in study.trials]
         assert len(trials) == 1 and all(t.latency_ms and t.latency_ms > 0 for t in trials)
         assert all(t.epochs_run and t.epochs_run <= 2 for t in trials)
@@ -158,6 +173,14 @@ def test_export_then_predict_tags_one_tag_per_word(setup, results, tmp_path):
     test = [json.loads(line) for line in Path(setup["task"], "test.jsonl").read_text().splitlines()]
     score = tagger.score([r["tokens"] for r in test], [r["tags"] for r in test])
     assert score == pytest.approx(tagger.provenance_["test_score"], abs=1e-6)
+    # and its stored test macro-F1 is that of its tags on the test words, per tag as 2tp / (2tp + fp + fn)
+    final = study_record(open_storage(setup["storage"]).load_study(study)).final
+    assert final is not None and final.test_macro_f1 is not None and len(final.test_macro_f1) == 2
+    assert final.test_macro_f1_mean == pytest.approx(sum(final.test_macro_f1) / 2)
+    predicted = [tag for tags in tagger.predict([r["tokens"] for r in test]) for tag in tags]
+    gold = [tag for r in test for tag in r["tags"]]
+    stored = final.test_macro_f1[final.seeds.index(final.artifact_seed)]
+    assert stored == pytest.approx(_macro_f1(gold, predicted), abs=1e-9)
 
     sentences = [["the", "dog", "runs", "."], ["a", "red", "fox", "jumps", "!"]]
     (tmp_path / "in.txt").write_text("\n".join(" ".join(s) for s in sentences) + "\n", encoding="utf-8")
@@ -262,3 +285,16 @@ def test_token_column_options_on_a_text_task_say_to_pass_the_text_options(setup,
     assert "is a classification task: --tokens-col name a token task's columns; pass --text-col/--label-col" in (
         result.output
     )
+
+
+def test_the_report_shows_token_accuracy_and_macro_f1_in_their_own_columns(setup, results, tmp_path):
+    from ilge_search.report import build_report
+
+    build_report(setup["storage"], tmp_path / "report", figures=False, progress=False)
+    frame = pd.read_csv(tmp_path / "report" / "tokens.csv").set_index("method")
+    for result in results:
+        final = study_record(open_storage(setup["storage"]).load_study(result.study_name)).final
+        assert final is not None and final.test_macro_f1_mean is not None
+        assert frame.loc[result.encoder, "macro_f1"] == pytest.approx(final.test_macro_f1_mean * 100.0)
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "| task | setting | method | token accuracy | macro-F1 |" in text
