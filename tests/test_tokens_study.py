@@ -230,8 +230,8 @@ def _renamed_task(folder: Path, bad: dict | None = None) -> Path:
     return folder
 
 
-def _run(setup, task: str, storage: str, *extra: str):
-    command = ["run", "-m", setup["model"], "-t", task, "-e", "last-layer", "--storage", storage, "-q"]
+def _run(setup, task: str, storage: str, *extra: str, encoder: str = "last-layer"):
+    command = ["run", "-m", setup["model"], "-t", task, "-e", encoder, "--storage", storage, "-q"]
     command += ["--n-trials", "1", "--max-epochs", "1", "--final-seeds", "1", "--cache-dir", setup["cache"]]
     return CliRunner().invoke(cli, [*command, "--device", "cpu", *extra])
 
@@ -298,3 +298,22 @@ def test_the_report_shows_token_accuracy_and_macro_f1_in_their_own_columns(setup
         assert frame.loc[result.encoder, "macro_f1"] == pytest.approx(final.test_macro_f1_mean * 100.0)
     text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert "| task | setting | method | token accuracy | macro-F1 |" in text
+
+
+@pytest.mark.slow  # two spawned worker processes, each importing torch
+def test_two_workers_share_a_tagging_study_and_run_each_trial_once(setup, tmp_path):
+    url = f"sqlite:///{tmp_path / 'workers.db'}"
+    result = _run(setup, setup["task"], url, "--workers", "2", "--n-trials", "4", encoder="cayley-word")
+    assert result.exit_code == 0, result.output
+    (summary,) = open_storage(url).study_summaries()
+    study = open_storage(url).load_study(summary.study_name)
+    assert summary.study_name.endswith(":cayley-word:ep1")
+    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
+    assert all(t.state.name in ("COMPLETE", "PRUNED") for t in study.trials)
+    configs = [trial_record(t).config for t in study.trials]
+    assert sum(bool(trial_record(t).recommended) for t in study.trials) == 1 and all(configs)
+    # each worker ran its share, two trials each, in its own process
+    pids = [t.user_attrs["ilge_worker"]["pid"] for t in study.trials]
+    assert len(set(pids)) == 2 and sorted(pids.count(pid) for pid in set(pids)) == [2, 2]
+    final = study_record(study).final
+    assert final is not None and final.seeds == [1000] and final.test_macro_f1 is not None
