@@ -317,3 +317,10 @@ def test_two_workers_share_a_tagging_study_and_run_each_trial_once(setup, tmp_pa
     assert len(set(pids)) == 2 and sorted(pids.count(pid) for pid in set(pids)) == [2, 2]
     final = study_record(study).final
     assert final is not None and final.seeds == [1000] and final.test_macro_f1 is not None
+
+
+def test_the_classifier_refuses_a_tagging_study_and_names_the_tagger(setup, results):
+    from ilge_search.classifier import ILGEClassifier
+
+    with pytest.raises(ValueError, match=r"is a tagging study; export it with ILGETagger.from_study$"):
+        ILGEClassifier.from_study(setup["storage"], results[2].study_name, cache_dir=setup["cache"], device="cpu")
