@@ -753,7 +753,9 @@ def load_task(
     Raises:
         TaskError: (a ValueError) unknown task, missing files or columns, empty texts,
             labels in validation/test that train lacks; for tagging also an empty sentence, a word that is
-            not a non-empty string, or a row whose numbers of words and tags differ.
+            not a non-empty string, or a row whose numbers of words and tags differ; column options of the
+            other kind of task (``tokens_col``/``tags_col`` for a text task, the text options for a token
+            task), naming the options to pass instead.
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path
