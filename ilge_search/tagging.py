@@ -93,7 +93,8 @@ def refuse_other_kind_columns(task: str, kind: str, columns: Mapping[str, Any]) 
     what = "a token task (a list of words and a list of tags per row)" if tokens else f"a {kind} task"
     whose = "a text task's" if tokens else "a token task's"
     instead = _INSTEAD.get(kind, _INSTEAD["classification"])
-    raise TaskError(f"{task} is {what}: {', '.join(wrong)} name {whose} columns; pass {instead} instead")
+    verb = "name" if len(wrong) > 1 else "names"
+    raise TaskError(f"{task} is {what}: {', '.join(wrong)} {verb} {whose} columns; pass {instead} instead")
 
 
 def _is_missing(value: Any) -> bool:

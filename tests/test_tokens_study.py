@@ -282,7 +282,7 @@ def test_token_column_options_on_a_text_task_say_to_pass_the_text_options(setup,
         (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     result = _run(setup, str(folder), f"sqlite:///{tmp_path / 'none.db'}", "--tokens-col", "words")
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    assert "is a classification task: --tokens-col name a token task's columns; pass --text-col/--label-col" in (
+    assert "is a classification task: --tokens-col names a token task's columns; pass --text-col/--label-col" in (
         result.output
     )
 

@@ -148,7 +148,7 @@ def test_tags_of_validation_or_test_must_be_seen_in_train(tmp_path):
     ("rows", "options", "message"),
     [
         # a text file given a token task's columns: pass the text options
-        ([{"text": "a b", "label": "x"}], dict(tokens_col="words"), r"is a classification task: --tokens-col name"),
+        ([{"text": "a b", "label": "x"}], dict(tokens_col="words"), r"is a classification task: --tokens-col names"),
         ([{"text": "a b", "label": "x"}], dict(tags_col="pos"), r"a token task's columns; pass --text-col/--label-col"),
         (
             [{"sentence1": "a", "sentence2": "b", "score": 1.0}],
@@ -159,9 +159,9 @@ def test_tags_of_validation_or_test_must_be_seen_in_train(tmp_path):
         (
             ROWS,
             dict(text_col="sentence"),
-            r"is a token task .*: --text-col name a text task's columns; pass --tokens-col",
+            r"is a token task .*: --text-col names a text task's columns; pass --tokens-col",
         ),
-        (ROWS, dict(label_col="tags"), r"--label-col name a text task's columns; pass --tokens-col/--tags-col"),
+        (ROWS, dict(label_col="tags"), r"--label-col names a text task's columns; pass --tokens-col/--tags-col"),
         (ROWS, dict(text_cols=["a", "b"], score_col="s"), r"--text-cols, --score-col name a text task's columns"),
     ],
 )
@@ -173,10 +173,12 @@ def test_column_options_of_the_other_kind_of_task_say_what_to_pass(tmp_path, row
 
 def test_a_registered_task_refuses_the_other_kinds_column_options(data_dir):
     with pytest.raises(
-        TaskError, match=r"^ud_ewt_pos is a token task .*--text-col name .*pass --tokens-col/--tags-col"
+        TaskError, match=r"^ud_ewt_pos is a token task .*--text-col names .*pass --tokens-col/--tags-col"
     ):
         load_task("ud_ewt_pos", data_dir, text_col="text")
-    with pytest.raises(TaskError, match=r"^trec is a classification task: --tokens-col name .*pass --text-col/--label"):
+    with pytest.raises(
+        TaskError, match=r"^trec is a classification task: --tokens-col names .*pass --text-col/--label"
+    ):
         load_task("trec", data_dir, tokens_col="tokens")
 
 
