@@ -326,6 +326,7 @@ def test_each_rule_keeps_its_final_evaluation_and_switching_back_restores_it_wit
     assert (best.select, best.trial, best.start_trial) == ("best", 1, 0)
     assert trained == ["mlp-last", "mlp-last start"]
     assert best.search_gain == pytest.approx(best.test_mean - best.start_test_mean)
+    assert best.test_macro_f1 is None and best.test_macro_f1_mean is None  # recorded for tagging studies only
 
     final_evaluation(study, data, select="one-se", **common)
     record = study_record(study)

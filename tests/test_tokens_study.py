@@ -324,3 +324,15 @@ def test_the_classifier_refuses_a_tagging_study_and_names_the_tagger(setup, resu
 
     with pytest.raises(ValueError, match=r"is a tagging study; export it with ILGETagger.from_study$"):
         ILGEClassifier.from_study(setup["storage"], results[2].study_name, cache_dir=setup["cache"], device="cpu")
+
+
+@pytest.mark.slow  # a two-objective study and its final front (about 10 s on 2 busy cores)
+def test_a_multi_objective_tagging_study_keeps_its_top_front_trials_macro_f1(setup, tmp_path):
+    url = f"sqlite:///{tmp_path / 'front.db'}"
+    result = _run(setup, setup["task"], url, "--objective", "score", "--objective", "params", "--n-trials", "2")
+    assert result.exit_code == 0, result.output
+    (summary,) = open_storage(url).study_summaries()
+    final = study_record(summary).final
+    assert final is not None and final.select == "front" and final.trial == final.front[0].trial
+    assert final.test_macro_f1 is not None and len(final.test_macro_f1) == 1
+    assert final.test_macro_f1_mean == final.test_macro_f1[0] and 0.0 < final.test_macro_f1[0] <= 1.0

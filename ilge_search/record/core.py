@@ -327,9 +327,9 @@ class FinalRecord:
     ``front_size`` (of the whole front then). For a tagging study,
     ``test_macro_f1`` holds each seed's macro-F1 over the test words (beside
     its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their
-    mean; ``None`` for other tasks, for a multi-objective study's front, and
-    for evaluations stored before they were recorded (absent attrs: not
-    measured, so no format change).
+    mean (of a multi-objective study's best-score front trial); ``None`` for
+    other tasks and for evaluations stored before they were recorded (absent
+    attrs: not measured, so no format change).
     """
 
     VERSION: ClassVar[int] = 1

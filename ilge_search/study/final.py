@@ -388,6 +388,8 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         kept = {m.trial: m for m in earlier.front if m.artifacts or run.artifact_store is None}
     members: list[FrontMember] = []
     top_zero_shot: dict[str, list[float]] = {}
+    # tagging: the top member's test macro-F1, kept with it when it is kept (members do not store it)
+    top_macro_f1 = earlier.test_macro_f1 if kept and earlier is not None and earlier.trial == chosen[0].number else None
     for index, trial in enumerate(chosen):
         zero_shot = run.zero_shot if index == 0 else {}
         if trial.number in kept and not zero_shot:
@@ -396,7 +398,7 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         config = trial_config(trial)
         scores = _retrain(config, run, label=f"{run.encoder} front trial {trial.number}", zero_shot=zero_shot)
         if index == 0:
-            top_zero_shot = scores.zero_shot
+            top_zero_shot, top_macro_f1 = scores.zero_shot, scores.macro_f1 or None
         artifacts = _upload_best(study, run, config, scores.best, trial.number)
         members.append(_front_member(trial, record.objectives, scores, artifacts))
     top = members[0]
@@ -418,6 +420,8 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         front=members,
         front_k=final_front,
         front_size=len(front),
+        test_macro_f1=top_macro_f1,
+        test_macro_f1_mean=statistics.fmean(top_macro_f1) if top_macro_f1 else None,
     )
     save_final(study, _with_start(study, record, run, final, chosen[0]), keep_by_rule=False)
 
