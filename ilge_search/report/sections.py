@@ -435,7 +435,7 @@ class LeaveOneTaskOut(Section):
 
 @dataclass
 class TokenTables(Section):
-    """Tagging studies: per model, every method's token accuracy on test, and a bar chart."""
+    """Tagging studies: per model, every method's token accuracy and macro-F1 on test, and a bar chart."""
 
     drawn: dict[str, str] = field(default_factory=dict)
 
@@ -457,8 +457,8 @@ class TokenTables(Section):
                 header,
                 rows,
                 label=f"tab:{slug(model)}-tokens",
-                text_columns=2,
-                caption=f"{model}: token accuracy on test (%), mean ± std (seeds).",
+                text_columns=3,
+                caption=f"{model}: token accuracy and macro-F1 on test (%), mean ± std (seeds).",
             )
             if model in self.drawn:
                 folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})

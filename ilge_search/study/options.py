@@ -239,10 +239,12 @@ class DataOptions:
         help="a custom pair task's two text columns, comma-separated (default: sentence1,sentence2)."
     )
     score_col: str | None = _option(help="a custom pair task's score column (default: score).")
+    tokens_col: str | None = _option(help="a custom token task's column of words, a list per row (default: tokens).")
+    tags_col: str | None = _option(help="a custom token task's column of tags, one per word (default: tags).")
 
     def column_options(self) -> dict[str, Any]:
         """The column options given, as :func:`~ilge_search.tasks.load_task` takes them."""
-        names = ("text_col", "label_col", "text_cols", "score_col")
+        names = ("text_col", "label_col", "text_cols", "score_col", "tokens_col", "tags_col")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def __post_init__(self) -> None:
