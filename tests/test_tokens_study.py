@@ -104,6 +104,35 @@ def test_every_encoder_runs_trials_and_a_final_evaluation_on_words(setup, result
     assert scores["cayley-word"] > scores["last-layer"]
 
 
+def test_a_final_evaluation_stored_without_macro_f1_is_redone_by_a_rerun(setup, tmp_path):
+    import dataclasses
+
+    from ilge_search.record import save_final
+    from ilge_search.study.final import final_is_current
+
+    storage = f"sqlite:///{tmp_path / 'older.db'}"
+    options = _options(setup, final_seeds=1)
+    first = run_study(setup["model"], setup["task"], ["last-layer"], storage=storage, options=options)[0]
+    study = open_storage(storage).load_study(first.study_name)
+    final = study_record(study).final
+    assert final is not None and final.test_macro_f1 is not None
+    assert final_is_current(study, [1000], 2, final.select)
+    older = dataclasses.replace(final, test_macro_f1=None, test_macro_f1_mean=None)  # as stored before macro-F1
+    save_final(study, older)
+    assert study_record(study).final.test_macro_f1 is None and not final_is_current(study, [1000], 2, final.select)
+    run_study(
+        setup["model"],
+        setup["task"],
+        ["last-layer"],
+        storage=storage,
+        options=_options(setup, n_trials=0, final_seeds=1),
+    )
+    again = study_record(open_storage(storage).load_study(first.study_name)).final
+    assert again.test_macro_f1 == pytest.approx(final.test_macro_f1) and again.test_scores == pytest.approx(
+        final.test_scores
+    )
+
+
 def test_a_rerun_resumes_and_mean_pooled_words_are_another_study(setup, results):
     options = _options(setup, n_trials=0)
     again = run_study(setup["model"], setup["task"], ["last-layer"], storage=setup["storage"], options=options)
@@ -250,7 +279,8 @@ def test_run_reads_a_custom_token_file_by_its_column_options(setup, tmp_path):
     assert final is not None and final.seeds == [1000] and 0.0 < final.test_scores[0] <= 1.0
     # without the column options the file's lists are pointed at
     again = _run(setup, str(task), storage)
-    assert again.exit_code == 1 and "has neither the columns tokens/tags nor text (columns present: id, words, pos)"
+    assert again.exit_code == 1
+    assert "has neither the columns tokens/tags nor text (columns present: id, words, pos)" in again.output
     assert "its columns words, pos hold lists: for a token task pass --tokens-col and --tags-col" in again.output
 
 

@@ -114,12 +114,16 @@ def final_is_current(
     its final front holds the trials
     :func:`~ilge_search.study.selection.front_trials` picks now out of
     ``final_front``, with those seeds and that epoch cap (``select`` does not
-    apply). The runner and sweeps both ask this.
+    apply). A tagging study's final evaluation without test macro-F1 is not
+    current. The runner and sweeps both ask this.
     """
     if not count_trials(study, ("COMPLETE",)):
         return False
-    final = study_record(study).final
+    record = study_record(study)
+    final = record.final
     if final is None:
+        return False
+    if _lacks_macro_f1(record, final):
         return False
     if is_multi_objective(study):
         wanted = [t.number for t in front_trials(study_front(study), final_front)]
@@ -426,12 +430,19 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
     save_final(study, _with_start(study, record, run, final, chosen[0]), keep_by_rule=False)
 
 
+def _lacks_macro_f1(record: StudyRecord, final: FinalRecord) -> bool:
+    """A tagging study's evaluation stored before test macro-F1 was recorded: redone rather than kept."""
+    return record.data is not None and record.data.task_kind == "tagging" and final.test_macro_f1 is None
+
+
 def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: int, select: str) -> bool:
     """Store again an earlier evaluation of the ``selected`` trial with the run's seeds and epoch cap, as
     ``select``'s (the same trial, seeds and epoch cap retrain to the same scores); whether there was one."""
     # the rule's own evaluation first, then one another rule made of the same trial
     for rule in sorted(record.by_rule, key=lambda name: name != select):
         kept = record.by_rule[rule]
+        if _lacks_macro_f1(record, kept):
+            continue
         if kept.matches(selected, run.seeds, run.max_epochs) and (kept.artifacts or run.artifact_store is None):
             save_final(study, dataclasses.replace(kept, select=select))
             return True
