@@ -86,6 +86,8 @@ _LAZY = {
     "stored_portfolio": "defaults.transfer",
     "PortfolioRequest": "defaults.portfolio",
     "PortfolioResult": "defaults.portfolio",
+    "update_shipped_portfolio": "defaults.shipped_portfolio",
+    "load_shipped_portfolio": "record",
 }
 
 __all__ = [

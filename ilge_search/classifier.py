@@ -40,6 +40,7 @@ from .validation import ArgumentTypeError, check_int
 
 if TYPE_CHECKING:
     from .engine import ILGEModel
+    from .study.export import StudyExport, StudyModel
 
 __all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION"]
 
@@ -753,24 +754,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
         ``task_path``: where a custom task's data is now, when it moved since the study ran.
         """
-        from .study.export import load_study_model
+        from .study.export import StudyExport, load_for_estimator
 
-        found = load_study_model(
-            storage,
-            study_name,
-            seed=seed,
-            retrain=retrain,
-            artifact_dir=artifact_dir,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device=device,
-            progress=progress,
-            trial=trial,
-            task_path=task_path,
-        )
-        return cls._from_found(
-            found, study_name, device=device, cache_dir=cache_dir, batch_size=batch_size, progress=progress
-        )
+        export = StudyExport.of(locals())
+        return cls._from_found(load_for_estimator(storage, study_name, export, tagging=False), study_name, export)
 
     @classmethod
     def from_study_ensemble(
@@ -786,22 +773,15 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         """The ensemble a study stored (``ilge-search ensemble`` or ``run --ensemble K``) as one fitted
         estimator: ``n_members_`` members predicting their mixed probabilities or scores (see
         :mod:`ilge_search.study.ensemble`); ``save`` writes an ensemble folder that ``load`` reads back."""
-        from .study.export import load_study_ensemble
+        from .study.export import StudyExport, load_study_ensemble
 
         found = load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
-        return cls._from_found(found, study_name, device=device, cache_dir=cache_dir, batch_size=batch_size)
+        return cls._from_found(
+            found, study_name, StudyExport(device=device, cache_dir=cache_dir, batch_size=batch_size)
+        )
 
     @classmethod
-    def _from_found(
-        cls,
-        found: Any,
-        study_name: str,
-        *,
-        device: str,
-        cache_dir: PathLike | None,
-        batch_size: int,
-        progress: bool = False,
-    ) -> ILGEClassifier:
+    def _from_found(cls, found: StudyModel, study_name: str, export: StudyExport) -> ILGEClassifier:
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):
             classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them
@@ -810,20 +790,10 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         if classes.size and not np.all(classes[:-1] < classes[1:]):
             raise ValueError(f"study {study_name!r} has label names out of order ({names[:5]}...); cannot export it")
         clf = cls(
-            base_model=found.base_model,
-            config=found.config,
-            num_classes=len(classes) or None,
-            token_pooling=found.token_pooling,
-            max_length=found.max_length,
-            batch_size=batch_size,
-            device=device,
-            random_state=int(found.provenance["seed"]),
-            cache_dir=cache_dir,
-            progress=progress,
+            num_classes=len(classes) or None, token_pooling=found.token_pooling, **found.estimator_arguments(export)
         )
-
         fitted = _Fitted(
-            model=found.model.to(resolve_device(device)).eval(),
+            model=found.model_on(export.device),
             config=found.config,
             classes=classes,
             num_layers=found.num_layers,
@@ -831,7 +801,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             task_kind=found.task_kind,
             score_range=found.score_range,
             best_val_score=found.provenance.get("val_score"),
-            best_layer=found.config.layer if isinstance(found.config, BestLayerConfig) else None,
+            best_layer=found.best_layer,
             provenance=found.provenance,
         )
         return clf._adopt(fitted)

@@ -406,37 +406,12 @@ class ILGETagger(BaseEstimator):
         ``provenance_`` says which (study, trial, seed, storage without password, scores, versions).
         The words are made as the study made them (its word pooling, 512 pieces per window).
         """
-        from .study.export import load_study_model
+        from .study.export import StudyExport, load_for_estimator
 
-        found = load_study_model(
-            storage,
-            study_name,
-            seed=seed,
-            retrain=retrain,
-            artifact_dir=artifact_dir,
-            data_dir=data_dir,
-            cache_dir=cache_dir,
-            device=device,
-            progress=progress,
-            trial=trial,
-            task_path=task_path,
-        )
-        if found.task_kind != "tagging":
-            raise ValueError(
-                f"study {study_name!r} is a {found.task_kind} study; export it with ILGEClassifier.from_study"
-            )
-        tagger = cls(
-            base_model=found.base_model,
-            config=found.config,
-            word_pooling=found.word_pooling or "first",
-            max_length=found.max_length,
-            batch_size=batch_size,
-            device=device,
-            random_state=int(found.provenance["seed"]),
-            cache_dir=cache_dir,
-            progress=progress,
-        )
-        tagger.model_ = found.model.to(resolve_device(device)).eval()
+        export = StudyExport.of(locals())
+        found = load_for_estimator(storage, study_name, export, tagging=True)
+        tagger = cls(word_pooling=found.word_pooling or "first", **found.estimator_arguments(export))
+        tagger.model_ = found.model_on(device)
         tagger.classes_ = np.asarray(found.label_names)
         tagger.config_ = found.config
         tagger.num_layers_, tagger.hidden_size_ = found.num_layers, found.hidden_size
@@ -444,8 +419,8 @@ class ILGETagger(BaseEstimator):
         tagger.best_epoch_, tagger.best_val_score_ = None, found.provenance.get("val_score")
         tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
         tagger.provenance_ = dict(found.provenance)
-        if isinstance(found.config, BestLayerConfig):
-            tagger.best_layer_ = found.config.layer
+        if found.best_layer is not None:
+            tagger.best_layer_ = found.best_layer
         return tagger
 
 

@@ -21,7 +21,30 @@ import numpy as np
 
 from .task_files import Table, TaskError
 
-__all__ = ["TaggedRows", "check_tagged_rows", "check_tags_seen_in_train", "sentence_offsets"]
+__all__ = [
+    "TaggedRows",
+    "check_tagged_rows",
+    "check_tags_seen_in_train",
+    "sentence_offsets",
+    "TOKEN_COLUMN_OPTIONS",
+    "refuse_other_kind_columns",
+]
+
+# the column options of a token task, as load_task names them; the others (text_col ...) are a text task's
+TOKEN_COLUMN_OPTIONS = ("tokens_col", "tags_col")
+_FLAGS = {
+    "text_col": "--text-col",
+    "label_col": "--label-col",
+    "text_cols": "--text-cols",
+    "score_col": "--score-col",
+    "tokens_col": "--tokens-col",
+    "tags_col": "--tags-col",
+}
+_INSTEAD = {
+    "tagging": "--tokens-col/--tags-col (default tokens/tags)",
+    "similarity": "--text-cols/--score-col",
+    "classification": "--text-col/--label-col",
+}
 
 _LIST_TYPES = (list, tuple, np.ndarray)
 _SHOWN = 5  # bad values quoted in a message
@@ -53,6 +76,25 @@ def sentence_offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
     return offsets
+
+
+def refuse_other_kind_columns(task: str, kind: str, columns: Mapping[str, Any]) -> None:
+    """Refuse, in one line, column options given for the other kind of task: ``--tokens-col``/``--tags-col``
+    for a text task of ``kind`` ``classification`` or ``similarity``, or a text task's options for a token
+    task (``tagging``). ``columns`` maps load_task's option names to what was given (``None``: not given)."""
+    tokens = kind == "tagging"
+    wrong = [
+        _FLAGS[name]
+        for name, value in columns.items()
+        if value is not None and (name in TOKEN_COLUMN_OPTIONS) != tokens
+    ]
+    if not wrong:
+        return
+    what = "a token task (a list of words and a list of tags per row)" if tokens else f"a {kind} task"
+    whose = "a text task's" if tokens else "a token task's"
+    instead = _INSTEAD.get(kind, _INSTEAD["classification"])
+    verb = "name" if len(wrong) > 1 else "names"
+    raise TaskError(f"{task} is {what}: {', '.join(wrong)} {verb} {whose} columns; pass {instead} instead")
 
 
 def _is_missing(value: Any) -> bool:

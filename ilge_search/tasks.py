@@ -28,7 +28,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .settings import DATA_ENV, resolve_data_dir
-from .tagging import TaggedRows, check_tagged_rows, check_tags_seen_in_train, sentence_offsets
+from .tagging import (
+    TaggedRows,
+    check_tagged_rows,
+    check_tags_seen_in_train,
+    refuse_other_kind_columns,
+    sentence_offsets,
+)
 from .task_files import MAX_ROWS_LISTED, Table, TaskError, find_split_files, read_table
 from .validation import check_int
 
@@ -642,16 +648,38 @@ def _custom_columns(
     tagging_cols: tuple[str | None, str | None] = (None, None),
 ) -> _Columns:
     tokens_col, tags_col = tagging_cols
-    sequence_options = [text_col, label_col, text_cols, score_col]
+    sequence = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
+    present = sample.columns.keys()
     if tokens_col is not None or tags_col is not None:
-        if any(option is not None for option in sequence_options):
+        if any(option is not None for option in sequence.values()):
             raise TaskError(
-                "tokens_col/tags_col are for tagging files (a list of words and a list of tags per row); "
-                "drop text_col, label_col, text_cols and score_col, or drop tokens_col/tags_col"
+                f"{sample.where}: --tokens-col/--tags-col are for a token task (a list of words and a list of tags "
+                "per row), --text-col/--label-col/--text-cols/--score-col for a text task; drop one kind"
             )
-        return _Columns("tagging", tokens_col=tokens_col or "tokens", tags_col=tags_col or "tags")
-    if all(option is None for option in sequence_options) and {"tokens", "tags"} <= sample.columns.keys():
-        return _Columns("tagging")
+        cols = _Columns("tagging", tokens_col=tokens_col or "tokens", tags_col=tags_col or "tags")
+        text_layout = "text" in present or {"sentence1", "sentence2"} <= present
+        if text_layout and not {cols.tokens_col, cols.tags_col} <= present:  # a text file given token options
+            kind = "classification" if "text" in present else "similarity"
+            refuse_other_kind_columns(sample.where, kind, dict(tokens_col=tokens_col, tags_col=tags_col))
+        return cols
+    if all(option is None for option in sequence.values()):
+        if {"tokens", "tags"} <= present:
+            return _Columns("tagging")
+        lists = [name for name, values in sample.columns.items() if isinstance(values[0], (list, tuple))]
+        if lists and "text" not in present and not {"sentence1", "sentence2"} <= present:
+            raise TaskError(
+                f"{sample.where} has neither the columns tokens/tags nor text (columns present: "
+                f"{', '.join(map(str, present))}); its columns {', '.join(lists)} hold lists: for a token task "
+                "pass --tokens-col and --tags-col, for a text task --text-col and --label-col"
+            )
+    # a token file given a text task's options: the tokens/tags columns beside no such text column, or the
+    # text column and the label column (absent: no text task either) holding lists
+    named = list(text_cols) if text_cols is not None else [text_col or "text"]
+    target = (label_col or "label") if text_cols is None else (score_col or "score")
+    listed = {name for name in present if isinstance(sample.columns[name][0], (list, tuple))}
+    words_as_text = bool(listed & set(named)) and (target in listed or target not in present)
+    if words_as_text or ({"tokens", "tags"} <= present and not set(named) <= present):
+        refuse_other_kind_columns(sample.where, "tagging", sequence)
     if text_cols is not None:
         if len(text_cols) != 2:
             raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
@@ -725,7 +753,9 @@ def load_task(
     Raises:
         TaskError: (a ValueError) unknown task, missing files or columns, empty texts,
             labels in validation/test that train lacks; for tagging also an empty sentence, a word that is
-            not a non-empty string, or a row whose numbers of words and tags differ.
+            not a non-empty string, or a row whose numbers of words and tags differ; column options of the
+            other kind of task (``tokens_col``/``tags_col`` for a text task, the text options for a token
+            task), naming the options to pass instead.
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path
@@ -734,6 +764,8 @@ def load_task(
     key = raw.strip().lower().replace("-", "_")
     if key in TASKS and not (path.exists() and os.sep in raw):
         spec = get_task_spec(key)
+        given = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
+        refuse_other_kind_columns(spec.name, spec.kind, given | dict(tokens_col=tokens_col, tags_col=tags_col))
         local = resolve_data_dir(data_dir)
         # The shared local layout always uses text/label and sentence1/sentence2/score.
         defaults = (

@@ -253,6 +253,25 @@ def test_the_ensemble_command_backfills_and_scores_sizes(ensembled):
     assert sorted(int(n) for n in backfilled) == complete and {e["seed"] for e in backfilled.values()} == {0}
 
 
+def test_the_ensemble_command_trains_nothing_when_its_evaluation_is_current(ensembled, monkeypatch):
+    args = ["--storage", ensembled["url"], "--study", ensembled["stsb"], "--size", "2", "--also", "1", "-q"]
+    synthetic = ensembled["synthetic"]
+    data = ["--data-dir", synthetic.data_dir, "--cache-dir", synthetic.cache_dir, "--device", "cpu"]
+    first = invoke("ensemble", *args, *data)
+    assert first.exit_code == 0, first.output
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a current ensemble evaluation was trained again")
+
+    monkeypatch.setattr("ilge_search.study.ensemble.ensemble_evaluation", refuse)
+    monkeypatch.setattr("ilge_search.study.export.load_training_data", refuse)
+    again = invoke("ensemble", *args, *data)
+    assert again.exit_code == 0, again.output
+    assert again.output == first.output
+    with pytest.raises(AssertionError, match="trained again"):  # a size it lacks: not current, so it trains
+        invoke("ensemble", *args, "--also", "3", *data)
+
+
 @pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
 def test_ensemble_refuses_multi_objective_studies_in_one_line(ensembled):
     from ilge_search.record import Identity

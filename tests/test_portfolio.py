@@ -210,12 +210,16 @@ def test_json_shape(built, synthetic):
     assert data["scores"][0][0] == pytest.approx(result.matrix.validation[0, 0], abs=1e-6)
 
 
-def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(studies, synthetic, tmp_path, no_model_loads):
+def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(
+    studies, synthetic, tmp_path, no_model_loads, monkeypatch
+):
     from ilge_search.configs import CayleyConfig
+    from ilge_search.record import portfolio as record_portfolio
     from ilge_search.record import save_portfolio_choice, study_record, trial_record
     from ilge_search.study import run_study
     from ilge_search.study.trial import config_params, recommended_params
 
+    monkeypatch.setattr(record_portfolio, "SHIPPED_PORTFOLIO_PATH", tmp_path / "none-shipped.json")
     url = copy_of(studies, tmp_path)
     folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
     options = StudyOptions.from_flat(
@@ -226,6 +230,15 @@ def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(studies, synt
     with pytest.raises(ValueError, match=r"--warm-start 2: .* run `ilge-search portfolio"):
         run_study(synthetic.model, "trec", "cayley", storage=url, options=options.replace(warm_start=2))
     assert {s.study_name for s in optuna.get_all_study_summaries(url)} == before
+    # none stored, one shipped: the shipped members (the storage's, below, win over them)
+    shipped = [CayleyConfig(lr=3e-4, gnn_layers=2, hidden_dim=256, pooling="sum").to_dict()]
+    provenance = {"source": "test", "family": "cayley", "bucket": "small", "problems": [], "chosen_on": "validation"}
+    record_portfolio.write_shipped_portfolio("cayley", "small", shipped, {**provenance, "generated": "now"})
+    (from_package,) = run_study(
+        synthetic.model, "trec", "cayley", storage=url, options=options.replace(warm_start=1, n_trials=2)
+    )
+    package_trials = optuna.load_study(study_name=from_package.study_name, storage=url).trials
+    assert sorted(package_trials, key=lambda t: t.number)[1].params == config_params("cayley", shipped[0])
     # a stored portfolio: the start configuration first, then the members that differ from it, in order
     members = [
         CayleyConfig(lr=3e-3, gnn_layers=2, hidden_dim=128).to_dict(),

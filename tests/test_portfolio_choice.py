@@ -58,3 +58,22 @@ def test_ties_go_to_the_earlier_candidate():
     normalised = normalise(np.array([[0.5, 0.5], [0.5, 0.5]]), [True, True])
     assert choose_default(normalised) == 0
     assert greedy_portfolio(normalised, 2) == [0]
+
+
+def test_the_warm_start_order_is_the_portfolio_then_the_rest_by_mean():
+    from ilge_search.defaults.choice import warm_start_order
+
+    scores = np.array(
+        [
+            [1.0, 1.0, 0.0, 0.0, 0.9],
+            [0.9, 0.9, 0.1, 0.1, 0.8],
+            [0.0, 0.0, 0.5, 0.5, 0.0],
+            [0.0, 0.0, 1.0, 1.0, 0.0],
+            [0.5, np.nan, 0.5, 0.5, 0.5],  # a missing cell: never eligible
+        ]
+    )
+    normalised = normalise(scores, [True] * 5)
+    members = greedy_portfolio(normalised, 4)
+    assert members == [0, 3]  # the greedy step stops: nothing more to gain
+    # then candidate 1 (mean 0.56) before candidate 2 (mean 0.2)
+    assert warm_start_order(normalised, members) == [0, 3, 1, 2]

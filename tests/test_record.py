@@ -140,6 +140,18 @@ def test_every_record_reads_back_what_it_wrote():
     )
 
 
+def test_a_tagging_final_keeps_its_test_macro_f1_and_an_older_one_reads_as_not_measured():
+    tagging = dataclasses.replace(
+        FINAL, front=[], front_k=None, front_size=None, test_macro_f1=[0.61, 0.65], test_macro_f1_mean=0.63
+    )
+    attrs = tagging.to_attrs()
+    assert attrs["final_test_macro_f1"] == [0.61, 0.65] and attrs["final_test_macro_f1_mean"] == 0.63
+    assert FinalRecord.from_attrs(attrs) == FinalRecord.from_attrs(tagging.rule_attrs()) == tagging
+    older = {key: value for key, value in attrs.items() if "macro_f1" not in key}  # stored before it was recorded
+    read = FinalRecord.from_attrs(older)
+    assert read is not None and read.test_macro_f1 is None and read.test_macro_f1_mean is None
+
+
 def test_the_attrs_keep_their_flat_historical_names():
     attrs = {**IDENTITY.to_attrs(), **DATA.to_attrs(), **FINAL.to_attrs()}
     assert attrs["objectives"] == ["score", "params"]  # a list, as JSON keeps it
@@ -314,6 +326,7 @@ def test_each_rule_keeps_its_final_evaluation_and_switching_back_restores_it_wit
     assert (best.select, best.trial, best.start_trial) == ("best", 1, 0)
     assert trained == ["mlp-last", "mlp-last start"]
     assert best.search_gain == pytest.approx(best.test_mean - best.start_test_mean)
+    assert best.test_macro_f1 is None and best.test_macro_f1_mean is None  # recorded for tagging studies only
 
     final_evaluation(study, data, select="one-se", **common)
     record = study_record(study)

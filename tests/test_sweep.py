@@ -292,3 +292,129 @@ last-layer = 2
     )
     states = Counter(t.state.name for t in optuna.load_study(study_name=topped[0].study_name, storage=storage).trials)
     assert states["RUNNING"] == 1 and states["COMPLETE"] + states["PRUNED"] == 5
+
+
+def test_every_study_option_in_a_studys_identity_is_a_grid_key_at_the_top_and_per_task():
+    """A run option that changes a study's identity must be settable in a grid: the identity's fields are
+    study options of the same name, and each is a grid key (so a future one cannot be forgotten)."""
+    import dataclasses
+
+    from ilge_search.record import Identity
+    from ilge_search.study.options import FLAT_NAMES
+    from ilge_search.study.sweep import GRID_KEYS, IDENTITY_KEYS, TASK_KEYS
+
+    identity = {f.name for f in dataclasses.fields(Identity)} - {"model", "task", "encoder"}
+    assert identity <= set(FLAT_NAMES), "an identity field without a study option of its name"
+    assert set(IDENTITY_KEYS) == identity
+    assert identity <= GRID_KEYS and identity <= TASK_KEYS
+    assert {"warm_start", "word_pooling", "data_seed"} <= identity  # the three grids lacked
+
+
+# one non-default value per identity option, with the task and encoder it applies to
+IDENTITY_VALUES = {
+    "shots": ("trec", "cayley", "8", 8),
+    "max_train": ("trec", "cayley", "100", 100),
+    "max_eval": ("trec", "cayley", "50", 50),
+    "max_epochs": ("trec", "cayley", "3", 3),
+    "data_seed": ("trec", "cayley", "2", 2),
+    "cv": ("trec", "cayley", "3", 3),
+    "objectives": ("trec", "cayley", '["score", "params"]', ["score", "params"]),
+    "protocol": ("trec", "cayley", '"paper"', "paper"),
+    "samples_per_label": ("trec", "cayley", '4\nprotocol = "paper"', 4),
+    "word_pooling": ("ud_ewt_pos", "cayley-word", '"mean"', "mean"),
+    "warm_start": ("trec", "cayley", "2", 2),
+}
+
+
+@pytest.mark.parametrize("key", sorted(IDENTITY_VALUES))
+@pytest.mark.parametrize("level", ["top", "task"])
+def test_each_identity_key_of_a_grid_reaches_the_studys_identity_and_name(tmp_path, key, level):
+    from ilge_search.study.identity import default_study_name, study_identity
+    from ilge_search.study.sweep import IDENTITY_KEYS
+
+    assert set(IDENTITY_VALUES) == set(IDENTITY_KEYS)
+    task, encoder, toml, expected = IDENTITY_VALUES[key]
+    setting = f"{key} = {toml}\n"
+    top, per_task = (setting, "") if level == "top" else ("", setting)
+    path = write(
+        tmp_path,
+        f'models = ["minilm-l6"]\nencoders = ["{encoder}"]\n{top}[trials]\ndefault = 2\n[tasks.{task}]\n{per_task}',
+    )
+    (entry,) = load_sweep(path).entries
+    options = entry.options(load_sweep(path).study_options(), 2)
+    identity = study_identity(entry.model, entry.task, entry.encoder, options, tagging=task == "ud_ewt_pos")
+    assert identity[key] == expected
+    wanted = {name: identity[name] for name in IDENTITY_KEYS}
+    # the sweep looks a study up by the name the runner gives it
+    assert entry.study_name == default_study_name(entry.model, entry.task, entry.encoder, **wanted)
+    assert entry.study_name != f"minilm-l6:{task}:{encoder}"  # the setting is in the name
+
+
+def test_warm_start_and_word_pooling_apply_where_they_mean_something(tmp_path):
+    path = write(
+        tmp_path,
+        """
+models = ["minilm-l6"]
+encoders = ["cayley", "last-layer"]
+warm_start = 3
+word_pooling = "mean"
+[trials]
+default = 2
+[tasks.trec]
+[tasks.ud_ewt_pos]
+encoders = ["cayley-word", "last-layer"]
+[tasks.sst2]
+warm_start = 0
+""",
+    )
+    sweep = load_sweep(path)
+    got = {(e.task, e.encoder): (e.warm_start, e.word_pooling) for e in sweep.entries}
+    assert got == {
+        ("trec", "cayley"): (3, "first"),  # a text task pools no words: the grid's word_pooling is not its
+        ("trec", "last-layer"): (0, "first"),  # a baseline has no portfolio to warm-start from
+        ("ud_ewt_pos", "cayley-word"): (0, "mean"),
+        ("ud_ewt_pos", "last-layer"): (0, "mean"),
+        ("sst2", "cayley"): (0, "first"),
+        ("sst2", "last-layer"): (0, "first"),
+    }
+    names = {e.study_name for e in sweep.entries}
+    assert {"minilm-l6:trec:cayley:warm3", "minilm-l6:trec:last-layer", "minilm-l6:sst2:cayley"} <= names
+    assert "minilm-l6:ud_ewt_pos:cayley-word:mean-words" in names
+    # the warm-started and the cold studies of one (model, task) are two run_study calls (two option sets)
+    trec = [e.group_key() for e in sweep.entries if e.task == "trec"]
+    assert trec[0] != trec[1]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[tasks.trec]\nword_pooling = "mean"\n', "[tasks.trec]: word_pooling applies to tagging tasks"),
+        ('word_pooling = "max"\n[tasks.ud_ewt_pos]\n', "word_pooling must be one of ['first', 'mean']"),
+        ("warm_start = -1\n[tasks.trec]\n", "warm_start must be an integer >= 0"),
+        ('[tasks.trec]\ndata_seed = "a"\n', "data_seed must be an integer"),
+    ],
+)
+def test_bad_identity_keys_name_the_key(tmp_path, text, message):
+    if text.startswith("[tasks"):
+        text = "[trials]\ndefault = 1\n" + text
+    else:
+        head, tasks = text.split("[tasks", 1)
+        text = head + "[trials]\ndefault = 1\n[tasks" + tasks
+    path = write(tmp_path, 'models = ["m"]\n' + text)
+    with pytest.raises(ValueError) as info:
+        load_sweep(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_the_grids_in_the_docs_load(tmp_path):
+    import re
+
+    text = (REPO / "docs" / "transfer.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```toml\n(.*?)^```", text, flags=re.S | re.M)
+    assert blocks
+    for number, block in enumerate(blocks):
+        sweep = load_sweep(write(tmp_path, block, f"doc{number}.toml"))
+        assert sweep.entries
+    names = {e.study_name for e in load_sweep(tmp_path / "doc0.toml").entries}
+    assert "minilm-l6:trec:cayley:train500:warm4" in names and "minilm-l6:trec:last-layer:train500" in names
+    assert "minilm-l6:sst2:cayley:train500" in names

@@ -102,7 +102,7 @@ def test_other_column_names_and_csv_strings(tmp_path):
         and sum(map(len, from_csv["train"].sentences + from_csv["validation"].sentences)) == 13
     )
 
-    with pytest.raises(TaskError, match="tokens_col/tags_col are for tagging files"):
+    with pytest.raises(TaskError, match="--tokens-col/--tags-col are for a token task.*drop one kind"):
         load_task(path, text_col="words", tokens_col="words")
 
 
@@ -142,6 +142,50 @@ def test_tags_of_validation_or_test_must_be_seen_in_train(tmp_path):
     single = [{"tokens": ["a", "b"], "tags": ["X", "X"]}] * 3
     with pytest.raises(TaskError, match="every word has the tag 'X'; a tagger needs at least two tags"):
         load_task(_folder(tmp_path / "single", train=single, validation=single, test=single))
+
+
+@pytest.mark.parametrize(
+    ("rows", "options", "message"),
+    [
+        # a text file given a token task's columns: pass the text options
+        ([{"text": "a b", "label": "x"}], dict(tokens_col="words"), r"is a classification task: --tokens-col names"),
+        ([{"text": "a b", "label": "x"}], dict(tags_col="pos"), r"a token task's columns; pass --text-col/--label-col"),
+        (
+            [{"sentence1": "a", "sentence2": "b", "score": 1.0}],
+            dict(tokens_col="words", tags_col="pos"),
+            r"is a similarity task: --tokens-col, --tags-col name a token task's columns; pass --text-cols/--score-col",
+        ),
+        # a token file given a text task's columns: pass the token options
+        (
+            ROWS,
+            dict(text_col="sentence"),
+            r"is a token task .*: --text-col names a text task's columns; pass --tokens-col",
+        ),
+        (ROWS, dict(label_col="tags"), r"--label-col names a text task's columns; pass --tokens-col/--tags-col"),
+        (ROWS, dict(text_cols=["a", "b"], score_col="s"), r"--text-cols, --score-col name a text task's columns"),
+    ],
+)
+def test_column_options_of_the_other_kind_of_task_say_what_to_pass(tmp_path, rows, options, message):
+    path = _write_jsonl(tmp_path / "train.jsonl", rows * 6)
+    with pytest.raises(TaskError, match=message):
+        load_task(path, **options)
+
+
+def test_a_registered_task_refuses_the_other_kinds_column_options(data_dir):
+    with pytest.raises(
+        TaskError, match=r"^ud_ewt_pos is a token task .*--text-col names .*pass --tokens-col/--tags-col"
+    ):
+        load_task("ud_ewt_pos", data_dir, text_col="text")
+    with pytest.raises(
+        TaskError, match=r"^trec is a classification task: --tokens-col names .*pass --text-col/--label"
+    ):
+        load_task("trec", data_dir, tokens_col="tokens")
+
+
+def test_renamed_token_columns_beside_a_text_column_are_a_token_task(tmp_path):
+    rows = [{"text": " ".join(r["tokens"]), "words": r["tokens"], "pos": r["tags"]} for r in ROWS]
+    task = load_task(_write_jsonl(tmp_path / "train.jsonl", rows * 5), tokens_col="words", tags_col="pos")
+    assert task.kind == "tagging" and task.label_names == ["ADV", "DET", "NOUN", "PUNCT", "VERB"]
 
 
 # ----------------------------------------------------------------------------- subsets and fingerprints

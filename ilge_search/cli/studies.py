@@ -51,9 +51,10 @@ def _checked_objectives(objectives, select, final_front) -> tuple:
     return tuple(checked)
 
 
-def _columns(text_col, label_col, text_cols, score_col) -> dict:
+def _columns(text_col, label_col, text_cols, score_col, tokens_col, tags_col) -> dict:
     """The custom task's column options, as the study options name them."""
-    return dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
+    sequence = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
+    return sequence | dict(tokens_col=tokens_col, tags_col=tags_col)
 
 
 @cli.command("run")
@@ -123,6 +124,8 @@ def _columns(text_col, label_col, text_cols, score_col) -> dict:
 @study_option("--label-col", default=None, field="label_col")
 @study_option("--text-cols", default=None, field="text_cols")
 @study_option("--score-col", default=None, field="score_col")
+@study_option("--tokens-col", default=None, field="tokens_col")
+@study_option("--tags-col", default=None, field="tags_col")
 @study_option(
     "--heartbeat-interval",
     type=click.IntRange(min=1),
@@ -173,6 +176,8 @@ def run_command(
     label_col,
     text_cols,
     score_col,
+    tokens_col,
+    tags_col,
     heartbeat_interval: int,
     dry_run: bool,
     quiet: bool,
@@ -214,7 +219,7 @@ def run_command(
         device=settings.device,
         artifact_dir=artifact_dir,
         threads=threads,
-        **_columns(text_col, label_col, text_cols, score_col),
+        **_columns(text_col, label_col, text_cols, score_col, tokens_col, tags_col),
         heartbeat_interval=heartbeat_interval,
         progress=not quiet,
     )

@@ -24,6 +24,20 @@ def _table(result) -> str:
     return "\n".join(lines)
 
 
+def _update_shipped(storage: str, request, note: str, dry_run: bool) -> None:
+    """``--update-shipped``: the shipped portfolio file's entry written from the stored matrix."""
+    from ..defaults.shipped_portfolio import update_shipped_portfolio
+
+    if dry_run:
+        raise click.UsageError("--update-shipped trains nothing and writes one file; drop --dry-run")
+    path, result, members = update_shipped_portfolio(storage, request, note=note)
+    names = ", ".join(result.candidates[i].name for i in result.order if result.candidates[i].config in members)
+    click.echo(
+        f"wrote {len(members)} {request.family} ({request.bucket}) warm-start members ({names}) to {path}, chosen "
+        f"on validation over {len(result.problems)} problems of {result.storage}"
+    )
+
+
 @cli.command("portfolio")
 @storage_option(required=True)
 @click.option("--family", type=click.Choice(ENCODER_FAMILIES), default="cayley", show_default=True)
@@ -39,6 +53,13 @@ def _table(result) -> str:
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also draw the matrix (PNG) here.")
 @click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
+@click.option(
+    "--update-shipped",
+    is_flag=True,
+    help="Write this matrix's warm-start members (--size of them) into the package's own "
+    "ilge_search/data/portfolio.json instead (maintainers); trains nothing: every cell must be stored.",
+)
+@click.option("--note", default="", help="With --update-shipped: a sentence kept in the file's provenance.")
 @FORMAT_OPTION
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @location_options
@@ -63,6 +84,9 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
         exclude_tasks=tuple(options["exclude_tasks"]),
         exclude_models=tuple(options["exclude_models"]),
     )
+    if options["update_shipped"]:
+        _update_shipped(storage, request, options["note"], options["dry_run"])
+        return
     setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
     result = portfolio(
         storage, request, setup, workers=options["workers"], dry_run=options["dry_run"], check=options["check"]

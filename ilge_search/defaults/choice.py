@@ -11,6 +11,10 @@ Pure functions over numbers; :mod:`~ilge_search.defaults.portfolio` fills the ma
 - :func:`greedy_portfolio`: K candidates chosen greedily, each step adding the one that most raises the
   mean over problems of the best member's normalised score (Pfisterer et al.; Auto-sklearn 2.0's
   portfolio); the first member is therefore the default. Ties go to the earlier candidate.
+- :func:`warm_start_order`: the order a warm start enqueues candidates in: the greedy portfolio, then
+  (once no candidate raises its value any more, the greedy step has stopped) every other eligible
+  candidate by mean normalised score, best first, so that ``--warm-start K`` has K distinct starting
+  points to take even when the portfolio is smaller.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["normalise", "eligible_rows", "choose_default", "greedy_portfolio", "portfolio_value"]
+__all__ = [
+    "normalise",
+    "eligible_rows",
+    "choose_default",
+    "greedy_portfolio",
+    "portfolio_value",
+    "warm_start_order",
+]
 
 
 def normalise(scores: np.ndarray, maximize: Sequence[bool]) -> np.ndarray:
@@ -82,3 +93,11 @@ def greedy_portfolio(normalised: np.ndarray, size: int) -> list[int]:
             break
         members.append(-negative_row)
     return members
+
+
+def warm_start_order(normalised: np.ndarray, members: Sequence[int]) -> list[int]:
+    """``members`` (the greedy portfolio), then every other eligible candidate by mean normalised score, best
+    first (ties: the earlier candidate)."""
+    rest = [int(r) for r in eligible_rows(normalised) if int(r) not in members]
+    rest.sort(key=lambda r: (-float(normalised[r].mean()), r))
+    return [*members, *rest]

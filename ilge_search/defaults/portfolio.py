@@ -52,7 +52,7 @@ from ..record import (
 from ..storage import WORKER_ATTR, Storage, fail_stale_trials, hide_password, open_storage, worker_stamp
 from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
 from ..validation import check_int
-from .choice import choose_default, greedy_portfolio, normalise, portfolio_value
+from .choice import choose_default, greedy_portfolio, normalise, portfolio_value, warm_start_order
 from .loto import start_config
 from .problems import Problem, read_problems
 from .rule import derive_defaults
@@ -448,7 +448,9 @@ class PortfolioResult:
     """The matrix of one family and size bucket, and what was chosen from it (on validation only).
 
     ``default`` and ``portfolio`` are candidate indices (``None`` / empty while no candidate has every
-    cell); ``values`` the portfolio's value after each member (mean best normalised score).
+    cell); ``values`` the portfolio's value after each member (mean best normalised score); ``order`` the
+    order a warm start takes candidates in (the portfolio, then the other eligible candidates by mean
+    normalised score, :func:`~ilge_search.defaults.choice.warm_start_order`).
     """
 
     storage: str
@@ -459,6 +461,7 @@ class PortfolioResult:
     default: int | None = None
     portfolio: list[int] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
     trained: int = 0
     planned: int = 0
     estimated_seconds: float | None = None
@@ -486,6 +489,7 @@ class PortfolioResult:
             "scores": [[number(v) for v in row] for row in self.matrix.validation],
             "default": None if self.default is None else member(self.default),
             "portfolio": [member(i, v) for i, v in zip(self.portfolio, self.values, strict=True)],
+            "warm_start_order": [self.candidates[i].name for i in self.order],
             "missing_cells": self.matrix.missing,
         }
 
@@ -500,6 +504,7 @@ def choose(result: PortfolioResult) -> PortfolioResult:
         return result
     result.portfolio = greedy_portfolio(normalised, result.request.size)
     result.values = [portfolio_value(normalised, result.portfolio[: i + 1]) for i in range(len(result.portfolio))]
+    result.order = warm_start_order(normalised, result.portfolio)
     return result
 
 

@@ -76,6 +76,9 @@ class Recommendation:
         groups: per (family, bucket), the problems (studies) the rule used.
         families: the families asked for, in order.
         loto: the stored leave-one-task-out evaluation of those families (``None``: none of them has one).
+        portfolios: the stored cross-task matrices of those families with their left-out checks
+            (:class:`~ilge_search.defaults.portfolio.PortfolioResult`: with ``method="portfolio"`` the ones the
+            values came from, else each group's latest), and why any could not be read back.
     """
 
     document: dict[str, Any]
@@ -83,6 +86,7 @@ class Recommendation:
     groups: dict[tuple[str, str], list[Problem]]
     families: list[str]
     loto: LotoResult | None
+    portfolios: tuple[list[Any], list[str]] = ([], [])
 
 
 def defaults_targets(
@@ -283,4 +287,13 @@ def regenerate_defaults(
         },
         "families": values,
     }
-    return Recommendation(document=document, evidence=evidence, groups=groups, families=families, loto=loto)
+    from .transfer import stored_portfolios
+
+    return Recommendation(
+        document=document,
+        evidence=evidence,
+        groups=groups,
+        families=families,
+        loto=loto,
+        portfolios=stored_portfolios(storage_url, families, latest=method != "portfolio"),
+    )

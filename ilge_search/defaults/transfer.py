@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..record import save_portfolio_choice
+from ..record import save_portfolio_choice, save_portfolio_request
 from ..scores import score_unit
 from ..storage import hide_password, open_storage
 from ..validation import check_int
@@ -63,7 +63,9 @@ __all__ = [
     "held_out_check",
     "shipping_verdict",
     "portfolio",
+    "read_stored",
     "stored_portfolio",
+    "stored_portfolios",
     "portfolio_defaults",
 ]
 
@@ -280,6 +282,7 @@ def portfolio(
     choose(result)
     if check:
         result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
+    _store_request(storage_url, request)
     if result.default is not None and not request.excludes:
         _store_choice(storage_url, result)
     return result
@@ -319,6 +322,7 @@ def _store_choice(storage_url: str, result: PortfolioResult) -> None:
         {
             "default": result.candidates[result.default].config if result.default is not None else None,
             "portfolio": [result.candidates[i].config for i in result.portfolio],
+            "warm_start": [result.candidates[i].config for i in result.order],
             "problems": [p.study for p in result.problems],
             "seeds": result.request.seed_list,
             "top_k": result.request.top_k,
@@ -328,30 +332,82 @@ def _store_choice(storage_url: str, result: PortfolioResult) -> None:
     )
 
 
-def stored_portfolio(storage_url: str, family: str, bucket: str) -> PortfolioResult | None:
-    """The matrix, choice and left-out checks of the portfolio ``ilge-search portfolio`` stored for ``family``
-    and ``bucket``, read back without training (``None``: none stored)."""
-    from ..record import portfolio_study_name, stored_portfolio_choice
+def _store_request(storage_url: str, request: PortfolioRequest) -> None:
+    import dataclasses
 
-    storage = open_storage(storage_url, must_exist=True)
-    study = storage.load_study(portfolio_study_name(family, bucket))
-    choice = None if study is None else stored_portfolio_choice(study)
-    if not choice or not choice.get("seeds"):
-        return None
-    request = PortfolioRequest(
+    storage = open_storage(storage_url)
+    study = portfolio_study(storage, request.family, request.bucket, create=True)
+    values = dataclasses.asdict(request)
+    save_portfolio_request(study, {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()})
+
+
+def _request_from(family: str, bucket: str, stored: dict[str, Any], choice: bool) -> PortfolioRequest:
+    """The request a stored choice (``choice``) or a stored request was made with."""
+    if not choice:
+        fields = {f for f in PortfolioRequest.__dataclass_fields__ if f in stored}
+        values: dict[str, Any] = {k: tuple(stored[k]) if isinstance(stored[k], list) else stored[k] for k in fields}
+        return PortfolioRequest(**{**values, "family": family, "bucket": bucket}).check()
+    return PortfolioRequest(
         family=family,
         bucket=bucket,
-        top_k=int(choice.get("top_k", 3)),
-        size=int(choice.get("size") or len(choice.get("portfolio") or [1])),
-        seeds=len(choice["seeds"]),
-        seed=int(choice["seeds"][0]) - 1000,
-        max_epochs=choice.get("max_epochs"),
+        top_k=int(stored.get("top_k", 3)),
+        size=int(stored.get("size") or len(stored.get("portfolio") or [1])),
+        seeds=len(stored["seeds"]),
+        seed=int(stored["seeds"][0]) - 1000,
+        max_epochs=stored.get("max_epochs"),
     )
+
+
+def read_stored(storage_url: str, request: PortfolioRequest) -> PortfolioResult:
+    """The matrix of ``request`` from the stored cells, the choice made from it on validation and its left-out
+    checks (rows whose cells are missing left out); nothing is trained or written."""
     rule_problems, result, _ = build_matrix(storage_url, request)
     choose(result)
     extra = held_out_cells(request, rule_problems, result)
     result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
     return result
+
+
+def stored_portfolio(storage_url: str, family: str, bucket: str, *, latest: bool = False) -> PortfolioResult | None:
+    """The matrix, choice and left-out checks of the portfolio ``ilge-search portfolio`` stored for ``family``
+    and ``bucket``, read back without training (``None``: none stored). By default the one chosen with no
+    problem excluded (what ``run --warm-start`` and ``recommend`` use); with ``latest`` the latest run's, its
+    exclusions included (what the report shows), else that one."""
+    from ..record import portfolio_study_name, stored_portfolio_choice, stored_portfolio_request
+
+    storage = open_storage(storage_url, must_exist=True)
+    study = storage.load_study(portfolio_study_name(family, bucket))
+    if study is None:
+        return None
+    last = stored_portfolio_request(study) if latest else None
+    if last:
+        return read_stored(storage_url, _request_from(family, bucket, last, choice=False))
+    choice = stored_portfolio_choice(study)
+    if not choice or not choice.get("seeds"):
+        return None
+    return read_stored(storage_url, _request_from(family, bucket, choice, choice=True))
+
+
+def stored_portfolios(
+    storage_url: str, families: Sequence[str] | None = None, *, latest: bool = True
+) -> tuple[list[PortfolioResult], list[str]]:
+    """Each family's (default: every ILGE family's) and size bucket's stored matrix (:func:`stored_portfolio`;
+    with ``latest`` the latest run's), and a sentence for each that could not be read back (its studies changed
+    since, say)."""
+    from ..configs import ENCODER_FAMILIES
+    from ..tuning import MODEL_SIZE_HINTS
+
+    results, notes = [], []
+    for family in ENCODER_FAMILIES if families is None else families:
+        for bucket in MODEL_SIZE_HINTS:
+            try:
+                result = stored_portfolio(storage_url, family, bucket, latest=latest)
+            except ValueError as exc:
+                notes.append(f"The stored {family} ({bucket}) matrix could not be read back: {exc}")
+                continue
+            if result is not None:
+                results.append(result)
+    return results, notes
 
 
 def portfolio_defaults(

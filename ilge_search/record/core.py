@@ -324,7 +324,12 @@ class FinalRecord:
     ``artifact_seed``; ``protocol`` (how the test scores were measured, with
     the paper protocol's draws); ``zero_shot`` scores on similarity tasks; a
     multi-objective study's ``front`` with ``front_k`` (asked for) and
-    ``front_size`` (of the whole front then).
+    ``front_size`` (of the whole front then). For a tagging study,
+    ``test_macro_f1`` holds each seed's macro-F1 over the test words (beside
+    its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their
+    mean (of a multi-objective study's best-score front trial); ``None`` for
+    other tasks and for evaluations stored before they were recorded (absent
+    attrs: not measured, so no format change).
     """
 
     VERSION: ClassVar[int] = 1
@@ -351,6 +356,8 @@ class FinalRecord:
     front: list[FrontMember] = field(default_factory=list)
     front_k: int | None = None
     front_size: int | None = None
+    test_macro_f1: list[float] | None = None
+    test_macro_f1_mean: float | None = None
 
     # the attrs one rule's evaluation consists of (final_by_rule keeps these per rule)
     RULE_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -373,6 +380,8 @@ class FinalRecord:
         "start_test_scores",
         "search_gain",
         "protocol",
+        "test_macro_f1",
+        "test_macro_f1_mean",
     )
     FRONT_FIELDS: ClassVar[tuple[str, ...]] = ("front", "front_k", "front_size")
 

@@ -45,7 +45,13 @@ __all__ = [
     "cell_owners",
     "save_portfolio_choice",
     "stored_portfolio_choice",
+    "save_portfolio_request",
+    "stored_portfolio_request",
     "SHIPPED_PORTFOLIO_PATH",
+    "SHIPPED_FORMAT_VERSION",
+    "check_shipped_portfolio",
+    "load_shipped_portfolio",
+    "write_shipped_portfolio",
     "portfolio_members",
     "enqueue_warm_trials",
 ]
@@ -57,6 +63,7 @@ _KEY_ATTR = "portfolio_key"
 _SCORES_ATTR = "portfolio_scores"
 _DUPLICATE_ATTR = "portfolio_duplicate"
 _CHOICE_ATTR = "portfolio_choice"
+_REQUEST_ATTR = "portfolio_request"  # the latest run's request, exclusions included: what the report shows
 _WARM_ATTR = "warm_start_member"  # trial user attr: the portfolio member (0-based) a warm-started trial is
 SHIPPED_PORTFOLIO_PATH = Path(__file__).resolve().parents[1] / "data" / "portfolio.json"
 
@@ -199,19 +206,136 @@ def stored_portfolio_choice(study: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, Mapping) else None
 
 
+def save_portfolio_request(study: Any, request: Mapping[str, Any]) -> None:
+    """Store what the latest ``ilge-search portfolio`` run asked for (its exclusions included), so that the
+    report can rebuild that matrix from the stored cells."""
+    study.set_user_attr(_REQUEST_ATTR, {"version": PORTFOLIO_VERSION, **dict(request)})
+
+
+def stored_portfolio_request(study: Any) -> dict[str, Any] | None:
+    """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
+    value = study.user_attrs.get(_REQUEST_ATTR)
+    if not isinstance(value, Mapping):
+        return None
+    return {key: item for key, item in value.items() if key != "version"}
+
+
+# ----------------------------------------------------------------------------- the shipped portfolio file
+#
+# ilge_search/data/portfolio.json, what `run --warm-start` falls back on when the storage has no portfolio:
+#
+#   {"format_version": 1,
+#    "families": {"cayley": {"small": {"members": [<config dict>, ...],
+#                                      "provenance": {"source": ..., "family": ..., "bucket": ..., "problems": [...],
+#                                                     "chosen_on": "validation", "generated": ..., ...}}}}}
+#
+# `members` are in warm-start order, the built-in defaults (every study's first trial) left out;
+# `provenance` says what they were chosen from. Written by `ilge-search portfolio --update-shipped`.
+
+SHIPPED_FORMAT_VERSION = 1
+SHIPPED_PROVENANCE_KEYS = ("source", "family", "bucket", "problems", "chosen_on", "generated")
+
+
+def _shipped_path(path: str | Path | None) -> Path:
+    return Path(path) if path is not None else SHIPPED_PORTFOLIO_PATH  # looked up now: tests point it elsewhere
+
+
+def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> None:
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{where}: families.{family}.{bucket} must be an object with members and provenance")
+    members, provenance = entry.get("members"), entry.get("provenance")
+    if not isinstance(members, list) or not members or not all(isinstance(m, Mapping) for m in members):
+        raise ValueError(f"{where}: families.{family}.{bucket}.members must be a non-empty list of configurations")
+    wrong = [m.get("family") for m in members if m.get("family") != family]
+    if wrong:
+        raise ValueError(f"{where}: families.{family}.{bucket}.members holds a {wrong[0]!r} configuration")
+    if not isinstance(provenance, Mapping):
+        raise ValueError(f"{where}: families.{family}.{bucket} has no provenance (what it was chosen from)")
+    missing = [key for key in SHIPPED_PROVENANCE_KEYS if key not in provenance]
+    if missing:
+        raise ValueError(f"{where}: families.{family}.{bucket}.provenance lacks {', '.join(missing)}")
+    if provenance["chosen_on"] != "validation":
+        raise ValueError(f"{where}: families.{family}.{bucket} was not chosen on validation scores; refusing it")
+
+
+def check_shipped_portfolio(document: Any, where: str) -> dict[str, Any]:
+    """``document`` if it is a shipped-portfolio file of this version (one-line errors naming ``where``)."""
+    if not isinstance(document, Mapping) or not isinstance(document.get("families"), Mapping):
+        raise ValueError(f"{where}: not a portfolio file (an object with format_version and families expected)")
+    version = document.get("format_version")
+    if not isinstance(version, int) or version > SHIPPED_FORMAT_VERSION or version < 1:
+        raise ValueError(
+            f"{where}: format_version {version!r}; this ilge-search reads version {SHIPPED_FORMAT_VERSION} "
+            "(a newer file needs a newer ilge-search)"
+        )
+    for family, buckets in document["families"].items():
+        if not isinstance(buckets, Mapping):
+            raise ValueError(f"{where}: families.{family} must map size buckets (small, large) to portfolios")
+        for bucket, entry in buckets.items():
+            _check_shipped_entry(where, str(family), str(bucket), entry)
+    return dict(document)
+
+
+def load_shipped_portfolio(path: str | Path | None = None) -> dict[str, Any]:
+    """The shipped portfolio file (``path``: default the package's ``data/portfolio.json``), checked; an empty
+    one when it does not exist.
+
+    Raises:
+        ValueError: the file is not JSON, or not a portfolio file this version reads (naming the file).
+    """
+    from ..files import read_text_utf8
+
+    path = _shipped_path(path)
+    if not path.is_file():
+        return {"format_version": SHIPPED_FORMAT_VERSION, "families": {}}
+    try:
+        document = json.loads(read_text_utf8(path))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); restore it from the package") from None
+    return check_shipped_portfolio(document, str(path))
+
+
+def write_shipped_portfolio(
+    family: str,
+    bucket: str,
+    members: Sequence[Mapping[str, Any]],
+    provenance: Mapping[str, Any],
+    path: str | Path | None = None,
+) -> Path:
+    """Put ``family``/``bucket``'s entry into the shipped portfolio file (the other entries kept), written through
+    a temporary file and read back; the path written."""
+    import os
+
+    from ..files import temp_name
+
+    path = _shipped_path(path)
+    document = load_shipped_portfolio(path)
+    families = {name: dict(buckets) for name, buckets in document["families"].items()}
+    families.setdefault(family, {})[bucket] = {"members": [dict(m) for m in members], "provenance": dict(provenance)}
+    document = check_shipped_portfolio({"format_version": SHIPPED_FORMAT_VERSION, "families": families}, str(path))
+    temporary = temp_name(path)
+    temporary.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    load_shipped_portfolio(path)  # what was written must read back
+    return path
+
+
 def portfolio_members(storage: Any, family: str, bucket: str) -> tuple[list[dict[str, Any]], str]:
-    """The portfolio of ``family`` and ``bucket`` (config dicts, best first) and where it came from: the
-    choice stored in ``storage`` (an opened :class:`~ilge_search.storage.Storage`, or ``None``), else the
-    package's shipped ``data/portfolio.json``; empty when neither has one."""
+    """The portfolio of ``family`` and ``bucket`` in warm-start order (config dicts) and where it came from: the
+    choice stored in ``storage`` (an opened :class:`~ilge_search.storage.Storage`, or ``None``; its warm-start
+    order, else its portfolio), else the package's shipped ``data/portfolio.json``; empty when neither has one.
+
+    Raises:
+        ValueError: the shipped file is malformed.
+    """
     study = None if storage is None else storage.load_study(portfolio_study_name(family, bucket))
     choice = None if study is None else stored_portfolio_choice(study)
-    if choice and choice.get("portfolio"):
-        return [dict(c) for c in choice["portfolio"]], f"the portfolio stored in {storage.shown_url}"
-    if SHIPPED_PORTFOLIO_PATH.is_file():
-        shipped = json.loads(SHIPPED_PORTFOLIO_PATH.read_text(encoding="utf-8"))
-        members = shipped.get("families", {}).get(family, {}).get(bucket) or []
-        if members:
-            return [dict(c) for c in members], "the portfolio shipped with ilge-search"
+    members = choice and (choice.get("warm_start") or choice.get("portfolio"))
+    if members:
+        return [dict(c) for c in members], f"the portfolio stored in {storage.shown_url}"
+    entry = load_shipped_portfolio()["families"].get(family, {}).get(bucket)
+    if entry:
+        return [dict(c) for c in entry["members"]], "the portfolio shipped with ilge-search"
     return [], "none"
 
 

@@ -7,7 +7,8 @@ A study records, when it is created (and again when a run finds its data at a ne
   hub; ``None`` when the data came from ``$ILGE_SEARCH_DATA`` or the hub;
 - ``task_path_given``: a custom task's file or folder as the command line named it (the resolved path is
   :class:`~ilge_search.record.core.DataRecord`'s ``task_path``);
-- ``task_columns``: the columns a custom file was read with (``run --text-col`` ...);
+- ``task_columns``: the columns a custom file was read with (``run --text-col`` ..., ``--tokens-col`` and
+  ``--tags-col`` for a token task);
 - ``token_pooling`` and ``max_length``: how the extraction pooled and truncated tokens, which an exported
   classifier must repeat on new texts.
 
@@ -32,8 +33,8 @@ __all__ = [
 
 DEFAULT_TOKEN_POOLING = "mean"  # how every study pools a text's tokens in each layer
 DEFAULT_MAX_LENGTH = 512  # tokens per text every study's extraction keeps
-# the column options of a custom task file (`run`/`embed` --text-col ...), as load_task names them
-COLUMN_OPTIONS = ("text_col", "label_col", "text_cols", "score_col")
+# the column options of a custom task file (`run`/`embed` --text-col ..., `run --tokens-col`), as load_task names them
+COLUMN_OPTIONS = ("text_col", "label_col", "text_cols", "score_col", "tokens_col", "tags_col")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,11 @@ stored, starting from ``optuna.get_all_study_summaries`` and each study's
   model and task of test score against examples per label;
 - when it holds a current leave-one-task-out evaluation (``ilge-search loto``,
   :mod:`~ilge_search.defaults.loto`): the table of built-in against regenerated
-  defaults on each left-out task, and whether the regenerated ones win.
+  defaults on each left-out task, and whether the regenerated ones win;
+- when it holds a cross-task matrix (``ilge-search portfolio``, :mod:`~ilge_search.defaults.transfer`): the
+  matrix as a table and a heatmap (``figures/portfolio-<family>-<bucket>.png``), the default and portfolio
+  chosen on validation, and with its left-out checks the built-in defaults, the marginal rule, the portfolio
+  default and the best-on-validation member on each held-out problem's test split.
 
 Each part of ``report.md`` is a section object of :mod:`~ilge_search.report.sections`.
 
@@ -63,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from ..defaults.loto import stored_loto
+from ..defaults.transfer import stored_portfolios
 from ..storage import hide_password
 from .attributions import attribution_notes
 from .data import collect_records
@@ -145,6 +150,7 @@ def _read_report_data(storage_url: str) -> ReportData:
     effect = protocol_effect_frame(frame) if records else frame
     every = records + duplicates  # the selection, Pareto and few-shot sections compare studies of every setting
     fewshot, fewshot_skipped = fewshot_frame(every)
+    portfolios, portfolio_notes = stored_portfolios(storage_url)  # what `ilge-search portfolio` stored
     return ReportData(
         storage_url=storage_url,
         records=records,
@@ -162,6 +168,8 @@ def _read_report_data(storage_url: str) -> ReportData:
         skipped=skipped,
         tokens=tokens_frame(tagging),
         tagging=tagging,
+        portfolios=portfolios,
+        portfolio_notes=portfolio_notes,
     )
 
 

@@ -5,8 +5,9 @@
 leave-one-task-out shipping rule, ``--exclude-task``) and writes them: the
 defaults file that :func:`ilge_search.tuning.recommended_config` reads (schema in
 :mod:`ilge_search.tuning`) and, with it, a Markdown page with the "Defaults by
-model size" table, the stored leave-one-task-out table, and the evidence behind
-every value.
+model size" table, the stored leave-one-task-out table, each stored cross-task
+matrix with its left-out checks (:mod:`ilge_search.report.portfolio`), and the
+evidence behind every value.
 
 Where it writes: by default the user's defaults file
 (:func:`ilge_search.settings.user_defaults_path`: ``$ILGE_SEARCH_DEFAULTS``,
@@ -38,6 +39,7 @@ from ..defaults.rule import RecommendedValue
 from ..tuning import BUILTIN_RECOMMENDED, load_recommended_defaults
 from .document import MISSING, Cell, Document, plural, write_atomic
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
+from .portfolio import portfolio_part
 
 __all__ = ["recommend_defaults", "defaults_page"]
 
@@ -50,15 +52,32 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def _loto_section(doc: Document, meta: Mapping[str, Any], loto: LotoResult | None) -> None:
+def _loto_section(doc: Document, meta: Mapping[str, Any], recommendation: Recommendation) -> None:
+    loto = recommendation.loto
+    portfolios, notes = recommendation.portfolios
     doc.heading(2, "On tasks they never saw")
-    if loto is None or not loto.verdicts:
+    if (loto is None or not loto.verdicts) and not portfolios:
         doc.paragraph(
             "No leave-one-task-out evaluation is stored in this storage, so nothing here says whether "
             "these defaults generalise beyond the tasks they were chosen on. Run "
             f"`ilge-search loto --storage {meta['source']}` (the shipped defaults change only after it)."
         )
-        return
+    elif loto is not None and loto.verdicts:
+        _loto_tables(doc, meta, loto)
+    for result in portfolios:
+        portfolio_part(doc, result)
+    doc.bullets(notes)
+    shipping = meta.get("shipping")
+    if shipping and meta.get("method") == "portfolio":
+        doc.paragraph(
+            "Shipped in `ilge_search/data/recommended_defaults.json` (a group's portfolio default only where it "
+            "won its left-out checks: mean ahead of the built-in defaults and ahead on more held-out problems "
+            "than behind, for every fold kind):"
+        )
+        doc.bullets([f"{group}: {decision}" for group, decision in shipping.items()])
+
+
+def _loto_tables(doc: Document, meta: Mapping[str, Any], loto: LotoResult) -> None:
     doc.paragraph(
         "For each task, the defaults were regenerated from every other task's studies and trained with "
         "no search on that task next to the built-in defaults (the published package's), each with the "
@@ -172,7 +191,7 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
             + ", ".join(f"`{t}`" for t in meta["excluded_tasks"])
             + " (`--exclude-task`)."
         )
-    _loto_section(doc, meta, recommendation.loto)
+    _loto_section(doc, meta, recommendation)
     doc.heading(2, "Rule")
     doc.paragraph(meta["rule"])
     _evidence_section(doc, recommendation)

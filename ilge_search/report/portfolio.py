@@ -1,11 +1,15 @@
-"""The cross-task matrix drawn, and its left-out checks as a Markdown table (read from what ``portfolio`` stored).
+"""The cross-task matrix drawn and tabled, with its left-out checks (read from what ``portfolio`` stored).
 
 :func:`draw_matrix` draws candidates x problems, each cell the candidate's mean
 validation score normalised within its problem (1 = the problem's best
 candidate), with the default (``D``) and the other portfolio members (``P``)
-marked; :func:`held_out_table` renders the left-out rows of
-:class:`~ilge_search.defaults.transfer.HeldOut` (test scores, differences
-against the built-in defaults). Nothing is trained here.
+marked; :func:`matrix_rows` is the same matrix as a table. :func:`held_out_rows`
+are the left-out rows of :class:`~ilge_search.defaults.transfer.HeldOut` (test
+scores of the built-in defaults, the marginal rule, the portfolio default and
+the best-on-validation member; differences against the built-in defaults),
+:func:`held_out_verdict_rows` their means per fold kind; the results report's
+"Defaults on tasks they never saw" and the defaults page show them
+(:func:`portfolio_part`). Nothing is trained here.
 """
 
 from __future__ import annotations
@@ -15,9 +19,34 @@ from typing import Any
 
 from ..defaults.choice import normalise
 from ..defaults.transfer import METHODS, HeldOut
+from .document import Cell, Document, plural
 from .figures import figure_style, new_figure, save_figure
 
-__all__ = ["draw_matrix", "held_out_table", "verdict_lines"]
+__all__ = [
+    "PORTFOLIO_NOTE",
+    "draw_matrix",
+    "matrix_rows",
+    "held_out_rows",
+    "held_out_verdict_rows",
+    "held_out_table",
+    "verdict_lines",
+    "choice_sentences",
+    "portfolio_part",
+]
+
+PORTFOLIO_NOTE = (
+    "Whole candidate configurations (the built-in defaults, the marginal rule's, each problem's top trials) "
+    "trained with the same seeds on every problem's training subset and scored on its validation split "
+    "(`ilge-search portfolio`; docs/transfer.md); the default (D) is the best mean normalised validation "
+    "score, the portfolio (P) is chosen greedily. Left-out rows: everything chosen again without the held-out "
+    "problems, on validation only, then each configuration scored on the held-out problem's test split "
+    "(differences against the built-in defaults, in points)."
+)
+_METHOD_LABELS = {
+    "marginal": "marginal rule",
+    "portfolio_default": "portfolio default",
+    "portfolio_best": "best member (by validation)",
+}
 
 
 def _problem_label(problem: Any) -> str:
@@ -58,21 +87,95 @@ def draw_matrix(result: Any, path: Path) -> Path:
     return path
 
 
-def held_out_table(held_out: HeldOut) -> str:
-    """One Markdown row per held-out problem: test scores and differences against the built-in defaults."""
-    head = (
-        "| left out | model | task | unit | built-in | marginal | portfolio default | best member "
-        "| marginal diff | default diff | best-member diff | default chosen | best member |"
-    )
-    lines = [head, "|" + "---|" * 13]
+def _number(value: float, signed: bool = False) -> str:
+    if value != value:  # NaN: a cell not stored
+        return "—"
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def matrix_rows(result: Any) -> tuple[list[str], list[list[Cell]]]:
+    """(header, rows): per candidate, its mark (D default, P member), where it came from and its mean validation
+    score on each problem (the problem's best in bold)."""
+    header = ["candidate", "chosen", "from"] + [f"{p.model} · {p.task}" for p in result.problems]
+    validation = result.matrix.validation
+    rows = []
+    for index, candidate in enumerate(result.candidates):
+        mark = "D" if index == result.default else ("P" if index in result.portfolio else "")
+        cells = [Cell(candidate.name), Cell(mark), Cell(", ".join(candidate.sources))]
+        for column, problem in enumerate(result.problems):
+            value = validation[index, column]
+            present = validation[:, column][validation[:, column] == validation[:, column]]
+            best = (present.max() if problem.maximize else present.min()) if present.size else None
+            cells.append(Cell("—" if value != value else f"{value:.4f}", bold=value == best))
+        rows.append(cells)
+    return header, rows
+
+
+def held_out_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
+    """(header, rows): per held-out problem, the test scores of the built-in defaults, the marginal rule, the
+    portfolio default and the best member by validation, and the last three's differences against the
+    built-in defaults (the best of the four in bold)."""
+    header = [
+        "left out",
+        "model",
+        "task",
+        "unit",
+        "built-in",
+        "marginal rule",
+        "portfolio default",
+        "best member",
+        "marginal diff",
+        "default diff",
+        "best-member diff",
+        "default chosen",
+        "member kept",
+    ]
+    rows = []
     for row in held_out.rows:
-        lines.append(
-            f"| {row['fold']} {row['held_out']} | {row['model']} | {row['task']} | {row['unit']} "
-            f"| {row['builtin']:.2f} | {row['marginal']:.2f} | {row['portfolio_default']:.2f} "
-            f"| {row['portfolio_best']:.2f} | {row['marginal_diff']:+.2f} | {row['portfolio_default_diff']:+.2f} "
-            f"| {row['portfolio_best_diff']:+.2f} | {row['default_candidate']} | {row['best_member']} |"
+        diffs = [row[f"{m}_diff"] for m in METHODS]
+        present = [d for d in [0.0, *diffs] if d == d]
+        top = round(max(present), 2)
+        scores = [Cell(_number(row["builtin"]), bold=top == 0.0)]
+        for method, diff in zip(METHODS, diffs, strict=True):
+            scores.append(Cell(_number(row[method]), bold=diff == diff and round(diff, 2) == top))
+        rows.append(
+            [Cell(f"{row['fold']} {row['held_out']}"), Cell(row["model"]), Cell(row["task"]), Cell(row["unit"])]
+            + scores
+            + [Cell(_number(d, signed=True)) for d in diffs]
+            + [Cell(row["default_candidate"]), Cell(row["best_member"])]
         )
-    return "\n".join(lines)
+    return header, rows
+
+
+def held_out_verdict_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
+    """(header, rows): per fold kind and method, the mean difference against the built-in defaults over the
+    held-out problems, and on how many it was ahead and behind."""
+    header = ["left out", "method (against built-in)", "problems", "mean difference", "ahead", "behind"]
+    rows = []
+    for kind in sorted({kind for kind, _ in held_out.verdicts}):
+        for method in METHODS:
+            verdict = held_out.verdicts.get((kind, method), {"rows": 0})
+            if not verdict["rows"]:
+                continue
+            wins = verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
+            rows.append(
+                [
+                    Cell(f"one {kind}"),
+                    Cell(_METHOD_LABELS[method]),
+                    Cell(str(verdict["rows"])),
+                    Cell(f"{verdict['mean_difference']:+.2f}", bold=wins),
+                    Cell(str(verdict["ahead"])),
+                    Cell(str(verdict["behind"])),
+                ]
+            )
+    return header, rows
+
+
+def held_out_table(held_out: HeldOut) -> str:
+    """:func:`held_out_rows` as Markdown (what ``ilge-search portfolio --check`` prints)."""
+    doc = Document()
+    doc.table(*held_out_rows(held_out))
+    return doc.markdown().rstrip("\n").replace("**", "")
 
 
 def verdict_lines(held_out: HeldOut) -> list[str]:
@@ -86,3 +189,75 @@ def verdict_lines(held_out: HeldOut) -> list[str]:
                 f"{verdict['behind']} of {verdict['rows']} problems"
             )
     return lines
+
+
+def choice_sentences(result: Any) -> list[str]:
+    """What was chosen from the matrix, on what, and what is missing."""
+    request, problems = result.request, result.problems
+    out = [
+        f"{request.family} ({request.bucket} models): {plural(len(problems), 'problem')} "
+        f"({', '.join(f'{p.model} · {p.task}' for p in problems)}), {plural(len(result.candidates), 'candidate')}, "
+        f"seeds {request.seed_list}"
+        + (f"; without the tasks {', '.join(request.exclude_tasks)}" if request.exclude_tasks else "")
+        + (f"; without the models {', '.join(request.exclude_models)}" if request.exclude_models else "")
+        + "."
+    ]
+    if result.default is None:
+        out.append(f"Nothing chosen yet: {result.matrix.missing} of {result.planned} cells are not stored.")
+        return out
+    members = ", ".join(result.candidates[i].name for i in result.portfolio)
+    out.append(
+        f"Chosen on validation: default {result.candidates[result.default].name}; portfolio [{members}] "
+        f"(portfolio value {result.values[-1]:.3f} of 1; {len(result.portfolio)} of the {request.size} members "
+        "asked for: the greedy step stops when no candidate adds anything)."
+    )
+    if result.matrix.missing:
+        out.append(f"{result.matrix.missing} cells are not stored; candidates without every cell were not eligible.")
+    return out
+
+
+def portfolio_part(
+    doc: Document,
+    result: Any,
+    image: dict[str, str] | None = None,
+    *,
+    level: int = 3,
+    widths: dict[str, int | None] | None = None,
+) -> None:
+    """One stored matrix in ``doc``: a heading, the note, the heatmap (``image``: caption -> path; ``widths`` as
+    :meth:`~ilge_search.report.document.Document.images` takes them), the matrix table, the choice, and the
+    left-out tables when there are left-out rows."""
+    from .document import slug
+
+    request = result.request
+    key = slug(request.family, request.bucket)
+    doc.heading(level, f"Cross-task matrix: {request.family} ({request.bucket} models)", anchor=f"portfolio-{key}")
+    doc.paragraph(PORTFOLIO_NOTE)
+    if image:
+        doc.images(image, widths)
+    doc.table(
+        *matrix_rows(result),
+        label=f"tab:portfolio-{key}",
+        text_columns=3,
+        caption="Mean validation score over seeds per candidate and problem (the problem's best in bold); "
+        "D: default, P: portfolio member.",
+    )
+    doc.bullets(choice_sentences(result))
+    held_out = result.held_out
+    if held_out is None or not held_out.rows:
+        return
+    doc.table(
+        *held_out_verdict_rows(held_out),
+        label=f"tab:portfolio-{key}-verdict",
+        text_columns=2,
+        caption="Against the built-in defaults on the held-out problems (test, points; bold: mean ahead and "
+        "ahead on more problems than behind).",
+    )
+    doc.table(
+        *held_out_rows(held_out),
+        label=f"tab:portfolio-{key}-held-out",
+        text_columns=4,
+        caption=f"Each held-out problem: test score, mean over seeds {held_out.seeds}, of the built-in defaults, "
+        "the marginal rule and the portfolio default chosen without it, and of the portfolio member with the "
+        "best validation score on it.",
+    )

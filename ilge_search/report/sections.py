@@ -25,6 +25,7 @@ from .figures import display_width, draw_figures
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .notes import SUMMARY_NOTE
 from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
+from .portfolio import draw_matrix, portfolio_part
 from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_rows
 from .tables import (
     SELECTION_NOTE,
@@ -92,6 +93,8 @@ class ReportData:
     skipped: list[str]
     tokens: Any = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
     tagging: list[ReportStudy] = field(default_factory=list)  # the tagging studies, never in ``records``
+    portfolios: list[Any] = field(default_factory=list)  # the stored cross-task matrices (defaults/transfer.py)
+    portfolio_notes: list[str] = field(default_factory=list)  # matrices that could not be read back, and why
 
 
 @dataclass
@@ -380,14 +383,39 @@ class Ensembles(Section):
             folder.show(doc, {"ensemble minus selected trial against K": self.figures[0]})
 
 
+@dataclass
 class LeaveOneTaskOut(Section):
-    """The leave-one-task-out evaluation ``ilge-search loto`` stored, when there is one."""
+    """The leave-one-task-out evaluation ``ilge-search loto`` stored, and each cross-task matrix ``ilge-search
+    portfolio`` stored with its left-out checks and heatmap; only what the storage holds."""
+
+    drawn: dict[tuple[str, str], str] = field(default_factory=dict)  # (family, bucket) -> heatmap
 
     def applies(self, data: ReportData, folder: FigureFolder) -> bool:
-        return bool(data.loto.verdicts)
+        return bool(data.loto.verdicts or data.portfolios or data.portfolio_notes)
+
+    def contents(self, data: ReportData) -> list[ContentsEntry]:
+        keys = [(r.request.family, r.request.bucket) for r in data.portfolios]
+        return [(self.title, self.anchor, [(f"{f} ({b}) matrix", f"portfolio-{slug(f, b)}") for f, b in keys])]
+
+    def draw(self, data: ReportData, folder: FigureFolder) -> None:
+        for result in data.portfolios:
+            key = (result.request.family, result.request.bucket)
+            path = draw_matrix(result, folder.path / f"portfolio-{slug(*key)}.png")
+            self.drawn[key] = path.relative_to(folder.out).as_posix()
+        self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
+        if data.loto.verdicts:
+            self._render_loto(doc, data)
+        for result in data.portfolios:
+            key = (result.request.family, result.request.bucket)
+            image = {f"{key[0]} ({key[1]}): cross-task matrix": self.drawn[key]} if key in self.drawn else {}
+            portfolio_part(doc, result, image, widths={c: display_width(folder.out / p) for c, p in image.items()})
+        doc.bullets(data.portfolio_notes)
+
+    @staticmethod
+    def _render_loto(doc: Document, data: ReportData) -> None:
         doc.paragraph(LOTO_NOTE)
         doc.table(
             *loto_verdict_rows(data.loto),
@@ -407,7 +435,7 @@ class LeaveOneTaskOut(Section):
 
 @dataclass
 class TokenTables(Section):
-    """Tagging studies: per model, every method's token accuracy on test, and a bar chart."""
+    """Tagging studies: per model, every method's token accuracy and macro-F1 on test, and a bar chart."""
 
     drawn: dict[str, str] = field(default_factory=dict)
 
@@ -429,8 +457,8 @@ class TokenTables(Section):
                 header,
                 rows,
                 label=f"tab:{slug(model)}-tokens",
-                text_columns=2,
-                caption=f"{model}: token accuracy on test (%), mean ± std (seeds).",
+                text_columns=3,
+                caption=f"{model}: token accuracy and macro-F1 on test (%), mean ± std (seeds).",
             )
             if model in self.drawn:
                 folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})

@@ -2,14 +2,16 @@
 
 A tagging study's score is token accuracy (every word of the test split counts once), which is not
 comparable with a text task's accuracy; so tagging studies are kept out of the per-model tables, the
-means and the ranks across tasks, and shown here: per model, one row per (task, data setting), every
-method's final token accuracy on test, mean ± std over the final seeds.
+means and the ranks across tasks, and shown here: per model, one row per (task, data setting, method),
+the final token accuracy on test and, in its own column, the macro-F1 over the test words (the mean of
+the tags' F1, so rare tags count as much as frequent ones), each mean ± std over the final seeds.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,8 +44,9 @@ TOKEN_METHODS = (
 )
 TOKEN_LABELS = {**METHOD_LABELS, "cayley-word": "Cayley per word", "cayley": "Cayley per sentence"}
 TOKEN_NOTE = (
-    "Tagging studies (one tag per word): final token accuracy on the test split (%), mean ± std over the "
-    "final seeds, each seed scored once; the row says the training sentences and the validation/test cap. "
+    "Tagging studies (one tag per word): final token accuracy and macro-F1 (the unweighted mean of the tags' "
+    "F1) on the test split (%), mean ± std over the final seeds, each seed scored once ('—': not recorded, "
+    "evaluations stored before macro-F1 was); the row says the training sentences and the validation/test cap. "
     "'Cayley per sentence' passes messages over one Cayley graph per sentence whose nodes are every (word, "
     "layer) pair; 'Cayley per word' is the Cayley graph over each word's own layers (no messages between "
     "words); the other methods read each word alone. Kept out of the sequence tables, means and ranks."
@@ -57,6 +60,8 @@ TOKEN_COLUMNS = [
     "std",
     "n_seeds",
     "scores",
+    "macro_f1",
+    "macro_f1_std",
     "best_val",
     "n_complete",
     "n_pruned",
@@ -88,14 +93,24 @@ def _setting(record: ReportStudy) -> str:
     return ", ".join(parts)
 
 
+def _macro_f1(record: ReportStudy) -> tuple[float, float]:
+    """(mean, std) of the final seeds' test macro-F1 in %; NaN when the evaluation did not record it."""
+    scores = None if record.final is None else record.final.test_macro_f1
+    if not scores:
+        return math.nan, math.nan
+    return statistics.fmean(scores) * 100.0, (statistics.stdev(scores) if len(scores) > 1 else 0.0) * 100.0
+
+
 def tokens_frame(records: Sequence[ReportStudy]) -> Any:
-    """One row per tagging study with a final evaluation: token accuracy in % (columns :data:`TOKEN_COLUMNS`)."""
+    """One row per tagging study with a final evaluation: token accuracy and macro-F1 in % (columns
+    :data:`TOKEN_COLUMNS`)."""
     import pandas as pd
 
     rows = []
     for r in records:
         if r.test_mean is None:
             continue
+        macro_f1, macro_f1_std = _macro_f1(r)
         rows.append(
             {
                 "model": r.model,
@@ -106,6 +121,8 @@ def tokens_frame(records: Sequence[ReportStudy]) -> Any:
                 "std": (r.test_std or 0.0) * 100.0,
                 "n_seeds": len(r.test_scores),
                 "scores": json.dumps([round(s * 100.0, 2) for s in r.test_scores]),
+                "macro_f1": macro_f1,
+                "macro_f1_std": macro_f1_std,
                 "best_val": math.nan if r.best_value is None else r.best_value * 100.0,
                 "n_complete": r.n_complete,
                 "n_pruned": r.n_pruned,
@@ -122,24 +139,31 @@ def _methods(frame: Any) -> list[str]:
     return [m for m in TOKEN_METHODS if m in present] + sorted(present - set(TOKEN_METHODS))
 
 
+def _best(values: Any) -> float:
+    """The largest of ``values`` that is a number (NaN when none is)."""
+    finite = [float(v) for v in values if not math.isnan(float(v))]
+    return max(finite) if finite else math.nan
+
+
 def token_rows(frame: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
-    """``(header, rows)`` of one model's table: a row per (task, setting), a column per method, the best in bold."""
+    """``(header, rows)`` of one model's table: a row per (task, setting, method), token accuracy and macro-F1
+    in their own columns, the best of each (task, setting) in bold."""
     part = frame[frame["model"] == model]
-    methods = _methods(part)
+    order = {method: position for position, method in enumerate(_methods(part))}
     rows = []
     for (task, setting), group in part.groupby(["task", "setting"], sort=True):
-        by_method = {row["method"]: row for _, row in group.iterrows()}
-        best = max(row["mean"] for row in by_method.values())
-        cells = [Cell(str(task)), Cell(str(setting))]
-        for method in methods:
-            row = by_method.get(method)
-            if row is None:
-                cells.append(Cell(MISSING))
-                continue
-            text = f"{row['mean']:.1f} ± {row['std']:.1f} ({row['n_seeds']})"
-            cells.append(Cell(text, bold=bool(row["mean"] == best)))
-        rows.append(cells)
-    return ["task", "setting"] + [TOKEN_LABELS.get(m, m) for m in methods], rows
+        best_accuracy, best_f1 = _best(group["mean"]), _best(group["macro_f1"])
+        for _, row in sorted(group.iterrows(), key=lambda item: order[item[1]["method"]]):
+            mean, f1 = float(row["mean"]), float(row["macro_f1"])
+            accuracy = Cell(f"{mean:.1f} ± {row['std']:.1f} ({row['n_seeds']})", bold=mean == best_accuracy)
+            macro = (
+                Cell(MISSING)
+                if math.isnan(f1)
+                else Cell(f"{f1:.1f} ± {float(row['macro_f1_std']):.1f}", bold=f1 == best_f1)
+            )
+            method = str(row["method"])
+            rows.append([Cell(str(task)), Cell(str(setting)), Cell(TOKEN_LABELS.get(method, method)), accuracy, macro])
+    return ["task", "setting", "method", "token accuracy", "macro-F1"], rows
 
 
 def draw_token_figures(frame: Any, folder: Path) -> dict[str, Path]:

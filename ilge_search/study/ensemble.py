@@ -583,6 +583,10 @@ def ensemble_study(
         artifact_store=opened.artifact_store(),
         progress=progress,
     )
+    stored = ensemble_record(study)
+    if stored is not None and ensemble_is_current(study, run):
+        logger.info("%s: the ensemble evaluation is up to date; nothing to train", study_name)
+        return stored
     data = load_training_data(
         study, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress, with_test=True
     )

@@ -23,17 +23,19 @@ which sits in a higher layer.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..configs import EncoderConfig, config_from_dict
+from ..configs import BestLayerConfig, EncoderConfig, config_from_dict
 from ..record import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_TOKEN_POOLING,
@@ -53,7 +55,9 @@ from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 
 __all__ = [
     "StudyModel",
+    "StudyExport",
     "load_study_model",
+    "load_for_estimator",
     "load_study_ensemble",
     "load_training_data",
     "load_run_study",
@@ -107,6 +111,78 @@ class StudyModel:
     score_range: tuple[float, float] | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
     word_pooling: str | None = None
+
+    def estimator_arguments(self, export: StudyExport) -> dict[str, Any]:
+        """What an estimator built from this model (``ILGEClassifier``, ``ILGETagger``) is constructed with,
+        besides its pooling: the study's model, config and max length, the trained seed, and ``export``'s
+        device, cache, batch size and progress."""
+        return dict(
+            base_model=self.base_model,
+            config=self.config,
+            max_length=self.max_length,
+            batch_size=export.batch_size,
+            device=export.device,
+            random_state=int(self.provenance["seed"]),
+            cache_dir=export.cache_dir,
+            progress=export.progress,
+        )
+
+    def model_on(self, device: str) -> Any:
+        """The trained model on ``device`` (``auto`` resolved), in eval mode."""
+        from ..models import resolve_device
+
+        return self.model.to(resolve_device(device)).eval()
+
+    @property
+    def best_layer(self) -> int | None:
+        """The layer a best-layer model reads (``None`` for every other encoder)."""
+        return self.config.layer if isinstance(self.config, BestLayerConfig) else None
+
+
+@dataclass(frozen=True)
+class StudyExport:
+    """How ``ILGEClassifier.from_study`` and ``ILGETagger.from_study`` load a study's model: the keyword
+    arguments both take (described there), gathered once so that both read a study the same way."""
+
+    seed: int = 0
+    retrain: bool = False
+    artifact_dir: PathLike | None = None
+    data_dir: PathLike | None = None
+    device: str = "auto"
+    cache_dir: PathLike | None = None
+    batch_size: int = 32
+    progress: bool = False
+    trial: int | None = None
+    task_path: PathLike | None = None
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> StudyExport:
+        """The export options among a ``from_study`` call's arguments (its ``locals()``), so that the two
+        methods forward them without repeating the list."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in arguments.items() if name in names})
+
+
+def load_for_estimator(storage: Any, study_name: str, export: StudyExport, *, tagging: bool) -> StudyModel:
+    """:func:`load_study_model` with ``export``'s options, for ``ILGETagger.from_study`` (``tagging``) or
+    ``ILGEClassifier.from_study``: a study of the other kind is refused in one line naming the class to use."""
+    found = load_study_model(
+        storage,
+        study_name,
+        seed=export.seed,
+        retrain=export.retrain,
+        artifact_dir=export.artifact_dir,
+        data_dir=export.data_dir,
+        cache_dir=export.cache_dir,
+        device=export.device,
+        progress=export.progress,
+        trial=export.trial,
+        task_path=export.task_path,
+    )
+    if (found.task_kind == "tagging") != tagging:
+        other = "ILGETagger" if found.task_kind == "tagging" else "ILGEClassifier"
+        raise ValueError(f"study {study_name!r} is a {found.task_kind} study; export it with {other}.from_study")
+    return found
 
 
 def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:

@@ -4,7 +4,8 @@ Which trial is retrained is the selection rule's choice (``--select``,
 :mod:`~ilge_search.study.selection`). What it measured is stored as the study's
 :class:`~ilge_search.record.FinalRecord`: the test score of each seed
 (``test_scores``, with their mean and std), the validation score of each
-(``val_scores``), the ``seeds``, the retrained ``trial`` and its ``config``,
+(``val_scores``), for a tagging study each seed's test macro-F1 and their mean
+(``test_macro_f1``, ``test_macro_f1_mean``), the ``seeds``, the retrained ``trial`` and its ``config``,
 the epoch cap (``max_epochs``), the best seed's weights by validation and a
 JSON with its config (``artifacts``, uploaded to the artifact store, and
 ``artifact_seed``), and, for similarity studies scored on other STS tasks,
@@ -113,12 +114,16 @@ def final_is_current(
     its final front holds the trials
     :func:`~ilge_search.study.selection.front_trials` picks now out of
     ``final_front``, with those seeds and that epoch cap (``select`` does not
-    apply). The runner and sweeps both ask this.
+    apply). A tagging study's final evaluation without test macro-F1 is not
+    current. The runner and sweeps both ask this.
     """
     if not count_trials(study, ("COMPLETE",)):
         return False
-    final = study_record(study).final
+    record = study_record(study)
+    final = record.final
     if final is None:
+        return False
+    if _lacks_macro_f1(record, final):
         return False
     if is_multi_objective(study):
         wanted = [t.number for t in front_trials(study_front(study), final_front)]
@@ -207,6 +212,7 @@ class _Scores:
     validation: list[float] = field(default_factory=list)
     zero_shot: dict[str, list[float]] = field(default_factory=dict)
     experiments: list[list[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
+    macro_f1: list[float] = field(default_factory=list)  # tagging: each seed's macro-F1 over the test words
     best: tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
 
 
@@ -275,8 +281,10 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
                 test, validation, zero, draws = _paper_readout(data, zero_shot, readout, model=result.model)
             else:
                 test_features, test_labels = data.test_split()
-                test = float(evaluate(result.model, test_features, test_labels, task_kind=data.task_kind)[data.metric])
-                validation, draws = float(result.best_val_metric), []
+                metrics = evaluate(result.model, test_features, test_labels, task_kind=data.task_kind)
+                test, validation, draws = float(metrics[data.metric]), float(result.best_val_metric), []
+                if data.task_kind == "tagging":
+                    out.macro_f1.append(float(metrics["macro_f1"]))
                 zero = {
                     name: float(evaluate(result.model, features, labels, "similarity")["spearman"])
                     for name, (features, labels) in zero_shot.items()
@@ -384,6 +392,8 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         kept = {m.trial: m for m in earlier.front if m.artifacts or run.artifact_store is None}
     members: list[FrontMember] = []
     top_zero_shot: dict[str, list[float]] = {}
+    # tagging: the top member's test macro-F1, kept with it when it is kept (members do not store it)
+    top_macro_f1 = earlier.test_macro_f1 if kept and earlier is not None and earlier.trial == chosen[0].number else None
     for index, trial in enumerate(chosen):
         zero_shot = run.zero_shot if index == 0 else {}
         if trial.number in kept and not zero_shot:
@@ -392,7 +402,7 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         config = trial_config(trial)
         scores = _retrain(config, run, label=f"{run.encoder} front trial {trial.number}", zero_shot=zero_shot)
         if index == 0:
-            top_zero_shot = scores.zero_shot
+            top_zero_shot, top_macro_f1 = scores.zero_shot, scores.macro_f1 or None
         artifacts = _upload_best(study, run, config, scores.best, trial.number)
         members.append(_front_member(trial, record.objectives, scores, artifacts))
     top = members[0]
@@ -414,8 +424,15 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         front=members,
         front_k=final_front,
         front_size=len(front),
+        test_macro_f1=top_macro_f1,
+        test_macro_f1_mean=statistics.fmean(top_macro_f1) if top_macro_f1 else None,
     )
     save_final(study, _with_start(study, record, run, final, chosen[0]), keep_by_rule=False)
+
+
+def _lacks_macro_f1(record: StudyRecord, final: FinalRecord) -> bool:
+    """A tagging study's evaluation stored before test macro-F1 was recorded: redone rather than kept."""
+    return record.data is not None and record.data.task_kind == "tagging" and final.test_macro_f1 is None
 
 
 def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: int, select: str) -> bool:
@@ -424,6 +441,8 @@ def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: i
     # the rule's own evaluation first, then one another rule made of the same trial
     for rule in sorted(record.by_rule, key=lambda name: name != select):
         kept = record.by_rule[rule]
+        if _lacks_macro_f1(record, kept):
+            continue
         if kept.matches(selected, run.seeds, run.max_epochs) and (kept.artifacts or run.artifact_store is None):
             save_final(study, dataclasses.replace(kept, select=select))
             return True
@@ -456,6 +475,8 @@ def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, sele
         selected_value=float(selected.value),
         protocol=protocol,
         zero_shot=_zero_shot_record(scores.zero_shot),
+        test_macro_f1=scores.macro_f1 or None,
+        test_macro_f1_mean=statistics.fmean(scores.macro_f1) if scores.macro_f1 else None,
     )
     save_final(study, _with_start(study, record, run, final, selected))
 

@@ -197,6 +197,7 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
     ``objectives``, ``protocol`` ...): ``:cv5`` for trials scored on 5 folds, so such a study never merges
     with one scored on validation; ``:obj-params`` for a study that also minimises the parameters; ``:paper``
     for the paper protocol, ``:paper-16-per-label`` when its examples per label are not the task's default;
+    ``:dataseed1`` for a study whose few-shot and subsampling draws (and folds) use data seed 1, not 0;
     ``:mean-words`` for a tagging study whose words are the mean of their pieces; ``:warm4`` for a study that
     enqueued 4 portfolio members after its starting configuration.
 
@@ -213,6 +214,7 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
         (identity.max_eval, "eval{}"),
         (identity.max_epochs, "ep{}"),
         (identity.cv, "cv{}"),
+        (identity.data_seed or None, "dataseed{}"),  # another draw of the same caps: another study
     ):
         if value is not None:
             parts.append(template.format(value))

@@ -146,8 +146,9 @@ class SearchOptions:
     warm_start: int = _option(
         0,
         help="enqueue, after the starting configuration, the first K members of the encoder's portfolio "
-        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package) before the sampler "
-        "takes over; part of the study's identity and name (:warmK).",
+        "(`ilge-search portfolio`: the storage's own, else the one shipped with the package; past the greedy "
+        "portfolio, its other candidates by mean normalised validation score) before the sampler takes over; "
+        "part of the study's identity and name (:warmK).",
     )
 
     def __post_init__(self) -> None:
@@ -238,10 +239,12 @@ class DataOptions:
         help="a custom pair task's two text columns, comma-separated (default: sentence1,sentence2)."
     )
     score_col: str | None = _option(help="a custom pair task's score column (default: score).")
+    tokens_col: str | None = _option(help="a custom token task's column of words, a list per row (default: tokens).")
+    tags_col: str | None = _option(help="a custom token task's column of tags, one per word (default: tags).")
 
     def column_options(self) -> dict[str, Any]:
         """The column options given, as :func:`~ilge_search.tasks.load_task` takes them."""
-        names = ("text_col", "label_col", "text_cols", "score_col")
+        names = ("text_col", "label_col", "text_cols", "score_col", "tokens_col", "tags_col")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     def __post_init__(self) -> None:

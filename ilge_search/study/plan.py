@@ -286,6 +286,7 @@ def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *
         max_eval=options.data.max_eval,
         max_epochs=options.search.max_epochs,
         cv=options.search.cv,
+        data_seed=options.data.data_seed,
         objectives=options.search.objectives,
         protocol=options.final.protocol,
         samples_per_label=options.final.samples_per_label,

@@ -24,6 +24,12 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     protocol = ["matched", "paper"]    # how final scores are measured (per task too); a list runs each;
                                        # paper studies are named :paper (see ilge_search.protocol)
     samples_per_label = 8              # the paper protocol's examples per label (per task too)
+    warm_start = 4                     # ILGE families' studies enqueue 4 portfolio members after their start
+                                       # (per task too; names get :warm4; baselines have no portfolio)
+    data_seed = 0                      # seed of the few-shot and subsampling draws (per task too; not 0:
+                                       # names get :dataseed1)
+    word_pooling = "mean"              # tagging tasks: first | mean piece per word (per task too; names get
+                                       # :mean-words; other tasks pool no words)
 
     [trials]                           # target number of finished trials per study
     default = 20
@@ -35,6 +41,9 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     zero_shot = ["sick_r"]             # evaluated with the STS-B encoder
     [tasks.trec]
     objectives = ["score", "latency"]  # per task too (a list, or a table per encoder)
+
+Every study option that is part of a study's identity (:data:`IDENTITY_KEYS`) can be set at the top of a grid
+and per task; the others (``sampler``, ``select``, ``workers`` ...) only at the top.
 
 ``shots`` is one count of training examples per label, or a list of them
 (``"full"`` in a list: the study without a few-shot draw, on the task's
@@ -57,8 +66,9 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ..configs import ENCODER_FAMILIES
 from ..files import read_text_utf8
 from ..objectives import DEFAULT_OBJECTIVES, check_objectives
 from ..protocol import DEFAULT_PROTOCOL, PROTOCOLS
@@ -68,7 +78,7 @@ from ..validation import check_int
 from .final import final_is_current
 from .folds import check_cv
 from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
-from .options import StudyOptions
+from .options import WORD_POOLINGS, StudyOptions
 from .plan import missing_sqlite_file
 from .results import StudyResult, study_result
 from .runner import run_study
@@ -79,6 +89,9 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = [
+    "IDENTITY_KEYS",
+    "GRID_KEYS",
+    "TASK_KEYS",
     "SweepOverrides",
     "SweepFilter",
     "SweepEntry",
@@ -95,45 +108,43 @@ logger = logging.getLogger(__name__)
 
 PathLike = Union[str, os.PathLike]
 
-_TOP_KEYS = {
-    "name",
-    "storage",
-    "models",
-    "encoders",
-    "sampler",
-    "pruner",
-    "seed",
-    "final_seeds",
-    "workers",
-    "threads",
-    "max_epochs",
+# the study options that are part of a study's identity (and name): a grid sets each for every task at its top
+# level and per task; tests/test_sweep.py checks that every such option of StudyOptions is here
+IDENTITY_KEYS = (
+    "shots",
     "max_train",
     "max_eval",
-    "shots",
-    "timeout",
-    "trials",
-    "tasks",
-    "cv",
-    "select",
-    "objectives",
-    "final_front",
-    "ensemble",
-    "protocol",
-    "samples_per_label",
-}
-_TASK_KEYS = {
-    "max_train",
-    "max_eval",
-    "shots",
     "max_epochs",
-    "zero_shot",
-    "encoders",
-    "trials",
+    "data_seed",
     "cv",
     "objectives",
     "protocol",
     "samples_per_label",
-}
+    "word_pooling",
+    "warm_start",
+)
+GRID_KEYS = frozenset(
+    {
+        "name",
+        "storage",
+        "models",
+        "encoders",
+        "sampler",
+        "pruner",
+        "seed",
+        "final_seeds",
+        "workers",
+        "threads",
+        "timeout",
+        "trials",
+        "tasks",
+        "select",
+        "final_front",
+        "ensemble",
+        *IDENTITY_KEYS,
+    }
+)
+TASK_KEYS = frozenset({"zero_shot", "encoders", "trials", *IDENTITY_KEYS})
 
 
 @dataclass(frozen=True)
@@ -153,16 +164,24 @@ class SweepEntry:
     objectives: Tuple[str, ...] = DEFAULT_OBJECTIVES
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: Optional[int] = None
+    data_seed: int = 0
+    word_pooling: str = "first"  # tagging tasks only; what other tasks' studies record is no word pooling
+    warm_start: int = 0  # ILGE families only: baselines have no portfolio
 
     @property
     def study_name(self) -> str:
         """The name :func:`~ilge_search.study.run_study` gives this study (a custom task file or folder is
         read to name it by its content, as the runner does)."""
         task = self.task
-        if not is_registered_task(task):
+        if is_registered_task(task):
+            from ..tasks import get_task_spec
+
+            tagging = get_task_spec(task).kind == "tagging"
+        else:
             from ..tasks import load_task
 
-            task = task_label(task, load_task(task))
+            loaded = load_task(task)
+            task, tagging = task_label(task, loaded), loaded.kind == "tagging"
         return default_study_name(
             self.model,
             task,
@@ -175,6 +194,9 @@ class SweepEntry:
             objectives=self.objectives,
             protocol=self.protocol,
             samples_per_label=self.samples_per_label,
+            data_seed=self.data_seed,
+            word_pooling=self.word_pooling if tagging else None,
+            warm_start=self.warm_start,
         )
 
     def group_key(self) -> Tuple:
@@ -191,10 +213,14 @@ class SweepEntry:
             self.objectives,
             self.protocol,
             self.samples_per_label,
+            self.data_seed,
+            self.word_pooling,
+            self.warm_start,
         )
 
     def options(self, base: StudyOptions, n_trials: Any) -> StudyOptions:
-        """``base`` with this entry's data, budget, objective and protocol options and ``n_trials``."""
+        """``base`` with this entry's identity options (data, budget, objectives, protocol, data seed, word
+        pooling, warm start) and ``n_trials``."""
         return base.replace(
             n_trials=n_trials,
             shots=self.shots,
@@ -206,6 +232,9 @@ class SweepEntry:
             objectives=self.objectives,
             protocol=self.protocol,
             samples_per_label=self.samples_per_label,
+            data_seed=self.data_seed,
+            word_pooling=self.word_pooling,
+            warm_start=self.warm_start,
         )
 
 
@@ -261,7 +290,7 @@ def _fail(where: str, message: str) -> ValueError:
     return ValueError(f"{where}: {message}")
 
 
-def _check_keys(where: str, table: Mapping[str, Any], allowed: set) -> None:
+def _check_keys(where: str, table: Mapping[str, Any], allowed: AbstractSet[str]) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise _fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -391,6 +420,23 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
     return out
 
 
+def _word_pooling(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> str:
+    """The task's ``word_pooling``: its own, else the grid's. A registered task that is not a tagging task pools
+    no words: its own ``word_pooling`` other than ``first`` is refused, the grid's does not apply to it."""
+    value = options.get("word_pooling", raw.get("word_pooling", "first"))
+    if value not in WORD_POOLINGS:
+        raise _fail(where, f"word_pooling must be one of {list(WORD_POOLINGS)}, got {value!r}")
+    if is_registered_task(task):
+        from ..tasks import get_task_spec
+
+        kind = get_task_spec(task).kind
+        if kind != "tagging":
+            if options.get("word_pooling", "first") != "first":
+                raise _fail(where, f"word_pooling applies to tagging tasks (sentences of words); {task!r} is {kind}")
+            return "first"
+    return str(value)
+
+
 def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
@@ -404,7 +450,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
         task_where = f"{where} [tasks.{task}]"
         if not isinstance(options, Mapping):
             raise _fail(task_where, "must be a table")
-        _check_keys(task_where, options, _TASK_KEYS)
+        _check_keys(task_where, options, TASK_KEYS)
         _check_task_name(task_where, task)
         task_encoders = _encoders(task_where, options["encoders"]) if "encoders" in options else encoders
         task_budgets = dict(budgets)
@@ -430,6 +476,9 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
                 task_where, 'samples_per_label sets the paper protocol\'s readout; add protocol = "paper" or drop it'
             )
         shot_values = _shots(task_where, task, options, raw)
+        common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
+        common["word_pooling"] = _word_pooling(task_where, task, options, raw)
+        warm_start = _int_or_none(task_where, options, "warm_start", raw.get("warm_start", 0), minimum=0) or 0
         for protocol in protocols:
             for model in models:
                 for shots in shot_values:
@@ -444,6 +493,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
                                 objectives=objectives[encoder],
                                 protocol=protocol,
                                 samples_per_label=samples_per_label if protocol == "paper" else None,
+                                warm_start=warm_start if encoder in ENCODER_FAMILIES else 0,
                                 **common,
                             )
                         )
@@ -460,7 +510,7 @@ def load_sweep(path: PathLike) -> Sweep:
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path} is not valid TOML: {exc}") from exc
     where = str(path)
-    _check_keys(where, raw, _TOP_KEYS)
+    _check_keys(where, raw, GRID_KEYS)
 
     models = _str_list(where, raw.get("models"), "models")
     encoders = _encoders(where, raw.get("encoders", ["all"]))

@@ -96,8 +96,9 @@ def config_params(encoder: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def warm_start_params(storage: Any, encoder: str, count: int, *, hidden_size: int | None, model: str) -> list[dict]:
-    """The params of the first ``count`` portfolio members that differ from the starting configuration
-    (``run --warm-start``): from the storage's portfolio, else the shipped one.
+    """The params of the first ``count`` members of the warm-start order (the portfolio, then the other
+    candidates by mean normalised validation score) that differ from the starting configuration (``run
+    --warm-start``): from the storage's portfolio, else the shipped one.
 
     Raises:
         ValueError: a baseline encoder, or no portfolio with that many members.
@@ -119,7 +120,7 @@ def warm_start_params(storage: Any, encoder: str, count: int, *, hidden_size: in
         raise ValueError(
             f"--warm-start {count}: {source} has {len(params)} {encoder} ({bucket}) members besides the starting "
             "configuration; run `ilge-search portfolio --storage URL --family "
-            f"{encoder} --size {count + 1}` first, or ask for fewer"
+            f"{encoder}` first (a larger --top-k gives more candidates), or ask for fewer"
         )
     return params[:count]
 

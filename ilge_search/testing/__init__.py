@@ -13,6 +13,8 @@ studies, reports, selection, export and defaults need no language model.
   ``loto`` and the report run their real code with no model loaded (:func:`refuse_model_loads` proves it).
 - :mod:`~ilge_search.testing.store`: studies written straight into an Optuna storage through the study
   record's writers (:func:`add_study`), for code that only reads studies.
+- :mod:`~ilge_search.testing.portfolio`: a cross-task matrix stored with scores the test chooses
+  (:func:`add_matrix_problems`, :func:`store_matrix`), for code that reads what ``ilge-search portfolio`` stored.
 """
 
 from .cached import (
@@ -25,6 +27,7 @@ from .cached import (
     write_split_embeddings,
 )
 from .encoder_contract import LayerEncoderContract
+from .portfolio import add_matrix_problems, store_matrix
 from .store import FakeTrial, add_study, classification_data, final_record, similarity_data
 from .synthetic import LayerSignal, classification_features, similarity_features
 from .tasks import VOCABULARY, SyntheticTask, write_task
@@ -52,4 +55,6 @@ __all__ = [
     "final_record",
     "classification_data",
     "similarity_data",
+    "add_matrix_problems",
+    "store_matrix",
 ]

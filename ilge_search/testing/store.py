@@ -164,6 +164,9 @@ def add_study(
         objectives=identity.objectives,
         protocol=identity.protocol,
         samples_per_label=identity.samples_per_label,
+        data_seed=identity.data_seed,
+        word_pooling=identity.word_pooling,
+        warm_start=identity.warm_start,
     )
     metric = data.metric or "accuracy"
     directions = [StudyDirection[way.upper()] for way in objective_directions(identity.objectives, metric)]

@@ -1,0 +1,108 @@
+"""The portfolio shipped with the package, written from a storage's stored cross-task matrix (maintainers only).
+
+``run --warm-start K`` takes its members from the storage's own portfolio, else
+from ``ilge_search/data/portfolio.json`` (schema and loader in
+:mod:`ilge_search.record.portfolio`). :func:`update_shipped_portfolio`
+(``ilge-search portfolio --update-shipped``) writes one family's and size
+bucket's entry of that file from the matrix a request names, as
+``ilge-search portfolio`` stored it, and trains nothing: every cell must be
+stored. The members are the warm-start order
+(:func:`~ilge_search.defaults.choice.warm_start_order`: the greedy portfolio,
+then the other candidates by mean normalised validation score) without the
+built-in defaults, which every study already trains first; the first
+``size`` of them. The provenance says what they were chosen from (storage,
+problems, exclusions, seeds, how many the greedy step chose, the left-out
+checks when stored) and that they were chosen on validation scores.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..record import write_shipped_portfolio
+from .portfolio import BUILTIN, PortfolioRequest, PortfolioResult
+from .transfer import read_stored
+
+__all__ = ["shipped_entry", "update_shipped_portfolio"]
+
+
+def _left_out(result: PortfolioResult) -> dict[str, Any]:
+    """The left-out checks' verdicts, per fold kind and method (empty when none are stored)."""
+    if result.held_out is None:
+        return {}
+    return {
+        f"{kind}/{method}": {
+            "problems": int(verdict["rows"]),
+            "mean_difference": round(float(verdict["mean_difference"]), 4),
+            "ahead": int(verdict["ahead"]),  # numpy integers, from numpy scores
+            "behind": int(verdict["behind"]),
+        }
+        for (kind, method), verdict in sorted(result.held_out.verdicts.items())
+        if verdict["rows"]
+    }
+
+
+def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(members, provenance) of the shipped file's entry for ``result`` (a complete, chosen matrix).
+
+    Raises:
+        ValueError: cells of the matrix are missing, or no member differs from the built-in defaults.
+    """
+    from ..study.trial import config_params
+
+    request = result.request
+    if result.matrix.missing or result.default is None:
+        raise ValueError(
+            f"{result.matrix.missing} of the {result.planned} cells of this {request.family} ({request.bucket}) "
+            f"matrix are not stored in {result.storage}; run `ilge-search portfolio` with the same options first "
+            "(--update-shipped trains nothing)"
+        )
+    builtin = next(c.config for c in result.candidates if c.name == BUILTIN)
+    start = config_params(request.family, builtin)
+    order = [i for i in result.order if config_params(request.family, result.candidates[i].config) != start]
+    members = order[: request.size]
+    if not members:
+        raise ValueError("every candidate of this matrix is the built-in defaults; there is nothing to warm-start with")
+    provenance = {
+        "source": result.storage,
+        "family": request.family,
+        "bucket": request.bucket,
+        "problems": [p.study for p in result.problems],
+        "models": sorted({p.model for p in result.problems}),
+        "tasks": sorted({p.task for p in result.problems}),
+        "excluded_tasks": list(request.exclude_tasks),
+        "excluded_models": list(request.exclude_models),
+        "candidates": len(result.candidates),
+        "top_k": request.top_k,
+        "seeds": request.seed_list,
+        "max_epochs": request.max_epochs,
+        "chosen_on": "validation",
+        "greedy_members": int(sum(i in result.portfolio for i in members)),
+        "member_names": [result.candidates[i].name for i in members],
+        "left_out_checks_on_test": _left_out(result),
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "ilge_search_version": __version__,
+        "note": note,
+    }
+    return [dict(result.candidates[i].config) for i in members], provenance
+
+
+def update_shipped_portfolio(
+    storage_url: str, request: PortfolioRequest, *, note: str = "", path: str | Path | None = None
+) -> tuple[Path, PortfolioResult, list[dict[str, Any]]]:
+    """Write ``request``'s family and bucket into the shipped portfolio file (``path``: default the package's)
+    from the matrix stored in ``storage_url``; trains nothing. (path written, the matrix, the members).
+
+    Raises:
+        ValueError: a bad request, no problem, cells missing, or the file cannot be written.
+    """
+    result = read_stored(storage_url, request.check())
+    members, provenance = shipped_entry(result, note)
+    try:
+        written = write_shipped_portfolio(request.family, request.bucket, members, provenance, path)
+    except OSError as exc:  # e.g. a read-only installed package
+        raise ValueError(f"cannot write the shipped portfolio: {exc.strerror or exc} ({exc.filename})") from exc
+    return written, result, members

@@ -1,0 +1,155 @@
+"""The portfolio shipped with the package: the committed file, its schema and loader, the maintainer command that
+writes it from a stored matrix (only with --update-shipped, training nothing), and warm starts taking it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ilge_search.cli import cli
+from ilge_search.configs import CayleyConfig
+from ilge_search.defaults.portfolio import PortfolioRequest
+from ilge_search.record import load_shipped_portfolio, write_shipped_portfolio
+from ilge_search.record import portfolio as record_portfolio
+from ilge_search.testing import add_matrix_problems, store_matrix
+
+MODEL = "minilm-l6"
+START = CayleyConfig(lr=1e-3, gnn_layers=1, hidden_dim=256).to_dict()  # the built-in defaults (small)
+TRIALS = {
+    "trec": CayleyConfig(lr=3e-4, gnn_layers=2, hidden_dim=512).to_dict(),
+    "sst2": CayleyConfig(lr=1e-3, gnn_layers=3, hidden_dim=128, conv_type="gcn").to_dict(),
+    "emotion": CayleyConfig(lr=1e-3, gnn_layers=2, hidden_dim=128, pooling="sum").to_dict(),
+}
+REQUEST = PortfolioRequest(top_k=1, seeds=1, size=3)
+PROVENANCE = {"source": "s", "family": "cayley", "bucket": "small", "problems": [], "chosen_on": "validation"}
+
+
+def score(candidate, problem, seed):
+    """The built-in defaults best on average, trec's trial second everywhere, sst2's best on sst2 only."""
+    sources = candidate.sources if candidate is not None else ("marginal",)
+    if "built-in" in sources:
+        return 0.80, 0.75
+    if any(s.startswith(f"{MODEL}:trec:") for s in sources):
+        return 0.78, 0.74
+    if any(s.startswith(f"{MODEL}:sst2:") for s in sources):
+        return (0.95 if problem.task == "sst2" else 0.40), 0.5
+    if any(s.startswith(f"{MODEL}:emotion:") for s in sources):
+        return 0.60, 0.55
+    return 0.50, 0.45  # the marginal rule's
+
+
+@pytest.fixture()
+def problems_url(tmp_path):
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    add_matrix_problems(url, {(MODEL, task): [(START, 0.70), (config, 0.80)] for task, config in TRIALS.items()})
+    return url
+
+
+@pytest.fixture()
+def shipped_path(tmp_path, monkeypatch):
+    path = tmp_path / "portfolio.json"
+    monkeypatch.setattr(record_portfolio, "SHIPPED_PORTFOLIO_PATH", path)
+    return path
+
+
+def test_the_committed_file_is_the_provisional_minilm_portfolio_and_warm_starts_take_it():
+    from ilge_search.study.trial import recommended_params, warm_start_params
+
+    document = load_shipped_portfolio()
+    assert document["format_version"] == 1 and set(document["families"]) == {"cayley"}
+    entry = document["families"]["cayley"]["small"]
+    provenance = entry["provenance"]
+    assert provenance["source"] == "sqlite:///reports/transfer.db" and provenance["chosen_on"] == "validation"
+    assert provenance["models"] == ["minilm-l6"] and len(provenance["problems"]) == 5
+    assert provenance["excluded_tasks"] == ["banking77"] and provenance["excluded_models"] == ["smollm2-135m"]
+    assert all(":train500:" in name for name in provenance["problems"])
+    assert "Provisional" in provenance["note"] and len(entry["members"]) == 4
+    # a storage without a portfolio: --warm-start 4 takes the shipped members, none of them the start
+    params = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL)
+    assert len(params) == 4 and recommended_params("cayley", 384, model=MODEL) not in params
+    with pytest.raises(ValueError, match=r"--warm-start 5: the portfolio shipped with ilge-search has 4 cayley"):
+        warm_start_params(None, "cayley", 5, hidden_size=384, model=MODEL)
+
+
+ENTRY = '{"format_version": 1, "families": {"cayley": {"small": %s}}}'
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"format_version": 2, "families": {}}', "format_version 2; this ilge-search reads version 1"),
+        ('{"families": []}', "not a portfolio file"),
+        (ENTRY % '{"members": [{"family": "cayley"}]}', "no provenance"),
+        (ENTRY % '{"members": []}', "non-empty list"),
+        (ENTRY % '{"members": [{"family": "fc"}], "provenance": {}}', "holds a 'fc' configuration"),
+    ],
+)
+def test_a_malformed_shipped_file_is_one_line_naming_it(shipped_path, content, message):
+    shipped_path.write_text(content)
+    with pytest.raises(ValueError) as info:
+        load_shipped_portfolio()
+    assert message in str(info.value) and str(shipped_path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_file_not_chosen_on_validation_is_refused(shipped_path):
+    with pytest.raises(ValueError, match="not chosen on validation"):
+        write_shipped_portfolio("cayley", "small", [START], {**PROVENANCE, "generated": "x", "chosen_on": "test"})
+    assert not shipped_path.exists()
+    with pytest.raises(ValueError, match="provenance lacks generated"):
+        write_shipped_portfolio("cayley", "small", [START], PROVENANCE)
+
+
+def test_update_shipped_writes_the_warm_start_order_without_the_start_and_keeps_other_entries(
+    problems_url, shipped_path
+):
+    from ilge_search.defaults.shipped_portfolio import update_shipped_portfolio
+    from ilge_search.study.trial import config_params
+
+    fc = {"members": [{"family": "fc"}], "provenance": {**PROVENANCE, "family": "fc", "generated": "earlier"}}
+    shipped_path.write_text(json.dumps({"format_version": 1, "families": {"fc": {"small": fc}}}))
+    result = store_matrix(problems_url, REQUEST, score)
+    builtin = next(i for i, c in enumerate(result.candidates) if c.name == "built-in")
+    assert result.default == builtin  # the start is the best default here, so it is no warm-start member
+    written, again, members = update_shipped_portfolio(problems_url, REQUEST, note="a test")
+    assert written == shipped_path and again.order == result.order
+    expected = [result.candidates[i].config for i in result.order if i != builtin][: REQUEST.size]
+    assert members == expected and len(members) == 3
+    assert config_params("cayley", members[0]) == config_params("cayley", TRIALS["sst2"])  # the greedy 2nd member
+    document = load_shipped_portfolio()
+    assert document["families"]["fc"]["small"] == fc  # the other entries are kept
+    provenance = document["families"]["cayley"]["small"]["provenance"]
+    assert provenance["chosen_on"] == "validation" and provenance["note"] == "a test"
+    assert provenance["problems"] == [p.study for p in result.problems] and provenance["greedy_members"] == 1
+    assert provenance["left_out_checks_on_test"]["task/portfolio_default"]["problems"] == 3
+
+
+def test_update_shipped_trains_nothing_and_refuses_a_matrix_with_missing_cells(problems_url, shipped_path):
+    runner = CliRunner()
+    args = ["portfolio", "--storage", problems_url, "--top-k", "1", "--seeds", "1", "--size", "3"]
+    out = runner.invoke(cli, [*args, "--update-shipped"])
+    assert out.exit_code == 1 and "cells of this cayley (small) matrix are not stored" in out.output
+    assert "--update-shipped trains nothing" in out.output and "Traceback" not in out.output
+    assert not shipped_path.exists()
+    store_matrix(problems_url, REQUEST, score)
+    plain = runner.invoke(cli, [*args, "--quiet", "--format", "json"])  # without the flag: nothing shipped
+    assert plain.exit_code == 0, plain.output
+    assert not shipped_path.exists()
+    shipped = runner.invoke(cli, [*args, "--update-shipped", "--note", "x"])
+    assert shipped.exit_code == 0, shipped.output
+    assert "wrote 3 cayley (small) warm-start members" in shipped.output and str(shipped_path) in shipped.output
+    assert load_shipped_portfolio()["families"]["cayley"]["small"]["provenance"]["note"] == "x"
+
+
+def test_a_stored_choice_warm_starts_in_its_order_beyond_the_greedy_portfolio(problems_url):
+    from ilge_search.storage import open_storage
+    from ilge_search.study.trial import config_params, warm_start_params
+
+    result = store_matrix(problems_url, REQUEST, score)
+    assert len(result.portfolio) < 3 <= len(result.order) - 1  # the greedy step stopped; the order goes on
+    params = warm_start_params(open_storage(problems_url), "cayley", 3, hidden_size=384, model=MODEL)
+    builtin = next(i for i, c in enumerate(result.candidates) if c.name == "built-in")
+    order = [config_params("cayley", result.candidates[i].config) for i in result.order if i != builtin]
+    assert params == order[:3]
