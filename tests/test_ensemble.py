@@ -253,6 +253,7 @@ def test_the_ensemble_command_backfills_and_scores_sizes(ensembled):
     assert sorted(int(n) for n in backfilled) == complete and {e["seed"] for e in backfilled.values()} == {0}
 
 
+@pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)
 def test_the_ensemble_command_trains_nothing_when_its_evaluation_is_current(ensembled, monkeypatch):
     args = ["--storage", ensembled["url"], "--study", ensembled["stsb"], "--size", "2", "--also", "1", "-q"]
     synthetic = ensembled["synthetic"]
