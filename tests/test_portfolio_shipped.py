@@ -218,3 +218,30 @@ def test_a_stored_choice_without_left_out_orders_is_refused_for_its_own_tasks(pr
         warm_start_params(opened, "cayley", 1, hidden_size=384, model=MODEL, task="trec")
     other = warm_start_params(opened, "cayley", 2, hidden_size=384, model=MODEL, task="sst2")
     assert [m.config for m in other.members] == members and other.left_out_task is None
+
+
+def test_the_portfolio_is_copied_once_into_a_fresh_storage_with_its_left_out_orders(problems_url, tmp_path):
+    import optuna
+
+    from ilge_search.defaults.transfer import copy_portfolio
+    from ilge_search.record import portfolio_study_name, save_portfolio_choice
+    from ilge_search.storage import StorageError, open_storage
+    from ilge_search.study.trial import warm_start_params
+
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with pytest.raises(ValueError, match="holds no cayley \\(small\\) portfolio chosen with its leave-one-task-out"):
+        copy_portfolio(problems_url, fresh)
+    store_matrix(problems_url, REQUEST, score)
+    assert copy_portfolio(problems_url, fresh) is True and copy_portfolio(problems_url, fresh) is False
+    studies = {s.study_name for s in optuna.get_all_study_summaries(fresh)}
+    assert studies == {portfolio_study_name("cayley", "small")}  # the matrix's problems stay behind
+    for task in ("sst2", "banking77"):
+        here = warm_start_params(open_storage(problems_url), "cayley", 2, hidden_size=384, model=MODEL, task=task)
+        there = warm_start_params(open_storage(fresh), "cayley", 2, hidden_size=384, model=MODEL, task=task)
+        assert there.members == here.members and there.chosen_from == here.chosen_from
+    # a study of that name that is no copy is never replaced
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    mine = optuna.create_study(study_name=portfolio_study_name("cayley", "small"), storage=other)
+    save_portfolio_choice(mine, {"warm_start": [TRIALS["trec"]]})
+    with pytest.raises(StorageError, match="that is no copy of"):
+        copy_portfolio(problems_url, other)

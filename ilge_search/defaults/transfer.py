@@ -64,6 +64,7 @@ __all__ = [
     "held_out_check",
     "member_sources",
     "left_out_orders",
+    "copy_portfolio",
     "shipping_verdict",
     "portfolio",
     "read_stored",
@@ -380,6 +381,31 @@ def _store_choice(storage_url: str, result: PortfolioResult) -> None:
             "max_epochs": result.request.max_epochs,
         },
     )
+
+
+def copy_portfolio(source_url: str, target_url: str, family: str = "cayley", bucket: str = "small") -> bool:
+    """Copy the portfolio study of ``family`` and ``bucket`` (cells, stored choice and request) into another
+    storage, once (``reports/warmstart.sh``: the warm-start searches' fresh storage gets the matrix's choice, and
+    none of its problems' studies); whether it copied. The choice must hold the leave-one-task-out orders
+    (:func:`left_out_orders`), so that a study of a matrix task warm-starts without that task's problems.
+
+    Raises:
+        ValueError: no such choice in ``source_url``, or ``target_url`` holds another study of that name.
+    """
+    from ..record import portfolio_study_name, stored_portfolio_choice
+    from ..storage import copy_study_once
+
+    source = open_storage(source_url, must_exist=True)
+    name = portfolio_study_name(family, bucket)
+    study = source.load_study(name)
+    choice = None if study is None else stored_portfolio_choice(study)
+    if not choice or not isinstance(choice.get("by_task"), dict):
+        raise ValueError(
+            f"{source.shown_url} holds no {family} ({bucket}) portfolio chosen with its leave-one-task-out orders; "
+            f"run `ilge-search portfolio --storage {source.shown_url} --family {family}` without exclusions first "
+            "(it trains nothing when the cells are stored)"
+        )
+    return copy_study_once(source, open_storage(target_url), name)
 
 
 def _store_request(storage_url: str, request: PortfolioRequest) -> None:

@@ -65,6 +65,7 @@ class WarmRow:
     to_reach: int | None  # trials after the start until one reached the start's validation score
     best_layer: float | None
     members: tuple[str, ...] = ()
+    select: str = "best"  # the selection rule of the final evaluation
 
     @property
     def setting(self) -> tuple[str, str, str, int | None, int]:
@@ -150,6 +151,7 @@ def _row(study: Any, record: StudyRecord, best_layer: float | None) -> WarmRow:
         to_reach=to_reach,
         best_layer=None if best_layer is None else best_layer * scale,
         members=tuple(m.name for m in warm.members) if warm is not None else (),
+        select=final.select,
     )
 
 
@@ -253,7 +255,8 @@ def write_warmstart_page(storage_url: str | Sequence[str], out: str | Path) -> P
         "Storages: " + ", ".join(f"`{url}`" for url in urls) + ". Scores in points (accuracy %, Spearman x 100); "
         "`test − cold`: against the cold search of the same model, task, size and trials; `gain`: selected trial "
         "minus the starting configuration; `trials to reach start`: trials after the start until one scored at "
-        "least the start's validation score; `members`: the portfolio members a warm search enqueued.",
+        "least the start's validation score; `members`: the portfolio members a warm search enqueued. Selection "
+        f"rule of the final evaluations: {', '.join(sorted({r.select for r in rows})) or '-'}.",
         "",
     ]
     if not rows:
