@@ -245,3 +245,18 @@ def test_the_portfolio_is_copied_once_into_a_fresh_storage_with_its_left_out_ord
     save_portfolio_choice(mine, {"warm_start": [TRIALS["trec"]]})
     with pytest.raises(StorageError, match="that is no copy of"):
         copy_portfolio(problems_url, other)
+
+
+def test_a_matrix_of_one_task_cannot_warm_start_that_task(tmp_path):
+    from ilge_search.storage import open_storage
+    from ilge_search.study.trial import warm_start_params
+
+    url = f"sqlite:///{tmp_path / 'one-task.db'}"
+    add_matrix_problems(
+        url, {(model, "trec"): [(START, 0.70), (TRIALS["trec"], 0.80)] for model in (MODEL, "smollm2-135m")}
+    )
+    store_matrix(url, REQUEST, score)
+    with pytest.raises(ValueError, match=r"every problem of the portfolio stored in .* is task trec's own"):
+        warm_start_params(open_storage(url), "cayley", 1, hidden_size=384, model=MODEL, task="trec")
+    other = warm_start_params(open_storage(url), "cayley", 1, hidden_size=384, model=MODEL, task="sst2")
+    assert other.members[0].sources and len(other.chosen_from) == 2  # any other task takes the whole order
