@@ -88,6 +88,10 @@ _LAZY = {
     "PortfolioResult": "defaults.portfolio",
     "update_shipped_portfolio": "defaults.shipped_portfolio",
     "load_shipped_portfolio": "record",
+    "WarmStartRecord": "record",
+    "warm_start_record": "record",
+    "copy_portfolio": "defaults.transfer",
+    "write_warmstart_page": "report.warmstart",
 }
 
 __all__ = [

@@ -59,6 +59,7 @@ __all__ = [
     "owner_stamping",
     "fail_own_running_trials",
     "requeue_trial",
+    "copy_study_once",
 ]
 
 logger = logging.getLogger(__name__)
@@ -684,3 +685,45 @@ def requeue_trial(study: Any, storage: Storage, trial: Any) -> bool:
     waiting = count_trials(study, ("WAITING",))
     _retry_callback(storage)(study, trial)
     return count_trials(study, ("WAITING",)) > waiting
+
+
+_COPIED_ATTR = "ilge_copied_from"  # study system attr: the source's URL once a copy is whole
+_PARTIAL = "partial copy of "
+
+
+def copy_study_once(source: Storage, target: Storage, study_name: str) -> bool:
+    """Copy ``study_name`` (its attrs and every trial) from ``source`` into ``target`` unless ``target`` holds a
+    whole copy already; whether it copied. A copy cut short is deleted and made again, so a driver that copies
+    a study and then resumes it in another storage can be rerun (as ``optuna.copy_study``, with a mark saying
+    whether the copy is whole).
+
+    Raises:
+        StorageError: ``source`` has no such study, or ``target`` holds one of that name that is no copy of it.
+    """
+    import optuna
+
+    original = source.load_study(study_name)
+    if original is None:
+        raise StorageError(f"{source.shown_url} has no study {study_name!r} to copy")
+    existing = target.load_study(study_name)
+    if existing is not None:
+        mark = target.rdb.get_study_system_attrs(existing._study_id).get(_COPIED_ATTR)
+        if mark == source.shown_url:
+            return False
+        if mark != _PARTIAL + source.shown_url:
+            raise StorageError(
+                f"{target.shown_url} already holds a study {study_name!r} that is no copy of {source.shown_url}; "
+                "copy into a fresh storage"
+            )
+        optuna.delete_study(study_name=study_name, storage=target.rdb)
+    copy = optuna.create_study(study_name=study_name, storage=target.rdb, directions=original.directions)
+    target.rdb.set_study_system_attr(copy._study_id, _COPIED_ATTR, _PARTIAL + source.shown_url)
+    for key, value in source.rdb.get_study_system_attrs(original._study_id).items():
+        if key != _COPIED_ATTR:
+            target.rdb.set_study_system_attr(copy._study_id, key, value)
+    for key, value in original.user_attrs.items():
+        target.rdb.set_study_user_attr(copy._study_id, key, value)
+    for trial in original.get_trials(deepcopy=False):
+        target.rdb.create_new_trial(copy._study_id, template_trial=trial)
+    target.rdb.set_study_system_attr(copy._study_id, _COPIED_ATTR, source.shown_url)
+    return True

@@ -258,6 +258,18 @@ def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(
     assert [t.params for t in trials[1:3]] == [config_params("cayley", m) for m in members[:2]]
     assert [t.user_attrs["warm_start_member"] for t in trials[1:3]] == [0, 1]
     assert "warm_start_member" not in trials[3].user_attrs  # the sampler's
+    # the study records what it enqueued and where from, and its dashboard note says so
+    from ilge_search.record import warm_start_record
+    from ilge_search.study.notes import write_study_note
+
+    record = warm_start_record(warm)
+    assert [m.params for m in record.members] == [t.params for t in trials[1:3]]
+    assert record.origin == f"the portfolio stored in {url}" and record.left_out_task is None
+    note = write_study_note(warm)
+    assert "Warm start: 2 warm-start members (member 0, member 1) from the portfolio stored in" in note
+    assert warm_start_record(optuna.load_study(study_name=from_package.study_name, storage=url)).origin == (
+        "the portfolio shipped with ilge-search"
+    )
 
 
 def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, studies, tmp_path, monkeypatch):

@@ -67,10 +67,20 @@ def test_the_committed_file_is_the_provisional_minilm_portfolio_and_warm_starts_
     assert all(":train500:" in name for name in provenance["problems"])
     assert "Provisional" in provenance["note"] and len(entry["members"]) == 4
     # a storage without a portfolio: --warm-start 4 takes the shipped members, none of them the start
-    params = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL)
+    assert provenance["member_tasks"] == [["stsb"], ["emotion", "tweeteval_emotion"], provenance["tasks"], ["sst2"]]
+    warm = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="banking77")
+    params = [m.params for m in warm.members]
     assert len(params) == 4 and recommended_params("cayley", 384, model=MODEL) not in params
+    assert [m.name for m in warm.members] == provenance["member_names"] and warm.skipped == ()
     with pytest.raises(ValueError, match=r"--warm-start 5: the portfolio shipped with ilge-search has 4 cayley"):
-        warm_start_params(None, "cayley", 5, hidden_size=384, model=MODEL)
+        warm_start_params(None, "cayley", 5, hidden_size=384, model=MODEL, task="banking77")
+    # sst2's own best trial (c3) came from sst2 only: an sst2 study skips it; c2 came from two tasks and stays
+    sst2 = warm_start_params(None, "cayley", 3, hidden_size=384, model=MODEL, task="sst2")
+    assert [m.name for m in sst2.members] == ["c4", "c2", "marginal"] and sst2.skipped == ("c3",)
+    with pytest.raises(ValueError, match=r"has 3 cayley \(small\) .*skipped, from task sst2 only: c3"):
+        warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="sst2")
+    emotion = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="emotion")
+    assert [m.name for m in emotion.members] == provenance["member_names"]
 
 
 ENTRY = '{"format_version": 1, "families": {"cayley": {"small": %s}}}'
@@ -123,6 +133,7 @@ def test_update_shipped_writes_the_warm_start_order_without_the_start_and_keeps_
     provenance = document["families"]["cayley"]["small"]["provenance"]
     assert provenance["chosen_on"] == "validation" and provenance["note"] == "a test"
     assert provenance["problems"] == [p.study for p in result.problems] and provenance["greedy_members"] == 1
+    assert provenance["member_tasks"][0] == ["sst2"]  # sst2's own trial: an sst2 study skips it
     assert provenance["left_out_checks_on_test"]["task/portfolio_default"]["problems"] == 3
 
 
@@ -149,7 +160,103 @@ def test_a_stored_choice_warm_starts_in_its_order_beyond_the_greedy_portfolio(pr
 
     result = store_matrix(problems_url, REQUEST, score)
     assert len(result.portfolio) < 3 <= len(result.order) - 1  # the greedy step stopped; the order goes on
-    params = warm_start_params(open_storage(problems_url), "cayley", 3, hidden_size=384, model=MODEL)
+    warm = warm_start_params(open_storage(problems_url), "cayley", 3, hidden_size=384, model=MODEL, task="banking77")
     builtin = next(i for i, c in enumerate(result.candidates) if c.name == "built-in")
     order = [config_params("cayley", result.candidates[i].config) for i in result.order if i != builtin]
-    assert params == order[:3]
+    assert [m.params for m in warm.members] == order[:3]
+    assert warm.left_out_task is None and warm.chosen_from == tuple(p.study for p in result.problems)
+
+
+def test_a_study_of_a_matrix_task_warm_starts_with_the_order_chosen_without_that_task(problems_url):
+    import numpy as np
+
+    from ilge_search.defaults.choice import greedy_portfolio, normalise, warm_start_order
+    from ilge_search.storage import open_storage
+    from ilge_search.study.trial import config_params, warm_start_params
+
+    result = store_matrix(problems_url, REQUEST, score)
+    names = [c.name for c in result.candidates]
+    sst2_trial = next(i for i, c in enumerate(result.candidates) if any(":sst2:" in s for s in c.sources))
+    builtin = names.index("built-in")
+    # with every problem, sst2's own best trial is the greedy second member (it is best on sst2 only)
+    assert result.order[1] == sst2_trial
+    warm = warm_start_params(open_storage(problems_url), "cayley", 2, hidden_size=384, model=MODEL, task="sst2")
+    own = next(p.study for p in result.problems if p.task == "sst2")
+    assert warm.left_out_task == "sst2" and own not in warm.chosen_from and len(warm.chosen_from) == 2
+    # the order recomputed by hand: the built-in defaults and trec's and emotion's trials, on their two columns
+    others = (f"{MODEL}:trec:", f"{MODEL}:emotion:")
+    rows = [
+        i
+        for i, c in enumerate(result.candidates)
+        if "built-in" in c.sources or any(s.startswith(others) and "#" in s for s in c.sources)
+    ]
+    kept = [i for i, p in enumerate(result.problems) if p.task != "sst2"]
+    normalised = normalise(result.matrix.validation[np.ix_(rows, kept)], [True] * len(kept))
+    expected = [rows[i] for i in warm_start_order(normalised, greedy_portfolio(normalised, REQUEST.size))]
+    expected = [config_params("cayley", result.candidates[i].config) for i in expected if i != builtin]
+    assert [m.params for m in warm.members] == expected[:2]
+    assert all(own not in m.sources for m in warm.members)  # nothing chosen on sst2's validation data
+    assert sst2_trial not in [names.index(m.name) for m in warm.members] and "marginal" not in [
+        m.name for m in warm.members
+    ]
+    with pytest.raises(ValueError, match=r"without task sst2's problems\) has 2 cayley"):
+        warm_start_params(open_storage(problems_url), "cayley", 3, hidden_size=384, model=MODEL, task="sst2")
+
+
+def test_a_stored_choice_without_left_out_orders_is_refused_for_its_own_tasks(problems_url):
+    import optuna
+
+    from ilge_search.record import portfolio_study_name, save_portfolio_choice
+    from ilge_search.storage import open_storage
+    from ilge_search.study.trial import warm_start_params
+
+    opened = open_storage(problems_url)
+    study = optuna.create_study(study_name=portfolio_study_name("cayley", "small"), storage=opened.rdb)
+    members = [TRIALS["trec"], TRIALS["sst2"]]
+    save_portfolio_choice(study, {"warm_start": members, "problems": [f"{MODEL}:trec:cayley:train500"]})
+    with pytest.raises(ValueError, match=r"chosen with task trec's own problems and holds no order chosen without"):
+        warm_start_params(opened, "cayley", 1, hidden_size=384, model=MODEL, task="trec")
+    other = warm_start_params(opened, "cayley", 2, hidden_size=384, model=MODEL, task="sst2")
+    assert [m.config for m in other.members] == members and other.left_out_task is None
+
+
+def test_the_portfolio_is_copied_once_into_a_fresh_storage_with_its_left_out_orders(problems_url, tmp_path):
+    import optuna
+
+    from ilge_search.defaults.transfer import copy_portfolio
+    from ilge_search.record import portfolio_study_name, save_portfolio_choice
+    from ilge_search.storage import StorageError, open_storage
+    from ilge_search.study.trial import warm_start_params
+
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with pytest.raises(ValueError, match="holds no cayley \\(small\\) portfolio chosen with its leave-one-task-out"):
+        copy_portfolio(problems_url, fresh)
+    store_matrix(problems_url, REQUEST, score)
+    assert copy_portfolio(problems_url, fresh) is True and copy_portfolio(problems_url, fresh) is False
+    studies = {s.study_name for s in optuna.get_all_study_summaries(fresh)}
+    assert studies == {portfolio_study_name("cayley", "small")}  # the matrix's problems stay behind
+    for task in ("sst2", "banking77"):
+        here = warm_start_params(open_storage(problems_url), "cayley", 2, hidden_size=384, model=MODEL, task=task)
+        there = warm_start_params(open_storage(fresh), "cayley", 2, hidden_size=384, model=MODEL, task=task)
+        assert there.members == here.members and there.chosen_from == here.chosen_from
+    # a study of that name that is no copy is never replaced
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    mine = optuna.create_study(study_name=portfolio_study_name("cayley", "small"), storage=other)
+    save_portfolio_choice(mine, {"warm_start": [TRIALS["trec"]]})
+    with pytest.raises(StorageError, match="that is no copy of"):
+        copy_portfolio(problems_url, other)
+
+
+def test_a_matrix_of_one_task_cannot_warm_start_that_task(tmp_path):
+    from ilge_search.storage import open_storage
+    from ilge_search.study.trial import warm_start_params
+
+    url = f"sqlite:///{tmp_path / 'one-task.db'}"
+    add_matrix_problems(
+        url, {(model, "trec"): [(START, 0.70), (TRIALS["trec"], 0.80)] for model in (MODEL, "smollm2-135m")}
+    )
+    store_matrix(url, REQUEST, score)
+    with pytest.raises(ValueError, match=r"every problem of the portfolio stored in .* is task trec's own"):
+        warm_start_params(open_storage(url), "cayley", 1, hidden_size=384, model=MODEL, task="trec")
+    other = warm_start_params(open_storage(url), "cayley", 1, hidden_size=384, model=MODEL, task="sst2")
+    assert other.members[0].sources and len(other.chosen_from) == 2  # any other task takes the whole order

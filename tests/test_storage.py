@@ -132,3 +132,24 @@ def test_each_trial_is_stamped_once_as_it_is_created_and_a_finished_trials_handl
     assert finished.user_attrs[WORKER_ATTR] == seen[0]
     optuna.trial.Trial(study, finished._trial_id)  # before_trial runs on a COMPLETE trial: no error
     assert study.trials[0].user_attrs == finished.user_attrs and study.trials[0].state == TrialState.COMPLETE
+
+
+def test_a_study_is_copied_once_whole_and_a_cut_short_copy_is_made_again(tmp_path):
+    from ilge_search.storage import StorageError, copy_study_once
+
+    source, target = (open_storage(f"sqlite:///{tmp_path / name}") for name in ("a.db", "b.db"))
+    study = optuna.create_study(study_name="s", storage=source.rdb, direction="maximize")
+    study.set_user_attr("identity", {"task": "trec"})
+    for value in (0.5, 0.7):
+        study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"config": {"lr": value}}))
+    assert copy_study_once(source, target, "s") is True
+    copy = target.load_study("s")
+    assert [t.value for t in copy.trials] == [0.5, 0.7] and copy.user_attrs == {"identity": {"task": "trec"}}
+    assert copy.trials[1].user_attrs == {"config": {"lr": 0.7}} and copy.direction == study.direction
+    copy.add_trial(optuna.trial.create_trial(value=0.9))  # resumed in the target: a rerun keeps it
+    assert copy_study_once(source, target, "s") is False and len(target.load_study("s").trials) == 3
+    # a copy cut short (its mark still says partial) is deleted and made again
+    target.rdb.set_study_system_attr(copy._study_id, "ilge_copied_from", f"partial copy of {source.shown_url}")
+    assert copy_study_once(source, target, "s") is True and len(target.load_study("s").trials) == 2
+    with pytest.raises(StorageError, match="has no study 'missing' to copy"):
+        copy_study_once(source, target, "missing")

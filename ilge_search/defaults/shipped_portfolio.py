@@ -24,7 +24,7 @@ from typing import Any
 from .._version import __version__
 from ..record import write_shipped_portfolio
 from .portfolio import BUILTIN, PortfolioRequest, PortfolioResult
-from .transfer import read_stored
+from .transfer import member_sources, read_stored
 
 __all__ = ["shipped_entry", "update_shipped_portfolio"]
 
@@ -66,6 +66,7 @@ def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[st
     members = order[: request.size]
     if not members:
         raise ValueError("every candidate of this matrix is the built-in defaults; there is nothing to warm-start with")
+    task_of = {p.study: p.task for p in result.problems}
     provenance = {
         "source": result.storage,
         "family": request.family,
@@ -82,6 +83,8 @@ def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[st
         "chosen_on": "validation",
         "greedy_members": int(sum(i in result.portfolio for i in members)),
         "member_names": [result.candidates[i].name for i in members],
+        # per member the tasks it came from: a warm start skips members that came only from its own task
+        "member_tasks": [sorted({task_of[s] for s in member_sources(result, i)}) for i in members],
         "left_out_checks_on_test": _left_out(result),
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "ilge_search_version": __version__,

@@ -33,9 +33,10 @@ from ..record import save_portfolio_choice, save_portfolio_request
 from ..scores import score_unit
 from ..storage import hide_password, open_storage
 from ..validation import check_int
-from .choice import choose_default, greedy_portfolio, normalise
+from .choice import choose_default, greedy_portfolio, normalise, warm_start_order
 from .portfolio import (
     BUILTIN,
+    MARGINAL,
     MatrixProblem,
     PlannedCell,
     PortfolioRequest,
@@ -61,6 +62,9 @@ __all__ = [
     "folds",
     "held_out_cells",
     "held_out_check",
+    "member_sources",
+    "left_out_orders",
+    "copy_portfolio",
     "shipping_verdict",
     "portfolio",
     "read_stored",
@@ -314,22 +318,94 @@ def _train_in_processes(
         return trained + sum(f.result()[0] for f in futures)
 
 
+def member_sources(result: PortfolioResult, index: int) -> list[str]:
+    """The problems (study names) candidate ``index`` came from: the problems whose top trials it equals, every
+    problem for the marginal rule (it votes over all of them), none for the built-in defaults."""
+    candidate = result.candidates[index]
+    if MARGINAL in candidate.sources:
+        return [p.study for p in result.problems]
+    return sorted({s.rsplit("#", 1)[0] for s in candidate.sources if "#" in s})
+
+
+def _order_entry(result: PortfolioResult, order: Sequence[int], problems: Sequence[int]) -> dict[str, Any]:
+    return {
+        "warm_start": [result.candidates[i].config for i in order],
+        "names": [result.candidates[i].name for i in order],
+        "sources": [member_sources(result, i) for i in order],
+        "problems": [result.problems[p].study for p in problems],
+    }
+
+
+def left_out_orders(result: PortfolioResult) -> dict[str, dict[str, Any]]:
+    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task
+    out, on validation): its candidates are the built-in defaults and the
+    other problems' top trials (not the marginal rule, which voted with the task's trials). A task whose fold
+    has no complete candidate, or no other problem, gets none."""
+    import numpy as np
+
+    orders: dict[str, dict[str, Any]] = {}
+    for fold in folds(result):
+        if fold.kind != "task":
+            continue
+        rows = _fold_rows(result, fold)
+        kept = [i for i in range(len(result.problems)) if i not in fold.held]
+        normalised = normalise(
+            result.matrix.validation[np.ix_(rows, kept)], [result.problems[i].maximize for i in kept]
+        )
+        try:
+            members = greedy_portfolio(normalised, result.request.size)
+        except ValueError:  # no candidate complete on the other problems yet
+            continue
+        orders[fold.name] = _order_entry(result, [rows[i] for i in warm_start_order(normalised, members)], kept)
+    return orders
+
+
 def _store_choice(storage_url: str, result: PortfolioResult) -> None:
     storage = open_storage(storage_url)
     study = portfolio_study(storage, result.request.family, result.request.bucket, create=True)
+    everything = _order_entry(result, result.order, range(len(result.problems)))
     save_portfolio_choice(
         study,
         {
             "default": result.candidates[result.default].config if result.default is not None else None,
             "portfolio": [result.candidates[i].config for i in result.portfolio],
-            "warm_start": [result.candidates[i].config for i in result.order],
-            "problems": [p.study for p in result.problems],
+            "warm_start": everything["warm_start"],
+            "warm_start_names": everything["names"],
+            "warm_start_sources": everything["sources"],
+            "by_task": left_out_orders(result),  # what a study of one of these tasks warm-starts with
+            "problems": everything["problems"],
+            "problem_tasks": [p.task for p in result.problems],
             "seeds": result.request.seed_list,
             "top_k": result.request.top_k,
             "size": result.request.size,
             "max_epochs": result.request.max_epochs,
         },
     )
+
+
+def copy_portfolio(source_url: str, target_url: str, family: str = "cayley", bucket: str = "small") -> bool:
+    """Copy the portfolio study of ``family`` and ``bucket`` (cells, stored choice and request) into another
+    storage, once (``reports/warmstart.sh``: the warm-start searches' fresh storage gets the matrix's choice, and
+    none of its problems' studies); whether it copied. The choice must hold the leave-one-task-out orders
+    (:func:`left_out_orders`), so that a study of a matrix task warm-starts without that task's problems.
+
+    Raises:
+        ValueError: no such choice in ``source_url``, or ``target_url`` holds another study of that name.
+    """
+    from ..record import portfolio_study_name, stored_portfolio_choice
+    from ..storage import copy_study_once
+
+    source = open_storage(source_url, must_exist=True)
+    name = portfolio_study_name(family, bucket)
+    study = source.load_study(name)
+    choice = None if study is None else stored_portfolio_choice(study)
+    if not choice or not isinstance(choice.get("by_task"), dict):
+        raise ValueError(
+            f"{source.shown_url} holds no {family} ({bucket}) portfolio chosen with its leave-one-task-out orders; "
+            f"run `ilge-search portfolio --storage {source.shown_url} --family {family}` without exclusions first "
+            "(it trains nothing when the cells are stored)"
+        )
+    return copy_study_once(source, open_storage(target_url), name)
 
 
 def _store_request(storage_url: str, request: PortfolioRequest) -> None:

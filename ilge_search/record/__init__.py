@@ -22,3 +22,7 @@ from .source import *  # noqa: F403, E402
 from .source import __all__ as _source_all  # noqa: E402
 
 __all__ += list(_source_all)
+from .warmstart import *  # noqa: F403, E402
+from .warmstart import __all__ as _warmstart_all  # noqa: E402
+
+__all__ += list(_warmstart_all)

@@ -52,7 +52,6 @@ __all__ = [
     "check_shipped_portfolio",
     "load_shipped_portfolio",
     "write_shipped_portfolio",
-    "portfolio_members",
     "enqueue_warm_trials",
 ]
 
@@ -256,6 +255,15 @@ def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> No
         raise ValueError(f"{where}: families.{family}.{bucket}.provenance lacks {', '.join(missing)}")
     if provenance["chosen_on"] != "validation":
         raise ValueError(f"{where}: families.{family}.{bucket} was not chosen on validation scores; refusing it")
+    tasks = provenance.get("member_tasks")  # optional: per member, the tasks it came from
+    if tasks is not None and (
+        not isinstance(tasks, list)
+        or len(tasks) != len(members)
+        or not all(isinstance(t, list) and all(isinstance(n, str) for n in t) for t in tasks)
+    ):
+        raise ValueError(
+            f"{where}: families.{family}.{bucket}.provenance.member_tasks must list, per member, the tasks it came from"
+        )
 
 
 def check_shipped_portfolio(document: Any, where: str) -> dict[str, Any]:
@@ -318,25 +326,6 @@ def write_shipped_portfolio(
     os.replace(temporary, path)
     load_shipped_portfolio(path)  # what was written must read back
     return path
-
-
-def portfolio_members(storage: Any, family: str, bucket: str) -> tuple[list[dict[str, Any]], str]:
-    """The portfolio of ``family`` and ``bucket`` in warm-start order (config dicts) and where it came from: the
-    choice stored in ``storage`` (an opened :class:`~ilge_search.storage.Storage`, or ``None``; its warm-start
-    order, else its portfolio), else the package's shipped ``data/portfolio.json``; empty when neither has one.
-
-    Raises:
-        ValueError: the shipped file is malformed.
-    """
-    study = None if storage is None else storage.load_study(portfolio_study_name(family, bucket))
-    choice = None if study is None else stored_portfolio_choice(study)
-    members = choice and (choice.get("warm_start") or choice.get("portfolio"))
-    if members:
-        return [dict(c) for c in members], f"the portfolio stored in {storage.shown_url}"
-    entry = load_shipped_portfolio()["families"].get(family, {}).get(bucket)
-    if entry:
-        return [dict(c) for c in entry["members"]], "the portfolio shipped with ilge-search"
-    return [], "none"
 
 
 def enqueue_warm_trials(study: Any, params: Sequence[Mapping[str, Any]]) -> None:

@@ -47,6 +47,7 @@ from ..record import (
     Identity,
     SourceRecord,
     StudyRecord,
+    WarmStartRecord,
     enqueue_start_trial,
     enqueue_warm_trials,
     is_ilge_study,
@@ -56,6 +57,7 @@ from ..record import (
     save_identity,
     save_source,
     save_task_path,
+    save_warm_start,
     source_record,
     study_record,
     trial_record,
@@ -451,7 +453,7 @@ def create_or_load(
     *,
     new_study_hint: str = "pass another --study-name or another --storage",
     task_path: str | None = None,
-    warm_start: Sequence[Mapping[str, Any]] = (),
+    warm_start: WarmStartRecord | None = None,
     source: SourceRecord | None = None,
 ) -> tuple[Any, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
@@ -466,8 +468,8 @@ def create_or_load(
     (a custom task's file or folder, absolute) is recorded, and updated when the
     folder moved: where to find the data again; so is ``source`` (the data folder as
     given and resolved, the columns, the extraction settings: :class:`SourceRecord`).
-    ``warm_start`` (Optuna params of portfolio members) is enqueued right after the recommended trial,
-    once, when the study is set up.
+    ``warm_start`` (portfolio members with their Optuna params) is enqueued right after the recommended trial,
+    once, when the study is set up, and stored as its :class:`~ilge_search.record.WarmStartRecord`.
 
     Returns:
         The study and whether this call set it up.
@@ -513,7 +515,9 @@ def create_or_load(
             save_source(study, source)
         if not any(trial_record(t).recommended for t in study.trials):
             enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
-            enqueue_warm_trials(study, warm_start)
+            if warm_start is not None:
+                enqueue_warm_trials(study, [m.params for m in warm_start.members])
+                save_warm_start(study, warm_start)
         mark_ready(study)
     return study, created
 

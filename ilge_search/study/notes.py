@@ -26,7 +26,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..objectives import best_score_trial, score_of
-from ..record import EnsembleRecord, FinalRecord, StudyRecord, ensemble_record, study_record, trial_record
+from ..record import (
+    EnsembleRecord,
+    FinalRecord,
+    StudyRecord,
+    WarmStartRecord,
+    ensemble_record,
+    study_record,
+    trial_record,
+    warm_start_record,
+)
 from ..storage import ENDED_STATES
 
 __all__ = [
@@ -274,6 +283,7 @@ def study_note_markdown(
     *,
     study_id: int | None = None,
     ensemble: EnsembleRecord | None = None,
+    warm: WarmStartRecord | None = None,
 ) -> str:
     """The Markdown note of a study, from its record.
 
@@ -281,11 +291,14 @@ def study_note_markdown(
     given: no trial), the best trial, and -- once the final evaluation ran -- the
     test score as mean +- std with one row per seed, plus links to the uploaded
     artifacts (``study_id`` is needed for the links; the dashboard serves
-    ``/artifacts/<study_id>/<id>``); and the ``ensemble`` evaluation, when there is one.
+    ``/artifacts/<study_id>/<id>``); the ``ensemble`` evaluation, when there is one; and for a warm-started
+    study, which portfolio members it enqueued and what they were chosen from (``warm``).
     """
     counts = counts or TrialCounts()
     metric = _metric(record)
     lines = _identity_lines(record)
+    if warm is not None:
+        lines += ["", f"Warm start: {warm.describe()}."]
     lines += ["", f"Trials: {counts.complete} complete, {counts.pruned} pruned, {counts.failed} failed."]
     if counts.best_trial is not None:
         lines.append(f"Best validation {metric}: **{_score(counts.best_value)}** (trial {counts.best_trial}).")
@@ -419,7 +432,13 @@ def write_study_note(study: Any) -> str:
         best_trial=best_trial,
         best_value=best_value,
     )
-    body = study_note_markdown(study_record(study), counts, study_id=study._study_id, ensemble=ensemble_record(study))
+    body = study_note_markdown(
+        study_record(study),
+        counts,
+        study_id=study._study_id,
+        ensemble=ensemble_record(study),
+        warm=warm_start_record(study),
+    )
     save_note(study, body)
     return body
 

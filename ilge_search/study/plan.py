@@ -257,7 +257,7 @@ def check_run(
         if opened is not None:
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
         if options.search.warm_start:
-            _check_warm_start(opened, enc, model, options.search.warm_start)
+            _check_warm_start(opened, enc, model, str(identities[enc]["task"]), options.search.warm_start)
     return RunCheck(
         model=model,
         task=task,
@@ -295,7 +295,7 @@ def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *
     )
 
 
-def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, count: int) -> None:
+def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, task: str, count: int) -> None:
     """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members (a model outside the table is
     bucketed once its data is loaded, before its study is created)."""
     from ..configs import ENCODER_FAMILIES
@@ -305,7 +305,8 @@ def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, count
     known = known_model(model)
     if encoder in ENCODER_FAMILIES and known is None:
         return
-    warm_start_params(opened, encoder, count, hidden_size=known.hidden_size if known else None, model=model)
+    hidden = known.hidden_size if known else None
+    warm_start_params(opened, encoder, count, hidden_size=hidden, model=model, task=task)
 
 
 # ----------------------------------------------------------------------------- the plan

@@ -211,9 +211,16 @@ def _run_one(
 
     # ---- 3. create or load
     warm = (
-        warm_start_params(storage, encoder, options.search.warm_start, hidden_size=data.hidden_size, model=spec.model)
+        warm_start_params(
+            storage,
+            encoder,
+            options.search.warm_start,
+            hidden_size=data.hidden_size,
+            model=spec.model,
+            task=str(identity["task"]),
+        )
         if options.search.warm_start
-        else []
+        else None
     )
     study, created = create_or_load(
         storage,

@@ -35,7 +35,7 @@ from ..storage import quiet_optuna_warnings, storage_fault
 from .notes import write_live_note
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..record import Identity
+    from ..record import Identity, WarmStartRecord
     from .data import StudyData
 
 __all__ = [
@@ -95,17 +95,24 @@ def config_params(encoder: str, config: dict[str, Any]) -> dict[str, Any]:
     return dict(fixed.params)
 
 
-def warm_start_params(storage: Any, encoder: str, count: int, *, hidden_size: int | None, model: str) -> list[dict]:
-    """The params of the first ``count`` members of the warm-start order (the portfolio, then the other
-    candidates by mean normalised validation score) that differ from the starting configuration (``run
-    --warm-start``): from the storage's portfolio, else the shipped one.
+def warm_start_params(
+    storage: Any, encoder: str, count: int, *, hidden_size: int | None, model: str, task: str
+) -> WarmStartRecord:
+    """The first ``count`` members of the warm-start order (the portfolio, then the other candidates by mean
+    normalised validation score) that differ from the starting configuration, with their Optuna params (``run
+    --warm-start``): from the storage's portfolio, chosen again without ``task``'s problems when they were among
+    its problems, else the shipped one without members that came only from ``task``
+    (:func:`ilge_search.record.warm_start_order`).
 
     Raises:
-        ValueError: a baseline encoder, or no portfolio with that many members.
+        ValueError: a baseline encoder, no portfolio with that many members, or a stored order chosen on
+            ``task``'s own problems.
     """
+    import dataclasses
+
     from ..configs import ENCODER_FAMILIES
     from ..models import model_size_bucket
-    from ..record import portfolio_members
+    from ..record import warm_start_order
 
     if encoder not in ENCODER_FAMILIES:
         raise ValueError(
@@ -113,16 +120,19 @@ def warm_start_params(storage: Any, encoder: str, count: int, *, hidden_size: in
             f"{encoder} has none: run it without --warm-start"
         )
     bucket = model_size_bucket(model, hidden_size)
-    members, source = portfolio_members(storage, encoder, bucket)
+    order = warm_start_order(storage, encoder, bucket, task)
     start = recommended_params(encoder, hidden_size, model)
-    params = [p for p in (config_params(encoder, m) for m in members) if p != start]
-    if len(params) < count:
+    members = [dataclasses.replace(m, params=config_params(encoder, m.config)) for m in order.members]
+    members = [m for m in members if m.params != start]
+    if len(members) < count:
+        without = f" (without task {order.left_out_task}'s problems)" if order.left_out_task else ""
+        skipped = f" (skipped, from task {task} only: {', '.join(order.skipped)})" if order.skipped else ""
         raise ValueError(
-            f"--warm-start {count}: {source} has {len(params)} {encoder} ({bucket}) members besides the starting "
-            "configuration; run `ilge-search portfolio --storage URL --family "
+            f"--warm-start {count}: {order.origin}{without} has {len(members)} {encoder} ({bucket}) members besides "
+            f"the starting configuration{skipped}; run `ilge-search portfolio --storage URL --family "
             f"{encoder}` first (a larger --top-k gives more candidates), or ask for fewer"
         )
-    return params[:count]
+    return order.with_members(members[:count])
 
 
 class TrialObjective:
