@@ -184,7 +184,7 @@ def draw_token_figures(frame: Any, folder: Path) -> dict[str, Path]:
                 ax.set_xticks(range(len(shown)), [TOKEN_LABELS.get(m, m) for m in shown], rotation=30, ha="right")
                 ax.set_ylim(max(0.0, min(means) - 10.0), min(100.0, max(means) + 5.0))
                 ax.set_ylabel("token accuracy (%)")
-                ax.set_title(f"{model}: {task} ({setting}), test")
+                ax.set_title(f"{model}: {task}, test\n{setting}", fontsize="medium")  # two lines: fits 4 bars
             path = folder / f"tokens_{_safe(model)}.png"
             save_figure(figure, path)
         paths[model] = path
