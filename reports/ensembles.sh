@@ -19,5 +19,16 @@ for setting in train500 train2000; do
     done
   done
 done
+# stsb: the selection storage has no similarity search, so one is run here with the selection grid's
+# settings (10 trials, one-se, 3 final seeds), then ensembled like the others
+for model in minilm-l6 smollm2-135m; do
+  echo "== $(date +%H:%M:%S) $model stsb search"
+  ilge-search --data-dir "$DATA" run --model "$model" --task stsb --encoder cayley --storage "sqlite:///$DB" \
+    --seed 0 --final-seeds 3 --workers 1 --threads 1 --max-epochs 10 --max-train 500 --max-eval 400 \
+    --total-trials 10 --select one-se --quiet
+  study="$model:stsb:cayley:train500:eval400:ep10"
+  ilge-search ensemble --storage "sqlite:///$DB" --study "$study" --size 3 --also 1 --also 5 --also 10 \
+    --data-dir "$DATA" --quiet 2>&1 || echo "   failed: $study"
+done
 python -c "import sys; from pathlib import Path; from ilge_search.report.ensembles import write_ensemble_page as w; \
 print(w(sys.argv[1], Path(sys.argv[2])))" "sqlite:///$DB" reports/ensembles
