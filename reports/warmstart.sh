@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The warm-start measurement of issue 27 (docs/transfer.md#measuring-warm-starts): Cayley searches on both
 # offline models x trec/sst2/emotion at 500 and 2,000 training texts (eval 400, epochs capped at 10, 3 final
-# seeds 1000-1002, sampler seed 0, --select best, as studies/selection.toml), cold vs --warm-start 2 and 4,
-# of 8 and of 16 trials, and the best single layer of each setting; then reports/warmstart.md.
+# seeds 1000-1002, sampler seed 0, --select best, as studies/selection.toml; no ensemble: what a warm start
+# buys the selected trial), cold vs --warm-start 2 and 4, of 8 and of 16 trials, and the best single layer
+# of each setting; then reports/warmstart.md.
 #
 # Storages (both fresh; the committed ones are only read):
 #   reports/warmstart.db     the 8-trial searches, the best-layer studies, and the Cayley portfolio study copied
@@ -17,14 +18,16 @@
 # Resumable: rerun it; budgets are totals, finished studies and current final evaluations are kept.
 # Order, cheapest first: 500 texts before 2,000, MiniLM-L6 before SmolLM2-135M, trec, sst2, emotion; per setting
 # the best layer, then cold, warm 2, warm 4 at 8 trials, then the same three resumed to 16.
-# Usage: [WORKERS=1] [THREADS=1] reports/warmstart.sh; ILGE_SEARCH_CACHE / ILGE_SEARCH_DATA as for run.
+# Usage: [WORKERS=1] [THREADS=1] [SIZES="500 2000"] [MODELS="minilm-l6 smollm2-135m"] reports/warmstart.sh;
+# ILGE_SEARCH_CACHE / ILGE_SEARCH_DATA as for run. Two drivers may share the work on 2 cores, one per model
+# (MODELS=minilm-l6 and MODELS=smollm2-135m), once the first run has created reports/warmstart.db.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${ILGE_SEARCH_DATA:-../shared/datasets}"
 DB8=reports/warmstart.db
 DB16=reports/warmstart-16.db
 PORTFOLIO=(--family cayley --top-k 1 --seeds 3 --size 4)   # as reports/transfer.sh, without its exclusions
-RUN=(--data-dir "$DATA" --max-eval 400 --max-epochs 10 --final-seeds 3 --seed 0 --select best
+RUN=(--data-dir "$DATA" --max-eval 400 --max-epochs 10 --final-seeds 3 --seed 0 --select best --ensemble 0
      --workers "${WORKERS:-1}" --threads "${THREADS:-1}" --quiet)
 
 if [ ! -f "$DB8" ]; then
@@ -47,8 +50,8 @@ c(o(sys.argv[1]), o(sys.argv[2]), sys.argv[3])" "sqlite:///$DB8" "sqlite:///$DB1
 }
 copy_to_16 "ilge-portfolio:cayley:small"   # a resumed warm study checks its portfolio as a new one would
 
-for size in 500 2000; do
-  for model in minilm-l6 smollm2-135m; do
+for size in ${SIZES:-500 2000}; do
+  for model in ${MODELS:-minilm-l6 smollm2-135m}; do
     for task in trec sst2 emotion; do
       setting="$model:$task:cayley:train$size:eval400:ep10"
       here=(--model "$model" --task "$task" --max-train "$size" "${RUN[@]}")

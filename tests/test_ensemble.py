@@ -169,7 +169,7 @@ def ensembled(tmp_path_factory, synthetic):
             "stsb",
             "cayley",
             storage=url,
-            options=StudyOptions.from_flat(n_trials=3, final_seeds=1, cv=2, **common),
+            options=StudyOptions.from_flat(n_trials=3, final_seeds=1, cv=2, ensemble=0, **common),
         )[0]
     return {"url": url, "folder": folder, "trec": trec.study_name, "stsb": stsb.study_name, "synthetic": synthetic}
 
@@ -203,9 +203,17 @@ def test_export_and_predict_give_the_mean_of_the_members_probabilities(ensembled
     synthetic = ensembled["synthetic"]
     out = tmp_path / "ensemble"
     result = invoke(
-        "export", "--storage", ensembled["url"], "--study", ensembled["trec"], "--out", out, "--ensemble",
-        "--cache-dir", synthetic.cache_dir,
-    )  # fmt: skip
+        "export",
+        "--storage",
+        ensembled["url"],
+        "--study",
+        ensembled["trec"],
+        "--out",
+        out,
+        "--ensemble",
+        "--cache-dir",
+        synthetic.cache_dir,
+    )
     assert result.exit_code == 0, result.output
     assert "exported the ensemble" in result.output
     clf = ILGEClassifier.load(out, device="cpu", cache_dir=synthetic.cache_dir, base_model=synthetic.model)
@@ -222,9 +230,21 @@ def test_export_and_predict_give_the_mean_of_the_members_probabilities(ensembled
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     predicted = invoke(
-        "--device", "cpu", "--cache-dir", synthetic.cache_dir, "predict", out, "--input", source, "--out", target,
-        "--proba", "--base-model", synthetic.model, "--quiet",
-    )  # fmt: skip
+        "--device",
+        "cpu",
+        "--cache-dir",
+        synthetic.cache_dir,
+        "predict",
+        out,
+        "--input",
+        source,
+        "--out",
+        target,
+        "--proba",
+        "--base-model",
+        synthetic.model,
+        "--quiet",
+    )
     assert predicted.exit_code == 0, predicted.output
     rows = [json.loads(line) for line in target.read_text(encoding="utf-8").splitlines()]
     probs = clf.predict_proba(texts)  # one extraction per text, whatever the number of members
@@ -238,9 +258,23 @@ def test_the_ensemble_command_backfills_and_scores_sizes(ensembled):
     synthetic = ensembled["synthetic"]
     with refuse_model_loads():
         result = invoke(
-            "ensemble", "--storage", ensembled["url"], "--study", ensembled["stsb"], "--size", "2", "--also", "1",
-            "--data-dir", synthetic.data_dir, "--cache-dir", synthetic.cache_dir, "--device", "cpu", "-q",
-        )  # fmt: skip
+            "ensemble",
+            "--storage",
+            ensembled["url"],
+            "--study",
+            ensembled["stsb"],
+            "--size",
+            "2",
+            "--also",
+            "1",
+            "--data-dir",
+            synthetic.data_dir,
+            "--cache-dir",
+            synthetic.cache_dir,
+            "--device",
+            "cpu",
+            "-q",
+        )
     assert result.exit_code == 0, result.output
     assert "ensemble of 1" in result.output and "ensemble of 2" in result.output
     assert "mean of the members' predicted cosine similarities" in result.output
@@ -320,11 +354,69 @@ def test_grids_and_the_command_line_take_an_ensemble_size(tmp_path):
         encoding="utf-8",
     )
     assert load_sweep(grid).study_options().final.ensemble == 3
-    assert StudyOptions().final.ensemble == 0  # off unless asked for (reports/ensembles.md)
+    assert StudyOptions().final.ensemble is None  # the default size where a study can have one
     with pytest.raises(ValueError, match="ensemble"):
         StudyOptions.from_flat(ensemble=-1)
     help_text = invoke("run", "--help").output
     assert "--ensemble" in help_text and "greedily" in help_text
+
+
+def test_the_default_ensemble_goes_where_a_study_can_have_one_and_asked_sizes_say_why_not(tmp_path):
+    from ilge_search.record import Identity, TrialRecord
+    from ilge_search.study.ensemble import ensemble_size
+    from ilge_search.study.options import DEFAULT_ENSEMBLE
+    from ilge_search.testing.store import FakeTrial, add_study
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    config = CayleyConfig().__dict__
+
+    def trial(*value):
+        return FakeTrial(value[0] if len(value) == 1 else list(value), record=TrialRecord(config=dict(config)))
+
+    single = Identity(model="minilm-l6", task="trec", encoder="cayley")
+    two = add_study(url, single, trials=[trial(0.7), trial(0.8)], study_name="two")
+    one = add_study(url, single, trials=[trial(0.7)], study_name="one")
+    pareto = Identity(model="minilm-l6", task="trec", encoder="cayley", objectives=("score", "params"))
+    front = add_study(url, pareto, trials=[trial(0.8, 10.0), trial(0.7, 5.0)], study_name="front")
+    assert DEFAULT_ENSEMBLE == 5
+    assert ensemble_size(two, None) == (5, None) and ensemble_size(two, 3) == (3, None)
+    assert ensemble_size(two, 0) == (0, None)
+    assert ensemble_size(one, None) == (0, None) and ensemble_size(one, 2) == (2, None)  # asked: one trial is enough
+    assert ensemble_size(front, None) == (0, None)  # the default is silent where it cannot apply
+    size, why_not = ensemble_size(front, 3)
+    assert size == 0 and why_not is not None and "multi-objective: ensembles are off" in why_not
+
+
+def test_an_ensemble_chosen_before_the_study_grew_is_stale(tmp_path):
+    import dataclasses
+
+    from ilge_search.record import Identity, TrialRecord, save_ensemble
+    from ilge_search.study.ensemble import EnsembleRun, ensemble_is_current
+    from ilge_search.testing.store import FakeTrial, add_study
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    trials = [FakeTrial(v, record=TrialRecord(config=dict(CayleyConfig().__dict__))) for v in (0.7, 0.8, 0.75)]
+    study = add_study(url, Identity(model="minilm-l6", task="trec", encoder="cayley"), trials=trials)
+    size = EnsembleSize(size=3, members={"1": 3}, val_score=0.8, test_scores=[0.7], test_mean=0.7, test_std=0.0)
+    stored = EnsembleRecord(
+        size=3,
+        picks=[1, 1, 1],
+        sizes={"3": size},
+        seeds=[1000],
+        max_epochs=4,
+        select="best",
+        selected_trial=1,
+        selected_test_scores=[0.7],
+        candidates=[0, 1],
+    )
+    run = EnsembleRun(size=3, seeds=[1000], max_epochs=4, select="best")
+    save_ensemble(study, stored)
+    assert not ensemble_is_current(study, run)  # trial 2 came after the selection
+    save_ensemble(study, dataclasses.replace(stored, candidates=[0, 1, 2]))
+    assert ensemble_is_current(study, run)
+    assert not ensemble_is_current(study, dataclasses.replace(run, size=5))
+    save_ensemble(study, dataclasses.replace(stored, candidates=None))  # stored before candidates were recorded
+    assert ensemble_is_current(study, run)
 
 
 @pytest.mark.slow  # the module fixture runs two small studies (about a minute on 2 cores)

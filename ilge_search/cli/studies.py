@@ -116,7 +116,7 @@ def _columns(text_col, label_col, text_cols, score_col, tokens_col, tags_col) ->
     "--protocol", type=click.Choice(PROTOCOL_CHOICES), default=PROTOCOL_CHOICES[0], show_default=True, field="protocol"
 )
 @study_option("--samples-per-label", type=click.IntRange(min=1), default=None, field="samples_per_label")
-@study_option("--ensemble", type=click.IntRange(min=0), default=None, field="ensemble", more="[default: {default}]")
+@study_option("--ensemble", type=click.IntRange(min=0), default=None, field="ensemble")
 @study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
 @study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
 @study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")

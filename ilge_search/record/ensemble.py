@@ -98,7 +98,9 @@ class EnsembleRecord:
     validation samples of the ensemble and of one selected model
     (``single_latency_ms``); ``artifacts`` the best seed's ensemble weights by
     validation (``artifact_seed``); ``prediction_seed`` the training seed of the
-    trials' validation predictions; ``mix`` says how members are combined.
+    trials' validation predictions; ``mix`` says how members are combined;
+    ``candidates`` the complete trials the selection chose from (``None`` in
+    evaluations stored before it was recorded).
     """
 
     VERSION: ClassVar[int] = 1
@@ -122,6 +124,7 @@ class EnsembleRecord:
     artifact_seed: int | None = None
     prediction_seed: int = 0
     mix: str = ""
+    candidates: list[int] | None = None
     version: int = 1
 
     @classmethod

@@ -273,6 +273,26 @@ def check_ensemble_study(record: StudyRecord, size: int) -> None:
         raise ValueError(f"study {record.name!r} is a {kind} study; ensembles cover classification and similarity")
 
 
+def ensemble_size(study: Any, asked: int | None) -> tuple[int, str | None]:
+    """The ensemble size a run makes for ``study`` and, when it makes none although one was asked for, why.
+
+    ``asked`` is ``FinalOptions.ensemble``: ``None`` takes the default size wherever the study can have an
+    ensemble (it needs two complete trials to choose from) and is silent elsewhere; an explicit size is
+    refused with its reason where the study cannot have one."""
+    from .options import DEFAULT_ENSEMBLE
+
+    if asked == 0:
+        return 0, None
+    size = DEFAULT_ENSEMBLE if asked is None else asked
+    try:
+        check_ensemble_study(study_record(study), size)
+    except ValueError as error:
+        return 0, None if asked is None else str(error)
+    if asked is None and len(_complete_trials(study)) < 2:
+        return 0, None
+    return size, None
+
+
 @dataclass
 class _Trained:
     """One configuration retrained with the final seeds: per seed its validation and test predictions,
@@ -408,8 +428,9 @@ def _size_scores(
     )
 
 
-def _greedy(study: Any, data: StudyData, run: EnsembleRun) -> tuple[list[int], dict[int, float]]:
-    """The picks of the largest size (trial numbers) and the validation score of each prefix size."""
+def _greedy(study: Any, data: StudyData, run: EnsembleRun) -> tuple[list[int], dict[int, float], list[int]]:
+    """The picks of the largest size (trial numbers), the validation score of each prefix size, and the
+    complete trials chosen from."""
     trials = _complete_trials(study)
     predictions = _validation_predictions(study, trials, run.artifact_store)
     numbers = [t.number for t in trials if t.number in predictions]
@@ -425,7 +446,7 @@ def _greedy(study: Any, data: StudyData, run: EnsembleRun) -> tuple[list[int], d
         size: score(mixed({n: predictions[n] for n in set(picks[:size])}, Counter(picks[:size])))
         for size in run.all_sizes
     }
-    return picks, val_scores
+    return picks, val_scores, [t.number for t in trials]
 
 
 def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> EnsembleRecord:
@@ -440,7 +461,7 @@ def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> Ensemb
     backfill_predictions(
         study, data, run.artifact_store, seed=run.prediction_seed, device=run.device, progress=run.progress
     )
-    picks, val_scores = _greedy(study, data, run)
+    picks, val_scores, candidates = _greedy(study, data, run)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     trained: dict[int, _Trained] = {}
     for number in dict.fromkeys(picks):
@@ -472,18 +493,21 @@ def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> Ensemb
         artifact_seed=best_seed if artifacts else None,
         prediction_seed=run.prediction_seed,
         mix=MIX_RULE[data.task_kind],
+        candidates=candidates,
     )
     save_ensemble(study, out)
     return out
 
 
 def ensemble_is_current(study: Any, run: EnsembleRun) -> bool:
-    """Whether the stored ensemble evaluation already holds every size of ``run`` with its seeds and epoch cap."""
+    """Whether the stored ensemble evaluation already holds every size of ``run`` with its seeds and epoch cap,
+    chosen from the study's complete trials as they are now (a resumed study's new trials make it stale)."""
     stored = ensemble_record(study)
     return (
         stored is not None
         and stored.size == run.size
         and all(stored.matches(size, run.seeds, run.max_epochs, run.select) for size in run.all_sizes)
+        and (stored.candidates is None or stored.candidates == [t.number for t in _complete_trials(study)])
     )
 
 

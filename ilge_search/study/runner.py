@@ -337,14 +337,14 @@ def _optimize_and_evaluate(
 def _ensemble_stage(
     study: Any, storage: Storage, name: str, data: StudyData, spec: DataSpec, options: StudyOptions
 ) -> None:
-    """Step 6 of :func:`run_study` with ``--ensemble K``: the ensemble evaluation, unless it is current."""
-    from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current
+    """Step 6 of :func:`run_study`: the ensemble evaluation (``--ensemble K``, by default 5 where the study can
+    have one), unless it is current."""
+    from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
 
-    size = options.final.ensemble
+    size, why_not = ensemble_size(study, options.final.ensemble)
+    if why_not:
+        logger.warning("%s: no ensemble: %s", name, why_not)
     if not size:
-        return
-    if options.search.multi_objective or options.final.protocol != "matched":
-        logger.warning("%s: ensembles are off for multi-objective and paper-protocol studies", name)
         return
     run = EnsembleRun(
         size=size,
