@@ -91,3 +91,23 @@ def test_the_package_defaults_are_what_recommend_derives_from_the_storage(storag
             stored = loaded[family]["small"][field]
             assert stored == value or (isinstance(value, float) and math.isclose(stored, value)), (family, field)
     assert "| cayley |" in (REPORTS / "defaults.md").read_text()
+
+
+def test_the_committed_ensemble_page_and_the_default_size_agree_with_their_storage(tmp_path):
+    from ilge_search.report.ensembles import ensemble_frame, ensemble_rows, ensemble_sentences
+    from ilge_search.storage import open_storage
+    from ilge_search.study.options import DEFAULT_ENSEMBLE
+
+    copy = tmp_path / "ensembles.db"
+    shutil.copyfile(REPORTS / "ensembles.db", copy)
+    frame = ensemble_frame(open_storage(f"sqlite:///{copy}", must_exist=True).study_summaries())
+    page = (REPORTS / "ensembles.md").read_text(encoding="utf-8")
+    _, rows = ensemble_rows(frame)
+    assert len(rows) == 14 * 4 and all("| " + " | ".join(row) + " |" in page for row in rows)
+    sentences = ensemble_sentences(frame)
+    assert all(sentence in page for sentence in sentences)
+    chosen = next(s for s in sentences if s.startswith(f"K = {DEFAULT_ENSEMBLE}:"))
+    # what the README and the guide say about the default size
+    assert "+1.74 points on average over 14 of 14 studies (13 ahead, 1 behind" in chosen
+    assert "+1.74 points on average" in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "**The default is K = 5**" in (ROOT / "docs" / "ensembles.md").read_text(encoding="utf-8")
