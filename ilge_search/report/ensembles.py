@@ -207,7 +207,8 @@ def write_ensemble_page(storage_url: str, stem: Path) -> Path:
     header, rows = ensemble_rows(frame)
     lines = ["# Ensembles of a study's trials (measured)", "", ENSEMBLE_NOTE, ""]
     lines += [
-        f"Storage: `{storage_url}`. Test scores in points (accuracy %), mean over the final seeds. The selected "
+        f"Storage: `{storage_url}`. Test scores in points (accuracy %, Spearman x 100 for similarity), mean over the "
+        "final seeds. The selected "
         "trial's and the start's scores are those the study's final evaluation stored; the ensemble's members "
         "are retrained by `ilge-search ensemble`. Where K = 1 picks the selected trial, their difference is "
         "retraining noise alone (e.g. another torch thread count): the yardstick for the other rows.",
