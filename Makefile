@@ -50,6 +50,8 @@ demo: setup
 	@echo "Use the best Cayley model on new texts:"
 	@echo "    . $(VENV)/bin/activate && ilge-search export --study $(DEMO_STUDY) --out models/banking77-cayley"
 	@echo "    . $(VENV)/bin/activate && ilge-search predict models/banking77-cayley --input examples/questions.txt"
+	@echo "Or the ensemble of its best trials the run chose on validation (one folder, used the same way):"
+	@echo "    . $(VENV)/bin/activate && ilge-search export --study $(DEMO_STUDY) --ensemble --out models/banking77-ensemble"
 
 test: setup
 	$(ACTIVATE) && ruff check . && ruff format --check . && mypy && mkdocs build --strict --quiet \

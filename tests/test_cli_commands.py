@@ -254,13 +254,15 @@ def test_the_demos_printed_hints_run_as_written():
         )
         assert encoder != "cayley" or name == study.group(1)
     hints = [line for line in _make_recipe("demo") if line.startswith('@echo "    ')]
-    assert len(hints) == 3
+    assert len(hints) == 4
     for hint in hints:
         assert hint.startswith('@echo "    . $(VENV)/bin/activate && ilge-search '), hint  # runs in a new shell
     predict = next(hint for hint in hints if " predict " in hint)
     input_file = re.search(r"--input (\S+)", predict)
     assert input_file and (REPO / input_file.group(1).rstrip('"')).is_file()
-    assert "$(DEMO_STUDY)" in next(hint for hint in hints if " export " in hint)
+    exports = [hint for hint in hints if " export " in hint]
+    assert len(exports) == 2 and all("$(DEMO_STUDY)" in hint for hint in exports)
+    assert sum(" --ensemble " in hint for hint in exports) == 1  # the demo's run makes an ensemble by default
     assert f"--study {study.group(1)} " in README  # the README's export line names the same study
 
 
