@@ -12,7 +12,7 @@ DB=reports/transfer.db
 [ -f "$DB" ] || cp reports/offline.db "$DB"   # never write into the committed offline.db
 COMMON=(--storage "sqlite:///$DB" --family cayley --top-k 1 --seeds 3 --size 4 --check)
 if [ "${STAGE:-minilm}" = full ]; then OUT=reports/transfer_cayley.json; else
-  COMMON+=(--exclude-model smollm2-135m --exclude-task banking77); OUT=reports/transfer_cayley_minilm.json; fi
+  COMMON+=(--exclude-model smollm2-135m --exclude-task banking77); OUT=reports/transfer_cayley_stage1.json; fi
 ilge-search portfolio "${COMMON[@]}" --dry-run
 ilge-search portfolio "${COMMON[@]}" --workers "${WORKERS:-2}" --threads 1
 ilge-search portfolio "${COMMON[@]}" --quiet --format json > "$OUT"

@@ -54,7 +54,7 @@ def shipped_path(tmp_path, monkeypatch):
     return path
 
 
-def test_the_committed_file_is_the_provisional_minilm_portfolio_and_warm_starts_take_it():
+def test_the_committed_file_is_the_full_matrix_portfolio_and_warm_starts_take_it():
     from ilge_search.study.trial import recommended_params, warm_start_params
 
     document = load_shipped_portfolio()
@@ -62,22 +62,27 @@ def test_the_committed_file_is_the_provisional_minilm_portfolio_and_warm_starts_
     entry = document["families"]["cayley"]["small"]
     provenance = entry["provenance"]
     assert provenance["source"] == "sqlite:///reports/transfer.db" and provenance["chosen_on"] == "validation"
-    assert provenance["models"] == ["minilm-l6"] and len(provenance["problems"]) == 5
-    assert provenance["excluded_tasks"] == ["banking77"] and provenance["excluded_models"] == ["smollm2-135m"]
-    assert all(":train500:" in name for name in provenance["problems"])
-    assert "Provisional" in provenance["note"] and len(entry["members"]) == 4
+    # both offline models x 6 tasks, nothing excluded (reports/transfer.md)
+    assert provenance["models"] == ["minilm-l6", "smollm2-135m"] and len(provenance["problems"]) == 12
+    assert provenance["excluded_tasks"] == [] and provenance["excluded_models"] == []
+    assert len(provenance["tasks"]) == 6 and len(entry["members"]) == 4 and provenance["greedy_members"] == 4
+    verdicts = provenance["left_out_checks_on_test"]
+    for fold in ("task", "model"):  # the portfolio default won both left-out checks on test
+        verdict = verdicts[f"{fold}/portfolio_default"]
+        assert verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
     # a storage without a portfolio: --warm-start 4 takes the shipped members, none of them the start
-    assert provenance["member_tasks"] == [["stsb"], ["emotion", "tweeteval_emotion"], provenance["tasks"], ["sst2"]]
-    warm = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="banking77")
+    assert provenance["member_names"] == ["c6", "c7", "marginal", "c5"]
+    assert provenance["member_tasks"] == [["sst2"], ["stsb"], provenance["tasks"], ["banking77", "emotion"]]
+    warm = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="trec")
     params = [m.params for m in warm.members]
     assert len(params) == 4 and recommended_params("cayley", 384, model=MODEL) not in params
     assert [m.name for m in warm.members] == provenance["member_names"] and warm.skipped == ()
     with pytest.raises(ValueError, match=r"--warm-start 5: the portfolio shipped with ilge-search has 4 cayley"):
-        warm_start_params(None, "cayley", 5, hidden_size=384, model=MODEL, task="banking77")
-    # sst2's own best trial (c3) came from sst2 only: an sst2 study skips it; c2 came from two tasks and stays
+        warm_start_params(None, "cayley", 5, hidden_size=384, model=MODEL, task="trec")
+    # c6 came from sst2's best trial only: an sst2 study skips it; c5 came from two tasks and stays
     sst2 = warm_start_params(None, "cayley", 3, hidden_size=384, model=MODEL, task="sst2")
-    assert [m.name for m in sst2.members] == ["c4", "c2", "marginal"] and sst2.skipped == ("c3",)
-    with pytest.raises(ValueError, match=r"has 3 cayley \(small\) .*skipped, from task sst2 only: c3"):
+    assert [m.name for m in sst2.members] == ["c7", "marginal", "c5"] and sst2.skipped == ("c6",)
+    with pytest.raises(ValueError, match=r"has 3 cayley \(small\) .*skipped, from task sst2 only: c6"):
         warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="sst2")
     emotion = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="emotion")
     assert [m.name for m in emotion.members] == provenance["member_names"]
