@@ -15,6 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from ilge_search.configs import config_from_dict
+from ilge_search.record import ensemble_record
 from ilge_search.storage import open_storage
 from ilge_search.study import (
     StorageError,
@@ -433,10 +434,16 @@ def test_a_real_similarity_model_correlates_on_a_tiny_stsb_subset(tmp_path, data
         max_epochs=6,
     )
     result = run_study(MODEL, "stsb", "deepset", storage=url, options=options)[0]
-    attrs = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
+    study = optuna.load_study(study_name=result.study_name, storage=url)
     # MiniLM is a sentence-similarity model: even a tiny subset correlates clearly
     assert result.metric == "spearman" and result.test_mean > 0.3 and len(result.test_scores) == 2
-    assert attrs["final_zero_shot"]["sick_r"]["mean"] > 0.3
+    assert study.user_attrs["final_zero_shot"]["sick_r"]["mean"] > 0.3
+    # the default ensemble: up to 5 picks among the 3 trials, its members retrained with the 2 final seeds
+    ensemble = ensemble_record(study)
+    assert ensemble is not None and ensemble.size == 5 and ensemble.ensemble is not None
+    assert len(ensemble.ensemble.test_scores) == 2 and ensemble.ensemble.test_mean > 0.3
+    assert ensemble.mix == "mean of the members' predicted cosine similarities"
+    assert ensemble.selected_test_scores == result.test_scores  # beside the selected trial, same seeds
 
 
 def test_best_layer_trials_pick_the_layer_that_carries_the_label(tmp_path, synthetic, no_model_loads):
