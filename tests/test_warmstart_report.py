@@ -71,7 +71,7 @@ def test_the_page_tables_each_search_and_states_the_targets(tmp_path):
         "Mean search gain of warm-started (K = 2) 8-trial searches at 500 texts (test, selected trial minus start, "
         "same seeds): +0.50 points over 2 searches." in page
     )
-    assert "Of these 2 warm-started (K = 2) searches, 1 end below their start on test." in page
+    assert "Of these 2 warm-started (K = 2) searches, 1 ends below their start on test." in page
     assert "Mean search gain of cold 8-trial searches at 500 texts" in page and "over 1 searches" in page
     assert "Mean search gain of warm-started (K = 2) 16-trial searches at 500 texts" in page
     assert "Selection rule of the final evaluations: best." in page

@@ -239,7 +239,8 @@ def summary_lines(rows: Sequence[WarmRow], *, max_train: int = 500, trials: int 
             f"Mean search gain of {name} {trials}-trial searches at {max_train} texts (test, selected trial minus "
             f"start, same seeds): {statistics.fmean(gains):+.2f} points over {len(gains)} searches."
         )
-        lines.append(f"Of these {len(gains)} {name} searches, {below} end below their start on test.")
+        verb = "ends" if below == 1 else "end"
+        lines.append(f"Of these {len(gains)} {name} searches, {below} {verb} below their start on test.")
     return lines
 
 
