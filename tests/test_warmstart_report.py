@@ -62,11 +62,20 @@ def test_the_page_tables_each_search_and_states_the_targets(tmp_path):
     url = storage_of_8(tmp_path)
     url16 = f"sqlite:///{tmp_path / 'warm16.db'}"  # the same search resumed to 16 trials, in its own storage
     search(url16, "trec", 2, [0.80, 0.83, *[0.70] * 14], tests=[0.78, 0.78, 0.78], start_test=0.73, selected=1)
+    # stopped at 11 of its 16 trials: its final evaluation belongs to its first 8, so it is named, not tabled
+    search(
+        url16, "trec", 0, [0.80, 0.70, 0.79, 0.82, *[0.75] * 7], tests=[0.70, 0.72, 0.74], start_test=0.73, selected=3
+    )
     page = write_warmstart_page([url, url16], tmp_path / "reports" / "warmstart.md").read_text()
     assert "| minilm-l6 | trec | 500 | 8 | cold | 72.00 ± 2.00 | - | -1.00 | +2.00 | 3 | -2.00 | - |" in page
     assert "| minilm-l6 | trec | 500 | 8 | warm 2 | 76.00 ± 1.00 | +4.00 | +3.00 | +3.00 | 1 | +2.00 | c4, c2 |" in page
     assert "| minilm-l6 | emotion | 500 | 8 | warm 2 | 50.00 ± 1.00 | - | -2.00 | +0.00 | never | not stored |" in page
     assert "| minilm-l6 | trec | 500 | 16 | warm 2 | 78.00 ± 0.00 | - | +5.00 |" in page  # no cold 16-trial search
+    assert "| 11 |" not in page and "11-trial" not in page
+    assert (
+        "Not shown, short of a budget of 8 or 16 trials: `minilm-l6:trec:cayley:train500:eval400:ep10` (11 trials)."
+        in page
+    )
     assert (
         "Mean search gain of warm-started (K = 2) 8-trial searches at 500 texts (test, selected trial minus start, "
         "same seeds): +0.50 points over 2 searches." in page
@@ -80,7 +89,7 @@ def test_the_page_tables_each_search_and_states_the_targets(tmp_path):
 
 def test_an_empty_storage_says_nothing_is_stored_yet(tmp_path):
     url = f"sqlite:///{tmp_path / 'empty.db'}"
-    search(url, "trec", 0, [0.80, 0.81], tests=[0.7], start_test=0.7, selected=1)
+    search(url, "trec", 0, [0.80, 0.81, *[0.70] * 6], tests=[0.7], start_test=0.7, selected=1)  # cold only
     assert summary_lines(warmstart_rows(url)) == ["No warm-started 8-trial search at 500 training texts is stored yet."]
     page = write_warmstart_page(url, tmp_path / "page.md").read_text()
     assert "No warm-started 8-trial search at 500 training texts is stored yet." in page

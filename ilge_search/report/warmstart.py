@@ -33,7 +33,15 @@ from ..configs import ENCODER_FAMILIES
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
 from ..scores import score_unit
 
-__all__ = ["WARMSTART_NOTE", "WarmRow", "warmstart_rows", "warmstart_table", "summary_lines", "write_warmstart_page"]
+__all__ = [
+    "WARMSTART_NOTE",
+    "WARMSTART_BUDGETS",
+    "WarmRow",
+    "warmstart_rows",
+    "warmstart_table",
+    "summary_lines",
+    "write_warmstart_page",
+]
 
 WARMSTART_NOTE = (
     "Each row is one search of Optuna's TPE sampler on the validation split, its selected trial retrained with "
@@ -43,6 +51,9 @@ WARMSTART_NOTE = (
     "the order chosen without that task), then the sampler, same sampler seed. Test columns are test scores; "
     "*val* columns are validation scores (what the search optimises); nothing here was chosen on test."
 )
+
+
+WARMSTART_BUDGETS = (8, 16)  # the trial budgets reports/warmstart.sh runs
 
 
 @dataclass(frozen=True)
@@ -244,13 +255,20 @@ def summary_lines(rows: Sequence[WarmRow], *, max_train: int = 500, trials: int 
     return lines
 
 
-def write_warmstart_page(storage_url: str | Sequence[str], out: str | Path) -> Path:
+def write_warmstart_page(
+    storage_url: str | Sequence[str], out: str | Path, budgets: Sequence[int] = WARMSTART_BUDGETS
+) -> Path:
     """Write the warm-start page (``reports/warmstart.md``) from the searches stored in ``storage_url`` (one URL or
-    several); trains nothing and writes nothing to the storages. The path written."""
-    rows = warmstart_rows(storage_url)
+    several); trains nothing and writes nothing to the storages. The path written.
+
+    Only searches whose finished trials equal one of ``budgets`` are shown: a search stopped part of the way to
+    its budget is listed by name as still running, since its final evaluation belongs to fewer trials."""
+    every = warmstart_rows(storage_url)
+    rows = [r for r in every if r.trials in budgets]
+    running = [r for r in every if r.trials not in budgets]
     urls = [storage_url] if isinstance(storage_url, str) else list(storage_url)
     sizes = sorted({r.max_train for r in rows if r.max_train is not None})
-    budgets = sorted({r.trials for r in rows})
+    shown = sorted({r.trials for r in rows})
     lines = ["# Warm-started vs cold searches (measured)", "", WARMSTART_NOTE, ""]
     lines += [
         "Storages: " + ", ".join(f"`{url}`" for url in urls) + ". Scores in points (accuracy %, Spearman x 100); "
@@ -267,12 +285,18 @@ def write_warmstart_page(storage_url: str | Sequence[str], out: str | Path) -> P
         lines += ["## The targets", ""]
         lines += [f"- {line}" for line in summary_lines(rows)]
         for size in sizes:
-            for budget in budgets:
+            for budget in shown:
                 if (size, budget) != (500, 8):
                     extra = summary_lines(rows, max_train=size, trials=budget)
                     if not extra[0].startswith("No "):
                         lines += [f"- {line}" for line in extra]
         lines.append("")
+    if running:
+        names = ", ".join(f"`{r.study}` ({r.trials} trials)" for r in running)
+        lines += [
+            f"Not shown, short of a budget of {' or '.join(map(str, budgets))} trials: {names}.",
+            "",
+        ]
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines), encoding="utf-8")
