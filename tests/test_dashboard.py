@@ -251,6 +251,7 @@ def small_study(tmp_path_factory, synthetic):
     options = StudyOptions.from_flat(
         n_trials=3,
         final_seeds=2,
+        ensemble=0,
         seed=0,
         data_dir=synthetic.data_dir,
         cache_dir=synthetic.cache_dir,

@@ -44,6 +44,7 @@ def studies(tmp_path_factory, synthetic):
     common = dict(
         data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu", threads=1, progress=False, **SMALL
     )
+    common["ensemble"] = 0  # the ensemble's export is tests/test_ensemble.py's
     with refuse_model_loads():
         for task, encoder, flat in (
             ("trec", "cayley", dict(n_trials=3, final_seeds=2)),

@@ -59,7 +59,7 @@ def real_storage(tmp_path_factory, synthetic):
     folders = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
 
     def run(task, encoders, **flat):
-        options = StudyOptions.from_flat(device="cpu", progress=False, seed=0, **folders, **SMALL, **flat)
+        options = StudyOptions.from_flat(device="cpu", progress=False, seed=0, ensemble=0, **folders, **SMALL, **flat)
         run_study(synthetic.model, task, encoders, storage=url, options=options)
 
     with refuse_model_loads():

@@ -224,7 +224,9 @@ SMALL = dict(**DATA, max_epochs=6)
 
 
 def synthetic_options(synthetic, **flat) -> StudyOptions:
-    """Options of a study on the synthetic setup (its data and cache folders, on CPU, quiet)."""
+    """Options of a study on the synthetic setup (its data and cache folders, on CPU, quiet; no ensemble unless
+    asked for: tests/test_ensemble.py covers it, and it would add its retraining to every study here)."""
+    flat = {"ensemble": 0, **flat}
     return StudyOptions.from_flat(
         data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu", progress=False, threads=1, **flat
     )
