@@ -21,8 +21,17 @@
 # Usage: [WORKERS=1] [THREADS=1] [SIZES="500 2000"] [MODELS="minilm-l6 smollm2-135m"] reports/warmstart.sh;
 # ILGE_SEARCH_CACHE / ILGE_SEARCH_DATA as for run. Two drivers may share the work on 2 cores, one per model
 # (MODELS=minilm-l6 and MODELS=smollm2-135m), once the first run has created reports/warmstart.db.
+# The starting configuration of every search is the built-in Cayley defaults (BUILTIN_RECOMMENDED), as when
+# the measurement ran, also now that the package ships a regenerated default: a user defaults file pins it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+pinned="$(mktemp -d)"
+trap 'rm -rf "$pinned"' EXIT
+python -c "import dataclasses, json, sys; from ilge_search.tuning import BUILTIN_RECOMMENDED as b, \
+DEFAULTS_FORMAT_VERSION as v, config_class_for as c; small = dataclasses.asdict(c('cayley')(**b['cayley']['small'])); \
+json.dump({'format_version': v, 'metadata': {}, 'families': {'cayley': {'small': small}}}, open(sys.argv[1], 'w'))" \
+  "$pinned/builtin.json"
+export ILGE_SEARCH_DEFAULTS="$pinned/builtin.json"
 DATA="${ILGE_SEARCH_DATA:-../shared/datasets}"
 DB8=reports/warmstart.db
 DB16=reports/warmstart-16.db
@@ -31,8 +40,7 @@ RUN=(--data-dir "$DATA" --max-eval 400 --max-epochs 10 --final-seeds 3 --seed 0 
      --workers "${WORKERS:-1}" --threads "${THREADS:-1}" --quiet)
 
 if [ ! -f "$DB8" ]; then
-  scratch="$(mktemp -d)"
-  trap 'rm -rf "$scratch"' EXIT
+  scratch="$pinned"
   cp reports/transfer.db "$scratch/matrix.db"
   plan="$(ilge-search portfolio --storage "sqlite:///$scratch/matrix.db" "${PORTFOLIO[@]}" --dry-run)"
   echo "$plan"

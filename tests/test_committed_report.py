@@ -80,7 +80,9 @@ def test_the_package_defaults_are_what_recommend_derives_from_the_storage(storag
     loto = stored_loto(storage_copy)
     if loto.verdicts and not loto.missing:  # the shipping rule: what `recommend --update-shipped` writes
         monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", tmp_path / "shipped.json")
-        derived = recommend_defaults(storage_copy, update_shipped=True, report_path=None)
+        method = shipped["metadata"].get("method", "marginal")  # portfolio: from the stored cross-task matrices
+        derived = recommend_defaults(storage_copy, update_shipped=True, report_path=None, method=method)
+        assert shipped["metadata"]["shipping"] == derived["metadata"]["shipping"]
     else:  # a storage from before the leave-one-task-out check: what was shipped then
         derived = recommend_defaults(storage_copy, tmp_path / "defaults.json", report_path=None)
     assert shipped["families"] == derived["families"]

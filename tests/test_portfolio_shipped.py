@@ -41,7 +41,17 @@ def score(candidate, problem, seed):
 
 
 @pytest.fixture()
-def problems_url(tmp_path):
+def builtin_start(tmp_path, monkeypatch):
+    """Studies start from the built-in defaults (START), whatever the package ships: the synthetic matrices
+    here are built around them."""
+    from ilge_search import tuning
+
+    monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", tmp_path / "no-shipped-defaults.json")
+    monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(tmp_path / "no-user-defaults.json"))
+
+
+@pytest.fixture()
+def problems_url(tmp_path, builtin_start):
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     add_matrix_problems(url, {(MODEL, task): [(START, 0.70), (config, 0.80)] for task, config in TRIALS.items()})
     return url
@@ -55,7 +65,8 @@ def shipped_path(tmp_path, monkeypatch):
 
 
 def test_the_committed_file_is_the_full_matrix_portfolio_and_warm_starts_take_it():
-    from ilge_search.study.trial import recommended_params, warm_start_params
+    from ilge_search.defaults.shipped_portfolio import shipped_start
+    from ilge_search.study.trial import config_params, recommended_params, warm_start_params
 
     document = load_shipped_portfolio()
     assert document["format_version"] == 1 and set(document["families"]) == {"cayley"}
@@ -65,25 +76,29 @@ def test_the_committed_file_is_the_full_matrix_portfolio_and_warm_starts_take_it
     # both offline models x 6 tasks, nothing excluded (reports/transfer.md)
     assert provenance["models"] == ["minilm-l6", "smollm2-135m"] and len(provenance["problems"]) == 12
     assert provenance["excluded_tasks"] == [] and provenance["excluded_models"] == []
-    assert len(provenance["tasks"]) == 6 and len(entry["members"]) == 4 and provenance["greedy_members"] == 4
+    assert len(provenance["tasks"]) == 6 and len(entry["members"]) == 4 and provenance["greedy_members"] == 3
     verdicts = provenance["left_out_checks_on_test"]
     for fold in ("task", "model"):  # the portfolio default won both left-out checks on test
         verdict = verdicts[f"{fold}/portfolio_default"]
         assert verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
+    # the order is c6 (the default, shipped as every new study's start, so no member), c7, marginal, c5, then c4
+    assert provenance["member_names"] == ["c7", "marginal", "c5", "c4"]
+    assert provenance["member_tasks"] == [["stsb"], provenance["tasks"], ["banking77", "emotion"], ["stsb", "trec"]]
+    start = recommended_params("cayley", 384, model=MODEL)
+    assert start == config_params("cayley", shipped_start("cayley", "small"))
+    assert start["conv_type"] == "gcn"  # the shipped default, not the built-in GIN
     # a storage without a portfolio: --warm-start 4 takes the shipped members, none of them the start
-    assert provenance["member_names"] == ["c6", "c7", "marginal", "c5"]
-    assert provenance["member_tasks"] == [["sst2"], ["stsb"], provenance["tasks"], ["banking77", "emotion"]]
     warm = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="trec")
     params = [m.params for m in warm.members]
-    assert len(params) == 4 and recommended_params("cayley", 384, model=MODEL) not in params
+    assert len(params) == 4 and start not in params
     assert [m.name for m in warm.members] == provenance["member_names"] and warm.skipped == ()
     with pytest.raises(ValueError, match=r"--warm-start 5: the portfolio shipped with ilge-search has 4 cayley"):
         warm_start_params(None, "cayley", 5, hidden_size=384, model=MODEL, task="trec")
-    # c6 came from sst2's best trial only: an sst2 study skips it; c5 came from two tasks and stays
-    sst2 = warm_start_params(None, "cayley", 3, hidden_size=384, model=MODEL, task="sst2")
-    assert [m.name for m in sst2.members] == ["c7", "marginal", "c5"] and sst2.skipped == ("c6",)
-    with pytest.raises(ValueError, match=r"has 3 cayley \(small\) .*skipped, from task sst2 only: c6"):
-        warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="sst2")
+    # c7 came from stsb's best trial only: a stsb study skips it; c4 came from two tasks and stays
+    stsb = warm_start_params(None, "cayley", 3, hidden_size=384, model=MODEL, task="stsb")
+    assert [m.name for m in stsb.members] == ["marginal", "c5", "c4"] and stsb.skipped == ("c7",)
+    with pytest.raises(ValueError, match=r"has 3 cayley \(small\) .*skipped, from task stsb only: c7"):
+        warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="stsb")
     emotion = warm_start_params(None, "cayley", 4, hidden_size=384, model=MODEL, task="emotion")
     assert [m.name for m in emotion.members] == provenance["member_names"]
 
@@ -252,7 +267,7 @@ def test_the_portfolio_is_copied_once_into_a_fresh_storage_with_its_left_out_ord
         copy_portfolio(problems_url, other)
 
 
-def test_a_matrix_of_one_task_cannot_warm_start_that_task(tmp_path):
+def test_a_matrix_of_one_task_cannot_warm_start_that_task(tmp_path, builtin_start):
     from ilge_search.storage import open_storage
     from ilge_search.study.trial import warm_start_params
 

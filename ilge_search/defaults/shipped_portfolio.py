@@ -9,10 +9,13 @@ bucket's entry of that file from the matrix a request names, as
 stored. The members are the warm-start order
 (:func:`~ilge_search.defaults.choice.warm_start_order`: the greedy portfolio,
 then the other candidates by mean normalised validation score) without the
-built-in defaults, which every study already trains first; the first
-``size`` of them. The provenance says what they were chosen from (storage,
-problems, exclusions, seeds, how many the greedy step chose, the left-out
-checks when stored) and that they were chosen on validation scores.
+package's starting configuration (the built-in defaults merged with the
+shipped ``recommended_defaults.json``), which every new study already trains
+first; the first ``size`` of them. Ship the defaults first (``recommend
+--update-shipped``), then this file, so that its members leave out the new
+start. The provenance says what they were chosen from (storage, problems,
+exclusions, seeds, how many the greedy step chose, the left-out checks when
+stored) and that they were chosen on validation scores.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from typing import Any
 
 from .._version import __version__
 from ..record import write_shipped_portfolio
-from .portfolio import BUILTIN, PortfolioRequest, PortfolioResult
+from .portfolio import PortfolioRequest, PortfolioResult, start_config_dict
 from .transfer import member_sources, read_stored
 
-__all__ = ["shipped_entry", "update_shipped_portfolio"]
+__all__ = ["shipped_entry", "shipped_start", "update_shipped_portfolio"]
 
 
 def _left_out(result: PortfolioResult) -> dict[str, Any]:
@@ -45,11 +48,19 @@ def _left_out(result: PortfolioResult) -> dict[str, Any]:
     }
 
 
+def shipped_start(family: str, bucket: str) -> dict[str, Any]:
+    """The configuration a new study of ``family`` and ``bucket`` starts from with the package's own defaults
+    (built-in values merged with the shipped defaults file; a user's file plays no part in what is shipped)."""
+    from ..tuning import load_recommended_defaults
+
+    return start_config_dict(family, load_recommended_defaults().get(family, {}).get(bucket, {}))
+
+
 def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(members, provenance) of the shipped file's entry for ``result`` (a complete, chosen matrix).
 
     Raises:
-        ValueError: cells of the matrix are missing, or no member differs from the built-in defaults.
+        ValueError: cells of the matrix are missing, or no member differs from the starting configuration.
     """
     from ..study.trial import config_params
 
@@ -60,12 +71,13 @@ def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[st
             f"matrix are not stored in {result.storage}; run `ilge-search portfolio` with the same options first "
             "(--update-shipped trains nothing)"
         )
-    builtin = next(c.config for c in result.candidates if c.name == BUILTIN)
-    start = config_params(request.family, builtin)
+    start = config_params(request.family, shipped_start(request.family, request.bucket))
     order = [i for i in result.order if config_params(request.family, result.candidates[i].config) != start]
     members = order[: request.size]
     if not members:
-        raise ValueError("every candidate of this matrix is the built-in defaults; there is nothing to warm-start with")
+        raise ValueError(
+            "every candidate of this matrix is the starting configuration; there is nothing to warm-start with"
+        )
     task_of = {p.study: p.task for p in result.problems}
     provenance = {
         "source": result.storage,

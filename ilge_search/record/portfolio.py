@@ -228,7 +228,7 @@ def stored_portfolio_request(study: Any) -> dict[str, Any] | None:
 #                                      "provenance": {"source": ..., "family": ..., "bucket": ..., "problems": [...],
 #                                                     "chosen_on": "validation", "generated": ..., ...}}}}}
 #
-# `members` are in warm-start order, the built-in defaults (every study's first trial) left out;
+# `members` are in warm-start order, the package's starting configuration (every new study's first trial) left out;
 # `provenance` says what they were chosen from. Written by `ilge-search portfolio --update-shipped`.
 
 SHIPPED_FORMAT_VERSION = 1
