@@ -18,9 +18,11 @@
 # Resumable: rerun it; budgets are totals, finished studies and current final evaluations are kept.
 # Order, cheapest first: 500 texts before 2,000, MiniLM-L6 before SmolLM2-135M, trec, sst2, emotion; per setting
 # the best layer, then cold, warm 2, warm 4 at 8 trials, then the same three resumed to 16.
-# Usage: [WORKERS=1] [THREADS=1] [SIZES="500 2000"] [MODELS="minilm-l6 smollm2-135m"] reports/warmstart.sh;
+# Usage: [WORKERS=1] [THREADS=1] [SIZES="500 2000"] [MODELS="minilm-l6 smollm2-135m"] [TASKS="trec sst2 emotion"]
+# reports/warmstart.sh;
 # ILGE_SEARCH_CACHE / ILGE_SEARCH_DATA as for run. Two drivers may share the work on 2 cores, one per model
-# (MODELS=minilm-l6 and MODELS=smollm2-135m), once the first run has created reports/warmstart.db.
+# (MODELS=minilm-l6 and MODELS=smollm2-135m) or one per task (TASKS=...), once the first run has created
+# reports/warmstart.db.
 # The starting configuration of every search is the built-in Cayley defaults (BUILTIN_RECOMMENDED), as when
 # the measurement ran, also now that the package ships a regenerated default: a user defaults file pins it.
 set -euo pipefail
@@ -60,7 +62,7 @@ copy_to_16 "ilge-portfolio:cayley:small"   # a resumed warm study checks its por
 
 for size in ${SIZES:-500 2000}; do
   for model in ${MODELS:-minilm-l6 smollm2-135m}; do
-    for task in trec sst2 emotion; do
+    for task in ${TASKS:-trec sst2 emotion}; do
       setting="$model:$task:cayley:train$size:eval400:ep10"
       here=(--model "$model" --task "$task" --max-train "$size" "${RUN[@]}")
       echo "== $(date +%H:%M:%S) $setting: best layer, then cold, warm 2, warm 4 (8 trials)"

@@ -69,7 +69,11 @@ def test_the_committed_file_is_the_full_matrix_portfolio_and_warm_starts_take_it
     from ilge_search.study.trial import config_params, recommended_params, warm_start_params
 
     document = load_shipped_portfolio()
-    assert document["format_version"] == 1 and set(document["families"]) == {"cayley"}
+    assert document["format_version"] == 1 and set(document["families"]) == {"cayley", "fc", "deepset"}
+    for family in ("fc", "deepset"):  # their matrices chose the built-in defaults, the start, which no member is
+        start = config_params(family, shipped_start(family, "small"))
+        members = document["families"][family]["small"]["members"]
+        assert members and all(config_params(family, m) != start for m in members)
     entry = document["families"]["cayley"]["small"]
     provenance = entry["provenance"]
     assert provenance["source"] == "sqlite:///reports/transfer.db" and provenance["chosen_on"] == "validation"

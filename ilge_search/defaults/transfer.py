@@ -509,6 +509,10 @@ def portfolio_defaults(
                 )
             default = config_params(family, result.candidates[result.default].config)
             ship, why = shipping_verdict(result.held_out)
+            if result.candidates[result.default].name == BUILTIN:  # nothing new to ship: say so, not only +0.00
+                why = why.replace(
+                    "built-in kept (", "built-in kept (the matrix's default is the built-in defaults; ", 1
+                )
             shipping[f"{family}/{bucket}"] = why
             if ship or not update_shipped:
                 chosen.setdefault(family, {})[bucket] = default

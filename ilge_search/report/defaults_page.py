@@ -87,7 +87,7 @@ def _loto_tables(doc: Document, meta: Mapping[str, Any], loto: LotoResult) -> No
     doc.table(*loto_verdict_rows(loto))
     doc.bullets(loto_sentences(loto))
     shipping = meta.get("shipping")
-    if shipping:
+    if shipping and meta.get("method") != "portfolio":  # the portfolio's decisions follow its matrices
         doc.paragraph(
             "Shipped in `ilge_search/data/recommended_defaults.json` (regenerated defaults only where they "
             "win on average over the left-out tasks):"
@@ -175,11 +175,12 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
     the evidence behind every value; ``target`` is the defaults file the values were written to (``None``:
     the shipped one)."""
     meta = recommendation.document["metadata"]
+    method = " --method portfolio" if meta.get("method") == "portfolio" else ""
     doc = Document()
     doc.heading(1, "Defaults by model size")
     doc.paragraph(
         f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
-        f"`ilge-search recommend --storage {meta['source']}`. `recommended_config(family, model_size_hint)` "
+        f"`ilge-search recommend --storage {meta['source']}{method}`. `recommended_config(family, model_size_hint)` "
         f"{_read_from(target)}; a family or bucket without "
         "studies, or whose regenerated defaults were not shipped, keeps the built-in default (marked "
         "*built-in*)."
@@ -193,6 +194,11 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
         )
     _loto_section(doc, meta, recommendation)
     doc.heading(2, "Rule")
+    if method:
+        doc.paragraph(
+            "The values above are each group's cross-task matrix default (chosen on validation, shipped only where "
+            "it won its left-out checks). The marginal rule below is one of the matrix's candidates (`marginal`)."
+        )
     doc.paragraph(meta["rule"])
     _evidence_section(doc, recommendation)
     if meta.get("skipped"):
