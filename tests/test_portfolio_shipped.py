@@ -284,3 +284,18 @@ def test_a_matrix_of_one_task_cannot_warm_start_that_task(tmp_path, builtin_star
         warm_start_params(open_storage(url), "cayley", 1, hidden_size=384, model=MODEL, task="trec")
     other = warm_start_params(open_storage(url), "cayley", 1, hidden_size=384, model=MODEL, task="sst2")
     assert other.members[0].sources and len(other.chosen_from) == 2  # any other task takes the whole order
+
+
+def test_recommend_keeps_the_builtin_defaults_when_the_matrix_chose_them(problems_url, tmp_path):
+    from ilge_search import tuning
+    from ilge_search.report.defaults_page import recommend_defaults
+
+    store_matrix(problems_url, REQUEST, score)  # the built-in defaults are the best default here
+    page = tmp_path / "defaults.md"
+    data = recommend_defaults(problems_url, None, page, families=["cayley"], method="portfolio", update_shipped=True)
+    assert data["families"] == {} and json.loads(tuning.RECOMMENDED_DEFAULTS_PATH.read_text())["families"] == {}
+    why = data["metadata"]["shipping"]["cayley/small"]
+    assert why.startswith("built-in kept (the matrix's default is the built-in defaults; leave one task out: +0.00")
+    text = page.read_text()
+    assert f"`ilge-search recommend --storage {problems_url} --method portfolio`" in text
+    assert text.count("Shipped in `ilge_search/data/recommended_defaults.json`") == 1 and why in text

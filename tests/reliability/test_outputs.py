@@ -113,8 +113,9 @@ def test_updating_the_shipped_defaults_is_an_explicit_flag(storage_copy, user_co
     before = digest(stand_in)
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", stand_in)
     page = tmp_path / "defaults.md"
+    method = json.loads(stand_in.read_text())["metadata"].get("method", "marginal")  # as the results page says
     result = CliRunner().invoke(
-        cli, ["recommend", "--storage", storage_copy, "--update-shipped", "--report", str(page)]
+        cli, ["recommend", "--storage", storage_copy, "--method", method, "--update-shipped", "--report", str(page)]
     )
     loto = stored_loto(storage_copy)
     if loto.missing or not loto.verdicts:
@@ -140,8 +141,8 @@ def test_the_results_page_regenerates_with_explicit_flags():
     readme = (ROOT / "docs" / "results.md").read_text()
     assert "ilge-search report --storage sqlite:///reports/offline.db --out reports --force" in readme
     assert (
-        "ilge-search recommend --storage sqlite:///reports/offline.db --update-shipped --report "
-        "reports/defaults.md" in readme
+        "ilge-search recommend --storage sqlite:///reports/offline.db --method portfolio --update-shipped "
+        "--report reports/defaults.md" in readme
     )
 
 
