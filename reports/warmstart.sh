@@ -27,13 +27,13 @@
 # the measurement ran, also now that the package ships a regenerated default: a user defaults file pins it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pinned="$(mktemp -d)"
-trap 'rm -rf "$pinned"' EXIT
+scratch="$(mktemp -d)"   # the pinned defaults file and, once, a copy of the matrix
+trap 'rm -rf "$scratch"' EXIT
 python -c "import dataclasses, json, sys; from ilge_search.tuning import BUILTIN_RECOMMENDED as b, \
 DEFAULTS_FORMAT_VERSION as v, config_class_for as c; small = dataclasses.asdict(c('cayley')(**b['cayley']['small'])); \
 json.dump({'format_version': v, 'metadata': {}, 'families': {'cayley': {'small': small}}}, open(sys.argv[1], 'w'))" \
-  "$pinned/builtin.json"
-export ILGE_SEARCH_DEFAULTS="$pinned/builtin.json"
+  "$scratch/builtin.json"
+export ILGE_SEARCH_DEFAULTS="$scratch/builtin.json"
 DATA="${ILGE_SEARCH_DATA:-../shared/datasets}"
 DB8=reports/warmstart.db
 DB16=reports/warmstart-16.db
@@ -42,7 +42,6 @@ RUN=(--data-dir "$DATA" --max-eval 400 --max-epochs 10 --final-seeds 3 --seed 0 
      --workers "${WORKERS:-1}" --threads "${THREADS:-1}" --quiet)
 
 if [ ! -f "$DB8" ]; then
-  scratch="$pinned"
   cp reports/transfer.db "$scratch/matrix.db"
   plan="$(ilge-search portfolio --storage "sqlite:///$scratch/matrix.db" "${PORTFOLIO[@]}" --dry-run)"
   echo "$plan"

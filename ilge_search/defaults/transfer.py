@@ -230,9 +230,9 @@ def _capped(request: PortfolioRequest, config: dict[str, Any], result: Portfolio
     return dict(cell_config(request.family, config, result.problems[p], request.max_epochs).to_dict())
 
 
-def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default") -> tuple[bool, str]:
+def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default", *, note: str = "") -> tuple[bool, str]:
     """Whether ``method`` may be shipped: on every fold kind, mean ahead of the built-in defaults and ahead on
-    more left-out problems than behind; and the sentence that says so."""
+    more left-out problems than behind; and the sentence that says so (``note`` first in its parentheses)."""
     parts, wins = [], []
     for (kind, name), verdict in sorted(held_out.verdicts.items()):
         if name != method or not verdict["rows"]:
@@ -244,7 +244,8 @@ def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default") -> tu
             f"behind on {verdict['behind']} of {verdict['rows']}"
         )
     ok = bool(wins) and all(wins)
-    return ok, ("shipped" if ok else "built-in kept") + f" ({'; '.join(parts) or 'no left-out rows'})"
+    reasons = ([note] if note else []) + (parts or ["no left-out rows"])
+    return ok, ("shipped" if ok else "built-in kept") + f" ({'; '.join(reasons)})"
 
 
 # ----------------------------------------------------------------------------- the command
@@ -508,11 +509,10 @@ def portfolio_defaults(
                     f"`ilge-search portfolio --storage {hide_password(storage_url)} --family {family} --check` first"
                 )
             default = config_params(family, result.candidates[result.default].config)
-            ship, why = shipping_verdict(result.held_out)
-            if result.candidates[result.default].name == BUILTIN:  # nothing new to ship: say so, not only +0.00
-                why = why.replace(
-                    "built-in kept (", "built-in kept (the matrix's default is the built-in defaults; ", 1
-                )
+            chose_builtin = result.candidates[result.default].name == BUILTIN  # nothing new: say so, not only +0.00
+            ship, why = shipping_verdict(
+                result.held_out, note="the matrix's default is the built-in defaults" if chose_builtin else ""
+            )
             shipping[f"{family}/{bucket}"] = why
             if ship or not update_shipped:
                 chosen.setdefault(family, {})[bucket] = default

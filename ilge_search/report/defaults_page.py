@@ -175,12 +175,13 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
     the evidence behind every value; ``target`` is the defaults file the values were written to (``None``:
     the shipped one)."""
     meta = recommendation.document["metadata"]
-    method = " --method portfolio" if meta.get("method") == "portfolio" else ""
+    portfolio = meta.get("method") == "portfolio"
+    command = f"ilge-search recommend --storage {meta['source']}" + (" --method portfolio" if portfolio else "")
     doc = Document()
     doc.heading(1, "Defaults by model size")
     doc.paragraph(
         f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
-        f"`ilge-search recommend --storage {meta['source']}{method}`. `recommended_config(family, model_size_hint)` "
+        f"`{command}`. `recommended_config(family, model_size_hint)` "
         f"{_read_from(target)}; a family or bucket without "
         "studies, or whose regenerated defaults were not shipped, keeps the built-in default (marked "
         "*built-in*)."
@@ -194,7 +195,7 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
         )
     _loto_section(doc, meta, recommendation)
     doc.heading(2, "Rule")
-    if method:
+    if portfolio:
         doc.paragraph(
             "The values above are each group's cross-task matrix default (chosen on validation, shipped only where "
             "it won its left-out checks). The marginal rule below is one of the matrix's candidates (`marginal`)."
