@@ -11,6 +11,14 @@ and names without a writer, are left alone.
 all three raise :class:`DiskError`, a ``ValueError`` so the CLI reports it as its
 error message. :func:`read_text_utf8` names the file, line and column of bytes that
 are not UTF-8.
+
+Every command that writes a file or folder the user names (``--out``, ``--plot``,
+``--report``) decides first, with :func:`check_output_path` (a file) or
+:func:`check_output_folder` (a folder), whether it may: nothing that ``git`` tracks
+and no existing file is replaced without ``--force`` (a single file carries no mark
+of its writer, so an earlier output of the same command counts as someone else's),
+and the folder it goes into must exist or be creatable, and be writable. The check
+creates nothing; :func:`write_output_text` makes the missing folders when it writes.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -39,6 +48,11 @@ __all__ = [
     "read_text_utf8",
     "iter_lines_utf8",
     "iter_json_objects",
+    "git_tracked",
+    "check_can_create",
+    "check_output_path",
+    "check_output_folder",
+    "write_output_text",
 ]
 
 PathLike = Union[str, os.PathLike]
@@ -236,3 +250,106 @@ def preallocate(handle: Any, size: int) -> None:
     while handle.tell() < size:
         handle.write(zeros[: size - handle.tell()])
     handle.flush()
+
+
+# ----------------------------------------------------------------------------- the output rule
+
+
+def git_tracked(path: PathLike) -> list[str]:
+    """What ``git`` tracks at ``path``: the files under a folder (relative to it), or ``[name]`` for a tracked
+    file; empty outside a work tree, for a path that does not exist, or without git."""
+    path = Path(path)
+    if path.is_dir():
+        folder, pattern = path, "."
+    elif path.is_file():
+        folder, pattern = path.parent, path.name
+    else:
+        return []
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "ls-files", "-z", "--", pattern],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if done.returncode != 0:
+        return []
+    return sorted(name for name in done.stdout.decode("utf-8", "replace").split("\0") if name)
+
+
+def check_can_create(folder: PathLike, what: str, fix: str) -> Path:
+    """Make sure ``folder`` exists or can be made, and that a file can be created in it, creating nothing (a
+    real write of an unnamed file, so read-only mounts and root alike are caught); raise :class:`DiskError`
+    otherwise."""
+    folder = Path(folder)
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DiskError(f"{what} {folder} cannot be made: {existing} is a file, not a folder; {fix}")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        where = "" if existing == folder else f" (it would be made in {existing})"
+        raise DiskError(f"{what} {folder} is not writable{where}: {exc.strerror or exc}; {fix}") from None
+    return folder
+
+
+def check_output_path(path: PathLike, *, force: bool, option: str = "--out") -> Path:
+    """``path`` (``~`` expanded) if a command may write the file there; else a one-line ``ValueError``.
+
+    Without ``force``, an existing file is refused, with a message that says so when ``git`` tracks it. Its
+    folder must exist or be creatable, and be writable, with or without ``force``. Nothing is created.
+    """
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; pass a file name")
+    if os.path.lexists(path) and not force:
+        if git_tracked(path):
+            raise ValueError(
+                f"{option} {path} is a file git tracks; it is never replaced unless told: pass another "
+                f"{option}, or --force to replace the committed file on purpose"
+            )
+        raise ValueError(
+            f"{option} {path} exists and no existing file is replaced unless told: pass another {option}, or "
+            "--force to replace it"
+        )
+    check_can_create(path.parent, f"the folder of {option}", f"pass an {option} in a folder you can write")
+    return path
+
+
+def check_output_folder(path: PathLike, *, force: bool, option: str = "--out") -> Path:
+    """``path`` (``~`` expanded) if a command may write into that folder, as far as the shared rule goes (what
+    else may be in it is the command's own rule); else a one-line ``ValueError``.
+
+    A file is refused; without ``force``, so is a folder holding files ``git`` tracks. The folder must exist or
+    be creatable, and be writable. Nothing is created.
+    """
+    path = Path(path).expanduser()
+    if os.path.lexists(path) and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file, not a folder; pass a folder")
+    tracked = git_tracked(path)
+    if tracked and not force:
+        raise ValueError(
+            f"{option} {path} holds {len(tracked)} file(s) git tracks (e.g. {tracked[0]}); they are never "
+            f"replaced unless told: pass another {option}, or --force to rebuild committed files on purpose"
+        )
+    check_can_create(path, f"the folder {option}", f"pass an {option} in a folder you can write")
+    return path
+
+
+def write_output_text(path: PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` checked by :func:`check_output_path`: its folders made, under a
+    temporary name renamed when complete, so a reader never sees half a file."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -12,7 +12,7 @@ The input is read twice: a first pass checks the columns and every text (and
 counts the rows for the progress bar) before any model loads, so a bad row 90,000
 fails at once, not after an hour of inference. The output is written under a
 temporary name and renamed when complete; an existing file is never replaced
-unless ``overwrite`` is given.
+unless ``overwrite`` is given (:func:`~ilge_search.files.check_output_path`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .classifier import ILGEClassifier
-from .files import check_writable, disk_error, iter_json_objects, iter_lines_utf8, temp_name
+from .files import check_output_path, disk_error, iter_json_objects, iter_lines_utf8, temp_name
 from .validation import check_int
 
 __all__ = [
@@ -357,9 +357,7 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
     if out_path is not None:
         if out_path.resolve() == input_path.resolve():
             raise ValueError("--out is the input file; write the predictions somewhere else")
-        if out_path.exists() and not out.overwrite:
-            raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
-        check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
+        check_output_path(out_path, force=out.overwrite)
     if (Path(model_dir) / "ilge_tagger.json").is_file():
         raise ValueError(
             f"{model_dir} holds an ILGETagger; tag files with ilge_search.predict_tags.predict_tags_file "
@@ -514,6 +512,7 @@ def predict_file(
 
 def _write_file(job: _Job, out_path: Path, options: PredictOptions, notes: list[str]) -> int:
     """The predictions written to a temporary sibling of ``out_path``, renamed to it once complete."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)  # checked up front (check_output_path), made only now
     tmp = temp_name(out_path)
     try:
         with open(tmp, "w", encoding="utf-8", newline="") as handle:

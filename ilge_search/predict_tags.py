@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .files import check_writable, disk_error, iter_json_objects, iter_lines_utf8, temp_name
+from .files import check_output_path, disk_error, iter_json_objects, iter_lines_utf8, temp_name
 from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary
 from .tagger import META_FILE, ILGETagger
 
@@ -105,9 +105,7 @@ def _checked_job(model_dir: Any, source: PredictInput, out: PredictOutput, optio
     if out_path is not None:
         if out_path.resolve() == path.resolve():
             raise ValueError("--out is the input file; write the tags somewhere else")
-        if out_path.exists() and not out.overwrite:
-            raise ValueError(f"{out_path} exists; pass another --out, or --overwrite to replace it")
-        check_writable(out_path.parent, "the output folder", "pass an --out in a folder you can write")
+        check_output_path(out_path, force=out.overwrite)
     tagger = ILGETagger.load(
         model_dir,
         device=options.device,
@@ -185,6 +183,7 @@ def predict_tags_file(
             rows = _write_tags(job, handle, options)
             handle.flush()
         else:
+            job.out_path.parent.mkdir(parents=True, exist_ok=True)  # checked up front, made only now
             tmp = temp_name(job.out_path)
             try:
                 with open(tmp, "w", encoding="utf-8", newline="") as file:

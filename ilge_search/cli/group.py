@@ -48,6 +48,15 @@ class IlgeGroup(click.Group):
             raise click.ClickException(str(exc)) from exc
 
 
+def _require_storage(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    if value is None and not ctx.resilient_parsing:
+        raise click.ClickException(
+            f"`ilge-search {ctx.info_name}` needs --storage: the Optuna URL of the studies to read, e.g. "
+            f"--storage {default_storage_url()}"
+        )
+    return value
+
+
 def storage_option(*, required: bool = False, default_text: Optional[str] = None) -> Callable:
     """The ``--storage`` option of every command that reads or writes studies.
 
@@ -55,11 +64,10 @@ def storage_option(*, required: bool = False, default_text: Optional[str] = None
     ``default_text`` says); ``required=True`` for commands that must be told
     which storage to read.
     """
-    if required:
-        shown = ""
-    else:
-        shown = f" [default: {default_text or default_storage_url()}]"
-    return click.option("--storage", default=None, required=required, help=STORAGE_HELP + "." + shown)
+    if required:  # checked by a callback: one `Error:` line, where click's own check prints the usage too
+        return click.option("--storage", default=None, callback=_require_storage, help=STORAGE_HELP + ".  [required]")
+    shown = f" [default: {default_text or default_storage_url()}]"
+    return click.option("--storage", default=None, help=STORAGE_HELP + "." + shown)
 
 
 def location_options(func: Callable) -> Callable:

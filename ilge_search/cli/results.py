@@ -134,6 +134,7 @@ def report_command(storage: str, out_dir: Optional[str], no_figures: bool, force
     help="marginal: the per-hyperparameter rule; portfolio: the default `ilge-search portfolio` chose from its "
     "stored matrix (shipped only where it won its left-out checks).",
 )
+@click.option("--force", is_flag=True, help="Replace an existing defaults file or page (git-tracked ones included).")
 def recommend_command(
     storage: str,
     out_path: Optional[str],
@@ -142,6 +143,7 @@ def recommend_command(
     families,
     exclude_tasks,
     method: str,
+    force: bool,
 ) -> None:
     """Derive recommended defaults per family and model size from the studies' validation scores.
 
@@ -161,6 +163,7 @@ def recommend_command(
         update_shipped=update_shipped,
         exclude_tasks=exclude_tasks,
         method=method,
+        force=force,
     )
     for family, buckets in data["families"].items():
         for bucket, values in buckets.items():

@@ -52,6 +52,7 @@ def _update_shipped(storage: str, request, note: str, dry_run: bool) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also draw the matrix (PNG) here.")
+@click.option("--force", is_flag=True, help="Replace an existing --plot file (git-tracked ones included).")
 @click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
 @click.option(
     "--update-shipped",
@@ -87,6 +88,10 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     if options["update_shipped"]:
         _update_shipped(storage, request, options["note"], options["dry_run"])
         return
+    if options["plot"] and not options["dry_run"]:  # before any training: a refused --plot costs nothing
+        from ..files import check_output_path
+
+        check_output_path(options["plot"], force=options["force"], option="--plot")
     setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
     result = portfolio(
         storage, request, setup, workers=options["workers"], dry_run=options["dry_run"], check=options["check"]

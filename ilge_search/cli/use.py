@@ -50,7 +50,13 @@ from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, st
     help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
     "weights and the mix, used like one model.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an earlier export in --out.")
+@click.option(
+    "--force",
+    "--overwrite",
+    "force",
+    is_flag=True,
+    help="Replace an earlier export in --out, git-tracked files included (--overwrite is the same flag).",
+)
 @click.option(
     "--task-path",
     type=click.Path(),
@@ -69,7 +75,7 @@ def export_command(
     trial_number: Optional[int],
     artifact_dir,
     ensemble: bool,
-    overwrite: bool,
+    force: bool,
     task_path: Optional[str],
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
@@ -79,8 +85,10 @@ def export_command(
     (model.safetensors + ilge_tagger.json; ILGETagger.load).
     """
     from ..classifier import ILGEClassifier, check_save_folder
+    from ..files import check_output_folder
     from ..study.export import study_task_kind
 
+    check_output_folder(out_dir, force=force)  # before the study is read: a refused --out costs nothing
     tagging = study_task_kind(storage, study_name) == "tagging"
     if ensemble and (tagging or retrain or trial_number is not None):
         raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
@@ -90,7 +98,7 @@ def export_command(
         check_tagger_folder(out_dir)
         model_class: Any = ILGETagger
     else:
-        check_save_folder(out_dir, overwrite=overwrite)  # before any work: a refused --out costs nothing
+        check_save_folder(out_dir, overwrite=force)  # before any work: a refused --out costs nothing
         model_class = ILGEClassifier
     if ensemble:
         clf = ILGEClassifier.from_study_ensemble(
@@ -112,7 +120,7 @@ def export_command(
     if tagging:
         clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
     else:
-        clf.save(out_dir, overwrite=overwrite)
+        clf.save(out_dir, overwrite=force)
     p = clf.provenance_
     if ensemble:
         members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
@@ -177,7 +185,13 @@ def export_command(
     help="The frozen model to embed with, instead of the recorded one (needed when that is a local "
     "folder outside MODEL_DIR).",
 )
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option(
+    "--force",
+    "--overwrite",
+    "force",
+    is_flag=True,
+    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @location_options
 def predict_command(
@@ -192,7 +206,7 @@ def predict_command(
     chunk_rows: int,
     batch_size: int,
     base_model: Optional[str],
-    overwrite: bool,
+    force: bool,
     quiet: bool,
 ) -> None:
     """Label every row of a file with an exported model (`ilge-search export`) or a saved ILGEClassifier.
@@ -212,7 +226,7 @@ def predict_command(
     summary = run(
         model_dir,
         PredictInput(input_path, text_col=text_col, text_cols=pair_cols, tokens_col=tokens_col),
-        PredictOutput(out_path, proba=proba, overwrite=overwrite),
+        PredictOutput(out_path, proba=proba, overwrite=force),
         options=PredictOptions(
             chunk_rows=chunk_rows,
             batch_size=batch_size,
@@ -241,7 +255,13 @@ def predict_command(
     default=None,
     help="Write the table, CSV or JSON to this file [default: stdout].",
 )
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+@click.option(
+    "--force",
+    "--overwrite",
+    "force",
+    is_flag=True,
+    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
+)
 @click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
 @click.option(
     "--threads",
@@ -264,7 +284,7 @@ def explain_command(
     study_name: str,
     fmt: str,
     out_path: Optional[str],
-    overwrite: bool,
+    force: bool,
     recompute: bool,
     threads: Optional[int],
     quiet: bool,
@@ -277,12 +297,11 @@ def explain_command(
     The final configuration is retrained once per final seed; the result is stored on the study (the report
     draws it) and reused until the study's final evaluation changes.
     """
-    from pathlib import Path
-
     from ..explain import explain_study, format_explanation
+    from ..files import check_output_path, write_output_text
 
-    if out_path is not None and Path(out_path).exists() and not overwrite:
-        raise click.ClickException(f"{out_path} exists; pass another --out, or --overwrite to replace it")
+    if out_path is not None:  # before the retraining: a refused --out costs nothing
+        check_output_path(out_path, force=force)
     result = explain_study(
         storage,
         study_name,
@@ -298,5 +317,5 @@ def explain_command(
     if out_path is None:
         click.echo(text, nl=False)
         return
-    Path(out_path).write_text(text, encoding="utf-8")
+    write_output_text(out_path, text)
     click.echo(f"wrote {result.num_layers} layers of study {result.study} to {out_path}")

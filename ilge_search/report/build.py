@@ -218,16 +218,18 @@ def build_report(
         A :class:`ReportResult` with the tables as data frames and the written paths.
 
     Raises:
-        ValueError: ``out_dir`` is a file or a refused folder (without ``force``), the storage cannot be
-            opened, or it holds no ilge-search study.
+        ValueError: ``out_dir`` is a file, cannot be made or written, or is a refused folder (without
+            ``force``), the storage cannot be opened, or it holds no ilge-search study.
     """
     import pandas as pd
 
     out = Path(out_dir) if out_dir is not None else default_report_dir(storage_url)
-    previous = check_out_dir(out, storage_url, force)  # before reading: a refusal costs nothing
+    previous = check_out_dir(out, storage_url, force)  # before reading: a refusal costs nothing, creates nothing
     data = _read_report_data(storage_url)
     folder = FigureFolder(out, draw=figures, progress=progress)
-    folder.path.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    if folder.draw:  # a report without figures leaves no empty figures/ behind
+        folder.path.mkdir(exist_ok=True)
     sections = [section for section in report_sections() if section.applies(data, folder)]
     if folder.draw:
         for section in sections:

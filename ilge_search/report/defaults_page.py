@@ -36,6 +36,7 @@ from ..defaults.recommend import (
     regenerate_defaults,
 )
 from ..defaults.rule import RecommendedValue
+from ..files import check_output_path
 from ..tuning import BUILTIN_RECOMMENDED, load_recommended_defaults
 from .document import MISSING, Cell, Document, plural, write_atomic
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
@@ -217,6 +218,7 @@ def recommend_defaults(
     update_shipped: bool = False,
     exclude_tasks: Sequence[str] = (),
     method: str = "marginal",
+    force: bool = False,
 ) -> dict[str, Any]:
     """Derive recommended defaults per family and model-size bucket from the studies in a storage, and write
     them with their page.
@@ -237,6 +239,9 @@ def recommend_defaults(
             tasks is left out of the file (the built-in values apply).
         exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
         method: ``marginal`` or ``portfolio`` (:func:`~ilge_search.defaults.recommend.regenerate_defaults`).
+        force: replace an existing defaults file or page, git-tracked ones included
+            (:func:`~ilge_search.files.check_output_path`; the shipped file is rewritten by ``update_shipped``
+            alone).
 
     Returns:
         The written defaults document (``format_version``, ``metadata``, ``families``).
@@ -245,10 +250,14 @@ def recommend_defaults(
         ValueError: unknown family, both ``out_path`` and ``update_shipped``, the
             storage cannot be opened, no study of ``families`` in it has at least
             two scored trials, an excluded task without studies, no complete
-            leave-one-task-out evaluation for ``update_shipped``, or the file
-            cannot be written.
+            leave-one-task-out evaluation for ``update_shipped``, an existing file
+            without ``force``, or a folder that cannot be written.
     """
     target, page_target = defaults_targets(out_path, report_path, update_shipped=update_shipped)
+    # before the studies are read: a refused path costs nothing and creates nothing
+    check_output_path(target, force=force or update_shipped, option="--out")
+    if page_target is not None:
+        check_output_path(page_target, force=force, option="--report")
     recommendation = regenerate_defaults(
         storage_url, families=families, update_shipped=update_shipped, exclude_tasks=exclude_tasks, method=method
     )

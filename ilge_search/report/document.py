@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import html
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
+
+from ..files import write_output_text
 
 __all__ = ["MISSING", "Cell", "Document", "plural", "slug", "write_atomic"]
 
@@ -44,12 +44,7 @@ def slug(*parts: str) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "_", p).strip("_") for p in parts)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file (its folder is created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+write_atomic = write_output_text  # the report's files are written as every output is
 
 
 def _tex(text: str) -> str:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._version import __version__
+from ..files import check_output_folder, git_tracked
 from ..storage import hide_password, sqlite_database
 from .document import write_atomic
 
@@ -81,32 +81,8 @@ def read_manifest(out: Path) -> Manifest | None:
     return Manifest(set(files), storage if isinstance(storage, str) else None)
 
 
-def git_tracked(folder: Path) -> list[str]:
-    """Files under ``folder`` that ``git`` tracks (relative to it); empty outside a work tree or without git."""
-    if not folder.is_dir():
-        return []
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(folder), "ls-files", "-z", "--", "."],
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    if done.returncode != 0:
-        return []
-    return sorted(name for name in done.stdout.decode("utf-8", "replace").split("\0") if name)
-
-
 def _refusal(out: Path, storage_url: str, previous: Manifest | None) -> str | None:
     """Why a report of ``storage_url`` may not write into the existing folder ``out`` (``None``: it may)."""
-    tracked = git_tracked(out)
-    if tracked:
-        return (
-            f"{out} holds {len(tracked)} file(s) git tracks (e.g. {tracked[0]}); a report never replaces "
-            "them: pass another --out, or --force to rebuild a committed report on purpose"
-        )
     if previous is None:
         if not any(out.iterdir()):
             return None
@@ -128,11 +104,11 @@ def check_out_dir(out: Path, storage_url: str, force: bool) -> Manifest:
     """Refuse a folder the report may not write into (unless ``force``); what a report wrote there before.
 
     Raises:
-        ValueError: ``out`` is a file; or, without ``force``, it holds git-tracked files, files no report
-            wrote, or another storage's report (one line, naming the fix).
+        ValueError: ``out`` is a file, or cannot be made or written; or, without ``force``, it holds
+            git-tracked files (:func:`~ilge_search.files.check_output_folder`), files no report wrote, or
+            another storage's report (one line, naming the fix).
     """
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder; pass a folder for the report")
+    check_output_folder(out, force=force)
     if not out.is_dir():
         return Manifest()
     previous = read_manifest(out)
