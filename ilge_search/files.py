@@ -281,20 +281,20 @@ def git_tracked(path: PathLike) -> list[str]:
 
 def check_can_create(folder: PathLike, what: str, fix: str) -> Path:
     """Make sure ``folder`` exists or can be made, and that a file can be created in it, creating nothing (a
-    real write of an unnamed file, so read-only mounts and root alike are caught); raise :class:`DiskError`
-    otherwise."""
+    real write of an unnamed file, so read-only mounts and root alike are caught); else a :class:`DiskError`
+    ``"<what>: <why>; <fix>"``."""
     folder = Path(folder)
     existing = folder
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
+    made = "" if existing == folder else f"{folder} cannot be made, "
     if not existing.is_dir():
-        raise DiskError(f"{what} {folder} cannot be made: {existing} is a file, not a folder; {fix}")
+        raise DiskError(f"{what}: {made}{existing} is a file, not a folder; {fix}")
     try:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as exc:
-        where = "" if existing == folder else f" (it would be made in {existing})"
-        raise DiskError(f"{what} {folder} is not writable{where}: {exc.strerror or exc}; {fix}") from None
+        raise DiskError(f"{what}: {made}{existing} is not writable ({exc.strerror or exc}); {fix}") from None
     return folder
 
 
@@ -317,7 +317,7 @@ def check_output_path(path: PathLike, *, force: bool, option: str = "--out") -> 
             f"{option} {path} exists and no existing file is replaced unless told: pass another {option}, or "
             "--force to replace it"
         )
-    check_can_create(path.parent, f"the folder of {option}", f"pass an {option} in a folder you can write")
+    check_can_create(path.parent, f"cannot write {option} {path}", f"pass an {option} in a folder you can write")
     return path
 
 
@@ -337,7 +337,7 @@ def check_output_folder(path: PathLike, *, force: bool, option: str = "--out") -
             f"{option} {path} holds {len(tracked)} file(s) git tracks (e.g. {tracked[0]}); they are never "
             f"replaced unless told: pass another {option}, or --force to rebuild committed files on purpose"
         )
-    check_can_create(path, f"the folder {option}", f"pass an {option} in a folder you can write")
+    check_can_create(path, f"cannot write {option} {path}", f"pass an {option} in a folder you can write")
     return path
 
 

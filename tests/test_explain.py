@@ -226,7 +226,7 @@ def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
     assert data["study"] == studies["cayley"] and data["split"] == "validation" and len(data["layers"]) == LAYERS
     assert set(data["layers"][0]) >= {"layer", "ablation_drop_mean", "grad_input_mean", "probe_score"}
     again = invoke("explain", "--storage", studies["url"], "--study", studies["cayley"], "--out", out)
-    assert again.exit_code == 1 and "--overwrite" in again.output and json.loads(out.read_text()) == data
+    assert again.exit_code == 1 and "--force" in again.output and json.loads(out.read_text()) == data
 
     table = invoke("explain", "--storage", studies["url"], "--study", studies["cayley"])
     assert table.exit_code == 0 and "stored on the study" in table.output and "ablation_drop_mean" in table.output

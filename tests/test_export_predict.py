@@ -401,7 +401,7 @@ def test_predict_errors_are_one_line_before_the_model_loads(studies, exported, t
     assert "unsupported output file type '.parquet'" in run("-i", good, "-o", tmp_path / "o.parquet")
     kept = tmp_path / "kept.csv"
     kept.write_text("mine")
-    assert "--overwrite" in run("-i", good, "-o", kept)
+    assert "--force" in run("-i", good, "-o", kept)
     assert kept.read_text() == "mine"
     assert "--out is the input file" in run("-i", good, "-o", good, "--overwrite")
     assert "not a saved ILGEClassifier" in _predict(studies, tmp_path, "-i", good).output

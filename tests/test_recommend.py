@@ -219,8 +219,8 @@ def test_recommend_cli_and_errors(storage_url, tmp_path):
     assert len(line) == 1 and line[0].split()[:2] == ["deepset", "small"] and "hidden_dim=512" in line[0]
     assert list(json.loads(out.read_text())["families"]) == ["deepset"]
     missing = CliRunner().invoke(
-        cli, ["recommend", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--out", str(out)]
-    )
+        cli, ["recommend", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--out", str(tmp_path / "new.json")]
+    )  # a fresh --out: an existing one is refused before the storage is opened
     assert missing.exit_code != 0 and "no study storage" in missing.output
     assert not (tmp_path / "none.db").exists()
     with pytest.raises(ValueError, match="no fc study"):

@@ -64,7 +64,7 @@ def storage_option(*, required: bool = False, default_text: Optional[str] = None
     ``default_text`` says); ``required=True`` for commands that must be told
     which storage to read.
     """
-    if required:  # checked by a callback: one `Error:` line, where click's own check prints the usage too
+    if required:  # a callback, not required=True: click takes default=None as a given value
         return click.option("--storage", default=None, callback=_require_storage, help=STORAGE_HELP + ".  [required]")
     shown = f" [default: {default_text or default_storage_url()}]"
     return click.option("--storage", default=None, help=STORAGE_HELP + "." + shown)

@@ -148,7 +148,8 @@ def recommend_command(
     """Derive recommended defaults per family and model size from the studies' validation scores.
 
     With --update-shipped, a family's regenerated defaults are shipped only when `ilge-search loto` found
-    them better than the built-in ones on average over tasks they never saw.
+    them better than the built-in ones on average over tasks they never saw. An existing defaults file or
+    page (the .md beside --out included) is replaced only with --force.
     """
     from ..defaults.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets
     from ..report.defaults_page import recommend_defaults

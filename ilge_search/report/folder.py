@@ -7,7 +7,8 @@ and the storage it read them from. A report writes only into
 - a folder whose manifest names the *same* storage (a rerun: the files it wrote before are replaced, and
   those it no longer writes are removed),
 
-and never into a folder holding files ``git`` tracks, unless ``force`` (``--force``). With ``force`` the
+and never into a folder holding files ``git`` tracks, unless ``force`` (``--force``), nor one that cannot be made
+or written (the shared rule of every output, :func:`~ilge_search.files.check_output_folder`). With ``force`` the
 files of the same names are replaced and nothing that no manifest listed is removed.
 
 The default folder cannot collide with someone else's: for a SQLite file it sits beside the database

@@ -195,6 +195,7 @@ def test_report_refuses_a_folder_it_did_not_write_and_force_removes_nothing(smal
 def test_a_rerun_removes_only_stale_files_the_report_itself_wrote(small_storage, tmp_path):
     out = tmp_path / "r"
     assert report(small_storage, out).exit_code == 0  # a new folder: created, no --force
+    (out / "figures").mkdir()  # --no-figures made none
     (out / "figures" / "old-layers.png").write_bytes(b"drawn by an earlier report")
     (out / "figures" / "mine-layers.png").write_bytes(b"the user's own")
     (tmp_path / "outside.txt").write_text("not the report's")
