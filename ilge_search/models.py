@@ -780,7 +780,7 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def _hub_kwargs(source: ModelSource) -> Dict[str, str]:
+def _hub_kwargs(source: ModelSource) -> Dict[str, Any]:
     return {"revision": source.revision} if source.is_hub and not Path(source.path).is_dir() else {}
 
 
