@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Union
 
-from .files import DiskError, check_writable
+from .files import DiskError, check_can_create, check_writable
 from .settings import default_storage_url
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "StorageError",
     "open_storage",
     "check_storage_url",
+    "check_storage_writable",
     "hide_password",
     "artifact_dir_for",
     "sqlite_database",
@@ -376,11 +377,24 @@ def _schema_lock(database: Optional[Path]) -> Iterator[None]:
         lock.release()
 
 
-def _check_sqlite_writable(database: Path, shown: str) -> None:
-    """A study writer needs the SQLite file and its folder (SQLite puts its journal next to the file)."""
+def check_storage_writable(url: str) -> None:
+    """Refuse (:class:`StorageError`) a SQLite storage a writer could not create or write, creating nothing
+    (no folder, no file, no lock): what a run checks before its other checks, so a refused run leaves the
+    folder as it was. Other backends are checked when they are opened."""
+    database = _sqlite_file(_parse(url))
+    if database is not None:
+        _check_sqlite_writable(database, hide_password(url), create=False)
+
+
+def _check_sqlite_writable(database: Path, shown: str, *, create: bool = True) -> None:
+    """A study writer needs the SQLite file and its folder (SQLite puts its journal next to the file); the
+    folder is made when ``create``."""
     fix = "make it writable or pass another --storage, e.g. sqlite:///$HOME/studies/ilge.db"
     try:
-        check_writable(database.parent, "the study storage folder", fix)
+        if create or database.parent.is_dir():  # an existing folder is only written to, never made
+            check_writable(database.parent, "the study storage folder", fix)
+        else:
+            check_can_create(database.parent, "the study storage folder", fix)
         if database.exists():
             os.close(os.open(database, os.O_WRONLY))
     except DiskError as exc:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..settings import default_storage_url
-from ..storage import Storage, finished_trial_count, open_storage
+from ..storage import Storage, artifact_dir_for, finished_trial_count, open_storage, sqlite_database
 from .data import DataSpec, expected_cache_keys, load_task_data
 from .final import final_is_current
 from .folds import check_cv
@@ -136,11 +136,14 @@ def missing_sqlite_file(url: str) -> bool:
     return not Path(parsed.database).expanduser().exists()
 
 
-def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bool) -> Optional[Storage]:
-    """The storage a run writes to (a dry run reads it, and only if it exists)."""
+def _open_for_checks(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bool) -> Optional[Storage]:
+    """The storage as the run's checks read it, creating nothing: ``None`` for a SQLite file that does not exist
+    yet (nothing in it can conflict), else opened for reading. A writer's SQLite folder and file are checked
+    first, so an unwritable storage is refused before the rest. An in-memory SQLite is opened once, for
+    writing: a second opening would be another database, and it leaves nothing on disk."""
     import dataclasses
 
-    from ..storage import artifact_dir_for
+    from ..storage import artifact_dir_for, check_storage_writable
 
     if isinstance(storage, Storage):
         if options.runtime.artifact_dir is not None:
@@ -148,18 +151,40 @@ def _open(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bo
                 storage, artifact_dir=artifact_dir_for(storage.url, options.runtime.artifact_dir)
             )
         return storage
-    if dry_run:
-        url = default_storage_url() if storage is None else storage
-        if missing_sqlite_file(url):
-            return None
-        return open_storage(url, must_exist=True, artifact_dir=options.runtime.artifact_dir)
+    url = default_storage_url() if storage is None else storage
+    if not dry_run:
+        check_storage_writable(url)
+        if sqlite_database(url) is None and _is_sqlite(url):
+            return _open_for_writing(url, options)
+    if missing_sqlite_file(url):
+        return None
+    return open_storage(url, must_exist=True, artifact_dir=options.runtime.artifact_dir)
+
+
+def _is_sqlite(url: str) -> bool:
+    import sqlalchemy
+
+    return bool(sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite")
+
+
+def _open_for_writing(url: str, options: StudyOptions) -> Storage:
+    """The storage a run writes to (a SQLite file and its folder created if new): opened only once every check
+    passed."""
     return open_storage(
-        storage,
+        url,
         artifact_dir=options.runtime.artifact_dir,
         heartbeat_interval=options.runtime.heartbeat_interval,
         grace_period=options.runtime.grace_period,
         max_retry=options.runtime.max_retry,
     )
+
+
+def _writer(storage: Union[str, Storage, None], checked: Optional[Storage], options: StudyOptions) -> Optional[Storage]:
+    """After the checks: the storage they read, if a run may write through it, else the one opened for
+    writing now."""
+    if isinstance(storage, Storage) or (checked is not None and checked.is_in_memory):
+        return checked
+    return _open_for_writing(default_storage_url() if storage is None else storage, options)
 
 
 def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> Tuple[Any, Any]:
@@ -187,16 +212,18 @@ def check_run(
 ) -> RunCheck:
     """Check everything a run needs before any model loads (step 1 of ``run_study``).
 
-    A dry run opens the storage only to read it (never creating a SQLite file or
-    the artifact folder); otherwise the storage is opened for writing and the
-    artifact folder checked.
+    Every check reads the storage, if it exists, without writing to it; a real
+    run opens it for writing (a new SQLite file, its folder and lock created)
+    only after the last check passed, so a refused run leaves the folder as it
+    was. The artifact folder is checked, never made; a dry run opens nothing
+    for writing.
 
     Raises:
         ValueError: bad arguments, unknown model or task,
             :class:`~ilge_search.storage.StorageError`,
             :class:`~ilge_search.study.StudyConflictError`.
     """
-    from ..files import check_writable
+    from ..files import check_can_create
 
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
@@ -217,13 +244,14 @@ def check_run(
     encoder_list = resolve_encoders(encoders, tagging=tagging)
     trial_counts = options.search.trial_counts(encoder_list)
     check_tagging_options(task_data, encoder_list, options)
-    # the storage is opened (a SQLite file created) only once the settings fit the data
-    opened = _open(storage, options, dry_run)
+    # the checks read the storage; it is opened for writing (a SQLite file created) only once they all passed
+    opened = _open_for_checks(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
     if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
         raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
-    if options.final.seeds > 0 and opened is not None and not dry_run:  # the final weights go there
-        check_writable(opened.artifact_dir, "the artifact store", "pass a writable --artifact-dir")
+    if options.final.seeds > 0 and not dry_run:  # the final weights go there; made when the first is stored
+        artifacts = opened.artifact_dir if opened is not None else artifact_dir_for(url, options.runtime.artifact_dir)
+        check_can_create(artifacts, "the artifact store", "pass a writable --artifact-dir")
     if opened is not None and not is_registered_task(task):  # a renamed folder resumes its studies
         adopted = adopt_renamed_task(opened, model, task, loaded)
         if adopted is not loaded:
@@ -258,6 +286,8 @@ def check_run(
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
         if options.search.warm_start:
             _check_warm_start(opened, enc, model, str(identities[enc]["task"]), options.search.warm_start)
+    if not dry_run:
+        opened = _writer(storage, opened, options)
     return RunCheck(
         model=model,
         task=task,
