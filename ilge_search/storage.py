@@ -53,6 +53,7 @@ __all__ = [
     "count_trials",
     "finished_trial_count",
     "fail_stale_trials",
+    "fail_waiting_trials",
     "storage_fault",
     "WORKER_ATTR",
     "worker_stamp",
@@ -610,7 +611,7 @@ def _retry_callback(storage: Storage) -> Any:
     return callback
 
 
-def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str) -> bool:
+def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str, *, retry: bool = True) -> bool:
     import optuna
 
     try:
@@ -618,9 +619,23 @@ def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str) -> bool:
     except optuna.exceptions.UpdateFinishedTrialError:  # another process got there first
         return False
     if failed:
-        logger.warning("trial %d: %s; marked FAIL and re-queued", trial.number, why)
-        _retry_callback(storage)(study, storage.rdb.get_trial(trial._trial_id))
+        logger.warning("trial %d: %s; marked FAIL%s", trial.number, why, " and re-queued" if retry else "")
+        if retry:
+            _retry_callback(storage)(study, storage.rdb.get_trial(trial._trial_id))
     return bool(failed)
+
+
+def fail_waiting_trials(study: Any, storage: Storage) -> List[int]:
+    """Mark FAIL every WAITING trial of ``study``, for studies no sampler ever asks for a trial (the portfolio's
+    cells are claimed RUNNING, never queued): a queued copy there waits forever. Returns their numbers."""
+    import optuna
+
+    numbers = []
+    for trial in study.get_trials(deepcopy=False, states=_states("WAITING")):
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+            if storage.rdb.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL):
+                numbers.append(trial.number)
+    return numbers
 
 
 def fail_own_running_trials(study: Any, storage: Storage) -> List[int]:
@@ -648,8 +663,8 @@ def fail_own_running_trials(study: Any, storage: Storage) -> List[int]:
     return numbers
 
 
-def fail_stale_trials(study: Any, storage: Storage) -> None:
-    """Fail and retry (up to ``max_retry`` times) RUNNING trials whose worker died.
+def fail_stale_trials(study: Any, storage: Storage, *, retry: bool = True) -> None:
+    """Fail and retry (up to ``max_retry`` times; with ``retry=False`` never) RUNNING trials whose worker died.
 
     - A trial whose process (:data:`WORKER_ATTR`) is gone on this host is failed at once.
     - With heartbeats, Optuna's :func:`optuna.storages.fail_stale_trials` fails
@@ -668,7 +683,7 @@ def fail_stale_trials(study: Any, storage: Storage) -> None:
     for trial in study.get_trials(deepcopy=False, states=_states("RUNNING")):
         stamp = trial.user_attrs.get(WORKER_ATTR)
         if _process_gone(stamp, trial.number):
-            _fail_and_retry(study, storage, trial, f"its process {stamp['pid']} on this host is gone")
+            _fail_and_retry(study, storage, trial, f"its process {stamp['pid']} on this host is gone", retry=retry)
     rdb = storage.rdb
     if getattr(rdb, "heartbeat_interval", None) is None:
         return
@@ -690,7 +705,7 @@ def fail_stale_trials(study: Any, storage: Storage) -> None:
             continue
         if (now - trial.datetime_start).total_seconds() <= grace:
             continue  # maybe a live worker still between ask() and its first heartbeat
-        _fail_and_retry(study, storage, trial, "it never sent a heartbeat (its worker died)")
+        _fail_and_retry(study, storage, trial, "it never sent a heartbeat (its worker died)", retry=retry)
 
 
 def requeue_trial(study: Any, storage: Storage, trial: Any) -> bool:

@@ -24,13 +24,23 @@ def _table(result) -> str:
     return "\n".join(lines)
 
 
-def _update_shipped(storage: str, request, note: str, dry_run: bool) -> None:
+def _incomplete_line(result) -> str:
+    """Why no default or portfolio is shown or saved while cells are missing, and what to do."""
+    busy = f", {result.matrix.running} of them being trained by another process now" if result.matrix.running else ""
+    return (
+        f"no default or portfolio chosen or saved: {result.matrix.missing} cells of the matrix are missing{busy}; "
+        f"rerun `ilge-search portfolio --storage {result.storage} --family {result.request.family}` once they are "
+        "stored (it trains only what is missing)"
+    )
+
+
+def _update_shipped(storage: str, request, options: dict) -> None:
     """``--update-shipped``: the shipped portfolio file's entry written from the stored matrix."""
     from ..defaults.shipped_portfolio import update_shipped_portfolio
 
-    if dry_run:
+    if options["dry_run"]:
         raise click.UsageError("--update-shipped trains nothing and writes one file; drop --dry-run")
-    path, result, members = update_shipped_portfolio(storage, request, note=note)
+    path, result, members = update_shipped_portfolio(storage, request, note=options["note"], force=options["force"])
     names = ", ".join(result.candidates[i].name for i in result.order if result.candidates[i].config in members)
     click.echo(
         f"wrote {len(members)} {request.family} ({request.bucket}) warm-start members ({names}) to {path}, chosen "
@@ -38,9 +48,25 @@ def _update_shipped(storage: str, request, note: str, dry_run: bool) -> None:
     )
 
 
+def _one_family(ctx: click.Context, param: click.Parameter, value: tuple) -> str:
+    """``--family`` once: each family has its own matrix, so a repeated one is refused, not silently the last."""
+    if len(value) > 1:
+        raise click.ClickException(
+            f"--family was given {len(value)} times ({', '.join(value)}); each family has its own matrix: "
+            "run `ilge-search portfolio` once per family"
+        )
+    return value[0] if value else "cayley"
+
+
 @cli.command("portfolio")
 @storage_option(required=True)
-@click.option("--family", type=click.Choice(ENCODER_FAMILIES), default="cayley", show_default=True)
+@click.option(
+    "--family",
+    type=click.Choice(ENCODER_FAMILIES),
+    multiple=True,
+    callback=_one_family,
+    help="ILGE family (once per run).  [default: cayley]",
+)
 @click.option("--bucket", type=click.Choice(SIZE_BUCKETS), default="small", show_default=True, help="Model size.")
 @click.option("--top-k", type=click.IntRange(min=0), default=3, show_default=True, help="Top trials per problem.")
 @click.option("--size", type=click.IntRange(min=1), default=4, show_default=True, help="Portfolio members.")
@@ -52,7 +78,12 @@ def _update_shipped(storage: str, request, note: str, dry_run: bool) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also draw the matrix (PNG) here.")
-@click.option("--force", is_flag=True, help="Replace an existing --plot file (git-tracked ones included).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing --plot file (git-tracked ones included); with --update-shipped, replace a shipped "
+    "portfolio chosen from more evidence (problems, models, tasks, seeds, texts, epochs).",
+)
 @click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
 @click.option(
     "--update-shipped",
@@ -86,7 +117,7 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
         exclude_models=tuple(options["exclude_models"]),
     )
     if options["update_shipped"]:
-        _update_shipped(storage, request, options["note"], options["dry_run"])
+        _update_shipped(storage, request, options)
         return
     if options["plot"] and not options["dry_run"]:  # before any training: a refused --plot costs nothing
         from ..files import check_output_path
@@ -124,6 +155,8 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
         return
     click.echo(_table(result))
     click.echo(f"D: default, P: portfolio member; trained {result.trained} cells, {result.matrix.missing} missing")
+    if result.matrix.missing:
+        click.echo(_incomplete_line(result))
     if result.default is not None:
         for rank, (index, value) in enumerate(zip(result.portfolio, result.values, strict=True), 1):
             config = result.candidates[index].config

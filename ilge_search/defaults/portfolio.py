@@ -49,7 +49,15 @@ from ..record import (
     trial_config,
     trial_record,
 )
-from ..storage import WORKER_ATTR, Storage, fail_stale_trials, hide_password, open_storage, worker_stamp
+from ..storage import (
+    WORKER_ATTR,
+    Storage,
+    fail_stale_trials,
+    fail_waiting_trials,
+    hide_password,
+    open_storage,
+    worker_stamp,
+)
 from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, portfolio_value, warm_start_order
@@ -75,6 +83,7 @@ __all__ = [
     "choose",
     "estimate_seconds",
     "portfolio_study",
+    "release_dead_claims",
     "read_matrix",
     "stored_scores",
 ]
@@ -109,6 +118,7 @@ class MatrixProblem:
     data: dict[str, Any]
     ranked: tuple[tuple[int, dict[str, Any]], ...]
     seconds: float | None  # mean training seconds of its trials: what --dry-run estimates with
+    train_texts: int | None = None  # its study's training split as searched (after the caps)
 
 
 @dataclass(frozen=True)
@@ -206,6 +216,7 @@ def _matrix_problem(storage: Storage, problem: Problem) -> MatrixProblem:
         data=_data_key(record),
         ranked=tuple((t.number, trial_config(t).to_dict()) for t in complete),
         seconds=statistics.fmean(seconds) if seconds else None,
+        train_texts=(record.data.split_sizes.get("train") if record.data else None),
     )
 
 
@@ -340,6 +351,14 @@ def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) ->
     return study
 
 
+def release_dead_claims(storage: Storage, study: Any) -> None:
+    """Free the cells of processes of this host that died: their claims are failed and not re-queued, since a
+    cell is claimed afresh by whoever trains it and nothing ever runs a queued trial of this study; a queued
+    copy already there (an earlier version re-queued such claims) is failed too."""
+    fail_stale_trials(study, storage, retry=False)
+    fail_waiting_trials(study, storage)
+
+
 def train_cells(
     storage_url: str,
     request: PortfolioRequest,
@@ -355,7 +374,7 @@ def train_cells(
 
     storage = open_storage(storage_url)
     study = portfolio_study(storage, request.family, request.bucket, create=True)
-    fail_stale_trials(study, storage)  # claims of processes of this host that died are free again
+    release_dead_claims(storage, study)
     done, running = stored_cells(study)
     todo = [c for c in cells if c.key.digest not in done and c.key.digest not in running]
     todo = list({c.key.digest: c for c in todo}.values())

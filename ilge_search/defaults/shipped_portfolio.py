@@ -21,6 +21,7 @@ stored) and that they were chosen on validation scores.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ from ..record import write_shipped_portfolio
 from .portfolio import PortfolioRequest, PortfolioResult, start_config_dict
 from .transfer import member_sources, read_stored
 
-__all__ = ["shipped_entry", "shipped_start", "update_shipped_portfolio"]
+__all__ = ["check_evidence", "shipped_entry", "shipped_start", "update_shipped_portfolio"]
+
+_NO_CAP = 10**9  # an entry chosen without an epoch cap counts as more epochs than any cap
 
 
 def _left_out(result: PortfolioResult) -> dict[str, Any]:
@@ -92,6 +95,7 @@ def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[st
         "top_k": request.top_k,
         "seeds": request.seed_list,
         "max_epochs": request.max_epochs,
+        "train_texts": _train_texts(result),
         "chosen_on": "validation",
         "greedy_members": int(sum(i in result.portfolio for i in members)),
         "member_names": [result.candidates[i].name for i in members],
@@ -105,17 +109,75 @@ def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[st
     return [dict(result.candidates[i].config) for i in members], provenance
 
 
+def _train_texts(result: PortfolioResult) -> int | None:
+    """The training texts of every problem together (``None`` when a problem's study does not say)."""
+    sizes = [p.train_texts for p in result.problems]
+    return None if any(size is None for size in sizes) else int(sum(size or 0 for size in sizes))
+
+
+def _evidence(provenance: Mapping[str, Any]) -> dict[str, int]:
+    """What an entry was chosen from, as counts where more is more evidence (``max_epochs``: no cap counts as
+    more than any cap); keys the provenance lacks (older files) are left out."""
+    counts: dict[str, int] = {}
+    for key in ("problems", "models", "tasks", "seeds"):
+        if isinstance(provenance.get(key), list):
+            counts[key] = len(provenance[key])
+    if isinstance(provenance.get("train_texts"), int):
+        counts["training texts"] = provenance["train_texts"]
+    if "max_epochs" in provenance:
+        cap = provenance["max_epochs"]
+        counts["epochs"] = cap if isinstance(cap, int) else _NO_CAP
+    return counts
+
+
+def _shown(counts: Mapping[str, int]) -> str:
+    def one(key: str, value: int) -> str:
+        if key == "epochs":
+            return "no epoch cap" if value == _NO_CAP else f"epochs capped at {value}"
+        return f"{value} {key}"
+
+    return ", ".join(one(key, value) for key, value in counts.items())
+
+
+def check_evidence(new: Mapping[str, Any], old: Mapping[str, Any] | None, where: str, force: bool) -> None:
+    """Refuse to replace a shipped entry chosen from more evidence (more problems, models, tasks, seeds,
+    training texts or epochs) than ``new`` unless ``force``; the line names both evidences."""
+    if old is None or force:
+        return
+    ours, theirs = _evidence(new), _evidence(old)
+    thinner = [key for key in ours if key in theirs and ours[key] < theirs[key]]
+    if thinner:
+        raise ValueError(
+            f"--update-shipped: this matrix ({_shown(ours)}) is thinner evidence than the {new['family']} "
+            f"({new['bucket']}) portfolio in {where} it would replace ({_shown(theirs)}; fewer "
+            f"{', '.join(thinner)}); pass --force to replace it on purpose"
+        )
+
+
 def update_shipped_portfolio(
-    storage_url: str, request: PortfolioRequest, *, note: str = "", path: str | Path | None = None
+    storage_url: str,
+    request: PortfolioRequest,
+    *,
+    note: str = "",
+    path: str | Path | None = None,
+    force: bool = False,
 ) -> tuple[Path, PortfolioResult, list[dict[str, Any]]]:
     """Write ``request``'s family and bucket into the shipped portfolio file (``path``: default the package's)
-    from the matrix stored in ``storage_url``; trains nothing. (path written, the matrix, the members).
+    from the matrix stored in ``storage_url``; trains nothing. (path written, the matrix, the members). An entry
+    chosen from more evidence is replaced only with ``force`` (:func:`check_evidence`).
 
     Raises:
-        ValueError: a bad request, no problem, cells missing, or the file cannot be written.
+        ValueError: a bad request, no problem, cells missing, thinner evidence than the entry it replaces, or
+            the file cannot be written.
     """
+    from ..record import load_shipped_portfolio, shipped_portfolio_path
+
     result = read_stored(storage_url, request.check())
     members, provenance = shipped_entry(result, note)
+    current = load_shipped_portfolio(path)["families"].get(request.family, {}).get(request.bucket)
+    check_evidence(
+        provenance, None if current is None else current["provenance"], str(shipped_portfolio_path(path)), force
+    )
     try:
         written = write_shipped_portfolio(request.family, request.bucket, members, provenance, path)
     except OSError as exc:  # e.g. a read-only installed package

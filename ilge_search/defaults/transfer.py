@@ -265,32 +265,66 @@ def portfolio(
     With ``dry_run`` nothing is trained or created: the result says how many cells are missing and
     ``estimated_seconds``. With ``check`` the left-out checks of :mod:`~ilge_search.defaults.transfer`
     run too (their extra cells trained). ``workers`` processes train at once, sharing the cells through
-    the storage as processes on other hosts would. The choice is stored on the portfolio study (where ``run
-    --warm-start`` reads it) only when no problem was excluded.
+    the storage as processes on other hosts would. A default and portfolio are chosen only from a matrix
+    with every cell stored (so processes sharing a storage end with the same choice, that of the last one to
+    finish), and stored on the portfolio study (where ``run --warm-start`` reads it) only when no problem
+    was excluded. Claims of dead processes of this host are freed first, never left queued.
 
     Raises:
         ValueError: a bad request, excluded names without problems, no problem at all.
     """
     setup = setup or TrainingSetup()
     rule_problems, result, cells = build_matrix(storage_url, request)
+    if check:
+        _check_has_folds(result)
     extra = held_out_cells(request, rule_problems, result) if check else []
     everything = [*cells, *extra]
+    if not dry_run:
+        _release_dead_claims(storage_url, request)
     done = stored_scores(storage_url, request, everything)
     missing = {c.key.digest for c in everything} - set(done)
     result.planned = len({c.key.digest for c in everything})
     result.estimated_seconds = estimate_seconds(everything, result.problems, missing)
     if dry_run:
-        return choose(result)
+        return _choose_if_complete(result)
     if missing:
         result.trained = _train_in_processes(storage_url, request, everything, result.problems, setup, workers)
         result.matrix = read_matrix(storage_url, request, cells, result.matrix.validation.shape)
-    choose(result)
+    _choose_if_complete(result)
     if check:
         result.held_out = held_out_check(storage_url, request, rule_problems, result, extra)
     _store_request(storage_url, request)
     if result.default is not None and not request.excludes:
         _store_choice(storage_url, result)
     return result
+
+
+def _choose_if_complete(result: PortfolioResult) -> PortfolioResult:
+    """Choose only from a whole matrix: while cells are missing (another process still training them, or a
+    training that failed) a choice would rest on fewer candidates or problems than the next run sees, and two
+    processes on one storage would save different choices depending on which ended last."""
+    return choose(result) if result.matrix.missing == 0 else result
+
+
+def _release_dead_claims(storage_url: str, request: PortfolioRequest) -> None:
+    from .portfolio import release_dead_claims
+
+    storage = open_storage(storage_url)
+    study = portfolio_study(storage, request.family, request.bucket, create=False)
+    if study is not None:
+        release_dead_claims(storage, study)
+
+
+def _check_has_folds(result: PortfolioResult) -> None:
+    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is
+    empty)."""
+    if folds(result):
+        return
+    shown = ", ".join(f"{p.model}/{p.task}" for p in result.problems)
+    raise ValueError(
+        f"--check leaves one task or one model out at a time, so it needs problems of two tasks or two models; "
+        f"this matrix has {len(result.problems)} ({shown}): drop --check, or run studies of another task first"
+    )
 
 
 def _train_in_processes(

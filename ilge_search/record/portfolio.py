@@ -48,6 +48,7 @@ __all__ = [
     "save_portfolio_request",
     "stored_portfolio_request",
     "SHIPPED_PORTFOLIO_PATH",
+    "shipped_portfolio_path",
     "SHIPPED_FORMAT_VERSION",
     "check_shipped_portfolio",
     "load_shipped_portfolio",
@@ -235,7 +236,8 @@ SHIPPED_FORMAT_VERSION = 1
 SHIPPED_PROVENANCE_KEYS = ("source", "family", "bucket", "problems", "chosen_on", "generated")
 
 
-def _shipped_path(path: str | Path | None) -> Path:
+def shipped_portfolio_path(path: str | Path | None = None) -> Path:
+    """``path``, or the package's shipped portfolio file."""
     return Path(path) if path is not None else SHIPPED_PORTFOLIO_PATH  # looked up now: tests point it elsewhere
 
 
@@ -293,7 +295,7 @@ def load_shipped_portfolio(path: str | Path | None = None) -> dict[str, Any]:
     """
     from ..files import read_text_utf8
 
-    path = _shipped_path(path)
+    path = shipped_portfolio_path(path)
     if not path.is_file():
         return {"format_version": SHIPPED_FORMAT_VERSION, "families": {}}
     try:
@@ -316,7 +318,7 @@ def write_shipped_portfolio(
 
     from ..files import temp_name
 
-    path = _shipped_path(path)
+    path = shipped_portfolio_path(path)
     document = load_shipped_portfolio(path)
     families = {name: dict(buckets) for name, buckets in document["families"].items()}
     families.setdefault(family, {})[bucket] = {"members": [dict(m) for m in members], "provenance": dict(provenance)}
