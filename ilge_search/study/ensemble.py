@@ -278,7 +278,7 @@ def ensemble_size(study: Any, asked: int | None) -> tuple[int, str | None]:
 
     ``asked`` is ``FinalOptions.ensemble``: ``None`` takes the default size wherever the study can have an
     ensemble (it needs two complete trials to choose from) and is silent elsewhere; an explicit size is
-    refused with its reason where the study cannot have one."""
+    refused with its reason where the study cannot have one, fewer than two complete trials included."""
     from .options import DEFAULT_ENSEMBLE
 
     if asked == 0:
@@ -288,8 +288,14 @@ def ensemble_size(study: Any, asked: int | None) -> tuple[int, str | None]:
         check_ensemble_study(study_record(study), size)
     except ValueError as error:
         return 0, None if asked is None else str(error)
-    if asked is None and len(_complete_trials(study)) < 2:
-        return 0, None
+    complete = len(_complete_trials(study))
+    if complete < 2:  # one trial is no choice: its ensemble would be the selected trial again
+        if asked is None:
+            return 0, None
+        return 0, (
+            f"--ensemble {asked} chooses among the study's complete trials and it has {complete}; an ensemble "
+            "needs two or more: add trials (--n-trials) or pass --ensemble 0"
+        )
     return size, None
 
 

@@ -179,6 +179,18 @@ def _open_for_writing(url: str, options: StudyOptions) -> Storage:
     )
 
 
+def _check_storage_use(opened: Optional[Storage], url: str, options: StudyOptions, dry_run: bool) -> None:
+    """Worker processes need a storage each can open; a run with final seeds needs an artifact folder it can
+    make (made only when the first weights are stored)."""
+    from ..files import check_can_create
+
+    if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
+        raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
+    if options.final.seeds > 0 and not dry_run:
+        artifacts = opened.artifact_dir if opened is not None else artifact_dir_for(url, options.runtime.artifact_dir)
+        check_can_create(artifacts, "the artifact store", "pass a writable --artifact-dir")
+
+
 def _writer(storage: Union[str, Storage, None], checked: Optional[Storage], options: StudyOptions) -> Optional[Storage]:
     """After the checks: the storage they read, if a run may write through it, else the one opened for
     writing now."""
@@ -223,8 +235,6 @@ def check_run(
             :class:`~ilge_search.storage.StorageError`,
             :class:`~ilge_search.study.StudyConflictError`.
     """
-    from ..files import check_can_create
-
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
@@ -247,11 +257,7 @@ def check_run(
     # the checks read the storage; it is opened for writing (a SQLite file created) only once they all passed
     opened = _open_for_checks(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
-    if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
-        raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
-    if options.final.seeds > 0 and not dry_run:  # the final weights go there; made when the first is stored
-        artifacts = opened.artifact_dir if opened is not None else artifact_dir_for(url, options.runtime.artifact_dir)
-        check_can_create(artifacts, "the artifact store", "pass a writable --artifact-dir")
+    _check_storage_use(opened, url, options, dry_run)
     if opened is not None and not is_registered_task(task):  # a renamed folder resumes its studies
         adopted = adopt_renamed_task(opened, model, task, loaded)
         if adopted is not loaded:
@@ -285,7 +291,8 @@ def check_run(
         if opened is not None:
             precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
         if options.search.warm_start:
-            _check_warm_start(opened, enc, model, str(identities[enc]["task"]), options.search.warm_start)
+            hidden = _config_hidden_size(source.path)
+            _check_warm_start(opened, enc, model, str(identities[enc]["task"]), options.search.warm_start, hidden)
     if not dry_run:
         opened = _writer(storage, opened, options)
     return RunCheck(
@@ -325,17 +332,33 @@ def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *
     )
 
 
-def _check_warm_start(opened: Optional[Storage], encoder: str, model: str, task: str, count: int) -> None:
-    """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members (a model outside the table is
-    bucketed once its data is loaded, before its study is created)."""
+def _config_hidden_size(model_path: Any) -> Optional[int]:
+    """A local model folder's hidden size, read from its ``config.json`` as plain JSON (nothing loaded or
+    written); ``None`` for a hub id or a config that does not say."""
+    import json
+
+    try:
+        value = json.loads((Path(str(model_path)).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    hidden = value.get("hidden_size") if isinstance(value, dict) else None
+    return hidden if isinstance(hidden, int) and hidden > 0 else None
+
+
+def _check_warm_start(
+    opened: Optional[Storage], encoder: str, model: str, task: str, count: int, config_hidden: Optional[int]
+) -> None:
+    """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members. A model outside the table
+    is bucketed by its config's hidden size; without one (a hub id), once its data is loaded, before its study
+    is created."""
     from ..configs import ENCODER_FAMILIES
     from ..models import known_model
     from .trial import warm_start_params
 
     known = known_model(model)
-    if encoder in ENCODER_FAMILIES and known is None:
+    hidden = known.hidden_size if known else config_hidden
+    if encoder in ENCODER_FAMILIES and hidden is None:
         return
-    hidden = known.hidden_size if known else None
     warm_start_params(opened, encoder, count, hidden_size=hidden, model=model, task=task)
 
 

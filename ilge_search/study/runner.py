@@ -222,6 +222,8 @@ def _run_one(
         if options.search.warm_start
         else None
     )
+    if warm is not None and storage.load_study(name) is None:  # only a new study enqueues its warm start
+        warm = _warm_start_within_budget(warm, name, count if count is not None else options.search.total_for(encoder))
     study, created = create_or_load(
         storage,
         name,
@@ -257,6 +259,25 @@ def _run_one(
     result = study_result(study, storage)
     logger.info("%s", summary_line(result))
     return result
+
+
+def _warm_start_within_budget(warm: Any, name: str, budget: Optional[int]) -> Any:
+    """The warm-start members a new study's trial budget can run (the starting configuration is its first
+    trial); one warning line when members are dropped, since queued trials beyond the budget would wait
+    unseen until a later run picked them up."""
+    if budget is None or len(warm.members) < budget:
+        return warm
+    room = max(budget - 1, 0)
+    logger.warning(
+        "%s: --warm-start %d but the run adds %d trial(s), the starting configuration first: %d member(s) beyond "
+        "that budget are not enqueued; pass --n-trials %d (or --total-trials) to try them all",
+        name,
+        len(warm.members),
+        budget,
+        len(warm.members) - room,
+        len(warm.members) + 1,
+    )
+    return warm.with_members(warm.members[:room])
 
 
 def _optimize_and_evaluate(

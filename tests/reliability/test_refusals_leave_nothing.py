@@ -97,6 +97,18 @@ def test_an_unreadable_shipped_portfolio_is_refused_before_the_storage_exists(pl
     assert "not valid JSON" in message
 
 
+def test_a_warm_start_of_a_model_folder_outside_the_table_is_refused_before_anything_loads(
+    place, synthetic, no_model_loads
+):
+    """A local model folder the model table does not know is bucketed by its config's hidden size, so its
+    warm start is checked with the others (before: after the extraction, the storage and the cache made)."""
+    before = snapshot(place)
+    args = ["run", "--model", synthetic.model, "--task", str(place / "task"), "--storage", sqlite_url(place / "s.db")]
+    args += ["--cache-dir", str(place / "cache"), "--device", "cpu", "--quiet", "--warm-start", "50"]
+    message = one_line_error(CliRunner().invoke(cli, args))
+    assert "--warm-start 50" in message and snapshot(place) == before
+
+
 def test_a_storage_folder_that_cannot_be_made_is_refused_before_the_data_is_read(place, no_model_loads):
     """A file where the storage's folder would be: one line, and no folder or file made anywhere."""
     (place / "blocked").write_text("a file, not a folder")
