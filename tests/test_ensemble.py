@@ -381,7 +381,9 @@ def test_the_default_ensemble_goes_where_a_study_can_have_one_and_asked_sizes_sa
     assert DEFAULT_ENSEMBLE == 5
     assert ensemble_size(two, None) == (5, None) and ensemble_size(two, 3) == (3, None)
     assert ensemble_size(two, 0) == (0, None)
-    assert ensemble_size(one, None) == (0, None) and ensemble_size(one, 2) == (2, None)  # asked: one trial is enough
+    assert ensemble_size(one, None) == (0, None)
+    size, note = ensemble_size(one, 2)  # asked: one trial is enough, and the run says it is no choice
+    assert size == 2 and note is not None and "it has 1: its ensemble is that trial alone" in note
     assert ensemble_size(front, None) == (0, None)  # the default is silent where it cannot apply
     size, why_not = ensemble_size(front, 3)
     assert size == 0 and why_not is not None and "multi-objective: ensembles are off" in why_not

@@ -274,11 +274,13 @@ def check_ensemble_study(record: StudyRecord, size: int) -> None:
 
 
 def ensemble_size(study: Any, asked: int | None) -> tuple[int, str | None]:
-    """The ensemble size a run makes for ``study`` and, when it makes none although one was asked for, why.
+    """The ensemble size a run makes for ``study`` and, where an asked size is not what the run can honour,
+    one sentence saying so (the run logs it as a warning).
 
     ``asked`` is ``FinalOptions.ensemble``: ``None`` takes the default size wherever the study can have an
     ensemble (it needs two complete trials to choose from) and is silent elsewhere; an explicit size is
-    refused with its reason where the study cannot have one, fewer than two complete trials included."""
+    refused with its reason where the study cannot have one, and on a study of one complete trial makes the
+    ensemble of that trial alone, with a sentence saying that it is no choice."""
     from .options import DEFAULT_ENSEMBLE
 
     if asked == 0:
@@ -287,14 +289,16 @@ def ensemble_size(study: Any, asked: int | None) -> tuple[int, str | None]:
     try:
         check_ensemble_study(study_record(study), size)
     except ValueError as error:
-        return 0, None if asked is None else str(error)
+        return 0, None if asked is None else f"no ensemble: {error}"
     complete = len(_complete_trials(study))
-    if complete < 2:  # one trial is no choice: its ensemble would be the selected trial again
-        if asked is None:
-            return 0, None
-        return 0, (
-            f"--ensemble {asked} chooses among the study's complete trials and it has {complete}; an ensemble "
-            "needs two or more: add trials (--n-trials) or pass --ensemble 0"
+    if asked is None and complete < 2:
+        return 0, None
+    if complete == 0:
+        return 0, "no ensemble: the study has no complete trial to choose from"
+    if complete == 1:
+        return size, (
+            f"--ensemble {asked} chooses among the study's complete trials and it has {complete}: its ensemble "
+            "is that trial alone; add trials (--n-trials) for an ensemble that differs from it"
         )
     return size, None
 

@@ -362,9 +362,9 @@ def _ensemble_stage(
     have one), unless it is current."""
     from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
 
-    size, why_not = ensemble_size(study, options.final.ensemble)
-    if why_not:
-        logger.warning("%s: no ensemble: %s", name, why_not)
+    size, note = ensemble_size(study, options.final.ensemble)
+    if note:
+        logger.warning("%s: %s", name, note)
     if not size:
         return
     run = EnsembleRun(

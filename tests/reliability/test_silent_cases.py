@@ -5,7 +5,8 @@
   were dropped.
 - ``portfolio --family cayley --family fc``: before, the last one won; now a repeated ``--family`` is refused.
 - ``portfolio --check`` on a matrix with nothing to leave out: before, an empty table; now one line.
-- ``run --ensemble 3`` on a study with one complete trial: before, nothing said; now a warning saying why.
+- ``run --ensemble 3`` on a study with one complete trial: before, nothing said; now a warning that its ensemble
+  is that one trial alone.
 - ``portfolio --update-shipped`` from a matrix far thinner than the shipped one: before, it replaced a
   12-problem portfolio with no guard; now refused unless ``--force``, naming both evidences.
 """
@@ -127,20 +128,21 @@ def test_an_explicit_ensemble_on_a_study_of_one_trial_is_explained(synthetic, tm
     options = synthetic_options(synthetic, n_trials=1, ensemble=3).replace(final_seeds=1)
     with caplog.at_level(logging.WARNING, logger="ilge_search"):
         run_study(synthetic.model, "trec", "last-layer", storage=url, options=options)
-    warned = [r.getMessage() for r in caplog.records if "no ensemble" in r.getMessage()]
-    assert len(warned) == 1 and "--ensemble 3 chooses among the study's complete trials and it has 1" in warned[0]
+    warned = [r.getMessage() for r in caplog.records if "--ensemble 3" in r.getMessage()]
+    assert len(warned) == 1 and "complete trials and it has 1: its ensemble is that trial alone" in warned[0]
 
 
-def test_the_default_ensemble_stays_silent_on_a_study_of_one_trial(synthetic, tmp_path):
-    from ilge_search.record import Identity
+def test_the_default_ensemble_stays_silent_on_a_study_of_one_trial(tmp_path):
+    from ilge_search.record import Identity, TrialRecord
     from ilge_search.study.ensemble import ensemble_size
     from ilge_search.testing.store import FakeTrial, add_study
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    study = add_study(url, Identity(model="minilm-l6", task="trec", encoder="cayley"), trials=[FakeTrial(0.8)])
+    one = FakeTrial(0.8, record=TrialRecord(config=dict(START)))
+    study = add_study(url, Identity(model="minilm-l6", task="trec", encoder="cayley"), trials=[one])
     assert ensemble_size(study, None) == (0, None)
-    size, why = ensemble_size(study, 2)
-    assert size == 0 and "it has" in why and "--ensemble 0" in why
+    size, note = ensemble_size(study, 2)
+    assert size == 2 and "that trial alone" in note and "--n-trials" in note
 
 
 def thin_matrix(url: str) -> None:
