@@ -134,7 +134,7 @@ def _shown(counts: Mapping[str, int]) -> str:
     def one(key: str, value: int) -> str:
         if key == "epochs":
             return "no epoch cap" if value == _NO_CAP else f"epochs capped at {value}"
-        return f"{value} {key}"
+        return f"{value} {key if value != 1 else key[:-1]}"
 
     return ", ".join(one(key, value) for key, value in counts.items())
 

@@ -174,7 +174,7 @@ def test_update_shipped_refuses_thinner_evidence_unless_forced(tmp_path, shipped
     thin_matrix(url)
     args = ["portfolio", "--storage", url, "--top-k", "1", "--seeds", "1", "--size", "2", "--update-shipped"]
     message = one_line_error(CliRunner().invoke(cli, args))
-    assert "this matrix (2 problems, 1 models, 2 tasks, 1 seeds" in message
+    assert "this matrix (2 problems, 1 model, 2 tasks, 1 seed" in message
     assert "(12 problems, 2 models, 6 tasks, 3 seeds, no epoch cap" in message
     assert "fewer problems, models, tasks, seeds" in message and "--force" in message
     assert shipped_path.read_bytes() == before
