@@ -102,3 +102,25 @@ def test_a_bad_value_in_the_shipped_defaults_file_refuses_the_run(tmp_path, monk
     monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(tmp_path / "none.json"))
     message = one_line_error(refused_run(tmp_path, _task(tmp_path)))
     assert str(shipped) in message and "families.deepset.large" in message and "hidden_dim" in message
+
+
+def test_cache_ls_marks_a_truncated_entry_as_damaged_and_says_how_to_clear_it(tmp_path):
+    from click.testing import CliRunner
+
+    from ilge_search.cli import cli
+    from ilge_search.tasks import load_task
+    from ilge_search.testing.cached import write_split_embeddings
+
+    task = load_task(_task(tmp_path))
+    cache = tmp_path / "cache"
+    keys = write_split_embeddings("minilm-l6", task, cache_dir=cache, splits=["train", "test"])
+    data_file = cache / "embeddings" / f"{keys['train']}.safetensors"
+    with open(data_file, "r+b") as handle:  # a copy cut short, as a full disk leaves it
+        handle.truncate(100)
+    result = CliRunner().invoke(cli, ["cache", "ls", "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.split()[0] in keys.values()}
+    assert "damaged" in rows[keys["train"]].split() and "damaged" not in rows[keys["test"]].split()
+    note = " ".join(result.stderr.split())
+    assert f"1 damaged entry ({keys['train']}: {data_file.name} has 100 bytes, expected" in note
+    assert f"`ilge-search cache rm KEY` ({keys['train']})" in note
