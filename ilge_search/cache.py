@@ -151,6 +151,7 @@ class CacheEntry:
     created: str
     path: Path
     meta: Dict[str, Any] = field(default_factory=dict)
+    damage: Optional[str] = None  # why the entry cannot be read (missing or truncated data file), else None
 
 
 @dataclass
@@ -754,6 +755,11 @@ class EmbeddingCache:
                 continue
             data_path = meta_path.with_suffix(".safetensors")
             size = data_path.stat().st_size if data_path.is_file() else 0
+            try:  # the size check only: cheap enough for a listing; a run also verifies the checksum
+                self.committed_record(meta_path.stem)
+                damage = None
+            except CacheCorruptError as exc:
+                damage = str(exc)
             entries.append(
                 CacheEntry(
                     key=meta_path.stem,
@@ -765,6 +771,7 @@ class EmbeddingCache:
                     created=str(meta.get("created", "")),
                     path=data_path,
                     meta=meta,
+                    damage=damage,
                 )
             )
         return sorted(entries, key=lambda entry: entry.created, reverse=True)

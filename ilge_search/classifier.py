@@ -36,6 +36,7 @@ from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_
 from .extraction import POOLINGS
 from .inputs import check_features, check_labels, check_pairs, check_texts
 from .models import model_reference_to_load, model_reference_to_save, resolve_device
+from .saved import check_saved_fields
 from .validation import ArgumentTypeError, check_int
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; the file is corrupt"
         )
+    check_saved_fields(meta, meta_path, classes_needed=2 if task_kind == "classification" else 0)
     return meta
 
 
@@ -693,11 +695,6 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
-        if task_kind == "classification" and len(classes) < 2:
-            raise ValueError(
-                f"{meta_path} lists {len(classes)} class(es) and a classifier needs at least 2; the file was cut or "
-                "edited: export or save the model again"
-            )
 
         state = _read_weights(weights_path)
         shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}

@@ -64,7 +64,7 @@ def _sentence(value: Any, where: str) -> list[str]:
     """One row's words, checked: a non-empty list of non-empty strings."""
     if not isinstance(value, list) or not value:
         raise ValueError(f"{where} is {'an empty list' if value == [] else type(value).__name__}; give a list of words")
-    for index, word in enumerate(value):
+    for index, word in enumerate(value, start=1):
         if not isinstance(word, str) or not word.strip() or word != word.strip() or len(word.split()) != 1:
             raise ValueError(f"{where}: word {index} is {word!r}; every word must be one non-empty string, no spaces")
     return list(value)

@@ -27,6 +27,7 @@ from sklearn.exceptions import NotFittedError
 from ._version import __version__
 from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
 from .models import model_reference_to_load, model_reference_to_save, resolve_device
+from .saved import check_saved_fields
 from .validation import ArgumentTypeError, check_choice, check_int
 from .words import WORD_POOLINGS, check_sentences
 
@@ -366,7 +367,9 @@ class ILGETagger(BaseEstimator):
             )
             num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{path / META_FILE} is missing or has invalid fields ({exc!r}); it is corrupt") from None
+            raise ValueError(
+                f"{path / META_FILE} is missing or has invalid fields ({exc!r}); the file is corrupt"
+            ) from None
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != str(meta.get("classes_kind")).replace("u", "i"):
             raise ValueError(f"{path / META_FILE}: 'classes' do not match their recorded type; the file is corrupt")
         tagger.base_model = model_reference_to_load(meta["base_model"], path, base_model)
@@ -465,6 +468,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
             f"{path} has format_version {meta.get('format_version')!r}; this ilge-search ({__version__}) reads "
             f"version {FORMAT_VERSION}. Save it again with a matching version."
         )
+    check_saved_fields(meta, meta_path, classes_needed=1)
     return meta
 
 

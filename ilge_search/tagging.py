@@ -1,7 +1,9 @@
 """The rows of a token task (kind ``tagging``): sentences of words, one tag per word.
 
-A row holds a list of words and a list of tags of the same length, in JSONL or Parquet
-as lists, in CSV/TSV as one whitespace-separated string each. :func:`check_tagged_rows`
+A row holds a list of words and a list of tags of the same length, in JSONL, JSON or Parquet
+as lists (a string there is refused: it is a list that was flattened by mistake), in CSV/TSV,
+whose cells are text, as one whitespace-separated string each. Rows, words and tags are
+counted from 1 in messages. :func:`check_tagged_rows`
 reads one split file's two columns and refuses, with one line naming the file and the row,
 what a tagger cannot use: a missing or empty sentence, a word that is not a non-empty
 string, a missing tag, or a number of tags that differs from the number of words.
@@ -101,17 +103,34 @@ def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _as_list(value: Any) -> list | None:
-    """A cell as a list of items: lists (and Parquet arrays) as they are, a string split on whitespace."""
+@dataclass(frozen=True)
+class _Cell:
+    """Where a cell sits, for messages, and whether its file writes lists as text (CSV/TSV)."""
+
+    where: str
+    row: int
+    column: str
+    text_cells: bool
+
+
+def _as_list(value: Any, cell: _Cell, what: str) -> list | None:
+    """A cell as a list of items: lists (and Parquet arrays) as they are; a string split on whitespace in a
+    CSV/TSV file, refused elsewhere."""
     if isinstance(value, str):
-        return value.split()
+        if cell.text_cells:
+            return value.split()
+        raise TaskError(
+            f"{cell.where}: row {cell.row}: column {cell.column!r} holds the string {value[:40]!r}, not a list of "
+            f"{what}; write a JSON list, one item per word (only CSV/TSV cells are split on spaces)"
+        )
     if isinstance(value, _LIST_TYPES):
         return list(value)
     return None
 
 
-def _row_words(value: Any, where: str, row: int, column: str) -> list[str]:
-    words = None if _is_missing(value) else _as_list(value)
+def _row_words(value: Any, cell: _Cell) -> list[str]:
+    where, row, column = cell.where, cell.row, cell.column
+    words = None if _is_missing(value) else _as_list(value, cell, "words")
     if words is None:
         got = "nothing" if _is_missing(value) else f"a {type(value).__name__}"
         raise TaskError(
@@ -120,7 +139,7 @@ def _row_words(value: Any, where: str, row: int, column: str) -> list[str]:
         )
     if not words:
         raise TaskError(f"{where}: row {row}: column {column!r} is an empty sentence; remove the row")
-    for position, word in enumerate(words):
+    for position, word in enumerate(words, start=1):
         if not isinstance(word, str) or not word.strip():
             shown = repr(word) if isinstance(word, str) else f"{word!r} ({type(word).__name__})"
             raise TaskError(
@@ -139,9 +158,9 @@ def _tag_name(value: Any) -> str | None:
     return name if name.strip() else None
 
 
-def _row_tags(value: Any, num_words: int, context: tuple[str, int, str]) -> list[str]:
-    where, row, column = context
-    items = None if _is_missing(value) else _as_list(value)
+def _row_tags(value: Any, num_words: int, cell: _Cell) -> list[str]:
+    where, row, column = cell.where, cell.row, cell.column
+    items = None if _is_missing(value) else _as_list(value, cell, "tags")
     if items is None:
         raise TaskError(f"{where}: row {row}: column {column!r} holds no list of tags; give one tag per word")
     if len(items) != num_words:
@@ -153,7 +172,7 @@ def _row_tags(value: Any, num_words: int, context: tuple[str, int, str]) -> list
     if None in names:
         position = names.index(None)
         raise TaskError(
-            f"{where}: row {row}: tag {position} of column {column!r} is {items[position]!r}; every tag must be "
+            f"{where}: row {row}: tag {position + 1} of column {column!r} is {items[position]!r}; every tag must be "
             f"a non-empty string or an integer"
         )
     return [name for name in names if name is not None]
@@ -166,9 +185,9 @@ def check_tagged_rows(table: Table, tokens_col: str, tags_col: str) -> TaggedRow
     sentences, tags = [], []
     for position, (words_value, tags_value) in enumerate(zip(words_column, tags_column, strict=True)):
         row = position + table.first_row
-        words = _row_words(words_value, table.where, row, tokens_col)
+        words = _row_words(words_value, _Cell(table.where, row, tokens_col, table.text_cells))
         sentences.append(words)
-        tags.append(_row_tags(tags_value, len(words), (table.where, row, tags_col)))
+        tags.append(_row_tags(tags_value, len(words), _Cell(table.where, row, tags_col, table.text_cells)))
     if not sentences:
         raise TaskError(f"{table.where} has no rows")
     return TaggedRows(sentences, tags, table.where, table.first_row)

@@ -33,6 +33,7 @@ class Table:
     columns: dict[str, list]
     where: str
     first_row: int = 1  # number of the first data row in the file (for messages)
+    text_cells: bool = False  # CSV/TSV: every cell is text, so a list is written as words separated by spaces
 
     @property
     def num_rows(self) -> int:
@@ -96,7 +97,8 @@ def _read_with_pandas(path: Path) -> Table:
     if len(frame) == 0:
         raise TaskError(f"{path} has no rows")
     columns = {str(name): frame[name].tolist() for name in frame.columns}
-    return Table(columns, str(path), first_row=2 if suffix in (".csv", ".tsv") else 1)
+    text_file = suffix in (".csv", ".tsv")
+    return Table(columns, str(path), first_row=2 if text_file else 1, text_cells=text_file)
 
 
 def read_table(path: Path) -> Table:

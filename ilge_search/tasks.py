@@ -631,7 +631,7 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
         feature = part.features.get(cols.label_col)
         if cols.kind == "classification" and hasattr(feature, "int2str") and cols.label_col in columns:
             columns[cols.label_col] = [feature.int2str(int(v)) for v in columns[cols.label_col]]
-        tables[split] = Table(columns, f"{spec.hf_dataset} [{split}]", first_row=0)
+        tables[split] = Table(columns, f"{spec.hf_dataset} [{split}]", first_row=1)
     if "test" not in tables:
         raise TaskError(f"{spec.hf_dataset!r} has no test split (it has {list(loaded)}).")
     if spec.zero_shot_of:

@@ -223,6 +223,12 @@ def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Pat
             if bad:
                 raise ValueError(f"{path}: families.{family}.{bucket} has unknown fields {sorted(bad)}")
             merged.setdefault(family, {}).setdefault(bucket, {}).update(values)
+            try:  # the config class's own checks, so that a bad value names this file, not a later run
+                config_class_for(family)(**merged[family][bucket])
+            except (ValueError, TypeError) as exc:
+                raise ValueError(
+                    f"{path}: families.{family}.{bucket}: {exc}; fix that value or delete the file"
+                ) from None
 
 
 def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[str, Dict[str, Dict[str, Any]]]:

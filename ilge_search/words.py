@@ -121,7 +121,9 @@ class WordTokenizer:
         for index, word in enumerate(words):
             char_word[position : position + len(word)] = index
             position += len(word) + 1
-        encoded = self.tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        # verbose=False: a sentence longer than the model takes is cut into windows below, so transformers'
+        # "sequence length is longer than the specified maximum" warning would be wrong (and -q cannot hide it)
+        encoded = self.tokenizer(text, return_offsets_mapping=True, return_special_tokens_mask=True, verbose=False)
         piece_words = np.full(len(encoded["input_ids"]), _NO_WORD, dtype=np.int64)
         for piece, ((start, stop), special) in enumerate(
             zip(encoded["offset_mapping"], encoded["special_tokens_mask"], strict=True)
@@ -136,7 +138,9 @@ class WordTokenizer:
         ids, owners = list(self.prefix), [_NO_WORD] * len(self.prefix)
         for index, word in enumerate(words):
             # the leading space is what a BPE tokenizer sees before every word but the first of a text
-            word_ids = self.tokenizer(word if index == 0 else f" {word}", add_special_tokens=False)["input_ids"]
+            word_ids = self.tokenizer(word if index == 0 else f" {word}", add_special_tokens=False, verbose=False)[
+                "input_ids"
+            ]
             ids += word_ids
             # a piece that is only that space covers none of the word's characters, as with offsets
             owners += [index if self.tokenizer.decode([piece]).strip() else _NO_WORD for piece in word_ids]
@@ -155,7 +159,7 @@ class WordTokenizer:
         if (counts == 0).any():
             word = int(np.flatnonzero(counts == 0)[0])
             raise ValueError(
-                f"sentence {sentence}, word {word} ({words[word]!r}) gives no token with this tokenizer "
+                f"sentence {sentence + 1}, word {word + 1} ({words[word]!r}) gives no token with this tokenizer "
                 f"(characters it drops); replace or remove that word"
             )
         if len(ids) <= max_length:
@@ -186,8 +190,9 @@ class WordTokenizer:
                 stop -= 1
             if stop == start:
                 raise ValueError(
-                    f"sentence {sentence}, word {start} ({words[start]!r}) alone needs {int(counts[start])} pieces, "
-                    f"more than the {budget} that max_length {max_length} leaves; raise max_length"
+                    f"sentence {sentence + 1}, word {start + 1} ({words[start]!r}) alone needs "
+                    f"{int(counts[start])} pieces, more than the {budget} that max_length {max_length} leaves; "
+                    "raise max_length"
                 )
             spans.append((start, stop, ids, piece_words))
             if stop == len(words):
@@ -205,7 +210,7 @@ class WordTokenizer:
         for index, (start, stop, ids, piece_words) in enumerate(spans):
             keep_to = stop if index == len(spans) - 1 else (spans[index + 1][0] + stop) // 2
             if not start <= keep_from <= keep_to <= stop:
-                raise RuntimeError(f"sentence {sentence}: its windows do not cover every word once; report this")
+                raise RuntimeError(f"sentence {sentence + 1}: its windows do not cover every word once; report this")
             windows.append(WordWindow(sentence, start, ids, piece_words, (keep_from - start, keep_to - start)))
             keep_from = keep_to
         return windows

@@ -32,6 +32,7 @@ LAYERS: Dict[str, int] = {
     "scores": 0,
     "configs": 1,
     "graphs": 1,
+    "saved": 1,
     "models": 2,
     "model_utils": 2,
     "nn": 2,

@@ -121,7 +121,7 @@ def test_word_by_word_path_gives_the_same_pieces_as_offsets(models, kind):
 
 def test_a_word_the_tokenizer_drops_is_refused_with_its_place(models):
     embedder = LayerEmbedder(models["encoder"], device="cpu")
-    with pytest.raises(ValueError, match=r"sentence 1, word 2 \('\\u200b'\) gives no token"):
+    with pytest.raises(ValueError, match=r"sentence 2, word 3 \('\\u200b'\) gives no token"):
         embedder.word_windows([["fine"], ["a", "b", "\u200b", "c"]])
 
 
@@ -160,7 +160,9 @@ def test_long_sentences_are_cut_into_windows_and_every_word_gets_one_vector(mode
 
 def test_a_word_longer_than_a_window_is_refused(models):
     embedder = LayerEmbedder(models["encoder"], max_length=6, device="cpu")
-    with pytest.raises(ValueError, match=r"word 0 \('Unbelievably'\) alone needs 11 pieces.*raise max_length"):
+    with pytest.raises(
+        ValueError, match=r"sentence 1, word 1 \('Unbelievably'\) alone needs 11 pieces.*raise max_length"
+    ):
         embedder.word_windows(SENTENCES[:1])
     with pytest.raises(ValueError, match=r"window overlap must be in \[0, 10\)"):
         LayerEmbedder(models["encoder"], max_length=12, device="cpu").word_windows(SENTENCES[:1], window_overlap=10)

@@ -117,15 +117,30 @@ def cache_ls_command(settings: Settings) -> None:
         click.echo(f"no embedding cache entries in {settings.cache_dir}")
         return
     rows = [("key", "model", "task", "split", "shape", "MB", "created")]
-    rows += [
-        (e.key, e.model, e.task, e.split, "x".join(map(str, e.shape)), f"{e.size_bytes / 2**20:.1f}", e.created)
-        for e in entries
-    ]
+    rows += [(e.key, e.model, e.task, e.split, "x".join(map(str, e.shape)), _size_cell(e), e.created) for e in entries]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     total = sum(e.size_bytes for e in entries) / 2**20
     click.echo(f"{len(entries)} entries, {total:.1f} MB in {settings.cache_dir}")
+    _say_damaged([e for e in entries if e.damage])
+
+
+def _size_cell(entry) -> str:
+    return "damaged" if entry.damage else f"{entry.size_bytes / 2**20:.1f}"
+
+
+def _say_damaged(damaged: list) -> None:
+    """One line for the listed entries whose data file is missing or cut: what is wrong and how to clear them."""
+    if not damaged:
+        return
+    shown = "; ".join(f"{e.key}: {e.damage}" for e in damaged[:3]) + (" ..." if len(damaged) > 3 else "")
+    keys = " ".join(e.key for e in damaged[:3])
+    click.echo(
+        f"{len(damaged)} damaged entr{'y' if len(damaged) == 1 else 'ies'} ({shown}); remove with "
+        f"`ilge-search cache rm KEY` ({keys}), or let the next run that needs it rebuild it",
+        err=True,
+    )
 
 
 @cache_group.command("rm")

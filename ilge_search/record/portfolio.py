@@ -45,6 +45,7 @@ __all__ = [
     "cell_owners",
     "save_portfolio_choice",
     "stored_portfolio_choice",
+    "check_portfolio_members",
     "save_portfolio_request",
     "stored_portfolio_request",
     "SHIPPED_PORTFOLIO_PATH",
@@ -200,10 +201,57 @@ def save_portfolio_choice(study: Any, choice: Mapping[str, Any]) -> None:
     study.set_user_attr(_CHOICE_ATTR, {"version": PORTFOLIO_VERSION, **dict(choice)})
 
 
-def stored_portfolio_choice(study: Any) -> dict[str, Any] | None:
-    """The choice :func:`save_portfolio_choice` stored, or ``None``."""
+def check_portfolio_members(members: Any, where: str) -> None:
+    """Refuse ``members`` unless it is a list of configurations the config classes accept: one line naming
+    ``where`` and the first bad member (its 1-based position and family)."""
+    from ..configs import config_from_dict
+
+    if not isinstance(members, list):
+        raise ValueError(f"{where}: the members must be a list of configurations, got {type(members).__name__}")
+    for position, member in enumerate(members, start=1):
+        family = member.get("family") if isinstance(member, Mapping) else None
+        label = f"member {position}" + (f" ({family})" if family else "")
+        if not isinstance(member, Mapping):
+            raise ValueError(f"{where}: {label} is not a configuration object, got {member!r}")
+        try:
+            config_from_dict(dict(member))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{where}: {label}: {exc}") from None
+
+
+def _check_choice(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} is not a portfolio choice (an object expected, got {type(value).__name__})")
+    for key in ("portfolio", "warm_start"):
+        if value.get(key) is not None:
+            check_portfolio_members(value[key], f"{where}, {key}")
+    by_task = value.get("by_task")
+    if by_task is not None and not isinstance(by_task, Mapping):
+        raise ValueError(f"{where}: by_task must map tasks to warm-start orders")
+    for task, order in (by_task or {}).items():
+        if not isinstance(order, Mapping):
+            raise ValueError(f"{where}: by_task.{task} must be an object with its warm-start order")
+        check_portfolio_members(order.get("warm_start") or [], f"{where}, by_task.{task}")
+    return dict(value)
+
+
+def stored_portfolio_choice(study: Any, where: str | None = None) -> dict[str, Any] | None:
+    """The choice :func:`save_portfolio_choice` stored, every member checked, or ``None`` when there is none.
+
+    Raises:
+        ValueError: the stored choice is damaged (naming ``where``, default the study, and the member).
+    """
     value = study.user_attrs.get(_CHOICE_ATTR)
-    return dict(value) if isinstance(value, Mapping) else None
+    if value is None:
+        return None
+    where = where or f"the portfolio choice stored on study {study.study_name}"
+    try:
+        return _check_choice(value, where)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}; rerun `ilge-search portfolio` with the options it was run with to store it again "
+            "(it trains nothing when the cells are stored)"
+        ) from None
 
 
 def save_portfolio_request(study: Any, request: Mapping[str, Any]) -> None:
@@ -250,6 +298,7 @@ def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> No
     wrong = [m.get("family") for m in members if m.get("family") != family]
     if wrong:
         raise ValueError(f"{where}: families.{family}.{bucket}.members holds a {wrong[0]!r} configuration")
+    check_portfolio_members(members, f"{where}: families.{family}.{bucket}")
     if not isinstance(provenance, Mapping):
         raise ValueError(f"{where}: families.{family}.{bucket} has no provenance (what it was chosen from)")
     missing = [key for key in SHIPPED_PROVENANCE_KEYS if key not in provenance]

@@ -140,8 +140,10 @@ def warm_start_order(storage: Any, family: str, bucket: str, task: str) -> WarmS
         ValueError: the stored choice was chosen with ``task``'s problems and holds no order without them, or
             the shipped file is malformed.
     """
-    study = None if storage is None else storage.load_study(portfolio_study_name(family, bucket))
-    choice = None if study is None else stored_portfolio_choice(study)
+    name = portfolio_study_name(family, bucket)
+    study = None if storage is None else storage.load_study(name)
+    where = None if storage is None else f"the portfolio choice stored in {storage.shown_url} (study {name})"
+    choice = None if study is None else stored_portfolio_choice(study, where)
     if choice and (choice.get("warm_start") or choice.get("portfolio")):
         return _from_choice(choice, f"the portfolio stored in {storage.shown_url}", family, task)
     entry = load_shipped_portfolio()["families"].get(family, {}).get(bucket)

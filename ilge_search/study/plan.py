@@ -239,6 +239,9 @@ def check_run(
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
     model, task = str(model), str(task)
+    from ..tuning import effective_recommended_defaults
+
+    effective_recommended_defaults()  # the shipped and the user's defaults files, each value checked
 
     from ..models import resolve_model, weights_memo_read_only
     from ..storage import check_storage_url, hide_password

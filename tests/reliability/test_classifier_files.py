@@ -126,7 +126,7 @@ def test_a_class_list_cut_to_one_names_the_file(tmp_path, fitted):
     meta = json.loads((folder / META_FILE).read_text())
     _edit_meta(folder, classes=meta["classes"][:1])
     with pytest.raises(
-        ValueError, match=rf"^{folder / META_FILE} lists 1 class\(es\) and a classifier needs at least 2"
+        ValueError, match=rf"^{folder / META_FILE}: classes lists 1 label\(s\) and the model needs at least 2"
     ):
         ILGEClassifier.load(folder, device="cpu")
 
