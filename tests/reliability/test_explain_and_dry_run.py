@@ -7,6 +7,7 @@ paths run on a tiny random BERT and a made-up tagging task, as ``tests/test_toke
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ilge_search import DeepSetConfig
+from ilge_search import DeepSetConfig, models
 from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
 from ilge_search.explain import attribute_layers, explain_study
@@ -94,3 +95,88 @@ def test_the_explain_command_prints_a_tagging_study_layer_table(tagging_study):
     assert out.exit_code == 0, out.output
     header, *rows = out.output.strip().splitlines()
     assert header.startswith("layer,ablation_drop_mean") and [row.split(",")[0] for row in rows] == ["0", "1", "2"]
+
+
+# ----------------------------------------------------------------------------- a dry run writes nothing
+
+
+def _tree(*roots: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``roots`` with its size and modification time (folders included)."""
+    found = {}
+    for root in roots:
+        for path in [root, *root.rglob("*")] if root.exists() else []:
+            stat = path.stat()
+            found[str(path)] = (stat.st_size if path.is_file() else 0, stat.st_mtime_ns)
+    return found
+
+
+@pytest.fixture
+def fake_gguf(tmp_path, monkeypatch):
+    """A ``.gguf`` file whose conversion copies a tiny BERT into the cache (and counts the conversions)."""
+    tiny = tiny_encoder(tmp_path / "tiny")
+    gguf = tmp_path / "weights" / "toy.Q4_1.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    conversions = []
+
+    def convert(source, target):
+        conversions.append(target)
+        shutil.copytree(tiny, target)
+        (target / "ilge-source.json").write_text(json.dumps({"revision": source.revision}), encoding="utf-8")
+
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a settings file written there would show in the tree
+    monkeypatch.delenv("ILGE_SEARCH_DEFAULTS", raising=False)
+    (tmp_path / "home").mkdir()
+    return {"gguf": gguf, "conversions": conversions, "task": _tagging_task(tmp_path / "pos_toy")}
+
+
+def _dry_run(tmp_path, model, encoder="cayley-word"):
+    args = ["--cache-dir", str(tmp_path / "cache"), "run", "--model", str(model), "--task", str(tmp_path / "pos_toy")]
+    args += ["--storage", f"sqlite:///{tmp_path / 'studies' / 'dry.db'}", "--dry-run", "--encoder", encoder]
+    return CliRunner().invoke(cli, [*args, "--n-trials", "1", "--max-epochs", "1", "--final-seeds", "1"])
+
+
+@pytest.mark.parametrize("encoder", ["cayley-word", "last-layer"])
+def test_a_dry_run_of_an_unconverted_gguf_converts_nothing_and_says_what_the_run_would_write(
+    tmp_path, fake_gguf, encoder
+):
+    before = _tree(tmp_path)
+    out = _dry_run(tmp_path, fake_gguf["gguf"], encoder)
+    assert out.exit_code == 0, out.output
+    assert fake_gguf["conversions"] == [] and _tree(tmp_path) == before  # no cache/, no models/, no storage
+    assert "extraction estimated, not timed" in out.output
+    note = next(line for line in out.output.splitlines() if line.startswith("note: the model is a GGUF file"))
+    assert "not measured" in note and str(tmp_path / "cache" / "models" / "toy.Q4_1-") in note
+    assert "about 4 bytes per parameter" in note  # a GGUF outside the model table: no size to name
+
+
+def test_a_dry_run_measures_on_the_converted_copy_when_there_is_one(tmp_path, fake_gguf):
+    source = models.resolve_model(str(fake_gguf["gguf"]), tmp_path / "cache")  # a real load converts once
+    assert fake_gguf["conversions"] == [Path(source.path)]
+    before = _tree(tmp_path)
+    out = _dry_run(tmp_path, fake_gguf["gguf"])
+    assert out.exit_code == 0, out.output
+    assert "(3 layers x 32)" in out.output and "after timing the extraction" in out.output
+    assert "GGUF file not converted" not in out.output
+    assert len(fake_gguf["conversions"]) == 1 and _tree(tmp_path) == before
+
+
+def test_checks_and_dry_runs_never_convert_even_when_asked_to_load(tmp_path, fake_gguf):
+    source = models.resolve_model(str(fake_gguf["gguf"]), tmp_path / "cache", materialize=False)
+    assert models.pending_conversion(source)
+    with models.weights_memo_read_only(), pytest.raises(models.ModelLoadError, match="not converted yet"):
+        models.load_model_and_tokenizer(source, "cpu", "auto", tmp_path / "cache")
+    assert fake_gguf["conversions"] == [] and not (tmp_path / "cache").exists()
+
+
+def test_a_dry_run_over_a_warm_cache_and_an_existing_storage_changes_no_file(tagging_study, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = Path(tagging_study["cache"]).parent
+    before = _tree(root, tmp_path)
+    args = ["--cache-dir", tagging_study["cache"], "run", "--model", str(root / "model"), "--task"]
+    args += [str(root / "pos_toy"), "--storage", tagging_study["storage"], "--encoder", "cayley-word", "--dry-run"]
+    out = CliRunner().invoke(cli, [*args, "--n-trials", "1", "--max-epochs", "2", "--final-seeds", "2"])
+    assert out.exit_code == 0, out.output
+    assert "resumes with 1 finished trials" in out.output and "cached word vectors" in out.output
+    assert _tree(root, tmp_path) == before
