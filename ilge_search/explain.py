@@ -21,6 +21,9 @@ measures, on the **validation** split (never test):
   takes away from that evidence; ablation is the exact, non-local effect on
   the score. Where the two disagree the model is far from linear in that layer.
 
+A tagging study is measured the same way over its validation words (:func:`attribute_word_layers`): the
+layer at its training mean in every word, the word accuracy lost, and each word's centred gold-tag logit.
+
 Both are reported as mean +- std over the final seeds, next to the per-layer
 probe score of the study's best-layer sibling (the same model, task and data
 options; its best trial's ``layer_scores``, which the report plots). The result
