@@ -301,7 +301,7 @@ def _memo_path(cache_dir: Optional[PathLike]) -> Path:
     return resolve_cache_dir(cache_dir) / "models" / "file-hashes.json"
 
 
-_CACHE_WRITES: contextvars.ContextVar[bool] = contextvars.ContextVar("ilge_weights_memo_writes", default=True)
+_CACHE_WRITES: contextvars.ContextVar[bool] = contextvars.ContextVar("ilge_cache_writes", default=True)
 
 
 @contextlib.contextmanager

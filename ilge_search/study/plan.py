@@ -92,7 +92,7 @@ WORKER_START_SECONDS = 10.0  # a spawned worker imports torch and reads the cach
 _PRIOR_TRAIN_SECONDS = 5e-7
 _PRIOR_EXTRACT_SECONDS = 1e-9
 _UNKNOWN_MODEL = (33, 4096, 8e9)  # layers, width and parameters assumed for a model outside the table
-UNTIMED = "with the extraction estimated, not timed (see the note)"
+_UNTIMED = "with the extraction estimated, not timed (see the note)"
 
 
 @dataclass
@@ -697,7 +697,7 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
             )
             for name in rows
         }
-        timing = f"after timing {EXTRACTION_SAMPLE} texts' extraction" if plan.extraction_timed else UNTIMED
+        timing = f"after timing {EXTRACTION_SAMPLE} texts' extraction" if plan.extraction_timed else _UNTIMED
         how = f"random features of the model's shape {timing} ({plan.texts_to_embed} texts to embed)"
     if not plan.cached.get("test", True):
         how += f"; test split to embed ({len(check.task_data.splits['test'])} rows)"
