@@ -56,6 +56,7 @@ __all__ = [
     "conversion_bytes",
     "load_model_and_tokenizer",
     "weights_memo_read_only",
+    "cache_writes_allowed",
     "check_tokenizer",
     "TOKENIZER_FILES",
     "resolve_device",
@@ -314,6 +315,11 @@ def weights_memo_read_only() -> Iterator[None]:
         yield
     finally:
         _CACHE_WRITES.reset(token)
+
+
+def cache_writes_allowed() -> bool:
+    """``False`` inside :func:`weights_memo_read_only`: whatever runs there leaves the cache folder as it is."""
+    return _CACHE_WRITES.get()
 
 
 def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:

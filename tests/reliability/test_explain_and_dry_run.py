@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 from click.testing import CliRunner
 
 from ilge_search import DeepSetConfig, models
+from ilge_search.cache import EmbeddingCache
 from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
 from ilge_search.explain import attribute_layers, explain_study
@@ -180,3 +183,21 @@ def test_a_dry_run_over_a_warm_cache_and_an_existing_storage_changes_no_file(tag
     assert out.exit_code == 0, out.output
     assert "resumes with 1 finished trials" in out.output and "cached word vectors" in out.output
     assert _tree(root, tmp_path) == before
+
+
+def test_a_dry_run_leaves_a_dead_writers_temporary_file_to_the_next_run(tmp_path, fake_gguf):
+    embeddings = tmp_path / "cache" / "embeddings"
+    embeddings.mkdir(parents=True)
+    leftover = embeddings / f".abc.safetensors.tmp-{_dead_pid()}-0123abcd@{socket.gethostname()}"
+    leftover.write_bytes(b"half an entry")
+    before = _tree(tmp_path)
+    assert _dry_run(tmp_path, fake_gguf["gguf"]).exit_code == 0
+    assert leftover.exists() and _tree(tmp_path) == before
+    EmbeddingCache(tmp_path / "cache")  # outside a dry run the cache removes it, as before
+    assert not leftover.exists()
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
