@@ -53,7 +53,7 @@ from .files import (
     remove_stale_temp_files,
     temp_name,
 )
-from .models import ModelSource, resolve_device, resolve_model
+from .models import ModelSource, cache_writes_allowed, resolve_device, resolve_model
 from .settings import resolve_cache_dir
 from .tasks import TaskData, TaskError, load_task
 from .validation import check_int
@@ -282,7 +282,8 @@ class EmbeddingCache:
     def __init__(self, cache_dir: Optional[PathLike] = None, *, verify: bool = True) -> None:
         self.cache_dir = resolve_cache_dir(cache_dir)
         self.verify = verify
-        self._remove_stale_temp_files()
+        if cache_writes_allowed():  # checks and dry runs leave even dead writers' leftovers to the next run
+            self._remove_stale_temp_files()
         self._embedders: Dict[tuple, LayerEmbedder] = {}
         self._sources: Dict[str, ModelSource] = {}
 

@@ -21,6 +21,9 @@ measures, on the **validation** split (never test):
   takes away from that evidence; ablation is the exact, non-local effect on
   the score. Where the two disagree the model is far from linear in that layer.
 
+A tagging study is measured the same way over its validation words (:func:`attribute_word_layers`): the
+layer at its training mean in every word, the word accuracy lost, and each word's centred gold-tag logit.
+
 Both are reported as mean +- std over the final seeds, next to the per-layer
 probe score of the study's best-layer sibling (the same model, task and data
 options; its best trial's ``layer_scores``, which the report plots). The result
@@ -50,6 +53,7 @@ __all__ = [
     "EXPLAIN_FORMATS",
     "LayerAttribution",
     "attribute_layers",
+    "attribute_word_layers",
     "explain_study",
     "explanation_is_current",
     "stored_explanation",
@@ -175,6 +179,8 @@ def attribute_layers(
 
     from .engine import METRICS, evaluate
 
+    if model.task_kind == "tagging":
+        return attribute_word_layers(model, train_features, features, labels, metric=metric)
     metric = metric or METRICS[model.task_kind][0]
     device = next(model.parameters()).device
     baseline = _mean_features(torch.as_tensor(train_features))
@@ -204,6 +210,63 @@ def attribute_layers(
     finally:
         model.train(was_training)
     return score, drops, (totals / features.shape[0]).tolist()
+
+
+def _word_gold_evidence(logits: Any, gold: Any) -> Any:
+    """Per word of a ``(B, T, C)`` block, its gold tag's logit minus the mean logit (as for classification)."""
+    return logits.gather(-1, gold.unsqueeze(-1)).squeeze(-1) - logits.mean(-1)
+
+
+def attribute_word_layers(
+    model: Any, train_words: Any, words: Any, labels: Any, *, metric: str | None = None
+) -> tuple[float, list[float], list[float]]:
+    """:func:`attribute_layers` for a :class:`~ilge_search.engine.TaggerModel`, over the word rows of a
+    tagging set.
+
+    ``train_words`` and ``words`` are word cache entries or ``(word features (W, L, D), sentence offsets)``;
+    ``labels`` one tag id per word. The ablation puts a layer of every word at its training mean (a
+    sentence's graph sees all its words ablated at once); gradient x input is the centred gold logit of each
+    word, averaged over words. The set is read one batch of equal-length sentences at a time, so a
+    memory-mapped entry is never copied whole.
+    """
+    import torch
+
+    from .engine.metrics import class_metrics
+    from .engine.tokens import EVAL_BATCH_NODES, as_word_set, sentence_batches
+
+    metric = metric or "accuracy"
+    baseline = _mean_features(as_word_set(train_words, None, "train").features)
+    checked = as_word_set(words, labels, EXPLAIN_SPLIT)
+    assert checked.labels is not None
+    device = next(model.parameters()).device
+    baseline = baseline.to(device)
+    num_layers = int(checked.features.shape[1])
+    # row 0: the model as trained; row 1 + l: layer l at its training mean
+    logits = torch.empty(num_layers + 1, checked.num_words, int(model.head.out_features))
+    totals = torch.zeros(num_layers, dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        for sentences in sentence_batches(checked.lengths, checked.num_words, EVAL_BATCH_NODES, num_layers):
+            block, rows = checked.gather(sentences)
+            at = torch.from_numpy(rows)
+            x = block.to(device=device, dtype=torch.float32)
+            with torch.no_grad():
+                for layer in range(num_layers):
+                    ablated = x.clone()
+                    ablated[..., layer, :] = baseline[layer]
+                    logits[layer + 1, at] = model(ablated).reshape(len(rows), -1).float().cpu()
+            x.requires_grad_(True)
+            out = model(x)
+            logits[0, at] = out.detach().reshape(len(rows), -1).float().cpu()
+            gold = checked.labels[at].to(device).view(out.shape[:2])
+            (grad,) = torch.autograd.grad(_word_gold_evidence(out, gold).sum(), x)
+            totals += (grad * (x.detach() - baseline)).sum(-1).reshape(-1, num_layers).sum(0).double().cpu()
+    finally:
+        model.train(was_training)
+    score = float(class_metrics(logits[0], checked.labels)[metric])
+    drops = [score - float(class_metrics(logits[1 + layer], checked.labels)[metric]) for layer in range(num_layers)]
+    return score, drops, (totals / checked.num_words).tolist()
 
 
 # ----------------------------------------------------------------------------- studies

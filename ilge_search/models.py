@@ -52,8 +52,11 @@ __all__ = [
     "MODEL_ALIASES",
     "resolve_model",
     "materialize_model",
+    "pending_conversion",
+    "conversion_bytes",
     "load_model_and_tokenizer",
     "weights_memo_read_only",
+    "cache_writes_allowed",
     "check_tokenizer",
     "TOKENIZER_FILES",
     "resolve_device",
@@ -299,18 +302,24 @@ def _memo_path(cache_dir: Optional[PathLike]) -> Path:
     return resolve_cache_dir(cache_dir) / "models" / "file-hashes.json"
 
 
-_MEMO_WRITES: contextvars.ContextVar[bool] = contextvars.ContextVar("ilge_weights_memo_writes", default=True)
+_CACHE_WRITES: contextvars.ContextVar[bool] = contextvars.ContextVar("ilge_cache_writes", default=True)
 
 
 @contextlib.contextmanager
 def weights_memo_read_only() -> Iterator[None]:
-    """Inside the block, weights hashes are read from the memo but never written to it (a run's checks and a
-    dry run create nothing in the cache folder)."""
-    token = _MEMO_WRITES.set(False)
+    """Inside the block, weights hashes are read from the memo but never written to it, and a GGUF file not
+    yet converted is never converted (:func:`materialize_model` refuses): a run's checks and a dry run create
+    nothing in the cache folder."""
+    token = _CACHE_WRITES.set(False)
     try:
         yield
     finally:
-        _MEMO_WRITES.reset(token)
+        _CACHE_WRITES.reset(token)
+
+
+def cache_writes_allowed() -> bool:
+    """``False`` inside :func:`weights_memo_read_only`: whatever runs there leaves the cache folder as it is."""
+    return _CACHE_WRITES.get()
 
 
 def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
@@ -332,7 +341,7 @@ def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
     if known and all(known.get(k) == v for k, v in stamp.items()):
         return known["sha256"]
     digest = _sha256_file(path)  # raises on I/O errors: never a made-up key
-    if not _MEMO_WRITES.get():
+    if not _CACHE_WRITES.get():
         return digest
     try:
         memo_file.parent.mkdir(parents=True, exist_ok=True)
@@ -646,17 +655,34 @@ def _converted_ok(source: ModelSource, target: Path) -> bool:
     return recorded.get("revision") == source.revision and (target / "config.json").is_file()
 
 
+def pending_conversion(source: ModelSource) -> bool:
+    """Whether loading ``source`` would first write its converted folder (a GGUF file not dequantised yet)."""
+    return source.gguf_file is not None and not _converted_ok(source, Path(source.path))
+
+
+def conversion_bytes(source: ModelSource) -> Optional[float]:
+    """About what the conversion of a GGUF source writes (float32 weights of a model in the table), else ``None``."""
+    known = known_model(source.name)
+    return None if known is None else 4.0 * known.num_params
+
+
 def materialize_model(source: ModelSource) -> ModelSource:
     """Make sure ``source.path`` exists: a GGUF source is dequantised once into its folder.
 
     The conversion runs under a file lock (a second process waits, then reuses the
-    folder) and writes to a temporary folder that is renamed into place.
+    folder) and writes to a temporary folder that is renamed into place. Inside
+    :func:`weights_memo_read_only` it is refused (:class:`ModelLoadError`).
     """
     if source.gguf_file is None:
         return source
     target = Path(source.path)
     if _converted_ok(source, target):
         return source
+    if not _CACHE_WRITES.get():
+        raise ModelLoadError(
+            f"model {source.name!r} is a GGUF file not converted yet, and checks and dry runs write nothing; "
+            f"a real run dequantises it once into {target}"
+        )
     from filelock import FileLock
     from tqdm.auto import tqdm
 

@@ -31,4 +31,4 @@ for model in minilm-l6 smollm2-135m; do
     --data-dir "$DATA" --quiet 2>&1 || echo "   failed: $study"
 done
 python -c "import sys; from pathlib import Path; from ilge_search.report.ensembles import write_ensemble_page as w; \
-print(w(sys.argv[1], Path(sys.argv[2])))" "sqlite:///$DB" reports/ensembles
+print(w(sys.argv[1], Path(sys.argv[2]), force=True))" "sqlite:///$DB" reports/ensembles

@@ -83,4 +83,4 @@ for size in ${SIZES:-500 2000}; do
   done
 done
 python -c "import sys; from ilge_search.report.warmstart import write_warmstart_page as w; \
-print(w(sys.argv[1:3], sys.argv[3]))" "sqlite:///$DB8" "sqlite:///$DB16" reports/warmstart.md
+print(w(sys.argv[1:3], sys.argv[3], force=True))" "sqlite:///$DB8" "sqlite:///$DB16" reports/warmstart.md

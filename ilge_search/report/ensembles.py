@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..files import check_output_path, write_output_text
 from ..record import EnsembleRecord, ensemble_record, study_record
 from ..scores import score_unit
 
@@ -197,12 +198,17 @@ def draw_ensemble_figure(frame: Any, path: Path) -> bool:
     return True
 
 
-def write_ensemble_page(storage_url: str, stem: Path) -> Path:
-    """``STEM.md`` (table and sentences) and ``STEM-vs-k.png`` from the ensemble evaluations in a storage."""
+def write_ensemble_page(storage_url: str, stem: Path, *, force: bool = False) -> Path:
+    """``STEM.md`` (table and sentences) and ``STEM-vs-k.png`` from the ensemble evaluations in a storage.
+
+    Both paths obey the output rule (:func:`~ilge_search.files.check_output_path`) before the storage is read:
+    an existing or git-tracked file is replaced only with ``force``."""
     from ..storage import open_storage
 
+    stem = Path(stem).expanduser()
+    out = check_output_path(stem.parent / f"{stem.name}.md", force=force, option="stem")
+    figure = check_output_path(stem.parent / f"{stem.name}-vs-k.png", force=force, option="stem")
     frame = ensemble_frame(open_storage(storage_url, must_exist=True).study_summaries())
-    figure = stem.parent / f"{stem.name}-vs-k.png"
     drawn = draw_ensemble_figure(frame, figure)
     header, rows = ensemble_rows(frame)
     lines = ["# Ensembles of a study's trials (measured)", "", ENSEMBLE_NOTE, ""]
@@ -219,6 +225,4 @@ def write_ensemble_page(storage_url: str, stem: Path) -> Path:
     lines += [f"- {sentence}" for sentence in ensemble_sentences(frame)] + [""]
     if drawn:
         lines += [f"![test minus selected trial against K]({figure.name})", ""]
-    out = stem.parent / f"{stem.name}.md"
-    out.write_text("\n".join(lines), encoding="utf-8")
-    return out
+    return write_output_text(out, "\n".join(lines))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configs import ENCODER_FAMILIES
+from ..files import check_output_path, write_output_text
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
 from ..scores import score_unit
 
@@ -256,13 +257,20 @@ def summary_lines(rows: Sequence[WarmRow], *, max_train: int = 500, trials: int 
 
 
 def write_warmstart_page(
-    storage_url: str | Sequence[str], out: str | Path, budgets: Sequence[int] = WARMSTART_BUDGETS
+    storage_url: str | Sequence[str],
+    out: str | Path,
+    budgets: Sequence[int] = WARMSTART_BUDGETS,
+    *,
+    force: bool = False,
 ) -> Path:
     """Write the warm-start page (``reports/warmstart.md``) from the searches stored in ``storage_url`` (one URL or
     several); trains nothing and writes nothing to the storages. The path written.
 
-    Only searches whose finished trials equal one of ``budgets`` are shown: a search stopped part of the way to
-    its budget is listed by name as still running, since its final evaluation belongs to fewer trials."""
+    ``out`` obeys the output rule (:func:`~ilge_search.files.check_output_path`) before any storage is read: an
+    existing or git-tracked file is replaced only with ``force``. Only searches whose finished trials equal one
+    of ``budgets`` are shown: a search stopped part of the way to its budget is listed by name as still running,
+    since its final evaluation belongs to fewer trials."""
+    path = check_output_path(out, force=force)
     every = warmstart_rows(storage_url)
     rows = [r for r in every if r.trials in budgets]
     running = [r for r in every if r.trials not in budgets]
@@ -297,7 +305,4 @@ def write_warmstart_page(
             f"Not shown, short of a budget of {' or '.join(map(str, budgets))} trials: {names}.",
             "",
         ]
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    return write_output_text(path, "\n".join(lines))

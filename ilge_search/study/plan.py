@@ -92,6 +92,7 @@ WORKER_START_SECONDS = 10.0  # a spawned worker imports torch and reads the cach
 _PRIOR_TRAIN_SECONDS = 5e-7
 _PRIOR_EXTRACT_SECONDS = 1e-9
 _UNKNOWN_MODEL = (33, 4096, 8e9)  # layers, width and parameters assumed for a model outside the table
+_UNTIMED = "with the extraction estimated, not timed (see the note)"
 
 
 @dataclass
@@ -427,6 +428,7 @@ class RunPlan:
     hidden_size: Optional[int] = None
     texts_to_embed: int = 0
     extraction_seconds: float = 0.0
+    extraction_timed: bool = True
     seconds: float = math.nan
     calibration: str = "not measured"
     calibration_seconds: float = 0.0
@@ -751,10 +753,8 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
             )
             for name in rows
         }
-        how = (
-            f"random features of the model's shape after timing {EXTRACTION_SAMPLE} texts' extraction "
-            f"({plan.texts_to_embed} texts to embed)"
-        )
+        timing = f"after timing {EXTRACTION_SAMPLE} texts' extraction" if plan.extraction_timed else _UNTIMED
+        how = f"random features of the model's shape {timing} ({plan.texts_to_embed} texts to embed)"
     if not plan.cached.get("test", True):
         how += f"; test split to embed ({len(check.task_data.splits['test'])} rows)"
     return parts["train"], parts["validation"], how
@@ -762,11 +762,15 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
 
 def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> Tuple[int, int]:
     """Load the model, embed a seeded sample of the texts to embed; set ``plan.extraction_seconds``.
-    Returns the model's layers and width."""
+    Returns the model's layers and width. A GGUF model not converted yet is not loaded (that would write
+    its converted folder): its extraction is estimated instead."""
     import random
 
     from ..extraction import LayerEmbedder
+    from ..models import pending_conversion
 
+    if check.spec.source is not None and pending_conversion(check.spec.source):
+        return _estimate_extraction(check, plan)
     texts = [text for name, hit in plan.cached.items() if not hit for text in check.task_data.splits[name].flat_texts()]
     sample = random.Random(0).sample(texts, min(EXTRACTION_SAMPLE, len(texts)))
     embedder = LayerEmbedder(check.spec.model_or_source, device=check.spec.device, cache_dir=check.spec.cache_dir)
@@ -833,3 +837,26 @@ def _time_config(
     )
     per_epoch = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     return max(0.0, stamps[0] - started - per_epoch), per_epoch * scale
+
+
+def _estimate_extraction(check: RunCheck, plan: RunPlan) -> Tuple[int, int]:
+    """The extraction of a model that cannot be loaded without writing, from the model table's size and the
+    prior rate per parameter; says so in a note, with what the real run would write. Returns layers and width."""
+    from ..files import format_bytes
+    from ..models import conversion_bytes, known_model
+
+    assert check.spec.source is not None
+    layers, width, params = _dims(check)
+    plan.extraction_seconds = plan.texts_to_embed * params * _PRIOR_EXTRACT_SECONDS
+    plan.extraction_timed = False
+    shape = (
+        "the model table" if known_model(check.model) else f"an assumed {layers} layers x {width} (not in the table)"
+    )
+    written = conversion_bytes(check.spec.source)
+    size = f"about {format_bytes(written)}" if written else "float32 weights, about 4 bytes per parameter"
+    plan.notes.append(
+        f"the model is a GGUF file not converted yet and a dry run writes nothing, so the extraction time is "
+        f"estimated from {shape}, not measured; the run itself first dequantises it once into "
+        f"{check.spec.source.path} ({size})"
+    )
+    return layers, width

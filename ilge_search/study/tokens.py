@@ -105,5 +105,6 @@ def tagging_calibration_data(
         words = int(offsets[-1])
         features = torch.randn((words, layers, width), generator=generator).half()
         parts[name] = ((features, offsets), torch.from_numpy(np.asarray(split.labels[:words], dtype=np.int64)))
-    how = f"random word vectors of the model's shape after timing the extraction ({plan.texts_to_embed} sentences)"
+    timing = "after timing the extraction" if plan.extraction_timed else "with the extraction estimated, not timed"
+    how = f"random word vectors of the model's shape {timing} ({plan.texts_to_embed} sentences)"
     return parts["train"], parts["validation"], how

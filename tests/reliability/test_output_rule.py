@@ -307,3 +307,116 @@ def test_explain_writes_into_a_missing_folder_and_force_replaces(setup, tmp_path
     assert "git tracks" in one_line_error(CliRunner().invoke(cli, args))
     assert CliRunner().invoke(cli, [*args, "--force"]).exit_code == 0  # a committed file, replaced on purpose
     assert (repo / "layers.csv").read_text() == "layer,score\n0,1\n"
+
+
+# ----------------------------------------------------------------------------- the page writers of reports/*.sh
+
+
+@dataclass(frozen=True)
+class PageWriter:
+    """A library function writing a page the scripts in reports/ commit: how to call it on a target ``.md`` (with
+    ``force``), and the step that reads the storage, which its check must come before."""
+
+    name: str
+    write: Callable[[Path, Setup, bool], Path]
+    spy: tuple[str, str]
+
+
+def _ensemble_page(target: Path, setup: Setup, force: bool) -> Path:
+    from ilge_search.report.ensembles import write_ensemble_page
+
+    return write_ensemble_page(setup.url, target.with_suffix(""), force=force)  # writes STEM.md and STEM-vs-k.png
+
+
+def _warmstart_page(target: Path, setup: Setup, force: bool) -> Path:
+    from ilge_search.report.warmstart import write_warmstart_page
+
+    return write_warmstart_page(setup.url, target, force=force)
+
+
+PAGE_WRITERS = [
+    PageWriter("write_ensemble_page", _ensemble_page, ("ilge_search.storage", "open_storage")),
+    PageWriter("write_warmstart_page", _warmstart_page, ("ilge_search.report.warmstart", "warmstart_rows")),
+]
+PAGE_IDS = [writer.name for writer in PAGE_WRITERS]
+
+
+@pytest.fixture()
+def pages_spied(monkeypatch):
+    """Each page writer's storage read fails with :class:`ExpensiveWork`; returns the calls."""
+    calls: list[str] = []
+    for writer in PAGE_WRITERS:
+
+        def spy(*args, _name=writer.name, **kwargs):
+            calls.append(_name)
+            raise ExpensiveWork(_name)
+
+        monkeypatch.setattr(_resolve(writer.spy[0]), writer.spy[1], spy)
+    return calls
+
+
+def page_refused(writer: PageWriter, target: Path, setup: Setup, spied: list[str], watched: Path) -> str:
+    """Call ``writer`` on ``target``; it must refuse with a one-line ``ValueError`` before reading the storage,
+    leaving ``watched`` as it was. Returns the message."""
+    before = tree(watched)
+    with pytest.raises(ValueError) as caught:
+        writer.write(target, setup, False)
+    assert spied == [], f"{writer.name}: the storage was read before the refusal"
+    assert tree(watched) == before, f"{writer.name}: the refusal changed or created files"
+    assert "\n" not in str(caught.value)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("writer", PAGE_WRITERS, ids=PAGE_IDS)
+def test_a_page_writer_refuses_an_existing_file(writer, setup, pages_spied, tmp_path):
+    """Before: both replaced any file at their path."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "out.md").write_text("mine")
+    line = page_refused(writer, work / "out.md", setup, pages_spied, work)
+    assert f"{work / 'out.md'} exists" in line and "force" in line
+
+
+def test_the_ensemble_page_refuses_an_existing_figure_beside_it(setup, pages_spied, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "out-vs-k.png").write_bytes(b"someone's figure")
+    line = page_refused(PAGE_WRITERS[0], work / "out.md", setup, pages_spied, work)
+    assert f"{work / 'out-vs-k.png'} exists" in line
+
+
+@pytest.mark.parametrize("writer", PAGE_WRITERS, ids=PAGE_IDS)
+def test_a_page_writer_refuses_a_git_tracked_file_without_force(writer, setup, pages_spied, tmp_path):
+    repo = tmp_path / "repo"
+    git_repo(repo, "out.md")
+    line = page_refused(writer, repo / "out.md", setup, pages_spied, repo)
+    assert "git tracks" in line and "--force" in line
+
+
+@pytest.mark.parametrize("writer", PAGE_WRITERS, ids=PAGE_IDS)
+def test_a_page_writer_refuses_a_folder_that_cannot_be_made_or_written(writer, setup, pages_spied, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "blocker").write_text("a file where a folder would have to be")
+    line = page_refused(writer, work / "blocker" / "sub" / "out.md", setup, pages_spied, work)
+    assert "cannot be made" in line and f"{work / 'blocker'} is a file" in line
+    with tmpfs(tmp_path / "ro", "1m") as folder:
+        remount_read_only(folder)
+        line = page_refused(writer, folder / "out.md", setup, pages_spied, folder)
+    assert "not writable" in line and "Read-only file system" in line
+
+
+@pytest.mark.parametrize("writer", PAGE_WRITERS, ids=PAGE_IDS)
+def test_a_page_writer_makes_a_missing_folder_only_when_it_writes(writer, setup, pages_spied, tmp_path):
+    with pytest.raises(ExpensiveWork):
+        writer.write(tmp_path / "new" / "deeper" / "out.md", setup, False)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("writer", PAGE_WRITERS, ids=PAGE_IDS)
+def test_a_page_writer_writes_a_new_page_and_force_replaces_a_committed_one(writer, setup, tmp_path):
+    written = writer.write(tmp_path / "new" / "out.md", setup, False)
+    assert written == tmp_path / "new" / "out.md" and written.read_text().startswith("# ")
+    repo = tmp_path / "repo"
+    git_repo(repo, "out.md")
+    assert writer.write(repo / "out.md", setup, True).read_text().startswith("# ")  # replaced on purpose
