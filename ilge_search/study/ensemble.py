@@ -703,4 +703,9 @@ def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
         f"{record.latency_ms or 0:.2f} ms per 1,000 samples (one member: {record.single_latency_ms or 0:.2f} ms); "
         f"mix: {record.mix}"
     )
+    if record.reused:
+        cost += f"; not retrained (the final evaluation's models): trial(s) {', '.join(map(str, record.reused))}"
+    if record.left_out:
+        slow = ", ".join(f"{n} ({seconds:.0f} s)" for n, seconds in record.left_out.items())
+        cost += f"; left out for their search time (over {SLOW_MEMBER_FACTOR:g}x the median trial): {slow}"
     return f"{table}\n{cost}"

@@ -129,6 +129,11 @@ def test_the_ensemble_reuses_the_final_evaluations_models_instead_of_retraining_
     # each member the final evaluation did not train costs one training per seed; the reused ones nothing
     assert exported["calls"].count("ilge_search.study.ensemble") == 2 * len(retrained_here)
     assert record.left_out == {} or all(int(n) not in members for n in record.left_out)
+    from ilge_search.study.ensemble import format_ensemble
+
+    assert f"not retrained (the final evaluation's models): trial(s) {', '.join(map(str, record.reused))}" in (
+        format_ensemble(record)
+    )
 
 
 @pytest.mark.slow  # the module fixture runs one small study with an ensemble (about 20 s on 2 cores)
