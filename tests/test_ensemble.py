@@ -334,7 +334,7 @@ def test_studies_tables_notes_and_the_report_show_the_ensemble(ensembled, tmp_pa
     assert rows[ensembled["trec"]]["ensemble_k"] == 3
     assert rows[ensembled["trec"]]["ensemble_test_mean"] == pytest.approx(stored.ensemble.test_mean)
     table = format_results([study_result(study)])
-    assert "ensemble test (K, vs selected)" in table and f"{stored.ensemble.test_mean:.4f}" in table
+    assert "ensemble test (picks, vs selected)" in table and f"{stored.ensemble.test_mean:.4f}" in table
     note = write_study_note(study)
     assert "### Ensembles" in note and "| K = 3 |" in note
     frame = ensemble_frame([study])

@@ -119,7 +119,8 @@ def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
     out = tmp_path / "trec-cayley"
     result = _export(studies, studies["trec-cayley"], out)
     assert "final evaluation model of trial" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["ilge_classifier.json", "model.safetensors"]
+    # the model card (README.md) beside the two files ILGEClassifier.load reads
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "ilge_classifier.json", "model.safetensors"]
 
     attrs = _study(studies, studies["trec-cayley"]).user_attrs
     seed = attrs["final_artifact_seed"]

@@ -68,8 +68,10 @@ def test_a_cold_cache_is_timed_by_extracting_a_few_texts_and_nothing_is_written(
         4,
         2,
     )
-    # 3 trials, 1 at a time, then 1 final seed for the selected trial and 1 for the start configuration
-    assert study.seconds == pytest.approx(5 * study.trial_seconds)
+    # 3 trials, 1 at a time, then 1 final seed for the selected trial and 1 for the start configuration, and the
+    # default ensemble's 2 members beyond the selected trial (whose final model it reuses), 1 seed each
+    assert study.ensemble_runs == 2
+    assert study.seconds == pytest.approx(7 * study.trial_seconds)
     assert not db.exists() and not (tmp_path / "artifacts").exists()
     assert EmbeddingCache(cache).ls() == []  # measured, never stored
 
@@ -190,7 +192,7 @@ def test_run_dry_run_prints_the_plan_and_creates_nothing(tmp_path, warm, no_mode
     rows = {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines() if line.startswith("  ")}
     for encoder in ("cayley", "last-layer"):
         assert rows[f"{warm.model}:trec:{encoder}:train240:eval100:ep4"].startswith(
-            "new; +4 trials x up to 4 epochs, final 6 retrainings ~"
+            "new; +4 trials x up to 4 epochs, final 6 retrainings, ensemble up to 9 retrainings ~"
         ), out
     assert "estimated wall time" in out and not db.exists()
 

@@ -198,6 +198,8 @@ def test_export_then_predict_tags_one_tag_per_word(setup, results, tmp_path):
     # the tiny model's folder lies outside the export: it is followed only when given again
     tagger = ILGETagger.load(out, cache_dir=setup["cache"], device="cpu", base_model=setup["model"])
     assert tagger.provenance_["study"] == study and tagger.provenance_["source"] == "final evaluation"
+    card = (out / "README.md").read_text(encoding="utf-8")  # the model card, which load ignores
+    assert "pipeline_tag: token-classification" in card and "ILGETagger.load(" in card
     # the exported weights are the final seed's: scoring the test split gives that seed's stored test score
     test = [json.loads(line) for line in Path(setup["task"], "test.jsonl").read_text().splitlines()]
     score = tagger.score([r["tokens"] for r in test], [r["tags"] for r in test])

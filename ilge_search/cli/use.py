@@ -89,6 +89,7 @@ def export_command(
     from ..study.export import study_task_kind
 
     check_output_folder(out_dir, force=force)  # before the study is read: a refused --out costs nothing
+    check_card_path(out_dir, force=force)
     tagging = study_task_kind(storage, study_name) == "tagging"
     if ensemble and (tagging or retrain or trial_number is not None):
         raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
@@ -121,23 +122,78 @@ def export_command(
         clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
     else:
         clf.save(out_dir, overwrite=force)
+    write_card(out_dir, clf, tagging)
     p = clf.provenance_
     if ensemble:
         members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
         test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
-        click.echo(f"exported the ensemble of study {p['study']} to {out_dir}: {members}, seed {p['seed']}{test}")
+        click.echo(
+            f"exported the ensemble of study {p['study']} to {out_dir}: {p.get('picks') or 'members'}: {members}, "
+            f"seed {p['seed']}{test}"
+        )
+    else:
+        test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
+        click.echo(
+            f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
+            f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {clf.base_model}"
+        )
+    click.echo(seed_line(p))
+    if ensemble:
         return
-    test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
-    click.echo(
-        f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
-        f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {clf.base_model}"
-    )
     if p.get("selected_trial_now", p["trial"]) != p["trial"]:
         click.echo(
             f"note: the study's selected trial is now {p['selected_trial_now']}; rerun its final evaluation "
             "(`ilge-search run ... --n-trials 0`) or pass --retrain to export that one",
             err=True,
         )
+
+
+def check_card_path(out_dir: str, *, force: bool) -> None:
+    """Refuse, before any work, a README.md in ``out_dir`` that no export wrote (a card is replaced; a README
+    someone wrote only with --force)."""
+    from pathlib import Path
+
+    from ..study.card import CARD_FILE, is_model_card
+
+    card = Path(out_dir).expanduser() / CARD_FILE
+    if force or not card.is_file():
+        return
+    try:
+        ours = is_model_card(card.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise ValueError(
+            f"{card} exists and is not a model card an export wrote; pass another --out, or --force to replace it"
+        )
+
+
+def write_card(out_dir: str, clf: Any, tagging: bool) -> None:
+    """Write the export's model card (README.md with the Hugging Face metadata block) beside the weights."""
+    from pathlib import Path
+
+    from ..files import write_output_text
+    from ..models import canonical_model_name
+    from ..study.card import CARD_FILE, ExportedModel, model_card
+
+    model = ExportedModel(
+        task_kind="tagging" if tagging else getattr(clf, "task_kind_", "classification"),
+        base_model=canonical_model_name(clf.base_model) or str(clf.base_model),
+        labels=[str(label) for label in getattr(clf, "classes_", [])],
+        loader="ILGETagger" if tagging else "ILGEClassifier",
+        provenance=clf.provenance_,
+    )
+    write_output_text(Path(out_dir).expanduser() / CARD_FILE, model_card(model))
+
+
+def seed_line(p: dict[str, Any]) -> str:
+    """Which seed the export took and why, beside the test mean over the final seeds that the tables show."""
+    line = f"seed {p['seed']}: {p.get('seed_rule') or 'as stored'}"
+    if p.get("final_seeds"):
+        line += f" among the final seeds {p['final_seeds']}"
+    if p.get("test_mean") is not None:
+        line += f"; the study's tables show the test mean over them, {p['test_mean']:.4f}"
+    return line
 
 
 @cli.command("predict")

@@ -81,6 +81,14 @@ class EnsembleSize:
     def finite_test_mean(self) -> float | None:
         return self.test_mean if math.isfinite(self.test_mean) else None
 
+    def describe(self) -> str:
+        """What the ensemble is, in words: ``5 picks (4 distinct trials, trial 3 twice)``."""
+        repeated = [(n, c) for n, c in self.members.items() if c > 1]
+        times = ", ".join(f"trial {n} " + ("twice" if c == 2 else f"{c} times") for n, c in repeated)
+        distinct = f"{self.n_members} distinct trial{'s' if self.n_members != 1 else ''}"
+        picks = f"{self.size} pick{'s' if self.size != 1 else ''}"
+        return f"{picks} ({distinct}{', ' + times if times else ''})"
+
 
 @dataclass(frozen=True)
 class EnsembleRecord:
@@ -100,7 +108,10 @@ class EnsembleRecord:
     validation (``artifact_seed``); ``prediction_seed`` the training seed of the
     trials' validation predictions; ``mix`` says how members are combined;
     ``candidates`` the complete trials the selection chose from (``None`` in
-    evaluations stored before it was recorded).
+    evaluations stored before it was recorded); ``left_out`` those of them kept
+    out of the selection for their cost (trial -> the seconds its search trial
+    took); ``reused`` the members whose models came from the final evaluation
+    run just before (not trained again).
     """
 
     VERSION: ClassVar[int] = 1
@@ -125,6 +136,8 @@ class EnsembleRecord:
     prediction_seed: int = 0
     mix: str = ""
     candidates: list[int] | None = None
+    left_out: dict[str, float] = field(default_factory=dict)
+    reused: list[int] = field(default_factory=list)
     version: int = 1
 
     @classmethod

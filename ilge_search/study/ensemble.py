@@ -85,6 +85,12 @@ MIX_RULE = {
     "similarity": "mean of the members' predicted cosine similarities",
 }
 ENSEMBLE_SIZES = (1, 3, 5, 10)  # what the committed measurement compares
+# A candidate whose search trial took over this many times the median trial is left out of the selection:
+# retraining it once per final seed would cost more than the rest of the ensemble (the demo's one 3-layer
+# GAT took 46 s a seed against about 4 s for the others), for an ensemble that other members make as well.
+# Trials run side by side with --workers share the cores, which narrows their time ratios (a loaded demo
+# run measured a 3-layer GCN of width 512 at 3.7 times the median), hence a factor well below that 11.
+SLOW_MEMBER_FACTOR = 3.0
 
 
 # ----------------------------------------------------------------------------- the pure-numpy core
@@ -247,6 +253,9 @@ class EnsembleRun:
     device: str = "cpu"
     artifact_store: Any = None
     progress: bool = True
+    # models the final evaluation trained with these seeds (trial -> seed -> (model, seconds)): not trained again
+    reuse: Mapping[int, Mapping[int, tuple[Any, float]]] = field(default_factory=dict)
+    slow_factor: float | None = SLOW_MEMBER_FACTOR  # None: every complete trial is a candidate
 
     @property
     def all_sizes(self) -> list[int]:
@@ -314,27 +323,33 @@ class _Trained:
     seconds: dict[int, float] = field(default_factory=dict)
 
 
-def _retrain(config: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
+def _retrain(trial: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
+    """``trial``'s configuration trained with each final seed: the final evaluation's model where it trained
+    that one (the same configuration, seed and data train to the same weights), else trained here."""
     from tqdm.auto import tqdm
 
     from ..engine import train_encoder
 
     out = _Trained()
+    reused = run.reuse.get(trial.number, {})
     for seed in tqdm(run.seeds, desc=f"ensemble {label}", disable=not run.progress, leave=False):
-        started = time.perf_counter()
-        result = train_encoder(
-            config,
-            data.train,
-            data.validation,
-            task_kind=data.task_kind,
-            num_classes=data.num_classes,
-            seed=seed,
-            device=run.device,
-        )
-        out.seconds[seed] = time.perf_counter() - started
-        out.models[seed] = result.model
-        out.validation[seed] = predictions_of(result.model, data.validation[0])
-        out.test[seed] = predictions_of(result.model, data.test_split()[0])
+        if seed in reused:
+            out.models[seed], out.seconds[seed] = reused[seed]
+        else:
+            started = time.perf_counter()
+            result = train_encoder(
+                trial_config(trial),
+                data.train,
+                data.validation,
+                task_kind=data.task_kind,
+                num_classes=data.num_classes,
+                seed=seed,
+                device=run.device,
+            )
+            out.seconds[seed] = time.perf_counter() - started
+            out.models[seed] = result.model
+        out.validation[seed] = predictions_of(out.models[seed], data.validation[0])
+        out.test[seed] = predictions_of(out.models[seed], data.test_split()[0])
     return out
 
 
@@ -391,8 +406,7 @@ def _single_scores(
     numbers = [selected] + ([] if start is None else [start.number])
     for number in numbers:
         if number not in trained:
-            trial = next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-            trained[number] = _retrain(trial_config(trial), data, run, f"trial {number}")
+            trained[number] = _retrain(_trial(study, number), data, run, f"trial {number}")
 
     def scores(number: int) -> list[float]:
         return [_test_score(trained[number].test[seed], data) for seed in run.seeds]
@@ -438,12 +452,43 @@ def _size_scores(
     )
 
 
-def _greedy(study: Any, data: StudyData, run: EnsembleRun) -> tuple[list[int], dict[int, float], list[int]]:
-    """The picks of the largest size (trial numbers), the validation score of each prefix size, and the
-    complete trials chosen from."""
+def _trial_seconds(trials: Sequence[Any]) -> dict[int, float]:
+    """Trial number -> the seconds its search trial took, for the trials that recorded them."""
+    return {t.number: float(s) for t in trials if (s := trial_record(t).seconds) is not None and s > 0}
+
+
+def slow_trials(study: Any, trials: Sequence[Any], run: EnsembleRun) -> dict[int, float]:
+    """The ``trials`` left out of the selection for their cost (trial -> its search seconds): those that took
+    over ``run.slow_factor`` times the median trial. The selected trial and the start are kept: the final
+    evaluation trains them in any case."""
+    timed = _trial_seconds(trials)
+    if run.slow_factor is None or len(timed) < 3:
+        return {}
+    limit = run.slow_factor * statistics.median(timed.values())
+    start = start_trial(study)
+    kept = {select_trial(study, run.select).number, None if start is None else start.number}
+    return {n: seconds for n, seconds in timed.items() if seconds > limit and n not in kept}
+
+
+def _greedy(
+    study: Any, data: StudyData, run: EnsembleRun
+) -> tuple[list[int], dict[int, float], list[int], dict[int, float]]:
+    """The picks of the largest size (trial numbers), the validation score of each prefix size, the
+    complete trials chosen from and those of them left out for their cost (trial -> search seconds)."""
     trials = _complete_trials(study)
     predictions = _validation_predictions(study, trials, run.artifact_store)
-    numbers = [t.number for t in trials if t.number in predictions]
+    slow = slow_trials(study, trials, run)
+    if slow:
+        logger.warning(
+            "%s: trial(s) %s left out of the ensemble: each took over %gx the median search trial (%s s), and "
+            "retraining it with %d seeds would cost more than the rest of the ensemble",
+            study.study_name,
+            ", ".join(f"{n} ({s:.0f} s)" for n, s in sorted(slow.items())),
+            run.slow_factor,
+            f"{statistics.median(_trial_seconds(trials).values()):.1f}",
+            len(run.seeds),
+        )
+    numbers = [t.number for t in trials if t.number in predictions and t.number not in slow]
     targets = np.asarray(data.validation[1])
     maximize = study_record(study).maximize
 
@@ -456,7 +501,7 @@ def _greedy(study: Any, data: StudyData, run: EnsembleRun) -> tuple[list[int], d
         size: score(mixed({n: predictions[n] for n in set(picks[:size])}, Counter(picks[:size])))
         for size in run.all_sizes
     }
-    return picks, val_scores, [t.number for t in trials]
+    return picks, val_scores, [t.number for t in trials], slow
 
 
 def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> EnsembleRecord:
@@ -471,11 +516,11 @@ def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> Ensemb
     backfill_predictions(
         study, data, run.artifact_store, seed=run.prediction_seed, device=run.device, progress=run.progress
     )
-    picks, val_scores, candidates = _greedy(study, data, run)
+    picks, val_scores, candidates, slow = _greedy(study, data, run)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     trained: dict[int, _Trained] = {}
     for number in dict.fromkeys(picks):
-        trained[number] = _retrain(trial_config(by_number[number]), data, run, f"member trial {number}")
+        trained[number] = _retrain(by_number[number], data, run, f"member trial {number}")
     selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
     sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
     asked = sizes[str(run.size)]
@@ -504,6 +549,8 @@ def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> Ensemb
         prediction_seed=run.prediction_seed,
         mix=MIX_RULE[data.task_kind],
         candidates=candidates,
+        reused=sorted(n for n in trained if set(run.seeds) <= set(run.reuse.get(n, {}))),
+        left_out={str(n): round(seconds, 3) for n, seconds in sorted(slow.items())},
     )
     save_ensemble(study, out)
     return out
@@ -668,4 +715,9 @@ def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
         f"{record.latency_ms or 0:.2f} ms per 1,000 samples (one member: {record.single_latency_ms or 0:.2f} ms); "
         f"mix: {record.mix}"
     )
+    if record.reused:
+        cost += f"; not retrained (the final evaluation's models): trial(s) {', '.join(map(str, record.reused))}"
+    if record.left_out:
+        slow = ", ".join(f"{n} ({seconds:.0f} s)" for n, seconds in record.left_out.items())
+        cost += f"; left out for their search time (over {SLOW_MEMBER_FACTOR:g}x the median trial): {slow}"
     return f"{table}\n{cost}"

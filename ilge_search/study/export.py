@@ -558,14 +558,32 @@ def load_study_model(
             test_score=None if paper else _seed_score(final, final.test_scores, trained_seed),
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
             selected_trial_now=selected_trial(study, final.select or DEFAULT_SELECT).number,
+            **_seed_choice(final, final.test_scores, paper),
         )
         config = config_from_dict(meta["config"])
     else:
         selected = selected_trial(study)
         model, val_score = _retrained(study, selected, how)
-        provenance.update(source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None)
+        provenance.update(
+            source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None, **RETRAINED
+        )
         config = trial_config(selected)
     return _study_model(record, model, config, provenance, source_record(study))
+
+
+# how the exported seed was chosen, as the provenance's ``seed_rule``
+BEST_SEED_RULE = "the final seed with the best validation score (test never chooses)"
+RETRAINED = {"seed_rule": "--seed: the trial retrained once (no final weights were used)", "final_seeds": []}
+
+
+def _seed_choice(final: FinalRecord, scores: list[float], paper: bool) -> dict[str, Any]:
+    """The provenance fields saying which seed an export takes and why: the rule, the final seeds it chose
+    among and their test mean (what the study's tables show; ``None`` under the paper protocol)."""
+    return {
+        "seed_rule": BEST_SEED_RULE,
+        "final_seeds": list(final.seeds),
+        "test_mean": None if paper or not scores else sum(scores) / len(scores),
+    }
 
 
 def _seed_score(final: FinalRecord, scores: list[float], seed: int) -> float | None:
@@ -614,10 +632,13 @@ def _trial_model(
             test_score=None if provenance["protocol"] == "paper" else _seed_score(final, scores, trained_seed),
             trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
             selected_trial_now=trial.number,
+            **_seed_choice(final, scores, provenance["protocol"] == "paper"),
         )
         return _study_model(record, model, config_from_dict(meta["config"]), provenance, source_record(study))
     model, val_score = _retrained(study, trial, how)
-    provenance.update(source="retrained", trial=trial.number, seed=how.seed, val_score=val_score, test_score=None)
+    provenance.update(
+        source="retrained", trial=trial.number, seed=how.seed, val_score=val_score, test_score=None, **RETRAINED
+    )
     return _study_model(record, model, trial_config(trial), provenance, source_record(study))
 
 
@@ -691,6 +712,10 @@ def load_study_ensemble(
         seed=int(meta["seed"]),
         trial=int(max(meta["ensemble"], key=lambda m: m["count"])["trial"]),
         test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, int(meta["seed"])),
+        seed_rule="the final seed whose ensemble has the best validation score (test never chooses)",
+        final_seeds=list(stored.seeds),
+        test_mean=None if ensemble is None else ensemble.test_mean,
+        picks=None if ensemble is None else ensemble.describe(),
         ilge_search_version=__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )

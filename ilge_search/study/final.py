@@ -60,6 +60,7 @@ import json
 import math
 import statistics
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,9 +95,11 @@ from .selection import (
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
-__all__ = ["final_is_current", "final_evaluation"]
+__all__ = ["FinalModels", "final_is_current", "final_evaluation"]
 
 ZeroShotData = Mapping[str, tuple[Any, Any]]  # task name -> (features, gold scores)
+# what a final evaluation trained, for the ensemble stage to reuse: trial -> seed -> (model, training seconds)
+FinalModels = dict[int, dict[int, tuple[Any, float]]]
 
 
 def final_is_current(
@@ -214,6 +217,7 @@ class _Scores:
     experiments: list[list[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
     macro_f1: list[float] = field(default_factory=list)  # tagging: each seed's macro-F1 over the test words
     best: tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
+    models: dict[int, tuple[Any, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
 
 
 def _paper_readout(
@@ -266,6 +270,7 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
         if untrained is not None:
             test, validation, zero, draws = untrained
         else:
+            started = time.perf_counter()
             result = train_encoder(
                 config,
                 data.train,
@@ -275,6 +280,7 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
                 seed=seed,
                 device=run.device,
             )
+            out.models[seed] = (result.model, time.perf_counter() - started)
             if result.best_val_metric > out.best[2]:  # the artifact is the best seed by validation, never by test
                 out.best = (result.model, seed, float(result.best_val_metric))
             if readout is not None:
@@ -299,14 +305,15 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
 
 def _start_scores(
     study: Any, record: StudyRecord, run: _Retraining, selected: Any, test_scores: list[float]
-) -> tuple[int | None, list[float] | None]:
+) -> tuple[int | None, list[float] | None, dict[int, tuple[Any, float]]]:
     """The starting configuration's test scores with the run's seeds: the selected trial's own when it is the
-    start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
+    start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained (then
+    with the models trained, seed -> (model, seconds))."""
     start = start_trial(study)
     if start is None:
-        return None, None
+        return None, None, {}
     if start.number == selected.number:
-        return start.number, list(test_scores)
+        return start.number, list(test_scores), {}
     for earlier in [record.final, *record.by_rule.values()]:
         if (
             earlier is not None
@@ -315,9 +322,9 @@ def _start_scores(
             and earlier.max_epochs == run.max_epochs
             and earlier.start_test_scores
         ):
-            return start.number, list(earlier.start_test_scores)
-    config = trial_config(start)
-    return start.number, _retrain(config, run, label=f"{run.encoder} start", zero_shot={}).test
+            return start.number, list(earlier.start_test_scores), {}
+    scores = _retrain(trial_config(start), run, label=f"{run.encoder} start", zero_shot={})
+    return start.number, scores.test, scores.models
 
 
 def _upload_best(study: Any, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int) -> dict[str, str]:
@@ -345,9 +352,14 @@ def _zero_shot_record(zero_shot_scores: Mapping[str, list[float]]) -> dict[str, 
     }
 
 
-def _with_start(study: Any, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any) -> FinalRecord:
-    """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap."""
-    start_number, start_scores = _start_scores(study, record, run, selected, top.test_scores)
+def _with_start(
+    study: Any, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any, trained: FinalModels
+) -> FinalRecord:
+    """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap; the
+    start's models go into ``trained`` when it was retrained here."""
+    start_number, start_scores, start_models = _start_scores(study, record, run, selected, top.test_scores)
+    if start_number is not None and start_models:
+        trained[start_number] = start_models
     sign = 1.0 if record.maximize else -1.0
     start_mean = None if start_scores is None else statistics.fmean(start_scores)
     gap = None  # a matched objective against a paper-protocol test score would measure the protocol: no gap there
@@ -427,7 +439,7 @@ def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_f
         test_macro_f1=top_macro_f1,
         test_macro_f1_mean=statistics.fmean(top_macro_f1) if top_macro_f1 else None,
     )
-    save_final(study, _with_start(study, record, run, final, chosen[0]), keep_by_rule=False)
+    save_final(study, _with_start(study, record, run, final, chosen[0], {}), keep_by_rule=False)
 
 
 def _lacks_macro_f1(record: StudyRecord, final: FinalRecord) -> bool:
@@ -449,13 +461,15 @@ def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: i
     return False
 
 
-def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, select: str) -> None:
-    """A single-objective study's final evaluation: the trial ``select`` picks retrained per seed."""
+def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, select: str) -> FinalModels:
+    """A single-objective study's final evaluation: the trial ``select`` picks retrained per seed; the models
+    it trained (none when an earlier evaluation was restored)."""
     selected = select_trial(study, select)
     if _restore_kept(study, record, run, selected.number, select):
-        return
+        return {}
     config = trial_config(selected)
     scores = _retrain(config, run, label=run.encoder, zero_shot=run.zero_shot)
+    trained: FinalModels = {selected.number: scores.models} if scores.models else {}
     artifacts = _upload_best(study, run, config, scores.best, selected.number)
     protocol = run.protocol_record()
     if run.readout is not None and run.data.task_kind == "classification":  # each seed's draws (similarity: none)
@@ -478,7 +492,8 @@ def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, sele
         test_macro_f1=scores.macro_f1 or None,
         test_macro_f1_mean=statistics.fmean(scores.macro_f1) if scores.macro_f1 else None,
     )
-    save_final(study, _with_start(study, record, run, final, selected))
+    save_final(study, _with_start(study, record, run, final, selected, trained))
+    return trained
 
 
 def final_evaluation(
@@ -494,7 +509,7 @@ def final_evaluation(
     zero_shot: ZeroShotData | None = None,
     progress: bool = True,
     final_front: int = DEFAULT_FINAL_FRONT,
-) -> None:
+) -> FinalModels:
     """Retrain the trial ``select`` picks with each seed; evaluate on test once per seed; store the scores.
 
     The starting configuration is retrained with the same seeds for the search
@@ -505,6 +520,10 @@ def final_evaluation(
     ``(features, scores)``. ``max_epochs`` is recorded (what
     :func:`final_is_current` compares). A multi-objective study retrains up to
     ``final_front`` trials of its Pareto front instead (``select`` does not apply).
+
+    Returns the models trained here (trial -> seed -> (model, seconds)) of the selected trial and the start,
+    which the ensemble stage reuses instead of training them again (a front evaluation returns none: such
+    studies have no ensemble).
     """
     record = study_record(study)
     run = _Retraining(
@@ -521,5 +540,5 @@ def final_evaluation(
     )
     if is_multi_objective(study):
         _front_evaluation(study, record, run, final_front)
-    else:
-        _selected_evaluation(study, record, run, select)
+        return {}
+    return _selected_evaluation(study, record, run, select)

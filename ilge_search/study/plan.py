@@ -25,7 +25,12 @@ calibration, without creating a study or writing to the storage:
   then the final evaluation: ``final_seeds`` trainings of the selected trial (of
   each of up to ``final_front`` front trials of a multi-objective study) and
   as many of the start configuration (reused when it is the selected one, so
-  this part is an upper bound), each costed as the first config.
+  this part is an upper bound), each costed as the first config;
+- then the ensemble (:mod:`~ilge_search.study.ensemble`): ``final_seeds``
+  trainings of each of up to ``K - 1`` further members (its first pick is
+  usually the selected trial, whose final models it reuses), also costed as the
+  first config (slow trials are left out of it, so this part is an upper bound
+  too).
 
 The estimate holds for the machine's load while it was measured
 (:attr:`RunPlan.cpu_per_second` says how much of a core the calibration got);
@@ -381,7 +386,9 @@ class StudyPlan:
         final_runs: trainings of the final evaluation: ``final_seeds`` for the selected trial (a
             multi-objective study: for each of up to ``final_front`` trials of its front) and as many for
             the start configuration, unless the final evaluation is current.
-        seconds: this study's estimated wall time (trials, worker start, final evaluation).
+        ensemble_runs: trainings of the ensemble stage: ``final_seeds`` for each of up to K - 1 members
+            beyond the one the final evaluation trained (0 where the study has no ensemble).
+        seconds: this study's estimated wall time (trials, worker start, final evaluation, ensemble).
     """
 
     encoder: str
@@ -391,6 +398,7 @@ class StudyPlan:
     trials: Optional[int]
     epochs: int
     final_runs: int
+    ensemble_runs: int = 0
     trial_seconds: float = math.nan
     seconds: float = math.nan
 
@@ -474,6 +482,8 @@ class RunPlan:
             state = f"resumes with {s.finished} finished trials" if s.exists else "new"
             trials = "until timeout" if s.trials is None else f"+{s.trials} trials"
             final = f", final {s.final_runs} retrainings" if s.final_runs else ", final evaluation current"
+            if s.ensemble_runs:
+                final += f", ensemble up to {s.ensemble_runs} retrainings"
             time_text = (
                 ""
                 if math.isnan(s.seconds)
@@ -575,9 +585,30 @@ def _study_plans(check: RunCheck) -> List[StudyPlan]:
                 trials=count,
                 epochs=epochs,
                 final_runs=final_runs,
+                ensemble_runs=_ensemble_runs(check, trials_after) if final_runs else 0,
             )
         )
     return plans
+
+
+def _ensemble_runs(check: RunCheck, trials_after: int) -> int:
+    """The ensemble stage's trainings: ``final_seeds`` for each of up to K - 1 distinct members (the first pick
+    reuses the final evaluation's models), where the study gets an ensemble (see ``ensemble_size``)."""
+    from .ensemble import MIX_RULE
+    from .options import DEFAULT_ENSEMBLE
+
+    options = check.options
+    asked = options.final.ensemble
+    eligible = (
+        not options.search.multi_objective
+        and options.final.protocol == "matched"
+        and check.task_data.kind in MIX_RULE
+        and trials_after >= (1 if asked else 2)
+    )
+    size = DEFAULT_ENSEMBLE if asked is None else asked
+    if not eligible or not size:
+        return 0
+    return options.final.seeds * max(0, min(size, trials_after) - 1)
 
 
 def _first_config(encoder: str, check: RunCheck, hidden_size: Optional[int]) -> Any:
@@ -694,7 +725,7 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
             else:
                 waves = math.ceil(study.trials / plan.parallel)
                 trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
-            study.seconds = trial_time + study.final_runs * study.trial_seconds
+            study.seconds = trial_time + (study.final_runs + study.ensemble_runs) * study.trial_seconds
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
     finally:
         torch.set_num_threads(previous_threads)

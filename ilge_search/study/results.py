@@ -19,7 +19,15 @@ from ..record import (
 )
 from ..storage import Storage, hide_password, open_storage
 
-__all__ = ["StudyResult", "study_result", "list_studies", "format_results", "format_front", "summary_line"]
+__all__ = [
+    "StudyResult",
+    "study_result",
+    "export_choice",
+    "list_studies",
+    "format_results",
+    "format_front",
+    "summary_line",
+]
 
 
 @dataclass
@@ -65,6 +73,8 @@ class StudyResult:
     protocol: str = DEFAULT_PROTOCOL
     samples_per_label: int | None = None
     ensemble: EnsembleSize | None = None  # the stored ensemble evaluation's asked-for size, with the same seeds
+    export_seed: int | None = None  # the seed `export` takes (the best final seed by validation)
+    export_test: float | None = None  # that seed's test score (None under the paper protocol)
 
     @property
     def n_finished(self) -> int:
@@ -122,6 +132,7 @@ def study_result(study: Any, storage: str | Storage = "") -> StudyResult:
         samples_per_label=identity.samples_per_label if identity else None,
         ensemble=_ensemble_of(study),
         **_final_fields(record),
+        **_export_columns(record),
     )
 
 
@@ -158,6 +169,8 @@ def list_studies(storage: str | Storage | None = None) -> Any:
         "final_trial",
         "search_gain",
         "objectives",
+        "export_seed",
+        "export_test",
         "ensemble_k",
         "ensemble_test_mean",
     ]
@@ -195,8 +208,28 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
         "final_trial": final.trial if final else None,
         "search_gain": final.search_gain if final else None,
         "objectives": "+".join(record.objectives),
+        **_export_columns(record),
         **_ensemble_columns(summary),
     }
+
+
+def export_choice(record: StudyRecord) -> tuple[int | None, float | None]:
+    """(seed, its test score) of what ``ilge-search export`` takes from the study: the final seed with the best
+    validation score, whose weights the final evaluation kept; the score is ``None`` under the paper protocol
+    (its test scores are a logistic readout, not the exported head) or without a final evaluation."""
+    final = record.final
+    if final is None or final.artifact_seed is None:
+        return None, None
+    seeds, seed = list(final.seeds), int(final.artifact_seed)
+    paper = record.identity is not None and record.identity.protocol == "paper"
+    if paper or seed not in seeds[: len(final.test_scores)]:
+        return seed, None
+    return seed, float(final.test_scores[seeds.index(seed)])
+
+
+def _export_columns(record: StudyRecord) -> dict[str, Any]:
+    seed, test = export_choice(record)
+    return {"export_seed": seed, "export_test": test}
 
 
 def _ensemble_columns(summary: Any) -> dict[str, Any]:
@@ -212,19 +245,20 @@ def _ensemble_columns(summary: Any) -> dict[str, Any]:
 def format_results(results: Iterable[StudyResult]) -> str:
     """A plain-text table of :class:`StudyResult` rows (what ``run`` and ``sweep`` print).
 
-    ``test mean +- std`` is that of the trial the selection rule chose (``(trial N, rule)``);
+    ``test mean +- std`` is that of the trial the selection rule chose (``(trial N, rule; export: seed S test T)``:
+    the seed `export` takes, the best by validation, and its own test score);
     ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown);
     ``protocol`` says how the test scores were measured.
     """
     results = list(results)
     with_ensemble = any(r.ensemble is not None for r in results)
     header: tuple[str, ...] = ("study", "protocol", "trials", "pruned", "failed", "best val", "test mean +- std")
-    header += ("search gain",) + (("ensemble test (K, vs selected)",) if with_ensemble else ())
+    header += ("search gain",) + (("ensemble test (picks, vs selected)",) if with_ensemble else ())
     rows = [header]
     for r in results:
         test = "-" if r.test_mean is None else f"{r.test_mean:.4f} +- {r.test_std:.4f} ({len(r.test_scores)} seeds)"
         if r.test_mean is not None and r.final_trial is not None:
-            test += f" (trial {r.final_trial}, {r.select})"
+            test += f" (trial {r.final_trial}, {r.select}{_export_text(r)})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
         gain = "-" if r.search_gain is None else f"{r.search_gain:+.4f}"
         rows.append(
@@ -248,13 +282,21 @@ def format_results(results: Iterable[StudyResult]) -> str:
     return "\n".join(lines)
 
 
+def _export_text(result: StudyResult) -> str:
+    """What `export` takes, beside the mean the table shows: its seed and that seed's test score."""
+    if result.export_seed is None:
+        return ""
+    test = "" if result.export_test is None else f" test {result.export_test:.4f}"
+    return f"; export: seed {result.export_seed}{test}"
+
+
 def _ensemble_cell(result: StudyResult) -> str:
     ensemble = result.ensemble
     if ensemble is None:
         return "-"
-    cell = f"{ensemble.test_mean:.4f} +- {ensemble.test_std:.4f} (K={ensemble.size}, {ensemble.n_members} trials"
+    cell = f"{ensemble.test_mean:.4f} +- {ensemble.test_std:.4f} ({ensemble.describe()}"
     if result.test_mean is not None:
-        cell += f", {ensemble.test_mean - result.test_mean:+.4f}"
+        cell += f"; {ensemble.test_mean - result.test_mean:+.4f} vs selected"
     return cell + ")"
 
 
@@ -305,7 +347,7 @@ def summary_line(result: StudyResult) -> str:
     if result.ensemble is not None:
         ensemble = result.ensemble
         text += (
-            f"; ensemble of {ensemble.size} ({ensemble.n_members} trials): test {result.metric} "
+            f"; ensemble of {ensemble.describe()}: test {result.metric} "
             f"{ensemble.test_mean:.4f} +- {ensemble.test_std:.4f}"
         )
     return text

@@ -56,7 +56,7 @@ from ..storage import (
     storage_fault,
 )
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
-from .final import final_evaluation, final_is_current
+from .final import FinalModels, final_evaluation, final_is_current
 from .identity import (
     create_or_load,
     is_registered_task,
@@ -319,6 +319,7 @@ def _optimize_and_evaluate(
     # ---- 5. final evaluation on test, once per seed
     if options.final.seeds > 0 and count_trials(study, ("COMPLETE",)):
         seeds = options.final_seed_list()
+        trained: FinalModels = {}
         if final_is_current(study, seeds, options.search.max_epochs, options.final.select, options.final.front):
             final = study_record(study).final
             front = [] if final is None else final.front
@@ -337,7 +338,7 @@ def _optimize_and_evaluate(
                     options.final.select,
                 )
         else:
-            final_evaluation(
+            trained = final_evaluation(
                 study,
                 data,
                 encoder=encoder,
@@ -350,16 +351,22 @@ def _optimize_and_evaluate(
                 zero_shot=zero_shot,
                 progress=options.runtime.progress,
             )
-        _ensemble_stage(study, storage, name, data, spec, options)
+        _ensemble_stage(study, storage, name, data, spec, options, trained)
     elif options.final.seeds > 0:
         logger.warning("%s: no complete trial yet, so no final evaluation", name)
 
 
 def _ensemble_stage(
-    study: Any, storage: Storage, name: str, data: StudyData, spec: DataSpec, options: StudyOptions
+    study: Any,
+    storage: Storage,
+    name: str,
+    data: StudyData,
+    spec: DataSpec,
+    options: StudyOptions,
+    trained: FinalModels,
 ) -> None:
     """Step 6 of :func:`run_study`: the ensemble evaluation (``--ensemble K``, by default 5 where the study can
-    have one), unless it is current."""
+    have one), unless it is current; members the final evaluation just ``trained`` are not trained again."""
     from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
 
     size, note = ensemble_size(study, options.final.ensemble)
@@ -376,6 +383,7 @@ def _ensemble_stage(
         device=spec.device,
         artifact_store=storage.artifact_store(),
         progress=options.runtime.progress,
+        reuse=trained,
     )
     if ensemble_is_current(study, run):
         logger.info("%s: the ensemble of %d is up to date", name, size)
