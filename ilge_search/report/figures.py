@@ -311,12 +311,12 @@ def draw_figures(
 ) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, Any]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
-    from tqdm.auto import tqdm
+    from ..progress import BarSpec, steps
 
     paths: dict[tuple[str, str], dict[str, str]] = {}
     notes: dict[tuple[str, str], list[str]] = {}
     importance_rows: list[dict[str, Any]] = []
-    for model, task in tqdm(pairs, desc="report figures", unit="task", disable=not progress):
+    for model, task in steps(pairs, BarSpec("report figures", unit="task", enabled=progress)):
         group = sorted(
             (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)
         )

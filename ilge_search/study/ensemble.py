@@ -191,9 +191,8 @@ def backfill_predictions(
 ) -> int:
     """Give every complete trial without validation predictions some, by retraining its configuration once
     with ``seed`` on ``data``; how many were backfilled."""
-    from tqdm.auto import tqdm
-
     from ..engine import train_encoder
+    from ..progress import BarSpec, steps
 
     trials = _complete_trials(study)
     have = _validation_predictions(study, trials, artifact_store)
@@ -210,7 +209,7 @@ def backfill_predictions(
     )
     made: dict[int, str] = {}
     try:
-        for trial in tqdm(missing, desc="validation predictions", disable=not progress, leave=False):
+        for trial in steps(missing, BarSpec("validation predictions", enabled=progress, transient=True)):
             result = train_encoder(
                 trial_config(trial),
                 data.train,
@@ -305,12 +304,11 @@ class _Trained:
 
 
 def _retrain(config: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
-    from tqdm.auto import tqdm
-
     from ..engine import train_encoder
+    from ..progress import BarSpec, steps
 
     out = _Trained()
-    for seed in tqdm(run.seeds, desc=f"ensemble {label}", disable=not run.progress, leave=False):
+    for seed in steps(run.seeds, BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)):
         started = time.perf_counter()
         result = train_encoder(
             config,
