@@ -92,3 +92,32 @@ def test_an_extraction_logged_to_a_file_has_no_carriage_returns_and_few_lines(tm
     assert "\r" not in err and "Loading weights" not in err
     bar_lines = [line for line in err.splitlines() if line.startswith("embed ")]
     assert 0 < len(bar_lines) <= MILESTONES + 1, err  # one bar (one split) of at most 11 lines
+
+
+def test_only_the_progress_module_makes_bars():
+    package = Path(__file__).resolve().parents[2] / "ilge_search"
+    users = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "progress.py" and "tqdm" in path.read_text(encoding="utf-8")
+    ]
+    assert not users, f"make bars with ilge_search.progress (new_bar, steps, note), not tqdm: {users}"
+
+
+def test_predict_hides_the_model_loading_bars_unless_verbose(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import ilge_search.cli.use as use
+    import ilge_search.predict as predict
+    from ilge_search.cli import cli
+
+    hidden = []
+    monkeypatch.setattr(use, "quiet_model_loading", lambda: hidden.append(True))
+    monkeypatch.setattr(predict, "predict_file", lambda *a, **k: predict.PredictSummary(0, None, "classification", 0.0))
+    (tmp_path / "in.txt").write_text("a text\n")
+    for verbose in (False, True):
+        hidden.clear()
+        args = ["predict", str(tmp_path), "--input", str(tmp_path / "in.txt")] + (["--verbose"] if verbose else [])
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert hidden == ([] if verbose else [True])
