@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from reliability_helpers import cli_command, subprocess_env
 
 from ilge_search.progress import MILESTONES, BarSpec, LineBar, new_bar, note, steps
@@ -61,11 +62,12 @@ def _stderr_of(tmp_path: Path, *args: object) -> str:
         done = subprocess.run(
             cli_command(*map(str, args)), stdout=subprocess.PIPE, stderr=handle, env=subprocess_env(), timeout=240
         )
-    text = log.read_text()
+    text = log.read_bytes().decode()  # read_text() would turn each "\r" into a newline
     assert done.returncode == 0, text
     return text
 
 
+@pytest.mark.slow  # a CLI subprocess: torch's import and the run take 10-30 s on 2 shared cores
 def test_a_study_logged_to_a_file_has_no_carriage_returns_and_few_lines(tmp_path, synthetic):
     synthetic.cache("trec", max_train=200, max_eval=100)
     err = _stderr_of(
@@ -82,6 +84,7 @@ def test_a_study_logged_to_a_file_has_no_carriage_returns_and_few_lines(tmp_path
     assert sum(" trial, best " in line or line.endswith(" trial") or "/4 trial" in line for line in lines) == 4, err
 
 
+@pytest.mark.slow  # a CLI subprocess: torch's import and the run take 10-30 s on 2 shared cores
 def test_an_extraction_logged_to_a_file_has_no_carriage_returns_and_few_lines(tmp_path, synthetic):
     err = _stderr_of(
         tmp_path,
