@@ -1,11 +1,12 @@
 """The one way ilge-search shows progress: every bar and note goes through :func:`new_bar`, :func:`steps`, :func:`note`.
 
-On a terminal (stderr is a TTY) a bar is a tqdm bar. In a file or pipe (a log, a CI job, ``2> run.log``) a bar
-redrawn with carriage returns would leave thousands of updates in one line, so there each bar writes whole
-lines instead: one per finished tenth of its total (one per step when it has ten steps or fewer) and one when it
-closes, so a bar costs at most a dozen lines whatever it counts; a bar without a total (a search bounded by time)
-writes at most one line per :data:`UNKNOWN_TOTAL_EVERY` seconds. A ``transient`` bar (one nested inside another,
-such as a trial's epochs) writes nothing off a terminal: its parent's lines already say how far the run is.
+On a terminal (stderr is a TTY) or in a notebook a bar is a tqdm bar. In a file or pipe (a log, a CI job,
+``2> run.log``) a bar redrawn with carriage returns would leave thousands of updates in one line, so there
+each bar writes whole lines instead: one per finished tenth of its total (one per step when it has ten steps or
+fewer) and one when it closes, so a bar costs at most a dozen lines whatever it counts; a bar without a total
+(a search bounded by time) writes at most one line per :data:`UNKNOWN_TOTAL_EVERY` seconds. A ``transient``
+bar (one nested inside another, such as a trial's epochs) writes nothing off a terminal: its parent's lines
+already say how far the run is.
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ class BarSpec:
 
 
 def on_terminal() -> bool:
-    """Whether stderr, where bars go, is a terminal that redraws a line in place."""
+    """Whether stderr, where bars go, is a terminal that redraws a line in place, or a notebook (whose
+    kernel's stderr is no terminal, but tqdm draws its bars there as widgets)."""
     isatty = getattr(sys.stderr, "isatty", None)
-    return bool(isatty and isatty())
+    return bool(isatty and isatty()) or "ipykernel" in sys.modules
 
 
 class LineBar:
