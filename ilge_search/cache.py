@@ -593,9 +593,9 @@ class EmbeddingCache:
             lock.acquire(timeout=0)
         except Timeout:
             if progress:
-                from tqdm.auto import tqdm
+                from .progress import note
 
-                tqdm.write(f"ilge-search: waiting for another process that is extracting cache entry {key} ...")
+                note(f"ilge-search: waiting for another process that is extracting cache entry {key} ...")
             lock.acquire()
         try:
             # Another process may have written (or repaired) the entry while we waited.

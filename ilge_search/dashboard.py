@@ -7,17 +7,26 @@ downloaded from the browser. It binds to loopback; any other interface needs
 ``allow_remote=True`` (``--allow-remote``): the dashboard has no login and can
 edit and delete studies. The trial and study notes it shows are written by
 :mod:`ilge_search.study.notes`.
+
+Parameter importances are answered here rather than by optuna-dashboard (:class:`ImportanceRoute`): its own
+route warns on every page of a study with a conditional parameter (PED-ANOVA needs at least 2 trials in each
+regime of a parameter: active, or inactive) and fails with a division by zero on a study without parameters.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
+import math
 import os
+import re
 import signal
 import socket
 import socketserver
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -27,6 +36,8 @@ from .storage import Storage, artifact_dir_for, open_storage
 __all__ = [
     "dashboard_artifact_dirs",
     "DirectoriesArtifactStore",
+    "ImportanceRoute",
+    "param_importances",
     "make_dashboard_app",
     "serve_dashboard",
 ]
@@ -123,9 +134,88 @@ def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathL
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     store = DirectoriesArtifactStore(dashboard_artifact_dirs(opened.url, opened, artifact_dir))
-    app = wsgi(opened.rdb, artifact_store=store)
+    app = ImportanceRoute(wsgi(opened.rdb, artifact_store=store), opened.rdb)
     app.ilge_artifact_store = store  # what the caller may print
     return app
+
+
+# ----------------------------------------------------------------------------- parameter importances
+
+_IMPORTANCE_PATH = re.compile(r"/api/studies/(\d+)/param_importances")
+_TARGET_QUANTILE = 0.1  # PED-ANOVA's default share of best trials, compared with all complete ones
+_MIN_REGIME_TRIALS = 2  # PED-ANOVA's least count of trials in each regime of a parameter
+
+
+class ImportanceRoute:
+    """A WSGI app: optuna-dashboard's ``app``, with its parameter-importance route answered by
+    :func:`param_importances` (same JSON), so computing them neither warns nor fails."""
+
+    def __init__(self, app: Any, storage: Any) -> None:
+        self.app, self.storage = app, storage
+        self.ilge_artifact_store: DirectoriesArtifactStore | None = None
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        match = _IMPORTANCE_PATH.fullmatch(environ.get("PATH_INFO", ""))
+        if match is None or environ.get("REQUEST_METHOD", "GET") != "GET":
+            return self.app(environ, start_response)
+        status, payload = param_importances(self.storage, int(match.group(1)))
+        body = json.dumps(payload).encode()
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def param_importances(storage: Any, study_id: int) -> tuple[str, dict[str, Any]]:
+    """The HTTP status and JSON of optuna-dashboard's ``param_importances`` answer for a study: per objective,
+    the PED-ANOVA importance of each parameter it can judge. Left out: a parameter with a regime (its trials
+    where it is active, or where it is not) of fewer than 2 complete trials, which PED-ANOVA cannot judge; with
+    no such parameter or at most one complete trial, the objective's list is empty (the page says so)."""
+    import optuna
+
+    try:
+        directions = storage.get_study_directions(study_id)
+    except KeyError:
+        return "404 Not Found", {"reason": f"study_id={study_id} is not found"}
+    study = optuna.load_study(study_name=storage.get_study_name_from_id(study_id), storage=storage)
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    answer = [_objective_importances(study, complete, index, direction) for index, direction in enumerate(directions)]
+    return "200 OK", {"param_importances": answer}
+
+
+def _objective_importances(study: Any, complete: list[Any], index: int, direction: Any) -> list[dict[str, Any]]:
+    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
+    from optuna.study import StudyDirection
+
+    sign = -1.0 if direction == StudyDirection.MAXIMIZE else 1.0  # PED-ANOVA ranks low targets first
+
+    def target(trial: Any) -> float:
+        return sign * trial.values[index]
+
+    trials = [t for t in complete if t.values is not None and math.isfinite(target(t))]
+    judged = _judged_params(trials)
+    if len(trials) <= 1 or not judged:
+        return []
+    losses = sorted(target(t) for t in trials)
+    if losses[-1] <= losses[math.ceil(_TARGET_QUANTILE * len(losses)) - 1]:  # the best tenth is every trial
+        importance = {name: 1.0 / len(judged) for name in judged}  # nothing tells the parameters apart
+    else:
+        with warnings.catch_warnings():  # the sign above already makes low targets the good ones
+            warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes the importances")
+            importance = get_param_importances(
+                study, evaluator=PedAnovaImportanceEvaluator(), params=list(judged), target=target
+            )
+    return [{"name": name, "importance": value, "distribution": judged[name]} for name, value in importance.items()]
+
+
+def _judged_params(trials: list[Any]) -> dict[str, str]:
+    """The parameters PED-ANOVA can judge on ``trials`` (each regime has enough of them), with the class name of
+    their distribution."""
+    names = {name for trial in trials for name in trial.distributions}
+    judged = {}
+    for name in sorted(names):
+        regimes = Counter(trial.distributions.get(name) for trial in trials)
+        if min(regimes.values()) >= _MIN_REGIME_TRIALS:
+            judged[name] = type(next(d for d in regimes if d is not None)).__name__
+    return judged
 
 
 def _is_loopback(host: str) -> bool:

@@ -388,9 +388,9 @@ def _measure(
     """The final configuration retrained once per final seed, each model measured on validation: the metric,
     then per seed the score, the layer ablation drops and gradient x input."""
     import torch
-    from tqdm.auto import tqdm
 
     from .engine import train_encoder
+    from .progress import BarSpec, steps
 
     previous_threads = torch.get_num_threads()
     if training.threads is not None:
@@ -410,7 +410,7 @@ def _measure(
         config = config_from_dict(target.final.config)
         seeds = [int(seed) for seed in target.final.seeds]
         label = f"explain {target.identity.encoder} ({len(seeds)} seeds)"
-        for seed in tqdm(seeds, desc=label, unit="seed", disable=not progress):
+        for seed in steps(seeds, BarSpec(label, unit="seed", enabled=progress)):
             result = train_encoder(
                 config,
                 data.train,

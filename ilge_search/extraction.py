@@ -31,6 +31,7 @@ from .models import (
     resolve_dtype,
     resolve_model,
 )
+from .progress import BarSpec, new_bar
 from .tagging import sentence_offsets
 from .validation import check_int
 from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, pool_window_words
@@ -235,11 +236,7 @@ class LayerEmbedder:
             bad = np.flatnonzero(lengths == 0)[:10].tolist()
             raise ValueError(f"texts at positions {bad} produce no tokens with this tokenizer; remove them")
         order = np.argsort(-lengths, kind="stable")
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=len(texts), unit="text", desc=f"embed {self.source.name}", disable=not progress, dynamic_ncols=True
-        )
+        bar = new_bar(BarSpec(f"embed {self.source.name}", len(texts), "text", enabled=progress))
         try:
             for start in range(0, len(order), self.batch_size):
                 indices = order[start : start + self.batch_size]
@@ -305,15 +302,7 @@ class LayerEmbedder:
         windows = self.word_windows(sentences, window_overlap)
         offsets = sentence_offsets([len(words) for words in sentences])
         order = sorted(range(len(windows)), key=lambda i: -len(windows[i].input_ids))
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=int(offsets[-1]),
-            unit="word",
-            desc=f"embed {self.source.name}",
-            disable=not progress,
-            dynamic_ncols=True,
-        )
+        bar = new_bar(BarSpec(f"embed {self.source.name}", int(offsets[-1]), "word", enabled=progress))
         try:
             for start in range(0, len(order), self.batch_size):
                 batch = [windows[i] for i in order[start : start + self.batch_size]]

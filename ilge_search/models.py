@@ -684,7 +684,8 @@ def materialize_model(source: ModelSource) -> ModelSource:
             f"a real run dequantises it once into {target}"
         )
     from filelock import FileLock
-    from tqdm.auto import tqdm
+
+    from .progress import note
 
     target.parent.mkdir(parents=True, exist_ok=True)
     # conversions killed on this host: pid gone and their folder's lock free
@@ -695,7 +696,7 @@ def materialize_model(source: ModelSource) -> ModelSource:
         if not _converted_ok(source, target):
             if target.exists():  # stale conversion (different GGUF or converter version)
                 shutil.rmtree(target)
-            tqdm.write(f"ilge-search: dequantising {source.gguf_file} once into {target} ...")
+            note(f"ilge-search: dequantising {source.gguf_file} once into {target} ...")
             _convert_gguf(source, target)
     return source
 

@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 from .classifier import ILGEClassifier
 from .files import check_output_path, disk_error, iter_json_objects, iter_lines_utf8, temp_name
+from .progress import BarSpec, new_bar
 from .validation import check_int
 
 __all__ = [
@@ -418,19 +419,10 @@ def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
 
 def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes: list[str]) -> int:
     """Embed and label the input chunk by chunk, writing each row to ``handle``; returns the rows written."""
-    from tqdm.auto import tqdm
-
     from .cache import EmbeddingCache
 
     clf = job.clf
-    bar = tqdm(
-        total=job.rows,
-        unit="row",
-        desc=f"predict {job.input_path.name}",
-        disable=not options.progress,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
+    bar = new_bar(BarSpec(f"predict {job.input_path.name}", job.rows, "row", enabled=options.progress))
     row = 0  # rows written so far; the output's "row" counts from 1, as error messages do
     try:
         with EmbeddingCache(options.cache_dir) as cache:

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from .files import check_output_path, disk_error, iter_json_objects, iter_lines_utf8, temp_name
 from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary
+from .progress import BarSpec, new_bar
 from .tagger import META_FILE, ILGETagger
 
 __all__ = ["predict_tags_file", "is_tagger_folder", "TAG_INPUT_SUFFIXES", "DEFAULT_TOKENS_COL"]
@@ -133,13 +134,11 @@ def _chunks(job: _TagJob, size: int) -> Iterator[list[list[str]]]:
 
 def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
     """Tag the input chunk by chunk, writing as it goes; returns the sentences written."""
-    from tqdm.auto import tqdm
-
     table = None
     if job.out_kind in (".csv", ".tsv"):
         table = csv.writer(handle, delimiter="\t" if job.out_kind == ".tsv" else ",", lineterminator="\n")
         table.writerow(["row", "word", "token", "tag"])
-    bar = tqdm(total=job.sentences, unit="sentence", desc=f"tag {job.path.name}", disable=not options.progress)
+    bar = new_bar(BarSpec(f"tag {job.path.name}", job.sentences, "sentence", enabled=options.progress))
     row = 0
     try:
         for chunk in _chunks(job, options.chunk_rows):

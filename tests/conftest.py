@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["pytester"]  # tests/test_skips_announced.py runs the summary on a made-up suite
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # One torch (OpenMP) thread per test process and for the CLI subprocesses it starts, unless the caller set
@@ -413,9 +415,19 @@ def _only_realmodel_tests_load_language_models(request):
         )
 
 
+_SKIP_REASONS: dict[str, int] = {}  # why -> how many tests skipped for it (outside needs and announced_skips)
+
+
+def pytest_runtest_logreport(report):
+    """Count every skipped test by its reason, whatever skipped it, for the summary's lines."""
+    if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
+        why = str(report.longrepr[2]).removeprefix("Skipped: ")
+        _SKIP_REASONS[why] = _SKIP_REASONS.get(why, 0) + 1
+
+
 def pytest_terminal_summary(terminalreporter):
-    for need, count in _SKIPPED.items():
-        terminalreporter.write_line(f"skipped {count} test(s): {missing(need)}")
+    for why, count in _SKIP_REASONS.items():
+        terminalreporter.write_line(f"skipped {count} test(s): {why}")
     if _LOADS:
         files = sorted({test.split("::")[0] for test in _LOADS})
         loads = sum(len(models) for models in _LOADS.values())

@@ -26,6 +26,7 @@ MAX_PARAMETERS = 12  # self and cls not counted; click commands in cli/ are exem
 LAYERS: Dict[str, int] = {
     "_version": 0,
     "settings": 0,
+    "progress": 0,
     "validation": 0,
     "inputs": 0,
     "files": 0,

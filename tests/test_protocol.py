@@ -10,6 +10,7 @@ import numpy as np
 import optuna
 import pytest
 import torch
+from announced_skips import module_or_skip
 
 from ilge_search.configs import BASELINE_FAMILIES, config_class_for
 from ilge_search.protocol import (
@@ -174,7 +175,7 @@ def _mteb_classification(task_name, x_train, y_train, x_test, y_test):
     "task_name, ours", [("Banking77Classification", "banking77"), ("EmotionClassification", "emotion")]
 )
 def test_the_readout_is_mtebs_classification_evaluator(task_name, ours):
-    pytest.importorskip("mteb")
+    module_or_skip("mteb", "pip install -e '.[dev]'")
     x_train, y_train, x_test, y_test = blobs(rare=(4, 3))  # label 4: 3 training examples, fewer than 8
     task, expected = _mteb_classification(task_name, x_train, y_train, x_test, y_test)
     protocol = PaperProtocol(samples_per_label=paper_samples_per_label(ours))
@@ -190,8 +191,7 @@ def test_the_readout_is_mtebs_classification_evaluator(task_name, ours):
 
 
 def test_the_similarity_score_is_mtebs_sts_main_score():
-    pytest.importorskip("mteb")
-    import mteb
+    mteb = module_or_skip("mteb", "pip install -e '.[dev]'")
     from datasets import Dataset
     from mteb.timing import TimingStack
 
@@ -216,7 +216,7 @@ def test_the_similarity_score_is_mtebs_sts_main_score():
 
 
 def test_the_mteb_version_and_defaults_followed():
-    mteb = pytest.importorskip("mteb")
+    mteb = module_or_skip("mteb", "pip install -e '.[dev]'")
     from mteb.abstasks.classification import AbsTaskClassification
 
     assert mteb.__version__ == MTEB_VERSION, "the evaluator follows this mteb release; update MTEB_VERSION"

@@ -103,6 +103,10 @@ def location_options(func: Callable) -> Callable:
 @click.pass_context
 def cli(ctx: click.Context, cache_dir: Optional[str], data_dir: Optional[str], device: str) -> None:
     """ILGE encoders over every layer of a frozen LLM, and Optuna searches over them."""
+    from ..progress import on_terminal
+
+    if not on_terminal():  # the hub's and transformers' own bars redraw with carriage returns: not in a log file
+        quiet_model_loading()
     ctx.obj = Settings().updated(cache_dir=cache_dir, data_dir=data_dir, device=device)
 
 
@@ -160,11 +164,15 @@ _STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashb
 
 
 def quiet_model_loading() -> None:
-    """No progress bars from transformers and the hub (its "Loading weights" bar), for ``--quiet``."""
+    """No progress bars from transformers and the hub (its "Loading weights" bar): for ``--quiet``, for
+    ``predict`` without ``--verbose``, and whenever stderr is not a terminal."""
     import os
     import sys
 
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when transformers is first imported
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when the hub is first imported
+    hub = sys.modules.get("huggingface_hub")
+    if hub is not None:  # imported already: its switch was read, so turn it off
+        hub.utils.disable_progress_bars()
     transformers = sys.modules.get("transformers")
     if transformers is not None:
         transformers.utils.logging.disable_progress_bar()

@@ -249,6 +249,7 @@ def seed_line(p: dict[str, Any]) -> str:
     help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--verbose", is_flag=True, help="Also the model loading's own progress bars (transformers, the hub).")
 @location_options
 def predict_command(
     settings: Settings,
@@ -264,6 +265,7 @@ def predict_command(
     base_model: Optional[str],
     force: bool,
     quiet: bool,
+    verbose: bool,
 ) -> None:
     """Label every row of a file with an exported model (`ilge-search export`) or a saved ILGEClassifier.
 
@@ -275,7 +277,7 @@ def predict_command(
     from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
     from ..predict_tags import is_tagger_folder, predict_tags_file
 
-    if quiet:
+    if quiet or not verbose:  # the rows' own bar says how far it is; the weights' bar only adds noise
         quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     run = predict_tags_file if is_tagger_folder(model_dir) else predict_file

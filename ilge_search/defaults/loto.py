@@ -514,7 +514,8 @@ def leave_one_task_out(
         ValueError: an unknown family, a model or task without studies, task data that differ from a study's.
     """
     import torch
-    from tqdm.auto import tqdm
+
+    from ..progress import BarSpec, steps
 
     families = _check_names(families)
     check_int("final_seeds", final_seeds)
@@ -530,7 +531,7 @@ def leave_one_task_out(
     loaded: dict[str, Any] = {}  # one data load per distinct data setting
     trained = 0
     try:
-        for target in tqdm(targets, desc="leave one task out", unit="row", disable=not progress):
+        for target in steps(targets, BarSpec("leave one task out", unit="row", enabled=progress)):
             records[target.study], count = _stored_or_trained(
                 opened.load_study(target.study), target, seeds, source, loaded
             )

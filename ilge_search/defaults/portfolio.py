@@ -368,8 +368,8 @@ def train_cells(
 ) -> tuple[int, int]:
     """Train the cells of ``cells`` no process has stored or is training; (trained, left to others)."""
     import torch
-    from tqdm.auto import tqdm
 
+    from ..progress import BarSpec, steps
     from ..study.export import load_training_data
 
     storage = open_storage(storage_url)
@@ -388,7 +388,7 @@ def train_cells(
     loaded: dict[int, Any] = {}
     trained = skipped = 0
     try:
-        for cell in tqdm(todo, desc=f"{request.family} matrix", unit="cell", disable=not setup.progress):
+        for cell in steps(todo, BarSpec(f"{request.family} matrix", unit="cell", enabled=setup.progress)):
             trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key, _stamp)
             if trial_id is None:
                 skipped += 1

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence,
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..configs import BestLayerConfig, EncoderConfig
 from ..models import resolve_device
+from ..progress import BarSpec, steps
 from . import tokens
 from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingRecipe, TrainResult, run_epochs
 from .metrics import ArrayLike, class_metrics, pearson, spearman
@@ -317,7 +317,7 @@ def train_encoder(
             standardisation (:class:`TrainingRecipe`).
         epoch_callback: ``f(epoch, val_metric)`` after each epoch (epochs count
             from 1); exceptions such as ``optuna.TrialPruned`` propagate.
-        progress: show a tqdm bar over epochs.
+        progress: show a progress bar over epochs (:mod:`ilge_search.progress`).
     """
     recipe = recipe.resolved(task_kind)
     run = RunSettings(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress)
@@ -490,7 +490,7 @@ def select_best_layer(
     standardizer = FeatureStandardizer(num_layers, features.shape[-1]).fit(features)  # once, not per probe
     best: Optional[Tuple[int, TrainResult]] = None
     scores: List[float] = []
-    for layer in tqdm(candidates, desc="best-layer probes", disable=not progress, leave=False):
+    for layer in steps(candidates, BarSpec("best-layer probes", unit="probe", enabled=progress, transient=True)):
         layer = layer % num_layers
         run = RunSettings(seed=seed, device=device, recipe=recipe, fitted_standardizer=standardizer)
         result = train_probe(config.replace(layer=layer), run)

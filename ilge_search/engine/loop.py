@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..configs import EncoderConfig
 from ..models import resolve_device
+from ..progress import BarSpec, new_bar
 from ..validation import check_int
 from .standardizer import FeatureStandardizer
 
@@ -160,7 +160,8 @@ def run_epochs(config: EncoderConfig, task: EpochTask, run: RunSettings) -> Trai
     maximise = selection_metric != "loss"
     started = time.perf_counter()
     rng_devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices):
+    epoch_bar = BarSpec(f"train {config.family}", config.epochs, "epoch", run.progress, transient=True)
+    with torch.random.fork_rng(devices=rng_devices), new_bar(epoch_bar) as epochs:
         torch.manual_seed(run.seed)
         model = task.build()
         generator = torch.Generator().manual_seed(run.seed)
@@ -172,8 +173,7 @@ def run_epochs(config: EncoderConfig, task: EpochTask, run: RunSettings) -> Trai
         )
         history: list[dict[str, float]] = []
         best_metric, best_epoch, best_state = -math.inf if maximise else math.inf, 0, None
-        epochs = tqdm(range(1, config.epochs + 1), desc=f"train {config.family}", disable=not run.progress, leave=False)
-        for epoch in epochs:
+        for epoch in range(1, config.epochs + 1):
             train_loss = task.train_epoch(model, opt, generator)
             val_metrics = task.validate(model)
             metric = val_metrics[selection_metric]
@@ -187,7 +187,8 @@ def run_epochs(config: EncoderConfig, task: EpochTask, run: RunSettings) -> Trai
             if improved or best_state is None:
                 best_metric, best_epoch = metric, epoch
                 best_state = copy.deepcopy(model.state_dict())
-            epochs.set_postfix({"train_loss": f"{train_loss:.4f}", f"val_{selection_metric}": f"{metric:.4f}"})
+            epochs.update(1)
+            epochs.set_postfix_str(f"train_loss={train_loss:.4f}, val_{selection_metric}={metric:.4f}")
             if run.epoch_callback is not None:
                 run.epoch_callback(epoch, metric)
             if recipe.patience is not None and epoch - best_epoch >= recipe.patience:

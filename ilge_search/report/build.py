@@ -210,7 +210,7 @@ def build_report(
             SQLite storage). A folder with git-tracked files, files no report wrote or another storage's
             report is refused unless ``force``.
         figures: draw the PNG figures (per-layer, history, importance) and compute importances.
-        progress: a tqdm bar over (model, task) pairs while drawing.
+        progress: a progress bar over (model, task) pairs while drawing.
         force: write into a folder that would be refused (files of the same names are replaced; other
             files are kept).
 

@@ -37,6 +37,7 @@ __all__ = [
     "display_width",
     "new_figure",
     "save_figure",
+    "fit_titles",
     "figure_style",
 ]
 
@@ -89,8 +90,48 @@ def new_figure(width: float, height: float) -> Any:
 
 
 def save_figure(figure: Any, path: Path) -> None:
-    """Save at :data:`SAVE_DPI`; pages show it at :func:`display_width`, its size at :data:`DISPLAY_DPI`."""
+    """Save at :data:`SAVE_DPI`; pages show it at :func:`display_width`, its size at :data:`DISPLAY_DPI`.
+
+    Titles are first fitted to the width they have (:func:`fit_titles`), so none is cut at the figure's edges.
+    """
+    fit_titles(figure)
     figure.savefig(path, dpi=SAVE_DPI)
+
+
+def fit_titles(figure: Any) -> None:
+    """Wrap each too-wide title (the figure's texts, every visible panel's title) at word boundaries, and shrink
+    its font towards :data:`MIN_FONT` when wrapping alone cannot make it fit: the figure's title gets the figure's
+    width, a panel's title its panel's width (its neighbours' titles sit beside it)."""
+    figure.draw_without_rendering()  # the constrained layout places the panels, which gives their widths
+    renderer = figure.canvas.get_renderer()
+    room = figure.bbox.width * _TITLE_ROOM
+    titles = [(text, room) for text in figure.texts]  # the figure's title is one of its texts
+    titles += [(ax.title, min(room, ax.bbox.width * 1.1)) for ax in figure.axes if ax.get_visible()]
+    for text, width in titles:
+        if text.get_text():
+            _fit_text(text, width, renderer)
+
+
+_TITLE_ROOM = 0.96  # of the figure's width: a margin so that anti-aliased glyphs stay inside
+
+
+def _fit_text(text: Any, width: float, renderer: Any) -> None:
+    """Rewrap ``text`` to fewer characters per line, else shrink it, until it is at most ``width`` pixels wide."""
+    import textwrap
+
+    for _ in range(12):  # each round narrows by the measured overshoot; a few rounds reach the width
+        extent = text.get_window_extent(renderer).width
+        if extent <= width:
+            return
+        lines = text.get_text().split("\n")
+        chars = max(1, int(max(map(len, lines)) * width / extent))
+        wrapped = "\n".join(textwrap.fill(line, chars, break_long_words=False) for line in lines)
+        if wrapped != text.get_text():
+            text.set_text(wrapped)
+        elif text.get_fontsize() > MIN_FONT:  # a word too long for a line: smaller letters
+            text.set_fontsize(max(MIN_FONT, text.get_fontsize() * 0.9))
+        else:  # already at the smallest legible size: split the word
+            text.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
 
 
 def figure_style() -> Any:
@@ -270,12 +311,12 @@ def draw_figures(
 ) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, Any]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
-    from tqdm.auto import tqdm
+    from ..progress import BarSpec, steps
 
     paths: dict[tuple[str, str], dict[str, str]] = {}
     notes: dict[tuple[str, str], list[str]] = {}
     importance_rows: list[dict[str, Any]] = []
-    for model, task in tqdm(pairs, desc="report figures", unit="task", disable=not progress):
+    for model, task in steps(pairs, BarSpec("report figures", unit="task", enabled=progress)):
         group = sorted(
             (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)
         )

@@ -197,9 +197,8 @@ def backfill_predictions(
 ) -> int:
     """Give every complete trial without validation predictions some, by retraining its configuration once
     with ``seed`` on ``data``; how many were backfilled."""
-    from tqdm.auto import tqdm
-
     from ..engine import train_encoder
+    from ..progress import BarSpec, steps
 
     trials = _complete_trials(study)
     have = _validation_predictions(study, trials, artifact_store)
@@ -216,7 +215,7 @@ def backfill_predictions(
     )
     made: dict[int, str] = {}
     try:
-        for trial in tqdm(missing, desc="validation predictions", disable=not progress, leave=False):
+        for trial in steps(missing, BarSpec("validation predictions", enabled=progress, transient=True)):
             result = train_encoder(
                 trial_config(trial),
                 data.train,
@@ -326,13 +325,12 @@ class _Trained:
 def _retrain(trial: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
     """``trial``'s configuration trained with each final seed: the final evaluation's model where it trained
     that one (the same configuration, seed and data train to the same weights), else trained here."""
-    from tqdm.auto import tqdm
-
     from ..engine import train_encoder
+    from ..progress import BarSpec, steps
 
     out = _Trained()
     reused = run.reuse.get(trial.number, {})
-    for seed in tqdm(run.seeds, desc=f"ensemble {label}", disable=not run.progress, leave=False):
+    for seed in steps(run.seeds, BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)):
         if seed in reused:
             out.models[seed], out.seconds[seed] = reused[seed]
         else:

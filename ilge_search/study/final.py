@@ -257,16 +257,15 @@ def _paper_readout(
 def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
     """Train ``config`` once per seed and score it on test (its head, or the paper protocol's readout);
     ``label`` names the progress bar."""
-    from tqdm.auto import tqdm
-
     from ..engine import evaluate, train_encoder
+    from ..progress import BarSpec, steps
 
     data, readout, seeds = run.data, run.readout, run.seeds
     out = _Scores(zero_shot={name: [] for name in zero_shot})
     untrained = None
     if readout is not None and is_parameter_free(config):  # the paper scores the raw readout: nothing to train
         untrained = _paper_readout(data, zero_shot, readout, config=config)
-    for seed in tqdm(seeds, desc=f"final {label} ({len(seeds)} seeds)", disable=not run.progress, leave=False):
+    for seed in steps(seeds, BarSpec(f"final {label} ({len(seeds)} seeds)", enabled=run.progress, transient=True)):
         if untrained is not None:
             test, validation, zero, draws = untrained
         else:

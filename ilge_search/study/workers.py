@@ -87,17 +87,17 @@ def _total_trials_callbacks(total_trials: Optional[int]) -> List[Callable[[Any, 
 
 
 class _ProgressCallback:
-    """tqdm bar over ended trials with the best value so far."""
+    """A progress bar over ended trials with the best value so far."""
 
     def __init__(self, bar: Any, metric: str) -> None:
         self.bar = bar
         self.metric = metric
 
     def __call__(self, study: Any, trial: Any) -> None:
-        self.bar.update(1)
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError):  # the best first: a line written for this trial shows it
             best = best_score_trial(study)
             self.bar.set_postfix_str(f"best {self.metric} {score_of(best):.4f} (trial {best.number})")
+        self.bar.update(1)
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
 
 def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, progress: bool, total: Optional[int]) -> None:
     """Run ``jobs`` in spawned processes; show progress by polling the storage."""
-    from tqdm.auto import tqdm
+    from ..progress import BarSpec, new_bar
 
     baseline = count_trials(study, ENDED_STATES)
     context = multiprocessing.get_context("spawn")
@@ -201,12 +201,12 @@ def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, progres
     ]
     for process in processes:
         process.start()
-    bar = tqdm(total=total, desc=f"{study.study_name} ({len(jobs)} workers)", unit="trial", disable=not progress)
+    bar = new_bar(BarSpec(f"{study.study_name} ({len(jobs)} workers)", total, "trial", enabled=progress))
     try:
         while any(p.is_alive() for p in processes):
-            bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
             with contextlib.suppress(ValueError):
                 bar.set_postfix_str(f"best {metric} {score_of(best_score_trial(study)):.4f}")
+            bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
             time.sleep(1.0)
         bar.update(count_trials(study, ENDED_STATES) - baseline - bar.n)
     except KeyboardInterrupt:
@@ -256,12 +256,12 @@ def optimize(
     """
     quiet_interrupt_tracebacks()
     if options.runtime.workers == 1:
-        from tqdm.auto import tqdm
+        from ..progress import BarSpec, new_bar
 
         objective = TrialObjective(
             encoder, data, seed=options.search.seed, device=spec.device, max_epochs=options.search.max_epochs
         )
-        with tqdm(total=count, desc=study.study_name, unit="trial", disable=not options.runtime.progress) as bar:
+        with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
             study.optimize(
                 objective,
                 n_trials=count,

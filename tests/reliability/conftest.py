@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from announced_skips import skip_because
 
 
 def _mount(target: Path, options: str) -> bool:
@@ -25,7 +26,7 @@ def small_disk(tmp_path) -> Iterator[Path]:
     """A 1 MiB tmpfs: a disk that is (almost) full for any real cache entry."""
     target = tmp_path / "small-disk"
     if not _mount(target, "size=1m"):
-        pytest.skip("mounting a tmpfs needs root (mount -t tmpfs); the full-disk checks are not run")
+        skip_because("mounting a tmpfs needs root (mount -t tmpfs); run the suite as root for the full-disk checks")
     yield target
     _umount(target)
 
@@ -39,7 +40,7 @@ def read_only_dir(tmp_path) -> Iterator[Path]:
         _umount(target)
         return
     if os.geteuid() == 0:
-        pytest.skip("root ignores file modes and mounting a read-only tmpfs failed")
+        skip_because("root ignores file modes and mounting a read-only tmpfs failed; allow mount -t tmpfs here")
     target.mkdir(exist_ok=True)
     target.chmod(0o555)
     yield target

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
-import pytest
+from announced_skips import skip_because
 
 MODEL = "minilm-l6"
 SMALL = ["--max-train", "240", "--max-eval", "160", "--max-epochs", "6"]
@@ -130,7 +130,7 @@ def tmpfs(folder: Path, size: str) -> Iterator[Path]:
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); needs root")
+        skip_because(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'mount failed'}); run the suite as root")
     try:
         yield folder
     finally:

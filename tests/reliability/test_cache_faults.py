@@ -19,6 +19,7 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
+from announced_skips import skip_because
 from click.testing import CliRunner
 from reliability_helpers import cli_command, labelled, one_line_error, remount, subprocess_env, temp_files, write_task
 
@@ -163,7 +164,7 @@ def test_read_only_cache_still_serves_its_entries(tmp_path, monkeypatch):
     disk = tmp_path / "shared-cache"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
+        skip_because("mounting a tmpfs needs root (mount -t tmpfs); run the suite as root")
     try:
         task = _task(tmp_path, 20, test=6)
         first = load_task_embeddings(MODEL, task, cache_dir=disk, device="cpu", progress=False)

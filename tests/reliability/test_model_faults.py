@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from announced_skips import skipped_where
 from click.testing import CliRunner
 from reliability_helpers import labelled, one_line_error, write_task
 
@@ -72,7 +73,10 @@ def test_an_unknown_device_name_is_refused(device):
             "cuda",
             f"device 'cuda' is not available: this torch is built without CUDA (torch "
             f"{torch.__version__}); use --device cpu or auto",
-            marks=pytest.mark.skipif(CUDA or torch.version.cuda is not None, reason="a torch built with CUDA"),
+            marks=skipped_where(
+                CUDA or torch.version.cuda is not None,
+                "torch built with CUDA: no no-CUDA message to check",
+            ),
         ),
         ("gpu", "unknown device 'gpu'; use auto, cpu, cuda, cuda:N or mps"),
     ],

@@ -13,13 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from announced_skips import skipped_where
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
 from ilge_search.report import MANIFEST_NAME
 from ilge_search.report.folder import default_report_dir
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+pytestmark = skipped_where(shutil.which("git") is None, "needs git on PATH (apt-get install -y git)")
 
 
 def tree(folder: Path) -> dict:

@@ -97,7 +97,9 @@ def test_recommend_names_a_study_with_values_outside_the_space(tmp_path):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_quiet_hides_the_weight_loading_bar_of_a_real_model(tmp_path):
-    """Before: `--quiet` still showed transformers' "Loading weights" bar (MiniLM-L6, in a subprocess)."""
+    """Before: `--quiet` still showed transformers' "Loading weights" bar (MiniLM-L6, in a subprocess). On a
+    terminal (a pseudo-terminal here) only ``--quiet`` hides it; in a file it is always hidden, since its
+    carriage-return redraws have no place in a log."""
     import subprocess
 
     from reliability_helpers import cli_command, labelled, subprocess_env, write_task
@@ -106,10 +108,41 @@ def test_quiet_hides_the_weight_loading_bar_of_a_real_model(tmp_path):
     shown = {}
     env = subprocess_env()
     env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)  # set in this process by an earlier in-process `--quiet` command
-    for quiet in (False, True):
+    for terminal, quiet in ((True, False), (True, True), (False, False)):
         args = ["embed", "--model", "minilm-l6", "--task", str(task), "--device", "cpu", "--split", "test"]
-        args += ["--cache-dir", str(tmp_path / f"cache-{quiet}")] + (["--quiet"] if quiet else [])
-        done = subprocess.run(cli_command(*args), capture_output=True, text=True, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr
-        shown[quiet] = "Loading weights" in done.stderr
-    assert shown == {False: True, True: False}
+        args += ["--cache-dir", str(tmp_path / f"cache-{terminal}-{quiet}")] + (["--quiet"] if quiet else [])
+        if terminal:
+            code, err = _run_on_a_terminal(cli_command(*args), env)
+        else:
+            done = subprocess.run(cli_command(*args), capture_output=True, text=True, env=env, timeout=300)
+            code, err = done.returncode, done.stderr
+        assert code == 0, err
+        shown[terminal, quiet] = "Loading weights" in err
+    assert shown == {(True, False): True, (True, True): False, (False, False): False}
+
+
+def _run_on_a_terminal(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``command`` with its stderr on a pseudo-terminal; its exit code and what it wrote there."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    master, replica = pty.openpty()
+    # a new pseudo-terminal is 0 columns wide, into which tqdm draws nothing; 24 rows of 120 columns
+    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=replica, env=env)
+    os.close(replica)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return process.wait(timeout=300), b"".join(chunks).decode(errors="replace")
