@@ -3,9 +3,9 @@
 A bare clone here is a ``git clone`` of this checkout's HEAD (commit first: uncommitted edits are not in it)
 into a temporary folder with nothing beside it (no ``../shared``), a fresh ``HOME`` and no
 ``$ILGE_SEARCH_DATA``. Each page's blocks run in order with bash in the clone, ``ilge-search`` being this
-environment's command on the clone's code (``PYTHONPATH``; ``.venv`` in the clone links to this environment,
-so ``. .venv/bin/activate`` works as written). After the last block ``git status`` must be clean: `.gitignore`
-expects every file the documented commands write by default.
+environment's command on the clone's code (``PYTHONPATH``; the clone's ``.venv/bin/activate`` puts this
+environment's commands first on ``PATH``, so ``. .venv/bin/activate`` works as written). After the last block
+``git status`` must be clean: `.gitignore` expects every file the documented commands write by default.
 
 What this test changes, so that a page takes about a minute on 2 cores: the budgets are capped (:data:`CAPS`:
 ``--max-train 200``, ``--max-eval 100``, ``--max-epochs 2``, 2 trials, 1 worker) and the study names the pages
@@ -113,13 +113,15 @@ def _git(*args: str, cwd: Path) -> str:
 
 
 def bare_clone(where: Path) -> Path:
-    """A clone of this checkout's HEAD at ``where / "clone"``, whose ``.venv/bin/activate`` is this
-    environment's."""
+    """A clone of this checkout's HEAD at ``where / "clone"``, whose ``.venv/bin/activate`` puts this
+    environment's commands first on ``PATH``."""
     clone = where / "clone"
     _git("clone", "-q", "--no-checkout", str(ROOT), str(clone), cwd=where)
     _git("checkout", "-q", _git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
-    (clone / ".venv" / "bin").mkdir(parents=True)  # a folder, as .gitignore expects it
-    (clone / ".venv" / "bin" / "activate").symlink_to(Path(sys.prefix) / "bin" / "activate")
+    # an activate script of its own, never a link into this environment: a block that made a venv in the
+    # clone would otherwise write through the link into this environment's own script
+    (clone / ".venv" / "bin").mkdir(parents=True)
+    (clone / ".venv" / "bin" / "activate").write_text(f'export PATH="{Path(sys.executable).parent}:$PATH"\n')
     return clone
 
 
@@ -154,6 +156,8 @@ def test_every_shell_block_runs_here_or_says_what_it_needs():
         assert need in block.around.replace("`", ""), (
             f"{block.page}:{block.line}: no sentence beside the block names {need!r}"
         )
+    installs = [f"{b.page}:{b.line}" for b in blocks if _runs_here(b) and re.search(r"\bpip |-m venv|\bmake ", b.text)]
+    assert not installs, f"blocks that install (a package index) without a needs marker: {installs}"
     unmarked_shared = [f"{b.page}:{b.line}" for b in blocks if _runs_here(b) and "../shared" in b.text]
     assert not unmarked_shared, f"blocks that read ../shared without a needs marker: {unmarked_shared}"
 
