@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from .models import MODELS, KnownModel
-from .settings import resolve_data_dir
+from .settings import registered_task_dir
 from .tasks import TASKS, TaskError, TaskSpec, load_task
 
 __all__ = ["task_catalog", "model_catalog", "TASK_COLUMNS", "MODEL_COLUMNS"]
@@ -43,7 +43,7 @@ def _hub_source(spec: TaskSpec) -> str:
     return f"hf:{spec.hf_dataset}" + (f" ({spec.hf_config})" if spec.hf_config else "")
 
 
-def _task_row(spec: TaskSpec, data_dir: Optional[Path]) -> Dict[str, Any]:
+def _task_row(spec: TaskSpec, data_dir: Optional[PathLike]) -> Dict[str, Any]:
     row = {
         "task": spec.name,
         "kind": spec.kind,
@@ -54,10 +54,11 @@ def _task_row(spec: TaskSpec, data_dir: Optional[Path]) -> Dict[str, Any]:
         "offline": False,
         "description": spec.description,
     }
-    if data_dir is None or spec.local_name is None or not (data_dir / spec.local_name).is_dir():
+    folder = registered_task_dir(spec.local_name, data_dir)
+    if folder is None or spec.local_name is None or not (folder / spec.local_name).is_dir():
         return row  # loads from the hub (needs the network and the `datasets` library)
     try:
-        task = load_task(spec.name, data_dir)
+        task = load_task(spec.name, data_dir)  # from ``folder``, as every command reads it
     except TaskError as exc:
         row["description"] = f"{spec.description} (local copy unusable: {exc})"
         return row
@@ -78,18 +79,18 @@ def _task_row(spec: TaskSpec, data_dir: Optional[Path]) -> Dict[str, Any]:
 def task_catalog(data_dir: Optional[PathLike] = None) -> Any:
     """One row per registered task (a ``pandas.DataFrame`` with :data:`TASK_COLUMNS`).
 
-    ``data_dir`` (default ``$ILGE_SEARCH_DATA``) holds local copies in the shared
-    layout; a task found there is read to count its classes (tags, or score range) and
+    ``data_dir`` (default ``$ILGE_SEARCH_DATA``, else the shipped ``examples/data`` for the tasks it holds, as
+    :func:`~ilge_search.settings.registered_task_dir` resolves it for every command) holds local copies in the
+    shared layout; a task found there is read to count its classes (tags, or score range) and
     split sizes (sentences for a tagging task), and is ``offline``. Other tasks load from the
     Hugging Face hub, except those whose source is ``data dir only``.
     """
     import pandas as pd
 
-    folder = resolve_data_dir(data_dir)
     task_log = logging.getLogger(load_task.__module__)
     quiet, task_log.disabled = task_log.disabled, True  # a listing does not repeat the data warnings of loading
     try:
-        rows = [_task_row(spec, folder) for spec in TASKS.values()]
+        rows = [_task_row(spec, data_dir) for spec in TASKS.values()]
     finally:
         task_log.disabled = quiet
     return pd.DataFrame(rows, columns=TASK_COLUMNS)

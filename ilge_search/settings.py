@@ -16,6 +16,9 @@ __all__ = [
     "Settings",
     "resolve_cache_dir",
     "resolve_data_dir",
+    "SHIPPED_DATA_DIR",
+    "registered_task_dir",
+    "data_dir_note",
     "default_storage_url",
     "user_config_dir",
     "user_defaults_path",
@@ -45,6 +48,38 @@ def resolve_data_dir(data_dir: Optional[PathLike] = None) -> Optional[Path]:
         return Path(data_dir).expanduser()
     env = os.environ.get(DATA_ENV)
     return Path(env).expanduser() if env else None
+
+
+# The small task data a source checkout ships (the demo's banking77 subset); absent in an installed wheel.
+SHIPPED_DATA_DIR = Path(__file__).resolve().parent.parent / "examples" / "data"
+
+
+def registered_task_dir(local_name: Optional[str], data_dir: Optional[PathLike] = None) -> Optional[Path]:
+    """The folder a registered task whose files are ``<folder>/<local_name>/`` is read from, as every command
+    resolves it: ``data_dir`` or ``$ILGE_SEARCH_DATA`` when set (the task must then be there), else
+    :data:`SHIPPED_DATA_DIR` when it holds the task, else None (the Hugging Face hub).
+
+    The shipped folder only serves the tasks it holds, so without a data folder every other task still
+    loads from the hub as before."""
+    given = resolve_data_dir(data_dir)
+    if given is not None:
+        return given
+    if local_name and (SHIPPED_DATA_DIR / local_name / "train.jsonl").is_file():
+        return SHIPPED_DATA_DIR
+    return None
+
+
+def data_dir_note(data_dir: Optional[PathLike] = None) -> str:
+    """One line saying which folder registered tasks are read from (what :func:`registered_task_dir` does)."""
+    given = resolve_data_dir(data_dir)
+    if given is not None:
+        return f"task data: {given} (every registered task is read from it)"
+    if SHIPPED_DATA_DIR.is_dir():
+        return (
+            f"task data: no --data-dir or ${DATA_ENV}; the tasks in the shipped {SHIPPED_DATA_DIR} are read "
+            "from there, the others from the Hugging Face hub"
+        )
+    return f"task data: no --data-dir or ${DATA_ENV}; registered tasks load from the Hugging Face hub"
 
 
 def default_storage_url(study_dir: PathLike = "studies") -> str:

@@ -4,6 +4,7 @@
 file's name and the number of its first data row, for messages); :func:`find_split_files` finds
 a folder's ``train``/``validation``/``test`` files. Bytes that are not UTF-8, a file without rows
 and an unreadable file raise :class:`TaskError` naming the file (and the line, where there is one).
+:func:`hub_unreachable` asks the Hugging Face hub once whether it answers, before a task is downloaded.
 """
 
 from __future__ import annotations
@@ -15,11 +16,38 @@ from pathlib import Path
 
 from .files import iter_json_objects, read_text_utf8
 
-__all__ = ["TaskError", "Table", "read_table", "find_split_files", "SUFFIXES", "SPLIT_FILE_NAMES", "MAX_ROWS_LISTED"]
+__all__ = [
+    "TaskError",
+    "Table",
+    "read_table",
+    "find_split_files",
+    "hub_unreachable",
+    "SUFFIXES",
+    "SPLIT_FILE_NAMES",
+    "MAX_ROWS_LISTED",
+]
 
 SPLIT_FILE_NAMES = {"train": ("train",), "validation": ("validation", "val", "dev"), "test": ("test",)}
 SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".json")
 MAX_ROWS_LISTED = 10  # row numbers quoted in a message
+HUB_PROBE_SECONDS = 10.0  # how long the one reachability request may take
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached now, or None when it answers.
+
+    One request, no retry: ``datasets`` retries every file of a download 5 times with backoff (about 26 s
+    on a machine without network) before its own error, so an unreachable hub is found here first."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_SECONDS)
+    except Exception as exc:  # any transport failure (DNS, refused, timeout, proxy) means unreachable
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 class TaskError(ValueError):

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .settings import DATA_ENV, resolve_data_dir
+from .settings import DATA_ENV, SHIPPED_DATA_DIR, registered_task_dir, resolve_data_dir
 from .tagging import (
     TaggedRows,
     check_tagged_rows,
@@ -35,7 +35,7 @@ from .tagging import (
     refuse_other_kind_columns,
     sentence_offsets,
 )
-from .task_files import MAX_ROWS_LISTED, Table, TaskError, find_split_files, read_table
+from .task_files import MAX_ROWS_LISTED, Table, TaskError, find_split_files, hub_unreachable, read_table
 from .validation import check_int
 
 __all__ = [
@@ -615,6 +615,12 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
             f"task {spec.name!r} has no data dir, and downloading {spec.hf_dataset!r} needs the "
             f"`datasets` library (pip install datasets). {offline_hint}"
         ) from exc
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        raise TaskError(
+            f"task {spec.name!r} loads {spec.hf_dataset!r} from the Hugging Face hub, which cannot be reached "
+            f"({unreachable}). {offline_hint}"
+        )
     try:
         loaded = datasets.load_dataset(spec.hf_dataset, spec.hf_config)
     except Exception as exc:  # offline, missing dataset, ...
@@ -766,7 +772,7 @@ def load_task(
         spec = get_task_spec(key)
         given = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
         refuse_other_kind_columns(spec.name, spec.kind, given | dict(tokens_col=tokens_col, tags_col=tags_col))
-        local = resolve_data_dir(data_dir)
+        local = registered_task_dir(spec.local_name, data_dir)
         # The shared local layout always uses text/label and sentence1/sentence2/score.
         defaults = (
             _Columns(spec.kind)
@@ -785,7 +791,14 @@ def load_task(
             tags_col or spec.tags_col,
         )
         if local is not None:
-            return _load_local_registered(spec, local, cols, val_fraction, seed)
+            task = _load_local_registered(spec, local, cols, val_fraction, seed)
+            if resolve_data_dir(data_dir) is None:  # the shipped subset, not the full task: say so
+                _warn_once(
+                    task,
+                    f"note: task {spec.name!r}: no --data-dir or ${DATA_ENV}, reading the shipped "
+                    f"subset in {SHIPPED_DATA_DIR}; pass --data-dir for another copy",
+                )
+            return task
         return _load_online(spec, cols, val_fraction, seed)
     if path.exists():
         tagging_cols = (tokens_col, tags_col)

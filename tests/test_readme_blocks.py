@@ -99,13 +99,14 @@ def test_the_docs_have_the_blocks_this_file_runs():
 
 
 def _check_quick_start(printed: str, calls: list, clone: Path) -> None:
-    """The user guide's quick start: two studies on trec, each printing its test accuracy."""
+    """The user guide's quick start: two studies on the shipped banking77 subset, each printing its test
+    accuracy."""
     assert len(calls) == 1
-    assert calls[0]["options"].data.data_dir == "../shared/datasets"
+    assert calls[0]["options"].data.data_dir == "examples/data"
     lines = printed.splitlines()
     assert [line.split()[0].split(":")[:3] for line in lines] == [
-        ["minilm-l6", "trec", "cayley"],
-        ["minilm-l6", "trec", "last-layer"],
+        ["minilm-l6", "banking77", "cayley"],
+        ["minilm-l6", "banking77", "last-layer"],
     ], printed
     assert all(0.0 < float(line.split()[1]) <= 1.0 for line in lines), printed  # a test accuracy
     assert (clone / "studies" / "ilge.db").is_file()  # the default storage, relative to where it ran
@@ -118,7 +119,7 @@ def test_python_block_runs_as_written(page, block, clone, shrunk_run_study):
     with contextlib.redirect_stdout(out):
         exec(compile(block, _where(page), "exec"), namespace)
     printed = out.getvalue()
-    if 'run_study("minilm-l6", "trec"' in block:
+    if 'run_study("minilm-l6", "banking77"' in block:
         _check_quick_start(printed, shrunk_run_study, clone)
     elif "ILGEClassifier(" in block:
         # banking77's 77 intents from a third of the shipped subset, about 7 per intent (chance: about 0.013;

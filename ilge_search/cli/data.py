@@ -165,10 +165,14 @@ def cache_rm_command(settings: Settings, key: Optional[str], remove_all: bool) -
 @location_options
 def tasks_command(settings: Settings, fmt: str) -> None:
     """List the registered tasks: kind, classes or score range, splits, where each loads from, and whether
-    it is available offline now (its files are in --data-dir)."""
+    it is available offline now (its files are in --data-dir, or without one in the shipped examples/data);
+    the table ends with a line saying which folder that is."""
     from ..catalog import task_catalog
+    from ..settings import data_dir_note
 
     echo_frame(task_catalog(settings.data_dir), fmt, empty="no tasks")
+    if fmt == "table":  # csv and json stay machine-readable; their `source` column says the same per task
+        click.echo(data_dir_note(settings.data_dir))
 
 
 @cli.command("models")
