@@ -91,6 +91,9 @@ ENSEMBLE_SIZES = (1, 3, 5, 10)  # what the committed measurement compares
 # Trials run side by side with --workers share the cores, which narrows their time ratios (a loaded demo
 # run measured a 3-layer GCN of width 512 at 3.7 times the median), hence a factor well below that 11.
 SLOW_MEMBER_FACTOR = 3.0
+# ... and over this many seconds: a trial of a few seconds costs little to retrain however it compares with
+# the median (the demo's last-layer probes: 2 s against a median of 0.6 s, most of them pruned).
+SLOW_MEMBER_SECONDS = 10.0
 
 
 # ----------------------------------------------------------------------------- the pure-numpy core
@@ -457,12 +460,12 @@ def _trial_seconds(trials: Sequence[Any]) -> dict[int, float]:
 
 def slow_trials(study: Any, trials: Sequence[Any], run: EnsembleRun) -> dict[int, float]:
     """The ``trials`` left out of the selection for their cost (trial -> its search seconds): those that took
-    over ``run.slow_factor`` times the median trial. The selected trial and the start are kept: the final
-    evaluation trains them in any case."""
+    over ``run.slow_factor`` times the median trial and over :data:`SLOW_MEMBER_SECONDS`. The selected trial
+    and the start are kept: the final evaluation trains them in any case."""
     timed = _trial_seconds(trials)
     if run.slow_factor is None or len(timed) < 3:
         return {}
-    limit = run.slow_factor * statistics.median(timed.values())
+    limit = max(run.slow_factor * statistics.median(timed.values()), SLOW_MEMBER_SECONDS)
     start = start_trial(study)
     kept = {select_trial(study, run.select).number, None if start is None else start.number}
     return {n: seconds for n, seconds in timed.items() if seconds > limit and n not in kept}

@@ -61,6 +61,9 @@ def test_trials_far_slower_than_the_median_are_left_out_but_never_the_selected_o
     run = EnsembleRun(size=5, seeds=[0, 1, 2], max_epochs=4)
     assert slow_trials(study, study.trials, run) == {3: 46.0}  # the slow selected trial 2 stays
     assert slow_trials(study, study.trials, EnsembleRun(size=5, seeds=[0], max_epochs=4, slow_factor=None)) == {}
+    quick = [trial(0.70, 0.5), trial(0.71, 0.6), trial(0.80, 0.6), trial(0.75, 2.0), trial(0.72, 0.7)]
+    quick_study = add_study(url, Identity(model="minilm-l6", task="sst2", encoder="cayley"), trials=quick)
+    assert slow_trials(quick_study, quick_study.trials, run) == {}  # 2 s is over 3x the median, but cheap
 
 
 # ----------------------------------------------------------------------------- on one small study
