@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable, List
+from collections.abc import Callable
 
 import torch
 import torch_geometric
@@ -80,9 +80,9 @@ class TextbookDeepSet(nn.Module):
         return h
 
 
-def _data_list(nodes: torch.Tensor, graph) -> List[Data]:
+def _data_list(nodes: torch.Tensor, graph) -> list[Data]:
     """One Data per sample; ``nodes`` is (N, R, D) real-node features, virtual rows are zeros."""
-    N, R, D = nodes.shape
+    _N, R, D = nodes.shape
     virtual = torch.zeros(graph.num_nodes - R, D)
     real = torch.arange(graph.num_nodes) < R
     return [Data(x=torch.cat([sample, virtual]), edge_index=graph.edge_index, real=real) for sample in nodes]

@@ -22,7 +22,6 @@ may be fully connected (``FCConfig``); a ``DeepSetConfig`` there is a ``TypeErro
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -210,7 +209,7 @@ class PerTokenAggregator(nn.Module):
 
     def __init__(
         self,
-        config: Union[CayleyConfig, FCConfig],
+        config: CayleyConfig | FCConfig,
         num_layers: int,
         hidden_in: int,
         token_pooling: str = "mean",
@@ -268,7 +267,7 @@ class PerTokenAggregator(nn.Module):
 
         return self._graphs.get_or_build((seq_len,), build)
 
-    def _check_inputs(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor]):
+    def _check_inputs(self, x: torch.Tensor, attention_mask: torch.Tensor | None):
         L, D = self.num_layers, self.hidden_in
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"expected a torch.Tensor of shape (B, T, {L}, {D}), got {type(x).__name__}")
@@ -296,7 +295,7 @@ class PerTokenAggregator(nn.Module):
             raise ValueError(f"attention_mask marks no real token in sample(s) {empty[:10]}; drop those samples")
         return x.to(dtype), (None if bool(mask.all()) else mask.to(x.device))
 
-    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         from .nn.gnn import BatchedGraph
 
         x, mask = self._check_inputs(x, attention_mask)
@@ -333,7 +332,7 @@ class PerTokenAggregator(nn.Module):
 
 
 def build_per_token_aggregator(
-    config: Union[CayleyConfig, FCConfig],
+    config: CayleyConfig | FCConfig,
     num_layers: int,
     hidden_in: int,
     token_pooling: str = "mean",

@@ -32,12 +32,12 @@ import os
 import struct
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar, Union
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -72,10 +72,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # storage dtype -> (safetensors dtype, numpy dtype the memmap is written with, torch dtype)
-STORAGE_DTYPES: Dict[str, Tuple[str, Any, torch.dtype]] = {
+STORAGE_DTYPES: dict[str, tuple[str, Any, torch.dtype]] = {
     "float16": ("F16", np.float16, torch.float16),
     "bfloat16": ("BF16", np.uint16, torch.bfloat16),  # numpy has no bfloat16: write the raw bits
     "float32": ("F32", np.float32, torch.float32),
@@ -87,7 +87,7 @@ _TEXTS_TASK = "<texts>"
 _KEY_HEX_DIGITS = 24
 
 # path -> (size, mtime_ns, sha256) of files whose checksum this process already verified
-_VERIFIED: Dict[str, Tuple[int, int, str]] = {}
+_VERIFIED: dict[str, tuple[int, int, str]] = {}
 _META_RESERVE = 64 * 1024  # room kept free for an entry's JSON record
 _FIX_SPACE = "free some space, or pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a folder on a disk with room"
 _FIX_WRITABLE = "pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a writable folder"
@@ -122,8 +122,8 @@ class CachedEmbeddings:
 
     features: torch.Tensor
     labels: torch.Tensor
-    label_names: List[str]
-    meta: Dict[str, Any]
+    label_names: list[str]
+    meta: dict[str, Any]
     key: str
     path: Path
     hit: bool = False
@@ -150,8 +150,8 @@ class CacheEntry:
     size_bytes: int
     created: str
     path: Path
-    meta: Dict[str, Any] = field(default_factory=dict)
-    damage: Optional[str] = None  # why the entry cannot be read (missing or truncated data file), else None
+    meta: dict[str, Any] = field(default_factory=dict)
+    damage: str | None = None  # why the entry cannot be read (missing or truncated data file), else None
 
 
 @dataclass
@@ -159,11 +159,11 @@ class TaskEmbeddings:
     """Every requested split of one task for one model (see :func:`load_task_embeddings`)."""
 
     task: TaskData
-    splits: Dict[str, CachedEmbeddings]
+    splits: dict[str, CachedEmbeddings]
     num_layers: int
     hidden_size: int
-    label_names: List[str]
-    cache_keys: Dict[str, str]
+    label_names: list[str]
+    cache_keys: dict[str, str]
     model: str = ""
 
     def __getitem__(self, split: str) -> CachedEmbeddings:
@@ -203,7 +203,7 @@ def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype
 def safetensors_header(tensors: list[tuple[str, str, tuple, int]], metadata: dict[str, str]) -> bytes:
     """The safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order (data
     starts right after it, 8-byte aligned)."""
-    header: Dict[str, Any] = {"__metadata__": metadata}
+    header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for name, dtype, shape, nbytes in tensors:
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
@@ -236,7 +236,7 @@ _NP_FROM_SAFETENSORS = {
 }
 
 
-def _parse_safetensors(buffer: bytearray, name: str) -> Dict[str, torch.Tensor]:
+def _parse_safetensors(buffer: bytearray, name: str) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file held in ``buffer``; raises CacheCorruptError on a bad header."""
     try:
         (header_size,) = struct.unpack("<Q", bytes(buffer[:8]))
@@ -244,7 +244,7 @@ def _parse_safetensors(buffer: bytearray, name: str) -> Dict[str, torch.Tensor]:
             raise ValueError(f"header size {header_size} exceeds the file")
         header = json.loads(bytes(buffer[8 : 8 + header_size]))
         start = 8 + header_size
-        tensors: Dict[str, torch.Tensor] = {}
+        tensors: dict[str, torch.Tensor] = {}
         end = start
         for tensor_name, info in header.items():
             if tensor_name == "__metadata__":
@@ -279,18 +279,18 @@ class EmbeddingCache:
             header are always checked).
     """
 
-    def __init__(self, cache_dir: Optional[PathLike] = None, *, verify: bool = True) -> None:
+    def __init__(self, cache_dir: PathLike | None = None, *, verify: bool = True) -> None:
         self.cache_dir = resolve_cache_dir(cache_dir)
         self.verify = verify
         if cache_writes_allowed():  # checks and dry runs leave even dead writers' leftovers to the next run
             self._remove_stale_temp_files()
-        self._embedders: Dict[tuple, LayerEmbedder] = {}
-        self._sources: Dict[str, ModelSource] = {}
+        self._embedders: dict[tuple, LayerEmbedder] = {}
+        self._sources: dict[str, ModelSource] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cache_dir={str(self.cache_dir)!r})"
 
-    def __enter__(self) -> "EmbeddingCache":
+    def __enter__(self) -> EmbeddingCache:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -324,7 +324,7 @@ class EmbeddingCache:
     ) -> str:
         """sha256 (first 24 hex digits) over FORMAT_VERSION and the non-default fields; ``extra`` adds
         fields of other kinds of entry (word entries: their layout and word pooling)."""
-        fields: Dict[str, Any] = {
+        fields: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "model": model_identity,
             "task": task,
@@ -341,7 +341,7 @@ class EmbeddingCache:
         # json.dumps raises on anything it cannot encode: a failed hash never becomes a random key.
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:_KEY_HEX_DIGITS]
 
-    def resolve(self, model: Union[str, PathLike, ModelSource]) -> ModelSource:
+    def resolve(self, model: str | PathLike | ModelSource) -> ModelSource:
         """The model's source and weights identity (memoised; never loads or converts weights)."""
         if isinstance(model, ModelSource):
             return model
@@ -387,7 +387,7 @@ class EmbeddingCache:
             )
         _VERIFIED[str(path)] = stamp
 
-    def _read(self, key: str) -> Optional[CachedEmbeddings]:
+    def _read(self, key: str) -> CachedEmbeddings | None:
         """The committed entry, None if there is none; raises CacheCorruptError if it is damaged."""
         record = self.committed_record(key)
         if record is None:
@@ -515,11 +515,11 @@ class EmbeddingCache:
         self,
         key: str,
         embedder: LayerEmbedder,
-        texts: List[str],
+        texts: list[str],
         pairs: bool,
-        labels: Optional[np.ndarray],
+        labels: np.ndarray | None,
         storage_dtype: str,
-        meta: Dict[str, Any],
+        meta: dict[str, Any],
         progress: bool,
     ) -> None:
         """Stream pooled batches into a memmapped safetensors file, then commit it atomically.
@@ -527,7 +527,7 @@ class EmbeddingCache:
         The file's size is known from the model's config, so free space is checked and the
         whole file allocated before the model loads.
         """
-        st_dtype, np_dtype, torch_dtype = STORAGE_DTYPES[storage_dtype]
+        st_dtype, np_dtype, _torch_dtype = STORAGE_DTYPES[storage_dtype]
         num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
         n_rows = len(texts) // 2 if pairs else len(texts)
         shape = (n_rows, 2, num_layers, hidden) if pairs else (n_rows, num_layers, hidden)
@@ -623,7 +623,7 @@ class EmbeddingCache:
         max_length: int,
         storage_dtype: str,
         device: str,
-    ) -> Dict[str, Any]:
+    ) -> dict[str, Any]:
         """The JSON record of a new entry before extraction: what it holds and which versions made it."""
         import transformers
 
@@ -651,7 +651,7 @@ class EmbeddingCache:
 
     def get_or_extract(
         self,
-        model: Union[str, PathLike, ModelSource],
+        model: str | PathLike | ModelSource,
         task_data_or_name: Any,
         split: str,
         *,
@@ -660,7 +660,7 @@ class EmbeddingCache:
         batch_size: int = 32,
         device: str = "auto",
         storage_dtype: str = "float16",
-        data_dir: Optional[PathLike] = None,
+        data_dir: PathLike | None = None,
         progress: bool = True,
     ) -> CachedEmbeddings:
         """The split's embeddings: read from the cache, or extracted once (under a lock) and stored.
@@ -703,7 +703,7 @@ class EmbeddingCache:
 
     def get_or_extract_texts(
         self,
-        model: Union[str, PathLike, ModelSource],
+        model: str | PathLike | ModelSource,
         texts: Sequence[str],
         *,
         pooling: str = "mean",
@@ -746,7 +746,7 @@ class EmbeddingCache:
 
         return self.get_or_build(key, self._read, build, progress).features
 
-    def ls(self) -> List[CacheEntry]:
+    def ls(self) -> list[CacheEntry]:
         """Committed entries, newest first."""
         entries = []
         for meta_path in self.embeddings_dir.glob("*.json") if self.embeddings_dir.is_dir() else []:
@@ -777,7 +777,7 @@ class EmbeddingCache:
             )
         return sorted(entries, key=lambda entry: entry.created, reverse=True)
 
-    def rm(self, key_or_prefix: Optional[str] = None, *, all: bool = False) -> List[str]:
+    def rm(self, key_or_prefix: str | None = None, *, all: bool = False) -> list[str]:
         """Remove one entry (full key or unique prefix) or, with ``all=True``, every entry and
         leftover temporary file. Returns the removed keys. Converted models are kept."""
         if all == (key_or_prefix is not None):
@@ -817,12 +817,12 @@ class EmbeddingCache:
 
 
 def load_task_embeddings(
-    model: Union[str, PathLike, ModelSource],
+    model: str | PathLike | ModelSource,
     task: Any,
     *,
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
-    splits: Optional[Sequence[str]] = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
+    splits: Sequence[str] | None = None,
     pooling: str = "mean",
     max_length: int = 512,
     batch_size: int = 32,
@@ -870,16 +870,16 @@ def load_task_embeddings(
 
 
 def embed_task(
-    model: Union[str, PathLike, ModelSource],
+    model: str | PathLike | ModelSource,
     task: Any,
     *,
-    data_dir: Optional[PathLike] = None,
-    cache_dir: Optional[PathLike] = None,
-    splits: Optional[Sequence[str]] = None,
-    text_col: Optional[str] = None,
-    label_col: Optional[str] = None,
-    text_cols: Optional[Sequence[str]] = None,
-    score_col: Optional[str] = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
+    splits: Sequence[str] | None = None,
+    text_col: str | None = None,
+    label_col: str | None = None,
+    text_cols: Sequence[str] | None = None,
+    score_col: str | None = None,
     **options: Any,
 ) -> TaskEmbeddings:
     """What ``ilge-search embed`` runs: load (and validate) the task with the given columns,

@@ -14,7 +14,7 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any
 
 from .models import MODELS, KnownModel
 from .settings import registered_task_dir
@@ -22,7 +22,7 @@ from .tasks import TASKS, TaskError, TaskSpec, load_task
 
 __all__ = ["task_catalog", "model_catalog", "TASK_COLUMNS", "MODEL_COLUMNS"]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 TASK_COLUMNS = ["task", "kind", "metric", "classes_or_scores", "splits", "source", "offline", "description"]
 MODEL_COLUMNS = [
     "model",
@@ -43,7 +43,7 @@ def _hub_source(spec: TaskSpec) -> str:
     return f"hf:{spec.hf_dataset}" + (f" ({spec.hf_config})" if spec.hf_config else "")
 
 
-def _task_row(spec: TaskSpec, data_dir: Optional[PathLike]) -> Dict[str, Any]:
+def _task_row(spec: TaskSpec, data_dir: PathLike | None) -> dict[str, Any]:
     row = {
         "task": spec.name,
         "kind": spec.kind,
@@ -76,7 +76,7 @@ def _task_row(spec: TaskSpec, data_dir: Optional[PathLike]) -> Dict[str, Any]:
     return row
 
 
-def task_catalog(data_dir: Optional[PathLike] = None) -> Any:
+def task_catalog(data_dir: PathLike | None = None) -> Any:
     """One row per registered task (a ``pandas.DataFrame`` with :data:`TASK_COLUMNS`).
 
     ``data_dir`` (default ``$ILGE_SEARCH_DATA``, else the shipped ``examples/data`` for the tasks it holds, as
@@ -125,7 +125,7 @@ def model_catalog() -> Any:
     """
     import pandas as pd
 
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     for model in MODELS:
         rows.append(
             {

@@ -40,6 +40,7 @@ from .saved import check_saved_fields
 from .validation import ArgumentTypeError, check_int
 
 if TYPE_CHECKING:
+    from .cache import EmbeddingCache
     from .engine import ILGEModel
     from .study.export import StudyExport, StudyModel
 
@@ -322,7 +323,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         classes, counts = np.unique(labels, return_counts=True)
         quota = counts * float(self.val_fraction)
         n_val = np.floor(quota).astype(np.int64)
-        remaining = int(round(len(labels) * float(self.val_fraction))) - int(n_val.sum())
+        remaining = round(len(labels) * float(self.val_fraction)) - int(n_val.sum())
         # hand the rounding to the classes with the largest remainders (random tie-break)
         order = np.lexsort((rng.random(len(classes)), -(quota - n_val)))
         for i in order[: max(remaining, 0)]:
@@ -353,6 +354,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         memo = _EMBEDDING_MEMO.setdefault(key, {})
         missing = list(dict.fromkeys(text for text in texts if text not in memo))
         if missing:
+            if self.base_model is None:
+                raise ValueError("base_model is None; pass a model name or folder, or use the *_embeddings methods")
             cache = self._embedding_cache()
             features = cache.get_or_extract_texts(
                 self.base_model,
@@ -367,12 +370,13 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
                 memo[text] = row
         return torch.stack([memo[text] for text in texts])  # (N, L, D)
 
-    def _embedding_cache(self):
+    def _embedding_cache(self) -> EmbeddingCache:
         from .cache import EmbeddingCache  # lazy: pulls in transformers
 
-        cache = getattr(self, "_cache", None)
+        cache: EmbeddingCache | None = getattr(self, "_cache", None)
         if cache is None:
-            cache = self._cache = EmbeddingCache(self.cache_dir)
+            cache = EmbeddingCache(self.cache_dir)
+            self._cache: EmbeddingCache | None = cache
         return cache
 
     def __getstate__(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Optional, Type
+from typing import Any, ClassVar
 
 from .validation import check_int
 
@@ -74,13 +74,13 @@ class EncoderConfig:
         check_int("batch_size", self.batch_size)
         check_int("epochs", self.epochs)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """All fields plus ``family``; round-trips through :func:`config_from_dict`."""
         out = {"family": self.family}
         out.update(dataclasses.asdict(self))
         return out
 
-    def replace(self, **changes: Any) -> "EncoderConfig":
+    def replace(self, **changes: Any) -> EncoderConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -166,13 +166,12 @@ class BestLayerConfig(EncoderConfig):
 
     family: ClassVar[str] = "best-layer"
     dropout: float = 0.0
-    layer: Optional[int] = None
+    layer: int | None = None
 
     def validate(self) -> None:
         super().validate()
-        if self.layer is not None:
-            if isinstance(self.layer, bool) or not isinstance(self.layer, int):
-                raise ValueError(f"layer must be an integer index or None, got {self.layer!r}")
+        if self.layer is not None and (isinstance(self.layer, bool) or not isinstance(self.layer, int)):
+            raise ValueError(f"layer must be an integer index or None, got {self.layer!r}")
 
 
 @dataclass
@@ -205,7 +204,7 @@ class MLPLastConfig(EncoderConfig):
         check_int("mlp_layers", self.mlp_layers)
 
 
-CONFIG_CLASSES: Dict[str, Type[EncoderConfig]] = {
+CONFIG_CLASSES: dict[str, type[EncoderConfig]] = {
     cls.family: cls
     for cls in (
         CayleyConfig,
@@ -224,14 +223,14 @@ BASELINE_FAMILIES = ("last-layer", "best-layer", "mean-layers", "scalar-mix", "m
 TAGGER_FAMILIES = ("cayley-word",)  # encoders of tagging studies only
 
 
-def config_class_for(family: str) -> Type[EncoderConfig]:
+def config_class_for(family: str) -> type[EncoderConfig]:
     try:
         return CONFIG_CLASSES[family]
     except KeyError:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}") from None
 
 
-def config_from_dict(data: Dict[str, Any]) -> EncoderConfig:
+def config_from_dict(data: dict[str, Any]) -> EncoderConfig:
     """Rebuild a config from :meth:`EncoderConfig.to_dict` output."""
     data = dict(data)
     family = data.pop("family", None)

@@ -273,7 +273,7 @@ def serve_dashboard(
         raise ValueError(f"cannot resolve host {host!r}: {exc}; pass an address such as 127.0.0.1") from exc
 
     class Handler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the stdlib's name)
+        def log_message(self, format: str, *args: Any) -> None:
             if log_requests:
                 super().log_message(format, *args)
 

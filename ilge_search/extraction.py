@@ -18,7 +18,8 @@ from __future__ import annotations
 import gc
 import inspect
 import os
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, po
 __all__ = ["POOLINGS", "WORD_POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
 
 POOLINGS = ("mean", "last", "first", "mean_including_padding")
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 _LENGTH_CHUNK = 2048  # texts tokenised at a time when measuring lengths
 
 
@@ -111,14 +112,14 @@ class LayerEmbedder:
 
     def __init__(
         self,
-        model: Union[str, PathLike, ModelSource],
+        model: str | PathLike | ModelSource,
         pooling: str = "mean",
         max_length: int = 512,
         batch_size: int = 32,
         device: str = "auto",
         dtype: Any = "auto",
-        cache_dir: Optional[PathLike] = None,
-        padding_side: Optional[str] = None,
+        cache_dir: PathLike | None = None,
+        padding_side: str | None = None,
     ) -> None:
         _check_pooling(pooling)
         for name, value in (("max_length", max_length), ("batch_size", batch_size)):
@@ -134,7 +135,7 @@ class LayerEmbedder:
         self.dtype = dtype
         self.cache_dir = cache_dir
         self.padding_side = padding_side
-        self._source: Optional[ModelSource] = None
+        self._source: ModelSource | None = None
         self._model: Any = None
         self._tokenizer: Any = None
         self._config: Any = None
@@ -189,7 +190,7 @@ class LayerEmbedder:
             limits.append(int(tokenizer_limit))
         return min(limits)
 
-    def load(self) -> "LayerEmbedder":
+    def load(self) -> LayerEmbedder:
         """Load the model and tokenizer now (``embed`` does this on first use)."""
         if self._model is None:
             device = resolve_device(self.device)
@@ -224,7 +225,7 @@ class LayerEmbedder:
 
     def iter_pooled_batches(
         self, texts: Sequence[str], progress: bool = True
-    ) -> Iterator[Tuple[np.ndarray, torch.Tensor]]:
+    ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Yield ``(indices, pooled)``: positions in ``texts`` and their (b, L, D) float32 CPU tensor.
 
         Batches come longest first (padding is minimal and any out-of-memory shows at once).
@@ -289,7 +290,7 @@ class LayerEmbedder:
         word_pooling: str = "first",
         window_overlap: int = 0,
         progress: bool = True,
-    ) -> Iterator[Tuple[np.ndarray, torch.Tensor]]:
+    ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
         """Yield ``(rows, pooled)``: positions of words in the sentences' words laid end to end, and their
         (n, L, D) float32 CPU tensor. Every word of every sentence comes exactly once.
 
@@ -332,7 +333,7 @@ class LayerEmbedder:
         return out
 
 
-def _check_texts(texts: Sequence[str]) -> List[str]:
+def _check_texts(texts: Sequence[str]) -> list[str]:
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string")
     texts = list(texts)
@@ -348,7 +349,7 @@ def _check_texts(texts: Sequence[str]) -> List[str]:
 
 
 def extract_layer_embeddings(
-    model: Union[str, PathLike, ModelSource],
+    model: str | PathLike | ModelSource,
     texts: Sequence[str],
     *,
     pooling: str = "mean",
@@ -356,7 +357,7 @@ def extract_layer_embeddings(
     batch_size: int = 32,
     device: str = "auto",
     dtype: Any = "auto",
-    cache_dir: Optional[PathLike] = None,
+    cache_dir: PathLike | None = None,
     progress: bool = True,
 ) -> torch.Tensor:
     """(N, L, D) float32 pooled embeddings of every layer, uncached (see :class:`EmbeddingCache`

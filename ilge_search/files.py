@@ -32,8 +32,9 @@ import socket
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Type, Union
+from typing import Any
 
 __all__ = [
     "DiskError",
@@ -55,7 +56,7 @@ __all__ = [
     "write_output_text",
 ]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 _TEMP = re.compile(r"\.tmp-(?P<pid>\d+)-[0-9a-f]{8}@(?P<host>[A-Za-z0-9._-]+)$")
 
@@ -84,7 +85,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temp_files(folder: PathLike, busy: Optional[Callable[[Path], bool]] = None) -> List[Path]:
+def remove_stale_temp_files(folder: PathLike, busy: Callable[[Path], bool] | None = None) -> list[Path]:
     """Remove temporary files and folders in ``folder`` whose writer was a process of this
     host that no longer runs (and, if given, for which ``busy(path)`` is false: a second
     check, e.g. a lock the writer would hold, for pids from another pid namespace); return
@@ -163,7 +164,7 @@ def check_free_space(folder: PathLike, needed: int, what: str, fix: str) -> None
         )
 
 
-def disk_error(exc: OSError, folder: PathLike, what: str, fix: str) -> Optional[DiskError]:
+def disk_error(exc: OSError, folder: PathLike, what: str, fix: str) -> DiskError | None:
     """A one-line :class:`DiskError` for a full or read-only disk, None for other errors."""
     if exc.errno not in DISK_ERRNOS:
         return None
@@ -174,7 +175,7 @@ def disk_error(exc: OSError, folder: PathLike, what: str, fix: str) -> Optional[
     return DiskError(f"{problem} while writing {what}; nothing half-written was kept; {fix}")
 
 
-def read_text_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> str:
+def read_text_utf8(path: PathLike, error: type[ValueError] = ValueError) -> str:
     """The file's text (a leading byte-order mark dropped); bytes that are not UTF-8 raise
     ``error`` (a ``ValueError`` class) naming the file, the line and the column."""
     path = Path(path)
@@ -189,7 +190,7 @@ def read_text_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> str:
         raise _not_utf8(error, path, line, column, start, data[start], exc.reason) from None
 
 
-def iter_lines_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> Iterator[Tuple[int, str]]:
+def iter_lines_utf8(path: PathLike, error: type[ValueError] = ValueError) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of a UTF-8 file, read lazily (memory flat in the file's size), with the
     same error as :func:`read_text_utf8` for bytes that are not UTF-8."""
     path = Path(path)
@@ -207,7 +208,7 @@ def iter_lines_utf8(path: PathLike, error: Type[ValueError] = ValueError) -> Ite
             offset += len(raw)
 
 
-def iter_json_objects(path: PathLike, error: Type[ValueError] = ValueError) -> Iterator[Tuple[int, dict]]:
+def iter_json_objects(path: PathLike, error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` of a JSONL file, read lazily; blank lines are skipped, and a line that is not
     UTF-8, not JSON or not a JSON object raises ``error`` naming the file and the line."""
     import json
@@ -225,7 +226,7 @@ def iter_json_objects(path: PathLike, error: Type[ValueError] = ValueError) -> I
 
 
 def _not_utf8(
-    error: Type[ValueError], path: Path, line: int, column: int, offset: int, byte: int, reason: str
+    error: type[ValueError], path: Path, line: int, column: int, offset: int, byte: int, reason: str
 ) -> ValueError:
     return error(
         f"{path}: line {line}, column {column} is not valid UTF-8 (byte 0x{byte:02x} at offset {offset}: "

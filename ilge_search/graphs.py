@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -57,7 +56,7 @@ __all__ = [
 ]
 
 # A, B, A^-1, B^-1 as (a, b, c, d) for the matrix [[a, b], [c, d]] over the integers.
-GENERATORS: Tuple[Tuple[int, int, int, int], ...] = (
+GENERATORS: tuple[tuple[int, int, int, int], ...] = (
     (1, 1, 0, 1),
     (1, 0, 1, 1),
     (1, -1, 0, 1),
@@ -82,7 +81,7 @@ class LayerGraph:
     num_nodes: int
     num_real: int
     kind: str
-    modulus: Optional[int] = None
+    modulus: int | None = None
 
     @property
     def num_virtual(self) -> int:
@@ -103,7 +102,7 @@ class LayerGraph:
         )
 
 
-def _prime_factors(n: int) -> List[int]:
+def _prime_factors(n: int) -> list[int]:
     factors, p = [], 2
     while p * p <= n:
         if n % p == 0:
@@ -134,7 +133,7 @@ def cayley_modulus_for(num_nodes: int) -> int:
     return n
 
 
-def _multiply(elems: np.ndarray, gen: Tuple[int, int, int, int], n: int) -> np.ndarray:
+def _multiply(elems: np.ndarray, gen: tuple[int, int, int, int], n: int) -> np.ndarray:
     """Right-multiply every matrix in ``elems`` (K, 4) by ``gen`` modulo n."""
     a, b, c, d = elems.T
     ga, gb, gc, gd = gen
@@ -147,7 +146,7 @@ def _encode(elems: np.ndarray, n: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=32)
-def _sl2_bfs(n: int) -> Tuple[np.ndarray, np.ndarray]:
+def _sl2_bfs(n: int) -> tuple[np.ndarray, np.ndarray]:
     """Elements (K, 4) in BFS order from the identity, and the (K, 4) neighbour table."""
     identity = np.array([[1, 0, 0, 1]], dtype=np.int64) % n
     seen = np.zeros(n**4, dtype=bool)

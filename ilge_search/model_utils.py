@@ -25,7 +25,7 @@ the published package that is also a ``ValueError``.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any
 
 from .models import MODEL_ALIASES, MODELS, known_model
 from .validation import ArgumentTypeError
@@ -33,12 +33,12 @@ from .validation import ArgumentTypeError
 __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"]
 
 # canonical id -> (num_hidden_layers, hidden_size): a view of the one model table, ilge_search.models.MODELS
-KNOWN_MODELS: Dict[str, Tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidden_size) for m in MODELS}
+KNOWN_MODELS: dict[str, tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidden_size) for m in MODELS}
 
 
 def _dims_from_config(
-    config: Any, need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")
-) -> Tuple[Optional[int], Optional[int]]:
+    config: Any, need: tuple[str, ...] = ("num_hidden_layers", "hidden_size")
+) -> tuple[int | None, int | None]:
     """``(num_hidden_layers, hidden_size)`` of a config; the fields in ``need`` must be integers."""
     text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
     values = {name: getattr(text_config, name, None) for name in ("num_hidden_layers", "hidden_size")}
@@ -73,7 +73,7 @@ def _unknown(model: Any, reason: str = "") -> ValueError:
     )
 
 
-def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = False) -> Tuple[int, int]:
+def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = False) -> tuple[int, int]:
     from transformers import AutoConfig
 
     try:
@@ -93,8 +93,8 @@ def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = Fal
 
 
 def _dims(
-    model: Any, trust_remote_code: bool = False, need: Tuple[str, ...] = ("num_hidden_layers", "hidden_size")
-) -> Tuple[Any, Any]:
+    model: Any, trust_remote_code: bool = False, need: tuple[str, ...] = ("num_hidden_layers", "hidden_size")
+) -> tuple[Any, Any]:
     """``(num_hidden_layers, hidden_size)``; of a config-like object only the fields in ``need`` must exist."""
     if isinstance(model, os.PathLike):
         path = os.fspath(model)
@@ -119,13 +119,13 @@ def _dims(
     return _dims_from_config(config, need)
 
 
-def layer_dims_for(model: Union[str, "os.PathLike[str]", Any], trust_remote_code: bool = False) -> Tuple[int, int]:
+def layer_dims_for(model: str | os.PathLike[str] | Any, trust_remote_code: bool = False) -> tuple[int, int]:
     """``(num_layers_for(model), hidden_size_for(model))`` with one lookup."""
     layers, hidden = _dims(model, trust_remote_code)
     return layers + 1, hidden
 
 
-def num_layers_for(model_or_name: Union[str, "os.PathLike[str]", Any], trust_remote_code: bool = False) -> int:
+def num_layers_for(model_or_name: str | os.PathLike[str] | Any, trust_remote_code: bool = False) -> int:
     """Hidden states the model returns with ``output_hidden_states=True``: ``num_hidden_layers + 1``.
 
     The ``num_layers`` of ``build_aggregator`` / ``build_per_token_aggregator``.
@@ -136,6 +136,6 @@ def num_layers_for(model_or_name: Union[str, "os.PathLike[str]", Any], trust_rem
     return _dims(model_or_name, trust_remote_code, need=("num_hidden_layers",))[0] + 1
 
 
-def hidden_size_for(model_or_name: Union[str, "os.PathLike[str]", Any], trust_remote_code: bool = False) -> int:
+def hidden_size_for(model_or_name: str | os.PathLike[str] | Any, trust_remote_code: bool = False) -> int:
     """Width of each hidden state (``hidden_size``): the ``hidden_in`` of the aggregator factories."""
     return _dims(model_or_name, trust_remote_code, need=("hidden_size",))[1]

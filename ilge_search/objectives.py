@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from typing import Any, Iterable, List, Literal, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
 
 from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
 
@@ -52,7 +53,7 @@ __all__ = [
     "LATENCY_ATTR",
 ]
 
-OBJECTIVES: Tuple[str, ...] = ("score", "params", "latency")
+OBJECTIVES: tuple[str, ...] = ("score", "params", "latency")
 LATENCY_ATTR = TrialRecord.attr_name("latency_ms")  # forward milliseconds per 1,000 samples
 LATENCY_SAMPLES = 1000  # latency is stated per this many samples
 LATENCY_REPEATS = 5  # timed passes; the median is kept
@@ -64,7 +65,7 @@ FLOPS_REFUSAL = (
 _METRIC_NAMES = {"params": "params", "latency": LATENCY_ATTR}
 
 
-def check_objectives(objectives: Any) -> Tuple[str, ...]:
+def check_objectives(objectives: Any) -> tuple[str, ...]:
     """The objectives as a tuple in :data:`OBJECTIVES` order, ``score`` first.
 
     Accepts a name or a sequence of names; duplicates are dropped.
@@ -90,7 +91,7 @@ def check_objectives(objectives: Any) -> Tuple[str, ...]:
     return tuple(name for name in OBJECTIVES if name in names)
 
 
-def objective_suffix(objectives: Sequence[str]) -> Optional[str]:
+def objective_suffix(objectives: Sequence[str]) -> str | None:
     """The part of a default study name that says its objectives (``obj-params``), ``None`` for score alone."""
     extra = [name for name in objectives if name != "score"]
     return "obj-" + "-".join(extra) if extra else None
@@ -101,7 +102,7 @@ def objective_directions(objectives: Sequence[str], metric: str) -> list[Literal
     return ["minimize" if name != "score" or metric == "loss" else "maximize" for name in objectives]
 
 
-def objective_metric_names(objectives: Sequence[str], metric: str) -> List[str]:
+def objective_metric_names(objectives: Sequence[str], metric: str) -> list[str]:
     """Names for ``study.set_metric_names``: the task's metric for the score, then ``params``, ``latency_ms``."""
     return [metric if name == "score" else _METRIC_NAMES[name] for name in objectives]
 
@@ -111,7 +112,7 @@ def is_multi_objective(study: Any) -> bool:
     return len(study.directions) > 1
 
 
-def score_of(trial: Any) -> Optional[float]:
+def score_of(trial: Any) -> float | None:
     """A complete trial's score (its first objective value) in single- and multi-objective studies alike."""
     values = getattr(trial, "values", None)
     return None if not values else float(values[0])
@@ -138,7 +139,7 @@ def objective_values(trial: Any, objectives: Sequence[str]) -> tuple[float, ...]
     return tuple(out)
 
 
-def complete_trials(study: Any) -> List[Any]:
+def complete_trials(study: Any) -> list[Any]:
     """The study's complete trials with finite values."""
     from optuna.trial import TrialState
 
@@ -170,7 +171,7 @@ def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
-def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: Sequence[str]) -> List[Any]:
+def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: Sequence[str]) -> list[Any]:
     """The non-dominated trials among ``trials``, best score first (ties: fewer by the later objectives, then
     the earlier trial). Trials with identical values appear once (the earliest).
 
@@ -184,7 +185,7 @@ def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: S
         if values is not None and all(math.isfinite(v) for v in values):
             points.append((tuple(s * v for s, v in zip(signs, values, strict=True)), trial))
     points.sort(key=lambda item: (item[0], item[1].number))
-    front: List[Tuple[Tuple[float, ...], Any]] = []
+    front: list[tuple[tuple[float, ...], Any]] = []
     for key, trial in points:
         if any(_dominates(other, key) or other == key for other, _ in front):
             continue

@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 __all__ = ["Bar", "BarSpec", "LineBar", "new_bar", "on_terminal", "note", "steps"]
 
@@ -47,7 +47,7 @@ class BarSpec:
     is shown at all (``enabled``, False for ``--quiet``) and whether it disappears when done (``transient``)."""
 
     desc: str
-    total: Optional[float] = None
+    total: float | None = None
     unit: str = "it"
     enabled: bool = True
     transient: bool = False
@@ -72,9 +72,9 @@ class LineBar:
     def update(self, n: float = 1) -> None:
         self.n += n
         total = self.spec.total
-        if total and self._milestone(self.n, total) > self._milestone(self._written, total):
-            self._line()
-        elif not total and n and time.monotonic() - self._last_line >= UNKNOWN_TOTAL_EVERY:
+        if (total and self._milestone(self.n, total) > self._milestone(self._written, total)) or (
+            not total and n and time.monotonic() - self._last_line >= UNKNOWN_TOTAL_EVERY
+        ):
             self._line()
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:

@@ -41,8 +41,9 @@ draws on the Hugging Face copy of the data.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -75,11 +76,11 @@ MTEB_N_EXPERIMENTS = 10  # AbsTaskClassification.n_experiments
 MTEB_DEFAULT_SAMPLES_PER_LABEL = 8  # AbsTaskClassification.samples_per_label
 MTEB_LOGREG_MAX_ITER = 100  # AbsTaskClassification.evaluator_model = LogisticRegression(max_iter=100)
 # MTEB tasks that override samples_per_label (every other MTEB classification task of the paper uses 8)
-MTEB_SAMPLES_PER_LABEL: Dict[str, int] = {"emotion": 16}
+MTEB_SAMPLES_PER_LABEL: dict[str, int] = {"emotion": 16}
 # our registry names -> MTEB's task names, for the paper's tasks MTEB has
 # the baselines with no trainable parameter (tests/test_protocol.py checks this against the modules)
-PARAMETER_FREE_FAMILIES: Tuple[str, ...] = ("last-layer", "best-layer", "mean-layers")
-MTEB_TASK_NAMES: Dict[str, str] = {
+PARAMETER_FREE_FAMILIES: tuple[str, ...] = ("last-layer", "best-layer", "mean-layers")
+MTEB_TASK_NAMES: dict[str, str] = {
     "banking77": "Banking77Classification",
     "emotion": "EmotionClassification",
     "mtop_domain": "MTOPDomainClassification",
@@ -101,7 +102,7 @@ def check_protocol(protocol: Any) -> str:
     return check_choice("protocol", protocol, PROTOCOLS)
 
 
-def paper_samples_per_label(task: Optional[str], override: Optional[int] = None) -> int:
+def paper_samples_per_label(task: str | None, override: int | None = None) -> int:
     """Examples per label of the paper protocol: ``override``, else the MTEB task's own value for a
     registered task (``task``; ``None`` for a custom task), else MTEB's default (8)."""
     if override is not None:
@@ -126,7 +127,7 @@ class PaperProtocol:
         check_int("n_experiments", self.n_experiments)
         check_int("seed", self.seed, minimum=0)
 
-    def record(self) -> Dict[str, Any]:
+    def record(self) -> dict[str, Any]:
         """What a study stores about the readout beside its scores (``final_protocol``)."""
         return {
             "protocol": "paper",
@@ -152,7 +153,7 @@ def undersample(
     samples_per_label: int,
     n_experiments: int = MTEB_N_EXPERIMENTS,
     seed: int = MTEB_SEED,
-) -> List[np.ndarray]:
+) -> list[np.ndarray]:
     """The training rows of each experiment, drawn as MTEB's ``AbsTaskClassification._undersample_data``.
 
     Returns ``n_experiments`` index arrays into ``labels``, each in the shuffled
@@ -165,7 +166,7 @@ def undersample(
     draws = []
     for _ in range(n_experiments):
         np.random.RandomState(seed).shuffle(order)
-        taken: Dict[Any, int] = defaultdict(int)
+        taken: dict[Any, int] = defaultdict(int)
         chosen = []
         for index in order:
             if taken[labels[index]] < samples_per_label:
@@ -176,8 +177,8 @@ def undersample(
 
 
 def logistic_readout(
-    train: Tuple[Any, Any], evaluations: Mapping[str, Tuple[Any, Any]], protocol: PaperProtocol = PaperProtocol()
-) -> Dict[str, List[float]]:
+    train: tuple[Any, Any], evaluations: Mapping[str, tuple[Any, Any]], protocol: PaperProtocol = PaperProtocol()
+) -> dict[str, list[float]]:
     """MTEB's classification evaluator on vectors: per experiment, ``LogisticRegression(max_iter=100)``
     fitted on the undersampled training rows; the accuracy on each evaluation set.
 
@@ -197,7 +198,7 @@ def logistic_readout(
     from sklearn.metrics import accuracy_score
 
     vectors, labels = np.asarray(train[0]), np.asarray(train[1])
-    scores: Dict[str, List[float]] = {name: [] for name in evaluations}
+    scores: dict[str, list[float]] = {name: [] for name in evaluations}
     for rows in undersample(labels, protocol.samples_per_label, protocol.n_experiments, protocol.seed):
         if len(np.unique(labels[rows])) < 2:
             raise ValueError("the paper protocol's readout needs at least two labels in the training split")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
 
 __all__ = [
     "Settings",
@@ -24,7 +23,7 @@ __all__ = [
     "user_defaults_path",
 ]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 CACHE_ENV = "ILGE_SEARCH_CACHE"
 DATA_ENV = "ILGE_SEARCH_DATA"
@@ -32,7 +31,7 @@ DEFAULTS_ENV = "ILGE_SEARCH_DEFAULTS"
 DEFAULTS_FILE_NAME = "recommended_defaults.json"
 
 
-def resolve_cache_dir(cache_dir: Optional[PathLike] = None) -> Path:
+def resolve_cache_dir(cache_dir: PathLike | None = None) -> Path:
     """``cache_dir`` if given, else ``$ILGE_SEARCH_CACHE``, else ``~/.cache/ilge-search``."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
@@ -42,7 +41,7 @@ def resolve_cache_dir(cache_dir: Optional[PathLike] = None) -> Path:
     return Path("~/.cache/ilge-search").expanduser()
 
 
-def resolve_data_dir(data_dir: Optional[PathLike] = None) -> Optional[Path]:
+def resolve_data_dir(data_dir: PathLike | None = None) -> Path | None:
     """``data_dir`` if given, else ``$ILGE_SEARCH_DATA``, else None (online datasets)."""
     if data_dir is not None:
         return Path(data_dir).expanduser()
@@ -54,7 +53,7 @@ def resolve_data_dir(data_dir: Optional[PathLike] = None) -> Optional[Path]:
 SHIPPED_DATA_DIR = Path(__file__).resolve().parent.parent / "examples" / "data"
 
 
-def registered_task_dir(local_name: Optional[str], data_dir: Optional[PathLike] = None) -> Optional[Path]:
+def registered_task_dir(local_name: str | None, data_dir: PathLike | None = None) -> Path | None:
     """The folder a registered task whose files are ``<folder>/<local_name>/`` is read from, as every command
     resolves it: ``data_dir`` or ``$ILGE_SEARCH_DATA`` when set (the task must then be there), else
     :data:`SHIPPED_DATA_DIR` when it holds the task, else None (the Hugging Face hub).
@@ -69,7 +68,7 @@ def registered_task_dir(local_name: Optional[str], data_dir: Optional[PathLike] 
     return None
 
 
-def data_dir_note(data_dir: Optional[PathLike] = None) -> str:
+def data_dir_note(data_dir: PathLike | None = None) -> str:
     """One line saying which folder registered tasks are read from (what :func:`registered_task_dir` does)."""
     given = resolve_data_dir(data_dir)
     if given is not None:
@@ -94,7 +93,7 @@ def user_config_dir() -> Path:
     return (Path(base).expanduser() if base else Path("~/.config").expanduser()) / "ilge-search"
 
 
-def user_defaults_path(path: Optional[PathLike] = None) -> Path:
+def user_defaults_path(path: PathLike | None = None) -> Path:
     """The user's recommended-defaults file: ``path`` if given, else ``$ILGE_SEARCH_DEFAULTS``, else
     ``recommended_defaults.json`` in :func:`user_config_dir`.
 
@@ -115,15 +114,15 @@ class Settings:
     """Locations and device shared by every CLI subcommand."""
 
     cache_dir: Path = field(default_factory=resolve_cache_dir)
-    data_dir: Optional[Path] = field(default_factory=resolve_data_dir)
+    data_dir: Path | None = field(default_factory=resolve_data_dir)
     device: str = "auto"
 
     def updated(
         self,
-        cache_dir: Optional[PathLike] = None,
-        data_dir: Optional[PathLike] = None,
-        device: Optional[str] = None,
-    ) -> "Settings":
+        cache_dir: PathLike | None = None,
+        data_dir: PathLike | None = None,
+        device: str | None = None,
+    ) -> Settings:
         """A copy with the given non-None values replaced (subcommand options win)."""
         return Settings(
             cache_dir=resolve_cache_dir(cache_dir) if cache_dir is not None else self.cache_dir,

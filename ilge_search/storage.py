@@ -31,9 +31,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any
 
 from .files import DiskError, check_can_create, check_writable
 from .settings import default_storage_url
@@ -66,7 +67,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 class StorageError(ValueError):
@@ -138,14 +139,14 @@ def check_storage_url(url: str) -> None:
     _parse(url)
 
 
-def _sqlite_file(parsed: Any) -> Optional[Path]:
+def _sqlite_file(parsed: Any) -> Path | None:
     """The database file of a SQLite URL (``None`` for other backends and in-memory SQLite)."""
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database).expanduser()
 
 
-def sqlite_database(storage_url: str) -> Optional[Path]:
+def sqlite_database(storage_url: str) -> Path | None:
     """The database file of a SQLite URL, resolved (``None`` for other backends, in-memory SQLite or an
     unparsable URL)."""
     try:
@@ -155,7 +156,7 @@ def sqlite_database(storage_url: str) -> Optional[Path]:
     return None if database is None else database.resolve()
 
 
-def artifact_dir_for(storage_url: str, artifact_dir: Optional[PathLike] = None) -> Path:
+def artifact_dir_for(storage_url: str, artifact_dir: PathLike | None = None) -> Path:
     """Where the artifact store lives: ``artifact_dir`` if given; for a SQLite file,
     an ``artifacts`` folder next to it; otherwise ``studies/artifacts`` (give
     ``artifact_dir`` on a shared filesystem for multi-node runs)."""
@@ -178,8 +179,8 @@ class Storage:
     url: str
     rdb: Any
     artifact_dir: Path
-    heartbeat_interval: Optional[int] = None
-    grace_period: Optional[int] = None
+    heartbeat_interval: int | None = None
+    grace_period: int | None = None
     max_retry: int = 3
 
     @property
@@ -199,7 +200,7 @@ class Storage:
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         return FileSystemArtifactStore(self.artifact_dir)
 
-    def load_study(self, study_name: str, *, sampler: Any = None, pruner: Any = None) -> Optional[Any]:
+    def load_study(self, study_name: str, *, sampler: Any = None, pruner: Any = None) -> Any | None:
         """The stored study called ``study_name``, or ``None`` when there is none."""
         import optuna
 
@@ -219,7 +220,7 @@ class Storage:
 
 
 def _reopen(
-    url: str, artifact_dir: str, heartbeat_interval: Optional[int], grace_period: Optional[int], max_retry: int
+    url: str, artifact_dir: str, heartbeat_interval: int | None, grace_period: int | None, max_retry: int
 ) -> Storage:
     return open_storage(
         url,
@@ -231,12 +232,12 @@ def _reopen(
 
 
 def open_storage(
-    url: Optional[str] = None,
+    url: str | None = None,
     *,
     must_exist: bool = False,
-    artifact_dir: Optional[PathLike] = None,
-    heartbeat_interval: Optional[int] = None,
-    grace_period: Optional[int] = None,
+    artifact_dir: PathLike | None = None,
+    heartbeat_interval: int | None = None,
+    grace_period: int | None = None,
     max_retry: int = 3,
 ) -> Storage:
     """Open the study storage at ``url`` (default: ``sqlite:///studies/ilge.db``).
@@ -275,7 +276,7 @@ def open_storage(
             "or pass the right --storage"
         )
     driver_url = _with_installed_driver(parsed) if parsed.drivername == "postgresql" else url
-    engine_kwargs: Dict[str, Any] = {}
+    engine_kwargs: dict[str, Any] = {}
     is_sqlite = parsed.get_backend_name() == "sqlite"
     if is_sqlite:
         # isolation_level=None: pysqlite emits no BEGIN of its own; _begin_immediate does
@@ -312,7 +313,7 @@ def open_storage(
     )
 
 
-def _heartbeat_kwargs(heartbeat_interval: Optional[int], grace_period: Optional[int], max_retry: int) -> Dict[str, Any]:
+def _heartbeat_kwargs(heartbeat_interval: int | None, grace_period: int | None, max_retry: int) -> dict[str, Any]:
     import optuna
 
     if heartbeat_interval is None:
@@ -335,7 +336,7 @@ def _is_schema_race(exc: BaseException) -> bool:
     return any(part in text for part in ("already exists", "duplicate", "unique constraint", "unique violation"))
 
 
-def _create_rdb(driver_url: str, engine_kwargs: Dict[str, Any], heartbeat: Dict[str, Any]) -> Any:
+def _create_rdb(driver_url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any]) -> Any:
     """``RDBStorage``; a process that lost the race to create the schema waits and opens what the winner made."""
     import optuna
     import sqlalchemy
@@ -352,7 +353,7 @@ def _create_rdb(driver_url: str, engine_kwargs: Dict[str, Any], heartbeat: Dict[
 
 
 @contextlib.contextmanager
-def _schema_lock(database: Optional[Path]) -> Iterator[None]:
+def _schema_lock(database: Path | None) -> Iterator[None]:
     """Hold ``<database>.lock`` while a SQLite file is opened (and its schema created, if new).
 
     Several processes opening one fresh file would otherwise race to create its
@@ -410,7 +411,7 @@ _FULL = ("database or disk is full", "no space left on device", "disk full", "co
 _READ_ONLY = ("attempt to write a readonly database", "read-only file system", "readonly database")
 
 
-def storage_fault(exc: BaseException) -> Optional[str]:
+def storage_fault(exc: BaseException) -> str | None:
     """What went wrong, as one sentence with the fix, when ``exc`` (or an exception it was raised
     from or while handling) is the database running out of space or refusing writes; else ``None``.
 
@@ -419,7 +420,7 @@ def storage_fault(exc: BaseException) -> Optional[str]:
     import sqlalchemy
 
     seen = set()
-    current: Optional[BaseException] = exc
+    current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(current, sqlalchemy.exc.DBAPIError):
@@ -470,7 +471,7 @@ def _with_installed_driver(parsed: Any) -> str:
 WORKER_ATTR = "ilge_worker"  # trial user attr: host, pid (and its start time) of the process running it
 
 
-def _proc_stat(pid: int) -> Optional[List[str]]:
+def _proc_stat(pid: int) -> list[str] | None:
     """The fields of ``/proc/<pid>/stat`` after the command name (Linux); ``None`` elsewhere or if gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
@@ -479,14 +480,14 @@ def _proc_stat(pid: int) -> Optional[List[str]]:
         return None
 
 
-def _pid_namespace() -> Optional[int]:
+def _pid_namespace() -> int | None:
     try:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return None
 
 
-def worker_stamp(trial_number: int) -> Dict[str, Any]:
+def worker_stamp(trial_number: int) -> dict[str, Any]:
     """What a trial records about the process that runs it (:data:`WORKER_ATTR`).
 
     ``trial`` is the trial's own number: a retried copy of a trial inherits its
@@ -513,13 +514,11 @@ def stamp_worker(study: Any, trial: Any) -> None:
     """
     import optuna
 
-    try:
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
         study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
-    except optuna.exceptions.UpdateFinishedTrialError:
-        pass
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _owner_stamping_class() -> type:
     import optuna
 
@@ -625,7 +624,7 @@ def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str, *, retry
     return bool(failed)
 
 
-def fail_waiting_trials(study: Any, storage: Storage) -> List[int]:
+def fail_waiting_trials(study: Any, storage: Storage) -> list[int]:
     """Mark FAIL every WAITING trial of ``study``, for studies no sampler ever asks for a trial (the portfolio's
     cells are claimed RUNNING, never queued): a queued copy there waits forever. Returns their numbers."""
     import optuna
@@ -638,7 +637,7 @@ def fail_waiting_trials(study: Any, storage: Storage) -> List[int]:
     return numbers
 
 
-def fail_own_running_trials(study: Any, storage: Storage) -> List[int]:
+def fail_own_running_trials(study: Any, storage: Storage) -> list[int]:
     """Fail (and re-queue) the RUNNING trials of this process, as far as the storage still takes writes.
 
     Called when a storage fault stopped a trial half-way; what cannot be written

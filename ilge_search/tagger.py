@@ -205,7 +205,7 @@ class ILGETagger(BaseEstimator):
 
     def _validation_split(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """Seeded split of the training sentences into (train, validation) positions."""
-        held_out = int(round(count * float(self.val_fraction)))
+        held_out = round(count * float(self.val_fraction))
         if count < 2 or held_out == 0 or held_out == count:
             raise ValueError(
                 f"{count} training sentence(s) are too few to hold out {self.val_fraction:.0%} for validation; "

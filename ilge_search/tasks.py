@@ -21,9 +21,10 @@ import logging
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ __all__ = [
     "few_shot",
 ]
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 SPLITS = ("train", "validation", "test")
 KINDS = ("classification", "similarity", "tagging")
 _NOT_SCALAR = (list, tuple, dict, set, np.ndarray)
@@ -80,17 +81,17 @@ class TaskSpec:
     name: str
     kind: str
     metric: str
-    hf_dataset: Optional[str] = None
-    hf_config: Optional[str] = None
+    hf_dataset: str | None = None
+    hf_config: str | None = None
     text_col: str = "text"
     label_col: str = "label"
-    text_cols: Tuple[str, str] = ("sentence1", "sentence2")
+    text_cols: tuple[str, str] = ("sentence1", "sentence2")
     score_col: str = "score"
     tokens_col: str = "tokens"
     tags_col: str = "tags"
-    local_name: Optional[str] = None
-    splits: Tuple[str, ...] = SPLITS
-    zero_shot_of: Optional[str] = None
+    local_name: str | None = None
+    splits: tuple[str, ...] = SPLITS
+    zero_shot_of: str | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -107,8 +108,8 @@ class TaskSplit:
 
     name: str
     labels: np.ndarray
-    texts: Optional[List[str]] = None
-    pairs: Optional[List[Tuple[str, str]]] = None
+    texts: list[str] | None = None
+    pairs: list[tuple[str, str]] | None = None
     sentences: list[list[str]] | None = None
 
     def __len__(self) -> int:
@@ -121,7 +122,7 @@ class TaskSplit:
             raise ValueError(f"split {self.name!r} holds no sentences of words; word offsets are for tagging tasks")
         return sentence_offsets([len(words) for words in self.sentences])
 
-    def flat_texts(self) -> List[str]:
+    def flat_texts(self) -> list[str]:
         """The texts to embed: ``texts``, pairs interleaved ``[a0, b0, a1, b1, ...]``, or each sentence's
         words joined by single spaces (the text a tagging model reads)."""
         if self.pairs is not None:
@@ -130,7 +131,7 @@ class TaskSplit:
             return [" ".join(words) for words in self.sentences]
         return list(self.texts or [])
 
-    def subset(self, indices: Sequence[int] | np.ndarray) -> "TaskSplit":
+    def subset(self, indices: Sequence[int] | np.ndarray) -> TaskSplit:
         """The rows at ``indices`` (in that order)."""
         rows = np.asarray(indices, dtype=np.int64)
         if self.sentences is not None:
@@ -154,8 +155,8 @@ class TaskData:
     """
 
     spec: TaskSpec
-    splits: Dict[str, TaskSplit]
-    label_names: List[str] = field(default_factory=list)
+    splits: dict[str, TaskSplit]
+    label_names: list[str] = field(default_factory=list)
     source: str = ""
 
     @property
@@ -203,11 +204,11 @@ def _classification(
     hf: str,
     description: str,
     *,
-    config: Optional[str] = None,
+    config: str | None = None,
     text_col: str = "text",
     label_col: str = "label",
-    local: Optional[str] = None,
-    splits: Tuple[str, ...] = SPLITS,
+    local: str | None = None,
+    splits: tuple[str, ...] = SPLITS,
 ) -> TaskSpec:
     return TaskSpec(
         name=name,
@@ -228,9 +229,9 @@ def _similarity(
     hf: str,
     description: str,
     *,
-    local: Optional[str] = None,
-    splits: Tuple[str, ...] = ("test",),
-    zero_shot_of: Optional[str] = "stsb",
+    local: str | None = None,
+    splits: tuple[str, ...] = ("test",),
+    zero_shot_of: str | None = "stsb",
 ) -> TaskSpec:
     return TaskSpec(
         name=name,
@@ -244,7 +245,7 @@ def _similarity(
     )
 
 
-TASKS: Dict[str, TaskSpec] = {
+TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in [
         # The paper's classification tasks (MTEB versions; label_text holds the names).
@@ -315,7 +316,7 @@ TASKS: Dict[str, TaskSpec] = {
 }
 
 
-def list_tasks() -> List[str]:
+def list_tasks() -> list[str]:
     """Registered task names, sorted."""
     return sorted(TASKS)
 
@@ -345,7 +346,7 @@ def _refuse_non_scalar(table: Table, name: str, values: list, what: str) -> None
         )
 
 
-def _check_texts(table: Table, name: str, option: str) -> List[str]:
+def _check_texts(table: Table, name: str, option: str) -> list[str]:
     values = table.column(name, option)
     _refuse_non_scalar(table, name, values, "text")
     bad = [
@@ -366,7 +367,7 @@ def _check_texts(table: Table, name: str, option: str) -> List[str]:
     return [str(value) for value in values]
 
 
-def _check_labels(table: Table, name: str) -> List[str]:
+def _check_labels(table: Table, name: str) -> list[str]:
     values = table.column(name, "--label-col")
     _refuse_non_scalar(table, name, values, "label")
     bad = [
@@ -405,13 +406,13 @@ class _Columns:
     kind: str
     text_col: str = "text"
     label_col: str = "label"
-    text_cols: Tuple[str, str] = ("sentence1", "sentence2")
+    text_cols: tuple[str, str] = ("sentence1", "sentence2")
     score_col: str = "score"
     tokens_col: str = "tokens"
     tags_col: str = "tags"
 
 
-def _sorted_label_names(names: Sequence[str]) -> List[str]:
+def _sorted_label_names(names: Sequence[str]) -> list[str]:
     unique = set(names)
     if all(re.fullmatch(r"-?\d+", name) for name in unique):
         return sorted(unique, key=int)
@@ -419,7 +420,7 @@ def _sorted_label_names(names: Sequence[str]) -> List[str]:
 
 
 def _build_task(
-    spec: TaskSpec, tables: Dict[str, Table], cols: _Columns, source: str, val_fraction: float, seed: int
+    spec: TaskSpec, tables: dict[str, Table], cols: _Columns, source: str, val_fraction: float, seed: int
 ) -> TaskData:
     """Validate every split's columns, map labels to ids, carve validation if needed."""
     if cols.kind == "tagging":
@@ -469,9 +470,9 @@ def _build_task(
     return task
 
 
-def _tagging_task(spec: TaskSpec, tables: Dict[str, Table], cols: _Columns, source: str) -> TaskData:
+def _tagging_task(spec: TaskSpec, tables: dict[str, Table], cols: _Columns, source: str) -> TaskData:
     """Sentences of words with one tag id per word; tag names sorted as label names are."""
-    rows: Dict[str, TaggedRows] = {
+    rows: dict[str, TaggedRows] = {
         name: check_tagged_rows(table, cols.tokens_col, cols.tags_col) for name, table in tables.items()
     }
     reference = "train" if "train" in rows else next(iter(rows))
@@ -552,9 +553,9 @@ def _carve_validation(task: TaskData, fraction: float, seed: int) -> TaskData:
     rng = np.random.default_rng(seed)
     if task.kind == "classification":
         # Every label keeps at least one training example.
-        val_idx = _stratified_pick(train.labels, lambda n: min(int(round(fraction * n)), n - 1), rng)
+        val_idx = _stratified_pick(train.labels, lambda n: min(round(fraction * n), n - 1), rng)
     else:
-        val_idx = np.sort(rng.permutation(len(train))[: int(round(fraction * len(train)))])
+        val_idx = np.sort(rng.permutation(len(train))[: round(fraction * len(train))])
     if len(val_idx) == 0:
         raise TaskError(
             f"task {task.name!r}: train has only {len(train)} rows, too few to carve a "
@@ -647,10 +648,10 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
 
 def _custom_columns(
     sample: Table,
-    text_col: Optional[str],
-    label_col: Optional[str],
-    text_cols: Optional[Sequence[str]],
-    score_col: Optional[str],
+    text_col: str | None,
+    label_col: str | None,
+    text_cols: Sequence[str] | None,
+    score_col: str | None,
     tagging_cols: tuple[str | None, str | None] = (None, None),
 ) -> _Columns:
     tokens_col, tags_col = tagging_cols
@@ -729,13 +730,13 @@ def _load_custom(path: Path, text_col, label_col, text_cols, score_col, tagging_
 
 
 def load_task(
-    name_or_path: Union[str, os.PathLike, TaskData],
-    data_dir: Optional[PathLike] = None,
+    name_or_path: str | os.PathLike | TaskData,
+    data_dir: PathLike | None = None,
     *,
-    text_col: Optional[str] = None,
-    label_col: Optional[str] = None,
-    text_cols: Optional[Sequence[str]] = None,
-    score_col: Optional[str] = None,
+    text_col: str | None = None,
+    label_col: str | None = None,
+    text_cols: Sequence[str] | None = None,
+    score_col: str | None = None,
     tokens_col: str | None = None,
     tags_col: str | None = None,
     val_fraction: float = 0.15,
@@ -830,12 +831,12 @@ def _pick(part: TaskSplit, kind: str, n: int, rng: np.random.Generator, stratifi
 
 def subsample(
     task: TaskData,
-    n: Optional[int] = None,
+    n: int | None = None,
     *,
-    fraction: Optional[float] = None,
+    fraction: float | None = None,
     seed: int = 0,
     stratified: bool = True,
-    splits: Optional[Sequence[str]] = None,
+    splits: Sequence[str] | None = None,
 ) -> TaskData:
     """At most ``n`` examples (or a ``fraction``) of each split, stratified by label for
     classification; label ids and names are kept. ``splits`` limits which splits shrink.
@@ -853,7 +854,7 @@ def subsample(
         if splits is not None and name not in splits:
             new_splits[name] = part
             continue
-        count = n if n is not None else max(1, int(round((fraction or 1.0) * len(part))))
+        count = n if n is not None else max(1, round((fraction or 1.0) * len(part)))
         new_splits[name] = part.subset(_pick(part, task.kind, count, rng, stratified))
         labels = len(np.unique(part.labels))
         lost = labels - len(np.unique(new_splits[name].labels))

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any
 
 from .configs import (
     BASELINE_FAMILIES,
@@ -105,7 +105,7 @@ _GRAPH_DEFAULTS = {
     "large": {"lr": 1e-4, "gnn_layers": 1, "hidden_dim": 256},
 }
 _PLAIN_DEFAULTS = {"small": {"lr": 1e-3}, "large": {"lr": 1e-4}}
-BUILTIN_RECOMMENDED: Dict[str, Dict[str, Dict[str, Any]]] = {
+BUILTIN_RECOMMENDED: dict[str, dict[str, dict[str, Any]]] = {
     "cayley": _GRAPH_DEFAULTS,
     "fc": _GRAPH_DEFAULTS,
     "cayley-word": _GRAPH_DEFAULTS,
@@ -121,8 +121,8 @@ def _check_family(family: str) -> None:
         raise ValueError(f"unknown family {family!r}; expected one of {known}")
 
 
-def _suggest_fields(trial, family: str, fixed: Dict[str, Any]) -> Dict[str, Any]:
-    values: Dict[str, Any] = dict(fixed)
+def _suggest_fields(trial, family: str, fixed: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = dict(fixed)
 
     def pick(name: str, suggest) -> Any:
         if name not in values:
@@ -186,14 +186,14 @@ def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
     return cls(**values)
 
 
-def _builtin_copy() -> Dict[str, Dict[str, Dict[str, Any]]]:
+def _builtin_copy() -> dict[str, dict[str, dict[str, Any]]]:
     return {
         family: {bucket: dict(fields) for bucket, fields in buckets.items()}
         for family, buckets in BUILTIN_RECOMMENDED.items()
     }
 
 
-def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Path) -> None:
+def _merge_defaults_file(merged: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
     """Validate the defaults file ``path`` and merge its values into ``merged`` (in place)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -231,7 +231,7 @@ def _merge_defaults_file(merged: Dict[str, Dict[str, Dict[str, Any]]], path: Pat
                 ) from None
 
 
-def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[str, Dict[str, Dict[str, Any]]]:
+def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """``{family: {bucket: {field: value}}}`` from one defaults file merged over the built-in values.
 
     ``path`` defaults to the shipped file (:data:`RECOMMENDED_DEFAULTS_PATH`). A
@@ -247,8 +247,8 @@ def load_recommended_defaults(path: Optional[Union[str, Path]] = None) -> Dict[s
 
 
 def effective_recommended_defaults(
-    defaults_path: Optional[Union[str, Path]] = None,
-) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    defaults_path: str | Path | None = None,
+) -> dict[str, dict[str, dict[str, Any]]]:
     """The values :func:`recommended_config` uses: built-in < shipped file < user file.
 
     The user file is ``defaults_path`` (it must exist), else
@@ -267,14 +267,14 @@ def effective_recommended_defaults(
     return merged
 
 
-def user_defaults_in_use(defaults_path: Optional[Union[str, Path]] = None) -> Optional[Path]:
+def user_defaults_in_use(defaults_path: str | Path | None = None) -> Path | None:
     """The user defaults file :func:`recommended_config` reads over the shipped one, when there is one."""
     user = user_defaults_path(defaults_path)
     return user if user.is_file() else None
 
 
 def recommended_config(
-    family: str, model_size_hint: str = "small", *, defaults_path: Optional[Union[str, Path]] = None
+    family: str, model_size_hint: str = "small", *, defaults_path: str | Path | None = None
 ) -> EncoderConfig:
     """Zero-search defaults for ``family``.
 
@@ -300,7 +300,7 @@ SAMPLERS = ("tpe", "random", "gp")
 PRUNERS = ("median", "hyperband", "none")
 
 
-def make_sampler(name: str, seed: Optional[int] = None) -> Any:
+def make_sampler(name: str, seed: int | None = None) -> Any:
     """``tpe`` (TPESampler), ``random`` or ``gp`` (GPSampler, needs scipy), seeded."""
     check_choice("sampler", name, SAMPLERS)
     import warnings
@@ -321,7 +321,7 @@ def make_sampler(name: str, seed: Optional[int] = None) -> Any:
         return optuna.samplers.GPSampler(seed=seed)
 
 
-def make_pruner(name: str, max_epochs: Optional[int] = None) -> Any:
+def make_pruner(name: str, max_epochs: int | None = None) -> Any:
     """``median`` (the paper's MedianPruner: 5 startup trials, 10 warm-up epochs,
     fewer when ``max_epochs`` is small), ``hyperband`` (resource = epochs) or ``none``.
 

@@ -6,7 +6,8 @@ must be and what it got; the CLI turns that line into its error message.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Literal, Optional, overload
+from collections.abc import Collection
+from typing import Any, Literal, overload
 
 __all__ = ["check_int", "check_choice", "check_positive_number", "ArgumentTypeError"]
 
@@ -22,8 +23,8 @@ class ArgumentTypeError(TypeError, ValueError):
 @overload
 def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: Literal[False] = False) -> int: ...
 @overload
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool) -> Optional[int]: ...
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> Optional[int]:
+def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool) -> int | None: ...
+def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """``value`` if it is an integer >= ``minimum`` (or ``None`` when allowed); bools are refused."""
     if value is None and allow_none:
         return None
@@ -33,7 +34,7 @@ def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = Fal
     return value
 
 
-def check_positive_number(name: str, value: Any, *, allow_none: bool = False, unit: str = "") -> Optional[float]:
+def check_positive_number(name: str, value: Any, *, allow_none: bool = False, unit: str = "") -> float | None:
     """``value`` if it is a real number > 0 (or ``None`` when allowed)."""
     if value is None and allow_none:
         return None

@@ -97,7 +97,7 @@ def test_other_dtypes_are_rejected(dtype):
 
 def test_non_tensor_input_is_rejected():
     agg = build_aggregator(CayleyConfig(hidden_dim=8), L, D)
-    with pytest.raises(ValueError, match="torch.Tensor"):
+    with pytest.raises(ValueError, match=r"torch.Tensor"):
         agg([[0.0] * D] * L)
 
 

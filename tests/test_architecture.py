@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
 
 import pytest
 
@@ -23,7 +22,7 @@ MAX_FUNCTION_LINES = 100  # from the `def` line to the last line of the body, de
 MAX_PARAMETERS = 12  # self and cls not counted; click commands in cli/ are exempt
 
 # first component below ilge_search -> layer; higher layers may import lower ones, never the reverse
-LAYERS: Dict[str, int] = {
+LAYERS: dict[str, int] = {
     "_version": 0,
     "settings": 0,
     "progress": 0,
@@ -76,7 +75,7 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _modules() -> Dict[str, Path]:
+def _modules() -> dict[str, Path]:
     return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
@@ -88,7 +87,7 @@ def _resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _imports(module: str, path: Path) -> List[Tuple[str, str, int]]:
+def _imports(module: str, path: Path) -> list[tuple[str, str, int]]:
     """(imported module, imported name or '', line) for every import statement, nested ones too."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -100,7 +99,7 @@ def _imports(module: str, path: Path) -> List[Tuple[str, str, int]]:
     return found
 
 
-def _internal_target(target: str, name: str, modules: Dict[str, Path]) -> str:
+def _internal_target(target: str, name: str, modules: dict[str, Path]) -> str:
     """The ilge_search module an import reaches (``from .study import runner`` reaches ``study.runner``)."""
     if name and f"{target}.{name}" in modules:
         return f"{target}.{name}"
@@ -112,9 +111,9 @@ def _component(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _graph() -> Dict[str, Set[str]]:
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph: Dict[str, Set[str]] = {name: set() for name in modules}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
     for module, path in modules.items():
         for target, name, _ in _imports(module, path):
             if target == "ilge_search" or not target.startswith("ilge_search."):
@@ -139,16 +138,16 @@ def test_no_module_imports_a_higher_layer():
     assert not wrong, "lower layers import higher ones: " + ", ".join(sorted(wrong))
 
 
-def _find_cycle(graph: Dict[str, Set[str]]) -> List[str]:
-    state: Dict[str, int] = {}  # 1: on the stack, 2: done
-    stack: List[str] = []
+def _find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
 
-    def visit(node: str) -> List[str]:
+    def visit(node: str) -> list[str]:
         state[node] = 1
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
+                return [*stack[stack.index(nxt) :], nxt]
             if nxt not in state:
                 cycle = visit(nxt)
                 if cycle:

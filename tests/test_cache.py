@@ -158,7 +158,7 @@ def test_a_failed_extraction_leaves_no_entry(scratch, small_task, monkeypatch):
         yield np.arange(len(texts)), torch.full((len(texts), 7, 384), 1e6)
 
     monkeypatch.setattr(LayerEmbedder, "iter_pooled_batches", overflowing)
-    with pytest.raises(ValueError, match="not finite after conversion to float16.*storage_dtype='float32'"):
+    with pytest.raises(ValueError, match=r"not finite after conversion to float16.*storage_dtype='float32'"):
         scratch.get_or_extract("minilm-l6", small_task, "train", max_length=64, progress=False)
     assert not [p.name for p in scratch.embeddings_dir.iterdir() if "tmp" in p.name]
     assert "train" not in {e.split for e in scratch.ls() if e.meta.get("max_length") == 64}

@@ -398,7 +398,7 @@ def test_texts_are_embedded_once_per_process(banking77, cache_dir, monkeypatch):
 
     monkeypatch.setattr(cache.EmbeddingCache, "get_or_extract_texts", spy)
     clone(clf).fit(texts, labels)
-    clf.predict(texts[:20] + ["a text never seen before", texts[0]])
+    clf.predict([*texts[:20], "a text never seen before", texts[0]])
     assert extracted == [["a text never seen before"]]
 
 

@@ -51,9 +51,9 @@ LOCATION_OPTIONS = {"data_dir", "cache_dir", "device"}
 
 def _commands(group: click.Group = cli, path: tuple[str, ...] = ()):
     for name, command in sorted(group.commands.items()):
-        yield path + (name,), command
+        yield (*path, name), command
         if isinstance(command, click.Group):
-            yield from _commands(command, path + (name,))
+            yield from _commands(command, (*path, name))
 
 
 def _options():

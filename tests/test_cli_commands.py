@@ -90,9 +90,9 @@ def _check_path(path, where):
         if not isinstance(command, click.Group):
             return None  # the rest are arguments (ilge-search sweep studies/offline.toml ...)
         if name not in command.commands:
-            shown = " ".join(known + [name])
+            shown = " ".join([*known, name])
             return f"`ilge-search {shown}` ({where}) is not a command; there are {sorted(command.commands)}"
-        command, known = command.commands[name], known + [name]
+        command, known = command.commands[name], [*known, name]
     return None
 
 

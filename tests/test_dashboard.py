@@ -265,7 +265,7 @@ def small_study(tmp_path_factory, synthetic):
 
 
 def test_each_trial_has_its_note_as_soon_as_it_finishes(small_study):
-    root, url, result, notes_while_running = small_study
+    _root, url, result, notes_while_running = small_study
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert sorted(notes_while_running) == [0, 1, 2]
     for trial in study.trials:
@@ -295,7 +295,7 @@ def _start_dashboard(url: str):
         "0",
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: "queue.Queue[str]" = queue.Queue()
+    lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True)
     reader.start()
     deadline = time.monotonic() + 60

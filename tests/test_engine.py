@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import numpy as np
@@ -159,7 +160,7 @@ def test_lr_is_reduced_on_plateau():
     lrs = [h["lr"] for h in result.history]
     assert lrs[0] == 1e-2
     assert min(lrs) < 1e-2
-    assert all(later <= earlier for earlier, later in zip(lrs, lrs[1:], strict=False))
+    assert all(later <= earlier for earlier, later in itertools.pairwise(lrs))
 
 
 def test_adamw_is_a_different_optimizer(data):

@@ -74,7 +74,7 @@ def test_unknown_id_says_to_pass_a_local_path(monkeypatch, tmp_path):
 def test_missing_or_broken_folder(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         num_layers_for(tmp_path / "nope")
-    with pytest.raises(ValueError, match="config.json"):
+    with pytest.raises(ValueError, match=r"config.json"):
         num_layers_for(str(tmp_path))  # a folder without config.json
 
 

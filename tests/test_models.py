@@ -87,7 +87,7 @@ def test_unreachable_hub_gives_the_same_advice(tmp_path, monkeypatch):
 def test_bad_paths_and_names(tmp_path):
     with pytest.raises(ModelNotFoundError, match="is not a model folder"):
         resolve_model(str(tmp_path / "missing" / "model"), tmp_path)
-    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"has no config.json"):
         resolve_model(str(tmp_path), tmp_path)
     with pytest.raises(ModelNotFoundError, match="unknown model 'not a model!'"):
         resolve_model("not a model!", tmp_path)

@@ -196,7 +196,7 @@ def test_run_dry_run_prints_the_plan_and_creates_nothing(tmp_path, warm, no_mode
         ), out
     assert "estimated wall time" in out and not db.exists()
 
-    bad = CliRunner().invoke(cli, args[:-1] + ["--task", "no-such-task", "--dry-run"])
+    bad = CliRunner().invoke(cli, [*args[:-1], "--task", "no-such-task", "--dry-run"])
     assert bad.exit_code == 1 and bad.output.count("\n") == 1 and "no-such-task" in bad.output
 
 

@@ -79,7 +79,7 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
     env = dict(os.environ, OMP_NUM_THREADS="1")  # three processes on two cores
     processes = [
         subprocess.Popen(
-            command + ["--seed", str(i), "--n-trials", str(SHARES[i])],
+            [*command, "--seed", str(i), "--n-trials", str(SHARES[i])],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

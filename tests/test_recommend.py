@@ -205,7 +205,7 @@ def test_defaults_markdown_has_the_table_and_the_evidence(storage_url, tmp_path)
     assert "*built-in*" in rows["fc"]
     assert "### cayley, small" in text and "4 studies" in text
     # the lr level 3e-3 was tried in 1 of 4 small studies only: shown in no row as the winner
-    lr_row = [line for line in text.split("### cayley, small")[1].splitlines() if line.startswith("| lr ")][0]
+    lr_row = next(line for line in text.split("### cayley, small")[1].splitlines() if line.startswith("| lr "))
     assert "| lr | 0.01 |" in lr_row and "4/4" in lr_row
 
 

@@ -52,7 +52,7 @@ def test_build_aggregator_example():
         loss = loss_fn(logits, y)
         opt.zero_grad()
         loss.backward()
-        opt.step()  # noqa: E702 (as published)
+        opt.step()
     # --- end of example ---
 
     assert (agg.num_layers, agg.hidden_in, agg.out_dim) == (37, 4096, 256)

@@ -68,7 +68,7 @@ def test_registry_has_the_paper_tasks_and_more():
 
 
 def test_unknown_task_lists_the_known_ones():
-    with pytest.raises(TaskError, match="unknown task 'bankin77'.*banking77.*tweeteval_emotion"):
+    with pytest.raises(TaskError, match=r"unknown task 'bankin77'.*banking77.*tweeteval_emotion"):
         load_task("bankin77")
 
 
@@ -217,7 +217,7 @@ def test_custom_csv_tsv_and_folder(tmp_path):
     assert {k: len(v) for k, v in task.splits.items()} == {"train": 30, "validation": 10, "test": 10}
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("x")
-    with pytest.raises(TaskError, match="has no train file.*it has: notes.txt"):
+    with pytest.raises(TaskError, match=r"has no train file.*it has: notes.txt"):
         load_task(tmp_path / "empty")
 
 

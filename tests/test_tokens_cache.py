@@ -8,6 +8,7 @@ the memory test writes a large entry through a fake embedder.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -141,7 +142,7 @@ def test_long_sentences_are_cut_into_windows_and_every_word_gets_one_vector(mode
         kept = [w.first_word + k for w in mine for k in range(*w.keep)]
         assert kept == list(range(len(words)))
     assert len(windows) > len(SENTENCES)  # the check above ran over real cuts
-    pairs = [(a, b) for a, b in zip(windows, windows[1:], strict=False) if a.sentence == b.sentence]
+    pairs = [(a, b) for a, b in itertools.pairwise(windows) if a.sentence == b.sentence]
     shared = [a.first_word + int(a.piece_words.max()) + 1 - b.first_word for a, b in pairs]  # words in both
     assert (max(shared) > 0) == (overlap > 0)
 

@@ -22,10 +22,10 @@ from ilge_search.study import StudyConflictError, StudyOptions, plan_run, run_st
 from ilge_search.tagger import ILGETagger
 from ilge_search.testing.tiny_models import tiny_encoder
 
-WORDS = "the a fox dog runs jumps over under quickly slowly , . ! red big".split()
-TAG_OF = {**dict.fromkeys("the a".split(), "DET"), **dict.fromkeys(", . !".split(), "PUNCT")}
-TAG_OF.update(dict.fromkeys("fox dog".split(), "NOUN"))
-TAG_OF.update(dict.fromkeys("runs jumps".split(), "VERB"))
+WORDS = ["the", "a", "fox", "dog", "runs", "jumps", "over", "under", "quickly", "slowly", ",", ".", "!", "red", "big"]
+TAG_OF = {**dict.fromkeys(["the", "a"], "DET"), **dict.fromkeys([",", ".", "!"], "PUNCT")}
+TAG_OF.update(dict.fromkeys(["fox", "dog"], "NOUN"))
+TAG_OF.update(dict.fromkeys(["runs", "jumps"], "VERB"))
 ENCODERS = ["cayley", "cayley-word", "last-layer"]
 
 
@@ -191,8 +191,19 @@ def test_export_then_predict_tags_one_tag_per_word(setup, results, tmp_path):
     out = tmp_path / "tagger"
     exported = runner.invoke(
         cli,
-        ["--cache-dir", setup["cache"], "--device", "cpu", "export", "--storage", setup["storage"], "--study", study]
-        + ["--out", str(out)],
+        [
+            "--cache-dir",
+            setup["cache"],
+            "--device",
+            "cpu",
+            "export",
+            "--storage",
+            setup["storage"],
+            "--study",
+            study,
+            "--out",
+            str(out),
+        ],
     )
     assert exported.exit_code == 0, exported.output
     # the tiny model's folder lies outside the export: it is followed only when given again
@@ -218,11 +229,11 @@ def test_export_then_predict_tags_one_tag_per_word(setup, results, tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"words": s}) + "\n" for s in sentences), encoding="utf-8")
     expected = tagger.predict(sentences)
     base = ["--cache-dir", setup["cache"], "--device", "cpu", "predict", str(out), "-q", "--base-model", setup["model"]]
-    as_json = runner.invoke(cli, base + ["-i", str(tmp_path / "in.jsonl"), "--tokens-col", "words"])
+    as_json = runner.invoke(cli, [*base, "-i", str(tmp_path / "in.jsonl"), "--tokens-col", "words"])
     assert as_json.exit_code == 0, as_json.output
     rows = [json.loads(line) for line in as_json.output.splitlines() if line.startswith("{")]
     assert [r["tokens"] for r in rows] == sentences and [r["tags"] for r in rows] == expected
-    as_csv = runner.invoke(cli, base + ["-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "tags.csv")])
+    as_csv = runner.invoke(cli, [*base, "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "tags.csv")])
     assert as_csv.exit_code == 0, as_csv.output
     lines = (tmp_path / "tags.csv").read_text().splitlines()
     assert lines[0] == "row,word,token,tag" and len(lines) == 1 + sum(len(s) for s in sentences)

@@ -114,13 +114,13 @@ def test_save_never_replaces_files_it_did_not_write(make, tmp_path):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "model.safetensors").write_bytes(b"someone else's weights")
-    with pytest.raises(ValueError, match="already holds model.safetensors, not written by ILGETagger.save"):
+    with pytest.raises(ValueError, match=r"already holds model.safetensors, not written by ILGETagger.save"):
         tagger.save(foreign)
     assert (foreign / "model.safetensors").read_bytes() == b"someone else's weights"
     other_record = tmp_path / "record"
     other_record.mkdir()
     (other_record / "ilge_tagger.json").write_text('{"format": "ilge-search-classifier"}')
-    with pytest.raises(ValueError, match="not written by ILGETagger.save"):
+    with pytest.raises(ValueError, match=r"not written by ILGETagger.save"):
         tagger.save(other_record)
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is not a folder"):

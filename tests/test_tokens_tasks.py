@@ -53,7 +53,7 @@ def test_ud_ewt_pos_loads_from_the_data_dir(data_dir):
 
 def test_ud_ewt_pos_without_a_data_dir_says_where_to_put_it(monkeypatch, tmp_path):
     monkeypatch.delenv("ILGE_SEARCH_DATA", raising=False)
-    with pytest.raises(TaskError, match="'ud_ewt_pos' has no download source and no data dir.*--data-dir"):
+    with pytest.raises(TaskError, match=r"'ud_ewt_pos' has no download source and no data dir.*--data-dir"):
         load_task("ud_ewt_pos")
     with pytest.raises(TaskError, match=r"not in the data dir.*Put ud_ewt_pos/train.jsonl .*no download source"):
         load_task("ud_ewt_pos", tmp_path)
@@ -102,7 +102,7 @@ def test_other_column_names_and_csv_strings(tmp_path):
         and sum(map(len, from_csv["train"].sentences + from_csv["validation"].sentences)) == 13
     )
 
-    with pytest.raises(TaskError, match="--tokens-col/--tags-col are for a token task.*drop one kind"):
+    with pytest.raises(TaskError, match=r"--tokens-col/--tags-col are for a token task.*drop one kind"):
         load_task(path, text_col="words", tokens_col="words")
 
 

@@ -77,7 +77,7 @@ def test_rebuilds_config_from_finished_trials(family):
 
 
 def test_every_sampled_config_builds_an_aggregator():
-    study, configs = _run("cayley", n_trials=40)
+    _study, configs = _run("cayley", n_trials=40)
     for config in configs.values():
         assert build_aggregator(config, 5, 8).out_dim == config.hidden_dim
 

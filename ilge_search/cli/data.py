@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import click
 
 from ..settings import Settings
@@ -147,7 +145,7 @@ def _say_damaged(damaged: list) -> None:
 @click.argument("key", required=False)
 @click.option("--all", "remove_all", is_flag=True, help="Remove every entry (converted models are kept).")
 @location_options
-def cache_rm_command(settings: Settings, key: Optional[str], remove_all: bool) -> None:
+def cache_rm_command(settings: Settings, key: str | None, remove_all: bool) -> None:
     """Remove the entry KEY (a unique prefix is enough) or, with --all, every entry."""
     from ..cache import EmbeddingCache
 

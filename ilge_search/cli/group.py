@@ -12,8 +12,8 @@ with exit status 1, in one place (:class:`IlgeGroup`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import click
 
@@ -48,7 +48,7 @@ class IlgeGroup(click.Group):
             raise click.ClickException(str(exc)) from exc
 
 
-def _require_storage(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[str]:
+def _require_storage(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None and not ctx.resilient_parsing:
         raise click.ClickException(
             f"`ilge-search {ctx.info_name}` needs --storage: the Optuna URL of the studies to read, e.g. "
@@ -57,7 +57,7 @@ def _require_storage(ctx: click.Context, param: click.Parameter, value: Optional
     return value
 
 
-def storage_option(*, required: bool = False, default_text: Optional[str] = None) -> Callable:
+def storage_option(*, required: bool = False, default_text: str | None = None) -> Callable:
     """The ``--storage`` option of every command that reads or writes studies.
 
     Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what
@@ -88,7 +88,7 @@ def location_options(func: Callable) -> Callable:
     @click.option("--device", default=None, help="auto, cpu, cuda, cuda:1, mps ...")
     @click.pass_obj
     @functools.wraps(func)
-    def wrapper(settings: Settings, cache_dir: Optional[str], data_dir: Optional[str], device: Optional[str], **kwargs):
+    def wrapper(settings: Settings, cache_dir: str | None, data_dir: str | None, device: str | None, **kwargs):
         settings = (settings or Settings()).updated(cache_dir=cache_dir, data_dir=data_dir, device=device)
         return func(settings, **kwargs)
 
@@ -101,7 +101,7 @@ def location_options(func: Callable) -> Callable:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Offline task data directory.")
 @click.option("--device", default="auto", show_default=True, help="Device for extraction and training.")
 @click.pass_context
-def cli(ctx: click.Context, cache_dir: Optional[str], data_dir: Optional[str], device: str) -> None:
+def cli(ctx: click.Context, cache_dir: str | None, data_dir: str | None, device: str) -> None:
     """ILGE encoders over every layer of a frozen LLM, and Optuna searches over them."""
     from ..progress import on_terminal
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import click
 
 from ..configs import ENCODER_FAMILIES
@@ -74,7 +72,7 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote:
     "(same-named files are replaced, none removed).",
 )
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def report_command(storage: str, out_dir: Optional[str], no_figures: bool, force: bool, quiet: bool) -> None:
+def report_command(storage: str, out_dir: str | None, no_figures: bool, force: bool, quiet: bool) -> None:
     """Paper-style tables (Markdown, LaTeX, CSV) and an HTML page with figures from every study.
 
     The folder records what the report wrote and from which storage (.ilge-report.json); a rerun on the same
@@ -137,8 +135,8 @@ def report_command(storage: str, out_dir: Optional[str], no_figures: bool, force
 @click.option("--force", is_flag=True, help="Replace an existing defaults file or page (git-tracked ones included).")
 def recommend_command(
     storage: str,
-    out_path: Optional[str],
-    report_path: Optional[str],
+    out_path: str | None,
+    report_path: str | None,
     update_shipped: bool,
     families,
     exclude_tasks,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import click
 
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
@@ -146,7 +144,7 @@ def run_command(
     model: str,
     task: str,
     encoders,
-    n_trials: Optional[int],
+    n_trials: int | None,
     timeout,
     total_trials,
     storage,

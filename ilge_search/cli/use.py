@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import click
 
@@ -72,11 +72,11 @@ def export_command(
     out_dir: str,
     seed: int,
     retrain: bool,
-    trial_number: Optional[int],
+    trial_number: int | None,
     artifact_dir,
     ensemble: bool,
     force: bool,
-    task_path: Optional[str],
+    task_path: str | None,
 ) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
@@ -255,14 +255,14 @@ def predict_command(
     settings: Settings,
     model_dir: str,
     input_path: str,
-    out_path: Optional[str],
-    text_col: Optional[str],
-    text_cols: Optional[str],
-    tokens_col: Optional[str],
+    out_path: str | None,
+    text_col: str | None,
+    text_cols: str | None,
+    tokens_col: str | None,
     proba: bool,
     chunk_rows: int,
     batch_size: int,
-    base_model: Optional[str],
+    base_model: str | None,
     force: bool,
     quiet: bool,
     verbose: bool,
@@ -341,12 +341,12 @@ def explain_command(
     storage,
     study_name: str,
     fmt: str,
-    out_path: Optional[str],
+    out_path: str | None,
     force: bool,
     recompute: bool,
-    threads: Optional[int],
+    threads: int | None,
     quiet: bool,
-    task_path: Optional[str],
+    task_path: str | None,
 ) -> None:
     """Which LLM layers a study's final model uses: per layer, the validation score lost when the layer is
     replaced by its training mean and the gradient x input (mean +- std over the final seeds), next to a

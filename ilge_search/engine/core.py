@@ -23,8 +23,9 @@ Task kinds:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ __all__ = [
 
 EVAL_BATCH_SIZE = 1024
 
-Dataset = Tuple[Any, ArrayLike]  # (features, labels); tagging features are (word features, sentence offsets)
+Dataset = tuple[Any, ArrayLike]  # (features, labels); tagging features are (word features, sentence offsets)
 
 
 # --------------------------------------------------------------------------- model
@@ -80,7 +81,7 @@ class ILGEModel(nn.Module):
         aggregator: Aggregator,
         head: nn.Linear,
         task_kind: str = "classification",
-        score_range: Optional[Tuple[float, float]] = None,
+        score_range: tuple[float, float] | None = None,
     ) -> None:
         super().__init__()
         _check_task_kind(task_kind)
@@ -118,8 +119,8 @@ def build_model(
     num_layers: int,
     hidden_in: int,
     task_kind: str = "classification",
-    num_classes: Optional[int] = None,
-    score_range: Optional[Tuple[float, float]] = None,
+    num_classes: int | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> ILGEModel:
     """Build an untrained :class:`ILGEModel` (uses the global torch RNG for init)."""
     from ..aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
@@ -197,7 +198,7 @@ def _as_labels(labels: ArrayLike, num_rows: int, task_kind: str, name: str) -> t
 # --------------------------------------------------------------------------- evaluation
 
 
-def _batches(num_rows: int, batch_size: int, order: Optional[torch.Tensor] = None):
+def _batches(num_rows: int, batch_size: int, order: torch.Tensor | None = None) -> Iterator[torch.Tensor | slice]:
     for start in range(0, num_rows, batch_size):
         if order is None:
             yield slice(start, start + batch_size)
@@ -209,7 +210,7 @@ def _batches(num_rows: int, batch_size: int, order: Optional[torch.Tensor] = Non
 def predict_logits(
     model: ILGEModel | tokens.TaggerModel,
     features: ArrayLike,
-    device: Union[str, torch.device, None] = None,
+    device: str | torch.device | None = None,
     batch_size: int = EVAL_BATCH_SIZE,
 ) -> torch.Tensor:
     """Model outputs on CPU, float32: logits ``(N, C)`` or cosine similarities ``(N,)``; for a tagger,
@@ -236,7 +237,7 @@ def predict_logits(
     return torch.cat(outputs) if outputs else torch.empty(0)
 
 
-def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> Dict[str, float]:
+def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     if model.task_kind == "classification":
         return class_metrics(outputs, labels)
     out = {"spearman": spearman(outputs, labels), "pearson": pearson(outputs, labels)}
@@ -249,10 +250,10 @@ def evaluate(
     model: ILGEModel | tokens.TaggerModel,
     features: ArrayLike,
     labels: ArrayLike,
-    task_kind: Optional[str] = None,
-    device: Union[str, torch.device, None] = None,
+    task_kind: str | None = None,
+    device: str | torch.device | None = None,
     batch_size: int = EVAL_BATCH_SIZE,
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """Metrics of ``model`` on a labelled set.
 
     Returns ``{"accuracy", "macro_f1", "loss"}`` for classification and, over words, for tagging
@@ -288,12 +289,12 @@ def train_encoder(
     val: Dataset,
     *,
     task_kind: str = "classification",
-    num_classes: Optional[int] = None,
-    score_range: Optional[Tuple[float, float]] = None,
+    num_classes: int | None = None,
+    score_range: tuple[float, float] | None = None,
     seed: int = 0,
-    device: Union[str, torch.device] = "cpu",
+    device: str | torch.device = "cpu",
     recipe: TrainingRecipe = DEFAULT_RECIPE,
-    epoch_callback: Optional[Callable[[int, float], Any]] = None,
+    epoch_callback: Callable[[int, float], Any] | None = None,
     progress: bool = False,
 ) -> TrainResult:
     """Train an aggregator from ``config`` plus its head; return the best epoch's model.
@@ -333,12 +334,12 @@ class _PreparedData:
     train_y: torch.Tensor
     val_x: torch.Tensor
     val_y: torch.Tensor
-    num_classes: Optional[int]
-    score_range: Optional[Tuple[float, float]]
+    num_classes: int | None
+    score_range: tuple[float, float] | None
 
 
 def _prepare_data(
-    train: Dataset, val: Dataset, task_kind: str, num_classes: Optional[int], score_range: Optional[Tuple[float, float]]
+    train: Dataset, val: Dataset, task_kind: str, num_classes: int | None, score_range: tuple[float, float] | None
 ) -> _PreparedData:
     """Validate once (shapes, NaN/inf, label ranges) and resolve num_classes / score_range."""
     _check_task_kind(task_kind)
@@ -441,15 +442,15 @@ def select_best_layer(
     train: Dataset,
     val: Dataset,
     *,
-    layers: Optional[Sequence[int]] = None,
+    layers: Sequence[int] | None = None,
     task_kind: str = "classification",
-    num_classes: Optional[int] = None,
-    score_range: Optional[Tuple[float, float]] = None,
+    num_classes: int | None = None,
+    score_range: tuple[float, float] | None = None,
     seed: int = 0,
-    device: Union[str, torch.device] = "cpu",
+    device: str | torch.device = "cpu",
     recipe: TrainingRecipe = DEFAULT_RECIPE,
     progress: bool = False,
-) -> Tuple[int, TrainResult, List[float]]:
+) -> tuple[int, TrainResult, list[float]]:
     """Train one linear probe per layer with the engine; keep the best on validation.
 
     The choice uses only the validation set (never test); ties go to the lower
@@ -488,8 +489,8 @@ def select_best_layer(
             raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
     maximise = recipe.selection_metric != "loss"
     standardizer = FeatureStandardizer(num_layers, features.shape[-1]).fit(features)  # once, not per probe
-    best: Optional[Tuple[int, TrainResult]] = None
-    scores: List[float] = []
+    best: tuple[int, TrainResult] | None = None
+    scores: list[float] = []
     for layer in steps(candidates, BarSpec("best-layer probes", unit="probe", enabled=progress, transient=True)):
         layer = layer % num_layers
         run = RunSettings(seed=seed, device=device, recipe=recipe, fitted_standardizer=standardizer)

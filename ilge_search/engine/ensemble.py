@@ -17,7 +17,7 @@ ensemble of one *is* the single model).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,7 +57,7 @@ class EnsembleModel(nn.Module):
         self.mix: torch.Tensor
         self.register_buffer("mix", torch.tensor([float(w) / total for w in weights], dtype=torch.float64))
         self.task_kind = members[0].task_kind
-        self.score_range: Optional[Tuple[float, float]] = members[0].score_range
+        self.score_range: tuple[float, float] | None = members[0].score_range
         self.description = [dict(entry) for entry in description]
 
     @property

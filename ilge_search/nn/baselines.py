@@ -12,8 +12,6 @@ head (the default configs use ``dropout=0.0``, i.e. a plain probe).
 
 from __future__ import annotations
 
-from typing import List
-
 import torch
 from torch import nn
 
@@ -211,7 +209,7 @@ class MLPLast(LayerEncoder):
         self.mlp_layers = int(mlp_layers)
         self.dropout = _check_dropout(dropout)
         self.out_dim = self.hidden_dim
-        blocks: List[nn.Module] = []
+        blocks: list[nn.Module] = []
         width = self.hidden_in
         for _ in range(self.mlp_layers):
             blocks += [nn.Linear(width, self.hidden_dim), nn.ReLU(), nn.Dropout(self.dropout)]

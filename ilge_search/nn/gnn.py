@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from typing import Dict, Optional, cast
+from collections.abc import Callable, Collection
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -74,7 +75,7 @@ class BatchedGraph:
         num_nodes: int,
         num_real: int,
         batch_size: int,
-        node_mask: Optional[torch.Tensor] = None,
+        node_mask: torch.Tensor | None = None,
     ) -> None:
         V, R, B = num_nodes, num_real, batch_size
         E = edge_index.size(1)
@@ -90,20 +91,20 @@ class BatchedGraph:
         self.batch_size = B
         self.num_real = B * R  # real nodes of the whole batch: ids [0, num_real)
         self.num_nodes = B * V
-        self._operators: Dict[tuple, object] = {}
+        self._operators: dict[tuple, object] = {}
 
-    def _cached(self, key: tuple, build):
+    def _cached(self, key: tuple, build: Callable[[], Any]) -> Any:
         if key not in self._operators:
             self._operators[key] = build()
         return self._operators[key]
 
-    def gin_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype):
+    def gin_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype) -> Any:
         """``(adjacency, size)`` for ``GINConv((x_src, x_dst), adjacency, size)``."""
         n_src = self.num_real if real_sources else self.num_nodes
         n_dst = self.num_real if real_targets else self.num_nodes
         sparse = dtype in _SPARSE_DTYPES
 
-        def build():
+        def build() -> Any:
             ei = self.edge_index
             keep = torch.ones(ei.size(1), dtype=torch.bool, device=ei.device)
             if real_sources:
@@ -117,7 +118,7 @@ class BatchedGraph:
 
         return self._cached(("gin", real_sources, real_targets, dtype if sparse else None), build)
 
-    def gcn_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype):
+    def gcn_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype) -> Any:
         """Symmetrically normalised adjacency with self-loops: ``(adjacency, edge_weight)``.
 
         Normalisation always uses the whole graph; with a sparse dtype the
@@ -127,7 +128,7 @@ class BatchedGraph:
         sparse = dtype in _SPARSE_DTYPES
         real_sources, real_targets = real_sources and sparse, real_targets and sparse
 
-        def build():
+        def build() -> Any:
             ei, weight = gcn_norm(self.edge_index, None, self.num_nodes, add_self_loops=True, dtype=dtype)
             if not sparse:
                 return ei, weight
@@ -141,7 +142,7 @@ class BatchedGraph:
     def gat_operator(self, real_targets: bool) -> torch.Tensor:
         """``edge_index`` without self-loops (GATConv adds them), optionally real targets only."""
 
-        def build():
+        def build() -> Any:
             ei = self.edge_index
             return ei[:, ei[1] < self.num_real] if real_targets else ei
 
@@ -155,7 +156,7 @@ class GraphCache(OrderedDict):
         super().__init__()
         self.maxsize = maxsize
 
-    def get_or_build(self, key: tuple, build) -> BatchedGraph:
+    def get_or_build(self, key: tuple, build: Callable[[], BatchedGraph]) -> BatchedGraph:
         if key in self:
             self.move_to_end(key)
             return self[key]
@@ -164,14 +165,14 @@ class GraphCache(OrderedDict):
             self.popitem(last=False)
         return value
 
-    def __deepcopy__(self, memo) -> "GraphCache":
+    def __deepcopy__(self, memo: dict) -> GraphCache:
         return type(self)(self.maxsize)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[int]]:
         return (type(self), (self.maxsize,))
 
 
-def _check_choice(name: str, value, allowed) -> None:
+def _check_choice(name: str, value: object, allowed: Collection[object]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
@@ -377,7 +378,7 @@ class CayleyGNNEncoder(GNNEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, **hparams) -> None:
+    def __init__(self, num_layers: int, hidden_in: int, **hparams: Any) -> None:
         check_int("num_layers", num_layers)
         super().__init__(num_layers, hidden_in, cayley_graph(num_layers), **hparams)
 
@@ -390,6 +391,6 @@ class FCGNNEncoder(GNNEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, **hparams) -> None:
+    def __init__(self, num_layers: int, hidden_in: int, **hparams: Any) -> None:
         check_int("num_layers", num_layers)
         super().__init__(num_layers, hidden_in, fully_connected_graph(num_layers), **hparams)

@@ -10,8 +10,8 @@ from .core import *  # noqa: F403
 from .core import __all__ as _core_all
 
 __all__ = list(_core_all)
-from .portfolio import *  # noqa: F403, E402
-from .portfolio import __all__ as _portfolio_all  # noqa: E402
+from .portfolio import *  # noqa: F403
+from .portfolio import __all__ as _portfolio_all
 
 __all__ += list(_portfolio_all)
 from .ensemble import *  # noqa: F403, E402

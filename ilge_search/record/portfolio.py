@@ -24,6 +24,7 @@ made it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -157,10 +158,8 @@ def abandon_cell(storage: Any, trial_id: int, *, duplicate: bool = False) -> Non
 
     if duplicate:
         storage.rdb.set_trial_user_attr(trial_id, _DUPLICATE_ATTR, True)
-    try:
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
         storage.rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
-    except optuna.exceptions.UpdateFinishedTrialError:
-        pass
 
 
 def cell_owners(study: Any) -> dict[str, list[int]]:

@@ -19,8 +19,9 @@ data folder). On disk each field is a flat user attr under the name above.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 __all__ = [
     "SourceRecord",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..files import write_output_text
 
@@ -34,7 +34,7 @@ _LATEX_ESCAPES = {
 }
 
 
-def plural(count: int, noun: str, many: Optional[str] = None) -> str:
+def plural(count: int, noun: str, many: str | None = None) -> str:
     """``"1 task"``, ``"2 tasks"``; ``many`` for irregular plurals (``plural(n, "study", "studies")``)."""
     return f"{count} {noun if count == 1 else many or noun + 's'}"
 
@@ -71,11 +71,11 @@ class Document:
     """One document written three ways at once: Markdown, LaTeX (tables only) and HTML."""
 
     def __init__(self) -> None:
-        self.md: List[str] = []
-        self.tex: List[str] = ["% requires \\usepackage{booktabs,graphicx}", ""]
-        self.html: List[str] = []
+        self.md: list[str] = []
+        self.tex: list[str] = ["% requires \\usepackage{booktabs,graphicx}", ""]
+        self.html: list[str] = []
 
-    def heading(self, level: int, text: str, anchor: Optional[str] = None) -> None:
+    def heading(self, level: int, text: str, anchor: str | None = None) -> None:
         """A heading; with an ``anchor``, links ``#anchor`` (:meth:`contents`) jump to it in both formats."""
         if anchor is None:
             self.md += ["#" * level + " " + text, ""]
@@ -84,7 +84,7 @@ class Document:
         self.md += [f'<a id="{html.escape(anchor)}"></a>', "", "#" * level + " " + text, ""]
         self.html.append(f'<h{level} id="{html.escape(anchor)}">{html.escape(text)}</h{level}>')
 
-    def contents(self, entries: Sequence[Tuple[str, str, Sequence[Tuple[str, str]]]]) -> None:
+    def contents(self, entries: Sequence[tuple[str, str, Sequence[tuple[str, str]]]]) -> None:
         """A table of contents: one line per ``(text, anchor, sub-links)``, each sub-link
         ``(text, anchor)`` on the same line (e.g. a model and its tasks)."""
         md, items = [], []
@@ -96,7 +96,7 @@ class Document:
                 item += ": " + " · ".join(f'<a href="#{html.escape(a)}">{html.escape(t)}</a>' for t, a in links)
             md.append(f"- {line}")
             items.append(f"<li>{item}</li>")
-        self.md += md + [""]
+        self.md += [*md, ""]
         self.html.append('<nav class="contents"><ul>' + "".join(items) + "</ul></nav>")
 
     def paragraph(self, text: str, tex: bool = False) -> None:
@@ -129,7 +129,7 @@ class Document:
         rows: Sequence[Sequence[Cell]],
         *,
         caption: str = "",
-        label: Optional[str] = None,
+        label: str | None = None,
         text_columns: int = 1,
     ) -> None:
         """A table; with a ``label`` it is also written to the LaTeX file, with ``caption``."""

@@ -48,7 +48,7 @@ _SETTING = ("max_train", "max_eval", "max_epochs", "cv", "data_seed")
 
 def _setting(record: ReportStudy) -> tuple:
     # the protocol too: a paper-protocol study of the same data is another curve's full point, never this one's
-    return (record.model, record.base_task, record.protocol) + tuple(getattr(record.identity, key) for key in _SETTING)
+    return (record.model, record.base_task, record.protocol, *tuple(getattr(record.identity, key) for key in _SETTING))
 
 
 def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[Any, list[str]]:
@@ -125,7 +125,7 @@ def fewshot_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
     rows: list[list[Cell]] = []
     for (model, task), part in frame.groupby(["model", "task"], sort=False):
         best: dict[Any, float] = {}
-        for column in shots + [None]:
+        for column in [*shots, None]:
             here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
             if len(here):
                 signed = here["mean"].round(2) * (1 if here["maximize"].iloc[0] else -1)
@@ -133,7 +133,7 @@ def fewshot_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
         for encoder, rows_here in part.groupby("encoder", sort=False):
             by_shots = {None if math.isnan(r["shots"]) else int(r["shots"]): r for _, r in rows_here.iterrows()}
             cells = [Cell(model), Cell(task), Cell(rows_here["unit"].iloc[0]), Cell(METHOD_LABELS[encoder])]
-            for column in shots + [None]:
+            for column in [*shots, None]:
                 row = by_shots.get(column)
                 text = _cell(row)
                 if row is not None and column is None and row["train_size"]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any, List
+from typing import Any
 
 from .._version import __version__
 from ..storage import hide_password
@@ -60,7 +60,7 @@ def no_published_note() -> str:
     )
 
 
-def closing_notes(frame: Any, summary: Any) -> List[str]:
+def closing_notes(frame: Any, summary: Any) -> list[str]:
     """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks
     best."""
     notes = []

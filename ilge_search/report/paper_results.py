@@ -21,7 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from ..models import known_model
 
@@ -54,7 +54,7 @@ def _key(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def canonical_model(model: str) -> Optional[str]:
+def canonical_model(model: str) -> str | None:
     """The paper's model id for a study's model name (id, short name, alias or folder), else ``None``.
 
     Only models the paper evaluated (model-table entries with a ``paper_name``) have one.
@@ -63,19 +63,19 @@ def canonical_model(model: str) -> Optional[str]:
     return found.name if found is not None and found.paper_name else None
 
 
-@functools.lru_cache(maxsize=None)
-def _load(path: str) -> Dict[str, Any]:
+@functools.cache
+def _load(path: str) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"cannot read the published results {path}: {exc}") from None
     if data.get("format_version") != _FORMAT_VERSION:
         raise ValueError(f"{path}: format_version {data.get('format_version')!r}, expected {_FORMAT_VERSION}")
-    tasks: Dict[str, str] = {}
+    tasks: dict[str, str] = {}
     for canonical, info in data["tasks"].items():
         for alias in [canonical, info.get("label", canonical), *info.get("aliases", [])]:
             tasks[_key(alias)] = canonical
-    cells: Dict[Tuple[str, str, str], PublishedResult] = {}
+    cells: dict[tuple[str, str, str], PublishedResult] = {}
     for record in data["results"]:
         result = PublishedResult(
             record["model"],
@@ -93,22 +93,22 @@ def _load(path: str) -> Dict[str, Any]:
     return {"raw": data, "tasks": tasks, "cells": cells}
 
 
-def load_paper_results(path: Optional[Path] = None) -> List[PublishedResult]:
+def load_paper_results(path: Path | None = None) -> list[PublishedResult]:
     """Every published cell, in file order."""
     return list(_load(str(path or PAPER_RESULTS_PATH))["cells"].values())
 
 
-def paper_source(path: Optional[Path] = None) -> Dict[str, str]:
+def paper_source(path: Path | None = None) -> dict[str, str]:
     """Where the numbers come from (paper, arXiv id, table, transcription, protocol)."""
     return dict(_load(str(path or PAPER_RESULTS_PATH))["raw"]["source"])
 
 
-def canonical_task(task: str, path: Optional[Path] = None) -> Optional[str]:
+def canonical_task(task: str, path: Path | None = None) -> str | None:
     """The paper's task name for ``task`` (ours or MTEB's spelling), else ``None``."""
     return _load(str(path or PAPER_RESULTS_PATH))["tasks"].get(_key(str(task)))
 
 
-def published_result(model: str, task: str, method: str, path: Optional[Path] = None) -> Optional[PublishedResult]:
+def published_result(model: str, task: str, method: str, path: Path | None = None) -> PublishedResult | None:
     """The published cell for (model, task, encoder ``method``), or ``None`` when the paper has none."""
     model_id, task_id = canonical_model(model), canonical_task(task, path)
     if model_id is None or task_id is None:

@@ -14,7 +14,7 @@ columns where the paper has the cell.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 from ..protocol import MTEB_N_EXPERIMENTS, MTEB_VERSION
 from .data import PAPER_SUFFIX
@@ -60,7 +60,7 @@ PROTOCOL_EFFECT_NOTE = (
 )
 
 
-def _cell(frame: Any, model: str, task: str, method: str, protocol: str) -> Tuple[float, float, Any]:
+def _cell(frame: Any, model: str, task: str, method: str, protocol: str) -> tuple[float, float, Any]:
     """(mean, std, row) of one result cell; NaN and ``None`` when missing."""
     label = task + (PAPER_SUFFIX if protocol == "paper" else "")
     rows = frame[(frame["model"] == model) & (frame["task"] == label) & (frame["method"] == method)]
@@ -128,7 +128,7 @@ def protocol_effect_frame(frame: Any) -> Any:
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 
-def protocol_effect_rows(effect: Any, model: str) -> Tuple[List[str], List[List[Cell]]]:
+def protocol_effect_rows(effect: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of one model's protocol effect table."""
     header = [
         "task",
@@ -144,7 +144,7 @@ def protocol_effect_rows(effect: Any, model: str) -> Tuple[List[str], List[List[
         "published last",
         "published Cayley",
     ]
-    rows: List[List[Cell]] = []
+    rows: list[list[Cell]] = []
     for r in effect[effect["model"] == model].itertuples():
         spl = r.samples_per_label
         task = r.task if spl is None or spl != spl else f"{r.task} ({int(spl)} per label)"  # NaN != NaN
@@ -171,12 +171,12 @@ def _published(value: float) -> str:
     return MISSING if math.isnan(value) else f"{value:.2f}"
 
 
-def _mean(values: Any) -> Optional[float]:
+def _mean(values: Any) -> float | None:
     values = values.dropna()
     return float(values.mean()) if len(values) else None
 
 
-def protocol_effect_notes(effect: Any) -> List[str]:
+def protocol_effect_notes(effect: Any) -> list[str]:
     """Per model, one sentence: the mean protocol effect on the last layer and on Cayley, and Cayley's mean gain
     under each protocol (over the tasks that have both numbers)."""
     notes = []

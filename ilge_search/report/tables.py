@@ -235,10 +235,10 @@ def summary_frame(frame: Any) -> Any:
                     "model": model,
                     "protocol": protocol,
                     "method": encoder,
-                    "tasks": int(len(mine)),
+                    "tasks": len(mine),
                     "mean_score": float(mine["mean"].mean()),
                     "mean_gain": float(gains.mean()) if len(gains) else math.nan,
-                    "gain_tasks": int(len(gains)),
+                    "gain_tasks": len(gains),
                     "wins": int(mine["is_best"].sum()),
                     "mean_rank": float(mine["rank"].mean()),
                 }

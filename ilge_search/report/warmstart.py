@@ -289,7 +289,7 @@ def write_warmstart_page(
     if not rows:
         lines += ["No search with a final evaluation is stored yet.", ""]
     else:
-        lines += warmstart_table(rows) + [""]
+        lines += [*warmstart_table(rows), ""]
         lines += ["## The targets", ""]
         lines += [f"- {line}" for line in summary_lines(rows)]
         for size in sizes:

@@ -153,7 +153,7 @@ def _scores(model: ExportedModel) -> list[str]:
             f"- Test {metric} averaged over the {len(seeds)} final seeds (what the study's tables show): "
             f"{_score(p.get('test_mean'))}."
         )
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _data_and_use(model: ExportedModel, facts: TaskFacts | None) -> list[str]:
@@ -184,5 +184,5 @@ def _data_and_use(model: ExportedModel, facts: TaskFacts | None) -> list[str]:
 def model_card(model: ExportedModel) -> str:
     """The card's text: the hub's metadata block, then what the model is, its scores, data and use."""
     facts = TASK_FACTS.get(str(model.provenance.get("task")))
-    lines = _front_matter(model, facts) + [""] + _what_it_is(model) + _scores(model) + _data_and_use(model, facts)
+    lines = [*_front_matter(model, facts), "", *_what_it_is(model), *_scores(model), *_data_and_use(model, facts)]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from ..models import ModelSource
 from .options import StudyOptions
@@ -27,25 +27,23 @@ class DataSpec:
 
     model: str
     task: str
-    shots: Optional[int] = None
-    max_train: Optional[int] = None
-    max_eval: Optional[int] = None
+    shots: int | None = None
+    max_train: int | None = None
+    max_eval: int | None = None
     data_seed: int = 0
-    data_dir: Optional[str] = None
-    cache_dir: Optional[str] = None
+    data_dir: str | None = None
+    cache_dir: str | None = None
     device: str = "auto"
-    source: Optional[ModelSource] = None
+    source: ModelSource | None = None
     word_pooling: str = "first"
-    columns: Tuple[Tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
+    columns: tuple[tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
 
-    def column_options(self) -> Dict[str, Any]:
+    def column_options(self) -> dict[str, Any]:
         """The column options of a custom task file, as :func:`~ilge_search.tasks.load_task` takes them."""
         return dict(self.columns)
 
     @classmethod
-    def from_options(
-        cls, model: str, task: str, options: StudyOptions, source: Optional[ModelSource] = None
-    ) -> "DataSpec":
+    def from_options(cls, model: str, task: str, options: StudyOptions, source: ModelSource | None = None) -> DataSpec:
         """The data part of ``options`` for ``model`` and ``task``."""
         return cls(
             model=str(model),
@@ -74,15 +72,15 @@ class StudyData:
 
     task_kind: str
     metric: str
-    train: Tuple[Any, Any]
-    validation: Tuple[Any, Any]
-    test: Optional[Tuple[Any, Any]]
+    train: tuple[Any, Any]
+    validation: tuple[Any, Any]
+    test: tuple[Any, Any] | None
     num_layers: int
     hidden_size: int
-    num_classes: Optional[int]
-    label_names: List[str]
-    split_sizes: Dict[str, int]
-    cache_keys: Dict[str, str]
+    num_classes: int | None
+    label_names: list[str]
+    split_sizes: dict[str, int]
+    cache_keys: dict[str, str]
     model_revision: str = ""
 
     def test_split(self) -> tuple[Any, Any]:
@@ -110,7 +108,7 @@ def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     return task_data
 
 
-def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: Dict[str, str]) -> Dict[str, str]:
+def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, str]) -> dict[str, str]:
     """The embedding-cache keys the study's splits will have (``fingerprints``: split -> content sha256),
     computed without reading or writing the cache; empty when the model is not resolved in ``spec``."""
     from ..cache import EmbeddingCache
@@ -168,7 +166,7 @@ def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, t
     )
 
 
-def _load_word_data(spec: DataSpec, task_data: Any, splits: List[str], progress: bool) -> StudyData:
+def _load_word_data(spec: DataSpec, task_data: Any, splits: list[str], progress: bool) -> StudyData:
     """A tagging task's splits as word entries (memory-mapped): features are the entries themselves, labels
     one tag id per word; ``split_sizes`` count sentences."""
     from ..word_cache import WordOptions, load_word_embeddings
@@ -200,7 +198,7 @@ def _load_word_data(spec: DataSpec, task_data: Any, splits: List[str], progress:
     )
 
 
-def load_zero_shot_data(spec: DataSpec, task_names: List[str], *, progress: bool = True) -> Dict[str, Tuple[Any, Any]]:
+def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, tuple[Any, Any]]:
     """``{task: (test features, test scores)}`` of similarity tasks scored zero-shot.
 
     Each task is loaded without the study's training options (``shots``,
@@ -208,7 +206,7 @@ def load_zero_shot_data(spec: DataSpec, task_names: List[str], *, progress: bool
     """
     from ..cache import load_task_embeddings
 
-    out: Dict[str, Tuple[Any, Any]] = {}
+    out: dict[str, tuple[Any, Any]] = {}
     for name in task_names:
         zero_spec = dataclasses.replace(spec, task=name, shots=None, max_train=None)
         zero_task = load_task_data(zero_spec)

@@ -675,7 +675,7 @@ def ensemble_study(
     out = ensemble_evaluation(study, data, run)
     try:  # the dashboard's study note shows the ensemble; a note is for reading and never fails the command
         write_study_note(study)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         logger.warning("%s: could not rewrite its dashboard note: %s", study_name, exc)
     return out
 

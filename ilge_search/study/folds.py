@@ -14,8 +14,9 @@ uses it for early stopping, as without ``--cv``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ __all__ = ["MAX_SCORE_BINS", "check_cv", "stratified_folds", "CVResult", "cross_
 MAX_SCORE_BINS = 10  # quantile bins of the gold score that stratify a similarity task's folds
 
 
-def check_cv(cv: Optional[int], n_train: Optional[int] = None) -> Optional[int]:
+def check_cv(cv: int | None, n_train: int | None = None) -> int | None:
     """``cv`` when it is ``None`` or a fold count from 2 up to ``n_train`` (when given)."""
     from ..validation import check_int
 
@@ -34,7 +35,7 @@ def check_cv(cv: Optional[int], n_train: Optional[int] = None) -> Optional[int]:
     return cv
 
 
-def stratified_folds(labels: Any, k: int, *, seed: int, task_kind: str = "classification") -> List[np.ndarray]:
+def stratified_folds(labels: Any, k: int, *, seed: int, task_kind: str = "classification") -> list[np.ndarray]:
     """The validation indices (sorted) of each of ``k`` folds of ``labels``.
 
     Each stratum (a class, or a quantile bin of similarity scores) is shuffled
@@ -70,20 +71,20 @@ class CVResult:
     ``epochs_run`` have one entry per fold; ``seconds`` is their total.
     """
 
-    fold_scores: List[float]
-    best_epochs: List[int]
-    epochs_run: List[int]
+    fold_scores: list[float]
+    best_epochs: list[int]
+    epochs_run: list[int]
     num_trainable_params: int
     seconds: float
-    layer: Optional[int] = None
-    layer_scores: List[float] = field(default_factory=list)
+    layer: int | None = None
+    layer_scores: list[float] = field(default_factory=list)
 
     @property
     def mean(self) -> float:
         return float(np.mean(self.fold_scores))
 
 
-def _split(data: Tuple[Any, Any], rows: np.ndarray) -> Tuple[Any, Any]:
+def _split(data: tuple[Any, Any], rows: np.ndarray) -> tuple[Any, Any]:
     import torch
 
     index = torch.from_numpy(rows)
@@ -92,14 +93,14 @@ def _split(data: Tuple[Any, Any], rows: np.ndarray) -> Tuple[Any, Any]:
 
 def cross_validate(
     config: Any,
-    train: Tuple[Any, Any],
-    folds: List[np.ndarray],
+    train: tuple[Any, Any],
+    folds: list[np.ndarray],
     *,
     task_kind: str,
-    num_classes: Optional[int],
+    num_classes: int | None,
     seed: int,
     device: str,
-    report: Optional[Callable[[int, float], None]] = None,
+    report: Callable[[int, float], None] | None = None,
 ) -> CVResult:
     """Train ``config`` once per fold (on the other folds) and score it on the fold.
 
@@ -123,10 +124,10 @@ def cross_validate(
         task_kind=task_kind, num_classes=num_classes, score_range=score_range, seed=seed, device=device
     )
     started = time.perf_counter()
-    scores: List[float] = []
-    best_epochs: List[int] = []
-    epochs_run: List[int] = []
-    per_layer: List[List[float]] = []
+    scores: list[float] = []
+    best_epochs: list[int] = []
+    epochs_run: list[int] = []
+    per_layer: list[list[float]] = []
     params = 0
     for fold, rows in enumerate(folds):
         keep = np.ones(n, dtype=bool)

@@ -201,7 +201,7 @@ def _identity_lines(record: StudyRecord) -> list[str]:
         facts.append("- settings: " + ", ".join(limits))
     if data is not None and data.ilge_search_version:
         facts.append(f"- ilge-search {data.ilge_search_version}")
-    return lines + ([""] + facts if facts else [])
+    return lines + (["", *facts] if facts else [])
 
 
 def _seed_lines(record: StudyRecord, final: FinalRecord) -> list[str]:

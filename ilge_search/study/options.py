@@ -22,7 +22,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from ..record import DEFAULT_PROTOCOL, PROTOCOLS
 from ..tuning import PRUNERS, SAMPLERS
@@ -48,8 +48,8 @@ __all__ = [
     "usable_cpus",
 ]
 
-PathLike = Union[str, os.PathLike]
-TrialCount = Union[int, Mapping[str, Union[int, None]], None]
+PathLike = str | os.PathLike
+TrialCount = int | Mapping[str, int | None] | None
 
 WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS, copied import-free for the CLI's help
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)

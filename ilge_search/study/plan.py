@@ -47,9 +47,10 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from ..settings import default_storage_url
 from ..storage import Storage, artifact_dir_for, finished_trial_count, open_storage, sqlite_database
@@ -111,16 +112,16 @@ class RunCheck:
     model: str
     task: str
     options: StudyOptions
-    encoders: List[str]
-    trial_counts: Dict[str, Optional[int]]
-    storage: Optional[Storage]
+    encoders: list[str]
+    trial_counts: dict[str, int | None]
+    storage: Storage | None
     shown_url: str
     spec: DataSpec
     task_data: Any
-    names: Dict[str, str]
-    identities: Dict[str, Dict[str, Any]]
-    hints: Dict[str, str]
-    cache_keys: Dict[str, str]
+    names: dict[str, str]
+    identities: dict[str, dict[str, Any]]
+    hints: dict[str, str]
+    cache_keys: dict[str, str]
 
     def opened_storage(self) -> Storage:
         """The storage a real run writes to (only a dry run may leave it unopened)."""
@@ -142,7 +143,7 @@ def missing_sqlite_file(url: str) -> bool:
     return not Path(parsed.database).expanduser().exists()
 
 
-def _open_for_checks(storage: Union[str, Storage, None], options: StudyOptions, dry_run: bool) -> Optional[Storage]:
+def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_run: bool) -> Storage | None:
     """The storage as the run's checks read it, creating nothing: ``None`` for a SQLite file that does not exist
     yet (nothing in it can conflict), else opened for reading. A writer's SQLite folder and file are checked
     first, so an unwritable storage is refused before the rest. An in-memory SQLite is opened once, for
@@ -185,7 +186,7 @@ def _open_for_writing(url: str, options: StudyOptions) -> Storage:
     )
 
 
-def _check_storage_use(opened: Optional[Storage], url: str, options: StudyOptions, dry_run: bool) -> None:
+def _check_storage_use(opened: Storage | None, url: str, options: StudyOptions, dry_run: bool) -> None:
     """Worker processes need a storage each can open; a run with final seeds needs an artifact folder it can
     make (made only when the first weights are stored)."""
     from ..files import check_can_create
@@ -197,7 +198,7 @@ def _check_storage_use(opened: Optional[Storage], url: str, options: StudyOption
         check_can_create(artifacts, "the artifact store", "pass a writable --artifact-dir")
 
 
-def _writer(storage: Union[str, Storage, None], checked: Optional[Storage], options: StudyOptions) -> Optional[Storage]:
+def _writer(storage: str | Storage | None, checked: Storage | None, options: StudyOptions) -> Storage | None:
     """After the checks: the storage they read, if a run may write through it, else the one opened for
     writing now."""
     if isinstance(storage, Storage) or (checked is not None and checked.is_in_memory):
@@ -205,7 +206,7 @@ def _writer(storage: Union[str, Storage, None], checked: Optional[Storage], opti
     return _open_for_writing(default_storage_url() if storage is None else storage, options)
 
 
-def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> Tuple[Any, Any]:
+def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[Any, Any]:
     """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
     against it (:func:`~.limits.check_data_limits`)."""
     from ..tasks import load_task
@@ -222,8 +223,8 @@ def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> Tuple[Any
 def check_run(
     model: str,
     task: str,
-    encoders: Union[str, Sequence[str]],
-    storage: Union[str, Storage, None],
+    encoders: str | Sequence[str],
+    storage: str | Storage | None,
     options: StudyOptions,
     *,
     dry_run: bool = False,
@@ -274,9 +275,9 @@ def check_run(
     label = task_label(task, loaded)  # a custom task by its name and content, never its path
     data_id = data_identity(task_data)
     cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
-    names: Dict[str, str] = {}
-    identities: Dict[str, Dict[str, Any]] = {}
-    hints: Dict[str, str] = {}
+    names: dict[str, str] = {}
+    identities: dict[str, dict[str, Any]] = {}
+    hints: dict[str, str] = {}
     for enc in encoder_list:
         default = _default_name(model, label, enc, options, tagging=tagging)
         names[enc] = check_study_name(options.search.study_name or default)
@@ -341,7 +342,7 @@ def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *
     )
 
 
-def _config_hidden_size(model_path: Any) -> Optional[int]:
+def _config_hidden_size(model_path: Any) -> int | None:
     """A local model folder's hidden size, read from its ``config.json`` as plain JSON (nothing loaded or
     written); ``None`` for a hub id or a config that does not say."""
     import json
@@ -355,7 +356,7 @@ def _config_hidden_size(model_path: Any) -> Optional[int]:
 
 
 def _check_warm_start(
-    opened: Optional[Storage], encoder: str, model: str, task: str, count: int, config_hidden: Optional[int]
+    opened: Storage | None, encoder: str, model: str, task: str, count: int, config_hidden: int | None
 ) -> None:
     """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members. A model outside the table
     is bucketed by its config's hidden size; without one (a hub id), once its data is loaded, before its study
@@ -395,7 +396,7 @@ class StudyPlan:
     study_name: str
     exists: bool
     finished: int
-    trials: Optional[int]
+    trials: int | None
     epochs: int
     final_runs: int
     ensemble_runs: int = 0
@@ -423,17 +424,17 @@ class RunPlan:
     model: str
     task: str
     storage: str
-    studies: List[StudyPlan]
-    split_sizes: Dict[str, int]
-    cached: Dict[str, bool]
-    cache_keys: Dict[str, str]
+    studies: list[StudyPlan]
+    split_sizes: dict[str, int]
+    cached: dict[str, bool]
+    cache_keys: dict[str, str]
     workers: int
     parallel: int
-    threads: Optional[int]
+    threads: int | None
     device: str
     final_seeds: int
-    num_layers: Optional[int] = None
-    hidden_size: Optional[int] = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
     texts_to_embed: int = 0
     extraction_seconds: float = 0.0
     extraction_timed: bool = True
@@ -441,7 +442,7 @@ class RunPlan:
     calibration: str = "not measured"
     calibration_seconds: float = 0.0
     cpu_per_second: float = math.nan
-    notes: List[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def is_long(self) -> bool:
@@ -514,10 +515,10 @@ def format_seconds(seconds: float) -> str:
 def plan_run(
     model: str,
     task: str,
-    encoders: Union[str, Sequence[str]] = "cayley",
+    encoders: str | Sequence[str] = "cayley",
     *,
-    storage: Union[str, Storage, None] = None,
-    options: Optional[StudyOptions] = None,
+    storage: str | Storage | None = None,
+    options: StudyOptions | None = None,
     calibrate: bool = True,
 ) -> RunPlan:
     """What ``run_study`` would do with the same arguments, with its estimated wall time (a dry run).
@@ -550,7 +551,7 @@ def _parallel(options: StudyOptions, device: str) -> int:
     return max(1, min(options.runtime.workers, (os.cpu_count() or 1) // threads))
 
 
-def _study_plans(check: RunCheck) -> List[StudyPlan]:
+def _study_plans(check: RunCheck) -> list[StudyPlan]:
     options = check.options
     plans = []
     for enc in check.encoders:
@@ -611,7 +612,7 @@ def _ensemble_runs(check: RunCheck, trials_after: int) -> int:
     return options.final.seeds * max(0, min(size, trials_after) - 1)
 
 
-def _first_config(encoder: str, check: RunCheck, hidden_size: Optional[int]) -> Any:
+def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> Any:
     """The configuration a new study runs as trial 0 (recommended, epochs capped)."""
     import optuna
 
@@ -623,7 +624,7 @@ def _first_config(encoder: str, check: RunCheck, hidden_size: Optional[int]) -> 
         return suggest_capped(optuna.trial.FixedTrial(params), encoder, check.options.search.max_epochs)
 
 
-def _needed_splits(check: RunCheck) -> List[str]:
+def _needed_splits(check: RunCheck) -> list[str]:
     return ["train", "validation"] + (["test"] if check.options.final.seeds > 0 else [])
 
 
@@ -633,7 +634,7 @@ def _cached_keys(check: RunCheck) -> set:
     return {entry.key for entry in EmbeddingCache(check.spec.cache_dir).ls()}
 
 
-def _dims(check: RunCheck) -> Tuple[int, int, float]:
+def _dims(check: RunCheck) -> tuple[int, int, float]:
     from ..models import known_model
 
     known = known_model(check.model)
@@ -739,7 +740,7 @@ def _subset_rows(size: int) -> int:
     return min(size, CALIBRATION_ROWS)
 
 
-def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tuple[Any, Any], Tuple[Any, Any], str]:
+def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> tuple[tuple[Any, Any], tuple[Any, Any], str]:
     """Training and validation rows to time epochs on: the cached features, or random ones of their
     shape after timing the extraction of a few texts (which sets ``plan.extraction_seconds``)."""
     import numpy as np
@@ -791,7 +792,7 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> Tuple[Tupl
     return parts["train"], parts["validation"], how
 
 
-def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> Tuple[int, int]:
+def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> tuple[int, int]:
     """Load the model, embed a seeded sample of the texts to embed; set ``plan.extraction_seconds``.
     Returns the model's layers and width. A GGUF model not converted yet is not loaded (that would write
     its converted folder): its extraction is estimated instead."""
@@ -820,12 +821,12 @@ def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> Tuple[int, 
 def _time_config(
     encoder: str,
     config: Any,
-    train: Tuple[Any, Any],
-    validation: Tuple[Any, Any],
+    train: tuple[Any, Any],
+    validation: tuple[Any, Any],
     check: RunCheck,
     plan: RunPlan,
     device: str,
-) -> Tuple[float, float]:
+) -> tuple[float, float]:
     """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
     from ..engine import TrainingRecipe, select_best_layer, train_encoder
 
@@ -857,7 +858,7 @@ def _time_config(
             times.append(time.perf_counter() - started)
         per_epoch = max(0.0, times[1] - times[0]) / (CALIBRATION_EPOCHS - 1)
         return plan.num_layers * max(0.0, times[0] - per_epoch), plan.num_layers * per_epoch * scale
-    stamps: List[float] = []
+    stamps: list[float] = []
     started = time.perf_counter()
     train_encoder(
         config.replace(epochs=CALIBRATION_EPOCHS),
@@ -870,7 +871,7 @@ def _time_config(
     return max(0.0, stamps[0] - started - per_epoch), per_epoch * scale
 
 
-def _estimate_extraction(check: RunCheck, plan: RunPlan) -> Tuple[int, int]:
+def _estimate_extraction(check: RunCheck, plan: RunPlan) -> tuple[int, int]:
     """The extraction of a model that cannot be loaded without writing, from the model table's size and the
     prior rate per parameter; says so in a note, with what the real run would write. Returns layers and width."""
     from ..files import format_bytes

@@ -110,10 +110,7 @@ def study_result(study: Any, storage: str | Storage = "") -> StudyResult:
     record = study_record(study)
     identity, data = record.identity, record.data
     best = best_score_trial(study) if count[TrialState.COMPLETE] else None
-    if isinstance(storage, Storage):
-        shown = storage.shown_url
-    else:
-        shown = hide_password(storage) if storage else ""
+    shown = storage.shown_url if isinstance(storage, Storage) else hide_password(storage) if storage else ""
     return StudyResult(
         study_name=study.study_name,
         storage=shown,

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from ..record import SourceRecord, study_record
 from ..storage import (
@@ -73,7 +74,7 @@ __all__ = ["run_study"]
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 
 def run_study(
@@ -197,8 +198,8 @@ def _run_one(
     storage: Storage,
     encoder: str,
     name: str,
-    identity: Dict[str, Any],
-    count: Optional[int],
+    identity: dict[str, Any],
+    count: int | None,
     data: StudyData,
     spec: DataSpec,
     options: StudyOptions,
@@ -262,7 +263,7 @@ def _run_one(
     return result
 
 
-def _warm_start_within_budget(warm: Any, name: str, budget: Optional[int]) -> Any:
+def _warm_start_within_budget(warm: Any, name: str, budget: int | None) -> Any:
     """The warm-start members a new study's trial budget can run (the starting configuration is its first
     trial); one warning line when members are dropped, since queued trials beyond the budget would wait
     unseen until a later run picked them up."""
@@ -286,7 +287,7 @@ def _optimize_and_evaluate(
     storage: Storage,
     encoder: str,
     name: str,
-    count: Optional[int],
+    count: int | None,
     data: StudyData,
     spec: DataSpec,
     options: StudyOptions,

@@ -64,9 +64,11 @@ import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AbstractSet, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any
 
 from ..configs import ENCODER_FAMILIES
 from ..files import read_text_utf8
@@ -106,7 +108,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, os.PathLike]
+PathLike = str | os.PathLike
 
 # the study options that are part of a study's identity (and name): a grid sets each for every task at its top
 # level and per task; tests/test_sweep.py checks that every such option of StudyOptions is here
@@ -155,15 +157,15 @@ class SweepEntry:
     task: str
     encoder: str
     n_trials: int
-    max_train: Optional[int] = None
-    max_eval: Optional[int] = None
-    shots: Optional[int] = None
-    max_epochs: Optional[int] = None
-    zero_shot: Tuple[str, ...] = ()
-    cv: Optional[int] = None
-    objectives: Tuple[str, ...] = DEFAULT_OBJECTIVES
+    max_train: int | None = None
+    max_eval: int | None = None
+    shots: int | None = None
+    max_epochs: int | None = None
+    zero_shot: tuple[str, ...] = ()
+    cv: int | None = None
+    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
     protocol: str = DEFAULT_PROTOCOL
-    samples_per_label: Optional[int] = None
+    samples_per_label: int | None = None
     data_seed: int = 0
     word_pooling: str = "first"  # tagging tasks only; what other tasks' studies record is no word pooling
     warm_start: int = 0  # ILGE families only: baselines have no portfolio
@@ -199,7 +201,7 @@ class SweepEntry:
             warm_start=self.warm_start,
         )
 
-    def group_key(self) -> Tuple:
+    def group_key(self) -> tuple:
         """Entries with the same key share one ``run_study`` call (the same data and study options)."""
         return (
             self.model,
@@ -243,23 +245,23 @@ class Sweep:
     """A parsed grid file: shared study options plus one entry per study."""
 
     name: str
-    storage: Optional[str]
-    entries: List[SweepEntry]
+    storage: str | None
+    entries: list[SweepEntry]
     sampler: str = "tpe"
     pruner: str = "median"
     seed: int = 0
     final_seeds: int = 3
     workers: int = 1
-    threads: Optional[int] = None
-    timeout: Optional[float] = None
-    select: Optional[str] = None
-    final_front: Optional[int] = None
-    ensemble: Optional[int] = None
-    path: Optional[Path] = None
+    threads: int | None = None
+    timeout: float | None = None
+    select: str | None = None
+    final_front: int | None = None
+    ensemble: int | None = None
+    path: Path | None = None
 
-    def pairs(self) -> List[Tuple[str, str]]:
+    def pairs(self) -> list[tuple[str, str]]:
         """(model, task) pairs in file order; each is one ``run_study`` call."""
-        seen: List[Tuple[str, str]] = []
+        seen: list[tuple[str, str]] = []
         for entry in self.entries:
             if (entry.model, entry.task) not in seen:
                 seen.append((entry.model, entry.task))
@@ -267,7 +269,7 @@ class Sweep:
 
     def study_options(self, **changes: Any) -> StudyOptions:
         """The grid's shared :class:`StudyOptions` (validated), with ``changes`` applied."""
-        values: Dict[str, Any] = dict(
+        values: dict[str, Any] = dict(
             sampler=self.sampler,
             pruner=self.pruner,
             seed=self.seed,
@@ -297,8 +299,8 @@ def _check_keys(where: str, table: Mapping[str, Any], allowed: AbstractSet[str])
 
 
 def _int_or_none(
-    where: str, table: Mapping[str, Any], key: str, default: Optional[int] = None, minimum: int = 1
-) -> Optional[int]:
+    where: str, table: Mapping[str, Any], key: str, default: int | None = None, minimum: int = 1
+) -> int | None:
     value = table.get(key, default)
     if value is None:
         return None
@@ -308,7 +310,7 @@ def _int_or_none(
         raise _fail(where, str(exc)) from None
 
 
-def _str_list(where: str, value: Any, key: str) -> List[str]:
+def _str_list(where: str, value: Any, key: str) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
@@ -316,7 +318,7 @@ def _str_list(where: str, value: Any, key: str) -> List[str]:
     return list(value)
 
 
-def _encoders(where: str, value: Any) -> List[str]:
+def _encoders(where: str, value: Any) -> list[str]:
     try:
         return resolve_encoders(_str_list(where, value, "encoders"))
     except ValueError as exc:
@@ -325,7 +327,7 @@ def _encoders(where: str, value: Any) -> List[str]:
         raise _fail(where, str(exc)) from None
 
 
-def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
+def _budgets(where: str, table: Any, encoders: Sequence[str]) -> dict[str, int]:
     if not isinstance(table, Mapping):
         raise _fail(where, f"trials must be a table of encoder = count, got {table!r}")
     _check_keys(where + " [trials]", table, set(ENCODER_CHOICES) | {"default"})
@@ -344,8 +346,8 @@ def _budgets(where: str, table: Any, encoders: Sequence[str]) -> Dict[str, int]:
 
 
 def _objectives(
-    where: str, value: Any, encoders: Sequence[str], inherited: Optional[Mapping[str, Tuple[str, ...]]] = None
-) -> Dict[str, Tuple[str, ...]]:
+    where: str, value: Any, encoders: Sequence[str], inherited: Mapping[str, tuple[str, ...]] | None = None
+) -> dict[str, tuple[str, ...]]:
     """Objectives per encoder from ``objectives = [...]`` (every encoder) or a table of encoder = [...] with an
     optional ``default`` (encoders it does not name keep ``inherited``, else score alone)."""
     base = {encoder: (inherited or {}).get(encoder, DEFAULT_OBJECTIVES) for encoder in encoders}
@@ -371,7 +373,7 @@ def _objectives(
     return {encoder: shared for encoder in encoders}
 
 
-def _protocols(where: str, value: Any) -> List[str]:
+def _protocols(where: str, value: Any) -> list[str]:
     """A grid's ``protocol``: one name or a list of them (each gets its own studies)."""
     names = _str_list(where, value, "protocol")
     unknown = [name for name in names if name not in PROTOCOLS]
@@ -393,7 +395,7 @@ def _check_task_name(where: str, task: str) -> None:
 FULL_SHOTS = "full"  # in a shots list: the study on the whole (capped) training split
 
 
-def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> List[Optional[int]]:
+def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> list[int | None]:
     """The task's shots per label as a list, one study each (``None``: no few-shot draw)."""
     value = options.get("shots", raw.get("shots"))
     if value is None:
@@ -401,7 +403,7 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
     values = value if isinstance(value, list) else [value]
     if not values:
         raise _fail(where, 'shots must be a count, or a non-empty list of counts and "full"')
-    out: List[Optional[int]] = []
+    out: list[int | None] = []
     for item in values:
         if item == FULL_SHOTS and isinstance(value, list):
             shots = None
@@ -437,7 +439,7 @@ def _word_pooling(where: str, task: str, options: Mapping[str, Any], raw: Mappin
     return str(value)
 
 
-def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: List[str]) -> List[SweepEntry]:
+def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: list[str]) -> list[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
     all_encoders = list(ENCODER_CHOICES)
@@ -445,7 +447,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: List[str], encoders: Li
     tasks = raw.get("tasks")
     if not isinstance(tasks, Mapping) or not tasks:
         raise _fail(where, "no tasks; add one [tasks.<name>] table per task")
-    entries: List[SweepEntry] = []
+    entries: list[SweepEntry] = []
     for task, options in tasks.items():
         task_where = f"{where} [tasks.{task}]"
         if not isinstance(options, Mapping):
@@ -540,7 +542,7 @@ def load_sweep(path: PathLike) -> Sweep:
     return sweep
 
 
-def with_protocol(sweep: Sweep, protocol: Optional[str] = None, samples_per_label: Optional[int] = None) -> Sweep:
+def with_protocol(sweep: Sweep, protocol: str | None = None, samples_per_label: int | None = None) -> Sweep:
     """``sweep`` with every study under ``protocol`` (overriding the grid's; studies the grid lists under
     several protocols become one each) and the paper studies' ``samples_per_label``; unchanged when both are None.
 
@@ -623,7 +625,7 @@ def _prepared(sweep: Sweep | PathLike, overrides: SweepOverrides | None) -> Swee
     return with_overrides(sweep if isinstance(sweep, Sweep) else load_sweep(sweep), overrides)
 
 
-def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> Tuple[Optional[Any], int, bool]:
+def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> tuple[Any | None, int, bool]:
     """One entry's study (``None`` before it exists), its finished trials and whether its final
     evaluation is current (always, when the sweep runs none)."""
     study = storage.load_study(entry.study_name)
@@ -762,14 +764,14 @@ def run_sweep(
         grace_period=options.runtime.grace_period,
         max_retry=options.runtime.max_retry,
     )
-    groups: Dict[Tuple, List[SweepEntry]] = {}
+    groups: dict[tuple, list[SweepEntry]] = {}
     for entry in entries:  # one run_study call per (model, task, data, objective and protocol options)
         groups.setdefault(entry.group_key(), []).append(entry)
-    results: List[StudyResult] = []
+    results: list[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
         first = group[0]
-        remaining: Dict[str, int] = {}
-        done: Dict[str, Any] = {}  # encoder -> its study, already at its budget with current final scores
+        remaining: dict[str, int] = {}
+        done: dict[str, Any] = {}  # encoder -> its study, already at its budget with current final scores
         for entry in group:
             study, finished, final = _status(opened, entry, options)
             if finished >= entry.n_trials and final:
@@ -785,7 +787,7 @@ def run_sweep(
             first.protocol,
             ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done",
         )
-        ran: Dict[str, StudyResult] = {}
+        ran: dict[str, StudyResult] = {}
         if remaining:
             # the budget is also a cap shared with every other process on the storage (another sweep of the same
             # grid, extra workers): counted when each trial starts, so concurrent runs stop at the budget together

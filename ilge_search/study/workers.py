@@ -24,8 +24,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..objectives import best_score_trial, score_of
 from ..storage import (
@@ -48,12 +49,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["split_trials", "WorkerJob", "worker_main", "total_reached", "optimize"]
 
 # what the total_trials cap counts: finished trials plus those running now in any process
-_CAPPED_STATES = FINISHED_STATES + ("RUNNING",)
+_CAPPED_STATES = (*FINISHED_STATES, "RUNNING")
 STORAGE_FAULT_EXIT = 3  # a worker's exit status after a storage fault (its message is on stderr)
 PARENT_POLL_SECONDS = 0.5
 
 
-def split_trials(n_trials: Optional[int], workers: int) -> List[Optional[int]]:
+def split_trials(n_trials: int | None, workers: int) -> list[int | None]:
     """Per-worker trial counts summing to ``n_trials`` exactly (``None``: until timeout)."""
     if n_trials is None:
         return [None] * workers
@@ -62,14 +63,14 @@ def split_trials(n_trials: Optional[int], workers: int) -> List[Optional[int]]:
     return [c for c in counts if c > 0]
 
 
-def total_reached(study: Any, total_trials: Optional[int]) -> bool:
+def total_reached(study: Any, total_trials: int | None) -> bool:
     """Whether the study's finished trials plus those running now in any process reach ``total_trials``."""
     if total_trials is None:
         return False
     return count_trials(study, _CAPPED_STATES) >= total_trials
 
 
-def _total_trials_callbacks(total_trials: Optional[int]) -> List[Callable[[Any, Any], None]]:
+def _total_trials_callbacks(total_trials: int | None) -> list[Callable[[Any, Any], None]]:
     """Stop this process's optimise loop once the study holds ``total_trials`` trials.
 
     Counting running trials too means a process stops as soon as the trials in flight in
@@ -109,8 +110,8 @@ class WorkerJob:
     encoder: str
     data: DataSpec
     options: StudyOptions
-    n_trials: Optional[int]
-    sampler_seed: Optional[int]
+    n_trials: int | None
+    sampler_seed: int | None
     torch_threads: int
 
 
@@ -133,7 +134,7 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="ilge-parent-watchdog", daemon=True).start()
 
 
-def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
+def worker_main(job: WorkerJob, parent: int | None = None) -> None:
     """Entry point of a spawned worker: load the cached embeddings, optimise, exit.
 
     ``parent``: the pid of the spawning process; the worker ends when it is gone.
@@ -189,7 +190,7 @@ def worker_main(job: WorkerJob, parent: Optional[int] = None) -> None:
         raise SystemExit(STORAGE_FAULT_EXIT) from None
 
 
-def _optimize_in_workers(study: Any, jobs: List[WorkerJob], metric: str, progress: bool, total: Optional[int]) -> None:
+def _optimize_in_workers(study: Any, jobs: list[WorkerJob], metric: str, progress: bool, total: int | None) -> None:
     """Run ``jobs`` in spawned processes; show progress by polling the storage."""
     from ..progress import BarSpec, new_bar
 
@@ -242,10 +243,10 @@ def optimize(
     study: Any,
     storage: Storage,
     encoder: str,
-    data: "StudyData",
+    data: StudyData,
     spec: DataSpec,
     options: StudyOptions,
-    count: Optional[int],
+    count: int | None,
     callbacks: Sequence[Callable[[Any, Any], None]] = (),
 ) -> None:
     """Add ``count`` trials (``None``: until ``timeout`` or ``total_trials``) to ``study``.

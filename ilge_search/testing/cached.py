@@ -292,7 +292,7 @@ class SyntheticSetup:
     model: str
     data_dir: Path
     cache_dir: Path
-    signal: LayerSignal = LayerSignal()
+    signal: LayerSignal = dataclasses.field(default_factory=LayerSignal)
 
     def spec(self, task: str, **data_options: Any) -> DataSpec:
         """The :class:`~ilge_search.study.data.DataSpec` of ``task`` with ``data_options`` (``shots``,

@@ -17,7 +17,6 @@ learnable parameters skip for parameter-free encoders (e.g. last-layer).
 from __future__ import annotations
 
 import copy
-from typing import Optional
 
 import pytest
 import torch
@@ -35,12 +34,12 @@ class LayerEncoderContract:
     def make_config(self) -> EncoderConfig:
         raise NotImplementedError
 
-    def make_aggregator(self, num_layers: Optional[int] = None, hidden_in: Optional[int] = None):
+    def make_aggregator(self, num_layers: int | None = None, hidden_in: int | None = None):
         from ..aggregator import build_aggregator
 
         return build_aggregator(self.make_config(), num_layers or self.num_layers, hidden_in or self.hidden_in)
 
-    def make_input(self, batch_size: Optional[int] = None, seed: int = 0) -> torch.Tensor:
+    def make_input(self, batch_size: int | None = None, seed: int = 0) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed)
         return torch.randn(batch_size or self.batch_size, self.num_layers, self.hidden_in, generator=generator)
 

@@ -100,7 +100,7 @@ def final_record(test_scores: Sequence[float], *, trial: int = 0, select: str = 
 def _distribution(values: list[Any]) -> BaseDistribution:
     """A distribution every stored value of one parameter fits; positive floats (learning rates, weight
     decays) on a log scale, as the search space draws them."""
-    if all(isinstance(v, bool) or isinstance(v, str) for v in values):
+    if all(isinstance(v, (bool, str)) for v in values):
         return CategoricalDistribution(sorted(set(values), key=str))
     if all(isinstance(v, int) for v in values):
         return IntDistribution(min(values), max(values))

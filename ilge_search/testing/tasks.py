@@ -19,13 +19,69 @@ import numpy as np
 __all__ = ["VOCABULARY", "SyntheticTask", "write_task"]
 
 VOCABULARY: tuple[str, ...] = tuple(
-    """
-    river stone cloud lamp garden violin harbour pencil meadow copper lantern orchard
-    candle forest marble saddle pepper island ribbon thunder velvet anchor basket cedar
-    falcon glacier hammer ivory jasmine kettle lemon mirror nutmeg olive parrot quartz
-    raven silver tulip umbrella walnut yarrow zephyr amber bramble cobalt dune ember
-    fern granite heron indigo juniper kelp lilac maple nectar onyx pebble quill rustle
-    """.split()
+    [
+        "river",
+        "stone",
+        "cloud",
+        "lamp",
+        "garden",
+        "violin",
+        "harbour",
+        "pencil",
+        "meadow",
+        "copper",
+        "lantern",
+        "orchard",
+        "candle",
+        "forest",
+        "marble",
+        "saddle",
+        "pepper",
+        "island",
+        "ribbon",
+        "thunder",
+        "velvet",
+        "anchor",
+        "basket",
+        "cedar",
+        "falcon",
+        "glacier",
+        "hammer",
+        "ivory",
+        "jasmine",
+        "kettle",
+        "lemon",
+        "mirror",
+        "nutmeg",
+        "olive",
+        "parrot",
+        "quartz",
+        "raven",
+        "silver",
+        "tulip",
+        "umbrella",
+        "walnut",
+        "yarrow",
+        "zephyr",
+        "amber",
+        "bramble",
+        "cobalt",
+        "dune",
+        "ember",
+        "fern",
+        "granite",
+        "heron",
+        "indigo",
+        "juniper",
+        "kelp",
+        "lilac",
+        "maple",
+        "nectar",
+        "onyx",
+        "pebble",
+        "quill",
+        "rustle",
+    ]
 )
 SPLIT_NAMES = ("train", "validation", "test")
 

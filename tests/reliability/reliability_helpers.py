@@ -10,8 +10,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
 
 from announced_skips import skip_because
 
@@ -24,12 +24,12 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def cli_command(*args: str) -> List[str]:
+def cli_command(*args: str) -> list[str]:
     """The `ilge-search` entry point, run by this interpreter."""
     return [sys.executable, "-c", "from ilge_search.cli import cli; cli()", *args]
 
 
-def subprocess_env(**extra: str) -> Dict[str, str]:
+def subprocess_env(**extra: str) -> dict[str, str]:
     return dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **extra)
 
 
@@ -59,7 +59,7 @@ def refused_run(tmp_path: Path, task: Path, *more: str):
     return result
 
 
-def run_args(db: Path, data_dir: Path, cache_dir: Path, *more: str) -> List[str]:
+def run_args(db: Path, data_dir: Path, cache_dir: Path, *more: str) -> list[str]:
     """``ilge-search run`` on the cached trec subset, no final evaluation, no pruning."""
     return [
         "run",
@@ -85,7 +85,7 @@ def run_args(db: Path, data_dir: Path, cache_dir: Path, *more: str) -> List[str]
     ]
 
 
-def trials(db: Path) -> Dict[int, Tuple[str, int]]:
+def trials(db: Path) -> dict[int, tuple[str, int]]:
     """``{number: (state, epochs reported)}`` read with plain sqlite3, as another process sees it mid-run."""
     if not db.exists():
         return {}
@@ -104,12 +104,12 @@ def integrity(db: Path) -> str:
         return conn.execute("PRAGMA integrity_check").fetchone()[0]
 
 
-def trial_states(db: Path) -> Dict[int, str]:
+def trial_states(db: Path) -> dict[int, str]:
     """``{trial number: state}`` read with plain sqlite3 (what a second process sees mid-run)."""
     return {number: state for number, (state, _) in trials(db).items()}
 
 
-def wait_for(condition, timeout: float, proc: "subprocess.Popen | None" = None, step: float = 0.05):
+def wait_for(condition, timeout: float, proc: subprocess.Popen | None = None, step: float = 0.05):
     """Poll ``condition()`` until it is truthy (its value is returned) or ``timeout`` passes (``None``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -144,10 +144,9 @@ def remount_read_only(folder: Path) -> None:
 def fill(folder: Path) -> Path:
     """Write a file into ``folder`` until its filesystem is full."""
     filler = folder / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        with contextlib.suppress(OSError):
-            while True:
-                handle.write(b"\0" * 4096)
+    with open(filler, "wb", buffering=0) as handle, contextlib.suppress(OSError):
+        while True:
+            handle.write(b"\0" * 4096)
     return filler
 
 
@@ -155,7 +154,7 @@ def remount(target: Path, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", str(target)], check=True, capture_output=True)
 
 
-def write_task(folder: Path, splits: Dict[str, List[dict]]) -> Path:
+def write_task(folder: Path, splits: dict[str, list[dict]]) -> Path:
     """A custom task folder: one JSONL file per split."""
     folder.mkdir(parents=True, exist_ok=True)
     for split, rows in splits.items():
@@ -163,16 +162,29 @@ def write_task(folder: Path, splits: Dict[str, List[dict]]) -> Path:
     return folder
 
 
-def sentences(count: int, start: int = 0) -> List[str]:
-    words = "river stone cloud lamp garden violin harbour pencil meadow copper lantern orchard".split()
+def sentences(count: int, start: int = 0) -> list[str]:
+    words = [
+        "river",
+        "stone",
+        "cloud",
+        "lamp",
+        "garden",
+        "violin",
+        "harbour",
+        "pencil",
+        "meadow",
+        "copper",
+        "lantern",
+        "orchard",
+    ]
     return [
         f"the {words[i % 12]} near the {words[(i * 5 + 3) % 12]} is number {i}" for i in range(start, start + count)
     ]
 
 
-def labelled(count: int, labels: List[str], start: int = 0) -> List[dict]:
+def labelled(count: int, labels: list[str], start: int = 0) -> list[dict]:
     return [{"text": text, "label": labels[i % len(labels)]} for i, text in enumerate(sentences(count, start))]
 
 
-def temp_files(folder: Path) -> List[Path]:
+def temp_files(folder: Path) -> list[Path]:
     return sorted(folder.rglob(".*.tmp-*")) if folder.is_dir() else []

@@ -6,6 +6,7 @@ otherwise). A process killed during extraction is a real subprocess killed with 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -95,7 +96,7 @@ def test_disk_filled_by_another_writer_during_extraction_is_one_line_then_recove
         "--quiet",
     )
     filler = small_disk / "filler.bin"
-    handle = open(filler, "wb")  # created first: on a full tmpfs even a new empty file fails
+    handle = open(filler, "wb")  # noqa: SIM115 (closed in the finally below); created first: on a full tmpfs even a new empty file fails
     proc = subprocess.Popen(embed, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env())
     try:
         deadline = time.monotonic() + 120
@@ -108,14 +109,12 @@ def test_disk_filled_by_another_writer_during_extraction_is_one_line_then_recove
                 handle.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
-        stdout, stderr = proc.communicate(timeout=240)
+        _stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
-        try:
+        with contextlib.suppress(OSError):  # the last buffered block has no room; the file is removed below
             handle.close()
-        except OSError:
-            pass  # the last buffered block has no room; the file is removed below
     assert proc.returncode == 1, (proc.returncode, stderr[-2000:])
     lines = [line for line in stderr.splitlines() if line.strip() and "Loading weights" not in line]
     assert "Traceback" not in stderr and len(lines) == 1, stderr  # (transformers' loading bar aside)

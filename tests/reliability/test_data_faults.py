@@ -11,7 +11,7 @@ import inspect
 import json
 import logging
 from pathlib import Path
-from typing import List
+from typing import ClassVar
 
 import optuna
 import pytest
@@ -227,7 +227,7 @@ def test_streamed_lines_name_the_right_line_of_a_bad_byte_far_into_the_file(tmp_
 # ----------------------------------------------------------------------------- bad input through `ilge-search run`
 
 
-def _write_jsonl(path: Path, rows: List[dict]) -> Path:
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path
@@ -273,7 +273,7 @@ class TestBadInputHasClearMessageAndNoSideEffects:
         )
         return {"db": db, "cache": tmp_path / "cache", "dir": tmp_path, "data": data_dir}
 
-    CASES = {
+    CASES: ClassVar[dict] = {
         "unknown model": (["--model", "no-such-model"], "is not a local folder, not an alias"),
         "unknown task": (["--task", "no_such_task"], "unknown task 'no_such_task'"),
         "missing column": (["--task", "{dir}/columns.jsonl"], "no column 'text' (columns present: sentence, label)"),

@@ -100,8 +100,19 @@ def test_a_moved_custom_task_names_task_path_and_is_read_from_the_new_place(synt
         load_training_data(study, cache_dir=synthetic.cache_dir, device="cpu")
     result = CliRunner().invoke(
         cli,
-        ["export", "--storage", url, "--study", study.study_name, "--out", str(tmp_path / "clf")]
-        + ["--cache-dir", str(synthetic.cache_dir), "--device", "cpu"],
+        [
+            "export",
+            "--storage",
+            url,
+            "--study",
+            study.study_name,
+            "--out",
+            str(tmp_path / "clf"),
+            "--cache-dir",
+            str(synthetic.cache_dir),
+            "--device",
+            "cpu",
+        ],
     )
     assert result.exit_code == 1 and "pass --task-path with where it is now" in result.output
     assert "Traceback" not in result.output

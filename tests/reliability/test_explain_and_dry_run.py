@@ -28,7 +28,7 @@ from ilge_search.study import StudyOptions, run_study
 from ilge_search.testing.tagging_data import middle_layer_tags
 from ilge_search.testing.tiny_models import tiny_encoder
 
-WORDS = "the a fox dog runs jumps over under , . red big".split()
+WORDS = ["the", "a", "fox", "dog", "runs", "jumps", "over", "under", ",", ".", "red", "big"]
 TAG_OF = {"the": "DET", "a": "DET", "fox": "NOUN", "dog": "NOUN", "runs": "VERB", "jumps": "VERB", ",": "PUNCT"}
 
 

@@ -221,7 +221,7 @@ def test_a_tokenizer_that_reads_a_sample_sentence_as_unknown_tokens_only_is_refu
     (folder / "tokenizer.json").write_text(json.dumps(vocab))
     with pytest.raises(ModelLoadError, match=r"its tokenizer reads the sample sentence .* as unknown tokens only"):
         load_model_and_tokenizer(str(folder), "cpu", cache_dir=tmp_path / "cache")
-    model, tokenizer = load_model_and_tokenizer(tiny_model, "cpu", cache_dir=tmp_path / "cache")  # its own: fine
+    _model, tokenizer = load_model_and_tokenizer(tiny_model, "cpu", cache_dir=tmp_path / "cache")  # its own: fine
     assert len(tokenizer) > 5
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, List
 
 import pytest
 from click.testing import CliRunner
@@ -34,7 +34,7 @@ class Writer:
 
     name: str
     kind: str  # "file" or "folder"
-    args: Callable[[Path, "Setup"], List[str]]
+    args: Callable[[Path, Setup], list[str]]
     spies: tuple[tuple[str, str], ...]
     suffix: str = ""
 

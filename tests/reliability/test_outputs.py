@@ -99,7 +99,7 @@ def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config
     assert recommended_config("cayley", defaults_path=other).lr == shipped["cayley"]["small"]["lr"]
     monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(other))
     assert recommended_config("fc").lr == 0.0042 and recommended_config("cayley").lr != 0.0123
-    with pytest.raises(ValueError, match="recommended defaults file .*absent.json does not exist"):
+    with pytest.raises(ValueError, match=r"recommended defaults file .*absent.json does not exist"):
         recommended_config("fc", defaults_path=tmp_path / "absent.json")
 
 

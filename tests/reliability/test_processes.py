@@ -14,7 +14,6 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict
 
 import optuna
 import pytest
@@ -36,7 +35,7 @@ from ilge_search.study import StudyOptions, recommended_params, run_study
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
 
 
-def worker_stamps(db: Path) -> Dict[int, dict]:
+def worker_stamps(db: Path) -> dict[int, dict]:
     """``{trial number: its ilge_worker attr}`` of the RUNNING trials, read with plain sqlite3."""
     if not db.exists():
         return {}
@@ -61,7 +60,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def training(db: Path, number: int = None):
+def training(db: Path, number: int | None = None):
     """A RUNNING trial that has reported an epoch (optionally: trial ``number``)."""
     return [
         n
@@ -262,7 +261,7 @@ def test_sigkilled_worker_loses_no_trial_and_its_trial_is_failed_and_retried(tmp
     )
     try:
         deadline = time.monotonic() + 240
-        states: Dict[int, str] = {}
+        states: dict[int, str] = {}
         while time.monotonic() < deadline and proc.poll() is None:
             # mid-trial = a RUNNING trial that has already reported an epoch (so it is training, with heartbeats)
             states, training = _progress(db)

@@ -64,7 +64,7 @@ def questions_study(tmp_path_factory, data_dir, cache_dir):
 
 def copied(questions_study, tmp_path: Path):
     """The module's storage, copied (each test changes its own)."""
-    root, folder, url, result = questions_study
+    root, folder, _url, result = questions_study
     shutil.copyfile(root / "studies.db", tmp_path / "studies.db")
     return folder, sqlite_url(tmp_path / "studies.db"), result
 
@@ -161,7 +161,7 @@ def test_changed_labels_are_named_in_the_refusal(questions_study, tmp_path, cach
 
 def test_rerunning_the_same_command_on_changed_data_starts_a_new_study(questions_study, tmp_path, cache_dir, data_dir):
     """The issue's case: same folder path, new contents, same command. The old study is left as it was."""
-    folder, url, result = copied(questions_study, tmp_path)
+    _folder, url, result = copied(questions_study, tmp_path)
     changed = write_questions(tmp_path / "questions", data_dir, edit=lambda text: text.replace("?", "? !"))
     new = run_study(
         MODEL,
@@ -288,7 +288,7 @@ def test_a_study_from_before_fingerprints_is_adopted_on_the_same_data_and_refuse
     _forget_fingerprints(db)
     with pytest.raises(
         DataChangedError,
-        match="made by an earlier ilge-search .* cached-embedding keys it stored differ from this data's",
+        match=r"made by an earlier ilge-search .* cached-embedding keys it stored differ from this data's",
     ):
         run_study(
             MODEL,
