@@ -28,10 +28,13 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .record import study_record
 from .storage import Storage, artifact_dir_for, open_storage
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 __all__ = [
     "dashboard_artifact_dirs",
@@ -256,8 +259,15 @@ def serve_dashboard(
             unreachable storage (``StorageError``), a missing SQLite file, a host
             that cannot be resolved or a port in use.
     """
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+    _check_address(host, port, allow_remote)
+    app = make_dashboard_app(storage, artifact_dir)
+    server = _bind_server(host, int(port), log_requests)
+    server.set_app(app)
+    _serve_until_stopped(server, host, app.ilge_artifact_store.directories, echo)
 
+
+def _check_address(host: str, port: int, allow_remote: bool) -> None:
+    """Refuse a port out of range, and a non-loopback host unless the user allowed it (the dashboard has no login)."""
     if not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be in 0..65535, got {port!r}")
     if not _is_loopback(host) and not allow_remote:
@@ -266,7 +276,12 @@ def serve_dashboard(
             "(the dashboard has no login); keep the default 127.0.0.1 (use an SSH tunnel from "
             "elsewhere), or pass --allow-remote on a trusted network"
         )
-    app = make_dashboard_app(storage, artifact_dir)
+
+
+def _bind_server(host: str, port: int, log_requests: bool) -> WSGIServer:
+    """A threading WSGI server listening on ``host:port``; resolution and bind errors become ``ValueError``."""
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     except socket.gaierror as exc:
@@ -283,12 +298,17 @@ def serve_dashboard(
         address_family = family
 
     try:
-        server = Server((host, int(port)), Handler)
+        return Server((host, port), Handler)
     except OSError as exc:
         raise ValueError(
             f"cannot listen on {host}:{port} ({exc.strerror or exc}); pass another --port (0 picks a free one)"
         ) from exc
-    server.set_app(app)
+
+
+def _serve_until_stopped(
+    server: WSGIServer, host: str, artifact_dirs: Iterable[Path], echo: Callable[[str], None]
+) -> None:
+    """Print where the dashboard is and serve until Ctrl-C or SIGTERM, restoring the previous SIGTERM handler."""
     bound_port = server.server_address[1]
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}/dashboard"
@@ -306,7 +326,7 @@ def serve_dashboard(
                 f"warning: the dashboard listens on {host}, not loopback; it has no login, so anyone who can "
                 f"reach port {bound_port} can read, edit and delete studies"
             )
-        echo(f"artifacts: {', '.join(str(d) for d in app.ilge_artifact_store.directories)}")
+        echo(f"artifacts: {', '.join(str(d) for d in artifact_dirs)}")
         echo(f"optuna-dashboard on {url} (Ctrl-C to stop)")
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

@@ -264,8 +264,6 @@ def open_storage(
             SQLite file is missing (``must_exist``), or the database cannot be
             reached or written (read-only, full).
     """
-    import sqlalchemy
-
     url = default_storage_url() if url is None else url
     parsed = _parse(url)
     database = _sqlite_file(parsed)
@@ -276,18 +274,47 @@ def open_storage(
             "or pass the right --storage"
         )
     driver_url = _with_installed_driver(parsed) if parsed.drivername == "postgresql" else url
-    engine_kwargs: dict[str, Any] = {}
-    is_sqlite = parsed.get_backend_name() == "sqlite"
-    if is_sqlite:
-        # isolation_level=None: pysqlite emits no BEGIN of its own; _begin_immediate does
-        engine_kwargs["connect_args"] = {"timeout": 60, "isolation_level": None}
     if database is not None and not must_exist:
         _check_sqlite_writable(database, shown)
     heartbeat = _heartbeat_kwargs(heartbeat_interval, grace_period, max_retry)
+    rdb = _open_rdb(
+        _Connection(driver_url, shown, parsed.get_backend_name() == "sqlite"),
+        lock_for=database if not must_exist else None,
+        heartbeat=heartbeat,
+    )
+    return Storage(
+        url=url,
+        rdb=rdb,
+        artifact_dir=artifact_dir_for(url, artifact_dir),
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+        max_retry=max_retry,
+    )
+
+
+@dataclass(frozen=True)
+class _Connection:
+    """Where :func:`_open_rdb` connects: the URL with its driver, the URL as errors show it, and its backend."""
+
+    driver_url: str
+    shown: str
+    is_sqlite: bool
+
+
+def _open_rdb(connection: _Connection, *, lock_for: Path | None, heartbeat: dict[str, Any]) -> Any:
+    """Optuna's RDB storage on ``connection``, its schema created under ``lock_for``'s lock; every failure becomes
+    a :class:`StorageError` that says what to do."""
+    import sqlalchemy
+
+    engine_kwargs: dict[str, Any] = {}
+    if connection.is_sqlite:
+        # isolation_level=None: pysqlite emits no BEGIN of its own; _begin_immediate does
+        engine_kwargs["connect_args"] = {"timeout": 60, "isolation_level": None}
+    shown = connection.shown
     try:
-        with _schema_lock(database if not must_exist else None):
-            rdb = _create_rdb(driver_url, engine_kwargs, heartbeat)
-        if is_sqlite:
+        with _schema_lock(lock_for):
+            rdb = _create_rdb(connection.driver_url, engine_kwargs, heartbeat)
+        if connection.is_sqlite:
             sqlalchemy.event.listen(rdb.engine, "begin", _begin_immediate)
     except (ImportError, sqlalchemy.exc.NoSuchModuleError) as exc:
         raise StorageError(
@@ -303,14 +330,7 @@ def open_storage(
             f"cannot open the study storage {shown}: {reason}. Check the URL, that the database server is "
             "running and reachable, and that you may write there"
         ) from exc
-    return Storage(
-        url=url,
-        rdb=rdb,
-        artifact_dir=artifact_dir_for(url, artifact_dir),
-        heartbeat_interval=heartbeat_interval,
-        grace_period=grace_period,
-        max_retry=max_retry,
-    )
+    return rdb
 
 
 def _heartbeat_kwargs(heartbeat_interval: int | None, grace_period: int | None, max_retry: int) -> dict[str, Any]:

@@ -700,7 +700,7 @@ def _custom_columns(
     return _Columns("classification", text_col=text_col or "text", label_col=label_col or "label")
 
 
-def _load_custom(path: Path, text_col, label_col, text_cols, score_col, tagging_cols, val_fraction, seed) -> TaskData:
+def _load_custom(path: Path, options: _ColumnOptions, val_fraction: float, seed: int) -> TaskData:
     if path.is_dir():
         files = find_split_files(path)
         if "train" not in files:
@@ -712,7 +712,10 @@ def _load_custom(path: Path, text_col, label_col, text_cols, score_col, tagging_
         tables = {split: read_table(file) for split, file in files.items()}
     else:
         tables = {"train": read_table(path)}
-    cols = _custom_columns(tables["train"], text_col, label_col, text_cols, score_col, tagging_cols)
+    o = options
+    cols = _custom_columns(
+        tables["train"], o.text_col, o.label_col, o.text_cols, o.score_col, (o.tokens_col, o.tags_col)
+    )
     spec = TaskSpec(
         name=path.stem if path.is_file() else path.name,
         kind=cols.kind,
@@ -766,46 +769,65 @@ def load_task(
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path
+    options = _ColumnOptions(text_col, label_col, text_cols, score_col, tokens_col, tags_col)
     raw = os.fspath(name_or_path)
     path = Path(raw).expanduser()
     key = raw.strip().lower().replace("-", "_")
     if key in TASKS and not (path.exists() and os.sep in raw):
-        spec = get_task_spec(key)
-        given = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
-        refuse_other_kind_columns(spec.name, spec.kind, given | dict(tokens_col=tokens_col, tags_col=tags_col))
-        local = registered_task_dir(spec.local_name, data_dir)
-        # The shared local layout always uses text/label and sentence1/sentence2/score.
-        defaults = (
-            _Columns(spec.kind)
-            if local is not None
-            else _Columns(spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
-        )
-        if text_cols is not None and len(text_cols) != 2:
-            raise TaskError(f"text_cols needs exactly two column names, got {list(text_cols)}")
-        cols = _Columns(
-            spec.kind,
-            text_col or defaults.text_col,
-            label_col or defaults.label_col,
-            (text_cols[0], text_cols[1]) if text_cols else defaults.text_cols,
-            score_col or defaults.score_col,
-            tokens_col or spec.tokens_col,
-            tags_col or spec.tags_col,
-        )
-        if local is not None:
-            task = _load_local_registered(spec, local, cols, val_fraction, seed)
-            if resolve_data_dir(data_dir) is None:  # the shipped subset, not the full task: say so
-                _warn_once(
-                    task,
-                    f"note: task {spec.name!r}: no --data-dir or ${DATA_ENV}, reading the shipped "
-                    f"subset in {SHIPPED_DATA_DIR}; pass --data-dir for another copy",
-                )
-            return task
-        return _load_online(spec, cols, val_fraction, seed)
+        return _load_registered(get_task_spec(key), data_dir, options, val_fraction, seed)
     if path.exists():
-        tagging_cols = (tokens_col, tags_col)
-        return _load_custom(path, text_col, label_col, text_cols, score_col, tagging_cols, val_fraction, seed)
+        return _load_custom(path, options, val_fraction, seed)
     get_task_spec(raw)  # raises the unknown-task error
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class _ColumnOptions:
+    """The column names the caller of :func:`load_task` passed (``None``: not given)."""
+
+    text_col: str | None = None
+    label_col: str | None = None
+    text_cols: Sequence[str] | None = None
+    score_col: str | None = None
+    tokens_col: str | None = None
+    tags_col: str | None = None
+
+
+def _load_registered(
+    spec: TaskSpec, data_dir: PathLike | None, options: _ColumnOptions, val_fraction: float, seed: int
+) -> TaskData:
+    """A registered task from its local copy (the given, the environment's or the shipped data folder) or online."""
+    o = options
+    given = dict(text_col=o.text_col, label_col=o.label_col, text_cols=o.text_cols, score_col=o.score_col)
+    refuse_other_kind_columns(spec.name, spec.kind, given | dict(tokens_col=o.tokens_col, tags_col=o.tags_col))
+    local = registered_task_dir(spec.local_name, data_dir)
+    # The shared local layout always uses text/label and sentence1/sentence2/score.
+    defaults = (
+        _Columns(spec.kind)
+        if local is not None
+        else _Columns(spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
+    )
+    if o.text_cols is not None and len(o.text_cols) != 2:
+        raise TaskError(f"text_cols needs exactly two column names, got {list(o.text_cols)}")
+    cols = _Columns(
+        spec.kind,
+        o.text_col or defaults.text_col,
+        o.label_col or defaults.label_col,
+        (o.text_cols[0], o.text_cols[1]) if o.text_cols else defaults.text_cols,
+        o.score_col or defaults.score_col,
+        o.tokens_col or spec.tokens_col,
+        o.tags_col or spec.tags_col,
+    )
+    if local is None:
+        return _load_online(spec, cols, val_fraction, seed)
+    task = _load_local_registered(spec, local, cols, val_fraction, seed)
+    if resolve_data_dir(data_dir) is None:  # the shipped subset, not the full task: say so
+        _warn_once(
+            task,
+            f"note: task {spec.name!r}: no --data-dir or ${DATA_ENV}, reading the shipped "
+            f"subset in {SHIPPED_DATA_DIR}; pass --data-dir for another copy",
+        )
+    return task
 
 
 # ----------------------------------------------------------------------------- subsets

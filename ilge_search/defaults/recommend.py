@@ -233,6 +233,34 @@ def _metadata(
     }
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """How :func:`regenerate_defaults` chooses: its method, whether tasks were left out, whether for the package."""
+
+    method: str
+    excluded: bool
+    update_shipped: bool
+
+
+def _chosen_values(
+    storage_url: str, values: Values, choice: _Choice, loto: LotoResult | None
+) -> tuple[Values, dict[str, str]]:
+    """The defaults ``choice.method`` picks from the derived ``values``, and why each group shipped or not."""
+    if choice.method == "portfolio":
+        from .transfer import portfolio_defaults
+
+        if choice.excluded:
+            raise ValueError(
+                "--method portfolio reads the stored matrix; choose without tasks with `portfolio --exclude-task`"
+            )
+        return portfolio_defaults(storage_url, values, choice.update_shipped)
+    if choice.method not in METHODS:
+        raise ValueError(f"unknown method {choice.method!r}; choose from {list(METHODS)}")
+    if choice.update_shipped:
+        return _shipped(values, loto)
+    return values, {}
+
+
 def regenerate_defaults(
     storage_url: str,
     *,
@@ -265,19 +293,7 @@ def regenerate_defaults(
     values, evidence, groups, skipped = _derived(storage_url, families, excluded)
     loto_families = [f for f in families if f in LOTO_FAMILIES]
     loto = stored_loto(storage_url, families=loto_families) if loto_families else None
-    shipping: dict[str, str] = {}
-    if method == "portfolio":
-        from .transfer import portfolio_defaults
-
-        if excluded:
-            raise ValueError(
-                "--method portfolio reads the stored matrix; choose without tasks with `portfolio --exclude-task`"
-            )
-        values, shipping = portfolio_defaults(storage_url, values, update_shipped)
-    elif method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {list(METHODS)}")
-    elif update_shipped:
-        values, shipping = _shipped(values, loto)
+    values, shipping = _chosen_values(storage_url, values, _Choice(method, bool(excluded), update_shipped), loto)
     document = {
         "format_version": DEFAULTS_FORMAT_VERSION,
         "metadata": {

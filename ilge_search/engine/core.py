@@ -466,27 +466,9 @@ def select_best_layer(
     if not isinstance(config, BestLayerConfig):
         raise ValueError(f"select_best_layer needs a BestLayerConfig, got {type(config).__name__}")
     recipe = recipe.resolved(task_kind)
-    train_probe: Callable[[EncoderConfig, RunSettings], TrainResult]
-    if task_kind == TAGGING:
-        words = tokens.prepare_words(train, val, num_classes)
-        features = words.train.features
-
-        def train_probe(probe: EncoderConfig, run: RunSettings) -> TrainResult:
-            return tokens.train_prepared_words(probe, words, run)
-    else:
-        data = _prepare_data(train, val, task_kind, num_classes, score_range)
-        features = data.train_x
-
-        def train_probe(probe: EncoderConfig, run: RunSettings) -> TrainResult:
-            return _train_prepared(probe, data, run)
-
+    features, train_probe = _probe_trainer(train, val, task_kind, num_classes, score_range)
     num_layers = features.shape[-2]
-    candidates = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
-    if not candidates:
-        raise ValueError("layers is empty; pass at least one layer index")
-    for layer in candidates:
-        if not -num_layers <= layer < num_layers:
-            raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
+    candidates = _candidate_layers(layers, num_layers)
     maximise = recipe.selection_metric != "loss"
     standardizer = FeatureStandardizer(num_layers, features.shape[-1]).fit(features)  # once, not per probe
     best: tuple[int, TrainResult] | None = None
@@ -509,3 +491,40 @@ def select_best_layer(
             best = (layer, result)
     assert best is not None  # candidates is not empty
     return best[0], best[1], scores
+
+
+_ProbeTrainer = Callable[[EncoderConfig, RunSettings], TrainResult]
+
+
+def _probe_trainer(
+    train: Dataset,
+    val: Dataset,
+    task_kind: str,
+    num_classes: int | None,
+    score_range: tuple[float, float] | None,
+) -> tuple[torch.Tensor, _ProbeTrainer]:
+    """The training features and a function training one probe on the data, checked once for every probe."""
+    if task_kind == TAGGING:
+        words = tokens.prepare_words(train, val, num_classes)
+
+        def train_words(probe: EncoderConfig, run: RunSettings) -> TrainResult:
+            return tokens.train_prepared_words(probe, words, run)
+
+        return words.train.features, train_words
+    data = _prepare_data(train, val, task_kind, num_classes, score_range)
+
+    def train_sequences(probe: EncoderConfig, run: RunSettings) -> TrainResult:
+        return _train_prepared(probe, data, run)
+
+    return data.train_x, train_sequences
+
+
+def _candidate_layers(layers: Sequence[int] | None, num_layers: int) -> list[int]:
+    """The layer indices to probe (default: every layer), each checked to be in range (negative ones count back)."""
+    candidates = list(range(num_layers)) if layers is None else [int(layer) for layer in layers]
+    if not candidates:
+        raise ValueError("layers is empty; pass at least one layer index")
+    for layer in candidates:
+        if not -num_layers <= layer < num_layers:
+            raise ValueError(f"layer {layer} is out of range for {num_layers} layers")
+    return candidates

@@ -76,7 +76,7 @@ from .fewshot import fewshot_frame
 from .folder import MANIFEST_NAME, check_out_dir, default_report_dir, finish_out_dir
 from .notes import closing_notes, intro, no_published_note, published_note
 from .protocol_effect import protocol_effect_frame, protocol_effect_notes
-from .sections import FigureFolder, Figures, ReportData, report_sections
+from .sections import FigureFolder, Figures, ReportData, Section, report_sections
 from .tables import model_order, pivot, results_frame, selection_frame, summary_frame
 from .tokens import split_tagging, tokens_frame
 
@@ -227,22 +227,8 @@ def build_report(
     previous = check_out_dir(out, storage_url, force)  # before reading: a refusal costs nothing, creates nothing
     data = _read_report_data(storage_url)
     folder = FigureFolder(out, draw=figures, progress=progress)
-    out.mkdir(parents=True, exist_ok=True)
-    if folder.draw:  # a report without figures leaves no empty figures/ behind
-        folder.path.mkdir(exist_ok=True)
-    sections = [section for section in report_sections() if section.applies(data, folder)]
-    if folder.draw:
-        for section in sections:
-            section.draw(data, folder)
-
-    doc = Document()
-    doc.heading(1, "ILGE results")
-    doc.paragraph(intro(storage_url, len(data.records) + len(data.tagging)), tex=True)
-    doc.paragraph(published_note() if data.frame["published"].notna().any() else no_published_note())
-    doc.contents([entry for section in sections for entry in section.contents(data)])
-    for section in sections:
-        section.render(doc, data, folder)
-
+    sections = _drawn_sections(data, folder)
+    doc = _document(storage_url, data, sections, folder)
     drawn = next((s for s in sections if isinstance(s, Figures)), Figures())
     importances = pd.DataFrame(
         drawn.importance_rows, columns=["model", "task", "method", "study", "param", "importance"]
@@ -268,3 +254,27 @@ def build_report(
         fewshot=data.fewshot,
         loto=data.loto,
     )
+
+
+def _drawn_sections(data: ReportData, folder: FigureFolder) -> list[Section]:
+    """The report's sections that apply to ``data``, each having drawn its figures (when ``folder`` draws)."""
+    folder.out.mkdir(parents=True, exist_ok=True)
+    if folder.draw:  # a report without figures leaves no empty figures/ behind
+        folder.path.mkdir(exist_ok=True)
+    sections = [section for section in report_sections() if section.applies(data, folder)]
+    if folder.draw:
+        for section in sections:
+            section.draw(data, folder)
+    return sections
+
+
+def _document(storage_url: str, data: ReportData, sections: list[Section], folder: FigureFolder) -> Document:
+    """The report's text: the title, the introduction, the contents, then every section in order."""
+    doc = Document()
+    doc.heading(1, "ILGE results")
+    doc.paragraph(intro(storage_url, len(data.records) + len(data.tagging)), tex=True)
+    doc.paragraph(published_note() if data.frame["published"].notna().any() else no_published_note())
+    doc.contents([entry for section in sections for entry in section.contents(data)])
+    for section in sections:
+        section.render(doc, data, folder)
+    return doc

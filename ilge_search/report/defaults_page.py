@@ -261,6 +261,12 @@ def recommend_defaults(
     recommendation = regenerate_defaults(
         storage_url, families=families, update_shipped=update_shipped, exclude_tasks=exclude_tasks, method=method
     )
+    _write_defaults(recommendation, target, page_target)
+    return recommendation.document
+
+
+def _write_defaults(recommendation: Recommendation, target: Path, page_target: Path | None) -> None:
+    """Write the defaults file (checked by reading it back) and its page; a failed write becomes a ValueError."""
     try:
         write_atomic(target, json.dumps(recommendation.document, indent=2) + "\n")
         load_recommended_defaults(target)  # what was written must read back
@@ -270,4 +276,3 @@ def recommend_defaults(
         raise ValueError(
             f"cannot write {exc.filename or target}: {exc.strerror or exc}; pass another --out (out_path)"
         ) from exc
-    return recommendation.document

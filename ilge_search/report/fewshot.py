@@ -173,7 +173,6 @@ def fewshot_notes(frame: Any) -> list[str]:
 
 def _figure(part: Any, path: Path) -> None:
     from matplotlib import colormaps
-    from matplotlib.ticker import FixedLocator, NullLocator
 
     cmap = colormaps["tab10"]
     colors = {m: cmap(i) for i, m in enumerate(METHODS)}
@@ -182,48 +181,8 @@ def _figure(part: Any, path: Path) -> None:
     figure = new_figure(7.5, 4.0)
     ax = figure.add_subplot(1, 1, 1)
     for encoder, rows in part.groupby("encoder", sort=False):
-        few = rows[rows["shots"].notna()].sort_values("shots")
-        full = rows[rows["shots"].isna()]
-        color = colors[encoder]
-        ax.errorbar(
-            few["shots"],
-            few["mean"],
-            yerr=few["std"],
-            marker="o",
-            markersize=5,
-            capsize=3,
-            linewidth=1.8,
-            color=color,
-            label=METHOD_LABELS[encoder],
-        )
-        if len(full):
-            ax.errorbar(
-                [full_x],
-                full["mean"],
-                yerr=full["std"],
-                marker="s",
-                markersize=6,
-                capsize=3,
-                color=color,
-                linestyle="none",
-            )
-            if len(few):
-                ax.plot(
-                    [few["shots"].iloc[-1], full_x],
-                    [few["mean"].iloc[-1], full["mean"].iloc[0]],
-                    linestyle=":",
-                    linewidth=1.2,
-                    color=color,
-                )
-    ax.set_xscale("log", base=2)
-    full_rows = part[part["shots"].isna()]
-    train = full_rows["train_size"].dropna()
-    full_label = f"full\n(n={int(train.iloc[0])})" if len(train) else "full"
-    ticks = shots + ([full_x] if len(full_rows) else [])
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(s) for s in shots] + ([full_label] if len(full_rows) else []))
-    ax.set_xlabel("training examples per label (log scale)")
+        _plot_curve(ax, rows, full_x, colors[encoder], METHOD_LABELS[encoder])
+    _label_shots_axis(ax, part, shots, full_x)
     ax.set_ylabel(f"test {part['unit'].iloc[0]}")
     seeds = sorted(set(part["n_seeds"]))
     first = part.iloc[0]
@@ -234,6 +193,51 @@ def _figure(part: Any, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
     save_figure(figure, path)
+
+
+def _plot_curve(ax: Any, rows: Any, full_x: int, color: Any, label: str) -> None:
+    """One encoder's few-shot curve, its full-data score at ``full_x`` and a dotted line joining the two."""
+    few = rows[rows["shots"].notna()].sort_values("shots")
+    full = rows[rows["shots"].isna()]
+    ax.errorbar(
+        few["shots"],
+        few["mean"],
+        yerr=few["std"],
+        marker="o",
+        markersize=5,
+        capsize=3,
+        linewidth=1.8,
+        color=color,
+        label=label,
+    )
+    if not len(full):
+        return
+    ax.errorbar(
+        [full_x], full["mean"], yerr=full["std"], marker="s", markersize=6, capsize=3, color=color, linestyle="none"
+    )
+    if len(few):
+        ax.plot(
+            [few["shots"].iloc[-1], full_x],
+            [few["mean"].iloc[-1], full["mean"].iloc[0]],
+            linestyle=":",
+            linewidth=1.2,
+            color=color,
+        )
+
+
+def _label_shots_axis(ax: Any, part: Any, shots: list[int], full_x: int) -> None:
+    """A log-2 axis ticked at each shot count, plus a "full" tick (with the training size) where there is one."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    full_rows = part[part["shots"].isna()]
+    train = full_rows["train_size"].dropna()
+    full_label = f"full\n(n={int(train.iloc[0])})" if len(train) else "full"
+    ticks = shots + ([full_x] if len(full_rows) else [])
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(s) for s in shots] + ([full_label] if len(full_rows) else []))
+    ax.set_xlabel("training examples per label (log scale)")
 
 
 def draw_fewshot_figures(frame: Any, fig_dir: Path) -> dict[tuple[str, str], str]:

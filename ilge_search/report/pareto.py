@@ -121,6 +121,15 @@ def _colors() -> dict[str, Any]:
     return {m: cmap(i) for i, m in enumerate(METHODS)}
 
 
+@dataclass(frozen=True)
+class _Series:
+    """How one study's points are drawn: its colour, its legend label and the score's display scale."""
+
+    color: Any
+    label: str
+    scale: float
+
+
 def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline], path: Path) -> bool:
     from ..objectives import complete_trials
 
@@ -131,52 +140,80 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
     figure = new_figure(11.0, 4.4)
     search, final = figure.subplots(1, 2, sharex=True)
     for record in studies:
-        color, label = colors[record.encoder], METHOD_LABELS[record.encoder]
-        complete = complete_trials(record.study)
-        sizes = {t.number: trial_record(t).params for t in complete}
-        trials = [t for t in complete if sizes[t.number]]
-        search.scatter(
-            [sizes[t.number] for t in trials],
-            [t.values[0] * scale for t in trials],
-            s=14,
-            alpha=0.35,
-            color=color,
-            label=f"{label}: trials ({len(trials)})",
-        )
-        front = _search_front(record)
-        search.plot(
-            [params for _, params in front],
-            [t.values[0] * scale for t, _ in front],
-            drawstyle="steps-post",
-            marker="o",
-            markersize=5,
-            linewidth=1.8,
-            color=color,
-            label=f"{label}: front ({len(front)})",
-        )
-        retrained = _front_records(record)
-        if retrained:
-            search.scatter(
-                [params for _, params in retrained],
-                [r.val_score * scale for r, _ in retrained],
-                s=120,
-                facecolors="none",
-                edgecolors="black",
-                linewidths=1.2,
-                zorder=4,
-            )
-            ordered = sorted(retrained, key=lambda pair: pair[1])
-            final.errorbar(
-                [params for _, params in ordered],
-                [r.test_mean * scale for r, _ in ordered],
-                yerr=[r.test_std * scale for r, _ in ordered],
-                marker="o",
-                markersize=5,
-                capsize=3,
-                linewidth=1.6,
-                color=color,
-                label=f"{label}: final front ({len(ordered)})",
-            )
+        series = _Series(colors[record.encoder], METHOD_LABELS[record.encoder], scale)
+        _plot_search(search, record, series)
+        _plot_retrained(search, final, record, series)
+    _plot_baselines(final, baselines, colors, scale)
+    if any(_front_records(r) for r in studies):
+        search.scatter([], [], s=120, facecolors="none", edgecolors="black", label="retrained (final front)")
+    _style_axes(search, final, unit)
+    first = studies[0]
+    figure.suptitle(
+        f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
+        f"objectives {', '.join(first.objectives)})"
+    )
+    save_figure(figure, path)
+    return True
+
+
+def _plot_search(search: Any, record: ReportStudy, series: _Series) -> None:
+    """Every sized complete trial of the search, and the search's front as a step line."""
+    from ..objectives import complete_trials
+
+    complete = complete_trials(record.study)
+    sizes = {t.number: trial_record(t).params for t in complete}
+    trials = [t for t in complete if sizes[t.number]]
+    search.scatter(
+        [sizes[t.number] for t in trials],
+        [t.values[0] * series.scale for t in trials],
+        s=14,
+        alpha=0.35,
+        color=series.color,
+        label=f"{series.label}: trials ({len(trials)})",
+    )
+    front = _search_front(record)
+    search.plot(
+        [params for _, params in front],
+        [t.values[0] * series.scale for t, _ in front],
+        drawstyle="steps-post",
+        marker="o",
+        markersize=5,
+        linewidth=1.8,
+        color=series.color,
+        label=f"{series.label}: front ({len(front)})",
+    )
+
+
+def _plot_retrained(search: Any, final: Any, record: ReportStudy, series: _Series) -> None:
+    """The retrained final front: ringed on the search panel, its test scores on the final panel."""
+    retrained = _front_records(record)
+    if not retrained:
+        return
+    search.scatter(
+        [params for _, params in retrained],
+        [r.val_score * series.scale for r, _ in retrained],
+        s=120,
+        facecolors="none",
+        edgecolors="black",
+        linewidths=1.2,
+        zorder=4,
+    )
+    ordered = sorted(retrained, key=lambda pair: pair[1])
+    final.errorbar(
+        [params for _, params in ordered],
+        [r.test_mean * series.scale for r, _ in ordered],
+        yerr=[r.test_std * series.scale for r, _ in ordered],
+        marker="o",
+        markersize=5,
+        capsize=3,
+        linewidth=1.6,
+        color=series.color,
+        label=f"{series.label}: final front ({len(ordered)})",
+    )
+
+
+def _plot_baselines(final: Any, baselines: Sequence[_Baseline], colors: dict[str, Any], scale: float) -> None:
+    """The single-objective baselines of the same (model, task) as lone markers on the final panel."""
     for baseline in baselines:
         if baseline.params is None:
             continue
@@ -192,8 +229,9 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
             color=colors[encoder],
             label=f"{METHOD_LABELS[encoder]} (baseline)",
         )
-    if any(_front_records(r) for r in studies):
-        search.scatter([], [], s=120, facecolors="none", edgecolors="black", label="retrained (final front)")
+
+
+def _style_axes(search: Any, final: Any, unit: str) -> None:
     for ax, title, kind in (
         (search, "search: every trial (validation)", "validation"),
         (final, "final front retrained (test, mean ± std)", "test"),
@@ -205,13 +243,6 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="lower right", frameon=False)
-    first = studies[0]
-    figure.suptitle(
-        f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
-        f"objectives {', '.join(first.objectives)})"
-    )
-    save_figure(figure, path)
-    return True
 
 
 def draw_pareto_figures(records: Sequence[ReportStudy], fig_dir: Path) -> dict[tuple[str, str], dict[str, str]]:

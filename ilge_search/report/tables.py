@@ -95,74 +95,87 @@ def results_frame(records: Sequence[ReportStudy]) -> Any:
     """The long table: one row per (model, task, encoder), columns :data:`RESULT_COLUMNS`."""
     import pandas as pd
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in records:
-        scale, unit = score_unit(r.metric)
-        published = None
-        if not r.identity.shots and r.protocol == "paper":  # the paper's numbers are paper-protocol scores
-            cell = published_result(r.model, r.base_task, r.encoder)
-            published = None if cell is None else cell.value
-        protocol = {"protocol": r.protocol, "samples_per_label": r.samples_per_label}
-        rows.append(
-            {
-                "model": r.model,
-                "task": r.task,
-                "method": r.encoder,
-                "metric": r.metric,
-                "unit": unit,
-                "mean": math.nan if r.test_mean is None else r.test_mean * scale,
-                "std": math.nan if r.test_std is None else r.test_std * scale,
-                "n_seeds": len(r.test_scores),
-                "scores": json.dumps([round(s * scale, 4) for s in r.test_scores]),
-                "gain": math.nan,
-                "is_best": False,
-                "published": math.nan if published is None else published,
-                "best_val": math.nan if r.best_value is None else r.best_value * scale,
-                "n_complete": r.n_complete,
-                "n_pruned": r.n_pruned,
-                "n_failed": r.n_failed,
-                "study": r.name,
-                "base_task": r.base_task,
-                "shots": r.identity.shots,
-                "maximize": r.maximize,
-                "source_task": r.task,
-                **protocol,
-            }
-        )
-        # similarity encoders evaluated on other STS tasks without training on them (the paper's zero-shot STS)
-        for name, zero in sorted((r.final.zero_shot if r.final else {}).items()):
-            z_scale, z_unit = score_unit("spearman")
-            z_scores = [float(v) for v in zero.scores]
-            rows.append(
-                {
-                    "model": r.model,
-                    "method": r.encoder,
-                    "task": f"{name} (zero-shot, {_without_protocol(r.task)} encoder)"
-                    + (PAPER_SUFFIX if r.protocol == "paper" else ""),
-                    "metric": "spearman",
-                    "unit": z_unit,
-                    "mean": float(zero.mean) * z_scale,
-                    "std": float(zero.std) * z_scale,
-                    "n_seeds": len(z_scores),
-                    "scores": json.dumps([round(v * z_scale, 4) for v in z_scores]),
-                    "gain": math.nan,
-                    "is_best": False,
-                    "published": math.nan,
-                    "best_val": math.nan,
-                    "n_complete": r.n_complete,
-                    "n_pruned": r.n_pruned,
-                    "n_failed": r.n_failed,
-                    "study": r.name,
-                    "base_task": name,
-                    "shots": None,
-                    "maximize": True,
-                    "source_task": r.task,
-                    **protocol,
-                }
-            )
+        rows.append(_study_row(r))
+        rows.extend(_zero_shot_rows(r))
     frame = pd.DataFrame(rows, columns=RESULT_COLUMNS)
     if frame.empty:
         return frame
+    _mark_best_and_gain(frame)
+    return _sorted_results(frame)
+
+
+def _shared_cells(r: ReportStudy) -> dict[str, Any]:
+    """The cells a study's own row and its zero-shot rows have in common."""
+    return {
+        "model": r.model,
+        "method": r.encoder,
+        "gain": math.nan,
+        "is_best": False,
+        "n_complete": r.n_complete,
+        "n_pruned": r.n_pruned,
+        "n_failed": r.n_failed,
+        "study": r.name,
+        "source_task": r.task,
+        "protocol": r.protocol,
+        "samples_per_label": r.samples_per_label,
+    }
+
+
+def _study_row(r: ReportStudy) -> dict[str, Any]:
+    """The row of one study's final test scores on its own task."""
+    scale, unit = score_unit(r.metric)
+    published = None
+    if not r.identity.shots and r.protocol == "paper":  # the paper's numbers are paper-protocol scores
+        cell = published_result(r.model, r.base_task, r.encoder)
+        published = None if cell is None else cell.value
+    return {
+        **_shared_cells(r),
+        "task": r.task,
+        "metric": r.metric,
+        "unit": unit,
+        "mean": math.nan if r.test_mean is None else r.test_mean * scale,
+        "std": math.nan if r.test_std is None else r.test_std * scale,
+        "n_seeds": len(r.test_scores),
+        "scores": json.dumps([round(s * scale, 4) for s in r.test_scores]),
+        "published": math.nan if published is None else published,
+        "best_val": math.nan if r.best_value is None else r.best_value * scale,
+        "base_task": r.base_task,
+        "shots": r.identity.shots,
+        "maximize": r.maximize,
+    }
+
+
+def _zero_shot_rows(r: ReportStudy) -> list[dict[str, Any]]:
+    """Similarity encoders evaluated on other STS tasks without training on them (the paper's zero-shot STS)."""
+    rows = []
+    for name, zero in sorted((r.final.zero_shot if r.final else {}).items()):
+        z_scale, z_unit = score_unit("spearman")
+        z_scores = [float(v) for v in zero.scores]
+        rows.append(
+            {
+                **_shared_cells(r),
+                "task": f"{name} (zero-shot, {_without_protocol(r.task)} encoder)"
+                + (PAPER_SUFFIX if r.protocol == "paper" else ""),
+                "metric": "spearman",
+                "unit": z_unit,
+                "mean": float(zero.mean) * z_scale,
+                "std": float(zero.std) * z_scale,
+                "n_seeds": len(z_scores),
+                "scores": json.dumps([round(v * z_scale, 4) for v in z_scores]),
+                "published": math.nan,
+                "best_val": math.nan,
+                "base_task": name,
+                "shots": None,
+                "maximize": True,
+            }
+        )
+    return rows
+
+
+def _mark_best_and_gain(frame: Any) -> None:
+    """Fill ``is_best`` (best shown mean per model and task) and ``gain`` (over last-layer) in place."""
     for _, group in frame.groupby(["model", "task"], sort=False):
         shown = group["mean"].round(DECIMALS)
         if shown.notna().any():
@@ -171,9 +184,12 @@ def results_frame(records: Sequence[ReportStudy]) -> Any:
         last = group.loc[group["method"] == "last-layer", "mean"]
         if len(last) and not math.isnan(last.iloc[0]):
             frame.loc[group.index, "gain"] = group["mean"] - last.iloc[0]
+
+
+def _sorted_results(frame: Any) -> Any:
+    """Rows by model, shots, task and encoder; zero-shot rows follow the task their encoder was trained on."""
     encoder_rank = {m: i for i, m in enumerate(METHODS)}
     model_rank = {m: i for i, m in enumerate(model_order(frame["model"]))}
-    # zero-shot rows follow the task their encoder was trained on
     frame = frame.assign(
         _m=frame["model"].map(model_rank),
         _k=frame["method"].map(encoder_rank),

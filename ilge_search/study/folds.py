@@ -16,9 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..engine import TrainResult
 
 __all__ = ["MAX_SCORE_BINS", "check_cv", "stratified_folds", "CVResult", "cross_validate"]
 
@@ -113,8 +116,6 @@ def cross_validate(
     drift with the step. A best-layer config picks the layer with the best mean
     over folds; its fold scores are that layer's.
     """
-    from ..engine import select_best_layer, train_encoder
-
     labels = train[1]
     n = int(labels.shape[0])
     score_range = None
@@ -133,27 +134,46 @@ def cross_validate(
         keep = np.ones(n, dtype=bool)
         keep[rows] = False
         fold_train, fold_val = _split(train, np.flatnonzero(keep)), _split(train, rows)
-        if config.family == "best-layer":
-            _, result, layer_scores = select_best_layer(config, fold_train, fold_val, **common)
-            per_layer.append([float(s) for s in layer_scores])
-        else:
-            callback = None
-            if report is not None:
-
-                def callback(epoch: int, value: float, offset: int = fold * config.epochs) -> None:
-                    report(offset + epoch, value)
-
-            result = train_encoder(config, fold_train, fold_val, epoch_callback=callback, **common)
+        result, layer_scores = _train_fold(config, (fold_train, fold_val), fold, common, report)
+        if layer_scores is not None:
+            per_layer.append(layer_scores)
         scores.append(float(result.best_val_metric))
         best_epochs.append(int(result.best_epoch))
         epochs_run.append(int(result.epochs_run))
         params = int(result.num_trainable_params)
     out = CVResult(scores, best_epochs, epochs_run, params, time.perf_counter() - started)
     if per_layer:
-        table = np.asarray(per_layer)  # (folds, layers)
-        maximise = result.selection_metric != "loss"
-        means = table.mean(axis=0)
-        layer = int(np.argmax(means) if maximise else np.argmin(means))
-        out.layer, out.layer_scores = layer, [float(v) for v in means]
-        out.fold_scores = [float(v) for v in table[:, layer]]
+        _choose_layer(out, per_layer, maximise=result.selection_metric != "loss")
     return out
+
+
+def _train_fold(
+    config: Any,
+    data: tuple[tuple[Any, Any], tuple[Any, Any]],
+    fold: int,
+    common: dict[str, Any],
+    report: Callable[[int, float], None] | None,
+) -> tuple[TrainResult, list[float] | None]:
+    """Train on one fold's ``(train, validation)``: the result, and a best-layer config's score per layer."""
+    from ..engine import select_best_layer, train_encoder
+
+    fold_train, fold_val = data
+    if config.family == "best-layer":
+        _, result, layer_scores = select_best_layer(config, fold_train, fold_val, **common)
+        return result, [float(s) for s in layer_scores]
+    callback = None
+    if report is not None:
+
+        def callback(epoch: int, value: float, offset: int = fold * config.epochs) -> None:
+            report(offset + epoch, value)
+
+    return train_encoder(config, fold_train, fold_val, epoch_callback=callback, **common), None
+
+
+def _choose_layer(out: CVResult, per_layer: list[list[float]], *, maximise: bool) -> None:
+    """Set ``out``'s layer to the one with the best mean over folds, and its fold scores to that layer's."""
+    table = np.asarray(per_layer)  # (folds, layers)
+    means = table.mean(axis=0)
+    layer = int(np.argmax(means) if maximise else np.argmin(means))
+    out.layer, out.layer_scores = layer, [float(v) for v in means]
+    out.fold_scores = [float(v) for v in table[:, layer]]
