@@ -86,13 +86,12 @@ MIX_RULE = {
 }
 ENSEMBLE_SIZES = (1, 3, 5, 10)  # what the committed measurement compares
 # A candidate whose search trial took over this many times the median trial is left out of the selection:
-# retraining it once per final seed would cost more than the rest of the ensemble (the demo's one 3-layer
-# GAT took 46 s a seed against about 4 s for the others), for an ensemble that other members make as well.
-# Trials run side by side with --workers share the cores, which narrows their time ratios (a loaded demo
-# run measured a 3-layer GCN of width 512 at 3.7 times the median), hence a factor well below that 11.
+# retraining it once per final seed would cost more than the rest of the ensemble, for an ensemble that other
+# members make as well. Trials run side by side with --workers share the cores, which narrows their time ratios,
+# hence a factor well below the ratio of a plainly slow member (docs/ensembles.md, "Measured").
 SLOW_MEMBER_FACTOR = 3.0
 # ... and over this many seconds: a trial of a few seconds costs little to retrain however it compares with
-# the median (the demo's last-layer probes: 2 s against a median of 0.6 s, most of them pruned).
+# the median.
 SLOW_MEMBER_SECONDS = 10.0
 
 

@@ -29,8 +29,7 @@ from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
-# Measured over 14 Cayley searches (reports/ensembles.md): five picks were ahead of the selected trial on 13 of
-# them; ten gained 0.15 points more, within the seeds' noise, for 29 % more distinct members to retrain.
+# five picks: ten gained no more than the seeds' noise for more members to retrain (docs/ensembles.md, "Measured")
 DEFAULT_ENSEMBLE = 5
 
 __all__ = [

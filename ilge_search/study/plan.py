@@ -93,8 +93,8 @@ CALIBRATION_ROWS = 1024  # training rows the calibration trains on; the time per
 EXTRACTION_SAMPLE = 32  # texts embedded to measure the extraction rate of a cold cache
 WARM_UP_ROWS = 16  # rows of the untimed epoch that absorbs an encoder's one-time set-up before timing
 WORKER_START_SECONDS = 10.0  # a spawned worker imports torch and reads the cached arrays before its first trial
-# pessimistic costs for may_be_long (about 4x what an idle 2-core CPU measured: 1.3e-7 s per
-# row x layer x dimension x epoch for SmolLM2-135M's Cayley trials, 2e-10 s per text and parameter to extract)
+# pessimistic costs for may_be_long: seconds per row x layer x dimension x epoch to train, and per text and model
+# parameter to extract, a few times what a small CPU took (docs/guide.md, `--dry-run`)
 _PRIOR_TRAIN_SECONDS = 5e-7
 _PRIOR_EXTRACT_SECONDS = 1e-9
 _UNKNOWN_MODEL = (33, 4096, 8e9)  # layers, width and parameters assumed for a model outside the table

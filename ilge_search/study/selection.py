@@ -41,12 +41,8 @@ __all__ = [
 ]
 
 SELECTION_RULES = ("best", "one-se")
-# measured (reports/selection: Cayley, 10 trials, trec/emotion/sst2 on MiniLM-L6 and SmolLM2, 500 and 2,000
-# training texts, with and without --cv 5, 3 final seeds; 24 studies, each evaluated under both rules): one-se left
-# 4 of 24 searches below their start, best 6 (3 of them at 500 texts without cv, where one-se left 1). best's mean
-# test score was 0.14 points higher (ahead on 10 studies, behind on 4, level on 10; +0.30 at 2,000 texts without
-# cv), well inside the spread over seeds. The default guards against the harmful search and prefers the smaller
-# model; best is one flag away
+# one-se guards against the harmful search and prefers the smaller model, for a difference from best inside the
+# spread over seeds (measured in docs/selection.md); best is one flag away
 DEFAULT_SELECT = "one-se"
 DEFAULT_FINAL_FRONT = 5  # Pareto-front trials a multi-objective study's final evaluation retrains (--final-front)
 FRONT_RULE = "front"  # the final_select of a multi-objective study's final evaluation (its Pareto front)
