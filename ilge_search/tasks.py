@@ -646,15 +646,9 @@ def _load_online(spec: TaskSpec, cols: _Columns, val_fraction: float, seed: int)
     return _build_task(spec, tables, cols, f"hf:{spec.hf_dataset}", val_fraction, seed)
 
 
-def _custom_columns(
-    sample: Table,
-    text_col: str | None,
-    label_col: str | None,
-    text_cols: Sequence[str] | None,
-    score_col: str | None,
-    tagging_cols: tuple[str | None, str | None] = (None, None),
-) -> _Columns:
-    tokens_col, tags_col = tagging_cols
+def _custom_columns(sample: Table, given: _ColumnOptions) -> _Columns:
+    text_col, label_col, text_cols, score_col = given.text_col, given.label_col, given.text_cols, given.score_col
+    tokens_col, tags_col = given.tokens_col, given.tags_col
     sequence = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
     present = sample.columns.keys()
     if tokens_col is not None or tags_col is not None:
@@ -700,7 +694,7 @@ def _custom_columns(
     return _Columns("classification", text_col=text_col or "text", label_col=label_col or "label")
 
 
-def _load_custom(path: Path, options: _ColumnOptions, val_fraction: float, seed: int) -> TaskData:
+def _load_custom(path: Path, given: _ColumnOptions, val_fraction: float, seed: int) -> TaskData:
     if path.is_dir():
         files = find_split_files(path)
         if "train" not in files:
@@ -712,10 +706,7 @@ def _load_custom(path: Path, options: _ColumnOptions, val_fraction: float, seed:
         tables = {split: read_table(file) for split, file in files.items()}
     else:
         tables = {"train": read_table(path)}
-    o = options
-    cols = _custom_columns(
-        tables["train"], o.text_col, o.label_col, o.text_cols, o.score_col, (o.tokens_col, o.tags_col)
-    )
+    cols = _custom_columns(tables["train"], given)
     spec = TaskSpec(
         name=path.stem if path.is_file() else path.name,
         kind=cols.kind,
@@ -794,39 +785,31 @@ class _ColumnOptions:
 
 
 def _load_registered(
-    spec: TaskSpec, data_dir: PathLike | None, options: _ColumnOptions, val_fraction: float, seed: int
+    spec: TaskSpec, data_dir: PathLike | None, given: _ColumnOptions, val_fraction: float, seed: int
 ) -> TaskData:
     """A registered task from its local copy (the given, the environment's or the shipped data folder) or online."""
-    o = options
-    given = dict(text_col=o.text_col, label_col=o.label_col, text_cols=o.text_cols, score_col=o.score_col)
-    refuse_other_kind_columns(spec.name, spec.kind, given | dict(tokens_col=o.tokens_col, tags_col=o.tags_col))
+    refuse_other_kind_columns(spec.name, spec.kind, vars(given))  # the option names are load_task's
     local = registered_task_dir(spec.local_name, data_dir)
     # The shared local layout always uses text/label and sentence1/sentence2/score.
-    defaults = (
-        _Columns(spec.kind)
-        if local is not None
-        else _Columns(spec.kind, spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
-    )
-    if o.text_cols is not None and len(o.text_cols) != 2:
-        raise TaskError(f"text_cols needs exactly two column names, got {list(o.text_cols)}")
+    registered = (spec.text_col, spec.label_col, spec.text_cols, spec.score_col)
+    defaults = _Columns(spec.kind) if local is not None else _Columns(spec.kind, *registered)
+    if given.text_cols is not None and len(given.text_cols) != 2:
+        raise TaskError(f"text_cols needs exactly two column names, got {list(given.text_cols)}")
     cols = _Columns(
         spec.kind,
-        o.text_col or defaults.text_col,
-        o.label_col or defaults.label_col,
-        (o.text_cols[0], o.text_cols[1]) if o.text_cols else defaults.text_cols,
-        o.score_col or defaults.score_col,
-        o.tokens_col or spec.tokens_col,
-        o.tags_col or spec.tags_col,
+        given.text_col or defaults.text_col,
+        given.label_col or defaults.label_col,
+        (given.text_cols[0], given.text_cols[1]) if given.text_cols else defaults.text_cols,
+        given.score_col or defaults.score_col,
+        given.tokens_col or spec.tokens_col,
+        given.tags_col or spec.tags_col,
     )
     if local is None:
         return _load_online(spec, cols, val_fraction, seed)
     task = _load_local_registered(spec, local, cols, val_fraction, seed)
     if resolve_data_dir(data_dir) is None:  # the shipped subset, not the full task: say so
-        _warn_once(
-            task,
-            f"note: task {spec.name!r}: no --data-dir or ${DATA_ENV}, reading the shipped "
-            f"subset in {SHIPPED_DATA_DIR}; pass --data-dir for another copy",
-        )
+        where = f"no --data-dir or ${DATA_ENV}, reading the shipped subset in {SHIPPED_DATA_DIR}"
+        _warn_once(task, f"note: task {spec.name!r}: {where}; pass --data-dir for another copy")
     return task
 
 
