@@ -80,7 +80,7 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     rerun trains only what is missing, and processes on one storage share the work.
     """
     from ..defaults.portfolio import PortfolioRequest, TrainingSetup
-    from ..report.portfolio import PortfolioRun, run_portfolio
+    from ..report.portfolio import PORTFOLIO_RUN_OPTIONS, PortfolioRun, run_portfolio
 
     study_logging(quiet)
     request = PortfolioRequest(
@@ -97,12 +97,5 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
         _update_shipped(storage, request, options)
         return
     setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
-    run = PortfolioRun(
-        workers=options["workers"],
-        dry_run=options["dry_run"],
-        check=options["check"],
-        plot=options["plot"],
-        force=options["force"],
-        fmt=fmt,
-    )
+    run = PortfolioRun(**{name: options[name] for name in PORTFOLIO_RUN_OPTIONS}, fmt=fmt)
     click.echo(run_portfolio(storage, request, setup, run))

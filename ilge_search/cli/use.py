@@ -63,19 +63,7 @@ from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, st
     "checked against the study's) [default: where the study recorded it].",
 )
 @location_options
-def export_command(
-    settings: Settings,
-    storage,
-    study_name: str,
-    out_dir: str,
-    seed: int,
-    retrain: bool,
-    trial_number: int | None,
-    artifact_dir,
-    ensemble: bool,
-    force: bool,
-    task_path: str | None,
-) -> None:
+def export_command(settings: Settings, storage, **options) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
     The final evaluation's weights (its best seed by validation); a study without a final evaluation
@@ -84,20 +72,7 @@ def export_command(
     """
     from ..use.export import ExportOptionsError, ExportRequest, export_study
 
-    request = ExportRequest(
-        study_name=study_name,
-        out_dir=out_dir,
-        seed=seed,
-        retrain=retrain,
-        trial=trial_number,
-        artifact_dir=artifact_dir,
-        ensemble=ensemble,
-        force=force,
-        task_path=task_path,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-    )
+    request = ExportRequest(**options, data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device)
     try:
         result = export_study(storage, request)
     except ExportOptionsError as exc:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PORTFOLIO_NOTE",
+    "PORTFOLIO_RUN_OPTIONS",
     "PortfolioRun",
     "portfolio_text",
     "run_portfolio",
@@ -344,6 +345,10 @@ class PortfolioRun:
     plot: str | None = None
     force: bool = False
     fmt: str = "table"
+
+
+# the command line's options of the same names that make a PortfolioRun (``fmt`` is the shared --format)
+PORTFOLIO_RUN_OPTIONS = tuple(name for name in PortfolioRun.__dataclass_fields__ if name != "fmt")
 
 
 def run_portfolio(storage: str, request: PortfolioRequest, setup: TrainingSetup, run: PortfolioRun) -> str:

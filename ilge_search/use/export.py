@@ -32,7 +32,7 @@ class ExportRequest:
     out_dir: str
     seed: int = 0
     retrain: bool = False
-    trial: int | None = None
+    trial_number: int | None = None  # any complete trial instead of the selected one
     artifact_dir: PathLike | None = None
     ensemble: bool = False
     force: bool = False
@@ -98,26 +98,23 @@ def seed_line(p: dict[str, Any]) -> str:
 
 def _estimator(storage: Any, request: ExportRequest, tagging: bool) -> ILGEClassifier | ILGETagger:
     """The study's model as the estimator its task needs (the output folder already checked)."""
+    where: dict[str, Any] = {
+        "artifact_dir": request.artifact_dir,
+        "cache_dir": request.cache_dir,
+        "device": request.device,
+    }
     if request.ensemble:
-        return ILGEClassifier.from_study_ensemble(
-            storage,
-            request.study_name,
-            artifact_dir=request.artifact_dir,
-            cache_dir=request.cache_dir,
-            device=request.device,
-        )
+        return ILGEClassifier.from_study_ensemble(storage, request.study_name, **where)
     model_class: type[ILGEClassifier] | type[ILGETagger] = ILGETagger if tagging else ILGEClassifier
     return model_class.from_study(
         storage,
         request.study_name,
         seed=request.seed,
         retrain=request.retrain,
-        artifact_dir=request.artifact_dir,
         data_dir=request.data_dir,
-        cache_dir=request.cache_dir,
-        device=request.device,
-        trial=request.trial,
+        trial=request.trial_number,
         task_path=request.task_path,
+        **where,
     )
 
 
@@ -159,7 +156,7 @@ def export_study(storage: Any, request: ExportRequest) -> ExportResult:
     check_output_folder(request.out_dir, force=request.force)  # before the study is read: a refused --out costs nothing
     check_card_path(request.out_dir, force=request.force)
     tagging = study_task_kind(storage, request.study_name) == "tagging"
-    if request.ensemble and (tagging or request.retrain or request.trial is not None):
+    if request.ensemble and (tagging or request.retrain or request.trial_number is not None):
         raise ExportOptionsError(
             "--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial"
         )
