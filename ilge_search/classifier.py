@@ -19,35 +19,28 @@ similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.exceptions import NotFittedError
+from sklearn.base import ClassifierMixin
 
-from ._version import __version__
-from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+from .configs import BestLayerConfig, EncoderConfig
 from .extraction import POOLINGS
 from .inputs import check_features, check_labels, check_pairs, check_texts
-from .models import model_reference_to_load, model_reference_to_save, resolve_device
 from .saved import check_saved_fields
-from .validation import ArgumentTypeError, check_int
+from .use.estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
+from .validation import check_int
 
 if TYPE_CHECKING:
-    from .cache import EmbeddingCache
     from .engine import ILGEModel
-    from .study.export import StudyExport, StudyModel
+    from .study.export import StudyModel
 
-__all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION"]
+__all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION", "WEIGHTS_FILE"]
 
-FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
 META_FILE = "ilge_classifier.json"
 
 PathLike = str | os.PathLike
@@ -88,93 +81,7 @@ def clear_embedding_memo() -> None:
     _EMBEDDING_MEMO.clear()
 
 
-def _json_label(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    """The checked ``ilge_classifier.json`` of a folder :meth:`ILGEClassifier.save` wrote."""
-    meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
-    if not meta_path.is_file() or not weights_path.is_file():
-        raise ValueError(f"{path} is not a saved ILGEClassifier: expected {META_FILE} and {WEIGHTS_FILE} in it")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{meta_path} is not valid JSON ({exc}); the saved classifier is corrupt") from None
-    if not isinstance(meta, dict) or meta.get("format") != "ilge-search-classifier":
-        raise ValueError(f"{meta_path} was not written by ILGEClassifier.save()")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format_version {meta.get('format_version')!r}; this ilge-search "
-            f"({__version__}) reads version {FORMAT_VERSION}. Re-save it with a matching version."
-        )
-    task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
-    if task_kind not in ("classification", "similarity") or (
-        score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
-    ):
-        raise ValueError(
-            f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; the file is corrupt"
-        )
-    check_saved_fields(meta, meta_path, classes_needed=2 if task_kind == "classification" else 0)
-    return meta
-
-
-def _read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
-    """The saved tensors, refused when unreadable or not finite (such weights predict nothing)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        state = load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
-    bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
-    if bad:
-        raise ValueError(
-            f"{weights_path} holds NaN or infinite values in {bad[:5]}; these weights cannot "
-            f"predict anything, retrain and save again"
-        )
-    return state
-
-
-def _load_state(model: ILGEModel, state: dict[str, torch.Tensor], weights_path: Path) -> None:
-    """Put ``state`` into ``model`` after checking it has exactly the model's tensors, in their shapes."""
-    expected = model.state_dict()
-    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
-    wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
-    if missing or unexpected or wrong_shape:
-        raise ValueError(
-            f"{weights_path} does not match its config: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
-        )
-    model.load_state_dict(state)
-
-
-def _shape_kwargs(shape: dict[str, Any]) -> dict[str, Any]:
-    score_range = shape["score_range"]
-    low_high = None if score_range is None else (float(score_range[0]), float(score_range[1]))
-    return {"num_classes": shape["num_classes"], "score_range": low_high}
-
-
-@dataclass(frozen=True)
-class _Fitted:
-    """An estimator's fitted state, whether trained here, read from a saved folder or exported from a study."""
-
-    model: ILGEModel
-    config: EncoderConfig
-    classes: np.ndarray
-    num_layers: int
-    hidden_size: int
-    task_kind: str = "classification"
-    score_range: tuple[float, float] | None = None
-    history: list[dict[str, float]] = field(default_factory=list)
-    best_epoch: int | None = None
-    best_val_score: float | None = None
-    best_layer: int | None = None  # a best-layer config's layer (its fitted attribute exists only when known)
-    provenance: dict[str, Any] | None = None  # from_study's record of where the model came from
-
-
-class ILGEClassifier(ClassifierMixin, BaseEstimator):
+class ILGEClassifier(ClassifierMixin, SavedEstimator):
     """Text classifier: an ILGE encoder over every layer of a frozen LLM, plus a linear head.
 
     Args:
@@ -204,21 +111,15 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         and ``layer_scores_`` (validation accuracy per layer).
     """
 
-    # fitted attributes (absent until fit, load or from_study sets them, as scikit-learn expects)
-    classes_: np.ndarray
-    config_: EncoderConfig
+    FORMAT = "ilge-search-classifier"
+    META_FILE = META_FILE
+    NOUN = "classifier"
+    FIT_METHODS = "fit() or fit_embeddings()"
+
+    # fitted attributes besides the shared ones (absent until fit, load or from_study sets them)
     model_: ILGEModel
     task_kind_: str
     score_range_: tuple[float, float] | None
-    num_layers_: int
-    hidden_size_: int
-    history_: list[dict[str, float]]
-    best_epoch_: int | None
-    best_val_score_: float | None
-    num_trainable_params_: int
-    best_layer_: int | None
-    layer_scores_: list[float]
-    provenance_: dict[str, Any]
     n_members_: int
 
     def __init__(
@@ -251,20 +152,6 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ validation
 
-    def _resolved_config(self) -> EncoderConfig:
-        config = self.config
-        if config is None:
-            return CayleyConfig()
-        if isinstance(config, str):
-            return config_class_for(config)()
-        if isinstance(config, dict):
-            return config_from_dict(config)
-        if not isinstance(config, EncoderConfig):
-            raise ArgumentTypeError(
-                f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}"
-            )
-        return config
-
     def _check_params(self, needs_model: bool) -> EncoderConfig:
         config = self._resolved_config()
         if needs_model:
@@ -277,11 +164,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             for name in ("max_length", "batch_size"):
                 check_int(name, getattr(self, name))
         check_int("num_classes", self.num_classes, minimum=2, allow_none=True)
-        resolve_device(self.device)  # a device this machine lacks fails before any embedding or training
-        if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
-            raise ValueError(f"random_state must be an integer, got {self.random_state!r}")
-        if not 0.0 < float(self.val_fraction) < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        self._check_run_params()
         return config
 
     def _fit_classes(self, labels: np.ndarray) -> np.ndarray:
@@ -342,10 +225,6 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             )
         return np.sort(np.concatenate(train_parts)), val_rows
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit() or fit_embeddings() first")
-
     # ------------------------------------------------------------------ embeddings
 
     def _embed(self, texts: list[str]) -> torch.Tensor:
@@ -369,30 +248,6 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             for text, row in zip(missing, features, strict=True):
                 memo[text] = row
         return torch.stack([memo[text] for text in texts])  # (N, L, D)
-
-    def _embedding_cache(self) -> EmbeddingCache:
-        from .cache import EmbeddingCache  # lazy: pulls in transformers
-
-        cache: EmbeddingCache | None = getattr(self, "_cache", None)
-        if cache is None:
-            cache = EmbeddingCache(self.cache_dir)
-            self._cache: EmbeddingCache | None = cache
-        return cache
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_cache", None)  # never pickle a loaded LLM
-        return state
-
-    def unload_llm(self) -> ILGEClassifier:
-        """Free the LLM (the trained encoder stays); the next text method reloads it."""
-        cache = getattr(self, "_cache", None)
-        if cache is not None:
-            cache.unload()
-        self._cache = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return self
 
     # ------------------------------------------------------------------ fitting
 
@@ -476,7 +331,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             self.layer_scores_ = scores
         else:
             result = train_encoder(config, train, val, **kwargs)
-        fitted = _Fitted(
+        fitted = Fitted(
             model=result.model,
             config=config,
             classes=classes,
@@ -489,19 +344,11 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         )
         return self._adopt(fitted)
 
-    def _adopt(self, fitted: _Fitted) -> ILGEClassifier:
-        """Set the fitted attributes from ``fitted``; returns ``self``."""
-        self.classes_, self.config_, self.model_ = fitted.classes, fitted.config, fitted.model
+    def _adopt(self, fitted: Fitted) -> ILGEClassifier:
+        """Set the fitted attributes from ``fitted``, a classifier's task kind among them; returns ``self``."""
+        super()._adopt(fitted)
         self.task_kind_, self.score_range_ = fitted.task_kind, fitted.score_range
-        self.num_layers_, self.hidden_size_ = fitted.num_layers, fitted.hidden_size
-        self.history_ = fitted.history
-        self.best_epoch_, self.best_val_score_ = fitted.best_epoch, fitted.best_val_score
-        self.num_trainable_params_ = sum(p.numel() for p in fitted.model.parameters() if p.requires_grad)
         self.n_members_ = int(getattr(fitted.model, "n_members", 1))  # an ensemble exported from a study: its members
-        if fitted.best_layer is not None:
-            self.best_layer_ = fitted.best_layer
-        if fitted.provenance is not None:
-            self.provenance_ = fitted.provenance
         return self
 
     # ------------------------------------------------------------------ prediction
@@ -615,44 +462,60 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         ``overwrite``, an earlier save (:func:`check_save_folder`), so saving never replaces files it
         did not write; a base model folder kept inside ``path`` stays, recorded as ``./relative``.
         """
-        from safetensors.torch import save_file
+        from .engine.ensemble import EnsembleModel
 
         self._check_fitted()
         path = Path(path).expanduser()
         check_save_folder(path, overwrite=overwrite, keep=self.base_model)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
-        meta = {
-            "format": "ilge-search-classifier",
-            "format_version": FORMAT_VERSION,
-            "library_version": __version__,
-            "config": self.config_.to_dict(),
-            "classes": [_json_label(c) for c in self.classes_.tolist()],
-            "classes_kind": self.classes_.dtype.kind,
-            "base_model": model_reference_to_save(self.base_model, path),  # a local folder inside path: ./relative
-            "token_pooling": self.token_pooling,
-            "max_length": self.max_length,
-            "num_layers": self.num_layers_,
-            "hidden_size": self.hidden_size_,
-            "random_state": int(self.random_state),
-            "best_epoch": self.best_epoch_,
-            "best_val_score": self.best_val_score_,
-            "task_kind": getattr(self, "task_kind_", "classification"),
-            "score_range": getattr(self, "score_range_", None),
-            "provenance": getattr(self, "provenance_", None),  # set by from_study: study, trial, seed ...
-        }
-        from .engine.ensemble import EnsembleModel
-
+        meta = self._saved_meta(path)
         if isinstance(self.model_, EnsembleModel):  # an ensemble: every member's config and count
             meta["ensemble"] = self.model_.description
-        # write to temporary names, then rename: an interrupted save never leaves a half-written pair
-        tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
-        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
-        os.chmod(tmp_weights, tmp_meta.stat().st_mode & 0o7777)  # safetensors writes 0600; follow the umask
-        os.replace(tmp_weights, path / WEIGHTS_FILE)
-        os.replace(tmp_meta, path / META_FILE)
-        return path
+        return self._write_folder(path, meta)
+
+    def _pooling_field(self) -> dict[str, Any]:
+        return {"token_pooling": self.token_pooling}
+
+    def _kind_fields(self) -> dict[str, Any]:
+        return {
+            "task_kind": getattr(self, "task_kind_", "classification"),
+            "score_range": getattr(self, "score_range_", None),
+        }
+
+    @classmethod
+    def _check_meta(cls, meta: dict[str, Any], meta_path: Path) -> None:
+        task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
+        if task_kind not in ("classification", "similarity") or (
+            score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
+        ):
+            raise ValueError(
+                f"{meta_path}: invalid task_kind {task_kind!r} or score_range {score_range!r}; the file is corrupt"
+            )
+        check_saved_fields(meta, meta_path, classes_needed=2 if task_kind == "classification" else 0)
+
+    @classmethod
+    def _saved_arguments(cls, meta: dict[str, Any], classes: np.ndarray) -> dict[str, Any]:
+        classification = meta.get("task_kind", "classification") == "classification"
+        return {"num_classes": len(classes) if classification else None, "token_pooling": meta["token_pooling"]}
+
+    @classmethod
+    def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> torch.nn.Module:
+        from .engine import build_model
+
+        num_classes = len(fitted.classes) or None
+        if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
+            from .engine.ensemble import build_ensemble
+
+            sizes = {"num_layers": fitted.num_layers, "hidden_size": fitted.hidden_size}
+            kind = {"task_kind": fitted.task_kind, "num_classes": num_classes, "score_range": meta.get("score_range")}
+            return build_ensemble({**sizes, **kind, "ensemble": meta["ensemble"]})
+        return build_model(
+            fitted.config,
+            fitted.num_layers,
+            fitted.hidden_size,
+            fitted.task_kind,
+            num_classes=num_classes,
+            score_range=fitted.score_range,
+        )
 
     @classmethod
     def load(
@@ -671,94 +534,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
         Weights holding NaN or infinity are refused.
         """
-        from .engine import build_model
-
-        path = Path(path)
-        meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
-        meta = _read_meta(path)
-        task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
-        try:
-            config = config_from_dict(meta["config"])
-            classes = np.asarray(meta["classes"])
-            num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
-            clf = cls(
-                base_model=meta["base_model"],
-                config=config,
-                num_classes=len(classes) if task_kind == "classification" else None,
-                token_pooling=meta["token_pooling"],
-                max_length=int(meta["max_length"]),
-                batch_size=batch_size,
-                device=device,
-                random_state=int(meta["random_state"]),
-                cache_dir=cache_dir,
-                progress=progress,
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
-        clf.base_model = model_reference_to_load(meta["base_model"], path, base_model)
-        recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
-        if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
-            raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
-
-        state = _read_weights(weights_path)
-        shape = {"num_layers": num_layers, "hidden_size": hidden_size, "task_kind": task_kind}
-        shape.update(num_classes=len(classes) or None, score_range=score_range)
-        if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
-            from .engine.ensemble import build_ensemble
-
-            model = build_ensemble({**shape, "ensemble": meta["ensemble"]})
-        else:
-            model = build_model(config, num_layers, hidden_size, task_kind, **_shape_kwargs(shape))
-        _load_state(model, state, weights_path)
-        model.to(resolve_device(device)).eval()
-        fitted = _Fitted(
-            model=model,
-            config=config,
-            classes=classes,
-            num_layers=num_layers,
-            hidden_size=hidden_size,
-            task_kind=task_kind,
-            score_range=model.score_range,
-            best_epoch=meta.get("best_epoch"),
-            best_val_score=meta.get("best_val_score"),
-            best_layer=config.layer if isinstance(config, BestLayerConfig) else None,
-            provenance=meta.get("provenance"),
-        )
-        return clf._adopt(fitted)
-
-    @classmethod
-    def from_study(
-        cls,
-        storage: Any,
-        study_name: str,
-        *,
-        seed: int = 0,
-        retrain: bool = False,
-        artifact_dir: PathLike | None = None,
-        data_dir: PathLike | None = None,
-        device: str = "auto",
-        cache_dir: PathLike | None = None,
-        batch_size: int = 32,
-        progress: bool = False,
-        trial: int | None = None,
-        task_path: PathLike | None = None,
-    ) -> ILGEClassifier:
-        """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
-
-        The final evaluation's weights (its best seed by validation), or for a study without
-        one (or ``retrain=True``) the best trial retrained once with ``seed``; ``provenance_``
-        says which (study, trial, seed, storage without password, scores, versions). On the
-        study's test split it scores the stored final test score of that seed. A similarity
-        study gives a similarity model. ``artifact_dir``: where ``run`` uploaded the weights,
-        if not next to the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
-        ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
-        final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
-        ``task_path``: where a custom task's data is now, when it moved since the study ran.
-        """
-        from .study.export import StudyExport, load_for_estimator
-
-        export = StudyExport.of(locals())
-        return cls._from_found(load_for_estimator(storage, study_name, export, tagging=False), study_name, export)
+        return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
 
     @classmethod
     def from_study_ensemble(
@@ -782,7 +558,7 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
         )
 
     @classmethod
-    def _from_found(cls, found: StudyModel, study_name: str, export: StudyExport) -> ILGEClassifier:
+    def _found_classes(cls, found: StudyModel, study_name: str) -> np.ndarray:
         names = found.label_names
         if names and all(name.lstrip("-").isdigit() for name in names):
             classes = np.asarray([int(name) for name in names])  # "2" < "10" as numbers, as the task sorted them
@@ -790,19 +566,8 @@ class ILGEClassifier(ClassifierMixin, BaseEstimator):
             classes = np.asarray(names)
         if classes.size and not np.all(classes[:-1] < classes[1:]):
             raise ValueError(f"study {study_name!r} has label names out of order ({names[:5]}...); cannot export it")
-        clf = cls(
-            num_classes=len(classes) or None, token_pooling=found.token_pooling, **found.estimator_arguments(export)
-        )
-        fitted = _Fitted(
-            model=found.model_on(export.device),
-            config=found.config,
-            classes=classes,
-            num_layers=found.num_layers,
-            hidden_size=found.hidden_size,
-            task_kind=found.task_kind,
-            score_range=found.score_range,
-            best_val_score=found.provenance.get("val_score"),
-            best_layer=found.best_layer,
-            provenance=found.provenance,
-        )
-        return clf._adopt(fitted)
+        return classes
+
+    @classmethod
+    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> dict[str, Any]:
+        return {"num_classes": len(classes) or None, "token_pooling": found.token_pooling}

@@ -21,7 +21,6 @@ import csv
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +28,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .classifier import ILGEClassifier
-from .files import check_output_path, disk_error, iter_json_objects, iter_lines_utf8, temp_name
+from .files import iter_json_objects, iter_lines_utf8
 from .progress import BarSpec, new_bar
+from .use.output import checked_input, checked_output, file_suffix, write_output
 from .validation import check_int
 
 __all__ = [
@@ -52,17 +52,6 @@ PLAIN_TEXT_COL = "text"  # the one column of a plain-text input
 
 
 # ----------------------------------------------------------------------------- reading inputs
-
-
-def _suffix(path: Path, allowed: Sequence[str], what: str) -> str:
-    suffix = path.suffix.lower()
-    if suffix == ".ndjson":
-        suffix = ".jsonl"
-    if suffix not in allowed:
-        raise ValueError(
-            f"{path}: unsupported {what} file type {path.suffix or '(none)'!r}; use one of {', '.join(allowed)}"
-        )
-    return suffix
 
 
 def _text(value: Any) -> str | None:
@@ -266,6 +255,15 @@ class PredictOptions:
     def __post_init__(self) -> None:
         check_int("chunk_rows", self.chunk_rows)
 
+    def load_arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``ILGEClassifier.load`` and ``ILGETagger.load`` these options give."""
+        return {
+            "device": self.device,
+            "cache_dir": self.cache_dir,
+            "batch_size": self.batch_size,
+            "base_model": self.base_model,
+        }
+
 
 @dataclass
 class PredictSummary:
@@ -349,16 +347,9 @@ def _scan(path: Path, suffix: str, columns: Sequence[str], chunk_rows: int) -> i
 
 def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, options: PredictOptions) -> _Job:
     """Every check that needs no model: paths, file types, the saved model, the columns, every row's texts."""
-    input_path = Path(source.path).expanduser()
-    if not input_path.is_file():
-        raise ValueError(f"input file {input_path} does not exist")
-    suffix = _suffix(input_path, INPUT_SUFFIXES, "input")
-    out_path = None if out.path is None else Path(out.path).expanduser()
-    out_kind = ".jsonl" if out_path is None else _suffix(out_path, OUTPUT_SUFFIXES, "output")
-    if out_path is not None:
-        if out_path.resolve() == input_path.resolve():
-            raise ValueError("--out is the input file; write the predictions somewhere else")
-        check_output_path(out_path, force=out.overwrite)
+    input_path = checked_input(source.path)
+    suffix = file_suffix(input_path, INPUT_SUFFIXES, "input")
+    out_path, out_kind = checked_output(out.path, out.overwrite, input_path, OUTPUT_SUFFIXES, "the predictions")
     if (Path(model_dir) / "ilge_tagger.json").is_file():
         raise ValueError(
             f"{model_dir} holds an ILGETagger; tag files with ilge_search.predict_tags.predict_tags_file "
@@ -366,13 +357,7 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
         )
     if source.tokens_col is not None:
         raise ValueError("--tokens-col is for taggers; this model reads texts: pass --text-col")
-    clf = ILGEClassifier.load(
-        model_dir,
-        device=options.device,
-        cache_dir=options.cache_dir,
-        batch_size=options.batch_size,
-        base_model=options.base_model,
-    )
+    clf = ILGEClassifier.load(model_dir, **options.load_arguments())
     if out.proba and clf.task_kind_ == "similarity":
         raise ValueError("--proba is for classifiers; this similarity model gives one score per pair")
     base_model = clf.base_model
@@ -484,32 +469,9 @@ def predict_file(
     options = PredictOptions() if options is None else options
     job = _checked_job(model_dir, source, out, options)
     notes: list[str] = []
-    try:
-        if job.out_path is None:
-            handle = out.stream or sys.stdout
-            rows = _write_predictions(job, handle, options, notes)
-            handle.flush()
-        else:
-            rows = _write_file(job, job.out_path, options, notes)
-    except OSError as exc:
-        folder = job.out_path.parent if job.out_path is not None else Path.cwd()
-        problem = disk_error(exc, folder, "the predictions", "free some space or pass another --out")
-        if problem is None:
-            raise
-        raise problem from None
+    rows = write_output(
+        job.out_path, out.stream, lambda handle: _write_predictions(job, handle, options, notes), "the predictions"
+    )
     return PredictSummary(
         rows=rows, out=job.out_path, task_kind=job.clf.task_kind_, seconds=time.perf_counter() - started, notes=notes
     )
-
-
-def _write_file(job: _Job, out_path: Path, options: PredictOptions, notes: list[str]) -> int:
-    """The predictions written to a temporary sibling of ``out_path``, renamed to it once complete."""
-    out_path.parent.mkdir(parents=True, exist_ok=True)  # checked up front (check_output_path), made only now
-    tmp = temp_name(out_path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as handle:
-            rows = _write_predictions(job, handle, options, notes)
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)  # gone after the rename; left by an error otherwise
-    return rows

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .files import check_output_path, disk_error, iter_json_objects, iter_lines_utf8, temp_name
+from .files import iter_json_objects, iter_lines_utf8
 from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary
 from .progress import BarSpec, new_bar
 from .tagger import META_FILE, ILGETagger
+from .use.output import checked_input, checked_output, file_suffix, write_output
 
 __all__ = ["predict_tags_file", "is_tagger_folder", "TAG_INPUT_SUFFIXES", "DEFAULT_TOKENS_COL"]
 
@@ -38,16 +37,6 @@ DEFAULT_TOKENS_COL = "tokens"
 def is_tagger_folder(path: Any) -> bool:
     """Whether ``path`` holds a saved :class:`~ilge_search.tagger.ILGETagger`."""
     return (Path(path) / META_FILE).is_file()
-
-
-def _suffix(path: Path, allowed: tuple[str, ...], what: str) -> str:
-    suffix = ".jsonl" if path.suffix.lower() == ".ndjson" else path.suffix.lower()
-    if suffix not in allowed:
-        raise ValueError(
-            f"{path}: unsupported {what} file type {path.suffix or '(none)'!r} for a tagger; "
-            f"use one of {', '.join(allowed)}"
-        )
-    return suffix
 
 
 @dataclass(frozen=True)
@@ -91,29 +80,16 @@ def _sentences(path: Path, suffix: str, column: str) -> Iterator[list[str]]:
 
 def _checked_job(model_dir: Any, source: PredictInput, out: PredictOutput, options: PredictOptions) -> _TagJob:
     """Every check that needs no model: paths, file types, the saved tagger, every sentence."""
-    path = Path(source.path).expanduser()
-    if not path.is_file():
-        raise ValueError(f"input file {path} does not exist")
-    suffix = _suffix(path, TAG_INPUT_SUFFIXES, "input")
+    path = checked_input(source.path)
+    suffix = file_suffix(path, TAG_INPUT_SUFFIXES, "input", " for a tagger")
     if source.text_cols or source.text_col:
         raise ValueError("this model tags words: pass --tokens-col (JSONL) or plain text, not --text-col/--text-cols")
     if out.proba:
         raise ValueError("--proba is for classifiers; a tagger gives one tag per word")
     if suffix == ".txt" and source.tokens_col is not None:
         raise ValueError("a plain-text file holds one sentence per line and no columns; drop --tokens-col")
-    out_path = None if out.path is None else Path(out.path).expanduser()
-    out_kind = ".jsonl" if out_path is None else _suffix(out_path, OUTPUT_SUFFIXES, "output")
-    if out_path is not None:
-        if out_path.resolve() == path.resolve():
-            raise ValueError("--out is the input file; write the tags somewhere else")
-        check_output_path(out_path, force=out.overwrite)
-    tagger = ILGETagger.load(
-        model_dir,
-        device=options.device,
-        cache_dir=options.cache_dir,
-        batch_size=options.batch_size,
-        base_model=options.base_model,
-    )
+    out_path, out_kind = checked_output(out.path, out.overwrite, path, OUTPUT_SUFFIXES, "the tags", " for a tagger")
+    tagger = ILGETagger.load(model_dir, **options.load_arguments())
     column = source.tokens_col or DEFAULT_TOKENS_COL
     count = sum(1 for _ in _sentences(path, suffix, column))  # every sentence checked, no model loaded
     if count == 0:
@@ -176,24 +152,5 @@ def predict_tags_file(
     out = PredictOutput() if out is None else out
     options = PredictOptions() if options is None else options
     job = _checked_job(model_dir, source, out, options)
-    try:
-        if job.out_path is None:
-            handle = out.stream or sys.stdout
-            rows = _write_tags(job, handle, options)
-            handle.flush()
-        else:
-            job.out_path.parent.mkdir(parents=True, exist_ok=True)  # checked up front, made only now
-            tmp = temp_name(job.out_path)
-            try:
-                with open(tmp, "w", encoding="utf-8", newline="") as file:
-                    rows = _write_tags(job, file, options)
-                os.replace(tmp, job.out_path)
-            finally:
-                tmp.unlink(missing_ok=True)
-    except OSError as exc:
-        folder = job.out_path.parent if job.out_path is not None else Path.cwd()
-        problem = disk_error(exc, folder, "the tags", "free some space or pass another --out")
-        if problem is None:
-            raise
-        raise problem from None
+    rows = write_output(job.out_path, out.stream, lambda handle: _write_tags(job, handle, options), "the tags")
     return PredictSummary(rows=rows, out=job.out_path, task_kind="tagging", seconds=time.perf_counter() - started)

@@ -17,25 +17,23 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import torch
-from sklearn.base import BaseEstimator
-from sklearn.exceptions import NotFittedError
 
-from ._version import __version__
-from .configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
-from .models import model_reference_to_load, model_reference_to_save, resolve_device
+from .configs import BestLayerConfig, EncoderConfig
 from .saved import check_saved_fields
-from .validation import ArgumentTypeError, check_choice, check_int
+from .use.estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
+from .validation import check_choice, check_int
 from .words import WORD_POOLINGS, check_sentences
+
+if TYPE_CHECKING:
+    from .engine import TaggerModel
+    from .study.export import StudyModel
 
 __all__ = ["ILGETagger", "FORMAT_VERSION", "META_FILE", "check_tagger_folder"]
 
 FORMAT = "ilge-search-tagger"
-FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
 META_FILE = "ilge_tagger.json"
 
 PathLike = str | os.PathLike
@@ -62,7 +60,7 @@ def _flat(tags: list[list[Any]]) -> np.ndarray:
     return np.asarray([tag for row in tags for tag in row])
 
 
-class ILGETagger(BaseEstimator):
+class ILGETagger(SavedEstimator):
     """Word tagger: an encoder over every layer of a frozen LLM's word states, plus a linear head.
 
     Args:
@@ -87,10 +85,12 @@ class ILGETagger(BaseEstimator):
         best-layer ``best_layer_`` and ``layer_scores_``.
     """
 
-    best_epoch_: int | None
-    best_val_score_: float | None
-    best_layer_: int | None
-    _cache: Any = None  # the embedding cache, made on first use and never pickled
+    FORMAT = FORMAT
+    META_FILE = META_FILE
+    NOUN = "tagger"
+    TAGGING = True
+
+    model_: TaggerModel
 
     def __init__(
         self,
@@ -120,20 +120,6 @@ class ILGETagger(BaseEstimator):
 
     # ------------------------------------------------------------------ checks
 
-    def _resolved_config(self) -> EncoderConfig:
-        config = self.config
-        if config is None:
-            return CayleyConfig()
-        if isinstance(config, str):
-            return config_class_for(config)()
-        if isinstance(config, dict):
-            return config_from_dict(config)
-        if not isinstance(config, EncoderConfig):
-            raise ArgumentTypeError(
-                f"config must be an EncoderConfig, a family name or None, got {type(config).__name__}"
-            )
-        return config
-
     def _check_params(self) -> EncoderConfig:
         if self.base_model is None or not isinstance(self.base_model, (str, os.PathLike)):
             raise ValueError(f"base_model must be a model name or folder, got {self.base_model!r}")
@@ -141,16 +127,8 @@ class ILGETagger(BaseEstimator):
         check_int("max_length", self.max_length)
         check_int("batch_size", self.batch_size)
         check_int("patience", self.patience)
-        resolve_device(self.device)  # a device this machine lacks fails before any embedding or training
-        if isinstance(self.random_state, bool) or not isinstance(self.random_state, (int, np.integer)):
-            raise ValueError(f"random_state must be an integer, got {self.random_state!r}")
-        if not 0.0 < float(self.val_fraction) < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        self._check_run_params()
         return self._resolved_config()
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit() first")
 
     def _encode(self, tags: list[list[Any]], name: str) -> np.ndarray:
         flat = _flat(tags)
@@ -168,14 +146,6 @@ class ILGETagger(BaseEstimator):
 
     # ------------------------------------------------------------------ embeddings
 
-    def _embedding_cache(self) -> Any:
-        from .cache import EmbeddingCache  # lazy: pulls in transformers
-
-        cache = getattr(self, "_cache", None)
-        if cache is None:
-            cache = self._cache = EmbeddingCache(self.cache_dir)
-        return cache
-
     def _embed(self, sentences: list[list[str]]) -> Any:
         """The sentences' word entry (memory-mapped); only sentences never extracted reach the LLM."""
         from .word_cache import WordOptions, get_or_extract_sentences
@@ -187,19 +157,6 @@ class ILGETagger(BaseEstimator):
         return get_or_extract_sentences(
             self._embedding_cache(), model, sentences, options, progress=bool(self.progress)
         )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_cache", None)  # never pickle a loaded LLM
-        return state
-
-    def unload_llm(self) -> ILGETagger:
-        """Free the LLM (the trained encoder stays); the next text method reloads it."""
-        cache = getattr(self, "_cache", None)
-        if cache is not None:
-            cache.unload()
-        self._cache = None
-        return self
 
     # ------------------------------------------------------------------ fitting
 
@@ -249,20 +206,25 @@ class ILGETagger(BaseEstimator):
             recipe=TrainingRecipe(patience=self.patience),
             progress=bool(self.progress),
         )
+        layer = None
         if isinstance(config, BestLayerConfig) and config.layer is None:
             layer, result, scores = select_best_layer(config, train, val, **options)
             config = config.replace(layer=layer)
-            self.best_layer_, self.layer_scores_ = layer, scores
+            self.layer_scores_ = scores
         else:
             result = train_encoder(config, train, val, **options)
-        self.config_ = config
-        self.num_layers_, self.hidden_size_ = int(train[0].num_layers), int(train[0].hidden_size)
-        self.model_ = result.model
-        self.history_ = result.history
-        self.best_epoch_ = result.best_epoch
-        self.best_val_score_ = result.best_val_metric
-        self.num_trainable_params_ = result.num_trainable_params
-        return self
+        fitted = Fitted(
+            model=result.model,
+            config=config,
+            classes=self.classes_,
+            num_layers=int(train[0].num_layers),
+            hidden_size=int(train[0].hidden_size),
+            history=result.history,
+            best_epoch=result.best_epoch,
+            best_val_score=result.best_val_metric,
+            best_layer=layer,
+        )
+        return self._adopt(fitted)
 
     # ------------------------------------------------------------------ prediction
 
@@ -298,40 +260,29 @@ class ILGETagger(BaseEstimator):
         The LLM is not saved, only its name; no pickle is used. Files of those names that an
         earlier ``ILGETagger.save`` did not write are never replaced: the save is refused.
         """
-        from safetensors.torch import save_file
-
         self._check_fitted()
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ValueError(f"{path} exists and is not a folder; save() writes a folder")
         _refuse_foreign_files(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
-        meta = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "library_version": __version__,
-            "config": self.config_.to_dict(),
-            "classes": [value.item() if isinstance(value, np.generic) else value for value in self.classes_],
-            "classes_kind": self.classes_.dtype.kind,
-            "base_model": model_reference_to_save(self.base_model, path),
-            "word_pooling": self.word_pooling,
-            "max_length": self.max_length,
-            "num_layers": self.num_layers_,
-            "hidden_size": self.hidden_size_,
-            "random_state": int(self.random_state),
-            "best_epoch": self.best_epoch_,
-            "best_val_score": self.best_val_score_,
-            "provenance": getattr(self, "provenance_", None),
-        }
-        # temporary names, then renames: an interrupted save never leaves a half-written pair
-        tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (META_FILE + ".tmp")
-        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
-        os.chmod(tmp_weights, tmp_meta.stat().st_mode & 0o7777)  # safetensors writes 0600; follow the umask
-        os.replace(tmp_weights, path / WEIGHTS_FILE)
-        os.replace(tmp_meta, path / META_FILE)
-        return path
+        return self._write_folder(path, self._saved_meta(path))
+
+    def _pooling_field(self) -> dict[str, Any]:
+        return {"word_pooling": self.word_pooling}
+
+    @classmethod
+    def _check_meta(cls, meta: dict[str, Any], meta_path: Path) -> None:
+        check_saved_fields(meta, meta_path, classes_needed=1)
+
+    @classmethod
+    def _saved_arguments(cls, meta: dict[str, Any], classes: np.ndarray) -> dict[str, Any]:
+        return {"word_pooling": meta["word_pooling"]}
+
+    @classmethod
+    def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> TaggerModel:
+        from .engine import build_tagger
+
+        return build_tagger(fitted.config, fitted.num_layers, fitted.hidden_size, len(fitted.classes))
 
     @classmethod
     def load(
@@ -349,82 +300,11 @@ class ILGETagger(BaseEstimator):
         The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
         one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
         """
-        path = Path(path)
-        meta = _read_meta(path)
-        try:
-            config = config_from_dict(meta["config"])
-            classes = np.asarray(meta["classes"])
-            tagger = cls(
-                base_model=None,
-                config=config,
-                word_pooling=meta["word_pooling"],
-                max_length=int(meta["max_length"]),
-                batch_size=batch_size,
-                device=device,
-                random_state=int(meta["random_state"]),
-                cache_dir=cache_dir,
-                progress=progress,
-            )
-            num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{path / META_FILE} is missing or has invalid fields ({exc!r}); the file is corrupt"
-            ) from None
-        if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != str(meta.get("classes_kind")).replace("u", "i"):
-            raise ValueError(f"{path / META_FILE}: 'classes' do not match their recorded type; the file is corrupt")
-        tagger.base_model = model_reference_to_load(meta["base_model"], path, base_model)
-        tagger.model_ = _load_weights(path / WEIGHTS_FILE, config, (num_layers, hidden_size, len(classes)), device)
-        tagger.classes_, tagger.config_ = classes, config
-        tagger.num_layers_, tagger.hidden_size_ = num_layers, hidden_size
-        tagger.history_ = []
-        tagger.best_epoch_, tagger.best_val_score_ = meta.get("best_epoch"), meta.get("best_val_score")
-        if meta.get("provenance"):
-            tagger.provenance_ = meta["provenance"]
-        tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
-        if isinstance(config, BestLayerConfig):
-            tagger.best_layer_ = config.layer
-        return tagger
+        return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
 
     @classmethod
-    def from_study(
-        cls,
-        storage: Any,
-        study_name: str,
-        *,
-        seed: int = 0,
-        retrain: bool = False,
-        artifact_dir: PathLike | None = None,
-        data_dir: PathLike | None = None,
-        device: str = "auto",
-        cache_dir: PathLike | None = None,
-        batch_size: int = 32,
-        progress: bool = False,
-        trial: int | None = None,
-        task_path: PathLike | None = None,
-    ) -> ILGETagger:
-        """The tagger a finished tagging study found, fitted (``save`` writes the usual folder).
-
-        The final evaluation's weights (its best seed by validation), or the selected trial retrained
-        once with ``seed`` (``retrain=True``, a study without a final evaluation, or another ``trial``);
-        ``provenance_`` says which (study, trial, seed, storage without password, scores, versions).
-        The words are made as the study made them (its word pooling, 512 pieces per window).
-        """
-        from .study.export import StudyExport, load_for_estimator
-
-        export = StudyExport.of(locals())
-        found = load_for_estimator(storage, study_name, export, tagging=True)
-        tagger = cls(word_pooling=found.word_pooling or "first", **found.estimator_arguments(export))
-        tagger.model_ = found.model_on(device)
-        tagger.classes_ = np.asarray(found.label_names)
-        tagger.config_ = found.config
-        tagger.num_layers_, tagger.hidden_size_ = found.num_layers, found.hidden_size
-        tagger.history_ = []
-        tagger.best_epoch_, tagger.best_val_score_ = None, found.provenance.get("val_score")
-        tagger.num_trainable_params_ = sum(p.numel() for p in tagger.model_.parameters() if p.requires_grad)
-        tagger.provenance_ = dict(found.provenance)
-        if found.best_layer is not None:
-            tagger.best_layer_ = found.best_layer
-        return tagger
+    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> dict[str, Any]:
+        return {"word_pooling": found.word_pooling or "first"}
 
 
 def check_tagger_folder(path: PathLike) -> Path:
@@ -451,49 +331,3 @@ def _refuse_foreign_files(path: Path) -> None:
         raise ValueError(
             f"{path} already holds {found}, not written by ILGETagger.save(); save into a new or empty folder"
         )
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    meta_path, weights_path = path / META_FILE, path / WEIGHTS_FILE
-    if not meta_path.is_file() or not weights_path.is_file():
-        raise ValueError(f"{path} is not a saved ILGETagger: expected {META_FILE} and {WEIGHTS_FILE} in it")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{meta_path} is not valid JSON ({exc}); the saved tagger is corrupt") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path} was not written by ILGETagger.save()")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format_version {meta.get('format_version')!r}; this ilge-search ({__version__}) reads "
-            f"version {FORMAT_VERSION}. Save it again with a matching version."
-        )
-    check_saved_fields(meta, meta_path, classes_needed=1)
-    return meta
-
-
-def _load_weights(weights_path: Path, config: EncoderConfig, sizes: tuple[int, int, int], device: str) -> Any:
-    """The tagger model of ``config`` and ``sizes`` = (layers, hidden size, classes) with the saved weights."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from .engine import build_tagger
-
-    try:
-        state = load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise ValueError(f"{weights_path} cannot be read ({exc}); the saved weights are corrupt") from None
-    bad = sorted(k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
-    if bad:
-        raise ValueError(f"{weights_path} holds NaN or infinite values in {bad[:5]}; retrain and save again")
-    model = build_tagger(config, *sizes)
-    expected = model.state_dict()
-    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
-    wrong_shape = [k for k in set(expected) & set(state) if expected[k].shape != state[k].shape]
-    if missing or unexpected or wrong_shape:
-        raise ValueError(
-            f"{weights_path} does not match its config: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}, wrong shape {sorted(wrong_shape)[:5]}"
-        )
-    model.load_state_dict(state)
-    return model.to(resolve_device(device)).eval()

@@ -57,6 +57,7 @@ LAYERS: dict[str, int] = {
     "defaults": 6,
     "classifier": 6,
     "tagger": 6,
+    "use": 6,  # the estimators' shared base, beside them
     "predict": 6,
     "predict_tags": 6,
     "explain": 6,

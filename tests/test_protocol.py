@@ -346,7 +346,7 @@ def _independent_readout(train_x, train_y, test_x, test_y, per_label, experiment
 def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, synthetic, no_model_loads):
     from ilge_search.study import run_study
     from ilge_search.study.data import load_study_data
-    from ilge_search.study.export import load_study_model
+    from ilge_search.study.export import StudyExport, load_study_model
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     small = dict(max_train=240, max_eval=100, max_epochs=2)  # the runner tests' subsets (shared embedding cache)
@@ -397,7 +397,7 @@ def test_a_paper_protocol_run_stores_the_mteb_style_scores(tmp_path, synthetic, 
     # Cayley: trained on the whole training split, then its vectors read out the same way
     cayley_study = optuna.load_study(study_name=results[0].study_name, storage=url)
     cayley = cayley_study.user_attrs
-    loaded = load_study_model(url, results[0].study_name, cache_dir=cache_dir, data_dir=data_dir)
+    loaded = load_study_model(url, results[0].study_name, StudyExport(cache_dir=cache_dir, data_dir=data_dir))
     seed = int(cayley["final_artifact_seed"])
     with torch.no_grad():
         embed = lambda x: loaded.model.embed(x.float()).numpy()  # noqa: E731

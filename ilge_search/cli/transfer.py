@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..configs import ENCODER_FAMILIES
@@ -11,27 +9,6 @@ from ..settings import Settings
 from .group import FORMAT_OPTION, cli, location_options, storage_option, study_logging
 
 SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
-
-
-def _table(result) -> str:
-    """The matrix as text: mean validation score per candidate and problem, the choice marked."""
-    names = [f"{p.model.split('-')[0]}/{p.task[:10]}" for p in result.problems]
-    lines = ["candidate   " + " ".join(f"{n:>18}" for n in names)]
-    for index, candidate in enumerate(result.candidates):
-        mark = "D" if index == result.default else ("P" if index in result.portfolio else " ")
-        cells = " ".join(f"{v:18.4f}" if v == v else f"{'-':>18}" for v in result.matrix.validation[index])
-        lines.append(f"{mark} {candidate.name:<9} {cells}")
-    return "\n".join(lines)
-
-
-def _incomplete_line(result) -> str:
-    """Why no default or portfolio is shown or saved while cells are missing, and what to do."""
-    busy = f", {result.matrix.running} of them being trained by another process now" if result.matrix.running else ""
-    return (
-        f"no default or portfolio chosen or saved: {result.matrix.missing} cells of the matrix are missing{busy}; "
-        f"rerun `ilge-search portfolio --storage {result.storage} --family {result.request.family}` once they are "
-        "stored (it trains only what is missing)"
-    )
 
 
 def _update_shipped(storage: str, request, options: dict) -> None:
@@ -103,7 +80,7 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     rerun trains only what is missing, and processes on one storage share the work.
     """
     from ..defaults.portfolio import PortfolioRequest, TrainingSetup
-    from ..defaults.transfer import portfolio
+    from ..report.portfolio import PORTFOLIO_RUN_OPTIONS, PortfolioRun, run_portfolio
 
     study_logging(quiet)
     request = PortfolioRequest(
@@ -119,52 +96,6 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     if options["update_shipped"]:
         _update_shipped(storage, request, options)
         return
-    if options["plot"] and not options["dry_run"]:  # before any training: a refused --plot costs nothing
-        from ..files import check_output_path
-
-        check_output_path(options["plot"], force=options["force"], option="--plot")
     setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
-    result = portfolio(
-        storage, request, setup, workers=options["workers"], dry_run=options["dry_run"], check=options["check"]
-    )
-    if options["plot"] and not options["dry_run"]:
-        from pathlib import Path
-
-        from ..report.portfolio import draw_matrix
-
-        draw_matrix(result, Path(options["plot"]))
-    if options["dry_run"]:
-        minutes = (result.estimated_seconds or 0) / 60
-        click.echo(
-            f"{len(result.problems)} problems x {len(result.candidates)} candidates x {request.seeds} seeds: "
-            f"{result.planned} cells, {result.matrix.missing} of the matrix missing; about {minutes:.0f} min "
-            f"of training on one process (from the studies' own trial times); nothing was created"
-        )
-        return
-    if fmt == "csv":
-        rows = ["candidate," + ",".join(p.study for p in result.problems)]
-        for candidate, values in zip(result.candidates, result.matrix.validation, strict=True):
-            rows.append(candidate.name + "," + ",".join("" if v != v else f"{v:.6f}" for v in values))
-        click.echo("\n".join(rows))
-        return
-    if fmt == "json":
-        out = result.to_json()
-        if result.held_out is not None:
-            out["held_out"] = {"rows": result.held_out.rows, "seeds": result.held_out.seeds}
-        click.echo(json.dumps(out, indent=1))
-        return
-    click.echo(_table(result))
-    click.echo(f"D: default, P: portfolio member; trained {result.trained} cells, {result.matrix.missing} missing")
-    if result.matrix.missing:
-        click.echo(_incomplete_line(result))
-    if result.default is not None:
-        for rank, (index, value) in enumerate(zip(result.portfolio, result.values, strict=True), 1):
-            config = result.candidates[index].config
-            shown = ", ".join(f"{k}={v}" for k, v in config.items() if k not in ("family",))
-            click.echo(f"{rank}. {result.candidates[index].name} (portfolio value {value:.3f}): {shown}")
-    if result.held_out is not None:
-        from ..report.portfolio import held_out_table, verdict_lines
-
-        click.echo(held_out_table(result.held_out))
-        for line in verdict_lines(result.held_out):
-            click.echo(line)
+    run = PortfolioRun(**{name: options[name] for name in PORTFOLIO_RUN_OPTIONS}, fmt=fmt)
+    click.echo(run_portfolio(storage, request, setup, run))

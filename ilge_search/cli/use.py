@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from ..settings import Settings
@@ -65,135 +63,24 @@ from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, st
     "checked against the study's) [default: where the study recorded it].",
 )
 @location_options
-def export_command(
-    settings: Settings,
-    storage,
-    study_name: str,
-    out_dir: str,
-    seed: int,
-    retrain: bool,
-    trial_number: int | None,
-    artifact_dir,
-    ensemble: bool,
-    force: bool,
-    task_path: str | None,
-) -> None:
+def export_command(settings: Settings, storage, **options) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
 
     The final evaluation's weights (its best seed by validation); a study without a final evaluation
     gets its best trial retrained once with --seed. A tagging study gives an ILGETagger folder
     (model.safetensors + ilge_tagger.json; ILGETagger.load).
     """
-    from ..classifier import ILGEClassifier, check_save_folder
-    from ..files import check_output_folder
-    from ..study.export import study_task_kind
+    from ..use.export import ExportOptionsError, ExportRequest, export_study
 
-    check_output_folder(out_dir, force=force)  # before the study is read: a refused --out costs nothing
-    check_card_path(out_dir, force=force)
-    tagging = study_task_kind(storage, study_name) == "tagging"
-    if ensemble and (tagging or retrain or trial_number is not None):
-        raise click.UsageError("--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial")
-    if tagging:
-        from ..tagger import ILGETagger, check_tagger_folder
-
-        check_tagger_folder(out_dir)
-        model_class: Any = ILGETagger
-    else:
-        check_save_folder(out_dir, overwrite=force)  # before any work: a refused --out costs nothing
-        model_class = ILGEClassifier
-    if ensemble:
-        clf = ILGEClassifier.from_study_ensemble(
-            storage, study_name, artifact_dir=artifact_dir, cache_dir=settings.cache_dir, device=settings.device
-        )
-    else:
-        clf = model_class.from_study(
-            storage,
-            study_name,
-            seed=seed,
-            retrain=retrain,
-            artifact_dir=artifact_dir,
-            data_dir=settings.data_dir,
-            cache_dir=settings.cache_dir,
-            device=settings.device,
-            trial=trial_number,
-            task_path=task_path,
-        )
-    if tagging:
-        clf.save(out_dir)  # an ILGETagger replaces only its own earlier save
-    else:
-        clf.save(out_dir, overwrite=force)
-    write_card(out_dir, clf, tagging)
-    p = clf.provenance_
-    if ensemble:
-        members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
-        test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
-        click.echo(
-            f"exported the ensemble of study {p['study']} to {out_dir}: {p.get('picks') or 'members'}: {members}, "
-            f"seed {p['seed']}{test}"
-        )
-    else:
-        test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
-        click.echo(
-            f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
-            f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {clf.base_model}"
-        )
-    click.echo(seed_line(p))
-    if ensemble:
-        return
-    if p.get("selected_trial_now", p["trial"]) != p["trial"]:
-        click.echo(
-            f"note: the study's selected trial is now {p['selected_trial_now']}; rerun its final evaluation "
-            "(`ilge-search run ... --n-trials 0`) or pass --retrain to export that one",
-            err=True,
-        )
-
-
-def check_card_path(out_dir: str, *, force: bool) -> None:
-    """Refuse, before any work, a README.md in ``out_dir`` that no export wrote (a card is replaced; a README
-    someone wrote only with --force)."""
-    from pathlib import Path
-
-    from ..study.card import CARD_FILE, is_model_card
-
-    card = Path(out_dir).expanduser() / CARD_FILE
-    if force or not card.is_file():
-        return
+    request = ExportRequest(**options, data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device)
     try:
-        ours = is_model_card(card.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
-        ours = False
-    if not ours:
-        raise ValueError(
-            f"{card} exists and is not a model card an export wrote; pass another --out, or --force to replace it"
-        )
-
-
-def write_card(out_dir: str, clf: Any, tagging: bool) -> None:
-    """Write the export's model card (README.md with the Hugging Face metadata block) beside the weights."""
-    from pathlib import Path
-
-    from ..files import write_output_text
-    from ..models import canonical_model_name
-    from ..study.card import CARD_FILE, ExportedModel, model_card
-
-    model = ExportedModel(
-        task_kind="tagging" if tagging else getattr(clf, "task_kind_", "classification"),
-        base_model=canonical_model_name(clf.base_model) or str(clf.base_model),
-        labels=[str(label) for label in getattr(clf, "classes_", [])],
-        loader="ILGETagger" if tagging else "ILGEClassifier",
-        provenance=clf.provenance_,
-    )
-    write_output_text(Path(out_dir).expanduser() / CARD_FILE, model_card(model))
-
-
-def seed_line(p: dict[str, Any]) -> str:
-    """Which seed the export took and why, beside the test mean over the final seeds that the tables show."""
-    line = f"seed {p['seed']}: {p.get('seed_rule') or 'as stored'}"
-    if p.get("final_seeds"):
-        line += f" among the final seeds {p['final_seeds']}"
-    if p.get("test_mean") is not None:
-        line += f"; the study's tables show the test mean over them, {p['test_mean']:.4f}"
-    return line
+        result = export_study(storage, request)
+    except ExportOptionsError as exc:
+        raise click.UsageError(str(exc)) from None
+    for line in result.lines:
+        click.echo(line)
+    for note in result.notes:
+        click.echo(note, err=True)
 
 
 @cli.command("predict")

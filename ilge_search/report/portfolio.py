@@ -14,16 +14,24 @@ the best-on-validation member; differences against the built-in defaults),
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..defaults.choice import normalise
 from ..defaults.transfer import METHODS, HeldOut
 from .document import Cell, Document, plural
 from .figures import figure_style, new_figure, save_figure
 
+if TYPE_CHECKING:
+    from ..defaults.portfolio import PortfolioRequest, TrainingSetup
+
 __all__ = [
     "PORTFOLIO_NOTE",
+    "PORTFOLIO_RUN_OPTIONS",
+    "PortfolioRun",
+    "portfolio_text",
+    "run_portfolio",
     "draw_matrix",
     "matrix_rows",
     "held_out_rows",
@@ -261,3 +269,98 @@ def portfolio_part(
         "the marginal rule and the portfolio default chosen without it, and of the portfolio member with the "
         "best validation score on it.",
     )
+
+
+def _matrix_text(result: Any) -> str:
+    """The matrix as text: mean validation score per candidate and problem, the choice marked."""
+    names = [f"{p.model.split('-')[0]}/{p.task[:10]}" for p in result.problems]
+    lines = ["candidate   " + " ".join(f"{n:>18}" for n in names)]
+    for index, candidate in enumerate(result.candidates):
+        mark = "D" if index == result.default else ("P" if index in result.portfolio else " ")
+        cells = " ".join(f"{v:18.4f}" if v == v else f"{'-':>18}" for v in result.matrix.validation[index])
+        lines.append(f"{mark} {candidate.name:<9} {cells}")
+    return "\n".join(lines)
+
+
+def _incomplete_line(result: Any) -> str:
+    """Why no default or portfolio is shown or saved while cells are missing, and what to do."""
+    busy = f", {result.matrix.running} of them being trained by another process now" if result.matrix.running else ""
+    return (
+        f"no default or portfolio chosen or saved: {result.matrix.missing} cells of the matrix are missing{busy}; "
+        f"rerun `ilge-search portfolio --storage {result.storage} --family {result.request.family}` once they are "
+        "stored (it trains only what is missing)"
+    )
+
+
+def _table_lines(result: Any) -> list[str]:
+    """The matrix, the default and portfolio with their configs, and the held-out check when there is one."""
+    lines = [_matrix_text(result)]
+    lines.append(f"D: default, P: portfolio member; trained {result.trained} cells, {result.matrix.missing} missing")
+    if result.matrix.missing:
+        lines.append(_incomplete_line(result))
+    if result.default is not None:
+        for rank, (index, value) in enumerate(zip(result.portfolio, result.values, strict=True), 1):
+            config = result.candidates[index].config
+            shown = ", ".join(f"{k}={v}" for k, v in config.items() if k not in ("family",))
+            lines.append(f"{rank}. {result.candidates[index].name} (portfolio value {value:.3f}): {shown}")
+    if result.held_out is not None:
+        lines.append(held_out_table(result.held_out))
+        lines.extend(verdict_lines(result.held_out))
+    return lines
+
+
+def portfolio_text(result: Any, fmt: str, *, dry_run: bool = False) -> str:
+    """What ``ilge-search portfolio`` prints for ``result``: a dry run's plan, or the matrix as ``fmt``
+    (``csv``: one row per candidate; ``json``: the result with its held-out check; else the table)."""
+    import json
+
+    if dry_run:
+        minutes = (result.estimated_seconds or 0) / 60
+        return (
+            f"{len(result.problems)} problems x {len(result.candidates)} candidates x {result.request.seeds} seeds: "
+            f"{result.planned} cells, {result.matrix.missing} of the matrix missing; about {minutes:.0f} min "
+            f"of training on one process (from the studies' own trial times); nothing was created"
+        )
+    if fmt == "csv":
+        rows = ["candidate," + ",".join(p.study for p in result.problems)]
+        for candidate, values in zip(result.candidates, result.matrix.validation, strict=True):
+            rows.append(candidate.name + "," + ",".join("" if v != v else f"{v:.6f}" for v in values))
+        return "\n".join(rows)
+    if fmt == "json":
+        out = result.to_json()
+        if result.held_out is not None:
+            out["held_out"] = {"rows": result.held_out.rows, "seeds": result.held_out.seeds}
+        return json.dumps(out, indent=1)
+    return "\n".join(_table_lines(result))
+
+
+@dataclass(frozen=True)
+class PortfolioRun:
+    """How ``ilge-search portfolio`` runs and shows the matrix: processes, a dry run, ``check``, the
+    ``plot`` file (refused before any training unless new or ``force``) and the output format."""
+
+    workers: int = 1
+    dry_run: bool = False
+    check: bool = False
+    plot: str | None = None
+    force: bool = False
+    fmt: str = "table"
+
+
+# the command line's options of the same names that make a PortfolioRun (``fmt`` is the shared --format)
+PORTFOLIO_RUN_OPTIONS = tuple(name for name in PortfolioRun.__dataclass_fields__ if name != "fmt")
+
+
+def run_portfolio(storage: str, request: PortfolioRequest, setup: TrainingSetup, run: PortfolioRun) -> str:
+    """Train what the matrix misses (none on a dry run), draw ``run.plot``, and return the text to print."""
+    from ..defaults.transfer import portfolio
+
+    drawn = run.plot if run.plot and not run.dry_run else None
+    if drawn:  # before any training: a refused --plot costs nothing
+        from ..files import check_output_path
+
+        check_output_path(drawn, force=run.force, option="--plot")
+    result = portfolio(storage, request, setup, workers=run.workers, dry_run=run.dry_run, check=run.check)
+    if drawn:
+        draw_matrix(result, Path(drawn))
+    return portfolio_text(result, run.fmt, dry_run=run.dry_run)

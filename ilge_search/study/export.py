@@ -166,19 +166,7 @@ class StudyExport:
 def load_for_estimator(storage: Any, study_name: str, export: StudyExport, *, tagging: bool) -> StudyModel:
     """:func:`load_study_model` with ``export``'s options, for ``ILGETagger.from_study`` (``tagging``) or
     ``ILGEClassifier.from_study``: a study of the other kind is refused in one line naming the class to use."""
-    found = load_study_model(
-        storage,
-        study_name,
-        seed=export.seed,
-        retrain=export.retrain,
-        artifact_dir=export.artifact_dir,
-        data_dir=export.data_dir,
-        cache_dir=export.cache_dir,
-        device=export.device,
-        progress=export.progress,
-        trial=export.trial,
-        task_path=export.task_path,
-    )
+    found = load_study_model(storage, study_name, export)
     if (found.task_kind == "tagging") != tagging:
         other = "ILGETagger" if found.task_kind == "tagging" else "ILGEClassifier"
         raise ValueError(f"study {study_name!r} is a {found.task_kind} study; export it with {other}.from_study")
@@ -464,19 +452,7 @@ def chosen_trial(study: Any, number: int) -> Any:
     return found
 
 
-@dataclass(frozen=True)
-class _Retraining:
-    """How a trial is retrained when no stored weights are used: the seed, and where the data and cache are."""
-
-    seed: int
-    data_dir: PathLike | None
-    cache_dir: PathLike | None
-    device: str
-    progress: bool
-    task_path: PathLike | None = None
-
-
-def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
+def _retrained(study: Any, trial: Any, how: StudyExport) -> tuple[Any, float]:
     """``trial``'s config trained once with ``how.seed`` on the study's data (as the final evaluation does)."""
     from ..engine import train_encoder
 
@@ -501,74 +477,74 @@ def _retrained(study: Any, trial: Any, how: _Retraining) -> tuple[Any, float]:
     return result.model, float(result.best_val_metric)
 
 
-def load_study_model(
-    storage: str | Storage | None,
-    study_name: str,
-    *,
-    seed: int = 0,
-    retrain: bool = False,
-    artifact_dir: PathLike | None = None,
-    data_dir: PathLike | None = None,
-    cache_dir: PathLike | None = None,
-    device: str = "auto",
-    progress: bool = False,
-    trial: int | None = None,
-    task_path: PathLike | None = None,
-) -> StudyModel:
+def load_study_model(storage: str | Storage | None, study_name: str, export: StudyExport | None = None) -> StudyModel:
     """The model a finished study found, with its provenance.
 
     Args:
         storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`);
             a SQLite file must exist.
         study_name: the study (see ``ilge-search studies``).
-        seed: training seed when the best trial is retrained.
-        retrain: retrain the best trial even when a final evaluation exists.
-        artifact_dir: where the final weights were uploaded, if not next to the storage.
-        data_dir, cache_dir, device: for retraining (the task data and embedding cache).
-        progress: progress bars while retraining.
-        task_path: where a custom task's data is now, when it moved since the study recorded it.
-        trial: export this complete trial instead of the study's selected one: its final-front
+        export: how (default :class:`StudyExport`): ``seed``, the training seed when the best trial is
+            retrained; ``retrain``, retrain it even when a final evaluation exists; ``artifact_dir``, where
+            the final weights were uploaded, if not next to the storage; ``data_dir``, ``cache_dir``,
+            ``device``, ``progress``: for retraining (the task data, embedding cache, progress bars);
+            ``task_path``: where a custom task's data is now, when it moved since the study recorded it;
+            ``trial``: export this complete trial instead of the study's selected one: its final-front
             weights when a multi-objective study's final evaluation retrained it, else retrained with ``seed``.
 
     Raises:
         ValueError: no such storage, study or trial, no complete trial (or ``trial`` not complete),
             missing or damaged final artifacts, or task data that differ from the study's.
     """
-    check_int("seed", seed, minimum=0)
+    how = export or StudyExport()
+    check_int("seed", how.seed, minimum=0)
     opened, study = _open_study(storage, study_name)
-    how = _Retraining(
-        seed=seed, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress, task_path=task_path
-    )
-    if trial is not None:
-        chosen = chosen_trial(study, trial)
-        return _trial_model(opened, study, chosen, how, retrain=retrain, artifact_dir=artifact_dir)
+    if how.trial is not None:
+        return _trial_model(opened, study, chosen_trial(study, how.trial), how)
     record = study_record(study)
     final = record.final
     provenance = _provenance(opened, record)
-    # under the paper protocol the stored test scores are a logistic readout of the vectors, not this model's head
-    paper = provenance["protocol"] == "paper"
-    if final is not None and final.artifacts and not retrain:
-        model, meta = _from_artifacts(opened, study, artifact_dir, final.artifacts)
-        trained_seed = int(meta["seed"])
-        provenance.update(
-            source="final evaluation",
-            trial=int(meta["trial"]),
-            seed=trained_seed,
-            val_score=float(meta["val_metric"]),
-            test_score=None if paper else _seed_score(final, final.test_scores, trained_seed),
-            trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
-            selected_trial_now=selected_trial(study, final.select or DEFAULT_SELECT).number,
-            **_seed_choice(final, final.test_scores, paper),
-        )
+    if final is not None and final.artifacts and not how.retrain:
+        model, meta = _from_artifacts(opened, study, how.artifact_dir, final.artifacts)
+        selected_now = selected_trial(study, final.select or DEFAULT_SELECT).number
+        provenance.update(_final_fields(meta, final, final.test_scores, int(meta["trial"]), selected_now, provenance))
         config = config_from_dict(meta["config"])
     else:
         selected = selected_trial(study)
         model, val_score = _retrained(study, selected, how)
-        provenance.update(
-            source="retrained", trial=selected.number, seed=seed, val_score=val_score, test_score=None, **RETRAINED
-        )
+        provenance.update(_retrained_fields(selected.number, how.seed, val_score))
         config = trial_config(selected)
     return _study_model(record, model, config, provenance, source_record(study))
+
+
+def _final_fields(
+    meta: dict[str, Any],
+    final: FinalRecord,
+    scores: list[float],
+    trial: int,
+    selected_now: int,
+    provenance: dict[str, Any],
+) -> dict[str, Any]:
+    """The provenance of weights a final evaluation kept (``meta``: their stored record; ``scores``: the test
+    scores of the final seeds); under the paper protocol the stored test scores are a logistic readout of
+    the vectors, not this model's head, so no test score is given."""
+    paper = provenance["protocol"] == "paper"
+    trained_seed = int(meta["seed"])
+    return dict(
+        source="final evaluation",
+        trial=trial,
+        seed=trained_seed,
+        val_score=float(meta["val_metric"]),
+        test_score=None if paper else _seed_score(final, scores, trained_seed),
+        trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
+        selected_trial_now=selected_now,
+        **_seed_choice(final, scores, paper),
+    )
+
+
+def _retrained_fields(trial: int, seed: int, val_score: float) -> dict[str, Any]:
+    """The provenance of a trial retrained once with ``seed`` (no stored weights used)."""
+    return dict(source="retrained", trial=trial, seed=seed, val_score=val_score, test_score=None, **RETRAINED)
 
 
 # how the exported seed was chosen, as the provenance's ``seed_rule``
@@ -607,9 +583,7 @@ def _provenance(opened: Storage, record: StudyRecord) -> dict[str, Any]:
     }
 
 
-def _trial_model(
-    opened: Storage, study: Any, trial: Any, how: _Retraining, *, retrain: bool, artifact_dir: PathLike | None
-) -> StudyModel:
+def _trial_model(opened: Storage, study: Any, trial: Any, how: StudyExport) -> StudyModel:
     """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``how.seed``."""
     record = study_record(study)
     final = record.final
@@ -620,25 +594,13 @@ def _trial_model(
             kept.append((final.artifacts, final.test_scores))
         stored = next((entry for entry in kept if entry[0]), None)
     provenance = _provenance(opened, record)
-    if final is not None and stored is not None and not retrain:
+    if final is not None and stored is not None and not how.retrain:
         artifacts, scores = stored
-        model, meta = _from_artifacts(opened, study, artifact_dir, artifacts)
-        trained_seed = int(meta["seed"])
-        provenance.update(
-            source="final evaluation",
-            trial=trial.number,
-            seed=trained_seed,
-            val_score=float(meta["val_metric"]),
-            test_score=None if provenance["protocol"] == "paper" else _seed_score(final, scores, trained_seed),
-            trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
-            selected_trial_now=trial.number,
-            **_seed_choice(final, scores, provenance["protocol"] == "paper"),
-        )
+        model, meta = _from_artifacts(opened, study, how.artifact_dir, artifacts)
+        provenance.update(_final_fields(meta, final, scores, trial.number, trial.number, provenance))
         return _study_model(record, model, config_from_dict(meta["config"]), provenance, source_record(study))
     model, val_score = _retrained(study, trial, how)
-    provenance.update(
-        source="retrained", trial=trial.number, seed=how.seed, val_score=val_score, test_score=None, **RETRAINED
-    )
+    provenance.update(_retrained_fields(trial.number, how.seed, val_score))
     return _study_model(record, model, trial_config(trial), provenance, source_record(study))
 
 
@@ -678,10 +640,6 @@ def load_study_ensemble(
     Raises:
         ValueError: no such study, no stored ensemble, or missing or damaged artifacts.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    from ..engine.ensemble import build_ensemble
     from ..record import ensemble_record
 
     opened, study = _open_study(storage, study_name)
@@ -691,27 +649,18 @@ def load_study_ensemble(
             f"study {study_name!r} has no stored ensemble; make one with `ilge-search ensemble --study "
             f"{study_name} --size K` (or `run --ensemble K`)"
         )
-    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
-        meta_path, weights_path = Path(tmp, "ensemble.json"), Path(tmp, "ensemble.safetensors")
-        _download(opened, study, stored.artifacts["config"], meta_path, artifact_dir)
-        _download(opened, study, stored.artifacts["weights"], weights_path, artifact_dir)
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            state = load_file(str(weights_path))
-            model = build_ensemble(meta)
-            model.load_state_dict(state)
-        except (ValueError, OSError, KeyError, RuntimeError, SafetensorError) as exc:
-            raise ValueError(f"the ensemble artifacts of study {study_name!r} cannot be read ({exc})") from None
+    model, meta = _ensemble_artifacts(opened, study, stored.artifacts, artifact_dir)
     record = study_record(study)
     ensemble = stored.ensemble
     provenance = _provenance(opened, record)
+    seed = int(meta["seed"])
     provenance.update(
         source="ensemble evaluation",
         members={str(m["trial"]): int(m["count"]) for m in meta["ensemble"]},
         mix=meta.get("mix"),
-        seed=int(meta["seed"]),
+        seed=seed,
         trial=int(max(meta["ensemble"], key=lambda m: m["count"])["trial"]),
-        test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, int(meta["seed"])),
+        test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, seed),
         seed_rule="the final seed whose ensemble has the best validation score (test never chooses)",
         final_seeds=list(stored.seeds),
         test_mean=None if ensemble is None else ensemble.test_mean,
@@ -735,6 +684,29 @@ def load_study_ensemble(
         score_range=model.score_range,
         provenance=provenance,
     )
+
+
+def _ensemble_artifacts(
+    opened: Storage, study: Any, artifacts: dict[str, str], artifact_dir: PathLike | None
+) -> tuple[Any, dict[str, Any]]:
+    """The stored ensemble's model with its weights, and its description (members, mix, seed, sizes)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from ..engine.ensemble import build_ensemble
+
+    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
+        meta_path, weights_path = Path(tmp, "ensemble.json"), Path(tmp, "ensemble.safetensors")
+        _download(opened, study, artifacts["config"], meta_path, artifact_dir)
+        _download(opened, study, artifacts["weights"], weights_path, artifact_dir)
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            state = load_file(str(weights_path))
+            model = build_ensemble(meta)
+            model.load_state_dict(state)
+        except (ValueError, OSError, KeyError, RuntimeError, SafetensorError) as exc:
+            raise ValueError(f"the ensemble artifacts of study {study.study_name!r} cannot be read ({exc})") from None
+    return model, meta
 
 
 def _seed_score_of(seeds: list[int], scores: list[float], seed: int) -> float | None:

@@ -21,7 +21,7 @@ from reliability_helpers import sqlite_url
 from ilge_search.cli import cli
 from ilge_search.record import SourceRecord, source_record
 from ilge_search.study import StudyOptions, run_study
-from ilge_search.study.export import load_study_model, load_training_data
+from ilge_search.study.export import StudyExport, load_study_model, load_training_data
 from ilge_search.testing import refuse_model_loads
 
 DATA = dict(max_train=120, max_eval=60)
@@ -67,7 +67,9 @@ def test_a_study_records_its_data_folder_and_extraction_settings(moved_data, syn
     with refuse_model_loads():  # found where the study recorded it: no --data-dir, no hub
         data = load_training_data(study, cache_dir=synthetic.cache_dir, device="cpu")
         assert data.split_sizes == {"train": 120, "validation": 60}
-        exported = load_study_model(study.url, study.study_name, cache_dir=synthetic.cache_dir, device="cpu")
+        exported = load_study_model(
+            study.url, study.study_name, StudyExport(cache_dir=synthetic.cache_dir, device="cpu")
+        )
     assert (exported.token_pooling, exported.max_length) == ("mean", 512)
 
 

@@ -219,7 +219,7 @@ def test_the_card_names_the_licence_of_a_shipped_task_and_the_hub_metric():
 
 @pytest.mark.slow  # the module fixture runs one small study with an ensemble (about 20 s on 2 cores)
 def test_a_readme_no_export_wrote_is_refused_before_any_work_and_a_card_is_replaced(exported, tmp_path):
-    from ilge_search.cli.use import check_card_path
+    from ilge_search.use.export import check_card_path
 
     mine = tmp_path / "mine"
     mine.mkdir()

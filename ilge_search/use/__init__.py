@@ -1,0 +1,1 @@
+"""Using a trained model: the estimators' shared base (``estimator``)."""

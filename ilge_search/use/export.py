@@ -1,0 +1,173 @@
+"""``ilge-search export`` as one library call: a finished study's model written as an estimator folder.
+
+:func:`export_study` checks the output folder before any work, picks the estimator the study's task
+needs (``ILGETagger`` for a tagging study, else ``ILGEClassifier``, or its stored ensemble), saves it
+with its model card, and returns the lines that say what was written and which seed was taken.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..classifier import ILGEClassifier, check_save_folder
+from ..tagger import ILGETagger, check_tagger_folder
+
+__all__ = ["ExportOptionsError", "ExportRequest", "ExportResult", "check_card_path", "export_study", "seed_line"]
+
+PathLike = str | os.PathLike
+
+
+class ExportOptionsError(ValueError):
+    """Options that do not go together for this study (the command line reports it as a usage error)."""
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What to export and where; ``data_dir``/``cache_dir``/``device`` as the command line's settings give them."""
+
+    study_name: str
+    out_dir: str
+    seed: int = 0
+    retrain: bool = False
+    trial_number: int | None = None  # any complete trial instead of the selected one
+    artifact_dir: PathLike | None = None
+    ensemble: bool = False
+    force: bool = False
+    task_path: PathLike | None = None
+    data_dir: PathLike | None = None
+    cache_dir: PathLike | None = None
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """The saved estimator and what to tell: ``lines`` for the output, ``notes`` for the error stream."""
+
+    estimator: ILGEClassifier | ILGETagger
+    lines: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def check_card_path(out_dir: str, *, force: bool) -> None:
+    """Refuse, before any work, a README.md in ``out_dir`` that no export wrote (a card is replaced; a README
+    someone wrote only with --force)."""
+    from ..study.card import CARD_FILE, is_model_card
+
+    card = Path(out_dir).expanduser() / CARD_FILE
+    if force or not card.is_file():
+        return
+    try:
+        ours = is_model_card(card.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise ValueError(
+            f"{card} exists and is not a model card an export wrote; pass another --out, or --force to replace it"
+        )
+
+
+def write_card(out_dir: str, estimator: ILGEClassifier | ILGETagger) -> None:
+    """Write the export's model card (README.md with the Hugging Face metadata block) beside the weights."""
+    from ..files import write_output_text
+    from ..models import canonical_model_name
+    from ..study.card import CARD_FILE, ExportedModel, model_card
+
+    tagging = isinstance(estimator, ILGETagger)
+    model = ExportedModel(
+        task_kind="tagging" if tagging else getattr(estimator, "task_kind_", "classification"),
+        base_model=canonical_model_name(estimator.base_model or "") or str(estimator.base_model),
+        labels=[str(label) for label in getattr(estimator, "classes_", [])],
+        loader=type(estimator).__name__,
+        provenance=estimator.provenance_,
+    )
+    write_output_text(Path(out_dir).expanduser() / CARD_FILE, model_card(model))
+
+
+def seed_line(p: dict[str, Any]) -> str:
+    """Which seed the export took and why, beside the test mean over the final seeds that the tables show."""
+    line = f"seed {p['seed']}: {p.get('seed_rule') or 'as stored'}"
+    if p.get("final_seeds"):
+        line += f" among the final seeds {p['final_seeds']}"
+    if p.get("test_mean") is not None:
+        line += f"; the study's tables show the test mean over them, {p['test_mean']:.4f}"
+    return line
+
+
+def _estimator(storage: Any, request: ExportRequest, tagging: bool) -> ILGEClassifier | ILGETagger:
+    """The study's model as the estimator its task needs (the output folder already checked)."""
+    where: dict[str, Any] = {
+        "artifact_dir": request.artifact_dir,
+        "cache_dir": request.cache_dir,
+        "device": request.device,
+    }
+    if request.ensemble:
+        return ILGEClassifier.from_study_ensemble(storage, request.study_name, **where)
+    model_class: type[ILGEClassifier] | type[ILGETagger] = ILGETagger if tagging else ILGEClassifier
+    return model_class.from_study(
+        storage,
+        request.study_name,
+        seed=request.seed,
+        retrain=request.retrain,
+        data_dir=request.data_dir,
+        trial=request.trial_number,
+        task_path=request.task_path,
+        **where,
+    )
+
+
+def _summary(request: ExportRequest, estimator: ILGEClassifier | ILGETagger) -> ExportResult:
+    """What an export says: the model written, its seed, and a note when the study's selection moved on."""
+    p, out_dir = estimator.provenance_, request.out_dir
+    if request.ensemble:
+        members = ", ".join(f"trial {n} x{c}" for n, c in p["members"].items())
+        test = "" if p.get("test_score") is None else f" (test {p['metric']} {p['test_score']:.4f})"
+        head = (
+            f"exported the ensemble of study {p['study']} to {out_dir}: {p.get('picks') or 'members'}: {members}, "
+            f"seed {p['seed']}{test}"
+        )
+        return ExportResult(estimator, [head, seed_line(p)])
+    test = "" if p.get("test_score") is None else f", test {p['test_score']:.4f}"
+    head = (
+        f"exported study {p['study']} to {out_dir}: {p['source']} model of trial {p['trial']}, seed {p['seed']} "
+        f"(validation {p['metric']} {p['val_score']:.4f}{test}); base model {estimator.base_model}"
+    )
+    notes = []
+    if p.get("selected_trial_now", p["trial"]) != p["trial"]:
+        notes.append(
+            f"note: the study's selected trial is now {p['selected_trial_now']}; rerun its final evaluation "
+            "(`ilge-search run ... --n-trials 0`) or pass --retrain to export that one"
+        )
+    return ExportResult(estimator, [head, seed_line(p)], notes)
+
+
+def export_study(storage: Any, request: ExportRequest) -> ExportResult:
+    """Write the study's model into ``request.out_dir`` with its model card; what to tell about it.
+
+    Raises:
+        ExportOptionsError: ``ensemble`` with a tagging study, ``retrain`` or ``trial``.
+        ValueError: an output folder or card that may not be written (before the study is read).
+    """
+    from ..files import check_output_folder
+    from ..study.export import study_task_kind
+
+    check_output_folder(request.out_dir, force=request.force)  # before the study is read: a refused --out costs nothing
+    check_card_path(request.out_dir, force=request.force)
+    tagging = study_task_kind(storage, request.study_name) == "tagging"
+    if request.ensemble and (tagging or request.retrain or request.trial_number is not None):
+        raise ExportOptionsError(
+            "--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial"
+        )
+    if tagging:
+        check_tagger_folder(request.out_dir)
+    else:
+        check_save_folder(request.out_dir, overwrite=request.force)  # before any work: a refused --out costs nothing
+    estimator = _estimator(storage, request, tagging)
+    if isinstance(estimator, ILGETagger):
+        estimator.save(request.out_dir)  # an ILGETagger replaces only its own earlier save
+    else:
+        estimator.save(request.out_dir, overwrite=request.force)
+    write_card(request.out_dir, estimator)
+    return _summary(request, estimator)
