@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -46,7 +45,8 @@ from typing import Any
 from .configs import config_from_dict
 from .record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from .storage import Storage, open_storage
-from .study.export import load_run_study, load_training_data
+from .study.export import load_run_study
+from .study.retraining import TrainingSetup, train_seeds
 
 __all__ = [
     "EXPLAIN_SPLIT",
@@ -371,63 +371,25 @@ def _probe(storage: Storage, record: StudyRecord) -> tuple[list[float] | None, s
     return None, None
 
 
-@dataclass(frozen=True)
-class _Training:
-    """Where the study's data and embedding cache are, the training device and torch's CPU threads."""
-
-    data_dir: str | os.PathLike | None
-    cache_dir: str | os.PathLike | None
-    device: str
-    threads: int | None
-    task_path: str | os.PathLike | None = None
-
-
-def _measure(
-    target: _Explained, training: _Training, *, progress: bool
-) -> tuple[str, list[float], list[list[float]], list[list[float]]]:
+def _measure(target: _Explained, setup: TrainingSetup) -> tuple[str, list[float], list[list[float]], list[list[float]]]:
     """The final configuration retrained once per final seed, each model measured on validation: the metric,
     then per seed the score, the layer ablation drops and gradient x input."""
-    import torch
+    from .progress import BarSpec
 
-    from .engine import train_encoder
-    from .progress import BarSpec, steps
-
-    previous_threads = torch.get_num_threads()
-    if training.threads is not None:
-        torch.set_num_threads(training.threads)
     scores: list[float] = []
     ablation: list[list[float]] = []
     grads: list[list[float]] = []
-    try:
-        data = load_training_data(
-            target.study,
-            data_dir=training.data_dir,
-            task_path=training.task_path,
-            cache_dir=training.cache_dir,
-            device=training.device,
-            progress=progress,
-        )
-        config = config_from_dict(target.final.config)
+    with setup.torch_threads():
+        data = setup.load_data(target.study, with_test=False, progress=setup.progress)
         seeds = [int(seed) for seed in target.final.seeds]
-        label = f"explain {target.identity.encoder} ({len(seeds)} seeds)"
-        for seed in steps(seeds, BarSpec(label, unit="seed", enabled=progress)):
-            result = train_encoder(
-                config,
-                data.train,
-                data.validation,
-                task_kind=data.task_kind,
-                num_classes=data.num_classes,
-                seed=seed,
-                device=training.device,
-            )
+        bar = BarSpec(f"explain {target.identity.encoder} ({len(seeds)} seeds)", unit="seed", enabled=setup.progress)
+        for trained in train_seeds(data, config_from_dict(target.final.config), seeds, device=setup.device, bar=bar):
             score, drops, grad_input = attribute_layers(
-                result.model, data.train[0], *data.validation, metric=data.metric
+                trained.model, data.train[0], *data.validation, metric=data.metric
             )
             scores.append(score)
             ablation.append(drops)
             grads.append(grad_input)
-    finally:
-        torch.set_num_threads(previous_threads)
     return data.metric, scores, ablation, grads
 
 
@@ -436,12 +398,7 @@ def explain_study(
     study_name: str,
     *,
     recompute: bool = False,
-    data_dir: str | os.PathLike | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    device: str = "auto",
-    threads: int | None = None,
-    progress: bool = True,
-    task_path: str | os.PathLike | None = None,
+    setup: TrainingSetup | None = None,
 ) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
@@ -450,15 +407,16 @@ def explain_study(
             (the result is stored on the study).
         study_name: a study with a final evaluation, of an encoder over several layers.
         recompute: compute again even when the stored result is current.
-        data_dir, cache_dir, device: where the task data and embedding cache are; the training device.
-        threads: torch CPU threads while training (restored afterwards).
-        progress: a progress bar over seeds and layers.
-        task_path: where a custom task's data is now, when it moved since the study ran.
+        setup: where the task data (a custom task's ``task_path``, when it moved since the study ran) and the
+            embedding cache are, the training device, torch's CPU threads while training (restored afterwards)
+            and whether progress bars count seeds and layers (default:
+            :class:`~ilge_search.study.data.TrainingSetup`'s).
 
     Raises:
         ValueError: unknown study, no final evaluation, a single-layer baseline, or data that differ from the
             study's; all before any training.
     """
+    setup = setup or TrainingSetup()
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     target = _load_study(opened, study_name)
     probe_scores, probe_study = _probe(opened, target.record)
@@ -468,9 +426,7 @@ def explain_study(
             return stored
 
     started = time.perf_counter()
-    metric, scores, ablation, grads = _measure(
-        target, _Training(data_dir, cache_dir, device, threads, task_path), progress=progress
-    )
+    metric, scores, ablation, grads = _measure(target, setup)
     result = LayerAttribution(
         study=target.study.study_name,
         model=str(target.identity.model),

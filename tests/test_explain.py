@@ -19,6 +19,7 @@ from ilge_search.explain import attribute_layers, explain_study, explanation_is_
 from ilge_search.record import study_record
 from ilge_search.report.document import slug
 from ilge_search.study import StudyOptions
+from ilge_search.study.retraining import TrainingSetup
 
 # ----------------------------------------------------------------------------- a known answer
 
@@ -160,11 +161,7 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
     result = explain_study(
         studies["url"],
         studies["cayley"],
-        data_dir=studies["data_dir"],
-        cache_dir=studies["cache_dir"],
-        device="cpu",
-        threads=1,
-        progress=False,
+        setup=TrainingSetup(studies["data_dir"], studies["cache_dir"], "cpu", threads=1, progress=False),
     )
     study = _study(studies, studies["cayley"])
     attrs = study.user_attrs
@@ -183,7 +180,7 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
     assert explanation_is_current(record) and record.explain.seeds == attrs["final_seeds"]
 
     _no_training(monkeypatch)  # a rerun reads the stored result back
-    again = explain_study(studies["url"], studies["cayley"], progress=False)
+    again = explain_study(studies["url"], studies["cayley"], setup=TrainingSetup(progress=False))
     assert not again.computed and again.ablation == result.ablation and again.gradient_input == result.gradient_input
 
     study.set_user_attr("final_seeds", attrs["final_seeds"][:1])  # the final evaluation changed: stale
@@ -192,9 +189,7 @@ def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeyp
         explain_study(
             studies["url"],
             studies["cayley"],
-            data_dir=studies["data_dir"],
-            cache_dir=studies["cache_dir"],
-            progress=False,
+            setup=TrainingSetup(studies["data_dir"], studies["cache_dir"], progress=False),
         )
     study.set_user_attr("final_seeds", attrs["final_seeds"])
     assert explanation_is_current(study_record(_study(studies, studies["cayley"])))
@@ -204,11 +199,7 @@ def test_explain_cli_writes_csv_and_json(studies, tmp_path, monkeypatch):
     explain_study(
         studies["url"],
         studies["cayley"],
-        data_dir=studies["data_dir"],
-        cache_dir=studies["cache_dir"],
-        device="cpu",
-        threads=1,
-        progress=False,
+        setup=TrainingSetup(studies["data_dir"], studies["cache_dir"], "cpu", threads=1, progress=False),
     )
     _no_training(monkeypatch)
     result = invoke("explain", "--storage", studies["url"], "--study", studies["cayley"], "--format", "csv", "--quiet")
@@ -304,11 +295,7 @@ def test_the_report_draws_the_stored_attributions_and_says_which_layers_carry_th
     result = explain_study(
         studies["url"],
         studies["cayley"],
-        data_dir=studies["data_dir"],
-        cache_dir=studies["cache_dir"],
-        device="cpu",
-        threads=1,
-        progress=False,
+        setup=TrainingSetup(studies["data_dir"], studies["cache_dir"], "cpu", threads=1, progress=False),
     )
     report = build_report(studies["url"], tmp_path / "report", progress=False)
     figure = f"figures/{slug(studies['model'])}-layer-attribution.png"

@@ -19,6 +19,7 @@ from ilge_search.record import LotoRecord
 from ilge_search.report import build_report
 from ilge_search.report.defaults_page import recommend_defaults
 from ilge_search.study import StudyOptions
+from ilge_search.study.retraining import TrainingSetup
 
 DATA = dict(max_train=240, max_eval=100)
 SMALL = dict(**DATA, max_epochs=2)
@@ -62,11 +63,7 @@ def evaluated(studies, synthetic, tmp_path_factory):
         result = leave_one_task_out(
             url,
             final_seeds=2,
-            data_dir=synthetic.data_dir,
-            cache_dir=synthetic.cache_dir,
-            device="cpu",
-            threads=1,
-            progress=False,
+            setup=TrainingSetup(synthetic.data_dir, synthetic.cache_dir, "cpu", threads=1, progress=False),
         )
     return url, result
 
@@ -162,10 +159,7 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
     again = leave_one_task_out(
         url,
         final_seeds=2,
-        data_dir=synthetic.data_dir,
-        cache_dir=synthetic.cache_dir,
-        device="cpu",
-        progress=False,
+        setup=TrainingSetup(synthetic.data_dir, synthetic.cache_dir, "cpu", progress=False),
     )
     assert again.trained == 0
     assert again.rows[["builtin_mean", "regenerated_mean"]].equals(first.rows[["builtin_mean", "regenerated_mean"]])

@@ -208,6 +208,7 @@ def loto_command(
     """
     from ..defaults.loto import LOTO_FAMILIES, leave_one_task_out
     from ..report.loto import loto_sentences
+    from ..study.retraining import TrainingSetup
 
     study_logging(quiet)
     result = leave_one_task_out(
@@ -216,11 +217,7 @@ def loto_command(
         tasks=tasks,
         families=list(families) or LOTO_FAMILIES,
         final_seeds=final_seeds,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        threads=threads,
-        progress=not quiet,
+        setup=TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, threads, progress=not quiet),
     )
     columns = [
         "model",

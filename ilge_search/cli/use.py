@@ -244,6 +244,7 @@ def explain_command(
     """
     from ..explain import explain_study, format_explanation
     from ..files import check_output_path, write_output_text
+    from ..study.retraining import TrainingSetup
 
     if out_path is not None:  # before the retraining: a refused --out costs nothing
         check_output_path(out_path, force=force)
@@ -251,12 +252,9 @@ def explain_command(
         storage,
         study_name,
         recompute=recompute,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        threads=threads,
-        progress=not quiet,
-        task_path=task_path,
+        setup=TrainingSetup(
+            settings.data_dir, settings.cache_dir, settings.device, threads, progress=not quiet, task_path=task_path
+        ),
     )
     text = format_explanation(result, fmt)
     if out_path is None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,8 @@ from ..models import model_size_bucket
 from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
 from ..scores import score_unit
 from ..storage import hide_password, open_storage
+from ..study.data import StudyData
+from ..study.retraining import TrainingSetup, train_seeds
 from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
 from .problems import ProblemGroups, open_existing_storage, problem_tasks, read_problems
@@ -255,57 +256,32 @@ def _best_record(
 # ----------------------------------------------------------------------------- training and storing
 
 
-@dataclass(frozen=True)
-class _DataSource:
-    """Where the studies' task data and embedding cache are, and the training device."""
-
-    data_dir: str | os.PathLike | None
-    cache_dir: str | os.PathLike | None
-    device: str
-
-
-def _train_scores(config: Any, data: Any, seeds: Sequence[int], device: str) -> tuple[list[float], list[float]]:
+def _train_scores(config: Any, data: StudyData, seeds: Sequence[int], device: str) -> tuple[list[float], list[float]]:
     """``config`` trained once per seed by the one engine: (test scores, best validation scores)."""
-    from ..engine import evaluate, train_encoder
-
     test, val = [], []
-    for seed in seeds:
-        result = train_encoder(
-            config,
-            data.train,
-            data.validation,
-            task_kind=data.task_kind,
-            num_classes=data.num_classes,
-            seed=seed,
-            device=device,
-        )
-        test_features, test_labels = data.test_split()
-        test.append(float(evaluate(result.model, test_features, test_labels, task_kind=data.task_kind)[data.metric]))
-        val.append(float(result.best_val_metric))
+    for trained in train_seeds(data, config, seeds, device=device):
+        test.append(float(data.test_metrics(trained.model)[data.metric]))
+        val.append(trained.val_score)
     return test, val
 
 
 def _evaluate(
-    target: _Target, study: Any, seeds: list[int], source: _DataSource, loaded: dict[str, Any]
+    target: _Target, study: Any, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
 ) -> tuple[LotoRecord, int]:
     """Both configurations of ``target`` trained on its study's data (``loaded``: one load per data setting);
     the record and how many configurations were trained (one when they are equal)."""
-    from ..study.export import load_training_data
-
     identity, data_record = target.stored.identity, target.stored.data
     data_key = _digest(
         [target.model, data_record.cache_keys if data_record else None, identity.data_setting() if identity else {}]
     )
     if data_key not in loaded:
-        loaded[data_key] = load_training_data(
-            study, with_test=True, data_dir=source.data_dir, cache_dir=source.cache_dir, device=source.device
-        )
+        loaded[data_key] = setup.load_data(study, with_test=True)
     data = loaded[data_key]
-    builtin = _train_scores(target.builtin, data, seeds, source.device)
+    builtin = _train_scores(target.builtin, data, seeds, setup.device)
     if target.regenerated.to_dict() == target.builtin.to_dict():  # same config, same seeds
         regenerated, trained = builtin, 1
     else:
-        regenerated, trained = _train_scores(target.regenerated, data, seeds, source.device), 2
+        regenerated, trained = _train_scores(target.regenerated, data, seeds, setup.device), 2
     record = LotoRecord(
         key=target.key(seeds),
         builtin=LotoScores(target.builtin.to_dict(), *builtin),
@@ -318,7 +294,7 @@ def _evaluate(
 
 
 def _stored_or_trained(
-    study: Any, target: _Target, seeds: list[int], source: _DataSource, loaded: dict[str, Any]
+    study: Any, target: _Target, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
 ) -> tuple[LotoRecord, int]:
     """The study's current record for ``seeds``, or a new one trained and stored; and the configurations
     trained."""
@@ -326,7 +302,7 @@ def _stored_or_trained(
     record = _best_record(target, stored, seeds)
     if record is not None:
         return record, 0
-    record, trained = _evaluate(target, study, seeds, source, loaded)
+    record, trained = _evaluate(target, study, seeds, setup, loaded)
     # records of configurations the storage no longer gives are stale: replaced, not kept
     kept = {digest: r for digest, r in stored.items() if target.is_current(r)}
     save_loto(study, {**kept, _digest(record.key): record})
@@ -488,11 +464,7 @@ def leave_one_task_out(
     families: Sequence[str] = LOTO_FAMILIES,
     final_seeds: int = 3,
     seed: int = 0,
-    data_dir: str | os.PathLike | None = None,
-    cache_dir: str | os.PathLike | None = None,
-    device: str = "auto",
-    threads: int | None = None,
-    progress: bool = True,
+    setup: TrainingSetup | None = None,
 ) -> LotoResult:
     """Regenerate the defaults without each task and score them against the built-in defaults on that task.
 
@@ -503,9 +475,9 @@ def leave_one_task_out(
         families: the ILGE families to evaluate (those with studies in the storage).
         final_seeds: training seeds per configuration, ``seed + 1000 + i`` as in ``run`` (at least 1; the
             report asks for 3 or more).
-        data_dir, cache_dir, device: the task data and embedding cache the studies were run with.
-        threads: torch CPU threads while training (restored afterwards).
-        progress: a progress bar over the (model, task, family) rows.
+        setup: the task data and embedding cache the studies were run with, the training device, torch's CPU
+            threads while training (restored afterwards) and whether a progress bar counts the (model, task,
+            family) rows (default: :class:`~ilge_search.study.data.TrainingSetup`'s).
 
     Returns:
         A :class:`LotoResult` with every row now stored (the ones evaluated earlier included).
@@ -513,29 +485,22 @@ def leave_one_task_out(
     Raises:
         ValueError: an unknown family, a model or task without studies, task data that differ from a study's.
     """
-    import torch
-
     from ..progress import BarSpec, steps
 
+    setup = setup or TrainingSetup()
     families = _check_names(families)
     check_int("final_seeds", final_seeds)
     check_int("seed", seed, minimum=0)
     seeds = [seed + 1000 + i for i in range(final_seeds)]
     targets, notes, all_tasks = _targets(storage_url, families, list(models), list(tasks))
     opened = open_storage(storage_url, must_exist=True)
-    source = _DataSource(data_dir, cache_dir, device)
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     records: dict[str, LotoRecord] = {}
-    loaded: dict[str, Any] = {}  # one data load per distinct data setting
+    loaded: dict[str, StudyData] = {}  # one data load per distinct data setting
     trained = 0
-    try:
-        for target in steps(targets, BarSpec("leave one task out", unit="row", enabled=progress)):
+    with setup.torch_threads():
+        for target in steps(targets, BarSpec("leave one task out", unit="row", enabled=setup.progress)):
             records[target.study], count = _stored_or_trained(
-                opened.load_study(target.study), target, seeds, source, loaded
+                opened.load_study(target.study), target, seeds, setup, loaded
             )
             trained += count
-    finally:
-        torch.set_num_threads(previous_threads)
     return _result(storage_url, targets, records, notes, all_tasks, trained)

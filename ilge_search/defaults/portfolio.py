@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -58,6 +57,8 @@ from ..storage import (
     open_storage,
     worker_stamp,
 )
+from ..study.data import StudyData
+from ..study.retraining import TrainingSetup, train_seeds
 from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, portfolio_value, warm_start_order
@@ -155,17 +156,6 @@ class PortfolioRequest:
     @property
     def excludes(self) -> bool:
         return bool(self.exclude_tasks or self.exclude_models)
-
-
-@dataclass(frozen=True)
-class TrainingSetup:
-    """Where the studies' task data and embedding cache are, the device, CPU threads and progress bars."""
-
-    data_dir: str | os.PathLike | None = None
-    cache_dir: str | os.PathLike | None = None
-    device: str = "auto"
-    threads: int | None = None
-    progress: bool = True
 
 
 @dataclass(frozen=True)
@@ -316,27 +306,16 @@ def _stamp(number: int) -> tuple[str, Any]:
     return WORKER_ATTR, worker_stamp(number)
 
 
-def _train_one(config: Any, data: Any, seed: int, device: str) -> CellScores:
+def _train_one(config: Any, data: StudyData, seed: int, device: str) -> CellScores:
     import time
 
-    from ..engine import evaluate, train_encoder
-
     start = time.perf_counter()
-    result = train_encoder(
-        config,
-        data.train,
-        data.validation,
-        task_kind=data.task_kind,
-        num_classes=data.num_classes,
-        seed=seed,
-        device=device,
-    )
-    features, labels = data.test_split()
-    test = float(evaluate(result.model, features, labels, task_kind=data.task_kind)[data.metric])
+    [trained] = train_seeds(data, config, [seed], device=device)
+    test = float(data.test_metrics(trained.model)[data.metric])
     return CellScores(
-        validation=float(result.best_val_metric),
+        validation=trained.val_score,
         test=test,
-        epochs_run=int(result.epochs_run),
+        epochs_run=trained.epochs_run,
         seconds=round(time.perf_counter() - start, 3),
     )
 
@@ -367,10 +346,7 @@ def train_cells(
     setup: TrainingSetup,
 ) -> tuple[int, int]:
     """Train the cells of ``cells`` no process has stored or is training; (trained, left to others)."""
-    import torch
-
     from ..progress import BarSpec, steps
-    from ..study.export import load_training_data
 
     storage = open_storage(storage_url)
     study = portfolio_study(storage, request.family, request.bucket, create=True)
@@ -382,12 +358,9 @@ def train_cells(
     for cell in todo:
         first.setdefault(cell.problem, len(first))
     todo.sort(key=lambda c: first[c.problem])
-    previous = torch.get_num_threads()
-    if setup.threads is not None:
-        torch.set_num_threads(setup.threads)
-    loaded: dict[int, Any] = {}
+    loaded: dict[int, StudyData] = {}
     trained = skipped = 0
-    try:
+    with setup.torch_threads():
         for cell in steps(todo, BarSpec(f"{request.family} matrix", unit="cell", enabled=setup.progress)):
             trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key, _stamp)
             if trial_id is None:
@@ -396,12 +369,8 @@ def train_cells(
             try:
                 if cell.problem not in loaded:
                     loaded.clear()
-                    loaded[cell.problem] = load_training_data(
-                        storage.load_study(problems[cell.problem].study),
-                        with_test=True,
-                        data_dir=setup.data_dir,
-                        cache_dir=setup.cache_dir,
-                        device=setup.device,
+                    loaded[cell.problem] = setup.load_data(
+                        storage.load_study(problems[cell.problem].study), with_test=True
                     )
                 scores = _train_one(cell.config, loaded[cell.problem], cell.key.seed, setup.device)
             except BaseException:
@@ -409,8 +378,6 @@ def train_cells(
                 raise
             finish_cell(storage, trial_id, scores)
             trained += 1
-    finally:
-        torch.set_num_threads(previous)
     return trained, skipped + len(running & {c.key.digest for c in cells})
 
 

@@ -89,6 +89,13 @@ class StudyData:
             raise ValueError("the test split was not loaded; load the study data with with_test=True")
         return self.test
 
+    def test_metrics(self, model: Any) -> dict[str, float]:
+        """Every metric of the task for ``model`` (trained on this data) on the test split, by its own head."""
+        from ..engine import evaluate
+
+        features, labels = self.test_split()
+        return evaluate(model, features, labels, task_kind=self.task_kind)
+
 
 def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);

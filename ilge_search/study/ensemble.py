@@ -35,7 +35,6 @@ import dataclasses
 import logging
 import statistics
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -199,8 +198,8 @@ def backfill_predictions(
 ) -> int:
     """Give every complete trial without validation predictions some, by retraining its configuration once
     with ``seed`` on ``data``; how many were backfilled."""
-    from ..engine import train_encoder
     from ..progress import BarSpec, steps
+    from .retraining import train_seeds
 
     trials = _complete_trials(study)
     have = _validation_predictions(study, trials, artifact_store)
@@ -218,17 +217,9 @@ def backfill_predictions(
     made: dict[int, str] = {}
     try:
         for trial in steps(missing, BarSpec("validation predictions", enabled=progress, transient=True)):
-            result = train_encoder(
-                trial_config(trial),
-                data.train,
-                data.validation,
-                task_kind=data.task_kind,
-                num_classes=data.num_classes,
-                seed=seed,
-                device=device,
-            )
+            [trained] = train_seeds(data, trial_config(trial), [seed], device=device)
             made[trial.number] = upload_predictions(
-                study, predictions_of(result.model, data.validation[0]), artifact_store
+                study, predictions_of(trained.model, data.validation[0]), artifact_store
             )
     finally:  # what was made is kept, so an interrupted backfill resumes where it stopped
         if made:
@@ -327,29 +318,17 @@ class _Trained:
 def _retrain(trial: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
     """``trial``'s configuration trained with each final seed: the final evaluation's model where it trained
     that one (the same configuration, seed and data train to the same weights), else trained here."""
-    from ..engine import train_encoder
-    from ..progress import BarSpec, steps
+    from ..progress import BarSpec
+    from .retraining import train_seeds
 
     out = _Trained()
+    bar = BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)
     reused = run.reuse.get(trial.number, {})
-    for seed in steps(run.seeds, BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)):
-        if seed in reused:
-            out.models[seed], out.seconds[seed] = reused[seed]
-        else:
-            started = time.perf_counter()
-            result = train_encoder(
-                trial_config(trial),
-                data.train,
-                data.validation,
-                task_kind=data.task_kind,
-                num_classes=data.num_classes,
-                seed=seed,
-                device=run.device,
-            )
-            out.seconds[seed] = time.perf_counter() - started
-            out.models[seed] = result.model
-        out.validation[seed] = predictions_of(out.models[seed], data.validation[0])
-        out.test[seed] = predictions_of(out.models[seed], data.test_split()[0])
+    for trained in train_seeds(data, trial_config(trial), run.seeds, device=run.device, bar=bar, reuse=reused):
+        seed = trained.seed
+        out.models[seed], out.seconds[seed] = trained.model, trained.seconds
+        out.validation[seed] = predictions_of(trained.model, data.validation[0])
+        out.test[seed] = predictions_of(trained.model, data.test_split()[0])
     return out
 
 

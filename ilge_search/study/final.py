@@ -60,7 +60,6 @@ import json
 import math
 import statistics
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,6 +218,14 @@ class _Scores:
     best: tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
     models: dict[int, tuple[Any, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
 
+    def add(self, test: float, validation: float, zero: Mapping[str, float], draws: Sequence[float]) -> None:
+        """One seed's scores: on test, on validation, on each zero-shot task, and each draw's (paper protocol)."""
+        self.test.append(float(test))
+        self.validation.append(float(validation))
+        self.experiments.append(list(draws))
+        for name, value in zero.items():
+            self.zero_shot[name].append(float(value))
+
 
 def _paper_readout(
     data: StudyData,
@@ -257,48 +264,33 @@ def _paper_readout(
 def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
     """Train ``config`` once per seed and score it on test (its head, or the paper protocol's readout);
     ``label`` names the progress bar."""
-    from ..engine import evaluate, train_encoder
+    from ..engine import evaluate
     from ..progress import BarSpec, steps
+    from .retraining import train_seeds
 
     data, readout, seeds = run.data, run.readout, run.seeds
     out = _Scores(zero_shot={name: [] for name in zero_shot})
-    untrained = None
+    bar = BarSpec(f"final {label} ({len(seeds)} seeds)", enabled=run.progress, transient=True)
     if readout is not None and is_parameter_free(config):  # the paper scores the raw readout: nothing to train
         untrained = _paper_readout(data, zero_shot, readout, config=config)
-    for seed in steps(seeds, BarSpec(f"final {label} ({len(seeds)} seeds)", enabled=run.progress, transient=True)):
-        if untrained is not None:
-            test, validation, zero, draws = untrained
-        else:
-            started = time.perf_counter()
-            result = train_encoder(
-                config,
-                data.train,
-                data.validation,
-                task_kind=data.task_kind,
-                num_classes=data.num_classes,
-                seed=seed,
-                device=run.device,
-            )
-            out.models[seed] = (result.model, time.perf_counter() - started)
-            if result.best_val_metric > out.best[2]:  # the artifact is the best seed by validation, never by test
-                out.best = (result.model, seed, float(result.best_val_metric))
-            if readout is not None:
-                test, validation, zero, draws = _paper_readout(data, zero_shot, readout, model=result.model)
-            else:
-                test_features, test_labels = data.test_split()
-                metrics = evaluate(result.model, test_features, test_labels, task_kind=data.task_kind)
-                test, validation, draws = float(metrics[data.metric]), float(result.best_val_metric), []
-                if data.task_kind == "tagging":
-                    out.macro_f1.append(float(metrics["macro_f1"]))
-                zero = {
-                    name: float(evaluate(result.model, features, labels, "similarity")["spearman"])
-                    for name, (features, labels) in zero_shot.items()
-                }
-        out.test.append(float(test))
-        out.validation.append(float(validation))
-        out.experiments.append(list(draws))
-        for name, value in zero.items():
-            out.zero_shot[name].append(float(value))
+        for _ in steps(seeds, bar):
+            out.add(*untrained)
+        return out
+    for trained in train_seeds(data, config, seeds, device=run.device, bar=bar):
+        out.models[trained.seed] = (trained.model, trained.seconds)
+        if trained.val_score > out.best[2]:  # the artifact is the best seed by validation, never by test
+            out.best = (trained.model, trained.seed, trained.val_score)
+        if readout is not None:
+            out.add(*_paper_readout(data, zero_shot, readout, model=trained.model))
+            continue
+        metrics = data.test_metrics(trained.model)
+        if data.task_kind == "tagging":
+            out.macro_f1.append(float(metrics["macro_f1"]))
+        zero = {
+            name: float(evaluate(trained.model, features, labels, "similarity")["spearman"])
+            for name, (features, labels) in zero_shot.items()
+        }
+        out.add(float(metrics[data.metric]), trained.val_score, zero, [])
     return out
 
 

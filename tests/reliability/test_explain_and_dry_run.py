@@ -25,6 +25,7 @@ from ilge_search.explain import attribute_layers, explain_study
 from ilge_search.record import study_record
 from ilge_search.storage import open_storage
 from ilge_search.study import StudyOptions, run_study
+from ilge_search.study.retraining import TrainingSetup
 from ilge_search.testing.tagging_data import middle_layer_tags
 from ilge_search.testing.tiny_models import tiny_encoder
 
@@ -79,7 +80,9 @@ def tagging_study(tmp_path_factory):
 
 def test_explain_measures_a_tagging_study_over_word_rows_and_stores_it(tagging_study):
     result = explain_study(
-        tagging_study["storage"], tagging_study["study"], cache_dir=tagging_study["cache"], progress=False
+        tagging_study["storage"],
+        tagging_study["study"],
+        setup=TrainingSetup(cache_dir=tagging_study["cache"], progress=False),
     )
     assert result.computed and result.seeds == [1000, 1001] and result.metric == "accuracy"
     assert result.num_layers == 3  # the tiny BERT's embeddings and its two layers
@@ -88,7 +91,9 @@ def test_explain_measures_a_tagging_study_over_word_rows_and_stores_it(tagging_s
     assert np.isfinite(result.gradient_input).all()
     stored = study_record(open_storage(tagging_study["storage"]).load_study(tagging_study["study"])).explain
     assert stored is not None and stored.ablation == result.ablation and stored.scores == result.scores
-    again = explain_study(tagging_study["storage"], tagging_study["study"], cache_dir=tagging_study["cache"])
+    again = explain_study(
+        tagging_study["storage"], tagging_study["study"], setup=TrainingSetup(cache_dir=tagging_study["cache"])
+    )
     assert not again.computed and again.ablation == result.ablation
 
 
