@@ -7,11 +7,13 @@ and report label. The modules load on first build (the GNNs import PyTorch Geome
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..configs import FAMILY_INDEX, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
-from ..nn import LayerEncoder
 from .registry import EncoderSpec, ModuleBuilder, Picker, register_encoder
+
+if TYPE_CHECKING:  # the modules load on first build
+    from ..nn import LayerEncoder
 
 __all__ = ["HIDDEN_DIMS", "GAT_HEADS", "BUILTIN_SPECS"]
 

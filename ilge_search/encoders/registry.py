@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..configs import FAMILY_INDEX, TASK_KINDS, EncoderConfig, FamilyEntry, FamilyNames, index_family, unindex_family
-from ..nn import LayerEncoder
+
+if TYPE_CHECKING:  # the registry loads without torch: the CLI's help and tuning's names read it
+    from ..nn import LayerEncoder
 
 __all__ = [
     "EncoderSpec",
@@ -32,7 +34,7 @@ __all__ = [
 
 LATE_RANK = 100  # a family registered without a report rank shows after the built-in ones
 
-ModuleBuilder = Callable[[Any, int, int], LayerEncoder]  # (config of the family, num_layers, hidden_in) -> module
+ModuleBuilder = Callable[[Any, int, int], "LayerEncoder"]  # (config of the family, num_layers, hidden_in) -> module
 
 
 class Picker:
