@@ -26,7 +26,8 @@ import warnings
 import torch
 from torch import nn
 
-from .configs import BASELINE_FAMILIES, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
+from .configs import CayleyConfig, EncoderConfig, FCConfig
+from .encoders import encoder_spec
 from .nn._base import LayerEncoder
 from .validation import ArgumentTypeError, check_int
 
@@ -60,42 +61,12 @@ def _check_config(config) -> EncoderConfig:
 
 
 def build_layer_encoder(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
-    """The bare :class:`~ilge_search.nn.LayerEncoder` for ``config`` (no input checks around it)."""
+    """The bare :class:`~ilge_search.nn.LayerEncoder` for ``config`` (no input checks around it): its
+    family's registered builder (:func:`ilge_search.encoders.register_encoder`)."""
     _check_config(config)
     _check_size("num_layers", num_layers)
     _check_size("hidden_in", hidden_in)
-    if isinstance(config, (CayleyConfig, FCConfig)):
-        from .nn.gnn import CayleyGNNEncoder, FCGNNEncoder
-
-        cls = CayleyGNNEncoder if isinstance(config, CayleyConfig) else FCGNNEncoder
-        return cls(
-            num_layers,
-            hidden_in,
-            conv_type=config.conv_type,
-            hidden_dim=config.hidden_dim,
-            gnn_layers=config.gnn_layers,
-            gin_mlp_layers=config.gin_mlp_layers,
-            gat_heads=config.gat_heads,
-            pooling=config.pooling,
-            dropout=config.dropout,
-        )
-    if isinstance(config, DeepSetConfig):
-        from .nn.deepset import DeepSetEncoder
-
-        return DeepSetEncoder(
-            num_layers,
-            hidden_in,
-            hidden_dim=config.hidden_dim,
-            pre_pooling_layers=config.pre_pooling_layers,
-            post_pooling_layers=config.post_pooling_layers,
-            pooling=config.pooling,
-            dropout=config.dropout,
-        )
-    if config.family in BASELINE_FAMILIES:
-        from .nn.baselines import build_baseline
-
-        return build_baseline(config, num_layers, hidden_in)
-    raise ValueError(f"no encoder is registered for family {config.family!r}")
+    return encoder_spec(config.family).build(config, num_layers, hidden_in)
 
 
 def _module_dtype(module: nn.Module) -> torch.dtype:

@@ -62,17 +62,12 @@ caller (``run_study``, sweeps, the CLI) accepts.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .configs import (
-    BASELINE_FAMILIES,
-    CONFIG_CLASSES,
-    ENCODER_FAMILIES,
-    TAGGER_FAMILIES,
-    EncoderConfig,
-    config_class_for,
-)
+from .configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, config_class_for
+from .encoders import BUILTIN_STARTS, Picker, encoder_spec
 from .settings import user_defaults_path
 from .validation import check_choice
 
@@ -95,61 +90,22 @@ RECOMMENDED_DEFAULTS_PATH = Path(__file__).resolve().parent / "data" / "recommen
 DEFAULTS_FORMAT_VERSION = 1
 MODEL_SIZE_HINTS = ("small", "large")
 
-HIDDEN_DIMS = (128, 256, 512)
-GAT_HEADS = (2, 4, 8)
-
-# The published package's documented defaults: lr 1e-3 for small models (up to 3B parameters,
-# models.LARGE_MODEL_PARAMS), 1e-4 for large ones; one GNN layer of width 256 for both.
-_GRAPH_DEFAULTS = {
-    "small": {"lr": 1e-3, "gnn_layers": 1, "hidden_dim": 256},
-    "large": {"lr": 1e-4, "gnn_layers": 1, "hidden_dim": 256},
-}
-_PLAIN_DEFAULTS = {"small": {"lr": 1e-3}, "large": {"lr": 1e-4}}
-BUILTIN_RECOMMENDED: dict[str, dict[str, dict[str, Any]]] = {
-    "cayley": _GRAPH_DEFAULTS,
-    "fc": _GRAPH_DEFAULTS,
-    "cayley-word": _GRAPH_DEFAULTS,
-    "deepset": {bucket: {"lr": v["lr"], "hidden_dim": 256} for bucket, v in _GRAPH_DEFAULTS.items()},
-    **{family: _PLAIN_DEFAULTS for family in BASELINE_FAMILIES},
-    "mlp-last": {bucket: {"lr": v["lr"], "hidden_dim": 256} for bucket, v in _GRAPH_DEFAULTS.items()},
-}
+# {family: {bucket: {field: value}}}: each registered family's built-in start (its EncoderSpec.start)
+BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, Mapping[str, Any]]] = BUILTIN_STARTS
 
 
 def _check_family(family: str) -> None:
     if family not in CONFIG_CLASSES:
-        known = list(ENCODER_FAMILIES + BASELINE_FAMILIES + TAGGER_FAMILIES)
+        known = list(ALL_FAMILIES)
         raise ValueError(f"unknown family {family!r}; expected one of {known}")
 
 
 def _suggest_fields(trial, family: str, fixed: dict[str, Any]) -> dict[str, Any]:
-    values: dict[str, Any] = dict(fixed)
-
-    def pick(name: str, suggest) -> Any:
-        if name not in values:
-            values[name] = suggest()
-        return values[name]
-
-    if family in ("cayley", "fc", "cayley-word"):
-        conv_type = pick("conv_type", lambda: trial.suggest_categorical("conv_type", ["gin", "gcn", "gat"]))
-        pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
-        pick("gnn_layers", lambda: trial.suggest_int("gnn_layers", 1, 3))
-        if conv_type == "gin":
-            pick("gin_mlp_layers", lambda: trial.suggest_int("gin_mlp_layers", 1, 2))
-        if conv_type == "gat":
-            pick("gat_heads", lambda: trial.suggest_categorical("gat_heads", list(GAT_HEADS)))
-        pick("pooling", lambda: trial.suggest_categorical("pooling", ["mean", "sum"]))
-    elif family == "deepset":
-        pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
-        pick("pre_pooling_layers", lambda: trial.suggest_int("pre_pooling_layers", 0, 2))
-        pick("post_pooling_layers", lambda: trial.suggest_int("post_pooling_layers", 0, 2))
-        pick("pooling", lambda: trial.suggest_categorical("pooling", ["mean", "sum"]))
-    elif family == "mlp-last":
-        pick("hidden_dim", lambda: trial.suggest_categorical("hidden_dim", list(HIDDEN_DIMS)))
-    if family in ENCODER_FAMILIES + TAGGER_FAMILIES:
-        pick("dropout", lambda: trial.suggest_float("dropout", 0.0, 0.5))
-    pick("lr", lambda: trial.suggest_float("lr", 1e-5, 1e-2, log=True))
-    pick("weight_decay", lambda: trial.suggest_float("weight_decay", 1e-6, 1e-2, log=True))
-    return values
+    pick = Picker(trial, fixed)
+    encoder_spec(family).search(pick)  # the family's own fields first, then the training fields every family has
+    pick.real("lr", 1e-5, 1e-2, log=True)
+    pick.real("weight_decay", 1e-6, 1e-2, log=True)
+    return pick.values
 
 
 def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:

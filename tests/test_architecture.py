@@ -36,6 +36,7 @@ LAYERS: dict[str, int] = {
     "models": 2,
     "model_utils": 2,
     "nn": 2,
+    "encoders": 2,  # the encoder registry: reads configs and nn, read by aggregator and tuning
     "aggregator": 2,
     "tuning": 2,
     "record": 2,

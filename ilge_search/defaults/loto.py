@@ -69,7 +69,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOTO_FAMILIES: tuple[str, ...] = ENCODER_FAMILIES  # the families recommend regenerates: every ILGE family
+LOTO_FAMILIES: Sequence[str] = ENCODER_FAMILIES  # the families recommend regenerates: every ILGE family
 ROW_COLUMNS = [
     "model",
     "task",

@@ -56,7 +56,7 @@ __all__ = [
 
 PathLike = str | os.PathLike
 
-DEFAULT_FAMILIES: tuple[str, ...] = ENCODER_FAMILIES  # every ILGE family
+DEFAULT_FAMILIES: Sequence[str] = ENCODER_FAMILIES  # every ILGE family
 METHODS = ("marginal", "portfolio")  # how a group's defaults are chosen (recommend --method)
 NEXT_TO_DEFAULTS = "next-to-defaults"  # report_path default: the defaults file's name with .md
 SIZE_BUCKETS_NOTE = (

@@ -19,11 +19,13 @@ What a study stored is read once, as its :class:`~ilge_search.record.StudyRecord
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..configs import TAGGER_FAMILIES
 from ..defaults.problems import open_existing_storage
+from ..encoders import report_labels, report_methods
 from ..objectives import best_score_trial, score_of
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
 
@@ -36,26 +38,9 @@ __all__ = [
     "row_label",
 ]
 
-METHODS: tuple[str, ...] = (
-    "last-layer",
-    "best-layer",
-    "mean-layers",
-    "scalar-mix",
-    "mlp-last",
-    "deepset",
-    "fc",
-    "cayley",
-)
-METHOD_LABELS: dict[str, str] = {
-    "last-layer": "Last layer",
-    "best-layer": "Best layer",
-    "mean-layers": "Mean layers",
-    "scalar-mix": "Scalar mix",
-    "mlp-last": "MLP (last)",
-    "deepset": "DeepSet",
-    "fc": "FC",
-    "cayley": "Cayley",
-}
+# the sentence-task families in table order, and their labels: read from the encoder registry
+METHODS: Sequence[str] = report_methods("sentence")
+METHOD_LABELS: Mapping[str, str] = report_labels("sentence")
 PAPER_SUFFIX = " [paper protocol]"  # ends the row label of every paper-protocol score
 
 

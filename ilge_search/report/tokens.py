@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .data import METHOD_LABELS, ReportStudy
+from ..encoders import report_labels, report_methods
+from .data import ReportStudy
 from .document import MISSING, Cell
 from .figures import figure_style, new_figure, save_figure
 
@@ -30,19 +31,9 @@ __all__ = [
     "draw_token_figures",
 ]
 
-# methods in the order of the tables (the per-word encoders, then the per-sentence graphs)
-TOKEN_METHODS = (
-    "last-layer",
-    "best-layer",
-    "mean-layers",
-    "scalar-mix",
-    "mlp-last",
-    "deepset",
-    "cayley-word",
-    "fc",
-    "cayley",
-)
-TOKEN_LABELS = {**METHOD_LABELS, "cayley-word": "Cayley per word", "cayley": "Cayley per sentence"}
+# methods in the order of the tables (the per-word encoders, then the per-sentence graphs), from the registry
+TOKEN_METHODS: Sequence[str] = report_methods("token")
+TOKEN_LABELS: Mapping[str, str] = report_labels("token")
 TOKEN_NOTE = (
     "Tagging studies (one tag per word): final token accuracy and macro-F1 (the unweighted mean of the tags' "
     "F1) on the test split (%), mean ± std over the final seeds, each seed scored once ('—': not recorded, "

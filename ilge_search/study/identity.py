@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
+from ..configs import ALL_FAMILIES, TAGGER_FAMILIES
 from ..objectives import objective_directions, objective_metric_names, objective_suffix
 from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from ..record import (
@@ -87,7 +87,7 @@ __all__ = [
     "create_or_load",
 ]
 
-ENCODER_CHOICES: tuple[str, ...] = ENCODER_FAMILIES + BASELINE_FAMILIES + TAGGER_FAMILIES
+ENCODER_CHOICES: Sequence[str] = ALL_FAMILIES  # live: a family registered later is a choice too
 
 
 READY_WAIT_SECONDS = 30.0
