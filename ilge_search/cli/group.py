@@ -119,27 +119,14 @@ def main() -> None:  # console-script entry point
 
 
 class StudyOption(click.Option):
-    """An option for a field of :class:`~ilge_search.study.StudyOptions`: its help is that field's one
-    description (:func:`~ilge_search.study.options.option_help`), capitalised, then ``more`` (formatted with
-    ``{default}``, the field's default, for options whose own default is unset so that a command can tell
-    whether they were given). It is read on first use: the options module is not imported for
-    ``ilge-search --help``, nor by a command that never shows its help."""
-
-    _help: str | None
+    """An option for a field of :class:`~ilge_search.study.StudyOptions`, made by :func:`study_options` from the
+    field's flag: its help is that field's one description (:func:`~ilge_search.study.options.option_help`),
+    capitalised, then ``more`` (formatted with ``{default}``, the field's default, for options whose own
+    default is unset so that a command can tell whether they were given)."""
 
     def __init__(self, param_decls: Sequence[str], *, study_field: str, more: str = "", **attrs: Any) -> None:
-        self.study_field, self.more = study_field, more
-        super().__init__(param_decls, **attrs)
-
-    @property
-    def help(self) -> str | None:
-        if self._help is None:
-            self._help = study_option_help(self.study_field, self.more)
-        return self._help
-
-    @help.setter
-    def help(self, text: str | None) -> None:
-        self._help = text
+        self.study_field = study_field
+        super().__init__(param_decls, help=study_option_help(study_field, more), **attrs)
 
 
 def study_option_help(name: str, more: str = "") -> str:
