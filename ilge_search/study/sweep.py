@@ -82,7 +82,7 @@ from ..validation import check_int
 from .final import final_is_current
 from .folds import check_cv
 from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
-from .options import GRID_OPTIONS, IDENTITY_OPTIONS, StudyOptions, option_default
+from .options import GRID_OPTIONS, IDENTITY_OPTIONS, StudyOptions, option_default, option_flag
 from .plan import missing_sqlite_file
 from .results import StudyResult, study_result
 from .runner import run_study
@@ -222,6 +222,13 @@ def _int_or_none(
         return check_int(key, value, minimum=minimum)
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
+
+
+def _task_count(where: str, options: Mapping[str, Any], raw: Mapping[str, Any], key: str) -> int | None:
+    """The count option ``key`` of a task: its own, else the grid's, else the option's default; at least the
+    minimum of the option's flag."""
+    minimum = option_flag(key).minimum
+    return _int_or_none(where, options, key, raw.get(key, option_default(key)), minimum=int(minimum or 0))
 
 
 def _str_list(where: str, value: Any, key: str) -> list[str]:
@@ -379,14 +386,14 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
             _check_task_name(task_where, name)
         objectives = _objectives(task_where, options.get("objectives"), all_encoders, grid_objectives)
         common: dict[str, Any] = dict(
-            max_train=_int_or_none(task_where, options, "max_train", raw.get("max_train")),
-            max_eval=_int_or_none(task_where, options, "max_eval", raw.get("max_eval")),
-            max_epochs=_int_or_none(task_where, options, "max_epochs", raw.get("max_epochs")),
-            cv=_int_or_none(task_where, options, "cv", raw.get("cv"), minimum=2),
+            max_train=_task_count(task_where, options, raw, "max_train"),
+            max_eval=_task_count(task_where, options, raw, "max_eval"),
+            max_epochs=_task_count(task_where, options, raw, "max_epochs"),
+            cv=_task_count(task_where, options, raw, "cv"),
             zero_shot=zero_shot,
         )
         protocols = _protocols(task_where, options.get("protocol", raw.get("protocol", DEFAULT_PROTOCOL)))
-        samples_per_label = _int_or_none(task_where, options, "samples_per_label", raw.get("samples_per_label"))
+        samples_per_label = _task_count(task_where, options, raw, "samples_per_label")
         if samples_per_label is not None and protocols == ["matched"]:
             raise _fail(
                 task_where, 'samples_per_label sets the paper protocol\'s readout; add protocol = "paper" or drop it'
@@ -394,7 +401,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
         shot_values = _shots(task_where, task, options, raw)
         common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
         common["word_pooling"] = _word_pooling(task_where, task, options, raw)
-        warm_start = _int_or_none(task_where, options, "warm_start", raw.get("warm_start", 0), minimum=0) or 0
+        warm_start = _task_count(task_where, options, raw, "warm_start") or 0
         for protocol in protocols:
             for model in models:
                 for shots in shot_values:
