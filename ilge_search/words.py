@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .record.core import WORD_POOLINGS
+
 __all__ = ["WORD_POOLINGS", "WordWindow", "WordTokenizer", "check_sentences", "pool_window_words"]
 
-WORD_POOLINGS = ("first", "mean")
 _NO_WORD = -1
 
 

@@ -1,8 +1,9 @@
 """The command line names the library's choices and documents the study options once.
 
 The CLI modules copy a few choice tuples whose library module imports torch, numpy or the study runner, so
-that `ilge-search --help` stays fast; these tests check every ``click.Choice`` against the library's
-constant, and that each option of a ``StudyOptions`` field shows that field's help and default.
+that `ilge-search --help` stays fast; these tests check every such ``click.Choice`` against the library's
+constant (the options of ``StudyOptions`` fields copy nothing: their field's flag makes them), and that each
+option of a ``StudyOptions`` field shows that field's help and default.
 """
 
 from __future__ import annotations
@@ -22,18 +23,12 @@ from ilge_search.defaults.recommend import METHODS as RECOMMEND_METHODS
 from ilge_search.explain import EXPLAIN_FORMATS
 from ilge_search.extraction import POOLINGS
 from ilge_search.objectives import OBJECTIVES
-from ilge_search.protocol import PROTOCOLS
-from ilge_search.study import ENCODER_CHOICES, SELECTION_RULES
+from ilge_search.study import ENCODER_CHOICES
 from ilge_search.study.options import FLAT_NAMES, option_default, option_help
-from ilge_search.tuning import MODEL_SIZE_HINTS, PRUNERS, SAMPLERS
-from ilge_search.words import WORD_POOLINGS
+from ilge_search.tuning import MODEL_SIZE_HINTS
 
 # option name (its Python name) -> the library constant of its choices, whichever command has it
 LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
-    "sampler": SAMPLERS,
-    "pruner": PRUNERS,
-    "select": SELECTION_RULES,
-    "protocol": PROTOCOLS,
     "pooling": POOLINGS,
     "storage_dtype": tuple(STORAGE_DTYPES),
     "families": ENCODER_FAMILIES,
@@ -41,7 +36,6 @@ LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
     "bucket": MODEL_SIZE_HINTS,
     "method": RECOMMEND_METHODS,
     "fmt": EXPLAIN_FORMATS,
-    "word_pooling": WORD_POOLINGS,
 }
 # the commands that build StudyOptions from their options (others reuse a few names for other things:
 # `export --seed`, `loto --final-seeds`); --data-dir, --cache-dir and --device are every command's
@@ -66,7 +60,7 @@ def _options():
 def test_every_choice_option_lists_the_library_constant():
     seen = set()
     for command, option in _options():
-        if not isinstance(option.type, click.Choice):
+        if not isinstance(option.type, click.Choice) or isinstance(option, StudyOption):
             continue
         assert option.name in LIBRARY_CHOICES, f"`{command} {option.opts[0]}`: add its library constant here"
         assert tuple(option.type.choices) == LIBRARY_CHOICES[option.name], f"`{command} {option.opts[0]}`"
@@ -85,7 +79,7 @@ def test_each_study_option_shows_its_fields_help_and_default():
         if command not in STUDY_COMMANDS or option.name not in FLAT_NAMES or option.name in LOCATION_OPTIONS:
             continue
         where = f"`{command} {option.opts[0]}`"
-        assert isinstance(option, StudyOption), f"{where}: declare it with study_option(field={option.name!r})"
+        assert isinstance(option, StudyOption), f"{where}: declare it with study_options({option.name!r})"
         study_options += 1
         help_text = option.get_help_record(click.Context(cli))[1]
         description = option_help(option.study_field)

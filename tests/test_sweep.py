@@ -300,12 +300,12 @@ def test_every_study_option_in_a_studys_identity_is_a_grid_key_at_the_top_and_pe
     import dataclasses
 
     from ilge_search.record import Identity
-    from ilge_search.study.options import FLAT_NAMES
-    from ilge_search.study.sweep import GRID_KEYS, IDENTITY_KEYS, TASK_KEYS
+    from ilge_search.study.options import FLAT_NAMES, IDENTITY_OPTIONS
+    from ilge_search.study.sweep import GRID_KEYS, TASK_KEYS
 
     identity = {f.name for f in dataclasses.fields(Identity)} - {"model", "task", "encoder"}
     assert identity <= set(FLAT_NAMES), "an identity field without a study option of its name"
-    assert set(IDENTITY_KEYS) == identity
+    assert set(IDENTITY_OPTIONS) == identity
     assert identity <= GRID_KEYS and identity <= TASK_KEYS
     assert {"warm_start", "word_pooling", "data_seed"} <= identity  # the three grids lacked
 
@@ -330,7 +330,7 @@ IDENTITY_VALUES = {
 @pytest.mark.parametrize("level", ["top", "task"])
 def test_each_identity_key_of_a_grid_reaches_the_studys_identity_and_name(tmp_path, key, level):
     from ilge_search.study.identity import default_study_name, study_identity
-    from ilge_search.study.sweep import IDENTITY_KEYS
+    from ilge_search.study.options import IDENTITY_OPTIONS as IDENTITY_KEYS
 
     assert set(IDENTITY_VALUES) == set(IDENTITY_KEYS)
     task, encoder, toml, expected = IDENTITY_VALUES[key]

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .._version import __version__
 from ..settings import Settings, default_storage_url
+
+if TYPE_CHECKING:
+    from ..study.options import Flag
 
 __all__ = [
     "cli",
@@ -27,7 +30,8 @@ __all__ = [
     "location_options",
     "storage_option",
     "StudyOption",
-    "study_option",
+    "study_options",
+    "StudyCommand",
     "study_logging",
     "print_results",
     "echo_frame",
@@ -115,27 +119,14 @@ def main() -> None:  # console-script entry point
 
 
 class StudyOption(click.Option):
-    """An option for a field of :class:`~ilge_search.study.StudyOptions`: its help is that field's one
-    description (:func:`~ilge_search.study.options.option_help`), capitalised, then ``more`` (formatted with
-    ``{default}``, the field's default, for options whose own default is unset so that a command can tell
-    whether they were given). It is read on first use: the options module is not imported for
-    ``ilge-search --help``, nor by a command that never shows its help."""
-
-    _help: str | None
+    """An option for a field of :class:`~ilge_search.study.StudyOptions`, made by :func:`study_options` from the
+    field's flag: its help is that field's one description (:func:`~ilge_search.study.options.option_help`),
+    capitalised, then ``more`` (formatted with ``{default}``, the field's default, for options whose own
+    default is unset so that a command can tell whether they were given)."""
 
     def __init__(self, param_decls: Sequence[str], *, study_field: str, more: str = "", **attrs: Any) -> None:
-        self.study_field, self.more = study_field, more
-        super().__init__(param_decls, **attrs)
-
-    @property
-    def help(self) -> str | None:
-        if self._help is None:
-            self._help = study_option_help(self.study_field, self.more)
-        return self._help
-
-    @help.setter
-    def help(self, text: str | None) -> None:
-        self._help = text
+        self.study_field = study_field
+        super().__init__(param_decls, help=study_option_help(study_field, more), **attrs)
 
 
 def study_option_help(name: str, more: str = "") -> str:
@@ -149,10 +140,81 @@ def study_option_help(name: str, more: str = "") -> str:
     return " ".join(part for part in (text[:1].upper() + text[1:], more.format(default=shown)) if part)
 
 
-def study_option(*param_decls: str, field: str, more: str = "", **attrs: Any) -> Callable:
-    """``click.option`` for the study option ``field`` (a name of :data:`~ilge_search.study.options.FLAT_NAMES`),
-    documented by :class:`StudyOption`."""
-    return click.option(*param_decls, cls=StudyOption, study_field=field, more=more, **attrs)
+class _StudyOptionSlot:
+    """Where :func:`study_options` put a command's study options among its params, until first use."""
+
+    def __init__(self, names: tuple[str, ...], overrides: bool) -> None:
+        self.names, self.overrides = names, overrides
+
+    def options(self) -> list[click.Option]:
+        from ..study.options import COMMAND_LINE_OPTIONS
+
+        return [_study_click_option(name, self.overrides) for name in self.names or COMMAND_LINE_OPTIONS]
+
+
+def _click_type(flag: Flag) -> click.ParamType | type | None:
+    if flag.choices:
+        return click.Choice(flag.choices)
+    if flag.folder:
+        return click.Path(file_okay=False)
+    if flag.minimum is not None and flag.value is float:
+        return click.FloatRange(min=flag.minimum, min_open=flag.above_minimum)
+    if flag.minimum is not None:
+        return click.IntRange(min=int(flag.minimum))
+    return None if flag.value is str else flag.value
+
+
+def _study_click_option(name: str, overrides: bool) -> click.Option:
+    """The click option of the study option ``name``, made from its field's :class:`Flag`; with
+    ``overrides`` (``sweep``), unset by default and documented as overriding the grid's value."""
+    from ..study.options import option_default, option_flag
+
+    flag = option_flag(name)
+    default = None if flag.unset or overrides else option_default(name)
+    more = f"Overrides the grid's {name}. {flag.more}".strip() if overrides else flag.more
+    return StudyOption(
+        (flag.name, name),
+        study_field=name,
+        more=more,
+        type=_click_type(flag),
+        default=default,
+        show_default=default not in (None, ()),
+        multiple=flag.multiple,
+    )
+
+
+def study_options(*names: str, overrides: bool = False) -> Callable[[Callable], Callable]:
+    """Add the click options of the study options ``names`` (flat names of
+    :data:`~ilge_search.study.options.FLAT_NAMES`; none: every option the command line spells), in this
+    order, to a :class:`StudyCommand`: each is made
+    from its field's flag, help and default, on the command's first use, so that ``ilge-search --help``
+    imports no study module."""
+
+    def decorator(func: Callable) -> Callable:
+        if not hasattr(func, "__click_params__"):
+            func.__click_params__ = []  # type: ignore[attr-defined]
+        func.__click_params__.append(_StudyOptionSlot(names, overrides))  # type: ignore[attr-defined]
+        return func
+
+    return decorator
+
+
+class StudyCommand(click.Command):
+    """A command with :func:`study_options`: they become click options the first time its params are read
+    (to parse, or to show its help)."""
+
+    _params: list[Any]
+
+    @property
+    def params(self) -> list[click.Parameter]:
+        if any(isinstance(param, _StudyOptionSlot) for param in self._params):
+            made = [param.options() if isinstance(param, _StudyOptionSlot) else [param] for param in self._params]
+            self._params = [option for options in made for option in options]
+        return self._params
+
+    @params.setter
+    def params(self, value: list[Any]) -> None:
+        self._params = list(value)
 
 
 # Subcommands are defined below, one block per library entry point.

@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
 from ..settings import Settings
-from ..tuning import PRUNERS, SAMPLERS
 from .group import (
     FORMAT_OPTION,
+    StudyCommand,
     cli,
     echo_frame,
     location_options,
     print_results,
     storage_option,
     study_logging,
-    study_option,
+    study_options,
 )
-
-# the choices of options whose library constant lives in a module that imports numpy or the study runner:
-# copied here so that `ilge-search --help` stays fast (tests/test_cli_choices.py checks they are equal)
-SELECT_CHOICES = ("best", "one-se")  # ilge_search.study.selection.SELECTION_RULES
-PROTOCOL_CHOICES = ("matched", "paper")  # ilge_search.protocol.PROTOCOLS
-WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
@@ -49,13 +45,7 @@ def _checked_objectives(objectives, select, final_front) -> tuple:
     return tuple(checked)
 
 
-def _columns(text_col, label_col, text_cols, score_col, tokens_col, tags_col) -> dict:
-    """The custom task's column options, as the study options name them."""
-    sequence = dict(text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col)
-    return sequence | dict(tokens_col=tokens_col, tags_col=tags_col)
-
-
-@cli.command("run")
+@cli.command("run", cls=StudyCommand)
 @click.option("--model", "-m", required=True, help="Model alias (minilm-l6, smollm2-135m), local folder or HF id.")
 @click.option(
     "--task",
@@ -64,73 +54,8 @@ def _columns(text_col, label_col, text_cols, score_col, tokens_col, tags_col) ->
     help="Registered task name (banking77, trec, stsb ...) or a CSV/TSV/JSONL/Parquet task file or folder.",
 )
 @click.option("--encoder", "-e", "encoders", multiple=True, default=("cayley",), show_default=True, help=_ENCODER_HELP)
-@study_option(
-    "--n-trials",
-    type=click.IntRange(min=0),
-    default=None,
-    field="n_trials",
-    more="[default: {default}; with --total-trials: until the cap]",
-)
-@study_option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, field="timeout")
-@study_option("--total-trials", type=click.IntRange(min=1), default=None, field="total_trials")
 @storage_option()
-@study_option("--study-name", default=None, field="study_name")
-@study_option("--sampler", type=click.Choice(SAMPLERS), default="tpe", show_default=True, field="sampler")
-@study_option("--pruner", type=click.Choice(PRUNERS), default="median", show_default=True, field="pruner")
-@study_option("--seed", type=int, default=0, show_default=True, field="seed")
-@study_option("--workers", type=click.IntRange(min=1), default=1, show_default=True, field="workers")
-@study_option("--final-seeds", type=click.IntRange(min=0), default=3, show_default=True, field="final_seeds")
-@study_option("--shots", type=click.IntRange(min=1), default=None, field="shots")
-@study_option("--max-train", type=click.IntRange(min=1), default=None, field="max_train")
-@study_option("--max-eval", type=click.IntRange(min=1), default=None, field="max_eval")
-@study_option("--max-epochs", type=click.IntRange(min=1), default=None, field="max_epochs")
-@study_option(
-    "--word-pooling", type=click.Choice(WORD_POOLINGS), default="first", show_default=True, field="word_pooling"
-)
-@study_option("--cv", type=click.IntRange(min=2), default=None, field="cv")
-@study_option("--warm-start", type=click.IntRange(min=0), default=0, show_default=True, field="warm_start")
-@study_option(
-    "--select",
-    type=click.Choice(SELECT_CHOICES),
-    default=None,
-    field="select",
-    more="[default: {default}]",
-)
-@study_option(
-    "--objective",
-    "objectives",
-    multiple=True,
-    field="objectives",
-    more="Repeat it. [default: {default}]",
-)
-@study_option(
-    "--final-front",
-    type=click.IntRange(min=1),
-    default=None,
-    field="final_front",
-    more="[default: {default}]",
-)
-@study_option(
-    "--protocol", type=click.Choice(PROTOCOL_CHOICES), default=PROTOCOL_CHOICES[0], show_default=True, field="protocol"
-)
-@study_option("--samples-per-label", type=click.IntRange(min=1), default=None, field="samples_per_label")
-@study_option("--ensemble", type=click.IntRange(min=0), default=None, field="ensemble")
-@study_option("--zero-shot", "zero_shot_tasks", multiple=True, field="zero_shot_tasks", more="Repeat it.")
-@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
-@study_option("--threads", type=click.IntRange(min=1), default=None, field="threads")
-@study_option("--text-col", default=None, field="text_col")
-@study_option("--label-col", default=None, field="label_col")
-@study_option("--text-cols", default=None, field="text_cols")
-@study_option("--score-col", default=None, field="score_col")
-@study_option("--tokens-col", default=None, field="tokens_col")
-@study_option("--tags-col", default=None, field="tags_col")
-@study_option(
-    "--heartbeat-interval",
-    type=click.IntRange(min=1),
-    default=60,
-    show_default=True,
-    field="heartbeat_interval",
-)
+@study_options()
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -143,84 +68,23 @@ def run_command(
     settings: Settings,
     model: str,
     task: str,
-    encoders,
-    n_trials: int | None,
-    timeout,
-    total_trials,
-    storage,
-    study_name,
-    sampler: str,
-    pruner: str,
-    seed: int,
-    workers: int,
-    final_seeds: int,
-    shots,
-    max_train,
-    max_eval,
-    max_epochs,
-    word_pooling: str,
-    cv,
-    warm_start: int,
-    select,
-    objectives,
-    final_front,
-    protocol: str,
-    samples_per_label,
-    ensemble,
-    zero_shot_tasks,
-    artifact_dir,
-    threads,
-    text_col,
-    label_col,
-    text_cols,
-    score_col,
-    tokens_col,
-    tags_col,
-    heartbeat_interval: int,
+    encoders: tuple[str, ...],
+    storage: str | None,
     dry_run: bool,
     quiet: bool,
+    **study: Any,
 ) -> None:
     """Search encoder hyperparameters with Optuna on a model's cached task embeddings.
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
-    from ..study import StudyOptions, run_study
+    from ..study import run_study
+    from ..study.options import from_command_line
 
-    objectives = _checked_objectives(objectives, select, final_front)
+    study["objectives"] = _checked_objectives(study["objectives"], study["select"], study["final_front"])
     study_logging(quiet)
-    options = StudyOptions.from_flat(
-        n_trials=20 if n_trials is None and total_trials is None else n_trials,
-        timeout=timeout,
-        total_trials=total_trials,
-        study_name=study_name,
-        sampler=sampler,
-        pruner=pruner,
-        seed=seed,
-        workers=workers,
-        final_seeds=final_seeds,
-        shots=shots,
-        max_train=max_train,
-        max_eval=max_eval,
-        max_epochs=max_epochs,
-        word_pooling=word_pooling,
-        cv=cv,
-        warm_start=warm_start,
-        **({"select": select} if select else {}),
-        objectives=objectives,
-        **({"final_front": final_front} if final_front else {}),
-        protocol=protocol,
-        samples_per_label=samples_per_label,
-        **({"ensemble": ensemble} if ensemble is not None else {}),
-        zero_shot_tasks=tuple(zero_shot_tasks),
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        artifact_dir=artifact_dir,
-        threads=threads,
-        **_columns(text_col, label_col, text_cols, score_col, tokens_col, tags_col),
-        heartbeat_interval=heartbeat_interval,
-        progress=not quiet,
-    )
+    location = dict(data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device)
+    options = from_command_line({**study, **location, "progress": not quiet})
     if dry_run:
         from ..study import plan_run
 
@@ -238,41 +102,15 @@ def run_command(
     print_results(results)
 
 
-@cli.command("sweep")
+@cli.command("sweep", cls=StudyCommand)
 @click.argument("grid", type=click.Path(exists=True, dir_okay=False))
 @storage_option(default_text="the grid's storage, else sqlite:///studies/ilge.db")
-@study_option(
-    "--workers", type=click.IntRange(min=1), default=None, field="workers", more="Overrides the grid's workers."
-)
-@study_option(
-    "--threads", type=click.IntRange(min=1), default=None, field="threads", more="Overrides the grid's threads."
-)
+@study_options("workers", "threads", overrides=True)
 @click.option("--model", "models", multiple=True, help="Run only this model (repeatable).")
 @click.option("--task", "tasks", multiple=True, help="Run only this task (repeatable).")
 @click.option("--encoder", "encoders", multiple=True, help="Run only this encoder (repeatable).")
-@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
-@study_option("--cv", type=click.IntRange(min=2), default=None, field="cv", more="Overrides the grid's cv.")
-@study_option(
-    "--select",
-    type=click.Choice(SELECT_CHOICES),
-    default=None,
-    field="select",
-    more="Overrides the grid's select. [default: {default}]",
-)
-@study_option(
-    "--protocol",
-    type=click.Choice(PROTOCOL_CHOICES),
-    default=None,
-    field="protocol",
-    more="Overrides the grid's protocol.",
-)
-@study_option(
-    "--samples-per-label",
-    type=click.IntRange(min=1),
-    default=None,
-    field="samples_per_label",
-    more="Overrides the grid's.",
-)
+@study_options("artifact_dir")
+@study_options("cv", "select", "protocol", "samples_per_label", overrides=True)
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -290,29 +128,22 @@ def run_command(
 def sweep_command(
     settings: Settings,
     grid: str,
-    storage,
-    workers,
-    threads,
-    models,
-    tasks,
-    encoders,
-    artifact_dir,
-    cv,
-    select,
-    protocol,
-    samples_per_label,
+    storage: str | None,
+    models: tuple[str, ...],
+    tasks: tuple[str, ...],
+    encoders: tuple[str, ...],
+    artifact_dir: str | None,
     dry_run: bool,
     estimate: bool,
     quiet: bool,
+    **overridden: Any,
 ) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
     from ..study import SweepFilter, SweepOverrides, plan_sweep, run_sweep
     from ..study.plan import format_seconds
 
     study_logging(quiet)
-    overrides = SweepOverrides(
-        cv=cv, protocol=protocol, samples_per_label=samples_per_label, select=select, workers=workers, threads=threads
-    )
+    overrides = SweepOverrides(**overridden)
     only = SweepFilter(models=models, tasks=tasks, encoders=encoders)
     if dry_run:
         from ..study import estimate_sweep
@@ -362,7 +193,7 @@ def studies_command(storage, fmt: str) -> None:
     echo_frame(list_studies(storage), fmt, empty="no studies in this storage")
 
 
-@cli.command("ensemble")
+@cli.command("ensemble", cls=StudyCommand)
 @storage_option()
 @click.option("--study", "study_name", required=True, help="The study (see `ilge-search studies`).")
 @click.option(
@@ -382,7 +213,7 @@ def studies_command(storage, fmt: str) -> None:
     show_default=True,
     help="The study's training seed (run --seed): retrains trials that stored no validation predictions.",
 )
-@study_option("--artifact-dir", type=click.Path(file_okay=False), default=None, field="artifact_dir")
+@study_options("artifact_dir")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars or log lines; only the result table.")
 @location_options
 def ensemble_command(settings: Settings, storage, study_name: str, size: int, sizes, seed: int, artifact_dir, quiet):

@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_OBJECTIVES",
     "DEFAULT_PROTOCOL",
     "PROTOCOLS",
+    "WORD_POOLINGS",
     "LEGACY_SELECT",
     "IDENTITY_KEYS",
     "PROTOCOL_KEYS",
@@ -85,26 +86,11 @@ DEFAULT_PROTOCOL = "matched"
 # how a study's final scores are measured (ilge_search.protocol); here, with the rest of the identity's
 # vocabulary, so the options and the CLI name them without importing numpy
 PROTOCOLS: tuple[str, ...] = (DEFAULT_PROTOCOL, "paper")
+# how a tagging study pools a word's sub-word pieces (ilge_search.words), named here for the same reason
+WORD_POOLINGS: tuple[str, ...] = ("first", "mean")
 LEGACY_SELECT = "best"  # the rule of final evaluations stored before selection rules existed
 DATA_SPLITS = ("train", "validation", "test")
 
-# what a study searches and how its final scores are measured: must match when a study is resumed
-IDENTITY_KEYS = (
-    "model",
-    "task",
-    "encoder",
-    "shots",
-    "max_train",
-    "max_eval",
-    "max_epochs",
-    "data_seed",
-    "cv",
-    "objectives",
-    "protocol",
-    "samples_per_label",
-    "word_pooling",
-    "warm_start",
-)
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
 
@@ -205,6 +191,11 @@ class Identity:
     def data_setting(self) -> dict[str, Any]:
         """The data and budget options of the identity: what decides the arrays and epochs a config trains."""
         return {key: getattr(self, key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")}
+
+
+# what a study searches and how its final scores are measured (the fields of Identity): must match when a study
+# is resumed
+IDENTITY_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Identity))
 
 
 @dataclass(frozen=True)

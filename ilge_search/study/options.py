@@ -24,13 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..record import DEFAULT_PROTOCOL, PROTOCOLS
+from ..record import DEFAULT_PROTOCOL, IDENTITY_KEYS, PROTOCOLS, WORD_POOLINGS
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
-# five picks: ten gained no more than the seeds' noise for more members to retrain (docs/ensembles.md, "Measured")
-DEFAULT_ENSEMBLE = 5
+DEFAULT_ENSEMBLE = 5  # why five: docs/ensembles.md, "Measured"
 
 __all__ = [
     "StudyOptions",
@@ -38,9 +37,15 @@ __all__ = [
     "DataOptions",
     "FinalOptions",
     "RuntimeOptions",
+    "Flag",
     "FLAT_NAMES",
+    "COMMAND_LINE_OPTIONS",
+    "IDENTITY_OPTIONS",
+    "GRID_OPTIONS",
     "option_help",
     "option_default",
+    "option_flag",
+    "from_command_line",
     "MAX_STUDY_NAME_LENGTH",
     "DEFAULT_FINAL_FRONT",
     "check_study_name",
@@ -50,7 +55,6 @@ __all__ = [
 PathLike = str | os.PathLike
 TrialCount = int | Mapping[str, int | None] | None
 
-WORD_POOLINGS = ("first", "mean")  # ilge_search.words.WORD_POOLINGS, copied import-free for the CLI's help
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
 
 
@@ -80,11 +84,43 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _option(default: Any = None, *, help: str, factory: Any = None) -> Any:
-    """A dataclass field with its one description."""
+@dataclass(frozen=True)
+class Flag:
+    """How ``run`` and ``sweep`` spell a study option on the command line (``ilge_search.cli.group`` makes the
+    click option; this module stays free of click).
+
+    Attributes:
+        name: the flag, e.g. ``--n-trials`` (the parsed value keeps the option's flat name).
+        value: the Python type of one value (``int``, ``float`` or ``str``).
+        minimum: the smallest value accepted (``None``: any); ``above_minimum``: the minimum itself is refused.
+        choices: the only values accepted (empty: any).
+        folder: the value is a folder's path.
+        multiple: the flag may be repeated; the value is the tuple of them.
+        unset: the flag's default is unset (``None``), so that a command can tell whether it was given; the
+            field's default applies and the help shows it through ``more``.
+        more: text appended to the field's help (``{default}`` in it: the field's default).
+    """
+
+    name: str
+    value: type = str
+    minimum: float | None = None
+    above_minimum: bool = False
+    choices: tuple[str, ...] = ()
+    folder: bool = False
+    multiple: bool = False
+    unset: bool = False
+    more: str = ""
+
+
+def _option(
+    default: Any = None, *, help: str, factory: Any = None, flag: Flag | None = None, grid: bool = False
+) -> Any:
+    """A dataclass field with its one description, its command-line flag, and whether a sweep grid sets it for
+    every study at its top level (``grid``; the identity options always are, at the top and per task)."""
+    metadata = {"help": help, "flag": flag, "grid": grid}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def _documented(cls: type) -> type:
@@ -119,32 +155,56 @@ class SearchOptions:
         help="trials to add to each study in this run (complete, pruned or failed), split exactly across the "
         "workers; 0 only (re)runs the final evaluation; with no count a study runs until the timeout or its "
         "total_trials cap (a mapping of encoder to count gives each study its own).",
+        flag=Flag(
+            "--n-trials", int, minimum=0, unset=True, more="[default: {default}; with --total-trials: until the cap]"
+        ),
     )
-    timeout: float | None = _option(help="seconds per study (per worker) after which no new trial starts.")
+    timeout: float | None = _option(
+        help="seconds per study (per worker) after which no new trial starts.",
+        flag=Flag("--timeout", float, minimum=0, above_minimum=True),
+        grid=True,
+    )
     total_trials: TrialCount = _option(
         help="a cap on each study's complete, pruned and running trials, shared by every process and node on "
         "the storage (a mapping of encoder to cap gives each study its own, as a sweep does with its budgets).",
+        flag=Flag("--total-trials", int, minimum=1),
     )
-    study_name: str | None = _option(help="the study's name, with one encoder only (default: model:task:encoder).")
-    sampler: str = _option("tpe", help=f"the Optuna sampler, one of {', '.join(SAMPLERS)}.")
+    study_name: str | None = _option(
+        help="the study's name, with one encoder only (default: model:task:encoder).", flag=Flag("--study-name")
+    )
+    sampler: str = _option(
+        "tpe",
+        help=f"the Optuna sampler, one of {', '.join(SAMPLERS)}.",
+        flag=Flag("--sampler", choices=SAMPLERS),
+        grid=True,
+    )
     pruner: str = _option(
-        "median", help=f"the Optuna pruner, one of {', '.join(PRUNERS)} (a multi-objective study is never pruned)."
+        "median",
+        help=f"the Optuna pruner, one of {', '.join(PRUNERS)} (a multi-objective study is never pruned).",
+        flag=Flag("--pruner", choices=PRUNERS),
+        grid=True,
     )
     seed: int = _option(
         0,
         help="seeds the sampler (worker i uses seed + i), every trial's training and, as seed + 1000 + i, the "
         "final seeds.",
+        flag=Flag("--seed", int),
+        grid=True,
     )
-    max_epochs: int | None = _option(help="a cap on every config's epochs (part of the study's identity).")
+    max_epochs: int | None = _option(
+        help="a cap on every config's epochs (part of the study's identity).", flag=Flag("--max-epochs", int, minimum=1)
+    )
     cv: int | None = _option(
         help="score each trial on this many stratified folds of the training data (the mean over folds) instead "
         "of the validation split; part of the study's identity and name (:cvK).",
+        flag=Flag("--cv", int, minimum=2),
     )
     objectives: tuple[str, ...] = _option(
         ("score",),
         help="what each trial optimises: 'score' (maximised), and 'params' (trainable parameters) and/or "
         "'latency' (forward ms per 1,000 samples on this device), minimised; several make a multi-objective "
         "study (part of the identity and name, e.g. :obj-params; never pruned; its Pareto front is retrained).",
+        flag=Flag("--objective", multiple=True, unset=True, more="Repeat it. [default: {default}]"),
     )
     warm_start: int = _option(
         0,
@@ -152,6 +212,7 @@ class SearchOptions:
         "(`ilge-search portfolio`: the storage's own, else the one shipped with the package; past the greedy "
         "portfolio, its other candidates by mean normalised validation score) before the sampler takes over; "
         "part of the study's identity and name (:warmK).",
+        flag=Flag("--warm-start", int, minimum=0),
     )
 
     def __post_init__(self) -> None:
@@ -218,32 +279,46 @@ class DataOptions:
     """Which data a study's trials train and are scored on (the caps are part of its identity), and where the
     task data and the embedding cache are."""
 
-    shots: int | None = _option(help="training examples per label (few-shot).")
-    max_train: int | None = _option(help="a seeded, stratified cap on the training examples.")
+    shots: int | None = _option(help="training examples per label (few-shot).", flag=Flag("--shots", int, minimum=1))
+    max_train: int | None = _option(
+        help="a seeded, stratified cap on the training examples.", flag=Flag("--max-train", int, minimum=1)
+    )
     max_eval: int | None = _option(
-        help="a seeded, stratified cap on the validation and test examples each (for quick runs)."
+        help="a seeded, stratified cap on the validation and test examples each (for quick runs).",
+        flag=Flag("--max-eval", int, minimum=1),
     )
     data_seed: int = _option(0, help="seed of the few-shot and subsampling draws.")
     zero_shot_tasks: tuple[str, ...] = _option(
         (),
         help="similarity tasks whose test split every final model is also scored on (zero-shot STS; similarity "
         "studies only).",
+        flag=Flag("--zero-shot", multiple=True, more="Repeat it."),
     )
     word_pooling: str = _option(
         "first",
         help="tagging tasks: how a word's sub-word pieces become its vector in every layer, 'first' (its first "
         "piece) or 'mean' (their mean); part of a tagging study's identity (and name, :mean-words).",
+        flag=Flag("--word-pooling", choices=WORD_POOLINGS),
     )
     data_dir: str | None = _option(help="folder of the task data (the shared JSONL layout).")
     cache_dir: str | None = _option(help="the embedding cache folder.")
-    text_col: str | None = _option(help="a custom task file's text column (default: text).")
-    label_col: str | None = _option(help="a custom task file's label column (default: label).")
-    text_cols: tuple[str, ...] | None = _option(
-        help="a custom pair task's two text columns, comma-separated (default: sentence1,sentence2)."
+    text_col: str | None = _option(help="a custom task file's text column (default: text).", flag=Flag("--text-col"))
+    label_col: str | None = _option(
+        help="a custom task file's label column (default: label).", flag=Flag("--label-col")
     )
-    score_col: str | None = _option(help="a custom pair task's score column (default: score).")
-    tokens_col: str | None = _option(help="a custom token task's column of words, a list per row (default: tokens).")
-    tags_col: str | None = _option(help="a custom token task's column of tags, one per word (default: tags).")
+    text_cols: tuple[str, ...] | None = _option(
+        help="a custom pair task's two text columns, comma-separated (default: sentence1,sentence2).",
+        flag=Flag("--text-cols"),
+    )
+    score_col: str | None = _option(
+        help="a custom pair task's score column (default: score).", flag=Flag("--score-col")
+    )
+    tokens_col: str | None = _option(
+        help="a custom token task's column of words, a list per row (default: tokens).", flag=Flag("--tokens-col")
+    )
+    tags_col: str | None = _option(
+        help="a custom token task's column of tags, one per word (default: tags).", flag=Flag("--tags-col")
+    )
 
     def column_options(self) -> dict[str, Any]:
         """The column options given, as :func:`~ilge_search.tasks.load_task` takes them."""
@@ -274,18 +349,25 @@ class FinalOptions:
     scores it on test, next to the starting configuration."""
 
     seeds: int = _option(
-        3, help="retrain the selected configuration with this many seeds and score each on test once (0: skip)."
+        3,
+        help="retrain the selected configuration with this many seeds and score each on test once (0: skip).",
+        flag=Flag("--final-seeds", int, minimum=0),
+        grid=True,
     )
     select: str = _option(
         DEFAULT_SELECT,
         help=f"which trial the final evaluation retrains, one of {', '.join(SELECTION_RULES)}: the best "
         "objective, or the fewest trainable parameters within one standard error of the best (the starting "
         "configuration winning ties); not part of the identity: it changes the final evaluation, not the trials.",
+        flag=Flag("--select", choices=SELECTION_RULES, unset=True, more="[default: {default}]"),
+        grid=True,
     )
     front: int = _option(
         DEFAULT_FINAL_FRONT,
         help="multi-objective studies: retrain at most this many Pareto-front trials with the final seeds, "
         "spread along the front from the best score to the smallest.",
+        flag=Flag("--final-front", int, minimum=1, unset=True, more="[default: {default}]"),
+        grid=True,
     )
     protocol: str = _option(
         DEFAULT_PROTOCOL,
@@ -293,6 +375,7 @@ class FinalOptions:
         "head on the same data, or MTEB's logistic-regression readout of the vectors on a few examples per "
         "label (cosine Spearman for similarity; parameter-free baselines untrained); part of the identity "
         "and name (:paper).",
+        flag=Flag("--protocol", choices=PROTOCOLS),
     )
     ensemble: int | None = _option(
         help="after the final evaluation, select an ensemble of up to this many trials greedily (with "
@@ -300,10 +383,13 @@ class FinalOptions:
         f"on test beside the selected trial (default: {DEFAULT_ENSEMBLE} wherever a study can have one: "
         "single-objective, matched protocol, classification or similarity, two or more complete trials; "
         "0: off; asked for where a study cannot have one, a warning says why).",
+        flag=Flag("--ensemble", int, minimum=0),
+        grid=True,
     )
     samples_per_label: int | None = _option(
         help="the paper protocol's training examples per label (default: the MTEB task's own, Emotion 16, else "
-        "8); part of the identity."
+        "8); part of the identity.",
+        flag=Flag("--samples-per-label", int, minimum=1),
     )
 
     def __post_init__(self) -> None:
@@ -331,18 +417,28 @@ class FinalOptions:
 class RuntimeOptions:
     """Where and how a study's work runs; none of it changes the numbers."""
 
-    workers: int = _option(1, help="worker processes optimising the same study in parallel, on one storage.")
+    workers: int = _option(
+        1,
+        help="worker processes optimising the same study in parallel, on one storage.",
+        flag=Flag("--workers", int, minimum=1),
+        grid=True,
+    )
     threads: int | None = _option(
         help="torch CPU threads in this process and per worker (default: unchanged in-process, cpus // workers "
         "per worker); the encoders are small: on a CPU, 1 thread per worker and as many workers as cores is "
-        "usually fastest."
+        "usually fastest.",
+        flag=Flag("--threads", int, minimum=1),
+        grid=True,
     )
     device: str = _option("auto", help="device for extraction and training (auto, cpu, cuda, mps).")
     artifact_dir: str | None = _option(
-        help="artifact store folder for the final weights (default: next to a SQLite file, else studies/artifacts)."
+        help="artifact store folder for the final weights (default: next to a SQLite file, else studies/artifacts).",
+        flag=Flag("--artifact-dir", folder=True),
     )
     heartbeat_interval: int | None = _option(
-        60, help="seconds between a running trial's heartbeats; a trial silent for twice as long is failed and retried."
+        60,
+        help="seconds between a running trial's heartbeats; a trial silent for twice as long is failed and retried.",
+        flag=Flag("--heartbeat-interval", int, minimum=1),
     )
     grace_period: int | None = _option(help="seconds without a heartbeat before a trial counts as dead.")
     max_retry: int = _option(3, help="times a trial of a dead worker is retried.")
@@ -401,6 +497,35 @@ def option_default(name: str) -> Any:
     return found.default
 
 
+def option_flag(name: str) -> Flag:
+    """How the command line spells the flat option ``name``.
+
+    Raises:
+        KeyError: ``name`` has no flag (``data_dir``, ``device`` ... come from every command's location options).
+    """
+    flag = _flat_field(name).metadata["flag"]
+    if flag is None:
+        raise KeyError(f"the study option {name!r} has no command-line flag")
+    return flag
+
+
+# the flat options the command line spells (their field's ``flag``), group by group in field order: ``run`` has
+# each of them
+COMMAND_LINE_OPTIONS: tuple[str, ...] = tuple(
+    flat
+    for group, cls in _GROUPS.items()
+    for f in dataclasses.fields(cls)
+    if f.metadata["flag"] is not None
+    for flat, place in FLAT_NAMES.items()
+    if place == (group, f.name)
+)
+# the identity keys (:data:`~ilge_search.record.IDENTITY_KEYS`) that are study options: what a sweep grid sets
+# at its top level and per task
+IDENTITY_OPTIONS: tuple[str, ...] = tuple(name for name in IDENTITY_KEYS if name in FLAT_NAMES)
+# the other options a sweep grid sets, for every study, at its top level only
+GRID_OPTIONS: tuple[str, ...] = tuple(name for name in FLAT_NAMES if _flat_field(name).metadata["grid"])
+
+
 def _grouped(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     unknown = sorted(set(flat) - set(FLAT_NAMES))
     if unknown:
@@ -453,3 +578,17 @@ class StudyOptions:
     def final_seed_list(self) -> list[int]:
         """The seeds of the final evaluation: ``seed + 1000 + i`` for each of the final seeds."""
         return self.final.seed_list(self.search.seed)
+
+
+def from_command_line(values: Mapping[str, Any]) -> StudyOptions:
+    """The :class:`StudyOptions` of a command's parsed study options (flat names): an option whose flag is
+    ``unset`` and was not given keeps its field's default, except ``n_trials`` beside a ``total_trials`` cap
+    (the studies then run up to the cap)."""
+    flat = {
+        name: value
+        for name, value in values.items()
+        if value is not None or _flat_field(name).metadata["flag"] is None or not option_flag(name).unset
+    }
+    if flat.get("total_trials") is not None:
+        flat.setdefault("n_trials", None)
+    return StudyOptions.from_flat(**flat)

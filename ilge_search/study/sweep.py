@@ -42,8 +42,9 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     [tasks.trec]
     objectives = ["score", "latency"]  # per task too (a list, or a table per encoder)
 
-Every study option that is part of a study's identity (:data:`IDENTITY_KEYS`) can be set at the top of a grid
-and per task; the others (``sampler``, ``select``, ``workers`` ...) only at the top.
+Every study option that is part of a study's identity (:data:`~ilge_search.study.options.IDENTITY_OPTIONS`) can
+be set at the top of a grid and per task; the others a grid sets (``sampler``, ``select``, ``workers`` ...:
+:data:`~ilge_search.study.options.GRID_OPTIONS`, the fields marked ``grid``) only at the top.
 
 ``shots`` is one count of training examples per label, or a list of them
 (``"full"`` in a list: the study without a few-shot draw, on the task's
@@ -74,13 +75,14 @@ from ..configs import ENCODER_FAMILIES
 from ..files import read_text_utf8
 from ..objectives import DEFAULT_OBJECTIVES, check_objectives
 from ..protocol import DEFAULT_PROTOCOL, PROTOCOLS
+from ..record import WORD_POOLINGS
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
 from .final import final_is_current
 from .folds import check_cv
 from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
-from .options import WORD_POOLINGS, StudyOptions
+from .options import GRID_OPTIONS, IDENTITY_OPTIONS, StudyOptions, option_default, option_flag
 from .plan import missing_sqlite_file
 from .results import StudyResult, study_result
 from .runner import run_study
@@ -91,7 +93,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = [
-    "IDENTITY_KEYS",
     "GRID_KEYS",
     "TASK_KEYS",
     "SweepOverrides",
@@ -110,43 +111,10 @@ logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
 
-# the study options that are part of a study's identity (and name): a grid sets each for every task at its top
-# level and per task; tests/test_sweep.py checks that every such option of StudyOptions is here
-IDENTITY_KEYS = (
-    "shots",
-    "max_train",
-    "max_eval",
-    "max_epochs",
-    "data_seed",
-    "cv",
-    "objectives",
-    "protocol",
-    "samples_per_label",
-    "word_pooling",
-    "warm_start",
-)
-GRID_KEYS = frozenset(
-    {
-        "name",
-        "storage",
-        "models",
-        "encoders",
-        "sampler",
-        "pruner",
-        "seed",
-        "final_seeds",
-        "workers",
-        "threads",
-        "timeout",
-        "trials",
-        "tasks",
-        "select",
-        "final_front",
-        "ensemble",
-        *IDENTITY_KEYS,
-    }
-)
-TASK_KEYS = frozenset({"zero_shot", "encoders", "trials", *IDENTITY_KEYS})
+# a grid's keys at its top level: what the sweep is, every identity option and the other shared study options;
+# per task: the identity options and the task's own encoders, budgets and zero-shot tasks
+GRID_KEYS = frozenset({"name", "storage", "models", "encoders", "trials", "tasks", *GRID_OPTIONS, *IDENTITY_OPTIONS})
+TASK_KEYS = frozenset({"zero_shot", "encoders", "trials", *IDENTITY_OPTIONS})
 
 
 @dataclass(frozen=True)
@@ -184,80 +152,42 @@ class SweepEntry:
 
             loaded = load_task(task)
             task, tagging = task_label(task, loaded), loaded.kind == "tagging"
-        return default_study_name(
-            self.model,
-            task,
-            self.encoder,
-            shots=self.shots,
-            max_train=self.max_train,
-            max_eval=self.max_eval,
-            max_epochs=self.max_epochs,
-            cv=self.cv,
-            objectives=self.objectives,
-            protocol=self.protocol,
-            samples_per_label=self.samples_per_label,
-            data_seed=self.data_seed,
-            word_pooling=self.word_pooling if tagging else None,
-            warm_start=self.warm_start,
-        )
+        identity = self.identity_options() | {"word_pooling": self.word_pooling if tagging else None}
+        return default_study_name(self.model, task, self.encoder, **identity)
+
+    def identity_options(self) -> dict[str, Any]:
+        """This entry's identity options (:data:`IDENTITY_OPTIONS`: data, budget, objectives, protocol, data
+        seed, word pooling, warm start), by their flat names."""
+        return {name: getattr(self, name) for name in IDENTITY_OPTIONS}
 
     def group_key(self) -> tuple:
         """Entries with the same key share one ``run_study`` call (the same data and study options)."""
-        return (
-            self.model,
-            self.task,
-            self.max_train,
-            self.max_eval,
-            self.shots,
-            self.max_epochs,
-            self.zero_shot,
-            self.cv,
-            self.objectives,
-            self.protocol,
-            self.samples_per_label,
-            self.data_seed,
-            self.word_pooling,
-            self.warm_start,
-        )
+        return (self.model, self.task, self.zero_shot, *self.identity_options().values())
 
     def options(self, base: StudyOptions, n_trials: Any) -> StudyOptions:
-        """``base`` with this entry's identity options (data, budget, objectives, protocol, data seed, word
-        pooling, warm start) and ``n_trials``."""
-        return base.replace(
-            n_trials=n_trials,
-            shots=self.shots,
-            max_train=self.max_train,
-            max_eval=self.max_eval,
-            max_epochs=self.max_epochs,
-            zero_shot_tasks=self.zero_shot,
-            cv=self.cv,
-            objectives=self.objectives,
-            protocol=self.protocol,
-            samples_per_label=self.samples_per_label,
-            data_seed=self.data_seed,
-            word_pooling=self.word_pooling,
-            warm_start=self.warm_start,
-        )
+        """``base`` with this entry's identity options, zero-shot tasks and ``n_trials``."""
+        return base.replace(n_trials=n_trials, zero_shot_tasks=self.zero_shot, **self.identity_options())
 
 
 @dataclass
 class Sweep:
-    """A parsed grid file: shared study options plus one entry per study."""
+    """A parsed grid file: shared study options plus one entry per study.
+
+    Attributes:
+        shared: the study options the grid sets for every study (:data:`GRID_OPTIONS`, flat names), as given;
+            ``sweep.<name>`` reads one, else its default.
+    """
 
     name: str
     storage: str | None
     entries: list[SweepEntry]
-    sampler: str = "tpe"
-    pruner: str = "median"
-    seed: int = 0
-    final_seeds: int = 3
-    workers: int = 1
-    threads: int | None = None
-    timeout: float | None = None
-    select: str | None = None
-    final_front: int | None = None
-    ensemble: int | None = None
+    shared: dict[str, Any] = dataclasses.field(default_factory=dict)
     path: Path | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in GRID_OPTIONS:
+            return self.shared.get(name, option_default(name))
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def pairs(self) -> list[tuple[str, str]]:
         """(model, task) pairs in file order; each is one ``run_study`` call."""
@@ -269,23 +199,7 @@ class Sweep:
 
     def study_options(self, **changes: Any) -> StudyOptions:
         """The grid's shared :class:`StudyOptions` (validated), with ``changes`` applied."""
-        values: dict[str, Any] = dict(
-            sampler=self.sampler,
-            pruner=self.pruner,
-            seed=self.seed,
-            final_seeds=self.final_seeds,
-            workers=self.workers,
-            threads=self.threads,
-            timeout=self.timeout,
-        )
-        if self.select is not None:
-            values["select"] = self.select
-        if self.final_front is not None:
-            values["final_front"] = self.final_front
-        if self.ensemble is not None:
-            values["ensemble"] = self.ensemble
-        values.update(changes)
-        return StudyOptions.from_flat(**values)
+        return StudyOptions.from_flat(**{**self.shared, **changes})
 
 
 def _fail(where: str, message: str) -> ValueError:
@@ -308,6 +222,13 @@ def _int_or_none(
         return check_int(key, value, minimum=minimum)
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
+
+
+def _task_count(where: str, options: Mapping[str, Any], raw: Mapping[str, Any], key: str) -> int | None:
+    """The count option ``key`` of a task: its own, else the grid's, else the option's default; at least the
+    minimum of the option's flag."""
+    minimum = option_flag(key).minimum
+    return _int_or_none(where, options, key, raw.get(key, option_default(key)), minimum=int(minimum or 0))
 
 
 def _str_list(where: str, value: Any, key: str) -> list[str]:
@@ -425,7 +346,7 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
 def _word_pooling(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> str:
     """The task's ``word_pooling``: its own, else the grid's. A registered task that is not a tagging task pools
     no words: its own ``word_pooling`` other than ``first`` is refused, the grid's does not apply to it."""
-    value = options.get("word_pooling", raw.get("word_pooling", "first"))
+    value = options.get("word_pooling", raw.get("word_pooling", option_default("word_pooling")))
     if value not in WORD_POOLINGS:
         raise _fail(where, f"word_pooling must be one of {list(WORD_POOLINGS)}, got {value!r}")
     if is_registered_task(task):
@@ -465,14 +386,14 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
             _check_task_name(task_where, name)
         objectives = _objectives(task_where, options.get("objectives"), all_encoders, grid_objectives)
         common: dict[str, Any] = dict(
-            max_train=_int_or_none(task_where, options, "max_train", raw.get("max_train")),
-            max_eval=_int_or_none(task_where, options, "max_eval", raw.get("max_eval")),
-            max_epochs=_int_or_none(task_where, options, "max_epochs", raw.get("max_epochs")),
-            cv=_int_or_none(task_where, options, "cv", raw.get("cv"), minimum=2),
+            max_train=_task_count(task_where, options, raw, "max_train"),
+            max_eval=_task_count(task_where, options, raw, "max_eval"),
+            max_epochs=_task_count(task_where, options, raw, "max_epochs"),
+            cv=_task_count(task_where, options, raw, "cv"),
             zero_shot=zero_shot,
         )
         protocols = _protocols(task_where, options.get("protocol", raw.get("protocol", DEFAULT_PROTOCOL)))
-        samples_per_label = _int_or_none(task_where, options, "samples_per_label", raw.get("samples_per_label"))
+        samples_per_label = _task_count(task_where, options, raw, "samples_per_label")
         if samples_per_label is not None and protocols == ["matched"]:
             raise _fail(
                 task_where, 'samples_per_label sets the paper protocol\'s readout; add protocol = "paper" or drop it'
@@ -480,7 +401,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
         shot_values = _shots(task_where, task, options, raw)
         common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
         common["word_pooling"] = _word_pooling(task_where, task, options, raw)
-        warm_start = _int_or_none(task_where, options, "warm_start", raw.get("warm_start", 0), minimum=0) or 0
+        warm_start = _task_count(task_where, options, raw, "warm_start") or 0
         for protocol in protocols:
             for model in models:
                 for shots in shot_values:
@@ -520,16 +441,7 @@ def load_sweep(path: PathLike) -> Sweep:
         name=str(raw.get("name", path.stem)),
         storage=raw.get("storage"),
         entries=[],
-        sampler=raw.get("sampler", "tpe"),
-        pruner=raw.get("pruner", "median"),
-        seed=raw.get("seed", 0),
-        final_seeds=raw.get("final_seeds", 3),
-        workers=raw.get("workers", 1),
-        threads=raw.get("threads"),
-        timeout=raw.get("timeout"),
-        select=raw.get("select"),
-        final_front=raw.get("final_front"),
-        ensemble=raw.get("ensemble"),
+        shared={key: raw[key] for key in GRID_OPTIONS if key in raw},
         path=path,
     )
     try:
