@@ -8,11 +8,14 @@ import hashlib
 import json
 import logging
 
+import optuna
 import pytest
 
 from ilge_search.record import ensemble_record, study_record
 from ilge_search.storage import count_trials
 from ilge_search.study import StudyOptions, run_study
+from ilge_search.study.notes import write_study_note
+from ilge_search.study.results import list_studies
 from ilge_search.study.stages import (
     Stage,
     StageContext,
@@ -47,6 +50,20 @@ class CompleteTrialCount(Stage):
 
     def current_note(self, context: StageContext) -> str:
         return "the toy count is up to date"
+
+    column_names = ("toy_complete",)
+
+    def _stored(self, study):
+        path = self.folder / f"{hashlib.sha256(study.study_name.encode()).hexdigest()[:16]}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def columns(self, study):
+        stored = self._stored(study)
+        return {"toy_complete": None if stored is None else stored["complete"]}
+
+    def note_lines(self, study, metric):
+        stored = self._stored(study)
+        return [] if stored is None else ["", f"Toy count: {stored['complete']} complete trials."]
 
     def run(self, context: StageContext) -> None:
         self.runs.append(context.name)
@@ -110,6 +127,12 @@ def test_a_registered_stage_runs_after_the_built_ins_and_is_skipped_while_curren
     stored = json.loads(files[0].read_text())
     assert stored["final_before"] and stored["ensemble_before"]  # the built-in stages ran first
     assert stored["complete"] >= 1
+    # its column in the `studies` listing and its lines in the dashboard note, beside the built-in ones
+    listing = list_studies(url)
+    assert list(listing.columns[-3:]) == ["ensemble_k", "ensemble_test_mean", "toy_complete"]
+    assert listing["toy_complete"].tolist() == [stored["complete"]]
+    note = write_study_note(optuna.load_study(study_name=name, storage=url))
+    assert "### Ensembles" in note and note.index("### Ensembles") < note.index("Toy count: ")
 
     caplog.set_level(logging.INFO, logger="ilge_search")
     with refuse_model_loads():

@@ -20,7 +20,11 @@ if TYPE_CHECKING:
     from ..options import StudyOptions
     from ..plan import PlannedStudy
 
-__all__ = ["Stage", "StageContext"]
+__all__ = ["Stage", "StageContext", "StoredStudy"]
+
+StoredStudy = Any
+"""A study as the listing and the notes read it: an ``optuna.Study`` or a ``FrozenStudy`` summary (both carry
+the user attrs the record reads)."""
 
 
 @dataclass
@@ -76,3 +80,18 @@ class Stage:
     def run(self, context: StageContext) -> None:
         """Compute the stage's result and store it on the study (through the record)."""
         raise NotImplementedError
+
+    # ---- what the stage shows of its stored result (optional)
+
+    column_names: tuple[str, ...] = ()
+    """The columns the stage adds to the ``studies`` listing (after the built-in ones), in order."""
+
+    def columns(self, study: StoredStudy) -> dict[str, Any]:
+        """The stage's ``studies`` columns of one study (keys: :attr:`column_names`; ``None`` where it has
+        no result)."""
+        return dict.fromkeys(self.column_names)
+
+    def note_lines(self, study: StoredStudy, metric: str) -> list[str]:
+        """Markdown lines of the stage's result for the study's dashboard note (after the final evaluation's
+        part; none: nothing stored)."""
+        return []

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from ...record import ensemble_record
 from ..ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
-from .base import Stage, StageContext
+from ..notes import ensemble_note_lines
+from .base import Stage, StageContext, StoredStudy
 from .final import has_final_scores_to_make
 
 __all__ = ["EnsembleStage"]
@@ -54,3 +57,17 @@ class EnsembleStage(Stage):
 
     def run(self, context: StageContext) -> None:
         ensemble_evaluation(context.study, context.data, ensemble_run(context, self._size(context)))
+
+    column_names = ("ensemble_k", "ensemble_test_mean")
+
+    def columns(self, study: StoredStudy) -> dict[str, Any]:
+        """The size asked for and the ensemble's test mean (none: ``None``)."""
+        stored = ensemble_record(study)
+        ensemble = None if stored is None else stored.ensemble
+        return {
+            "ensemble_k": None if stored is None else stored.size,
+            "ensemble_test_mean": None if ensemble is None else ensemble.test_mean,
+        }
+
+    def note_lines(self, study: StoredStudy, metric: str) -> list[str]:
+        return ensemble_note_lines(ensemble_record(study), metric)
