@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..record import Identity
 from ..settings import default_storage_url
 from ..storage import Storage, artifact_dir_for, open_storage, sqlite_database
 from .data import DataSpec, expected_cache_keys, load_task_data
@@ -31,29 +30,10 @@ from .identity import (
 )
 from .limits import check_data_limits
 from .options import StudyOptions, check_study_name
+from .planned import PlannedStudy
 from .tokens import check_tagging_options
 
 __all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file"]
-
-
-@dataclass(frozen=True)
-class PlannedStudy:
-    """One study a run makes or resumes: what it is (``identity``, with the data it was checked on:
-    ``data_id`` and the model's revision), its ``name``, its ``encoder``, this run's trial budget (``count``:
-    trials to add, ``None`` until a timeout or a total) and the hint a name conflict ends with."""
-
-    encoder: str
-    name: str
-    identity: Identity
-    data_id: Mapping[str, Any]
-    model_revision: str | None
-    count: int | None
-    hint: str
-
-    @property
-    def attrs(self) -> dict[str, Any]:
-        """The identity with its data as the checks take it (:func:`~.identity.check_identity`'s ``wanted``)."""
-        return {**self.identity.to_attrs(), **self.data_id, "model_revision": self.model_revision}
 
 
 @dataclass

@@ -403,7 +403,7 @@ def precheck_existing(
     # create_or_load waits for it or adopts it
 
 
-def _wait_until_ready(study: Any, timeout: float = READY_WAIT_SECONDS) -> bool:
+def _wait_until_ready(study: optuna.Study, timeout: float = READY_WAIT_SECONDS) -> bool:
     """Another process created the study; wait for it to finish setting it up."""
     deadline = time.monotonic() + timeout
     while True:
@@ -444,7 +444,7 @@ def _data_record(wanted: Mapping[str, Any], data: StudyData, artifact_dir: Path,
     )
 
 
-def _resume(study: Any, study_name: str, wanted: Mapping[str, Any], data: StudyData, **check: Any) -> None:
+def _resume(study: optuna.Study, study_name: str, wanted: Mapping[str, Any], data: StudyData, **check: Any) -> None:
     """Check a study another process set up against this run; adopt one made before data fingerprints."""
     record = study_record(study)
     if check_identity(study_name, record, wanted, **check):
@@ -561,7 +561,7 @@ def _check_loaded(
     return False
 
 
-def requeue_failed_recommended(study: Any, storage: Storage) -> int | None:
+def requeue_failed_recommended(study: optuna.Study, storage: Storage) -> int | None:
     """Retry the recommended trial (trial 0) when every try of it failed, like a trial killed by a fault.
 
     Ctrl-C, a crash or a fault during the recommended trial leaves it FAIL,

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..record import SourceRecord
+from ..record import SourceRecord, WarmStartRecord
 from ..storage import (
     Storage,
     StorageError,
@@ -67,7 +67,8 @@ from .identity import (
 )
 from .notes import write_notes
 from .options import StudyOptions
-from .plan import PlannedStudy, RunCheck, check_run, estimate_run, may_be_long
+from .plan import RunCheck, check_run, estimate_run, may_be_long
+from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
 from .stages import StageContext, run_stages
 from .trial import warm_start_params
@@ -270,7 +271,7 @@ def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study,
     return create_or_load(storage, planned.name, planned.attrs, run.data, storage.artifact_dir, setup)
 
 
-def _warm_start_within_budget(warm: Any, name: str, budget: int | None) -> Any:
+def _warm_start_within_budget(warm: WarmStartRecord, name: str, budget: int | None) -> WarmStartRecord:
     """The warm-start members a new study's trial budget can run (the starting configuration is its first
     trial); one warning line when members are dropped, since queued trials beyond the budget would wait
     unseen until a later run picked them up."""

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..data import DataSpec, StudyData
     from ..final import FinalModels
     from ..options import StudyOptions
-    from ..plan import PlannedStudy
+    from ..planned import PlannedStudy
 
 __all__ = ["Stage", "StageContext", "StoredStudy"]
 
