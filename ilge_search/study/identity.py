@@ -68,6 +68,8 @@ from .options import StudyOptions
 from .trial import recommended_params
 
 if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+
     from .data import StudyData
 
 __all__ = [
@@ -82,6 +84,8 @@ __all__ = [
     "resolve_encoders",
     "default_study_name",
     "study_identity",
+    "run_identity",
+    "StudySetup",
     "check_identity",
     "precheck_existing",
     "create_or_load",
@@ -236,7 +240,7 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
     return ":".join(parts)
 
 
-def study_identity(
+def run_identity(
     model: str,
     task: str,
     encoder: str,
@@ -244,9 +248,8 @@ def study_identity(
     *,
     registered: bool | None = None,
     tagging: bool = False,
-) -> dict[str, Any]:
-    """What a study searches and how it is scored: an :class:`~ilge_search.record.Identity` as the user attrs
-    it is stored as.
+) -> Identity:
+    """What a study searches and how it is scored, under ``options``.
 
     Under the paper protocol ``samples_per_label`` is resolved here (the option,
     else the MTEB task's own value for a ``registered`` task, else 8); it is
@@ -257,7 +260,7 @@ def study_identity(
     if options.final.protocol == "paper":
         registered = is_registered_task(task) if registered is None else registered
         samples_per_label = paper_samples_per_label(task if registered else None, options.final.samples_per_label)
-    identity = Identity(
+    return Identity(
         model=model,
         task=task,
         encoder=encoder,
@@ -273,7 +276,19 @@ def study_identity(
         word_pooling=options.data.word_pooling if tagging else None,
         warm_start=options.search.warm_start or None,
     )
-    return identity.to_attrs()
+
+
+def study_identity(
+    model: str,
+    task: str,
+    encoder: str,
+    options: StudyOptions,
+    *,
+    registered: bool | None = None,
+    tagging: bool = False,
+) -> dict[str, Any]:
+    """:func:`run_identity` as the user attrs it is stored as."""
+    return run_identity(model, task, encoder, options, registered=registered, tagging=tagging).to_attrs()
 
 
 def _wanted_identity(wanted: Mapping[str, Any]) -> Identity:
@@ -388,7 +403,7 @@ def precheck_existing(
     # create_or_load waits for it or adopts it
 
 
-def _wait_until_ready(study: Any, timeout: float = READY_WAIT_SECONDS) -> bool:
+def _wait_until_ready(study: optuna.Study, timeout: float = READY_WAIT_SECONDS) -> bool:
     """Another process created the study; wait for it to finish setting it up."""
     deadline = time.monotonic() + timeout
     while True:
@@ -429,7 +444,7 @@ def _data_record(wanted: Mapping[str, Any], data: StudyData, artifact_dir: Path,
     )
 
 
-def _resume(study: Any, study_name: str, wanted: Mapping[str, Any], data: StudyData, **check: Any) -> None:
+def _resume(study: optuna.Study, study_name: str, wanted: Mapping[str, Any], data: StudyData, **check: Any) -> None:
     """Check a study another process set up against this run; adopt one made before data fingerprints."""
     record = study_record(study)
     if check_identity(study_name, record, wanted, **check):
@@ -442,20 +457,31 @@ def _resume(study: Any, study_name: str, wanted: Mapping[str, Any], data: StudyD
     _check_shapes(study_name, record.data, data)
 
 
+@dataclasses.dataclass(frozen=True)
+class StudySetup:
+    """How :func:`create_or_load` opens a study and what a new one records beyond its identity and data.
+
+    ``sampler`` and ``pruner`` are the Optuna objects the study runs with; ``new_study_hint`` ends a conflict's
+    message; ``task_path`` (a custom task's file or folder, absolute) and ``source`` (:class:`SourceRecord`)
+    say where the data is found again; ``warm_start`` holds the portfolio members a new study enqueues.
+    """
+
+    sampler: Any = None
+    pruner: Any = None
+    new_study_hint: str = "pass another --study-name or another --storage"
+    task_path: str | None = None
+    warm_start: WarmStartRecord | None = None
+    source: SourceRecord | None = None
+
+
 def create_or_load(
     storage: Storage,
     study_name: str,
     identity: Mapping[str, Any],
     data: StudyData,
     artifact_dir: Path,
-    sampler: Any = None,
-    pruner: Any = None,
-    *,
-    new_study_hint: str = "pass another --study-name or another --storage",
-    task_path: str | None = None,
-    warm_start: WarmStartRecord | None = None,
-    source: SourceRecord | None = None,
-) -> tuple[Any, bool]:
+    setup: StudySetup | None = None,
+) -> tuple[optuna.Study, bool]:
     """Create the study (its record, the recommended trial enqueued once) or load it.
 
     Several processes may race to create the same study: ``create_study``
@@ -464,65 +490,78 @@ def create_or_load(
     enqueued once and before any sampled trial. A loaded study is checked again
     (:func:`check_identity`, with the cache keys of ``data``); one made before
     data fingerprints existed is adopted here when its cache keys match.
-    ``identity`` is this run's, as :func:`check_identity` takes it. ``task_path``
-    (a custom task's file or folder, absolute) is recorded, and updated when the
-    folder moved: where to find the data again; so is ``source`` (the data folder as
-    given and resolved, the columns, the extraction settings: :class:`SourceRecord`).
-    ``warm_start`` (portfolio members with their Optuna params) is enqueued right after the recommended trial,
-    once, when the study is set up, and stored as its :class:`~ilge_search.record.WarmStartRecord`.
+    ``identity`` is this run's, as :func:`check_identity` takes it. The setup's ``task_path``
+    is recorded, and updated when the folder moved: where to find the data again; so is its ``source`` (the
+    data folder as given and resolved, the columns, the extraction settings). Its ``warm_start`` is enqueued
+    right after the recommended trial, once, when the study is set up, and stored as its
+    :class:`~ilge_search.record.WarmStartRecord`.
 
     Returns:
         The study and whether this call set it up.
     """
+    setup = StudySetup() if setup is None else setup
+    wanted = _wanted_identity(identity)
+    study, created = _open_study(storage, study_name, wanted, data, setup)
+    if not created:
+        created = _check_loaded(study, study_name, identity, data, setup)
+    if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
+        with quiet_optuna_warnings():
+            study.set_metric_names(objective_metric_names(wanted.objectives, data.metric))
+    if created:
+        save_identity(study, wanted, _data_record(identity, data, artifact_dir, setup.task_path))
+        if setup.source is not None:
+            save_source(study, setup.source)
+        if not any(trial_record(t).recommended for t in study.trials):
+            enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+            if setup.warm_start is not None:
+                enqueue_warm_trials(study, [m.params for m in setup.warm_start.members])
+                save_warm_start(study, setup.warm_start)
+        mark_ready(study)
+    return study, created
+
+
+def _open_study(
+    storage: Storage, study_name: str, wanted: Identity, data: StudyData, setup: StudySetup
+) -> tuple[optuna.Study, bool]:
+    """The study created by this call (``True``), or the one another run made (``False``)."""
     import optuna
 
-    wanted = _wanted_identity(identity)
     try:
         study = optuna.create_study(
             study_name=study_name,
             storage=storage.rdb,
             directions=objective_directions(wanted.objectives, data.metric),
-            sampler=sampler,
-            pruner=pruner,
+            sampler=setup.sampler,
+            pruner=setup.pruner,
         )
-        created = True
+        return study, True
     except optuna.exceptions.DuplicatedStudyError:
-        loaded = storage.load_study(study_name, sampler=sampler, pruner=pruner)
+        loaded = storage.load_study(study_name, sampler=setup.sampler, pruner=setup.pruner)
         if loaded is None:  # another process deleted it between the two calls
             raise ValueError(f"study {study_name!r} was deleted while this run opened it; run again") from None
-        study, created = loaded, False
-
-    check: dict[str, Any] = dict(cache_keys=data.cache_keys, new_study_hint=new_study_hint)
-    if not created:
-        if not is_ready(study) and not _wait_until_ready(study):
-            if study.trials:
-                check_identity(study_name, study_record(study), identity, **check)
-            created = True  # its creator died before setting it up: finish the job
-        else:
-            _resume(study, study_name, identity, data, **check)
-            stored = study_record(study).data
-            if task_path is not None and (stored is None or stored.task_path != task_path):
-                save_task_path(study, task_path)
-            if source is not None and source_record(study) != source:  # the data is found elsewhere now
-                save_source(study, source)
-
-    if study.metric_names is None:  # unnamed, optuna-dashboard calls the objective "Objective 0"
-        with quiet_optuna_warnings():
-            study.set_metric_names(objective_metric_names(wanted.objectives, data.metric))
-    if created:
-        save_identity(study, wanted, _data_record(identity, data, artifact_dir, task_path))
-        if source is not None:
-            save_source(study, source)
-        if not any(trial_record(t).recommended for t in study.trials):
-            enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
-            if warm_start is not None:
-                enqueue_warm_trials(study, [m.params for m in warm_start.members])
-                save_warm_start(study, warm_start)
-        mark_ready(study)
-    return study, created
+        return loaded, False
 
 
-def requeue_failed_recommended(study: Any, storage: Storage) -> int | None:
+def _check_loaded(
+    study: optuna.Study, study_name: str, identity: Mapping[str, Any], data: StudyData, setup: StudySetup
+) -> bool:
+    """Check a study another run made against this one; whether this call must still set it up (its creator
+    died before doing so)."""
+    check: dict[str, Any] = dict(cache_keys=data.cache_keys, new_study_hint=setup.new_study_hint)
+    if not is_ready(study) and not _wait_until_ready(study):
+        if study.trials:
+            check_identity(study_name, study_record(study), identity, **check)
+        return True
+    _resume(study, study_name, identity, data, **check)
+    stored = study_record(study).data
+    if setup.task_path is not None and (stored is None or stored.task_path != setup.task_path):
+        save_task_path(study, setup.task_path)
+    if setup.source is not None and source_record(study) != setup.source:  # the data is found elsewhere now
+        save_source(study, setup.source)
+    return False
+
+
+def requeue_failed_recommended(study: optuna.Study, storage: Storage) -> int | None:
     """Retry the recommended trial (trial 0) when every try of it failed, like a trial killed by a fault.
 
     Ctrl-C, a crash or a fault during the recommended trial leaves it FAIL,

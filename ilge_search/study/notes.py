@@ -31,7 +31,6 @@ from ..record import (
     FinalRecord,
     StudyRecord,
     WarmStartRecord,
-    ensemble_record,
     study_record,
     trial_record,
     warm_start_record,
@@ -284,6 +283,7 @@ def study_note_markdown(
     study_id: int | None = None,
     ensemble: EnsembleRecord | None = None,
     warm: WarmStartRecord | None = None,
+    stage_lines: Sequence[str] = (),
 ) -> str:
     """The Markdown note of a study, from its record.
 
@@ -291,8 +291,9 @@ def study_note_markdown(
     given: no trial), the best trial, and -- once the final evaluation ran -- the
     test score as mean +- std with one row per seed, plus links to the uploaded
     artifacts (``study_id`` is needed for the links; the dashboard serves
-    ``/artifacts/<study_id>/<id>``); the ``ensemble`` evaluation, when there is one; and for a warm-started
-    study, which portfolio members it enqueued and what they were chosen from (``warm``).
+    ``/artifacts/<study_id>/<id>``); the ``ensemble`` evaluation, when there is one, and the study stages'
+    ``stage_lines`` (:meth:`~.stages.Stage.note_lines`); and for a warm-started study, which portfolio members
+    it enqueued and what they were chosen from (``warm``).
     """
     counts = counts or TrialCounts()
     metric = _metric(record)
@@ -311,11 +312,12 @@ def study_note_markdown(
     lines += _front_lines(final, metric)
     lines += _zero_shot_lines(final)
     lines += _artifact_lines(final, study_id)
-    lines += _ensemble_lines(ensemble, metric)
+    lines += ensemble_note_lines(ensemble, metric)
+    lines += stage_lines
     return "\n".join(lines) + "\n"
 
 
-def _ensemble_lines(ensemble: EnsembleRecord | None, metric: str) -> list[str]:
+def ensemble_note_lines(ensemble: EnsembleRecord | None, metric: str) -> list[str]:
     """The ensemble evaluation: each size's test score beside the selected trial's, with the same seeds."""
     if ensemble is None:
         return []
@@ -432,12 +434,16 @@ def write_study_note(study: Any) -> str:
         best_trial=best_trial,
         best_value=best_value,
     )
+    from .stages.registry import registered_stages
+
+    record = study_record(study)
+    metric = _metric(record)
     body = study_note_markdown(
-        study_record(study),
+        record,
         counts,
         study_id=study._study_id,
-        ensemble=ensemble_record(study),
         warm=warm_start_record(study),
+        stage_lines=[line for stage in registered_stages() for line in stage.note_lines(study, metric)],
     )
     save_note(study, body)
     return body

@@ -1,8 +1,8 @@
 """What a run will do and how long it will take, before it starts.
 
-:func:`check_run` is step 1 of :func:`~ilge_search.study.run_study`: the
-options, the storage, the task (texts and labels only), the study names and
-identities, and any existing study with the same name -- everything that can
+:func:`check_run` (:mod:`.check`) is step 1 of :func:`~ilge_search.study.run_study`: the
+options, the storage, the task (texts and labels only), the planned studies,
+and any existing study with the same name -- everything that can
 be wrong, checked before any model loads. ``run_study`` and
 :func:`plan_run` (``ilge-search run --dry-run``) both go through it, so a dry
 run fails on the same bad input with the same message.
@@ -49,29 +49,16 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..settings import default_storage_url
-from ..storage import Storage, artifact_dir_for, finished_trial_count, open_storage, sqlite_database
-from .data import DataSpec, expected_cache_keys, load_task_data
+from ..storage import Storage, finished_trial_count
+from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .final import final_is_current
-from .folds import check_cv
-from .identity import (
-    adopt_renamed_task,
-    data_identity,
-    default_study_name,
-    is_registered_task,
-    precheck_existing,
-    resolve_encoders,
-    study_identity,
-    task_label,
-)
-from .limits import check_data_limits
-from .options import StudyOptions, check_study_name
-from .tokens import CALIBRATION_SENTENCES, check_tagging_options, head, rows_of, tagging_calibration_data
+from .options import StudyOptions
+from .tokens import CALIBRATION_SENTENCES, head, rows_of, tagging_calibration_data
 
 __all__ = [
+    "PlannedStudy",
     "RunCheck",
     "StudyPlan",
     "RunPlan",
@@ -99,277 +86,6 @@ _PRIOR_TRAIN_SECONDS = 5e-7
 _PRIOR_EXTRACT_SECONDS = 1e-9
 _UNKNOWN_MODEL = (33, 4096, 8e9)  # layers, width and parameters assumed for a model outside the table
 _UNTIMED = "with the extraction estimated, not timed (see the note)"
-
-
-@dataclass
-class RunCheck:
-    """Step 1 of a run: its validated inputs, before anything expensive.
-
-    ``storage`` is ``None`` in a dry run on a SQLite file that does not exist yet
-    (the run would create it; nothing in it can conflict).
-    """
-
-    model: str
-    task: str
-    options: StudyOptions
-    encoders: list[str]
-    trial_counts: dict[str, int | None]
-    storage: Storage | None
-    shown_url: str
-    spec: DataSpec
-    task_data: Any
-    names: dict[str, str]
-    identities: dict[str, dict[str, Any]]
-    hints: dict[str, str]
-    cache_keys: dict[str, str]
-
-    def opened_storage(self) -> Storage:
-        """The storage a real run writes to (only a dry run may leave it unopened)."""
-        if self.storage is None:
-            raise RuntimeError(f"the storage {self.shown_url} was not opened: this check was made for a dry run")
-        return self.storage
-
-
-def missing_sqlite_file(url: str) -> bool:
-    """Whether ``url`` is a SQLite file that does not exist (a dry run must not create it)."""
-    import sqlalchemy
-
-    try:
-        parsed = sqlalchemy.engine.make_url(url)
-    except sqlalchemy.exc.ArgumentError:
-        return False  # open_storage says what is wrong with it
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
-        return False
-    return not Path(parsed.database).expanduser().exists()
-
-
-def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_run: bool) -> Storage | None:
-    """The storage as the run's checks read it, creating nothing: ``None`` for a SQLite file that does not exist
-    yet (nothing in it can conflict), else opened for reading. A writer's SQLite folder and file are checked
-    first, so an unwritable storage is refused before the rest. An in-memory SQLite is opened once, for
-    writing: a second opening would be another database, and it leaves nothing on disk."""
-    import dataclasses
-
-    from ..storage import artifact_dir_for, check_storage_writable
-
-    if isinstance(storage, Storage):
-        if options.runtime.artifact_dir is not None:
-            return dataclasses.replace(
-                storage, artifact_dir=artifact_dir_for(storage.url, options.runtime.artifact_dir)
-            )
-        return storage
-    url = default_storage_url() if storage is None else storage
-    if not dry_run:
-        check_storage_writable(url)
-        if sqlite_database(url) is None and _is_sqlite(url):
-            return _open_for_writing(url, options)
-    if missing_sqlite_file(url):
-        return None
-    return open_storage(url, must_exist=True, artifact_dir=options.runtime.artifact_dir)
-
-
-def _is_sqlite(url: str) -> bool:
-    import sqlalchemy
-
-    return bool(sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite")
-
-
-def _open_for_writing(url: str, options: StudyOptions) -> Storage:
-    """The storage a run writes to (a SQLite file and its folder created if new): opened only once every check
-    passed."""
-    return open_storage(
-        url,
-        artifact_dir=options.runtime.artifact_dir,
-        heartbeat_interval=options.runtime.heartbeat_interval,
-        grace_period=options.runtime.grace_period,
-        max_retry=options.runtime.max_retry,
-    )
-
-
-def _check_storage_use(opened: Storage | None, url: str, options: StudyOptions, dry_run: bool) -> None:
-    """Worker processes need a storage each can open; a run with final seeds needs an artifact folder it can
-    make (made only when the first weights are stored)."""
-    from ..files import check_can_create
-
-    if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
-        raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
-    if options.final.seeds > 0 and not dry_run:
-        artifacts = opened.artifact_dir if opened is not None else artifact_dir_for(url, options.runtime.artifact_dir)
-        check_can_create(artifacts, "the artifact store", "pass a writable --artifact-dir")
-
-
-def _writer(storage: str | Storage | None, checked: Storage | None, options: StudyOptions) -> Storage | None:
-    """After the checks: the storage they read, if a run may write through it, else the one opened for
-    writing now."""
-    if isinstance(storage, Storage) or (checked is not None and checked.is_in_memory):
-        return checked
-    return _open_for_writing(default_storage_url() if storage is None else storage, options)
-
-
-def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[Any, Any]:
-    """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
-    against it (:func:`~.limits.check_data_limits`)."""
-    from ..tasks import load_task
-
-    loaded = load_task(spec.task, spec.data_dir, **spec.column_options())
-    task_data = load_task_data(spec, loaded)
-    if options.data.zero_shot_tasks and task_data.kind != "similarity":
-        raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")
-    check_cv(options.search.cv, len(task_data.split("train")) if options.search.cv else None)
-    check_data_limits(options, task, loaded, task_data)
-    return loaded, task_data
-
-
-def check_run(
-    model: str,
-    task: str,
-    encoders: str | Sequence[str],
-    storage: str | Storage | None,
-    options: StudyOptions,
-    *,
-    dry_run: bool = False,
-) -> RunCheck:
-    """Check everything a run needs before any model loads (step 1 of ``run_study``).
-
-    Every check reads the storage, if it exists, without writing to it; a real
-    run opens it for writing (a new SQLite file, its folder and lock created)
-    only after the last check passed, so a refused run leaves the folder as it
-    was. The artifact folder is checked, never made; a dry run opens nothing
-    for writing.
-
-    Raises:
-        ValueError: bad arguments, unknown model or task,
-            :class:`~ilge_search.storage.StorageError`,
-            :class:`~ilge_search.study.StudyConflictError`.
-    """
-    named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
-    if options.search.study_name is not None and len(named) > 1:
-        raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
-    model, task = str(model), str(task)
-    from ..tuning import effective_recommended_defaults
-
-    effective_recommended_defaults()  # the shipped and the user's defaults files, each value checked
-
-    from ..models import resolve_model, weights_memo_read_only
-    from ..storage import check_storage_url, hide_password
-
-    if isinstance(storage, str):  # a bad URL is told before the data is read
-        check_storage_url(storage)
-
-    with weights_memo_read_only():  # unknown model: clear error, nothing loaded, nothing written
-        source = resolve_model(model, options.data.cache_dir, materialize=False)
-    spec = DataSpec.from_options(model, task, options, source=source)
-    loaded, task_data = _checked_task(task, spec, options)
-    tagging = task_data.kind == "tagging"
-    encoder_list = resolve_encoders(encoders, tagging=tagging)
-    trial_counts = options.search.trial_counts(encoder_list)
-    check_tagging_options(task_data, encoder_list, options)
-    # the checks read the storage; it is opened for writing (a SQLite file created) only once they all passed
-    opened = _open_for_checks(storage, options, dry_run)
-    url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
-    _check_storage_use(opened, url, options, dry_run)
-    if opened is not None and not is_registered_task(task):  # a renamed folder resumes its studies
-        adopted = adopt_renamed_task(opened, model, task, loaded)
-        if adopted is not loaded:
-            loaded, task_data = adopted, load_task_data(spec, adopted)
-    label = task_label(task, loaded)  # a custom task by its name and content, never its path
-    data_id = data_identity(task_data)
-    cache_keys = expected_cache_keys(spec, task_data, data_id["data_fingerprints"])
-    names: dict[str, str] = {}
-    identities: dict[str, dict[str, Any]] = {}
-    hints: dict[str, str] = {}
-    for enc in encoder_list:
-        default = _default_name(model, label, enc, options, tagging=tagging)
-        names[enc] = check_study_name(options.search.study_name or default)
-        identities[enc] = {
-            **study_identity(
-                model,
-                task_label(task, loaded, fingerprint=False),
-                enc,
-                options,
-                registered=is_registered_task(task),
-                tagging=tagging,
-            ),
-            **data_id,
-            "model_revision": source.revision,
-        }
-        hints[enc] = (
-            f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
-            if names[enc] != default
-            else "pass another --study-name or another --storage"
-        )
-        if opened is not None:
-            precheck_existing(opened, names[enc], identities[enc], cache_keys=cache_keys, new_study_hint=hints[enc])
-        if options.search.warm_start:
-            hidden = _config_hidden_size(source.path)
-            _check_warm_start(opened, enc, model, str(identities[enc]["task"]), options.search.warm_start, hidden)
-    if not dry_run:
-        opened = _writer(storage, opened, options)
-    return RunCheck(
-        model=model,
-        task=task,
-        options=options,
-        encoders=encoder_list,
-        trial_counts=trial_counts,
-        storage=opened,
-        shown_url=hide_password(url),
-        spec=spec,
-        task_data=task_data,
-        names=names,
-        identities=identities,
-        hints=hints,
-        cache_keys=cache_keys,
-    )
-
-
-def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *, tagging: bool) -> str:
-    """The name a study of ``encoder`` gets from the run's options (:func:`default_study_name`)."""
-    return default_study_name(
-        model,
-        label,
-        encoder,
-        shots=options.data.shots,
-        max_train=options.data.max_train,
-        max_eval=options.data.max_eval,
-        max_epochs=options.search.max_epochs,
-        cv=options.search.cv,
-        data_seed=options.data.data_seed,
-        objectives=options.search.objectives,
-        protocol=options.final.protocol,
-        samples_per_label=options.final.samples_per_label,
-        word_pooling=options.data.word_pooling if tagging else None,
-        warm_start=options.search.warm_start,
-    )
-
-
-def _config_hidden_size(model_path: Any) -> int | None:
-    """A local model folder's hidden size, read from its ``config.json`` as plain JSON (nothing loaded or
-    written); ``None`` for a hub id or a config that does not say."""
-    import json
-
-    try:
-        value = json.loads((Path(str(model_path)).expanduser() / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    hidden = value.get("hidden_size") if isinstance(value, dict) else None
-    return hidden if isinstance(hidden, int) and hidden > 0 else None
-
-
-def _check_warm_start(
-    opened: Storage | None, encoder: str, model: str, task: str, count: int, config_hidden: int | None
-) -> None:
-    """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members. A model outside the table
-    is bucketed by its config's hidden size; without one (a hub id), once its data is loaded, before its study
-    is created."""
-    from ..configs import ENCODER_FAMILIES
-    from ..models import known_model
-    from .trial import warm_start_params
-
-    known = known_model(model)
-    hidden = known.hidden_size if known else config_hidden
-    if encoder in ENCODER_FAMILIES and hidden is None:
-        return
-    warm_start_params(opened, encoder, count, hidden_size=hidden, model=model, task=task)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -554,10 +270,11 @@ def _parallel(options: StudyOptions, device: str) -> int:
 def _study_plans(check: RunCheck) -> list[StudyPlan]:
     options = check.options
     plans = []
-    for enc in check.encoders:
-        study = check.storage.load_study(check.names[enc]) if check.storage is not None else None
+    for planned in check.studies:
+        enc = planned.encoder
+        study = check.storage.load_study(planned.name) if check.storage is not None else None
         finished = finished_trial_count(study) if study is not None else 0
-        count = check.trial_counts[enc]
+        count = planned.count
         total = options.search.total_for(enc)
         if total is not None:
             room = max(0, total - finished)
@@ -580,7 +297,7 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
         plans.append(
             StudyPlan(
                 encoder=enc,
-                study_name=check.names[enc],
+                study_name=planned.name,
                 exists=study is not None,
                 finished=finished,
                 trials=count,
@@ -647,13 +364,14 @@ def may_be_long(check: RunCheck) -> bool:
     """Whether a pessimistic count of the run's work could exceed :data:`LONG_RUN_SECONDS`
     (only then does the runner spend seconds calibrating an estimate)."""
     options = check.options
-    if options.search.timeout is not None and any(count is None for count in check.trial_counts.values()):
-        return options.search.timeout * len(check.encoders) > LONG_RUN_SECONDS
+    if options.search.timeout is not None and any(planned.count is None for planned in check.studies):
+        return options.search.timeout * len(check.studies) > LONG_RUN_SECONDS
     layers, width, params = _dims(check)
     sizes = {name: len(check.task_data.splits[name]) for name in check.task_data.splits}
     rows = sizes.get("train", 0) + sizes.get("validation", 0)
     work = 0.0
-    for enc, count in check.trial_counts.items():
+    for planned in check.studies:
+        enc, count = planned.encoder, planned.count
         retrained = options.final.front if options.search.multi_objective else 1
         runs = (count if count is not None else options.search.total_for(enc) or 0) + (
             retrained + 1

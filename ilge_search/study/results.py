@@ -147,6 +147,8 @@ def list_studies(storage: str | Storage | None = None) -> Any:
     """
     import pandas as pd
 
+    from .stages.registry import registered_stages
+
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     rows = [_listing_row(opened, summary) for summary in opened.study_summaries()]
     columns = [
@@ -168,8 +170,7 @@ def list_studies(storage: str | Storage | None = None) -> Any:
         "objectives",
         "export_seed",
         "export_test",
-        "ensemble_k",
-        "ensemble_test_mean",
+        *(name for stage in registered_stages() for name in stage.column_names),
     ]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
@@ -180,7 +181,9 @@ def list_studies(storage: str | Storage | None = None) -> Any:
 
 
 def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
-    """One row of :func:`list_studies`: a study's summary and record."""
+    """One row of :func:`list_studies`: a study's summary and record, with each study stage's columns."""
+    from .stages.registry import registered_stages
+
     record = study_record(summary)
     identity, data, final = record.identity, record.data, record.final
     model = identity.model if identity else None
@@ -206,7 +209,7 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
         "search_gain": final.search_gain if final else None,
         "objectives": "+".join(record.objectives),
         **_export_columns(record),
-        **_ensemble_columns(summary),
+        **{key: value for stage in registered_stages() for key, value in stage.columns(summary).items()},
     }
 
 
@@ -227,16 +230,6 @@ def export_choice(record: StudyRecord) -> tuple[int | None, float | None]:
 def _export_columns(record: StudyRecord) -> dict[str, Any]:
     seed, test = export_choice(record)
     return {"export_seed": seed, "export_test": test}
-
-
-def _ensemble_columns(summary: Any) -> dict[str, Any]:
-    """The listing's ensemble columns: the size asked for and the ensemble's test mean (none: ``None``)."""
-    stored = ensemble_record(summary)
-    ensemble = None if stored is None else stored.ensemble
-    return {
-        "ensemble_k": None if stored is None else stored.size,
-        "ensemble_test_mean": None if ensemble is None else ensemble.test_mean,
-    }
 
 
 def format_results(results: Iterable[StudyResult]) -> str:

@@ -18,12 +18,14 @@
    the one engine on train, reports the validation metric after each epoch for
    the pruner, and stores what it did as trial user attrs; ``workers > 1`` runs
    that many processes on the same storage, splitting ``n_trials`` exactly;
-5. retrain the selected configuration (``select``: the best trial, or the
-   simplest within one standard error of it) with ``final_seeds`` seeds,
-   evaluate each on test once, store mean, std and per-seed scores as study
-   user attrs, and upload the weights of the best seed (by validation) as an
-   Optuna artifact; the starting configuration is retrained with the same
-   seeds for the search gain.
+5. go through the study stages (:mod:`.stages`), in their registered order: each
+   that applies and whose stored result is not current runs. The built-in ones are
+   the final evaluation (the selected configuration -- ``select``: the best trial,
+   or the simplest within one standard error of it -- retrained with
+   ``final_seeds`` seeds, each scored on test once, the best seed's weights
+   uploaded, the starting configuration retrained with the same seeds for the
+   search gain; a multi-objective study's final front instead) and then the
+   ensemble evaluation.
 
 Stored layout (what reports and the dashboard read):
 
@@ -42,14 +44,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..record import SourceRecord, study_record
+from ..record import SourceRecord, WarmStartRecord
 from ..storage import (
     Storage,
     StorageError,
-    count_trials,
     fail_own_running_trials,
     fail_stale_trials,
     finished_trial_count,
@@ -57,24 +59,30 @@ from ..storage import (
     storage_fault,
 )
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
-from .final import FinalModels, final_evaluation, final_is_current
 from .identity import (
+    StudySetup,
     create_or_load,
     is_registered_task,
     requeue_failed_recommended,
 )
 from .notes import write_notes
 from .options import StudyOptions
-from .plan import check_run, estimate_run, may_be_long
+from .plan import RunCheck, check_run, estimate_run, may_be_long
+from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
+from .stages import StageContext, run_stages
 from .trial import warm_start_params
 from .workers import optimize, total_reached
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = ["run_study"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
+TrialCallback = Callable[["optuna.Study", "optuna.trial.FrozenTrial"], None]
 
 
 def run_study(
@@ -84,7 +92,7 @@ def run_study(
     *,
     storage: str | Storage | None = None,
     options: StudyOptions | None = None,
-    callbacks: Sequence[Callable[[Any, Any], None]] = (),
+    callbacks: Sequence[TrialCallback] = (),
 ) -> list[StudyResult]:
     """Run (or resume) one Optuna study per encoder on a model's cached task embeddings.
 
@@ -116,45 +124,17 @@ def run_study(
 
     # ---- 1. arguments, storage, data and existing studies, before anything expensive (plan.check_run)
     check = check_run(model, task, encoders, storage, options)
-    opened, spec, task_data, names = check.opened_storage(), check.spec, check.task_data, check.names
-    if options.search.multi_objective and options.search.pruner != "none":
-        logger.warning(
-            "pruning is off: Optuna cannot prune a multi-objective study (objectives %s), so --pruner %s is not used",
-            "+".join(options.search.objectives),
-            options.search.pruner,
-        )
-    _say_which_defaults()
-    if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
-        plan = estimate_run(check)
-        if plan.is_long:
-            logger.info("%s", plan.estimate_line())
+    _say_before_running(check)
 
     import torch
 
     previous_threads = torch.get_num_threads()
     if options.runtime.threads is not None:
         torch.set_num_threads(options.runtime.threads)
+    opened = check.opened_storage()
     try:
-        data = load_study_data(
-            spec, with_test=options.final.seeds > 0, progress=options.runtime.progress, task_data=task_data
-        )  # ---- 2. extracted once, here, before any worker starts
-        zero_shot = load_zero_shot_data(spec, list(options.data.zero_shot_tasks), progress=options.runtime.progress)
-        return [
-            _run_one(
-                opened,
-                enc,
-                names[enc],
-                check.identities[enc],
-                check.trial_counts[enc],
-                data,
-                spec,
-                options,
-                zero_shot=zero_shot,
-                callbacks=callbacks,
-                new_study_hint=check.hints[enc],
-            )
-            for enc in check.encoders
-        ]
+        run = _RunData.load(check, callbacks)  # ---- 2. extracted once, here, before any worker starts
+        return [_run_one(run, planned) for planned in check.studies]
     except Exception as exc:
         fault = storage_fault(exc)
         if fault is None:
@@ -162,6 +142,45 @@ def run_study(
         raise StorageError(f"cannot write the study storage {opened.shown_url}: {fault}") from exc
     finally:
         torch.set_num_threads(previous_threads)
+
+
+@dataclass(frozen=True)
+class _RunData:
+    """What every study of a run shares once step 1 passed: the storage, the data spec and the loaded data,
+    the zero-shot tasks' test data, the options and the per-trial callbacks."""
+
+    storage: Storage
+    spec: DataSpec
+    data: StudyData
+    zero_shot: Mapping[str, Any]
+    options: StudyOptions
+    callbacks: Sequence[TrialCallback]
+
+    @classmethod
+    def load(cls, check: RunCheck, callbacks: Sequence[TrialCallback]) -> _RunData:
+        """The run's data, read from the cache (extracted into it first where it is not there yet)."""
+        options, spec = check.options, check.spec
+        progress = options.runtime.progress
+        data = load_study_data(spec, with_test=options.final.seeds > 0, progress=progress, task_data=check.task_data)
+        zero_shot = load_zero_shot_data(spec, list(options.data.zero_shot_tasks), progress=progress)
+        return cls(check.opened_storage(), spec, data, zero_shot, options, callbacks)
+
+
+def _say_before_running(check: RunCheck) -> None:
+    """The lines a run logs before it loads anything: pruning that cannot apply, a user defaults file in
+    use, and for a run that may take long its estimated wall time (:func:`.plan.estimate_run`)."""
+    search = check.options.search
+    if search.multi_objective and search.pruner != "none":
+        logger.warning(
+            "pruning is off: Optuna cannot prune a multi-objective study (objectives %s), so --pruner %s is not used",
+            "+".join(search.objectives),
+            search.pruner,
+        )
+    _say_which_defaults()
+    if may_be_long(check):  # a few seconds of calibration, only for runs that could take long
+        plan = estimate_run(check)
+        if plan.is_long:
+            logger.info("%s", plan.estimate_line())
 
 
 def study_source(spec: DataSpec) -> SourceRecord:
@@ -194,76 +213,65 @@ def _say_which_defaults() -> None:
         )
 
 
-def _run_one(
-    storage: Storage,
-    encoder: str,
-    name: str,
-    identity: dict[str, Any],
-    count: int | None,
-    data: StudyData,
-    spec: DataSpec,
-    options: StudyOptions,
-    *,
-    zero_shot: Mapping[str, Any],
-    callbacks: Sequence[Callable[[Any, Any], None]],
-    new_study_hint: str,
-) -> StudyResult:
-    """Steps 3-5 of :func:`run_study` for one encoder."""
-    from ..tuning import make_pruner, make_sampler
-
-    # ---- 3. create or load
-    warm = (
-        warm_start_params(
-            storage,
-            encoder,
-            options.search.warm_start,
-            hidden_size=data.hidden_size,
-            model=spec.model,
-            task=str(identity["task"]),
-        )
-        if options.search.warm_start
-        else None
-    )
-    if warm is not None and storage.load_study(name) is None:  # only a new study enqueues its warm start
-        warm = _warm_start_within_budget(warm, name, count if count is not None else options.search.total_for(encoder))
-    study, created = create_or_load(
-        storage,
-        name,
-        identity,
-        data,
-        storage.artifact_dir,
-        sampler=owner_stamping(make_sampler(options.search.sampler, options.search.seed)),
-        pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
-        new_study_hint=new_study_hint,
-        task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
-        warm_start=warm,
-        source=study_source(spec),
-    )
+def _run_one(run: _RunData, planned: PlannedStudy) -> StudyResult:
+    """Steps 3-5 of :func:`run_study` for one planned study."""
+    study, created = _create_or_load(run, planned)
     try:
-        _optimize_and_evaluate(
-            study,
-            storage,
-            encoder,
-            name,
-            count,
-            data,
-            spec,
-            options,
-            zero_shot=zero_shot,
-            callbacks=callbacks,
-            created=created,
+        _optimize(run, planned, study, created)
+        # ---- 5. the study stages, in order (final evaluation, ensemble, ...)
+        run_stages(
+            StageContext(
+                study=study,
+                storage=run.storage,
+                planned=planned,
+                data=run.data,
+                spec=run.spec,
+                options=run.options,
+                zero_shot=run.zero_shot,
+            )
         )
     except Exception as exc:
         if storage_fault(exc) is not None:  # fail this process's half-done trial, if the storage still lets us
-            fail_own_running_trials(study, storage)
+            fail_own_running_trials(study, run.storage)
         raise
     write_notes(study)  # a Markdown note per trial and per study, for optuna-dashboard
-    result = study_result(study, storage)
+    result = study_result(study, run.storage)
     logger.info("%s", summary_line(result))
     return result
 
 
-def _warm_start_within_budget(warm: Any, name: str, budget: int | None) -> Any:
+def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study, bool]:
+    """Step 3 of :func:`run_study`: the planned study created (its warm start enqueued) or loaded."""
+    from ..tuning import make_pruner, make_sampler
+
+    storage, search, spec = run.storage, run.options.search, run.spec
+    warm = (
+        warm_start_params(
+            storage,
+            planned.encoder,
+            search.warm_start,
+            hidden_size=run.data.hidden_size,
+            model=spec.model,
+            task=planned.identity.task,
+        )
+        if search.warm_start
+        else None
+    )
+    if warm is not None and storage.load_study(planned.name) is None:  # only a new study enqueues its warm start
+        budget = planned.count if planned.count is not None else search.total_for(planned.encoder)
+        warm = _warm_start_within_budget(warm, planned.name, budget)
+    setup = StudySetup(
+        sampler=owner_stamping(make_sampler(search.sampler, search.seed)),
+        pruner=make_pruner(search.effective_pruner, search.max_epochs),
+        new_study_hint=planned.hint,
+        task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),
+        warm_start=warm,
+        source=study_source(spec),
+    )
+    return create_or_load(storage, planned.name, planned.attrs, run.data, storage.artifact_dir, setup)
+
+
+def _warm_start_within_budget(warm: WarmStartRecord, name: str, budget: int | None) -> WarmStartRecord:
     """The warm-start members a new study's trial budget can run (the starting configuration is its first
     trial); one warning line when members are dropped, since queued trials beyond the budget would wait
     unseen until a later run picked them up."""
@@ -282,24 +290,13 @@ def _warm_start_within_budget(warm: Any, name: str, budget: int | None) -> Any:
     return warm.with_members(warm.members[:room])
 
 
-def _optimize_and_evaluate(
-    study: Any,
-    storage: Storage,
-    encoder: str,
-    name: str,
-    count: int | None,
-    data: StudyData,
-    spec: DataSpec,
-    options: StudyOptions,
-    *,
-    zero_shot: Mapping[str, Any],
-    callbacks: Sequence[Callable[[Any, Any], None]],
-    created: bool,
-) -> None:
-    """Steps 4 and 5 of :func:`run_study` on a created or loaded study."""
-    fail_stale_trials(study, storage)
-    requeue_failed_recommended(study, storage)
-    total = options.search.total_for(encoder)
+def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created: bool) -> None:
+    """Step 4 of :func:`run_study` on a created or loaded study: its dead trials failed, a failed start
+    queued again, then the planned trials added."""
+    fail_stale_trials(study, run.storage)
+    requeue_failed_recommended(study, run.storage)
+    name, count = planned.name, planned.count
+    total = run.options.search.total_for(planned.encoder)
     if count is not None:
         adding = f"{count} trials"
     else:
@@ -311,83 +308,7 @@ def _optimize_and_evaluate(
         finished_trial_count(study),
         adding,
     )
-
-    # ---- 4. optimise
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
-        optimize(study, storage, encoder, data, spec, options, count, callbacks)
-
-    # ---- 5. final evaluation on test, once per seed
-    if options.final.seeds > 0 and count_trials(study, ("COMPLETE",)):
-        seeds = options.final_seed_list()
-        trained: FinalModels = {}
-        if final_is_current(study, seeds, options.search.max_epochs, options.final.select, options.final.front):
-            final = study_record(study).final
-            front = [] if final is None else final.front
-            if front:
-                logger.info(
-                    "%s: final scores of the %d front trials (%s) are up to date",
-                    name,
-                    len(front),
-                    ", ".join(str(member.trial) for member in front),
-                )
-            else:
-                logger.info(
-                    "%s: final scores of trial %d (%s) are up to date",
-                    name,
-                    -1 if final is None else final.trial,
-                    options.final.select,
-                )
-        else:
-            trained = final_evaluation(
-                study,
-                data,
-                encoder=encoder,
-                seeds=seeds,
-                device=spec.device,
-                max_epochs=options.search.max_epochs,
-                select=options.final.select,
-                artifact_store=storage.artifact_store(),
-                final_front=options.final.front,
-                zero_shot=zero_shot,
-                progress=options.runtime.progress,
-            )
-        _ensemble_stage(study, storage, name, data, spec, options, trained)
-    elif options.final.seeds > 0:
-        logger.warning("%s: no complete trial yet, so no final evaluation", name)
-
-
-def _ensemble_stage(
-    study: Any,
-    storage: Storage,
-    name: str,
-    data: StudyData,
-    spec: DataSpec,
-    options: StudyOptions,
-    trained: FinalModels,
-) -> None:
-    """Step 6 of :func:`run_study`: the ensemble evaluation (``--ensemble K``, by default 5 where the study can
-    have one), unless it is current; members the final evaluation just ``trained`` are not trained again."""
-    from .ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
-
-    size, note = ensemble_size(study, options.final.ensemble)
-    if note:
-        logger.warning("%s: %s", name, note)
-    if not size:
-        return
-    run = EnsembleRun(
-        size=size,
-        seeds=options.final_seed_list(),
-        max_epochs=options.search.max_epochs,
-        select=options.final.select,
-        prediction_seed=options.search.seed or 0,
-        device=spec.device,
-        artifact_store=storage.artifact_store(),
-        progress=options.runtime.progress,
-        reuse=trained,
-    )
-    if ensemble_is_current(study, run):
-        logger.info("%s: the ensemble of %d is up to date", name, size)
-        return
-    ensemble_evaluation(study, data, run)
+        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, count, run.callbacks)

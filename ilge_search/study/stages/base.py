@@ -1,0 +1,97 @@
+"""What a study stage is: the :class:`Stage` base and the :class:`StageContext` every stage reads.
+
+A stage is one step of the pipeline after the search (the final evaluation, the ensemble, whatever comes
+next). The runner asks each registered stage, in order, whether it applies to the study, whether its stored
+result is current, and otherwise runs it; it knows no stage by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ...storage import Storage
+    from ..data import DataSpec, StudyData
+    from ..final import FinalModels
+    from ..options import StudyOptions
+    from ..planned import PlannedStudy
+
+__all__ = ["Stage", "StageContext", "StoredStudy"]
+
+StoredStudy = Any
+"""A study as the listing and the notes read it: an ``optuna.Study`` or a ``FrozenStudy`` summary (both carry
+the user attrs the record reads)."""
+
+
+@dataclass
+class StageContext:
+    """One study as its stages see it, after the search: the study, where it is stored, what was planned for
+    it, its data and the run's options.
+
+    ``trained`` holds the models earlier stages of this run trained (trial -> seed -> (model, seconds)), so a
+    later stage reuses them instead of training them again; it is the one field stages write.
+    """
+
+    study: optuna.Study
+    storage: Storage
+    planned: PlannedStudy
+    data: StudyData
+    spec: DataSpec
+    options: StudyOptions
+    zero_shot: Mapping[str, Any]
+    trained: FinalModels = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The study's name, as log lines start."""
+        return self.planned.name
+
+
+class Stage:
+    """One step after the search. Subclasses set :attr:`name` and override :meth:`applies`,
+    :meth:`is_current` and :meth:`run`; the other hooks are optional.
+
+    The runner calls, per study: :meth:`applies` (``False``: :meth:`skipped`, and the stage is done), then
+    :meth:`is_current` (``True``: it logs :meth:`current_note`), else :meth:`run`.
+    """
+
+    name: str = ""
+
+    def applies(self, context: StageContext) -> bool:
+        """Whether this stage has anything to do on the study under this run's options."""
+        raise NotImplementedError
+
+    def skipped(self, context: StageContext) -> None:
+        """Called when :meth:`applies` said no: where a user asked for the stage, say why it does not run
+        (most stages skip silently)."""
+
+    def is_current(self, context: StageContext) -> bool:
+        """Whether the stage's stored result already matches the study and the run's options."""
+        raise NotImplementedError
+
+    def current_note(self, context: StageContext) -> str:
+        """The log line (after the study's name) when the stored result is current."""
+        return f"{self.name} is up to date"
+
+    def run(self, context: StageContext) -> None:
+        """Compute the stage's result and store it on the study (through the record)."""
+        raise NotImplementedError
+
+    # ---- what the stage shows of its stored result (optional)
+
+    column_names: tuple[str, ...] = ()
+    """The columns the stage adds to the ``studies`` listing (after the built-in ones), in order."""
+
+    def columns(self, study: StoredStudy) -> dict[str, Any]:
+        """The stage's ``studies`` columns of one study (keys: :attr:`column_names`; ``None`` where it has
+        no result)."""
+        return dict.fromkeys(self.column_names)
+
+    def note_lines(self, study: StoredStudy, metric: str) -> list[str]:
+        """Markdown lines of the stage's result for the study's dashboard note (after the final evaluation's
+        part; none: nothing stored)."""
+        return []
