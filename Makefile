@@ -3,7 +3,7 @@
 #   make demo   create .venv and install everything, run the quick-start study on the default
 #               SQLite storage (studies/ilge.db), print its results and how to open the dashboard
 #   make test   create .venv if it is missing, then `ruff check .`, `ruff format --check .`, `mypy`,
-#               `mkdocs build --strict` and the whole pytest suite, listing the 10 slowest tests at the end
+#               `mkdocs build --strict` and the whole pytest suite on two workers, listing the 10 slowest tests at the end
 #               (what CI runs: .ci/run calls the README's test command, which is `make test`)
 #   make docs   build the documentation site (mkdocs.yml, docs/) into site/
 #
@@ -55,7 +55,7 @@ demo: setup
 
 test: setup
 	$(ACTIVATE) && ruff check . && ruff format --check . && mypy && mkdocs build --strict --quiet \
-	    && python -m pytest -q --durations=10
+	    && python -m pytest -q -n 2 --dist worksteal --durations=10
 
 docs: setup
 	$(ACTIVATE) && mkdocs build --strict

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import torch
 from torch import nn
+from typing_extensions import Unpack
 
 from ..configs import BestLayerConfig, EncoderConfig
 from ..models import resolve_device
@@ -437,19 +438,25 @@ def _train_prepared(config: EncoderConfig, data: _PreparedData, run: RunSettings
     return run_epochs(config, _SequenceTask(config, data, run), run)
 
 
+class ProbeOptions(TypedDict, total=False):
+    """The keywords :func:`select_best_layer` shares with :func:`train_encoder`, with the same defaults."""
+
+    task_kind: str
+    num_classes: int | None
+    score_range: tuple[float, float] | None
+    seed: int
+    device: str | torch.device
+    recipe: TrainingRecipe
+    progress: bool
+
+
 def select_best_layer(
     config: BestLayerConfig,
     train: Dataset,
     val: Dataset,
     *,
     layers: Sequence[int] | None = None,
-    task_kind: str = "classification",
-    num_classes: int | None = None,
-    score_range: tuple[float, float] | None = None,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    recipe: TrainingRecipe = DEFAULT_RECIPE,
-    progress: bool = False,
+    **options: Unpack[ProbeOptions],
 ) -> tuple[int, TrainResult, list[float]]:
     """Train one linear probe per layer with the engine; keep the best on validation.
 
@@ -465,7 +472,13 @@ def select_best_layer(
     """
     if not isinstance(config, BestLayerConfig):
         raise ValueError(f"select_best_layer needs a BestLayerConfig, got {type(config).__name__}")
-    recipe = recipe.resolved(task_kind)
+    unknown = sorted(set(options) - set(ProbeOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"select_best_layer() got unexpected keyword arguments: {', '.join(unknown)}")
+    task_kind = options.get("task_kind", "classification")
+    num_classes, score_range = options.get("num_classes"), options.get("score_range")
+    seed, device, progress = options.get("seed", 0), options.get("device", "cpu"), options.get("progress", False)
+    recipe = options.get("recipe", DEFAULT_RECIPE).resolved(task_kind)
     features, train_probe = _probe_trainer(train, val, task_kind, num_classes, score_range)
     num_layers = features.shape[-2]
     candidates = _candidate_layers(layers, num_layers)
