@@ -22,6 +22,7 @@ from ilge_search.record import StudyRecord
 from ilge_search.study import StorageError, StudyOptions, artifact_dir_for
 from ilge_search.study.notes import (
     TrialCounts,
+    TrialOutcome,
     study_note_markdown,
     trial_note_markdown,
     write_notes,
@@ -50,11 +51,7 @@ def test_trial_note_shows_scores_and_marks_tuned_fields():
         4,
         config,
         metric="accuracy",
-        val_metric=0.8125,
-        num_trainable_params=123456,
-        epochs_run=6,
-        best_epoch=5,
-        seconds=1.234,
+        outcome=TrialOutcome(val_metric=0.8125, num_trainable_params=123456, epochs_run=6, best_epoch=5, seconds=1.234),
         tuned=["lr", "hidden_dim"],
         recommended=True,
     )
@@ -68,7 +65,9 @@ def test_trial_note_shows_scores_and_marks_tuned_fields():
     assert "| pooling | a\\|b |  |" in lines  # a pipe cannot break the table
     assert not any(line.startswith("| family") for line in lines)  # it is in the title
 
-    pruned = trial_note_markdown(5, {"family": "fc"}, metric="spearman", state="pruned", epochs_run=2)
+    pruned = trial_note_markdown(
+        5, {"family": "fc"}, metric="spearman", state="pruned", outcome=TrialOutcome(epochs_run=2)
+    )
     assert pruned.startswith("## Trial 5 · fc · pruned")
     assert "Pruned after epoch 2" in pruned and "| - | - | 2 | - |" in pruned
 

@@ -13,7 +13,7 @@ from ilge_search.report import build_report
 from ilge_search.report.data import collect_records
 from ilge_search.report.document import slug
 from ilge_search.report.fewshot import fewshot_frame
-from ilge_search.study import SweepOverrides
+from ilge_search.study import SweepOverrides, SweepRuntime
 
 GRID = """
 storage = "{storage}"
@@ -44,11 +44,10 @@ def fewshot_storage(tmp_path_factory, synthetic):
     with refuse_model_loads():
         run_sweep(
             grid,
-            data_dir=synthetic.data_dir,
-            cache_dir=synthetic.cache_dir,
-            device="cpu",
+            runtime=SweepRuntime(
+                data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu", progress=False
+            ),
             overrides=SweepOverrides(threads=1),
-            progress=False,
         )
     return url
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ilge_search.study import SweepFilter, load_sweep, plan_sweep, resolve_encoders, run_sweep
+from ilge_search.study import SweepFilter, SweepRuntime, load_sweep, plan_sweep, resolve_encoders, run_sweep
 
 SEQUENCE_ENCODERS = resolve_encoders("all")  # "all" of a text task: the tagging-only encoders are not in it
 
@@ -251,13 +251,15 @@ last-layer = 2
 [tasks.trec]
 """,
     )
-    results = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
+    results = run_sweep(
+        path, runtime=SweepRuntime(data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
+    )
     assert [(r.encoder, r.n_finished) for r in results] == [("last-layer", 2), ("deepset", 3)]
     assert all(len(r.test_scores) == 2 and r.test_mean is not None for r in results)
     plan = plan_sweep(path)
     assert list(plan["to_run"]) == [0, 0] and plan["final_done"].all()
 
-    again = run_sweep(path, data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False)
+    again = run_sweep(path, runtime=SweepRuntime(data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False))
     assert [r.n_finished for r in again] == [2, 3]
     for r in results:
         study = optuna.load_study(study_name=r.study_name, storage=storage)
@@ -268,11 +270,8 @@ last-layer = 2
     path.write_text(path.read_text().replace("last-layer = 2", "last-layer = 4"))
     topped = run_sweep(
         path,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
+        runtime=SweepRuntime(data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False),
         only=SweepFilter(encoders=["last-layer"]),
-        progress=False,
     )
     assert [(r.encoder, r.n_finished) for r in topped] == [("last-layer", 4)]
 
@@ -284,11 +283,8 @@ last-layer = 2
     path.write_text(path.read_text().replace("last-layer = 4", "last-layer = 6"))
     run_sweep(
         path,
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device="cpu",
+        runtime=SweepRuntime(data_dir=data_dir, cache_dir=cache_dir, device="cpu", progress=False),
         only=SweepFilter(encoders=["last-layer"]),
-        progress=False,
     )
     states = Counter(t.state.name for t in optuna.load_study(study_name=topped[0].study_name, storage=storage).trials)
     assert states["RUNNING"] == 1 and states["COMPLETE"] + states["PRUNED"] == 5

@@ -139,7 +139,7 @@ def sweep_command(
     **overridden: Any,
 ) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
-    from ..study import SweepFilter, SweepOverrides, plan_sweep, run_sweep
+    from ..study import SweepFilter, SweepOverrides, SweepRuntime, plan_sweep, run_sweep
     from ..study.plan import format_seconds
 
     study_logging(quiet)
@@ -171,11 +171,13 @@ def sweep_command(
             storage=storage,
             only=only,
             overrides=overrides,
-            data_dir=settings.data_dir,
-            cache_dir=settings.cache_dir,
-            device=settings.device,
-            artifact_dir=artifact_dir,
-            progress=not quiet,
+            runtime=SweepRuntime(
+                data_dir=settings.data_dir,
+                cache_dir=settings.cache_dir,
+                device=settings.device,
+                artifact_dir=artifact_dir,
+                progress=not quiet,
+            ),
         )
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)

@@ -39,6 +39,7 @@ from ..storage import ENDED_STATES
 
 __all__ = [
     "TrialCounts",
+    "TrialOutcome",
     "trial_note_markdown",
     "study_note_markdown",
     "write_trial_note",
@@ -77,20 +78,33 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What training a trial did, as its note shows it (``None``: not recorded, shown as ``-``).
+
+    Attributes:
+        val_metric: best validation value over the epochs run.
+        num_trainable_params, epochs_run, best_epoch, seconds: what training did.
+        layer: the layer the best-layer baseline picked.
+    """
+
+    val_metric: float | None = None
+    num_trainable_params: int | None = None
+    epochs_run: int | None = None
+    best_epoch: int | None = None
+    seconds: float | None = None
+    layer: int | None = None
+
+
 def trial_note_markdown(
     number: int,
     config: Mapping[str, Any],
     *,
     metric: str = "value",
     state: str = "complete",
-    val_metric: float | None = None,
-    num_trainable_params: int | None = None,
-    epochs_run: int | None = None,
-    best_epoch: int | None = None,
-    seconds: float | None = None,
+    outcome: TrialOutcome = TrialOutcome(),
     tuned: Iterable[str] = (),
     recommended: bool = False,
-    layer: int | None = None,
 ) -> str:
     """The Markdown note of one trial.
 
@@ -99,14 +113,12 @@ def trial_note_markdown(
         config: the full config dict (``EncoderConfig.to_dict()``).
         metric: the validation metric's name (``accuracy``, ``spearman`` ...).
         state: ``complete``, ``pruned``, ``fail`` ...
-        val_metric: best validation value over the epochs run.
-        num_trainable_params, epochs_run, best_epoch, seconds: what training did.
+        outcome: what training did (:class:`TrialOutcome`).
         tuned: config fields that the sampler chose (marked in the table).
         recommended: the trial runs the family's ``recommended_config``.
-        layer: the layer the best-layer baseline picked.
 
-    >>> print(trial_note_markdown(0, {"family": "fc", "lr": 0.001}, metric="accuracy", val_metric=0.5,
-    ...                           num_trainable_params=1234, epochs_run=3, best_epoch=2, seconds=1.5,
+    >>> outcome = TrialOutcome(val_metric=0.5, num_trainable_params=1234, epochs_run=3, best_epoch=2, seconds=1.5)
+    >>> print(trial_note_markdown(0, {"family": "fc", "lr": 0.001}, metric="accuracy", outcome=outcome,
     ...                           tuned=["lr"]).splitlines()[0])
     ## Trial 0 · fc · complete
     """
@@ -115,25 +127,11 @@ def trial_note_markdown(
     lines = [f"## Trial {number} · {family} · {state}", ""]
     if recommended:
         lines += ["The family's recommended configuration, enqueued as the study's first trial.", ""]
-    if state == "pruned" and epochs_run is not None:
-        lines += [f"Pruned after epoch {epochs_run}: its validation {metric} fell behind the other trials.", ""]
-    best = _score(val_metric)
-    if val_metric is not None and best_epoch is not None:
-        best += f" (epoch {best_epoch})"
-    params = "-" if num_trainable_params is None else f"{int(num_trainable_params):,}"
-    lines += _table(
-        [f"validation {metric}", "trainable parameters", "epochs", "seconds"],
-        [
-            [
-                best,
-                params,
-                "-" if epochs_run is None else str(int(epochs_run)),
-                "-" if seconds is None else f"{float(seconds):.2f}",
-            ]
-        ],
-    )
-    if layer is not None:
-        lines += ["", f"Layer picked on validation: **{int(layer)}**."]
+    if state == "pruned" and outcome.epochs_run is not None:
+        lines += [f"Pruned after epoch {outcome.epochs_run}: its validation {metric} fell behind the other trials.", ""]
+    lines += _outcome_table(metric, outcome)
+    if outcome.layer is not None:
+        lines += ["", f"Layer picked on validation: **{int(outcome.layer)}**."]
     tuned = set(tuned)
     lines += ["", "### Configuration", ""]
     lines += _table(
@@ -141,6 +139,24 @@ def trial_note_markdown(
         [[key, value, "✓" if key in tuned else ""] for key, value in config.items() if key != "family"],
     )
     return "\n".join(lines) + "\n"
+
+
+def _outcome_table(metric: str, outcome: TrialOutcome) -> list[str]:
+    best = _score(outcome.val_metric)
+    if outcome.val_metric is not None and outcome.best_epoch is not None:
+        best += f" (epoch {outcome.best_epoch})"
+    params = "-" if outcome.num_trainable_params is None else f"{int(outcome.num_trainable_params):,}"
+    return _table(
+        [f"validation {metric}", "trainable parameters", "epochs", "seconds"],
+        [
+            [
+                best,
+                params,
+                "-" if outcome.epochs_run is None else str(int(outcome.epochs_run)),
+                "-" if outcome.seconds is None else f"{float(outcome.seconds):.2f}",
+            ]
+        ],
+    )
 
 
 @dataclass(frozen=True)
@@ -389,14 +405,16 @@ def write_trial_note(study: Any, trial: Any, *, state: str | None = None, metric
         record.config or dict(trial.params),
         metric=metric,
         state=state,
-        val_metric=record.val_metric,
-        num_trainable_params=record.params,
-        epochs_run=record.epochs_run,
-        best_epoch=record.best_epoch,
-        seconds=record.seconds,
+        outcome=TrialOutcome(
+            val_metric=record.val_metric,
+            num_trainable_params=record.params,
+            epochs_run=record.epochs_run,
+            best_epoch=record.best_epoch,
+            seconds=record.seconds,
+            layer=record.layer,
+        ),
         tuned=trial.params.keys(),
         recommended=record.recommended,
-        layer=record.layer,
     )
     save_note(_note_target(study, trial), body)
     return body

@@ -421,9 +421,15 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
         plan.notes.append("zero-shot tasks are not in the estimate: each adds the scoring of its test split")
     if not calibrate:
         return plan
+    _calibrate(check, plan, device)
+    return plan
 
+
+def _calibrate(check: RunCheck, plan: RunPlan, device: str) -> None:
+    """Time each study's first config on a subset and fill in the plan's wall-time estimates."""
     import torch
 
+    options = check.options
     started = time.perf_counter()
     previous_threads = torch.get_num_threads()
     if options.runtime.threads is not None:
@@ -434,24 +440,28 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
         for study in plan.studies:
             config = _first_config(study.encoder, check, plan.hidden_size)
             setup, per_epoch = _time_config(study.encoder, config, train, validation, check, plan, device)
-            study.trial_seconds = setup + study.epochs * per_epoch
-            search_trial = study.trial_seconds
-            if options.search.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
-                search_trial = options.search.cv * setup + (options.search.cv - 1) * study.epochs * per_epoch
-            if study.trials is None:  # no trial budget: the options' own check made sure of a timeout
-                timeout = options.search.timeout
-                trial_time = math.inf if timeout is None else timeout
-            else:
-                waves = math.ceil(study.trials / plan.parallel)
-                trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
-            study.seconds = trial_time + (study.final_runs + study.ensemble_runs) * study.trial_seconds
+            _estimate_study(study, options, plan.parallel, setup, per_epoch)
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
     finally:
         torch.set_num_threads(previous_threads)
     plan.seconds = plan.extraction_seconds + sum(s.seconds for s in plan.studies)
     plan.calibration_seconds = time.perf_counter() - started
     plan.calibration = f"{how}, {CALIBRATION_EPOCHS} epochs of each first config in {plan.calibration_seconds:.0f} s"
-    return plan
+
+
+def _estimate_study(study: StudyPlan, options: StudyOptions, parallel: int, setup: float, per_epoch: float) -> None:
+    """A study's trial and total seconds from its first config's setup and per-epoch times."""
+    study.trial_seconds = setup + study.epochs * per_epoch
+    search_trial = study.trial_seconds
+    if options.search.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
+        search_trial = options.search.cv * setup + (options.search.cv - 1) * study.epochs * per_epoch
+    if study.trials is None:  # no trial budget: the options' own check made sure of a timeout
+        timeout = options.search.timeout
+        trial_time = math.inf if timeout is None else timeout
+    else:
+        waves = math.ceil(study.trials / parallel)
+        trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
+    study.seconds = trial_time + (study.final_runs + study.ensemble_runs) * study.trial_seconds
 
 
 def _subset_rows(size: int) -> int:

@@ -62,6 +62,7 @@ pair's data options and budgets replaced.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import sys
@@ -104,6 +105,7 @@ __all__ = [
     "with_protocol",
     "plan_sweep",
     "estimate_sweep",
+    "SweepRuntime",
     "run_sweep",
 ]
 
@@ -375,12 +377,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
             raise _fail(task_where, "must be a table")
         _check_keys(task_where, options, TASK_KEYS)
         _check_task_name(task_where, task)
-        task_encoders = _encoders(task_where, options["encoders"]) if "encoders" in options else encoders
-        task_budgets = dict(budgets)
-        if "trials" in options:
-            task_budgets.update(_budgets(task_where, {**raw.get("trials", {}), **options["trials"]}, task_encoders))
-        elif "encoders" in options:
-            task_budgets = _budgets(task_where, raw.get("trials", {}), task_encoders)
+        task_encoders, task_budgets = _task_budgets(task_where, raw, options, encoders, budgets)
         zero_shot = tuple(_str_list(task_where, options["zero_shot"], "zero_shot")) if "zero_shot" in options else ()
         for name in zero_shot:
             _check_task_name(task_where, name)
@@ -402,25 +399,36 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
         common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
         common["word_pooling"] = _word_pooling(task_where, task, options, raw)
         warm_start = _task_count(task_where, options, raw, "warm_start") or 0
-        for protocol in protocols:
-            for model in models:
-                for shots in shot_values:
-                    for encoder in task_encoders:
-                        entries.append(
-                            SweepEntry(
-                                model=model,
-                                task=task,
-                                encoder=encoder,
-                                n_trials=task_budgets[encoder],
-                                shots=shots,
-                                objectives=objectives[encoder],
-                                protocol=protocol,
-                                samples_per_label=samples_per_label if protocol == "paper" else None,
-                                warm_start=warm_start if encoder in ENCODER_FAMILIES else 0,
-                                **common,
-                            )
-                        )
+        # nested in this order (protocol, model, shots, encoder): the order of the grid's studies
+        entries += [
+            SweepEntry(
+                model=model,
+                task=task,
+                encoder=encoder,
+                n_trials=task_budgets[encoder],
+                shots=shots,
+                objectives=objectives[encoder],
+                protocol=protocol,
+                samples_per_label=samples_per_label if protocol == "paper" else None,
+                warm_start=warm_start if encoder in ENCODER_FAMILIES else 0,
+                **common,
+            )
+            for protocol, model, shots, encoder in itertools.product(protocols, models, shot_values, task_encoders)
+        ]
     return entries
+
+
+def _task_budgets(
+    where: str, raw: Mapping[str, Any], options: Mapping[str, Any], encoders: list[str], budgets: dict[str, int]
+) -> tuple[list[str], dict[str, int]]:
+    """A task's encoders and their budgets: its own ``encoders`` and ``trials`` over the grid's."""
+    task_encoders = _encoders(where, options["encoders"]) if "encoders" in options else encoders
+    task_budgets = dict(budgets)
+    if "trials" in options:
+        task_budgets.update(_budgets(where, {**raw.get("trials", {}), **options["trials"]}, task_encoders))
+    elif "encoders" in options:
+        task_budgets = _budgets(where, raw.get("trials", {}), task_encoders)
+    return task_encoders, task_budgets
 
 
 def load_sweep(path: PathLike) -> Sweep:
@@ -632,17 +640,25 @@ def estimate_sweep(
     return plans
 
 
+@dataclass(frozen=True)
+class SweepRuntime:
+    """Where and how a sweep's studies run: ``data_dir``, ``cache_dir``, ``device``, ``artifact_dir`` and
+    ``progress``, as in :class:`StudyOptions`; none of them changes which studies the grid holds."""
+
+    data_dir: PathLike | None = None
+    cache_dir: PathLike | None = None
+    device: str = "auto"
+    artifact_dir: PathLike | None = None
+    progress: bool = True
+
+
 def run_sweep(
     sweep: Sweep | PathLike,
     *,
     storage: str | None = None,
     only: SweepFilter | None = None,
     overrides: SweepOverrides | None = None,
-    data_dir: PathLike | None = None,
-    cache_dir: PathLike | None = None,
-    device: str = "auto",
-    artifact_dir: PathLike | None = None,
-    progress: bool = True,
+    runtime: SweepRuntime = SweepRuntime(),
 ) -> list[StudyResult]:
     """Run every study of a grid up to its budget, then its final evaluation.
 
@@ -652,18 +668,14 @@ def run_sweep(
         only: run only these models, tasks and encoders of the grid (:class:`SweepFilter`; default: all).
         overrides: the command line's changes to the grid (:class:`SweepOverrides`): ``cv``, ``protocol``
             and ``samples_per_label`` are other studies (other names); ``select``, ``workers``, ``threads``.
-        data_dir, cache_dir, device, artifact_dir, progress: as in :class:`StudyOptions`.
+        runtime: data and cache folders, device, artifact folder and progress bars (:class:`SweepRuntime`).
 
     Returns:
         One :class:`StudyResult` per study run (skipped finished studies included).
     """
     sweep = _prepared(sweep, overrides)
     options = sweep.study_options(
-        data_dir=data_dir,
-        cache_dir=cache_dir,
-        device=device,
-        artifact_dir=artifact_dir,
-        progress=progress,
+        **{field.name: getattr(runtime, field.name) for field in dataclasses.fields(runtime)},
         **(overrides.run_options() if overrides else {}),
     )
     entries = (only or SweepFilter()).entries(sweep)
@@ -681,33 +693,52 @@ def run_sweep(
         groups.setdefault(entry.group_key(), []).append(entry)
     results: list[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
-        first = group[0]
-        remaining: dict[str, int] = {}
-        done: dict[str, Any] = {}  # encoder -> its study, already at its budget with current final scores
-        for entry in group:
-            study, finished, final = _status(opened, entry, options)
-            if finished >= entry.n_trials and final:
-                done[entry.encoder] = study
-            else:
-                remaining[entry.encoder] = max(0, entry.n_trials - finished)
-        logger.info(
-            "[%d/%d] %s / %s (%s protocol): %s",
-            number,
-            len(groups),
-            first.model,
-            first.task,
-            first.protocol,
-            ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done",
-        )
-        ran: dict[str, StudyResult] = {}
-        if remaining:
-            # the budget is also a cap shared with every other process on the storage (another sweep of the same
-            # grid, extra workers): counted when each trial starts, so concurrent runs stop at the budget together
-            group_options = first.options(options, remaining).replace(
-                total_trials={e.encoder: e.n_trials for e in group if e.encoder in remaining}
-            )
-            ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
-            ran = dict(zip(remaining, ran_results, strict=True))
-        for entry in group:
-            results.append(ran[entry.encoder] if entry.encoder in ran else study_result(done[entry.encoder], opened))
+        remaining, done = _remaining(opened, group, options)
+        logger.info("[%d/%d] %s", number, len(groups), _group_label(group, remaining))
+        results += _run_group(opened, group, options, remaining, done)
     return results
+
+
+def _remaining(
+    opened: Storage, group: list[SweepEntry], options: StudyOptions
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """The trials each encoder of a group still needs, and the studies already at their budget with
+    current final scores (encoder -> its study)."""
+    remaining: dict[str, int] = {}
+    done: dict[str, Any] = {}
+    for entry in group:
+        study, finished, final = _status(opened, entry, options)
+        if finished >= entry.n_trials and final:
+            done[entry.encoder] = study
+        else:
+            remaining[entry.encoder] = max(0, entry.n_trials - finished)
+    return remaining, done
+
+
+def _group_label(group: list[SweepEntry], remaining: Mapping[str, int]) -> str:
+    first = group[0]
+    left = ", ".join(f"{e}+{n}" for e, n in remaining.items()) or "done"
+    return f"{first.model} / {first.task} ({first.protocol} protocol): {left}"
+
+
+def _run_group(
+    opened: Storage,
+    group: list[SweepEntry],
+    options: StudyOptions,
+    remaining: dict[str, int],
+    done: Mapping[str, Any],
+) -> list[StudyResult]:
+    """Run the studies of one group that need it, in one ``run_study`` call; the results in group order."""
+    first = group[0]
+    ran: dict[str, StudyResult] = {}
+    if remaining:
+        # the budget is also a cap shared with every other process on the storage (another sweep of the same
+        # grid, extra workers): counted when each trial starts, so concurrent runs stop at the budget together
+        group_options = first.options(options, remaining).replace(
+            total_trials={e.encoder: e.n_trials for e in group if e.encoder in remaining}
+        )
+        ran_results = run_study(first.model, first.task, list(remaining), storage=opened, options=group_options)
+        ran = dict(zip(remaining, ran_results, strict=True))
+    return [
+        ran[entry.encoder] if entry.encoder in ran else study_result(done[entry.encoder], opened) for entry in group
+    ]
