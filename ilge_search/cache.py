@@ -26,6 +26,7 @@ Layout under the cache dir::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -68,6 +69,8 @@ __all__ = [
     "CacheCorruptError",
     "load_task_embeddings",
     "embed_task",
+    "ExtractionSettings",
+    "TaskColumns",
     "texts_fingerprint",
 ]
 
@@ -190,14 +193,35 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_options(pooling: str, max_length: int, batch_size: int, storage_dtype: str, device: Any) -> None:
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
-    if storage_dtype not in STORAGE_DTYPES:
-        raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {storage_dtype!r}")
-    for name, value in (("max_length", max_length), ("batch_size", batch_size)):
-        check_int(name, value)
-    resolve_device(device)  # a device this machine lacks: refused before any task, model or cache work
+@dataclass(frozen=True)
+class ExtractionSettings:
+    """How a split's texts become cached embeddings. ``pooling``, ``max_length`` and ``storage_dtype`` are
+    part of an entry's key; ``batch_size`` and ``device`` only say how it is extracted."""
+
+    pooling: str = "mean"
+    max_length: int = 512
+    batch_size: int = 32
+    device: str = "auto"
+    storage_dtype: str = "float16"
+
+    def check(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {self.storage_dtype!r}")
+        for name, value in (("max_length", self.max_length), ("batch_size", self.batch_size)):
+            check_int(name, value)
+        resolve_device(self.device)  # a device this machine lacks: refused before any task, model or cache work
+
+
+@dataclass(frozen=True)
+class TaskColumns:
+    """Which columns of a local task file hold the texts, labels or scores (``None``: ``load_task`` finds)."""
+
+    text_col: str | None = None
+    label_col: str | None = None
+    text_cols: Sequence[str] | None = None
+    score_col: str | None = None
 
 
 def safetensors_header(tensors: list[tuple[str, str, tuple, int]], metadata: dict[str, str]) -> bytes:
@@ -616,16 +640,14 @@ class EmbeddingCache:
         self,
         key: str,
         source: ModelSource,
-        task: str,
-        split: str,
-        fingerprint: str,
-        pooling: str,
-        max_length: int,
-        storage_dtype: str,
-        device: str,
+        where: tuple[str, str, str],
+        settings: ExtractionSettings,
     ) -> dict[str, Any]:
-        """The JSON record of a new entry before extraction: what it holds and which versions made it."""
+        """The JSON record of a new entry for ``where`` = (task, split, fingerprint) before extraction: what it
+        holds and which versions made it."""
         import transformers
+
+        task, split, fingerprint = where
 
         return {
             "key": key,
@@ -636,10 +658,10 @@ class EmbeddingCache:
             "task": task,
             "split": split,
             "fingerprint": fingerprint,
-            "pooling": pooling,
-            "max_length": max_length,
-            "storage_dtype": storage_dtype,
-            "device": device,
+            "pooling": settings.pooling,
+            "max_length": settings.max_length,
+            "storage_dtype": settings.storage_dtype,
+            "device": settings.device,
             "versions": {
                 "ilge_search": __version__,
                 "torch": torch.__version__,
@@ -669,7 +691,8 @@ class EmbeddingCache:
         :func:`~ilge_search.tasks.load_task` accepts. Options, task and model are checked
         before any model is loaded. Similarity tasks give features (N, 2, L, D).
         """
-        _check_options(pooling, max_length, batch_size, storage_dtype, device)
+        settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
+        settings.check()
         task = load_task(task_data_or_name, data_dir)
         if task.kind == "tagging":
             raise TaskError(
@@ -688,7 +711,7 @@ class EmbeddingCache:
             max_length=max_length,
             storage_dtype=storage_dtype,
         )
-        meta = self.entry_meta(key, source, task.name, split, fingerprint, pooling, max_length, storage_dtype, device)
+        meta = self.entry_meta(key, source, (task.name, split, fingerprint), settings)
         meta.update(
             kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(part.labels.dtype)
         )
@@ -715,7 +738,8 @@ class EmbeddingCache:
     ) -> torch.Tensor:
         """(N, L, D) embeddings of arbitrary texts in the storage dtype, cached by a fingerprint
         of the texts, so the same texts never go through the model twice."""
-        _check_options(pooling, max_length, batch_size, storage_dtype, device)
+        settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
+        settings.check()
         if isinstance(texts, str):
             raise TypeError("texts must be a list of strings, not one string")
         texts = list(texts)
@@ -735,9 +759,7 @@ class EmbeddingCache:
             max_length=max_length,
             storage_dtype=storage_dtype,
         )
-        meta = self.entry_meta(
-            key, source, _TEXTS_TASK, "texts", fingerprint, pooling, max_length, storage_dtype, device
-        )
+        meta = self.entry_meta(key, source, (_TEXTS_TASK, "texts", fingerprint), settings)
         meta.update(kind="texts", label_names=[])
 
         def build() -> None:
@@ -835,7 +857,8 @@ def load_task_embeddings(
     The task, options and model name are validated first; missing splits are then
     extracted with one model load, which is released before returning.
     """
-    _check_options(pooling, max_length, batch_size, storage_dtype, device)
+    settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
+    settings.check()
     task_data = load_task(task, data_dir)
     wanted = list(splits) if splits else list(task_data.splits)
     unknown = [split for split in wanted if split not in task_data.splits]
@@ -844,17 +867,7 @@ def load_task_embeddings(
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
         got = {
-            split: cache.get_or_extract(
-                source,
-                task_data,
-                split,
-                pooling=pooling,
-                max_length=max_length,
-                batch_size=batch_size,
-                device=device,
-                storage_dtype=storage_dtype,
-                progress=progress,
-            )
+            split: cache.get_or_extract(source, task_data, split, progress=progress, **dataclasses.asdict(settings))
             for split in wanted
         }
     first = next(iter(got.values()))
@@ -876,15 +889,12 @@ def embed_task(
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
     splits: Sequence[str] | None = None,
-    text_col: str | None = None,
-    label_col: str | None = None,
-    text_cols: Sequence[str] | None = None,
-    score_col: str | None = None,
-    **options: Any,
+    columns: TaskColumns = TaskColumns(),
+    settings: ExtractionSettings = ExtractionSettings(),
+    progress: bool = True,
 ) -> TaskEmbeddings:
     """What ``ilge-search embed`` runs: load (and validate) the task with the given columns,
     then :func:`load_task_embeddings`."""
-    task_data = load_task(
-        task, data_dir, text_col=text_col, label_col=label_col, text_cols=text_cols, score_col=score_col
-    )
-    return load_task_embeddings(model, task_data, cache_dir=cache_dir, splits=splits, **options)
+    task_data = load_task(task, data_dir, **dataclasses.asdict(columns))
+    options = dataclasses.asdict(settings)
+    return load_task_embeddings(model, task_data, cache_dir=cache_dir, splits=splits, progress=progress, **options)

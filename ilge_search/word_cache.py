@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cache import STORAGE_DTYPES, CacheCorruptError, EmbeddingCache, safetensors_header, storable
+from .cache import STORAGE_DTYPES, CacheCorruptError, EmbeddingCache, ExtractionSettings, safetensors_header, storable
 from .extraction import LayerEmbedder
 from .models import ModelSource, resolve_device
 from .tagging import sentence_offsets
@@ -328,12 +328,15 @@ def _new_job(
 ) -> _WordJob:
     """The key and record of a word entry for ``where`` = (task, split, fingerprint) and ``data`` =
     (sentences, labels or None)."""
-    task, split, fingerprint = where
     sentences, labels = data
     key = word_entry_key(cache, source, where, options)
-    meta = cache.entry_meta(
-        key, source, task, split, fingerprint, "mean", options.max_length, options.storage_dtype, options.device
+    extraction = ExtractionSettings(
+        max_length=options.max_length,
+        batch_size=options.batch_size,
+        device=options.device,
+        storage_dtype=options.storage_dtype,
     )
+    meta = cache.entry_meta(key, source, where, extraction)
     del meta["pooling"]  # words are not pooled over a text: word_pooling says how they are made
     meta.update(options.key_fields(), labelled=labels is not None)
     return _WordJob(key, sentences, labels, meta)

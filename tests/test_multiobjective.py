@@ -30,7 +30,7 @@ from ilge_search.objectives import (
 from ilge_search.record import FrontMember, Identity, TrialRecord
 from ilge_search.study import StudyOptions, default_study_name, load_sweep
 from ilge_search.study.data import StudyData
-from ilge_search.study.final import final_evaluation, final_is_current
+from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
 from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
 from ilge_search.study.selection import front_trials, select_trial, study_front
 from ilge_search.study.trial import TrialObjective, recommended_params
@@ -212,7 +212,7 @@ def test_the_final_front_retrains_each_front_trial_and_reuses_what_it_has(monkey
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: trainings.append(k["seed"]) or real(*a, **k))
     seeds = [1000, 1001]
-    final_evaluation(study, data, encoder="mlp-last", seeds=seeds, device="cpu", max_epochs=3, final_front=2)
+    final_evaluation(study, data, FinalSettings(encoder="mlp-last", seeds=seeds, device="cpu", max_epochs=3, front=2))
     attrs = study.user_attrs
     records = attrs["final_front"]
     chosen = front_trials(front, 2)
@@ -234,7 +234,7 @@ def test_the_final_front_retrains_each_front_trial_and_reuses_what_it_has(monkey
     assert not final_is_current(study, [1000], 3, final_front=2)
     # a larger K retrains only the trials it adds
     trainings.clear()
-    final_evaluation(study, data, encoder="mlp-last", seeds=seeds, device="cpu", max_epochs=3, final_front=3)
+    final_evaluation(study, data, FinalSettings(encoder="mlp-last", seeds=seeds, device="cpu", max_epochs=3, front=3))
     added = len(front_trials(front, 3)) - len([t for t in front_trials(front, 3) if t in chosen])
     assert len(trainings) == 2 * added
     assert final_is_current(study, seeds, 3, final_front=3)

@@ -39,7 +39,7 @@ from ilge_search.record import (
     upgrade_attrs,
 )
 from ilge_search.study.data import StudyData
-from ilge_search.study.final import final_evaluation, final_is_current
+from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -321,14 +321,14 @@ def test_each_rule_keeps_its_final_evaluation_and_switching_back_restores_it_wit
     monkeypatch.setattr(final_module, "_retrain", counting)
     common = dict(encoder="mlp-last", seeds=[1000, 1001], device="cpu", max_epochs=3, progress=False)
 
-    final_evaluation(study, data, select="best", **common)
+    final_evaluation(study, data, FinalSettings(select="best", **common))
     best = study_record(study).final
     assert (best.select, best.trial, best.start_trial) == ("best", 1, 0)
     assert trained == ["mlp-last", "mlp-last start"]
     assert best.search_gain == pytest.approx(best.test_mean - best.start_test_mean)
     assert best.test_macro_f1 is None and best.test_macro_f1_mean is None  # recorded for tagging studies only
 
-    final_evaluation(study, data, select="one-se", **common)
+    final_evaluation(study, data, FinalSettings(select="one-se", **common))
     record = study_record(study)
     assert (record.final.select, record.final.trial) == ("one-se", 2)
     assert trained[2:] == ["mlp-last"]  # the start's scores come from the best rule's record
@@ -336,7 +336,7 @@ def test_each_rule_keeps_its_final_evaluation_and_switching_back_restores_it_wit
     assert set(record.by_rule) == {"best", "one-se"} and record.by_rule["best"] == best
     assert final_is_current(study, [1000, 1001], 3, "one-se") and not final_is_current(study, [1000, 1001], 3, "best")
 
-    final_evaluation(study, data, select="best", **common)
+    final_evaluation(study, data, FinalSettings(select="best", **common))
     assert len(trained) == 3  # restored, not retrained
     restored = study_record(study)
     assert restored.final == best and restored.by_rule["one-se"] == record.final

@@ -19,7 +19,7 @@ from optuna.trial import TrialState, create_trial
 from ilge_search.configs import config_from_dict
 from ilge_search.study import StudyOptions, default_study_name, format_results, load_sweep, study_result
 from ilge_search.study.data import StudyData
-from ilge_search.study.final import final_evaluation, final_is_current
+from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
 from ilge_search.study.folds import check_cv, cross_validate, stratified_folds
 from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
 from ilge_search.study.selection import select_trial, standard_error, start_trial
@@ -278,12 +278,14 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
     final_evaluation(
         study,
         data,
-        encoder="mlp-last",
-        seeds=[1000, 1001],
-        device="cpu",
-        max_epochs=3,
-        select="best",
-        progress=False,
+        FinalSettings(
+            encoder="mlp-last",
+            seeds=[1000, 1001],
+            device="cpu",
+            max_epochs=3,
+            select="best",
+            progress=False,
+        ),
     )
     attrs = study.user_attrs
     best = study.best_trial
@@ -305,12 +307,14 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
     final_evaluation(
         study,
         data,
-        encoder="mlp-last",
-        seeds=[1000, 1001],
-        device="cpu",
-        max_epochs=3,
-        select="one-se",
-        progress=False,
+        FinalSettings(
+            encoder="mlp-last",
+            seeds=[1000, 1001],
+            device="cpu",
+            max_epochs=3,
+            select="one-se",
+            progress=False,
+        ),
     )
     chosen = select_trial(study, "one-se")
     assert study.user_attrs["final_trial"] == chosen.number and study.user_attrs["final_select"] == "one-se"
@@ -324,12 +328,14 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
     final_evaluation(
         study,
         data,
-        encoder="mlp-last",
-        seeds=[1000, 1001],
-        device="cpu",
-        max_epochs=3,
-        select="best",
-        progress=False,
+        FinalSettings(
+            encoder="mlp-last",
+            seeds=[1000, 1001],
+            device="cpu",
+            max_epochs=3,
+            select="best",
+            progress=False,
+        ),
     )
     assert not calls and study.user_attrs["final_test_scores"] == attrs["final_test_scores"]
     assert final_is_current(study, [1000, 1001], 3, "best")
@@ -353,12 +359,14 @@ def test_when_the_start_is_selected_its_scores_are_reused_and_the_gain_is_zero(e
     final_evaluation(
         study,
         data,
-        encoder="mlp-last",
-        seeds=[1000, 1001],
-        device="cpu",
-        max_epochs=3,
-        select="one-se",
-        progress=False,
+        FinalSettings(
+            encoder="mlp-last",
+            seeds=[1000, 1001],
+            device="cpu",
+            max_epochs=3,
+            select="one-se",
+            progress=False,
+        ),
     )
     attrs = study.user_attrs
     assert attrs["final_trial"] == 0 and attrs["final_search_gain"] == 0.0 and len(calls) == 2

@@ -51,7 +51,7 @@ def embed_command(
     quiet: bool,
 ) -> None:
     """Extract (or find in the cache) every layer's pooled embeddings of a task's splits."""
-    from ..cache import embed_task
+    from ..cache import ExtractionSettings, TaskColumns, embed_task
 
     if quiet:
         quiet_model_loading()
@@ -63,15 +63,14 @@ def embed_command(
         data_dir=settings.data_dir,
         cache_dir=settings.cache_dir,
         splits=list(splits) or None,
-        text_col=text_col,
-        label_col=label_col,
-        text_cols=pair_cols,
-        score_col=score_col,
-        pooling=pooling,
-        max_length=max_length,
-        batch_size=batch_size,
-        device=settings.device,
-        storage_dtype=storage_dtype,
+        columns=TaskColumns(text_col=text_col, label_col=label_col, text_cols=pair_cols, score_col=score_col),
+        settings=ExtractionSettings(
+            pooling=pooling,
+            max_length=max_length,
+            batch_size=batch_size,
+            device=settings.device,
+            storage_dtype=storage_dtype,
+        ),
         progress=not quiet,
     )
     click.echo(f"{result.model} / {result.task.name}: {result.num_layers} layers x {result.hidden_size}")

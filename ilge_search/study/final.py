@@ -94,7 +94,7 @@ from .selection import (
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
-__all__ = ["FinalModels", "final_is_current", "final_evaluation"]
+__all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation"]
 
 ZeroShotData = Mapping[str, tuple[Any, Any]]  # task name -> (features, gold scores)
 # what a final evaluation trained, for the ensemble stage to reuse: trial -> seed -> (model, training seconds)
@@ -487,30 +487,39 @@ def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, sele
     return trained
 
 
+@dataclass(frozen=True)
+class FinalSettings:
+    """What a final evaluation retrains with: the encoder, the seeds, where, the epoch cap, the selection rule
+    (``select``; ``front``: how many Pareto-front trials a multi-objective study retrains) and whether to show
+    progress."""
+
+    encoder: str
+    seeds: Sequence[int]
+    device: str
+    max_epochs: int | None
+    select: str = DEFAULT_SELECT
+    front: int = DEFAULT_FINAL_FRONT
+    progress: bool = True
+
+
 def final_evaluation(
     study: Any,
     data: StudyData,
+    settings: FinalSettings,
     *,
-    encoder: str,
-    seeds: list[int],
-    device: str,
-    max_epochs: int | None,
-    select: str = DEFAULT_SELECT,
     artifact_store: Any = None,
     zero_shot: ZeroShotData | None = None,
-    progress: bool = True,
-    final_front: int = DEFAULT_FINAL_FRONT,
 ) -> FinalModels:
-    """Retrain the trial ``select`` picks with each seed; evaluate on test once per seed; store the scores.
+    """Retrain the trial ``settings.select`` picks with each seed; evaluate on test once per seed; store the scores.
 
     The starting configuration is retrained with the same seeds for the search
     gain (unless its scores are at hand). A rule whose earlier evaluation is
     still current is restored without training. ``artifact_store`` (e.g.
     ``Storage.artifact_store()``) receives the best seed's weights; ``None``
     uploads nothing. ``zero_shot`` maps other similarity tasks to their
-    ``(features, scores)``. ``max_epochs`` is recorded (what
+    ``(features, scores)``. ``settings.max_epochs`` is recorded (what
     :func:`final_is_current` compares). A multi-objective study retrains up to
-    ``final_front`` trials of its Pareto front instead (``select`` does not apply).
+    ``settings.front`` trials of its Pareto front instead (``select`` does not apply).
 
     Returns the models trained here (trial -> seed -> (model, seconds)) of the selected trial and the start,
     which the ensemble stage reuses instead of training them again (a front evaluation returns none: such
@@ -520,16 +529,16 @@ def final_evaluation(
     run = _Retraining(
         identity=record.identity,
         data=data,
-        seeds=list(seeds),
-        device=device,
-        max_epochs=max_epochs,
-        encoder=encoder,
-        progress=progress,
+        seeds=list(settings.seeds),
+        device=settings.device,
+        max_epochs=settings.max_epochs,
+        encoder=settings.encoder,
+        progress=settings.progress,
         readout=None if record.identity is None else PaperProtocol.for_identity(record.identity),
         zero_shot=zero_shot or {},
         artifact_store=artifact_store,
     )
     if is_multi_objective(study):
-        _front_evaluation(study, record, run, final_front)
+        _front_evaluation(study, record, run, settings.front)
         return {}
-    return _selected_evaluation(study, record, run, select)
+    return _selected_evaluation(study, record, run, settings.select)

@@ -7,7 +7,7 @@ import logging
 
 from ...record import study_record
 from ...storage import count_trials
-from ..final import final_evaluation, final_is_current
+from ..final import FinalSettings, final_evaluation, final_is_current
 from .base import Stage, StageContext
 
 __all__ = ["FinalStage", "has_final_scores_to_make"]
@@ -54,17 +54,20 @@ class FinalStage(Stage):
 
     def run(self, context: StageContext) -> None:
         options = context.options
-        trained = final_evaluation(
-            context.study,
-            context.data,
+        settings = FinalSettings(
             encoder=context.planned.encoder,
             seeds=options.final_seed_list(),
             device=context.spec.device,
             max_epochs=options.search.max_epochs,
             select=options.final.select,
-            artifact_store=context.storage.artifact_store(),
-            final_front=options.final.front,
-            zero_shot=context.zero_shot,
+            front=options.final.front,
             progress=options.runtime.progress,
+        )
+        trained = final_evaluation(
+            context.study,
+            context.data,
+            settings,
+            artifact_store=context.storage.artifact_store(),
+            zero_shot=context.zero_shot,
         )
         context.trained.update(trained)
