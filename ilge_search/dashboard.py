@@ -36,6 +36,8 @@ from .storage import Storage, artifact_dir_for, open_storage
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    import optuna
+
 __all__ = [
     "dashboard_artifact_dirs",
     "DirectoriesArtifactStore",
@@ -184,7 +186,9 @@ def param_importances(storage: Any, study_id: int) -> tuple[str, dict[str, Any]]
     return "200 OK", {"param_importances": answer}
 
 
-def _objective_importances(study: Any, complete: list[Any], index: int, direction: Any) -> list[dict[str, Any]]:
+def _objective_importances(
+    study: optuna.Study, complete: list[Any], index: int, direction: Any
+) -> list[dict[str, Any]]:
     from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
     from optuna.study import StudyDirection
 

@@ -40,13 +40,16 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .configs import config_from_dict
 from .record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from .storage import Storage, open_storage
 from .study.export import load_run_study
 from .study.retraining import TrainingSetup, train_seeds
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "EXPLAIN_SPLIT",
@@ -276,7 +279,7 @@ def attribute_word_layers(
 class _Explained:
     """A study checked for explaining: made by ilge-search (``identity``), with a ``final`` evaluation."""
 
-    study: Any
+    study: optuna.Study
     record: StudyRecord
     identity: Identity
     final: FinalRecord

@@ -30,9 +30,12 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "OBJECTIVES",
@@ -107,7 +110,7 @@ def objective_metric_names(objectives: Sequence[str], metric: str) -> list[str]:
     return [metric if name == "score" else _METRIC_NAMES[name] for name in objectives]
 
 
-def is_multi_objective(study: Any) -> bool:
+def is_multi_objective(study: optuna.Study) -> bool:
     """Whether ``study`` (an ``optuna.Study``) has more than one objective."""
     return len(study.directions) > 1
 
@@ -139,7 +142,7 @@ def objective_values(trial: Any, objectives: Sequence[str]) -> tuple[float, ...]
     return tuple(out)
 
 
-def complete_trials(study: Any) -> list[Any]:
+def complete_trials(study: optuna.Study) -> list[Any]:
     """The study's complete trials with finite values."""
     from optuna.trial import TrialState
 
@@ -150,7 +153,7 @@ def complete_trials(study: Any) -> list[Any]:
     ]
 
 
-def best_score_trial(study: Any) -> Any:
+def best_score_trial(study: optuna.Study) -> Any:
     """The complete trial with the best score: ``study.best_trial`` for a single-objective study; with several
     objectives the best first objective, ties broken by the later objectives, then the earlier trial.
 

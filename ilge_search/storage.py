@@ -34,10 +34,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .files import DiskError, check_can_create, check_writable
 from .settings import default_storage_url
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "Storage",
@@ -84,12 +87,12 @@ FINISHED_STATES = ("COMPLETE", "PRUNED")
 ENDED_STATES = ("COMPLETE", "PRUNED", "FAIL")
 
 
-def count_trials(study: Any, states: tuple = FINISHED_STATES) -> int:
+def count_trials(study: optuna.Study, states: tuple = FINISHED_STATES) -> int:
     """Trials of ``study`` in ``states`` (names of ``optuna.trial.TrialState``)."""
     return len(study.get_trials(deepcopy=False, states=_states(*states)))
 
 
-def finished_trial_count(study: Any) -> int:
+def finished_trial_count(study: optuna.Study) -> int:
     """Complete plus pruned trials of ``study`` (what trial budgets count)."""
     return count_trials(study, FINISHED_STATES)
 
@@ -200,7 +203,7 @@ class Storage:
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         return FileSystemArtifactStore(self.artifact_dir)
 
-    def load_study(self, study_name: str, *, sampler: Any = None, pruner: Any = None) -> Any | None:
+    def load_study(self, study_name: str, *, sampler: Any = None, pruner: Any = None) -> optuna.Study | None:
         """The stored study called ``study_name``, or ``None`` when there is none."""
         import optuna
 
@@ -208,6 +211,13 @@ class Storage:
             return optuna.load_study(study_name=study_name, storage=self.rdb, sampler=sampler, pruner=pruner)
         except KeyError:
             return None
+
+    def existing_study(self, study_name: str) -> optuna.Study:
+        """The stored study called ``study_name``, which a listing of this storage just named."""
+        study = self.load_study(study_name)
+        if study is None:
+            raise ValueError(f"study {study_name!r} left {self.shown_url} while it was read; run the command again")
+        return study
 
     def study_summaries(self) -> list:
         """``optuna.get_all_study_summaries`` of this storage, best trials included."""
@@ -524,7 +534,7 @@ def worker_stamp(trial_number: int) -> dict[str, Any]:
     }
 
 
-def stamp_worker(study: Any, trial: Any) -> None:
+def stamp_worker(study: optuna.Study, trial: Any) -> None:
     """Record on ``trial`` (a ``Trial`` or ``FrozenTrial`` of ``study``) which process runs it
     (:func:`worker_stamp`), so that a run on this host fails it at once when that process dies.
 
@@ -558,20 +568,20 @@ def _owner_stamping_class() -> type:
         def __repr__(self) -> str:
             return f"{type(self).__name__}({self.inner!r})"
 
-        def infer_relative_search_space(self, study: Any, trial: Any) -> Any:
+        def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> Any:
             return self.inner.infer_relative_search_space(study, trial)
 
-        def sample_relative(self, study: Any, trial: Any, search_space: Any) -> Any:
+        def sample_relative(self, study: optuna.Study, trial: Any, search_space: Any) -> Any:
             return self.inner.sample_relative(study, trial, search_space)
 
-        def sample_independent(self, study: Any, trial: Any, param_name: str, param_distribution: Any) -> Any:
+        def sample_independent(self, study: optuna.Study, trial: Any, param_name: str, param_distribution: Any) -> Any:
             return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
-        def before_trial(self, study: Any, trial: Any) -> None:
+        def before_trial(self, study: optuna.Study, trial: Any) -> None:
             stamp_worker(study, trial)
             self.inner.before_trial(study, trial)
 
-        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
             self.inner.after_trial(study, trial, state, values)
 
         def reseed_rng(self) -> None:
@@ -630,7 +640,7 @@ def _retry_callback(storage: Storage) -> Any:
     return callback
 
 
-def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str, *, retry: bool = True) -> bool:
+def _fail_and_retry(study: optuna.Study, storage: Storage, trial: Any, why: str, *, retry: bool = True) -> bool:
     import optuna
 
     try:
@@ -644,7 +654,7 @@ def _fail_and_retry(study: Any, storage: Storage, trial: Any, why: str, *, retry
     return bool(failed)
 
 
-def fail_waiting_trials(study: Any, storage: Storage) -> list[int]:
+def fail_waiting_trials(study: optuna.Study, storage: Storage) -> list[int]:
     """Mark FAIL every WAITING trial of ``study``, for studies no sampler ever asks for a trial (the portfolio's
     cells are claimed RUNNING, never queued): a queued copy there waits forever. Returns their numbers."""
     import optuna
@@ -657,7 +667,7 @@ def fail_waiting_trials(study: Any, storage: Storage) -> list[int]:
     return numbers
 
 
-def fail_own_running_trials(study: Any, storage: Storage) -> list[int]:
+def fail_own_running_trials(study: optuna.Study, storage: Storage) -> list[int]:
     """Fail (and re-queue) the RUNNING trials of this process, as far as the storage still takes writes.
 
     Called when a storage fault stopped a trial half-way; what cannot be written
@@ -682,7 +692,7 @@ def fail_own_running_trials(study: Any, storage: Storage) -> list[int]:
     return numbers
 
 
-def fail_stale_trials(study: Any, storage: Storage, *, retry: bool = True) -> None:
+def fail_stale_trials(study: optuna.Study, storage: Storage, *, retry: bool = True) -> None:
     """Fail and retry (up to ``max_retry`` times; with ``retry=False`` never) RUNNING trials whose worker died.
 
     - A trial whose process (:data:`WORKER_ATTR`) is gone on this host is failed at once.
@@ -700,7 +710,7 @@ def fail_stale_trials(study: Any, storage: Storage, *, retry: bool = True) -> No
     import sqlalchemy
 
     for trial in study.get_trials(deepcopy=False, states=_states("RUNNING")):
-        stamp = trial.user_attrs.get(WORKER_ATTR)
+        stamp: Any = trial.user_attrs.get(WORKER_ATTR)
         if _process_gone(stamp, trial.number):
             _fail_and_retry(study, storage, trial, f"its process {stamp['pid']} on this host is gone", retry=retry)
     rdb = storage.rdb
@@ -727,7 +737,7 @@ def fail_stale_trials(study: Any, storage: Storage, *, retry: bool = True) -> No
         _fail_and_retry(study, storage, trial, "it never sent a heartbeat (its worker died)", retry=retry)
 
 
-def requeue_trial(study: Any, storage: Storage, trial: Any) -> bool:
+def requeue_trial(study: optuna.Study, storage: Storage, trial: Any) -> bool:
     """Queue a copy of the failed ``trial`` (same parameters and user attrs), as a heartbeat retry
     would; ``False`` once it was retried ``max_retry`` times."""
     waiting = count_trials(study, ("WAITING",))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,6 +19,9 @@ from .group import (
     study_logging,
     study_options,
 )
+
+if TYPE_CHECKING:
+    pass
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "

@@ -42,7 +42,7 @@ import logging
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..configs import ENCODER_FAMILIES, config_class_for
@@ -56,6 +56,9 @@ from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
 from .problems import ProblemGroups, open_existing_storage, problem_tasks, read_problems
 from .rule import derive_defaults
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "LOTO_FAMILIES",
@@ -266,7 +269,7 @@ def _train_scores(config: Any, data: StudyData, seeds: Sequence[int], device: st
 
 
 def _evaluate(
-    target: _Target, study: Any, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
+    target: _Target, study: optuna.Study, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
 ) -> tuple[LotoRecord, int]:
     """Both configurations of ``target`` trained on its study's data (``loaded``: one load per data setting);
     the record and how many configurations were trained (one when they are equal)."""
@@ -294,7 +297,7 @@ def _evaluate(
 
 
 def _stored_or_trained(
-    study: Any, target: _Target, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
+    study: optuna.Study, target: _Target, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
 ) -> tuple[LotoRecord, int]:
     """The study's current record for ``seeds``, or a new one trained and stored; and the configurations
     trained."""
@@ -500,7 +503,7 @@ def leave_one_task_out(
     with setup.torch_threads():
         for target in steps(targets, BarSpec("leave one task out", unit="row", enabled=setup.progress)):
             records[target.study], count = _stored_or_trained(
-                opened.load_study(target.study), target, seeds, setup, loaded
+                opened.existing_study(target.study), target, seeds, setup, loaded
             )
             trained += count
     return _result(storage_url, targets, records, notes, all_tasks, trained)

@@ -31,7 +31,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..configs import ENCODER_FAMILIES, config_from_dict
 from ..record import (
@@ -65,6 +65,9 @@ from .choice import choose_default, greedy_portfolio, normalise, portfolio_value
 from .loto import start_config
 from .problems import Problem, read_problems
 from .rule import derive_defaults
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "BUILTIN",
@@ -194,7 +197,7 @@ def _matrix_problem(storage: Storage, problem: Problem) -> MatrixProblem:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.value is not None and math.isfinite(t.value) and trial_record(t).config
     ]
-    complete.sort(key=lambda t: (-t.value if record.maximize else t.value, t.number))
+    complete.sort(key=lambda t: (-cast(float, t.value) if record.maximize else cast(float, t.value), t.number))
     seconds = [s for s in (trial_record(t).seconds for t in complete) if s is not None]
     return MatrixProblem(
         study=problem.study,
@@ -330,7 +333,7 @@ def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) ->
     return study
 
 
-def release_dead_claims(storage: Storage, study: Any) -> None:
+def release_dead_claims(storage: Storage, study: optuna.Study) -> None:
     """Free the cells of processes of this host that died: their claims are failed and not re-queued, since a
     cell is claimed afresh by whoever trains it and nothing ever runs a queued trial of this study; a queued
     copy already there (an earlier version re-queued such claims) is failed too."""
@@ -370,7 +373,7 @@ def train_cells(
                 if cell.problem not in loaded:
                     loaded.clear()
                     loaded[cell.problem] = setup.load_data(
-                        storage.load_study(problems[cell.problem].study), with_test=True
+                        storage.existing_study(problems[cell.problem].study), with_test=True
                     )
                 scores = _train_one(cell.config, loaded[cell.problem], cell.key.seed, setup.device)
             except BaseException:

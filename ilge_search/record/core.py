@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
+    import optuna
+
     from ..configs import EncoderConfig
 
 __all__ = [
@@ -610,47 +612,49 @@ def _attrs_of(obj: Any) -> Mapping[str, Any]:
     return attrs
 
 
-def study_record(study: Any) -> StudyRecord:
+def study_record(study: optuna.Study | optuna.study.StudySummary) -> StudyRecord:
     """The :class:`StudyRecord` of an ``optuna.Study``, ``FrozenStudy`` or study summary."""
     return StudyRecord.from_attrs(str(getattr(study, "study_name", "")), _attrs_of(study))
 
 
-def is_ilge_study(study: Any) -> bool:
+def is_ilge_study(study: optuna.Study) -> bool:
     """Whether ``study`` was created by ilge-search (cheaper than a whole record)."""
     return "model" in _attrs_of(study)
 
 
-def _write(study: Any, values: Mapping[str, Any]) -> None:
+def _write(study: optuna.Study, values: Mapping[str, Any]) -> None:
     for key, value in values.items():
         study.set_user_attr(key, value)
 
 
-def save_identity(study: Any, identity: Identity, data: DataRecord) -> None:
+def save_identity(study: optuna.Study, identity: Identity, data: DataRecord) -> None:
     """Store a new study's identity and data record (before it is marked ready)."""
     _write(study, {**identity.to_attrs(), **data.to_attrs(), VERSION_ATTR: RECORD_VERSION})
 
 
-def save_data_fingerprints(study: Any, task: str, label_names: Sequence[str], fingerprints: Mapping[str, str]) -> None:
+def save_data_fingerprints(
+    study: optuna.Study, task: str, label_names: Sequence[str], fingerprints: Mapping[str, str]
+) -> None:
     """Give a study stored before data fingerprints existed its task name and fingerprints (adopted)."""
     _write(study, {"task": task, "label_names": list(label_names), "data_fingerprints": dict(fingerprints)})
 
 
-def save_task_path(study: Any, task_path: str) -> None:
+def save_task_path(study: optuna.Study, task_path: str) -> None:
     """Record where a custom task's data is now (its file or folder moved)."""
     study.set_user_attr("task_path", task_path)
 
 
-def mark_ready(study: Any) -> None:
+def mark_ready(study: optuna.Study) -> None:
     """Mark a study set up: its creator stored its identity and enqueued its first trial."""
     study.set_user_attr(READY_ATTR, True)
 
 
-def is_ready(study: Any) -> bool:
+def is_ready(study: optuna.Study) -> bool:
     """Whether a study's creator finished setting it up (read fresh from the storage)."""
     return bool(study._storage.get_study_user_attrs(study._study_id).get(READY_ATTR))
 
 
-def save_final(study: Any, final: FinalRecord, *, keep_by_rule: bool = True) -> None:
+def save_final(study: optuna.Study, final: FinalRecord, *, keep_by_rule: bool = True) -> None:
     """Store ``final`` as the study's final evaluation; with ``keep_by_rule`` it is also kept as its rule's
     entry of ``final_by_rule`` (a multi-objective study's front is not). A zero-shot record of an earlier
     evaluation is cleared when this one has none."""
@@ -664,11 +668,11 @@ def save_final(study: Any, final: FinalRecord, *, keep_by_rule: bool = True) -> 
         study.set_user_attr("final_by_rule", by_rule)
 
 
-def save_explain(study: Any, record: ExplainRecord) -> None:
+def save_explain(study: optuna.Study, record: ExplainRecord) -> None:
     _write(study, record.to_attrs())
 
 
-def save_loto(study: Any, records: Mapping[str, LotoRecord]) -> None:
+def save_loto(study: optuna.Study, records: Mapping[str, LotoRecord]) -> None:
     """Replace a study's leave-one-task-out records with ``records`` (digest -> record)."""
     study.set_user_attr(LotoRecord.ATTR, {digest: record.to_value() for digest, record in records.items()})
 
@@ -746,6 +750,6 @@ def save_trial(trial: Any, **values: Any) -> None:
         trial.set_user_attr(TrialRecord.attr_name(name), value)
 
 
-def enqueue_start_trial(study: Any, params: Mapping[str, Any]) -> None:
+def enqueue_start_trial(study: optuna.Study, params: Mapping[str, Any]) -> None:
     """Enqueue the starting configuration (Optuna ``params``) as the study's next trial, marked ``recommended``."""
     study.enqueue_trial(dict(params), user_attrs={"recommended": True})

@@ -20,7 +20,10 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "PREDICTIONS_ATTR",
@@ -170,7 +173,7 @@ class EnsembleRecord:
         )
 
 
-def trial_predictions(study: Any, trials: Any) -> dict[int, tuple[str, int | None]]:
+def trial_predictions(study: optuna.Study, trials: Any) -> dict[int, tuple[str, int | None]]:
     """Trial number -> (artifact id of its validation predictions, training seed: ``None`` when the trial
     stored them itself) for those of ``trials`` that have them; backfilled ones win (they replace missing ones)."""
     backfilled = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
@@ -190,7 +193,7 @@ def save_trial_predictions(trial: Any, artifact_id: str) -> None:
     trial.set_user_attr(PREDICTIONS_ATTR, artifact_id)
 
 
-def save_backfilled_predictions(study: Any, predictions: Mapping[int, str], seed: int) -> None:
+def save_backfilled_predictions(study: optuna.Study, predictions: Mapping[int, str], seed: int) -> None:
     """Record validation predictions made for finished trials (trial number -> artifact id), trained with
     ``seed``; earlier entries of other trials stay."""
     stored = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
@@ -199,10 +202,10 @@ def save_backfilled_predictions(study: Any, predictions: Mapping[int, str], seed
     study.set_user_attr(BACKFILL_ATTR, stored)
 
 
-def ensemble_record(study: Any) -> EnsembleRecord | None:
+def ensemble_record(study: optuna.Study) -> EnsembleRecord | None:
     """The ensemble evaluation stored on ``study`` (an ``optuna.Study``, frozen study or summary), or ``None``."""
     return EnsembleRecord.from_value(_attrs_of(study).get(EnsembleRecord.ATTR))
 
 
-def save_ensemble(study: Any, record: EnsembleRecord) -> None:
+def save_ensemble(study: optuna.Study, record: EnsembleRecord) -> None:
     study.set_user_attr(EnsembleRecord.ATTR, record.to_value())

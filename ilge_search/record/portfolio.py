@@ -30,7 +30,10 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "PORTFOLIO_PREFIX",
@@ -125,7 +128,7 @@ def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, Any]) -> i
     return int(rdb.create_new_trial(study_id, template_trial=template))
 
 
-def claim_cell(storage: Any, study: Any, key: CellKey, stamp: Callable[[int], tuple[str, Any]]) -> int | None:
+def claim_cell(storage: Any, study: optuna.Study, key: CellKey, stamp: Callable[[int], tuple[str, Any]]) -> int | None:
     """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's
     RUNNING or COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker
     stamp (attr name and value) that lets :func:`ilge_search.storage.fail_stale_trials` free the claim
@@ -162,7 +165,7 @@ def abandon_cell(storage: Any, trial_id: int, *, duplicate: bool = False) -> Non
         storage.rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
 
 
-def cell_owners(study: Any) -> dict[str, list[int]]:
+def cell_owners(study: optuna.Study) -> dict[str, list[int]]:
     """Per cell digest, the numbers of its RUNNING and COMPLETE trials (the lowest owns the cell)."""
     from optuna.trial import TrialState
 
@@ -174,7 +177,7 @@ def cell_owners(study: Any) -> dict[str, list[int]]:
     return owners
 
 
-def stored_cells(study: Any) -> tuple[dict[str, StoredCell], set[str]]:
+def stored_cells(study: optuna.Study) -> tuple[dict[str, StoredCell], set[str]]:
     """The complete cells of a portfolio study (digest -> cell; the first complete one per digest) and the
     digests other processes are training now (RUNNING)."""
     from optuna.trial import TrialState
@@ -194,7 +197,7 @@ def stored_cells(study: Any) -> tuple[dict[str, StoredCell], set[str]]:
     return cells, running - set(cells)
 
 
-def save_portfolio_choice(study: Any, choice: Mapping[str, Any]) -> None:
+def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, Any]) -> None:
     """Store the latest choice (default and portfolio members as config dicts, and what they were chosen
     from) on the portfolio study, where ``run --warm-start`` reads it."""
     study.set_user_attr(_CHOICE_ATTR, {"version": PORTFOLIO_VERSION, **dict(choice)})
@@ -234,7 +237,7 @@ def _check_choice(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def stored_portfolio_choice(study: Any, where: str | None = None) -> dict[str, Any] | None:
+def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> dict[str, Any] | None:
     """The choice :func:`save_portfolio_choice` stored, every member checked, or ``None`` when there is none.
 
     Raises:
@@ -253,13 +256,13 @@ def stored_portfolio_choice(study: Any, where: str | None = None) -> dict[str, A
         ) from None
 
 
-def save_portfolio_request(study: Any, request: Mapping[str, Any]) -> None:
+def save_portfolio_request(study: optuna.Study, request: Mapping[str, Any]) -> None:
     """Store what the latest ``ilge-search portfolio`` run asked for (its exclusions included), so that the
     report can rebuild that matrix from the stored cells."""
     study.set_user_attr(_REQUEST_ATTR, {"version": PORTFOLIO_VERSION, **dict(request)})
 
 
-def stored_portfolio_request(study: Any) -> dict[str, Any] | None:
+def stored_portfolio_request(study: optuna.Study) -> dict[str, Any] | None:
     """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
     value = study.user_attrs.get(_REQUEST_ATTR)
     if not isinstance(value, Mapping):
@@ -378,7 +381,7 @@ def write_shipped_portfolio(
     return path
 
 
-def enqueue_warm_trials(study: Any, params: Sequence[Mapping[str, Any]]) -> None:
+def enqueue_warm_trials(study: optuna.Study, params: Sequence[Mapping[str, Any]]) -> None:
     """Enqueue portfolio members (Optuna ``params`` each) after the starting configuration, marked with their
     place in the portfolio."""
     for index, values in enumerate(params):

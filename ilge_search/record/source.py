@@ -21,7 +21,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "SourceRecord",
@@ -81,12 +84,12 @@ class SourceRecord:
         return dataclasses.replace(self, data_dir=data_dir, data_dir_resolved=resolved)
 
 
-def source_record(study: Any) -> SourceRecord:
+def source_record(study: optuna.Study) -> SourceRecord:
     """The :class:`SourceRecord` of an Optuna study, frozen study or summary (defaults when none is stored)."""
     return SourceRecord.from_attrs(getattr(study, "user_attrs", {}) or {})
 
 
-def save_source(study: Any, record: SourceRecord) -> None:
+def save_source(study: optuna.Study, record: SourceRecord) -> None:
     """Store ``record`` on ``study`` (each field a flat user attr)."""
     for key, value in record.to_attrs().items():
         study.set_user_attr(key, value)

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .portfolio import load_shipped_portfolio, portfolio_study_name, stored_portfolio_choice
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = ["WarmMember", "WarmStartRecord", "warm_start_order", "save_warm_start", "warm_start_record"]
 
@@ -152,12 +155,12 @@ def warm_start_order(storage: Any, family: str, bucket: str, task: str) -> WarmS
     return WarmStartRecord("no stored or shipped portfolio", (), None, ())
 
 
-def save_warm_start(study: Any, record: WarmStartRecord) -> None:
+def save_warm_start(study: optuna.Study, record: WarmStartRecord) -> None:
     """Store what a warm-started study enqueued (once, when the study is set up)."""
     study.set_user_attr(_RECORD_ATTR, asdict(record))
 
 
-def warm_start_record(study: Any) -> WarmStartRecord | None:
+def warm_start_record(study: optuna.Study) -> WarmStartRecord | None:
     """The :class:`WarmStartRecord` :func:`save_warm_start` stored, or ``None`` (a cold study, or one warm-started
     before the record existed)."""
     value = study.user_attrs.get(_RECORD_ATTR)

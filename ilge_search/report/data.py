@@ -21,13 +21,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..configs import TAGGER_FAMILIES
 from ..defaults.problems import open_existing_storage
 from ..encoders import report_labels, report_methods
 from ..objectives import best_score_trial, score_of
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "METHODS",
@@ -70,7 +73,7 @@ class ReportStudy:
     stored: StudyRecord
     trials: Any
     trial_records: dict[int, TrialRecord]
-    study: Any
+    study: optuna.Study
     n_complete: int
     n_pruned: int
     n_failed: int
@@ -158,7 +161,7 @@ def row_label(identity: Identity) -> str:
     return label + (PAPER_SUFFIX if identity.protocol == "paper" else "")
 
 
-def _trials_frame(study: Any) -> Any:
+def _trials_frame(study: optuna.Study) -> Any:
     """``trials_dataframe()`` with the score as column ``value``: a study that names its objective gets a
     ``value_<name>`` column (several objectives: ``values_<name>``)."""
     frame = study.trials_dataframe(attrs=("number", "value", "state", "datetime_start", "params"))

@@ -27,12 +27,15 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..configs import ENCODER_FAMILIES
 from ..files import check_output_path, write_output_text
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
 from ..scores import score_unit
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "WARMSTART_NOTE",
@@ -95,7 +98,7 @@ def _eligible(record: StudyRecord) -> bool:
     )
 
 
-def _trial_numbers(study: Any) -> tuple[float | None, int | None, int]:
+def _trial_numbers(study: optuna.Study) -> tuple[float | None, int | None, int]:
     """(the start's validation value, trials after the start until one scored at least that, finished trials)
     of a study, from its trials in number order."""
     from optuna.trial import TrialState
@@ -106,24 +109,25 @@ def _trial_numbers(study: Any) -> tuple[float | None, int | None, int]:
     if start is None or start.value is None:
         return None, None, len(finished)
     sign = 1.0 if study.direction.name == "MAXIMIZE" else -1.0
+    start_value = float(start.value)
     after = 0
     for trial in finished:
         if trial.number == start.number:
             continue
         after += 1
-        if trial.state == TrialState.COMPLETE and sign * (trial.value - start.value) >= 0:
-            return float(start.value), after, len(finished)
-    return float(start.value), None, len(finished)
+        if trial.state == TrialState.COMPLETE and sign * (cast(float, trial.value) - start_value) >= 0:
+            return start_value, after, len(finished)
+    return start_value, None, len(finished)
 
 
-def _selected_value(study: Any, record: StudyRecord) -> float | None:
+def _selected_value(study: optuna.Study, record: StudyRecord) -> float | None:
     final = record.final
     if final is None:
         return None
     if final.selected_value is not None:
         return float(final.selected_value)
-    chosen = [t for t in study.get_trials(deepcopy=False) if t.number == final.trial and t.value is not None]
-    return float(chosen[0].value) if chosen else None
+    chosen = [t.value for t in study.get_trials(deepcopy=False) if t.number == final.trial and t.value is not None]
+    return float(chosen[0]) if chosen else None
 
 
 def _best_layers(storage: Any) -> dict[tuple[str, str, str], float]:
@@ -138,7 +142,7 @@ def _best_layers(storage: Any) -> dict[tuple[str, str, str], float]:
     return found
 
 
-def _row(study: Any, record: StudyRecord, best_layer: float | None) -> WarmRow:
+def _row(study: optuna.Study, record: StudyRecord, best_layer: float | None) -> WarmRow:
     identity, final, data = record.identity, record.final, record.data
     assert identity is not None and final is not None  # _eligible
     scale, unit = score_unit((data.metric if data is not None else None) or "")
@@ -185,7 +189,7 @@ def warmstart_rows(storage_urls: str | Sequence[str]) -> list[WarmRow]:
             if not _eligible(record) or identity is None or identity.encoder not in ENCODER_FAMILIES:
                 continue
             key = (identity.model, identity.task, repr(sorted(identity.data_setting().items())))
-            rows.append(_row(storage.load_study(summary.study_name), record, layers.get(key)))
+            rows.append(_row(storage.existing_study(summary.study_name), record, layers.get(key)))
     return sorted(rows, key=lambda r: (r.encoder, r.model, r.task, r.max_train or 0, r.trials, r.warm))
 
 

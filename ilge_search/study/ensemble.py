@@ -57,6 +57,9 @@ from ..record import (
 )
 from .selection import DEFAULT_SELECT, is_better, select_trial, start_trial
 
+if TYPE_CHECKING:
+    import optuna
+
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
@@ -186,7 +189,7 @@ def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray |
             return None
 
 
-def _complete_trials(study: Any) -> list[Any]:
+def _complete_trials(study: optuna.Study) -> list[Any]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -194,7 +197,7 @@ def _complete_trials(study: Any) -> list[Any]:
 
 
 def backfill_predictions(
-    study: Any, data: StudyData, artifact_store: Any, *, seed: int, device: str = "cpu", progress: bool = True
+    study: optuna.Study, data: StudyData, artifact_store: Any, *, seed: int, device: str = "cpu", progress: bool = True
 ) -> int:
     """Give every complete trial without validation predictions some, by retraining its configuration once
     with ``seed`` on ``data``; how many were backfilled."""
@@ -274,7 +277,7 @@ def check_ensemble_study(record: StudyRecord, size: int) -> None:
         raise ValueError(f"study {record.name!r} is a {kind} study; ensembles cover classification and similarity")
 
 
-def ensemble_size(study: Any, asked: int | None) -> tuple[int, str | None]:
+def ensemble_size(study: optuna.Study, asked: int | None) -> tuple[int, str | None]:
     """The ensemble size a run makes for ``study`` and, where an asked size is not what the run can honour,
     one sentence saying so (the run logs it as a warning).
 
@@ -362,7 +365,7 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
     return scores
 
 
-def _validation_predictions(study: Any, trials: Sequence[Any], artifact_store: Any) -> dict[int, np.ndarray]:
+def _validation_predictions(study: optuna.Study, trials: Sequence[Any], artifact_store: Any) -> dict[int, np.ndarray]:
     """Trial number -> validation predictions, for the trials whose stored predictions can be read."""
     out = {}
     for number, (artifact, _) in trial_predictions(study, trials).items():
@@ -373,7 +376,7 @@ def _validation_predictions(study: Any, trials: Sequence[Any], artifact_store: A
 
 
 def _single_scores(
-    study: Any, record: StudyRecord, data: StudyData, run: EnsembleRun, trained: dict[int, _Trained]
+    study: optuna.Study, record: StudyRecord, data: StudyData, run: EnsembleRun, trained: dict[int, _Trained]
 ) -> tuple[int, list[float], int | None, list[float] | None]:
     """(selected trial, its test scores, start trial, its test scores) with the run's seeds: the final
     evaluation's under the same rule, seeds and epoch cap, else retrained here."""
@@ -436,7 +439,7 @@ def _trial_seconds(trials: Sequence[Any]) -> dict[int, float]:
     return {t.number: float(s) for t in trials if (s := trial_record(t).seconds) is not None and s > 0}
 
 
-def slow_trials(study: Any, trials: Sequence[Any], run: EnsembleRun) -> dict[int, float]:
+def slow_trials(study: optuna.Study, trials: Sequence[Any], run: EnsembleRun) -> dict[int, float]:
     """The ``trials`` left out of the selection for their cost (trial -> its search seconds): those that took
     over ``run.slow_factor`` times the median trial and over :data:`SLOW_MEMBER_SECONDS`. The selected trial
     and the start are kept: the final evaluation trains them in any case."""
@@ -450,7 +453,7 @@ def slow_trials(study: Any, trials: Sequence[Any], run: EnsembleRun) -> dict[int
 
 
 def _greedy(
-    study: Any, data: StudyData, run: EnsembleRun
+    study: optuna.Study, data: StudyData, run: EnsembleRun
 ) -> tuple[list[int], dict[int, float], list[int], dict[int, float]]:
     """The picks of the largest size (trial numbers), the validation score of each prefix size, the
     complete trials chosen from and those of them left out for their cost (trial -> search seconds)."""
@@ -483,7 +486,7 @@ def _greedy(
     return picks, val_scores, [t.number for t in trials], slow
 
 
-def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> EnsembleRecord:
+def ensemble_evaluation(study: optuna.Study, data: StudyData, run: EnsembleRun) -> EnsembleRecord:
     """Select ensembles greedily on the trials' validation predictions (backfilled where missing), retrain
     their members with the final seeds, score them on test beside the selected trial, the starting
     configuration and the best single layer; store and return the :class:`EnsembleRecord`."""
@@ -535,7 +538,7 @@ def ensemble_evaluation(study: Any, data: StudyData, run: EnsembleRun) -> Ensemb
     return out
 
 
-def ensemble_is_current(study: Any, run: EnsembleRun) -> bool:
+def ensemble_is_current(study: optuna.Study, run: EnsembleRun) -> bool:
     """Whether the stored ensemble evaluation already holds every size of ``run`` with its seeds and epoch cap,
     chosen from the study's complete trials as they are now (a resumed study's new trials make it stale)."""
     stored = ensemble_record(study)
@@ -548,7 +551,7 @@ def ensemble_is_current(study: Any, run: EnsembleRun) -> bool:
 
 
 def _upload_ensemble(
-    study: Any, record: StudyRecord, model: Any, members: Mapping[int, int], seed: int, run: EnsembleRun
+    study: optuna.Study, record: StudyRecord, model: Any, members: Mapping[int, int], seed: int, run: EnsembleRun
 ) -> dict[str, str]:
     """Upload the ensemble's weights (safetensors) and a JSON of its members, mix and provenance."""
     import json
@@ -594,7 +597,7 @@ def _upload_ensemble(
         }
 
 
-def _trial(study: Any, number: int) -> Any:
+def _trial(study: optuna.Study, number: int) -> Any:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 

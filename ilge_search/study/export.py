@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..configs import BestLayerConfig, EncoderConfig, config_from_dict
@@ -52,6 +52,9 @@ from ..record import (
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "StudyModel",
@@ -218,7 +221,9 @@ def _base_model(name: str) -> str:
     return str(path.resolve()) if path.is_dir() else name
 
 
-def _download(storage: Storage, study: Any, artifact_id: str, target: Path, artifact_dir: PathLike | None) -> None:
+def _download(
+    storage: Storage, study: optuna.Study, artifact_id: str, target: Path, artifact_dir: PathLike | None
+) -> None:
     """Fetch one artifact from the first artifact store that has it."""
     from optuna.artifacts import FileSystemArtifactStore, download_artifact
     from optuna.artifacts.exceptions import ArtifactNotFound
@@ -247,7 +252,7 @@ def _download(storage: Storage, study: Any, artifact_id: str, target: Path, arti
 
 
 def _from_artifacts(
-    storage: Storage, study: Any, artifact_dir: PathLike | None, ids: dict[str, str]
+    storage: Storage, study: optuna.Study, artifact_dir: PathLike | None, ids: dict[str, str]
 ) -> tuple[Any, dict[str, Any]]:
     """A final evaluation's model (``ids``: its weights + config JSON artifacts) and its recorded metadata."""
     from safetensors import SafetensorError
@@ -355,7 +360,7 @@ def _custom_task(spec: Any, identity: Identity) -> Any:
 
 
 def load_training_data(
-    study: Any,
+    study: optuna.Study,
     *,
     data_dir: PathLike | None = None,
     task_path: PathLike | None = None,
@@ -410,7 +415,7 @@ def load_training_data(
     return data
 
 
-def selected_trial(study: Any, rule: str | None = None) -> Any:
+def selected_trial(study: optuna.Study, rule: str | None = None) -> Any:
     """The trial a study's model comes from: the one its final evaluation retrained, else the one ``rule``
     (default: the rule of the study's final evaluation, else the default rule) selects now; a
     multi-objective study's final front (rule ``front``) gives its best-score trial."""
@@ -426,7 +431,7 @@ def selected_trial(study: Any, rule: str | None = None) -> Any:
     return select_trial(study, rule or DEFAULT_SELECT)
 
 
-def chosen_trial(study: Any, number: int) -> Any:
+def chosen_trial(study: optuna.Study, number: int) -> Any:
     """Trial ``number`` of ``study`` when it is complete.
 
     Raises:
@@ -452,7 +457,7 @@ def chosen_trial(study: Any, number: int) -> Any:
     return found
 
 
-def _retrained(study: Any, trial: Any, how: StudyExport) -> tuple[Any, float]:
+def _retrained(study: optuna.Study, trial: Any, how: StudyExport) -> tuple[Any, float]:
     """``trial``'s config trained once with ``how.seed`` on the study's data (as the final evaluation does)."""
     from ..engine import train_encoder
 
@@ -583,7 +588,7 @@ def _provenance(opened: Storage, record: StudyRecord) -> dict[str, Any]:
     }
 
 
-def _trial_model(opened: Storage, study: Any, trial: Any, how: StudyExport) -> StudyModel:
+def _trial_model(opened: Storage, study: optuna.Study, trial: Any, how: StudyExport) -> StudyModel:
     """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``how.seed``."""
     record = study_record(study)
     final = record.final
@@ -687,7 +692,7 @@ def load_study_ensemble(
 
 
 def _ensemble_artifacts(
-    opened: Storage, study: Any, artifacts: dict[str, str], artifact_dir: PathLike | None
+    opened: Storage, study: optuna.Study, artifacts: dict[str, str], artifact_dir: PathLike | None
 ) -> tuple[Any, dict[str, Any]]:
     """The stored ensemble's model with its weights, and its description (members, mix, seed, sizes)."""
     from safetensors import SafetensorError

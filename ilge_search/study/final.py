@@ -91,6 +91,9 @@ from .selection import (
     study_front,
 )
 
+if TYPE_CHECKING:
+    import optuna
+
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
@@ -102,7 +105,7 @@ FinalModels = dict[int, dict[int, tuple[Any, float]]]
 
 
 def final_is_current(
-    study: Any,
+    study: optuna.Study,
     seeds: list[int],
     max_epochs: int | None,
     select: str = DEFAULT_SELECT,
@@ -161,7 +164,7 @@ class _Retraining:
 
 
 def _upload_artifacts(
-    study: Any, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+    study: optuna.Study, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
 ) -> dict[str, str]:
     """Upload the weights (safetensors) and a JSON of config, labels and provenance; their artifact ids."""
     import torch
@@ -295,7 +298,7 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
 
 
 def _start_scores(
-    study: Any, record: StudyRecord, run: _Retraining, selected: Any, test_scores: list[float]
+    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: Any, test_scores: list[float]
 ) -> tuple[int | None, list[float] | None, dict[int, tuple[Any, float]]]:
     """The starting configuration's test scores with the run's seeds: the selected trial's own when it is the
     start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained (then
@@ -318,7 +321,9 @@ def _start_scores(
     return start.number, scores.test, scores.models
 
 
-def _upload_best(study: Any, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int) -> dict[str, str]:
+def _upload_best(
+    study: optuna.Study, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+) -> dict[str, str]:
     """Upload the best seed's weights; a full or read-only artifact folder is one clear error."""
     if run.artifact_store is None or best[0] is None:  # nothing to upload: no store, or nothing trained
         return {}
@@ -344,7 +349,7 @@ def _zero_shot_record(zero_shot_scores: Mapping[str, list[float]]) -> dict[str, 
 
 
 def _with_start(
-    study: Any, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any, trained: FinalModels
+    study: optuna.Study, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any, trained: FinalModels
 ) -> FinalRecord:
     """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap; the
     start's models go into ``trained`` when it was retrained here."""
@@ -385,7 +390,7 @@ def _front_member(trial: Any, objectives: Sequence[str], scores: _Scores, artifa
     )
 
 
-def _front_evaluation(study: Any, record: StudyRecord, run: _Retraining, final_front: int) -> None:
+def _front_evaluation(study: optuna.Study, record: StudyRecord, run: _Retraining, final_front: int) -> None:
     """A multi-objective study's final evaluation: each trial of its final front retrained per seed."""
     front = study_front(study)
     chosen = front_trials(front, final_front)
@@ -438,7 +443,7 @@ def _lacks_macro_f1(record: StudyRecord, final: FinalRecord) -> bool:
     return record.data is not None and record.data.task_kind == "tagging" and final.test_macro_f1 is None
 
 
-def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: int, select: str) -> bool:
+def _restore_kept(study: optuna.Study, record: StudyRecord, run: _Retraining, selected: int, select: str) -> bool:
     """Store again an earlier evaluation of the ``selected`` trial with the run's seeds and epoch cap, as
     ``select``'s (the same trial, seeds and epoch cap retrain to the same scores); whether there was one."""
     # the rule's own evaluation first, then one another rule made of the same trial
@@ -452,7 +457,7 @@ def _restore_kept(study: Any, record: StudyRecord, run: _Retraining, selected: i
     return False
 
 
-def _selected_evaluation(study: Any, record: StudyRecord, run: _Retraining, select: str) -> FinalModels:
+def _selected_evaluation(study: optuna.Study, record: StudyRecord, run: _Retraining, select: str) -> FinalModels:
     """A single-objective study's final evaluation: the trial ``select`` picks retrained per seed; the models
     it trained (none when an earlier evaluation was restored)."""
     selected = select_trial(study, select)
@@ -503,7 +508,7 @@ class FinalSettings:
 
 
 def final_evaluation(
-    study: Any,
+    study: optuna.Study,
     data: StudyData,
     settings: FinalSettings,
     *,

@@ -23,7 +23,7 @@ import math
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..objectives import best_score_trial, score_of
 from ..record import (
@@ -36,6 +36,9 @@ from ..record import (
     warm_start_record,
 )
 from ..storage import ENDED_STATES
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "TrialCounts",
@@ -369,7 +372,7 @@ def ensemble_note_lines(ensemble: EnsembleRecord | None, metric: str) -> list[st
 # ----------------------------------------------------------------------------- writing notes
 
 
-def _note_target(study: Any, trial: Any) -> Any:
+def _note_target(study: optuna.Study, trial: Any) -> Any:
     """What ``optuna_dashboard.save_note`` accepts for ``trial``.
 
     A live ``optuna.Trial`` is passed through; a ``FrozenTrial`` (from
@@ -384,7 +387,7 @@ def _note_target(study: Any, trial: Any) -> Any:
     return types.SimpleNamespace(storage=study._storage, study=study, _trial_id=trial._trial_id)
 
 
-def write_trial_note(study: Any, trial: Any, *, state: str | None = None, metric: str | None = None) -> str:
+def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = None, metric: str | None = None) -> str:
     """Save (and return) the Markdown note of ``trial`` in ``study``'s storage.
 
     ``trial`` is a live ``optuna.Trial`` (inside an objective, before it
@@ -434,7 +437,7 @@ def write_live_note(trial: Any, metric: str, state: str = "complete") -> None:
         logger.warning("trial %d: could not write its dashboard note: %s", trial.number, exc)
 
 
-def write_study_note(study: Any) -> str:
+def write_study_note(study: optuna.Study) -> str:
     """Save (and return) the study's Markdown note: identity, best trial, final test scores."""
     from optuna.trial import TrialState
     from optuna_dashboard import save_note
@@ -483,7 +486,7 @@ def _has_note(system_attrs: Mapping[str, Any], trial_id: int) -> bool:
     return _note_version_key(trial_id) in system_attrs
 
 
-def write_notes(study: Any, *, overwrite: bool = False) -> int:
+def write_notes(study: optuna.Study, *, overwrite: bool = False) -> int:
     """Give every ended trial (complete, pruned or failed) without a note its note, then (re)write the
     study note.
 

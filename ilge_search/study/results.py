@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..objectives import best_score_trial, score_of
 from ..record import (
@@ -18,6 +18,9 @@ from ..record import (
     trial_record,
 )
 from ..storage import Storage, hide_password, open_storage
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "StudyResult",
@@ -100,7 +103,7 @@ def _final_fields(record: StudyRecord) -> dict[str, Any]:
     }
 
 
-def study_result(study: Any, storage: str | Storage = "") -> StudyResult:
+def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResult:
     """A :class:`StudyResult` from a loaded ``optuna.Study``; ``storage`` (a URL or a
     :class:`~ilge_search.storage.Storage`) is recorded with its password hidden."""
     from optuna.trial import TrialState
@@ -133,7 +136,7 @@ def study_result(study: Any, storage: str | Storage = "") -> StudyResult:
     )
 
 
-def _ensemble_of(study: Any) -> EnsembleSize | None:
+def _ensemble_of(study: optuna.Study) -> EnsembleSize | None:
     stored = ensemble_record(study)
     return None if stored is None else stored.ensemble
 

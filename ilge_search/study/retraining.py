@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 from ..progress import BarSpec, steps
 from .data import StudyData
 
+if TYPE_CHECKING:
+    import optuna
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..configs import EncoderConfig
 
@@ -100,7 +103,7 @@ class TrainingSetup:
     progress: bool = True
     task_path: str | os.PathLike | None = None
 
-    def load_data(self, study: Any, *, with_test: bool, progress: bool = False) -> StudyData:
+    def load_data(self, study: optuna.Study, *, with_test: bool, progress: bool = False) -> StudyData:
         """The arrays ``study`` was run on, rebuilt from its record (:func:`~.export.load_training_data`)."""
         from .export import load_training_data
 

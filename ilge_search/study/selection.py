@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..objectives import best_score_trial, objective_directions, pareto_front, score_of
 from ..record import TrialRecord, study_record, trial_record
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "SELECTION_RULES",
@@ -89,13 +92,13 @@ def standard_error(trial: Any, metric: str, n_validation: int | None) -> float:
     return math.sqrt(value * (1.0 - value) / n_validation)
 
 
-def _complete(study: Any) -> list[Any]:
+def _complete(study: optuna.Study) -> list[Any]:
     from optuna.trial import TrialState
 
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
 
 
-def start_trial(study: Any) -> Any | None:
+def start_trial(study: optuna.Study) -> Any | None:
     """The recommended starting configuration: the first trial marked ``recommended`` that has a config
     (complete first, else any state: a pruned start is still the configuration a user would have used)."""
     marked = [t for t in study.get_trials(deepcopy=False) if _is_start(trial_record(t))]
@@ -104,7 +107,7 @@ def start_trial(study: Any) -> Any | None:
     return min(pool, key=lambda t: t.number) if pool else None
 
 
-def select_trial(study: Any, rule: str) -> Any:
+def select_trial(study: optuna.Study, rule: str) -> Any:
     """The trial the final evaluation retrains under ``rule`` (one of :data:`SELECTION_RULES`).
 
     Raises:
@@ -139,7 +142,7 @@ def select_trial(study: Any, rule: str) -> Any:
     return min(within, key=simplicity)
 
 
-def study_front(study: Any) -> list[Any]:
+def study_front(study: optuna.Study) -> list[Any]:
     """The Pareto front of ``study``'s complete trials on its objectives, best score first
     (:func:`~ilge_search.objectives.pareto_front`)."""
     record = study_record(study)

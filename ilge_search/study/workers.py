@@ -43,6 +43,9 @@ from .data import DataSpec, load_study_data
 from .options import StudyOptions
 from .trial import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 
+if TYPE_CHECKING:
+    import optuna
+
 if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
@@ -63,7 +66,7 @@ def split_trials(n_trials: int | None, workers: int) -> list[int | None]:
     return [c for c in counts if c > 0]
 
 
-def total_reached(study: Any, total_trials: int | None) -> bool:
+def total_reached(study: optuna.Study, total_trials: int | None) -> bool:
     """Whether the study's finished trials plus those running now in any process reach ``total_trials``."""
     if total_trials is None:
         return False
@@ -80,7 +83,7 @@ def _total_trials_callbacks(total_trials: int | None) -> list[Callable[[Any, Any
     if total_trials is None:
         return []
 
-    def stop_at_total(study: Any, trial: Any) -> None:
+    def stop_at_total(study: optuna.Study, trial: Any) -> None:
         if total_reached(study, total_trials):
             study.stop()
 
@@ -94,7 +97,7 @@ class _ProgressCallback:
         self.bar = bar
         self.metric = metric
 
-    def __call__(self, study: Any, trial: Any) -> None:
+    def __call__(self, study: optuna.Study, trial: Any) -> None:
         with contextlib.suppress(ValueError):  # the best first: a line written for this trial shows it
             best = best_score_trial(study)
             self.bar.set_postfix_str(f"best {self.metric} {score_of(best):.4f} (trial {best.number})")
@@ -190,7 +193,9 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         raise SystemExit(STORAGE_FAULT_EXIT) from None
 
 
-def _optimize_in_workers(study: Any, jobs: list[WorkerJob], metric: str, progress: bool, total: int | None) -> None:
+def _optimize_in_workers(
+    study: optuna.Study, jobs: list[WorkerJob], metric: str, progress: bool, total: int | None
+) -> None:
     """Run ``jobs`` in spawned processes; show progress by polling the storage."""
     from ..progress import BarSpec, new_bar
 
@@ -240,7 +245,7 @@ def _optimize_in_workers(study: Any, jobs: list[WorkerJob], metric: str, progres
 
 
 def optimize(
-    study: Any,
+    study: optuna.Study,
     storage: Storage,
     encoder: str,
     data: StudyData,
