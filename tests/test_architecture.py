@@ -58,14 +58,8 @@ LAYERS: dict[str, int] = {
     "dashboard": 4,
     "catalog": 4,
     "study": 5,
-    # classifier above study: ILGEClassifier.from_study reads studies
     "defaults": 6,
-    "classifier": 6,
-    "tagger": 6,
-    "use": 6,  # the estimators' shared base, beside them
-    "predict": 6,
-    "predict_tags": 6,
-    "explain": 6,
+    "use": 6,  # above study: ILGEClassifier.from_study reads studies
     # report above defaults: it reads what defaults/ stored and trains nothing
     "report": 7,
     "cli": 8,

@@ -7,7 +7,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from ilge_search import configs as C
-from ilge_search.classifier import ILGEClassifier, clear_embedding_memo
+from ilge_search.use.classifier import ILGEClassifier, clear_embedding_memo
 
 L, D = 5, 16
 NAMES = np.array(["anger", "joy", "love", "sadness"])

@@ -20,12 +20,12 @@ from ilge_search.configs import ENCODER_FAMILIES
 from ilge_search.defaults.loto import LOTO_FAMILIES
 from ilge_search.defaults.recommend import DEFAULT_FAMILIES
 from ilge_search.defaults.recommend import METHODS as RECOMMEND_METHODS
-from ilge_search.explain import EXPLAIN_FORMATS
 from ilge_search.extraction import POOLINGS
 from ilge_search.objectives import OBJECTIVES
 from ilge_search.study import ENCODER_CHOICES
 from ilge_search.study.options import FLAT_NAMES, option_default, option_help
 from ilge_search.tuning import MODEL_SIZE_HINTS
+from ilge_search.use.explain import EXPLAIN_FORMATS
 
 # option name (its Python name) -> the library constant of its choices, whichever command has it
 LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {

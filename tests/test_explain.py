@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from ilge_search import CayleyConfig, DeepSetConfig, FCConfig, ScalarMixConfig, run_study
 from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
-from ilge_search.explain import attribute_layers, explain_study, explanation_is_current
 from ilge_search.record import study_record
 from ilge_search.report.document import slug
 from ilge_search.study import StudyOptions
 from ilge_search.study.retraining import TrainingSetup
+from ilge_search.use.explain import attribute_layers, explain_study, explanation_is_current
 
 # ----------------------------------------------------------------------------- a known answer
 

@@ -17,12 +17,12 @@ import torch
 from click.testing import CliRunner
 
 from ilge_search import ILGEClassifier, run_study
-from ilge_search.classifier import clear_embedding_memo
 from ilge_search.cli import cli
 from ilge_search.engine import spearman
 from ilge_search.study import StudyOptions
 from ilge_search.study.data import DataSpec, load_task_data
 from ilge_search.testing import cache_text_embeddings, refuse_model_loads
+from ilge_search.use.classifier import clear_embedding_memo
 
 DATA = dict(max_train=240, max_eval=100)
 SMALL = dict(**DATA, max_epochs=6)
@@ -338,7 +338,7 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
 def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, tmp_path, monkeypatch):
     from ilge_search import classifier
     from ilge_search.cache import EmbeddingCache
-    from ilge_search.predict import PredictInput, PredictOptions, PredictOutput, predict_file
+    from ilge_search.use.predict import PredictInput, PredictOptions, PredictOutput, predict_file
 
     texts = [f"What is the capital of country number {i} ?" for i in range(130)]
     source = tmp_path / "q.txt"

@@ -19,8 +19,8 @@ from ilge_search.cli import cli
 from ilge_search.record import source_record, study_record, trial_record
 from ilge_search.storage import open_storage
 from ilge_search.study import StudyConflictError, StudyOptions, plan_run, run_study
-from ilge_search.tagger import ILGETagger
 from ilge_search.testing.tiny_models import tiny_encoder
+from ilge_search.use.tagger import ILGETagger
 
 WORDS = ["the", "a", "fox", "dog", "runs", "jumps", "over", "under", "quickly", "slowly", ",", ".", "!", "red", "big"]
 TAG_OF = {**dict.fromkeys(["the", "a"], "DET"), **dict.fromkeys([",", ".", "!"], "PUNCT")}
@@ -363,7 +363,7 @@ def test_two_workers_share_a_tagging_study_and_run_each_trial_once(setup, tmp_pa
 
 
 def test_the_classifier_refuses_a_tagging_study_and_names_the_tagger(setup, results):
-    from ilge_search.classifier import ILGEClassifier
+    from ilge_search.use.classifier import ILGEClassifier
 
     with pytest.raises(ValueError, match=r"is a tagging study; export it with ILGETagger.from_study$"):
         ILGEClassifier.from_study(setup["storage"], results[2].study_name, cache_dir=setup["cache"], device="cpu")

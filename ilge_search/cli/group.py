@@ -277,5 +277,5 @@ def echo_frame(frame, fmt: str, empty: str) -> None:
         click.echo(frame.to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-"))
 
 
-FORMAT_CHOICES = ("table", "csv", "json")  # ilge_search.explain.EXPLAIN_FORMATS, and what echo_frame writes
+FORMAT_CHOICES = ("table", "csv", "json")  # ilge_search.use.explain.EXPLAIN_FORMATS, and what echo_frame writes
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="table", show_default=True)

@@ -161,8 +161,8 @@ def predict_command(
     JSONL rows with a list of words, or plain text with one sentence per line, and writes one tag per word:
     JSONL {"row", "tokens", "tags"}, or CSV/TSV with one line per word.
     """
-    from ..predict import PredictInput, PredictOptions, PredictOutput, predict_file
-    from ..predict_tags import is_tagger_folder, predict_tags_file
+    from ..use.predict import PredictInput, PredictOptions, PredictOutput, predict_file
+    from ..use.predict_tags import is_tagger_folder, predict_tags_file
 
     if quiet or not verbose:  # the rows' own bar says how far it is; the weights' bar only adds noise
         quiet_model_loading()
@@ -242,9 +242,9 @@ def explain_command(
     The final configuration is retrained once per final seed; the result is stored on the study (the report
     draws it) and reused until the study's final evaluation changes.
     """
-    from ..explain import explain_study, format_explanation
     from ..files import check_output_path, write_output_text
     from ..study.retraining import TrainingSetup
+    from ..use.explain import explain_study, format_explanation
 
     if out_path is not None:  # before the retraining: a refused --out costs nothing
         check_output_path(out_path, force=force)

@@ -7,7 +7,7 @@ unit that compares across tasks; a dot marks the best single-layer probe),
 and one sentence per model naming, per task, the layer each measure puts
 first, and where (first, middle or last third of the layers) each measure
 falls. Only studies whose stored attribution is current
-(:func:`~ilge_search.explain.explanation_is_current`) are used; nothing is
+(:func:`~ilge_search.use.explain.explanation_is_current`) are used; nothing is
 retrained here.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..explain import LayerAttribution, stored_explanation
 from ..scores import score_unit
+from ..use.explain import LayerAttribution, stored_explanation
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import plural, slug
 from .figures import new_figure, save_figure

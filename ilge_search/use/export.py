@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..classifier import ILGEClassifier, check_save_folder
-from ..tagger import ILGETagger, check_tagger_folder
+from .classifier import ILGEClassifier, check_save_folder
+from .tagger import ILGETagger, check_tagger_folder
 
 __all__ = ["ExportOptionsError", "ExportRequest", "ExportResult", "check_card_path", "export_study", "seed_line"]
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ilge_search.classifier import META_FILE, WEIGHTS_FILE, ILGEClassifier
 from ilge_search.configs import DeepSetConfig
+from ilge_search.use.classifier import META_FILE, WEIGHTS_FILE, ILGEClassifier
 
 
 @pytest.fixture(scope="module")

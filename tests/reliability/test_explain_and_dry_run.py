@@ -21,13 +21,13 @@ from ilge_search import DeepSetConfig, models
 from ilge_search.cache import EmbeddingCache
 from ilge_search.cli import cli
 from ilge_search.engine import train_encoder
-from ilge_search.explain import attribute_layers, explain_study
 from ilge_search.record import study_record
 from ilge_search.storage import open_storage
 from ilge_search.study import StudyOptions, run_study
 from ilge_search.study.retraining import TrainingSetup
 from ilge_search.testing.tagging_data import middle_layer_tags
 from ilge_search.testing.tiny_models import tiny_encoder
+from ilge_search.use.explain import attribute_layers, explain_study
 
 WORDS = ["the", "a", "fox", "dog", "runs", "jumps", "over", "under", ",", ".", "red", "big"]
 TAG_OF = {"the": "DET", "a": "DET", "fox": "NOUN", "dog": "NOUN", "runs": "VERB", "jumps": "VERB", ",": "PUNCT"}

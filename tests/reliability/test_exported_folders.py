@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from reliability_helpers import one_line_error
 
 from ilge_search import ILGETagger, LastLayerConfig
-from ilge_search.classifier import META_FILE, ILGEClassifier
 from ilge_search.cli import cli
 from ilge_search.configs import DeepSetConfig
 from ilge_search.engine.ensemble import EnsembleModel
 from ilge_search.testing.tiny_models import CORPUS, tiny_encoder
+from ilge_search.use.classifier import META_FILE, ILGEClassifier
 
 CONFIG = DeepSetConfig(hidden_dim=8, epochs=2)
 

@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from reliability_helpers import labelled, one_line_error, write_task
 
 from ilge_search.cache import EmbeddingCache, load_task_embeddings
-from ilge_search.classifier import ILGEClassifier
 from ilge_search.cli import cli
 from ilge_search.configs import MLPLastConfig
 from ilge_search.engine import train_encoder
@@ -26,6 +25,7 @@ from ilge_search.models import (
     resolve_device,
     resolve_model,
 )
+from ilge_search.use.classifier import ILGEClassifier
 
 CUDA = torch.cuda.is_available()
 MPS = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()

@@ -86,20 +86,23 @@ WRITERS = [
         "explain --out",
         "file",
         lambda out, s: ["explain", "--storage", s.url, "--study", s.study, "--out", str(out), "--quiet"],
-        (("ilge_search.explain", "explain_study"),),
+        (("ilge_search.use.explain", "explain_study"),),
         ".csv",
     ),
     Writer(
         "export --out",
         "folder",
         lambda out, s: ["export", "--storage", s.url, "--study", s.study, "--out", str(out)],
-        (("ilge_search.classifier.ILGEClassifier", "from_study"), ("ilge_search.tagger.ILGETagger", "from_study")),
+        (
+            ("ilge_search.use.classifier.ILGEClassifier", "from_study"),
+            ("ilge_search.use.tagger.ILGETagger", "from_study"),
+        ),
     ),
     Writer(
         "predict --out",
         "file",
         lambda out, s: ["predict", str(s.scratch / "model"), "--input", str(s.scratch / "in.txt"), "--out", str(out)],
-        (("ilge_search.classifier.ILGEClassifier", "load"), ("ilge_search.tagger.ILGETagger", "load")),
+        (("ilge_search.use.classifier.ILGEClassifier", "load"), ("ilge_search.use.tagger.ILGETagger", "load")),
         ".csv",
     ),
 ]
@@ -289,7 +292,7 @@ def test_a_report_without_figures_makes_no_figures_folder(stored, tmp_path):
 def test_explain_writes_into_a_missing_folder_and_force_replaces(setup, tmp_path, monkeypatch):
     """The output is written after the work, into the folders the check found makeable; --force replaces an
     existing file, a git-tracked one included."""
-    import ilge_search.explain as explain
+    import ilge_search.use.explain as explain
 
     monkeypatch.setattr(explain, "explain_study", lambda *a, **k: SimpleNamespace(num_layers=3, study=setup.study))
     monkeypatch.setattr(explain, "format_explanation", lambda result, fmt: "layer,score\n0,1\n")

@@ -111,7 +111,7 @@ def test_predict_hides_the_model_loading_bars_unless_verbose(tmp_path, monkeypat
     from click.testing import CliRunner
 
     import ilge_search.cli.use as use
-    import ilge_search.predict as predict
+    import ilge_search.use.predict as predict
     from ilge_search.cli import cli
 
     hidden = []

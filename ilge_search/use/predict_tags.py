@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from .files import iter_json_objects, iter_lines_utf8
+from ..files import iter_json_objects, iter_lines_utf8
+from ..progress import BarSpec, new_bar
+from .output import checked_input, checked_output, file_suffix, write_output
 from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary
-from .progress import BarSpec, new_bar
 from .tagger import META_FILE, ILGETagger
-from .use.output import checked_input, checked_output, file_suffix, write_output
 
 __all__ = ["predict_tags_file", "is_tagger_folder", "TAG_INPUT_SUFFIXES", "DEFAULT_TOKENS_COL"]
 
@@ -35,7 +35,7 @@ DEFAULT_TOKENS_COL = "tokens"
 
 
 def is_tagger_folder(path: Any) -> bool:
-    """Whether ``path`` holds a saved :class:`~ilge_search.tagger.ILGETagger`."""
+    """Whether ``path`` holds a saved :class:`~ilge_search.use.tagger.ILGETagger`."""
     return (Path(path) / META_FILE).is_file()
 
 

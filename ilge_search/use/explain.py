@@ -42,11 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .configs import config_from_dict
-from .record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
-from .storage import Storage, open_storage
-from .study.export import load_run_study
-from .study.retraining import TrainingSetup, train_seeds
+from ..configs import config_from_dict
+from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
+from ..storage import Storage, open_storage
+from ..study.export import load_run_study
+from ..study.retraining import TrainingSetup, train_seeds
 
 if TYPE_CHECKING:
     import optuna
@@ -144,7 +144,7 @@ class LayerAttribution:
 
 def _mean_features(features: Any) -> Any:
     """Training mean per (layer, dimension), ``(L, D)`` float32; pairs count both sentences."""
-    from .engine import FeatureStandardizer
+    from ..engine import FeatureStandardizer
 
     num_layers, hidden = features.shape[-2], features.shape[-1]
     return FeatureStandardizer(num_layers, hidden).fit(features).mean
@@ -180,7 +180,7 @@ def attribute_layers(
     """
     import torch
 
-    from .engine import METRICS, evaluate
+    from ..engine import METRICS, evaluate
 
     if model.task_kind == "tagging":
         return attribute_word_layers(model, train_features, features, labels, metric=metric)
@@ -234,8 +234,8 @@ def attribute_word_layers(
     """
     import torch
 
-    from .engine.metrics import class_metrics
-    from .engine.tokens import EVAL_BATCH_NODES, as_word_set, sentence_batches
+    from ..engine.metrics import class_metrics
+    from ..engine.tokens import EVAL_BATCH_NODES, as_word_set, sentence_batches
 
     metric = metric or "accuracy"
     baseline = _mean_features(as_word_set(train_words, None, "train").features)
@@ -377,7 +377,7 @@ def _probe(storage: Storage, record: StudyRecord) -> tuple[list[float] | None, s
 def _measure(target: _Explained, setup: TrainingSetup) -> tuple[str, list[float], list[list[float]], list[list[float]]]:
     """The final configuration retrained once per final seed, each model measured on validation: the metric,
     then per seed the score, the layer ablation drops and gradient x input."""
-    from .progress import BarSpec
+    from ..progress import BarSpec
 
     scores: list[float] = []
     ablation: list[list[float]] = []

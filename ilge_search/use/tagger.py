@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from .configs import BestLayerConfig, EncoderConfig
-from .saved import check_saved_fields
-from .use.estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
-from .validation import check_choice, check_int
-from .words import WORD_POOLINGS, check_sentences
+from ..configs import BestLayerConfig, EncoderConfig
+from ..saved import check_saved_fields
+from ..validation import check_choice, check_int
+from ..words import WORD_POOLINGS, check_sentences
+from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 
 if TYPE_CHECKING:
-    from .engine import TaggerModel
-    from .study.export import StudyModel
+    from ..engine import TaggerModel
+    from ..study.export import StudyModel
 
 __all__ = ["ILGETagger", "FORMAT_VERSION", "META_FILE", "check_tagger_folder"]
 
@@ -148,7 +148,7 @@ class ILGETagger(SavedEstimator):
 
     def _embed(self, sentences: list[list[str]]) -> Any:
         """The sentences' word entry (memory-mapped); only sentences never extracted reach the LLM."""
-        from .word_cache import WordOptions, get_or_extract_sentences
+        from ..word_cache import WordOptions, get_or_extract_sentences
 
         options = WordOptions(
             word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device
@@ -196,7 +196,7 @@ class ILGETagger(SavedEstimator):
         return self._train(config, (self._embed(sentences), y), (self._embed(val_sentences), y_val))
 
     def _train(self, config: EncoderConfig, train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray]) -> ILGETagger:
-        from .engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
+        from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
 
         options: dict[str, Any] = dict(
             task_kind=TAGGING,
@@ -230,7 +230,7 @@ class ILGETagger(SavedEstimator):
 
     def predict(self, sentences: Any) -> list[list[Any]]:
         """One list of tags per sentence, one tag per word, in the type given to ``fit``."""
-        from .engine import predict_logits
+        from ..engine import predict_logits
 
         self._check_fitted()
         self._check_params()
@@ -280,7 +280,7 @@ class ILGETagger(SavedEstimator):
 
     @classmethod
     def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> TaggerModel:
-        from .engine import build_tagger
+        from ..engine import build_tagger
 
         return build_tagger(fitted.config, fitted.num_layers, fitted.hidden_size, len(fitted.classes))
 

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..files import iter_json_objects, iter_lines_utf8
+from ..progress import BarSpec, new_bar
+from ..validation import check_int
 from .classifier import ILGEClassifier
-from .files import iter_json_objects, iter_lines_utf8
-from .progress import BarSpec, new_bar
-from .use.output import checked_input, checked_output, file_suffix, write_output
-from .validation import check_int
+from .output import checked_input, checked_output, file_suffix, write_output
 
 __all__ = [
     "predict_file",
@@ -205,7 +205,7 @@ class PredictInput:
         text_col: the text column (default ``text``); a plain-text file has none.
         text_cols: the two columns of a similarity model's pairs (default ``sentence1``, ``sentence2``).
         tokens_col: a tagger's column of words in a JSONL file (default ``tokens``;
-            :func:`~ilge_search.predict_tags.predict_tags_file`).
+            :func:`~ilge_search.use.predict_tags.predict_tags_file`).
     """
 
     path: PathLike
@@ -352,7 +352,7 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
     out_path, out_kind = checked_output(out.path, out.overwrite, input_path, OUTPUT_SUFFIXES, "the predictions")
     if (Path(model_dir) / "ilge_tagger.json").is_file():
         raise ValueError(
-            f"{model_dir} holds an ILGETagger; tag files with ilge_search.predict_tags.predict_tags_file "
+            f"{model_dir} holds an ILGETagger; tag files with ilge_search.use.predict_tags.predict_tags_file "
             "(`ilge-search predict` does this by itself)"
         )
     if source.tokens_col is not None:
@@ -372,7 +372,7 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
 def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
     """Refuse a base model whose hidden states (count and width, from the model table or its config) are not
     those the classifier was trained on, before any text is embedded."""
-    from .model_utils import hidden_size_for, num_layers_for
+    from ..model_utils import hidden_size_for, num_layers_for
 
     try:
         shape = (num_layers_for(base_model), hidden_size_for(base_model))
@@ -404,7 +404,7 @@ def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
 
 def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes: list[str]) -> int:
     """Embed and label the input chunk by chunk, writing each row to ``handle``; returns the rows written."""
-    from .cache import EmbeddingCache
+    from ..cache import EmbeddingCache
 
     clf = job.clf
     bar = new_bar(BarSpec(f"predict {job.input_path.name}", job.rows, "row", enabled=options.progress))

@@ -28,16 +28,16 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 
-from .configs import BestLayerConfig, EncoderConfig
-from .extraction import POOLINGS
-from .inputs import check_features, check_labels, check_pairs, check_texts
-from .saved import check_saved_fields
-from .use.estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
-from .validation import check_int
+from ..configs import BestLayerConfig, EncoderConfig
+from ..extraction import POOLINGS
+from ..inputs import check_features, check_labels, check_pairs, check_texts
+from ..saved import check_saved_fields
+from ..validation import check_int
+from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 
 if TYPE_CHECKING:
-    from .engine import ILGEModel
-    from .study.export import StudyModel
+    from ..engine import ILGEModel
+    from ..study.export import StudyModel
 
 __all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION", "WEIGHTS_FILE"]
 
@@ -313,7 +313,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         X_val: torch.Tensor,
         y_val: np.ndarray,
     ) -> ILGEClassifier:
-        from .engine import TrainingRecipe, select_best_layer, train_encoder
+        from ..engine import TrainingRecipe, select_best_layer, train_encoder
 
         kwargs: dict[str, Any] = dict(
             task_kind="classification",
@@ -383,7 +383,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
 
     def predict_proba_embeddings(self, X: Any) -> np.ndarray:
         """Class probabilities ``(N, n_classes)`` for precomputed ``(N, L, D)`` embeddings."""
-        from .engine import predict_logits
+        from ..engine import predict_logits
 
         self._only_classification("predict_proba")
         logits = predict_logits(self.model_, self._checked_embeddings(X))
@@ -392,7 +392,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     def predict_embeddings(self, X: Any) -> np.ndarray:
         """Labels (in the type given to ``fit``) for precomputed embeddings; a similarity
         model takes ``(N, 2, L, D)`` and gives scores on the task's scale."""
-        from .engine import predict_logits
+        from ..engine import predict_logits
 
         if self._similarity():
             cosine = predict_logits(self.model_, self._checked_embeddings(X)).double().numpy()
@@ -419,7 +419,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
 
     def _score_predictions(self, predicted: np.ndarray, labels: Any, sample_weight: Any) -> float:
         if self._similarity():
-            from .engine import spearman
+            from ..engine import spearman
 
             if sample_weight is not None:
                 raise ValueError("sample_weight is not supported for similarity scores (Spearman)")
@@ -462,7 +462,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         ``overwrite``, an earlier save (:func:`check_save_folder`), so saving never replaces files it
         did not write; a base model folder kept inside ``path`` stays, recorded as ``./relative``.
         """
-        from .engine.ensemble import EnsembleModel
+        from ..engine.ensemble import EnsembleModel
 
         self._check_fitted()
         path = Path(path).expanduser()
@@ -499,11 +499,11 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
 
     @classmethod
     def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> torch.nn.Module:
-        from .engine import build_model
+        from ..engine import build_model
 
         num_classes = len(fitted.classes) or None
         if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
-            from .engine.ensemble import build_ensemble
+            from ..engine.ensemble import build_ensemble
 
             sizes = {"num_layers": fitted.num_layers, "hidden_size": fitted.hidden_size}
             kind = {"task_kind": fitted.task_kind, "num_classes": num_classes, "score_range": meta.get("score_range")}
@@ -550,7 +550,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         """The ensemble a study stored (``ilge-search ensemble`` or ``run --ensemble K``) as one fitted
         estimator: ``n_members_`` members predicting their mixed probabilities or scores (see
         :mod:`ilge_search.study.ensemble`); ``save`` writes an ensemble folder that ``load`` reads back."""
-        from .study.export import StudyExport, load_study_ensemble
+        from ..study.export import StudyExport, load_study_ensemble
 
         found = load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
         return cls._from_found(
