@@ -336,8 +336,8 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
 
 
 def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, tmp_path, monkeypatch):
-    from ilge_search.use import classifier
     from ilge_search.cache import EmbeddingCache
+    from ilge_search.use import classifier
     from ilge_search.use.predict import PredictInput, PredictOptions, PredictOutput, predict_file
 
     texts = [f"What is the capital of country number {i} ?" for i in range(130)]
