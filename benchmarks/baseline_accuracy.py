@@ -21,10 +21,10 @@ SUBSETS = {"banking77": (20, 770, 770), "emotion": (100, 600, 1000)}
 
 
 def run(args: argparse.Namespace) -> pd.DataFrame:
-    from ilge_search.cache import load_task_embeddings
-    from ilge_search.configs import BestLayerConfig, config_class_for
+    from ilge_search.embeddings.cache import load_task_embeddings
+    from ilge_search.encoders.configs import BestLayerConfig, config_class_for
     from ilge_search.engine import evaluate, select_best_layer, train_encoder
-    from ilge_search.tasks import few_shot, load_task, subsample
+    from ilge_search.tasks.core import few_shot, load_task, subsample
 
     rows = []
     for task_name in args.tasks:

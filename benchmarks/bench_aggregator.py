@@ -31,7 +31,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GATConv, GCNConv, GINConv, global_mean_pool
 
 from ilge_search import CayleyConfig, DeepSetConfig, FCConfig, build_aggregator, build_per_token_aggregator
-from ilge_search.graphs import cayley_graph, fully_connected_graph
+from ilge_search.encoders.graphs import cayley_graph, fully_connected_graph
 
 
 class TextbookGNN(nn.Module):

@@ -48,7 +48,7 @@ def _reset_peak() -> None:
 def _texts(data_dir: str, n: int) -> list:
     import numpy as np
 
-    from ilge_search.tasks import load_task
+    from ilge_search.tasks.core import load_task
 
     task = load_task("banking77", data_dir)
     pool = task["train"].texts + task["test"].texts
@@ -60,9 +60,9 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
     import numpy as np
     import torch
 
-    from ilge_search.cache import EmbeddingCache
-    from ilge_search.extraction import LayerEmbedder
-    from ilge_search.tasks import TaskData, TaskSplit, get_task_spec
+    from ilge_search.embeddings.cache import EmbeddingCache
+    from ilge_search.embeddings.extraction import LayerEmbedder
+    from ilge_search.tasks.core import TaskData, TaskSplit, get_task_spec
 
     torch.set_num_threads(threads)
     texts = _texts(data_dir, n)

@@ -82,10 +82,10 @@ def main() -> None:
 
     from torch_geometric.loader import DataLoader
 
-    from ilge_search.cache import load_task_embeddings
-    from ilge_search.configs import CayleyConfig
+    from ilge_search.embeddings.cache import load_task_embeddings
+    from ilge_search.encoders.configs import CayleyConfig
     from ilge_search.engine import TrainingRecipe, build_model, train_encoder
-    from ilge_search.tasks import load_task, subsample
+    from ilge_search.tasks.core import load_task, subsample
 
     task = subsample(load_task("banking77", data_dir=args.data_dir), n=args.train_size, seed=0, splits=["train"])
     emb = load_task_embeddings(args.model, task, cache_dir=args.cache_dir, splits=["train"], max_length=args.max_length)

@@ -48,8 +48,8 @@ the layer below. Schema of both files::
 Values override the config class defaults; fields must exist on that
 family's config. Families or buckets missing from the file fall back to the
 built-in values. The bucket of a model is
-:func:`ilge_search.models.model_size_bucket` (one threshold,
-:data:`ilge_search.models.LARGE_MODEL_PARAMS`).
+:func:`ilge_search.embeddings.models.model_size_bucket` (one threshold,
+:data:`ilge_search.embeddings.models.LARGE_MODEL_PARAMS`).
 
 Samplers and pruners
 --------------------
@@ -66,8 +66,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, config_class_for
 from .encoders import BUILTIN_STARTS, Picker, encoder_spec
+from .encoders.configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, config_class_for
 from .settings import user_defaults_path
 from .validation import check_choice
 
@@ -238,7 +238,7 @@ def recommended_config(
         family: any family name (``"cayley"``, ``"fc"``, ``"deepset"`` or a baseline).
         model_size_hint: ``"small"`` for models up to 3B parameters (lr 1e-3),
             ``"large"`` for larger ones (lr 1e-4); see
-            :func:`ilge_search.models.model_size_bucket`.
+            :func:`ilge_search.embeddings.models.model_size_bucket`.
         defaults_path: a user defaults file (as ``ilge-search recommend`` writes)
             read over the shipped one; default ``$ILGE_SEARCH_DEFAULTS``, else
             ``~/.config/ilge-search/recommended_defaults.json`` when it exists.

@@ -162,7 +162,7 @@ TREC_SUBSET = dict(max_train=240, max_eval=160)  # the real-model runner tests' 
 def trec_cached(data_dir, cache_dir) -> Path:
     """The session cache holding minilm-l6's train, validation and test embeddings of the trec subset
     ``TREC_SUBSET`` (extracted once per session: a real model loads)."""
-    from ilge_search.cache import load_task_embeddings
+    from ilge_search.embeddings.cache import load_task_embeddings
     from ilge_search.study.data import DataSpec, load_task_data
 
     task = load_task_data(DataSpec(model=REAL_MODEL, task="trec", data_dir=str(data_dir), **TREC_SUBSET))

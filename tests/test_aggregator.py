@@ -12,7 +12,7 @@ from ilge_search import (
     build_aggregator,
     build_per_token_aggregator,
 )
-from ilge_search.configs import CayleyConfig, DeepSetConfig, FCConfig, LastLayerConfig, MLPLastConfig
+from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig, FCConfig, LastLayerConfig, MLPLastConfig
 from ilge_search.nn import LayerEncoder
 
 L, D = 7, 12

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ilge_search import configs as C
+from ilge_search.encoders import configs as C
 from ilge_search.nn.baselines import BestLayer, LastLayer, MeanLayers, MLPLast, ScalarMix, build_baseline
 from ilge_search.testing import LayerEncoderContract
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from ilge_search import cache as cache_module
-from ilge_search import extraction
-from ilge_search.cache import FORMAT_VERSION, EmbeddingCache, load_task_embeddings, texts_fingerprint
-from ilge_search.extraction import LayerEmbedder
-from ilge_search.models import ModelNotFoundError
-from ilge_search.tasks import TaskError, load_task, subsample
+from ilge_search.embeddings import cache as cache_module
+from ilge_search.embeddings import extraction
+from ilge_search.embeddings.cache import FORMAT_VERSION, EmbeddingCache, load_task_embeddings, texts_fingerprint
+from ilge_search.embeddings.extraction import LayerEmbedder
+from ilge_search.embeddings.models import ModelNotFoundError
+from ilge_search.tasks.core import TaskError, load_task, subsample
 
 pytestmark = pytest.mark.realmodel
 FLOAT16_TOLERANCE = dict(rtol=2**-10, atol=1e-5)
@@ -269,9 +269,9 @@ def test_ls_and_rm(tmp_path, small_task):
 _WORKER = textwrap.dedent("""
     import json, os, pathlib, sys, time
     cache_dir, task_file, counter, ready_dir, me = sys.argv[1:6]
-    import ilge_search.extraction as extraction
-    from ilge_search.cache import EmbeddingCache
-    from ilge_search.tasks import load_task
+    import ilge_search.embeddings.extraction as extraction
+    from ilge_search.embeddings.cache import EmbeddingCache
+    from ilge_search.tasks.core import load_task
 
     original = extraction.load_model_and_tokenizer
 

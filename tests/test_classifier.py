@@ -6,7 +6,7 @@ import torch
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from ilge_search import configs as C
+from ilge_search.encoders import configs as C
 from ilge_search.use.classifier import ILGEClassifier, clear_embedding_memo
 
 L, D = 5, 16
@@ -223,7 +223,7 @@ def test_not_fitted_errors():
 @pytest.fixture()
 def no_model_loading(monkeypatch):
     """Any attempt to load a model or extract embeddings fails the test."""
-    from ilge_search import cache, models
+    from ilge_search.embeddings import cache, models
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was validated")
@@ -299,7 +299,7 @@ def test_fit_embeddings_validation():
 
 def _banking77(data_dir, shots=20, n_val=770, n_test=385):
     """20 training texts per class (as in benchmarks/baseline_accuracy.py), 770 validation, 385 test."""
-    from ilge_search.tasks import few_shot, load_task, subsample
+    from ilge_search.tasks.core import few_shot, load_task, subsample
 
     task = few_shot(load_task("banking77", data_dir=data_dir), shots, seed=0)
     task = subsample(task, n=n_val, seed=0, splits=["validation"])
@@ -383,7 +383,7 @@ def test_same_random_state_identical_probabilities_on_texts(banking77, cache_dir
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_texts_are_embedded_once_per_process(banking77, cache_dir, monkeypatch):
-    from ilge_search import cache
+    from ilge_search.embeddings import cache
 
     train_texts, train_labels = banking77["train"]
     texts, labels = train_texts[1::5], train_labels[1::5]  # 4 per class
@@ -405,9 +405,9 @@ def test_texts_are_embedded_once_per_process(banking77, cache_dir, monkeypatch):
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_stsb_pair_task_trains_and_reports_spearman(data_dir, cache_dir):
-    from ilge_search.cache import load_task_embeddings
+    from ilge_search.embeddings.cache import load_task_embeddings
     from ilge_search.engine import evaluate, train_encoder
-    from ilge_search.tasks import load_task, subsample
+    from ilge_search.tasks.core import load_task, subsample
 
     task = subsample(load_task("stsb", data_dir=data_dir), n=300, seed=0, splits=["train"])
     task = subsample(task, n=150, seed=0, splits=["validation", "test"])

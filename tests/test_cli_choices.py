@@ -13,16 +13,16 @@ import sys
 
 import click
 
-from ilge_search.cache import STORAGE_DTYPES
 from ilge_search.cli import cli
 from ilge_search.cli.group import StudyOption, study_option_help
-from ilge_search.configs import ENCODER_FAMILIES
 from ilge_search.defaults.loto import LOTO_FAMILIES
 from ilge_search.defaults.recommend import DEFAULT_FAMILIES
 from ilge_search.defaults.recommend import METHODS as RECOMMEND_METHODS
-from ilge_search.extraction import POOLINGS
-from ilge_search.objectives import OBJECTIVES
+from ilge_search.embeddings.cache import STORAGE_DTYPES
+from ilge_search.embeddings.extraction import POOLINGS
+from ilge_search.encoders.configs import ENCODER_FAMILIES
 from ilge_search.study import ENCODER_CHOICES
+from ilge_search.study.objectives import OBJECTIVES
 from ilge_search.study.options import FLAT_NAMES, option_default, option_help
 from ilge_search.tuning import MODEL_SIZE_HINTS
 from ilge_search.use.explain import EXPLAIN_FORMATS

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-from ilge_search.models import MODELS
-from ilge_search.tasks import TASKS
+from ilge_search.embeddings.models import MODELS
+from ilge_search.tasks.core import TASKS
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-from ilge_search.tasks import load_task, subsample
+from ilge_search.tasks.core import load_task, subsample
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from ilge_search import configs as C
+from ilge_search.encoders import configs as C
 
 
 def test_seed_defaults():

@@ -17,8 +17,13 @@ from click.testing import CliRunner
 from optuna_dashboard import get_note
 
 from ilge_search.cli import cli
-from ilge_search.dashboard import DirectoriesArtifactStore, dashboard_artifact_dirs, make_dashboard_app, serve_dashboard
 from ilge_search.record import StudyRecord
+from ilge_search.report.dashboard import (
+    DirectoriesArtifactStore,
+    dashboard_artifact_dirs,
+    make_dashboard_app,
+    serve_dashboard,
+)
 from ilge_search.study import StorageError, StudyOptions, artifact_dir_for
 from ilge_search.study.notes import (
     TrialCounts,

@@ -1,4 +1,4 @@
-"""The dashboard's parameter importances (``ilge_search.dashboard.param_importances``, served in place of
+"""The dashboard's parameter importances (``ilge_search.report.dashboard.param_importances``, served in place of
 optuna-dashboard's route): no warning for a conditional parameter active in a single trial (before: an Optuna
 UserWarning per page view) and an empty answer, not a division by zero, for a study without parameters."""
 
@@ -11,7 +11,7 @@ import wsgiref.util
 import optuna
 import pytest
 
-from ilge_search.dashboard import make_dashboard_app
+from ilge_search.report.dashboard import make_dashboard_app
 
 
 def _get(app, path):

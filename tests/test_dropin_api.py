@@ -224,7 +224,7 @@ def test_classifier_constructor_as_published(no_model_loads):
 @pytest.mark.slow
 @pytest.mark.realmodel
 def test_classifier_example_runs(data_dir, cache_dir):
-    from ilge_search.tasks import load_task, subsample
+    from ilge_search.tasks.core import load_task, subsample
 
     task = subsample(load_task("trec", data_dir), n=120, seed=0)
     train_texts, train_labels = task["train"].texts, task["train"].labels.tolist()

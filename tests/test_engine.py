@@ -8,7 +8,7 @@ import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import f1_score
 
-from ilge_search import configs as C
+from ilge_search.encoders import configs as C
 from ilge_search.engine import (
     ILGEModel,
     TrainingRecipe,
@@ -358,8 +358,8 @@ def test_macro_f1_matches_sklearn():
 @pytest.mark.realmodel
 @pytest.mark.slow
 def test_real_banking77_embeddings_minilm(data_dir, cache_dir):
-    from ilge_search.cache import load_task_embeddings
-    from ilge_search.tasks import few_shot, load_task, subsample
+    from ilge_search.embeddings.cache import load_task_embeddings
+    from ilge_search.tasks.core import few_shot, load_task, subsample
 
     task = few_shot(load_task("banking77", data_dir=data_dir), 8, seed=0)  # 616 training texts
     task = subsample(task, n=385, seed=0, splits=["validation", "test"])

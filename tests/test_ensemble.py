@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ilge_search import ILGEClassifier, run_study
 from ilge_search.cli import cli
-from ilge_search.configs import CayleyConfig, DeepSetConfig
+from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig
 from ilge_search.engine import build_model, predict_logits
 from ilge_search.engine.ensemble import EnsembleModel
 from ilge_search.record import EnsembleRecord, EnsembleSize, ensemble_record

@@ -141,7 +141,7 @@ def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
     accuracy = clf.score(test.texts, names[test.labels])
     assert abs(accuracy - stored) <= 1e-6, (accuracy, stored)
     # the same through the study's cached features, and from_study in Python without a folder
-    from ilge_search.cache import load_task_embeddings
+    from ilge_search.embeddings.cache import load_task_embeddings
 
     features = load_task_embeddings(
         studies["model"], task, cache_dir=studies["cache_dir"], splits=["test"], progress=False
@@ -336,7 +336,7 @@ def test_predict_labels_a_200_row_file_in_order(studies, exported, tmp_path):
 
 
 def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, tmp_path, monkeypatch):
-    from ilge_search.cache import EmbeddingCache
+    from ilge_search.embeddings.cache import EmbeddingCache
     from ilge_search.use import classifier
     from ilge_search.use.predict import PredictInput, PredictOptions, PredictOutput, predict_file
 
@@ -364,7 +364,9 @@ def test_predict_streams_chunks_through_the_embedding_cache(studies, exported, t
     assert classifier._EMBEDDING_MEMO == {}  # nothing kept per text in the process
     assert len(_rows(tmp_path / "q.jsonl")) == 130
     # a rerun finds every chunk in the cache: no model is loaded
-    monkeypatch.setattr("ilge_search.extraction.LayerEmbedder.load", lambda self: pytest.fail("model loaded"))
+    monkeypatch.setattr(
+        "ilge_search.embeddings.extraction.LayerEmbedder.load", lambda self: pytest.fail("model loaded")
+    )
     again = predict_file(
         exported,
         PredictInput(source),

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from ilge_search.extraction import POOLINGS, LayerEmbedder, extract_layer_embeddings, pool_hidden_states
-from ilge_search.tasks import load_task, subsample
+from ilge_search.embeddings.extraction import POOLINGS, LayerEmbedder, extract_layer_embeddings, pool_hidden_states
+from ilge_search.tasks.core import load_task, subsample
 
 N_TEXTS = 96
 
@@ -27,7 +27,7 @@ def minilm_reference(texts, cache_dir):
     """Every pooling computed the plain way: unsorted batches, stacked hidden states, right padding."""
     from transformers import AutoModel, AutoTokenizer
 
-    from ilge_search.models import resolve_model
+    from ilge_search.embeddings.models import resolve_model
 
     path = resolve_model("minilm-l6", cache_dir).path
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ilge_search.graphs import (
+from ilge_search.encoders.graphs import (
     GENERATORS,
     cayley_graph,
     cayley_modulus_for,

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from ilge_search import tuning
 from ilge_search.cli import cli
-from ilge_search.configs import CayleyConfig
 from ilge_search.defaults.loto import leave_one_task_out, start_config, stored_loto
+from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.record import LotoRecord
 from ilge_search.report import build_report
 from ilge_search.report.defaults_page import recommend_defaults

@@ -4,7 +4,7 @@ import pytest
 from announced_skips import module_or_skip
 from transformers import BertConfig, BertModel, LlamaConfig
 
-from ilge_search.model_utils import KNOWN_MODELS, hidden_size_for, layer_dims_for, num_layers_for
+from ilge_search.embeddings.model_utils import KNOWN_MODELS, hidden_size_for, layer_dims_for, num_layers_for
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 
-from ilge_search import models
-from ilge_search.models import (
+from ilge_search.embeddings import models
+from ilge_search.embeddings.models import (
     ModelNotFoundError,
     ModelSource,
     load_model_and_tokenizer,
@@ -152,7 +152,7 @@ def test_model_source_identity_for_hub_ids():
 
 
 def test_model_table_answers_every_spelling_of_a_known_model():
-    from ilge_search.models import canonical_model_name, known_model
+    from ilge_search.embeddings.models import canonical_model_name, known_model
 
     for name in (
         "EleutherAI/pythia-410m",
@@ -170,8 +170,14 @@ def test_model_table_answers_every_spelling_of_a_known_model():
 
 
 def test_model_table_is_the_only_source_of_sizes_and_paper_names():
-    from ilge_search.model_utils import KNOWN_MODELS, layer_dims_for
-    from ilge_search.models import LARGE_MODEL_PARAMS, MODEL_ALIASES, MODELS, model_num_params, model_size_bucket
+    from ilge_search.embeddings.model_utils import KNOWN_MODELS, layer_dims_for
+    from ilge_search.embeddings.models import (
+        LARGE_MODEL_PARAMS,
+        MODEL_ALIASES,
+        MODELS,
+        model_num_params,
+        model_size_bucket,
+    )
 
     assert len({m.name for m in MODELS}) == len(MODELS)
     assert sorted(MODEL_ALIASES) == ["minilm-l6", "smollm2-135m"]

@@ -19,7 +19,12 @@ from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 
 from ilge_search.cli import cli
-from ilge_search.objectives import (
+from ilge_search.record import FrontMember, Identity, TrialRecord
+from ilge_search.study import StudyOptions, default_study_name, load_sweep
+from ilge_search.study.data import StudyData
+from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
+from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
+from ilge_search.study.objectives import (
     FLOPS_REFUSAL,
     best_score_trial,
     check_objectives,
@@ -27,11 +32,6 @@ from ilge_search.objectives import (
     objective_values,
     pareto_front,
 )
-from ilge_search.record import FrontMember, Identity, TrialRecord
-from ilge_search.study import StudyOptions, default_study_name, load_sweep
-from ilge_search.study.data import StudyData
-from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
-from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
 from ilge_search.study.selection import front_trials, select_trial, study_front
 from ilge_search.study.trial import TrialObjective, recommended_params
 from ilge_search.testing import FakeTrial, add_study, final_record
@@ -340,7 +340,7 @@ def _stored_front_study(url):
 
 
 def test_the_dashboard_serves_a_multi_objective_study_with_its_directions_names_and_front(tmp_path):
-    from ilge_search.dashboard import make_dashboard_app
+    from ilge_search.report.dashboard import make_dashboard_app
     from ilge_search.study.notes import write_notes
 
     url = f"sqlite:///{tmp_path / 's.db'}"

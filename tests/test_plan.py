@@ -13,8 +13,8 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from ilge_search.cache import EmbeddingCache
 from ilge_search.cli import cli
+from ilge_search.embeddings.cache import EmbeddingCache
 from ilge_search.study import StudyOptions, plan_run, run_study
 from ilge_search.study import plan as plan_module
 from ilge_search.study.sweep import estimate_sweep

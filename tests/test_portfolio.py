@@ -213,7 +213,7 @@ def test_json_shape(built, synthetic):
 def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(
     studies, synthetic, tmp_path, no_model_loads, monkeypatch
 ):
-    from ilge_search.configs import CayleyConfig
+    from ilge_search.encoders.configs import CayleyConfig
     from ilge_search.record import portfolio as record_portfolio
     from ilge_search.record import save_portfolio_choice, study_record, trial_record
     from ilge_search.study import run_study

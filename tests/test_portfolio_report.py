@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from ilge_search.configs import CayleyConfig
 from ilge_search.defaults.portfolio import PortfolioRequest
+from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.testing import add_matrix_problems, store_matrix
 
 MODEL = "minilm-l6"

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-from ilge_search.configs import CayleyConfig
 from ilge_search.defaults.portfolio import PortfolioRequest
+from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.record import load_shipped_portfolio, write_shipped_portfolio
 from ilge_search.record import portfolio as record_portfolio
 from ilge_search.testing import add_matrix_problems, store_matrix

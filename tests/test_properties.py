@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ilge_search import build_aggregator, build_per_token_aggregator
-from ilge_search.configs import CayleyConfig, DeepSetConfig, FCConfig
-from ilge_search.graphs import LayerGraph, cayley_graph
+from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig, FCConfig
+from ilge_search.encoders.graphs import LayerGraph, cayley_graph
 from ilge_search.nn.gnn import GNNEncoder
 
 PROPERTY = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,8 +12,10 @@ import pytest
 import torch
 from announced_skips import module_or_skip
 
-from ilge_search.configs import BASELINE_FAMILIES, config_class_for
-from ilge_search.protocol import (
+from ilge_search.encoders.configs import BASELINE_FAMILIES, config_class_for
+from ilge_search.study import StudyOptions, default_study_name, load_sweep
+from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
+from ilge_search.study.protocol import (
     MTEB_DEFAULT_SAMPLES_PER_LABEL,
     MTEB_N_EXPERIMENTS,
     MTEB_SAMPLES_PER_LABEL,
@@ -29,8 +31,6 @@ from ilge_search.protocol import (
     paper_vectors,
     undersample,
 )
-from ilge_search.study import StudyOptions, default_study_name, load_sweep
-from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
 
 MODEL = "minilm-l6"
 
@@ -91,7 +91,7 @@ def test_task_settings_and_parameter_free_baselines():
     assert paper_samples_per_label("banking77") == paper_samples_per_label("trec") == 8
     assert paper_samples_per_label(None) == MTEB_DEFAULT_SAMPLES_PER_LABEL
     assert paper_samples_per_label("emotion", 4) == 4
-    from ilge_search.aggregator import build_aggregator
+    from ilge_search.encoders.aggregator import build_aggregator
 
     for family in BASELINE_FAMILIES:
         config = config_class_for(family)(**({"layer": 2} if family == "best-layer" else {}))
@@ -101,7 +101,7 @@ def test_task_settings_and_parameter_free_baselines():
 
 
 def test_vectors_are_the_encoders_representation_or_the_raw_layer():
-    from ilge_search.configs import CayleyConfig, LastLayerConfig, MeanLayersConfig
+    from ilge_search.encoders.configs import CayleyConfig, LastLayerConfig, MeanLayersConfig
     from ilge_search.engine import train_encoder
 
     torch.manual_seed(0)

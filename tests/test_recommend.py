@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from ilge_search import tuning
 from ilge_search.cli import cli
 from ilge_search.defaults.problems import normalised_ranks
-from ilge_search.models import model_num_params, model_size_bucket
+from ilge_search.embeddings.models import model_num_params, model_size_bucket
 from ilge_search.report.defaults_page import recommend_defaults
 from ilge_search.tuning import BUILTIN_RECOMMENDED, recommended_config, suggest_config
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from optuna.trial import create_trial
 
 from ilge_search.cli import cli
-from ilge_search.configs import MLPLastConfig
+from ilge_search.encoders.configs import MLPLastConfig
 from ilge_search.record import (
     READY_ATTR,
     RECORD_VERSION,

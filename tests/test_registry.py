@@ -17,7 +17,8 @@ from torch import nn
 
 from ilge_search import ILGEClassifier, build_aggregator, run_study
 from ilge_search.cli import cli
-from ilge_search.configs import (
+from ilge_search.encoders import EncoderSpec, Picker, encoder_spec, register_encoder, unregister_encoder
+from ilge_search.encoders.configs import (
     ALL_FAMILIES,
     BASELINE_FAMILIES,
     CONFIG_CLASSES,
@@ -25,7 +26,6 @@ from ilge_search.configs import (
     EncoderConfig,
     config_from_dict,
 )
-from ilge_search.encoders import EncoderSpec, Picker, encoder_spec, register_encoder, unregister_encoder
 from ilge_search.nn import LayerEncoder
 from ilge_search.record import ensemble_record, study_record
 from ilge_search.report import METHOD_LABELS, METHODS, build_report

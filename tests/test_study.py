@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ilge_search.configs import config_from_dict
+from ilge_search.encoders.configs import config_from_dict
 from ilge_search.record import ensemble_record
 from ilge_search.storage import open_storage
 from ilge_search.study import (
@@ -292,7 +292,7 @@ def test_final_test_scores_and_weights_artifact(trec_study, tmp_path, synthetic,
     from optuna.artifacts import download_artifact
     from safetensors.torch import load_file
 
-    from ilge_search.cache import load_task_embeddings
+    from ilge_search.embeddings.cache import load_task_embeddings
     from ilge_search.engine import build_model, evaluate
 
     url, result = trec_study

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from ilge_search.tasks import TASKS, TaskError, few_shot, get_task_spec, list_tasks, load_task, subsample
+from ilge_search.tasks.core import TASKS, TaskError, few_shot, get_task_spec, list_tasks, load_task, subsample
 
 PAPER_TASKS = {
     "banking77",

@@ -12,10 +12,10 @@ import torch
 from optuna.trial import TrialState
 from scipy.stats import spearmanr
 
-from ilge_search.cache import EmbeddingCache, load_task_embeddings
+from ilge_search.embeddings.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.record import FrontMember, Identity, TrialRecord, study_record
 from ilge_search.study.data import expected_cache_keys, load_task_data
-from ilge_search.tasks import load_task
+from ilge_search.tasks.core import load_task
 from ilge_search.testing import (
     FakeTrial,
     LayerSignal,
@@ -106,8 +106,8 @@ def test_written_tasks_load_as_registered_or_custom_tasks(tmp_path):
 
 
 def test_the_tiny_model_is_a_real_model_folder(tiny_model):
-    from ilge_search.extraction import LayerEmbedder
-    from ilge_search.models import resolve_model
+    from ilge_search.embeddings.extraction import LayerEmbedder
+    from ilge_search.embeddings.models import resolve_model
 
     source = resolve_model(tiny_model)
     assert source.revision.startswith("sha256:") and not source.is_alias
@@ -174,7 +174,7 @@ def test_a_corrupted_synthetic_entry_fails_its_checksum_like_an_extracted_one(sy
     data = bytearray(entry.read_bytes())
     data[-1] ^= 0xFF
     entry.write_bytes(bytes(data))
-    from ilge_search.cache import CacheCorruptError
+    from ilge_search.embeddings.cache import CacheCorruptError
 
     with pytest.raises(CacheCorruptError, match="checksum"):
         EmbeddingCache(tmp_path / "cache")._read(key)
@@ -248,7 +248,7 @@ def test_an_entry_of_another_signal_is_refused_and_the_same_one_is_kept(syntheti
 def test_refused_model_loads_raise_inside_the_block_and_work_again_after_it(tiny_model):
     import transformers
 
-    from ilge_search.extraction import LayerEmbedder
+    from ilge_search.embeddings.extraction import LayerEmbedder
     from ilge_search.testing import refuse_model_loads
 
     with refuse_model_loads():

@@ -18,20 +18,20 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ilge_search.cache import EmbeddingCache
 from ilge_search.cli import cli
-from ilge_search.extraction import LayerEmbedder
-from ilge_search.models import ModelSource
-from ilge_search.tasks import TaskError, load_task
-from ilge_search.testing.tiny_models import tiny_decoder, tiny_encoder
-from ilge_search.word_cache import (
+from ilge_search.embeddings.cache import EmbeddingCache
+from ilge_search.embeddings.extraction import LayerEmbedder
+from ilge_search.embeddings.models import ModelSource
+from ilge_search.embeddings.word_cache import (
     WordOptions,
     get_or_extract_sentences,
     get_or_extract_words,
     load_word_embeddings,
     sentences_fingerprint,
 )
-from ilge_search.words import WordTokenizer
+from ilge_search.embeddings.words import WordTokenizer
+from ilge_search.tasks.core import TaskError, load_task
+from ilge_search.testing.tiny_models import tiny_decoder, tiny_encoder
 
 SENTENCES = [
     ["Unbelievably", ",", "graphs", "pass", "messages", "between", "layers", "."],

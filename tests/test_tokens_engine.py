@@ -9,7 +9,7 @@ import optuna
 import pytest
 import torch
 
-from ilge_search import configs as C
+from ilge_search.encoders import configs as C
 from ilge_search.engine import (
     TAGGING,
     TaggerModel,

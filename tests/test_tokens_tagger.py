@@ -15,7 +15,7 @@ from sklearn.exceptions import NotFittedError
 
 import ilge_search
 from ilge_search import BestLayerConfig, CayleyConfig, ILGETagger, LastLayerConfig
-from ilge_search.tasks import load_task, subsample
+from ilge_search.tasks.core import load_task, subsample
 from ilge_search.testing.tiny_models import CORPUS, tiny_encoder
 
 SENTENCES = [line.split() for line in CORPUS]

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ilge_search.catalog import task_catalog
-from ilge_search.tasks import TASKS, TaskError, few_shot, load_task, subsample
+from ilge_search.report.catalog import task_catalog
+from ilge_search.tasks.core import TASKS, TaskError, few_shot, load_task, subsample
 
 ROWS = [
     {"tokens": ["The", "cat", "sat", "."], "tags": ["DET", "NOUN", "VERB", "PUNCT"]},

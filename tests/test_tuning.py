@@ -4,7 +4,14 @@ import optuna
 import pytest
 
 from ilge_search import build_aggregator, tuning
-from ilge_search.configs import BASELINE_FAMILIES, CayleyConfig, DeepSetConfig, FCConfig, MLPLastConfig, ScalarMixConfig
+from ilge_search.encoders.configs import (
+    BASELINE_FAMILIES,
+    CayleyConfig,
+    DeepSetConfig,
+    FCConfig,
+    MLPLastConfig,
+    ScalarMixConfig,
+)
 from ilge_search.tuning import recommended_config, suggest_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -222,7 +222,12 @@ class StudyCommand(click.Command):
 
 # the loggers of the study runner and sweeps (ilge_search.study.runner, .sweep ... log through their
 # package's logger), of the storage's dead-worker repair, and of the live trial notes
-_STUDY_LOGGERS = ("ilge_search.study", "ilge_search.storage", "ilge_search.dashboard", "ilge_search.defaults.loto")
+_STUDY_LOGGERS = (
+    "ilge_search.study",
+    "ilge_search.storage",
+    "ilge_search.report.dashboard",
+    "ilge_search.defaults.loto",
+)
 
 
 def quiet_model_loading() -> None:

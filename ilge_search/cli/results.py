@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..configs import ENCODER_FAMILIES
+from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings
 from .group import FORMAT_OPTION, cli, echo_frame, location_options, storage_option, study_logging
 
@@ -38,7 +38,7 @@ RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.
 @click.option("--log-requests", is_flag=True, help="Print one line per HTTP request.")
 def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote: bool, log_requests: bool) -> None:
     """Browse studies, trial notes and artifacts (weights, figures) in optuna-dashboard."""
-    from ..dashboard import serve_dashboard
+    from ..report.dashboard import serve_dashboard
 
     serve_dashboard(
         storage,

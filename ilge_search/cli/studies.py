@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
+from ..encoders.configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
 from ..settings import Settings
 from .group import (
     FORMAT_OPTION,
@@ -32,7 +32,7 @@ _ENCODER_HELP = (
 
 def _checked_objectives(objectives, select, final_front) -> tuple:
     """The run's objectives, refusing --select with several and --final-front with one."""
-    from ..objectives import check_objectives
+    from ..study.objectives import check_objectives
 
     checked = check_objectives(objectives or None)
     if len(checked) > 1 and select:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..configs import ENCODER_FAMILIES
+from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings
 from .group import FORMAT_OPTION, cli, location_options, storage_option, study_logging
 

@@ -45,13 +45,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import ENCODER_FAMILIES, config_class_for
-from ..models import model_size_bucket
+from ..embeddings.models import model_size_bucket
+from ..encoders.configs import ENCODER_FAMILIES, config_class_for
 from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
-from ..scores import score_unit
 from ..storage import hide_password, open_storage
 from ..study.data import StudyData
 from ..study.retraining import TrainingSetup, train_seeds
+from ..tasks.scores import score_unit
 from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
 from .problems import ProblemGroups, open_existing_storage, problem_tasks, read_problems

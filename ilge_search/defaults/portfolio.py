@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from ..configs import ENCODER_FAMILIES, config_from_dict
+from ..encoders.configs import ENCODER_FAMILIES, config_from_dict
 from ..record import (
     CellKey,
     CellScores,

@@ -23,13 +23,13 @@ the nearest of six evenly spaced levels of their range (0, 0.1, ..., 0.5).
 Size buckets
 ------------
 ``small`` holds models up to 3B parameters, ``large`` those above
-(:func:`ilge_search.models.model_size_bucket`). The issue fixes the ends (up
+(:func:`ilge_search.embeddings.models.model_size_bucket`). The issue fixes the ends (up
 to ~1B: small; above 3B: large); models between 1B and 3B
 (Pythia-1b/1.4b/2.8b, Gemma2-2B, Qwen3-1.7B) go to ``small`` because that is
 the bucket the study runner already uses for them (its proxy: hidden size above
 3000 means large), so their studies started from the small defaults and the
 regenerated small defaults are what their next studies start from. The
-parameter count comes from the model table :data:`ilge_search.models.MODELS`
+parameter count comes from the model table :data:`ilge_search.embeddings.models.MODELS`
 (the models of the paper and the two offline models); for other models the
 runner's hidden-size proxy decides, read from the study's recorded hidden size.
 """
@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..configs import config_class_for
-from ..models import model_size_bucket
+from ..embeddings.models import model_size_bucket
+from ..encoders.configs import config_class_for
 from ..record import Identity, study_record, trial_record
 from ..storage import Storage, open_storage
 

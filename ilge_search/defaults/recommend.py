@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..configs import CONFIG_CLASSES, ENCODER_FAMILIES
+from ..encoders.configs import CONFIG_CLASSES, ENCODER_FAMILIES
 from ..settings import user_defaults_path
 from ..storage import hide_password
 from ..tuning import DEFAULTS_FORMAT_VERSION

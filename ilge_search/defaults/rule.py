@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..configs import config_class_for
+from ..encoders.configs import config_class_for
 from ..tuning import BUILTIN_RECOMMENDED
 from .problems import Problem
 

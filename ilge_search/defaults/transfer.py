@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record import save_portfolio_choice, save_portfolio_request
-from ..scores import score_unit
 from ..storage import hide_password, open_storage
+from ..tasks.scores import score_unit
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, warm_start_order
 from .portfolio import (
@@ -505,7 +505,7 @@ def stored_portfolios(
     """Each family's (default: every ILGE family's) and size bucket's stored matrix (:func:`stored_portfolio`;
     with ``latest`` the latest run's), and a sentence for each that could not be read back (its studies changed
     since, say)."""
-    from ..configs import ENCODER_FAMILIES
+    from ..encoders.configs import ENCODER_FAMILIES
     from ..tuning import MODEL_SIZE_HINTS
 
     results, notes = [], []

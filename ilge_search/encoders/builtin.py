@@ -1,6 +1,6 @@
 """The built-in encoder families, registered in one place.
 
-Each family's config class is in :mod:`ilge_search.configs` (its role and task kinds in
+Each family's config class is in :mod:`ilge_search.encoders.configs` (its role and task kinds in
 ``FAMILY_INDEX``), its module in :mod:`ilge_search.nn`; here are its builder, search space, start
 and report label. The modules load on first build (the GNNs import PyTorch Geometric).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..configs import FAMILY_INDEX, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
+from .configs import FAMILY_INDEX, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
 from .registry import EncoderSpec, ModuleBuilder, Picker, register_encoder
 
 if TYPE_CHECKING:  # the modules load on first build

@@ -2,7 +2,7 @@
 
 A family is a config class (``configs``), a module builder, a search space, a built-in starting
 config, a report label and the task kinds it serves. :func:`register_encoder` adds one (it also
-enters the config class in :data:`ilge_search.configs.FAMILY_INDEX`, so stored configs of it read
+enters the config class in :data:`ilge_search.encoders.configs.FAMILY_INDEX`, so stored configs of it read
 back); ``build_aggregator``, ``suggest_config``, ``recommended_config``, the report's method lists
 and the CLI's encoder choices all look families up here, so a family defined outside the package
 runs through a study, its final evaluation, ensembles, export, predict and the report unchanged.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..configs import FAMILY_INDEX, TASK_KINDS, EncoderConfig, FamilyEntry, FamilyNames, index_family, unindex_family
+from .configs import FAMILY_INDEX, TASK_KINDS, EncoderConfig, FamilyEntry, FamilyNames, index_family, unindex_family
 
 if TYPE_CHECKING:  # the registry loads without torch: the CLI's help and tuning's names read it
     from ..nn import LayerEncoder
@@ -74,7 +74,7 @@ class EncoderSpec:
 
     Attributes:
         name: the family name (``config_class.family``), as ``--encoder`` takes it.
-        config_class: its :class:`~ilge_search.configs.EncoderConfig` dataclass.
+        config_class: its :class:`~ilge_search.encoders.configs.EncoderConfig` dataclass.
         build: ``(config, num_layers, hidden_in) -> module`` mapping ``(N, L, D)`` to ``(N, out_dim)``;
             the module has ``num_layers``, ``hidden_in``, ``out_dim`` and ``reset_parameters()``
             (:class:`~ilge_search.nn.LayerEncoder`).

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 from typing_extensions import Unpack
 
-from ..configs import BestLayerConfig, EncoderConfig
-from ..models import resolve_device
+from ..embeddings.models import resolve_device
+from ..encoders.configs import BestLayerConfig, EncoderConfig
 from ..progress import BarSpec, steps
 from . import tokens
 from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingRecipe, TrainResult, run_epochs
@@ -41,7 +41,7 @@ from .metrics import ArrayLike, class_metrics, pearson, spearman
 from .standardizer import FeatureStandardizer
 
 if TYPE_CHECKING:  # pragma: no cover - the aggregator pulls in PyTorch Geometric, imported lazily
-    from ..aggregator import Aggregator
+    from ..encoders.aggregator import Aggregator
 
 __all__ = [
     "ILGEModel",
@@ -124,7 +124,7 @@ def build_model(
     score_range: tuple[float, float] | None = None,
 ) -> ILGEModel:
     """Build an untrained :class:`ILGEModel` (uses the global torch RNG for init)."""
-    from ..aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
+    from ..encoders.aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
 
     _check_task_kind(task_kind)
     aggregator = build_aggregator(config, num_layers=num_layers, hidden_in=hidden_in)

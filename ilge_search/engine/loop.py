@@ -22,8 +22,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..configs import EncoderConfig
-from ..models import resolve_device
+from ..embeddings.models import resolve_device
+from ..encoders.configs import EncoderConfig
 from ..progress import BarSpec, new_bar
 from ..validation import check_int
 from .standardizer import FeatureStandardizer

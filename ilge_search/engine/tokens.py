@@ -12,7 +12,7 @@ nodes; the batches, and the sentences within each length, are reshuffled every e
 the run's seed.
 
 Encoders (:func:`build_tagger`): ``cayley`` and ``fc`` pass messages over one graph per
-sentence (:func:`~ilge_search.aggregator.build_per_token_aggregator`, ``output_mode="per_token"``,
+sentence (:func:`~ilge_search.encoders.aggregator.build_per_token_aggregator`, ``output_mode="per_token"``,
 each word's layer nodes pooled as ``config.pooling`` says); every other family (``cayley-word``,
 DeepSet and the layer baselines) reads each word's ``(L, D)`` on its own, so it cannot see the neighbouring words.
 Metrics are over words: ``accuracy`` (the selection metric), ``macro_f1`` and ``loss``.
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..configs import BestLayerConfig, CayleyConfig, CayleyWordConfig, EncoderConfig, FCConfig
-from ..models import resolve_device
+from ..embeddings.models import resolve_device
+from ..encoders.configs import BestLayerConfig, CayleyConfig, CayleyWordConfig, EncoderConfig, FCConfig
 from .loop import TAGGING, RunSettings, TrainResult, run_epochs
 from .metrics import class_metrics
 from .standardizer import FeatureStandardizer
@@ -153,8 +153,8 @@ class TaggerModel(nn.Module):
     """A feature standardiser, a per-token encoder and a linear head; what tagging training returns.
 
     Args:
-        encoder: a :class:`~ilge_search.aggregator.PerTokenAggregator` (``per_word=False``: one graph
-            per sentence) or an :class:`~ilge_search.aggregator.Aggregator` applied to each word alone.
+        encoder: a :class:`~ilge_search.encoders.aggregator.PerTokenAggregator` (``per_word=False``: one graph
+            per sentence) or an :class:`~ilge_search.encoders.aggregator.Aggregator` applied to each word alone.
         head: ``nn.Linear(encoder.out_dim, num_classes)``.
         per_word: whether ``encoder`` reads words one at a time.
 
@@ -196,7 +196,7 @@ def build_tagger(config: EncoderConfig, num_layers: int, hidden_in: int, num_cla
     ``cayley``/``fc`` get one graph per sentence; any other family (``cayley-word`` included: the Cayley
     graph over one word's layers) reads each word's layers alone.
     """
-    from ..aggregator import build_aggregator, build_per_token_aggregator  # lazy: pulls in PyTorch Geometric
+    from ..encoders.aggregator import build_aggregator, build_per_token_aggregator  # lazy: pulls in PyTorch Geometric
 
     if num_classes is None or num_classes < 2:
         raise ValueError(f"tagging needs num_classes >= 2, got {num_classes!r}")

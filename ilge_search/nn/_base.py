@@ -14,7 +14,7 @@ class LayerEncoder(nn.Module, abc.ABC):
     Subclasses store their hyperparameters under their own names, build their
     submodules, and end ``__init__`` with :meth:`reset_parameters`. Input
     validation (rank, L, D, dtype) happens once in the public
-    :class:`~ilge_search.aggregator.Aggregator` wrapper, so ``forward`` here may
+    :class:`~ilge_search.encoders.aggregator.Aggregator` wrapper, so ``forward`` here may
     assume a floating tensor of the right shape in the module's own dtype.
 
     Shapes:

@@ -4,7 +4,7 @@ Every baseline is a :class:`~ilge_search.nn._base.LayerEncoder`, so the one
 training engine puts the same linear head on top of it as on an ILGE encoder:
 ``last-layer`` + head is a linear probe on the last layer, ``mlp-last`` + head
 an MLP classifier, and so on. :func:`build_baseline` maps a baseline config to
-its module; :func:`ilge_search.aggregator.build_aggregator` dispatches here.
+its module; :func:`ilge_search.encoders.aggregator.build_aggregator` dispatches here.
 
 All baselines take ``dropout``; it is applied to the vector handed to the
 head (the default configs use ``dropout=0.0``, i.e. a plain probe).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..configs import (
+from ..encoders.configs import (
     BASELINE_FAMILIES,
     BestLayerConfig,
     EncoderConfig,

@@ -31,7 +31,7 @@ from torch import nn
 from torch_geometric.nn import GATConv, GCNConv, GINConv, MessagePassing
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
-from ..graphs import LayerGraph, cayley_graph, fully_connected_graph
+from ..encoders.graphs import LayerGraph, cayley_graph, fully_connected_graph
 from ..validation import check_int
 from ._base import LayerEncoder
 
@@ -301,7 +301,7 @@ class GNNEncoder(LayerEncoder):
     Args:
         num_layers: ``L``, layers per sample (hidden layers + 1).
         hidden_in: ``D``, width of each layer's embedding.
-        graph: a :class:`~ilge_search.graphs.LayerGraph` with ``num_real == num_layers``.
+        graph: a :class:`~ilge_search.encoders.graphs.LayerGraph` with ``num_real == num_layers``.
         conv_type, hidden_dim, gnn_layers, gin_mlp_layers, gat_heads, dropout: see :class:`GNNStack`.
         pooling: ``"mean"`` or ``"sum"`` over the real layer nodes.
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 if TYPE_CHECKING:
     import optuna
 
-    from ..configs import EncoderConfig
+    from ..encoders.configs import EncoderConfig
 
 __all__ = [
     "RECORD_VERSION",
@@ -85,10 +85,10 @@ VERSION_ATTR = "ilge_record_version"
 READY_ATTR = "ilge_search_ready"  # set last by the process that creates a study
 DEFAULT_OBJECTIVES: tuple[str, ...] = ("score",)
 DEFAULT_PROTOCOL = "matched"
-# how a study's final scores are measured (ilge_search.protocol); here, with the rest of the identity's
+# how a study's final scores are measured (ilge_search.study.protocol); here, with the rest of the identity's
 # vocabulary, so the options and the CLI name them without importing numpy
 PROTOCOLS: tuple[str, ...] = (DEFAULT_PROTOCOL, "paper")
-# how a tagging study pools a word's sub-word pieces (ilge_search.words), named here for the same reason
+# how a tagging study pools a word's sub-word pieces (ilge_search.embeddings.words), named here for the same reason
 WORD_POOLINGS: tuple[str, ...] = ("first", "mean")
 LEGACY_SELECT = "best"  # the rule of final evaluations stored before selection rules existed
 DATA_SPLITS = ("train", "validation", "test")
@@ -734,7 +734,7 @@ def trial_config(trial: Any) -> EncoderConfig:
     Raises:
         ValueError: the trial recorded none (it failed before its configuration was drawn).
     """
-    from ..configs import config_from_dict
+    from ..encoders.configs import config_from_dict
 
     config = trial_record(trial).config
     if not config:

@@ -206,7 +206,7 @@ def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, Any]) -> Non
 def check_portfolio_members(members: Any, where: str) -> None:
     """Refuse ``members`` unless it is a list of configurations the config classes accept: one line naming
     ``where`` and the first bad member (its 1-based position and family)."""
-    from ..configs import config_from_dict
+    from ..encoders.configs import config_from_dict
 
     if not isinstance(members, list):
         raise ValueError(f"{where}: the members must be a list of configurations, got {type(members).__name__}")

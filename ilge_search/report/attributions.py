@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..scores import score_unit
+from ..tasks.scores import score_unit
 from ..use.explain import LayerAttribution, stored_explanation
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import plural, slug

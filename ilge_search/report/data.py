@@ -7,7 +7,7 @@ scores of the two protocols are never in one row. When several studies share a
 model, row and encoder (e.g. different ``max_train``), the one with final
 scores, the most seeds, then the most finished trials is used; the others are
 returned as duplicates, which the report lists as not shown. A multi-objective
-study (:mod:`ilge_search.objectives`) gives way to a single-objective study of
+study (:mod:`ilge_search.study.objectives`) gives way to a single-objective study of
 the same cell (the tables compare scores searched for alone); its Pareto front
 is shown in the report's own section either way.
 
@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..configs import TAGGER_FAMILIES
 from ..defaults.problems import open_existing_storage
 from ..encoders import report_labels, report_methods
-from ..objectives import best_score_trial, score_of
+from ..encoders.configs import TAGGER_FAMILIES
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
+from ..study.objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
@@ -102,7 +102,7 @@ class ReportStudy:
 
     @property
     def protocol(self) -> str:
-        """How the final scores were measured (:mod:`ilge_search.protocol`)."""
+        """How the final scores were measured (:mod:`ilge_search.study.protocol`)."""
         return self.identity.protocol
 
     @property

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..files import check_output_path, write_output_text
 from ..record import EnsembleRecord, ensemble_record, study_record
-from ..scores import score_unit
+from ..tasks.scores import score_unit
 
 __all__ = [
     "ENSEMBLE_NOTE",

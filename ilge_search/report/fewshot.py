@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..scores import score_unit
+from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, plural, slug
 from .figures import new_figure, save_figure

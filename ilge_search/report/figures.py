@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..scores import score_unit
+from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import slug
 

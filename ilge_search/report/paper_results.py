@@ -4,7 +4,7 @@ The numbers live in ``ilge_search/data/paper_results.json`` (test accuracy in
 %, one record per (model, task, method), with the paper, table and
 transcription they come from). :func:`published_result` answers "did the paper
 report this cell?" for the names studies use: a model name the model table
-(:data:`ilge_search.models.MODELS`) knows -- a Hugging Face id, its short name,
+(:data:`ilge_search.embeddings.models.MODELS`) knows -- a Hugging Face id, its short name,
 an alias or a local folder named after it (``EleutherAI/pythia-410m``,
 ``pythia-410m``, ``/models/pythia-410m``) -- a task name in our spelling or
 MTEB's (``mtop_domain``, ``MTOPDomainClassification``), and an encoder
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..models import known_model
+from ..embeddings.models import known_model
 
 __all__ = [
     "PAPER_RESULTS_PATH",
@@ -86,7 +86,7 @@ def _load(path: str) -> dict[str, Any]:
         )
         if canonical_model(result.model) != result.model:
             raise ValueError(
-                f"{path}: model {result.model!r} is not a paper model of ilge_search.models.MODELS "
+                f"{path}: model {result.model!r} is not a paper model of ilge_search.embeddings.models.MODELS "
                 "(its canonical name, with a paper_name)"
             )
         cells[(result.model, result.task, result.method)] = result

@@ -1,7 +1,7 @@
 """How small an encoder can be for a given score: the Pareto fronts of multi-objective studies.
 
 Drawn only for storages that hold multi-objective studies
-(:mod:`ilge_search.objectives`); a report of single-objective studies is
+(:mod:`ilge_search.study.objectives`); a report of single-objective studies is
 unchanged. Per (model, task), one figure with two panels sharing a log x axis
 of trainable parameters:
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..objectives import pareto_front
 from ..record import FrontMember, trial_record
-from ..scores import score_unit
+from ..study.objectives import pareto_front
+from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, plural, slug
 from .figures import figure_style, new_figure, save_figure
@@ -106,7 +106,7 @@ def _front_records(record: ReportStudy) -> list[tuple[FrontMember, int]]:
 
 def _search_front(record: ReportStudy) -> list[tuple[Any, int]]:
     """The complete trials' front on (score, parameters), with each trial's parameters, fewest first."""
-    from ..objectives import complete_trials
+    from ..study.objectives import complete_trials
 
     directions = ["maximize" if record.maximize else "minimize", "minimize"]
     front = pareto_front(complete_trials(record.study), directions, ("score", "params"))
@@ -131,7 +131,7 @@ class _Series:
 
 
 def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline], path: Path) -> bool:
-    from ..objectives import complete_trials
+    from ..study.objectives import complete_trials
 
     if not any(complete_trials(r.study) for r in studies):
         return False
@@ -158,7 +158,7 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
 
 def _plot_search(search: Any, record: ReportStudy, series: _Series) -> None:
     """Every sized complete trial of the search, and the search's front as a step line."""
-    from ..objectives import complete_trials
+    from ..study.objectives import complete_trials
 
     complete = complete_trials(record.study)
     sizes = {t.number: trial_record(t).params for t in complete}

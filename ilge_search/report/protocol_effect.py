@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..protocol import MTEB_N_EXPERIMENTS, MTEB_VERSION
+from ..study.protocol import MTEB_N_EXPERIMENTS, MTEB_VERSION
 from .data import PAPER_SUFFIX
 from .document import MISSING, Cell, plural
 from .paper_results import published_result

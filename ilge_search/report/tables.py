@@ -25,9 +25,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..models import model_num_params
+from ..embeddings.models import model_num_params
 from ..record import Identity
-from ..scores import score_unit
+from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, ReportStudy, collect_records
 from .document import MISSING, Cell, plural
 from .paper_results import published_result

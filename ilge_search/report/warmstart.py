@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..configs import ENCODER_FAMILIES
+from ..encoders.configs import ENCODER_FAMILIES
 from ..files import check_output_path, write_output_text
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
-from ..scores import score_unit
+from ..tasks.scores import score_unit
 
 if TYPE_CHECKING:
     import optuna

@@ -150,7 +150,7 @@ def _writer(storage: str | Storage | None, checked: Storage | None, options: Stu
 def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[Any, Any]:
     """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
     against it (:func:`~.limits.check_data_limits`)."""
-    from ..tasks import load_task
+    from ..tasks.core import load_task
 
     loaded = load_task(spec.task, spec.data_dir, **spec.column_options())
     task_data = load_task_data(spec, loaded)
@@ -238,7 +238,7 @@ def _checked_inputs(
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
-    from ..models import resolve_model, weights_memo_read_only
+    from ..embeddings.models import resolve_model, weights_memo_read_only
     from ..storage import check_storage_url
     from ..tuning import effective_recommended_defaults
 
@@ -351,8 +351,8 @@ def _check_warm_start(
     """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members. A model outside the table
     is bucketed by its config's hidden size; without one (a hub id), once its data is loaded, before its study
     is created."""
-    from ..configs import ENCODER_FAMILIES
-    from ..models import known_model
+    from ..embeddings.models import known_model
+    from ..encoders.configs import ENCODER_FAMILIES
     from .trial import warm_start_params
 
     known = known_model(model)

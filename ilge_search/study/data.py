@@ -1,7 +1,7 @@
 """The arrays a study trains on: the task with its data options, and its cached layer embeddings.
 
 The runner resolves the model once (no weights loaded) and puts the
-:class:`~ilge_search.models.ModelSource` in the :class:`DataSpec`; workers and
+:class:`~ilge_search.embeddings.models.ModelSource` in the :class:`DataSpec`; workers and
 zero-shot tasks reuse it instead of resolving (and hashing) the model again.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..models import ModelSource
+from ..embeddings.models import ModelSource
 from .options import StudyOptions
 
 __all__ = ["DataSpec", "StudyData", "load_task_data", "load_study_data", "load_zero_shot_data", "expected_cache_keys"]
@@ -39,7 +39,7 @@ class DataSpec:
     columns: tuple[tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
 
     def column_options(self) -> dict[str, Any]:
-        """The column options of a custom task file, as :func:`~ilge_search.tasks.load_task` takes them."""
+        """The column options of a custom task file, as :func:`~ilge_search.tasks.core.load_task` takes them."""
         return dict(self.columns)
 
     @classmethod
@@ -62,7 +62,7 @@ class DataSpec:
 
     @property
     def model_or_source(self) -> Any:
-        """What :func:`~ilge_search.cache.load_task_embeddings` gets: the resolved source when there is one."""
+        """What :func:`~ilge_search.embeddings.cache.load_task_embeddings` gets: the resolved source if there is one."""
         return self.source if self.source is not None else self.model
 
 
@@ -100,7 +100,7 @@ class StudyData:
 def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);
     no model loads."""
-    from ..tasks import few_shot, load_task, subsample
+    from ..tasks.core import few_shot, load_task, subsample
 
     task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir, **spec.column_options())
     if spec.shots is not None:
@@ -118,13 +118,13 @@ def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
 def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, str]) -> dict[str, str]:
     """The embedding-cache keys the study's splits will have (``fingerprints``: split -> content sha256),
     computed without reading or writing the cache; empty when the model is not resolved in ``spec``."""
-    from ..cache import EmbeddingCache
+    from ..embeddings.cache import EmbeddingCache
 
     if spec.source is None:
         return {}
     cache = EmbeddingCache(spec.cache_dir)
     if task_data.kind == "tagging":
-        from ..word_cache import WordOptions, word_entry_key
+        from ..embeddings.word_cache import WordOptions, word_entry_key
 
         options = WordOptions(word_pooling=spec.word_pooling, device="cpu")
         return {
@@ -139,7 +139,7 @@ def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, 
 
 def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: Any = None) -> StudyData:
     """Embeddings of every needed split, from the cache (extracting on a miss)."""
-    from ..cache import load_task_embeddings
+    from ..embeddings.cache import load_task_embeddings
 
     if task_data is None:
         task_data = load_task_data(spec)
@@ -176,7 +176,7 @@ def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, t
 def _load_word_data(spec: DataSpec, task_data: Any, splits: list[str], progress: bool) -> StudyData:
     """A tagging task's splits as word entries (memory-mapped): features are the entries themselves, labels
     one tag id per word; ``split_sizes`` count sentences."""
-    from ..word_cache import WordOptions, load_word_embeddings
+    from ..embeddings.word_cache import WordOptions, load_word_embeddings
 
     options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
     embeddings = load_word_embeddings(
@@ -211,7 +211,7 @@ def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool
     Each task is loaded without the study's training options (``shots``,
     ``max_train``); ``max_eval`` still applies.
     """
-    from ..cache import load_task_embeddings
+    from ..embeddings.cache import load_task_embeddings
 
     out: dict[str, tuple[Any, Any]] = {}
     for name in task_names:

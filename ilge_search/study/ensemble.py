@@ -337,9 +337,9 @@ def _retrain(trial: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trai
 
 def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> list[float]:
     """The best single layer (a linear probe per layer, chosen on validation) scored on test per seed."""
-    from ..configs import BestLayerConfig
+    from ..embeddings.models import model_size_bucket
+    from ..encoders.configs import BestLayerConfig
     from ..engine import select_best_layer
-    from ..models import model_size_bucket
     from ..tuning import recommended_config
 
     recommended = recommended_config("best-layer", model_size_hint=model_size_bucket(model_name, data.hidden_size))
@@ -491,7 +491,7 @@ def ensemble_evaluation(study: optuna.Study, data: StudyData, run: EnsembleRun) 
     their members with the final seeds, score them on test beside the selected trial, the starting
     configuration and the best single layer; store and return the :class:`EnsembleRecord`."""
     from ..engine.ensemble import EnsembleModel
-    from ..objectives import measure_latency
+    from .objectives import measure_latency
 
     record = study_record(study)
     check_ensemble_study(record, run.size)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import BestLayerConfig, EncoderConfig, config_from_dict
+from ..encoders.configs import BestLayerConfig, EncoderConfig, config_from_dict
 from ..record import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_TOKEN_POOLING,
@@ -132,7 +132,7 @@ class StudyModel:
 
     def model_on(self, device: str) -> Any:
         """The trained model on ``device`` (``auto`` resolved), in eval mode."""
-        from ..models import resolve_device
+        from ..embeddings.models import resolve_device
 
         return self.model.to(resolve_device(device)).eval()
 
@@ -350,7 +350,7 @@ def _custom_task(spec: Any, identity: Identity) -> Any:
     renamed since: the name is part of the cache keys), after the study's data options."""
     import dataclasses
 
-    from ..tasks import load_task
+    from ..tasks.core import load_task
     from .data import load_task_data
 
     loaded = load_task(spec.task, None, **spec.column_options())

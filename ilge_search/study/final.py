@@ -26,7 +26,7 @@ results stay side by side on one study, and switching back to a rule whose
 evaluation is still current costs no training. Studies evaluated before
 selection rules existed were evaluated under ``best`` (the record reads them so).
 
-A multi-objective study (:mod:`~ilge_search.objectives`) retrains its **final
+A multi-objective study (:mod:`~ilge_search.study.objectives`) retrains its **final
 front** instead: up to ``final_front`` trials of its Pareto front, spread evenly
 along it (:func:`~ilge_search.study.selection.front_trials`), each with the
 final seeds, one :class:`~ilge_search.record.FrontMember` each, best validation
@@ -36,7 +36,7 @@ best-score trial (``select = "front"``), with the start configuration's scores
 and the search gain as above, so every table of single-objective studies reads
 it too. A front trial already retrained with the same seeds and epoch cap is reused.
 
-The study's protocol (its identity's ``protocol``, :mod:`ilge_search.protocol`)
+The study's protocol (its identity's ``protocol``, :mod:`ilge_search.study.protocol`)
 decides how each final model is scored; the record's ``protocol`` says how.
 Under ``matched`` (and for every study stored before protocols existed) the
 trained model's own head is scored on test. Under ``paper`` each seed's model
@@ -66,8 +66,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..objectives import is_multi_objective, objective_values
-from ..protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from ..record import (
     DEFAULT_PROTOCOL,
     FinalRecord,
@@ -81,6 +79,8 @@ from ..record import (
     trial_record,
 )
 from ..storage import StorageError, count_trials
+from .objectives import is_multi_objective, objective_values
+from .protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from .selection import (
     DEFAULT_FINAL_FRONT,
     DEFAULT_SELECT,

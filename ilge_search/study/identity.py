@@ -38,9 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..configs import ALL_FAMILIES, TAGGER_FAMILIES
-from ..objectives import objective_directions, objective_metric_names, objective_suffix
-from ..protocol import DEFAULT_PROTOCOL, paper_samples_per_label
+from ..encoders.configs import ALL_FAMILIES, TAGGER_FAMILIES
 from ..record import (
     DATA_SPLITS,
     DataRecord,
@@ -64,7 +62,9 @@ from ..record import (
     upgrade_attrs,
 )
 from ..storage import Storage, quiet_optuna_warnings, requeue_trial
+from .objectives import objective_directions, objective_metric_names, objective_suffix
 from .options import StudyOptions
+from .protocol import DEFAULT_PROTOCOL, paper_samples_per_label
 from .trial import recommended_params
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,10 +111,10 @@ class DataChangedError(StudyConflictError):
 def is_registered_task(task: str) -> bool:
     """Whether ``task`` names a registered task rather than a custom file or folder.
 
-    The rule of :func:`ilge_search.tasks.load_task`: a registered name, unless it
+    The rule of :func:`ilge_search.tasks.core.load_task`: a registered name, unless it
     is also an existing path written with a folder separator.
     """
-    from ..tasks import TASKS
+    from ..tasks.core import TASKS
 
     key = task.strip().lower().replace("-", "_")
     return key in TASKS and not (Path(task).expanduser().exists() and os.sep in task)

@@ -45,7 +45,7 @@ def _check_shots(options: StudyOptions, loaded: Any) -> None:
 
 
 def _check_samples_per_label(options: StudyOptions, task_name: str, used: Any) -> None:
-    from ..protocol import paper_samples_per_label
+    from .protocol import paper_samples_per_label
 
     given = options.final.samples_per_label
     if options.final.protocol != "paper":

@@ -12,7 +12,7 @@
   draws its Pareto front by itself, from the study's directions and metric names);
 - :func:`write_notes` fills in both for studies run before notes existed.
 
-The server that shows them is :func:`ilge_search.dashboard.serve_dashboard`.
+The server that shows them is :func:`ilge_search.report.dashboard.serve_dashboard`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..objectives import best_score_trial, score_of
 from ..record import (
     EnsembleRecord,
     FinalRecord,
@@ -36,6 +35,7 @@ from ..record import (
     warm_start_record,
 )
 from ..storage import ENDED_STATES
+from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna

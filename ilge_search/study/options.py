@@ -216,8 +216,8 @@ class SearchOptions:
     )
 
     def __post_init__(self) -> None:
-        from ..objectives import check_objectives
         from .folds import check_cv  # lazy: numpy, which `ilge-search run --help` must not wait for
+        from .objectives import check_objectives
 
         object.__setattr__(self, "n_trials", _dict_of_counts("n_trials", self.n_trials, 0))
         object.__setattr__(self, "total_trials", _dict_of_counts("total_trials", self.total_trials, None))
@@ -321,7 +321,7 @@ class DataOptions:
     )
 
     def column_options(self) -> dict[str, Any]:
-        """The column options given, as :func:`~ilge_search.tasks.load_task` takes them."""
+        """The column options given, as :func:`~ilge_search.tasks.core.load_task` takes them."""
         names = ("text_col", "label_col", "text_cols", "score_col", "tokens_col", "tags_col")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
@@ -393,7 +393,7 @@ class FinalOptions:
     )
 
     def __post_init__(self) -> None:
-        from ..protocol import check_protocol  # lazy: numpy, which `ilge-search run --help` must not wait for
+        from .protocol import check_protocol  # lazy: numpy, which `ilge-search run --help` must not wait for
 
         check_int("final_seeds", self.seeds, minimum=0)
         check_choice("select", self.select, SELECTION_RULES)

@@ -251,7 +251,7 @@ def plan_run(
     Raises:
         ValueError: whatever ``run_study`` would refuse, with the same message.
     """
-    from ..models import weights_memo_read_only
+    from ..embeddings.models import weights_memo_read_only
 
     options = StudyOptions() if options is None else options
     with weights_memo_read_only():
@@ -346,13 +346,13 @@ def _needed_splits(check: RunCheck) -> list[str]:
 
 
 def _cached_keys(check: RunCheck) -> set:
-    from ..cache import EmbeddingCache
+    from ..embeddings.cache import EmbeddingCache
 
     return {entry.key for entry in EmbeddingCache(check.spec.cache_dir).ls()}
 
 
 def _dims(check: RunCheck) -> tuple[int, int, float]:
-    from ..models import known_model
+    from ..embeddings.models import known_model
 
     known = known_model(check.model)
     if known is None:
@@ -394,7 +394,7 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
     needs is not cached, to time :data:`EXTRACTION_SAMPLE` texts.
     """
     options, spec = check.options, check.spec
-    from ..models import resolve_device
+    from ..embeddings.models import resolve_device
 
     device = str(resolve_device(spec.device).type)
     splits = check.task_data.splits
@@ -484,7 +484,7 @@ def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> tuple[tupl
     }
     labels = {name: check.task_data.splits[name].labels[: rows[name]] for name in rows}
     if plan.cached["train"] and plan.cached["validation"]:
-        from ..cache import load_task_embeddings
+        from ..embeddings.cache import load_task_embeddings
 
         embeddings = load_task_embeddings(
             check.spec.model_or_source,
@@ -526,8 +526,8 @@ def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> tuple[int, 
     its converted folder): its extraction is estimated instead."""
     import random
 
-    from ..extraction import LayerEmbedder
-    from ..models import pending_conversion
+    from ..embeddings.extraction import LayerEmbedder
+    from ..embeddings.models import pending_conversion
 
     if check.spec.source is not None and pending_conversion(check.spec.source):
         return _estimate_extraction(check, plan)
@@ -602,8 +602,8 @@ def _time_config(
 def _estimate_extraction(check: RunCheck, plan: RunPlan) -> tuple[int, int]:
     """The extraction of a model that cannot be loaded without writing, from the model table's size and the
     prior rate per parameter; says so in a note, with what the real run would write. Returns layers and width."""
+    from ..embeddings.models import conversion_bytes, known_model
     from ..files import format_bytes
-    from ..models import conversion_bytes, known_model
 
     assert check.spec.source is not None
     layers, width, params = _dims(check)

@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..objectives import best_score_trial, score_of
 from ..record import (
     DEFAULT_PROTOCOL,
     EnsembleSize,
@@ -18,6 +17,7 @@ from ..record import (
     trial_record,
 )
 from ..storage import Storage, hide_password, open_storage
+from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
@@ -48,7 +48,7 @@ class StudyResult:
     (``final_trial`` is the front's best-score trial).
     ``protocol`` says how the test scores were measured (``matched`` or
     ``paper``, with ``samples_per_label`` examples per label; see
-    :mod:`ilge_search.protocol`).
+    :mod:`ilge_search.study.protocol`).
     """
 
     study_name: str

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import optuna
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..configs import EncoderConfig
+    from ..encoders.configs import EncoderConfig
 
 __all__ = ["TrainedSeed", "TrainingSetup", "train_seeds"]
 

@@ -187,7 +187,7 @@ def study_source(spec: DataSpec) -> SourceRecord:
     """Where ``spec``'s data comes from (the data folder as given and as used, a custom task's path as given,
     its columns) and the extraction settings every study uses: what the study records for later commands."""
     from ..settings import registered_task_dir
-    from ..tasks import get_task_spec
+    from ..tasks.core import get_task_spec
 
     registered = is_registered_task(spec.task)
     used = registered_task_dir(get_task_spec(spec.task).local_name, spec.data_dir) if registered else None

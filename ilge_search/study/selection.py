@@ -24,8 +24,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from ..objectives import best_score_trial, objective_directions, pareto_front, score_of
 from ..record import TrialRecord, study_record, trial_record
+from .objectives import best_score_trial, objective_directions, pareto_front, score_of
 
 if TYPE_CHECKING:
     import optuna
@@ -144,7 +144,7 @@ def select_trial(study: optuna.Study, rule: str) -> Any:
 
 def study_front(study: optuna.Study) -> list[Any]:
     """The Pareto front of ``study``'s complete trials on its objectives, best score first
-    (:func:`~ilge_search.objectives.pareto_front`)."""
+    (:func:`~ilge_search.study.objectives.pareto_front`)."""
     record = study_record(study)
     metric = (record.data.metric if record.data is not None else None) or ""
     return pareto_front(_complete(study), objective_directions(record.objectives, metric), record.objectives)

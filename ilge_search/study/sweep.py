@@ -22,7 +22,7 @@ A grid file looks like this (every key but ``models``, ``tasks`` and
     final_front = 5                    # front trials a multi-objective study's final evaluation retrains
     ensemble = 3                       # after the final evaluation, an ensemble of up to 3 trials (0: off)
     protocol = ["matched", "paper"]    # how final scores are measured (per task too); a list runs each;
-                                       # paper studies are named :paper (see ilge_search.protocol)
+                                       # paper studies are named :paper (see ilge_search.study.protocol)
     samples_per_label = 8              # the paper protocol's examples per label (per task too)
     warm_start = 4                     # ILGE families' studies enqueue 4 portfolio members after their start
                                        # (per task too; names get :warm4; baselines have no portfolio)
@@ -72,10 +72,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..configs import ENCODER_FAMILIES
+from ..encoders.configs import ENCODER_FAMILIES
 from ..files import read_text_utf8
-from ..objectives import DEFAULT_OBJECTIVES, check_objectives
-from ..protocol import DEFAULT_PROTOCOL, PROTOCOLS
 from ..record import WORD_POOLINGS
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
@@ -83,8 +81,10 @@ from ..validation import check_int
 from .final import final_is_current
 from .folds import check_cv
 from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
+from .objectives import DEFAULT_OBJECTIVES, check_objectives
 from .options import GRID_OPTIONS, IDENTITY_OPTIONS, StudyOptions, option_default, option_flag
 from .plan import missing_sqlite_file
+from .protocol import DEFAULT_PROTOCOL, PROTOCOLS
 from .results import StudyResult, study_result
 from .runner import run_study
 
@@ -146,11 +146,11 @@ class SweepEntry:
         read to name it by its content, as the runner does)."""
         task = self.task
         if is_registered_task(task):
-            from ..tasks import get_task_spec
+            from ..tasks.core import get_task_spec
 
             tagging = get_task_spec(task).kind == "tagging"
         else:
-            from ..tasks import load_task
+            from ..tasks.core import load_task
 
             loaded = load_task(task)
             task, tagging = task_label(task, loaded), loaded.kind == "tagging"
@@ -306,7 +306,7 @@ def _protocols(where: str, value: Any) -> list[str]:
 
 
 def _check_task_name(where: str, task: str) -> None:
-    from ..tasks import TaskError, get_task_spec
+    from ..tasks.core import TaskError, get_task_spec
 
     try:
         get_task_spec(task)
@@ -338,7 +338,7 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
             raise _fail(where, f"shots lists {item!r} twice")
         out.append(shots)
     if any(s is not None for s in out) and is_registered_task(task):
-        from ..tasks import get_task_spec
+        from ..tasks.core import get_task_spec
 
         if get_task_spec(task).kind != "classification":
             raise _fail(where, f"shots needs a classification task; {task!r} is {get_task_spec(task).kind}")
@@ -352,7 +352,7 @@ def _word_pooling(where: str, task: str, options: Mapping[str, Any], raw: Mappin
     if value not in WORD_POOLINGS:
         raise _fail(where, f"word_pooling must be one of {list(WORD_POOLINGS)}, got {value!r}")
     if is_registered_task(task):
-        from ..tasks import get_task_spec
+        from ..tasks.core import get_task_spec
 
         kind = get_task_spec(task).kind
         if kind != "tagging":
@@ -469,7 +469,7 @@ def with_protocol(sweep: Sweep, protocol: str | None = None, samples_per_label: 
     Raises:
         ValueError: an unknown protocol, or ``samples_per_label`` without a paper study to apply to.
     """
-    from ..protocol import check_protocol
+    from .protocol import check_protocol
 
     entries = list(sweep.entries)
     if protocol is not None:

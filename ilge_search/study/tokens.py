@@ -20,7 +20,7 @@ CALIBRATION_SENTENCES = 128  # training sentences a dry run times a tagging conf
 
 def check_tagging_options(task_data: Any, encoders: Sequence[str], options: StudyOptions) -> None:
     """What a tagging study cannot do, and the tagging-only encoders on other tasks: one line each."""
-    from ..configs import TAGGER_FAMILIES
+    from ..encoders.configs import TAGGER_FAMILIES
 
     if task_data.kind != "tagging":
         wrong = [name for name in encoders if name in TAGGER_FAMILIES]
@@ -81,7 +81,7 @@ def tagging_calibration_data(
         "validation": max(1, min(plan.split_sizes["validation"], round(plan.split_sizes["validation"] * fraction))),
     }
     if plan.cached["train"] and plan.cached["validation"]:
-        from ..word_cache import WordOptions, load_word_embeddings
+        from ..embeddings.word_cache import WordOptions, load_word_embeddings
 
         entries = load_word_embeddings(
             check.spec.model_or_source,

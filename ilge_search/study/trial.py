@@ -5,7 +5,7 @@ by :func:`~ilge_search.storage.owner_stamping`, which calls :func:`~ilge_search.
 Optuna creates the trial) and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
 dict), ``val_metric``, ``params`` (trainable parameters), ``epochs_run``,
 ``best_epoch``, ``seconds``, ``latency_ms`` (the trained model's forward time
-per 1,000 validation samples, :func:`~ilge_search.objectives.measure_latency`)
+per 1,000 validation samples, :func:`~ilge_search.study.objectives.measure_latency`)
 and ``layer``/``layer_scores`` for the best-layer baseline; the validation
 metric of every epoch is an intermediate value, for the pruner.
 
@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..objectives import measure_latency
 from ..record import save_trial, save_trial_predictions, study_record, trial_config
 from ..storage import quiet_optuna_warnings, storage_fault
 from .notes import write_live_note
+from .objectives import measure_latency
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..record import Identity, WarmStartRecord
@@ -62,7 +62,7 @@ def suggest_capped(trial: Any, encoder: str, max_epochs: int | None) -> Any:
 def recommended_params(encoder: str, hidden_size: int | None = None, model: str | None = None) -> dict[str, Any]:
     """The encoder's ``recommended_config`` as Optuna params of ``suggest_config``'s search space.
 
-    The size bucket is :func:`ilge_search.models.model_size_bucket` of ``model``
+    The size bucket is :func:`ilge_search.embeddings.models.model_size_bucket` of ``model``
     (a model outside the table, or none, is bucketed by ``hidden_size``). The
     config's fields are offered to ``suggest_config`` through a ``FixedTrial``;
     what it asks for is what a study enqueues, so the first trial runs exactly
@@ -70,7 +70,7 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
     """
     import optuna
 
-    from ..models import model_size_bucket
+    from ..embeddings.models import model_size_bucket
     from ..tuning import recommended_config, suggest_config
 
     # no model name: "" is in no table row, so the hidden size decides
@@ -110,8 +110,8 @@ def warm_start_params(
     """
     import dataclasses
 
-    from ..configs import ENCODER_FAMILIES
-    from ..models import model_size_bucket
+    from ..embeddings.models import model_size_bucket
+    from ..encoders.configs import ENCODER_FAMILIES
     from ..record import warm_start_order
 
     if encoder not in ENCODER_FAMILIES:
@@ -242,8 +242,8 @@ class TrialObjective:
         self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any
     ) -> float | tuple[float, ...]:
         """Record the latency, write the live note and return the trial's value(s), one per objective."""
+        from ..embeddings.models import resolve_device
         from ..engine import build_model
-        from ..models import resolve_device
 
         data = self.data
         if model is None:  # cross-validated: no single trained model; the forward time is the architecture's

@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..objectives import best_score_trial, score_of
 from ..storage import (
     ENDED_STATES,
     FINISHED_STATES,
@@ -40,6 +39,7 @@ from ..storage import (
     storage_fault,
 )
 from .data import DataSpec, load_study_data
+from .objectives import best_score_trial, score_of
 from .options import StudyOptions
 from .trial import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 
@@ -145,7 +145,7 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
     import optuna
     import torch
 
-    from ..tasks import quiet_data_warnings
+    from ..tasks.core import quiet_data_warnings
     from ..tuning import make_pruner, make_sampler
 
     if parent is not None:

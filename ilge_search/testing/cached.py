@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from ..cache import FORMAT_VERSION, STORAGE_DTYPES, EmbeddingCache, texts_fingerprint
-from ..models import ModelSource
+from ..embeddings.cache import FORMAT_VERSION, STORAGE_DTYPES, EmbeddingCache, texts_fingerprint
+from ..embeddings.models import ModelSource
 from ..study.data import DataSpec, load_task_data
-from ..tasks import TaskData
+from ..tasks.core import TaskData
 from .synthetic import LayerSignal, classification_features, similarity_features
 
 __all__ = [
@@ -79,8 +79,8 @@ def refuse_model_loads() -> Iterator[None]:
     cache answered every lookup (the ``no_model_loads`` fixture of the tests is this block)."""
     import transformers
 
-    from .. import extraction
-    from ..extraction import LayerEmbedder
+    from ..embeddings import extraction
+    from ..embeddings.extraction import LayerEmbedder
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model or tokenizer was loaded")
@@ -107,7 +107,7 @@ def refuse_model_loads() -> Iterator[None]:
 
 def _model_shape(source: ModelSource, cache_dir: PathLike | None) -> tuple[int, int]:
     """(hidden states, hidden size) from the model's config, read without loading weights."""
-    from ..models import load_config
+    from ..embeddings.models import load_config
 
     config = load_config(source, cache_dir)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -193,7 +193,7 @@ def write_split_embeddings(
     fmt: EntryFormat | None = None,
 ) -> dict[str, str]:
     """Cache synthetic features of ``task``'s ``splits`` (default: all) for ``model`` exactly where
-    :meth:`~ilge_search.cache.EmbeddingCache.get_or_extract` looks them up; returns split -> key.
+    :meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract` looks them up; returns split -> key.
 
     The features have the model's shape (read from its config), so nothing downstream can tell them
     from extracted ones but their numbers.
@@ -261,7 +261,7 @@ def cache_text_embeddings(
     fmt: EntryFormat | None = None,
 ) -> str:
     """Cache the features of ``texts``, in this order, where
-    :meth:`~ilge_search.cache.EmbeddingCache.get_or_extract_texts` looks them up (what a classifier or
+    :meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract_texts` looks them up (what a classifier or
     ``predict`` asks for); returns the key. Each text must occur in one of ``tasks`` and gets the row it
     has there (the same signal must be given), so a model trained on those tasks' cached features
     predicts these texts as it scored them."""

@@ -21,7 +21,7 @@ import copy
 import pytest
 import torch
 
-from ..configs import EncoderConfig
+from ..encoders.configs import EncoderConfig
 
 
 class LayerEncoderContract:
@@ -35,7 +35,7 @@ class LayerEncoderContract:
         raise NotImplementedError
 
     def make_aggregator(self, num_layers: int | None = None, hidden_in: int | None = None):
-        from ..aggregator import build_aggregator
+        from ..encoders.aggregator import build_aggregator
 
         return build_aggregator(self.make_config(), num_layers or self.num_layers, hidden_in or self.hidden_in)
 

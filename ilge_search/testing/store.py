@@ -25,7 +25,6 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 
-from ..objectives import objective_directions, objective_metric_names
 from ..record import (
     DataRecord,
     FinalRecord,
@@ -38,6 +37,7 @@ from ..record import (
 )
 from ..storage import quiet_optuna_warnings
 from ..study.identity import default_study_name
+from ..study.objectives import objective_directions, objective_metric_names
 
 __all__ = ["FakeTrial", "add_study", "final_record", "classification_data", "similarity_data"]
 

@@ -8,7 +8,7 @@ only stores its arguments, ``fit`` returns ``self``, fitted state ends in
 
 Texts already embedded in this process are never sent through the LLM again:
 embeddings are memoised per (model, token pooling, max_length) and text, and
-texts not in the memo go through :class:`~ilge_search.cache.EmbeddingCache`.
+texts not in the memo go through :class:`~ilge_search.embeddings.cache.EmbeddingCache`.
 
 :meth:`ILGEClassifier.from_study` turns a finished study into a fitted
 estimator (the same folder format as :meth:`~ILGEClassifier.save`). A
@@ -28,12 +28,12 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 
-from ..configs import BestLayerConfig, EncoderConfig
-from ..extraction import POOLINGS
-from ..inputs import check_features, check_labels, check_pairs, check_texts
-from ..saved import check_saved_fields
+from ..embeddings.extraction import POOLINGS
+from ..encoders.configs import BestLayerConfig, EncoderConfig
 from ..validation import check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
+from .inputs import check_features, check_labels, check_pairs, check_texts
+from .saved import check_saved_fields
 
 if TYPE_CHECKING:
     from ..engine import ILGEModel

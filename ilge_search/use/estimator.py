@@ -21,12 +21,12 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from .._version import __version__
-from ..configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
-from ..models import model_reference_to_load, model_reference_to_save, resolve_device
+from ..embeddings.models import model_reference_to_load, model_reference_to_save, resolve_device
+from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
 from ..validation import ArgumentTypeError
 
 if TYPE_CHECKING:
-    from ..cache import EmbeddingCache
+    from ..embeddings.cache import EmbeddingCache
     from ..study.export import StudyExport, StudyModel
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_FILE", "Fitted", "LoadOptions", "SavedEstimator", "load_state", "read_weights"]
@@ -165,7 +165,7 @@ class SavedEstimator(BaseEstimator):
     # ------------------------------------------------------------------ embeddings
 
     def _embedding_cache(self) -> EmbeddingCache:
-        from ..cache import EmbeddingCache  # lazy: pulls in transformers
+        from ..embeddings.cache import EmbeddingCache  # lazy: pulls in transformers
 
         cache: EmbeddingCache | None = getattr(self, "_cache", None)
         if cache is None:

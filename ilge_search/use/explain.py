@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..configs import config_from_dict
+from ..encoders.configs import config_from_dict
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from ..storage import Storage, open_storage
 from ..study.export import load_run_study

@@ -71,8 +71,8 @@ def check_card_path(out_dir: str, *, force: bool) -> None:
 
 def write_card(out_dir: str, estimator: ILGEClassifier | ILGETagger) -> None:
     """Write the export's model card (README.md with the Hugging Face metadata block) beside the weights."""
+    from ..embeddings.models import canonical_model_name
     from ..files import write_output_text
-    from ..models import canonical_model_name
     from ..study.card import CARD_FILE, ExportedModel, model_card
 
     tagging = isinstance(estimator, ILGETagger)

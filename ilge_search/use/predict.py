@@ -4,7 +4,7 @@ A study's model is exported with ``ILGEClassifier.from_study`` and
 ``ILGEClassifier.save`` (``ilge-search export``). :func:`predict_file` reads
 JSONL, CSV/TSV, Parquet or plain text (one text per line) chunk by chunk,
 embeds each chunk through the one embedding cache
-(:meth:`~ilge_search.cache.EmbeddingCache.get_or_extract_texts`, the base
+(:meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract_texts`, the base
 model loaded once), and writes one JSONL or CSV/TSV row per input row, in
 order. Memory stays flat in the number of rows: only one chunk is held.
 
@@ -372,7 +372,7 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
 def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
     """Refuse a base model whose hidden states (count and width, from the model table or its config) are not
     those the classifier was trained on, before any text is embedded."""
-    from ..model_utils import hidden_size_for, num_layers_for
+    from ..embeddings.model_utils import hidden_size_for, num_layers_for
 
     try:
         shape = (num_layers_for(base_model), hidden_size_for(base_model))
@@ -404,7 +404,7 @@ def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
 
 def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes: list[str]) -> int:
     """Embed and label the input chunk by chunk, writing each row to ``handle``; returns the rows written."""
-    from ..cache import EmbeddingCache
+    from ..embeddings.cache import EmbeddingCache
 
     clf = job.clf
     bar = new_bar(BarSpec(f"predict {job.input_path.name}", job.rows, "row", enabled=options.progress))

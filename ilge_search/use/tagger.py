@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from ..configs import BestLayerConfig, EncoderConfig
-from ..saved import check_saved_fields
+from ..embeddings.words import WORD_POOLINGS, check_sentences
+from ..encoders.configs import BestLayerConfig, EncoderConfig
 from ..validation import check_choice, check_int
-from ..words import WORD_POOLINGS, check_sentences
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
+from .saved import check_saved_fields
 
 if TYPE_CHECKING:
     from ..engine import TaggerModel
@@ -148,7 +148,7 @@ class ILGETagger(SavedEstimator):
 
     def _embed(self, sentences: list[list[str]]) -> Any:
         """The sentences' word entry (memory-mapped); only sentences never extracted reach the LLM."""
-        from ..word_cache import WordOptions, get_or_extract_sentences
+        from ..embeddings.word_cache import WordOptions, get_or_extract_sentences
 
         options = WordOptions(
             word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device

@@ -13,12 +13,12 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from ilge_search.catalog import task_catalog
 from ilge_search.cli import cli
+from ilge_search.report.catalog import task_catalog
 from ilge_search.settings import SHIPPED_DATA_DIR, registered_task_dir
 from ilge_search.study.data import DataSpec
 from ilge_search.study.runner import study_source
-from ilge_search.tasks import TaskError, load_task
+from ilge_search.tasks.core import TaskError, load_task
 from ilge_search.testing import refuse_model_loads
 
 

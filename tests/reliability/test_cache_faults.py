@@ -24,8 +24,8 @@ from announced_skips import skip_because
 from click.testing import CliRunner
 from reliability_helpers import cli_command, labelled, one_line_error, remount, subprocess_env, temp_files, write_task
 
-from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.cli import cli
+from ilge_search.embeddings.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.files import DiskError, remove_stale_temp_files
 
 MODEL = "minilm-l6"  # 7 layers x 384: 5,376 bytes per text in float16
@@ -168,7 +168,7 @@ def test_read_only_cache_still_serves_its_entries(tmp_path, monkeypatch):
         task = _task(tmp_path, 20, test=6)
         first = load_task_embeddings(MODEL, task, cache_dir=disk, device="cpu", progress=False)
         remount(disk, "ro")
-        from ilge_search.extraction import LayerEmbedder
+        from ilge_search.embeddings.extraction import LayerEmbedder
 
         monkeypatch.setattr(LayerEmbedder, "load", lambda self: pytest.fail("a model was loaded"))
         again = load_task_embeddings(MODEL, task, cache_dir=disk, device="cpu", progress=False)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ilge_search.configs import DeepSetConfig
+from ilge_search.encoders.configs import DeepSetConfig
 from ilge_search.use.classifier import META_FILE, WEIGHTS_FILE, ILGEClassifier
 
 

@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 from reliability_helpers import MODEL, labelled, one_line_error, refused_run, sentences, sqlite_url, write_task
 
-from ilge_search.cache import load_task_embeddings
 from ilge_search.cli import cli
+from ilge_search.embeddings.cache import load_task_embeddings
 from ilge_search.study.sweep import load_sweep
-from ilge_search.tasks import TaskError, few_shot, load_task, subsample
+from ilge_search.tasks.core import TaskError, few_shot, load_task, subsample
 
 # ----------------------------------------------------------------------------- a single label
 
@@ -78,7 +78,7 @@ def _ten_labels(tmp_path: Path) -> Path:
 
 def test_max_train_below_the_number_of_labels_warns_in_one_line(tmp_path, caplog):
     task = load_task(_ten_labels(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks.core"):
         kept = subsample(task, 6, seed=0, splits=["train"])
     assert len(kept["train"]) == 6 and len(set(kept["train"].labels.tolist())) == 6
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -88,7 +88,7 @@ def test_max_train_below_the_number_of_labels_warns_in_one_line(tmp_path, caplog
     ]
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks.core"):
         subsample(task, 10, seed=0, splits=["train"])  # one row per label: nothing to warn about
         subsample(task, 3, seed=0, splits=["validation", "test"])  # evaluation caps never warn
     assert not caplog.records
@@ -116,7 +116,7 @@ def test_test_rows_duplicated_in_train_are_counted_in_a_one_line_warning(tmp_pat
     train = labelled(40, ["a", "b"])
     test = train[5:12] + labelled(13, ["a", "b"], 500)  # 7 of 20 test rows copied from train
     folder = write_task(tmp_path / "leaky", {"train": train, "validation": labelled(10, ["a", "b"], 900), "test": test})
-    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks.core"):
         load_task(folder)
         load_task(folder)  # the same data again: not repeated
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -125,19 +125,19 @@ def test_test_rows_duplicated_in_train_are_counted_in_a_one_line_warning(tmp_pat
 
     caplog.clear()
     clean = write_task(tmp_path / "clean", {"train": train, "test": labelled(20, ["a", "b"], 500)})
-    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks.core"):
         load_task(clean)
     assert not caplog.records
 
 
 def test_a_worker_process_does_not_repeat_the_data_warnings(tmp_path, monkeypatch, caplog):
-    from ilge_search import tasks
     from ilge_search.study import workers
+    from ilge_search.tasks import core as tasks
 
     train = labelled(40, ["a", "b"])
     folder = write_task(tmp_path / "leaky", {"train": train, "test": train[:5] + labelled(10, ["a", "b"], 500)})
     monkeypatch.setattr(tasks, "_QUIET", {"data warnings": False})
-    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks.core"):
         load_task(folder)  # the process that starts the workers: warns
         assert len(caplog.records) == 1
         tasks.quiet_data_warnings()  # what each worker process does first
@@ -152,7 +152,7 @@ def test_duplicated_sentence_pairs_are_counted_too(tmp_path, caplog):
         for i, (a, b) in enumerate(zip(sentences(30), sentences(30, 300), strict=True))
     ]
     folder = write_task(tmp_path / "pairs", {"train": pairs, "test": pairs[:4] + pairs[-1:]})
-    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks"):
+    with caplog.at_level(logging.WARNING, logger="ilge_search.tasks.core"):
         task = load_task(folder)
     train_pairs = set(task["train"].pairs)
     expected = sum(1 for pair in task["test"].pairs if pair in train_pairs)  # validation was carved from train

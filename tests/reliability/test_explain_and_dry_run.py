@@ -17,9 +17,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from ilge_search import DeepSetConfig, models
-from ilge_search.cache import EmbeddingCache
+from ilge_search import DeepSetConfig
 from ilge_search.cli import cli
+from ilge_search.embeddings import models
+from ilge_search.embeddings.cache import EmbeddingCache
 from ilge_search.engine import train_encoder
 from ilge_search.record import study_record
 from ilge_search.storage import open_storage

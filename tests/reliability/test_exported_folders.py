@@ -19,7 +19,7 @@ from reliability_helpers import one_line_error
 
 from ilge_search import ILGETagger, LastLayerConfig
 from ilge_search.cli import cli
-from ilge_search.configs import DeepSetConfig
+from ilge_search.encoders.configs import DeepSetConfig
 from ilge_search.engine.ensemble import EnsembleModel
 from ilge_search.testing.tiny_models import CORPUS, tiny_encoder
 from ilge_search.use.classifier import META_FILE, ILGEClassifier

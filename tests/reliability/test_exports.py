@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from ilge_search import ILGEClassifier, run_study
 from ilge_search.cli import cli
-from ilge_search.configs import CayleyConfig
+from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.record import EnsembleSize, Identity, TrialRecord, ensemble_record, study_record
 from ilge_search.study import StudyOptions, plan_run
 from ilge_search.testing import refuse_model_loads

@@ -13,11 +13,9 @@ from announced_skips import skipped_where
 from click.testing import CliRunner
 from reliability_helpers import labelled, one_line_error, write_task
 
-from ilge_search.cache import EmbeddingCache, load_task_embeddings
 from ilge_search.cli import cli
-from ilge_search.configs import MLPLastConfig
-from ilge_search.engine import train_encoder
-from ilge_search.models import (
+from ilge_search.embeddings.cache import EmbeddingCache, load_task_embeddings
+from ilge_search.embeddings.models import (
     ModelLoadError,
     load_config,
     load_model_and_tokenizer,
@@ -25,6 +23,8 @@ from ilge_search.models import (
     resolve_device,
     resolve_model,
 )
+from ilge_search.encoders.configs import MLPLastConfig
+from ilge_search.engine import train_encoder
 from ilge_search.use.classifier import ILGEClassifier
 
 CUDA = torch.cuda.is_available()

@@ -15,9 +15,9 @@ from reliability_helpers import one_line_error
 
 from ilge_search import ILGETagger, LastLayerConfig
 from ilge_search.cli import cli
-from ilge_search.tasks import TaskError, load_task
+from ilge_search.embeddings.words import WordTokenizer
+from ilge_search.tasks.core import TaskError, load_task
 from ilge_search.testing.tiny_models import CORPUS, tiny_encoder
-from ilge_search.words import WordTokenizer
 
 ROWS = [
     {"tokens": ["The", "cat", "sat"], "tags": ["DET", "NOUN", "VERB"]},

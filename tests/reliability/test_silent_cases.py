@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from reliability_helpers import one_line_error
 
 from ilge_search.cli import cli
-from ilge_search.configs import CayleyConfig
 from ilge_search.defaults.portfolio import PortfolioRequest
+from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.record import portfolio as record_portfolio
 from ilge_search.record import warm_start_record
 from ilge_search.study import StudyOptions, run_study

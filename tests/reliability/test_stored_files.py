@@ -10,8 +10,8 @@ import json
 import pytest
 from reliability_helpers import labelled, one_line_error, refused_run, sqlite_url, write_task
 
-from ilge_search.configs import CayleyConfig
 from ilge_search.defaults.portfolio import portfolio_study
+from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.record import load_shipped_portfolio, save_portfolio_choice
 from ilge_search.record import portfolio as record_portfolio
 from ilge_search.storage import open_storage
@@ -108,7 +108,7 @@ def test_cache_ls_marks_a_truncated_entry_as_damaged_and_says_how_to_clear_it(tm
     from click.testing import CliRunner
 
     from ilge_search.cli import cli
-    from ilge_search.tasks import load_task
+    from ilge_search.tasks.core import load_task
     from ilge_search.testing.cached import write_split_embeddings
 
     task = load_task(_task(tmp_path))

@@ -5,7 +5,7 @@ tagging task sentences of words) with integer label ids (or float scores, or one
 per word), label names sorted so that ids are stable, and a content fingerprint per split
 for cache keys. Every check (unknown task, missing files or columns, non-UTF-8 bytes,
 empty texts, list or dict values, a single label, labels a split has but train lacks; for
-tagging the checks of :mod:`ilge_search.tagging`) runs here, before any model is loaded.
+tagging the checks of :mod:`ilge_search.tasks.tagging`) runs here, before any model is loaded.
 
 Sources, in order: a registered task read from a local data dir in the shared layout
 (``<data_dir>/<task>/{train,validation,test}.jsonl``), a registered task downloaded
@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from .settings import DATA_ENV, SHIPPED_DATA_DIR, registered_task_dir, resolve_data_dir
+from ..settings import DATA_ENV, SHIPPED_DATA_DIR, registered_task_dir, resolve_data_dir
+from ..validation import check_int
+from .files import MAX_ROWS_LISTED, Table, TaskError, find_split_files, hub_unreachable, read_table
 from .tagging import (
     TaggedRows,
     check_tagged_rows,
@@ -36,8 +38,6 @@ from .tagging import (
     refuse_other_kind_columns,
     sentence_offsets,
 )
-from .task_files import MAX_ROWS_LISTED, Table, TaskError, find_split_files, hub_unreachable, read_table
-from .validation import check_int
 
 __all__ = [
     "TaskSpec",

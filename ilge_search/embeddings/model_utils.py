@@ -27,12 +27,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..validation import ArgumentTypeError
 from .models import MODEL_ALIASES, MODELS, known_model
-from .validation import ArgumentTypeError
 
 __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"]
 
-# canonical id -> (num_hidden_layers, hidden_size): a view of the one model table, ilge_search.models.MODELS
+# canonical id -> (num_hidden_layers, hidden_size): a view of the one model table, ilge_search.embeddings.models.MODELS
 KNOWN_MODELS: dict[str, tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidden_size) for m in MODELS}
 
 

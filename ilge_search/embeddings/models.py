@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .files import lock_is_held, remove_stale_temp_files, temp_name
-from .settings import resolve_cache_dir
+from ..files import lock_is_held, remove_stale_temp_files, temp_name
+from ..settings import resolve_cache_dir
 
 __all__ = [
     "KnownModel",
@@ -248,7 +248,7 @@ def model_size_bucket(model: str | os.PathLike, hidden_size: int | None = None) 
     if hidden_size is None:
         raise ValueError(
             f"unknown parameter count for {os.fspath(model)!r}; pass its hidden_size or add it to "
-            "ilge_search.models.MODELS"
+            "ilge_search.embeddings.models.MODELS"
         )
     return "large" if int(hidden_size) > LARGE_MODEL_HIDDEN_SIZE else "small"
 
@@ -686,7 +686,7 @@ def materialize_model(source: ModelSource) -> ModelSource:
         )
     from filelock import FileLock
 
-    from .progress import note
+    from ..progress import note
 
     target.parent.mkdir(parents=True, exist_ok=True)
     # conversions killed on this host: pid gone and their folder's lock free

@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from .record import DEFAULT_PROTOCOL, PROTOCOLS, Identity
-from .validation import check_choice, check_int
+from ..record import DEFAULT_PROTOCOL, PROTOCOLS, Identity
+from ..validation import check_choice, check_int
 
 __all__ = [
     "PROTOCOLS",
@@ -249,7 +249,7 @@ def paper_vectors(features: Any, *, model: Any = None, config: Any = None, batch
             z = model.embed(x.to(device))
             return model.head(z) if model.task_kind == "similarity" else z
     else:
-        from .aggregator import build_aggregator
+        from ..encoders.aggregator import build_aggregator
 
         readout = build_aggregator(config, num_layers=flat.shape[1], hidden_in=flat.shape[2]).eval()
         was_training = False

@@ -9,7 +9,7 @@ so a writer (the embedding cache) needs memory for the output only.
 
 Sentences of words take the same path (:meth:`LayerEmbedder.iter_word_batches`): each is
 tokenised as its words joined by spaces, cut into windows if it is longer than
-``max_length`` pieces (:mod:`ilge_search.words`), and every word's pieces are pooled to one
+``max_length`` pieces (:mod:`ilge_search.embeddings.words`), and every word's pieces are pooled to one
 ``(num_layers, hidden)`` vector (its first piece, or their mean).
 """
 
@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..progress import BarSpec, new_bar
+from ..tasks.tagging import sentence_offsets
+from ..validation import check_int
 from .models import (
     ModelSource,
     load_config,
@@ -32,9 +35,6 @@ from .models import (
     resolve_dtype,
     resolve_model,
 )
-from .progress import BarSpec, new_bar
-from .tagging import sentence_offsets
-from .validation import check_int
 from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, pool_window_words
 
 __all__ = ["POOLINGS", "WORD_POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]

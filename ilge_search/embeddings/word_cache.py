@@ -5,7 +5,7 @@ word's layer states ``features`` ``(num_words, L, D)`` in the storage dtype, ``o
 ``(num_sentences + 1,)`` (sentence ``i``'s words are rows ``offsets[i]:offsets[i + 1]``) and,
 for a task, one tag id per word in ``labels``. It lives beside the sequence entries and
 shares everything with them: one safetensors file plus its JSON record in
-``embeddings/``, the key (:meth:`~ilge_search.cache.EmbeddingCache.key` with the fields of
+``embeddings/``, the key (:meth:`~ilge_search.embeddings.cache.EmbeddingCache.key` with the fields of
 :meth:`WordOptions.key_fields`: word pooling, window overlap, and the layout version), the
 per-entry lock, the allocation before extraction, the atomic commit and the checksum;
 ``ilge-search cache ls`` lists it and ``cache rm`` removes it.
@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..tasks.core import TaskData, TaskError, load_task
+from ..tasks.tagging import sentence_offsets
+from ..validation import check_choice, check_int
 from .cache import STORAGE_DTYPES, CacheCorruptError, EmbeddingCache, ExtractionSettings, safetensors_header, storable
 from .extraction import LayerEmbedder
 from .models import ModelSource, resolve_device
-from .tagging import sentence_offsets
-from .tasks import TaskData, TaskError, load_task
-from .validation import check_choice, check_int
 from .words import WORD_POOLINGS, check_sentences
 
 __all__ = [
@@ -356,8 +356,8 @@ def get_or_extract_words(
     progress: bool = True,
 ) -> WordEmbeddings:
     """One split of a tagging task as word vectors: read from ``cache``, or extracted once (under the
-    entry's lock) and stored. ``task`` is a :class:`~ilge_search.tasks.TaskData` or anything
-    :func:`~ilge_search.tasks.load_task` accepts; it, the options and the model are checked first."""
+    entry's lock) and stored. ``task`` is a :class:`~ilge_search.tasks.core.TaskData` or anything
+    :func:`~ilge_search.tasks.core.load_task` accepts; it, the options and the model are checked first."""
     task_data = load_task(task, data_dir)
     if task_data.kind != "tagging":
         raise TaskError(

@@ -26,10 +26,10 @@ import warnings
 import torch
 from torch import nn
 
+from ..nn._base import LayerEncoder
+from ..validation import ArgumentTypeError, check_int
+from . import encoder_spec
 from .configs import CayleyConfig, EncoderConfig, FCConfig
-from .encoders import encoder_spec
-from .nn._base import LayerEncoder
-from .validation import ArgumentTypeError, check_int
 
 __all__ = [
     "Aggregator",
@@ -196,7 +196,7 @@ class PerTokenAggregator(nn.Module):
             raise ValueError(f"token_pooling must be one of {list(PER_TOKEN_POOLINGS)}, got {token_pooling!r}")
         if output_mode not in OUTPUT_MODES:
             raise ValueError(f"output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}")
-        from .nn.gnn import GNNStack, GraphCache
+        from ..nn.gnn import GNNStack, GraphCache
 
         self.config = config
         self.num_layers = _check_size("num_layers", num_layers)
@@ -223,7 +223,7 @@ class PerTokenAggregator(nn.Module):
         self.gnn.reset_parameters()
 
     def graph_for(self, seq_len: int):
-        """The :class:`~ilge_search.graphs.LayerGraph` of ``seq_len * num_layers`` real nodes (cached)."""
+        """The :class:`~ilge_search.encoders.graphs.LayerGraph` of ``seq_len * num_layers`` real nodes (cached)."""
         from .graphs import cayley_graph, fully_connected_graph
 
         def build():
@@ -267,7 +267,7 @@ class PerTokenAggregator(nn.Module):
         return x.to(dtype), (None if bool(mask.all()) else mask.to(x.device))
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        from .nn.gnn import BatchedGraph
+        from ..nn.gnn import BatchedGraph
 
         x, mask = self._check_inputs(x, attention_mask)
         B, T, L, D = x.shape

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .record.core import WORD_POOLINGS
+from ..record.core import WORD_POOLINGS
 
 __all__ = ["WORD_POOLINGS", "WordWindow", "WordTokenizer", "check_sentences", "pool_window_words"]
 

@@ -43,7 +43,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from .validation import check_int
+from ..validation import check_int
 
 __all__ = [
     "LayerGraph",

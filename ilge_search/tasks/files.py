@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import iter_json_objects, read_text_utf8
+from ..files import iter_json_objects, read_text_utf8
 
 __all__ = [
     "TaskError",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, overload
 
-from .validation import check_int
+from ..validation import check_int
 
 __all__ = [
     "EncoderConfig",

@@ -8,8 +8,8 @@ reads one split file's two columns and refuses, with one line naming the file an
 what a tagger cannot use: a missing or empty sentence, a word that is not a non-empty
 string, a missing tag, or a number of tags that differs from the number of words.
 :func:`check_tags_seen_in_train` refuses tags of validation or test that train lacks.
-Both raise :class:`~ilge_search.task_files.TaskError`; the task loader
-(:mod:`ilge_search.tasks`) builds its splits from what they return.
+Both raise :class:`~ilge_search.tasks.files.TaskError`; the task loader
+(:mod:`ilge_search.tasks.core`) builds its splits from what they return.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .task_files import Table, TaskError
+from .files import Table, TaskError
 
 __all__ = [
     "TaggedRows",

@@ -43,9 +43,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-from ._version import __version__
-from .extraction import POOLINGS, LayerEmbedder
-from .files import (
+from .._version import __version__
+from ..files import (
     check_free_space,
     check_writable,
     disk_error,
@@ -54,10 +53,11 @@ from .files import (
     remove_stale_temp_files,
     temp_name,
 )
+from ..settings import resolve_cache_dir
+from ..tasks.core import TaskData, TaskError, load_task
+from ..validation import check_int
+from .extraction import POOLINGS, LayerEmbedder
 from .models import ModelSource, cache_writes_allowed, resolve_device, resolve_model
-from .settings import resolve_cache_dir
-from .tasks import TaskData, TaskError, load_task
-from .validation import check_int
 
 __all__ = [
     "FORMAT_VERSION",
@@ -617,7 +617,7 @@ class EmbeddingCache:
             lock.acquire(timeout=0)
         except Timeout:
             if progress:
-                from .progress import note
+                from ..progress import note
 
                 note(f"ilge-search: waiting for another process that is extracting cache entry {key} ...")
             lock.acquire()
@@ -687,8 +687,8 @@ class EmbeddingCache:
     ) -> CachedEmbeddings:
         """The split's embeddings: read from the cache, or extracted once (under a lock) and stored.
 
-        ``task_data_or_name`` is a :class:`~ilge_search.tasks.TaskData` or anything
-        :func:`~ilge_search.tasks.load_task` accepts. Options, task and model are checked
+        ``task_data_or_name`` is a :class:`~ilge_search.tasks.core.TaskData` or anything
+        :func:`~ilge_search.tasks.core.load_task` accepts. Options, task and model are checked
         before any model is loaded. Similarity tasks give features (N, 2, L, D).
         """
         settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
@@ -697,7 +697,7 @@ class EmbeddingCache:
         if task.kind == "tagging":
             raise TaskError(
                 f"{task.name!r} is a tagging task: its words are cached one vector per word by "
-                f"ilge_search.word_cache.get_or_extract_words, not one per text"
+                f"ilge_search.embeddings.word_cache.get_or_extract_words, not one per text"
             )
         part = task.split(split)
         source = self.resolve(model)

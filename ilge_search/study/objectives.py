@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from .record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
+from ..record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
 
 if TYPE_CHECKING:
     import optuna
@@ -244,7 +244,7 @@ def _tagging_latency(model: Any, words: Any, device: Any, repeats: int) -> float
     import numpy as np
     import torch
 
-    from .engine.tokens import as_word_set, predict_word_logits
+    from ..engine.tokens import as_word_set, predict_word_logits
 
     full = as_word_set(words, None, "latency")
     count = max(1, int(np.searchsorted(full.offsets, LATENCY_SAMPLES, side="right")) - 1)

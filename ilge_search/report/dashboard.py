@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .record import study_record
-from .storage import Storage, artifact_dir_for, open_storage
+from ..record import study_record
+from ..storage import Storage, artifact_dir_for, open_storage
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

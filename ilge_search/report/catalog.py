@@ -1,7 +1,7 @@
 """The listings behind ``ilge-search tasks`` and ``ilge-search models``: the registries, and what is usable now.
 
-:func:`task_catalog` lists the task registry (:data:`ilge_search.tasks.TASKS`);
-:func:`model_catalog` lists the one model table (:data:`ilge_search.models.MODELS`)
+:func:`task_catalog` lists the task registry (:data:`ilge_search.tasks.core.TASKS`);
+:func:`model_catalog` lists the one model table (:data:`ilge_search.embeddings.models.MODELS`)
 with its offline aliases. Both say whether each entry is available offline right
 now: a task whose files are in the data folder, a model whose offline package is
 installed or whose config is in the local Hugging Face cache. Nothing is
@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .models import MODELS, KnownModel
-from .settings import registered_task_dir
-from .tasks import TASKS, TaskError, TaskSpec, load_task
+from ..embeddings.models import MODELS, KnownModel
+from ..settings import registered_task_dir
+from ..tasks.core import TASKS, TaskError, TaskSpec, load_task
 
 __all__ = ["task_catalog", "model_catalog", "TASK_COLUMNS", "MODEL_COLUMNS"]
 
@@ -117,7 +117,7 @@ def _offline_now(model: KnownModel) -> bool:
 
 
 def model_catalog() -> Any:
-    """One row per model of :data:`~ilge_search.models.MODELS` (a ``pandas.DataFrame`` with :data:`MODEL_COLUMNS`).
+    """One row per model of :data:`~ilge_search.embeddings.models.MODELS` (a ``pandas.DataFrame``, MODEL_COLUMNS).
 
     ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns);
     ``offline`` says whether it can be used without network access now (its

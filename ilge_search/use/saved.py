@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .configs import EncoderConfig, config_from_dict
+from ..encoders.configs import EncoderConfig, config_from_dict
 
 __all__ = ["check_saved_fields", "corrupt_file"]
 
