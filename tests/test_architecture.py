@@ -4,7 +4,8 @@
 - No import cycle between modules, counting imports inside functions (lazy imports).
 - No private name (leading underscore) imported from another module, and no private module of
   another package (``optuna.storages._rdb``): those break without notice on upgrades.
-- No module longer than 900 lines (as `ruff format` writes them).
+- At most 8 modules beside ``__init__.py`` at the top level, and no module longer than 900 lines (as `ruff format`
+  writes them).
 - No function longer than 60 lines, and none with more than 8 parameters outside ``cli/`` (click
   passes a command every option as a parameter) and the published API: the functions ``__init__.py``
   exports, and the constructor and public methods of the classes it exports and of their bases (a
@@ -22,6 +23,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ilge_search"
 MAX_LINES = 900  # lines as `ruff format` writes them
+MAX_TOP_LEVEL_MODULES = 8  # beside __init__.py: the rest lives in one package per pipeline stage
 MAX_FUNCTION_LINES = 60  # from the `def` line to the last line of the body, decorators not counted
 MAX_PARAMETERS = 8  # self and cls not counted; click commands in cli/ and the published API are exempt
 
@@ -170,6 +172,11 @@ def test_no_private_names_from_other_modules():
             elif private_module and not internal:
                 wrong.append(f"{path.name}:{line} imports the private module {target}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_few_modules_at_the_top_level():
+    top = sorted(path.stem for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules ({', '.join(top)}): move some"
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))

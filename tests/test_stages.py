@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from ilge_search.record import ensemble_record, study_record
+from ilge_search.report import build_report
 from ilge_search.storage import count_trials
 from ilge_search.study import StudyOptions, run_study
 from ilge_search.study.notes import write_study_note
@@ -19,6 +20,7 @@ from ilge_search.study.results import list_studies
 from ilge_search.study.stages import (
     Stage,
     StageContext,
+    StagePart,
     register_stage,
     registered_stages,
     unregister_stage,
@@ -64,6 +66,13 @@ class CompleteTrialCount(Stage):
     def note_lines(self, study, metric):
         stored = self._stored(study)
         return [] if stored is None else ["", f"Toy count: {stored['complete']} complete trials."]
+
+    def report_part(self, studies):
+        counts = [(study.study_name, self._stored(study)) for study in studies]
+        rows = tuple((name.split(":")[-1], str(stored["complete"])) for name, stored in counts if stored)
+        if not rows:
+            return None
+        return StagePart("Toy counts", "Complete trials per study.", ("encoder", "complete"), rows)
 
     def run(self, context: StageContext) -> None:
         self.runs.append(context.name)
@@ -133,6 +142,10 @@ def test_a_registered_stage_runs_after_the_built_ins_and_is_skipped_while_curren
     assert listing["toy_complete"].tolist() == [stored["complete"]]
     note = write_study_note(optuna.load_study(study_name=name, storage=url))
     assert "### Ensembles" in note and note.index("### Ensembles") < note.index("Toy count: ")
+    # its section in the results report, after the built-in sections and before the studies table
+    report = build_report(url, tmp_path / "report", figures=False, progress=False).files["markdown"].read_text()
+    assert "## Toy counts" in report and report.index("## Toy counts") < report.index("## Studies")
+    assert "| encoder | complete |" in report and f"| {name.split(':')[-1]} | {stored['complete']} |" in report
 
     caplog.set_level(logging.INFO, logger="ilge_search")
     with refuse_model_loads():

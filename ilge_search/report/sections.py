@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .attributions import draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, ReportStudy
@@ -39,6 +39,9 @@ from .tables import (
     summary_rows,
 )
 from .tokens import TOKEN_NOTE, draw_token_figures, token_rows
+
+if TYPE_CHECKING:
+    from ..study.stages import StagePart
 
 __all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
 
@@ -464,6 +467,33 @@ class TokenTables(Section):
                 folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})
 
 
+class StageParts(Section):
+    """The sections registered study stages give the report (:meth:`~ilge_search.study.stages.Stage.report_part`),
+    in the stages' order; the built-in stages have their own sections above."""
+
+    def _parts(self, data: ReportData) -> list[StagePart]:
+        from ..study.stages import registered_stages
+
+        studies = [r.study for r in data.every]
+        parts = (stage.report_part(studies) for stage in registered_stages())
+        return [part for part in parts if part is not None]
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(self._parts(data))
+
+    def contents(self, data: ReportData) -> list[ContentsEntry]:
+        return [(part.title, slug(part.title), []) for part in self._parts(data)]
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        for part in self._parts(data):
+            doc.heading(2, part.title, anchor=slug(part.title))
+            if part.paragraph:
+                doc.paragraph(part.paragraph)
+            if part.header:
+                doc.table(list(part.header), [[Cell(text) for text in row] for row in part.rows])
+            doc.bullets(list(part.bullets))
+
+
 class Studies(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
@@ -488,5 +518,6 @@ def report_sections() -> list[Section]:
         FewShotCurves("Few-shot curves", "few-shot"),
         Ensembles("Ensembles of a study's trials", "ensembles"),
         LeaveOneTaskOut("Defaults on tasks they never saw", "leave-one-task-out"),
+        StageParts(),
         Studies("Studies", "studies"),
     ]

@@ -8,7 +8,7 @@ the ensemble evaluation; :func:`register_stage` adds one after any of them.
 
 from __future__ import annotations
 
-from .base import Stage, StageContext, StoredStudy
+from .base import Stage, StageContext, StagePart, StoredStudy
 from .ensemble import EnsembleStage
 from .final import FinalStage, has_final_scores_to_make
 from .registry import register_stage, registered_stages, run_stages, unregister_stage
@@ -18,6 +18,7 @@ __all__ = [
     "FinalStage",
     "Stage",
     "StageContext",
+    "StagePart",
     "StoredStudy",
     "has_final_scores_to_make",
     "register_stage",

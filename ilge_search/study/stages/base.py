@@ -7,7 +7,7 @@ result is current, and otherwise runs it; it knows no stage by name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +20,23 @@ if TYPE_CHECKING:
     from ..options import StudyOptions
     from ..planned import PlannedStudy
 
-__all__ = ["Stage", "StageContext", "StoredStudy"]
+__all__ = ["Stage", "StageContext", "StagePart", "StoredStudy"]
 
 StoredStudy = Any
 """A study as the listing and the notes read it: an ``optuna.Study`` or a ``FrozenStudy`` summary (both carry
 the user attrs the record reads)."""
+
+
+@dataclass(frozen=True)
+class StagePart:
+    """A stage's section of the results report, as plain text the report renders in every format: a title, a
+    paragraph, a table (``header`` and ``rows`` of cell texts) and bullet sentences, each optional."""
+
+    title: str
+    paragraph: str = ""
+    header: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+    bullets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -95,3 +107,8 @@ class Stage:
         """Markdown lines of the stage's result for the study's dashboard note (after the final evaluation's
         part; none: nothing stored)."""
         return []
+
+    def report_part(self, studies: Sequence[StoredStudy]) -> StagePart | None:
+        """The stage's section of the results report over the storage's studies (``None``: no section; the
+        built-in stages' results have their own sections in :mod:`ilge_search.report`, above this layer)."""
+        return None
