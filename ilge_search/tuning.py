@@ -256,8 +256,13 @@ SAMPLERS = ("tpe", "random", "gp")
 PRUNERS = ("median", "hyperband", "none")
 
 
-def make_sampler(name: str, seed: int | None = None) -> Any:
-    """``tpe`` (TPESampler), ``random`` or ``gp`` (GPSampler, needs scipy), seeded."""
+def make_sampler(name: str, seed: int | None = None, *, conditional: bool = False) -> Any:
+    """``tpe`` (TPESampler), ``random`` or ``gp`` (GPSampler, needs scipy), seeded.
+
+    ``conditional``: the space's parameters depend on an earlier choice (an auto study's method); TPE then
+    models them jointly, group by group of parameters sampled together (``multivariate=True, group=True``),
+    rather than each alone over every trial.
+    """
     check_choice("sampler", name, SAMPLERS)
     import warnings
 
@@ -267,6 +272,8 @@ def make_sampler(name: str, seed: int | None = None) -> Any:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         warnings.simplefilter("ignore", FutureWarning)
         if name == "tpe":
+            if conditional:
+                return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
             return optuna.samplers.TPESampler(seed=seed)
         if name == "random":
             return optuna.samplers.RandomSampler(seed=seed)

@@ -319,6 +319,7 @@ IDENTITY_VALUES = {
     "samples_per_label": ("trec", "cayley", '4\nprotocol = "paper"', 4),
     "word_pooling": ("ud_ewt_pos", "cayley-word", '"mean"', "mean"),
     "warm_start": ("trec", "cayley", "2", 2),
+    "methods": ("trec", "auto", '["cayley", "last-layer"]', ["cayley", "last-layer"]),
 }
 
 

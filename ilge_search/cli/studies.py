@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
     f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)}; for a tagging task also "
-    f"{', '.join(TAGGER_FAMILIES)}: the Cayley graph over each word's own layers)."
+    f"{', '.join(TAGGER_FAMILIES)}: the Cayley graph over each word's own layers); or 'auto': one study that "
+    "searches the method (--methods) with its settings."
 )
 
 

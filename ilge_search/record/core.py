@@ -150,9 +150,12 @@ class Identity:
     samples_per_label: int | None = None
     word_pooling: str | None = None  # tagging studies: how words are made from pieces (None: not a tagging study)
     warm_start: int | None = None  # portfolio members enqueued after the starting configuration (None: 0)
+    methods: tuple[str, ...] | None = None  # an auto study's methods, the first parameter's choices (else None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "objectives", tuple(self.objectives))
+        if self.methods is not None:
+            object.__setattr__(self, "methods", tuple(self.methods))
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> Identity:
@@ -166,6 +169,7 @@ class Identity:
         """The user attrs this identity is stored as (``objectives`` as a list, as JSON keeps it)."""
         out = {key: getattr(self, key) for key in IDENTITY_KEYS}
         out["objectives"] = list(self.objectives)
+        out["methods"] = None if self.methods is None else list(self.methods)
         return out
 
     def differences(self, other: Identity, *, ignore: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:

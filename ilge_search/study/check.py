@@ -16,6 +16,7 @@ from typing import Any
 
 from ..settings import default_storage_url
 from ..storage import Storage, artifact_dir_for, open_storage, sqlite_database
+from .auto import auto_methods, is_auto
 from .data import DataSpec, expected_cache_keys, load_task_data
 from .folds import check_cv
 from .identity import (
@@ -251,6 +252,8 @@ def _checked_inputs(
     loaded, task_data = _checked_task(task, spec, options)
     encoder_list = resolve_encoders(encoders, tagging=task_data.kind == "tagging")
     counts = options.search.trial_counts(encoder_list)
+    if options.search.methods is not None and not any(is_auto(name) for name in encoder_list):
+        raise ValueError("--methods lists the methods of --encoder auto; add --encoder auto or drop --methods")
     check_tagging_options(task_data, encoder_list, options)
     return _CheckedInputs(
         model=model,
@@ -329,6 +332,7 @@ def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *
         samples_per_label=options.final.samples_per_label,
         word_pooling=options.data.word_pooling if tagging else None,
         warm_start=options.search.warm_start,
+        methods=auto_methods(options.search.methods, tagging=tagging) if is_auto(encoder) else None,
     )
 
 

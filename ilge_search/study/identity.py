@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..encoders.configs import ALL_FAMILIES, TAGGER_FAMILIES
+from ..encoders.configs import ALL_FAMILIES, TAGGER_FAMILIES, FamilyNames
 from ..record import (
     DATA_SPLITS,
     DataRecord,
@@ -62,10 +62,11 @@ from ..record import (
     upgrade_attrs,
 )
 from ..storage import Storage, quiet_optuna_warnings, requeue_trial
+from .auto import AUTO, auto_methods, is_auto
 from .objectives import objective_directions, objective_metric_names, objective_suffix
 from .options import StudyOptions
 from .protocol import DEFAULT_PROTOCOL, paper_samples_per_label
-from .trial import recommended_params
+from .trial import starting_params
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
@@ -91,7 +92,8 @@ __all__ = [
     "create_or_load",
 ]
 
-ENCODER_CHOICES: Sequence[str] = ALL_FAMILIES  # live: a family registered later is a choice too
+# live: a family registered later is a choice too; the auto search over them last
+ENCODER_CHOICES: Sequence[str] = FamilyNames(lambda: (*ALL_FAMILIES, AUTO))
 
 
 READY_WAIT_SECONDS = 30.0
@@ -182,7 +184,7 @@ def resolve_encoders(encoders: str | Sequence[str], *, tagging: bool = False) ->
     encoders (``cayley-word``) only for a ``tagging`` task."""
     if isinstance(encoders, str):
         encoders = [encoders]
-    everything = [name for name in ENCODER_CHOICES if tagging or name not in TAGGER_FAMILIES]
+    everything = [name for name in ALL_FAMILIES if tagging or name not in TAGGER_FAMILIES]
     out: list[str] = []
     for name in encoders:
         names = everything if name == "all" else [name]
@@ -205,7 +207,8 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
     for the paper protocol, ``:paper-16-per-label`` when its examples per label are not the task's default;
     ``:dataseed1`` for a study whose few-shot and subsampling draws (and folds) use data seed 1, not 0;
     ``:mean-words`` for a tagging study whose words are the mean of their pieces; ``:warm4`` for a study that
-    enqueued 4 portfolio members after its starting configuration.
+    enqueued 4 portfolio members after its starting configuration; ``:methods-cayley+last-layer`` for an auto
+    study over other methods than every one that serves the task.
 
     >>> default_study_name("minilm-l6", "trec", "cayley", shots=8)
     'minilm-l6:trec:cayley:8shot'
@@ -213,6 +216,7 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
     'minilm-l6:trec:cayley:paper'
     """
     identity = Identity(model=str(model), task=str(task), encoder=encoder, **settings)
+    tagging = identity.word_pooling is not None
     parts = [identity.model, identity.task, encoder]
     for value, template in (
         (identity.shots, "{}shot"),
@@ -237,6 +241,8 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
         parts.append(f"{identity.word_pooling}-words")
     if identity.warm_start:
         parts.append(f"warm{identity.warm_start}")
+    if identity.methods is not None and identity.methods != auto_methods(None, tagging=tagging):
+        parts.append("methods-" + "+".join(identity.methods))
     return ":".join(parts)
 
 
@@ -275,6 +281,7 @@ def run_identity(
         samples_per_label=samples_per_label,
         word_pooling=options.data.word_pooling if tagging else None,
         warm_start=options.search.warm_start or None,
+        methods=auto_methods(options.search.methods, tagging=tagging) if is_auto(encoder) else None,
     )
 
 
@@ -512,7 +519,10 @@ def create_or_load(
         if setup.source is not None:
             save_source(study, setup.source)
         if not any(trial_record(t).recommended for t in study.trials):
-            enqueue_start_trial(study, recommended_params(wanted.encoder, data.hidden_size, model=wanted.model))
+            first, *others = starting_params(wanted.encoder, wanted.methods, data.hidden_size, wanted.model)
+            enqueue_start_trial(study, first)
+            for params in others:  # an auto study: every method's start, so each method has a trial
+                study.enqueue_trial(params)
             if setup.warm_start is not None:
                 enqueue_warm_trials(study, [m.params for m in setup.warm_start.members])
                 save_warm_start(study, setup.warm_start)

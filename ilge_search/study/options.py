@@ -214,8 +214,14 @@ class SearchOptions:
         "part of the study's identity and name (:warmK).",
         flag=Flag("--warm-start", int, minimum=0),
     )
+    methods: tuple[str, ...] | None = _option(
+        help="--encoder auto: the methods its one search chooses among, comma-separated (default: every "
+        "encoder and baseline that serves the task's kind); part of an auto study's identity and name.",
+        flag=Flag("--methods"),
+    )
 
     def __post_init__(self) -> None:
+        from .auto import parse_methods
         from .folds import check_cv  # lazy: numpy, which `ilge-search run --help` must not wait for
         from .objectives import check_objectives
 
@@ -238,6 +244,7 @@ class SearchOptions:
         check_cv(self.cv)
         object.__setattr__(self, "objectives", check_objectives(self.objectives))
         check_int("warm_start", self.warm_start, minimum=0)
+        object.__setattr__(self, "methods", parse_methods(self.methods))
 
     @property
     def multi_objective(self) -> bool:

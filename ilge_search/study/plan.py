@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..storage import Storage, finished_trial_count
+from .auto import auto_methods, is_auto
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .final import final_is_current
 from .options import StudyOptions
@@ -336,6 +337,8 @@ def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> Any
     from ..storage import quiet_optuna_warnings
     from .trial import recommended_params, suggest_capped
 
+    if is_auto(encoder):  # an auto study starts with its first method's start
+        encoder = auto_methods(check.options.search.methods, tagging=check.task_data.kind == "tagging")[0]
     params = recommended_params(encoder, hidden_size, check.model)
     with quiet_optuna_warnings():
         return suggest_capped(optuna.trial.FixedTrial(params), encoder, check.options.search.max_epochs)
@@ -439,7 +442,7 @@ def _calibrate(check: RunCheck, plan: RunPlan, device: str) -> None:
         timed, cpu = time.perf_counter(), time.process_time()
         for study in plan.studies:
             config = _first_config(study.encoder, check, plan.hidden_size)
-            setup, per_epoch = _time_config(study.encoder, config, train, validation, check, plan, device)
+            setup, per_epoch = _time_config(config.family, config, train, validation, check, plan, device)
             _estimate_study(study, options, plan.parallel, setup, per_epoch)
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
     finally:

@@ -58,6 +58,7 @@ from ..storage import (
     owner_stamping,
     storage_fault,
 )
+from .auto import is_auto
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
 from .identity import (
     StudySetup,
@@ -261,7 +262,7 @@ def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study,
         budget = planned.count if planned.count is not None else search.total_for(planned.encoder)
         warm = _warm_start_within_budget(warm, planned.name, budget)
     setup = StudySetup(
-        sampler=owner_stamping(make_sampler(search.sampler, search.seed)),
+        sampler=owner_stamping(make_sampler(search.sampler, search.seed, conditional=is_auto(planned.encoder))),
         pruner=make_pruner(search.effective_pruner, search.max_epochs),
         new_study_hint=planned.hint,
         task_path=None if is_registered_task(spec.task) else str(Path(spec.task).resolve()),

@@ -78,6 +78,7 @@ from ..record import WORD_POOLINGS
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
 from ..validation import check_int
+from .auto import is_auto, parse_methods
 from .final import final_is_current
 from .folds import check_cv
 from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
@@ -139,6 +140,7 @@ class SweepEntry:
     data_seed: int = 0
     word_pooling: str = "first"  # tagging tasks only; what other tasks' studies record is no word pooling
     warm_start: int = 0  # ILGE families only: baselines have no portfolio
+    methods: tuple[str, ...] | None = None  # the auto encoder's methods (None: every method serving the task)
 
     @property
     def study_name(self) -> str:
@@ -345,6 +347,16 @@ def _shots(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, 
     return out
 
 
+def _methods(where: str, value: Any) -> tuple[str, ...] | None:
+    """The grid's (or the task's) ``methods`` for its auto studies: a list of method names, or none."""
+    if value is None:
+        return None
+    try:
+        return parse_methods(_str_list(where, value, "methods"))
+    except ValueError as exc:
+        raise _fail(where, str(exc)) from None
+
+
 def _word_pooling(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> str:
     """The task's ``word_pooling``: its own, else the grid's. A registered task that is not a tagging task pools
     no words: its own ``word_pooling`` other than ``first`` is refused, the grid's does not apply to it."""
@@ -399,6 +411,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
         common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
         common["word_pooling"] = _word_pooling(task_where, task, options, raw)
         warm_start = _task_count(task_where, options, raw, "warm_start") or 0
+        methods = _methods(task_where, options.get("methods", raw.get("methods")))
         # nested in this order (protocol, model, shots, encoder): the order of the grid's studies
         entries += [
             SweepEntry(
@@ -411,6 +424,7 @@ def _entries(where: str, raw: Mapping[str, Any], models: list[str], encoders: li
                 protocol=protocol,
                 samples_per_label=samples_per_label if protocol == "paper" else None,
                 warm_start=warm_start if encoder in ENCODER_FAMILIES else 0,
+                methods=methods if is_auto(encoder) else None,
                 **common,
             )
             for protocol, model, shots, encoder in itertools.product(protocols, models, shot_values, task_encoders)

@@ -44,16 +44,18 @@ __all__ = [
     "config_params",
     "warm_start_params",
     "suggest_capped",
+    "starting_params",
     "catchable_errors",
     "quiet_interrupt_tracebacks",
 ]
 
 
-def suggest_capped(trial: Any, encoder: str, max_epochs: int | None) -> Any:
-    """``suggest_config(trial, encoder)`` with ``epochs`` capped at ``max_epochs``."""
-    from ..tuning import suggest_config
+def suggest_capped(trial: Any, encoder: str, max_epochs: int | None, methods: Sequence[str] | None = None) -> Any:
+    """``suggest_config(trial, encoder)`` (for an auto study, over ``methods``:
+    :func:`~ilge_search.study.auto.suggest_study_config`) with ``epochs`` capped at ``max_epochs``."""
+    from .auto import suggest_study_config
 
-    config = suggest_config(trial, encoder)
+    config = suggest_study_config(trial, encoder, methods)
     if max_epochs is not None and config.epochs > max_epochs:
         config = config.replace(epochs=max_epochs)
     return config
@@ -81,6 +83,18 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
     with quiet_optuna_warnings():
         suggest_config(fixed, encoder)
     return dict(fixed.params)
+
+
+def starting_params(
+    encoder: str, methods: Sequence[str] | None, hidden_size: int | None, model: str | None
+) -> list[dict[str, Any]]:
+    """What a new study enqueues before the sampler takes over: its encoder's starting configuration, or for
+    an auto study each method's, in the order of ``methods`` (the first is the study's recommended start)."""
+    from .auto import is_auto, method_params
+
+    if not is_auto(encoder):
+        return [recommended_params(encoder, hidden_size, model)]
+    return [method_params(method, recommended_params(method, hidden_size, model)) for method in methods or ()]
 
 
 def config_params(encoder: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -166,13 +180,14 @@ class TrialObjective:
         from ..engine import select_best_layer, train_encoder
 
         data = self.data
-        config = suggest_capped(trial, self.encoder, self.max_epochs)
+        study = study_record(trial.study)
+        methods = study.identity.methods if study.identity is not None else None
+        config = suggest_capped(trial, self.encoder, self.max_epochs, methods)
         save_trial(trial, config=config.to_dict())  # recorded first, so failed trials show it too
         common: dict[str, Any] = dict(
             task_kind=data.task_kind, num_classes=data.num_classes, seed=self.seed, device=self.device
         )
 
-        study = study_record(trial.study)
         folds = self.folds(study.identity)
         objectives = study.objectives
 
@@ -192,7 +207,7 @@ class TrialObjective:
         if folds is not None:
             score, params = self._cross_validated(trial, config, folds, report, common)
             return self._values(trial, objectives, score, params, None)
-        if self.encoder == "best-layer":
+        if config.family == "best-layer":
             # the layer is chosen on validation inside the trial; the search covers the recipe
             layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
             config = config.replace(layer=layer)

@@ -38,6 +38,7 @@ from ..storage import (
     owner_stamping,
     storage_fault,
 )
+from .auto import is_auto
 from .data import DataSpec, load_study_data
 from .objectives import best_score_trial, score_of
 from .options import StudyOptions
@@ -159,7 +160,9 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
     try:
         study = job.storage.load_study(
             job.study_name,
-            sampler=owner_stamping(make_sampler(options.search.sampler, job.sampler_seed)),
+            sampler=owner_stamping(
+                make_sampler(options.search.sampler, job.sampler_seed, conditional=is_auto(job.encoder))
+            ),
             pruner=make_pruner(options.search.effective_pruner, options.search.max_epochs),
         )
         if study is None:
