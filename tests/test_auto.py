@@ -95,3 +95,77 @@ def test_methods_are_part_of_the_identity_and_need_auto(synthetic, tmp_path):
         _run(synthetic, url, methods="last-layer", n_trials=1, final_seeds=0, study_name="mine")
     with refuse_model_loads(), pytest.raises(ValueError, match="--methods lists the methods of --encoder auto"):
         run_study(synthetic.model, "trec", "cayley", storage=url, options=_options(synthetic, methods="fc"))
+
+
+# ----------------------------------------------------------------------------- --time-limit
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timed_trial(number: int, value: float, seconds: float, **attrs):
+    trial = optuna.trial.create_trial(value=value, user_attrs={"seconds": seconds, **attrs})
+    trial.number = number
+    return trial
+
+
+def test_durations_read_as_seconds():
+    from ilge_search.study.budget import parse_duration
+
+    assert parse_duration("10m") == 600 and parse_duration("90s") == 90 and parse_duration("1.5h") == 5400
+    assert parse_duration(" 45 ") == 45 and parse_duration(30) == 30 and parse_duration(None) is None
+    for bad in ("ten minutes", "0", "-5m", "5d"):
+        with pytest.raises(ValueError, match="time_limit"):
+            parse_duration(bad)
+    assert StudyOptions.from_flat(time_limit="2m", n_trials=None).search.time_limit == 120
+
+
+def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
+    from ilge_search.study.budget import SAFETY, STAGE_OVERHEAD_SECONDS, TimeBudget
+
+    clock = FakeClock()
+    budget = TimeBudget(deadline=clock.now + 100, seeds=2, ensemble_size=3, clock=clock)
+    assert budget.reserve([]) == 0 and not budget.should_stop([])  # nothing measured: the first trial runs
+    trials = [
+        _timed_trial(0, 0.5, 4.0),  # the start
+        _timed_trial(1, 0.9, 2.0),
+        _timed_trial(2, 0.8, 6.0, layer_scores=[0.1, 0.2]),  # a best-layer trial: the probe's cost
+        _timed_trial(3, 0.7, 1.0),
+    ]
+    # final: 2 seeds x (the best trial 2.0 + the start 4.0); ensemble: 2 seeds x (the next two by value, 6.0 and
+    # 1.0, + the probe 6.0)
+    final = 2 * (2.0 + 4.0)
+    ensemble = 2 * (6.0 + 1.0 + 6.0)
+    assert budget.reserve(trials) == pytest.approx((final + ensemble) * SAFETY + STAGE_OVERHEAD_SECONDS)
+    reserve = budget.reserve(trials)
+    clock.now = budget.deadline - reserve - 1  # a second more than the stages need: a zero-second trial fits
+    assert not budget.should_stop(trials)
+    clock.now = budget.deadline - reserve + 1
+    assert budget.should_stop(trials)
+    without = TimeBudget(deadline=budget.deadline, seeds=0, ensemble_size=0, clock=clock)
+    assert without.reserve(trials) == 0  # no final seeds: the search may use all of it
+
+
+def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):
+    import time
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    limit = 30.0
+    synthetic.cache("trec", **DATA)
+    started = time.perf_counter()
+    with refuse_model_loads():
+        (result,) = run_study(
+            synthetic.model,
+            "trec",
+            "auto",
+            storage=url,
+            options=_options(synthetic, n_trials=None, time_limit=limit, final_seeds=2),
+        )
+    took = time.perf_counter() - started
+    assert 0.6 * limit <= took <= 1.1 * limit, took
+    assert result.n_complete >= 2 and result.test_mean is not None and result.ensemble is not None

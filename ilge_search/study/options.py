@@ -58,6 +58,9 @@ TrialCount = int | Mapping[str, int | None] | None
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
 
 
+_NEVER_STOPS = "give n_trials, total_trials or a timeout (or a time limit), otherwise the study never stops"
+
+
 def check_study_name(name: Any) -> str:
     """``name`` if a storage can keep it as a study name: a non-empty string of at most 512 printable
     characters (a newline or tab would split log lines and listings)."""
@@ -156,12 +159,23 @@ class SearchOptions:
         "workers; 0 only (re)runs the final evaluation; with no count a study runs until the timeout or its "
         "total_trials cap (a mapping of encoder to count gives each study its own).",
         flag=Flag(
-            "--n-trials", int, minimum=0, unset=True, more="[default: {default}; with --total-trials: until the cap]"
+            "--n-trials",
+            int,
+            minimum=0,
+            unset=True,
+            more="[default: {default}; with --total-trials: until the cap; with --time-limit: until the time is spent]",
         ),
     )
     timeout: float | None = _option(
         help="seconds per study (per worker) after which no new trial starts.",
         flag=Flag("--timeout", float, minimum=0, above_minimum=True),
+        grid=True,
+    )
+    time_limit: float | None = _option(
+        help="a wall-clock budget for the whole run -- search, final evaluation and ensemble -- such as 10m, 90s, "
+        "1.5h or seconds; the search stops starting trials when the time left is what the final stages need, "
+        "estimated from the measured trials (several studies share it equally); trial counts still apply.",
+        flag=Flag("--time-limit"),
         grid=True,
     )
     total_trials: TrialCount = _option(
@@ -222,19 +236,23 @@ class SearchOptions:
 
     def __post_init__(self) -> None:
         from .auto import parse_methods
+        from .budget import parse_duration
         from .folds import check_cv  # lazy: numpy, which `ilge-search run --help` must not wait for
         from .objectives import check_objectives
 
         object.__setattr__(self, "n_trials", _dict_of_counts("n_trials", self.n_trials, 0))
         object.__setattr__(self, "total_trials", _dict_of_counts("total_trials", self.total_trials, None))
         check_positive_number("timeout", self.timeout, allow_none=True, unit="seconds")
+        object.__setattr__(self, "time_limit", parse_duration(self.time_limit))
         unbounded = (
             any(c is None for c in self.n_trials.values())
             if isinstance(self.n_trials, Mapping)
             else self.n_trials is None
         )
-        if unbounded and self.timeout is None and self.total_trials is None:
-            raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
+        if unbounded and self.timeout is None and self.total_trials is None and self.time_limit is None:
+            raise ValueError(
+                "give n_trials, total_trials or a timeout (or a time limit), otherwise the study never stops"
+            )
         check_int("seed", self.seed, minimum=0, allow_none=True)
         check_int("max_epochs", self.max_epochs, allow_none=True)
         if self.study_name is not None:
@@ -269,8 +287,10 @@ class SearchOptions:
         if unknown:
             raise ValueError(f"n_trials has counts for encoders not run: {sorted(unknown)}")
         counts = {name: self.n_trials.get(name) for name in encoders}
-        if None in counts.values() and self.timeout is None and self.total_trials is None:
-            raise ValueError("give n_trials, total_trials or a timeout, otherwise the study never stops")
+        if None in counts.values() and self.timeout is None and self.total_trials is None and self.time_limit is None:
+            raise ValueError(
+                "give n_trials, total_trials or a timeout (or a time limit), otherwise the study never stops"
+            )
         return counts
 
     def total_for(self, encoder: str) -> int | None:
@@ -589,13 +609,13 @@ class StudyOptions:
 
 def from_command_line(values: Mapping[str, Any]) -> StudyOptions:
     """The :class:`StudyOptions` of a command's parsed study options (flat names): an option whose flag is
-    ``unset`` and was not given keeps its field's default, except ``n_trials`` beside a ``total_trials`` cap
-    (the studies then run up to the cap)."""
+    ``unset`` and was not given keeps its field's default, except ``n_trials`` beside a ``total_trials`` cap or a
+    ``time_limit`` (the studies then run up to the cap, or until the time is spent)."""
     flat = {
         name: value
         for name, value in values.items()
         if value is not None or _flat_field(name).metadata["flag"] is None or not option_flag(name).unset
     }
-    if flat.get("total_trials") is not None:
-        flat.setdefault("n_trials", None)
+    if flat.get("total_trials") is not None or flat.get("time_limit") is not None:
+        flat.setdefault("n_trials", None)  # trials until the cap or the time limit
     return StudyOptions.from_flat(**flat)

@@ -53,9 +53,10 @@ from typing import Any
 
 from ..storage import Storage, finished_trial_count
 from .auto import auto_methods, is_auto
+from .budget import TimeSplit
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .final import final_is_current
-from .options import StudyOptions
+from .options import DEFAULT_ENSEMBLE, StudyOptions
 from .tokens import CALIBRATION_SENTENCES, head, rows_of, tagging_calibration_data
 
 __all__ = [
@@ -119,6 +120,7 @@ class StudyPlan:
     ensemble_runs: int = 0
     trial_seconds: float = math.nan
     seconds: float = math.nan
+    time_split: TimeSplit | None = None  # --time-limit: this study's share, as search, final and ensemble
 
 
 @dataclass
@@ -169,7 +171,8 @@ class RunPlan:
     def estimate_line(self) -> str:
         """The estimate as one line (what a long run logs at its start)."""
         trials = [s.trials for s in self.studies]
-        added = "until the timeout" if None in trials else f"{sum(t for t in trials if t is not None)} trials"
+        until = "until the time limit" if any(s.time_split for s in self.studies) else "until the timeout"
+        added = until if None in trials else f"{sum(t for t in trials if t is not None)} trials"
         epochs = sorted({s.epochs for s in self.studies})
         extraction = f", {format_seconds(self.extraction_seconds)} of it extraction" if self.extraction_seconds else ""
         return (
@@ -198,7 +201,11 @@ class RunPlan:
         width = max(len(s.study_name) for s in self.studies)
         for s in self.studies:
             state = f"resumes with {s.finished} finished trials" if s.exists else "new"
-            trials = "until timeout" if s.trials is None else f"+{s.trials} trials"
+            trials = (
+                ("until the time limit" if s.time_split else "until timeout")
+                if s.trials is None
+                else f"+{s.trials} trials"
+            )
             final = f", final {s.final_runs} retrainings" if s.final_runs else ", final evaluation current"
             if s.ensemble_runs:
                 final += f", ensemble up to {s.ensemble_runs} retrainings"
@@ -208,6 +215,8 @@ class RunPlan:
                 else (f"  ~{format_seconds(s.seconds)} ({format_seconds(s.trial_seconds)} per trial)")
             )
             lines.append(f"  {s.study_name:<{width}}  {state}; {trials} x up to {s.epochs} epochs{final}{time_text}")
+            if s.time_split is not None:
+                lines.append(f"  {'':<{width}}  {s.time_split.line()}")
         lines.append(self.estimate_line() if not math.isnan(self.seconds) else "no time estimate (calibrate=False)")
         if self.threads == 1 and self.cpu_per_second < 0.75:
             lines.append(
@@ -284,6 +293,8 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
         # the final evaluation retrains the selected trial (a multi-objective study: up to final_front trials
         # of its front) and, unless it is the start (trial 0), the start too
         trials_after = finished + (count or 0)
+        if count is None and options.search.time_limit is not None:  # a time limit: enough trials for an ensemble
+            trials_after = max(trials_after, finished + (options.final.ensemble or DEFAULT_ENSEMBLE))
         retrained = min(options.final.front, trials_after) if options.search.multi_objective else 1
         final_runs = options.final.seeds * (retrained + (1 if trials_after > 1 else 0))
         if (
@@ -443,7 +454,8 @@ def _calibrate(check: RunCheck, plan: RunPlan, device: str) -> None:
         for study in plan.studies:
             config = _first_config(study.encoder, check, plan.hidden_size)
             setup, per_epoch = _time_config(config.family, config, train, validation, check, plan, device)
-            _estimate_study(study, options, plan.parallel, setup, per_epoch)
+            share = None if options.search.time_limit is None else options.search.time_limit / len(plan.studies)
+            _estimate_study(study, options, plan.parallel, setup, per_epoch, share)
         plan.cpu_per_second = (time.process_time() - cpu) / max(1e-9, time.perf_counter() - timed)
     finally:
         torch.set_num_threads(previous_threads)
@@ -452,8 +464,11 @@ def _calibrate(check: RunCheck, plan: RunPlan, device: str) -> None:
     plan.calibration = f"{how}, {CALIBRATION_EPOCHS} epochs of each first config in {plan.calibration_seconds:.0f} s"
 
 
-def _estimate_study(study: StudyPlan, options: StudyOptions, parallel: int, setup: float, per_epoch: float) -> None:
-    """A study's trial and total seconds from its first config's setup and per-epoch times."""
+def _estimate_study(
+    study: StudyPlan, options: StudyOptions, parallel: int, setup: float, per_epoch: float, share: float | None
+) -> None:
+    """A study's trial and total seconds from its first config's setup and per-epoch times; under a time limit
+    (its ``share`` of it) how that share splits into search, final evaluation and ensemble."""
     study.trial_seconds = setup + study.epochs * per_epoch
     search_trial = study.trial_seconds
     if options.search.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
@@ -465,6 +480,9 @@ def _estimate_study(study: StudyPlan, options: StudyOptions, parallel: int, setu
         waves = math.ceil(study.trials / parallel)
         trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
     study.seconds = trial_time + (study.final_runs + study.ensemble_runs) * study.trial_seconds
+    if share is not None:
+        study.time_split = TimeSplit.planned(share, study.trial_seconds, study.final_runs, study.ensemble_runs)
+        study.seconds = min(study.seconds, share)
 
 
 def _subset_rows(size: int) -> int:

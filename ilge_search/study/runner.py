@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ from ..storage import (
     storage_fault,
 )
 from .auto import is_auto
+from .budget import TimeBudget, study_deadline
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
 from .identity import (
     StudySetup,
@@ -118,6 +120,7 @@ def run_study(
         KeyboardInterrupt: after the running trial was marked FAIL; every
             finished trial is stored and rerunning resumes.
     """
+    started = time.time()  # a --time-limit counts from here: the checks and the data loading are part of the run
     if options is None:
         options = StudyOptions()
     elif not isinstance(options, StudyOptions):
@@ -135,7 +138,7 @@ def run_study(
     opened = check.opened_storage()
     try:
         run = _RunData.load(check, callbacks)  # ---- 2. extracted once, here, before any worker starts
-        return [_run_one(run, planned) for planned in check.studies]
+        return _run_all(run, check.studies, started)
     except Exception as exc:
         fault = storage_fault(exc)
         if fault is None:
@@ -214,11 +217,39 @@ def _say_which_defaults() -> None:
         )
 
 
-def _run_one(run: _RunData, planned: PlannedStudy) -> StudyResult:
-    """Steps 3-5 of :func:`run_study` for one planned study."""
+def _run_all(run: _RunData, studies: Sequence[PlannedStudy], started: float) -> list[StudyResult]:
+    """Steps 3-5 for each planned study in turn; under a time limit (counted from ``started``) each gets an equal
+    share of the time left when it starts."""
+    limit = run.options.search.time_limit
+    deadline = None if limit is None else started + limit
+    return [_run_one(run, planned, _deadline(deadline, len(studies) - i)) for i, planned in enumerate(studies)]
+
+
+def _deadline(run_deadline: float | None, studies_left: int) -> float | None:
+    """The next study's deadline under a time limit: its share of the time left (:func:`.budget.study_deadline`)."""
+    return None if run_deadline is None else study_deadline(run_deadline, time.time(), studies_left)
+
+
+def _study_budget(study: optuna.Study, deadline: float, seeds: int, asked_ensemble: int | None) -> TimeBudget:
+    """The :class:`~.budget.TimeBudget` of ``study`` with ``seeds`` final seeds: its ensemble's size where it can
+    have one (``asked_ensemble``: ``--ensemble``, ``None`` for the default)."""
+    from ..record import study_record
+    from .ensemble import check_ensemble_study
+    from .options import DEFAULT_ENSEMBLE
+
+    size = DEFAULT_ENSEMBLE if asked_ensemble is None else asked_ensemble
+    try:
+        check_ensemble_study(study_record(study), max(size, 1))
+    except ValueError:
+        size = 0
+    return TimeBudget(deadline=deadline, seeds=seeds, ensemble_size=size)
+
+
+def _run_one(run: _RunData, planned: PlannedStudy, deadline: float | None = None) -> StudyResult:
+    """Steps 3-5 of :func:`run_study` for one planned study (its search stopped in time for ``deadline``)."""
     study, created = _create_or_load(run, planned)
     try:
-        _optimize(run, planned, study, created)
+        _optimize(run, planned, study, created, deadline)
         # ---- 5. the study stages, in order (final evaluation, ensemble, ...)
         run_stages(
             StageContext(
@@ -291,9 +322,9 @@ def _warm_start_within_budget(warm: WarmStartRecord, name: str, budget: int | No
     return warm.with_members(warm.members[:room])
 
 
-def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created: bool) -> None:
+def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created: bool, deadline: float | None) -> None:
     """Step 4 of :func:`run_study` on a created or loaded study: its dead trials failed, a failed start
-    queued again, then the planned trials added."""
+    queued again, then the planned trials added (until ``deadline`` leaves just the stages' time)."""
     fail_stale_trials(study, run.storage)
     requeue_failed_recommended(study, run.storage)
     name, count = planned.name, planned.count
@@ -312,4 +343,7 @@ def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
-        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, count, run.callbacks)
+        final = run.options.final
+        budget = None if deadline is None else _study_budget(study, deadline, final.seeds, final.ensemble)
+        callbacks: list[TrialCallback] = [*run.callbacks, *([] if budget is None else [budget])]
+        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, count, callbacks)

@@ -39,6 +39,7 @@ from ..storage import (
     storage_fault,
 )
 from .auto import is_auto
+from .budget import TimeBudget
 from .data import DataSpec, load_study_data
 from .objectives import best_score_trial, score_of
 from .options import StudyOptions
@@ -117,6 +118,17 @@ class WorkerJob:
     n_trials: int | None
     sampler_seed: int | None
     torch_threads: int
+    budget: TimeBudget | None = None  # --time-limit: stops starting trials in time for the stages
+
+
+def _timeout(options: StudyOptions, budget: TimeBudget | None) -> float | None:
+    """Optuna's ``timeout`` of one process's search: ``--timeout``, and never past a time budget's deadline."""
+    limits = [t for t in (options.search.timeout, None if budget is None else budget.search_timeout()) if t]
+    return min(limits) if limits else None
+
+
+def _budget_callbacks(budget: TimeBudget | None) -> list[Callable[[Any, Any], None]]:
+    return [] if budget is None else [budget]
 
 
 def _die_with_parent(parent: int) -> None:
@@ -176,9 +188,9 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         study.optimize(
             objective,
             n_trials=job.n_trials,
-            timeout=options.search.timeout,
+            timeout=_timeout(options, job.budget),
             catch=catchable_errors(),
-            callbacks=_total_trials_callbacks(options.search.total_for(job.encoder)),
+            callbacks=[*_total_trials_callbacks(options.search.total_for(job.encoder)), *_budget_callbacks(job.budget)],
         )
     except KeyboardInterrupt:
         raise SystemExit(130) from None
@@ -257,12 +269,15 @@ def optimize(
     count: int | None,
     callbacks: Sequence[Callable[[Any, Any], None]] = (),
 ) -> None:
-    """Add ``count`` trials (``None``: until ``timeout`` or ``total_trials``) to ``study``.
+    """Add ``count`` trials (``None``: until ``timeout``, ``total_trials`` or a time budget) to ``study``.
 
     With ``options.runtime.workers == 1`` the trials run here on ``data`` (and
     ``callbacks`` run after each); otherwise ``count`` is split exactly across
-    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``).
+    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). A
+    :class:`~.budget.TimeBudget` among the callbacks goes to every process: each stops starting trials when
+    the time left is what the stages after the search need.
     """
+    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
     quiet_interrupt_tracebacks()
     if options.runtime.workers == 1:
         from ..progress import BarSpec, new_bar
@@ -274,7 +289,7 @@ def optimize(
             study.optimize(
                 objective,
                 n_trials=count,
-                timeout=options.search.timeout,
+                timeout=_timeout(options, budget),
                 catch=catchable_errors(),
                 callbacks=[
                     _ProgressCallback(bar, data.metric),
@@ -294,6 +309,7 @@ def optimize(
             n_trials=share,
             sampler_seed=None if options.search.seed is None else options.search.seed + i,
             torch_threads=per_worker,
+            budget=budget,
         )
         for i, share in enumerate(split_trials(count, options.runtime.workers))
     ]

@@ -1,0 +1,167 @@
+"""``--time-limit``: the whole run (search, final evaluation, ensemble) ends within a wall-clock budget.
+
+As AutoGluon's ``fit(time_limit=...)``, the limit covers everything a run does. The search stops starting
+trials once the time left is what the stages after it need: those retrain the selected trial, the starting
+configuration and the ensemble's members with every final seed, and the ensemble stage probes the best
+single layer. Their cost is estimated from the study's own measured trials (:meth:`TimeBudget.reserve`), so it
+grows with what the search found slow. Each study of a run gets an equal share of the time still left when it
+starts (:func:`study_deadline`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "parse_duration",
+    "TimeBudget",
+    "TimeSplit",
+    "study_deadline",
+    "stage_runs",
+    "SAFETY",
+    "STAGE_OVERHEAD_SECONDS",
+]
+
+SAFETY = 1.1  # the stages' estimate is scaled by this: a retraining on a busy machine may run slower than its trial
+STAGE_OVERHEAD_SECONDS = 1.0  # scoring and storing around the stages' trainings
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?\s*$")
+
+
+def parse_duration(value: str | float | int | None) -> float | None:
+    """Seconds of ``"10m"``, ``"90s"``, ``"1.5h"``, ``"600"`` or a number; ``None`` stays ``None``.
+
+    Raises:
+        ValueError: anything else, or a duration that is not above 0.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"time_limit must be a duration such as 10m, 90s or 600, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        found = _DURATION.match(str(value))
+        if found is None:
+            raise ValueError(f"time_limit must be a duration such as 10m, 90s, 1.5h or 600 (seconds), got {value!r}")
+        seconds = float(found.group(1)) * _UNITS[found.group(2) or ""]
+    if not seconds > 0 or math.isinf(seconds):
+        raise ValueError(f"time_limit must be above 0 seconds, got {value!r}")
+    return seconds
+
+
+def study_deadline(run_deadline: float, now: float, studies_left: int) -> float:
+    """The deadline of the next of ``studies_left`` studies: an equal share of the time left until the run's."""
+    return now + max(0.0, run_deadline - now) / max(1, studies_left)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """How a time limit is spent, in seconds: the search, then the final evaluation and the ensemble."""
+
+    limit: float
+    search: float
+    final: float
+    ensemble: float
+
+    def line(self) -> str:
+        return (
+            f"time limit {self.limit:.0f} s: search ~{self.search:.0f} s, final evaluation ~{self.final:.0f} s, "
+            f"ensemble ~{self.ensemble:.0f} s"
+        )
+
+    @classmethod
+    def planned(cls, limit: float, trial_seconds: float, final_runs: int, ensemble_runs: int) -> TimeSplit:
+        """The split a dry run prints: the stages' trainings at ``trial_seconds`` each, the rest the search."""
+        final = final_runs * trial_seconds * SAFETY + STAGE_OVERHEAD_SECONDS
+        ensemble = ensemble_runs * trial_seconds * SAFETY + (STAGE_OVERHEAD_SECONDS if ensemble_runs else 0.0)
+        search = max(0.0, limit - final - ensemble)
+        return cls(limit=limit, search=search, final=min(final, limit), ensemble=min(ensemble, limit))
+
+
+def stage_runs(seeds: int, ensemble_size: int) -> tuple[int, int]:
+    """Trainings after the search: the final evaluation's (the selected trial and the start, each per seed) and
+    the ensemble's (up to K - 1 more members and the best-layer probe, each per seed)."""
+    final = 2 * seeds
+    ensemble = seeds * (max(0, ensemble_size - 1) + 1) if ensemble_size else 0
+    return final, ensemble
+
+
+def _trial_seconds(trial: Any) -> float | None:
+    from ..record import trial_record
+
+    value = trial_record(trial).seconds
+    return float(value) if value is not None and value > 0 else None
+
+
+def _is_probe(trial: Any) -> bool:
+    from ..record import trial_record
+
+    return bool(trial_record(trial).layer_scores)
+
+
+def _wall_seconds(trial: Any) -> float | None:
+    if trial.datetime_start is None or trial.datetime_complete is None:
+        return None
+    return max(0.0, (trial.datetime_complete - trial.datetime_start).total_seconds())
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """A study's deadline and what must fit after its search; as an Optuna callback, it stops the search.
+
+    Attributes:
+        deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
+        seeds: the final seeds; ensemble_size: the ensemble's K (0: no ensemble stage).
+        clock: the time now (``time.time``; a test passes a fake one).
+    """
+
+    deadline: float
+    seeds: int
+    ensemble_size: int
+    clock: Callable[[], float] = field(default=time.time, compare=False)
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def reserve(self, trials: Sequence[Any]) -> float:
+        """Seconds the stages after the search need, from the trials' measured training times: the best K
+        complete trials (the selected one and the ensemble's likely members), the start (trial 0) and a
+        best-layer trial where the study has one (else the mean trial) for the probe."""
+        complete = [t for t in trials if t.state.name == "COMPLETE" and _trial_seconds(t) is not None]
+        if not self.seeds or not complete:
+            return 0.0
+        ranked = sorted(complete, key=lambda t: -(t.value if t.value is not None else -math.inf))
+        top = [_trial_seconds(t) or 0.0 for t in ranked[: max(1, self.ensemble_size)]]
+        start = min(complete, key=lambda t: t.number)
+        probes = [_trial_seconds(t) or 0.0 for t in complete if _is_probe(t)]
+        probe = statistics.fmean(probes) if probes else statistics.fmean(_trial_seconds(t) or 0.0 for t in complete)
+        final = self.seeds * (top[0] + (_trial_seconds(start) or 0.0))
+        ensemble = self.seeds * (sum(top[1:]) + probe) if self.ensemble_size else 0.0
+        return (final + ensemble) * SAFETY + STAGE_OVERHEAD_SECONDS
+
+    def next_trial(self, trials: Sequence[Any]) -> float:
+        """Seconds a next trial is expected to take: the median wall time of the ended trials but the first (which
+        also paid the process's one-time imports and set-up); of a lone trial, its training time."""
+        ended = sorted((t for t in trials if _wall_seconds(t) is not None), key=lambda t: t.number)
+        if len(ended) == 1:
+            return _trial_seconds(ended[0]) or _wall_seconds(ended[0]) or 0.0
+        return statistics.median(_wall_seconds(t) or 0.0 for t in ended[1:]) if ended else 0.0
+
+    def should_stop(self, trials: Sequence[Any]) -> bool:
+        """Whether a next trial would leave less than the stages need."""
+        return self.remaining() < self.next_trial(trials) + self.reserve(trials)
+
+    def search_timeout(self) -> float:
+        """The longest the search may run (Optuna's ``timeout``): never past the deadline."""
+        return max(1e-3, self.remaining())
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        if self.should_stop(study.get_trials(deepcopy=False)):
+            study.stop()
