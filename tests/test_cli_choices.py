@@ -86,9 +86,8 @@ def test_each_study_option_shows_its_fields_help_and_default():
         assert help_text.startswith(description[:1].upper() + description[1:]), where
         if option.default is not None and not option.multiple:
             assert option.default == option_default(option.study_field), where
-    assert (
-        study_options == 33 + 7
-    )  # run's (with the six column options, --warm-start, --ensemble and --methods) and sweep's
+    # run's (with the six column options, --warm-start, --ensemble, --methods and --time-limit) and sweep's
+    assert study_options == 34 + 7
 
 
 def test_defaults_click_cannot_show_come_from_the_fields():
