@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import optuna
 import pytest
 
@@ -169,3 +171,165 @@ def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):
     took = time.perf_counter() - started
     assert 0.6 * limit <= took <= 1.1 * limit, took
     assert result.n_complete >= 2 and result.test_mean is not None and result.ensemble is not None
+
+
+# ----------------------------------------------------------------------------- leaderboard, export
+
+
+def invoke(*args):
+    from click.testing import CliRunner
+
+    from ilge_search.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def leaderboard_study(synthetic, tmp_path_factory):
+    """An auto study run from the command line over two ILGE encoders and two baselines, with its leaderboard."""
+    folder = tmp_path_factory.mktemp("leaderboard")
+    url = f"sqlite:///{folder / 's.db'}"
+    synthetic.cache("trec", **DATA)
+    with refuse_model_loads():
+        result = invoke(
+            "run",
+            "--model",
+            synthetic.model,
+            "--task",
+            "trec",
+            "--encoder",
+            "auto",
+            "--methods",
+            "cayley,deepset,last-layer,mlp-last",
+            "--n-trials",
+            8,
+            "--final-seeds",
+            2,
+            "--ensemble",
+            4,
+            "--max-train",
+            240,
+            "--max-eval",
+            100,
+            "--max-epochs",
+            4,
+            "--storage",
+            url,
+            "--data-dir",
+            synthetic.data_dir,
+            "--cache-dir",
+            synthetic.cache_dir,
+            "--device",
+            "cpu",
+            "--threads",
+            1,
+            "-q",
+        )
+    assert result.exit_code == 0, result.output
+    (summary,) = optuna.get_all_study_summaries(url)
+    return {"url": url, "name": summary.study_name, "output": result.output, "synthetic": synthetic}
+
+
+def _record(leaderboard_study):
+    from ilge_search.record import leaderboard_record
+
+    study = optuna.load_study(study_name=leaderboard_study["name"], storage=leaderboard_study["url"])
+    return study, leaderboard_record(study)
+
+
+def test_run_prints_the_leaderboard_with_a_row_per_method_and_the_ensembles(leaderboard_study):
+    study, record = _record(leaderboard_study)
+    assert f"leaderboard of {leaderboard_study['name']}" in leaderboard_study["output"]
+    kinds = [row.kind for row in record.rows]
+    assert kinds[-1] == "reference" and "selected" in kinds and "ensemble" in kinds
+    methods = {row.name for row in record.rows if row.kind == "method"}
+    complete = {trial_config(t).family for t in study.trials if t.state.name == "COMPLETE"}
+    assert methods == complete  # every method with a complete trial has its row
+    assert record.seeds == [1000, 1001] and all(len(row.test_scores) == 2 for row in record.rows)
+
+
+def test_each_difference_is_paired_over_the_same_texts_and_seeds_and_a_tie_contains_zero(leaderboard_study):
+    import numpy as np
+    from optuna.artifacts import FileSystemArtifactStore, download_artifact
+
+    from ilge_search.study.statistics import BootstrapSettings, paired_bootstrap
+
+    _, record = _record(leaderboard_study)
+    reference = record.rows[-1]
+    folder = Path(leaderboard_study["url"].removeprefix("sqlite:///")).parent
+    store = FileSystemArtifactStore(str(folder / "artifacts"))
+    target = folder / "predictions.npz"
+    download_artifact(artifact_store=store, file_path=str(target), artifact_id=record.predictions)
+    arrays = np.load(target)
+    truth = arrays["truth"]
+    for index, row in enumerate(record.rows):
+        labels = arrays[f"row{index}"]
+        assert [float((seed == truth).mean()) for seed in labels] == pytest.approx(row.test_scores)
+        if row is reference:
+            assert row.difference is None
+            continue
+        estimate, low, high = row.difference
+        assert estimate == pytest.approx(row.test_mean - reference.test_mean)
+        assert low <= estimate <= high
+        assert (row.verdict == "tie") == (low <= 0 <= high)
+        again = paired_bootstrap(truth, labels, arrays[f"row{len(record.rows) - 1}"], "accuracy", BootstrapSettings())
+        assert (again.low, again.high) == pytest.approx((low, high))
+
+
+def test_the_ensemble_without_ilge_members_reweights_the_same_members_predictions(leaderboard_study):
+    from ilge_search.study.leaderboard import ilge_member
+
+    study, record = _record(leaderboard_study)
+    ensemble, without = record.row("ensemble"), record.row("ensemble-baselines")
+    families = {str(t.number): trial_config(t).family for t in study.trials if t.user_attrs.get("config")}
+    if without is None:  # every member an ILGE encoder, or none: nothing to take away
+        assert len({ilge_member(families[n]) for n in ensemble.members}) == 1
+        return
+    assert without.members == {n: c for n, c in ensemble.members.items() if not ilge_member(families[n])}
+    assert without.members and len(without.members) < len(ensemble.members)
+
+
+def test_the_paired_interval_covers_a_known_difference():
+    import numpy as np
+
+    from ilge_search.study.statistics import paired_bootstrap
+
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 3, 2000)
+    right_first, right_second = rng.random(2000) < 0.8, rng.random(2000) < 0.6  # true difference 0.2
+    first = np.where(right_first, truth, (truth + 1) % 3)
+    second = np.where(right_second, truth, (truth + 1) % 3)
+    interval = paired_bootstrap(truth, first, second, "accuracy")
+    assert interval.low < 0.2 < interval.high and interval.verdict == "win"
+    assert paired_bootstrap(truth, first, first, "accuracy").verdict == "tie"
+
+
+def test_leaderboard_command_formats_and_its_refusal(leaderboard_study, tmp_path):
+    import json
+
+    url, name = leaderboard_study["url"], leaderboard_study["name"]
+    table = invoke("leaderboard", "--storage", url, "--study", name)
+    assert table.exit_code == 0 and "best single layer" in table.output and "vs best layer" in table.output
+    rows = json.loads(invoke("leaderboard", "--storage", url, "--study", name, "--format", "json").output)
+    assert rows[-1]["kind"] == "reference" and {"val", "test_mean", "ci_low", "params"} <= set(rows[0])
+    csv = invoke("leaderboard", "--storage", url, "--study", name, "--format", "csv").output
+    assert csv.splitlines()[0].startswith("model,kind,val")
+    missing = invoke("leaderboard", "--storage", url, "--study", "nope")
+    assert missing.exit_code != 0 and "Traceback" not in missing.output
+
+
+def test_export_of_an_auto_study_writes_the_model_its_validation_chose(leaderboard_study, tmp_path):
+    from ilge_search import ILGEClassifier
+
+    _, record = _record(leaderboard_study)
+    synthetic = leaderboard_study["synthetic"]
+    out = tmp_path / "model"
+    url, name = leaderboard_study["url"], leaderboard_study["name"]
+    result = invoke("export", "--storage", url, "--study", name, "--out", out, "--cache-dir", synthetic.cache_dir)
+    assert result.exit_code == 0, result.output
+    ensemble_wins = record.row("ensemble").val_mean > record.row("selected").val_mean
+    assert ("exported the ensemble" in result.output) == ensemble_wins and "rule:" in result.output
+    clf = ILGEClassifier.load(out, device="cpu", cache_dir=synthetic.cache_dir, base_model=synthetic.model)
+    assert (getattr(clf, "n_members_", 1) > 1) == ensemble_wins
+    texts = ["what is the capital of peru", "how many legs does a spider have"]  # embedded by the tiny model
+    assert len(clf.predict(texts)) == 2

@@ -104,6 +104,22 @@ def run_command(
         )
         raise SystemExit(130) from None
     print_results(results)
+    _print_leaderboards(results, storage)
+
+
+def _print_leaderboards(results: list, storage: str | None) -> None:
+    """The leaderboard of each auto study the run made one for, after the result table."""
+    from ..study.auto import is_auto
+    from ..study.leaderboard import format_table, study_leaderboard
+
+    for result in results:
+        if not is_auto(result.encoder):
+            continue
+        try:
+            record = study_leaderboard(result.storage, result.study_name)
+        except ValueError:
+            continue  # no final seeds, or a kind of study without one: nothing to show
+        click.echo(f"\nleaderboard of {result.study_name}:\n{format_table(record)}")
 
 
 @cli.command("sweep", cls=StudyCommand)

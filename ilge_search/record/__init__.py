@@ -26,3 +26,7 @@ from .warmstart import *  # noqa: F403, E402
 from .warmstart import __all__ as _warmstart_all  # noqa: E402
 
 __all__ += list(_warmstart_all)
+from .leaderboard import *  # noqa: F403, E402
+from .leaderboard import __all__ as _leaderboard_all  # noqa: E402
+
+__all__ += list(_leaderboard_all)

@@ -100,6 +100,18 @@ def _trial_seconds(trial: Any) -> float | None:
     return float(value) if value is not None and value > 0 else None
 
 
+def _method_bests(complete: Sequence[Any]) -> float:
+    """Training seconds of each method's best complete trial, summed (what a leaderboard retrains per seed)."""
+    from ..record import trial_record
+
+    best: dict[str, Any] = {}
+    for trial in complete:
+        family = (trial_record(trial).config or {}).get("family", "")
+        if family not in best or (trial.value or 0.0) > (best[family].value or 0.0):
+            best[family] = trial
+    return sum(_trial_seconds(trial) or 0.0 for trial in best.values())
+
+
 def _is_probe(trial: Any) -> bool:
     from ..record import trial_record
 
@@ -119,12 +131,15 @@ class TimeBudget:
     Attributes:
         deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
         seeds: the final seeds; ensemble_size: the ensemble's K (0: no ensemble stage).
+        leaderboard: an auto study's leaderboard follows (it retrains each method's best trial, the ensemble's
+            members and the probe with every seed, reusing only the final evaluation's models).
         clock: the time now (``time.time``; a test passes a fake one).
     """
 
     deadline: float
     seeds: int
     ensemble_size: int
+    leaderboard: bool = False
     clock: Callable[[], float] = field(default=time.time, compare=False)
 
     def remaining(self) -> float:
@@ -144,7 +159,9 @@ class TimeBudget:
         probe = statistics.fmean(probes) if probes else statistics.fmean(_trial_seconds(t) or 0.0 for t in complete)
         final = self.seeds * (top[0] + (_trial_seconds(start) or 0.0))
         ensemble = self.seeds * (sum(top[1:]) + probe) if self.ensemble_size else 0.0
-        return (final + ensemble) * SAFETY + STAGE_OVERHEAD_SECONDS
+        board = self.seeds * (_method_bests(complete) + sum(top[1:]) + probe) if self.leaderboard else 0.0
+        overhead = STAGE_OVERHEAD_SECONDS * (2 if self.leaderboard else 1)
+        return (final + ensemble + board) * SAFETY + overhead
 
     def next_trial(self, trials: Sequence[Any]) -> float:
         """Seconds a next trial is expected to take: the median wall time of the ended trials but the first (which

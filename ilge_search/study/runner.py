@@ -230,19 +230,21 @@ def _deadline(run_deadline: float | None, studies_left: int) -> float | None:
     return None if run_deadline is None else study_deadline(run_deadline, time.time(), studies_left)
 
 
-def _study_budget(study: optuna.Study, deadline: float, seeds: int, asked_ensemble: int | None) -> TimeBudget:
-    """The :class:`~.budget.TimeBudget` of ``study`` with ``seeds`` final seeds: its ensemble's size where it can
-    have one (``asked_ensemble``: ``--ensemble``, ``None`` for the default)."""
+def _study_budget(study: optuna.Study, planned: PlannedStudy, deadline: float, options: StudyOptions) -> TimeBudget:
+    """The :class:`~.budget.TimeBudget` of ``study``: its final seeds, its ensemble's size where it can have one
+    (``--ensemble``, else the default) and, for an auto study that can have one, its leaderboard."""
     from ..record import study_record
     from .ensemble import check_ensemble_study
     from .options import DEFAULT_ENSEMBLE
 
-    size = DEFAULT_ENSEMBLE if asked_ensemble is None else asked_ensemble
+    size = DEFAULT_ENSEMBLE if options.final.ensemble is None else options.final.ensemble
     try:
-        check_ensemble_study(study_record(study), max(size, 1))
+        check_ensemble_study(study_record(study), 1)  # what the leaderboard needs too
     except ValueError:
-        size = 0
-    return TimeBudget(deadline=deadline, seeds=seeds, ensemble_size=size)
+        return TimeBudget(deadline=deadline, seeds=options.final.seeds, ensemble_size=0)
+    return TimeBudget(
+        deadline=deadline, seeds=options.final.seeds, ensemble_size=size, leaderboard=is_auto(planned.encoder)
+    )
 
 
 def _run_one(run: _RunData, planned: PlannedStudy, deadline: float | None = None) -> StudyResult:
@@ -343,7 +345,6 @@ def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
-        final = run.options.final
-        budget = None if deadline is None else _study_budget(study, deadline, final.seeds, final.ensemble)
+        budget = None if deadline is None else _study_budget(study, planned, deadline, run.options)
         callbacks: list[TrialCallback] = [*run.callbacks, *([] if budget is None else [budget])]
         optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, count, callbacks)

@@ -7,6 +7,7 @@ with its model card, and returns the lines that say what was written and which s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,7 +145,9 @@ def _summary(request: ExportRequest, estimator: ILGEClassifier | ILGETagger) -> 
 
 
 def export_study(storage: Any, request: ExportRequest) -> ExportResult:
-    """Write the study's model into ``request.out_dir`` with its model card; what to tell about it.
+    """Write the study's model into ``request.out_dir`` with its model card; what to tell about it. An auto
+    study with a leaderboard, asked for no particular model, gives the one its validation chose
+    (:data:`~ilge_search.study.leaderboard.EXPORT_RULE`).
 
     Raises:
         ExportOptionsError: ``ensemble`` with a tagging study, ``retrain`` or ``trial``.
@@ -152,6 +155,7 @@ def export_study(storage: Any, request: ExportRequest) -> ExportResult:
     """
     from ..files import check_output_folder
     from ..study.export import study_task_kind
+    from ..study.leaderboard import study_export_choice
 
     check_output_folder(request.out_dir, force=request.force)  # before the study is read: a refused --out costs nothing
     check_card_path(request.out_dir, force=request.force)
@@ -164,10 +168,18 @@ def export_study(storage: Any, request: ExportRequest) -> ExportResult:
         check_tagger_folder(request.out_dir)
     else:
         check_save_folder(request.out_dir, overwrite=request.force)  # before any work: a refused --out costs nothing
+    choice = (
+        None
+        if request.ensemble or request.retrain or request.trial_number is not None or tagging
+        else (study_export_choice(storage, request.study_name))
+    )
+    if choice is not None and choice[0]:
+        request = dataclasses.replace(request, ensemble=True)
     estimator = _estimator(storage, request, tagging)
     if isinstance(estimator, ILGETagger):
         estimator.save(request.out_dir)  # an ILGETagger replaces only its own earlier save
     else:
         estimator.save(request.out_dir, overwrite=request.force)
     write_card(request.out_dir, estimator)
-    return _summary(request, estimator)
+    summary = _summary(request, estimator)
+    return summary if choice is None else dataclasses.replace(summary, lines=[*summary.lines, choice[1]])

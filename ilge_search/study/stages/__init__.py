@@ -11,11 +11,13 @@ from __future__ import annotations
 from .base import Stage, StageContext, StagePart, StoredStudy
 from .ensemble import EnsembleStage
 from .final import FinalStage, has_final_scores_to_make
+from .leaderboard import LeaderboardStage
 from .registry import register_stage, registered_stages, run_stages, unregister_stage
 
 __all__ = [
     "EnsembleStage",
     "FinalStage",
+    "LeaderboardStage",
     "Stage",
     "StageContext",
     "StagePart",
@@ -30,3 +32,4 @@ __all__ = [
 # the built-in stages, in the order the runner has always run them
 register_stage(FinalStage())
 register_stage(EnsembleStage(), after="final")
+register_stage(LeaderboardStage(), after="ensemble")  # auto studies only

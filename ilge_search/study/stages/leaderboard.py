@@ -1,0 +1,107 @@
+"""The leaderboard as a stage, after the ensemble, for an auto study: :mod:`ilge_search.study.leaderboard` does
+the work; models the final evaluation trained are not trained again."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...record import leaderboard_record, save_leaderboard, study_record
+from ..auto import is_auto
+from ..leaderboard import LeaderboardRun, format_rows, format_table, leaderboard_evaluation, leaderboard_is_current
+from .base import Stage, StageContext, StagePart, StoredStudy
+from .final import has_final_scores_to_make
+
+__all__ = ["LeaderboardStage", "leaderboard_run"]
+
+_KINDS = ("classification", "similarity")  # per-example predictions the paired intervals compare
+
+
+def leaderboard_run(context: StageContext) -> LeaderboardRun:
+    options = context.options
+    return LeaderboardRun(
+        seeds=options.final_seed_list(),
+        max_epochs=options.search.max_epochs,
+        select=options.final.select,
+        device=context.spec.device,
+        artifact_store=context.storage.artifact_store(),
+        progress=options.runtime.progress,
+        reuse=context.trained,
+    )
+
+
+def _is_auto_study(study: StoredStudy) -> bool:
+    identity = study_record(study).identity
+    return identity is not None and is_auto(identity.encoder)
+
+
+class LeaderboardStage(Stage):
+    """One row per method, the selected trial and the ensembles, against the best single-layer probe."""
+
+    name = "leaderboard"
+
+    def applies(self, context: StageContext) -> bool:
+        record = study_record(context.study)
+        identity = record.identity
+        return (
+            _is_auto_study(context.study)
+            and has_final_scores_to_make(context)
+            and identity is not None
+            and not identity.multi_objective
+            and identity.protocol == "matched"
+            and context.data.task_kind in _KINDS
+        )
+
+    def is_current(self, context: StageContext) -> bool:
+        return leaderboard_is_current(context.study, leaderboard_run(context))
+
+    def current_note(self, context: StageContext) -> str:
+        return "the leaderboard is up to date"
+
+    def run(self, context: StageContext) -> None:
+        model = context.planned.identity.model
+        save_leaderboard(
+            context.study, leaderboard_evaluation(context.study, context.data, leaderboard_run(context), model)
+        )
+
+    def note_lines(self, study: StoredStudy, metric: str) -> list[str]:
+        stored = leaderboard_record(study)
+        if stored is None:
+            return []
+        return ["", "### Leaderboard", "", "```", format_table(stored), "```"]
+
+    def report_part(self, studies: Sequence[StoredStudy]) -> StagePart | None:
+        """One table over every auto study with a leaderboard: a row per study and leaderboard row."""
+        rows: list[tuple[str, ...]] = []
+        for study in studies:
+            stored = leaderboard_record(study) if _is_auto_study(study) else None
+            if stored is None:
+                continue
+            for row in format_rows(stored):
+                versus = (
+                    "reference"
+                    if row["vs_best_layer"] is None
+                    else f"{row['vs_best_layer']:+.2f} [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
+                    + (" tie" if row["verdict"] == "tie" else "")
+                )
+                rows.append(
+                    (
+                        str(getattr(study, "study_name", "")),
+                        str(row["model"]),
+                        f"{row['val']:.2f}",
+                        f"{row['test_mean']:.2f} ± {row['test_std']:.2f}",
+                        versus,
+                        f"{row['train_s']:.1f}",
+                        f"{row['predict_ms_per_1k']:.1f}",
+                        f"{row['params']:,}",
+                    )
+                )
+        if not rows:
+            return None
+        return StagePart(
+            title="Auto studies: leaderboards",
+            paragraph="Each auto study's methods (their best trial), the selected trial and the ensembles, "
+            "retrained with the final seeds; differences are test minus the best single-layer probe with a 95 % "
+            "paired bootstrap interval over the same test texts and seeds ('tie': the interval contains 0).",
+            header=("study", "model", "val", "test mean ± std", "vs best layer [95% CI]", "train s", "ms/1k", "params"),
+            rows=tuple(rows),
+        )
