@@ -139,9 +139,9 @@ def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
         _timed_trial(2, 0.8, 6.0, layer_scores=[0.1, 0.2]),  # a best-layer trial: the probe's cost
         _timed_trial(3, 0.7, 1.0),
     ]
-    # final: 2 seeds x (the best trial 2.0 + the start 4.0); ensemble: 2 seeds x (the next two by value, 6.0 and
-    # 1.0, + the probe 6.0)
-    final = 2 * (2.0 + 4.0)
+    # final: 2 seeds x (the best trial 2.0 + the start, whose 4.0 included its process's set-up and counts at
+    # most the others' median 2.0); ensemble: 2 seeds x (the next two by value, 6.0 and 1.0, + the probe 6.0)
+    final = 2 * (2.0 + 2.0)
     ensemble = 2 * (6.0 + 1.0 + 6.0)
     assert budget.reserve(trials) == pytest.approx((final + ensemble) * SAFETY + STAGE_OVERHEAD_SECONDS)
     reserve = budget.reserve(trials)
@@ -151,6 +151,10 @@ def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
     assert budget.should_stop(trials)
     without = TimeBudget(deadline=budget.deadline, seeds=0, ensemble_size=0, clock=clock)
     assert without.reserve(trials) == 0  # no final seeds: the search may use all of it
+    board = TimeBudget(deadline=budget.deadline, seeds=2, ensemble_size=3, leaderboard=True, clock=clock)
+    # the leaderboard retrains each method's best trial the final evaluation did not (all one family here: none),
+    # the ensemble's other members and the probe again
+    assert board.reserve(trials) == pytest.approx((final + 2 * ensemble) * SAFETY + 2 * STAGE_OVERHEAD_SECONDS)
 
 
 def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):

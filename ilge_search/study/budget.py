@@ -69,20 +69,24 @@ class TimeSplit:
     search: float
     final: float
     ensemble: float
+    leaderboard: float = 0.0
 
     def line(self) -> str:
+        board = f", leaderboard ~{self.leaderboard:.0f} s" if self.leaderboard else ""
         return (
             f"time limit {self.limit:.0f} s: search ~{self.search:.0f} s, final evaluation ~{self.final:.0f} s, "
-            f"ensemble ~{self.ensemble:.0f} s"
+            f"ensemble ~{self.ensemble:.0f} s{board}"
         )
 
     @classmethod
-    def planned(cls, limit: float, trial_seconds: float, final_runs: int, ensemble_runs: int) -> TimeSplit:
-        """The split a dry run prints: the stages' trainings at ``trial_seconds`` each, the rest the search."""
-        final = final_runs * trial_seconds * SAFETY + STAGE_OVERHEAD_SECONDS
-        ensemble = ensemble_runs * trial_seconds * SAFETY + (STAGE_OVERHEAD_SECONDS if ensemble_runs else 0.0)
-        search = max(0.0, limit - final - ensemble)
-        return cls(limit=limit, search=search, final=min(final, limit), ensemble=min(ensemble, limit))
+    def planned(cls, limit: float, trial_seconds: float, runs: tuple[int, int, int]) -> TimeSplit:
+        """The split a dry run prints: the stages' trainings (``runs``: the final evaluation's, the ensemble's and
+        the leaderboard's) at ``trial_seconds`` each, the rest of ``limit`` the search."""
+        final, ensemble, board = (
+            count * trial_seconds * SAFETY + (STAGE_OVERHEAD_SECONDS if count else 0.0) for count in runs
+        )
+        search = max(0.0, limit - final - ensemble - board)
+        return cls(limit, search, min(final, limit), min(ensemble, limit), min(board, limit))
 
 
 def stage_runs(seeds: int, ensemble_size: int) -> tuple[int, int]:
@@ -100,8 +104,8 @@ def _trial_seconds(trial: Any) -> float | None:
     return float(value) if value is not None and value > 0 else None
 
 
-def _method_bests(complete: Sequence[Any]) -> float:
-    """Training seconds of each method's best complete trial, summed (what a leaderboard retrains per seed)."""
+def _method_bests(complete: Sequence[Any]) -> list[int]:
+    """The number of each method's best complete trial (what a leaderboard retrains)."""
     from ..record import trial_record
 
     best: dict[str, Any] = {}
@@ -109,7 +113,17 @@ def _method_bests(complete: Sequence[Any]) -> float:
         family = (trial_record(trial).config or {}).get("family", "")
         if family not in best or (trial.value or 0.0) > (best[family].value or 0.0):
             best[family] = trial
-    return sum(_trial_seconds(trial) or 0.0 for trial in best.values())
+    return [trial.number for trial in best.values()]
+
+
+def _costs(complete: Sequence[Any]) -> dict[int, float]:
+    """Trial number -> the training seconds a retraining of it is expected to take: its own, except that the
+    earliest trial, which also paid the one-time set-up of its process, counts at most the others' median."""
+    cost = {t.number: _trial_seconds(t) or 0.0 for t in complete}
+    first = min(cost)
+    if len(cost) > 1:
+        cost[first] = min(cost[first], statistics.median(v for n, v in cost.items() if n != first))
+    return cost
 
 
 def _is_probe(trial: Any) -> bool:
@@ -146,20 +160,24 @@ class TimeBudget:
         return self.deadline - self.clock()
 
     def reserve(self, trials: Sequence[Any]) -> float:
-        """Seconds the stages after the search need, from the trials' measured training times: the best K
-        complete trials (the selected one and the ensemble's likely members), the start (trial 0) and a
-        best-layer trial where the study has one (else the mean trial) for the probe."""
+        """Seconds the stages after the search need, from the trials' measured training times (:func:`_costs`):
+        the final evaluation retrains the best trial and the start; the ensemble up to K - 1 other trials and
+        the probe; a leaderboard each method's best trial the final evaluation did not train, the ensemble's
+        other members again and the probe -- each with every final seed."""
         complete = [t for t in trials if t.state.name == "COMPLETE" and _trial_seconds(t) is not None]
         if not self.seeds or not complete:
             return 0.0
+        cost = _costs(complete)
         ranked = sorted(complete, key=lambda t: -(t.value if t.value is not None else -math.inf))
-        top = [_trial_seconds(t) or 0.0 for t in ranked[: max(1, self.ensemble_size)]]
         start = min(complete, key=lambda t: t.number)
-        probes = [_trial_seconds(t) or 0.0 for t in complete if _is_probe(t)]
-        probe = statistics.fmean(probes) if probes else statistics.fmean(_trial_seconds(t) or 0.0 for t in complete)
-        final = self.seeds * (top[0] + (_trial_seconds(start) or 0.0))
-        ensemble = self.seeds * (sum(top[1:]) + probe) if self.ensemble_size else 0.0
-        board = self.seeds * (_method_bests(complete) + sum(top[1:]) + probe) if self.leaderboard else 0.0
+        trained = {ranked[0].number, start.number}
+        others = [cost[t.number] for t in ranked[: max(1, self.ensemble_size)] if t.number not in trained]
+        probes = [cost[t.number] for t in complete if _is_probe(t)]
+        probe = statistics.fmean(probes) if probes else statistics.median(cost.values())
+        final = self.seeds * sum(cost[n] for n in trained)
+        ensemble = self.seeds * (sum(others) + probe) if self.ensemble_size else 0.0
+        bests = [n for n in _method_bests(complete) if n not in trained]
+        board = self.seeds * (sum(cost[n] for n in bests) + sum(others) + probe) if self.leaderboard else 0.0
         overhead = STAGE_OVERHEAD_SECONDS * (2 if self.leaderboard else 1)
         return (final + ensemble + board) * SAFETY + overhead
 

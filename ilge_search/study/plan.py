@@ -107,6 +107,8 @@ class StudyPlan:
             the start configuration, unless the final evaluation is current.
         ensemble_runs: trainings of the ensemble stage: ``final_seeds`` for each of up to K - 1 members
             beyond the one the final evaluation trained (0 where the study has no ensemble).
+        leaderboard_runs: an auto study's leaderboard: ``final_seeds`` for each method's best trial, the
+            ensemble's other members and the best-layer probe.
         seconds: this study's estimated wall time (trials, worker start, final evaluation, ensemble).
     """
 
@@ -118,6 +120,7 @@ class StudyPlan:
     epochs: int
     final_runs: int
     ensemble_runs: int = 0
+    leaderboard_runs: int = 0
     trial_seconds: float = math.nan
     seconds: float = math.nan
     time_split: TimeSplit | None = None  # --time-limit: this study's share, as search, final and ensemble
@@ -209,6 +212,8 @@ class RunPlan:
             final = f", final {s.final_runs} retrainings" if s.final_runs else ", final evaluation current"
             if s.ensemble_runs:
                 final += f", ensemble up to {s.ensemble_runs} retrainings"
+            if s.leaderboard_runs:
+                final += f", leaderboard up to {s.leaderboard_runs} retrainings"
             time_text = (
                 ""
                 if math.isnan(s.seconds)
@@ -315,10 +320,21 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
                 trials=count,
                 epochs=epochs,
                 final_runs=final_runs,
-                ensemble_runs=_ensemble_runs(check, trials_after) if final_runs else 0,
+                ensemble_runs=(ensemble_runs := _ensemble_runs(check, trials_after) if final_runs else 0),
+                leaderboard_runs=_leaderboard_runs(check, enc, ensemble_runs),
             )
         )
     return plans
+
+
+def _leaderboard_runs(check: RunCheck, encoder: str, ensemble_runs: int) -> int:
+    """An auto study's leaderboard trainings: each method's best trial, the ensemble's other members and the
+    best-layer probe, each with every final seed (classification and similarity studies)."""
+    kind = check.task_data.kind
+    if not is_auto(encoder) or not check.options.final.seeds or kind not in ("classification", "similarity"):
+        return 0
+    methods = auto_methods(check.options.search.methods, tagging=check.task_data.kind == "tagging")
+    return ensemble_runs + check.options.final.seeds * (len(methods) + 1)
 
 
 def _ensemble_runs(check: RunCheck, trials_after: int) -> int:
@@ -479,9 +495,10 @@ def _estimate_study(
     else:
         waves = math.ceil(study.trials / parallel)
         trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
-    study.seconds = trial_time + (study.final_runs + study.ensemble_runs) * study.trial_seconds
+    runs = (study.final_runs, study.ensemble_runs, study.leaderboard_runs)
+    study.seconds = trial_time + sum(runs) * study.trial_seconds
     if share is not None:
-        study.time_split = TimeSplit.planned(share, study.trial_seconds, study.final_runs, study.ensemble_runs)
+        study.time_split = TimeSplit.planned(share, study.trial_seconds, runs)
         study.seconds = min(study.seconds, share)
 
 
