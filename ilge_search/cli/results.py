@@ -238,10 +238,10 @@ def loto_command(
 
 
 @cli.command("leaderboard")
-@storage_option(required=True)
+@storage_option()
 @click.option("--study", "study_name", required=True, help="The auto study's name (`ilge-search studies` lists them).")
 @FORMAT_OPTION
-def leaderboard_command(storage: str, study_name: str, fmt: str) -> None:
+def leaderboard_command(storage: str | None, study_name: str, fmt: str) -> None:
     """An auto study's leaderboard: each method's best trial, the selected trial and the ensembles.
 
     Each row was retrained with the final seeds; its test difference to the best single-layer probe comes with a

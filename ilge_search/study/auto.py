@@ -11,7 +11,8 @@ records its full config, so the final evaluation, ensembles and export read its 
 The sampler of an auto study is TPE with ``multivariate=True, group=True``: each method's parameters are
 modelled jointly, and only over the trials that sampled them (:func:`ilge_search.tuning.make_sampler`).
 Each method's starting configuration is enqueued when the study is created (the first method's is trial 0,
-the study's ``recommended`` start), so every method has at least one trial.
+the study's ``recommended`` start; by default the baselines come first, cheapest), so every method has at least
+one trial.
 
 This module is the one place that knows what ``auto`` means: :func:`is_auto`, the methods a study searches
 (:func:`auto_methods`, part of its identity), the configs (:func:`suggest_auto`, :func:`suggest_study_config`)
@@ -52,9 +53,14 @@ def _kind(tagging: bool) -> str:
 
 
 def _serving(tagging: bool) -> list[str]:
-    """The registered families serving the task's kind, in registration order (ILGE encoders first)."""
+    """The registered families serving the task's kind: the layer baselines first (their starts are the cheapest
+    trials, so under a time limit every baseline has one before the first ILGE encoder trains), then the ILGE
+    encoders, each group in registration order."""
     kind = _kind(tagging)
-    return [name for name, entry in FAMILY_INDEX.items() if kind in entry.kinds]
+    serving = [(name, entry) for name, entry in FAMILY_INDEX.items() if kind in entry.kinds]
+    return [name for name, entry in serving if entry.role != "ilge"] + [
+        name for name, entry in serving if entry.role == "ilge"
+    ]
 
 
 def parse_methods(value: str | Sequence[str] | None) -> tuple[str, ...] | None:

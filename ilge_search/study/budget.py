@@ -116,13 +116,17 @@ def _method_bests(complete: Sequence[Any]) -> list[int]:
     return [trial.number for trial in best.values()]
 
 
-def _costs(complete: Sequence[Any]) -> dict[int, float]:
+def _costs(complete: Sequence[Any], workers: int = 1) -> dict[int, float]:
     """Trial number -> the training seconds a retraining of it is expected to take: its own, except that the
-    earliest trial, which also paid the one-time set-up of its process, counts at most the others' median."""
+    earliest ``workers`` trials, which also paid the one-time set-up of their process (imports, the first reads
+    of the cached arrays), count at most the median of the later ones."""
     cost = {t.number: _trial_seconds(t) or 0.0 for t in complete}
-    first = min(cost)
-    if len(cost) > 1:
-        cost[first] = min(cost[first], statistics.median(v for n, v in cost.items() if n != first))
+    numbers = sorted(cost)
+    first, later = numbers[: max(1, workers)], numbers[max(1, workers) :]
+    if later:
+        typical = statistics.median(cost[n] for n in later)
+        for number in first:
+            cost[number] = min(cost[number], typical)
     return cost
 
 
@@ -145,6 +149,7 @@ class TimeBudget:
     Attributes:
         deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
         seeds: the final seeds; ensemble_size: the ensemble's K (0: no ensemble stage).
+        workers: processes searching at once (each one's first trial paid its set-up).
         leaderboard: an auto study's leaderboard follows (it retrains each method's best trial, the ensemble's
             members and the probe with every seed, reusing only the final evaluation's models).
         clock: the time now (``time.time``; a test passes a fake one).
@@ -154,6 +159,7 @@ class TimeBudget:
     seeds: int
     ensemble_size: int
     leaderboard: bool = False
+    workers: int = 1
     clock: Callable[[], float] = field(default=time.time, compare=False)
 
     def remaining(self) -> float:
@@ -167,7 +173,7 @@ class TimeBudget:
         complete = [t for t in trials if t.state.name == "COMPLETE" and _trial_seconds(t) is not None]
         if not self.seeds or not complete:
             return 0.0
-        cost = _costs(complete)
+        cost = _costs(complete, self.workers)
         ranked = sorted(complete, key=lambda t: -(t.value if t.value is not None else -math.inf))
         start = min(complete, key=lambda t: t.number)
         trained = {ranked[0].number, start.number}

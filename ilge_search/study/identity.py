@@ -519,10 +519,8 @@ def create_or_load(
         if setup.source is not None:
             save_source(study, setup.source)
         if not any(trial_record(t).recommended for t in study.trials):
-            first, *others = starting_params(wanted.encoder, wanted.methods, data.hidden_size, wanted.model)
-            enqueue_start_trial(study, first)
-            for params in others:  # an auto study: every method's start, so each method has a trial
-                study.enqueue_trial(params)
+            for params in starting_params(wanted.encoder, wanted.methods, data.hidden_size, wanted.model):
+                enqueue_start_trial(study, params)  # an auto study: every method's start, each a trial
             if setup.warm_start is not None:
                 enqueue_warm_trials(study, [m.params for m in setup.warm_start.members])
                 save_warm_start(study, setup.warm_start)

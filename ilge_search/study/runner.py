@@ -243,7 +243,11 @@ def _study_budget(study: optuna.Study, planned: PlannedStudy, deadline: float, o
     except ValueError:
         return TimeBudget(deadline=deadline, seeds=options.final.seeds, ensemble_size=0)
     return TimeBudget(
-        deadline=deadline, seeds=options.final.seeds, ensemble_size=size, leaderboard=is_auto(planned.encoder)
+        deadline=deadline,
+        seeds=options.final.seeds,
+        ensemble_size=size,
+        leaderboard=is_auto(planned.encoder),
+        workers=options.runtime.workers,
     )
 
 

@@ -29,8 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..record import save_trial, save_trial_predictions, study_record, trial_config
+from ..record import save_trial, save_trial_predictions, study_record, trial_config, trial_record
 from ..storage import quiet_optuna_warnings, storage_fault
+from .auto import is_auto
 from .notes import write_live_note
 from .objectives import measure_latency
 
@@ -190,12 +191,15 @@ class TrialObjective:
 
         folds = self.folds(study.identity)
         objectives = study.objectives
+        # an auto study's method starts run to the end: the pruner compares across methods, and a method that
+        # learns slowly would lose its one trial to faster ones
+        keep = is_auto(self.encoder) and trial_record(trial).recommended
 
         def report(step: int, value: float) -> None:
             if len(objectives) > 1:
                 return  # Optuna cannot prune a multi-objective study, nor take its intermediate values
             trial.report(float(value), step)
-            if trial.should_prune():
+            if not keep and trial.should_prune():
                 fold, epoch = divmod(step - 1, config.epochs) if folds is not None else (None, step - 1)
                 save_trial(trial, epochs_run=int(epoch + 1))
                 where = f"epoch {epoch + 1}" + ("" if fold is None else f" of fold {fold + 1}")
