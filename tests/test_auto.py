@@ -339,3 +339,38 @@ def test_export_of_an_auto_study_writes_the_model_its_validation_chose(leaderboa
     assert (getattr(clf, "n_members_", 1) > 1) == ensemble_wins
     texts = ["what is the capital of peru", "how many legs does a spider have"]  # embedded by the tiny model
     assert len(clf.predict(texts)) == 2
+
+
+def test_an_auto_study_of_a_tagging_task_searches_the_per_word_methods(tmp_path):
+    """A toy tagging task (a tiny local encoder): the auto study's starts include the per-word Cayley encoder,
+    its final evaluation tags words, and it gets no leaderboard (tagging studies have none)."""
+    import json
+
+    import numpy as np
+
+    from ilge_search.record import leaderboard_record
+    from ilge_search.testing.tiny_models import tiny_encoder
+
+    words = ["the", "a", "fox", "dog", "runs", "jumps", ",", "."]
+    tags = {"the": "DET", "a": "DET", "fox": "NOUN", "dog": "NOUN", "runs": "VERB", "jumps": "VERB"}
+    task = tmp_path / "pos_toy"
+    task.mkdir()
+    for split, (count, seed) in {"train": (24, 0), "validation": (8, 1), "test": (8, 2)}.items():
+        rng = np.random.default_rng(seed)
+        rows = [list(rng.choice(words, size=int(rng.integers(2, 7)))) for _ in range(count)]
+        lines = [json.dumps({"tokens": r, "tags": [tags.get(w, "PUNCT") for w in r]}) + "\n" for r in rows]
+        (task / f"{split}.jsonl").write_text("".join(lines), encoding="utf-8")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    options = StudyOptions.from_flat(
+        n_trials=2,
+        methods="last-layer,cayley-word",
+        max_epochs=2,
+        final_seeds=1,
+        cache_dir=str(tmp_path / "cache"),
+        progress=False,
+        device="cpu",
+    )
+    (result,) = run_study(str(tiny_encoder(tmp_path / "model")), str(task), "auto", storage=url, options=options)
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    assert [t.params[METHOD_PARAM] for t in study.trials] == ["last-layer", "cayley-word"]
+    assert result.test_mean is not None and leaderboard_record(study) is None
