@@ -33,11 +33,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..encoders.configs import config_class_for
 from ..tuning import BUILTIN_RECOMMENDED
-from .problems import Problem
+from .problems import ConfigValues, Problem
+
+if TYPE_CHECKING:
+    from optuna.distributions import CategoricalChoiceType
 
 __all__ = ["CONDITIONAL", "MIN_COVERAGE", "RULE", "RecommendedValue", "recommend_group", "derive_defaults"]
 
@@ -53,20 +56,21 @@ class RecommendedValue:
     """One chosen value with its evidence (what ``defaults.md`` shows)."""
 
     param: str
-    value: Any
+    value: CategoricalChoiceType
     score: float  # mean over problems of the mean normalised rank at this level
     coverage: int  # problems with a trial at this level
     problems: int  # problems the level was eligible in
     trials: int
-    runner_up: tuple[Any, float, int] | None = None  # (value, score, coverage)
-    levels: dict[Any, tuple[float, int, int]] = field(default_factory=dict)  # level -> (score, coverage, trials)
+    runner_up: tuple[CategoricalChoiceType, float, int] | None = None  # (value, score, coverage)
+    # level -> (score, coverage, trials)
+    levels: dict[CategoricalChoiceType, tuple[float, int, int]] = field(default_factory=dict)
 
 
 def _choose(
-    param: str, problems: Sequence[Problem], condition: tuple[str, Any] | None, builtin: Any
+    param: str, problems: Sequence[Problem], condition: tuple[str, str] | None, builtin: object
 ) -> RecommendedValue | None:
-    per_level: dict[Any, list[float]] = {}
-    trial_counts: dict[Any, int] = {}
+    per_level: dict[CategoricalChoiceType, list[float]] = {}
+    trial_counts: dict[CategoricalChoiceType, int] = {}
     eligible = 0
     for problem in problems:
         trials = [
@@ -77,7 +81,7 @@ def _choose(
         if not trials:
             continue
         eligible += 1
-        by_level: dict[Any, list[float]] = {}
+        by_level: dict[CategoricalChoiceType, list[float]] = {}
         for trial in trials:
             by_level.setdefault(trial.params[param], []).append(trial.q)
         for level, qs in by_level.items():
@@ -89,7 +93,7 @@ def _choose(
     needed = max(1, math.ceil(MIN_COVERAGE * eligible))
     candidates = [level for level, (_, coverage, _) in levels.items() if coverage >= needed]
 
-    def preference(level: Any) -> tuple:
+    def preference(level: CategoricalChoiceType) -> tuple:
         score, coverage, count = levels[level]
         return (-score, -coverage, -count, level != builtin, _sort_key(level))
 
@@ -109,7 +113,7 @@ def _choose(
     )
 
 
-def _sort_key(level: Any) -> tuple:
+def _sort_key(level: CategoricalChoiceType) -> tuple:
     return (
         (0, float(level), "")
         if isinstance(level, (int, float)) and not isinstance(level, bool)
@@ -119,7 +123,7 @@ def _sort_key(level: Any) -> tuple:
 
 def recommend_group(
     family: str, bucket: str, problems: Sequence[Problem]
-) -> tuple[dict[str, Any], list[RecommendedValue]]:
+) -> tuple[ConfigValues, list[RecommendedValue]]:
     """The rule on one (family, bucket) group: the chosen values and the evidence for each."""
     cls = config_class_for(family)
     builtin = {
@@ -133,7 +137,7 @@ def recommend_group(
     unconditional = [p for p in names if p not in CONDITIONAL]
     # parents first, so their children are decided under the chosen value
     order = sorted(unconditional, key=lambda p: (p not in {parent for parent, _ in CONDITIONAL.values()}, p))
-    values: dict[str, Any] = {}
+    values: ConfigValues = {}
     evidence: list[RecommendedValue] = []
     for param in order:
         chosen = _choose(param, problems, None, builtin.get(param))
@@ -161,7 +165,7 @@ def recommend_group(
 def derive_defaults(
     groups: Mapping[tuple[str, str], Sequence[Problem]], exclude_tasks: Sequence[str] = ()
 ) -> tuple[
-    dict[str, dict[str, dict[str, Any]]],
+    dict[str, dict[str, ConfigValues]],
     dict[tuple[str, str], list[RecommendedValue]],
     dict[tuple[str, str], list[Problem]],
 ]:
@@ -174,7 +178,7 @@ def derive_defaults(
     excluded = set(exclude_tasks)
     used = {key: [p for p in problems if p.task not in excluded] for key, problems in sorted(groups.items())}
     used = {key: problems for key, problems in used.items() if problems}
-    values: dict[str, dict[str, dict[str, Any]]] = {}
+    values: dict[str, dict[str, ConfigValues]] = {}
     evidence: dict[tuple[str, str], list[RecommendedValue]] = {}
     for (family, bucket), problems in used.items():
         chosen_values, chosen = recommend_group(family, bucket, problems)

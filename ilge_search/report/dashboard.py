@@ -1,16 +1,10 @@
 """Browsing studies in optuna-dashboard: the server, with the artifact store the runner uploads to.
 
-:func:`serve_dashboard` starts optuna-dashboard on a storage together with the
-artifact store the runner uploads to (:func:`~ilge_search.storage.artifact_dir_for`,
-or the ``artifact_dir`` a study recorded), so weights and report figures can be
-downloaded from the browser. It binds to loopback; any other interface needs
-``allow_remote=True`` (``--allow-remote``): the dashboard has no login and can
-edit and delete studies. The trial and study notes it shows are written by
-:mod:`ilge_search.study.notes`.
-
-Parameter importances are answered here rather than by optuna-dashboard (:class:`ImportanceRoute`): its own
-route warns on every page of a study with a conditional parameter (PED-ANOVA needs at least 2 trials in each
-regime of a parameter: active, or inactive) and fails with a division by zero on a study without parameters.
+:func:`serve_dashboard` serves optuna-dashboard on a storage with the runner's artifact folders
+(:func:`~ilge_search.storage.artifact_dir_for`, or those studies recorded), on loopback unless
+``allow_remote=True``: the dashboard has no login and can edit and delete studies. Parameter importances
+are answered here (:class:`ImportanceRoute`): optuna-dashboard's own route warns on every page of a study
+with a conditional parameter and fails on a study without parameters.
 """
 
 from __future__ import annotations
@@ -28,15 +22,17 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..record import study_record
 from ..storage import Storage, artifact_dir_for, open_storage
 
 if TYPE_CHECKING:
+    from types import FrameType
     from wsgiref.simple_server import WSGIServer
 
     import optuna
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = [
     "dashboard_artifact_dirs",
@@ -98,7 +94,11 @@ class DirectoriesArtifactStore:
         raise ArtifactNotFound(f"artifact {artifact_id} is in none of {[str(d) for d in self.directories]}")
 
 
-def dashboard_artifact_dirs(storage_url: str, storage: Any = None, artifact_dir: PathLike | None = None) -> list[Path]:
+def dashboard_artifact_dirs(
+    storage_url: str,
+    storage: Storage | optuna.storages.BaseStorage | None = None,
+    artifact_dir: PathLike | None = None,
+) -> list[Path]:
     """The folders whose artifacts the dashboard serves, first one written to.
 
     ``artifact_dir`` if given (only it). Otherwise the runner's default for the
@@ -126,7 +126,7 @@ def dashboard_artifact_dirs(storage_url: str, storage: Any = None, artifact_dir:
 # ----------------------------------------------------------------------------- server
 
 
-def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathLike | None = None) -> Any:
+def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathLike | None = None) -> ImportanceRoute:
     """The optuna-dashboard WSGI application for ``storage`` with the artifact store.
 
     ``storage`` is a URL (default ``sqlite:///studies/ilge.db``; a SQLite file
@@ -155,11 +155,11 @@ class ImportanceRoute:
     """A WSGI app: optuna-dashboard's ``app``, with its parameter-importance route answered by
     :func:`param_importances` (same JSON), so computing them neither warns nor fails."""
 
-    def __init__(self, app: Any, storage: Any) -> None:
+    def __init__(self, app: WSGIApplication, storage: optuna.storages.BaseStorage) -> None:
         self.app, self.storage = app, storage
         self.ilge_artifact_store: DirectoriesArtifactStore | None = None
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         match = _IMPORTANCE_PATH.fullmatch(environ.get("PATH_INFO", ""))
         if match is None or environ.get("REQUEST_METHOD", "GET") != "GET":
             return self.app(environ, start_response)
@@ -169,7 +169,7 @@ class ImportanceRoute:
         return [body]
 
 
-def param_importances(storage: Any, study_id: int) -> tuple[str, dict[str, Any]]:
+def param_importances(storage: optuna.storages.BaseStorage, study_id: int) -> tuple[str, dict[str, object]]:
     """The HTTP status and JSON of optuna-dashboard's ``param_importances`` answer for a study: per objective,
     the PED-ANOVA importance of each parameter it can judge. Left out: a parameter with a regime (its trials
     where it is active, or where it is not) of fewer than 2 complete trials, which PED-ANOVA cannot judge; with
@@ -187,14 +187,14 @@ def param_importances(storage: Any, study_id: int) -> tuple[str, dict[str, Any]]
 
 
 def _objective_importances(
-    study: optuna.Study, complete: list[Any], index: int, direction: Any
-) -> list[dict[str, Any]]:
+    study: optuna.Study, complete: list[optuna.trial.FrozenTrial], index: int, direction: optuna.study.StudyDirection
+) -> list[dict[str, object]]:
     from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
     from optuna.study import StudyDirection
 
     sign = -1.0 if direction == StudyDirection.MAXIMIZE else 1.0  # PED-ANOVA ranks low targets first
 
-    def target(trial: Any) -> float:
+    def target(trial: optuna.trial.FrozenTrial) -> float:
         return sign * trial.values[index]
 
     trials = [t for t in complete if t.values is not None and math.isfinite(target(t))]
@@ -213,7 +213,7 @@ def _objective_importances(
     return [{"name": name, "importance": value, "distribution": judged[name]} for name, value in importance.items()]
 
 
-def _judged_params(trials: list[Any]) -> dict[str, str]:
+def _judged_params(trials: list[optuna.trial.FrozenTrial]) -> dict[str, str]:
     """The parameters PED-ANOVA can judge on ``trials`` (each regime has enough of them), with the class name of
     their distribution."""
     names = {name for trial in trials for name in trial.distributions}
@@ -267,6 +267,7 @@ def serve_dashboard(
     app = make_dashboard_app(storage, artifact_dir)
     server = _bind_server(host, int(port), log_requests)
     server.set_app(app)
+    assert app.ilge_artifact_store is not None  # make_dashboard_app sets it
     _serve_until_stopped(server, host, app.ilge_artifact_store.directories, echo)
 
 
@@ -292,7 +293,7 @@ def _bind_server(host: str, port: int, log_requests: bool) -> WSGIServer:
         raise ValueError(f"cannot resolve host {host!r}: {exc}; pass an address such as 127.0.0.1") from exc
 
     class Handler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             if log_requests:
                 super().log_message(format, *args)
 
@@ -317,7 +318,7 @@ def _serve_until_stopped(
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}/dashboard"
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         # shutdown() waits for serve_forever() to return, so it must not run on its thread
         threading.Thread(target=server.shutdown, daemon=True).start()
 

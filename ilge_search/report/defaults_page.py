@@ -1,22 +1,12 @@
 """The ``recommend`` command's outputs: the regenerated defaults file and its "Defaults by model size" page.
 
-:func:`recommend_defaults` regenerates the defaults with
-:func:`ilge_search.defaults.recommend.regenerate_defaults` (the rule, the
-leave-one-task-out shipping rule, ``--exclude-task``) and writes them: the
-defaults file that :func:`ilge_search.tuning.recommended_config` reads (schema in
-:mod:`ilge_search.tuning`) and, with it, a Markdown page with the "Defaults by
-model size" table, the stored leave-one-task-out table, each stored cross-task
-matrix with its left-out checks (:mod:`ilge_search.report.portfolio`), and the
-evidence behind every value.
-
-Where it writes: by default the user's defaults file
-(:func:`ilge_search.settings.user_defaults_path`: ``$ILGE_SEARCH_DEFAULTS``,
-else ``~/.config/ilge-search/recommended_defaults.json``), which
-``recommended_config`` reads over the shipped defaults, and the page next to it
-(same name, ``.md``). The package's own ``ilge_search/data/recommended_defaults.json``
-is rewritten only with ``update_shipped=True`` (``ilge-search recommend
---update-shipped``), for the maintainers who regenerate the shipped defaults
-from the committed studies (:func:`~ilge_search.defaults.recommend.defaults_targets`).
+:func:`recommend_defaults` regenerates the defaults
+(:func:`ilge_search.defaults.recommend.regenerate_defaults`) and writes the file
+:func:`ilge_search.tuning.recommended_config` reads, by default the user's
+(:func:`ilge_search.settings.user_defaults_path`), with a Markdown page beside it: the defaults table, the
+stored leave-one-task-out table, each stored cross-task matrix with its left-out checks, and the evidence
+behind every value. The package's own file is rewritten only with ``update_shipped=True``
+(:func:`~ilge_search.defaults.recommend.defaults_targets`).
 """
 
 from __future__ import annotations
@@ -47,7 +37,7 @@ __all__ = ["recommend_defaults", "defaults_page"]
 PathLike = str | os.PathLike
 
 
-def _format(value: Any) -> str:
+def _format(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)

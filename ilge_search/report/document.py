@@ -1,10 +1,7 @@
 """The one document renderer: a report written as Markdown, LaTeX (tables only) and HTML at once.
 
-:class:`Document` collects headings, paragraphs, bullets, images and tables of
-:class:`Cell` objects and renders each of them three ways; the results report
-(:mod:`ilge_search.report.build`) writes all three, the defaults page
-(:mod:`ilge_search.report.defaults_page`) the Markdown. Cells equal to
-:data:`MISSING` are never bold.
+:class:`Document` collects headings, paragraphs, bullets, images and tables of :class:`Cell` objects;
+cells equal to :data:`MISSING` are never bold.
 """
 
 from __future__ import annotations

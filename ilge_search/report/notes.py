@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..storage import hide_password
@@ -11,6 +11,9 @@ from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
 from .tables import DECIMALS, full_data, model_order, model_protocols
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
 
@@ -60,7 +63,7 @@ def no_published_note() -> str:
     )
 
 
-def closing_notes(frame: Any, summary: Any) -> list[str]:
+def closing_notes(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks
     best."""
     notes = []

@@ -1,12 +1,9 @@
 """The results report's sections, each a small object :func:`~ilge_search.report.build.build_report` iterates.
 
-A :class:`Section` has a ``title`` and an ``anchor`` (its line in the table of
-contents), says whether the storage holds what it shows (:meth:`Section.applies`),
-draws its figures (:meth:`Section.draw`, only when the report draws figures) and
-writes its part of the :class:`~ilge_search.report.document.Document`
-(:meth:`Section.render`). Everything a section shows is computed once, before
-any section runs, into a :class:`ReportData`; sections only format and draw.
-:func:`report_sections` lists them in the order the report shows them.
+A :class:`Section` has a ``title`` and an ``anchor``, says whether the storage holds what it shows
+(:meth:`Section.applies`), draws its figures (:meth:`Section.draw`) and renders its part of the document
+(:meth:`Section.render`) from a :class:`ReportData` computed once before any section runs.
+:func:`report_sections` lists them in the report's order.
 """
 
 from __future__ import annotations
@@ -14,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .attributions import draw_attribution_figures
 from .data import METHOD_LABELS, METHODS, ReportStudy
@@ -39,6 +36,11 @@ from .tables import (
     summary_rows,
 )
 from .tokens import TOKEN_NOTE, draw_token_figures, token_rows
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..defaults.portfolio import PortfolioResult
 
 __all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
 
@@ -80,20 +82,21 @@ class ReportData:
     storage_url: str
     records: list[ReportStudy]
     every: list[ReportStudy]
-    frame: Any
+    frame: pd.DataFrame
     models: list[str]
-    summary: Any
-    effect: Any
+    summary: pd.DataFrame
+    effect: pd.DataFrame
     notes: list[str]
-    selection: Any
-    fewshot: Any
+    selection: pd.DataFrame
+    fewshot: pd.DataFrame
     fewshot_skipped: list[str]
     layer_notes: dict[str, list[str]]
-    loto: Any
+    loto: pd.DataFrame
     skipped: list[str]
-    tokens: Any = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
+    tokens: pd.DataFrame | None = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
     tagging: list[ReportStudy] = field(default_factory=list)  # the tagging studies, never in ``records``
-    portfolios: list[Any] = field(default_factory=list)  # the stored cross-task matrices (defaults/transfer.py)
+    # the stored cross-task matrices (defaults/transfer.py)
+    portfolios: list[PortfolioResult] = field(default_factory=list)
     portfolio_notes: list[str] = field(default_factory=list)  # matrices that could not be read back, and why
 
 
@@ -450,6 +453,7 @@ class TokenTables(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
         doc.paragraph(TOKEN_NOTE)
+        assert data.tokens is not None  # applies() checked it
         for model in model_order(data.tokens["model"]):
             doc.heading(3, model)
             header, rows = token_rows(data.tokens, model)
