@@ -55,9 +55,8 @@ def portfolio_value(normalised: np.ndarray, members: Sequence[int]) -> float:
 
 
 def greedy_portfolio(normalised: np.ndarray, size: int) -> list[int]:
-    """Up to ``size`` eligible candidates, each step adding the one that most raises the mean over problems
-    of the best member's normalised score (so the first is the default); it stops early when none adds
-    anything."""
+    """Up to ``size`` eligible candidates, each step adding the one that most raises the mean over problems of the best
+    member's normalised score (so the first is the default); it stops early when none adds anything."""
     if size < 1:
         raise ValueError(f"a portfolio needs at least one member, got size {size}")
     rows = [int(r) for r in eligible_rows(normalised)]

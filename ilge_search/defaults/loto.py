@@ -1,12 +1,11 @@
 """Do regenerated defaults generalise? Leave one task out, and compare with the built-in defaults.
 
-Defaults chosen on a storage's own tasks are flattered by those tasks. For each task ``T``,
-:func:`leave_one_task_out` regenerates the defaults without ``T``'s studies (the rule ``recommend``
-uses), trains them and the built-in defaults (:data:`~ilge_search.tuning.BUILTIN_RECOMMENDED`) with no
-search on each ILGE study of ``T`` (built as a study's first trial is, on the study's own data, once per
-final seed) and stores both scores on that study as a :class:`~ilge_search.record.LotoRecord`, keyed by
-everything that changes the numbers: a rerun trains only what is missing, and a record whose
-configurations the storage no longer gives is stale and replaced.
+Defaults chosen on a storage's own tasks are flattered by those tasks. For each task ``T``, :func:`leave_one_task_out`
+regenerates the defaults without ``T``'s studies (the rule ``recommend`` uses), trains them and the built-in defaults
+(:data:`~ilge_search.tuning.BUILTIN_RECOMMENDED`) with no search on each ILGE study of ``T`` (built as a study's first
+trial is, on the study's own data, once per final seed) and stores both scores on that study as a
+:class:`~ilge_search.record.LotoRecord`, keyed by everything that changes the numbers: a rerun trains only what is
+missing, and a record whose configurations the storage no longer gives is stale and replaced.
 
 :func:`stored_loto` reads the current records back without training (the report, ``defaults.md`` and the
 shipping rule of :mod:`~ilge_search.defaults.recommend`). Differences are regenerated minus built-in, in
@@ -284,8 +283,7 @@ def _evaluate(
 def _stored_or_trained(
     study: optuna.Study, target: _Target, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
 ) -> tuple[LotoRecord, int]:
-    """The study's current record for ``seeds``, or a new one trained and stored; and the configurations
-    trained."""
+    """The study's current record for ``seeds``, or a new one trained and stored; and the configurations trained."""
     stored = study_record(study).loto
     record = _best_record(target, stored, seeds)
     if record is not None:

@@ -476,8 +476,7 @@ class PortfolioResult:
 
 
 def choose(result: PortfolioResult) -> PortfolioResult:
-    """Fill ``default``, ``portfolio`` and ``values`` from the validation matrix (when some candidate is
-    complete)."""
+    """Fill ``default``, ``portfolio`` and ``values`` from the validation matrix (when some candidate is complete)."""
     normalised = normalise(result.matrix.validation, [p.maximize for p in result.problems])
     try:
         result.default = choose_default(normalised)

@@ -1,12 +1,10 @@
 """Regenerate the ``recommended_config`` defaults from stored studies.
 
-:func:`regenerate_defaults` reads a storage's studies as problems
-(:func:`~ilge_search.defaults.problems.read_problems`) and derives one configuration per family and
-model-size bucket with the rule of :mod:`~ilge_search.defaults.rule`: a :class:`Recommendation`, the
-document :func:`ilge_search.tuning.recommended_config` reads and the evidence behind every value.
-``exclude_tasks`` (``--exclude-task T``) leaves the named tasks' studies out. Writing the document and its
-page is :func:`ilge_search.report.defaults_page.recommend_defaults`'s job; :func:`defaults_targets` says
-where it writes.
+:func:`regenerate_defaults` reads a storage's studies as problems (:func:`~ilge_search.defaults.problems.read_problems`)
+and derives one configuration per family and model-size bucket with the rule of :mod:`~ilge_search.defaults.rule`: a
+:class:`Recommendation`, the document :func:`ilge_search.tuning.recommended_config` reads and the evidence behind every
+value. ``exclude_tasks`` (``--exclude-task T``) leaves the named tasks' studies out. Writing the document and its page
+is :func:`ilge_search.report.defaults_page.recommend_defaults`'s job; :func:`defaults_targets` says where it writes.
 
 Shipping only what generalises: before regenerated defaults replace the shipped ones
 (``update_shipped=True``), the leave-one-task-out evaluation (:mod:`~ilge_search.defaults.loto`) must be
@@ -162,13 +160,10 @@ def _derived(
     used, and why studies were skipped."""
     all_groups, skipped = read_problems(storage_url, families)
     tasks = problem_tasks(all_groups)
-    absent = [t for t in exclude_tasks if t not in tasks]
-    if absent:
-        raise ValueError(
-            f"--exclude-task {', '.join(absent)}: no {'/'.join(families)} study of "
-            f"{'that task' if len(absent) == 1 else 'those tasks'} in {hide_password(storage_url)} "
-            f"(its tasks: {', '.join(tasks) or 'none'})"
-        )
+    if absent := [t for t in exclude_tasks if t not in tasks]:
+        which = "that task" if len(absent) == 1 else "those tasks"
+        where = f"{hide_password(storage_url)} (its tasks: {', '.join(tasks) or 'none'})"
+        raise ValueError(f"--exclude-task {', '.join(absent)}: no {'/'.join(families)} study of {which} in {where}")
     values, evidence, groups = derive_defaults(all_groups, exclude_tasks)
     if not groups:
         raise ValueError(
@@ -269,16 +264,14 @@ def regenerate_defaults(
         update_shipped: for the package's own file: only the groups the shipping rule
             (:func:`shipping_decision`) lets in; the others are left out (the built-in values apply).
         exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
-        method: ``marginal`` (the rule of :mod:`~ilge_search.defaults.rule`) or ``portfolio``: each group's
-            default is the one ``ilge-search portfolio`` chose from its stored cross-task matrix, and
-            ``update_shipped`` lets it in only where it won its left-out checks
-            (:func:`~ilge_search.defaults.transfer.shipping_verdict`).
+        method: ``marginal`` (the rule of :mod:`~ilge_search.defaults.rule`) or ``portfolio``: each group's default is
+            the one ``ilge-search portfolio`` chose from its stored cross-task matrix, and ``update_shipped`` lets it in
+            only where it won its left-out checks (:func:`~ilge_search.defaults.transfer.shipping_verdict`).
 
     Raises:
-        ValueError: unknown family, the storage cannot be opened, no study of ``families`` in it has at
-            least two scored trials, an excluded task without studies, ``exclude_tasks`` with
-            ``update_shipped``, or no complete leave-one-task-out evaluation for ``update_shipped``
-            (``portfolio``: no stored portfolio of a group).
+        ValueError: unknown family, the storage cannot be opened, no study of ``families`` in it has at least two scored
+            trials, an excluded task without studies, ``exclude_tasks`` with ``update_shipped``, or no complete
+            leave-one-task-out evaluation for ``update_shipped`` (``portfolio``: no stored portfolio of a group).
     """
     families = list(families)
     excluded = _checked_request(families, exclude_tasks, update_shipped)

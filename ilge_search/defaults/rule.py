@@ -1,31 +1,24 @@
 """The marginal rule: how the problems of a family and model-size bucket become one set of defaults.
 
-:func:`derive_defaults` applies the rule below to each (family, bucket) group
-of :func:`~ilge_search.defaults.problems.read_problems`, optionally leaving out
-the problems of some tasks (``recommend --exclude-task``, and the
-leave-one-task-out check of :mod:`~ilge_search.defaults.loto`). Writing the
-result is :mod:`~ilge_search.defaults.recommend`'s job.
+:func:`derive_defaults` applies the rule below to each (family, bucket) group of
+:func:`~ilge_search.defaults.problems.read_problems`, optionally leaving out the problems of some tasks (``recommend
+--exclude-task``, and the leave-one-task-out check of :mod:`~ilge_search.defaults.loto`). Writing the result is
+:mod:`~ilge_search.defaults.recommend`'s job.
 
 The rule
 --------
-Every study is one problem; its trials carry their normalised rank ``q`` and
-their parameters as levels (:mod:`~ilge_search.defaults.problems` says how).
-Values are compared per hyperparameter, on those levels. For each level its
-score is the mean over problems of the mean ``q`` of that problem's trials at
-the level. Among the levels seen in at least half the problems of the group
-(coverage), the highest score wins; ties go to the larger coverage, then more
-trials, then the built-in default's value, then the smallest level. Parameters
-that exist only under a choice (``gin_mlp_layers`` for GIN, ``gat_heads`` for
-GAT) are decided after it, from the trials that made the same choice, and only
-when it is the chosen one. Training fields outside the search space
-(``epochs``, ``batch_size``) are not touched.
+Every study is one problem; its trials carry their normalised rank ``q`` and their parameters as levels
+(:mod:`~ilge_search.defaults.problems` says how). Values are compared per hyperparameter, on those levels. For each
+level its score is the mean over problems of the mean ``q`` of that problem's trials at the level. Among the levels seen
+in at least half the problems of the group (coverage), the highest score wins; ties go to the larger coverage, then more
+trials, then the built-in default's value, then the smallest level. Parameters that exist only under a choice
+(``gin_mlp_layers`` for GIN, ``gat_heads`` for GAT) are decided after it, from the trials that made the same choice, and
+only when it is the chosen one. Training fields outside the search space (``epochs``, ``batch_size``) are not touched.
 
-This ranks each hyperparameter by how the trials that used each value fared
-across tasks. TPE trials almost never repeat an exact configuration across
-studies, so a rule over whole configurations could only rank the one config
-every study evaluates (the enqueued default); ``defaults.md`` still shows its
-mean normalised rank per group for comparison. Validation scores only; test
-scores are never read.
+This ranks each hyperparameter by how the trials that used each value fared across tasks. TPE trials almost never repeat
+an exact configuration across studies, so a rule over whole configurations could only rank the one config every study
+evaluates (the enqueued default); ``defaults.md`` still shows its mean normalised rank per group for comparison.
+Validation scores only; test scores are never read.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The portfolio shipped with the package, written from a storage's stored cross-task matrix (maintainers only).
 
-:func:`update_shipped_portfolio` (``ilge-search portfolio --update-shipped``) writes one family's and size
-bucket's entry of ``ilge_search/data/portfolio.json`` (schema in :mod:`ilge_search.record.portfolio`)
-from a stored, complete matrix and trains nothing. The members are the warm-start order
-(:func:`~ilge_search.defaults.choice.warm_start_order`) without the package's starting configuration,
-which every new study trains first, so ship the defaults (``recommend --update-shipped``) before this
-file. The provenance says what the members were chosen from, on validation scores.
+:func:`update_shipped_portfolio` (``ilge-search portfolio --update-shipped``) writes one family's and size bucket's
+entry of ``ilge_search/data/portfolio.json`` (schema in :mod:`ilge_search.record.portfolio`) from a stored, complete
+matrix and trains nothing. The members are the warm-start order (:func:`~ilge_search.defaults.choice.warm_start_order`)
+without the package's starting configuration, which every new study trains first, so ship the defaults (``recommend
+--update-shipped``) before this file. The provenance says what the members were chosen from, on validation scores.
 """
 
 from __future__ import annotations

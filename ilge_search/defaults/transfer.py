@@ -99,8 +99,7 @@ def _marginal_config(request: PortfolioRequest, rule_problems: Sequence[Problem]
 def held_out_cells(
     request: PortfolioRequest, rule_problems: Sequence[Problem], result: PortfolioResult
 ) -> list[PlannedCell]:
-    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out
-    problems."""
+    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out problems."""
     cells: list[PlannedCell] = []
     for fold in folds(result):
         config = _marginal_config(request, rule_problems, result, fold)
@@ -303,8 +302,7 @@ def _release_dead_claims(storage_url: str, request: PortfolioRequest) -> None:
 
 
 def _check_has_folds(result: PortfolioResult) -> None:
-    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is
-    empty)."""
+    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is empty)."""
     if folds(result):
         return
     shown = ", ".join(f"{p.model}/{p.task}" for p in result.problems)
@@ -359,10 +357,9 @@ def _order_entry(result: PortfolioResult, order: Sequence[int], problems: Sequen
 
 
 def left_out_orders(result: PortfolioResult) -> dict[str, dict[str, Any]]:
-    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task
-    out, on validation): its candidates are the built-in defaults and the
-    other problems' top trials (not the marginal rule, which voted with the task's trials). A task whose fold
-    has no complete candidate, or no other problem, gets none."""
+    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task out, on
+    validation): its candidates are the built-in defaults and the other problems' top trials (not the marginal rule,
+    which voted with the task's trials). A task whose fold has no complete candidate, or no other problem, gets none."""
     import numpy as np
 
     orders: dict[str, dict[str, Any]] = {}

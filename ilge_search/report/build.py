@@ -6,11 +6,10 @@
 ``figures/``, and the CSVs (``results.csv``, ``summary.csv``, ``importances.csv``, ``tokens.csv`` and
 ``protocol_effect.csv`` when there is something to put in them).
 
-Conventions: scores are final test means ± std over the final seeds in score units (accuracy in %,
-Spearman x 100); a missing cell is ``—`` and never filled; few-shot and paper-protocol studies are rows
-of their own; bold marks the best mean of a row at the shown precision (ties: all); gain = encoder mean
-minus last-layer mean, in points. Figures use validation scores only, except the Pareto section's
-panel of final fronts.
+Conventions: scores are final test means ± std over the final seeds in score units (accuracy in %, Spearman x 100); a
+missing cell is ``—`` and never filled; few-shot and paper-protocol studies are rows of their own; bold marks the best
+mean of a row at the shown precision (ties: all); gain = encoder mean minus last-layer mean, in points. Figures use
+validation scores only, except the Pareto section's panel of final fronts.
 """
 
 from __future__ import annotations
@@ -37,6 +36,8 @@ from .tokens import split_tagging, tokens_frame
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..defaults.loto import LotoResult
 
 __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
@@ -77,7 +78,7 @@ class ReportResult:
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     fewshot: pd.DataFrame | None = None
-    loto: pd.DataFrame | None = None
+    loto: LotoResult | None = None
 
 
 def _read_report_data(storage_url: str) -> ReportData:
@@ -169,8 +170,7 @@ def build_report(
             report is refused unless ``force``.
         figures: draw the PNG figures (per-layer, history, importance) and compute importances.
         progress: a progress bar over (model, task) pairs while drawing.
-        force: write into a folder that would be refused (files of the same names are replaced; other
-            files are kept).
+        force: write into a folder that would be refused (files of the same names are replaced; other files are kept).
 
     Returns:
         A :class:`ReportResult` with the tables as data frames and the written paths.

@@ -118,9 +118,8 @@ def _offline_now(model: KnownModel) -> bool:
 def model_catalog() -> pd.DataFrame:
     """One row per model of :data:`~ilge_search.embeddings.models.MODELS` (a ``pandas.DataFrame``, MODEL_COLUMNS).
 
-    ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns);
-    ``offline`` says whether it can be used without network access now (its
-    offline package is installed, or its config is in the local Hugging Face cache).
+    ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns); ``offline`` says whether it can be used
+    without network access now (its offline package is installed, or its config is in the local Hugging Face cache).
     """
     import pandas as pd
 

@@ -52,9 +52,8 @@ PathLike = str | os.PathLike
 class DirectoriesArtifactStore:
     """An Optuna artifact store over several folders: reads look in each, writes go to the first.
 
-    Artifact ids are UUIDs, so a file found in any folder is the artifact. The
-    dashboard needs this when studies of one storage recorded different
-    ``artifact_dir`` s (e.g. runs started from different working directories).
+    Artifact ids are UUIDs, so a file found in any folder is the artifact. The dashboard needs this when studies of one
+    storage recorded different ``artifact_dir`` s (e.g. runs started from different working directories).
     """
 
     def __init__(self, directories: Sequence[PathLike]) -> None:
@@ -101,12 +100,10 @@ def dashboard_artifact_dirs(
 ) -> list[Path]:
     """The folders whose artifacts the dashboard serves, first one written to.
 
-    ``artifact_dir`` if given (only it). Otherwise the runner's default for the
-    URL (:func:`~ilge_search.storage.artifact_dir_for`: next to a SQLite file,
-    else ``studies/artifacts``) followed by every existing ``artifact_dir``
-    that a study in ``storage`` (a :class:`~ilge_search.storage.Storage` or an
-    Optuna storage) recorded (a PostgreSQL study run elsewhere points at its
-    shared folder this way).
+    ``artifact_dir`` if given (only it). Otherwise the runner's default for the URL
+    (:func:`~ilge_search.storage.artifact_dir_for`: next to a SQLite file, else ``studies/artifacts``) followed by every
+    existing ``artifact_dir`` that a study in ``storage`` (a :class:`~ilge_search.storage.Storage` or an Optuna storage)
+    recorded (a PostgreSQL study run elsewhere points at its shared folder this way).
     """
     if artifact_dir is not None:
         return [artifact_dir_for(storage_url, artifact_dir)]
@@ -129,11 +126,10 @@ def dashboard_artifact_dirs(
 def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathLike | None = None) -> ImportanceRoute:
     """The optuna-dashboard WSGI application for ``storage`` with the artifact store.
 
-    ``storage`` is a URL (default ``sqlite:///studies/ilge.db``; a SQLite file
-    that does not exist is refused, since the dashboard would otherwise create an
-    empty one and show nothing) or an opened :class:`~ilge_search.storage.Storage`.
-    Serve the app with any WSGI server (gunicorn, waitress ...);
-    :func:`serve_dashboard` uses a threaded ``wsgiref`` server.
+    ``storage`` is a URL (default ``sqlite:///studies/ilge.db``; a SQLite file that does not exist is refused, since the
+    dashboard would otherwise create an empty one and show nothing) or an opened :class:`~ilge_search.storage.Storage`.
+    Serve the app with any WSGI server (gunicorn, waitress ...); :func:`serve_dashboard` uses a threaded ``wsgiref``
+    server.
     """
     from optuna_dashboard import wsgi
 
@@ -249,9 +245,8 @@ def serve_dashboard(
     Args:
         storage: an Optuna RDB URL (default ``sqlite:///studies/ilge.db``) or an opened
             :class:`~ilge_search.storage.Storage`.
-        host: interface to bind: loopback by default. Anything else needs
-            ``allow_remote`` (and still prints a warning), since the dashboard has
-            no login and can delete studies.
+        host: interface to bind: loopback by default. Anything else needs ``allow_remote`` (and still prints a warning),
+            since the dashboard has no login and can delete studies.
         port: TCP port; ``0`` picks a free one (the printed URL shows it).
         artifact_dir: the artifact store folder (default: see :func:`dashboard_artifact_dirs`).
         allow_remote: permit a ``host`` other than loopback.
@@ -259,9 +254,8 @@ def serve_dashboard(
         echo: where the URL and status lines go.
 
     Raises:
-        ValueError: a non-loopback host without ``allow_remote``, a bad or
-            unreachable storage (``StorageError``), a missing SQLite file, a host
-            that cannot be resolved or a port in use.
+        ValueError: a non-loopback host without ``allow_remote``, a bad or unreachable storage (``StorageError``), a
+            missing SQLite file, a host that cannot be resolved or a port in use.
     """
     _check_address(host, port, allow_remote)
     app = make_dashboard_app(storage, artifact_dir)

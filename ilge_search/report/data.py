@@ -1,12 +1,11 @@
 """Reading a study storage into one :class:`ReportStudy` per ilge-search study.
 
-A study is reported when its record names its model, task and encoder (one of :data:`METHODS`). Its row
-is its task, with the shots of a few-shot study and, under the paper protocol, :data:`PAPER_SUFFIX`
-(``trec [paper protocol]``): the two protocols never share a row. When several studies share a model,
-row and encoder, the one with final scores, the most seeds, then the most finished trials is used and
-the others are returned as duplicates; a multi-objective study gives way to a single-objective one of
-the same cell. A :class:`ReportStudy` is a study's :class:`~ilge_search.record.StudyRecord` plus what
-the report computes from its trials.
+A study is reported when its record names its model, task and encoder (one of :data:`METHODS`). Its row is its task,
+with the shots of a few-shot study and, under the paper protocol, :data:`PAPER_SUFFIX` (``trec [paper protocol]``): the
+two protocols never share a row. When several studies share a model, row and encoder, the one with final scores, the
+most seeds, then the most finished trials is used and the others are returned as duplicates; a multi-objective study
+gives way to a single-objective one of the same cell. A :class:`ReportStudy` is a study's
+:class:`~ilge_search.record.StudyRecord` plus what the report computes from its trials.
 """
 
 from __future__ import annotations
@@ -95,22 +94,9 @@ class ReportStudy:
         return self.identity.protocol
 
     @property
-    def samples_per_label(self) -> int | None:
-        """The paper protocol's examples per label."""
-        return self.identity.samples_per_label
-
-    @property
-    def objectives(self) -> tuple[str, ...]:
-        return self.identity.objectives
-
-    @property
     def multi_objective(self) -> bool:
         """Whether the study has more than one objective (its Pareto front is drawn)."""
         return self.identity.multi_objective
-
-    @property
-    def cv(self) -> int | None:
-        return self.identity.cv
 
     @property
     def test_mean(self) -> float | None:
@@ -123,11 +109,6 @@ class ReportStudy:
     @property
     def test_scores(self) -> list[float]:
         return [] if self.final is None else [float(s) for s in self.final.test_scores]
-
-    @property
-    def select(self) -> str | None:
-        """The selection rule of the final evaluation (``None``: none yet)."""
-        return self.stored.select
 
     @property
     def final_trial(self) -> int | None:

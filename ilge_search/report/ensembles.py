@@ -1,9 +1,8 @@
 """Ensembles of a study's trials, as the report shows them: a table per study and size, and test vs K.
 
-Reads the :class:`~ilge_search.record.EnsembleRecord` each study stored; trains nothing. Scores are test
-means over the ensemble evaluation's final seeds, in points; the validation-to-test gap is the score the
-choice was made on minus the test mean. :func:`write_ensemble_page` (``reports/ensembles.sh``) writes
-``OUT_STEM.md`` and ``OUT_STEM-vs-k.png``.
+Reads the :class:`~ilge_search.record.EnsembleRecord` each study stored; trains nothing. Scores are test means over the
+ensemble evaluation's final seeds, in points; the validation-to-test gap is the score the choice was made on minus the
+test mean. :func:`write_ensemble_page` (``reports/ensembles.sh``) writes ``OUT_STEM.md`` and ``OUT_STEM-vs-k.png``.
 """
 
 from __future__ import annotations

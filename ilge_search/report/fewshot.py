@@ -1,10 +1,9 @@
 """Few-shot curves: test score against training examples per label, per model and task.
 
-A *curve* is the studies of one model, task and data setting that differ only in ``shots``, with at
-least one few-shot study; the study of the same setting without ``shots`` is its *full* point. Each
-point is a final test mean ± std over the final seeds (one few-shot draw, so the spread is over
-training seeds only). When a model and task have several such settings, the one with the most studies
-is drawn and the others are named in a note.
+A *curve* is the studies of one model, task and data setting that differ only in ``shots``, with at least one few-shot
+study; the study of the same setting without ``shots`` is its *full* point. Each point is a final test mean ± std over
+the final seeds (one few-shot draw, so the spread is over training seeds only). When a model and task have several such
+settings, the one with the most studies is drawn and the others are named in a note.
 """
 
 from __future__ import annotations
@@ -16,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
-from .document import MISSING, Cell, plural, slug
+from .document import MISSING, Cell, model_sentence, plural, slug
 from .figures import new_figure, save_figure
+from .tables import CAYLEY_REFERENCES, cayley_minus
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,19 +152,16 @@ def fewshot_notes(frame: pd.DataFrame) -> list[str]:
         for label, column in ((f"{int(fewest)} examples per label", fewest), ("the full subset", None)):
             here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
             table = here.pivot(index="task", columns="encoder", values="mean")
-            for other, name in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
-                if "cayley" not in table or other not in table:
+            for other, name in CAYLEY_REFERENCES:
+                diff = cayley_minus(table, other)
+                if diff is None:
                     continue
-                both = table[["cayley", other]].dropna()
-                if both.empty:
-                    continue
-                diff = (both["cayley"] - both[other]).round(2)
+                diff = diff.round(2)
                 parts.append(
                     f"with {label}, Cayley minus {name}: {diff.mean():+.2f} points on average (ahead on "
                     f"{int((diff > 0).sum())} of {plural(len(diff), 'task')})"
                 )
-        if parts:
-            notes.append(f"{model}: " + "; ".join(parts) + ".")
+        notes += model_sentence(model, parts)
     return notes
 
 

@@ -1,10 +1,9 @@
 """The report's folder: where it goes by default, and what may be written there (``docs/reliability.md``).
 
-Its manifest (:data:`MANIFEST_NAME`) lists the files a report wrote and the storage it read. A report
-writes only into a new or empty folder or one whose manifest names the same storage (a rerun replaces
-its files and removes those it no longer writes), never into one holding git-tracked files unless
-``force``; with ``force`` nothing no manifest listed is removed. The default folder sits beside a SQLite
-file, or is named from a server database's host and name.
+Its manifest (:data:`MANIFEST_NAME`) lists the files a report wrote and the storage it read. A report writes only into a
+new or empty folder or one whose manifest names the same storage (a rerun replaces its files and removes those it no
+longer writes), never into one holding git-tracked files unless ``force``; with ``force`` nothing no manifest listed is
+removed. The default folder sits beside a SQLite file, or is named from a server database's host and name.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Published ILGE results, kept as data with their source, matched to our studies.
 
-The numbers live in ``ilge_search/data/paper_results.json`` (test accuracy in %, per model, task and
-method, with their source). :func:`published_result` matches the names studies use: any model name the
-model table knows (only its entries with a ``paper_name``: the paper evaluated the base checkpoints),
-a task in our spelling or MTEB's, and an encoder.
+The numbers live in ``ilge_search/data/paper_results.json`` (test accuracy in %, per model, task and method, with their
+source). :func:`published_result` matches the names studies use: any model name the model table knows (only its entries
+with a ``paper_name``: the paper evaluated the base checkpoints), a task in our spelling or MTEB's, and an encoder.
 """
 
 from __future__ import annotations

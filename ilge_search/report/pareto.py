@@ -143,7 +143,7 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
     first = studies[0]
     figure.suptitle(
         f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
-        f"objectives {', '.join(first.objectives)})"
+        f"objectives {', '.join(first.identity.objectives)})"
     )
     save_figure(figure, path)
     return True

@@ -1,9 +1,8 @@
 """The cross-task matrix drawn and tabled, with its left-out checks (read from what ``portfolio`` stored).
 
-:func:`draw_matrix` draws the normalised validation matrix with the default (``D``) and the other
-portfolio members (``P``) marked, :func:`matrix_rows` tables it, :func:`held_out_rows` and
-:func:`held_out_verdict_rows` table the left-out checks; :func:`portfolio_part` is what the results
-report and the defaults page show. Nothing is trained here.
+:func:`draw_matrix` draws the normalised validation matrix with the default (``D``) and the other portfolio members
+(``P``) marked, :func:`matrix_rows` tables it, :func:`held_out_rows` and :func:`held_out_verdict_rows` table the
+left-out checks; :func:`portfolio_part` is what the results report and the defaults page show. Nothing is trained here.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from ..defaults.choice import normalise
 from ..defaults.transfer import METHODS, HeldOut
 from .document import Cell, Document, plural
 from .figures import figure_style, new_figure, save_figure
+from .tables import fmt
 
 if TYPE_CHECKING:
     from ..defaults.portfolio import MatrixProblem, PortfolioRequest, PortfolioResult, TrainingSetup
@@ -89,12 +89,6 @@ def draw_matrix(result: PortfolioResult, path: Path) -> Path:
     return path
 
 
-def _number(value: float, signed: bool = False) -> str:
-    if value != value:  # NaN: a cell not stored
-        return "—"
-    return f"{value:+.2f}" if signed else f"{value:.2f}"
-
-
 def matrix_rows(result: PortfolioResult) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per candidate, its mark (D default, P member), where it came from and its mean validation
     score on each problem (the problem's best in bold)."""
@@ -137,13 +131,13 @@ def held_out_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
         diffs = [row[f"{m}_diff"] for m in METHODS]
         present = [d for d in [0.0, *diffs] if d == d]
         top = round(max(present), 2)
-        scores = [Cell(_number(row["builtin"]), bold=top == 0.0)]
+        scores = [Cell(fmt(row["builtin"]), bold=top == 0.0)]
         for method, diff in zip(METHODS, diffs, strict=True):
-            scores.append(Cell(_number(row[method]), bold=diff == diff and round(diff, 2) == top))
+            scores.append(Cell(fmt(row[method]), bold=diff == diff and round(diff, 2) == top))
         rows.append(
             [Cell(f"{row['fold']} {row['held_out']}"), Cell(row["model"]), Cell(row["task"]), Cell(row["unit"])]
             + scores
-            + [Cell(_number(d, signed=True)) for d in diffs]
+            + [Cell(fmt(d, signed=True)) for d in diffs]
             + [Cell(row["default_candidate"]), Cell(row["best_member"])]
         )
     return header, rows

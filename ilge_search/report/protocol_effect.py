@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..study.protocol import MTEB_N_EXPERIMENTS, MTEB_VERSION
 from .data import PAPER_SUFFIX
-from .document import MISSING, Cell, plural
+from .document import MISSING, Cell, model_sentence, plural
 from .paper_results import published_result
 from .tables import DECIMALS, fmt, model_order
 
@@ -197,6 +197,5 @@ def protocol_effect_notes(effect: pd.DataFrame) -> list[str]:
                     f"Cayley's gain over the last layer is {value:+.{DECIMALS}f} under the {protocol} "
                     f"protocol (behind on {behind} of {plural(int(part[column].notna().sum()), 'task')})"
                 )
-        if pieces:
-            notes.append(f"{model}: " + "; ".join(pieces) + ".")
+        notes += model_sentence(model, pieces)
     return notes

@@ -40,6 +40,7 @@ from .tokens import TOKEN_NOTE, draw_token_figures, token_rows
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..defaults.loto import LotoResult
     from ..defaults.portfolio import PortfolioResult
 
 __all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
@@ -91,7 +92,7 @@ class ReportData:
     fewshot: pd.DataFrame
     fewshot_skipped: list[str]
     layer_notes: dict[str, list[str]]
-    loto: pd.DataFrame
+    loto: LotoResult
     skipped: list[str]
     tokens: pd.DataFrame | None = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
     tagging: list[ReportStudy] = field(default_factory=list)  # the tagging studies, never in ``records``

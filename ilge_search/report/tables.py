@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DECIMALS",
+    "CAYLEY_REFERENCES",
+    "cayley_minus",
     "RESULT_COLUMNS",
     "collect_results",
     "full_data",
@@ -110,7 +112,7 @@ def _shared_cells(r: ReportStudy) -> dict[str, object]:
         "study": r.name,
         "source_task": r.task,
         "protocol": r.protocol,
-        "samples_per_label": r.samples_per_label,
+        "samples_per_label": r.identity.samples_per_label,
     }
 
 
@@ -271,6 +273,19 @@ def model_protocols(frame: pd.DataFrame, model: str) -> list[str]:
     return [protocol for m, protocol in _model_protocols(frame) if m == model]
 
 
+# what Cayley is compared with in the notes: (encoder, how a sentence names it)
+CAYLEY_REFERENCES = (("last-layer", "the last layer"), ("best-layer", "the best single layer"))
+
+
+def cayley_minus(table: pd.DataFrame, other: str) -> pd.Series | None:
+    """Cayley's score minus ``other``'s per task of ``table`` (tasks x encoders), over the tasks with both
+    (``None``: no such task)."""
+    if "cayley" not in table or other not in table:
+        return None
+    both = table[["cayley", other]].dropna()
+    return None if both.empty else both["cayley"] - both[other]
+
+
 def fmt(value: float | None, signed: bool = False) -> str:
     """``value`` at the shown precision (``signed``: with its sign); :data:`MISSING` for None/NaN."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -394,7 +409,7 @@ def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[C
     for r in sorted(records, key=lambda r: r.name):
         scale = score_unit(r.metric)[0]
         best = MISSING if r.best_value is None else f"{r.best_value * scale:.{DECIMALS}f} ({r.best_number})"
-        final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.select})"
+        final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.stored.select})"
         rows.append(
             [
                 Cell(r.name),
@@ -406,8 +421,8 @@ def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[C
                 Cell(best),
                 Cell(str(len(r.test_scores))),
                 Cell(final),
-                Cell(fmt(_scaled(r.val_test_gap, scale), signed=True)),
-                Cell(fmt(_scaled(r.search_gain, scale), signed=True)),
+                Cell(fmt(_nan(r.val_test_gap, scale), signed=True)),
+                Cell(fmt(_nan(r.search_gain, scale), signed=True)),
             ]
         )
     return header, rows
@@ -415,12 +430,8 @@ def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[C
 
 def _protocol_text(record: ReportStudy) -> str:
     if record.protocol == "paper" and record.metric != "spearman":
-        return f"paper ({record.samples_per_label} per label)"
+        return f"paper ({record.identity.samples_per_label} per label)"
     return record.protocol
-
-
-def _scaled(value: float | None, scale: float) -> float | None:
-    return None if value is None else value * scale
 
 
 # ----------------------------------------------------------------------------- selection rules compared
@@ -474,7 +485,7 @@ def selection_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
                     "task": r.task,
                     "encoder": r.encoder,
                     "max_train": r.identity.max_train,
-                    "cv": r.cv or 0,
+                    "cv": r.identity.cv or 0,
                     "unit": unit,
                     "rule": rule,
                     "trial": kept.trial,
