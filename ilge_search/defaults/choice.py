@@ -59,10 +59,8 @@ def greedy_portfolio(normalised: np.ndarray, size: int) -> list[int]:
     member's normalised score (so the first is the default); it stops early when none adds anything."""
     if size < 1:
         raise ValueError(f"a portfolio needs at least one member, got size {size}")
+    members: list[int] = [choose_default(normalised)]  # raises when no candidate is eligible
     rows = [int(r) for r in eligible_rows(normalised)]
-    if not rows:
-        raise ValueError("no candidate has a score on every problem yet; train the missing cells first")
-    members: list[int] = [choose_default(normalised)]
     while len(members) < size:
         current = portfolio_value(normalised, members)
         gains = [(portfolio_value(normalised, [*members, r]) - current, -r) for r in rows if r not in members]

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     import optuna
 
     from ..encoders.configs import EncoderConfig
+    from ..record import StoredCell
 
 __all__ = [
     "BUILTIN",
@@ -395,9 +396,7 @@ def read_matrix(
     """The stored scores of ``cells`` (those with a candidate index) as a :class:`Matrix`; nothing is created."""
     import numpy as np
 
-    storage = open_storage(storage_url, must_exist=True)
-    study = portfolio_study(storage, request.family, request.bucket, create=False)
-    done, running = stored_cells(study) if study is not None else ({}, set())
+    done, running = _stored_cells(storage_url, request)
     sums: dict[tuple[int, int], list[CellScores]] = {}
     missing = busy = 0
     for cell in cells:
@@ -415,11 +414,16 @@ def read_matrix(
     return Matrix(validation=validation, test=test, missing=missing, running=busy)
 
 
-def stored_scores(storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell]) -> dict[str, CellScores]:
-    """Digest -> scores of the stored cells among ``cells``."""
+def _stored_cells(storage_url: str, request: PortfolioRequest) -> tuple[dict[str, StoredCell], set[str]]:
+    """(the stored cells of ``request``'s matrix by digest, the digests being trained); nothing is created."""
     storage = open_storage(storage_url, must_exist=True)
     study = portfolio_study(storage, request.family, request.bucket, create=False)
-    done, _ = stored_cells(study) if study is not None else ({}, set())
+    return stored_cells(study) if study is not None else ({}, set())
+
+
+def stored_scores(storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell]) -> dict[str, CellScores]:
+    """Digest -> scores of the stored cells among ``cells``."""
+    done, _ = _stored_cells(storage_url, request)
     wanted = {c.key.digest for c in cells}
     return {digest: cell.scores for digest, cell in done.items() if digest in wanted}
 

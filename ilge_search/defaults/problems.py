@@ -30,6 +30,7 @@ from ..record import Identity, study_record, trial_record
 from ..storage import Storage, open_storage
 
 if TYPE_CHECKING:
+    import optuna
     from optuna.distributions import CategoricalChoiceType
 
 __all__ = [
@@ -145,10 +146,10 @@ class _SpaceCheck:
             raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
         return value
 
-    def suggest_int(self, name: str, low: int, high: int, **_: Any) -> Any:
+    def suggest_int(self, name: str, low: int, high: int, **_: object) -> Any:
         return self._within(name, low, high)
 
-    def suggest_float(self, name: str, low: float, high: float, **_: Any) -> Any:
+    def suggest_float(self, name: str, low: float, high: float, **_: object) -> Any:
         return self._within(name, low, high)
 
     def _within(self, name: str, low: float, high: float) -> Any:
@@ -158,7 +159,7 @@ class _SpaceCheck:
         return value
 
 
-def _outside_the_space(family: str, trials: Sequence[Any]) -> str | None:
+def _outside_the_space(family: str, trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
     """What in ``trials`` the family's search space cannot have suggested: unknown parameter names, or a
     value outside a parameter's choices or range (``None``: every trial fits)."""
     from ..tuning import suggest_config

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, model_sentence, plural, slug
-from .figures import new_figure, save_figure
+from .figures import encoder_colors, new_figure, save_figure
 from .tables import CAYLEY_REFERENCES, cayley_minus
 
 if TYPE_CHECKING:
@@ -166,10 +166,7 @@ def fewshot_notes(frame: pd.DataFrame) -> list[str]:
 
 
 def _figure(part: pd.DataFrame, path: Path) -> None:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    colors = {m: cmap(i) for i, m in enumerate(METHODS)}
+    colors = encoder_colors()
     shots = _shots_columns(part)
     full_x = shots[-1] * 2 if shots else 1
     figure = new_figure(7.5, 4.0)

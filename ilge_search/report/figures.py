@@ -39,6 +39,7 @@ __all__ = [
     "save_figure",
     "fit_titles",
     "figure_style",
+    "encoder_colors",
 ]
 
 FIGURE_KINDS = ("layers", "history", "importance")
@@ -141,7 +142,8 @@ def figure_style() -> AbstractContextManager[None]:
     return rc_context(_RC)
 
 
-def _encoder_colors() -> dict[str, ColorType]:
+def encoder_colors() -> dict[str, ColorType]:
+    """One colour per encoder of :data:`METHODS`, the same in every figure."""
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
@@ -154,7 +156,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     if probe is None or not probe.layer_scores:
         return False
     scale, unit = score_unit(probe.metric)
-    colors = _encoder_colors()
+    colors = encoder_colors()
     figure = new_figure(9.0, 4.2)
     ax = figure.add_subplot(1, 1, 1)
     layers = list(range(len(probe.layer_scores)))
@@ -214,7 +216,7 @@ def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     ]
     if not shown:
         return False
-    colors = _encoder_colors()
+    colors = encoder_colors()
     columns = min(4, len(shown))
     rows = math.ceil(len(shown) / columns)
     figure = new_figure(2.9 * columns, 2.6 * rows + 0.5)
@@ -288,7 +290,7 @@ def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], pa
     items = [(r, imp) for r, imp in items if imp]
     if not items:
         return False
-    colors = _encoder_colors()
+    colors = encoder_colors()
     columns = min(3, len(items))
     rows = math.ceil(len(items) / columns)
     tallest = max(len(imp) for _, imp in items)

@@ -21,7 +21,7 @@ from ..study.objectives import pareto_front
 from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, plural, slug
-from .figures import figure_style, new_figure, save_figure
+from .figures import encoder_colors, figure_style, new_figure, save_figure
 
 if TYPE_CHECKING:
     import optuna
@@ -107,13 +107,6 @@ def _search_front(record: ReportStudy) -> list[tuple[optuna.trial.FrozenTrial, i
     return sorted(sized, key=lambda pair: pair[1])
 
 
-def _colors() -> dict[str, ColorType]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    return {m: cmap(i) for i, m in enumerate(METHODS)}
-
-
 @dataclass(frozen=True)
 class _Series:
     """How one study's points are drawn: its colour, its legend label and the score's display scale."""
@@ -128,7 +121,7 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
 
     if not any(complete_trials(r.study) for r in studies):
         return False
-    colors = _colors()
+    colors = encoder_colors()
     scale, unit = score_unit(studies[0].metric)
     figure = new_figure(11.0, 4.4)
     search, final = figure.subplots(1, 2, sharex=True)

@@ -55,6 +55,11 @@ def _problem_label(problem: MatrixProblem) -> str:
     return f"{problem.model}\n{problem.task}"
 
 
+def _mark(result: PortfolioResult, index: int) -> str:
+    """``D`` for the matrix's default, ``P`` for another portfolio member, else empty."""
+    return "D" if index == result.default else ("P" if index in result.portfolio else "")
+
+
 def draw_matrix(result: PortfolioResult, path: Path) -> Path:
     """The normalised validation matrix of a :class:`~ilge_search.defaults.portfolio.PortfolioResult` as a
     heatmap at ``path`` (PNG); missing cells are blank."""
@@ -67,10 +72,8 @@ def draw_matrix(result: PortfolioResult, path: Path) -> Path:
         axes = figure.add_subplot()
         image = axes.imshow(np.ma.masked_invalid(normalised), cmap="viridis", vmin=0, vmax=1, aspect="auto")
         axes.set_xticks(range(columns), [_problem_label(p) for p in result.problems], fontsize=7)
-        labels = []
-        for index, candidate in enumerate(result.candidates):
-            mark = " [D]" if index == result.default else (" [P]" if index in result.portfolio else "")
-            labels.append(candidate.name + mark)
+        marks = [_mark(result, index) for index in range(rows)]
+        labels = [c.name + (f" [{m}]" if m else "") for c, m in zip(result.candidates, marks, strict=True)]
         axes.set_yticks(range(rows), labels, fontsize=7)
         for r in range(rows):
             for c in range(columns):
@@ -96,8 +99,7 @@ def matrix_rows(result: PortfolioResult) -> tuple[list[str], list[list[Cell]]]:
     validation = result.matrix.validation
     rows = []
     for index, candidate in enumerate(result.candidates):
-        mark = "D" if index == result.default else ("P" if index in result.portfolio else "")
-        cells = [Cell(candidate.name), Cell(mark), Cell(", ".join(candidate.sources))]
+        cells = [Cell(candidate.name), Cell(_mark(result, index)), Cell(", ".join(candidate.sources))]
         for column, problem in enumerate(result.problems):
             value = validation[index, column]
             present = validation[:, column][validation[:, column] == validation[:, column]]
@@ -264,7 +266,7 @@ def _matrix_text(result: PortfolioResult) -> str:
     names = [f"{p.model.split('-')[0]}/{p.task[:10]}" for p in result.problems]
     lines = ["candidate   " + " ".join(f"{n:>18}" for n in names)]
     for index, candidate in enumerate(result.candidates):
-        mark = "D" if index == result.default else ("P" if index in result.portfolio else " ")
+        mark = _mark(result, index) or " "
         cells = " ".join(f"{v:18.4f}" if v == v else f"{'-':>18}" for v in result.matrix.validation[index])
         lines.append(f"{mark} {candidate.name:<9} {cells}")
     return "\n".join(lines)
