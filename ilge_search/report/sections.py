@@ -138,6 +138,12 @@ class Section:
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         raise NotImplementedError
 
+    def start(self, doc: Document, note: str = "") -> None:
+        """The section's heading (its contents anchor), then its note when it has one."""
+        doc.heading(2, self.title, anchor=self.anchor)
+        if note:
+            doc.paragraph(note)
+
 
 class ModelTables(Section):
     """Per model and protocol: the score table and the gain over the last layer."""
@@ -177,7 +183,7 @@ class AcrossModels(Section):
         return bool(data.models)
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         doc.table(
             *summary_rows(data.summary),
             label="tab:summary",
@@ -192,8 +198,7 @@ class ProtocolEffect(Section):
         return not data.effect.empty
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(PROTOCOL_EFFECT_NOTE)
+        self.start(doc, PROTOCOL_EFFECT_NOTE)
         for model in model_order(data.effect["model"]):
             doc.heading(3, model)
             doc.table(
@@ -210,7 +215,7 @@ class Notes(Section):
         return bool(data.notes)
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         doc.bullets(data.notes)
 
 
@@ -228,7 +233,7 @@ class LayerAttributions(Section):
         self.figures = [path for paths in self.drawn.values() for path in paths.values()]
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         for model, sentences in data.layer_notes.items():
             doc.heading(3, model)
             folder.show(doc, self.drawn.get(model, {}))
@@ -278,7 +283,7 @@ class Figures(Section):
         self.figures = [path for paths in self.paths.values() for path in paths.values()]
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         for model, task in self.pairs(data):
             doc.heading(3, f"{model} · {task}", anchor=_figure_anchor(model, task))
             folder.show(doc, self.paths[(model, task)])
@@ -290,8 +295,7 @@ class SelectionRules(Section):
         return not data.selection.empty
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(SELECTION_NOTE)
+        self.start(doc, SELECTION_NOTE)
         header, rows = selection_rows(data.selection)
         doc.table(
             header,
@@ -351,8 +355,7 @@ class FewShotCurves(Section):
         self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(FEWSHOT_NOTE)
+        self.start(doc, FEWSHOT_NOTE)
         doc.table(
             *fewshot_rows(data.fewshot),
             label="tab:few-shot",
@@ -378,8 +381,7 @@ class Ensembles(Section):
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         frame = ensemble_frame(r.study for r in data.every)
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(ENSEMBLE_NOTE)
+        self.start(doc, ENSEMBLE_NOTE)
         header, rows = ensemble_rows(frame)
         doc.table(header, [[Cell(text) for text in row] for row in rows], label="tab:ensembles", text_columns=4)
         doc.bullets(ensemble_sentences(frame))
@@ -409,7 +411,7 @@ class LeaveOneTaskOut(Section):
         self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         if data.loto.verdicts:
             self._render_loto(doc, data)
         for result in data.portfolios:
@@ -452,8 +454,7 @@ class TokenTables(Section):
         self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(TOKEN_NOTE)
+        self.start(doc, TOKEN_NOTE)
         assert data.tokens is not None  # applies() checked it
         for model in model_order(data.tokens["model"]):
             doc.heading(3, model)
@@ -471,7 +472,7 @@ class TokenTables(Section):
 
 class Studies(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         doc.table(*studies_rows(data.records + data.tagging))
         if data.skipped:
             doc.paragraph("Not reported:")
