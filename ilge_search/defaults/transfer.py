@@ -1,24 +1,11 @@
-"""Checked on what it never saw: the matrix's choices on left-out tasks and models.
+"""Checked on what it never saw: the matrix's choices on left-out tasks and models (``docs/transfer.md``).
 
-For each *fold* (leave one task out: the problems of one task held out; leave
-one model out: those of one model, when the matrix has two models or more),
-everything is chosen again without the held-out problems, on validation only:
-
-- the candidates are the built-in defaults and the top trials of the other
-  problems (a candidate that came only from a held-out problem's trials, or
-  the marginal rule over every problem, saw the held-out problems and is left out);
-- the *portfolio default* is the best mean normalised validation score over
-  the other problems, the portfolio of ``size`` is greedy over them;
-- the *marginal* defaults are the rule's over the other problems; their cells on
-  the held-out problems are trained like every other cell (same seeds).
-
-On each held-out problem the test scores of four configurations are compared,
-mean over the same seeds: the built-in defaults, the fold's marginal
-defaults, the fold's portfolio default, and the portfolio member with the best
-validation score on that problem (what a search warm-started with the
-portfolio would keep after its first members). Differences are against the
-built-in defaults, in score units (accuracy %, Spearman x 100), in the
-direction of improvement. Test scores choose nothing.
+For each *fold* (the problems of one task, or of one model when the matrix has two or more, held out),
+the candidates, the portfolio default, the greedy portfolio and the marginal defaults are chosen again
+on the other problems' validation scores, leaving out every candidate that saw a held-out problem. On
+each held-out problem the test scores of the built-in defaults, the fold's marginal defaults, its
+portfolio default and the member best on that problem's validation are compared, as differences against
+the built-in defaults in score units, in the direction of improvement. Test scores choose nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +40,7 @@ from .portfolio import (
     stored_scores,
     train_cells,
 )
-from .problems import Problem
+from .problems import ConfigValues, Problem
 
 __all__ = [
     "METHODS",
@@ -112,8 +99,7 @@ def _marginal_config(request: PortfolioRequest, rule_problems: Sequence[Problem]
 def held_out_cells(
     request: PortfolioRequest, rule_problems: Sequence[Problem], result: PortfolioResult
 ) -> list[PlannedCell]:
-    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out
-    problems."""
+    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out problems."""
     cells: list[PlannedCell] = []
     for fold in folds(result):
         config = _marginal_config(request, rule_problems, result, fold)
@@ -224,7 +210,7 @@ def held_out_check(
     return HeldOut(rows=rows, verdicts=_verdicts(rows), seeds=request.seed_list)
 
 
-def _capped(request: PortfolioRequest, config: dict[str, Any], result: PortfolioResult, p: int) -> dict[str, Any]:
+def _capped(request: PortfolioRequest, config: ConfigValues, result: PortfolioResult, p: int) -> ConfigValues:
     from .portfolio import cell_config
 
     return dict(cell_config(request.family, config, result.problems[p], request.max_epochs).to_dict())
@@ -316,8 +302,7 @@ def _release_dead_claims(storage_url: str, request: PortfolioRequest) -> None:
 
 
 def _check_has_folds(result: PortfolioResult) -> None:
-    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is
-    empty)."""
+    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is empty)."""
     if folds(result):
         return
     shown = ", ".join(f"{p.model}/{p.task}" for p in result.problems)
@@ -372,10 +357,9 @@ def _order_entry(result: PortfolioResult, order: Sequence[int], problems: Sequen
 
 
 def left_out_orders(result: PortfolioResult) -> dict[str, dict[str, Any]]:
-    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task
-    out, on validation): its candidates are the built-in defaults and the
-    other problems' top trials (not the marginal rule, which voted with the task's trials). A task whose fold
-    has no complete candidate, or no other problem, gets none."""
+    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task out, on
+    validation): its candidates are the built-in defaults and the other problems' top trials (not the marginal rule,
+    which voted with the task's trials). A task whose fold has no complete candidate, or no other problem, gets none."""
     import numpy as np
 
     orders: dict[str, dict[str, Any]] = {}
@@ -522,8 +506,8 @@ def stored_portfolios(
 
 
 def portfolio_defaults(
-    storage_url: str, values: dict[str, dict[str, dict[str, Any]]], update_shipped: bool
-) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    storage_url: str, values: dict[str, dict[str, ConfigValues]], update_shipped: bool
+) -> tuple[dict[str, dict[str, ConfigValues]], dict[str, str]]:
     """``recommend --method portfolio``: each group of ``values`` replaced by its stored portfolio default (as
     search-space values); with ``update_shipped`` only the groups whose default won its left-out checks.
 
@@ -532,7 +516,7 @@ def portfolio_defaults(
     """
     from ..study.trial import config_params
 
-    chosen: dict[str, dict[str, dict[str, Any]]] = {}
+    chosen: dict[str, dict[str, ConfigValues]] = {}
     shipping: dict[str, str] = {}
     for family, buckets in values.items():
         for bucket in buckets:

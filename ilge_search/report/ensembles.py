@@ -1,17 +1,8 @@
 """Ensembles of a study's trials, as the report shows them: a table per study and size, and test vs K.
 
-Reads the :class:`~ilge_search.record.EnsembleRecord` each study stored
-(``ilge-search ensemble`` or ``run --ensemble K``); trains nothing. Every score
-is a test score, mean over the ensemble evaluation's final seeds, in the
-metric's points; the selected trial, the starting configuration and the best
-single layer were retrained with the same seeds. The validation-to-test gap is
-the score the choice was made on (validation) minus the test mean: for an
-ensemble its greedy selection's validation score on the trials' predictions,
-for the selected trial its objective.
-
-:func:`write_ensemble_page` (``reports/ensembles.sh``) writes
-``OUT_STEM.md`` (the table and summary sentences) and ``OUT_STEM-vs-k.png``
-(the figure) from a storage.
+Reads the :class:`~ilge_search.record.EnsembleRecord` each study stored; trains nothing. Scores are test means over the
+ensemble evaluation's final seeds, in points; the validation-to-test gap is the score the choice was made on minus the
+test mean. :func:`write_ensemble_page` (``reports/ensembles.sh``) writes ``OUT_STEM.md`` and ``OUT_STEM-vs-k.png``.
 """
 
 from __future__ import annotations
@@ -20,11 +11,15 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..files import check_output_path, write_output_text
 from ..record import EnsembleRecord, ensemble_record, study_record
 from ..tasks.scores import score_unit
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
 
 __all__ = [
     "ENSEMBLE_NOTE",
@@ -50,7 +45,7 @@ def _mean(values: Sequence[float] | None) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def _study_rows(name: str, stored: EnsembleRecord, attrs: Any) -> list[dict[str, Any]]:
+def _study_rows(name: str, stored: EnsembleRecord, attrs: optuna.Study) -> list[dict[str, object]]:
     record = study_record(attrs)
     identity, data, final = record.identity, record.data, record.by_rule.get(stored.select)
     if identity is None or data is None:
@@ -87,12 +82,12 @@ def _study_rows(name: str, stored: EnsembleRecord, attrs: Any) -> list[dict[str,
     ]
 
 
-def ensemble_frame(studies: Iterable[Any]) -> Any:
+def ensemble_frame(studies: Iterable[optuna.Study]) -> pd.DataFrame:
     """One row per (study with an ensemble evaluation, ensemble size) as a ``pandas.DataFrame``, scores in
     points; ``studies`` are Optuna studies or summaries (anything with ``study_name`` and ``user_attrs``)."""
     import pandas as pd
 
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for study in studies:
         stored = ensemble_record(study)
         if stored is not None:
@@ -103,13 +98,13 @@ def ensemble_frame(studies: Iterable[Any]) -> Any:
     return frame
 
 
-def _fmt(value: Any, digits: int = 2, signed: bool = False) -> str:
+def _fmt(value: float | None, digits: int = 2, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
-def ensemble_rows(frame: Any) -> tuple[list[str], list[list[str]]]:
+def ensemble_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the table: per study and K the ensemble's test mean +- std beside the selected
     trial, the start and the best single layer, both gaps, and the cost."""
     header = [
@@ -151,7 +146,7 @@ def ensemble_rows(frame: Any) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def ensemble_sentences(frame: Any) -> list[str]:
+def ensemble_sentences(frame: pd.DataFrame) -> list[str]:
     """Per K: the mean difference to the selected trial, wins / ties / losses, and the mean gaps."""
     if frame.empty:
         return []
@@ -170,7 +165,7 @@ def ensemble_sentences(frame: Any) -> list[str]:
     return out
 
 
-def draw_ensemble_figure(frame: Any, path: Path) -> bool:
+def draw_ensemble_figure(frame: pd.DataFrame, path: Path) -> bool:
     """Test score of the ensemble minus that of the selected trial against K, one line per study and their
     mean; whether anything was drawn."""
     from .figures import figure_style, new_figure, save_figure

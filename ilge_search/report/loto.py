@@ -1,9 +1,8 @@
 """The leave-one-task-out evaluation stored by :mod:`ilge_search.defaults.loto`, as tables and sentences.
 
-The results report, ``defaults.md`` and ``ilge-search loto`` show the same
-rows: per (model, left-out task, family), the built-in and the regenerated
-defaults' test scores and their difference; per family and size bucket, the
-mean difference and whether the regenerated defaults win on average.
+The results report, ``defaults.md`` and ``ilge-search loto`` show the same rows: per (model, left-out task, family), the
+built-in and the regenerated defaults' test scores and their difference; per family and size bucket, the mean difference
+and whether the regenerated defaults win on average.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Warm-started vs cold searches, as ``reports/warmstart.md`` shows them; trains nothing.
 
-Reads, from one storage or several (``reports/warmstart.sh`` keeps its 8-trial and its 16-trial searches in two,
-since both budgets of one search share a study name), every matched-protocol, full-subset, score-only study of
-an ILGE family with a final evaluation. A row is one search: model, task, training texts, its finished trials
-and its warm start (``warm K``: the starting configuration and then K portfolio members enqueued before the
-sampler; ``cold``: the sampler alone after the start). Per row, in score points (accuracy %, Spearman x 100):
-
-- **test**: the final evaluation's test mean +- std over its seeds, and the difference to the cold search of
-  the same model, task, size and trials (same seeds);
-- **search gain**: the selected trial minus the starting configuration, on *test* (both retrained with the
-  final seeds, :attr:`~ilge_search.record.FinalRecord.search_gain`) and on *validation* (the selected trial's
-  objective minus the start trial's);
-- **trials to reach the start**: how many trials after the start ran until one scored at least the start's
-  validation score (``never`` if none did);
-- **vs best layer**: the test mean minus that of the ``best-layer`` study of the same model, task and data
-  setting in the same storages (a linear probe per layer, the layer chosen on validation), or "not stored".
-
-The summary lines answer the targets of issue 27: the mean test search gain of warm-started 8-trial searches
-at 500 training texts, and how many of them end below their start on test.
+Reads, from one storage or several (``reports/warmstart.sh`` keeps its two budgets in two storages, since
+both budgets of one search share a study name), every matched-protocol, full-subset, score-only study of an
+ILGE family with a final evaluation. A row is one search (``warm K``: the start and then K portfolio
+members enqueued before the sampler; ``cold``: the sampler alone after the start), in score points: its
+test mean ± std and the difference to the cold search of the same setting; the search gain on test
+(:attr:`~ilge_search.record.FinalRecord.search_gain`) and on validation; the trials run until one reached
+the start's validation score; and the test mean minus the ``best-layer`` study's of the same setting.
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..encoders.configs import ENCODER_FAMILIES
 from ..files import check_output_path, write_output_text
@@ -36,6 +25,8 @@ from ..tasks.scores import score_unit
 
 if TYPE_CHECKING:
     import optuna
+
+    from ..storage import Storage
 
 __all__ = [
     "WARMSTART_NOTE",
@@ -130,7 +121,7 @@ def _selected_value(study: optuna.Study, record: StudyRecord) -> float | None:
     return float(chosen[0]) if chosen else None
 
 
-def _best_layers(storage: Any) -> dict[tuple[str, str, str], float]:
+def _best_layers(storage: Storage) -> dict[tuple[str, str, str], float]:
     """(model, task, data setting) -> the best-layer study's final test mean (raw units)."""
     found = {}
     for summary in storage.study_summaries():
