@@ -285,7 +285,8 @@ def test_the_cli_refuses_samples_per_label_without_the_paper_protocol(tmp_path):
 
 
 def test_sweep_grids_take_the_protocol_globally_per_task_and_as_an_override(tmp_path):
-    from ilge_search.study.sweep import plan_sweep, with_protocol
+    from ilge_search.study.grid import with_protocol
+    from ilge_search.study.sweep import plan_sweep
 
     grid = tmp_path / "grid.toml"
     grid.write_text(

@@ -296,8 +296,8 @@ def test_every_study_option_in_a_studys_identity_is_a_grid_key_at_the_top_and_pe
     import dataclasses
 
     from ilge_search.record import Identity
+    from ilge_search.study.grid import GRID_KEYS, TASK_KEYS
     from ilge_search.study.options import FLAT_NAMES, IDENTITY_OPTIONS
-    from ilge_search.study.sweep import GRID_KEYS, TASK_KEYS
 
     identity = {f.name for f in dataclasses.fields(Identity)} - {"model", "task", "encoder"}
     assert identity <= set(FLAT_NAMES), "an identity field without a study option of its name"

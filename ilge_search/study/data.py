@@ -9,12 +9,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..embeddings.models import ModelSource
 from .options import StudyOptions
 
-__all__ = ["DataSpec", "StudyData", "load_task_data", "load_study_data", "load_zero_shot_data", "expected_cache_keys"]
+if TYPE_CHECKING:
+    from ..engine.core import Dataset, ILGEModel
+    from ..engine.tokens import TaggerModel
+    from ..tasks.core import TaskData
+
+    TrainedModel = ILGEModel | TaggerModel  # what training a configuration gives, for sentences or for words
+
+__all__ = [
+    "Features",
+    "DataSpec",
+    "StudyData",
+    "load_task_data",
+    "load_study_data",
+    "load_zero_shot_data",
+    "expected_cache_keys",
+]
+
+# layer features: (N, L, D) arrays, or a tagging set's words (a word entry, or (word features, sentence offsets))
+Features = Any
 
 
 @dataclass(frozen=True)
@@ -61,7 +79,7 @@ class DataSpec:
         )
 
     @property
-    def model_or_source(self) -> Any:
+    def model_or_source(self) -> str | ModelSource:
         """What :func:`~ilge_search.embeddings.cache.load_task_embeddings` gets: the resolved source if there is one."""
         return self.source if self.source is not None else self.model
 
@@ -72,9 +90,9 @@ class StudyData:
 
     task_kind: str
     metric: str
-    train: tuple[Any, Any]
-    validation: tuple[Any, Any]
-    test: tuple[Any, Any] | None
+    train: Dataset
+    validation: Dataset
+    test: Dataset | None
     num_layers: int
     hidden_size: int
     num_classes: int | None
@@ -83,13 +101,13 @@ class StudyData:
     cache_keys: dict[str, str]
     model_revision: str = ""
 
-    def test_split(self) -> tuple[Any, Any]:
+    def test_split(self) -> Dataset:
         """The test features and labels (loaded only by ``load_study_data(..., with_test=True)``)."""
         if self.test is None:
             raise ValueError("the test split was not loaded; load the study data with with_test=True")
         return self.test
 
-    def test_metrics(self, model: Any) -> dict[str, float]:
+    def test_metrics(self, model: TrainedModel) -> dict[str, float]:
         """Every metric of the task for ``model`` (trained on this data) on the test split, by its own head."""
         from ..engine import evaluate
 
@@ -97,7 +115,7 @@ class StudyData:
         return evaluate(model, features, labels, task_kind=self.task_kind)
 
 
-def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
+def load_task_data(spec: DataSpec, loaded: TaskData | None = None) -> TaskData:
     """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);
     no model loads."""
     from ..tasks.core import few_shot, load_task, subsample
@@ -115,7 +133,7 @@ def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     return task_data
 
 
-def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, str]) -> dict[str, str]:
+def expected_cache_keys(spec: DataSpec, task_data: TaskData, fingerprints: dict[str, str]) -> dict[str, str]:
     """The embedding-cache keys the study's splits will have (``fingerprints``: split -> content sha256),
     computed without reading or writing the cache; empty when the model is not resolved in ``spec``."""
     from ..embeddings.cache import EmbeddingCache
@@ -137,7 +155,9 @@ def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, 
     }
 
 
-def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: Any = None) -> StudyData:
+def load_study_data(
+    spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: TaskData | None = None
+) -> StudyData:
     """Embeddings of every needed split, from the cache (extracting on a miss)."""
     from ..embeddings.cache import load_task_embeddings
 
@@ -173,7 +193,7 @@ def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, t
     )
 
 
-def _load_word_data(spec: DataSpec, task_data: Any, splits: list[str], progress: bool) -> StudyData:
+def _load_word_data(spec: DataSpec, task_data: TaskData, splits: list[str], progress: bool) -> StudyData:
     """A tagging task's splits as word entries (memory-mapped): features are the entries themselves, labels
     one tag id per word; ``split_sizes`` count sentences."""
     from ..embeddings.word_cache import WordOptions, load_word_embeddings
@@ -205,7 +225,7 @@ def _load_word_data(spec: DataSpec, task_data: Any, splits: list[str], progress:
     )
 
 
-def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, tuple[Any, Any]]:
+def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, Dataset]:
     """``{task: (test features, test scores)}`` of similarity tasks scored zero-shot.
 
     Each task is loaded without the study's training options (``shots``,
@@ -213,7 +233,7 @@ def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool
     """
     from ..embeddings.cache import load_task_embeddings
 
-    out: dict[str, tuple[Any, Any]] = {}
+    out: dict[str, Dataset] = {}
     for name in task_names:
         zero_spec = dataclasses.replace(spec, task=name, shots=None, max_train=None)
         zero_task = load_task_data(zero_spec)

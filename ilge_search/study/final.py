@@ -91,17 +91,21 @@ from .selection import (
     study_front,
 )
 
-if TYPE_CHECKING:
-    import optuna
-
 if TYPE_CHECKING:  # pragma: no cover
-    from .data import StudyData
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from ..encoders.configs import EncoderConfig
+    from ..engine.core import Dataset
+    from ..engine.metrics import ArrayLike
+    from .data import Features, StudyData, TrainedModel
 
 __all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation"]
 
-ZeroShotData = Mapping[str, tuple[Any, Any]]  # task name -> (features, gold scores)
+ZeroShotData = Mapping[str, Dataset]  # task name -> (features, gold scores)
 # what a final evaluation trained, for the ensemble stage to reuse: trial -> seed -> (model, training seconds)
-FinalModels = dict[int, dict[int, tuple[Any, float]]]
+_Best = tuple["TrainedModel | None", "int | None", float]  # the best seed's model, the seed, its validation score
+FinalModels = dict[int, dict[int, tuple[TrainedModel, float]]]
 
 
 def final_is_current(
@@ -158,13 +162,13 @@ class _Retraining:
     zero_shot: ZeroShotData
     artifact_store: Any
 
-    def protocol_record(self) -> dict[str, Any]:
+    def protocol_record(self) -> dict[str, object]:
         """How the test scores are measured, as the record's ``protocol``."""
         return {"protocol": DEFAULT_PROTOCOL} if self.readout is None else self.readout.record()
 
 
 def _upload_artifacts(
-    study: optuna.Study, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+    study: optuna.Study, run: _Retraining, config: EncoderConfig, best: _Best, trial: int
 ) -> dict[str, str]:
     """Upload the weights (safetensors) and a JSON of config, labels and provenance; their artifact ids."""
     import torch
@@ -172,6 +176,7 @@ def _upload_artifacts(
     from safetensors.torch import save_file
 
     model, seed, val_metric = best
+    assert model is not None  # a final evaluation uploads only a trained model
     data = run.data
     with tempfile.TemporaryDirectory(prefix="ilge-final-") as tmp:
         weights_path = Path(tmp, "model.safetensors")
@@ -218,8 +223,8 @@ class _Scores:
     zero_shot: dict[str, list[float]] = field(default_factory=dict)
     experiments: list[list[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
     macro_f1: list[float] = field(default_factory=list)  # tagging: each seed's macro-F1 over the test words
-    best: tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
-    models: dict[int, tuple[Any, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
+    best: _Best = (None, None, -math.inf)  # (model, seed, validation score)
+    models: dict[int, tuple[TrainedModel, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
 
     def add(self, test: float, validation: float, zero: Mapping[str, float], draws: Sequence[float]) -> None:
         """One seed's scores: on test, on validation, on each zero-shot task, and each draw's (paper protocol)."""
@@ -232,20 +237,20 @@ class _Scores:
 
 def _paper_readout(
     data: StudyData,
-    zero_shot: Mapping[str, tuple[Any, Any]],
+    zero_shot: ZeroShotData,
     readout: PaperProtocol,
     *,
-    model: Any = None,
-    config: Any = None,
+    model: TrainedModel | None = None,
+    config: EncoderConfig | None = None,
 ) -> tuple[float, float, dict[str, float], list[float]]:
     """(test score, validation score, zero-shot scores, test score of each draw) of one final model, or of
     a parameter-free baseline's ``config`` untrained, under the paper protocol."""
     import numpy as np
 
-    def vectors(features: Any) -> Any:
+    def vectors(features: Features) -> np.ndarray:
         return paper_vectors(features, model=model, config=config)
 
-    def pair_spearman(features: Any, gold: Any) -> float:
+    def pair_spearman(features: Features, gold: ArrayLike) -> float:
         pairs = vectors(features)  # (N, 2, E): the two sentences' vectors
         return cosine_spearman(pairs[:, 0], pairs[:, 1], gold)
 
@@ -264,7 +269,7 @@ def _paper_readout(
     return statistics.fmean(scores["test"]), statistics.fmean(scores["validation"]), zero, scores["test"]
 
 
-def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
+def _retrain(config: EncoderConfig, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
     """Train ``config`` once per seed and score it on test (its head, or the paper protocol's readout);
     ``label`` names the progress bar."""
     from ..engine import evaluate
@@ -298,8 +303,8 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
 
 
 def _start_scores(
-    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: Any, test_scores: list[float]
-) -> tuple[int | None, list[float] | None, dict[int, tuple[Any, float]]]:
+    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: FrozenTrial, test_scores: list[float]
+) -> tuple[int | None, list[float] | None, dict[int, tuple[TrainedModel, float]]]:
     """The starting configuration's test scores with the run's seeds: the selected trial's own when it is the
     start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained (then
     with the models trained, seed -> (model, seconds))."""
@@ -322,7 +327,7 @@ def _start_scores(
 
 
 def _upload_best(
-    study: optuna.Study, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+    study: optuna.Study, run: _Retraining, config: EncoderConfig, best: _Best, trial: int
 ) -> dict[str, str]:
     """Upload the best seed's weights; a full or read-only artifact folder is one clear error."""
     if run.artifact_store is None or best[0] is None:  # nothing to upload: no store, or nothing trained
@@ -349,7 +354,12 @@ def _zero_shot_record(zero_shot_scores: Mapping[str, list[float]]) -> dict[str, 
 
 
 def _with_start(
-    study: optuna.Study, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any, trained: FinalModels
+    study: optuna.Study,
+    record: StudyRecord,
+    run: _Retraining,
+    top: FinalRecord,
+    selected: FrozenTrial,
+    trained: FinalModels,
 ) -> FinalRecord:
     """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap; the
     start's models go into ``trained`` when it was retrained here."""
@@ -371,7 +381,9 @@ def _with_start(
     )
 
 
-def _front_member(trial: Any, objectives: Sequence[str], scores: _Scores, artifacts: dict[str, str]) -> FrontMember:
+def _front_member(
+    trial: FrozenTrial, objectives: Sequence[str], scores: _Scores, artifacts: dict[str, str]
+) -> FrontMember:
     record = trial_record(trial)
     values = objective_values(trial, objectives) or ()
     return FrontMember(
@@ -482,7 +494,7 @@ def _selected_evaluation(study: optuna.Study, record: StudyRecord, run: _Retrain
         max_epochs=run.max_epochs,
         artifacts=artifacts,
         artifact_seed=scores.best[1],
-        selected_value=float(selected.value),
+        selected_value=float(selected.values[0]),
         protocol=protocol,
         zero_shot=_zero_shot_record(scores.zero_shot),
         test_macro_f1=scores.macro_f1 or None,
