@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..settings import default_storage_url
 from ..storage import Storage, artifact_dir_for, open_storage, sqlite_database
@@ -21,7 +21,7 @@ from .folds import check_cv
 from .identity import (
     adopt_renamed_task,
     data_identity,
-    default_study_name,
+    identity_name,
     is_registered_task,
     precheck_existing,
     resolve_encoders,
@@ -32,6 +32,10 @@ from .limits import check_data_limits
 from .options import StudyOptions, check_study_name
 from .planned import PlannedStudy
 from .tokens import check_tagging_options
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..embeddings.models import ModelSource
+    from ..tasks.core import TaskData
 
 __all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file"]
 
@@ -51,7 +55,7 @@ class RunCheck:
     storage: Storage | None
     shown_url: str
     spec: DataSpec
-    task_data: Any
+    task_data: TaskData
     cache_keys: dict[str, str]
 
     @property
@@ -147,7 +151,7 @@ def _writer(storage: str | Storage | None, checked: Storage | None, options: Stu
     return _open_for_writing(default_storage_url() if storage is None else storage, options)
 
 
-def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[Any, Any]:
+def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[TaskData, TaskData]:
     """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
     against it (:func:`~.limits.check_data_limits`)."""
     from ..tasks.core import load_task
@@ -168,10 +172,10 @@ class _CheckedInputs:
 
     model: str
     task: str
-    source: Any
+    source: ModelSource
     spec: DataSpec
-    loaded: Any
-    task_data: Any
+    loaded: TaskData
+    task_data: TaskData
     encoders: list[str]
     counts: dict[str, int | None]
 
@@ -270,16 +274,10 @@ def _planned_study(
     """The study of ``encoder`` the run makes or resumes: its name, identity and budget."""
     model, task = inputs.model, inputs.task
     tagging = inputs.task_data.kind == "tagging"
-    default = _default_name(model, task_label(task, inputs.loaded), encoder, options, tagging=tagging)
+    label = task_label(task, inputs.loaded, fingerprint=False)
+    identity = run_identity(model, label, encoder, options, registered=is_registered_task(task), tagging=tagging)
+    default = identity_name(dataclasses.replace(identity, task=task_label(task, inputs.loaded)))
     name = check_study_name(options.search.study_name or default)
-    identity = run_identity(
-        model,
-        task_label(task, inputs.loaded, fingerprint=False),
-        encoder,
-        options,
-        registered=is_registered_task(task),
-        tagging=tagging,
-    )
     hint = (
         f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
         if name != default
@@ -312,27 +310,7 @@ def _check_planned(
         _check_warm_start(opened, planned.encoder, inputs.model, task, options.search.warm_start, hidden)
 
 
-def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *, tagging: bool) -> str:
-    """The name a study of ``encoder`` gets from the run's options (:func:`default_study_name`)."""
-    return default_study_name(
-        model,
-        label,
-        encoder,
-        shots=options.data.shots,
-        max_train=options.data.max_train,
-        max_eval=options.data.max_eval,
-        max_epochs=options.search.max_epochs,
-        cv=options.search.cv,
-        data_seed=options.data.data_seed,
-        objectives=options.search.objectives,
-        protocol=options.final.protocol,
-        samples_per_label=options.final.samples_per_label,
-        word_pooling=options.data.word_pooling if tagging else None,
-        warm_start=options.search.warm_start,
-    )
-
-
-def _config_hidden_size(model_path: Any) -> int | None:
+def _config_hidden_size(model_path: str | Path) -> int | None:
     """A local model folder's hidden size, read from its ``config.json`` as plain JSON (nothing loaded or
     written); ``None`` for a hub id or a config that does not say."""
     import json

@@ -15,6 +15,8 @@ from ..embeddings.models import ModelSource
 from .options import StudyOptions
 
 if TYPE_CHECKING:
+    from ..embeddings.cache import CachedEmbeddings, TaskEmbeddings
+    from ..embeddings.word_cache import TaskWordEmbeddings, WordEmbeddings
     from ..engine.core import Dataset, ILGEModel
     from ..engine.tokens import TaggerModel
     from ..tasks.core import TaskData
@@ -158,71 +160,55 @@ def expected_cache_keys(spec: DataSpec, task_data: TaskData, fingerprints: dict[
 def load_study_data(
     spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: TaskData | None = None
 ) -> StudyData:
-    """Embeddings of every needed split, from the cache (extracting on a miss)."""
-    from ..embeddings.cache import load_task_embeddings
-
+    """Embeddings of every needed split, from the cache (extracting on a miss). A tagging task's splits are
+    word entries (memory-mapped), its labels one tag id per word and its ``split_sizes`` count sentences."""
     if task_data is None:
         task_data = load_task_data(spec)
     splits = ["train", "validation"] + (["test"] if with_test else [])
-    if task_data.kind == "tagging":
-        return _load_word_data(spec, task_data, splits, progress)
-    embeddings = load_task_embeddings(
-        spec.model_or_source,
-        task_data,
-        data_dir=spec.data_dir,
-        cache_dir=spec.cache_dir,
-        splits=splits,
-        device=spec.device,
-        progress=progress,
-    )
+    tagging = task_data.kind == "tagging"
+    loaded: dict[str, Any] = {
+        "data_dir": spec.data_dir,
+        "cache_dir": spec.cache_dir,
+        "splits": splits,
+        "progress": progress,
+    }
+    embeddings: TaskEmbeddings | TaskWordEmbeddings
+    if tagging:
+        from ..embeddings.word_cache import WordOptions, load_word_embeddings
+
+        options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
+        embeddings = load_word_embeddings(spec.model_or_source, task_data, options=options, **loaded)
+    else:
+        from ..embeddings.cache import load_task_embeddings
+
+        embeddings = load_task_embeddings(spec.model_or_source, task_data, device=spec.device, **loaded)
     by_split = embeddings.splits
+
+    def pair(name: str) -> Dataset:
+        split = by_split[name]
+        return (split if tagging else split.features), split.labels
+
     kind = task_data.spec.kind
     return StudyData(
         task_kind=kind,
         metric=task_data.spec.metric,
-        train=(by_split["train"].features, by_split["train"].labels),
-        validation=(by_split["validation"].features, by_split["validation"].labels),
-        test=(by_split["test"].features, by_split["test"].labels) if with_test else None,
+        train=pair("train"),
+        validation=pair("validation"),
+        test=pair("test") if "test" in by_split else None,
         num_layers=int(embeddings.num_layers),
         hidden_size=int(embeddings.hidden_size),
-        num_classes=len(embeddings.label_names) if kind == "classification" else None,
+        num_classes=None if kind == "similarity" else len(embeddings.label_names),
         label_names=list(embeddings.label_names),
-        split_sizes={name: int(split.labels.shape[0]) for name, split in by_split.items()},
+        split_sizes={name: _rows(split) for name, split in by_split.items()},
         cache_keys=dict(embeddings.cache_keys),
         model_revision=spec.source.revision if spec.source is not None else "",
     )
 
 
-def _load_word_data(spec: DataSpec, task_data: TaskData, splits: list[str], progress: bool) -> StudyData:
-    """A tagging task's splits as word entries (memory-mapped): features are the entries themselves, labels
-    one tag id per word; ``split_sizes`` count sentences."""
-    from ..embeddings.word_cache import WordOptions, load_word_embeddings
+def _rows(split: CachedEmbeddings | WordEmbeddings) -> int:
+    from ..embeddings.cache import CachedEmbeddings
 
-    options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
-    embeddings = load_word_embeddings(
-        spec.model_or_source,
-        task_data,
-        data_dir=spec.data_dir,
-        cache_dir=spec.cache_dir,
-        splits=splits,
-        options=options,
-        progress=progress,
-    )
-    by_split = embeddings.splits
-    return StudyData(
-        task_kind="tagging",
-        metric=task_data.spec.metric,
-        train=(by_split["train"], by_split["train"].labels),
-        validation=(by_split["validation"], by_split["validation"].labels),
-        test=(by_split["test"], by_split["test"].labels) if "test" in by_split else None,
-        num_layers=int(embeddings.num_layers),
-        hidden_size=int(embeddings.hidden_size),
-        num_classes=len(embeddings.label_names),
-        label_names=list(embeddings.label_names),
-        split_sizes={name: int(entry.num_sentences) for name, entry in by_split.items()},
-        cache_keys=dict(embeddings.cache_keys),
-        model_revision=spec.source.revision if spec.source is not None else "",
-    )
+    return int(split.labels.shape[0] if isinstance(split, CachedEmbeddings) else split.num_sentences)
 
 
 def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, Dataset]:

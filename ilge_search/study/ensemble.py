@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import statistics
 import tempfile
 from collections import Counter
@@ -57,11 +58,15 @@ from ..record import (
 )
 from .selection import DEFAULT_SELECT, is_better, select_trial, start_trial
 
-if TYPE_CHECKING:
-    import optuna
-
 if TYPE_CHECKING:  # pragma: no cover
-    from .data import StudyData
+    import optuna
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+
+    from ..storage import Storage
+    from .data import Features, StudyData, TrainedModel
+
+PathLike = str | os.PathLike
 
 __all__ = [
     "MIX_RULE",
@@ -150,7 +155,7 @@ def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> 
 # ----------------------------------------------------------------------------- validation predictions
 
 
-def predictions_of(model: Any, features: Any) -> np.ndarray:
+def predictions_of(model: TrainedModel, features: Features) -> np.ndarray:
     """A trained model's predictions: class probabilities ``(N, C)`` or similarity scores ``(N,)``."""
     import torch
 
@@ -162,7 +167,12 @@ def predictions_of(model: Any, features: Any) -> np.ndarray:
     return outputs.numpy()
 
 
-def upload_predictions(study_or_trial: Any, predictions: np.ndarray, artifact_store: Any, storage: Any = None) -> str:
+def upload_predictions(
+    study_or_trial: optuna.Study | optuna.Trial,
+    predictions: np.ndarray,
+    artifact_store: Any,
+    storage: BaseStorage | None = None,
+) -> str:
     """Store ``predictions`` as a float16 ``.npy`` artifact of ``study_or_trial``; its artifact id."""
     from optuna.artifacts import upload_artifact
 
@@ -189,7 +199,7 @@ def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray |
             return None
 
 
-def _complete_trials(study: optuna.Study) -> list[Any]:
+def _complete_trials(study: optuna.Study) -> list[FrozenTrial]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -249,7 +259,7 @@ class EnsembleRun:
     artifact_store: Any = None
     progress: bool = True
     # models the final evaluation trained with these seeds (trial -> seed -> (model, seconds)): not trained again
-    reuse: Mapping[int, Mapping[int, tuple[Any, float]]] = field(default_factory=dict)
+    reuse: Mapping[int, Mapping[int, tuple[TrainedModel, float]]] = field(default_factory=dict)
     slow_factor: float | None = SLOW_MEMBER_FACTOR  # None: every complete trial is a candidate
 
     @property
@@ -318,7 +328,7 @@ class _Trained:
     seconds: dict[int, float] = field(default_factory=dict)
 
 
-def _retrain(trial: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
+def _retrain(trial: FrozenTrial, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
     """``trial``'s configuration trained with each final seed: the final evaluation's model where it trained
     that one (the same configuration, seed and data train to the same weights), else trained here."""
     from ..progress import BarSpec
@@ -349,23 +359,18 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
         config = dataclasses.replace(config, epochs=run.max_epochs)
     scores = []
     test_x, test_y = data.test_split()
+    setting: dict[str, Any] = {"task_kind": data.task_kind, "num_classes": data.num_classes, "device": run.device}
     for seed in run.seeds:
-        _, result, _ = select_best_layer(
-            config,
-            data.train,
-            data.validation,
-            task_kind=data.task_kind,
-            num_classes=data.num_classes,
-            seed=seed,
-            device=run.device,
-        )
+        _, result, _ = select_best_layer(config, data.train, data.validation, seed=seed, **setting)
         scores.append(
             prediction_score(predictions_of(result.model, test_x), np.asarray(test_y), data.task_kind, data.metric)
         )
     return scores
 
 
-def _validation_predictions(study: optuna.Study, trials: Sequence[Any], artifact_store: Any) -> dict[int, np.ndarray]:
+def _validation_predictions(
+    study: optuna.Study, trials: Sequence[FrozenTrial], artifact_store: Any
+) -> dict[int, np.ndarray]:
     """Trial number -> validation predictions, for the trials whose stored predictions can be read."""
     out = {}
     for number, (artifact, _) in trial_predictions(study, trials).items():
@@ -434,12 +439,12 @@ def _size_scores(
     )
 
 
-def _trial_seconds(trials: Sequence[Any]) -> dict[int, float]:
+def _trial_seconds(trials: Sequence[FrozenTrial]) -> dict[int, float]:
     """Trial number -> the seconds its search trial took, for the trials that recorded them."""
     return {t.number: float(s) for t in trials if (s := trial_record(t).seconds) is not None and s > 0}
 
 
-def slow_trials(study: optuna.Study, trials: Sequence[Any], run: EnsembleRun) -> dict[int, float]:
+def slow_trials(study: optuna.Study, trials: Sequence[FrozenTrial], run: EnsembleRun) -> dict[int, float]:
     """The ``trials`` left out of the selection for their cost (trial -> its search seconds): those that took
     over ``run.slow_factor`` times the median trial and over :data:`SLOW_MEMBER_SECONDS`. The selected trial
     and the start are kept: the final evaluation trains them in any case."""
@@ -597,21 +602,21 @@ def _upload_ensemble(
         }
 
 
-def _trial(study: optuna.Study, number: int) -> Any:
+def _trial(study: optuna.Study, number: int) -> FrozenTrial:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 
 def ensemble_study(
-    storage: Any,
+    storage: str | Storage | None,
     study_name: str,
     size: int,
     *,
     sizes: Sequence[int] = (),
     seed: int = 0,
-    data_dir: Any = None,
-    cache_dir: Any = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
     device: str = "auto",
-    artifact_dir: Any = None,
+    artifact_dir: PathLike | None = None,
     progress: bool = True,
 ) -> EnsembleRecord:
     """``ilge-search ensemble``: the ensemble evaluation of an existing study, with the seeds, epoch cap and
@@ -665,7 +670,7 @@ def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
     """The ensemble evaluation as a table: each size beside the selected trial, the start and the best layer."""
     import pandas as pd
 
-    def row(name: str, members: str, val: float | None, scores: Sequence[float] | None) -> dict[str, Any]:
+    def row(name: str, members: str, val: float | None, scores: Sequence[float] | None) -> dict[str, object]:
         values = list(scores or [])
         mean = statistics.fmean(values) if values else float("nan")
         return {

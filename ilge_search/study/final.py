@@ -102,10 +102,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation"]
 
-ZeroShotData = Mapping[str, Dataset]  # task name -> (features, gold scores)
+ZeroShotData = Mapping[str, "Dataset"]  # task name -> (features, gold scores)
 # what a final evaluation trained, for the ensemble stage to reuse: trial -> seed -> (model, training seconds)
 _Best = tuple["TrainedModel | None", "int | None", float]  # the best seed's model, the seed, its validation score
-FinalModels = dict[int, dict[int, tuple[TrainedModel, float]]]
+FinalModels = dict[int, dict[int, tuple["TrainedModel", float]]]
 
 
 def final_is_current(

@@ -70,6 +70,7 @@ from .trial import recommended_params
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
+    from ..tasks.core import TaskData
     from .data import StudyData
 
 __all__ = [
@@ -83,7 +84,7 @@ __all__ = [
     "requeue_failed_recommended",
     "resolve_encoders",
     "default_study_name",
-    "study_identity",
+    "identity_name",
     "run_identity",
     "StudySetup",
     "check_identity",
@@ -120,7 +121,7 @@ def is_registered_task(task: str) -> bool:
     return key in TASKS and not (Path(task).expanduser().exists() and os.sep in task)
 
 
-def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
+def task_label(task: str, loaded: TaskData, *, fingerprint: bool = True) -> str:
     """What a study calls its task: a registered name as given; a custom file or folder by its name
     (``loaded``: the task as read, before any data option) and, with ``fingerprint``, a short
     fingerprint of its content (for study names; the ``task`` attr is the plain name)."""
@@ -135,7 +136,7 @@ def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
     return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
 
 
-def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: Any) -> Any:
+def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: TaskData) -> TaskData:
     """``loaded`` (a custom task as read) under the name its studies know it by, when its folder was renamed.
 
     A custom task is identified by its content: the studies of ``model`` on the same content (the same
@@ -168,7 +169,7 @@ def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: Any) -> 
     return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=old))
 
 
-def data_identity(task_data: Any) -> dict[str, Any]:
+def data_identity(task_data: TaskData) -> dict[str, Any]:
     """The data a study on ``task_data`` (the task after its data options) must keep: its label names and
     each split's fingerprint, as the fields of :class:`~ilge_search.record.DataRecord` they are stored as."""
     return {
@@ -212,8 +213,12 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
     >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
     'minilm-l6:trec:cayley:paper'
     """
-    identity = Identity(model=str(model), task=str(task), encoder=encoder, **settings)
-    parts = [identity.model, identity.task, encoder]
+    return identity_name(Identity(model=str(model), task=str(task), encoder=encoder, **settings))
+
+
+def identity_name(identity: Identity) -> str:
+    """The default name of a study with ``identity`` (:func:`default_study_name`)."""
+    parts = [identity.model, identity.task, identity.encoder]
     for value, template in (
         (identity.shots, "{}shot"),
         (identity.max_train, "train{}"),
@@ -278,19 +283,6 @@ def run_identity(
     )
 
 
-def study_identity(
-    model: str,
-    task: str,
-    encoder: str,
-    options: StudyOptions,
-    *,
-    registered: bool | None = None,
-    tagging: bool = False,
-) -> dict[str, Any]:
-    """:func:`run_identity` as the user attrs it is stored as."""
-    return run_identity(model, task, encoder, options, registered=registered, tagging=tagging).to_attrs()
-
-
 def _wanted_identity(wanted: Mapping[str, Any]) -> Identity:
     """The identity in a mapping of identity keys (a run's, or a study's user attrs), absent keys read as the
     study record reads them."""
@@ -304,7 +296,7 @@ def _cache_keys_match(stored: Mapping[str, str], expected: Mapping[str, str] | N
     return bool(common) and all(stored[name] == expected[name] for name in common)
 
 
-def _short(labels: Any) -> str:
+def _short(labels: Sequence[str] | None) -> str:
     labels = list(labels or [])
     shown = ", ".join(map(str, labels[:6])) + (f" ... ({len(labels)} labels)" if len(labels) > 6 else "")
     return f"[{shown}]"
@@ -339,7 +331,7 @@ def check_identity(
 
     Args:
         stored: the study's record (or the user attrs it is read from).
-        wanted: this run's identity (:func:`study_identity`) with its data (:func:`data_identity`, and the
+        wanted: this run's identity (:func:`run_identity`'s ``to_attrs``) with its data (:func:`data_identity`, and the
             model's ``model_revision``).
         cache_keys: the embedding-cache keys of this run's splits; a study without
             data fingerprints (made by an earlier version) is accepted only when
@@ -466,8 +458,8 @@ class StudySetup:
     say where the data is found again; ``warm_start`` holds the portfolio members a new study enqueues.
     """
 
-    sampler: Any = None
-    pruner: Any = None
+    sampler: optuna.samplers.BaseSampler | None = None
+    pruner: optuna.pruners.BasePruner | None = None
     new_study_hint: str = "pass another --study-name or another --storage"
     task_path: str | None = None
     warm_start: WarmStartRecord | None = None

@@ -398,7 +398,7 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
 
     device = str(resolve_device(spec.device).type)
     splits = check.task_data.splits
-    sizes = {name: len(splits[name]) for name in ("train", "validation", "test") if name in splits}
+    sizes: dict[str, int] = {name: len(splits[name]) for name in ("train", "validation", "test") if name in splits}
     cached_now = _cached_keys(check)
     needed = _needed_splits(check)
     cached = {name: check.cache_keys.get(name) in cached_now for name in needed}

@@ -11,6 +11,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..engine.core import Dataset
+    from ..engine.metrics import ArrayLike
+    from ..tasks.core import TaskData
+    from .data import Features
     from .options import StudyOptions
 
 __all__ = ["CALIBRATION_SENTENCES", "check_tagging_options", "rows_of", "head", "tagging_calibration_data"]
@@ -18,7 +22,7 @@ __all__ = ["CALIBRATION_SENTENCES", "check_tagging_options", "rows_of", "head", 
 CALIBRATION_SENTENCES = 128  # training sentences a dry run times a tagging config on (scaled to the split)
 
 
-def check_tagging_options(task_data: Any, encoders: Sequence[str], options: StudyOptions) -> None:
+def check_tagging_options(task_data: TaskData, encoders: Sequence[str], options: StudyOptions) -> None:
     """What a tagging study cannot do, and the tagging-only encoders on other tasks: one line each."""
     from ..encoders.configs import TAGGER_FAMILIES
 
@@ -40,23 +44,23 @@ def check_tagging_options(task_data: Any, encoders: Sequence[str], options: Stud
         )
 
 
-def _is_words(pair: tuple[Any, Any]) -> bool:
+def _is_words(pair: Dataset) -> bool:
     features = pair[0]
     return isinstance(features, tuple) or hasattr(features, "offsets")
 
 
-def _parts(features: Any) -> tuple[Any, Any]:
+def _parts(features: Features) -> tuple[Features, ArrayLike]:
     return (features.features, features.offsets) if hasattr(features, "offsets") else features
 
 
-def rows_of(pair: tuple[Any, Any]) -> int:
+def rows_of(pair: Dataset) -> int:
     """Examples in a ``(features, labels)`` pair: sentences of a tagging set, else rows."""
     if _is_words(pair):
         return len(_parts(pair[0])[1]) - 1
     return len(pair[1])
 
 
-def head(pair: tuple[Any, Any], count: int) -> tuple[Any, Any]:
+def head(pair: Dataset, count: int) -> Dataset:
     """The first ``count`` examples (sentences of a tagging set) of a ``(features, labels)`` pair."""
     if not _is_words(pair):
         return pair[0][:count], pair[1][:count]
@@ -68,7 +72,7 @@ def head(pair: tuple[Any, Any], count: int) -> tuple[Any, Any]:
 
 def tagging_calibration_data(
     check: Any, plan: Any, sentences: int, time_extraction: Callable[[], tuple[int, int]]
-) -> tuple[tuple[Any, Any], tuple[Any, Any], str]:
+) -> tuple[Dataset, Dataset, str]:
     """Training and validation sentences to time epochs on: the first of the cached word entries, or random
     word vectors with the task's own sentence lengths after ``time_extraction`` (which loads the model)."""
     import numpy as np
