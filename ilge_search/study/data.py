@@ -17,14 +17,11 @@ from .options import StudyOptions
 if TYPE_CHECKING:
     from ..embeddings.cache import CachedEmbeddings, TaskEmbeddings
     from ..embeddings.word_cache import TaskWordEmbeddings, WordEmbeddings
-    from ..engine.core import Dataset, ILGEModel
-    from ..engine.tokens import TaggerModel
+    from ..engine.core import Dataset
     from ..tasks.core import TaskData
-
-    TrainedModel = ILGEModel | TaggerModel  # what training a configuration gives, for sentences or for words
+    from .shapes import TrainedModel
 
 __all__ = [
-    "Features",
     "DataSpec",
     "StudyData",
     "load_task_data",
@@ -32,9 +29,6 @@ __all__ = [
     "load_zero_shot_data",
     "expected_cache_keys",
 ]
-
-# layer features: (N, L, D) arrays, or a tagging set's words (a word entry, or (word features, sentence offsets))
-Features = Any
 
 
 @dataclass(frozen=True)

@@ -94,13 +94,15 @@ from .selection import (
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
     from optuna.trial import FrozenTrial
+    from torch import nn
 
     from ..encoders.configs import EncoderConfig
     from ..engine.core import Dataset
     from ..engine.metrics import ArrayLike
-    from .data import Features, StudyData, TrainedModel
+    from .data import StudyData
+    from .shapes import Features, TrainedModel
 
-__all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation"]
+__all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation", "upload_weights"]
 
 ZeroShotData = Mapping[str, "Dataset"]  # task name -> (features, gold scores)
 # what a final evaluation trained, for the ensemble stage to reuse: trial -> seed -> (model, training seconds)
@@ -172,44 +174,46 @@ def _upload_artifacts(
 ) -> dict[str, str]:
     """Upload the weights (safetensors) and a JSON of config, labels and provenance; their artifact ids."""
     import torch
-    from optuna.artifacts import upload_artifact
-    from safetensors.torch import save_file
 
     model, seed, val_metric = best
     assert model is not None  # a final evaluation uploads only a trained model
     data = run.data
-    with tempfile.TemporaryDirectory(prefix="ilge-final-") as tmp:
-        weights_path = Path(tmp, "model.safetensors")
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(weights_path))
-        meta_path = Path(tmp, "config.json")
-        meta_path.write_text(
-            json.dumps(
-                {
-                    "config": config.to_dict(),
-                    "model": None if run.identity is None else run.identity.model,
-                    "task": None if run.identity is None else run.identity.task,
-                    "task_kind": data.task_kind,
-                    "metric": data.metric,
-                    "num_layers": data.num_layers,
-                    "hidden_size": data.hidden_size,
-                    "num_classes": data.num_classes,
-                    "label_names": data.label_names,
-                    "score_range": getattr(model, "score_range", None),
-                    "seed": seed,
-                    "val_metric": val_metric,
-                    "trial": trial,
-                    "ilge_search_version": __version__,
-                    "torch_version": torch.__version__,
-                },
-                indent=2,
-            )
-        )
-        store = run.artifact_store
+    meta = {
+        "config": config.to_dict(),
+        "model": None if run.identity is None else run.identity.model,
+        "task": None if run.identity is None else run.identity.task,
+        "task_kind": data.task_kind,
+        "metric": data.metric,
+        "num_layers": data.num_layers,
+        "hidden_size": data.hidden_size,
+        "num_classes": data.num_classes,
+        "label_names": data.label_names,
+        "score_range": getattr(model, "score_range", None),
+        "seed": seed,
+        "val_metric": val_metric,
+        "trial": trial,
+        "ilge_search_version": __version__,
+        "torch_version": torch.__version__,
+    }
+    return upload_weights(study, model, meta, run.artifact_store, ("model.safetensors", "config.json"))
+
+
+def upload_weights(
+    study: optuna.Study, model: nn.Module, meta: Mapping[str, object], artifact_store: Any, files: tuple[str, str]
+) -> dict[str, str]:
+    """Upload ``model``'s weights (safetensors) and ``meta`` (JSON), named ``files``, as artifacts of ``study``;
+    their ids."""
+    from optuna.artifacts import upload_artifact
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="ilge-artifacts-") as tmp:
+        weights, config = Path(tmp, files[0]), Path(tmp, files[1])
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(weights))
+        config.write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return {
-            "weights": upload_artifact(study_or_trial=study, file_path=str(weights_path), artifact_store=store),
+            "weights": upload_artifact(study_or_trial=study, file_path=str(weights), artifact_store=artifact_store),
             "config": upload_artifact(
-                study_or_trial=study, file_path=str(meta_path), artifact_store=store, mimetype="application/json"
+                study_or_trial=study, file_path=str(config), artifact_store=artifact_store, mimetype="application/json"
             ),
         }
 

@@ -1,28 +1,15 @@
 """What a study is: its encoder, name and identity, and creating or resuming it safely.
 
-A study's *identity* is the model, task, encoder and the data and budget
-options that decide what it searches (:data:`~ilge_search.record.IDENTITY_KEYS`), plus the data
-itself (the label names and a content fingerprint of each split it trains,
-validates and tests on), stored as the study's record
-(:class:`~ilge_search.record.Identity`, :class:`~ilge_search.record.DataRecord`).
-Resuming a study with another identity is refused with
-:class:`StudyConflictError` (:class:`DataChangedError` when only the data
-changed) before anything expensive runs: the fingerprints come from the
-loaded texts and labels, before any model loads. Several processes may create
-the same study at once: exactly one wins and sets it up (identity attrs, the
-recommended config enqueued as trial 0), then marks it ready with
-:func:`~ilge_search.record.mark_ready`; the others wait for that mark.
+A study's identity is its :class:`~ilge_search.record.Identity` (model, task, encoder, the options that decide
+what it searches) and its data (label names and a content fingerprint of each split,
+:class:`~ilge_search.record.DataRecord`). Resuming a study with another identity is refused with
+:class:`StudyConflictError` (:class:`DataChangedError` when only the data changed) before any model loads.
+Of several processes creating the same study, one sets it up and marks it ready
+(:func:`~ilge_search.record.mark_ready`); the others wait for that mark.
 
-A custom task (a file or folder) is never called by its path: its ``task``
-attr is its file or folder name, and its default study name adds a short
-fingerprint of its content (:func:`task_label`, e.g.
-``minilm-l6:questions@3f9a1c2e07:cayley``). Moving the folder keeps its
-study; two folders of the same name with different content get different
-studies; changed content under an explicit ``--study-name`` is refused.
-
-Studies made before the data fingerprints existed have none. They are adopted on their first resume when the
-embedding-cache keys they stored (which hash the model, the task name and
-each split's content) equal those of the data now, and refused otherwise.
+A custom task is named by its file or folder name, and its default study name adds a short fingerprint of its
+content (:func:`task_label`, e.g. ``minilm-l6:questions@3f9a1c2e07:cayley``). A study made before data
+fingerprints existed is adopted on its first resume when its stored embedding-cache keys equal the data's now.
 """
 
 from __future__ import annotations

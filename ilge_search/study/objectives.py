@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
     from torch import nn
 
-    from .data import Features
+    from .shapes import Features
 
 __all__ = [
     "OBJECTIVES",

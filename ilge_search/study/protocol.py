@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..encoders.configs import EncoderConfig
     from ..engine.metrics import ArrayLike
-    from .data import Features, TrainedModel
+    from .shapes import Features, TrainedModel
 
 __all__ = [
     "PROTOCOLS",

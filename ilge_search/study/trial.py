@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..encoders.configs import EncoderConfig
     from ..record import DataRecord, Identity, WarmStartRecord
     from ..storage import Storage
-    from .data import StudyData, TrainedModel
+    from .data import StudyData
+    from .shapes import TrainedModel
 
 __all__ = [
     "TrialObjective",
