@@ -1,56 +1,17 @@
 """The final evaluation: the selected trial's config retrained per seed and scored on test once.
 
-Which trial is retrained is the selection rule's choice (``--select``,
-:mod:`~ilge_search.study.selection`). What it measured is stored as the study's
-:class:`~ilge_search.record.FinalRecord`: the test score of each seed
-(``test_scores``, with their mean and std), the validation score of each
-(``val_scores``), for a tagging study each seed's test macro-F1 and their mean
-(``test_macro_f1``, ``test_macro_f1_mean``), the ``seeds``, the retrained ``trial`` and its ``config``,
-the epoch cap (``max_epochs``), the best seed's weights by validation and a
-JSON with its config (``artifacts``, uploaded to the artifact store, and
-``artifact_seed``), and, for similarity studies scored on other STS tasks,
-``zero_shot``; and, for the selection:
+The trial is the selection rule's (``--select``, :mod:`.selection`); what was measured is the study's
+:class:`~ilge_search.record.FinalRecord`: each seed's test and validation scores (a tagging study's test
+macro-F1 too), the best seed's weights by validation (``artifacts``), zero-shot scores on other STS tasks, the
+selected trial's objective and its gap to test, and the starting configuration (trial 0) retrained with the
+same seeds for the ``search_gain``. Each rule's evaluation is kept (``by_rule``), so switching back to a
+current one trains nothing.
 
-- ``select``: the rule (``best`` or ``one-se``);
-- ``selected_value``: the selected trial's objective (its validation score, or
-  its mean over folds with ``--cv``), and ``val_test_gap``: that value minus
-  the test mean (positive: test is below what validation promised);
-- ``start_trial``, ``start_test_mean``, ``start_test_scores``: the recommended
-  starting configuration (the enqueued trial 0) retrained with the same seeds,
-  and ``search_gain``: the selected trial's test mean minus the start's (in the
-  direction of improvement; negative: the search did worse than no search).
-  When the selected trial is the start, its scores are reused.
-
-Each rule's evaluation is kept (the record's ``by_rule``), so that both rules'
-results stay side by side on one study, and switching back to a rule whose
-evaluation is still current costs no training. Studies evaluated before
-selection rules existed were evaluated under ``best`` (the record reads them so).
-
-A multi-objective study (:mod:`~ilge_search.study.objectives`) retrains its **final
-front** instead: up to ``final_front`` trials of its Pareto front, spread evenly
-along it (:func:`~ilge_search.study.selection.front_trials`), each with the
-final seeds, one :class:`~ilge_search.record.FrontMember` each, best validation
-score first (``front``; ``front_k`` is the K asked for and ``front_size`` the
-front's size then). The record's other fields are those of the front's
-best-score trial (``select = "front"``), with the start configuration's scores
-and the search gain as above, so every table of single-objective studies reads
-it too. A front trial already retrained with the same seeds and epoch cap is reused.
-
-The study's protocol (its identity's ``protocol``, :mod:`ilge_search.study.protocol`)
-decides how each final model is scored; the record's ``protocol`` says how.
-Under ``matched`` (and for every study stored before protocols existed) the
-trained model's own head is scored on test. Under ``paper`` each seed's model
-is trained exactly as under ``matched`` and then read out as MTEB would: its
-vectors scored by logistic regressions fitted on ``samples_per_label``
-examples per label (``n_experiments`` draws; ``test_scores`` holds each seed's
-mean over the draws, ``protocol["test_experiment_scores"]`` the draws), or by
-the cosine Spearman of the vectors for similarity tasks. A parameter-free
-baseline (last layer, best layer, mean of layers) is not trained at all under
-``paper``: its raw layer readout is scored, the same for every seed, and no
-weights are uploaded. ``val_scores`` is then the same readout on validation,
-and ``val_test_gap`` is ``None``: the trials' objective is a matched score
-(trials are the same under both protocols), so its difference to a
-paper-protocol test score would measure the protocol, not the selection.
+A multi-objective study retrains its final front instead: up to ``final_front`` trials of its Pareto front
+(:func:`~.selection.front_trials`), one :class:`~ilge_search.record.FrontMember` each, the record's other
+fields those of its best-score member. Under the paper protocol (:mod:`.protocol`, docs/protocols.md) each
+model is read out as MTEB would, a parameter-free baseline untrained, and ``val_test_gap`` is ``None`` (the
+trials' objective is a matched score).
 """
 
 from __future__ import annotations
@@ -406,6 +367,25 @@ def _front_member(
     )
 
 
+def _final_record(select: str, member: FrontMember, run: _Retraining, **more: Any) -> FinalRecord:
+    """The final record of ``member``'s scores under the rule ``select``, with the record's ``more`` fields."""
+    return FinalRecord(
+        select=select,
+        trial=member.trial,
+        config=member.config,
+        seeds=list(run.seeds),
+        test_scores=member.test_scores,
+        test_mean=member.test_mean,
+        test_std=member.test_std,
+        val_scores=member.val_scores,
+        max_epochs=run.max_epochs,
+        artifacts=member.artifacts,
+        artifact_seed=member.artifact_seed,
+        selected_value=member.val_score,
+        **more,
+    )
+
+
 def _front_evaluation(study: optuna.Study, record: StudyRecord, run: _Retraining, final_front: int) -> None:
     """A multi-objective study's final evaluation: each trial of its final front retrained per seed."""
     front = study_front(study)
@@ -429,20 +409,10 @@ def _front_evaluation(study: optuna.Study, record: StudyRecord, run: _Retraining
             top_zero_shot, top_macro_f1 = scores.zero_shot, scores.macro_f1 or None
         artifacts = _upload_best(study, run, config, scores.best, trial.number)
         members.append(_front_member(trial, record.objectives, scores, artifacts))
-    top = members[0]
-    final = FinalRecord(
-        select=FRONT_RULE,
-        trial=top.trial,
-        config=top.config,
-        seeds=list(run.seeds),
-        test_scores=top.test_scores,
-        test_mean=top.test_mean,
-        test_std=top.test_std,
-        val_scores=top.val_scores,
-        max_epochs=run.max_epochs,
-        artifacts=top.artifacts,
-        artifact_seed=top.artifact_seed,
-        selected_value=top.val_score,
+    final = _final_record(
+        FRONT_RULE,
+        members[0],
+        run,
         protocol=run.protocol_record(),
         zero_shot=_zero_shot_record(top_zero_shot),
         front=members,
@@ -486,19 +456,11 @@ def _selected_evaluation(study: optuna.Study, record: StudyRecord, run: _Retrain
     protocol = run.protocol_record()
     if run.readout is not None and run.data.task_kind == "classification":  # each seed's draws (similarity: none)
         protocol["test_experiment_scores"] = scores.experiments
-    final = FinalRecord(
-        select=select,
-        trial=selected.number,
-        config=config.to_dict(),
-        seeds=list(run.seeds),
-        test_scores=scores.test,
-        test_mean=statistics.fmean(scores.test),
-        test_std=_std(scores.test),
-        val_scores=scores.validation,
-        max_epochs=run.max_epochs,
-        artifacts=artifacts,
-        artifact_seed=scores.best[1],
-        selected_value=float(selected.values[0]),
+    member = dataclasses.replace(_front_member(selected, (), scores, artifacts), config=config.to_dict())
+    final = _final_record(
+        select,
+        member,
+        run,
         protocol=protocol,
         zero_shot=_zero_shot_record(scores.zero_shot),
         test_macro_f1=scores.macro_f1 or None,

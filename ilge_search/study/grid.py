@@ -73,7 +73,7 @@ from typing import Any
 
 from ..encoders.configs import ENCODER_FAMILIES
 from ..files import read_text_utf8
-from ..record import WORD_POOLINGS
+from ..record import WORD_POOLINGS, Identity
 from ..validation import check_int
 from .folds import check_cv
 from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
@@ -106,23 +106,12 @@ GRID_KEYS = frozenset({"name", "storage", "models", "encoders", "trials", "tasks
 TASK_KEYS = frozenset({"zero_shot", "encoders", "trials", *IDENTITY_OPTIONS})
 
 
-@dataclass(frozen=True)
-class SweepEntry:
-    """One study of a sweep: what to search and its trial budget."""
+@dataclass(frozen=True, kw_only=True)
+class SweepEntry(Identity):
+    """One study of a sweep: its identity (``task`` as the grid names it), trial budget and zero-shot tasks."""
 
-    model: str
-    task: str
-    encoder: str
     n_trials: int
-    max_train: int | None = None
-    max_eval: int | None = None
-    shots: int | None = None
-    max_epochs: int | None = None
     zero_shot: tuple[str, ...] = ()
-    cv: int | None = None
-    objectives: tuple[str, ...] = DEFAULT_OBJECTIVES
-    protocol: str = DEFAULT_PROTOCOL
-    samples_per_label: int | None = None
     data_seed: int = 0
     word_pooling: str = "first"  # tagging tasks only; what other tasks' studies record is no word pooling
     warm_start: int = 0  # ILGE families only: baselines have no portfolio

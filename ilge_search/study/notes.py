@@ -23,7 +23,7 @@ import math
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..record import (
     EnsembleRecord,
@@ -39,6 +39,7 @@ from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 __all__ = [
     "TrialCounts",
@@ -56,7 +57,7 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- Markdown
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """One Markdown table cell: short numbers, code for lists and dicts, escaped pipes."""
     if value is None:
         text = "-"
@@ -75,7 +76,7 @@ def _score(value: float | None) -> str:
     return "-" if value is None else f"{float(value):.4f}"
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
     return lines
@@ -101,7 +102,7 @@ class TrialOutcome:
 
 def trial_note_markdown(
     number: int,
-    config: Mapping[str, Any],
+    config: Mapping[str, object],
     *,
     metric: str = "value",
     state: str = "complete",
@@ -372,7 +373,7 @@ def ensemble_note_lines(ensemble: EnsembleRecord | None, metric: str) -> list[st
 # ----------------------------------------------------------------------------- writing notes
 
 
-def _note_target(study: optuna.Study, trial: Any) -> Any:
+def _note_target(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> optuna.Trial | types.SimpleNamespace:
     """What ``optuna_dashboard.save_note`` accepts for ``trial``.
 
     A live ``optuna.Trial`` is passed through; a ``FrozenTrial`` (from
@@ -387,7 +388,9 @@ def _note_target(study: optuna.Study, trial: Any) -> Any:
     return types.SimpleNamespace(storage=study._storage, study=study, _trial_id=trial._trial_id)
 
 
-def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = None, metric: str | None = None) -> str:
+def write_trial_note(
+    study: optuna.Study, trial: optuna.Trial | FrozenTrial, *, state: str | None = None, metric: str | None = None
+) -> str:
     """Save (and return) the Markdown note of ``trial`` in ``study``'s storage.
 
     ``trial`` is a live ``optuna.Trial`` (inside an objective, before it
@@ -409,12 +412,7 @@ def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = Non
         metric=metric,
         state=state,
         outcome=TrialOutcome(
-            val_metric=record.val_metric,
-            num_trainable_params=record.params,
-            epochs_run=record.epochs_run,
-            best_epoch=record.best_epoch,
-            seconds=record.seconds,
-            layer=record.layer,
+            record.val_metric, record.params, record.epochs_run, record.best_epoch, record.seconds, record.layer
         ),
         tuned=trial.params.keys(),
         recommended=record.recommended,
@@ -423,7 +421,7 @@ def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = Non
     return body
 
 
-def write_live_note(trial: Any, metric: str, state: str = "complete") -> None:
+def write_live_note(trial: optuna.Trial, metric: str, state: str = "complete") -> None:
     """Write a running trial's note as it finishes, so it shows while the search runs.
 
     Every trial calls this as it ends (in every worker process);
@@ -482,7 +480,7 @@ def _note_version_key(trial_id: int) -> str:
     return f"dashboard:{trial_id}:note_ver"
 
 
-def _has_note(system_attrs: Mapping[str, Any], trial_id: int) -> bool:
+def _has_note(system_attrs: Mapping[str, object], trial_id: int) -> bool:
     return _note_version_key(trial_id) in system_attrs
 
 

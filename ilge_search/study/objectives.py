@@ -1,27 +1,11 @@
 """What a study optimises: its objectives, their directions and names, and the Pareto front.
 
-Every study maximises its **score** (the task's metric on validation, or the
-mean over folds with ``--cv``; minimised for a loss). A study may also
-minimise, as further objectives (``run --objective score --objective params``):
-
-- ``params``: the trainable parameters of the trial's encoder and head;
-- ``latency``: the trained model's forward time per 1,000 samples, in
-  milliseconds, on the study's device (:func:`measure_latency`).
-
-``flops`` is not offered: ``torch.utils.flop_counter.FlopCounterMode`` counts
-dense matrix products only. The GIN and GCN encoders aggregate messages with a
-sparse CSR product or a scatter over the graph's edges, which it does not count
-(nor normalisations and activations), so a count would not be exact
-(:data:`FLOPS_REFUSAL`); ``params`` is the exact size measure.
-
-A study with more than one objective is an Optuna multi-objective study: its
-trials return one value per objective, in :data:`OBJECTIVES` order (score
-first), Optuna cannot prune it, and its final evaluation retrains trials of its
-**Pareto front**: the complete trials that no other complete trial beats on one
-objective without losing on another (:func:`pareto_front`).
-
-A study's objectives are part of its identity (:class:`ilge_search.record.Identity`);
-one stored without them has the one objective ``score`` (:data:`DEFAULT_OBJECTIVES`).
+Every study maximises its **score** (the metric on validation, or the mean over folds with ``--cv``;
+minimised for a loss) and may also minimise ``params`` (trainable parameters) and ``latency`` (forward
+milliseconds per 1,000 samples, :func:`measure_latency`). ``flops`` is not offered (:data:`FLOPS_REFUSAL`).
+A study of several objectives is an Optuna multi-objective study: one value per objective in
+:data:`OBJECTIVES` order, no pruning, a final evaluation of its Pareto front (:func:`pareto_front`). The
+objectives are part of the study's identity (none stored: :data:`DEFAULT_OBJECTIVES`).
 """
 
 from __future__ import annotations

@@ -1,41 +1,13 @@
 """How a study's final scores are measured: the *matched* protocol, or the paper's (MTEB's evaluators).
 
-Two protocols (``--protocol``), one per study (part of its identity):
-
-- ``matched`` (the default): every encoder, baselines included, is trained end to
-  end with its linear head on the study's training split and scored by that
-  head on test. Every method sees the same data; the scores answer "which
-  encoder should I use for this task".
-- ``paper``: the readout of "Improving LLM Final Representations with
-  Inter-Layer Geometry", which scores every method through MTEB's evaluators.
-  Each final model is turned into vectors (the encoder's output before the
-  head; a parameter-free baseline -- last layer, best layer, mean of layers --
-  is the raw layer readout, *untrained*, with no feature standardisation), and
-
-  * classification: :func:`logistic_readout` fits scikit-learn's
-    ``LogisticRegression(max_iter=100)`` on ``samples_per_label`` examples per
-    label drawn from the training split, ``n_experiments`` times, and averages
-    the test accuracy (MTEB's ``AbsTaskClassification``);
-  * similarity: :func:`cosine_spearman`, the Spearman correlation of the
-    vectors' cosine similarity with the gold scores (MTEB's ``AbsTaskSTS``
-    main score, ``cosine_spearman``).
-
-The evaluator follows MTEB :data:`MTEB_VERSION`: seed 42, 10 experiments, 8
-examples per label unless the MTEB task sets its own (Emotion: 16,
-:data:`MTEB_SAMPLES_PER_LABEL`); tasks MTEB does not have use the defaults or
-``--samples-per-label``. MTEB's undersampling, reproduced by
-:func:`undersample`: a fresh ``numpy.random.RandomState(seed)`` shuffles the
-index list *in place* before each experiment (so the draws differ because the
-shuffles accumulate), then the first ``samples_per_label`` indices of each
-label are kept, in shuffled order; a label with fewer examples keeps all of
-them. ``tests/test_protocol.py`` checks these functions against the installed
-``mteb`` package's own code.
-
-Deviations from running MTEB itself, stated where the scores are shown: the
-pool the examples are drawn from is the study's training split (after
-``--max-train``, and without the validation rows carved out of a task that has
-no validation split), in the task file's order, so the draws are not MTEB's
-draws on the Hugging Face copy of the data.
+- ``matched`` (the default): every encoder, baselines included, is trained with its linear head on the study's
+  training split and scored by that head on test.
+- ``paper``: each final model becomes vectors (a parameter-free baseline's raw layer readout, untrained),
+  scored as MTEB :data:`MTEB_VERSION` does: :func:`logistic_readout` (``LogisticRegression(max_iter=100)`` on
+  ``samples_per_label`` examples per label, :func:`undersample`'s draws, ``n_experiments`` times) for
+  classification, :func:`cosine_spearman` for similarity. The examples are drawn from the study's training
+  split, so the draws are not MTEB's own (docs/protocols.md); ``tests/test_protocol.py`` checks these
+  functions against the installed ``mteb``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
 
 __all__ = [
     "StudyResult",
@@ -141,7 +142,7 @@ def _ensemble_of(study: optuna.Study) -> EnsembleSize | None:
     return None if stored is None else stored.ensemble
 
 
-def list_studies(storage: str | Storage | None = None) -> Any:
+def list_studies(storage: str | Storage | None = None) -> pd.DataFrame:
     """One row per study in ``storage``: identity, trial counts, best validation
     value and final test mean/std (a ``pandas.DataFrame``, sorted by model, task, encoder).
 

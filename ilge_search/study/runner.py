@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..record import SourceRecord, WarmStartRecord
 from ..storage import (
@@ -45,17 +45,18 @@ from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
 from .stages import StageContext, run_stages
 from .trial import warm_start_params
-from .workers import optimize, total_reached
+from .workers import TrialCallback, optimize, total_reached
 
 if TYPE_CHECKING:
     import optuna
+
+    from ..engine.core import Dataset
 
 __all__ = ["run_study"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-TrialCallback = Callable[["optuna.Study", "optuna.trial.FrozenTrial"], None]
 
 
 def run_study(
@@ -125,7 +126,7 @@ class _RunData:
     storage: Storage
     spec: DataSpec
     data: StudyData
-    zero_shot: Mapping[str, Any]
+    zero_shot: Mapping[str, Dataset]
     options: StudyOptions
     callbacks: Sequence[TrialCallback]
 
@@ -218,18 +219,10 @@ def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study,
     from ..tuning import make_pruner, make_sampler
 
     storage, search, spec = run.storage, run.options.search, run.spec
-    warm = (
-        warm_start_params(
-            storage,
-            planned.encoder,
-            search.warm_start,
-            hidden_size=run.data.hidden_size,
-            model=spec.model,
-            task=planned.identity.task,
-        )
-        if search.warm_start
-        else None
-    )
+    encoder, hidden, task = planned.encoder, run.data.hidden_size, planned.identity.task
+    warm = None
+    if search.warm_start:
+        warm = warm_start_params(storage, encoder, search.warm_start, hidden_size=hidden, model=spec.model, task=task)
     if warm is not None and storage.load_study(planned.name) is None:  # only a new study enqueues its warm start
         budget = planned.count if planned.count is not None else search.total_for(planned.encoder)
         warm = _warm_start_within_budget(warm, planned.name, budget)

@@ -1,21 +1,12 @@
 """Which trial a study's final evaluation retrains: the selection rules ``best`` and ``one-se``.
 
-- ``best``: the trial with the best objective (``study.best_trial``).
-- ``one-se``: among complete trials whose objective is within one standard
-  error of the best one, the one with the fewest trainable parameters; the
-  recommended starting configuration (the enqueued trial 0) wins ties, then
-  the better objective, then the earlier trial. The standard error is that of
-  the best trial's objective (:func:`standard_error`).
+- ``best``: the trial with the best objective.
+- ``one-se``: among complete trials within one standard error of the best objective (:func:`standard_error`),
+  the one with the fewest trainable parameters; ties go to the starting configuration, then the better
+  objective, then the earlier trial. It trades score for simplicity only inside the noise of the best score.
 
-Picking the maximum of many noisy validation scores rewards luck: the winner's
-score is biased upwards and, on small validation splits, its configuration
-often does no better on test than simpler ones. ``one-se`` only trades score
-for simplicity inside the noise band of the best score.
-
-A multi-objective study (score and params and/or latency) states the trade-off
-itself: its final evaluation retrains up to K trials of its Pareto front
-(:func:`front_trials`) instead of one selected trial. Both rules above still
-answer for it, on its score (export, a study without a final evaluation).
+A multi-objective study's final evaluation retrains up to K trials of its Pareto front (:func:`front_trials`);
+both rules still answer for it, on its score.
 """
 
 from __future__ import annotations

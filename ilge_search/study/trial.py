@@ -1,25 +1,10 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
-Every trial records which process runs it before this objective starts (the run's sampler is wrapped
-by :func:`~ilge_search.storage.owner_stamping`, which calls :func:`~ilge_search.storage.stamp_worker` as
-Optuna creates the trial) and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
-dict), ``val_metric``, ``params`` (trainable parameters), ``epochs_run``,
-``best_epoch``, ``seconds``, ``latency_ms`` (the trained model's forward time
-per 1,000 validation samples, :func:`~ilge_search.study.objectives.measure_latency`)
-and ``layer``/``layer_scores`` for the best-layer baseline; the validation
-metric of every epoch is an intermediate value, for the pruner.
-
-A multi-objective study (its identity's ``objectives``) gets one value per
-objective back, score first (``params``: the trainable parameters;
-``latency``: ``latency_ms``); it reports no intermediate values, since Optuna
-cannot prune such a study.
-
-A study created with ``--cv K`` (its identity's ``cv``) scores every trial on
-K folds of the training data instead (:mod:`~ilge_search.study.folds`): the
-objective and ``val_metric`` are the mean of the per-fold scores, recorded as
-``fold_scores`` (with ``fold_best_epochs``); ``epochs_run`` and ``best_epoch``
-are those of the last fold; the intermediate value at step
-``fold * epochs + epoch`` is that fold's score after that epoch.
+Each trial records its :class:`~ilge_search.record.TrialRecord` (config, validation score, parameters, epochs,
+seconds, forward latency, the best-layer baseline's layer) and reports every epoch's validation score to the
+pruner. A multi-objective study gets one value per objective back (no intermediate values: Optuna cannot prune
+it). With ``--cv K`` (:mod:`.folds`) the objective is the mean of the per-fold scores (``fold_scores``), and the
+intermediate value at step ``fold * epochs + epoch`` is that fold's score after that epoch.
 """
 
 from __future__ import annotations

@@ -43,13 +43,15 @@ from .objectives import best_score_trial, score_of
 from .options import StudyOptions
 from .trial import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 
-if TYPE_CHECKING:
-    import optuna
-
 if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+    from optuna.trial import FrozenTrial
+
     from .data import StudyData
 
-__all__ = ["split_trials", "WorkerJob", "worker_main", "total_reached", "optimize"]
+TrialCallback = Callable[["optuna.Study", "FrozenTrial"], None]  # run after each trial, in this process
+
+__all__ = ["TrialCallback", "split_trials", "WorkerJob", "worker_main", "total_reached", "optimize"]
 
 # what the total_trials cap counts: finished trials plus those running now in any process
 _CAPPED_STATES = (*FINISHED_STATES, "RUNNING")
@@ -73,7 +75,7 @@ def total_reached(study: optuna.Study, total_trials: int | None) -> bool:
     return count_trials(study, _CAPPED_STATES) >= total_trials
 
 
-def _total_trials_callbacks(total_trials: int | None) -> list[Callable[[Any, Any], None]]:
+def _total_trials_callbacks(total_trials: int | None) -> list[TrialCallback]:
     """Stop this process's optimise loop once the study holds ``total_trials`` trials.
 
     Counting running trials too means a process stops as soon as the trials in flight in
@@ -83,7 +85,7 @@ def _total_trials_callbacks(total_trials: int | None) -> list[Callable[[Any, Any
     if total_trials is None:
         return []
 
-    def stop_at_total(study: optuna.Study, trial: Any) -> None:
+    def stop_at_total(study: optuna.Study, trial: FrozenTrial) -> None:
         if total_reached(study, total_trials):
             study.stop()
 
@@ -97,7 +99,7 @@ class _ProgressCallback:
         self.bar = bar
         self.metric = metric
 
-    def __call__(self, study: optuna.Study, trial: Any) -> None:
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         with contextlib.suppress(ValueError):  # the best first: a line written for this trial shows it
             best = best_score_trial(study)
             self.bar.set_postfix_str(f"best {self.metric} {score_of(best):.4f} (trial {best.number})")
@@ -252,7 +254,7 @@ def optimize(
     spec: DataSpec,
     options: StudyOptions,
     count: int | None,
-    callbacks: Sequence[Callable[[Any, Any], None]] = (),
+    callbacks: Sequence[TrialCallback] = (),
 ) -> None:
     """Add ``count`` trials (``None``: until ``timeout`` or ``total_trials``) to ``study``.
 
