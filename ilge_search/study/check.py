@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..embeddings.models import ModelSource
     from ..tasks.core import TaskData
 
-__all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file"]
+__all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file", "open_for_writing"]
 
 
 @dataclass
@@ -93,9 +93,7 @@ def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_r
     yet (nothing in it can conflict), else opened for reading. A writer's SQLite folder and file are checked
     first, so an unwritable storage is refused before the rest. An in-memory SQLite is opened once, for
     writing: a second opening would be another database, and it leaves nothing on disk."""
-    import dataclasses
-
-    from ..storage import artifact_dir_for, check_storage_writable
+    from ..storage import check_storage_writable
 
     if isinstance(storage, Storage):
         if options.runtime.artifact_dir is not None:
@@ -107,7 +105,7 @@ def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_r
     if not dry_run:
         check_storage_writable(url)
         if sqlite_database(url) is None and _is_sqlite(url):
-            return _open_for_writing(url, options)
+            return open_for_writing(url, options)
     if missing_sqlite_file(url):
         return None
     return open_storage(url, must_exist=True, artifact_dir=options.runtime.artifact_dir)
@@ -119,7 +117,7 @@ def _is_sqlite(url: str) -> bool:
     return bool(sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite")
 
 
-def _open_for_writing(url: str, options: StudyOptions) -> Storage:
+def open_for_writing(url: str | None, options: StudyOptions) -> Storage:
     """The storage a run writes to (a SQLite file and its folder created if new): opened only once every check
     passed."""
     return open_storage(
@@ -148,7 +146,7 @@ def _writer(storage: str | Storage | None, checked: Storage | None, options: Stu
     writing now."""
     if isinstance(storage, Storage) or (checked is not None and checked.is_in_memory):
         return checked
-    return _open_for_writing(default_storage_url() if storage is None else storage, options)
+    return open_for_writing(default_storage_url() if storage is None else storage, options)
 
 
 def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[TaskData, TaskData]:

@@ -256,14 +256,8 @@ def _objectives(
         if isinstance(value, Mapping):
             _check_keys(where + " objectives", value, set(ENCODER_CHOICES) | {"default"})
             default = check_objectives(value["default"]) if "default" in value else None
-            return {
-                encoder: check_objectives(value[encoder])
-                if encoder in value
-                else default
-                if default is not None
-                else base[encoder]
-                for encoder in encoders
-            }
+            # a checked list is never empty: it holds the score
+            return {e: check_objectives(value[e]) if e in value else default or base[e] for e in encoders}
         shared = check_objectives(_str_list(where, value, "objectives"))
     except ValueError as exc:
         if str(exc).startswith(where):

@@ -35,7 +35,6 @@ from ..record import (
     warm_start_record,
 )
 from ..storage import ENDED_STATES
-from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
@@ -437,23 +436,13 @@ def write_live_note(trial: optuna.Trial, metric: str, state: str = "complete") -
 
 def write_study_note(study: optuna.Study) -> str:
     """Save (and return) the study's Markdown note: identity, best trial, final test scores."""
-    from optuna.trial import TrialState
     from optuna_dashboard import save_note
 
-    trials = study.get_trials(deepcopy=False)
-    by_state = {state: sum(t.state == state for t in trials) for state in TrialState}
-    best_trial = best_value = None
-    if by_state[TrialState.COMPLETE]:
-        best = best_score_trial(study)
-        best_trial, best_value = best.number, score_of(best)
-    counts = TrialCounts(
-        complete=by_state[TrialState.COMPLETE],
-        pruned=by_state[TrialState.PRUNED],
-        failed=by_state[TrialState.FAIL],
-        best_trial=best_trial,
-        best_value=best_value,
-    )
+    from .results import study_result
     from .stages.registry import registered_stages
+
+    result = study_result(study)
+    counts = TrialCounts(result.n_complete, result.n_pruned, result.n_failed, result.best_trial, result.best_value)
 
     record = study_record(study)
     metric = _metric(record)

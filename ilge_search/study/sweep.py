@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
+from .check import open_for_writing
 from .final import final_is_current
 from .grid import Sweep, SweepEntry, SweepFilter, SweepOverrides, load_sweep, with_overrides
 from .options import StudyOptions
@@ -34,6 +35,14 @@ PathLike = str | os.PathLike
 
 def _prepared(sweep: Sweep | PathLike, overrides: SweepOverrides | None) -> Sweep:
     return with_overrides(sweep if isinstance(sweep, Sweep) else load_sweep(sweep), overrides)
+
+
+def _groups(entries: list[SweepEntry]) -> dict[tuple, list[SweepEntry]]:
+    """The entries by their ``run_study`` call: one per (model, task, data, objective and protocol options)."""
+    groups: dict[tuple, list[SweepEntry]] = {}
+    for entry in entries:
+        groups.setdefault(entry.group_key(), []).append(entry)
+    return groups
 
 
 def _status(storage: Storage, entry: SweepEntry, options: StudyOptions) -> tuple[optuna.Study | None, int, bool]:
@@ -110,11 +119,8 @@ def estimate_sweep(
         **(overrides.run_options() if overrides else {}),
     )
     url = storage if storage is not None else sweep.storage
-    groups: dict[tuple, list[SweepEntry]] = {}
-    for entry in (only or SweepFilter()).entries(sweep):
-        groups.setdefault(entry.group_key(), []).append(entry)
     plans = []
-    for group in groups.values():
+    for group in _groups((only or SweepFilter()).entries(sweep)).values():
         first = group[0]
         group_options = first.options(options, {e.encoder: e.n_trials for e in group})
         encoders = [e.encoder for e in group]
@@ -174,16 +180,8 @@ def run_sweep(
     entries = (only or SweepFilter()).entries(sweep)
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
-    opened = open_storage(
-        storage if storage is not None else sweep.storage,
-        artifact_dir=options.runtime.artifact_dir,
-        heartbeat_interval=options.runtime.heartbeat_interval,
-        grace_period=options.runtime.grace_period,
-        max_retry=options.runtime.max_retry,
-    )
-    groups: dict[tuple, list[SweepEntry]] = {}
-    for entry in entries:  # one run_study call per (model, task, data, objective and protocol options)
-        groups.setdefault(entry.group_key(), []).append(entry)
+    opened = open_for_writing(storage if storage is not None else sweep.storage, options)
+    groups = _groups(entries)
     results: list[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
         remaining, done = _remaining(opened, group, options)

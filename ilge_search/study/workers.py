@@ -120,6 +120,24 @@ class WorkerJob:
     torch_threads: int
 
 
+def _optimize_here(
+    study: optuna.Study,
+    encoder: str,
+    data: StudyData,
+    device: str,
+    options: StudyOptions,
+    n_trials: int | None,
+    callbacks: Sequence[TrialCallback] = (),
+) -> None:
+    """Run ``n_trials`` trials in this process, each followed by ``callbacks`` and the ``total_trials`` cap."""
+    search = options.search
+    objective = TrialObjective(encoder, data, seed=search.seed, device=device, max_epochs=search.max_epochs)
+    cap = _total_trials_callbacks(search.total_for(encoder))
+    study.optimize(
+        objective, n_trials=n_trials, timeout=search.timeout, catch=catchable_errors(), callbacks=[*callbacks, *cap]
+    )
+
+
 def _die_with_parent(parent: int) -> None:
     """Interrupt this process once ``parent`` is gone (its children are re-parented), then end it.
 
@@ -169,16 +187,7 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         if total_reached(study, options.search.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
-        objective = TrialObjective(
-            job.encoder, data, seed=options.search.seed, device=job.data.device, max_epochs=options.search.max_epochs
-        )
-        study.optimize(
-            objective,
-            n_trials=job.n_trials,
-            timeout=options.search.timeout,
-            catch=catchable_errors(),
-            callbacks=_total_trials_callbacks(options.search.total_for(job.encoder)),
-        )
+        _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except Exception as exc:
@@ -266,20 +275,9 @@ def optimize(
     if options.runtime.workers == 1:
         from ..progress import BarSpec, new_bar
 
-        objective = TrialObjective(
-            encoder, data, seed=options.search.seed, device=spec.device, max_epochs=options.search.max_epochs
-        )
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
-            study.optimize(
-                objective,
-                n_trials=count,
-                timeout=options.search.timeout,
-                catch=catchable_errors(),
-                callbacks=[
-                    _ProgressCallback(bar, data.metric),
-                    *callbacks,
-                    *_total_trials_callbacks(options.search.total_for(encoder)),
-                ],
+            _optimize_here(
+                study, encoder, data, spec.device, options, count, [_ProgressCallback(bar, data.metric), *callbacks]
             )
         return
     per_worker = options.runtime.threads or max(1, (os.cpu_count() or 1) // options.runtime.workers)
