@@ -373,13 +373,8 @@ def ensemble_note_lines(ensemble: EnsembleRecord | None, metric: str) -> list[st
 
 
 def _note_target(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> optuna.Trial | types.SimpleNamespace:
-    """What ``optuna_dashboard.save_note`` accepts for ``trial``.
-
-    A live ``optuna.Trial`` is passed through; a ``FrozenTrial`` (from
-    ``study.trials`` or a callback) becomes a stand-in with the attributes
-    ``save_note`` reads, because building a live ``Trial`` for a finished one
-    would consult the sampler.
-    """
+    """What ``optuna_dashboard.save_note`` accepts for ``trial``: a live ``Trial`` as it is, a ``FrozenTrial`` as
+    a stand-in with the attributes it reads (a live ``Trial`` for a finished one would consult the sampler)."""
     import optuna
 
     if isinstance(trial, optuna.Trial):
@@ -458,14 +453,8 @@ def write_study_note(study: optuna.Study) -> str:
 
 
 def _note_version_key(trial_id: int) -> str:
-    """The study system attr in which optuna-dashboard counts a trial's note versions.
-
-    optuna-dashboard 0.21 stores a trial's note as the study system attrs
-    ``dashboard:<trial_id>:note_ver`` and ``dashboard:<trial_id>:note_str:<i>``
-    (``note_ver_key`` in its ``_note.py``, which is private); it offers no
-    public "has a note" call, and ``get_note`` per trial would read every
-    system attr once per trial.
-    """
+    """The study system attr in which optuna-dashboard 0.21 counts a trial's note versions (its private
+    ``_note.note_ver_key``): it has no public "has a note" call, and ``get_note`` per trial reads every attr."""
     return f"dashboard:{trial_id}:note_ver"
 
 

@@ -76,12 +76,8 @@ def total_reached(study: optuna.Study, total_trials: int | None) -> bool:
 
 
 def _total_trials_callbacks(total_trials: int | None) -> list[TrialCallback]:
-    """Stop this process's optimise loop once the study holds ``total_trials`` trials.
-
-    Counting running trials too means a process stops as soon as the trials in flight in
-    every process will reach the cap; two processes starting a trial in the same instant
-    can still overshoot it by one each. Failed trials do not count: they are retried.
-    """
+    """Stop this process's optimise loop once the study holds ``total_trials`` finished or running trials
+    (two processes starting a trial at the same instant may overshoot by one each; failed ones are retried)."""
     if total_trials is None:
         return []
 
