@@ -59,11 +59,6 @@ class RunCheck:
     cache_keys: dict[str, str]
 
     @property
-    def encoders(self) -> list[str]:
-        """The encoders of the run's studies, in order."""
-        return [planned.encoder for planned in self.studies]
-
-    @property
     def names(self) -> dict[str, str]:
         """Encoder -> its study's name."""
         return {planned.encoder: planned.name for planned in self.studies}

@@ -76,19 +76,8 @@ def plan_sweep(
     rows = []
     for entry in sweep.entries:
         _, finished, final = _status(opened, entry, options) if opened is not None else (None, 0, False)
-        rows.append(
-            {
-                "study": entry.study_name,
-                "model": entry.model,
-                "task": entry.task,
-                "encoder": entry.encoder,
-                "protocol": entry.protocol,
-                "budget": entry.n_trials,
-                "finished": finished,
-                "to_run": max(0, entry.n_trials - finished),
-                "final_done": final,
-            }
-        )
+        study = (entry.study_name, entry.model, entry.task, entry.encoder, entry.protocol)
+        rows.append((*study, entry.n_trials, finished, max(0, entry.n_trials - finished), final))
     return pd.DataFrame(
         rows, columns=["study", "model", "task", "encoder", "protocol", "budget", "finished", "to_run", "final_done"]
     )
