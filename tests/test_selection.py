@@ -21,7 +21,7 @@ from ilge_search.study import StudyOptions, default_study_name, format_results, 
 from ilge_search.study.data import StudyData
 from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
 from ilge_search.study.folds import check_cv, cross_validate, stratified_folds
-from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
+from ilge_search.study.identity import StudyConflictError, check_identity, run_identity
 from ilge_search.study.selection import select_trial, standard_error, start_trial
 from ilge_search.study.trial import TrialObjective, recommended_params
 
@@ -398,8 +398,8 @@ def test_a_legacy_final_evaluation_counts_as_best_and_shows_no_gain():
 def test_cv_is_part_of_the_study_identity_and_name():
     name = default_study_name("minilm-l6", "trec", "cayley", max_train=500, cv=5)
     assert name == "minilm-l6:trec:cayley:train500:cv5"
-    plain = study_identity("minilm-l6", "trec", "cayley", StudyOptions())
-    cv = study_identity("minilm-l6", "trec", "cayley", StudyOptions.from_flat(cv=5))
+    plain = run_identity("minilm-l6", "trec", "cayley", StudyOptions()).to_attrs()
+    cv = run_identity("minilm-l6", "trec", "cayley", StudyOptions.from_flat(cv=5)).to_attrs()
     assert plain["cv"] is None and cv["cv"] == 5
     data_keys = {"label_names": ["a"], "data_fingerprints": {"train": "x"}}
     stored = {**plain, **data_keys}

@@ -58,7 +58,7 @@ TrialCount = int | Mapping[str, int | None] | None
 MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512)
 
 
-def check_study_name(name: Any) -> str:
+def check_study_name(name: object) -> str:
     """``name`` if a storage can keep it as a study name: a non-empty string of at most 512 printable
     characters (a newline or tab would split log lines and listings)."""
     if not isinstance(name, str) or not name.strip():

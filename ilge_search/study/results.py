@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
 
 __all__ = [
     "StudyResult",
@@ -141,7 +142,30 @@ def _ensemble_of(study: optuna.Study) -> EnsembleSize | None:
     return None if stored is None else stored.ensemble
 
 
-def list_studies(storage: str | Storage | None = None) -> Any:
+# the columns of list_studies before the study stages' own
+_LISTING_COLUMNS = [
+    "study",
+    "model",
+    "task",
+    "encoder",
+    "protocol",
+    "metric",
+    "trials",
+    "best_val",
+    "best_trial",
+    "test_mean",
+    "test_std",
+    "seeds",
+    "select",
+    "final_trial",
+    "search_gain",
+    "objectives",
+    "export_seed",
+    "export_test",
+]
+
+
+def list_studies(storage: str | Storage | None = None) -> pd.DataFrame:
     """One row per study in ``storage``: identity, trial counts, best validation
     value and final test mean/std (a ``pandas.DataFrame``, sorted by model, task, encoder).
 
@@ -154,27 +178,7 @@ def list_studies(storage: str | Storage | None = None) -> Any:
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     rows = [_listing_row(opened, summary) for summary in opened.study_summaries()]
-    columns = [
-        "study",
-        "model",
-        "task",
-        "encoder",
-        "protocol",
-        "metric",
-        "trials",
-        "best_val",
-        "best_trial",
-        "test_mean",
-        "test_std",
-        "seeds",
-        "select",
-        "final_trial",
-        "search_gain",
-        "objectives",
-        "export_seed",
-        "export_test",
-        *(name for stage in registered_stages() for name in stage.column_names),
-    ]
+    columns = [*_LISTING_COLUMNS, *(name for stage in registered_stages() for name in stage.column_names)]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
     frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]], dtype=object)
@@ -267,8 +271,7 @@ def format_results(results: Iterable[StudyResult]) -> str:
             )
             + ((_ensemble_cell(r),) if with_ensemble else ())
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = _aligned(rows)
     for r in results:
         if r.front:
             lines += ["", format_front(r)]
@@ -308,15 +311,17 @@ def format_front(result: StudyResult) -> str:
                 f"{member.test_mean:.4f} +- {member.test_std:.4f} ({len(member.test_scores)} seeds)",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     title = (
         f"final front of {result.study_name} ({' vs '.join(result.objectives)}; "
         f"{len(result.front)} Pareto-front trials retrained):"
     )
-    return "\n".join(
-        [title]
-        + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    )
+    return "\n".join([title, *_aligned(rows, indent="  ")])
+
+
+def _aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """Text rows in left-aligned columns two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _protocol_text(result: StudyResult) -> str:
