@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import struct
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,9 +53,19 @@ from ..files import (
     temp_name,
 )
 from ..settings import resolve_cache_dir
+from ..tasks.columns import TaskColumns
 from ..tasks.core import TaskData, TaskError, load_task
 from ..validation import check_int
-from .extraction import POOLINGS, LayerEmbedder
+from .entry_file import (
+    ARRAY_DTYPES,
+    STORAGE_DTYPES,
+    CacheCorruptError,
+    file_sha256,
+    parse_safetensors,
+    safetensors_header,
+    storable,
+)
+from .extraction import POOLINGS, LayerEmbedder, check_texts
 from .models import ModelSource, cache_writes_allowed, resolve_device, resolve_model
 
 __all__ = [
@@ -77,27 +86,18 @@ __all__ = [
 FORMAT_VERSION = 1
 PathLike = str | os.PathLike
 
-# storage dtype -> (safetensors dtype, numpy dtype the memmap is written with, torch dtype)
-STORAGE_DTYPES: dict[str, tuple[str, Any, torch.dtype]] = {
-    "float16": ("F16", np.float16, torch.float16),
-    "bfloat16": ("BF16", np.uint16, torch.bfloat16),  # numpy has no bfloat16: write the raw bits
-    "float32": ("F32", np.float32, torch.float32),
-}
 # Key fields left out of the hash when they hold these values, so adding a field later
 # does not change the keys of existing entries.
 _KEY_DEFAULTS = {"pooling": "mean", "max_length": 512, "storage_dtype": "float16"}
 _TEXTS_TASK = "<texts>"
 _KEY_HEX_DIGITS = 24
+_USUAL_COLUMNS = TaskColumns()  # every column option left to load_task
 
 # path -> (size, mtime_ns, sha256) of files whose checksum this process already verified
 _VERIFIED: dict[str, tuple[int, int, str]] = {}
 _META_RESERVE = 64 * 1024  # room kept free for an entry's JSON record
 _FIX_SPACE = "free some space, or pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a folder on a disk with room"
 _FIX_WRITABLE = "pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a writable folder"
-
-
-class CacheCorruptError(RuntimeError):
-    """A cache entry failed its size, header or checksum check."""
 
 
 class _Entry(Protocol):
@@ -184,15 +184,6 @@ def texts_fingerprint(texts: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in blocks (memory stays flat in its size)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @dataclass(frozen=True)
 class ExtractionSettings:
     """How a split's texts become cached embeddings. ``pooling``, ``max_length`` and ``storage_dtype`` are
@@ -215,80 +206,26 @@ class ExtractionSettings:
 
 
 @dataclass(frozen=True)
-class TaskColumns:
-    """Which columns of a local task file hold the texts, labels or scores (``None``: ``load_task`` finds)."""
+class EntryLayout:
+    """What a new entry's file holds: features of ``shape`` in the storage dtype, then the ``after`` arrays
+    (labels, offsets); ``header`` adds to the file's metadata, ``describe(seconds, size)`` to its record."""
 
-    text_col: str | None = None
-    label_col: str | None = None
-    text_cols: Sequence[str] | None = None
-    score_col: str | None = None
-
-
-def safetensors_header(tensors: list[tuple[str, str, tuple, int]], metadata: dict[str, str]) -> bytes:
-    """The safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order (data
-    starts right after it, 8-byte aligned)."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name, dtype, shape, nbytes in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * ((-(8 + len(raw))) % 8)
-    return struct.pack("<Q", len(raw)) + raw
+    key: str
+    shape: tuple[int, ...]
+    storage_dtype: str
+    after: tuple[tuple[str, np.ndarray], ...]
+    describe: Callable[[float, int], Mapping[str, object]]
+    header: Mapping[str, str] = field(default_factory=dict)
 
 
-def storable(pooled: torch.Tensor, storage_dtype: str) -> np.ndarray:
-    """Pooled float32 vectors as the array a cache file of ``storage_dtype`` holds (bfloat16 as raw bits);
-    values that overflow the storage dtype are refused with what to do."""
-    torch_dtype = STORAGE_DTYPES[storage_dtype][2]
-    stored = pooled.to(torch_dtype)
-    if not bool(torch.isfinite(stored).all()):
-        raise ValueError(
-            f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
-            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'"
-        )
-    if torch_dtype == torch.bfloat16:
-        stored = stored.view(torch.uint16)
-    return stored.numpy()
+@dataclass(frozen=True)
+class TextJob:
+    """The texts of one sequence entry (pairs interleaved), their labels (or None) and whether to show progress."""
 
-
-_NP_FROM_SAFETENSORS = {
-    "F16": (np.float16, None),
-    "F32": (np.float32, None),
-    "I64": (np.int64, None),
-    "BF16": (np.uint16, torch.bfloat16),
-}
-
-
-def _parse_safetensors(buffer: bytearray, name: str) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file held in ``buffer``; raises CacheCorruptError on a bad header."""
-    try:
-        (header_size,) = struct.unpack("<Q", bytes(buffer[:8]))
-        if header_size > len(buffer) - 8:
-            raise ValueError(f"header size {header_size} exceeds the file")
-        header = json.loads(bytes(buffer[8 : 8 + header_size]))
-        start = 8 + header_size
-        tensors: dict[str, torch.Tensor] = {}
-        end = start
-        for tensor_name, info in header.items():
-            if tensor_name == "__metadata__":
-                continue
-            np_dtype, view_as = _NP_FROM_SAFETENSORS[info["dtype"]]
-            begin, stop = (start + int(offset) for offset in info["data_offsets"])
-            shape = tuple(int(d) for d in info["shape"])
-            if stop - begin != int(np.prod(shape)) * np.dtype(np_dtype).itemsize or stop > len(buffer):
-                raise ValueError(f"tensor {tensor_name!r} does not fit its offsets")
-            array = np.frombuffer(buffer, dtype=np_dtype, count=int(np.prod(shape)), offset=begin).reshape(shape)
-            if begin % np.dtype(np_dtype).itemsize:
-                array = array.copy()  # unaligned (only the small labels tensor can be)
-            tensor = torch.from_numpy(array)
-            tensors[tensor_name] = tensor.view(view_as) if view_as is not None else tensor
-            end = max(end, stop)
-        if end != len(buffer):
-            raise ValueError(f"{len(buffer) - end} unexpected trailing bytes")
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CacheCorruptError(f"{name} has a bad safetensors header or body ({exc})") from exc
-    return tensors
+    texts: list[str]
+    pairs: bool
+    labels: np.ndarray | None
+    progress: bool
 
 
 class EmbeddingCache:
@@ -365,6 +302,19 @@ class EmbeddingCache:
         # json.dumps raises on anything it cannot encode: a failed hash never becomes a random key.
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:_KEY_HEX_DIGITS]
 
+    def sequence_key(self, model_identity: str, where: tuple[str, str, str], settings: ExtractionSettings) -> str:
+        """The key of the sequence entry of ``where`` = (task, split, fingerprint)."""
+        task, split, fingerprint = where
+        return self.key(
+            model_identity=model_identity,
+            task=task,
+            split=split,
+            fingerprint=fingerprint,
+            pooling=settings.pooling,
+            max_length=settings.max_length,
+            storage_dtype=settings.storage_dtype,
+        )
+
     def resolve(self, model: str | PathLike | ModelSource) -> ModelSource:
         """The model's source and weights identity (memoised; never loads or converts weights)."""
         if isinstance(model, ModelSource):
@@ -426,7 +376,7 @@ class EmbeddingCache:
             if handle.readinto(buffer) != expected_size:
                 raise CacheCorruptError(f"{data_path.name} changed size while being read")
         self.verify_file(data_path, meta, stat, buffer)
-        tensors = _parse_safetensors(buffer, data_path.name)
+        tensors = parse_safetensors(buffer, data_path.name)
         features = tensors.get("features")
         if features is None or list(features.shape) != list(meta.get("shape", [])):
             raise CacheCorruptError(
@@ -535,59 +485,65 @@ class EmbeddingCache:
         finally:
             meta_tmp.unlink(missing_ok=True)
 
-    def _extract_and_write(
+    def write_entry(
         self,
-        key: str,
+        layout: EntryLayout,
         embedder: LayerEmbedder,
-        texts: list[str],
-        pairs: bool,
-        labels: np.ndarray | None,
-        storage_dtype: str,
+        fill: Callable[[np.memmap], None],
         meta: dict[str, Any],
-        progress: bool,
     ) -> None:
-        """Stream pooled batches into a memmapped safetensors file, then commit it atomically.
-
-        The file's size is known from the model's config, so free space is checked and the
-        whole file allocated before the model loads.
-        """
-        st_dtype, np_dtype, _torch_dtype = STORAGE_DTYPES[storage_dtype]
-        num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
-        n_rows = len(texts) // 2 if pairs else len(texts)
-        shape = (n_rows, 2, num_layers, hidden) if pairs else (n_rows, num_layers, hidden)
-        feature_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-        tensors = [("features", st_dtype, shape, feature_bytes)]
-        if labels is not None:
-            tensors.append(("labels", "I64" if labels.dtype == np.int64 else "F32", labels.shape, labels.nbytes))
-        header = safetensors_header(tensors, {"format": "pt", "key": key})
-        start, size = len(header), len(header) + sum(t[3] for t in tensors)
-        with self.new_entry_file(key, header, size) as tmp:
+        """Stream ``fill``'s rows into a memmapped safetensors file, write ``layout.after`` behind them, then
+        commit it atomically. The file's size is known from the model's config, so free space is checked and
+        the whole file allocated before the model loads; ``layout.describe`` adds its counts to ``meta``."""
+        st_dtype, np_dtype, _ = STORAGE_DTYPES[layout.storage_dtype]
+        feature_bytes = int(np.prod(layout.shape)) * np.dtype(np_dtype).itemsize
+        tensors = [("features", st_dtype, layout.shape, feature_bytes)]
+        tensors += [(name, ARRAY_DTYPES[array.dtype], array.shape, array.nbytes) for name, array in layout.after]
+        header = safetensors_header(tensors, {"format": "pt", "key": layout.key, **layout.header})
+        size = len(header) + sum(tensor[3] for tensor in tensors)
+        with self.new_entry_file(layout.key, header, size) as tmp:
             embedder.load()
             started = time.perf_counter()
-            with self.disk_errors(key, size):
-                features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=start, shape=shape)
-                rows = features.reshape(len(texts), num_layers, hidden)  # pairs: row 2i+s is sentence s of pair i
-                for indices, pooled in embedder.iter_pooled_batches(texts, progress=progress):
-                    rows[indices] = storable(pooled, storage_dtype)
+            with self.disk_errors(layout.key, size):
+                features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=len(header), shape=layout.shape)
+                fill(features)
                 features.flush()
-                del rows, features
+                del features
                 with open(tmp, "r+b") as handle:
-                    if labels is not None:
-                        handle.seek(start + feature_bytes)
-                        handle.write(np.ascontiguousarray(labels).tobytes())
-                        handle.flush()
+                    handle.seek(len(header) + feature_bytes)
+                    for _, array in layout.after:
+                        handle.write(np.ascontiguousarray(array).tobytes())
+                    handle.flush()
                     os.fsync(handle.fileno())
                 seconds = time.perf_counter() - started
                 meta.update(
-                    shape=list(shape),
-                    num_layers=num_layers,
-                    hidden_size=hidden,
-                    num_examples=n_rows,
+                    shape=list(layout.shape),
+                    num_layers=embedder.num_layers,
+                    hidden_size=embedder.hidden_size,
                     effective_max_length=embedder.effective_max_length,
                     extract_seconds=round(seconds, 3),
-                    texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
+                    **layout.describe(seconds, size),
                 )
-                self.commit_entry(key, tmp, meta)
+                self.commit_entry(layout.key, tmp, meta)
+
+    def _extract_texts(
+        self, key: str, embedder: LayerEmbedder, texts: TextJob, storage_dtype: str, meta: dict[str, Any]
+    ) -> None:
+        """One sequence entry: each text's pooled layers; pairs: row 2i+s is sentence s of pair i."""
+        num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
+        n_rows = len(texts.texts) // 2 if texts.pairs else len(texts.texts)
+        shape = (n_rows, 2, num_layers, hidden) if texts.pairs else (n_rows, num_layers, hidden)
+
+        def fill(features: np.memmap) -> None:
+            rows = features.reshape(len(texts.texts), num_layers, hidden)
+            for indices, pooled in embedder.iter_pooled_batches(texts.texts, progress=texts.progress):
+                rows[indices] = storable(pooled, storage_dtype)
+
+        def describe(seconds: float, size: int) -> dict[str, object]:
+            return {"num_examples": n_rows, "texts_per_second": round(len(texts.texts) / max(seconds, 1e-9), 2)}
+
+        after = () if texts.labels is None else (("labels", texts.labels),)
+        self.write_entry(EntryLayout(key, shape, storage_dtype, after, describe), embedder, fill, meta)
 
     def get_or_build(
         self, key: str, read: Callable[[str], EntryT | None], build: Callable[[], None], progress: bool = True
@@ -701,17 +657,9 @@ class EmbeddingCache:
             )
         part = task.split(split)
         source = self.resolve(model)
-        fingerprint = task.fingerprint(split)
-        key = self.key(
-            model_identity=source.identity,
-            task=task.name,
-            split=split,
-            fingerprint=fingerprint,
-            pooling=pooling,
-            max_length=max_length,
-            storage_dtype=storage_dtype,
-        )
-        meta = self.entry_meta(key, source, (task.name, split, fingerprint), settings)
+        where = (task.name, split, task.fingerprint(split))
+        key = self.sequence_key(source.identity, where, settings)
+        meta = self.entry_meta(key, source, where, settings)
         meta.update(
             kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(part.labels.dtype)
         )
@@ -720,7 +668,7 @@ class EmbeddingCache:
 
         def build() -> None:
             embedder = self.embedder(source, pooling, max_length, batch_size, device)
-            self._extract_and_write(key, embedder, part.flat_texts(), pairs, labels, storage_dtype, meta, progress)
+            self._extract_texts(key, embedder, TextJob(part.flat_texts(), pairs, labels, progress), storage_dtype, meta)
 
         return self.get_or_build(key, self._read, build, progress)
 
@@ -740,31 +688,16 @@ class EmbeddingCache:
         of the texts, so the same texts never go through the model twice."""
         settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
         settings.check()
-        if isinstance(texts, str):
-            raise TypeError("texts must be a list of strings, not one string")
-        texts = list(texts)
-        if not texts:
-            raise ValueError("texts is empty; pass at least one text")
-        empty = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
-        if empty:
-            raise ValueError(f"{len(empty)} text(s) are empty or not strings, at positions {empty[:10]}")
+        texts = check_texts(texts)
         source = self.resolve(model)
-        fingerprint = texts_fingerprint(texts)
-        key = self.key(
-            model_identity=source.identity,
-            task=_TEXTS_TASK,
-            split="texts",
-            fingerprint=fingerprint,
-            pooling=pooling,
-            max_length=max_length,
-            storage_dtype=storage_dtype,
-        )
-        meta = self.entry_meta(key, source, (_TEXTS_TASK, "texts", fingerprint), settings)
+        where = (_TEXTS_TASK, "texts", texts_fingerprint(texts))
+        key = self.sequence_key(source.identity, where, settings)
+        meta = self.entry_meta(key, source, where, settings)
         meta.update(kind="texts", label_names=[])
 
         def build() -> None:
             embedder = self.embedder(source, pooling, max_length, batch_size, device)
-            self._extract_and_write(key, embedder, texts, False, None, storage_dtype, meta, progress)
+            self._extract_texts(key, embedder, TextJob(texts, False, None, progress), storage_dtype, meta)
 
         return self.get_or_build(key, self._read, build, progress).features
 
@@ -889,7 +822,7 @@ def embed_task(
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
     splits: Sequence[str] | None = None,
-    columns: TaskColumns = TaskColumns(),
+    columns: TaskColumns = _USUAL_COLUMNS,
     settings: ExtractionSettings = ExtractionSettings(),
     progress: bool = True,
 ) -> TaskEmbeddings:

@@ -37,7 +37,14 @@ from .models import (
 )
 from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, pool_window_words
 
-__all__ = ["POOLINGS", "WORD_POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
+__all__ = [
+    "POOLINGS",
+    "WORD_POOLINGS",
+    "LayerEmbedder",
+    "check_texts",
+    "extract_layer_embeddings",
+    "pool_hidden_states",
+]
 
 POOLINGS = ("mean", "last", "first", "mean_including_padding")
 PathLike = str | os.PathLike
@@ -230,7 +237,7 @@ class LayerEmbedder:
 
         Batches come longest first (padding is minimal and any out-of-memory shows at once).
         """
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         self.load()
         lengths = self._token_lengths(texts)
         if (lengths == 0).any():
@@ -325,7 +332,7 @@ class LayerEmbedder:
 
     def embed(self, texts: Sequence[str], progress: bool = True) -> torch.Tensor:
         """(N, L, D) float32 embeddings, in the order of ``texts``."""
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         self.load()
         out = torch.empty(len(texts), self.num_layers, self.hidden_size, dtype=torch.float32)
         for indices, pooled in self.iter_pooled_batches(texts, progress=progress):
@@ -333,7 +340,8 @@ class LayerEmbedder:
         return out
 
 
-def _check_texts(texts: Sequence[str]) -> list[str]:
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list; one string, no texts, or texts empty or not strings are refused."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string")
     texts = list(texts)

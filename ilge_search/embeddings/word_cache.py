@@ -20,12 +20,9 @@ the mapped inode lives as long as the tensor does.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import struct
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,8 @@ import torch
 from ..tasks.core import TaskData, TaskError, load_task
 from ..tasks.tagging import sentence_offsets
 from ..validation import check_choice, check_int
-from .cache import STORAGE_DTYPES, CacheCorruptError, EmbeddingCache, ExtractionSettings, safetensors_header, storable
+from .cache import CachedEmbeddings, EmbeddingCache, EntryLayout, ExtractionSettings
+from .entry_file import STORAGE_DTYPES, CacheCorruptError, storable, tensor_spans
 from .extraction import LayerEmbedder
 from .models import ModelSource, resolve_device
 from .words import WORD_POOLINGS, check_sentences
@@ -97,27 +95,16 @@ class WordOptions:
 
 
 @dataclass
-class WordEmbeddings:
-    """One split's (or one list of sentences') word vectors.
+class WordEmbeddings(CachedEmbeddings):
+    """One split's (or one list of sentences') word vectors: a cache entry whose ``features`` ``(num_words, L,
+    D)`` are memory-mapped from the cache file, ``labels`` ``(num_words,)`` are int64 tag ids (empty for
+    sentences without tags) and ``label_names`` the tag names.
 
     Attributes:
-        features: ``(num_words, L, D)`` in the storage dtype, memory-mapped from the cache file.
         offsets: ``(num_sentences + 1,)`` int64: sentence ``i`` is ``features[offsets[i]:offsets[i + 1]]``.
-        labels: ``(num_words,)`` int64 tag ids; empty for sentences without tags.
-        label_names: tag id -> name (empty without tags).
-        meta: the entry's JSON record. key, path: the cache key and the file.
-        hit: read from the cache (True) or extracted by this call. seconds: how long the call took.
     """
 
-    features: torch.Tensor
-    offsets: np.ndarray
-    labels: torch.Tensor
-    label_names: list[str]
-    meta: dict[str, Any]
-    key: str
-    path: Path
-    hit: bool = True
-    seconds: float = 0.0
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
 
     @property
     def num_sentences(self) -> int:
@@ -126,14 +113,6 @@ class WordEmbeddings:
     @property
     def num_words(self) -> int:
         return int(self.features.shape[0])
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.features.shape[1])
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.features.shape[2])
 
     @property
     def lengths(self) -> np.ndarray:
@@ -173,21 +152,6 @@ def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _tensor_spans(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """``name -> (dtype, shape, absolute byte offset)`` from a safetensors header, reading the header only."""
-    try:
-        with open(path, "rb") as handle:
-            (header_size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(header_size))
-        return {
-            name: (str(info["dtype"]), tuple(int(d) for d in info["shape"]), 8 + header_size + info["data_offsets"][0])
-            for name, info in header.items()
-            if name != "__metadata__"
-        }
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CacheCorruptError(f"{path.name} has a bad safetensors header ({exc})") from exc
-
-
 def _check_layout(path: Path, spans: dict, meta: dict[str, Any]) -> tuple[int, int]:
     """Refuse a file whose tensors do not match its record; return (num_words, num_sentences)."""
     num_words, num_sentences = int(meta.get("num_words", -1)), int(meta.get("num_sentences", -1))
@@ -210,7 +174,7 @@ def _read_words(cache: EmbeddingCache, key: str) -> WordEmbeddings | None:
     meta, stat = record
     path = cache.entry_paths(key)[0]
     cache.verify_file(path, meta, stat)  # read in blocks: memory stays flat
-    spans = _tensor_spans(path)
+    spans = tensor_spans(path)
     num_words, num_sentences = _check_layout(path, spans, meta)
     code, shape, start = spans["features"]
     dtypes = {stored: (np_dtype, torch_dtype) for stored, np_dtype, torch_dtype in STORAGE_DTYPES.values()}
@@ -228,7 +192,8 @@ def _read_words(cache: EmbeddingCache, key: str) -> WordEmbeddings | None:
         if "labels" in spans
         else torch.empty(0, dtype=torch.int64)
     )
-    return WordEmbeddings(features, offsets, labels, list(meta.get("label_names", [])), meta, key, path)
+    label_names = list(meta.get("label_names", []))
+    return WordEmbeddings(features, labels, label_names, meta, key, path, hit=True, offsets=offsets)
 
 
 # --------------------------------------------------------------------------- writing
@@ -248,48 +213,26 @@ def _write_words(
     cache: EmbeddingCache, embedder: LayerEmbedder, job: _WordJob, options: WordOptions, progress: bool
 ) -> None:
     """Stream word vectors into a memmapped safetensors file of known size, then commit it atomically."""
-    st_dtype, np_dtype, _ = STORAGE_DTYPES[options.storage_dtype]
-    num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
     offsets = sentence_offsets([len(words) for words in job.sentences])
-    shape = (int(offsets[-1]), num_layers, hidden)
-    feature_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-    tensors = [("features", st_dtype, shape, feature_bytes), ("offsets", "I64", offsets.shape, offsets.nbytes)]
-    if job.labels is not None:
-        tensors.append(("labels", "I64", job.labels.shape, job.labels.nbytes))
-    header = safetensors_header(tensors, {"format": "pt", "key": job.key, "entry": "words"})
-    size = len(header) + sum(tensor[3] for tensor in tensors)
-    with cache.new_entry_file(job.key, header, size) as tmp:
-        embedder.load()
-        started = time.perf_counter()
-        with cache.disk_errors(job.key, size):
-            features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=len(header), shape=shape)
-            batches = embedder.iter_word_batches(
-                job.sentences, options.word_pooling, options.window_overlap, progress=progress
-            )
-            for rows, pooled in batches:
-                features[rows] = storable(pooled, options.storage_dtype)
-            features.flush()
-            del features
-            with open(tmp, "r+b") as handle:
-                handle.seek(len(header) + feature_bytes)
-                handle.write(offsets.tobytes())
-                if job.labels is not None:
-                    handle.write(np.ascontiguousarray(job.labels, dtype=np.int64).tobytes())
-                handle.flush()
-                os.fsync(handle.fileno())
-            seconds = time.perf_counter() - started
-            job.meta.update(
-                shape=list(shape),
-                num_layers=num_layers,
-                hidden_size=hidden,
-                num_sentences=len(job.sentences),
-                num_words=shape[0],
-                effective_max_length=embedder.effective_max_length,
-                extract_seconds=round(seconds, 3),
-                words_per_second=round(shape[0] / max(seconds, 1e-9), 2),
-                bytes_per_word=round(size / max(shape[0], 1), 1),
-            )
-            cache.commit_entry(job.key, tmp, job.meta)
+    num_words = int(offsets[-1])
+    shape = (num_words, embedder.num_layers, embedder.hidden_size)  # from the config, no weights
+
+    def fill(features: np.memmap) -> None:
+        batches = embedder.iter_word_batches(job.sentences, options.word_pooling, options.window_overlap, progress)
+        for rows, pooled in batches:
+            features[rows] = storable(pooled, options.storage_dtype)
+
+    def describe(seconds: float, size: int) -> dict[str, object]:
+        return {
+            "num_sentences": len(job.sentences),
+            "num_words": num_words,
+            "words_per_second": round(num_words / max(seconds, 1e-9), 2),
+            "bytes_per_word": round(size / max(num_words, 1), 1),
+        }
+
+    after = (("offsets", offsets),) + (() if job.labels is None else (("labels", job.labels),))
+    layout = EntryLayout(job.key, shape, options.storage_dtype, after, describe, header={"entry": "words"})
+    cache.write_entry(layout, embedder, fill, job.meta)
 
 
 def _get_or_extract(

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ..embeddings.cache import FORMAT_VERSION, STORAGE_DTYPES, EmbeddingCache, texts_fingerprint
+from ..embeddings.cache import FORMAT_VERSION, EmbeddingCache, ExtractionSettings, texts_fingerprint
+from ..embeddings.entry_file import STORAGE_DTYPES
 from ..embeddings.models import ModelSource
 from ..study.data import DataSpec, load_task_data
 from ..tasks.core import TaskData
@@ -62,15 +63,8 @@ class EntryFormat:
     storage_dtype: str = "float16"
 
     def key(self, cache: EmbeddingCache, model_identity: str, task: str, split: str, fingerprint: str) -> str:
-        return cache.key(
-            model_identity=model_identity,
-            task=task,
-            split=split,
-            fingerprint=fingerprint,
-            pooling=self.pooling,
-            max_length=self.max_length,
-            storage_dtype=self.storage_dtype,
-        )
+        settings = ExtractionSettings(self.pooling, self.max_length, storage_dtype=self.storage_dtype)
+        return cache.sequence_key(model_identity, (task, split, fingerprint), settings)
 
 
 @contextmanager
