@@ -34,7 +34,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 __all__ = [
     "DiskError",
@@ -234,7 +234,7 @@ def _not_utf8(
     )
 
 
-def preallocate(handle: Any, size: int) -> None:
+def preallocate(handle: BinaryIO, size: int) -> None:
     """Give the open file ``size`` bytes of real disk blocks now, so a full disk fails here with
     ENOSPC instead of later, inside a memory-mapped write, with a bus error."""
     handle.flush()

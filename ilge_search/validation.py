@@ -7,9 +7,11 @@ must be and what it got; the CLI turns that line into its error message.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any, Literal, overload
+from typing import Literal, TypeVar, overload
 
 __all__ = ["check_int", "check_choice", "check_positive_number", "ArgumentTypeError"]
+
+T = TypeVar("T")
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -21,10 +23,10 @@ class ArgumentTypeError(TypeError, ValueError):
 
 
 @overload
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: Literal[False] = False) -> int: ...
+def check_int(name: str, value: object, *, minimum: int = 1, allow_none: Literal[False] = False) -> int: ...
 @overload
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool) -> int | None: ...
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+def check_int(name: str, value: object, *, minimum: int = 1, allow_none: bool) -> int | None: ...
+def check_int(name: str, value: object, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """``value`` if it is an integer >= ``minimum`` (or ``None`` when allowed); bools are refused."""
     if value is None and allow_none:
         return None
@@ -34,7 +36,7 @@ def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = Fal
     return value
 
 
-def check_positive_number(name: str, value: Any, *, allow_none: bool = False, unit: str = "") -> float | None:
+def check_positive_number(name: str, value: object, *, allow_none: bool = False, unit: str = "") -> float | None:
     """``value`` if it is a real number > 0 (or ``None`` when allowed)."""
     if value is None and allow_none:
         return None
@@ -43,7 +45,7 @@ def check_positive_number(name: str, value: Any, *, allow_none: bool = False, un
     return value
 
 
-def check_choice(name: str, value: Any, choices: Collection[Any]) -> Any:
+def check_choice(name: str, value: T, choices: Collection[object]) -> T:
     """``value`` if it is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {list(choices)}")
