@@ -23,7 +23,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ from .._version import __version__
 from ..tasks.columns import TaskColumns
 from ..tasks.core import TaskData, TaskError, load_task
 from ..validation import check_int
-from .entry_file import STORAGE_DTYPES, CacheCorruptError, parse_safetensors, storable
+from .entry_file import STORAGE_DTYPES, CacheCorruptError, EntryRecord, parse_safetensors, storable
 from .extraction import POOLINGS, LayerEmbedder, check_texts
 from .models import ModelSource, resolve_device, resolve_model
 from .store import FORMAT_VERSION, CacheEntry, EntryLayout, EntryStore
@@ -75,7 +74,7 @@ class CachedEmbeddings:
     features: torch.Tensor
     labels: torch.Tensor
     label_names: list[str]
-    meta: dict[str, Any]
+    meta: EntryRecord
     key: str
     path: Path
     hit: bool = False
@@ -245,7 +244,7 @@ class EmbeddingCache(EntryStore):
         return self._embedders[slot]
 
     def _extract_texts(
-        self, key: str, embedder: LayerEmbedder, texts: TextJob, storage_dtype: str, meta: dict[str, Any]
+        self, key: str, embedder: LayerEmbedder, texts: TextJob, storage_dtype: str, meta: EntryRecord
     ) -> None:
         """One sequence entry: each text's pooled layers; pairs: row 2i+s is sentence s of pair i."""
         num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
@@ -269,7 +268,7 @@ class EmbeddingCache(EntryStore):
         source: ModelSource,
         where: tuple[str, str, str],
         settings: ExtractionSettings,
-    ) -> dict[str, Any]:
+    ) -> EntryRecord:
         """The JSON record of a new entry for ``where`` = (task, split, fingerprint) before extraction: what it
         holds and which versions made it."""
         import transformers
@@ -299,7 +298,7 @@ class EmbeddingCache(EntryStore):
     def get_or_extract(
         self,
         model: str | PathLike | ModelSource,
-        task_data_or_name: Any,
+        task_data_or_name: PathLike | TaskData,
         split: str,
         *,
         pooling: str = "mean",
@@ -379,7 +378,7 @@ class EmbeddingCache(EntryStore):
 
 def load_task_embeddings(
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     *,
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
@@ -423,7 +422,7 @@ def load_task_embeddings(
 
 def embed_task(
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     *,
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,

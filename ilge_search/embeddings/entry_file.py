@@ -8,6 +8,7 @@ import hashlib
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ import torch
 __all__ = [
     "STORAGE_DTYPES",
     "CacheCorruptError",
+    "EntryRecord",
     "file_sha256",
     "parse_safetensors",
     "safetensors_header",
@@ -38,6 +40,8 @@ _NP_FROM_SAFETENSORS: dict[str, tuple[type[np.generic], torch.dtype | None]] = {
 # the safetensors dtype of the arrays written after the features (labels, offsets)
 ARRAY_DTYPES = {np.dtype(np.int64): "I64", np.dtype(np.float32): "F32"}
 _HEADER_ERRORS = (ValueError, KeyError, TypeError, struct.error)
+# an entry's JSON record: what it holds, which versions made it, its file's size and checksum
+EntryRecord = dict[str, Any]
 
 
 class CacheCorruptError(RuntimeError):

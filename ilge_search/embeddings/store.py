@@ -35,7 +35,7 @@ from ..files import (
     temp_name,
 )
 from ..settings import resolve_cache_dir
-from .entry_file import ARRAY_DTYPES, STORAGE_DTYPES, CacheCorruptError, file_sha256, safetensors_header
+from .entry_file import ARRAY_DTYPES, STORAGE_DTYPES, CacheCorruptError, EntryRecord, file_sha256, safetensors_header
 from .models import cache_writes_allowed
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class CacheEntry:
     size_bytes: int
     created: str
     path: Path
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: EntryRecord = field(default_factory=dict)
     damage: str | None = None  # why the entry cannot be read (missing or truncated data file), else None
 
 
@@ -152,7 +152,7 @@ class EntryStore:
         # json.dumps raises on anything it cannot encode: a failed hash never becomes a random key.
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:_KEY_HEX_DIGITS]
 
-    def committed_record(self, key: str) -> tuple[dict[str, Any], os.stat_result] | None:
+    def committed_record(self, key: str) -> tuple[EntryRecord, os.stat_result] | None:
         """The entry's JSON record and its data file's stat, None if the entry is not committed;
         raises CacheCorruptError if the record is unreadable or the file is missing or of the wrong size."""
         data_path, meta_path, _ = self.entry_paths(key)
@@ -173,7 +173,9 @@ class EntryStore:
             )
         return meta, stat
 
-    def verify_file(self, path: Path, meta: Mapping[str, Any], stat: os.stat_result, data: Any = None) -> None:
+    def verify_file(
+        self, path: Path, meta: EntryRecord, stat: os.stat_result, data: bytes | bytearray | None = None
+    ) -> None:
         """With ``verify``, check the file's sha256 against its record once per process (until the file
         changes); ``data``: its bytes, if already in memory, else it is read in blocks."""
         stamp = (stat.st_size, stat.st_mtime_ns, str(meta.get("file_sha256")))
@@ -243,7 +245,7 @@ class EntryStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def commit_entry(self, key: str, tmp: Path, meta: dict[str, Any]) -> None:
+    def commit_entry(self, key: str, tmp: Path, meta: EntryRecord) -> None:
         """Record the written file's size, checksum and time in ``meta``, then rename file and record into
         place, the record (the commit marker) last."""
         data_path, meta_path, _ = self.entry_paths(key)
@@ -266,7 +268,7 @@ class EntryStore:
         layout: EntryLayout,
         embedder: LayerEmbedder,
         fill: Callable[[np.memmap], None],
-        meta: dict[str, Any],
+        meta: EntryRecord,
     ) -> None:
         """Stream ``fill``'s rows into a memmapped safetensors file, write ``layout.after`` behind them, then
         commit it atomically. The file's size is known from the model's config, so free space is checked and

@@ -24,7 +24,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +32,7 @@ from ..tasks.core import TaskData, TaskError, load_task
 from ..tasks.tagging import sentence_offsets
 from ..validation import check_choice, check_int
 from .cache import CachedEmbeddings, EmbeddingCache, EntryLayout, ExtractionSettings
-from .entry_file import STORAGE_DTYPES, CacheCorruptError, storable, tensor_spans
+from .entry_file import STORAGE_DTYPES, CacheCorruptError, EntryRecord, storable, tensor_spans
 from .extraction import LayerEmbedder
 from .models import ModelSource, resolve_device
 from .words import WORD_POOLINGS, check_sentences
@@ -84,7 +83,7 @@ class WordOptions:
             raise ValueError(f"window_overlap ({self.window_overlap}) must be below max_length ({self.max_length})")
         resolve_device(self.device)  # a device this machine lacks fails before any task or model work
 
-    def key_fields(self) -> dict[str, Any]:
+    def key_fields(self) -> dict[str, str | int]:
         """What a word entry's key adds to the cache's fields."""
         return {
             "entry": "words",
@@ -152,7 +151,7 @@ def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _check_layout(path: Path, spans: dict, meta: dict[str, Any]) -> tuple[int, int]:
+def _check_layout(path: Path, spans: dict, meta: EntryRecord) -> tuple[int, int]:
     """Refuse a file whose tensors do not match its record; return (num_words, num_sentences)."""
     num_words, num_sentences = int(meta.get("num_words", -1)), int(meta.get("num_sentences", -1))
     expected = {
@@ -206,7 +205,7 @@ class _WordJob:
     key: str
     sentences: list[list[str]]
     labels: np.ndarray | None
-    meta: dict[str, Any]
+    meta: EntryRecord
 
 
 def _write_words(
@@ -266,7 +265,7 @@ def _new_job(
     cache: EmbeddingCache,
     source: ModelSource,
     where: tuple[str, str, str],
-    data: tuple[list, Any],
+    data: tuple[list[list[str]], np.ndarray | None],
     options: WordOptions,
 ) -> _WordJob:
     """The key and record of a word entry for ``where`` = (task, split, fingerprint) and ``data`` =
@@ -291,7 +290,7 @@ def _new_job(
 def get_or_extract_words(
     cache: EmbeddingCache,
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     split: str,
     options: WordOptions = WordOptions(),
     *,
@@ -341,7 +340,7 @@ def get_or_extract_sentences(
 
 def load_word_embeddings(
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     *,
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,

@@ -76,7 +76,7 @@ def refuse_model_loads() -> Iterator[None]:
     from ..embeddings import extraction
     from ..embeddings.extraction import LayerEmbedder
 
-    def refuse(*args: Any, **kwargs: Any) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model or tokenizer was loaded")
 
     targets = [
@@ -236,7 +236,7 @@ def cache_study_embeddings(
 
 def _rows_by_text(tasks: Iterable[TaskData], num_layers: int, hidden_size: int, signal: LayerSignal) -> dict:
     """text -> its ``(L, D)`` row, for every text of every split of ``tasks``."""
-    rows: dict[str, Any] = {}
+    rows: dict[str, np.ndarray] = {}
     for task in tasks:
         for split in task.splits:
             features = split_features(task, split, num_layers, hidden_size, signal)
