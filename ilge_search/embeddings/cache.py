@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -89,20 +90,37 @@ class CachedEmbeddings:
         return int(self.features.shape[-1])
 
 
+E = TypeVar("E", bound=CachedEmbeddings)
+
+
 @dataclass
-class TaskEmbeddings:
+class TaskEmbeddings(Generic[E]):
     """Every requested split of one task for one model (see :func:`load_task_embeddings`)."""
 
     task: TaskData
-    splits: dict[str, CachedEmbeddings]
+    splits: dict[str, E]
     num_layers: int
     hidden_size: int
     label_names: list[str]
     cache_keys: dict[str, str]
     model: str = ""
 
-    def __getitem__(self, split: str) -> CachedEmbeddings:
+    def __getitem__(self, split: str) -> E:
         return self.splits[split]
+
+    @classmethod
+    def gather(
+        cls, task: TaskData, splits: Sequence[str] | None, source: ModelSource, entry: Callable[[str], E]
+    ) -> TaskEmbeddings[E]:
+        """``entry(split)`` of each of ``splits`` (default: all of the task's), unknown splits refused first."""
+        wanted = list(splits) if splits else list(task.splits)
+        unknown = [split for split in wanted if split not in task.splits]
+        if unknown:
+            raise TaskError(f"task {task.name!r} has no split(s) {unknown}; it has {list(task.splits)}")
+        got = {split: entry(split) for split in wanted}
+        first = next(iter(got.values()))
+        keys = {split: found.key for split, found in got.items()}
+        return cls(task, got, first.num_layers, first.hidden_size, list(task.label_names), keys, source.name)
 
 
 def texts_fingerprint(texts: Sequence[str]) -> str:
@@ -398,26 +416,14 @@ def load_task_embeddings(
     settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
     settings.check()
     task_data = load_task(task, data_dir)
-    wanted = list(splits) if splits else list(task_data.splits)
-    unknown = [split for split in wanted if split not in task_data.splits]
-    if unknown:
-        raise TaskError(f"task {task_data.name!r} has no split(s) {unknown}; it has {list(task_data.splits)}")
+    options = dataclasses.asdict(settings)
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
-        got = {
-            split: cache.get_or_extract(source, task_data, split, progress=progress, **dataclasses.asdict(settings))
-            for split in wanted
-        }
-    first = next(iter(got.values()))
-    return TaskEmbeddings(
-        task=task_data,
-        splits=got,
-        num_layers=first.num_layers,
-        hidden_size=first.hidden_size,
-        label_names=list(task_data.label_names),
-        cache_keys={s: e.key for s, e in got.items()},
-        model=source.name,
-    )
+
+        def entry(split: str) -> CachedEmbeddings:
+            return cache.get_or_extract(source, task_data, split, progress=progress, **options)
+
+        return TaskEmbeddings.gather(task_data, splits, source, entry)
 
 
 def embed_task(

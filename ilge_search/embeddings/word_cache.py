@@ -31,7 +31,7 @@ import torch
 from ..tasks.core import TaskData, TaskError, load_task
 from ..tasks.tagging import sentence_offsets
 from ..validation import check_choice, check_int
-from .cache import CachedEmbeddings, EmbeddingCache, EntryLayout, ExtractionSettings
+from .cache import CachedEmbeddings, EmbeddingCache, EntryLayout, ExtractionSettings, TaskEmbeddings
 from .entry_file import STORAGE_DTYPES, CacheCorruptError, EntryRecord, storable, tensor_spans
 from .extraction import LayerEmbedder
 from .models import ModelSource, resolve_device
@@ -123,20 +123,8 @@ class WordEmbeddings(CachedEmbeddings):
         return self.features[int(self.offsets[index]) : int(self.offsets[index + 1])]
 
 
-@dataclass
-class TaskWordEmbeddings:
-    """Every requested split of one tagging task for one model (see :func:`load_word_embeddings`)."""
-
-    task: TaskData
-    splits: dict[str, WordEmbeddings]
-    num_layers: int
-    hidden_size: int
-    label_names: list[str]
-    cache_keys: dict[str, str]
-    model: str = ""
-
-    def __getitem__(self, split: str) -> WordEmbeddings:
-        return self.splits[split]
+# every requested split of one tagging task for one model (see load_word_embeddings)
+TaskWordEmbeddings = TaskEmbeddings[WordEmbeddings]
 
 
 def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
@@ -354,22 +342,10 @@ def load_word_embeddings(
     with one model load, released before returning.
     """
     task_data = load_task(task, data_dir)
-    wanted = list(splits) if splits else list(task_data.splits)
-    unknown = [split for split in wanted if split not in task_data.splits]
-    if unknown:
-        raise TaskError(f"task {task_data.name!r} has no split(s) {unknown}; it has {list(task_data.splits)}")
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
-        got = {
-            split: get_or_extract_words(cache, source, task_data, split, options, progress=progress) for split in wanted
-        }
-    first = next(iter(got.values()))
-    return TaskWordEmbeddings(
-        task=task_data,
-        splits=got,
-        num_layers=first.num_layers,
-        hidden_size=first.hidden_size,
-        label_names=list(task_data.label_names),
-        cache_keys={split: entry.key for split, entry in got.items()},
-        model=source.name,
-    )
+
+        def entry(split: str) -> WordEmbeddings:
+            return get_or_extract_words(cache, source, task_data, split, options, progress=progress)
+
+        return TaskEmbeddings.gather(task_data, splits, source, entry)
