@@ -124,7 +124,7 @@ class LayerEmbedder:
         max_length: int = 512,
         batch_size: int = 32,
         device: str = "auto",
-        dtype: Any = "auto",
+        dtype: str | torch.dtype = "auto",
         cache_dir: PathLike | None = None,
         padding_side: str | None = None,
     ) -> None:
@@ -364,21 +364,13 @@ def extract_layer_embeddings(
     max_length: int = 512,
     batch_size: int = 32,
     device: str = "auto",
-    dtype: Any = "auto",
+    dtype: str | torch.dtype = "auto",
     cache_dir: PathLike | None = None,
     progress: bool = True,
 ) -> torch.Tensor:
     """(N, L, D) float32 pooled embeddings of every layer, uncached (see :class:`EmbeddingCache`
     for the cached path)."""
-    embedder = LayerEmbedder(
-        model,
-        pooling=pooling,
-        max_length=max_length,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        cache_dir=cache_dir,
-    )
+    embedder = LayerEmbedder(model, pooling, max_length, batch_size, device, dtype, cache_dir)
     try:
         return embedder.embed(texts, progress=progress)
     finally:
