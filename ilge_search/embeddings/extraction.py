@@ -1,16 +1,10 @@
 """The one extraction path: every hidden state of a frozen model, pooled over tokens or over words.
 
-Texts are tokenised once to get their lengths, sorted so that each batch needs
-little padding, run through the model under ``torch.inference_mode`` with
-``output_hidden_states=True``, and each batch is pooled at once to
-``(batch, num_layers, hidden)``: (N, L, T, D) is never held. Results come back in the
-original order. :meth:`LayerEmbedder.iter_pooled_batches` streams the pooled batches,
-so a writer (the embedding cache) needs memory for the output only.
-
-Sentences of words take the same path (:meth:`LayerEmbedder.iter_word_batches`): each is
-tokenised as its words joined by spaces, cut into windows if it is longer than
-``max_length`` pieces (:mod:`ilge_search.embeddings.words`), and every word's pieces are pooled to one
-``(num_layers, hidden)`` vector (its first piece, or their mean).
+Texts are sorted by length so that each batch needs little padding, run under ``torch.inference_mode``
+with ``output_hidden_states=True``, and each batch is pooled at once to ``(batch, num_layers, hidden)``
+((N, L, T, D) is never held); :meth:`LayerEmbedder.iter_pooled_batches` streams them in the original
+order. Sentences of words take the same path (:meth:`LayerEmbedder.iter_word_batches`, windows and
+word pooling of :mod:`ilge_search.embeddings.words`).
 """
 
 from __future__ import annotations

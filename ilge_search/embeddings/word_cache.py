@@ -1,20 +1,14 @@
 """Word entries of the embedding cache: one vector per word, ragged over sentences, memory-mapped.
 
-A word entry holds one split of a tagging task (or a list of sentences) for one model: every
-word's layer states ``features`` ``(num_words, L, D)`` in the storage dtype, ``offsets``
-``(num_sentences + 1,)`` (sentence ``i``'s words are rows ``offsets[i]:offsets[i + 1]``) and,
-for a task, one tag id per word in ``labels``. It lives beside the sequence entries and
-shares everything with them: one safetensors file plus its JSON record in
-``embeddings/``, the key (:meth:`~ilge_search.embeddings.cache.EmbeddingCache.key` with the fields of
-:meth:`WordOptions.key_fields`: word pooling, window overlap, and the layout version), the
-per-entry lock, the allocation before extraction, the atomic commit and the checksum;
-``ilge-search cache ls`` lists it and ``cache rm`` removes it.
+A word entry holds one split of a tagging task (or a list of sentences) for one model: ``features``
+``(num_words, L, D)`` in the storage dtype, ``offsets`` ``(num_sentences + 1,)`` (sentence ``i``'s words
+are rows ``offsets[i]:offsets[i + 1]``) and, for a task, one tag id per word in ``labels``. It shares the
+entry protocol of :mod:`ilge_search.embeddings.store` with the sequence entries; its key adds
+:meth:`WordOptions.key_fields`.
 
-Reading maps ``features`` (``numpy.memmap``, copy-on-write) instead of reading it: memory
-stays flat in the number of sentences, and a training batch reads only the pages of its
-words. The mapping stays valid however the cache changes later: a committed file is never
-written into again (a rebuild writes a new file and renames it over, ``rm`` unlinks), so
-the mapped inode lives as long as the tensor does.
+Reading maps ``features`` copy-on-write instead of reading it, so memory stays flat in the number of
+sentences; a committed file is never written into again (a rebuild renames a new file over it), so the
+mapping stays valid as long as the tensor lives.
 """
 
 from __future__ import annotations
