@@ -6,10 +6,10 @@ must be and what it got; the CLI turns that line into its error message.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Literal, TypeVar, overload
+from collections.abc import Collection, Iterable
+from typing import Literal, TypeVar, cast, overload
 
-__all__ = ["check_int", "check_choice", "check_positive_number", "ArgumentTypeError"]
+__all__ = ["check_int", "check_choice", "check_positive_number", "check_items", "ArgumentTypeError"]
 
 T = TypeVar("T")
 
@@ -50,3 +50,17 @@ def check_choice(name: str, value: T, choices: Collection[object]) -> T:
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {list(choices)}")
     return value
+
+
+def check_items(name: str, value: object, what: str, item: str) -> list:
+    r"""``value`` as a non-empty list; one string, something that is not iterable or nothing at all is
+    refused, saying that ``name`` must be ``what`` (a list of ``item``\ s)."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be {what}, not one string")
+    try:
+        items = list(cast(Iterable[object], value))
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {type(value).__name__}") from None
+    if not items:
+        raise ValueError(f"{name} is empty; pass at least one {item}")
+    return items

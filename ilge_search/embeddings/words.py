@@ -21,24 +21,17 @@ import numpy as np
 import torch
 
 from ..record.core import WORD_POOLINGS
+from ..validation import check_items
 
 __all__ = ["WORD_POOLINGS", "WordWindow", "WordTokenizer", "check_sentences", "pool_window_words"]
 
 _NO_WORD = -1
 
 
-def check_sentences(sentences: Any, name: str = "sentences") -> list[list[str]]:
+def check_sentences(sentences: object, name: str = "sentences") -> list[list[str]]:
     """``sentences`` as a list of lists of words; anything else is a one-line ``ValueError``."""
-    if isinstance(sentences, (str, bytes)):
-        raise ValueError(f"{name} must be a list of sentences, each a list of words, not one string")
-    try:
-        sentences = list(sentences)
-    except TypeError:
-        raise ValueError(f"{name} must be a list of sentences, each a list of words") from None
-    if not sentences:
-        raise ValueError(f"{name} is empty; pass at least one sentence")
     checked = []
-    for i, words in enumerate(sentences):
+    for i, words in enumerate(check_items(name, sentences, "a list of sentences, each a list of words", "sentence")):
         if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
             raise ValueError(
                 f"{name}[{i}] is {type(words).__name__}, not a list of words; split each sentence into words "
