@@ -56,7 +56,7 @@ def check_items(name: str, value: object, what: str, item: str) -> list:
     r"""``value`` as a non-empty list; one string, something that is not iterable or nothing at all is
     refused, saying that ``name`` must be ``what`` (a list of ``item``\ s)."""
     if isinstance(value, (str, bytes)):
-        raise ValueError(f"{name} must be {what}, not one string")
+        raise ValueError(f"{name} must be {what}, not a single string")
     try:
         items = list(cast(Iterable[object], value))
     except TypeError:

@@ -28,6 +28,7 @@ from .models import (
     resolve_device,
     resolve_dtype,
     resolve_model,
+    text_config,
 )
 from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, pool_window_words
 
@@ -87,11 +88,6 @@ def pool_hidden_states(
         # masked_fill, not a multiply: padded positions may hold NaN in some attention kernels.
         out[:, layer] = h.float().masked_fill(~keep, 0.0).sum(1) / counts
     return out
-
-
-def _text_config(config: Any) -> Any:
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else config
 
 
 class LayerEmbedder:
@@ -168,7 +164,7 @@ class LayerEmbedder:
                 self._config = self._model.config
             else:
                 self._config = load_config(self.source, self.cache_dir)
-        return _text_config(self._config)
+        return text_config(self._config)
 
     @property
     def num_layers(self) -> int:

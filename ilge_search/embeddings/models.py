@@ -25,12 +25,15 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..files import lock_is_held, remove_stale_temp_files, temp_name
 from ..settings import resolve_cache_dir
 from .devices import resolve_device, resolve_dtype
 from .weights import ModelLoadError, ModelNotFoundError, cache_writes_allowed, weights_hash
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "cache_writes_allowed",
@@ -61,6 +64,7 @@ __all__ = [
     "check_tokenizer",
     "TOKENIZER_FILES",
     "list_model_aliases",
+    "text_config",
 ]
 
 PathLike = str | os.PathLike
@@ -385,7 +389,7 @@ def model_reference_to_save(model: PathLike | None, folder: PathLike) -> str | N
     return "./" + local.relative_to(folder).as_posix() if local.is_relative_to(folder) else str(local)
 
 
-def model_reference_to_load(recorded: Any, folder: PathLike, override: PathLike | None = None) -> str | None:
+def model_reference_to_load(recorded: object, folder: PathLike, override: PathLike | None = None) -> str | None:
     """The model a saved file in ``folder`` may use: ``override`` if given (the caller's explicit
     choice), else the recorded alias or hub id, else a recorded local path that stays inside
     ``folder`` (symlinks followed). A path leading outside (``..``, absolute, ``~``) raises a
@@ -407,7 +411,7 @@ def model_reference_to_load(recorded: Any, folder: PathLike, override: PathLike 
     return str(target)
 
 
-def _unusable(where: Any, reason: Any) -> ModelLoadError:
+def _unusable(where: object, reason: object) -> ModelLoadError:
     text = " ".join(str(reason).split()).rstrip(".") or type(reason).__name__
     if len(text) > 400:
         text = text[:400].rsplit(" ", 1)[0] + " ..."
@@ -433,7 +437,7 @@ TOKENIZER_FILES = (
 TOKENIZER_SAMPLE = "The river stone lies near the old garden lamp."
 
 
-def check_tokenizer(tokenizer: Any, where: Any) -> None:
+def check_tokenizer(tokenizer: Any, where: object) -> None:
     """Refuse a tokenizer that reads :data:`TOKENIZER_SAMPLE` as nothing but unknown tokens (a vocabulary that
     was not saved with the model): every text would embed alike and every score would be meaningless."""
     ids = list(tokenizer(TOKENIZER_SAMPLE, add_special_tokens=False)["input_ids"])
@@ -596,8 +600,8 @@ def materialize_model(source: ModelSource) -> ModelSource:
 
 def load_model_and_tokenizer(
     source: str | os.PathLike | ModelSource,
-    device: Any = "cpu",
-    dtype: Any = "auto",
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "auto",
     cache_dir: PathLike | None = None,
 ) -> tuple[Any, Any]:
     """Load ``AutoModel`` + ``AutoTokenizer`` in eval mode on ``device``.
@@ -619,7 +623,7 @@ def load_model_and_tokenizer(
         if isinstance(exc, torch.OutOfMemoryError):
             raise
         folder = Path(source.path)
-        reason: Any = exc
+        reason: object = exc
         if folder.is_dir() and not any(folder.glob("tokenizer*")) and not any(folder.glob("vocab*")):
             reason = f"it has no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.txt ...): {exc}"
         raise _unusable(source.path, reason) from None
@@ -631,6 +635,12 @@ def load_model_and_tokenizer(
         tokenizer.pad_token = fallback
     model.to(device).eval()
     return model, tokenizer
+
+
+def text_config(config: object) -> Any:
+    """A multimodal config's text part (``get_text_config()``), else the config itself."""
+    get_text = getattr(config, "get_text_config", None)
+    return get_text() if callable(get_text) else config
 
 
 def _hub_kwargs(source: ModelSource) -> dict[str, Any]:

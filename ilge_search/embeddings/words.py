@@ -30,6 +30,8 @@ _NO_WORD = -1
 
 def check_sentences(sentences: object, name: str = "sentences") -> list[list[str]]:
     """``sentences`` as a list of lists of words; anything else is a one-line ``ValueError``."""
+    if isinstance(sentences, (str, bytes)):
+        raise ValueError(f"{name} must be a list of sentences, each a list of words, not one string")
     checked = []
     for i, words in enumerate(check_items(name, sentences, "a list of sentences, each a list of words", "sentence")):
         if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
