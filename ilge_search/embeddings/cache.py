@@ -166,16 +166,9 @@ class TextJob:
 
 
 class EmbeddingCache(EntryStore):
-    """Embedding cache rooted at ``cache_dir`` (default ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
-
-    A model is loaded only when an entry is missing; it stays loaded for further misses
-    (other splits) until :meth:`unload`. Use as a context manager to unload on exit.
-
-    Args:
-        cache_dir: the cache root.
-        verify: check each entry's sha256 on its first load in this process (size and
-            header are always checked).
-    """
+    """The embedding cache (``cache_dir`` and ``verify`` as :class:`~ilge_search.embeddings.store.EntryStore`
+    takes them). A model is loaded only when an entry is missing; it stays loaded for further misses (other
+    splits) until :meth:`unload`. Use as a context manager to unload on exit."""
 
     def __init__(self, cache_dir: PathLike | None = None, *, verify: bool = True) -> None:
         super().__init__(cache_dir, verify=verify)
