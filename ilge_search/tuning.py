@@ -64,12 +64,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .encoders import BUILTIN_STARTS, Picker, encoder_spec
-from .encoders.configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, config_class_for
+from .encoders.configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, FieldValues, config_class_for
+from .encoders.registry import Suggests
 from .settings import user_defaults_path
 from .validation import check_choice
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "suggest_config",
@@ -91,7 +95,7 @@ DEFAULTS_FORMAT_VERSION = 1
 MODEL_SIZE_HINTS = ("small", "large")
 
 # {family: {bucket: {field: value}}}: each registered family's built-in start (its EncoderSpec.start)
-BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, Mapping[str, Any]]] = BUILTIN_STARTS
+BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, FieldValues]] = BUILTIN_STARTS
 
 
 def _check_family(family: str) -> None:
@@ -100,7 +104,7 @@ def _check_family(family: str) -> None:
         raise ValueError(f"unknown family {family!r}; expected one of {known}")
 
 
-def _suggest_fields(trial, family: str, fixed: dict[str, Any]) -> dict[str, Any]:
+def _suggest_fields(trial: Suggests, family: str, fixed: Mapping[str, object]) -> FieldValues:
     pick = Picker(trial, fixed)
     encoder_spec(family).search(pick)  # the family's own fields first, then the training fields every family has
     pick.real("lr", 1e-5, 1e-2, log=True)
@@ -108,7 +112,7 @@ def _suggest_fields(trial, family: str, fixed: dict[str, Any]) -> dict[str, Any]
     return pick.values
 
 
-def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
+def suggest_config(trial: Suggests, family: str, **fixed: object) -> EncoderConfig:
     """Sample (or, from a finished trial, rebuild) a config of ``family`` over the paper's space.
 
     Args:
@@ -142,14 +146,14 @@ def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
     return cls(**values)
 
 
-def _builtin_copy() -> dict[str, dict[str, dict[str, Any]]]:
+def _builtin_copy() -> dict[str, dict[str, FieldValues]]:
     return {
         family: {bucket: dict(fields) for bucket, fields in buckets.items()}
         for family, buckets in BUILTIN_RECOMMENDED.items()
     }
 
 
-def _merge_defaults_file(merged: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+def _merge_defaults_file(merged: dict[str, dict[str, FieldValues]], path: Path) -> None:
     """Validate the defaults file ``path`` and merge its values into ``merged`` (in place)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -187,7 +191,7 @@ def _merge_defaults_file(merged: dict[str, dict[str, dict[str, Any]]], path: Pat
                 ) from None
 
 
-def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[str, FieldValues]]:
     """``{family: {bucket: {field: value}}}`` from one defaults file merged over the built-in values.
 
     ``path`` defaults to the shipped file (:data:`RECOMMENDED_DEFAULTS_PATH`). A
@@ -204,7 +208,7 @@ def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[
 
 def effective_recommended_defaults(
     defaults_path: str | Path | None = None,
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, FieldValues]]:
     """The values :func:`recommended_config` uses: built-in < shipped file < user file.
 
     The user file is ``defaults_path`` (it must exist), else
@@ -256,7 +260,7 @@ SAMPLERS = ("tpe", "random", "gp")
 PRUNERS = ("median", "hyperband", "none")
 
 
-def make_sampler(name: str, seed: int | None = None) -> Any:
+def make_sampler(name: str, seed: int | None = None) -> optuna.samplers.BaseSampler:
     """``tpe`` (TPESampler), ``random`` or ``gp`` (GPSampler, needs scipy), seeded."""
     check_choice("sampler", name, SAMPLERS)
     import warnings
@@ -277,7 +281,7 @@ def make_sampler(name: str, seed: int | None = None) -> Any:
         return optuna.samplers.GPSampler(seed=seed)
 
 
-def make_pruner(name: str, max_epochs: int | None = None) -> Any:
+def make_pruner(name: str, max_epochs: int | None = None) -> optuna.pruners.BasePruner:
     """``median`` (the paper's MedianPruner: 5 startup trials, 10 warm-up epochs,
     fewer when ``max_epochs`` is small), ``hyperband`` (resource = epochs) or ``none``.
 

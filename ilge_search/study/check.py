@@ -235,7 +235,8 @@ def _checked_inputs(
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
-    from ..embeddings.models import resolve_model, weights_memo_read_only
+    from ..embeddings.models import resolve_model
+    from ..embeddings.weights import weights_memo_read_only
     from ..storage import check_storage_url
     from ..tuning import effective_recommended_defaults
 

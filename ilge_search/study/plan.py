@@ -226,7 +226,7 @@ def plan_run(
     Raises:
         ValueError: whatever ``run_study`` would refuse, with the same message.
     """
-    from ..embeddings.models import weights_memo_read_only
+    from ..embeddings.weights import weights_memo_read_only
 
     options = StudyOptions() if options is None else options
     with weights_memo_read_only():
