@@ -78,7 +78,7 @@ MTEB_TASK_NAMES: dict[str, str] = {
 
 def check_protocol(protocol: object) -> str:
     """``protocol`` if it is one of :data:`PROTOCOLS`."""
-    return check_choice("protocol", protocol, PROTOCOLS)
+    return str(check_choice("protocol", protocol, PROTOCOLS))
 
 
 def paper_samples_per_label(task: str | None, override: int | None = None) -> int:
