@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .fields import Attrs, attrs_of, known_fields
+
 if TYPE_CHECKING:
     import optuna
 
@@ -36,18 +38,6 @@ __all__ = [
     "ensemble_record",
     "save_ensemble",
 ]
-
-
-def _attrs_of(obj: Any) -> Mapping[str, Any]:
-    attrs = getattr(obj, "user_attrs", None)
-    if attrs is None:
-        raise TypeError(f"expected an Optuna study or trial, got {type(obj).__name__}")
-    return attrs
-
-
-def _known_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {key: value for key, value in values.items() if key in names}
 
 
 PREDICTIONS_ATTR = "val_predictions"  # on a trial: the artifact id of its validation predictions
@@ -70,10 +60,10 @@ class EnsembleSize:
     val_test_gap: float | None = None
 
     @classmethod
-    def from_value(cls, stored: Mapping[str, Any]) -> EnsembleSize:
-        values = {"val_scores": [], "val_test_gap": None, **stored}
+    def from_value(cls, stored: Mapping[str, object]) -> EnsembleSize:
+        values: Attrs = {"val_scores": [], "val_test_gap": None, **stored}
         values["members"] = {str(k): int(v) for k, v in dict(values.get("members") or {}).items()}
-        return cls(**_known_fields(cls, values))
+        return cls(**known_fields(cls, values))
 
     @property
     def n_members(self) -> int:
@@ -144,17 +134,17 @@ class EnsembleRecord:
     version: int = 1
 
     @classmethod
-    def from_value(cls, stored: Any) -> EnsembleRecord | None:
+    def from_value(cls, stored: object) -> EnsembleRecord | None:
         if not isinstance(stored, Mapping):
             return None
         try:
-            values = dict(stored)
+            values: Attrs = dict(stored)
             values["sizes"] = {str(k): EnsembleSize.from_value(v) for k, v in dict(values["sizes"]).items()}
-            return cls(**_known_fields(cls, values))
+            return cls(**known_fields(cls, values))
         except (KeyError, TypeError, ValueError):
             return None
 
-    def to_value(self) -> dict[str, Any]:
+    def to_value(self) -> Attrs:
         return dataclasses.asdict(self)
 
     @property
@@ -176,10 +166,10 @@ class EnsembleRecord:
 def trial_predictions(study: optuna.Study, trials: Any) -> dict[int, tuple[str, int | None]]:
     """Trial number -> (artifact id of its validation predictions, training seed: ``None`` when the trial
     stored them itself) for those of ``trials`` that have them; backfilled ones win (they replace missing ones)."""
-    backfilled = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
+    backfilled = dict(attrs_of(study).get(BACKFILL_ATTR) or {})
     out: dict[int, tuple[str, int | None]] = {}
     for trial in trials:
-        own = _attrs_of(trial).get(PREDICTIONS_ATTR)
+        own = attrs_of(trial).get(PREDICTIONS_ATTR)
         if str(trial.number) in backfilled:  # made later, because the trial's own were missing or unreadable
             entry = backfilled[str(trial.number)]
             out[trial.number] = (str(entry["artifact"]), int(entry["seed"]))
@@ -188,7 +178,7 @@ def trial_predictions(study: optuna.Study, trials: Any) -> dict[int, tuple[str, 
     return out
 
 
-def save_trial_predictions(trial: Any, artifact_id: str) -> None:
+def save_trial_predictions(trial: optuna.Trial | optuna.trial.FrozenTrial, artifact_id: str) -> None:
     """Record a running trial's validation predictions (an artifact id)."""
     trial.set_user_attr(PREDICTIONS_ATTR, artifact_id)
 
@@ -196,7 +186,7 @@ def save_trial_predictions(trial: Any, artifact_id: str) -> None:
 def save_backfilled_predictions(study: optuna.Study, predictions: Mapping[int, str], seed: int) -> None:
     """Record validation predictions made for finished trials (trial number -> artifact id), trained with
     ``seed``; earlier entries of other trials stay."""
-    stored = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
+    stored = dict(attrs_of(study).get(BACKFILL_ATTR) or {})
     for number, artifact in predictions.items():
         stored[str(number)] = {"artifact": artifact, "seed": int(seed)}
     study.set_user_attr(BACKFILL_ATTR, stored)
@@ -204,7 +194,7 @@ def save_backfilled_predictions(study: optuna.Study, predictions: Mapping[int, s
 
 def ensemble_record(study: optuna.Study) -> EnsembleRecord | None:
     """The ensemble evaluation stored on ``study`` (an ``optuna.Study``, frozen study or summary), or ``None``."""
-    return EnsembleRecord.from_value(_attrs_of(study).get(EnsembleRecord.ATTR))
+    return EnsembleRecord.from_value(attrs_of(study).get(EnsembleRecord.ATTR))
 
 
 def save_ensemble(study: optuna.Study, record: EnsembleRecord) -> None:

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .fields import Attrs
+
 if TYPE_CHECKING:
     import optuna
 
@@ -78,7 +80,7 @@ def portfolio_study_name(family: str, bucket: str) -> str:
     return f"{PORTFOLIO_PREFIX}:{family}:{bucket}"
 
 
-def _digest(value: Any) -> str:
+def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -92,9 +94,9 @@ class CellKey:
 
     VERSION: ClassVar[int] = PORTFOLIO_VERSION
 
-    config: dict[str, Any]
+    config: Attrs
     problem: str
-    data: dict[str, Any]
+    data: Attrs
     seed: int
 
     @property
@@ -117,11 +119,11 @@ class StoredCell:
     """A complete cell read back: its digest, key (as stored) and scores."""
 
     digest: str
-    key: dict[str, Any]
+    key: Attrs
     scores: CellScores
 
 
-def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, Any]) -> int:
+def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, object]) -> int:
     import optuna
 
     template = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs=dict(user_attrs))
@@ -197,13 +199,13 @@ def stored_cells(study: optuna.Study) -> tuple[dict[str, StoredCell], set[str]]:
     return cells, running - set(cells)
 
 
-def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, Any]) -> None:
+def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, object]) -> None:
     """Store the latest choice (default and portfolio members as config dicts, and what they were chosen
     from) on the portfolio study, where ``run --warm-start`` reads it."""
     study.set_user_attr(_CHOICE_ATTR, {"version": PORTFOLIO_VERSION, **dict(choice)})
 
 
-def check_portfolio_members(members: Any, where: str) -> None:
+def check_portfolio_members(members: object, where: str) -> None:
     """Refuse ``members`` unless it is a list of configurations the config classes accept: one line naming
     ``where`` and the first bad member (its 1-based position and family)."""
     from ..encoders.configs import config_from_dict
@@ -221,7 +223,7 @@ def check_portfolio_members(members: Any, where: str) -> None:
             raise ValueError(f"{where}: {label}: {exc}") from None
 
 
-def _check_choice(value: Any, where: str) -> dict[str, Any]:
+def _check_choice(value: object, where: str) -> Attrs:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where} is not a portfolio choice (an object expected, got {type(value).__name__})")
     for key in ("portfolio", "warm_start"):
@@ -237,7 +239,7 @@ def _check_choice(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> dict[str, Any] | None:
+def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> Attrs | None:
     """The choice :func:`save_portfolio_choice` stored, every member checked, or ``None`` when there is none.
 
     Raises:
@@ -256,13 +258,13 @@ def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> di
         ) from None
 
 
-def save_portfolio_request(study: optuna.Study, request: Mapping[str, Any]) -> None:
+def save_portfolio_request(study: optuna.Study, request: Mapping[str, object]) -> None:
     """Store what the latest ``ilge-search portfolio`` run asked for (its exclusions included), so that the
     report can rebuild that matrix from the stored cells."""
     study.set_user_attr(_REQUEST_ATTR, {"version": PORTFOLIO_VERSION, **dict(request)})
 
 
-def stored_portfolio_request(study: optuna.Study) -> dict[str, Any] | None:
+def stored_portfolio_request(study: optuna.Study) -> Attrs | None:
     """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
     value = study.user_attrs.get(_REQUEST_ATTR)
     if not isinstance(value, Mapping):
@@ -291,7 +293,7 @@ def shipped_portfolio_path(path: str | Path | None = None) -> Path:
     return Path(path) if path is not None else SHIPPED_PORTFOLIO_PATH  # looked up now: tests point it elsewhere
 
 
-def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> None:
+def _check_shipped_entry(where: str, family: str, bucket: str, entry: object) -> None:
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where}: families.{family}.{bucket} must be an object with members and provenance")
     members, provenance = entry.get("members"), entry.get("provenance")
@@ -319,7 +321,7 @@ def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> No
         )
 
 
-def check_shipped_portfolio(document: Any, where: str) -> dict[str, Any]:
+def check_shipped_portfolio(document: object, where: str) -> Attrs:
     """``document`` if it is a shipped-portfolio file of this version (one-line errors naming ``where``)."""
     if not isinstance(document, Mapping) or not isinstance(document.get("families"), Mapping):
         raise ValueError(f"{where}: not a portfolio file (an object with format_version and families expected)")
@@ -337,7 +339,7 @@ def check_shipped_portfolio(document: Any, where: str) -> dict[str, Any]:
     return dict(document)
 
 
-def load_shipped_portfolio(path: str | Path | None = None) -> dict[str, Any]:
+def load_shipped_portfolio(path: str | Path | None = None) -> Attrs:
     """The shipped portfolio file (``path``: default the package's ``data/portfolio.json``), checked; an empty
     one when it does not exist.
 
@@ -359,8 +361,8 @@ def load_shipped_portfolio(path: str | Path | None = None) -> dict[str, Any]:
 def write_shipped_portfolio(
     family: str,
     bucket: str,
-    members: Sequence[Mapping[str, Any]],
-    provenance: Mapping[str, Any],
+    members: Sequence[Mapping[str, object]],
+    provenance: Mapping[str, object],
     path: str | Path | None = None,
 ) -> Path:
     """Put ``family``/``bucket``'s entry into the shipped portfolio file (the other entries kept), written through
@@ -381,7 +383,7 @@ def write_shipped_portfolio(
     return path
 
 
-def enqueue_warm_trials(study: optuna.Study, params: Sequence[Mapping[str, Any]]) -> None:
+def enqueue_warm_trials(study: optuna.Study, params: Sequence[Mapping[str, object]]) -> None:
     """Enqueue portfolio members (Optuna ``params`` each) after the starting configuration, marked with their
     place in the portfolio."""
     for index, values in enumerate(params):

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .fields import Attrs
 from .portfolio import load_shipped_portfolio, portfolio_study_name, stored_portfolio_choice
 
 if TYPE_CHECKING:
@@ -41,9 +42,9 @@ class WarmMember:
     the tasks it came from."""
 
     name: str
-    config: dict[str, Any]
+    config: Attrs
     sources: tuple[str, ...] = ()
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Attrs = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,9 @@ def _task_of(problem: str) -> str:
     return parts[1] if len(parts) > 1 else problem
 
 
-def _members(configs: Sequence[Any], names: Sequence[Any] | None, sources: Sequence[Any] | None) -> list[WarmMember]:
+def _members(
+    configs: Sequence[Mapping[str, object]], names: Sequence[object] | None, sources: Sequence[Sequence[object]] | None
+) -> list[WarmMember]:
     out = []
     for i, config in enumerate(configs):
         name = str(names[i]) if names and i < len(names) else f"member {i}"
@@ -88,7 +91,7 @@ def _members(configs: Sequence[Any], names: Sequence[Any] | None, sources: Seque
     return out
 
 
-def _from_choice(choice: Mapping[str, Any], where: str, family: str, task: str) -> WarmStartRecord:
+def _from_choice(choice: Attrs, where: str, family: str, task: str) -> WarmStartRecord:
     problems = [str(p) for p in choice.get("problems") or []]
     tasks = choice.get("problem_tasks") or [_task_of(p) for p in problems]
     if task not in tasks:
@@ -115,7 +118,7 @@ def _from_choice(choice: Mapping[str, Any], where: str, family: str, task: str) 
     return WarmStartRecord(where, tuple(str(p) for p in own.get("problems") or []), task, tuple(members))
 
 
-def _from_shipped(entry: Mapping[str, Any], family: str, task: str) -> WarmStartRecord:
+def _from_shipped(entry: Attrs, family: str, task: str) -> WarmStartRecord:
     where = "the portfolio shipped with ilge-search"
     provenance = entry["provenance"]
     problems = [str(p) for p in provenance.get("problems") or []]
