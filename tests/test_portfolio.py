@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from ilge_search.cli import cli
 from ilge_search.defaults.portfolio import BUILTIN, MARGINAL, PortfolioRequest, TrainingSetup, build_matrix
 from ilge_search.defaults.transfer import portfolio
-from ilge_search.record import CellKey, claim_cell, portfolio_study_name, stored_cells
-from ilge_search.storage import WORKER_ATTR, open_storage, worker_stamp
+from ilge_search.record import WORKER_ATTR, CellKey, claim_cell, portfolio_study_name, stored_cells, worker_stamp
+from ilge_search.storage import open_storage
 from ilge_search.study import StudyOptions
 
 DATA = dict(max_train=240, max_eval=100)

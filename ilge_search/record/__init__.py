@@ -18,5 +18,7 @@ from .trial import *  # noqa: F403
 from .trial import __all__ as _trial_all
 from .warmstart import *  # noqa: F403
 from .warmstart import __all__ as _warmstart_all
+from .worker import *  # noqa: F403
+from .worker import __all__ as _worker_all
 
-__all__ = [*_core_all, *_trial_all, *_portfolio_all, *_ensemble_all, *_source_all, *_warmstart_all]
+__all__ = [*_core_all, *_trial_all, *_portfolio_all, *_ensemble_all, *_source_all, *_warmstart_all, *_worker_all]

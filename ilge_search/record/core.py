@@ -1,9 +1,7 @@
 """The study record: everything ilge-search stores on an Optuna study or trial, typed and versioned.
 
-Optuna keeps free-form *user attrs* on every study and trial. This module is
-the only one in the package (with :mod:`ilge_search.storage`, which stamps the
-process running a trial) that reads or writes them; every other module works
-with the typed records below:
+Optuna keeps free-form *user attrs* on every study and trial. The ``record`` package is the one reader and
+writer of them; every other module works with the typed records below:
 
 - :class:`StudyRecord`, one per study, read with :func:`study_record` from an
   ``optuna.Study``, a ``FrozenStudy`` or a study summary. It holds the study's
@@ -15,7 +13,7 @@ with the typed records below:
 - :class:`~ilge_search.record.trial.TrialRecord`, one per trial, read with
   :func:`~ilge_search.record.trial.trial_record` (:mod:`ilge_search.record.trial`).
 
-Writers (:func:`save_identity`, :func:`save_final`, :func:`save_trial` ...)
+Writers (:func:`save_identity`, :func:`save_final` ...)
 take the same records. On disk every field stays a flat user attr under its
 historical name (``final_test_mean``, ``val_metric`` ...), so optuna-dashboard
 shows them and older tools keep reading them; a study written by this version
@@ -37,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .fields import Attrs, attrs_of, fields_from, finite, write_attrs
+from .fields import Attrs, Stored, attrs_of, fields_from, finite, write_attrs
 
 if TYPE_CHECKING:
     import optuna
@@ -578,7 +576,7 @@ class StudyRecord:
         return DEFAULT_OBJECTIVES if self.identity is None else self.identity.objectives
 
 
-def study_record(study: optuna.Study | optuna.study.StudySummary) -> StudyRecord:
+def study_record(study: Stored) -> StudyRecord:
     """The :class:`StudyRecord` of an ``optuna.Study``, ``FrozenStudy`` or study summary."""
     return StudyRecord.from_attrs(str(getattr(study, "study_name", "")), attrs_of(study))
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Attrs", "attrs_of", "fields_from", "finite", "known_fields", "write_attrs"]
+__all__ = ["Attrs", "Stored", "attrs_of", "fields_from", "finite", "known_fields", "write_attrs"]
 
 # a JSON-serialisable mapping: what a study's or trial's user attrs, a record's to_attrs and a saved file hold
 Attrs = dict[str, Any]
 
 _Record = TypeVar("_Record")
+
+
+class Stored(Protocol):
+    """What holds user attrs: an Optuna study, frozen study, study summary or trial."""
+
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
 
 
 def attrs_of(obj: object) -> Mapping[str, Any]:

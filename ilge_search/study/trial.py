@@ -1,7 +1,7 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
 Every trial records which process runs it before this objective starts (the run's sampler is wrapped
-by :func:`~ilge_search.storage.owner_stamping`, which calls :func:`~ilge_search.storage.stamp_worker` as
+by :func:`~ilge_search.record.worker.owner_stamping`, which calls :func:`~ilge_search.record.worker.stamp_worker` as
 Optuna creates the trial) and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
 dict), ``val_metric``, ``params`` (trainable parameters), ``epochs_run``,
 ``best_epoch``, ``seconds``, ``latency_ms`` (the trained model's forward time
