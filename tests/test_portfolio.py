@@ -78,7 +78,7 @@ def test_candidates_are_builtin_marginal_and_each_problems_top_trials(studies):
 
 def test_the_matrix_is_trained_stored_and_chosen_from_on_validation(built, synthetic, no_model_loads):
     from ilge_search.engine import train_encoder
-    from ilge_search.study.export import load_training_data
+    from ilge_search.study.stored import load_training_data
 
     url, result = built
     assert result.matrix.missing == 0 and result.trained >= result.planned - 2  # equal cells trained once

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 from ..encoders.configs import config_from_dict
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from ..storage import Storage, open_storage
-from ..study.export import load_run_study
 from ..study.retraining import TrainingSetup, train_seeds
+from ..study.stored import load_run_study
 
 if TYPE_CHECKING:
     import optuna
