@@ -29,7 +29,7 @@ import torch
 from sklearn.base import ClassifierMixin
 
 from ..embeddings.extraction import POOLINGS
-from ..encoders.configs import BestLayerConfig, EncoderConfig
+from ..encoders.configs import EncoderConfig
 from ..validation import check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 from .inputs import check_features, check_labels, check_pairs, check_texts
@@ -313,36 +313,8 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         X_val: torch.Tensor,
         y_val: np.ndarray,
     ) -> ILGEClassifier:
-        from ..engine import TrainingRecipe, select_best_layer, train_encoder
-
-        kwargs: dict[str, Any] = dict(
-            task_kind="classification",
-            num_classes=len(classes),
-            seed=int(self.random_state),
-            device=self.device,
-            recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.progress),
-        )
         train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))
-        best_layer = None
-        if isinstance(config, BestLayerConfig) and config.layer is None:
-            best_layer, result, scores = select_best_layer(config, train, val, **kwargs)
-            config = config.replace(layer=best_layer)
-            self.layer_scores_ = scores
-        else:
-            result = train_encoder(config, train, val, **kwargs)
-        fitted = Fitted(
-            model=result.model,
-            config=config,
-            classes=classes,
-            num_layers=int(X.shape[1]),
-            hidden_size=int(X.shape[2]),
-            history=result.history,
-            best_epoch=result.best_epoch,
-            best_val_score=result.best_val_metric,
-            best_layer=best_layer,
-        )
-        return self._adopt(fitted)
+        return self._adopt(self._trained(config, classes, train, val))
 
     def _adopt(self, fitted: Fitted) -> ILGEClassifier:
         """Set the fitted attributes from ``fitted``, a classifier's task kind among them; returns ``self``."""

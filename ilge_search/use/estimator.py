@@ -27,6 +27,7 @@ from ..validation import ArgumentTypeError
 
 if TYPE_CHECKING:
     from ..embeddings.cache import EmbeddingCache
+    from ..engine.core import Dataset
     from ..study.export import StudyExport, StudyModel
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_FILE", "Fitted", "LoadOptions", "SavedEstimator", "load_state", "read_weights"]
@@ -187,6 +188,42 @@ class SavedEstimator(BaseEstimator):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return self
+
+    # ------------------------------------------------------------------ fitting
+
+    def _trained(self, config: EncoderConfig, classes: np.ndarray, train: Dataset, val: Dataset) -> Fitted:
+        """``config`` trained by the one engine on ``train``, early-stopped on ``val`` (a best-layer config
+        without a layer tries each one and keeps the best, its scores in ``layer_scores_``)."""
+        from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
+
+        options: dict[str, Any] = dict(
+            task_kind=TAGGING if self.TAGGING else "classification",
+            num_classes=len(classes),
+            seed=int(self.random_state),
+            device=self.device,
+            recipe=TrainingRecipe(patience=self.patience),
+            progress=bool(self.progress),
+        )
+        layer = None
+        if isinstance(config, BestLayerConfig) and config.layer is None:
+            layer, result, scores = select_best_layer(config, train, val, **options)
+            config = config.replace(layer=layer)
+            self.layer_scores_ = scores
+        else:
+            result = train_encoder(config, train, val, **options)
+        features = train[0]
+        shape = (features.num_layers, features.hidden_size) if self.TAGGING else tuple(features.shape[1:3])
+        return Fitted(
+            model=result.model,
+            config=config,
+            classes=classes,
+            num_layers=int(shape[0]),
+            hidden_size=int(shape[1]),
+            history=result.history,
+            best_epoch=result.best_epoch,
+            best_val_score=result.best_val_metric,
+            best_layer=layer,
+        )
 
     # ------------------------------------------------------------------ fitted state
 

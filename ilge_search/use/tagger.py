@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ..embeddings.words import WORD_POOLINGS, check_sentences
-from ..encoders.configs import BestLayerConfig, EncoderConfig
+from ..encoders.configs import EncoderConfig
 from ..validation import check_choice, check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 from .saved import check_saved_fields
@@ -193,38 +193,8 @@ class ILGETagger(SavedEstimator):
         if len(self.classes_) < 2:
             raise ValueError(f"need at least 2 distinct tags to train a tagger, got {self.classes_.tolist()}")
         y, y_val = self._encode(tags, "tags"), self._encode(val_tags, "val_tags")
-        return self._train(config, (self._embed(sentences), y), (self._embed(val_sentences), y_val))
-
-    def _train(self, config: EncoderConfig, train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray]) -> ILGETagger:
-        from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
-
-        options: dict[str, Any] = dict(
-            task_kind=TAGGING,
-            num_classes=len(self.classes_),
-            seed=int(self.random_state),
-            device=self.device,
-            recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.progress),
-        )
-        layer = None
-        if isinstance(config, BestLayerConfig) and config.layer is None:
-            layer, result, scores = select_best_layer(config, train, val, **options)
-            config = config.replace(layer=layer)
-            self.layer_scores_ = scores
-        else:
-            result = train_encoder(config, train, val, **options)
-        fitted = Fitted(
-            model=result.model,
-            config=config,
-            classes=self.classes_,
-            num_layers=int(train[0].num_layers),
-            hidden_size=int(train[0].hidden_size),
-            history=result.history,
-            best_epoch=result.best_epoch,
-            best_val_score=result.best_val_metric,
-            best_layer=layer,
-        )
-        return self._adopt(fitted)
+        trained = self._trained(config, self.classes_, (self._embed(sentences), y), (self._embed(val_sentences), y_val))
+        return self._adopt(trained)
 
     # ------------------------------------------------------------------ prediction
 
