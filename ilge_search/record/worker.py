@@ -13,6 +13,8 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+from .fields import Attrs
+
 if TYPE_CHECKING:
     import optuna
 
@@ -45,7 +47,7 @@ def _pid_namespace() -> int | None:
         return None
 
 
-def worker_stamp(trial_number: int) -> dict[str, Any]:
+def worker_stamp(trial_number: int) -> Attrs:
     """What a trial records about the process that runs it (:data:`WORKER_ATTR`).
 
     ``trial`` is the trial's own number: a retried copy of a trial inherits its
@@ -62,7 +64,7 @@ def worker_stamp(trial_number: int) -> dict[str, Any]:
     }
 
 
-def stamp_worker(study: optuna.Study, trial: Any) -> None:
+def stamp_worker(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenTrial) -> None:
     """Record on ``trial`` (a ``Trial`` or ``FrozenTrial`` of ``study``) which process runs it
     (:func:`worker_stamp`), so that a run on this host fails it at once when that process dies.
 
@@ -85,7 +87,7 @@ def _owner_stamping_class() -> type:
         ``before_trial`` right after it made the trial RUNNING, before the heartbeat thread or the objective
         starts), so a worker that dies at any point leaves a trial the next run can fail."""
 
-        def __init__(self, inner: Any) -> None:
+        def __init__(self, inner: optuna.samplers.BaseSampler) -> None:
             self.inner = inner
 
         def __getattr__(self, name: str) -> Any:
@@ -96,20 +98,22 @@ def _owner_stamping_class() -> type:
         def __repr__(self) -> str:
             return f"{type(self).__name__}({self.inner!r})"
 
-        def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> Any:
+        def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Any:
             return self.inner.infer_relative_search_space(study, trial)
 
-        def sample_relative(self, study: optuna.Study, trial: Any, search_space: Any) -> Any:
+        def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, search_space: Any) -> Any:
             return self.inner.sample_relative(study, trial, search_space)
 
-        def sample_independent(self, study: optuna.Study, trial: Any, param_name: str, param_distribution: Any) -> Any:
+        def sample_independent(
+            self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str, param_distribution: Any
+        ) -> Any:
             return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
-        def before_trial(self, study: optuna.Study, trial: Any) -> None:
+        def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
             stamp_worker(study, trial)
             self.inner.before_trial(study, trial)
 
-        def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
+        def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: Any, values: Any) -> None:
             self.inner.after_trial(study, trial, state, values)
 
         def reseed_rng(self) -> None:
@@ -118,7 +122,7 @@ def _owner_stamping_class() -> type:
     return OwnerStampingSampler
 
 
-def owner_stamping(sampler: Any) -> Any:
+def owner_stamping(sampler: optuna.samplers.BaseSampler | None) -> optuna.samplers.BaseSampler:
     """``sampler`` (``None``: Optuna's default TPE) wrapped so that every trial records its process
     (:data:`WORKER_ATTR`) the moment it is created, before it can run.
 

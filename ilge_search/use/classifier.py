@@ -30,6 +30,7 @@ from sklearn.base import ClassifierMixin
 
 from ..embeddings.extraction import POOLINGS
 from ..encoders.configs import EncoderConfig
+from ..record.fields import Attrs
 from ..validation import check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 from .inputs import check_features, check_labels, check_pairs, check_texts
@@ -37,6 +38,7 @@ from .saved import check_saved_fields
 
 if TYPE_CHECKING:
     from ..engine import ILGEModel
+    from ..storage import Storage
     from ..study.export import StudyModel
 
 __all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION", "WEIGHTS_FILE"]
@@ -254,9 +256,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     def fit(
         self,
         texts: Sequence[str],
-        labels: Sequence[Any],
+        labels: Sequence[object],
         val_texts: Sequence[str] | None = None,
-        val_labels: Sequence[Any] | None = None,
+        val_labels: Sequence[object] | None = None,
     ) -> ILGEClassifier:
         """Embed the texts with the frozen LLM and train the encoder and head.
 
@@ -283,7 +285,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         return self._train(config, classes, features[: len(train_texts)], y, features[len(train_texts) :], y_val)
 
     def fit_embeddings(
-        self, X: Any, y: Sequence[Any], X_val: Any = None, y_val: Sequence[Any] | None = None
+        self, X: Any, y: Sequence[object], X_val: Any = None, y_val: Sequence[object] | None = None
     ) -> ILGEClassifier:
         """Train on precomputed per-layer embeddings ``X`` of shape ``(N, L, D)``."""
         config = self._check_params(needs_model=False)
@@ -340,7 +342,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             )
         return X
 
-    def _inputs(self, X: Sequence[Any]) -> torch.Tensor:
+    def _inputs(self, X: Sequence[object]) -> torch.Tensor:
         """Texts (or, for a similarity model, sentence pairs) -> their per-layer embeddings."""
         self._check_params(needs_model=True)
         if self._similarity():
@@ -380,7 +382,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         self._only_classification("predict_proba")
         return self.predict_proba_embeddings(self._inputs(texts))
 
-    def predict(self, texts: Sequence[Any]) -> np.ndarray:
+    def predict(self, texts: Sequence[object]) -> np.ndarray:
         """Predicted labels, in the type given to ``fit`` (ints or strings).
 
         A similarity model takes ``(sentence_a, sentence_b)`` pairs and returns
@@ -411,7 +413,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             raise ValueError(f"{name} must be {num_rows} finite gold scores, got shape {scores.shape}")
         return scores
 
-    def score(self, texts: Sequence[Any], labels: Sequence[Any], sample_weight: Any = None) -> float:
+    def score(self, texts: Sequence[object], labels: Sequence[object], sample_weight: Any = None) -> float:
         """Accuracy on ``texts`` (Spearman correlation for a similarity model's pairs);
         labels unseen in training raise before any embedding."""
         self._check_fitted()
@@ -419,7 +421,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         targets = self._checked_targets(labels, count, "labels")
         return self._score_predictions(self.predict(texts), targets, sample_weight)
 
-    def score_embeddings(self, X: Any, y: Sequence[Any]) -> float:
+    def score_embeddings(self, X: Any, y: Sequence[object]) -> float:
         """Accuracy (Spearman for a similarity model) on precomputed embeddings."""
         self._check_fitted()
         X = self._checked_embeddings(X)
@@ -444,17 +446,17 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             meta["ensemble"] = self.model_.description
         return self._write_folder(path, meta)
 
-    def _pooling_field(self) -> dict[str, Any]:
+    def _pooling_field(self) -> Attrs:
         return {"token_pooling": self.token_pooling}
 
-    def _kind_fields(self) -> dict[str, Any]:
+    def _kind_fields(self) -> Attrs:
         return {
             "task_kind": getattr(self, "task_kind_", "classification"),
             "score_range": getattr(self, "score_range_", None),
         }
 
     @classmethod
-    def _check_meta(cls, meta: dict[str, Any], meta_path: Path) -> None:
+    def _check_meta(cls, meta: Attrs, meta_path: Path) -> None:
         task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
         if task_kind not in ("classification", "similarity") or (
             score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
@@ -465,12 +467,12 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         check_saved_fields(meta, meta_path, classes_needed=2 if task_kind == "classification" else 0)
 
     @classmethod
-    def _saved_arguments(cls, meta: dict[str, Any], classes: np.ndarray) -> dict[str, Any]:
+    def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
         classification = meta.get("task_kind", "classification") == "classification"
         return {"num_classes": len(classes) if classification else None, "token_pooling": meta["token_pooling"]}
 
     @classmethod
-    def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> torch.nn.Module:
+    def _saved_model(cls, meta: Attrs, fitted: Fitted) -> torch.nn.Module:
         from ..engine import build_model
 
         num_classes = len(fitted.classes) or None
@@ -511,7 +513,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     @classmethod
     def from_study_ensemble(
         cls,
-        storage: Any,
+        storage: str | Storage | None,
         study_name: str,
         *,
         artifact_dir: PathLike | None = None,
@@ -541,5 +543,5 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         return classes
 
     @classmethod
-    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> dict[str, Any]:
+    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> Attrs:
         return {"num_classes": len(classes) or None, "token_pooling": found.token_pooling}

@@ -44,12 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..encoders.configs import config_from_dict
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
+from ..record.fields import Attrs
 from ..storage import Storage, open_storage
 from ..study.retraining import TrainingSetup, train_seeds
 from ..study.stored import load_run_study
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
+    import torch
 
 __all__ = [
     "EXPLAIN_SPLIT",
@@ -102,13 +105,13 @@ class LayerAttribution:
     probe_study: str | None = None
     computed: bool = False
     seconds: float = 0.0
-    source: dict[str, Any] = field(default_factory=dict)
+    source: Attrs = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
         return len(self.ablation[0]) if self.ablation else 0
 
-    def frame(self) -> Any:
+    def frame(self) -> pd.DataFrame:
         """One row per layer: ``layer``, ablation and gradient x input mean/std over seeds, ``probe_score``."""
         import numpy as np
         import pandas as pd
@@ -142,7 +145,7 @@ class LayerAttribution:
         )
 
 
-def _mean_features(features: Any) -> Any:
+def _mean_features(features: torch.Tensor) -> torch.Tensor:
     """Training mean per (layer, dimension), ``(L, D)`` float32; pairs count both sentences."""
     from ..engine import FeatureStandardizer
 
@@ -150,7 +153,7 @@ def _mean_features(features: Any) -> Any:
     return FeatureStandardizer(num_layers, hidden).fit(features).mean
 
 
-def _gold_evidence(model: Any, outputs: Any, labels: Any) -> Any:
+def _gold_evidence(model: Any, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per example, what gradient x input attributes: the gold class's logit minus the mean logit
     (classification), minus the squared error of the cosine (similarity)."""
     if model.task_kind == "classification":
@@ -215,7 +218,7 @@ def attribute_layers(
     return score, drops, (totals / features.shape[0]).tolist()
 
 
-def _word_gold_evidence(logits: Any, gold: Any) -> Any:
+def _word_gold_evidence(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
     """Per word of a ``(B, T, C)`` block, its gold tag's logit minus the mean logit (as for classification)."""
     return logits.gather(-1, gold.unsqueeze(-1)).squeeze(-1) - logits.mean(-1)
 
@@ -304,7 +307,7 @@ def _load_study(storage: Storage, study_name: str) -> _Explained:
     return _Explained(study, record, record.identity, record.final)
 
 
-def _source(record: StudyRecord) -> dict[str, Any]:
+def _source(record: StudyRecord) -> Attrs:
     """What the attribution depends on: the final evaluation and the data it trained on."""
     final = record.final
     keys = record.data.cache_keys if record.data else {}

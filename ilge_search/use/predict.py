@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
+from ..record.fields import Attrs
 from ..validation import check_int
 from .classifier import ILGEClassifier
 from .output import checked_input, checked_output, file_suffix, write_output
@@ -54,7 +55,7 @@ PLAIN_TEXT_COL = "text"  # the one column of a plain-text input
 # ----------------------------------------------------------------------------- reading inputs
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     """A cell as text; ``None`` when it is missing, blank or not a scalar (a JSON list or object)."""
     if value is None or isinstance(value, (dict, list)) or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -62,8 +63,8 @@ def _text(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
-    chunk: list[list[Any]] = []
+def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
+    chunk: list[list[object]] = []
     for line_number, row in iter_json_objects(path):
         missing = [c for c in columns if c not in row]
         if missing:
@@ -79,7 +80,7 @@ def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[lis
         yield chunk
 
 
-def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[Any]]]:
+def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[object]]]:
     import pandas as pd
 
     options = dict(
@@ -106,7 +107,7 @@ def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iter
         raise ValueError(f"could not read {path}: {exc}") from None
 
 
-def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
+def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -129,8 +130,8 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[l
         yield [list(row) for row in zip(*values, strict=True)]
 
 
-def _text_chunks(path: Path, size: int) -> Iterator[list[list[Any]]]:
-    chunk: list[list[Any]] = []
+def _text_chunks(path: Path, size: int) -> Iterator[list[list[object]]]:
+    chunk: list[list[object]] = []
     for _, line in iter_lines_utf8(path):
         chunk.append([line.rstrip("\r\n")])
         if len(chunk) == size:
@@ -140,7 +141,7 @@ def _text_chunks(path: Path, size: int) -> Iterator[list[list[Any]]]:
         yield chunk
 
 
-def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
+def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
     """Rows of ``columns`` (raw cell values), ``size`` at a time, in file order."""
     if suffix == ".jsonl":
         return _jsonl_chunks(path, columns, size)
@@ -152,7 +153,7 @@ def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Itera
 
 
 def _checked_texts(
-    chunk: list[list[Any]], columns: Sequence[str], first_row: int, path: Path, row_word: str
+    chunk: list[list[object]], columns: Sequence[str], first_row: int, path: Path, row_word: str
 ) -> list[list[str]]:
     rows = []
     for offset, cells in enumerate(chunk):
@@ -180,7 +181,7 @@ class _Writer:
             self.csv = csv.writer(handle, delimiter="\t" if kind == ".tsv" else ",", lineterminator="\n")
             self.csv.writerow(self.header)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Attrs) -> None:
         if self.kind == ".jsonl":
             self.handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         else:
@@ -189,7 +190,7 @@ class _Writer:
             self.csv.writerow([flat[name] for name in self.header])
 
 
-def _json_value(value: Any) -> Any:
+def _json_value(value: object) -> object:
     return value.item() if hasattr(value, "item") else value
 
 
@@ -255,7 +256,7 @@ class PredictOptions:
     def __post_init__(self) -> None:
         check_int("chunk_rows", self.chunk_rows)
 
-    def load_arguments(self) -> dict[str, Any]:
+    def load_arguments(self) -> Attrs:
         """The keyword arguments of ``ILGEClassifier.load`` and ``ILGETagger.load`` these options give."""
         return {
             "device": self.device,
@@ -386,7 +387,7 @@ def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
         )
 
 
-def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
+def _chunk_values(job: _Job, features: Any, rows: int) -> list[Attrs]:
     """Each row's prediction: ``score``, or ``label`` (and ``proba`` per class name)."""
     clf = job.clf
     if job.similarity:
@@ -394,7 +395,7 @@ def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
         return [{"score": float(s)} for s in clf.predict_embeddings(pairs)]
     probabilities = clf.predict_proba_embeddings(features)
     labels = clf.classes_[probabilities.argmax(axis=1)]
-    values: list[dict[str, Any]] = [{"label": _json_value(label)} for label in labels]
+    values: list[Attrs] = [{"label": _json_value(label)} for label in labels]
     if job.proba:
         names = [str(_json_value(c)) for c in clf.classes_]
         for value, p in zip(values, probabilities, strict=True):

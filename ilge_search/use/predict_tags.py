@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
@@ -34,7 +35,7 @@ TAG_INPUT_SUFFIXES = (".jsonl", ".txt")
 DEFAULT_TOKENS_COL = "tokens"
 
 
-def is_tagger_folder(path: Any) -> bool:
+def is_tagger_folder(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a saved :class:`~ilge_search.use.tagger.ILGETagger`."""
     return (Path(path) / META_FILE).is_file()
 
@@ -50,7 +51,7 @@ class _TagJob:
     out_kind: str
 
 
-def _sentence(value: Any, where: str) -> list[str]:
+def _sentence(value: object, where: str) -> list[str]:
     """One row's words, checked: a non-empty list of non-empty strings."""
     if not isinstance(value, list) or not value:
         raise ValueError(f"{where} is {'an empty list' if value == [] else type(value).__name__}; give a list of words")
@@ -78,7 +79,9 @@ def _sentences(path: Path, suffix: str, column: str) -> Iterator[list[str]]:
         yield _sentence(row[column], f"{path}: line {line_number}, column {column!r},")
 
 
-def _checked_job(model_dir: Any, source: PredictInput, out: PredictOutput, options: PredictOptions) -> _TagJob:
+def _checked_job(
+    model_dir: str | os.PathLike, source: PredictInput, out: PredictOutput, options: PredictOptions
+) -> _TagJob:
     """Every check that needs no model: paths, file types, the saved tagger, every sentence."""
     path = checked_input(source.path)
     suffix = file_suffix(path, TAG_INPUT_SUFFIXES, "input", " for a tagger")
@@ -133,7 +136,11 @@ def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
 
 
 def predict_tags_file(
-    model_dir: Any, source: PredictInput, out: PredictOutput | None = None, *, options: PredictOptions | None = None
+    model_dir: str | os.PathLike,
+    source: PredictInput,
+    out: PredictOutput | None = None,
+    *,
+    options: PredictOptions | None = None,
 ) -> PredictSummary:
     """Tag every word of ``source`` with the tagger saved in ``model_dir``: one tag per input word.
 
