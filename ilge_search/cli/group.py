@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .._version import __version__
+from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings, default_storage_url
 
 if TYPE_CHECKING:
@@ -284,3 +285,27 @@ def echo_frame(frame, fmt: str, empty: str) -> None:
 
 FORMAT_CHOICES = ("table", "csv", "json")  # ilge_search.use.explain.EXPLAIN_FORMATS, and what echo_frame writes
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="table", show_default=True)
+
+# options several commands declare alike
+QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+OVERWRITE_OPTION = click.option(
+    "--force",
+    "--overwrite",
+    "force",
+    is_flag=True,
+    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
+)
+TASK_PATH_OPTION = click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
+FAMILIES_OPTION = click.option(
+    "--family",
+    "families",
+    multiple=True,
+    type=click.Choice(ENCODER_FAMILIES),
+    help="Only these families (repeatable) [default: all three].",
+)

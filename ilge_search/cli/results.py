@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import click
 
-from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, echo_frame, location_options, storage_option, study_logging
+from .group import (
+    FAMILIES_OPTION,
+    FORMAT_OPTION,
+    QUIET_OPTION,
+    cli,
+    echo_frame,
+    location_options,
+    storage_option,
+    study_logging,
+)
 
 RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.METHODS
 
@@ -111,13 +119,7 @@ def report_command(storage: str, out_dir: str | None, no_figures: bool, force: b
     is_flag=True,
     help="Rewrite the package's own ilge_search/data/recommended_defaults.json (maintainers).",
 )
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    type=click.Choice(ENCODER_FAMILIES),
-    help="Only these families (repeatable) [default: all three].",
-)
+@FAMILIES_OPTION
 @click.option(
     "--exclude-task",
     "exclude_tasks",
@@ -179,13 +181,7 @@ def recommend_command(
 @storage_option(required=True)
 @click.option("--model", "models", multiple=True, help="Only this model (repeatable) [default: every model].")
 @click.option("--task", "tasks", multiple=True, help="Leave out only this task (repeatable) [default: each task].")
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    type=click.Choice(ENCODER_FAMILIES),
-    help="Only these families (repeatable) [default: all three].",
-)
+@FAMILIES_OPTION
 @click.option(
     "--final-seeds",
     type=click.IntRange(min=1),
@@ -195,7 +191,7 @@ def recommend_command(
 )
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads while training.")
 @FORMAT_OPTION
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@QUIET_OPTION
 @location_options
 def loto_command(
     settings: Settings, storage: str, models, tasks, families, final_seeds: int, threads, fmt: str, quiet: bool

@@ -6,7 +6,7 @@ import click
 
 from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, storage_option, study_logging
+from .group import FORMAT_OPTION, QUIET_OPTION, cli, location_options, storage_option, study_logging
 
 SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
 
@@ -70,7 +70,7 @@ def _one_family(ctx: click.Context, param: click.Parameter, value: tuple) -> str
 )
 @click.option("--note", default="", help="With --update-shipped: a sentence kept in the file's provenance.")
 @FORMAT_OPTION
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@QUIET_OPTION
 @location_options
 def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, **options) -> None:
     """Train whole candidate configurations on every problem; choose a default and a portfolio on validation.

@@ -5,7 +5,16 @@ from __future__ import annotations
 import click
 
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, storage_option
+from .group import (
+    FORMAT_OPTION,
+    OVERWRITE_OPTION,
+    QUIET_OPTION,
+    TASK_PATH_OPTION,
+    cli,
+    location_options,
+    quiet_model_loading,
+    storage_option,
+)
 
 # ----------------------------------------------------------------------------- export / predict / listings
 
@@ -55,13 +64,7 @@ from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, st
     is_flag=True,
     help="Replace an earlier export in --out, git-tracked files included (--overwrite is the same flag).",
 )
-@click.option(
-    "--task-path",
-    type=click.Path(),
-    default=None,
-    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
-    "checked against the study's) [default: where the study recorded it].",
-)
+@TASK_PATH_OPTION
 @location_options
 def export_command(settings: Settings, storage, **options) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
@@ -128,14 +131,8 @@ def export_command(settings: Settings, storage, **options) -> None:
     help="The frozen model to embed with, instead of the recorded one (needed when that is a local "
     "folder outside MODEL_DIR).",
 )
-@click.option(
-    "--force",
-    "--overwrite",
-    "force",
-    is_flag=True,
-    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@OVERWRITE_OPTION
+@QUIET_OPTION
 @click.option("--verbose", is_flag=True, help="Also the model loading's own progress bars (transformers, the hub).")
 @location_options
 def predict_command(
@@ -200,13 +197,7 @@ def predict_command(
     default=None,
     help="Write the table, CSV or JSON to this file [default: stdout].",
 )
-@click.option(
-    "--force",
-    "--overwrite",
-    "force",
-    is_flag=True,
-    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
-)
+@OVERWRITE_OPTION
 @click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
 @click.option(
     "--threads",
@@ -214,14 +205,8 @@ def predict_command(
     default=None,
     help="Torch CPU threads while retraining [default: unchanged].",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option(
-    "--task-path",
-    type=click.Path(),
-    default=None,
-    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
-    "checked against the study's) [default: where the study recorded it].",
-)
+@QUIET_OPTION
+@TASK_PATH_OPTION
 @location_options
 def explain_command(
     settings: Settings,

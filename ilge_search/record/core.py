@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .fields import Attrs, Stored, attrs_of, fields_from, finite, write_attrs
+from .fields import Attrs, Stored, attrs_of, fields_from, finite, read_stored, write_attrs
 
 if TYPE_CHECKING:
     import optuna
@@ -427,10 +427,7 @@ class ExplainRecord:
         stored = attrs.get(cls.ATTR)
         if not isinstance(stored, Mapping) or not isinstance(stored.get("source"), Mapping):
             return None
-        try:
-            return fields_from(cls, stored)
-        except TypeError:  # a record missing a field: not a usable explanation
-            return None
+        return read_stored(stored, lambda values: fields_from(cls, values), (TypeError,))
 
     def to_attrs(self) -> Attrs:
         return {self.ATTR: dataclasses.asdict(self)}
@@ -462,15 +459,11 @@ class LotoRecord:
 
     @classmethod
     def from_value(cls, stored: object) -> LotoRecord | None:
-        if not isinstance(stored, Mapping):
-            return None
-        try:
-            values = dict(stored)
-            values["builtin"] = fields_from(LotoScores, values["builtin"])
-            values["regenerated"] = fields_from(LotoScores, values["regenerated"])
-            return fields_from(cls, values)
-        except (KeyError, TypeError):
-            return None
+        def build(values: Attrs) -> LotoRecord:
+            scores = {name: fields_from(LotoScores, values[name]) for name in ("builtin", "regenerated")}
+            return fields_from(cls, {**values, **scores})
+
+        return read_stored(stored, build, (KeyError, TypeError))
 
     def to_value(self) -> Attrs:
         return dataclasses.asdict(self)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .fields import Attrs, attrs_of, known_fields
+from .fields import Attrs, attrs_of, known_fields, read_stored
 
 if TYPE_CHECKING:
     import optuna
@@ -135,14 +135,11 @@ class EnsembleRecord:
 
     @classmethod
     def from_value(cls, stored: object) -> EnsembleRecord | None:
-        if not isinstance(stored, Mapping):
-            return None
-        try:
-            values: Attrs = dict(stored)
-            values["sizes"] = {str(k): EnsembleSize.from_value(v) for k, v in dict(values["sizes"]).items()}
-            return cls(**known_fields(cls, values))
-        except (KeyError, TypeError, ValueError):
-            return None
+        def build(values: Attrs) -> EnsembleRecord:
+            sizes = {str(k): EnsembleSize.from_value(v) for k, v in dict(values["sizes"]).items()}
+            return cls(**known_fields(cls, {**values, "sizes": sizes}))
+
+        return read_stored(stored, build, (KeyError, TypeError, ValueError))
 
     def to_value(self) -> Attrs:
         return dataclasses.asdict(self)

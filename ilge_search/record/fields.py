@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Attrs", "Stored", "attrs_of", "fields_from", "finite", "known_fields", "write_attrs"]
+__all__ = ["Attrs", "Stored", "read_stored", "attrs_of", "fields_from", "finite", "known_fields", "write_attrs"]
 
 # a JSON-serialisable mapping: what a study's or trial's user attrs, a record's to_attrs and a saved file hold
 Attrs = dict[str, Any]
@@ -63,3 +63,16 @@ def write_attrs(study: optuna.Study, values: Mapping[str, object]) -> None:
     """Store each entry of ``values`` as a user attr of ``study``."""
     for key, value in values.items():
         study.set_user_attr(key, value)
+
+
+def read_stored(
+    stored: object, build: Callable[[Attrs], _Record], errors: tuple[type[Exception], ...]
+) -> _Record | None:
+    """``build`` applied to a copy of a stored mapping; ``None`` when ``stored`` is no mapping or ``build`` raises
+    one of ``errors`` (a record missing a field, or of another shape, is no usable record)."""
+    if not isinstance(stored, Mapping):
+        return None
+    try:
+        return build(dict(stored))
+    except errors:
+        return None

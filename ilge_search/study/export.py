@@ -48,9 +48,9 @@ from ..record import (
 from ..record.fields import Attrs, known_fields
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
-from .retraining import train_seeds
+from .retraining import TrainingSetup, train_seeds
 from .selection import DEFAULT_SELECT
-from .stored import chosen_trial, data_of, identity_of, load_run_study, load_training_data, selected_trial
+from .stored import chosen_trial, data_of, identity_of, load_run_study, selected_trial
 
 if TYPE_CHECKING:
     import optuna
@@ -267,14 +267,8 @@ def _retrained(
     study: optuna.Study, trial: optuna.trial.FrozenTrial, how: StudyExport
 ) -> tuple[ILGEModel | TaggerModel, float]:
     """``trial``'s config trained once with ``how.seed`` on the study's data (as the final evaluation does)."""
-    data = load_training_data(
-        study,
-        data_dir=how.data_dir,
-        task_path=how.task_path,
-        cache_dir=how.cache_dir,
-        device=how.device,
-        progress=how.progress,
-    )
+    setup = TrainingSetup(data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, task_path=how.task_path)
+    data = setup.load_data(study, with_test=False, progress=how.progress)
     trained = next(train_seeds(data, trial_config(trial), [how.seed], device=how.device))
     return trained.model, float(trained.best_val_metric or 0.0)
 

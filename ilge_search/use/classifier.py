@@ -20,7 +20,7 @@ similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -271,11 +271,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         if (val_texts is None) != (val_labels is None):
             raise ValueError("pass both val_texts and val_labels, or neither")
         if val_texts is None or val_labels is None:
-            classes = self._fit_classes(label_array)
-            y = self._encode(label_array, classes, "labels")
-            train_rows, val_rows = self._validation_split(y)
-            features = self._embed(train_texts)
-            return self._train(config, classes, features[train_rows], y[train_rows], features[val_rows], y[val_rows])
+            return self._train_held_out(config, label_array, "labels", lambda: self._embed(train_texts))
         held_out_texts = check_texts(val_texts, "val_texts")
         held_out_labels = check_labels(val_labels, len(held_out_texts), "val_labels")
         classes = self._fit_classes(label_array)
@@ -294,10 +290,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         if (X_val is None) != (y_val is None):
             raise ValueError("pass both X_val and y_val, or neither")
         if X_val is None or y_val is None:
-            classes = self._fit_classes(labels)
-            y_ids = self._encode(labels, classes, "y")
-            train_rows, val_rows = self._validation_split(y_ids)
-            return self._train(config, classes, X[train_rows], y_ids[train_rows], X[val_rows], y_ids[val_rows])
+            return self._train_held_out(config, labels, "y", lambda: X)
         X_val = check_features(X_val, "X_val")
         if X_val.shape[1:] != X.shape[1:]:
             raise ValueError(f"X_val rows are {tuple(X_val.shape[1:])} but X rows are {tuple(X.shape[1:])}")
@@ -305,6 +298,17 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         classes = self._fit_classes(labels)
         y_ids = self._encode(labels, classes, "y")
         return self._train(config, classes, X, y_ids, X_val, self._encode(val_labels, classes, "y_val"))
+
+    def _train_held_out(
+        self, config: EncoderConfig, labels: np.ndarray, name: str, features: Callable[[], torch.Tensor]
+    ) -> ILGEClassifier:
+        """Train on all but a stratified ``val_fraction`` of the rows, held out for early stopping; ``features``
+        gives the rows' embeddings once the labels are checked."""
+        classes = self._fit_classes(labels)
+        y = self._encode(labels, classes, name)
+        train_rows, val_rows = self._validation_split(y)
+        X = features()
+        return self._train(config, classes, X[train_rows], y[train_rows], X[val_rows], y[val_rows])
 
     def _train(
         self,
