@@ -75,20 +75,21 @@ def storage_option(*, required: bool = False, default_text: str | None = None) -
     return click.option("--storage", default=None, help=STORAGE_HELP + "." + shown)
 
 
+def path_option(*param_decls: str, folder: bool, **attrs: Any) -> Callable:
+    """An option naming a folder (``folder``) or a file, unset unless given."""
+    kind = click.Path(file_okay=False) if folder else click.Path(dir_okay=False)
+    unset = {} if attrs.get("required") else {"default": None}  # click reads default=None as given
+    return click.option(*param_decls, type=kind, **unset, **attrs)
+
+
 def location_options(func: Callable) -> Callable:
     """Add --cache-dir/--data-dir/--device to a subcommand and pass ``settings``."""
 
-    @click.option(
-        "--cache-dir",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Embedding cache (default: $ILGE_SEARCH_CACHE or ~/.cache/ilge-search).",
+    @path_option(
+        "--cache-dir", folder=True, help="Embedding cache (default: $ILGE_SEARCH_CACHE or ~/.cache/ilge-search)."
     )
-    @click.option(
-        "--data-dir",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Offline task data in the shared JSONL layout (default: $ILGE_SEARCH_DATA).",
+    @path_option(
+        "--data-dir", folder=True, help="Offline task data in the shared JSONL layout (default: $ILGE_SEARCH_DATA)."
     )
     @click.option("--device", default=None, help="auto, cpu, cuda, cuda:1, mps ...")
     @click.pass_obj

@@ -12,6 +12,7 @@ from .group import (
     cli,
     echo_frame,
     location_options,
+    path_option,
     storage_option,
     study_logging,
 )
@@ -32,11 +33,8 @@ RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="TCP port (0 picks a free one)."
 )
-@click.option(
-    "--artifact-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Artifact store to serve [default: the one `run` uploads to for this storage].",
+@path_option(
+    "--artifact-dir", folder=True, help="Artifact store to serve [default: the one `run` uploads to for this storage]."
 )
 @click.option(
     "--allow-remote",
@@ -64,11 +62,10 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote:
 
 @cli.command("report")
 @storage_option(required=True)
-@click.option(
+@path_option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
+    folder=True,
     help="Folder for report.md, report.tex, index.html, the CSVs and figures/ [default: beside the storage, "
     "studies/x.db -> studies/x-report/; for a server database <backend>-<host>-<db>-report/ here].",
 )
@@ -97,20 +94,18 @@ def report_command(storage: str, out_dir: str | None, no_figures: bool, force: b
 
 @cli.command("recommend")
 @storage_option(required=True)
-@click.option(
+@path_option(
     "--out",
     "out_path",
-    type=click.Path(dir_okay=False),
-    default=None,
+    folder=False,
     help="Defaults file to write [default: $ILGE_SEARCH_DEFAULTS, else "
     "~/.config/ilge-search/recommended_defaults.json; recommended_config reads it over the "
     "shipped defaults].",
 )
-@click.option(
+@path_option(
     "--report",
     "report_path",
-    type=click.Path(dir_okay=False),
-    default=None,
+    folder=False,
     help="The 'Defaults by model size' Markdown page [default: next to the defaults file, .md; "
     "none with --update-shipped].",
 )

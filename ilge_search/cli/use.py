@@ -12,6 +12,7 @@ from .group import (
     TASK_PATH_OPTION,
     cli,
     location_options,
+    path_option,
     quiet_model_loading,
     storage_option,
 )
@@ -22,11 +23,11 @@ from .group import (
 @cli.command("export")
 @storage_option()
 @click.option("--study", "study_name", required=True, help="The study to export (see `ilge-search studies`).")
-@click.option(
+@path_option(
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(file_okay=False),
+    folder=True,
     help="Folder for the model (new or empty): model.safetensors + ilge_classifier.json.",
 )
 @click.option(
@@ -45,10 +46,9 @@ from .group import (
     help="Export this complete trial instead (e.g. one of a multi-objective study's final front: its "
     "final weights; any other trial is retrained with --seed).",
 )
-@click.option(
+@path_option(
     "--artifact-dir",
-    type=click.Path(file_okay=False),
-    default=None,
+    folder=True,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
 @click.option(
@@ -88,22 +88,15 @@ def export_command(settings: Settings, storage, **options) -> None:
 
 @cli.command("predict")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
-@click.option(
+@path_option(
     "--input",
     "-i",
     "input_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    folder=False,
     help="A .jsonl, .csv, .tsv, .parquet or .txt file (plain text: one text per line).",
 )
-@click.option(
-    "--out",
-    "-o",
-    "out_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="A .jsonl, .csv or .tsv file [default: JSONL on stdout].",
-)
+@path_option("--out", "-o", "out_path", folder=False, help="A .jsonl, .csv or .tsv file [default: JSONL on stdout].")
 @click.option("--text-col", default=None, help="The text column [default: text].")
 @click.option(
     "--text-cols",
@@ -190,13 +183,7 @@ def predict_command(
     "--study", "study_name", required=True, help="A study with a final evaluation (see `ilge-search studies`)."
 )
 @FORMAT_OPTION
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write the table, CSV or JSON to this file [default: stdout].",
-)
+@path_option("--out", "out_path", folder=False, help="Write the table, CSV or JSON to this file [default: stdout].")
 @OVERWRITE_OPTION
 @click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
 @click.option(

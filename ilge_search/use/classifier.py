@@ -118,6 +118,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     NOUN = "classifier"
     FIT_METHODS = "fit() or fit_embeddings()"
 
+    num_classes: int | None
+    token_pooling: str
+
     # fitted attributes besides the shared ones (absent until fit, load or from_study sets them)
     model_: ILGEModel
     task_kind_: str
@@ -139,18 +142,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
-        self.base_model = base_model
-        self.config = config
-        self.num_classes = num_classes
-        self.token_pooling = token_pooling
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.device = device
-        self.random_state = random_state
-        self.cache_dir = cache_dir
-        self.progress = progress
-        self.val_fraction = val_fraction
-        self.patience = patience
+        self._keep_arguments(locals())
 
     # ------------------------------------------------------------------ validation
 

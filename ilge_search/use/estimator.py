@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
@@ -137,6 +137,13 @@ class SavedEstimator(BaseEstimator):
     best_layer_: int | None
     layer_scores_: list[float]
     provenance_: Attrs
+
+    def _keep_arguments(self, arguments: Mapping[str, object]) -> None:
+        """Store each argument of a subclass's ``__init__`` (its ``locals()``) under its own name, unchanged, as
+        scikit-learn's ``get_params`` and ``clone`` read them."""
+        for name, value in arguments.items():
+            if name != "self":
+                setattr(self, name, value)
 
     # ------------------------------------------------------------------ checks
 

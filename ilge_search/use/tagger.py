@@ -92,6 +92,8 @@ class ILGETagger(SavedEstimator):
     NOUN = "tagger"
     TAGGING = True
 
+    word_pooling: str
+
     model_: TaggerModel
 
     def __init__(
@@ -108,17 +110,7 @@ class ILGETagger(SavedEstimator):
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
-        self.base_model = base_model
-        self.config = config
-        self.word_pooling = word_pooling
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.device = device
-        self.random_state = random_state
-        self.cache_dir = cache_dir
-        self.progress = progress
-        self.val_fraction = val_fraction
-        self.patience = patience
+        self._keep_arguments(locals())
 
     # ------------------------------------------------------------------ checks
 
