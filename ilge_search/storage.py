@@ -1,23 +1,11 @@
 """The one entrance to study storage: a URL is opened once, here, and passed down as a :class:`Storage`.
 
-:func:`open_storage` parses an Optuna RDB URL, opens the ``RDBStorage`` (SQLite
-with a busy timeout and ``BEGIN IMMEDIATE`` transactions, PostgreSQL with
-whichever psycopg is installed, heartbeats for dead-worker detection) and
-knows the artifact folder that goes with it. Everything that reads or writes
-studies -- the runner, its workers, sweeps, reports, ``recommend`` and the
-dashboard -- takes the :class:`Storage` (or its ``rdb``) instead of a URL.
-
-It also owns the vocabulary of stored trials: a *finished* trial is COMPLETE
-or PRUNED (what trial budgets count); an *ended* trial is finished or FAIL
-(what progress bars count); see ``ARCHITECTURE.md``.
-
-Faults it turns into one clear :class:`StorageError`: an empty URL, a SQLite
-folder that cannot be written (checked up front for writers), a full or
-read-only database (:func:`storage_fault`), and the schema-creation race of
-several processes opening a fresh database at once (a file lock next to a
-SQLite file, retries for server databases). A RUNNING trial whose process
-(:mod:`ilge_search.record.worker`) is gone on this host is failed and retried at once
-(:func:`fail_stale_trials`).
+:func:`open_storage` opens Optuna's ``RDBStorage`` (SQLite with a busy timeout and ``BEGIN IMMEDIATE``
+transactions, PostgreSQL through whichever psycopg is installed, heartbeats) with its artifact folder.
+A *finished* trial is COMPLETE or PRUNED (what budgets count), an *ended* one finished or FAIL (what
+progress bars count). Faults become one :class:`StorageError` line: a bad URL, a folder a writer cannot
+write, a full or read-only database (:func:`storage_fault`), the race of processes creating one schema.
+A RUNNING trial whose process is gone is failed and retried (:func:`fail_stale_trials`).
 """
 
 from __future__ import annotations
@@ -156,9 +144,8 @@ def sqlite_database(storage_url: str) -> Path | None:
 
 
 def artifact_dir_for(storage_url: str, artifact_dir: PathLike | None = None) -> Path:
-    """Where the artifact store lives: ``artifact_dir`` if given; for a SQLite file,
-    an ``artifacts`` folder next to it; otherwise ``studies/artifacts`` (give
-    ``artifact_dir`` on a shared filesystem for multi-node runs)."""
+    """Where the artifact store lives: ``artifact_dir`` if given; for a SQLite file, an ``artifacts`` folder next to it;
+    otherwise ``studies/artifacts`` (give ``artifact_dir`` on a shared filesystem for multi-node runs)."""
     if artifact_dir is not None:
         return Path(artifact_dir).expanduser().resolve()
     database = _sqlite_file(_parse(storage_url))
@@ -267,9 +254,8 @@ def open_storage(
             once its heartbeat is older than ``grace_period`` (default twice the
             interval) and re-queued up to ``max_retry`` times.
 
-    Several processes may open one new database at once: a SQLite file's
-    schema is created under ``<file>.lock``, and a process that loses the
-    race on a server database opens what the winner made.
+    Several processes may open one new database at once: a SQLite file's schema is created under ``<file>.lock``, and a
+    process that loses the race on a server database opens what the winner made.
 
     Raises:
         StorageError: the URL is empty or malformed, its driver is missing, the
@@ -392,10 +378,9 @@ def _create_rdb(
 def _schema_lock(database: Path | None) -> Iterator[None]:
     """Hold ``<database>.lock`` while a SQLite file is opened (and its schema created, if new).
 
-    Several processes opening one fresh file would otherwise race to create its
-    tables ("table studies already exists", "UNIQUE constraint failed:
-    alembic_version"). Without a writable folder there is no lock; the retries
-    of :func:`_create_rdb` still apply.
+    Several processes opening one fresh file would otherwise race to create its tables ("table studies already exists",
+    "UNIQUE constraint failed: alembic_version"). Without a writable folder there is no lock; the retries of
+    :func:`_create_rdb` still apply.
     """
     if database is None:
         yield
@@ -484,11 +469,10 @@ def storage_fault(exc: BaseException) -> str | None:
 def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
     """Start every SQLite transaction holding the write lock.
 
-    pysqlite's default deferred transactions let two processes both read a
-    WAITING trial and both mark it RUNNING (SQLite ignores SELECT ... FOR
-    UPDATE), so an enqueued trial would run once per worker; and two readers
-    upgrading to writers at once fail with "database is locked" without waiting
-    for the busy timeout. ``BEGIN IMMEDIATE`` makes each transaction wait its turn.
+    pysqlite's default deferred transactions let two processes both read a WAITING trial and both mark it RUNNING
+    (SQLite ignores SELECT ... FOR UPDATE), so an enqueued trial would run once per worker; and two readers upgrading to
+    writers at once fail with "database is locked" without waiting for the busy timeout. ``BEGIN IMMEDIATE`` makes each
+    transaction wait its turn.
     """
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
@@ -567,15 +551,13 @@ def fail_stale_trials(study: optuna.Study, storage: Storage, *, retry: bool = Tr
     """Fail and retry (up to ``max_retry`` times; with ``retry=False`` never) RUNNING trials whose worker died.
 
     - A trial whose process (:data:`~ilge_search.record.worker.WORKER_ATTR`) is gone on this host is failed at once.
-    - With heartbeats, Optuna's :func:`optuna.storages.fail_stale_trials` fails
-      trials whose heartbeat is older than the grace period (other hosts).
-    - A worker killed between ``study.ask()`` and its heartbeat thread's first
-      beat (the sampler runs in between) leaves a trial with no heartbeat at
-      all; it is failed once it started more than the grace period ago. The
-      heartbeat table is read with plain SQL on the storage's public engine.
+    - With heartbeats, Optuna's :func:`optuna.storages.fail_stale_trials` fails trials whose heartbeat is older than the
+      grace period (other hosts).
+    - A worker killed between ``study.ask()`` and its heartbeat thread's first beat (the sampler runs in between) leaves
+      a trial with no heartbeat at all; it is failed once it started more than the grace period ago. The heartbeat table
+      is read with plain SQL on the storage's public engine.
 
-    ``storage`` is the opened storage ``study`` lives in (Optuna wraps it in a
-    cache that hides the heartbeat settings).
+    ``storage`` is the opened storage ``study`` lives in (Optuna wraps it in a cache that hides the heartbeat settings).
     """
     import optuna
     import sqlalchemy

@@ -1,12 +1,10 @@
 """The ``ilge-search`` command group and what its commands share.
 
-The group builds one :class:`~ilge_search.settings.Settings`; each subcommand
-parses its options and calls one library function. ``--cache-dir``,
-``--data-dir`` and ``--device`` are accepted on the group and on each
-subcommand (the subcommand's value wins); ``--storage`` is declared once
-(:func:`storage_option`). A ``ValueError`` from the library (bad argument,
-unknown task or model, unreachable storage ...) becomes a one-line click error
-with exit status 1, in one place (:class:`IlgeGroup`).
+The group builds one :class:`~ilge_search.settings.Settings`; each subcommand parses its options and calls one library
+function. ``--cache-dir``, ``--data-dir`` and ``--device`` are accepted on the group and on each subcommand (the
+subcommand's value wins); ``--storage`` is declared once (:func:`storage_option`). A ``ValueError`` from the library
+(bad argument, unknown task or model, unreachable storage ...) becomes a one-line click error with exit status 1, in one
+place (:class:`IlgeGroup`).
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ def _require_storage(ctx: click.Context, param: click.Parameter, value: str | No
 def storage_option(*, required: bool = False, default_text: str | None = None) -> Callable:
     """The ``--storage`` option of every command that reads or writes studies.
 
-    Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what
-    ``default_text`` says); ``required=True`` for commands that must be told
-    which storage to read.
+    Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what ``default_text`` says); ``required=True`` for
+    commands that must be told which storage to read.
     """
     if required:  # a callback, not required=True: click takes default=None as a given value
         return click.option("--storage", default=None, callback=_require_storage, help=STORAGE_HELP + ".  [required]")
@@ -187,10 +184,9 @@ def _study_click_option(name: str, overrides: bool) -> click.Option:
 
 def study_options(*names: str, overrides: bool = False) -> Callable[[Callable], Callable]:
     """Add the click options of the study options ``names`` (flat names of
-    :data:`~ilge_search.study.options.FLAT_NAMES`; none: every option the command line spells), in this
-    order, to a :class:`StudyCommand`: each is made
-    from its field's flag, help and default, on the command's first use, so that ``ilge-search --help``
-    imports no study module."""
+    :data:`~ilge_search.study.options.FLAT_NAMES`; none: every option the command line spells), in this order, to a
+    :class:`StudyCommand`: each is made from its field's flag, help and default, on the command's first use, so that
+    ``ilge-search --help`` imports no study module."""
 
     def decorator(func: Callable) -> Callable:
         if not hasattr(func, "__click_params__"):

@@ -3,27 +3,22 @@
 Optuna keeps free-form *user attrs* on every study and trial. The ``record`` package is the one reader and
 writer of them; every other module works with the typed records below:
 
-- :class:`StudyRecord`, one per study, read with :func:`study_record` from an
-  ``optuna.Study``, a ``FrozenStudy`` or a study summary. It holds the study's
-  :class:`Identity` (what its trials search and how its final scores are
-  measured), its :class:`DataRecord` (the embeddings it ran on), its
-  :class:`FinalRecord` (the final evaluation under the current selection rule;
-  one per rule in ``by_rule``), and the :class:`ExplainRecord` and
-  :class:`LotoRecord` entries other commands stored on it;
+- :class:`StudyRecord`, one per study, read with :func:`study_record` from an ``optuna.Study``, a ``FrozenStudy`` or a
+  study summary. It holds the study's :class:`Identity` (what its trials search and how its final scores are measured),
+  its :class:`DataRecord` (the embeddings it ran on), its :class:`FinalRecord` (the final evaluation under the current
+  selection rule; one per rule in ``by_rule``), and the :class:`ExplainRecord` and :class:`LotoRecord` entries other
+  commands stored on it;
 - :class:`~ilge_search.record.trial.TrialRecord`, one per trial, read with
   :func:`~ilge_search.record.trial.trial_record` (:mod:`ilge_search.record.trial`).
 
-Writers (:func:`save_identity`, :func:`save_final` ...)
-take the same records. On disk every field stays a flat user attr under its
-historical name (``final_test_mean``, ``val_metric`` ...), so optuna-dashboard
-shows them and older tools keep reading them; a study written by this version
-also stores :data:`VERSION_ATTR` = :data:`RECORD_VERSION`.
+Writers (:func:`save_identity`, :func:`save_final` ...) take the same records. On disk every field stays a flat user
+attr under its historical name (``final_test_mean``, ``val_metric`` ...), so optuna-dashboard shows them and older tools
+keep reading them; a study written by this version also stores :data:`VERSION_ATTR` = :data:`RECORD_VERSION`.
 
-Format versions: version 1 is every study stored before the record existed
-(no :data:`VERSION_ATTR`). :func:`upgrade_attrs` is the one converter: it
-reads a version-1 study's absent keys as what they meant then (objectives:
-the score alone; protocol: ``matched``; a final evaluation without a rule:
-``best``), so every reader sees one shape.
+Format versions: version 1 is every study stored before the record existed (no :data:`VERSION_ATTR`).
+:func:`upgrade_attrs` is the one converter: it reads a version-1 study's absent keys as what they meant then
+(objectives: the score alone; protocol: ``matched``; a final evaluation without a rule: ``best``), so every reader sees
+one shape.
 """
 
 from __future__ import annotations
@@ -98,11 +93,9 @@ PROTOCOL_KEYS = ("protocol", "samples_per_label")
 class Identity:
     """What a study's trials search and how its final scores are measured.
 
-    Two runs may share a study only when their identities are equal. ``task``
-    is a registered task's name or a custom task's file or folder name;
-    ``objectives`` is ``("score",)`` or the score with ``params`` and/or
-    ``latency``; ``protocol`` is ``matched`` or ``paper`` (with its
-    ``samples_per_label``, ``None`` under ``matched``).
+    Two runs may share a study only when their identities are equal. ``task`` is a registered task's name or a custom
+    task's file or folder name; ``objectives`` is ``("score",)`` or the score with ``params`` and/or ``latency``;
+    ``protocol`` is ``matched`` or ``paper`` (with its ``samples_per_label``, ``None`` under ``matched``).
     """
 
     VERSION: ClassVar[int] = 1
@@ -175,10 +168,9 @@ IDENTITY_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Identi
 class DataRecord:
     """The embeddings a study ran on, recorded when it was created.
 
-    ``data_fingerprints`` (split -> sha256 of its content) and ``label_names``
-    decide whether new data may join the study; ``cache_keys`` are the
-    embedding-cache entries of its splits; ``task_path`` is a custom task's file
-    or folder (absolute), ``artifact_dir`` the artifact store its weights went to.
+    ``data_fingerprints`` (split -> sha256 of its content) and ``label_names`` decide whether new data may join the
+    study; ``cache_keys`` are the embedding-cache entries of its splits; ``task_path`` is a custom task's file or folder
+    (absolute), ``artifact_dir`` the artifact store its weights went to.
     """
 
     VERSION: ClassVar[int] = 1
@@ -278,22 +270,16 @@ _FINAL_PREFIX = "final_"
 class FinalRecord:
     """A study's final evaluation under one selection rule.
 
-    The selected trial (``trial``, by the rule ``select``: ``best``, ``one-se``
-    or ``front``) retrained once per seed and scored on test; the starting
-    configuration retrained with the same seeds (``start_*``) and the
-    ``search_gain`` (selected minus start, in the direction of improvement);
-    ``selected_value`` (the selected trial's objective) and ``val_test_gap``
-    (that minus the test mean; ``None`` under the paper protocol);
-    ``artifacts`` (the best seed's weights by validation) and
-    ``artifact_seed``; ``protocol`` (how the test scores were measured, with
-    the paper protocol's draws); ``zero_shot`` scores on similarity tasks; a
-    multi-objective study's ``front`` with ``front_k`` (asked for) and
-    ``front_size`` (of the whole front then). For a tagging study,
-    ``test_macro_f1`` holds each seed's macro-F1 over the test words (beside
-    its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their
-    mean (of a multi-objective study's best-score front trial); ``None`` for
-    other tasks and for evaluations stored before they were recorded (absent
-    attrs: not measured, so no format change).
+    The selected trial (``trial``, by the rule ``select``: ``best``, ``one-se`` or ``front``) retrained once per seed
+    and scored on test; the starting configuration retrained with the same seeds (``start_*``) and the ``search_gain``
+    (selected minus start, in the direction of improvement); ``selected_value`` (the selected trial's objective) and
+    ``val_test_gap`` (that minus the test mean; ``None`` under the paper protocol); ``artifacts`` (the best seed's
+    weights by validation) and ``artifact_seed``; ``protocol`` (how the test scores were measured, with the paper
+    protocol's draws); ``zero_shot`` scores on similarity tasks; a multi-objective study's ``front`` with ``front_k``
+    (asked for) and ``front_size`` (of the whole front then). For a tagging study, ``test_macro_f1`` holds each seed's
+    macro-F1 over the test words (beside its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their mean
+    (of a multi-objective study's best-score front trial); ``None`` for other tasks and for evaluations stored before
+    they were recorded (absent attrs: not measured, so no format change).
     """
 
     VERSION: ClassVar[int] = 1
@@ -475,9 +461,8 @@ class LotoRecord:
 def upgrade_attrs(attrs: Mapping[str, object]) -> Attrs:
     """A study's user attrs in the current format (:data:`RECORD_VERSION`), whatever version wrote them.
 
-    Version 1 (no :data:`VERSION_ATTR`): ``objectives`` absent means the score
-    alone, ``protocol`` absent means ``matched``, and a final evaluation without
-    ``final_select`` was made under ``best``. Nothing else changed meaning.
+    Version 1 (no :data:`VERSION_ATTR`): ``objectives`` absent means the score alone, ``protocol`` absent means
+    ``matched``, and a final evaluation without ``final_select`` was made under ``best``. Nothing else changed meaning.
     """
     out: Attrs = dict(attrs)
     version = int(out.get(VERSION_ATTR) or 1)
@@ -500,11 +485,9 @@ def upgrade_attrs(attrs: Mapping[str, object]) -> Attrs:
 class StudyRecord:
     """Everything ilge-search stored on one study, typed (see the module's docstring).
 
-    ``identity`` and ``data`` are ``None`` when none of their fields was
-    stored (a study ilge-search did not create; see :attr:`is_ours`); ``final``
-    is the evaluation under the rule the study was last evaluated with and
-    ``by_rule`` every rule's; ``loto`` maps a key digest to a
-    :class:`LotoRecord`. ``version`` is the format the study was stored in.
+    ``identity`` and ``data`` are ``None`` when none of their fields was stored (a study ilge-search did not create; see
+    :attr:`is_ours`); ``final`` is the evaluation under the rule the study was last evaluated with and ``by_rule`` every
+    rule's; ``loto`` maps a key digest to a :class:`LotoRecord`. ``version`` is the format the study was stored in.
     """
 
     name: str

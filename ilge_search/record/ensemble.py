@@ -1,16 +1,13 @@
 """The ensemble part of the study record: trials' validation predictions and a study's ensemble evaluation.
 
-Validation predictions (class probabilities ``(N, C)`` or similarity scores
-``(N,)``, float16 ``.npy``) live in the study's artifact store; the record keeps
-their artifact ids. A trial stores its own while it runs (the trial attr
-:data:`PREDICTIONS_ATTR`); predictions made later for a finished trial (Optuna
-cannot change a finished trial's attrs) go into the study attr
-:data:`BACKFILL_ATTR`, trial number -> artifact id, with the seed they were
-trained with. :func:`trial_predictions` reads both as one map.
+Validation predictions (class probabilities ``(N, C)`` or similarity scores ``(N,)``, float16 ``.npy``) live in the
+study's artifact store; the record keeps their artifact ids. A trial stores its own while it runs (the trial attr
+:data:`PREDICTIONS_ATTR`); predictions made later for a finished trial (Optuna cannot change a finished trial's attrs)
+go into the study attr :data:`BACKFILL_ATTR`, trial number -> artifact id, with the seed they were trained with.
+:func:`trial_predictions` reads both as one map.
 
-:class:`EnsembleRecord` (study attr :data:`EnsembleRecord.ATTR`) is the last
-ensemble evaluation: the greedy selection's picks, and per ensemble size the
-ensemble's test scores over the final seeds beside the selected trial's and the
+:class:`EnsembleRecord` (study attr :data:`EnsembleRecord.ATTR`) is the last ensemble evaluation: the greedy selection's
+picks, and per ensemble size the ensemble's test scores over the final seeds beside the selected trial's and the
 starting configuration's with the same seeds.
 """
 
@@ -87,24 +84,18 @@ class EnsembleSize:
 class EnsembleRecord:
     """A study's ensemble evaluation (``ilge-search ensemble`` or ``run --ensemble K``).
 
-    ``size`` is the K asked for (the study's ensemble); ``picks`` the trial
-    numbers greedy forward selection with replacement took, in order (the
-    ensemble of k is the first k picks); ``sizes`` the evaluated sizes;
-    ``seeds`` and ``max_epochs`` the final retraining's; ``selected_*`` and
-    ``start_*`` the single selected trial's and the starting configuration's
-    test scores with the same seeds (from the final evaluation, rule
-    ``select``); ``best_layer_*`` the best single layer's (a probe per layer
-    chosen on validation) with the same seeds; ``member_seconds`` the training
-    time of the members for one seed; ``latency_ms`` the forward time per 1,000
-    validation samples of the ensemble and of one selected model
-    (``single_latency_ms``); ``artifacts`` the best seed's ensemble weights by
-    validation (``artifact_seed``); ``prediction_seed`` the training seed of the
-    trials' validation predictions; ``mix`` says how members are combined;
-    ``candidates`` the complete trials the selection chose from (``None`` in
-    evaluations stored before it was recorded); ``left_out`` those of them kept
-    out of the selection for their cost (trial -> the seconds its search trial
-    took); ``reused`` the members whose models came from the final evaluation
-    run just before (not trained again).
+    ``size`` is the K asked for (the study's ensemble); ``picks`` the trial numbers greedy forward selection with
+    replacement took, in order (the ensemble of k is the first k picks); ``sizes`` the evaluated sizes; ``seeds`` and
+    ``max_epochs`` the final retraining's; ``selected_*`` and ``start_*`` the single selected trial's and the starting
+    configuration's test scores with the same seeds (from the final evaluation, rule ``select``); ``best_layer_*`` the
+    best single layer's (a probe per layer chosen on validation) with the same seeds; ``member_seconds`` the training
+    time of the members for one seed; ``latency_ms`` the forward time per 1,000 validation samples of the ensemble and
+    of one selected model (``single_latency_ms``); ``artifacts`` the best seed's ensemble weights by validation
+    (``artifact_seed``); ``prediction_seed`` the training seed of the trials' validation predictions; ``mix`` says how
+    members are combined; ``candidates`` the complete trials the selection chose from (``None`` in evaluations stored
+    before it was recorded); ``left_out`` those of them kept out of the selection for their cost (trial -> the seconds
+    its search trial took); ``reused`` the members whose models came from the final evaluation run just before (not
+    trained again).
     """
 
     VERSION: ClassVar[int] = 1

@@ -1,25 +1,10 @@
 """The cross-task matrix's stored record: one Optuna study per (family, size bucket), one trial per cell.
 
-A *cell* is one candidate configuration trained with one seed on one
-problem's data. Its :class:`CellKey` names everything the numbers depend on
-(the configuration as trained, the problem's study and data fingerprints, the
-seed); its digest is the trial's ``portfolio_cell`` user attr. A cell's trial
-is created already RUNNING with that attr in one storage write
-(:func:`claim_cell`), so a process that looks for a cell's trials after
-creating its own sees every claim made before it: the claim with the lowest
-trial number among the RUNNING and COMPLETE ones owns the cell, and a process
-whose claim lost abandons it (marked FAIL, ``portfolio_duplicate``). This is
-how several processes or hosts on one storage share the matrix without
-training a cell twice. A claim whose process died is failed by
-:func:`ilge_search.storage.fail_stale_trials` (it carries the worker stamp),
-and a FAIL or WAITING trial never owns a cell, so the cell is trained again.
-
-The study is not a search: it has no ``model`` attr, so
-:func:`~ilge_search.record.core.is_ilge_study` and the report leave it out.
-Each complete trial's value is the cell's best validation score; its user
-attrs hold :class:`CellScores` (validation and test score, epochs, seconds)
-and the key itself, so the matrix can be read back without the code that
-made it.
+A *cell* is one candidate configuration trained with one seed on one problem's data; its :class:`CellKey` names
+everything the numbers depend on and its digest is the trial's ``portfolio_cell`` user attr. A cell's trial is created
+already RUNNING (:func:`claim_cell`); the lowest-numbered RUNNING or COMPLETE claim owns the cell and a losing claim is
+abandoned, so processes on one storage never train a cell twice (the protocol: ``ARCHITECTURE.md``). The study has no
+``model`` attr, so the report leaves it out; each complete trial holds its :class:`CellScores` and its key.
 """
 
 from __future__ import annotations
@@ -131,10 +116,9 @@ def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, object]) -
 
 
 def claim_cell(storage: Any, study: optuna.Study, key: CellKey, stamp: Callable[[int], tuple[str, Any]]) -> int | None:
-    """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's
-    RUNNING or COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker
-    stamp (attr name and value) that lets :func:`ilge_search.storage.fail_stale_trials` free the claim
-    of a process that died."""
+    """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's RUNNING or
+    COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker stamp (attr name and value)
+    that lets :func:`ilge_search.storage.fail_stale_trials` free the claim of a process that died."""
     rdb = storage.rdb
     study_id = rdb.get_study_id_from_name(study.study_name)
     digest = key.digest

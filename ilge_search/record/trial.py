@@ -21,12 +21,10 @@ __all__ = ["TrialRecord", "trial_record", "trial_config", "save_trial", "enqueue
 class TrialRecord:
     """What a trial recorded: its configuration and how its training went.
 
-    ``val_metric`` is its objective score (the mean over folds with ``--cv``,
-    with ``fold_scores``/``fold_best_epochs``); ``params`` its trainable
-    parameters; ``latency_ms`` its forward time per 1,000 validation samples;
-    ``layer``/``layer_scores`` the best-layer baseline's choice; ``pruned_fold``
-    the fold a cross-validated trial was pruned in; ``recommended`` marks the
-    starting configuration.
+    ``val_metric`` is its objective score (the mean over folds with ``--cv``, with
+    ``fold_scores``/``fold_best_epochs``); ``params`` its trainable parameters; ``latency_ms`` its forward time per
+    1,000 validation samples; ``layer``/``layer_scores`` the best-layer baseline's choice; ``pruned_fold`` the fold a
+    cross-validated trial was pruned in; ``recommended`` marks the starting configuration.
     """
 
     VERSION: ClassVar[int] = 1

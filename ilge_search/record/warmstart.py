@@ -1,21 +1,9 @@
 """A warm-started study's record: which portfolio members it enqueued and what they were chosen from.
 
-``run --warm-start K`` enqueues, after the starting configuration, the first K
-members of a *warm-start order* (:mod:`ilge_search.defaults.choice`). The
-order must never come from the study's own task's validation data, so
-:func:`warm_start_order` picks it as follows:
-
-- from the choice ``ilge-search portfolio`` stored in the storage: when the
-  study's task is among the problems the order was chosen from, the order the
-  command chose again *without that task's problems* (leave one task out;
-  stored beside the choice as ``by_task``), else the order itself;
-- else from the package's shipped ``data/portfolio.json``, which holds only
-  the members: each member's provenance lists the tasks it came from
-  (``member_tasks``), and a member that came only from the study's own task is
-  skipped. Its order was still chosen with every task of its provenance.
-
-What was enqueued is stored on the study as a :class:`WarmStartRecord` (user
-attr ``warm_start_record``), which the study's dashboard note shows.
+``run --warm-start K`` enqueues the first K members of a *warm-start order*, which must never come from
+the study's own task's validation data: :func:`warm_start_order` takes the order ``ilge-search portfolio``
+chose without that task (``by_task``), else the shipped ``data/portfolio.json`` without members that came
+only from that task (``docs/transfer.md``). What was enqueued is stored as a :class:`WarmStartRecord`.
 """
 
 from __future__ import annotations
@@ -49,10 +37,9 @@ class WarmMember:
 
 @dataclass(frozen=True)
 class WarmStartRecord:
-    """A warm start: where its order came from (``origin``), the problems it was chosen on (validation),
-    the task whose problems were left out (``None``: the study's task was not among them, or the order is
-    the shipped one), its members in order, and the shipped members skipped for coming only from the
-    study's own task."""
+    """A warm start: where its order came from (``origin``), the problems it was chosen on (validation), the task whose
+    problems were left out (``None``: the study's task was not among them, or the order is the shipped one), its members
+    in order, and the shipped members skipped for coming only from the study's own task."""
 
     origin: str
     chosen_from: tuple[str, ...]

@@ -1,24 +1,11 @@
 """A finished study's model, ready for use: the final evaluation's weights, or the best trial retrained once.
 
 :func:`load_study_model` reads a study back as a :class:`StudyModel`: the trained
-:class:`~ilge_search.engine.ILGEModel` (feature standardiser, aggregator and head),
-what running it on new texts needs (base model, token pooling, label names or
-score range) and where it came from (:attr:`StudyModel.provenance`).
-
-- A study with a final evaluation gives the weights that evaluation uploaded: the
-  best final seed *by validation* (``final_artifacts``, see :mod:`.final`).
-- A study without one (``--final-seeds 0``), or ``retrain=True``, gives the best
-  trial's configuration retrained once with ``seed`` by the one training engine,
-  exactly as the final evaluation trains each of its seeds (on a CPU, with the same
-  torch thread count, the weights are bit-identical to that seed's).
-- ``trial=N`` (``export --trial N``) picks any complete trial instead: a trial of
-  a multi-objective study's final front gives the weights its final evaluation
-  kept (its best seed by validation); any other trial (or ``retrain=True``) is
-  retrained once with ``seed``.
-
-``ILGEClassifier.from_study`` wraps the result into an estimator and
-``ILGEClassifier.save`` writes it; this module never imports the classifier,
-which sits in a higher layer.
+:class:`~ilge_search.engine.ILGEModel`, what running it on new texts needs and where it came from
+(:attr:`StudyModel.provenance`). A study with a final evaluation gives the weights of its best final seed by validation;
+one without (or ``retrain=True``) gives the best trial retrained once with ``seed``, as the final evaluation trains each
+seed; ``trial=N`` takes any complete trial (a multi-objective study's front member gives the weights its final
+evaluation kept). The estimators wrap the result; this module never imports them (they sit in a higher layer).
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """``ILGEClassifier``: text classification with an ILGE encoder, scikit-learn style.
 
-The frozen LLM turns each text into per-layer embeddings ``(L, D)`` (through
-the one embedding cache), and the one training engine trains the encoder plus
-a linear head on them. The estimator follows scikit-learn's rules: ``__init__``
-only stores its arguments, ``fit`` returns ``self``, fitted state ends in
-``_``, the seed comes in as ``random_state``, and ``sklearn.base.clone`` works.
+The frozen LLM turns each text into per-layer embeddings ``(L, D)`` (through the one embedding cache), and the one
+training engine trains the encoder plus a linear head on them. The estimator follows scikit-learn's rules: ``__init__``
+only stores its arguments, ``fit`` returns ``self``, fitted state ends in ``_``, the seed comes in as ``random_state``,
+and ``sklearn.base.clone`` works.
 
 Texts already embedded in this process are never sent through the LLM again:
 embeddings are memoised per (model, token pooling, max_length) and text, and
 texts not in the memo go through :class:`~ilge_search.embeddings.cache.EmbeddingCache`.
 
-:meth:`ILGEClassifier.from_study` turns a finished study into a fitted
-estimator (the same folder format as :meth:`~ILGEClassifier.save`). A
-similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
-``(sentence_a, sentence_b)`` pairs and returns scores on the task's scale, and
-``score`` is the Spearman correlation.
+:meth:`ILGEClassifier.from_study` turns a finished study into a fitted estimator (the same folder format as
+:meth:`~ILGEClassifier.save`). A similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
+``(sentence_a, sentence_b)`` pairs and returns scores on the task's scale, and ``score`` is the Spearman correlation.
 """
 
 from __future__ import annotations
@@ -192,9 +189,8 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     def _validation_split(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Stratified, seeded split of train into (train rows, validation rows).
 
-        About ``val_fraction`` of the rows are held out, each class in proportion
-        (largest remainders get the rounding), and every class keeps at least one
-        training row.
+        About ``val_fraction`` of the rows are held out, each class in proportion (largest remainders get the rounding),
+        and every class keeps at least one training row.
         """
         rng = np.random.default_rng(int(self.random_state))
         classes, counts = np.unique(labels, return_counts=True)
@@ -500,9 +496,8 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     ) -> ILGEClassifier:
         """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
 
-        The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
-        one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
-        Weights holding NaN or infinity are refused.
+        The recorded base model is used if it is an alias, a hub id or a folder inside ``path``; one elsewhere on disk
+        is refused unless given as ``base_model`` (which replaces it). Weights holding NaN or infinity are refused.
         """
         return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
 

@@ -421,16 +421,15 @@ class SavedEstimator(BaseEstimator):
     ) -> EstimatorT:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
-        The final evaluation's weights (its best seed by validation), or for a study without
-        one (or ``retrain=True``) the best trial retrained once with ``seed``; ``provenance_``
-        says which (study, trial, seed, storage without password, scores, versions). On the
-        study's test split it scores the stored final test score of that seed. A similarity
-        study gives a similarity model; a tagging study is exported by ``ILGETagger`` (its words made
-        as the study made them). ``artifact_dir``: where ``run`` uploaded the weights, if not next to
-        the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
-        ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
-        final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
-        ``task_path``: where a custom task's data is now, when it moved since the study ran.
+        The final evaluation's weights (its best seed by validation), or for a study without one (or ``retrain=True``)
+        the best trial retrained once with ``seed``; ``provenance_`` says which (study, trial, seed, storage without
+        password, scores, versions). On the study's test split it scores the stored final test score of that seed. A
+        similarity study gives a similarity model; a tagging study is exported by ``ILGETagger`` (its words made as the
+        study made them). ``artifact_dir``: where ``run`` uploaded the weights, if not next to the storage;
+        ``data_dir``/``cache_dir``/``device``: for retraining and texts. ``trial``: any complete trial instead of the
+        selected one (a trial of a multi-objective study's final front gives the weights its final evaluation kept; any
+        other is retrained with ``seed``). ``task_path``: where a custom task's data is now, when it moved since the
+        study ran.
         """
         from ..study.export import StudyExport, load_for_estimator
 

@@ -1,35 +1,11 @@
 """Which LLM layers a study's final model uses: one importance per layer (``ilge-search explain``).
 
-For a study with a final evaluation, :func:`explain_study` retrains the final
-configuration (``final_config``) once per final seed (``final_seeds``) with the
-one engine on the study's cached data (only the best seed's weights are kept as
-an artifact, so the others must be trained again; on a CPU with the same thread
-count the retrained models are those of the final evaluation). For each model it
-measures, on the **validation** split (never test):
-
-- **layer ablation**: the validation score minus the score with that layer's
-  input replaced by its training mean (every row, every dimension of the
-  layer). Positive: the model loses that much without the layer; zero: it does
-  not need it (or another layer carries the same information).
-- **gradient x input**: the gradient of each example's evidence for its gold
-  answer (classification: the gold class's logit minus the mean of the logits;
-  similarity: minus the squared error of the cosine against the normalised gold
-  score) with respect to the layer's input, times the input minus its training
-  mean, summed over the layer's features, **signed**, averaged over the
-  validation examples. Measured from the ablation's baseline, it is the
-  first-order (local) estimate of what replacing the layer by its training mean
-  takes away from that evidence; ablation is the exact, non-local effect on
-  the score. Where the two disagree the model is far from linear in that layer.
-
-A tagging study is measured the same way over its validation words (:func:`attribute_word_layers`): the
-layer at its training mean in every word, the word accuracy lost, and each word's centred gold-tag logit.
-
-Both are reported as mean +- std over the final seeds, next to the per-layer
-probe score of the study's best-layer sibling (the same model, task and data
-options; its best trial's ``layer_scores``, which the report plots). The result
-is stored on the study as its :class:`~ilge_search.record.ExplainRecord` with the
-seeds, split and what it was computed from, so the report draws it without
-retraining; a rerun recomputes only when the study's final evaluation changed.
+:func:`explain_study` retrains the final configuration once per final seed on the study's cached data and measures on
+the **validation** split (never test) each layer's ablation drop (the score lost with the layer's input at its training
+mean) and its signed gradient x input of the gold evidence, next to the per-layer probe score of the study's best-layer
+sibling; a tagging study is measured over its validation words (:func:`attribute_word_layers`). What the two measures
+mean and how to read them: ``docs/guide.md``. The result is stored on the study
+(:class:`~ilge_search.record.ExplainRecord`) and recomputed only when its final evaluation changed.
 """
 
 from __future__ import annotations
@@ -226,14 +202,12 @@ def _word_gold_evidence(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tenso
 def attribute_word_layers(
     model: Any, train_words: Any, words: Any, labels: Any, *, metric: str | None = None
 ) -> tuple[float, list[float], list[float]]:
-    """:func:`attribute_layers` for a :class:`~ilge_search.engine.TaggerModel`, over the word rows of a
-    tagging set.
+    """:func:`attribute_layers` for a :class:`~ilge_search.engine.TaggerModel`, over the word rows of a tagging set.
 
-    ``train_words`` and ``words`` are word cache entries or ``(word features (W, L, D), sentence offsets)``;
-    ``labels`` one tag id per word. The ablation puts a layer of every word at its training mean (a
-    sentence's graph sees all its words ablated at once); gradient x input is the centred gold logit of each
-    word, averaged over words. The set is read one batch of equal-length sentences at a time, so a
-    memory-mapped entry is never copied whole.
+    ``train_words`` and ``words`` are word cache entries or ``(word features (W, L, D), sentence offsets)``; ``labels``
+    one tag id per word. The ablation puts a layer of every word at its training mean (a sentence's graph sees all its
+    words ablated at once); gradient x input is the centred gold logit of each word, averaged over words. The set is
+    read one batch of equal-length sentences at a time, so a memory-mapped entry is never copied whole.
     """
     import torch
 
@@ -289,8 +263,7 @@ class _Explained:
 
 
 def _load_study(storage: Storage, study_name: str) -> _Explained:
-    """The study, checked before any training: made by ilge-search, with a final evaluation, over several
-    layers."""
+    """The study, checked before any training: made by ilge-search, with a final evaluation, over several layers."""
     study = load_run_study(storage, study_name, purpose="explained")
     record = study_record(study)
     encoder = record.identity.encoder if record.identity else None

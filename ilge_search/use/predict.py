@@ -1,18 +1,15 @@
 """Labelling files with an exported model (``ilge-search predict``).
 
-A study's model is exported with ``ILGEClassifier.from_study`` and
-``ILGEClassifier.save`` (``ilge-search export``). :func:`predict_file` reads
-JSONL, CSV/TSV, Parquet or plain text (one text per line) chunk by chunk,
-embeds each chunk through the one embedding cache
-(:meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract_texts`, the base
-model loaded once), and writes one JSONL or CSV/TSV row per input row, in
-order. Memory stays flat in the number of rows: only one chunk is held.
+A study's model is exported with ``ILGEClassifier.from_study`` and ``ILGEClassifier.save`` (``ilge-search export``).
+:func:`predict_file` reads JSONL, CSV/TSV, Parquet or plain text (one text per line) chunk by chunk, embeds each chunk
+through the one embedding cache (:meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract_texts`, the base
+model loaded once), and writes one JSONL or CSV/TSV row per input row, in order. Memory stays flat in the number of
+rows: only one chunk is held.
 
-The input is read twice: a first pass checks the columns and every text (and
-counts the rows for the progress bar) before any model loads, so a bad row 90,000
-fails at once, not after an hour of inference. The output is written under a
-temporary name and renamed when complete; an existing file is never replaced
-unless ``overwrite`` is given (:func:`~ilge_search.files.check_output_path`).
+The input is read twice: a first pass checks the columns and every text (and counts the rows for the progress bar)
+before any model loads, so a bad row 90,000 fails at once, not after an hour of inference. The output is written under a
+temporary name and renamed when complete; an existing file is never replaced unless ``overwrite`` is given
+(:func:`~ilge_search.files.check_output_path`).
 """
 
 from __future__ import annotations
@@ -456,9 +453,8 @@ def predict_file(
         options: chunk size, LLM batch size, embedding cache, device, base model, progress bar
             (:class:`PredictOptions`).
 
-    Each output row holds ``row`` (the input row's number, from 1; a CSV header and
-    blank JSONL lines are not counted), the input text(s), and ``label`` (plus
-    ``proba`` per class) or, for a similarity model, ``score``. A file is written
+    Each output row holds ``row`` (the input row's number, from 1; a CSV header and blank JSONL lines are not counted),
+    the input text(s), and ``label`` (plus ``proba`` per class) or, for a similarity model, ``score``. A file is written
     under a temporary name and renamed when complete.
 
     Raises:

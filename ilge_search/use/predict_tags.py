@@ -1,15 +1,13 @@
 """Tagging files with an exported tagger (``ilge-search predict`` on an ``ILGETagger`` folder).
 
-A tagging study is exported with ``ILGETagger.from_study`` and ``ILGETagger.save`` (``ilge-search
-export``). :func:`predict_tags_file` reads sentences already split into words -- JSONL rows with a
-list of words (column ``tokens`` unless told), or plain text with one sentence per line, split on
-whitespace -- chunk by chunk, tags them through the one embedding cache's word entries, and writes
-one tag per input word: JSONL rows ``{"row", "tokens", "tags"}``, or CSV/TSV with one line per word
-(``row``, ``word``, ``token``, ``tag``). Memory stays flat in the number of sentences.
+A tagging study is exported with ``ILGETagger.from_study`` and ``ILGETagger.save`` (``ilge-search export``).
+:func:`predict_tags_file` reads sentences already split into words -- JSONL rows with a list of words (column ``tokens``
+unless told), or plain text with one sentence per line, split on whitespace -- chunk by chunk, tags them through the one
+embedding cache's word entries, and writes one tag per input word: JSONL rows ``{"row", "tokens", "tags"}``, or CSV/TSV
+with one line per word (``row``, ``word``, ``token``, ``tag``). Memory stays flat in the number of sentences.
 
-As for texts, a first pass checks every sentence before any model loads, and a file is written
-under a temporary name and renamed when complete; an existing file is never replaced unless
-``overwrite`` is given.
+As for texts, a first pass checks every sentence before any model loads, and a file is written under a temporary name
+and renamed when complete; an existing file is never replaced unless ``overwrite`` is given.
 """
 
 from __future__ import annotations

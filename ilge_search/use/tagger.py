@@ -1,15 +1,13 @@
 """``ILGETagger``: one tag per word, from an encoder over every layer of a frozen LLM, scikit-learn style.
 
-The frozen LLM turns each word into its per-layer states ``(L, D)`` (its first piece, or
-the mean of its pieces, through the one embedding cache's word entries), and the one
-training engine trains a per-token encoder and a linear head on them. A graph family
-(``cayley``, ``fc``) passes messages over one graph per sentence, whose nodes are the
-sentence's (word, layer) pairs; any other family reads each word's layers alone.
+The frozen LLM turns each word into its per-layer states ``(L, D)`` (its first piece, or the mean of its pieces, through
+the one embedding cache's word entries), and the one training engine trains a per-token encoder and a linear head on
+them. A graph family (``cayley``, ``fc``) passes messages over one graph per sentence, whose nodes are the sentence's
+(word, layer) pairs; any other family reads each word's layers alone.
 
-The estimator follows scikit-learn's rules: ``__init__`` only stores its arguments,
-``fit`` returns ``self``, fitted state ends in ``_``, the seed comes in as
-``random_state``, and ``sklearn.base.clone`` works. Inputs are sentences already split
-into words (``"The cat sat".split()``); ``predict`` returns one list of tags per sentence.
+The estimator follows scikit-learn's rules: ``__init__`` only stores its arguments, ``fit`` returns ``self``, fitted
+state ends in ``_``, the seed comes in as ``random_state``, and ``sklearn.base.clone`` works. Inputs are sentences
+already split into words (``"The cat sat".split()``); ``predict`` returns one list of tags per sentence.
 """
 
 from __future__ import annotations
