@@ -79,6 +79,18 @@ def path_option(*param_decls: str, folder: bool, **attrs: Any) -> Callable:
     return click.option(*param_decls, type=kind, **unset, **attrs)
 
 
+def flag(*param_decls: str, **attrs: Any) -> Callable:
+    """An on/off option, off unless given."""
+    return click.option(*param_decls, is_flag=True, **attrs)
+
+
+def int_option(*param_decls: str, minimum: int, default: int | None, **attrs: Any) -> Callable:
+    """A whole-number option of at least ``minimum``; a set ``default`` shows in the help."""
+    return click.option(
+        *param_decls, type=click.IntRange(min=minimum), default=default, show_default=default is not None, **attrs
+    )
+
+
 def location_options(func: Callable) -> Callable:
     """Add --cache-dir/--data-dir/--device to a subcommand and pass ``settings``."""
 

@@ -11,6 +11,8 @@ from .group import (
     QUIET_OPTION,
     cli,
     echo_frame,
+    flag,
+    int_option,
     location_options,
     path_option,
     storage_option,
@@ -36,9 +38,8 @@ RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.
 @path_option(
     "--artifact-dir", folder=True, help="Artifact store to serve [default: the one `run` uploads to for this storage]."
 )
-@click.option(
+@flag(
     "--allow-remote",
-    is_flag=True,
     help="Allow a --host other than loopback (the dashboard has no login: trusted networks only).",
 )
 @click.option("--log-requests", is_flag=True, help="Print one line per HTTP request.")
@@ -70,9 +71,8 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote:
     "studies/x.db -> studies/x-report/; for a server database <backend>-<host>-<db>-report/ here].",
 )
 @click.option("--no-figures", is_flag=True, help="Tables only: no PNGs and no importances (faster).")
-@click.option(
+@flag(
     "--force",
-    is_flag=True,
     help="Write into a folder that holds git-tracked files, files no report wrote or another storage's report "
     "(same-named files are replaced, none removed).",
 )
@@ -109,9 +109,8 @@ def report_command(storage: str, out_dir: str | None, no_figures: bool, force: b
     help="The 'Defaults by model size' Markdown page [default: next to the defaults file, .md; "
     "none with --update-shipped].",
 )
-@click.option(
+@flag(
     "--update-shipped",
-    is_flag=True,
     help="Rewrite the package's own ilge_search/data/recommended_defaults.json (maintainers).",
 )
 @FAMILIES_OPTION
@@ -177,11 +176,10 @@ def recommend_command(
 @click.option("--model", "models", multiple=True, help="Only this model (repeatable) [default: every model].")
 @click.option("--task", "tasks", multiple=True, help="Leave out only this task (repeatable) [default: each task].")
 @FAMILIES_OPTION
-@click.option(
+@int_option(
     "--final-seeds",
-    type=click.IntRange(min=1),
+    minimum=1,
     default=3,
-    show_default=True,
     help="Training seeds per configuration (1000, 1001, ... as in `run`).",
 )
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads while training.")

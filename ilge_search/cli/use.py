@@ -11,6 +11,8 @@ from .group import (
     QUIET_OPTION,
     TASK_PATH_OPTION,
     cli,
+    flag,
+    int_option,
     location_options,
     path_option,
     quiet_model_loading,
@@ -30,18 +32,17 @@ from .group import (
     folder=True,
     help="Folder for the model (new or empty): model.safetensors + ilge_classifier.json.",
 )
-@click.option(
+@int_option(
     "--seed",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=0,
-    show_default=True,
     help="Training seed when the best trial is retrained (a study without a final evaluation, or --retrain).",
 )
 @click.option("--retrain", is_flag=True, help="Retrain the best trial with --seed even if the study has final weights.")
-@click.option(
+@int_option(
     "--trial",
     "trial_number",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=None,
     help="Export this complete trial instead (e.g. one of a multi-objective study's final front: its "
     "final weights; any other trial is retrained with --seed).",
@@ -51,17 +52,15 @@ from .group import (
     folder=True,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
-@click.option(
+@flag(
     "--ensemble",
-    is_flag=True,
     help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
     "weights and the mix, used like one model.",
 )
-@click.option(
+@flag(
     "--force",
     "--overwrite",
     "force",
-    is_flag=True,
     help="Replace an earlier export in --out, git-tracked files included (--overwrite is the same flag).",
 )
 @TASK_PATH_OPTION
@@ -110,11 +109,10 @@ def export_command(settings: Settings, storage, **options) -> None:
     "holds one sentence per line, split on whitespace.",
 )
 @click.option("--proba", is_flag=True, help="Add each class's probability (classifiers).")
-@click.option(
+@int_option(
     "--chunk-rows",
-    type=click.IntRange(min=1),
+    minimum=1,
     default=512,
-    show_default=True,
     help="Rows read, embedded and written at a time (memory does not grow with the file).",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per LLM batch.")
@@ -186,9 +184,9 @@ def predict_command(
 @path_option("--out", "out_path", folder=False, help="Write the table, CSV or JSON to this file [default: stdout].")
 @OVERWRITE_OPTION
 @click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
-@click.option(
+@int_option(
     "--threads",
-    type=click.IntRange(min=1),
+    minimum=1,
     default=None,
     help="Torch CPU threads while retraining [default: unchanged].",
 )

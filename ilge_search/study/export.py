@@ -301,12 +301,7 @@ def load_study_model(storage: str | Storage | None, study_name: str, export: Stu
 
 
 def _final_fields(
-    meta: Attrs,
-    final: FinalRecord,
-    scores: list[float],
-    trial: int,
-    selected_now: int,
-    provenance: Attrs,
+    meta: Attrs, final: FinalRecord, scores: list[float], trial: int, selected_now: int, provenance: Attrs
 ) -> Attrs:
     """The provenance of weights a final evaluation kept (``meta``: their stored record; ``scores``: the test
     scores of the final seeds); under the paper protocol the stored test scores are a logistic readout of

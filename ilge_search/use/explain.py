@@ -373,11 +373,7 @@ def _measure(target: _Explained, setup: TrainingSetup) -> tuple[str, list[float]
 
 
 def explain_study(
-    storage: str | Storage | None,
-    study_name: str,
-    *,
-    recompute: bool = False,
-    setup: TrainingSetup | None = None,
+    storage: str | Storage | None, study_name: str, *, recompute: bool = False, setup: TrainingSetup | None = None
 ) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 

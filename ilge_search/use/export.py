@@ -102,11 +102,7 @@ def seed_line(p: Attrs) -> str:
 
 def _estimator(storage: str | Storage | None, request: ExportRequest, tagging: bool) -> ILGEClassifier | ILGETagger:
     """The study's model as the estimator its task needs (the output folder already checked)."""
-    where: Attrs = {
-        "artifact_dir": request.artifact_dir,
-        "cache_dir": request.cache_dir,
-        "device": request.device,
-    }
+    where: Attrs = {"artifact_dir": request.artifact_dir, "cache_dir": request.cache_dir, "device": request.device}
     if request.ensemble:
         return ILGEClassifier.from_study_ensemble(storage, request.study_name, **where)
     model_class: type[ILGEClassifier] | type[ILGETagger] = ILGETagger if tagging else ILGEClassifier
