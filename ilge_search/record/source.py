@@ -18,7 +18,6 @@ data folder). On disk each field is a flat user attr under the name above.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
@@ -81,9 +80,6 @@ class SourceRecord:
 
     def to_attrs(self) -> Attrs:
         return {name: getattr(self, name) for name in self.ATTRS}
-
-    def with_data_dir(self, data_dir: str | None, resolved: str | None) -> SourceRecord:
-        return dataclasses.replace(self, data_dir=data_dir, data_dir_resolved=resolved)
 
 
 def source_record(study: optuna.Study) -> SourceRecord:

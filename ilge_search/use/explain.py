@@ -10,6 +10,7 @@ mean and how to read them: ``docs/guide.md``. The result is stored on the study
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..encoders.configs import config_from_dict
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
-from ..record.fields import Attrs
+from ..record.fields import Attrs, known_fields
 from ..storage import Storage, open_storage
 from ..study.retraining import TrainingSetup, train_seeds
 from ..study.stored import load_run_study
@@ -108,17 +109,8 @@ class LayerAttribution:
 
     def record(self) -> ExplainRecord:
         """What is stored on the study."""
-        return ExplainRecord(
-            split=self.split,
-            metric=self.metric,
-            seeds=self.seeds,
-            scores=self.scores,
-            ablation=self.ablation,
-            gradient_input=self.gradient_input,
-            source=self.source,
-            seconds=round(self.seconds, 2),
-            version=EXPLAIN_VERSION,
-        )
+        stored = known_fields(ExplainRecord, dataclasses.asdict(self))
+        return ExplainRecord(**{**stored, "seconds": round(self.seconds, 2), "version": EXPLAIN_VERSION})
 
 
 def _mean_features(features: torch.Tensor) -> torch.Tensor:
