@@ -242,25 +242,21 @@ def open_storage(
     """Open the study storage at ``url`` (default: ``sqlite:///studies/ilge.db``).
 
     Args:
-        url: any Optuna RDB URL. ``postgresql://`` uses whichever of psycopg 3
-            and psycopg2 is installed.
-        must_exist: refuse a SQLite file that does not exist (readers: opening
-            it would create an empty database and show nothing). Writers create
-            the file and its folder, and are refused up front when the folder
-            or the file cannot be written.
+        url: any Optuna RDB URL. ``postgresql://`` uses whichever of psycopg 3 and psycopg2 is installed.
+        must_exist: refuse a SQLite file that does not exist (readers: opening it would create an empty database and
+            show nothing). Writers create the file and its folder, and are refused up front when the folder or the file
+            cannot be written.
         artifact_dir: the artifact folder (default: :func:`artifact_dir_for`).
-        heartbeat_interval: seconds between trial heartbeats (``None``: no
-            heartbeats, for readers). A trial whose worker died is marked FAIL
-            once its heartbeat is older than ``grace_period`` (default twice the
-            interval) and re-queued up to ``max_retry`` times.
+        heartbeat_interval: seconds between trial heartbeats (``None``: no heartbeats, for readers). A trial whose
+            worker died is marked FAIL once its heartbeat is older than ``grace_period`` (default twice the interval)
+            and re-queued up to ``max_retry`` times.
 
     Several processes may open one new database at once: a SQLite file's schema is created under ``<file>.lock``, and a
     process that loses the race on a server database opens what the winner made.
 
     Raises:
-        StorageError: the URL is empty or malformed, its driver is missing, the
-            SQLite file is missing (``must_exist``), or the database cannot be
-            reached or written (read-only, full).
+        StorageError: the URL is empty or malformed, its driver is missing, the SQLite file is missing (``must_exist``),
+            or the database cannot be reached or written (read-only, full).
     """
     url = default_storage_url() if url is None else url
     parsed = _parse(url)

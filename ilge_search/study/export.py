@@ -264,16 +264,15 @@ def load_study_model(storage: str | Storage | None, study_name: str, export: Stu
     """The model a finished study found, with its provenance.
 
     Args:
-        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`);
-            a SQLite file must exist.
+        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); a SQLite file must exist.
         study_name: the study (see ``ilge-search studies``).
-        export: how (default :class:`StudyExport`): ``seed``, the training seed when the best trial is
-            retrained; ``retrain``, retrain it even when a final evaluation exists; ``artifact_dir``, where
-            the final weights were uploaded, if not next to the storage; ``data_dir``, ``cache_dir``,
-            ``device``, ``progress``: for retraining (the task data, embedding cache, progress bars);
-            ``task_path``: where a custom task's data is now, when it moved since the study recorded it;
-            ``trial``: export this complete trial instead of the study's selected one: its final-front
-            weights when a multi-objective study's final evaluation retrained it, else retrained with ``seed``.
+        export: how (default :class:`StudyExport`): ``seed``, the training seed when the best trial is retrained;
+            ``retrain``, retrain it even when a final evaluation exists; ``artifact_dir``, where the final weights were
+            uploaded, if not next to the storage; ``data_dir``, ``cache_dir``, ``device``, ``progress``: for retraining
+            (the task data, embedding cache, progress bars); ``task_path``: where a custom task's data is now, when it
+            moved since the study recorded it; ``trial``: export this complete trial instead of the study's selected
+            one: its final-front weights when a multi-objective study's final evaluation retrained it, else retrained
+            with ``seed``.
 
     Raises:
         ValueError: no such storage, study or trial, no complete trial (or ``trial`` not complete),

@@ -84,24 +84,21 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     """Text classifier: an ILGE encoder over every layer of a frozen LLM, plus a linear head.
 
     Args:
-        base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local
-            folder or Hugging Face id. Only needed for the text methods.
-        config: an encoder family or baseline config (default ``CayleyConfig()``),
-            or a family name such as ``"deepset"`` for its defaults.
-            ``BestLayerConfig(layer=None)`` picks the layer on validation data.
-        num_classes: expected number of classes; checked against the labels.
-            With integer labels in ``[0, num_classes)`` classes missing from
-            the training data still get a logit.
+        base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local folder or Hugging Face id. Only needed for
+            the text methods.
+        config: an encoder family or baseline config (default ``CayleyConfig()``), or a family name such as
+            ``"deepset"`` for its defaults. ``BestLayerConfig(layer=None)`` picks the layer on validation data.
+        num_classes: expected number of classes; checked against the labels. With integer labels in ``[0, num_classes)``
+            classes missing from the training data still get a logit.
         token_pooling: ``"mean"``, ``"last"``, ``"first"`` or ``"mean_including_padding"``.
         max_length: tokens per text passed to the LLM.
-        batch_size: texts per LLM forward pass (the encoder's training batch
-            size is ``config.batch_size``).
+        batch_size: texts per LLM forward pass (the encoder's training batch size is ``config.batch_size``).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
         progress: show progress bars.
-        val_fraction: share of the training data held out (stratified) for
-            early stopping when no validation data are given.
+        val_fraction: share of the training data held out (stratified) for early stopping when no validation data are
+            given.
         patience: early-stopping patience in epochs.
 
     Fitted attributes:

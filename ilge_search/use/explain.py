@@ -370,14 +370,13 @@ def explain_study(
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
     Args:
-        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); it is written to
-            (the result is stored on the study).
+        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); it is written to (the
+            result is stored on the study).
         study_name: a study with a final evaluation, of an encoder over several layers.
         recompute: compute again even when the stored result is current.
-        setup: where the task data (a custom task's ``task_path``, when it moved since the study ran) and the
-            embedding cache are, the training device, torch's CPU threads while training (restored afterwards)
-            and whether progress bars count seeds and layers (default:
-            :class:`~ilge_search.study.data.TrainingSetup`'s).
+        setup: where the task data (a custom task's ``task_path``, when it moved since the study ran) and the embedding
+            cache are, the training device, torch's CPU threads while training (restored afterwards) and whether
+            progress bars count seeds and layers (default: :class:`~ilge_search.study.data.TrainingSetup`'s).
 
     Raises:
         ValueError: unknown study, no final evaluation, a single-layer baseline, or data that differ from the

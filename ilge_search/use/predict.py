@@ -19,10 +19,10 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
@@ -32,6 +32,7 @@ from .classifier import ILGEClassifier
 from .output import checked_input, checked_output, file_suffix, write_output
 
 __all__ = [
+    "batched",
     "predict_file",
     "PredictInput",
     "PredictOutput",
@@ -42,6 +43,7 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike
+Row = TypeVar("Row")
 INPUT_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".txt")
 OUTPUT_SUFFIXES = (".jsonl", ".csv", ".tsv")
 DEFAULT_TEXT_COL = "text"
@@ -60,8 +62,28 @@ def _text(value: object) -> str | None:
     return text if text.strip() else None
 
 
-def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
-    chunk: list[list[object]] = []
+def batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
+    """``rows`` in lists of ``size`` (the last one shorter), read as they are needed."""
+    chunk: list[Row] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _check_columns(path: Path, columns: Sequence[str], names: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(
+            f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
+            "pass --text-col/--text-cols with one of them"
+        )
+
+
+def _jsonl_rows(path: Path, columns: Sequence[str]) -> Iterator[list[object]]:
     for line_number, row in iter_json_objects(path):
         missing = [c for c in columns if c not in row]
         if missing:
@@ -69,12 +91,7 @@ def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[lis
                 f"{path}: line {line_number} has no column {missing[0]!r} (it has "
                 f"{', '.join(map(str, row)) or 'none'}); pass --text-col/--text-cols"
             )
-        chunk.append([row[c] for c in columns])
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+        yield [row[c] for c in columns]
 
 
 def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[object]]]:
@@ -91,12 +108,7 @@ def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iter
         header = list(pd.read_csv(path, nrows=0, **options).columns)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path} is empty; it needs a header row and at least one row") from None
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(
-            f"{path} has no column {missing[0]!r} (columns: {', '.join(header) or 'none'}); "
-            "pass --text-col/--text-cols with one of them"
-        )
+    _check_columns(path, columns, header)
     try:
         for frame in pd.read_csv(path, usecols=list(columns), chunksize=size, **options):
             yield frame[list(columns)].values.tolist()
@@ -115,38 +127,21 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[l
         parquet = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow's errors for a file that is not Parquet
         raise ValueError(f"could not read {path} as Parquet: {exc}") from None
-    names = parquet.schema_arrow.names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise ValueError(
-            f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
-            "pass --text-col/--text-cols with one of them"
-        )
+    _check_columns(path, columns, parquet.schema_arrow.names)
     for batch in parquet.iter_batches(batch_size=size, columns=list(columns)):
         values = [batch.column(c).to_pylist() for c in columns]
         yield [list(row) for row in zip(*values, strict=True)]
 
 
-def _text_chunks(path: Path, size: int) -> Iterator[list[list[object]]]:
-    chunk: list[list[object]] = []
-    for _, line in iter_lines_utf8(path):
-        chunk.append([line.rstrip("\r\n")])
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
     """Rows of ``columns`` (raw cell values), ``size`` at a time, in file order."""
     if suffix == ".jsonl":
-        return _jsonl_chunks(path, columns, size)
+        return batched(_jsonl_rows(path, columns), size)
     if suffix in (".csv", ".tsv"):
         return _csv_chunks(path, columns, size, "\t" if suffix == ".tsv" else ",")
     if suffix == ".parquet":
         return _parquet_chunks(path, columns, size)
-    return _text_chunks(path, size)
+    return batched(([line.rstrip("\r\n")] for _, line in iter_lines_utf8(path)), size)
 
 
 def _checked_texts(

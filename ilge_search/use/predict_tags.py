@@ -24,7 +24,7 @@ from typing import TextIO
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
 from .output import checked_input, checked_output, file_suffix, write_output
-from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary
+from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary, batched
 from .tagger import META_FILE, ILGETagger
 
 __all__ = ["predict_tags_file", "is_tagger_folder", "TAG_INPUT_SUFFIXES", "DEFAULT_TOKENS_COL"]
@@ -98,17 +98,6 @@ def _checked_job(
     return _TagJob(tagger, path, suffix, column, count, out_path, out_kind)
 
 
-def _chunks(job: _TagJob, size: int) -> Iterator[list[list[str]]]:
-    chunk: list[list[str]] = []
-    for words in _sentences(job.path, job.suffix, job.column):
-        chunk.append(words)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
     """Tag the input chunk by chunk, writing as it goes; returns the sentences written."""
     table = None
@@ -118,7 +107,7 @@ def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
     bar = new_bar(BarSpec(f"tag {job.path.name}", job.sentences, "sentence", enabled=options.progress))
     row = 0
     try:
-        for chunk in _chunks(job, options.chunk_rows):
+        for chunk in batched(_sentences(job.path, job.suffix, job.column), options.chunk_rows):
             for words, tags in zip(chunk, job.tagger.predict(chunk), strict=True):
                 row += 1
                 tags = [tag.item() if hasattr(tag, "item") else tag for tag in tags]

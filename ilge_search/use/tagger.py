@@ -65,9 +65,8 @@ class ILGETagger(SavedEstimator):
 
     Args:
         base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local folder or Hugging Face id.
-        config: an encoder config (default ``CayleyConfig()``: one graph per sentence), or a family
-            name such as ``"last-layer"`` for its defaults; ``BestLayerConfig(layer=None)`` picks the
-            layer on validation data.
+        config: an encoder config (default ``CayleyConfig()``: one graph per sentence), or a family name such as
+            ``"last-layer"`` for its defaults; ``BestLayerConfig(layer=None)`` picks the layer on validation data.
         word_pooling: ``"first"`` (a word is its first piece) or ``"mean"`` (the mean of its pieces).
         max_length: pieces per model input; longer sentences are cut into windows, never truncated.
         batch_size: model inputs per LLM forward pass (the encoder's batch is ``config.batch_size`` sentences).
@@ -75,8 +74,8 @@ class ILGETagger(SavedEstimator):
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
         progress: show progress bars.
-        val_fraction: share of the training sentences held out for early stopping when no validation
-            sentences are given.
+        val_fraction: share of the training sentences held out for early stopping when no validation sentences are
+            given.
         patience: early-stopping patience in epochs.
 
     Fitted attributes:
