@@ -77,7 +77,7 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, syn
 
     from ilge_search.engine import evaluate, train_encoder
     from ilge_search.storage import open_storage
-    from ilge_search.study.export import load_training_data
+    from ilge_search.study.stored import load_training_data
 
     url, result = evaluated
     # one training per configuration: a task whose regenerated defaults equal the built-in ones trains once

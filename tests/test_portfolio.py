@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from ilge_search.cli import cli
 from ilge_search.defaults.portfolio import BUILTIN, MARGINAL, PortfolioRequest, TrainingSetup, build_matrix
 from ilge_search.defaults.transfer import portfolio
-from ilge_search.record import CellKey, claim_cell, portfolio_study_name, stored_cells
-from ilge_search.storage import WORKER_ATTR, open_storage, worker_stamp
+from ilge_search.record import WORKER_ATTR, CellKey, claim_cell, portfolio_study_name, stored_cells, worker_stamp
+from ilge_search.storage import open_storage
 from ilge_search.study import StudyOptions
 
 DATA = dict(max_train=240, max_eval=100)
@@ -78,7 +78,7 @@ def test_candidates_are_builtin_marginal_and_each_problems_top_trials(studies):
 
 def test_the_matrix_is_trained_stored_and_chosen_from_on_validation(built, synthetic, no_model_loads):
     from ilge_search.engine import train_encoder
-    from ilge_search.study.export import load_training_data
+    from ilge_search.study.stored import load_training_data
 
     url, result = built
     assert result.matrix.missing == 0 and result.trained >= result.planned - 2  # equal cells trained once

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..encoders.configs import ENCODER_FAMILIES, config_from_dict
 from ..record import (
+    WORKER_ATTR,
     CellKey,
     CellScores,
     StudyRecord,
@@ -32,15 +33,14 @@ from ..record import (
     study_record,
     trial_config,
     trial_record,
+    worker_stamp,
 )
 from ..storage import (
-    WORKER_ATTR,
     Storage,
     fail_stale_trials,
     fail_waiting_trials,
     hide_password,
     open_storage,
-    worker_stamp,
 )
 from ..study.data import StudyData
 from ..study.retraining import TrainingSetup, train_seeds

@@ -582,9 +582,9 @@ def ensemble_study(
     the training seed of backfilled validation predictions (the study's ``--seed``). Checks the study before
     loading any data."""
     from ..storage import Storage, open_storage
-    from .export import load_run_study, load_training_data
     from .notes import write_study_note
     from .options import FinalOptions
+    from .stored import load_run_study, load_training_data
 
     opened = (
         storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True, artifact_dir=artifact_dir)

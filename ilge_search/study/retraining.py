@@ -104,8 +104,8 @@ class TrainingSetup:
     task_path: str | os.PathLike | None = None
 
     def load_data(self, study: optuna.Study, *, with_test: bool, progress: bool = False) -> StudyData:
-        """The arrays ``study`` was run on, rebuilt from its record (:func:`~.export.load_training_data`)."""
-        from .export import load_training_data
+        """The arrays ``study`` was run on, rebuilt from its record (:func:`~.stored.load_training_data`)."""
+        from .stored import load_training_data
 
         return load_training_data(
             study,

@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..record import SourceRecord, WarmStartRecord
+from ..record import SourceRecord, WarmStartRecord, owner_stamping
 from ..storage import (
     Storage,
     StorageError,
     fail_own_running_trials,
     fail_stale_trials,
     finished_trial_count,
-    owner_stamping,
     storage_fault,
 )
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data

@@ -1,10 +1,12 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
-Each trial records its :class:`~ilge_search.record.TrialRecord` (config, validation score, parameters, epochs,
-seconds, forward latency, the best-layer baseline's layer) and reports every epoch's validation score to the
-pruner. A multi-objective study gets one value per objective back (no intermediate values: Optuna cannot prune
-it). With ``--cv K`` (:mod:`.folds`) the objective is the mean of the per-fold scores (``fold_scores``), and the
-intermediate value at step ``fold * epochs + epoch`` is that fold's score after that epoch.
+Each trial records which process runs it before the objective starts
+(:func:`~ilge_search.record.worker.owner_stamping`) and its :class:`~ilge_search.record.TrialRecord` (config,
+validation score, parameters, epochs, seconds, forward latency, the best-layer baseline's layer), and reports
+every epoch's validation score to the pruner. A multi-objective study gets one value per objective back (no
+intermediate values: Optuna cannot prune it). With ``--cv K`` (:mod:`.folds`) the objective is the mean of the
+per-fold scores (``fold_scores``), and the intermediate value at step ``fold * epochs + epoch`` is that fold's
+score after that epoch.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..record import owner_stamping
 from ..storage import (
     ENDED_STATES,
     FINISHED_STATES,
@@ -35,7 +36,6 @@ from ..storage import (
     StorageError,
     count_trials,
     fail_own_running_trials,
-    owner_stamping,
     storage_fault,
 )
 from .data import DataSpec, load_study_data
