@@ -524,11 +524,14 @@ def fail_waiting_trials(study: optuna.Study, storage: Storage) -> list[int]:
     return numbers
 
 
-def fail_own_running_trials(study: optuna.Study, storage: Storage) -> list[int]:
+def fail_own_running_trials(
+    study: optuna.Study, storage: Storage, reason: str = "stopped by a storage fault"
+) -> list[int]:
     """Fail (and re-queue) the RUNNING trials of this process, as far as the storage still takes writes.
 
-    Called when a storage fault stopped a trial half-way; what cannot be written
-    now is repaired by the next run (:func:`fail_stale_trials`). Returns their numbers.
+    Called when a storage fault or an interrupt stopped a trial half-way (an interrupt between the trial's
+    creation and its objective leaves it RUNNING: Optuna fails only a trial whose objective ran); what cannot
+    be written now is repaired by the next run (:func:`fail_stale_trials`). Returns their numbers.
     """
     numbers: list[int] = []
     try:
@@ -539,7 +542,7 @@ def fail_own_running_trials(study: optuna.Study, storage: Storage) -> list[int]:
         if is_own_stamp(worker_stamp_of(trial), trial.number):
             numbers.append(trial.number)
             with contextlib.suppress(Exception):
-                _fail_and_retry(study, storage, trial, "stopped by a storage fault")
+                _fail_and_retry(study, storage, trial, reason)
     return numbers
 
 

@@ -185,6 +185,8 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         data = load_study_data(job.data, with_test=False, progress=False)
         _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials)
     except KeyboardInterrupt:
+        if study is not None:
+            fail_own_running_trials(study, job.storage, "interrupted")
         raise SystemExit(130) from None
     except Exception as exc:
         fault = storage_fault(exc)
