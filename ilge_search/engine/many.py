@@ -51,8 +51,18 @@ from .core import (
     train_prepared,
 )
 from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingRecipe, TrainResult
+from .stacked import AdamSettings, StackedAdam
 
-__all__ = ["BATCHED_FAMILIES", "TRAINING_FIELDS", "ModelJob", "DropoutReplay", "can_batch", "pass_key", "train_many"]
+__all__ = [
+    "BATCHED_FAMILIES",
+    "TRAINING_FIELDS",
+    "ModelJob",
+    "DropoutReplay",
+    "SharedSparseProduct",
+    "can_batch",
+    "pass_key",
+    "train_many",
+]
 
 # the built-in families whose modules draw random numbers only in dropout, which a pass replays
 BATCHED_FAMILIES = ("cayley", "fc", "deepset", "last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last")
@@ -162,6 +172,8 @@ class DropoutReplay(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.sparse.mm and len(args) == 2 and not kwargs:
+            return SharedSparseProduct.apply(*args)
         if func is not nn.functional.dropout:
             return func(*args, **kwargs)
         x, p, training = _dropout_arguments(args, kwargs)
@@ -173,6 +185,34 @@ class DropoutReplay(TorchFunctionMode):
         mask = self.masks[self.position]
         self.position += 1
         return x if mask is None else x * mask
+
+
+class SharedSparseProduct(torch.autograd.Function):
+    """``torch.sparse.mm(adjacency, x)``, which under :func:`torch.func.vmap` over ``x`` alone (one graph, every
+    model's node states) is one product with every model's columns side by side, where vmap's fallback
+    would loop over the models."""
+
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.sparse.mm(adjacency, x)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.adjacency = inputs[0]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, torch.sparse.mm(ctx.adjacency.t(), grad)
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, adjacency: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        if in_dims[0] is not None:
+            raise ValueError("a pass shares one graph between its models; the adjacency must not be batched")
+        nodes = x.movedim(in_dims[1], 1)  # (nodes, models, width)
+        product = torch.sparse.mm(adjacency, nodes.reshape(nodes.shape[0], -1))
+        return product.view(nodes.shape), 1
 
 
 def _mask(shape: tuple[int, ...], p: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -301,6 +341,14 @@ class _Pass:
         self.val_x = _Features(data.val_x, standardizer, self.device)
         self.sites: dict[int, list[_DropoutSite]] = {}
         self.replay = DropoutReplay()
+        self.active = list(self.members)  # the models still training, in the order of the stacked rows
+        named = [dict(member.model.named_parameters()) for member in self.members]
+        self.params = {
+            name: torch.stack([p[name].detach() for p in named]).requires_grad_(named[0][name].requires_grad)
+            for name in named[0]
+        }
+        decays = tuple(float(member.job.config.weight_decay) for member in self.members)
+        self.adam = StackedAdam(self.params, AdamSettings(decays, decoupled=settings.recipe.optimizer == "adamw"))
 
     def _build(self, jobs: Sequence[ModelJob]) -> list[_Member]:
         """Each model initialised as its own run initialises it, from the global RNG seeded with its seed."""
@@ -342,22 +390,29 @@ class _Pass:
     def train(self) -> list[TrainResult]:
         started = time.perf_counter()
         for epoch in range(1, max(member.job.config.epochs for member in self.members) + 1):
-            active = [member for member in self.members if not member.stopped]
-            if not active:
+            if not self.active:
                 break
-            losses = self._train_epoch(active)
-            for member, loss, metrics in zip(active, losses, self._validate(active), strict=True):
+            losses = self._train_epoch()
+            self._write_back()
+            for member, loss, metrics in zip(self.active, losses, self._validate(), strict=True):
                 member.end_epoch(epoch, loss, metrics, self.settings.recipe)
+            if any(member.stopped for member in self.active):
+                rows = [row for row, member in enumerate(self.active) if not member.stopped]
+                self.active = [self.active[row] for row in rows]
+                self.params = self.adam.keep_rows(rows)
         share = (time.perf_counter() - started) / len(self.members)
         return [member.result(share) for member in self.members]
 
-    def _stacked(self, active: Sequence[_Member]) -> dict[str, torch.Tensor]:
-        """Every parameter of the active models, stacked along a new first dimension (gradients flow back)."""
-        named = [dict(member.model.named_parameters()) for member in active]
-        return {name: torch.stack([params[name] for params in named]) for name in named[0]}
+    def _write_back(self) -> None:
+        """Copy each active model's row of the stacked weights into its own module."""
+        with torch.no_grad():
+            for row, member in enumerate(self.active):
+                for name, param in member.model.named_parameters():
+                    param.copy_(self.params[name][row])
 
-    def _train_epoch(self, active: Sequence[_Member]) -> list[float]:
+    def _train_epoch(self) -> list[float]:
         """One pass over the training data, each model in its own seeded order; each model's mean loss."""
+        active = self.active
         num_rows, batch_size = self.data.train_x.shape[0], active[0].job.config.batch_size
         orders = [
             torch.randperm(num_rows, generator=member.batch_order).to(self.data.train_x.device) for member in active
@@ -366,15 +421,14 @@ class _Pass:
         loss_sum = torch.zeros(len(active), device=self.device)
         for start in range(0, num_rows, batch_size):
             rows = [order[start : start + batch_size] for order in orders]
-            loss_sum += self._step(active, rows) * len(rows[0])
+            loss_sum += self._step(rows) * len(rows[0])
         return [float(value) / num_rows for value in loss_sum]
 
-    def _step(self, active: Sequence[_Member], rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _step(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """One optimizer step of every active model on its own batch; the batch losses."""
         x = torch.stack([self.train_x.rows(batch) for batch in rows])
         y = torch.stack([self.data.train_y[batch] for batch in rows]).to(self.device)
-        masks = self._masks(active, len(rows[0]))
-
+        masks = self._masks(self.active, len(rows[0]))
         drawn = [mask for mask in masks if mask is not None]  # vmap maps tensors only
 
         def loss(params: dict[str, torch.Tensor], model_masks: list, xb: torch.Tensor, yb: torch.Tensor) -> Any:
@@ -382,13 +436,12 @@ class _Pass:
             self.replay.replay([None if mask is None else next(replayed) for mask in masks])
             return task_loss(self.template, functional_call(self.template, params, (xb,)), yb)
 
+        for param in self.params.values():
+            param.grad = None
         with self.replay:
-            losses = vmap(loss, randomness="error")(self._stacked(active), drawn, x, y)
-        for member in active:
-            member.optimizer.zero_grad(set_to_none=True)
+            losses = vmap(loss, randomness="error")(self.params, drawn, x, y)
         losses.sum().backward()
-        for member in active:
-            member.optimizer.step()
+        self.adam.step([member.optimizer.param_groups[0]["lr"] for member in self.active])
         return losses.detach()
 
     def _masks(self, active: Sequence[_Member], batch_rows: int) -> list[torch.Tensor | None]:
@@ -408,19 +461,20 @@ class _Pass:
         return masks
 
     @torch.no_grad()
-    def _validate(self, active: Sequence[_Member]) -> list[dict[str, float]]:
+    def _validate(self) -> list[dict[str, float]]:
         """Every active model's metrics on the validation data (the same rows for all, run at once)."""
-        params = {name: value.detach() for name, value in self._stacked(active).items()}
+        params = {name: value.detach() for name, value in self.params.items()}
         self.template.eval()
         num_rows = self.data.val_x.shape[0]
-        chunk = max(1, min(EVAL_BATCH_SIZE, EVAL_ROWS_PER_CHUNK // len(active)))
+        chunk = max(1, min(EVAL_BATCH_SIZE, EVAL_ROWS_PER_CHUNK // len(self.active)))
         outputs = []
         for start in range(0, num_rows, chunk):
             x = self.val_x.rows(slice(start, start + chunk))
             run = vmap(lambda p, xb: functional_call(self.template, p, (xb,)), in_dims=(0, None))
-            outputs.append(run(params, x).float().cpu())
+            with self.replay:
+                outputs.append(run(params, x).float().cpu())
         stacked = torch.cat(outputs, dim=1)
-        return [task_metrics(member.model, stacked[i], self.data.val_y) for i, member in enumerate(active)]
+        return [task_metrics(member.model, stacked[i], self.data.val_y) for i, member in enumerate(self.active)]
 
 
 def _dropout_generator(seed: int, device: torch.device) -> torch.Generator:
