@@ -63,6 +63,7 @@ def _assert_same_run(alone, batched, test, task_kind="classification"):
 CONFIGS = {
     "cayley-gin": C.CayleyConfig(**QUICK),
     "cayley-gat": C.CayleyConfig(conv_type="gat", gat_heads=2, **QUICK),
+    "cayley-gin-2-layers": C.CayleyConfig(gnn_layers=2, gin_mlp_layers=2, **QUICK),
     "fc-gcn-2-layers": C.FCConfig(conv_type="gcn", gnn_layers=2, **QUICK),
     "deepset": C.DeepSetConfig(**QUICK),
     "mlp-last": C.MLPLastConfig(**QUICK),
@@ -185,7 +186,7 @@ def test_shared_sparse_product_outside_vmap_has_the_dense_gradient():
     from ilge_search.engine.many import SharedSparseProduct
 
     generator = torch.Generator().manual_seed(0)
-    adjacency = torch.randn(5, 4, generator=generator).relu()
+    adjacency = torch.randn(5, 4, generator=generator).relu()  # bipartite: 4 sources, 5 targets
     x = torch.randn(4, 3, generator=generator, requires_grad=True)
     SharedSparseProduct.apply(adjacency.to_sparse_csr(), x).square().sum().backward()
     expected = torch.autograd.grad((adjacency @ x).square().sum(), x)[0]

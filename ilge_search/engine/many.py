@@ -212,7 +212,7 @@ class SharedSparseProduct(torch.autograd.Function):
             raise ValueError("a pass shares one graph between its models; the adjacency must not be batched")
         nodes = x.movedim(in_dims[1], 1)  # (nodes, models, width)
         product = torch.sparse.mm(adjacency, nodes.reshape(nodes.shape[0], -1))
-        return product.view(nodes.shape), 1
+        return product.view(adjacency.shape[0], *nodes.shape[1:]), 1
 
 
 def _mask(shape: tuple[int, ...], p: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
