@@ -4,6 +4,7 @@ trains, to 1e-5, with and without dropout; what a pass cannot batch trains one a
 import numpy as np
 import pytest
 import torch
+from announced_skips import skipped_where
 
 from ilge_search.encoders import configs as C
 from ilge_search.engine import ModelJob, TrainingRecipe, can_batch, evaluate, train_encoder, train_many
@@ -191,3 +192,31 @@ def test_shared_sparse_product_outside_vmap_has_the_dense_gradient():
     SharedSparseProduct.apply(adjacency.to_sparse_csr(), x).square().sum().backward()
     expected = torch.autograd.grad((adjacency @ x).square().sum(), x)[0]
     torch.testing.assert_close(x.grad, expected)
+
+
+ON_CUDA = skipped_where(not torch.cuda.is_available(), "needs a CUDA GPU (benchmarks/gpu.sh runs these on one)")
+
+
+@ON_CUDA
+def test_a_pass_on_cuda_matches_its_own_runs_without_dropout(classes):
+    # GPU sums are not bit-reproducible (scatter atomics), hence the wider tolerance
+    train, val, _ = classes
+    config = CONFIGS["cayley-gin-2-layers"].replace(dropout=0.0)
+    batched = train_many([ModelJob(config, seed) for seed in (0, 1, 2)], train, val, device="cuda")
+    for seed, result in zip((0, 1, 2), batched, strict=True):
+        alone = train_encoder(config, train, val, seed=seed, device="cuda")
+        assert next(result.model.parameters()).device.type == "cuda"
+        for mine, theirs in zip(result.history, alone.history, strict=True):
+            assert mine["train_loss"] == pytest.approx(theirs["train_loss"], abs=1e-4)
+
+
+@ON_CUDA
+def test_a_pass_on_cuda_with_dropout_trains_every_model(classes):
+    train, val, test = classes
+    config = CONFIGS["cayley-gin"].replace(dropout=0.3, epochs=6)
+    results = train_many([ModelJob(config, seed) for seed in range(5)], train, val, device="cuda")
+    alone = [train_encoder(config, train, val, seed=seed, device="cuda") for seed in range(5)]
+    batched_scores = [evaluate(r.model, *test)["accuracy"] for r in results]
+    alone_scores = [evaluate(r.model, *test)["accuracy"] for r in alone]
+    # dropout masks differ from the runs of their own on a GPU: the scores agree in distribution
+    assert abs(np.mean(batched_scores) - np.mean(alone_scores)) < 0.15
