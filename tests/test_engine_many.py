@@ -220,3 +220,17 @@ def test_a_pass_on_cuda_with_dropout_trains_every_model(classes):
     alone_scores = [evaluate(r.model, *test)["accuracy"] for r in alone]
     # dropout masks differ from the runs of their own on a GPU: the scores agree in distribution
     assert abs(np.mean(batched_scores) - np.mean(alone_scores)) < 0.15
+
+
+def test_stacked_linear_outside_vmap_is_linear():
+    from ilge_search.engine.many import StackedLinear
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=generator, requires_grad=True)
+    weight = torch.randn(5, 4, generator=generator, requires_grad=True)
+    bias = torch.randn(5, generator=generator, requires_grad=True)
+    StackedLinear.apply(x, weight, bias).square().sum().backward()
+    mine = [t.grad.clone() for t in (x, weight, bias)]
+    expected = torch.autograd.grad(torch.nn.functional.linear(x, weight, bias).square().sum(), (x, weight, bias))
+    for got, want in zip(mine, expected, strict=True):
+        torch.testing.assert_close(got, want)

@@ -59,6 +59,7 @@ __all__ = [
     "ModelJob",
     "DropoutReplay",
     "SharedSparseProduct",
+    "StackedLinear",
     "can_batch",
     "pass_key",
     "train_many",
@@ -174,6 +175,8 @@ class DropoutReplay(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.sparse.mm and len(args) == 2 and not kwargs:
             return SharedSparseProduct.apply(*args)
+        if func is nn.functional.linear:
+            return StackedLinear.apply(*_linear_arguments(args, kwargs))
         if func is not nn.functional.dropout:
             return func(*args, **kwargs)
         x, p, training = _dropout_arguments(args, kwargs)
@@ -213,6 +216,58 @@ class SharedSparseProduct(torch.autograd.Function):
         nodes = x.movedim(in_dims[1], 1)  # (nodes, models, width)
         product = torch.sparse.mm(adjacency, nodes.reshape(nodes.shape[0], -1))
         return product.view(adjacency.shape[0], *nodes.shape[1:]), 1
+
+
+def _linear_arguments(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    bound: dict[str, Any] = {"bias": None}
+    bound.update(zip(("input", "weight", "bias"), args[:3], strict=False))
+    bound.update(kwargs)
+    return bound["input"], bound["weight"], bound["bias"]
+
+
+class StackedLinear(torch.autograd.Function):
+    """``torch.nn.functional.linear``, which under :func:`torch.func.vmap` over stacked weights is one batched
+    product with the bias added in it (``baddbmm``), or, for input shared by every model (validation), one
+    product with every model's weights side by side, where vmap's own rule multiplies, then adds."""
+
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+        ctx.save_for_backward(inputs[0], inputs[1])
+        ctx.has_bias = inputs[2] is not None
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        x, weight = ctx.saved_tensors
+        rows = grad.reshape(-1, grad.shape[-1])
+        grad_weight = rows.t() @ x.reshape(-1, x.shape[-1])
+        return grad @ weight, grad_weight, rows.sum(0) if ctx.has_bias else None
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, bias: Any) -> tuple[torch.Tensor, int]:
+        x_dim, weight_dim, bias_dim = in_dims
+        if weight_dim is None or (bias is not None and bias_dim is None):
+            raise ValueError("a pass stacks every model's weights and biases")
+        weight = weight.movedim(weight_dim, 0)  # (models, out, in)
+        models, width = weight.shape[0], weight.shape[1]
+        stacked_bias = None if bias is None else bias.movedim(bias_dim, 0)  # (models, out)
+        if x_dim is None:  # the same rows for every model
+            flat = x.reshape(-1, x.shape[-1])
+            every = weight.reshape(models * width, -1).t()
+            out = flat @ every if stacked_bias is None else torch.addmm(stacked_bias.reshape(-1), flat, every)
+            return out.view(*x.shape[:-1], models, width), x.dim() - 1
+        rows = x.movedim(x_dim, 0)  # (models, ..., in)
+        flat = rows.reshape(models, -1, rows.shape[-1])
+        if stacked_bias is None:
+            out = torch.bmm(flat, weight.transpose(1, 2))
+        else:
+            out = torch.baddbmm(stacked_bias.unsqueeze(1), flat, weight.transpose(1, 2))
+        return out.view(*rows.shape[:-1], width), 0
 
 
 def _mask(shape: tuple[int, ...], p: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
