@@ -156,6 +156,7 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
         raise AssertionError("retrained")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
+    monkeypatch.setattr(engine, "train_many", refuse)  # the seeds trained in one pass
     again = leave_one_task_out(
         url,
         final_seeds=2,

@@ -211,6 +211,10 @@ def test_the_final_front_retrains_each_front_trial_and_reuses_what_it_has(monkey
     trainings = []
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: trainings.append(k["seed"]) or real(*a, **k))
+    real_many = engine.train_many  # the seeds trained in one pass
+    monkeypatch.setattr(
+        engine, "train_many", lambda jobs, *a, **k: trainings.extend(j.seed for j in jobs) or real_many(jobs, *a, **k)
+    )
     seeds = [1000, 1001]
     final_evaluation(study, data, FinalSettings(encoder="mlp-last", seeds=seeds, device="cpu", max_epochs=3, front=2))
     attrs = study.user_attrs

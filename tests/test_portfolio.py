@@ -112,6 +112,7 @@ def test_a_rerun_trains_nothing(built, synthetic, monkeypatch):
         raise AssertionError("a stored cell was trained again")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
+    monkeypatch.setattr(engine, "train_many", refuse)  # the seeds trained in one pass
     url, first = built
     again = portfolio(url, REQUEST, setup_of(synthetic), check=True)
     assert again.trained == 0

@@ -304,6 +304,10 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
 
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_many = engine.train_many  # the seeds trained in one pass
+    monkeypatch.setattr(
+        engine, "train_many", lambda jobs, *a, **k: calls.extend([1] * len(jobs)) or real_many(jobs, *a, **k)
+    )
     final_evaluation(
         study,
         data,
@@ -356,6 +360,10 @@ def test_when_the_start_is_selected_its_scores_are_reused_and_the_gain_is_zero(e
 
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_many = engine.train_many  # the seeds trained in one pass
+    monkeypatch.setattr(
+        engine, "train_many", lambda jobs, *a, **k: calls.extend([1] * len(jobs)) or real_many(jobs, *a, **k)
+    )
     final_evaluation(
         study,
         data,

@@ -21,7 +21,7 @@ import os
 import statistics
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -311,10 +311,27 @@ def _retrain(trial: FrozenTrial, data: StudyData, run: EnsembleRun, label: str) 
     from ..progress import BarSpec
     from .retraining import train_seeds
 
-    out = _Trained()
     bar = BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)
     reused = run.reuse.get(trial.number, {})
-    for trained in train_seeds(data, trial_config(trial), run.seeds, device=run.device, bar=bar, reuse=reused):
+    return _scored(train_seeds(data, trial_config(trial), run.seeds, device=run.device, bar=bar, reuse=reused), data)
+
+
+def _retrain_members(trials: Sequence[Any], data: StudyData, run: EnsembleRun) -> dict[int, _Trained]:
+    """:func:`_retrain` of every member trial at once: members whose models share their shapes train together."""
+    from ..progress import BarSpec
+    from .retraining import train_configs
+
+    bar = BarSpec("ensemble members", enabled=run.progress, transient=True)
+    reuse = [run.reuse.get(trial.number, {}) for trial in trials]
+    configs = [trial_config(trial) for trial in trials]
+    trained = train_configs(data, configs, run.seeds, device=run.device, bar=bar, reuse=reuse)
+    return {trial.number: _scored(seeds, data) for trial, seeds in zip(trials, trained, strict=True)}
+
+
+def _scored(trained_seeds: Iterable[Any], data: StudyData) -> _Trained:
+    """Each seed's model, seconds and validation and test predictions."""
+    out = _Trained()
+    for trained in trained_seeds:
         seed = trained.seed
         out.models[seed], out.seconds[seed] = trained.model, trained.seconds
         out.validation[seed] = predictions_of(trained.model, data.validation[0])
@@ -476,9 +493,7 @@ def ensemble_evaluation(study: optuna.Study, data: StudyData, run: EnsembleRun) 
     )
     picks, val_scores, candidates, slow = _greedy(study, data, run)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    trained: dict[int, _Trained] = {}
-    for number in dict.fromkeys(picks):
-        trained[number] = _retrain(by_number[number], data, run, f"member trial {number}")
+    trained = _retrain_members([by_number[number] for number in dict.fromkeys(picks)], data, run)
     selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
     sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
     asked = sizes[str(run.size)]
