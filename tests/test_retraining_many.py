@@ -47,7 +47,7 @@ def test_train_seeds_in_one_pass_trains_the_models_of_one_at_a_time(data, monkey
     passes = []
     real = engine.train_many
     monkeypatch.setattr(engine, "train_many", lambda jobs, *a, **k: passes.append(len(jobs)) or real(jobs, *a, **k))
-    batched = list(train_seeds(data, config, SEEDS, device="cpu"))
+    batched = list(train_seeds(data, config, SEEDS, device="cpu", batched=True))
     assert passes == [3]
     alone = list(train_seeds(data, config, SEEDS, device="cpu", batched=False))
     assert passes == [3]
@@ -58,7 +58,7 @@ def test_train_seeds_in_one_pass_trains_the_models_of_one_at_a_time(data, monkey
 def test_reused_seeds_are_not_trained_again(data):
     config = C.DeepSetConfig(hidden_dim=16, epochs=2, batch_size=32)
     [kept] = train_seeds(data, config, [1001], device="cpu")
-    out = list(train_seeds(data, config, SEEDS, device="cpu", reuse={1001: (kept.model, 1.5)}))
+    out = list(train_seeds(data, config, SEEDS, device="cpu", reuse={1001: (kept.model, 1.5)}, batched=True))
     assert [t.seed for t in out] == SEEDS
     assert out[1].model is kept.model and out[1].best_val_metric is None and out[1].seconds == 1.5
 
@@ -75,10 +75,19 @@ def test_train_configs_groups_same_shaped_configs(data, monkeypatch):
             super().__init__(jobs, *args, **kwargs)
 
     monkeypatch.setattr(many, "_Pass", Counting)
-    trained = train_configs(data, configs, SEEDS[:2], device="cpu")
+    trained = train_configs(data, configs, SEEDS[:2], device="cpu", batched=True)
     assert sorted(groups) == [2, 4]  # the two same-shaped configs' 4 models together, the wider one apart
     assert [[t.seed for t in seeds] for seeds in trained] == [SEEDS[:2]] * 3
     for config, seeds in zip(configs, trained, strict=True):
         for trained_seed in seeds:
             [alone] = train_seeds(data, config, [trained_seed.seed], device="cpu")
             _same(trained_seed, alone)
+
+
+def test_on_a_cpu_seeds_train_one_at_a_time_unless_asked(data, monkeypatch):
+    passes = []
+    monkeypatch.setattr(engine, "train_many", lambda jobs, *a, **k: passes.append(len(jobs)))
+    config = C.DeepSetConfig(hidden_dim=16, epochs=1, batch_size=32)
+    assert [t.seed for t in train_seeds(data, config, SEEDS, device="cpu")] == SEEDS
+    assert [[t.seed for t in s] for s in train_configs(data, [config], SEEDS, device="cpu")] == [SEEDS]
+    assert passes == []  # one pass measured no faster on a CPU (benchmarks/README.md)

@@ -57,13 +57,14 @@ def train_seeds(
     device: str,
     bar: BarSpec | None = None,
     reuse: Mapping[int, tuple[Any, float]] | None = None,
-    batched: bool = True,
+    batched: bool | None = None,
 ) -> Iterator[TrainedSeed]:
     """``config`` trained by the one engine once per seed, yielded in the order of ``seeds``, on ``data``'s
     train split and selected on its validation split.
 
     Where the engine can train the seeds together (:func:`~ilge_search.engine.can_batch`: the built-in
-    families on texts and sentence pairs) and ``batched`` is on, the seeds left to train go in one pass
+    families on texts and sentence pairs) and ``batched`` is on (``None``: on a GPU, where one pass pays; on
+    a CPU it measured no faster, benchmarks/README.md), the seeds left to train go in one pass
     (:func:`~ilge_search.engine.train_many`), each model the one its own run trains; otherwise one at a time,
     each yielded before the next one trains, so a caller scores a model (and may drop it) before the next
     exists.
@@ -75,8 +76,8 @@ def train_seeds(
 
     seeds = list(seeds)
     reuse = reuse or {}
-    if batched and can_batch(config, data.task_kind) and len(set(seeds) - set(reuse)) > 1:
-        [trained] = train_configs(data, [config], seeds, device=device, bar=bar, reuse=[reuse])
+    if batch_on(device, batched) and can_batch(config, data.task_kind) and len(set(seeds) - set(reuse)) > 1:
+        [trained] = train_configs(data, [config], seeds, device=device, bar=bar, reuse=[reuse], batched=True)
         yield from trained
         return
     for seed in seeds if bar is None else steps(seeds, bar):
@@ -94,16 +95,19 @@ def train_configs(
     device: str,
     bar: BarSpec | None = None,
     reuse: Sequence[Mapping[int, tuple[Any, float]]] | None = None,
+    batched: bool | None = None,
 ) -> list[list[TrainedSeed]]:
-    """Every config trained once per seed (per config, in the order of ``seeds``), those whose models share
-    their shapes (seeds of one config, ensemble members that differ only in learning rate, weight decay,
-    dropout or epochs) in one pass; ``reuse[i]`` holds config ``i``'s models already trained (see
-    :func:`train_seeds`), ``bar`` counts the models."""
+    """Every config trained once per seed (per config, in the order of ``seeds``); with ``batched`` (see
+    :func:`train_seeds`) those whose models share their shapes (seeds of one config, ensemble members that
+    differ only in learning rate, weight decay, dropout or epochs) in one pass; ``reuse[i]`` holds config
+    ``i``'s models already trained (see :func:`train_seeds`), ``bar`` counts the models."""
     from ..engine import ModelJob, can_batch, train_many
 
     reuse = reuse or [{} for _ in configs]
     wanted = [(index, seed) for index, config in enumerate(configs) for seed in seeds if seed not in reuse[index]]
-    batchable = [job for job in wanted if can_batch(configs[job[0]], data.task_kind)]
+    batchable = (
+        [job for job in wanted if can_batch(configs[job[0]], data.task_kind)] if batch_on(device, batched) else []
+    )
     trained: dict[tuple[int, int], TrainedSeed] = {}
     if len(batchable) > 1:
         jobs = [ModelJob(configs[index], seed) for index, seed in batchable]
@@ -122,6 +126,15 @@ def train_configs(
             done = trained.get((index, seed))
             out[index].append(done or _train_alone(data, configs[index], seed, device))
     return out
+
+
+def batch_on(device: str, batched: bool | None) -> bool:
+    """Whether models go in one pass: ``batched`` when given, else on a GPU only."""
+    if batched is not None:
+        return batched
+    from ..embeddings.devices import resolve_device
+
+    return str(resolve_device(device)).startswith("cuda")
 
 
 def _train_alone(data: StudyData, config: EncoderConfig, seed: int, device: str) -> TrainedSeed:
