@@ -200,9 +200,10 @@ def load_study_data(
 
 
 def _rows(split: CachedEmbeddings | WordEmbeddings) -> int:
-    from ..embeddings.cache import CachedEmbeddings
+    """Texts of a split, or sentences of a word split (a word entry is a cached entry with offsets)."""
+    from ..embeddings.word_cache import WordEmbeddings
 
-    return int(split.labels.shape[0] if isinstance(split, CachedEmbeddings) else split.num_sentences)
+    return int(split.num_sentences if isinstance(split, WordEmbeddings) else split.labels.shape[0])
 
 
 def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, Dataset]:
