@@ -75,7 +75,7 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
 
     # no model name: "" is in no table row, so the hidden size decides
     bucket = model_size_bucket("" if model is None else model, hidden_size)
-    config = recommended_config(encoder, model_size_hint=bucket)
+    config = recommended_config(encoder, model_size_hint=bucket, source="regenerated")
     values = {k: v for k, v in config.to_dict().items() if k != "family"}
     fixed = optuna.trial.FixedTrial(values)
     with quiet_optuna_warnings():
