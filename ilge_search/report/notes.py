@@ -7,6 +7,7 @@ from typing import Any
 
 from .._version import __version__
 from ..storage import hide_password
+from .comparisons import difference_sentence, seed_verdict
 from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
@@ -68,9 +69,10 @@ def closing_notes(frame: Any, summary: Any) -> list[str]:
     for model, protocol in ((m, p) for m in model_order(frame["model"]) for p in model_protocols(frame, m)):
         part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None
+        scores = part.pivot(index="task", columns="method", values="scores") if not part.empty else None
         parts = []
         for other, label in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
-            if table is None or "cayley" not in table or other not in table:
+            if table is None or scores is None or "cayley" not in table or other not in table:
                 parts.append(f"no tasks with both Cayley and {label}")
                 continue
             both = table[["cayley", other]].dropna()
@@ -78,13 +80,8 @@ def closing_notes(frame: Any, summary: Any) -> list[str]:
                 parts.append(f"no tasks with both Cayley and {label}")
                 continue
             diff = both["cayley"] - both[other]
-            shown = diff.round(DECIMALS)
-            spread = f" (range {diff.min():+.{DECIMALS}f} to {diff.max():+.{DECIMALS}f})" if len(diff) > 1 else ""
-            parts.append(
-                f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
-                f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
-                f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}"
-            )
+            verdicts = [seed_verdict(scores.at[task, "cayley"], scores.at[task, other]) for task in both.index]
+            parts.append(difference_sentence(label, list(diff), verdicts, DECIMALS))
         model_summary = summary[(summary["model"] == model) & (summary["protocol"] == protocol)]
         lead = ""
         if not model_summary.empty:
