@@ -26,6 +26,7 @@ from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .notes import SUMMARY_NOTE
 from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
 from .portfolio import draw_matrix, portfolio_part
+from .power import POWER_NOTE, power_lines
 from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_rows
 from .tables import (
     SELECTION_NOTE,
@@ -465,6 +466,18 @@ class TokenTables(Section):
                 folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})
 
 
+class DetectableDifferences(Section):
+    """Per task: the smallest difference 3 seeds at 400 test texts detect (:mod:`~ilge_search.report.power`)."""
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(power_lines(data.frame))
+
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(POWER_NOTE)
+        doc.bullets(power_lines(data.frame))
+
+
 class Studies(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
@@ -482,6 +495,7 @@ def report_sections() -> list[Section]:
         TokenTables("Tagging tasks", "tagging"),
         ProtocolEffect("Protocol effect", "protocol-effect"),
         Notes("Notes", "notes"),
+        DetectableDifferences("How small a difference the tables can see", "power"),
         LayerAttributions("Which layers carry the task", "layers"),
         Figures("Figures", "figures"),
         SelectionRules("Selection rules", "selection"),
