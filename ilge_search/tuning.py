@@ -24,7 +24,10 @@ Search space (graph families ``cayley``/``fc``)::
 
 Recommended defaults files
 --------------------------
-:func:`recommended_config` merges three layers, each over the one before:
+:func:`recommended_config` returns the published package's values by default
+(``source="published"``), as code written for ``ilge`` 0.1.0 expects. With
+``source="regenerated"`` (what a new study starts from) it merges three layers,
+each over the one before:
 the built-in defaults of the published package (:data:`BUILTIN_RECOMMENDED`),
 the shipped ``ilge_search/data/recommended_defaults.json`` (regenerated from the
 committed study results with ``ilge-search recommend --update-shipped``), and
@@ -84,6 +87,7 @@ __all__ = [
     "user_defaults_in_use",
     "BUILTIN_RECOMMENDED",
     "MODEL_SIZE_HINTS",
+    "DEFAULTS_SOURCES",
     "SAMPLERS",
     "PRUNERS",
     "make_sampler",
@@ -93,6 +97,8 @@ __all__ = [
 RECOMMENDED_DEFAULTS_PATH = Path(__file__).resolve().parent / "data" / "recommended_defaults.json"
 DEFAULTS_FORMAT_VERSION = 1
 MODEL_SIZE_HINTS = ("small", "large")
+# where recommended_config reads its values: the published package's, or regenerated files over them
+DEFAULTS_SOURCES = ("published", "regenerated")
 
 # {family: {bucket: {field: value}}}: each registered family's built-in start (its EncoderSpec.start)
 BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, FieldValues]] = BUILTIN_STARTS
@@ -234,7 +240,11 @@ def user_defaults_in_use(defaults_path: str | Path | None = None) -> Path | None
 
 
 def recommended_config(
-    family: str, model_size_hint: str = "small", *, defaults_path: str | Path | None = None
+    family: str,
+    model_size_hint: str = "small",
+    *,
+    source: str = "published",
+    defaults_path: str | Path | None = None,
 ) -> EncoderConfig:
     """Zero-search defaults for ``family``.
 
@@ -243,14 +253,24 @@ def recommended_config(
         model_size_hint: ``"small"`` for models up to 3B parameters (lr 1e-3),
             ``"large"`` for larger ones (lr 1e-4); see
             :func:`ilge_search.embeddings.models.model_size_bucket`.
-        defaults_path: a user defaults file (as ``ilge-search recommend`` writes)
-            read over the shipped one; default ``$ILGE_SEARCH_DEFAULTS``, else
+        source: ``"published"`` (the default): the published ``ilge`` 0.1.0 package's values
+            (:data:`BUILTIN_RECOMMENDED`), what code written for that package expects;
+            ``"regenerated"``: those values with the shipped defaults file and the user's file
+            read over them (:func:`effective_recommended_defaults`), the start of new studies.
+        defaults_path: with ``source="regenerated"``, a user defaults file (as ``ilge-search
+            recommend`` writes) read over the shipped one; default ``$ILGE_SEARCH_DEFAULTS``, else
             ``~/.config/ilge-search/recommended_defaults.json`` when it exists.
     """
     _check_family(family)
     if model_size_hint not in MODEL_SIZE_HINTS:
         raise ValueError(f"model_size_hint must be one of {list(MODEL_SIZE_HINTS)}, got {model_size_hint!r}")
-    values = effective_recommended_defaults(defaults_path).get(family, {}).get(model_size_hint, {})
+    check_choice("source", source, DEFAULTS_SOURCES)
+    if source == "published":
+        if defaults_path is not None:
+            raise ValueError("defaults_path is read only with source='regenerated'")
+        values = BUILTIN_RECOMMENDED.get(family, {}).get(model_size_hint, {})
+    else:
+        values = effective_recommended_defaults(defaults_path).get(family, {}).get(model_size_hint, {})
     return config_class_for(family)(**values)
 
 

@@ -144,7 +144,8 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, syn
         assert row["difference"] == pytest.approx(row["regenerated_mean"] - row["builtin_mean"])
     verdict = result.verdicts[("cayley", "small")]
     assert verdict.mean_difference == pytest.approx(result.rows["difference"].mean())
-    assert verdict.regenerated_win == (verdict.mean_difference > 0)
+    assert verdict.regenerated_win == (verdict.evidence.passes and not verdict.setting)  # a clear win as it ships
+    assert verdict.evidence.comparison.interval.estimate == pytest.approx(verdict.mean_difference)
 
 
 def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkeypatch, synthetic):

@@ -275,7 +275,7 @@ def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(
 
 def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, studies, tmp_path, monkeypatch):
     from ilge_search import tuning
-    from ilge_search.defaults.transfer import shipping_verdict, stored_portfolio
+    from ilge_search.defaults.transfer import shipping_verdict, stored_portfolio, trained_setting
     from ilge_search.report.defaults_page import recommend_defaults
     from ilge_search.study.trial import config_params
 
@@ -288,7 +288,7 @@ def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, s
     shipped = tmp_path / "shipped.json"
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", shipped)
     data = recommend_defaults(url, None, None, families=["cayley"], method="portfolio", update_shipped=True)
-    wins, why = shipping_verdict(result.held_out)
+    wins, why = shipping_verdict(result.held_out, setting=trained_setting(result, default))
     assert data["metadata"]["shipping"]["cayley/small"] == why
     assert ("cayley" in json.loads(shipped.read_text())["families"]) == wins
     with pytest.raises(ValueError, match=r"no complete portfolio of cayley \(small\) .* --check` first"):

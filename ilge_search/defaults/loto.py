@@ -9,8 +9,9 @@ missing, and a record whose configurations the storage no longer gives is stale 
 
 :func:`stored_loto` reads the current records back without training (the report, ``defaults.md`` and the
 shipping rule of :mod:`~ilge_search.defaults.recommend`). Differences are regenerated minus built-in, in
-score units and in the direction of improvement; a family's regenerated defaults *win on average* when
-the mean difference over its (model, left-out task) rows is above zero.
+score units and in the direction of improvement; a family's regenerated defaults *win* when the
+bootstrap interval of the mean difference over its (model, left-out task) rows lies above zero and the rows
+were trained as the defaults ship (:mod:`~ilge_search.defaults.evidence`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..study.retraining import TrainingSetup, train_seeds
 from ..tasks.scores import score_unit
 from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
+from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
 from .problems import ConfigValues, ProblemGroups, open_existing_storage, problem_tasks, read_problems
 from .rule import derive_defaults
 
@@ -348,11 +350,14 @@ class LotoVerdict:
     mean_difference: float  # regenerated minus built-in, score units, in the direction of improvement
     wins: int
     losses: int
+    evidence: LeftOutEvidence | None = None  # the mean difference's interval over the left-out rows
+    setting: str = ""  # why the rows were not trained as the defaults ship (empty: they were)
 
     @property
     def regenerated_win(self) -> bool:
-        """Whether the regenerated defaults beat the built-in ones on average (what shipping needs)."""
-        return self.rows > 0 and self.mean_difference > 0
+        """Whether the regenerated defaults clearly beat the built-in ones in the setting they ship in: the
+        interval of the mean difference over the left-out rows above 0 (what shipping needs)."""
+        return self.rows > 0 and self.evidence is not None and self.evidence.passes and not self.setting
 
 
 @dataclass
@@ -380,6 +385,16 @@ class LotoResult:
         """Whether ``family``'s regenerated defaults win for ``bucket`` (``None``: no evaluation)."""
         verdict = self.verdicts.get((family, bucket))
         return None if verdict is None else verdict.regenerated_win
+
+
+def _trained_setting(family: str, configs: Any) -> str:
+    """Why the regenerated configurations were not trained as they ship (each capped at its study's epochs)."""
+    trained, shipped = [], []
+    for config in configs:
+        values = {k: v for k, v in config.items() if k not in ("family", "epochs")}
+        trained.append(int(config.get("epochs", 0)) or None)
+        shipped.append(int(start_config(family, values, None).epochs))
+    return setting_gap(trained, min(shipped)) if shipped else ""
 
 
 def _result(
@@ -410,6 +425,8 @@ def _result(
             mean_difference=float(group["difference"].mean()),
             wins=int((shown > 0).sum()),
             losses=int((shown < 0).sum()),
+            evidence=left_out_evidence("task", group["difference"]),
+            setting=_trained_setting(family, group["regenerated_config"]),
         )
     return LotoResult(
         storage=hide_password(storage_url),

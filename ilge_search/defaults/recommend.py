@@ -9,7 +9,8 @@ is :func:`ilge_search.report.defaults_page.recommend_defaults`'s job; :func:`def
 Shipping only what generalises: before regenerated defaults replace the shipped ones
 (``update_shipped=True``), the leave-one-task-out evaluation (:mod:`~ilge_search.defaults.loto`) must be
 stored and current for every (model, task) a family has a study of, and a family is shipped only when
-its regenerated defaults beat the built-in ones on average there (:func:`shipping_decision`); otherwise
+the bootstrap interval of its regenerated defaults' mean difference to the built-in ones there lies above 0,
+measured in the setting that ships (:mod:`~ilge_search.defaults.evidence`, :func:`shipping_decision`); otherwise
 the shipped file leaves it out and ``recommended_config`` falls back to the built-in values.
 """
 
@@ -27,7 +28,7 @@ from ..encoders.configs import CONFIG_CLASSES, ENCODER_FAMILIES
 from ..settings import user_defaults_path
 from ..storage import hide_password
 from ..tuning import DEFAULTS_FORMAT_VERSION
-from .loto import LOTO_FAMILIES, LotoResult, stored_loto
+from .loto import LOTO_FAMILIES, LotoResult, LotoVerdict, stored_loto
 from .problems import ConfigValues, Problem, ProblemGroups, problem_tasks, read_problems
 from .rule import RULE, RecommendedValue, derive_defaults
 
@@ -104,10 +105,24 @@ def defaults_targets(
     return target, None if report_path is None else Path(report_path)
 
 
+def _decision(verdict: LotoVerdict) -> str:
+    """The shipping rule's sentence for one group: shipped or not, with the interval that decided it."""
+    rows = f"{verdict.rows} left-out row{'' if verdict.rows == 1 else 's'}"
+    evidence = f"; {verdict.evidence.text()}" if verdict.evidence is not None else ""
+    if verdict.regenerated_win:
+        return f"regenerated, {verdict.mean_difference:+.2f} points over the built-in defaults on {rows}{evidence}"
+    setting = f"; {verdict.setting}" if verdict.setting else ""
+    return (
+        f"built-in kept: the regenerated defaults were {verdict.mean_difference:+.2f} points against them on "
+        f"{rows}{setting}{evidence}"
+    )
+
+
 def shipping_decision(values: Mapping[str, Mapping[str, object]], loto: LotoResult) -> dict[str, str]:
     """The shipping rule: per ``family/bucket`` of ``values``, shipped or not and why.
 
-    A group is shipped only when its regenerated defaults beat the built-in ones on average over the
+    A group is shipped only when its regenerated defaults clearly beat the built-in ones (the interval of the
+    mean difference above 0, in the setting that ships) over the
     left-out tasks of a current leave-one-task-out evaluation (:class:`~ilge_search.defaults.loto.LotoResult`).
 
     Raises:
@@ -126,16 +141,7 @@ def shipping_decision(values: Mapping[str, Mapping[str, object]], loto: LotoResu
                     "trains only what is missing): regenerated defaults are shipped only when they beat "
                     "the built-in ones on tasks they never saw"
                 )
-            rows = f"{verdict.rows} left-out row{'' if verdict.rows == 1 else 's'}"
-            if verdict.regenerated_win:
-                decisions[f"{family}/{bucket}"] = (
-                    f"regenerated, {verdict.mean_difference:+.2f} points over the built-in defaults on {rows}"
-                )
-            else:
-                decisions[f"{family}/{bucket}"] = (
-                    f"built-in kept: the regenerated defaults were {verdict.mean_difference:+.2f} points "
-                    f"against them on {rows}"
-                )
+            decisions[f"{family}/{bucket}"] = _decision(verdict)
     return decisions
 
 
@@ -213,6 +219,9 @@ def _metadata(
             f"{v.family}/{v.bucket}": {
                 "rows": v.rows,
                 "mean_difference": round(v.mean_difference, 4),
+                "interval": None
+                if v.evidence is None
+                else [round(v.evidence.comparison.interval.low, 4), round(v.evidence.comparison.interval.high, 4)],
                 "regenerated_win": v.regenerated_win,
             }
             for v in loto.verdicts.values()

@@ -18,7 +18,7 @@ from .._version import __version__
 from ..record import write_shipped_portfolio
 from .portfolio import PortfolioRequest, PortfolioResult, start_config_dict
 from .problems import ConfigValues
-from .transfer import member_sources, read_stored
+from .transfer import held_out_evidence, member_sources, read_stored
 
 __all__ = ["check_evidence", "shipped_entry", "shipped_start", "update_shipped_portfolio"]
 
@@ -26,19 +26,25 @@ _NO_CAP = 10**9  # an entry chosen without an epoch cap counts as more epochs th
 
 
 def _left_out(result: PortfolioResult) -> dict[str, Any]:
-    """The left-out checks' verdicts, per fold kind and method (empty when none are stored)."""
+    """The left-out checks' verdicts, per fold kind and method, with the interval of the mean difference over
+    the held-out problems (empty when none are stored)."""
     if result.held_out is None:
         return {}
-    return {
-        f"{kind}/{method}": {
+    out = {}
+    for (kind, method), verdict in sorted(result.held_out.verdicts.items()):
+        evidence = held_out_evidence(result.held_out, kind, method) if verdict["rows"] else None
+        if evidence is None:
+            continue
+        interval = evidence.comparison.interval
+        out[f"{kind}/{method}"] = {
             "problems": int(verdict["rows"]),
             "mean_difference": round(float(verdict["mean_difference"]), 4),
+            "interval": [round(interval.low, 4), round(interval.high, 4)],
+            "verdict": interval.verdict,
             "ahead": int(verdict["ahead"]),  # numpy integers, from numpy scores
             "behind": int(verdict["behind"]),
         }
-        for (kind, method), verdict in sorted(result.held_out.verdicts.items())
-        if verdict["rows"]
-    }
+    return out
 
 
 def shipped_start(family: str, bucket: str) -> ConfigValues:

@@ -21,6 +21,7 @@ from ..storage import hide_password, open_storage
 from ..tasks.scores import score_unit
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, warm_start_order
+from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
 from .portfolio import (
     BUILTIN,
     MARGINAL,
@@ -53,6 +54,9 @@ __all__ = [
     "left_out_orders",
     "copy_portfolio",
     "shipping_verdict",
+    "trained_setting",
+    "held_out_evidence",
+    "LEFT_OUT_CHECKS",
     "portfolio",
     "read_stored",
     "stored_portfolio",
@@ -216,22 +220,43 @@ def _capped(request: PortfolioRequest, config: ConfigValues, result: PortfolioRe
     return dict(cell_config(request.family, config, result.problems[p], request.max_epochs).to_dict())
 
 
-def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default", *, note: str = "") -> tuple[bool, str]:
-    """Whether ``method`` may be shipped: on every fold kind, mean ahead of the built-in defaults and ahead on
-    more left-out problems than behind; and the sentence that says so (``note`` first in its parentheses)."""
-    parts, wins = [], []
-    for (kind, name), verdict in sorted(held_out.verdicts.items()):
-        if name != method or not verdict["rows"]:
-            continue
-        win = verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
-        wins.append(win)
-        parts.append(
-            f"leave one {kind} out: {verdict['mean_difference']:+.2f} points, ahead on {verdict['ahead']}, "
-            f"behind on {verdict['behind']} of {verdict['rows']}"
-        )
-    ok = bool(wins) and all(wins)
-    reasons = ([note] if note else []) + (parts or ["no left-out rows"])
+LEFT_OUT_CHECKS = ("task", "model")  # the shipping rule needs both
+
+
+def held_out_evidence(held_out: HeldOut, kind: str, method: str) -> LeftOutEvidence | None:
+    """``method`` against the built-in defaults over the held-out problems of the ``kind`` folds: the mean
+    difference with its bootstrap interval and tests (``None``: no such rows)."""
+    rows = [r for r in held_out.rows if r["fold"] == kind]
+    diffs = [r[f"{method}_diff"] for r in rows if not math.isnan(r[f"{method}_diff"])]
+    return left_out_evidence(kind, diffs) if diffs else None
+
+
+def shipping_verdict(
+    held_out: HeldOut | None, method: str = "portfolio_default", *, note: str = "", setting: str = ""
+) -> tuple[bool, str]:
+    """Whether ``method`` may be shipped, and the sentence that says so (``note`` first in its parentheses).
+
+    The rule (:mod:`ilge_search.defaults.evidence`): in both left-out checks (leave one task out, leave
+    one model out) the bootstrap interval of the mean difference over the held-out problems against the
+    built-in defaults lies above 0, and the cells were trained in the setting that ships (``setting``:
+    why not, from :func:`~ilge_search.defaults.evidence.setting_gap`; empty when they were).
+    """
+    found = [held_out_evidence(held_out, kind, method) for kind in LEFT_OUT_CHECKS] if held_out else []
+    evidence = [e for e in found if e is not None]
+    checked = {e.kind for e in evidence}
+    ok = checked == set(LEFT_OUT_CHECKS) and all(e.passes for e in evidence) and not setting
+    missing = [f"no leave-one-{kind}-out rows" for kind in LEFT_OUT_CHECKS if kind not in checked]
+    reasons = [r for r in (note, setting) if r] + [e.text() for e in evidence] + missing
     return ok, ("shipped" if ok else "built-in kept") + f" ({'; '.join(reasons)})"
+
+
+def trained_setting(result: PortfolioResult, values: dict[str, Any]) -> str:
+    """Why the matrix's cells of ``values`` (search-space values) were not trained as they ship (empty: they
+    were): each problem's cell is capped at the request's, else its study's, epochs."""
+
+    shipped_epochs = int(start_config_dict(result.request.family, values)["epochs"])
+    cap = result.request.max_epochs
+    return setting_gap([cap if cap is not None else p.max_epochs for p in result.problems], shipped_epochs)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -529,7 +554,9 @@ def portfolio_defaults(
             default = config_params(family, result.candidates[result.default].config)
             chose_builtin = result.candidates[result.default].name == BUILTIN  # nothing new: say so, not only +0.00
             ship, why = shipping_verdict(
-                result.held_out, note="the matrix's default is the built-in defaults" if chose_builtin else ""
+                result.held_out,
+                note="the matrix's default is the built-in defaults" if chose_builtin else "",
+                setting=trained_setting(result, default),
             )
             shipping[f"{family}/{bucket}"] = why
             if ship or not update_shipped:

@@ -60,9 +60,12 @@ def _loto_section(doc: Document, meta: Mapping[str, Any], recommendation: Recomm
     shipping = meta.get("shipping")
     if shipping and meta.get("method") == "portfolio":
         doc.paragraph(
-            "Shipped in `ilge_search/data/recommended_defaults.json` (a group's portfolio default only where it "
-            "won its left-out checks: mean ahead of the built-in defaults and ahead on more held-out problems "
-            "than behind, for every fold kind):"
+            "Shipped in `ilge_search/data/recommended_defaults.json` and the start of new studies (a group's "
+            "portfolio default only where it won both left-out checks, leaving one task out and one model out: "
+            "the 95% bootstrap interval of its mean difference over the held-out problems against the built-in "
+            "defaults above 0, measured in the setting that ships, the configuration's own epochs with early "
+            "stopping; otherwise the built-in defaults). `recommended_config(family)` returns the published "
+            'package\'s values either way; `recommended_config(family, source="regenerated")` reads this file:'
         )
         doc.bullets([f"{group}: {decision}" for group, decision in shipping.items()])
 
@@ -79,8 +82,9 @@ def _loto_tables(doc: Document, meta: Mapping[str, Any], loto: LotoResult) -> No
     shipping = meta.get("shipping")
     if shipping and meta.get("method") != "portfolio":  # the portfolio's decisions follow its matrices
         doc.paragraph(
-            "Shipped in `ilge_search/data/recommended_defaults.json` (regenerated defaults only where they "
-            "win on average over the left-out tasks):"
+            "Shipped in `ilge_search/data/recommended_defaults.json` (regenerated defaults only where the 95% "
+            "bootstrap interval of their mean difference over the left-out tasks lies above 0, measured in the "
+            "setting that ships):"
         )
         doc.bullets([f"{group}: {decision}" for group, decision in shipping.items()])
     doc.table(*loto_rows(loto))
@@ -170,10 +174,11 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
     doc.heading(1, "Defaults by model size")
     doc.paragraph(
         f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
-        f"`{command}`. `recommended_config(family, model_size_hint)` "
-        f"{_read_from(target)}; a family or bucket without "
+        f'`{command}`. `recommended_config(family, model_size_hint, source="regenerated")` (what new '
+        f"studies start from) {_read_from(target)}; a family or bucket without "
         "studies, or whose regenerated defaults were not shipped, keeps the built-in default (marked "
-        "*built-in*)."
+        "*built-in*). `recommended_config(family, model_size_hint)` returns the built-in defaults, the "
+        "published `ilge` 0.1.0 package's."
     )
     _defaults_table(doc, recommendation)
     if meta.get("excluded_tasks"):

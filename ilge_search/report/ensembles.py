@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..files import check_output_path, write_output_text
 from ..record import EnsembleRecord, ensemble_record, study_record
+from ..study.statistics import Interval, problems_interval, seeds_interval, verdict_counts
 from ..tasks.scores import score_unit
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ def _study_rows(name: str, stored: EnsembleRecord, attrs: optuna.Study) -> list[
         "single_latency_ms": stored.single_latency_ms,
         "asked": stored.size,
         "seeds": len(stored.seeds),
+        "selected_scores": [v * scale for v in stored.selected_test_scores],
     }
     return [
         {
@@ -77,6 +79,7 @@ def _study_rows(name: str, stored: EnsembleRecord, attrs: optuna.Study) -> list[
             "ensemble_std": size.test_std * scale,
             "ensemble_val": size.val_score * scale,
             "ensemble_gap": math.nan if size.val_test_gap is None else size.val_test_gap * scale,
+            "ensemble_scores": [v * scale for v in size.test_scores],
         }
         for size in sorted(stored.sizes.values(), key=lambda s: s.size)
     ]
@@ -104,6 +107,20 @@ def _fmt(value: float | None, digits: int = 2, signed: bool = False) -> str:
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
+def _paired(first: Sequence[float], second: Sequence[float]) -> Interval:
+    """The t interval of first minus second over the seeds they share by position (the same final seeds)."""
+    if len(first) != len(second) or not first:
+        return Interval(math.nan, -math.inf, math.inf, 0.95, None, None, "unpaired")
+    return seeds_interval([a - b for a, b in zip(first, second, strict=True)])
+
+
+def _seed_interval(first: Sequence[float], second: Sequence[float]) -> str:
+    interval = _paired(first, second)
+    if not math.isfinite(interval.low):
+        return "-"
+    return f"[{interval.low:+.2f}, {interval.high:+.2f}] {interval.verdict}"
+
+
 def ensemble_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the table: per study and K the ensemble's test mean +- std beside the selected
     trial, the start and the best single layer, both gaps, and the cost."""
@@ -118,6 +135,7 @@ def ensemble_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
         "start",
         "best layer",
         "ens. - sel.",
+        "95% CI (seeds)",
         "gap ens.",
         "gap sel.",
         "members s/seed",
@@ -137,6 +155,7 @@ def ensemble_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
                 _fmt(row.start),
                 _fmt(row.best_layer),
                 _fmt(row.ensemble - row.selected, signed=True),
+                _seed_interval(row.ensemble_scores, row.selected_scores),
                 _fmt(row.ensemble_gap, signed=True),
                 _fmt(row.selected_gap, signed=True),
                 _fmt(row.member_seconds, 1) if row.k == row.asked else "",
@@ -154,11 +173,16 @@ def ensemble_sentences(frame: pd.DataFrame) -> list[str]:
     studies = frame["study"].nunique()
     for k, group in frame.groupby("k"):
         diff = group["ensemble"] - group["selected"]
-        wins, losses = int((diff > 0.05).sum()), int((diff < -0.05).sum())
+        over = problems_interval(list(diff))
+        counts = verdict_counts(
+            _paired(e, s) for e, s in zip(group["ensemble_scores"], group["selected_scores"], strict=True)
+        )
         out.append(
-            f"K = {k}: ensemble minus selected trial {diff.mean():+.2f} points on average over {len(group)} "
-            f"of {studies} studies ({wins} ahead, {losses} behind, {len(group) - wins - losses} level within "
-            f"0.05); minus start {(group['ensemble'] - group['start']).mean():+.2f}; minus best single layer "
+            f"K = {k}: ensemble minus selected trial {diff.mean():+.2f} points on average "
+            f"[{over.low:+.2f}, {over.high:+.2f}] over {len(group)} of {studies} studies (95% bootstrap over "
+            f"studies: a {over.verdict}; per study over the seeds, 95% t interval: {counts['win']} win, "
+            f"{counts['tie']} tie, {counts['loss']} loss); minus start "
+            f"{(group['ensemble'] - group['start']).mean():+.2f}; minus best single layer "
             f"{(group['ensemble'] - group['best_layer']).mean():+.2f}; mean validation-to-test gap "
             f"{group['ensemble_gap'].mean():+.2f} (selected trial: {group['selected_gap'].mean():+.2f})."
         )

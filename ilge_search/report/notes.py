@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..storage import hide_password
+from .comparisons import difference_sentence, seed_verdict
 from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
@@ -70,19 +71,15 @@ def closing_notes(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
     for model, protocol in ((m, p) for m in model_order(frame["model"]) for p in model_protocols(frame, m)):
         part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None
+        scores = part.pivot(index="task", columns="method", values="scores") if not part.empty else None
         parts = []
         for other, label in CAYLEY_REFERENCES:
             diff = None if table is None else cayley_minus(table, other)
-            if diff is None:
+            if diff is None or scores is None:
                 parts.append(f"no tasks with both Cayley and {label}")
                 continue
-            shown = diff.round(DECIMALS)
-            spread = f" (range {diff.min():+.{DECIMALS}f} to {diff.max():+.{DECIMALS}f})" if len(diff) > 1 else ""
-            parts.append(
-                f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
-                f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
-                f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}"
-            )
+            verdicts = [seed_verdict(scores.at[task, "cayley"], scores.at[task, other]) for task in diff.index]
+            parts.append(difference_sentence(label, list(diff), verdicts, DECIMALS))
         model_summary = summary[(summary["model"] == model) & (summary["protocol"] == protocol)]
         lead = ""
         if not model_summary.empty:

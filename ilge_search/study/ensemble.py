@@ -346,7 +346,8 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
     from ..engine import select_best_layer
     from ..tuning import recommended_config
 
-    recommended = recommended_config("best-layer", model_size_hint=model_size_bucket(model_name, data.hidden_size))
+    bucket = model_size_bucket(model_name, data.hidden_size)
+    recommended = recommended_config("best-layer", model_size_hint=bucket, source="regenerated")
     assert isinstance(recommended, BestLayerConfig)
     config: BestLayerConfig = recommended
     if run.max_epochs is not None and config.epochs > run.max_epochs:

@@ -68,7 +68,7 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
 
     # no model name: "" is in no table row, so the hidden size decides
     bucket = model_size_bucket("" if model is None else model, hidden_size)
-    return config_params(encoder, recommended_config(encoder, model_size_hint=bucket).to_dict())
+    return config_params(encoder, recommended_config(encoder, model_size_hint=bucket, source="regenerated").to_dict())
 
 
 def config_params(encoder: str, config: Mapping[str, object]) -> dict[str, object]:
