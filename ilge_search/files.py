@@ -1,24 +1,11 @@
 """Files written and read safely: temporary names that say who writes them, disk checks, UTF-8 text.
 
-A temporary file is named ``<final name>.tmp-<pid>-<random>@<host>`` (:func:`temp_name`),
-so a later process can tell a file whose writer died (its pid is gone on this host)
-from one that is still being written, and remove only the former
-(:func:`remove_stale_temp_files`). Temporary files of other hosts sharing the folder,
-and names without a writer, are left alone.
-
-:func:`check_writable` and :func:`check_free_space` run before expensive work, and
-:func:`disk_error` turns ENOSPC/EDQUOT/EROFS/EACCES raised later into one line;
-all three raise :class:`DiskError`, a ``ValueError`` so the CLI reports it as its
-error message. :func:`read_text_utf8` names the file, line and column of bytes that
-are not UTF-8.
-
-Every command that writes a file or folder the user names (``--out``, ``--plot``,
-``--report``) decides first, with :func:`check_output_path` (a file) or
-:func:`check_output_folder` (a folder), whether it may: nothing that ``git`` tracks
-and no existing file is replaced without ``--force`` (a single file carries no mark
-of its writer, so an earlier output of the same command counts as someone else's),
-and the folder it goes into must exist or be creatable, and be writable. The check
-creates nothing; :func:`write_output_text` makes the missing folders when it writes.
+A temporary file is named ``<final name>.tmp-<pid>-<random>@<host>`` (:func:`temp_name`), so a later
+process removes only those whose writer died on this host (:func:`remove_stale_temp_files`).
+:func:`check_writable`, :func:`check_free_space` and :func:`disk_error` raise a
+one-line :class:`DiskError` (a ``ValueError``). The output rule every ``--out``/``--plot``/``--report`` obeys
+before any work is :func:`check_output_path` (a file) and :func:`check_output_folder` (a folder): nothing
+``git`` tracks and no existing file is replaced without ``--force``, and nothing is created by the check.
 """
 
 from __future__ import annotations
@@ -34,7 +21,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import BinaryIO
 
 __all__ = [
     "DiskError",
@@ -234,7 +221,7 @@ def _not_utf8(
     )
 
 
-def preallocate(handle: Any, size: int) -> None:
+def preallocate(handle: BinaryIO, size: int) -> None:
     """Give the open file ``size`` bytes of real disk blocks now, so a full disk fails here with
     ENOSPC instead of later, inside a memory-mapped write, with a bus error."""
     handle.flush()

@@ -1,46 +1,34 @@
 """The one entrance to study storage: a URL is opened once, here, and passed down as a :class:`Storage`.
 
-:func:`open_storage` parses an Optuna RDB URL, opens the ``RDBStorage`` (SQLite
-with a busy timeout and ``BEGIN IMMEDIATE`` transactions, PostgreSQL with
-whichever psycopg is installed, heartbeats for dead-worker detection) and
-knows the artifact folder that goes with it. Everything that reads or writes
-studies -- the runner, its workers, sweeps, reports, ``recommend`` and the
-dashboard -- takes the :class:`Storage` (or its ``rdb``) instead of a URL.
-
-It also owns the vocabulary of stored trials: a *finished* trial is COMPLETE
-or PRUNED (what trial budgets count); an *ended* trial is finished or FAIL
-(what progress bars count); see ``ARCHITECTURE.md``.
-
-Faults it turns into one clear :class:`StorageError`: an empty URL, a SQLite
-folder that cannot be written (checked up front for writers), a full or
-read-only database (:func:`storage_fault`), and the schema-creation race of
-several processes opening a fresh database at once (a file lock next to a
-SQLite file, retries for server databases). Every trial of a study whose sampler
-:func:`owner_stamping` wraps (every study a run creates or loads) records which process
-runs it (:data:`WORKER_ATTR`) as it is created; a RUNNING trial whose process is gone on this
-host is failed and retried at once (:func:`fail_stale_trials`).
+:func:`open_storage` opens Optuna's ``RDBStorage`` (SQLite with a busy timeout and ``BEGIN IMMEDIATE``
+transactions, PostgreSQL through whichever psycopg is installed, heartbeats) with its artifact folder.
+A *finished* trial is COMPLETE or PRUNED (what budgets count), an *ended* one finished or FAIL (what
+progress bars count). Faults become one :class:`StorageError` line: a bad URL, a folder a writer cannot
+write, a full or read-only database (:func:`storage_fault`), the race of processes creating one schema.
+A RUNNING trial whose process is gone is failed and retried (:func:`fail_stale_trials`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
 import importlib.util
 import logging
 import os
-import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .files import DiskError, check_can_create, check_writable
+from .record.worker import is_own_stamp, process_gone, worker_stamp_of
 from .settings import default_storage_url
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy
+    from optuna.artifacts import FileSystemArtifactStore
 
 __all__ = [
     "Storage",
@@ -59,10 +47,6 @@ __all__ = [
     "fail_stale_trials",
     "fail_waiting_trials",
     "storage_fault",
-    "WORKER_ATTR",
-    "worker_stamp",
-    "stamp_worker",
-    "owner_stamping",
     "fail_own_running_trials",
     "requeue_trial",
     "copy_study_once",
@@ -120,7 +104,7 @@ def quiet_optuna_warnings() -> Iterator[None]:
         yield
 
 
-def _parse(url: str) -> Any:
+def _parse(url: str) -> sqlalchemy.engine.URL:
     import sqlalchemy
 
     if not url.strip():
@@ -142,7 +126,7 @@ def check_storage_url(url: str) -> None:
     _parse(url)
 
 
-def _sqlite_file(parsed: Any) -> Path | None:
+def _sqlite_file(parsed: sqlalchemy.engine.URL) -> Path | None:
     """The database file of a SQLite URL (``None`` for other backends and in-memory SQLite)."""
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
@@ -160,9 +144,8 @@ def sqlite_database(storage_url: str) -> Path | None:
 
 
 def artifact_dir_for(storage_url: str, artifact_dir: PathLike | None = None) -> Path:
-    """Where the artifact store lives: ``artifact_dir`` if given; for a SQLite file,
-    an ``artifacts`` folder next to it; otherwise ``studies/artifacts`` (give
-    ``artifact_dir`` on a shared filesystem for multi-node runs)."""
+    """Where the artifact store lives: ``artifact_dir`` if given; for a SQLite file, an ``artifacts`` folder next to it;
+    otherwise ``studies/artifacts`` (give ``artifact_dir`` on a shared filesystem for multi-node runs)."""
     if artifact_dir is not None:
         return Path(artifact_dir).expanduser().resolve()
     database = _sqlite_file(_parse(storage_url))
@@ -180,7 +163,7 @@ class Storage:
     """
 
     url: str
-    rdb: Any
+    rdb: optuna.storages.RDBStorage
     artifact_dir: Path
     heartbeat_interval: int | None = None
     grace_period: int | None = None
@@ -196,14 +179,20 @@ class Storage:
         parsed = _parse(self.url)
         return parsed.get_backend_name() == "sqlite" and _sqlite_file(parsed) is None
 
-    def artifact_store(self) -> Any:
+    def artifact_store(self) -> FileSystemArtifactStore:
         """The ``FileSystemArtifactStore`` of :attr:`artifact_dir` (created on first use)."""
         from optuna.artifacts import FileSystemArtifactStore
 
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         return FileSystemArtifactStore(self.artifact_dir)
 
-    def load_study(self, study_name: str, *, sampler: Any = None, pruner: Any = None) -> optuna.Study | None:
+    def load_study(
+        self,
+        study_name: str,
+        *,
+        sampler: optuna.samplers.BaseSampler | None = None,
+        pruner: optuna.pruners.BasePruner | None = None,
+    ) -> optuna.Study | None:
         """The stored study called ``study_name``, or ``None`` when there is none."""
         import optuna
 
@@ -225,7 +214,7 @@ class Storage:
 
         return optuna.get_all_study_summaries(self.rdb, include_best_trial=True)
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         return (_reopen, (self.url, str(self.artifact_dir), self.heartbeat_interval, self.grace_period, self.max_retry))
 
 
@@ -253,26 +242,21 @@ def open_storage(
     """Open the study storage at ``url`` (default: ``sqlite:///studies/ilge.db``).
 
     Args:
-        url: any Optuna RDB URL. ``postgresql://`` uses whichever of psycopg 3
-            and psycopg2 is installed.
-        must_exist: refuse a SQLite file that does not exist (readers: opening
-            it would create an empty database and show nothing). Writers create
-            the file and its folder, and are refused up front when the folder
-            or the file cannot be written.
+        url: any Optuna RDB URL. ``postgresql://`` uses whichever of psycopg 3 and psycopg2 is installed.
+        must_exist: refuse a SQLite file that does not exist (readers: opening it would create an empty database and
+            show nothing). Writers create the file and its folder, and are refused up front when the folder or the file
+            cannot be written.
         artifact_dir: the artifact folder (default: :func:`artifact_dir_for`).
-        heartbeat_interval: seconds between trial heartbeats (``None``: no
-            heartbeats, for readers). A trial whose worker died is marked FAIL
-            once its heartbeat is older than ``grace_period`` (default twice the
-            interval) and re-queued up to ``max_retry`` times.
+        heartbeat_interval: seconds between trial heartbeats (``None``: no heartbeats, for readers). A trial whose
+            worker died is marked FAIL once its heartbeat is older than ``grace_period`` (default twice the interval)
+            and re-queued up to ``max_retry`` times.
 
-    Several processes may open one new database at once: a SQLite file's
-    schema is created under ``<file>.lock``, and a process that loses the
-    race on a server database opens what the winner made.
+    Several processes may open one new database at once: a SQLite file's schema is created under ``<file>.lock``, and a
+    process that loses the race on a server database opens what the winner made.
 
     Raises:
-        StorageError: the URL is empty or malformed, its driver is missing, the
-            SQLite file is missing (``must_exist``), or the database cannot be
-            reached or written (read-only, full).
+        StorageError: the URL is empty or malformed, its driver is missing, the SQLite file is missing (``must_exist``),
+            or the database cannot be reached or written (read-only, full).
     """
     url = default_storage_url() if url is None else url
     parsed = _parse(url)
@@ -311,7 +295,9 @@ class _Connection:
     is_sqlite: bool
 
 
-def _open_rdb(connection: _Connection, *, lock_for: Path | None, heartbeat: dict[str, Any]) -> Any:
+def _open_rdb(
+    connection: _Connection, *, lock_for: Path | None, heartbeat: dict[str, Any]
+) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on ``connection``, its schema created under ``lock_for``'s lock; every failure becomes
     a :class:`StorageError` that says what to do."""
     import sqlalchemy
@@ -366,7 +352,9 @@ def _is_schema_race(exc: BaseException) -> bool:
     return any(part in text for part in ("already exists", "duplicate", "unique constraint", "unique violation"))
 
 
-def _create_rdb(driver_url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any]) -> Any:
+def _create_rdb(
+    driver_url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any]
+) -> optuna.storages.RDBStorage:
     """``RDBStorage``; a process that lost the race to create the schema waits and opens what the winner made."""
     import optuna
     import sqlalchemy
@@ -386,10 +374,9 @@ def _create_rdb(driver_url: str, engine_kwargs: dict[str, Any], heartbeat: dict[
 def _schema_lock(database: Path | None) -> Iterator[None]:
     """Hold ``<database>.lock`` while a SQLite file is opened (and its schema created, if new).
 
-    Several processes opening one fresh file would otherwise race to create its
-    tables ("table studies already exists", "UNIQUE constraint failed:
-    alembic_version"). Without a writable folder there is no lock; the retries
-    of :func:`_create_rdb` still apply.
+    Several processes opening one fresh file would otherwise race to create its tables ("table studies already exists",
+    "UNIQUE constraint failed: alembic_version"). Without a writable folder there is no lock; the retries of
+    :func:`_create_rdb` still apply.
     """
     if database is None:
         yield
@@ -475,19 +462,18 @@ def storage_fault(exc: BaseException) -> str | None:
     return None
 
 
-def _begin_immediate(connection: Any) -> None:
+def _begin_immediate(connection: sqlalchemy.engine.Connection) -> None:
     """Start every SQLite transaction holding the write lock.
 
-    pysqlite's default deferred transactions let two processes both read a
-    WAITING trial and both mark it RUNNING (SQLite ignores SELECT ... FOR
-    UPDATE), so an enqueued trial would run once per worker; and two readers
-    upgrading to writers at once fail with "database is locked" without waiting
-    for the busy timeout. ``BEGIN IMMEDIATE`` makes each transaction wait its turn.
+    pysqlite's default deferred transactions let two processes both read a WAITING trial and both mark it RUNNING
+    (SQLite ignores SELECT ... FOR UPDATE), so an enqueued trial would run once per worker; and two readers upgrading to
+    writers at once fail with "database is locked" without waiting for the busy timeout. ``BEGIN IMMEDIATE`` makes each
+    transaction wait its turn.
     """
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _with_installed_driver(parsed: Any) -> str:
+def _with_installed_driver(parsed: sqlalchemy.engine.URL) -> str:
     """``postgresql://`` means psycopg 3 to SQLAlchemy 2.1 but psycopg2 to older
     releases; use whichever of the two is installed so the URL works unchanged."""
     for module, driver in (("psycopg", "postgresql+psycopg"), ("psycopg2", "postgresql+psycopg2")):
@@ -496,141 +482,10 @@ def _with_installed_driver(parsed: Any) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-# ----------------------------------------------------------------------------- which process runs a trial
-
-WORKER_ATTR = "ilge_worker"  # trial user attr: host, pid (and its start time) of the process running it
+# ----------------------------------------------------------------------------- failing trials whose worker died
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (Linux); ``None`` elsewhere or if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_namespace() -> int | None:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-
-
-def worker_stamp(trial_number: int) -> dict[str, Any]:
-    """What a trial records about the process that runs it (:data:`WORKER_ATTR`).
-
-    ``trial`` is the trial's own number: a retried copy of a trial inherits its
-    user attrs, and a stamp of another trial number is ignored.
-    """
-    pid = os.getpid()
-    stat = _proc_stat(pid)
-    return {
-        "host": socket.gethostname(),
-        "pid": pid,
-        "trial": int(trial_number),
-        "started": stat[19] if stat else None,
-        "pidns": _pid_namespace(),
-    }
-
-
-def stamp_worker(study: optuna.Study, trial: Any) -> None:
-    """Record on ``trial`` (a ``Trial`` or ``FrozenTrial`` of ``study``) which process runs it
-    (:func:`worker_stamp`), so that a run on this host fails it at once when that process dies.
-
-    The one writer of the stamp: :func:`owner_stamping`'s sampler calls it as Optuna creates each trial,
-    before the objective starts. A handle made for a finished trial (the dashboard notes make such handles)
-    runs nobody's work and is left as it is.
-    """
-    import optuna
-
-    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
-
-
-@functools.cache
-def _owner_stamping_class() -> type:
-    import optuna
-
-    class OwnerStampingSampler(optuna.samplers.BaseSampler):
-        """``inner``, which also stamps each trial with its process as the trial is created (Optuna calls
-        ``before_trial`` right after it made the trial RUNNING, before the heartbeat thread or the objective
-        starts), so a worker that dies at any point leaves a trial the next run can fail."""
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def __getattr__(self, name: str) -> Any:
-            if name == "inner":  # not set yet (unpickling): no recursion
-                raise AttributeError(name)
-            return getattr(self.inner, name)
-
-        def __repr__(self) -> str:
-            return f"{type(self).__name__}({self.inner!r})"
-
-        def infer_relative_search_space(self, study: optuna.Study, trial: Any) -> Any:
-            return self.inner.infer_relative_search_space(study, trial)
-
-        def sample_relative(self, study: optuna.Study, trial: Any, search_space: Any) -> Any:
-            return self.inner.sample_relative(study, trial, search_space)
-
-        def sample_independent(self, study: optuna.Study, trial: Any, param_name: str, param_distribution: Any) -> Any:
-            return self.inner.sample_independent(study, trial, param_name, param_distribution)
-
-        def before_trial(self, study: optuna.Study, trial: Any) -> None:
-            stamp_worker(study, trial)
-            self.inner.before_trial(study, trial)
-
-        def after_trial(self, study: optuna.Study, trial: Any, state: Any, values: Any) -> None:
-            self.inner.after_trial(study, trial, state, values)
-
-        def reseed_rng(self) -> None:
-            self.inner.reseed_rng()
-
-    return OwnerStampingSampler
-
-
-def owner_stamping(sampler: Any) -> Any:
-    """``sampler`` (``None``: Optuna's default TPE) wrapped so that every trial records its process
-    (:data:`WORKER_ATTR`) the moment it is created, before it can run.
-
-    A worker that dies before its objective starts (its heartbeat thread could not start, say) then leaves
-    a stamped trial: the next run on this host fails and retries it at once, and a run on another host by
-    its missing heartbeat (:func:`fail_stale_trials`).
-    """
-    if sampler is None:
-        import optuna
-
-        sampler = optuna.samplers.TPESampler()
-    return _owner_stamping_class()(sampler)
-
-
-def _process_gone(stamp: Any, trial_number: int) -> bool:
-    """Whether the process that stamped the trial certainly no longer runs.
-
-    Only decidable for a process of this host (same hostname and pid namespace);
-    a pid that was recycled (another start time) or is a zombie counts as gone.
-    """
-    if not isinstance(stamp, dict) or stamp.get("trial") != trial_number:
-        return False
-    if stamp.get("host") != socket.gethostname() or stamp.get("pidns") != _pid_namespace():
-        return False
-    pid = stamp.get("pid")
-    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    stat = _proc_stat(pid)
-    if stat is None:
-        return False
-    return stat[0] in ("Z", "X") or (stamp.get("started") is not None and stat[19] != stamp["started"])
-
-
-def _retry_callback(storage: Storage) -> Any:
+def _retry_callback(storage: Storage) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
     import optuna
 
     callback = storage.rdb.get_heartbeat_stale_trial_callback()
@@ -640,7 +495,9 @@ def _retry_callback(storage: Storage) -> Any:
     return callback
 
 
-def _fail_and_retry(study: optuna.Study, storage: Storage, trial: Any, why: str, *, retry: bool = True) -> bool:
+def _fail_and_retry(
+    study: optuna.Study, storage: Storage, trial: optuna.trial.FrozenTrial, why: str, *, retry: bool = True
+) -> bool:
     import optuna
 
     try:
@@ -667,11 +524,14 @@ def fail_waiting_trials(study: optuna.Study, storage: Storage) -> list[int]:
     return numbers
 
 
-def fail_own_running_trials(study: optuna.Study, storage: Storage) -> list[int]:
+def fail_own_running_trials(
+    study: optuna.Study, storage: Storage, reason: str = "stopped by a storage fault"
+) -> list[int]:
     """Fail (and re-queue) the RUNNING trials of this process, as far as the storage still takes writes.
 
-    Called when a storage fault stopped a trial half-way; what cannot be written
-    now is repaired by the next run (:func:`fail_stale_trials`). Returns their numbers.
+    Called when a storage fault or an interrupt stopped a trial half-way (an interrupt between the trial's
+    creation and its objective leaves it RUNNING: Optuna fails only a trial whose objective ran); what cannot
+    be written now is repaired by the next run (:func:`fail_stale_trials`). Returns their numbers.
     """
     numbers: list[int] = []
     try:
@@ -679,49 +539,42 @@ def fail_own_running_trials(study: optuna.Study, storage: Storage) -> list[int]:
     except Exception:  # the storage may be unreadable too; the next run repairs it
         return numbers
     for trial in running:
-        stamp = trial.user_attrs.get(WORKER_ATTR)
-        if (
-            isinstance(stamp, dict)
-            and stamp.get("pid") == os.getpid()
-            and stamp.get("trial") == trial.number
-            and stamp.get("host") == socket.gethostname()
-        ):
+        if is_own_stamp(worker_stamp_of(trial), trial.number):
             numbers.append(trial.number)
             with contextlib.suppress(Exception):
-                _fail_and_retry(study, storage, trial, "stopped by a storage fault")
+                _fail_and_retry(study, storage, trial, reason)
     return numbers
 
 
 def fail_stale_trials(study: optuna.Study, storage: Storage, *, retry: bool = True) -> None:
     """Fail and retry (up to ``max_retry`` times; with ``retry=False`` never) RUNNING trials whose worker died.
 
-    - A trial whose process (:data:`WORKER_ATTR`) is gone on this host is failed at once.
-    - With heartbeats, Optuna's :func:`optuna.storages.fail_stale_trials` fails
-      trials whose heartbeat is older than the grace period (other hosts).
-    - A worker killed between ``study.ask()`` and its heartbeat thread's first
-      beat (the sampler runs in between) leaves a trial with no heartbeat at
-      all; it is failed once it started more than the grace period ago. The
-      heartbeat table is read with plain SQL on the storage's public engine.
+    - A trial whose process (:data:`~ilge_search.record.worker.WORKER_ATTR`) is gone on this host is failed at once.
+    - With heartbeats, Optuna's :func:`optuna.storages.fail_stale_trials` fails trials whose heartbeat is older than the
+      grace period (other hosts).
+    - A worker killed between ``study.ask()`` and its heartbeat thread's first beat (the sampler runs in between) leaves
+      a trial with no heartbeat at all; it is failed once it started more than the grace period ago. The heartbeat table
+      is read with plain SQL on the storage's public engine.
 
-    ``storage`` is the opened storage ``study`` lives in (Optuna wraps it in a
-    cache that hides the heartbeat settings).
+    ``storage`` is the opened storage ``study`` lives in (Optuna wraps it in a cache that hides the heartbeat settings).
     """
     import optuna
     import sqlalchemy
 
     for trial in study.get_trials(deepcopy=False, states=_states("RUNNING")):
-        stamp: Any = trial.user_attrs.get(WORKER_ATTR)
-        if _process_gone(stamp, trial.number):
+        stamp = worker_stamp_of(trial)
+        if process_gone(stamp, trial.number) and isinstance(stamp, dict):
             _fail_and_retry(study, storage, trial, f"its process {stamp['pid']} on this host is gone", retry=retry)
     rdb = storage.rdb
-    if getattr(rdb, "heartbeat_interval", None) is None:
+    interval = getattr(rdb, "heartbeat_interval", None)
+    if interval is None:
         return
     with quiet_optuna_warnings():
         optuna.storages.fail_stale_trials(study)
     running = study.get_trials(deepcopy=False, states=_states("RUNNING"))
     if not running:
         return
-    grace = rdb.grace_period if rdb.grace_period is not None else 2 * rdb.heartbeat_interval
+    grace = rdb.grace_period if rdb.grace_period is not None else 2 * interval
     ids = [t._trial_id for t in running]
     query = sqlalchemy.text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
         sqlalchemy.bindparam("ids", expanding=True)
@@ -737,7 +590,7 @@ def fail_stale_trials(study: optuna.Study, storage: Storage, *, retry: bool = Tr
         _fail_and_retry(study, storage, trial, "it never sent a heartbeat (its worker died)", retry=retry)
 
 
-def requeue_trial(study: optuna.Study, storage: Storage, trial: Any) -> bool:
+def requeue_trial(study: optuna.Study, storage: Storage, trial: optuna.trial.FrozenTrial) -> bool:
     """Queue a copy of the failed ``trial`` (same parameters and user attrs), as a heartbeat retry
     would; ``False`` once it was retried ``max_retry`` times."""
     waiting = count_trials(study, ("WAITING",))

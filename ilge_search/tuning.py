@@ -24,7 +24,10 @@ Search space (graph families ``cayley``/``fc``)::
 
 Recommended defaults files
 --------------------------
-:func:`recommended_config` merges three layers, each over the one before:
+:func:`recommended_config` returns the published package's values by default
+(``source="published"``), as code written for ``ilge`` 0.1.0 expects. With
+``source="regenerated"`` (what a new study starts from) it merges three layers,
+each over the one before:
 the built-in defaults of the published package (:data:`BUILTIN_RECOMMENDED`),
 the shipped ``ilge_search/data/recommended_defaults.json`` (regenerated from the
 committed study results with ``ilge-search recommend --update-shipped``), and
@@ -64,12 +67,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .encoders import BUILTIN_STARTS, Picker, encoder_spec
-from .encoders.configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, config_class_for
+from .encoders.configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, FieldValues, config_class_for
+from .encoders.registry import Suggests
 from .settings import user_defaults_path
 from .validation import check_choice
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = [
     "suggest_config",
@@ -80,6 +87,7 @@ __all__ = [
     "user_defaults_in_use",
     "BUILTIN_RECOMMENDED",
     "MODEL_SIZE_HINTS",
+    "DEFAULTS_SOURCES",
     "SAMPLERS",
     "PRUNERS",
     "make_sampler",
@@ -89,9 +97,11 @@ __all__ = [
 RECOMMENDED_DEFAULTS_PATH = Path(__file__).resolve().parent / "data" / "recommended_defaults.json"
 DEFAULTS_FORMAT_VERSION = 1
 MODEL_SIZE_HINTS = ("small", "large")
+# where recommended_config reads its values: the published package's, or regenerated files over them
+DEFAULTS_SOURCES = ("published", "regenerated")
 
 # {family: {bucket: {field: value}}}: each registered family's built-in start (its EncoderSpec.start)
-BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, Mapping[str, Any]]] = BUILTIN_STARTS
+BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, FieldValues]] = BUILTIN_STARTS
 
 
 def _check_family(family: str) -> None:
@@ -100,7 +110,7 @@ def _check_family(family: str) -> None:
         raise ValueError(f"unknown family {family!r}; expected one of {known}")
 
 
-def _suggest_fields(trial, family: str, fixed: dict[str, Any]) -> dict[str, Any]:
+def _suggest_fields(trial: Suggests, family: str, fixed: Mapping[str, object]) -> FieldValues:
     pick = Picker(trial, fixed)
     encoder_spec(family).search(pick)  # the family's own fields first, then the training fields every family has
     pick.real("lr", 1e-5, 1e-2, log=True)
@@ -108,7 +118,7 @@ def _suggest_fields(trial, family: str, fixed: dict[str, Any]) -> dict[str, Any]
     return pick.values
 
 
-def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
+def suggest_config(trial: Suggests, family: str, **fixed: object) -> EncoderConfig:
     """Sample (or, from a finished trial, rebuild) a config of ``family`` over the paper's space.
 
     Args:
@@ -142,14 +152,14 @@ def suggest_config(trial, family: str, **fixed: Any) -> EncoderConfig:
     return cls(**values)
 
 
-def _builtin_copy() -> dict[str, dict[str, dict[str, Any]]]:
+def _builtin_copy() -> dict[str, dict[str, FieldValues]]:
     return {
         family: {bucket: dict(fields) for bucket, fields in buckets.items()}
         for family, buckets in BUILTIN_RECOMMENDED.items()
     }
 
 
-def _merge_defaults_file(merged: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+def _merge_defaults_file(merged: dict[str, dict[str, FieldValues]], path: Path) -> None:
     """Validate the defaults file ``path`` and merge its values into ``merged`` (in place)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -187,7 +197,7 @@ def _merge_defaults_file(merged: dict[str, dict[str, dict[str, Any]]], path: Pat
                 ) from None
 
 
-def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[str, FieldValues]]:
     """``{family: {bucket: {field: value}}}`` from one defaults file merged over the built-in values.
 
     ``path`` defaults to the shipped file (:data:`RECOMMENDED_DEFAULTS_PATH`). A
@@ -204,7 +214,7 @@ def load_recommended_defaults(path: str | Path | None = None) -> dict[str, dict[
 
 def effective_recommended_defaults(
     defaults_path: str | Path | None = None,
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, FieldValues]]:
     """The values :func:`recommended_config` uses: built-in < shipped file < user file.
 
     The user file is ``defaults_path`` (it must exist), else
@@ -230,7 +240,11 @@ def user_defaults_in_use(defaults_path: str | Path | None = None) -> Path | None
 
 
 def recommended_config(
-    family: str, model_size_hint: str = "small", *, defaults_path: str | Path | None = None
+    family: str,
+    model_size_hint: str = "small",
+    *,
+    source: str = "published",
+    defaults_path: str | Path | None = None,
 ) -> EncoderConfig:
     """Zero-search defaults for ``family``.
 
@@ -239,14 +253,24 @@ def recommended_config(
         model_size_hint: ``"small"`` for models up to 3B parameters (lr 1e-3),
             ``"large"`` for larger ones (lr 1e-4); see
             :func:`ilge_search.embeddings.models.model_size_bucket`.
-        defaults_path: a user defaults file (as ``ilge-search recommend`` writes)
-            read over the shipped one; default ``$ILGE_SEARCH_DEFAULTS``, else
+        source: ``"published"`` (the default): the published ``ilge`` 0.1.0 package's values
+            (:data:`BUILTIN_RECOMMENDED`), what code written for that package expects;
+            ``"regenerated"``: those values with the shipped defaults file and the user's file
+            read over them (:func:`effective_recommended_defaults`), the start of new studies.
+        defaults_path: with ``source="regenerated"``, a user defaults file (as ``ilge-search
+            recommend`` writes) read over the shipped one; default ``$ILGE_SEARCH_DEFAULTS``, else
             ``~/.config/ilge-search/recommended_defaults.json`` when it exists.
     """
     _check_family(family)
     if model_size_hint not in MODEL_SIZE_HINTS:
         raise ValueError(f"model_size_hint must be one of {list(MODEL_SIZE_HINTS)}, got {model_size_hint!r}")
-    values = effective_recommended_defaults(defaults_path).get(family, {}).get(model_size_hint, {})
+    check_choice("source", source, DEFAULTS_SOURCES)
+    if source == "published":
+        if defaults_path is not None:
+            raise ValueError("defaults_path is read only with source='regenerated'")
+        values = BUILTIN_RECOMMENDED.get(family, {}).get(model_size_hint, {})
+    else:
+        values = effective_recommended_defaults(defaults_path).get(family, {}).get(model_size_hint, {})
     return config_class_for(family)(**values)
 
 
@@ -256,7 +280,7 @@ SAMPLERS = ("tpe", "random", "gp")
 PRUNERS = ("median", "hyperband", "none")
 
 
-def make_sampler(name: str, seed: int | None = None, *, conditional: bool = False) -> Any:
+def make_sampler(name: str, seed: int | None = None, *, conditional: bool = False) -> optuna.samplers.BaseSampler:
     """``tpe`` (TPESampler), ``random`` or ``gp`` (GPSampler, needs scipy), seeded.
 
     ``conditional``: the space's parameters depend on an earlier choice (an auto study's method); TPE then
@@ -284,7 +308,7 @@ def make_sampler(name: str, seed: int | None = None, *, conditional: bool = Fals
         return optuna.samplers.GPSampler(seed=seed)
 
 
-def make_pruner(name: str, max_epochs: int | None = None) -> Any:
+def make_pruner(name: str, max_epochs: int | None = None) -> optuna.pruners.BasePruner:
     """``median`` (the paper's MedianPruner: 5 startup trials, 10 warm-up epochs,
     fewer when ``max_epochs`` is small), ``hyperband`` (resource = epochs) or ``none``.
 

@@ -6,10 +6,12 @@ must be and what it got; the CLI turns that line into its error message.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any, Literal, overload
+from collections.abc import Collection, Iterable
+from typing import Literal, TypeVar, cast, overload
 
-__all__ = ["check_int", "check_choice", "check_positive_number", "ArgumentTypeError"]
+__all__ = ["check_int", "check_choice", "check_positive_number", "check_items", "ArgumentTypeError"]
+
+T = TypeVar("T")
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -21,10 +23,10 @@ class ArgumentTypeError(TypeError, ValueError):
 
 
 @overload
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: Literal[False] = False) -> int: ...
+def check_int(name: str, value: object, *, minimum: int = 1, allow_none: Literal[False] = False) -> int: ...
 @overload
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool) -> int | None: ...
-def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+def check_int(name: str, value: object, *, minimum: int = 1, allow_none: bool) -> int | None: ...
+def check_int(name: str, value: object, *, minimum: int = 1, allow_none: bool = False) -> int | None:
     """``value`` if it is an integer >= ``minimum`` (or ``None`` when allowed); bools are refused."""
     if value is None and allow_none:
         return None
@@ -34,7 +36,7 @@ def check_int(name: str, value: Any, *, minimum: int = 1, allow_none: bool = Fal
     return value
 
 
-def check_positive_number(name: str, value: Any, *, allow_none: bool = False, unit: str = "") -> float | None:
+def check_positive_number(name: str, value: object, *, allow_none: bool = False, unit: str = "") -> float | None:
     """``value`` if it is a real number > 0 (or ``None`` when allowed)."""
     if value is None and allow_none:
         return None
@@ -43,8 +45,22 @@ def check_positive_number(name: str, value: Any, *, allow_none: bool = False, un
     return value
 
 
-def check_choice(name: str, value: Any, choices: Collection[Any]) -> Any:
+def check_choice(name: str, value: T, choices: Collection[object]) -> T:
     """``value`` if it is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {list(choices)}")
     return value
+
+
+def check_items(name: str, value: object, what: str, item: str) -> list:
+    r"""``value`` as a non-empty list; one string, something that is not iterable or nothing at all is
+    refused, saying that ``name`` must be ``what`` (a list of ``item``\ s)."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"{name} must be {what}, not a single string")
+    try:
+        items = list(cast(Iterable[object], value))
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {type(value).__name__}") from None
+    if not items:
+        raise ValueError(f"{name} is empty; pass at least one {item}")
+    return items

@@ -4,7 +4,7 @@
 - No import cycle between modules, counting imports inside functions (lazy imports).
 - No private name (leading underscore) imported from another module, and no private module of
   another package (``optuna.storages._rdb``): those break without notice on upgrades.
-- At most 8 modules beside ``__init__.py`` at the top level, and no module longer than 900 lines (as `ruff format`
+- At most 8 modules beside ``__init__.py`` at the top level, and no module longer than 700 lines (as `ruff format`
   writes them).
 - No function longer than 60 lines, and none with more than 8 parameters outside ``cli/`` (click
   passes a command every option as a parameter) and the published API: the functions ``__init__.py``
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "ilge_search"
-MAX_LINES = 900  # lines as `ruff format` writes them
+MAX_LINES = 700  # lines as `ruff format` writes them
 MAX_TOP_LEVEL_MODULES = 8  # beside __init__.py: the rest lives in one package per pipeline stage
 MAX_FUNCTION_LINES = 60  # from the `def` line to the last line of the body, decorators not counted
 MAX_PARAMETERS = 8  # self and cls not counted; click commands in cli/ and the published API are exempt

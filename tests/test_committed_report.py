@@ -110,6 +110,7 @@ def test_the_committed_ensemble_page_and_the_default_size_agree_with_their_stora
     assert all(sentence in page for sentence in sentences)
     chosen = next(s for s in sentences if s.startswith(f"K = {DEFAULT_ENSEMBLE}:"))
     # what the README and the guide say about the default size
-    assert "+1.74 points on average over 14 of 14 studies (13 ahead, 1 behind" in chosen
+    assert "+1.74 points on average [+1.04, +2.53] over 14 of 14 studies (95% bootstrap over studies: a win" in chosen
+    assert "per study over the seeds, 95% t interval: 5 win, 9 tie, 0 loss" in chosen
     assert "+1.74 points on average" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "**The default is K = 5**" in (ROOT / "docs" / "ensembles.md").read_text(encoding="utf-8")

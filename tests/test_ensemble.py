@@ -299,7 +299,7 @@ def test_the_ensemble_command_trains_nothing_when_its_evaluation_is_current(ense
         raise AssertionError("a current ensemble evaluation was trained again")
 
     monkeypatch.setattr("ilge_search.study.ensemble.ensemble_evaluation", refuse)
-    monkeypatch.setattr("ilge_search.study.export.load_training_data", refuse)
+    monkeypatch.setattr("ilge_search.study.stored.load_training_data", refuse)
     again = invoke("ensemble", *args, *data)
     assert again.exit_code == 0, again.output
     assert again.output == first.output
@@ -426,7 +426,7 @@ def test_predictions_whose_artifact_is_gone_are_backfilled_again(ensembled):
     from ilge_search.record import trial_predictions
     from ilge_search.storage import open_storage
     from ilge_search.study.ensemble import backfill_predictions
-    from ilge_search.study.export import load_training_data
+    from ilge_search.study.stored import load_training_data
 
     synthetic = ensembled["synthetic"]
     study = _study(ensembled["url"], ensembled["trec"])

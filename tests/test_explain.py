@@ -155,6 +155,7 @@ def _no_training(monkeypatch):
         raise AssertionError("a model was trained")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
+    monkeypatch.setattr(engine, "train_many", refuse)  # the seeds trained in one pass
 
 
 def test_explain_retrains_the_final_seeds_and_stores_the_result(studies, monkeypatch):

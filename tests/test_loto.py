@@ -77,7 +77,7 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, syn
 
     from ilge_search.engine import evaluate, train_encoder
     from ilge_search.storage import open_storage
-    from ilge_search.study.export import load_training_data
+    from ilge_search.study.stored import load_training_data
 
     url, result = evaluated
     # one training per configuration: a task whose regenerated defaults equal the built-in ones trains once
@@ -144,7 +144,8 @@ def test_each_task_is_scored_with_defaults_regenerated_without_it(evaluated, syn
         assert row["difference"] == pytest.approx(row["regenerated_mean"] - row["builtin_mean"])
     verdict = result.verdicts[("cayley", "small")]
     assert verdict.mean_difference == pytest.approx(result.rows["difference"].mean())
-    assert verdict.regenerated_win == (verdict.mean_difference > 0)
+    assert verdict.regenerated_win == (verdict.evidence.passes and not verdict.setting)  # a clear win as it ships
+    assert verdict.evidence.comparison.interval.estimate == pytest.approx(verdict.mean_difference)
 
 
 def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkeypatch, synthetic):
@@ -156,6 +157,7 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
         raise AssertionError("retrained")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
+    monkeypatch.setattr(engine, "train_many", refuse)  # the seeds trained in one pass
     again = leave_one_task_out(
         url,
         final_seeds=2,

@@ -23,7 +23,7 @@ from ilge_search.record import FrontMember, Identity, TrialRecord
 from ilge_search.study import StudyOptions, default_study_name, load_sweep
 from ilge_search.study.data import StudyData
 from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
-from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
+from ilge_search.study.identity import StudyConflictError, check_identity, run_identity
 from ilge_search.study.objectives import (
     FLOPS_REFUSAL,
     best_score_trial,
@@ -211,6 +211,10 @@ def test_the_final_front_retrains_each_front_trial_and_reuses_what_it_has(monkey
     trainings = []
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: trainings.append(k["seed"]) or real(*a, **k))
+    real_many = engine.train_many  # the seeds trained in one pass
+    monkeypatch.setattr(
+        engine, "train_many", lambda jobs, *a, **k: trainings.extend(j.seed for j in jobs) or real_many(jobs, *a, **k)
+    )
     seeds = [1000, 1001]
     final_evaluation(study, data, FinalSettings(encoder="mlp-last", seeds=seeds, device="cpu", max_epochs=3, front=2))
     attrs = study.user_attrs
@@ -249,8 +253,8 @@ def test_objectives_are_part_of_the_study_identity_and_name():
         "minilm-l6:trec:cayley:train500:cv5:obj-params"
     )
     assert default_study_name("m", "t", "fc", objectives=("score", "params", "latency")) == "m:t:fc:obj-params-latency"
-    single = study_identity("m", "t", "fc", StudyOptions.from_flat(n_trials=1))
-    multi = study_identity("m", "t", "fc", StudyOptions.from_flat(n_trials=1, objectives=["score", "params"]))
+    single = run_identity("m", "t", "fc", StudyOptions.from_flat(n_trials=1)).to_attrs()
+    multi = run_identity("m", "t", "fc", StudyOptions.from_flat(n_trials=1, objectives=["score", "params"])).to_attrs()
     stored_before = {key: value for key, value in single.items() if key != "objectives"}  # an older study
     stored_before.update(model="m", cache_keys={"train": "k"})
     assert check_identity("s", stored_before, single, cache_keys={"train": "k"}) is True  # legacy, adopted

@@ -6,8 +6,9 @@ from torch_geometric.nn import GCNConv, global_add_pool, global_mean_pool
 from ilge_search import build_aggregator
 from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig, FCConfig
 from ilge_search.encoders.graphs import cayley_graph
-from ilge_search.nn import CayleyGNNEncoder, DeepSetEncoder, FCGNNEncoder, GNNEncoder, LayerEncoder
+from ilge_search.nn import DeepSetEncoder, LayerEncoder
 from ilge_search.nn import gnn as gnn_module
+from ilge_search.nn.gnn import CayleyGNNEncoder, FCGNNEncoder, GNNEncoder
 from ilge_search.testing import LayerEncoderContract
 
 # --- the contract, for every family and conv type --------------------------------------------------

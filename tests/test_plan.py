@@ -100,7 +100,7 @@ def test_the_estimate_is_the_calibrated_trial_times_the_trainings_of_the_run(tmp
 
     monkeypatch.setattr(plan_module, "_time_config", measured)
     fixed = plan_run(warm.model, "trec", "cayley", storage=url, options=options)
-    start = recommended_config("cayley").replace(epochs=12)
+    start = recommended_config("cayley", source="regenerated").replace(epochs=12)
     assert [(e, c.to_dict()) for e, c, _, _ in timed] == [("cayley", start.to_dict())]  # the start configuration
     assert timed[0][2:] == (min(240, plan_module.CALIBRATION_ROWS), 100)  # the cached rows
     assert fixed.studies[0].trial_seconds == 0.5 + 12 * 0.25

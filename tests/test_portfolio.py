@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from ilge_search.cli import cli
 from ilge_search.defaults.portfolio import BUILTIN, MARGINAL, PortfolioRequest, TrainingSetup, build_matrix
 from ilge_search.defaults.transfer import portfolio
-from ilge_search.record import CellKey, claim_cell, portfolio_study_name, stored_cells
-from ilge_search.storage import WORKER_ATTR, open_storage, worker_stamp
+from ilge_search.record import WORKER_ATTR, CellKey, claim_cell, portfolio_study_name, stored_cells, worker_stamp
+from ilge_search.storage import open_storage
 from ilge_search.study import StudyOptions
 
 DATA = dict(max_train=240, max_eval=100)
@@ -78,7 +78,7 @@ def test_candidates_are_builtin_marginal_and_each_problems_top_trials(studies):
 
 def test_the_matrix_is_trained_stored_and_chosen_from_on_validation(built, synthetic, no_model_loads):
     from ilge_search.engine import train_encoder
-    from ilge_search.study.export import load_training_data
+    from ilge_search.study.stored import load_training_data
 
     url, result = built
     assert result.matrix.missing == 0 and result.trained >= result.planned - 2  # equal cells trained once
@@ -112,6 +112,7 @@ def test_a_rerun_trains_nothing(built, synthetic, monkeypatch):
         raise AssertionError("a stored cell was trained again")
 
     monkeypatch.setattr(engine, "train_encoder", refuse)
+    monkeypatch.setattr(engine, "train_many", refuse)  # the seeds trained in one pass
     url, first = built
     again = portfolio(url, REQUEST, setup_of(synthetic), check=True)
     assert again.trained == 0
@@ -274,7 +275,7 @@ def test_warm_start_enqueues_exactly_the_portfolio_after_the_start(
 
 def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, studies, tmp_path, monkeypatch):
     from ilge_search import tuning
-    from ilge_search.defaults.transfer import shipping_verdict, stored_portfolio
+    from ilge_search.defaults.transfer import shipping_verdict, stored_portfolio, trained_setting
     from ilge_search.report.defaults_page import recommend_defaults
     from ilge_search.study.trial import config_params
 
@@ -287,7 +288,7 @@ def test_recommend_portfolio_writes_the_default_and_ships_only_a_winner(built, s
     shipped = tmp_path / "shipped.json"
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", shipped)
     data = recommend_defaults(url, None, None, families=["cayley"], method="portfolio", update_shipped=True)
-    wins, why = shipping_verdict(result.held_out)
+    wins, why = shipping_verdict(result.held_out, setting=trained_setting(result, default))
     assert data["metadata"]["shipping"]["cayley/small"] == why
     assert ("cayley" in json.loads(shipped.read_text())["families"]) == wins
     with pytest.raises(ValueError, match=r"no complete portfolio of cayley \(small\) .* --check` first"):

@@ -14,7 +14,7 @@ from announced_skips import module_or_skip
 
 from ilge_search.encoders.configs import BASELINE_FAMILIES, config_class_for
 from ilge_search.study import StudyOptions, default_study_name, load_sweep
-from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
+from ilge_search.study.identity import StudyConflictError, check_identity, run_identity
 from ilge_search.study.protocol import (
     MTEB_DEFAULT_SAMPLES_PER_LABEL,
     MTEB_N_EXPERIMENTS,
@@ -242,16 +242,20 @@ def test_the_protocol_is_part_of_the_study_identity_and_name():
     assert default_study_name(MODEL, "emotion", "cayley", protocol="paper", samples_per_label=4) == (
         "minilm-l6:emotion:cayley:paper-4-per-label"
     )
-    matched = study_identity(MODEL, "emotion", "cayley", StudyOptions())
-    paper = study_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper"))
+    matched = run_identity(MODEL, "emotion", "cayley", StudyOptions()).to_attrs()
+    paper = run_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper")).to_attrs()
     assert (matched["protocol"], matched["samples_per_label"]) == ("matched", None)
     assert (paper["protocol"], paper["samples_per_label"]) == ("paper", 16)
-    custom = study_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper"), registered=False)
+    custom = run_identity(
+        MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper"), registered=False
+    ).to_attrs()
     assert custom["samples_per_label"] == 8  # a custom task called "emotion" is not MTEB's Emotion
     data_keys = {"label_names": ["a"], "data_fingerprints": {"train": "x"}}
     with pytest.raises(StudyConflictError, match="protocol: stored 'matched', requested 'paper'"):
         check_identity("s", {**matched, **data_keys}, {**paper, **data_keys})
-    fewer = study_identity(MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper", samples_per_label=4))
+    fewer = run_identity(
+        MODEL, "emotion", "cayley", StudyOptions.from_flat(protocol="paper", samples_per_label=4)
+    ).to_attrs()
     with pytest.raises(StudyConflictError, match="samples_per_label: stored 16, requested 4"):
         check_identity("s", {**paper, **data_keys}, {**fewer, **data_keys})
     # stored before protocols existed: a matched study, resumable as one and never as a paper study
@@ -285,7 +289,8 @@ def test_the_cli_refuses_samples_per_label_without_the_paper_protocol(tmp_path):
 
 
 def test_sweep_grids_take_the_protocol_globally_per_task_and_as_an_override(tmp_path):
-    from ilge_search.study.sweep import plan_sweep, with_protocol
+    from ilge_search.study.grid import with_protocol
+    from ilge_search.study.sweep import plan_sweep
 
     grid = tmp_path / "grid.toml"
     grid.write_text(

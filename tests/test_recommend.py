@@ -184,14 +184,16 @@ def test_recommended_config_reads_the_written_file(storage_url, tmp_path, monkey
     recommend_defaults(storage_url, out, None)
     monkeypatch.setattr(tuning, "RECOMMENDED_DEFAULTS_PATH", out)
     monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(tmp_path / "no-user-file.json"))  # no user file on top
-    small = recommended_config("cayley", "small")
+    small = recommended_config("cayley", "small", source="regenerated")
     assert (small.conv_type, small.hidden_dim, small.lr, small.dropout) == ("gcn", 128, 1e-2, 0.1)
-    large = recommended_config("cayley", "large")
+    large = recommended_config("cayley", "large", source="regenerated")
     assert (large.conv_type, large.gat_heads, large.hidden_dim, large.lr) == ("gat", 8, 512, 1e-4)
-    assert recommended_config("deepset", "small").hidden_dim == 512
+    assert recommended_config("deepset", "small", source="regenerated").hidden_dim == 512
     # no deepset studies of large models, no fc studies: the built-in values stay
-    assert recommended_config("deepset", "large").lr == BUILTIN_RECOMMENDED["deepset"]["large"]["lr"]
-    assert recommended_config("fc", "small").lr == BUILTIN_RECOMMENDED["fc"]["small"]["lr"]
+    assert (
+        recommended_config("deepset", "large", source="regenerated").lr == BUILTIN_RECOMMENDED["deepset"]["large"]["lr"]
+    )
+    assert recommended_config("fc", "small", source="regenerated").lr == BUILTIN_RECOMMENDED["fc"]["small"]["lr"]
 
 
 def test_defaults_markdown_has_the_table_and_the_evidence(storage_url, tmp_path):

@@ -21,7 +21,7 @@ from ilge_search.study import StudyOptions, default_study_name, format_results, 
 from ilge_search.study.data import StudyData
 from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current
 from ilge_search.study.folds import check_cv, cross_validate, stratified_folds
-from ilge_search.study.identity import StudyConflictError, check_identity, study_identity
+from ilge_search.study.identity import StudyConflictError, check_identity, run_identity
 from ilge_search.study.selection import select_trial, standard_error, start_trial
 from ilge_search.study.trial import TrialObjective, recommended_params
 
@@ -304,6 +304,10 @@ def test_final_evaluation_records_the_gain_over_the_start_and_the_gap(evaluated_
 
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_many = engine.train_many  # the seeds trained in one pass
+    monkeypatch.setattr(
+        engine, "train_many", lambda jobs, *a, **k: calls.extend([1] * len(jobs)) or real_many(jobs, *a, **k)
+    )
     final_evaluation(
         study,
         data,
@@ -356,6 +360,10 @@ def test_when_the_start_is_selected_its_scores_are_reused_and_the_gain_is_zero(e
 
     real = engine.train_encoder
     monkeypatch.setattr(engine, "train_encoder", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_many = engine.train_many  # the seeds trained in one pass
+    monkeypatch.setattr(
+        engine, "train_many", lambda jobs, *a, **k: calls.extend([1] * len(jobs)) or real_many(jobs, *a, **k)
+    )
     final_evaluation(
         study,
         data,
@@ -398,8 +406,8 @@ def test_a_legacy_final_evaluation_counts_as_best_and_shows_no_gain():
 def test_cv_is_part_of_the_study_identity_and_name():
     name = default_study_name("minilm-l6", "trec", "cayley", max_train=500, cv=5)
     assert name == "minilm-l6:trec:cayley:train500:cv5"
-    plain = study_identity("minilm-l6", "trec", "cayley", StudyOptions())
-    cv = study_identity("minilm-l6", "trec", "cayley", StudyOptions.from_flat(cv=5))
+    plain = run_identity("minilm-l6", "trec", "cayley", StudyOptions()).to_attrs()
+    cv = run_identity("minilm-l6", "trec", "cayley", StudyOptions.from_flat(cv=5)).to_attrs()
     assert plain["cv"] is None and cv["cv"] == 5
     data_keys = {"label_names": ["a"], "data_fingerprints": {"train": "x"}}
     stored = {**plain, **data_keys}

@@ -187,3 +187,17 @@ def test_power_formula_and_its_inverses():
     assert detectable_difference(3, 1600, a) < mde  # more texts, smaller detectable difference
     assert needed_seeds(0.001, 400, a) is None  # the test set alone is too noisy for 0.1 points
     assert needed_test_texts(0.001, 3, PowerAssumptions(0.1, seed_std=0.02)) is None
+
+
+def test_the_results_table_gives_the_search_gain_its_interval_over_seeds():
+    from ilge_search.study.results import StudyResult, format_results
+
+    common = dict(storage="s", model="m", task="t", encoder="cayley", metric="accuracy", n_complete=4, n_pruned=0)
+    result = StudyResult(
+        study_name="a", n_failed=0, test_mean=0.8, test_std=0.01, test_scores=[0.79, 0.80, 0.81],
+        search_gain=0.012, gain_scores=[0.012, 0.010, 0.014], **common,
+    )  # fmt: skip
+    interval = seeds_interval([0.012, 0.010, 0.014])
+    assert f"+0.0120 [{interval.low:+.4f}, {interval.high:+.4f}] win" in format_results([result])
+    single = StudyResult(study_name="b", n_failed=0, search_gain=0.5, gain_scores=[0.5], **common)
+    assert "+0.5000" in format_results([single]) and "[" not in format_results([single])

@@ -10,8 +10,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from ilge_search.record import WORKER_ATTR, owner_stamping
 from ilge_search.storage import (
-    WORKER_ATTR,
     Storage,
     StorageError,
     artifact_dir_for,
@@ -20,7 +20,6 @@ from ilge_search.storage import (
     finished_trial_count,
     hide_password,
     open_storage,
-    owner_stamping,
 )
 
 

@@ -125,11 +125,13 @@ shots = ["full", 64]
     assert len({e.study_name for e in sweep.entries}) == len(sweep.entries)
     assert sweep.pairs() == [("minilm-l6", "trec"), ("minilm-l6", "sst2"), ("minilm-l6", "emotion")]
     # each count is its own study identity, run by its own run_study call
-    from ilge_search.study.identity import study_identity
+    from ilge_search.study.identity import run_identity
 
     options = sweep.study_options()
     identities = {
-        e.shots: study_identity(e.model, e.task, e.encoder, options.replace(shots=e.shots, max_train=e.max_train))
+        e.shots: run_identity(
+            e.model, e.task, e.encoder, options.replace(shots=e.shots, max_train=e.max_train)
+        ).to_attrs()
         for e in sweep.entries
         if e.task == "trec" and e.encoder == "cayley"
     }
@@ -296,8 +298,8 @@ def test_every_study_option_in_a_studys_identity_is_a_grid_key_at_the_top_and_pe
     import dataclasses
 
     from ilge_search.record import Identity
+    from ilge_search.study.grid import GRID_KEYS, TASK_KEYS
     from ilge_search.study.options import FLAT_NAMES, IDENTITY_OPTIONS
-    from ilge_search.study.sweep import GRID_KEYS, TASK_KEYS
 
     identity = {f.name for f in dataclasses.fields(Identity)} - {"model", "task", "encoder"}
     assert identity <= set(FLAT_NAMES), "an identity field without a study option of its name"
@@ -326,7 +328,7 @@ IDENTITY_VALUES = {
 @pytest.mark.parametrize("key", sorted(IDENTITY_VALUES))
 @pytest.mark.parametrize("level", ["top", "task"])
 def test_each_identity_key_of_a_grid_reaches_the_studys_identity_and_name(tmp_path, key, level):
-    from ilge_search.study.identity import default_study_name, study_identity
+    from ilge_search.study.identity import default_study_name, run_identity
     from ilge_search.study.options import IDENTITY_OPTIONS as IDENTITY_KEYS
 
     assert set(IDENTITY_VALUES) == set(IDENTITY_KEYS)
@@ -339,7 +341,7 @@ def test_each_identity_key_of_a_grid_reaches_the_studys_identity_and_name(tmp_pa
     )
     (entry,) = load_sweep(path).entries
     options = entry.options(load_sweep(path).study_options(), 2)
-    identity = study_identity(entry.model, entry.task, entry.encoder, options, tagging=task == "ud_ewt_pos")
+    identity = run_identity(entry.model, entry.task, entry.encoder, options, tagging=task == "ud_ewt_pos").to_attrs()
     assert identity[key] == expected
     wanted = {name: identity[name] for name in IDENTITY_KEYS}
     # the sweep looks a study up by the name the runner gives it

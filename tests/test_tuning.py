@@ -156,10 +156,10 @@ def test_defaults_file_overrides_builtin(tmp_path, monkeypatch):
             "families": {"cayley": {"large": {"lr": 3e-4, "conv_type": "gat", "gat_heads": 8}}},
         },
     )
-    large = recommended_config("cayley", "large")
+    large = recommended_config("cayley", "large", source="regenerated")
     assert (large.lr, large.conv_type, large.gat_heads, large.hidden_dim) == (3e-4, "gat", 8, 256)
-    assert recommended_config("cayley", "small").lr == 1e-3  # bucket not in the file: built-in
-    assert recommended_config("deepset").lr == 1e-3  # family not in the file: built-in
+    assert recommended_config("cayley", "small", source="regenerated").lr == 1e-3  # bucket not in the file: built-in
+    assert recommended_config("deepset", source="regenerated").lr == 1e-3  # family not in the file: built-in
 
 
 @pytest.mark.parametrize(
@@ -176,5 +176,21 @@ def test_defaults_file_overrides_builtin(tmp_path, monkeypatch):
 def test_broken_defaults_file(tmp_path, monkeypatch, content, match):
     path = _write(tmp_path, monkeypatch, content)
     with pytest.raises(ValueError, match=match) as info:
-        recommended_config("cayley")
+        recommended_config("cayley", source="regenerated")
     assert str(path) in str(info.value)
+
+
+def test_the_source_of_recommended_config(tmp_path, monkeypatch):
+    _write(
+        tmp_path,
+        monkeypatch,
+        {"format_version": 1, "metadata": {}, "families": {"cayley": {"small": {"lr": 3e-4, "conv_type": "gcn"}}}},
+    )
+    published = recommended_config("cayley")
+    assert (published.lr, published.conv_type) == (1e-3, "gin")  # the published package's values
+    regenerated = recommended_config("cayley", source="regenerated")
+    assert (regenerated.lr, regenerated.conv_type) == (3e-4, "gcn")
+    with pytest.raises(ValueError, match="source"):
+        recommended_config("cayley", source="shipped")
+    with pytest.raises(ValueError, match="defaults_path is read only with source='regenerated'"):
+        recommended_config("cayley", defaults_path=tmp_path / "x.json")

@@ -93,3 +93,17 @@ def test_an_empty_storage_says_nothing_is_stored_yet(tmp_path):
     assert summary_lines(warmstart_rows(url)) == ["No warm-started 8-trial search at 500 training texts is stored yet."]
     page = write_warmstart_page(url, tmp_path / "page.md").read_text()
     assert "No warm-started 8-trial search at 500 training texts is stored yet." in page
+
+
+def test_warm_minus_cold_and_the_search_gains_carry_their_intervals(tmp_path):
+    from ilge_search.report.warmstart import interval_lines
+
+    lines = interval_lines(warmstart_rows(storage_of_8(tmp_path)))
+    # trec: warm 2 scored 75/76/77 where cold scored 70/72/74 with the same seeds: +5, +4, +3 per seed, a win
+    assert lines[0] == (
+        "warm-started (K = 2) minus cold, 8 trials at 500 texts (test, higher is better): +4.00 points [+4.00, "
+        "+4.00] over 1 search (95% bootstrap over searches: a win; per search over the seeds, 95% t interval: "
+        "1 win, 0 tie, 0 loss)."
+    )
+    assert lines[1].startswith("Search gain of warm-started (K = 2) 8-trial searches at 500 texts (test): +0.50 points")
+    assert "over 2 searches" in lines[1] and lines[-1].startswith("Search gain of cold 8-trial searches")

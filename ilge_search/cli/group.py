@@ -1,12 +1,10 @@
 """The ``ilge-search`` command group and what its commands share.
 
-The group builds one :class:`~ilge_search.settings.Settings`; each subcommand
-parses its options and calls one library function. ``--cache-dir``,
-``--data-dir`` and ``--device`` are accepted on the group and on each
-subcommand (the subcommand's value wins); ``--storage`` is declared once
-(:func:`storage_option`). A ``ValueError`` from the library (bad argument,
-unknown task or model, unreachable storage ...) becomes a one-line click error
-with exit status 1, in one place (:class:`IlgeGroup`).
+The group builds one :class:`~ilge_search.settings.Settings`; each subcommand parses its options and calls one library
+function. ``--cache-dir``, ``--data-dir`` and ``--device`` are accepted on the group and on each subcommand (the
+subcommand's value wins); ``--storage`` is declared once (:func:`storage_option`). A ``ValueError`` from the library
+(bad argument, unknown task or model, unreachable storage ...) becomes a one-line click error with exit status 1, in one
+place (:class:`IlgeGroup`).
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .._version import __version__
+from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings, default_storage_url
 
 if TYPE_CHECKING:
@@ -64,9 +63,8 @@ def _require_storage(ctx: click.Context, param: click.Parameter, value: str | No
 def storage_option(*, required: bool = False, default_text: str | None = None) -> Callable:
     """The ``--storage`` option of every command that reads or writes studies.
 
-    Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what
-    ``default_text`` says); ``required=True`` for commands that must be told
-    which storage to read.
+    Optional by default (``None``: ``sqlite:///studies/ilge.db``, or what ``default_text`` says); ``required=True`` for
+    commands that must be told which storage to read.
     """
     if required:  # a callback, not required=True: click takes default=None as a given value
         return click.option("--storage", default=None, callback=_require_storage, help=STORAGE_HELP + ".  [required]")
@@ -74,20 +72,33 @@ def storage_option(*, required: bool = False, default_text: str | None = None) -
     return click.option("--storage", default=None, help=STORAGE_HELP + "." + shown)
 
 
+def path_option(*param_decls: str, folder: bool, **attrs: Any) -> Callable:
+    """An option naming a folder (``folder``) or a file, unset unless given."""
+    kind = click.Path(file_okay=False) if folder else click.Path(dir_okay=False)
+    unset = {} if attrs.get("required") else {"default": None}  # click reads default=None as given
+    return click.option(*param_decls, type=kind, **unset, **attrs)
+
+
+def flag(*param_decls: str, **attrs: Any) -> Callable:
+    """An on/off option, off unless given."""
+    return click.option(*param_decls, is_flag=True, **attrs)
+
+
+def int_option(*param_decls: str, minimum: int, default: int | None, **attrs: Any) -> Callable:
+    """A whole-number option of at least ``minimum``; a set ``default`` shows in the help."""
+    return click.option(
+        *param_decls, type=click.IntRange(min=minimum), default=default, show_default=default is not None, **attrs
+    )
+
+
 def location_options(func: Callable) -> Callable:
     """Add --cache-dir/--data-dir/--device to a subcommand and pass ``settings``."""
 
-    @click.option(
-        "--cache-dir",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Embedding cache (default: $ILGE_SEARCH_CACHE or ~/.cache/ilge-search).",
+    @path_option(
+        "--cache-dir", folder=True, help="Embedding cache (default: $ILGE_SEARCH_CACHE or ~/.cache/ilge-search)."
     )
-    @click.option(
-        "--data-dir",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Offline task data in the shared JSONL layout (default: $ILGE_SEARCH_DATA).",
+    @path_option(
+        "--data-dir", folder=True, help="Offline task data in the shared JSONL layout (default: $ILGE_SEARCH_DATA)."
     )
     @click.option("--device", default=None, help="auto, cpu, cuda, cuda:1, mps ...")
     @click.pass_obj
@@ -185,10 +196,9 @@ def _study_click_option(name: str, overrides: bool) -> click.Option:
 
 def study_options(*names: str, overrides: bool = False) -> Callable[[Callable], Callable]:
     """Add the click options of the study options ``names`` (flat names of
-    :data:`~ilge_search.study.options.FLAT_NAMES`; none: every option the command line spells), in this
-    order, to a :class:`StudyCommand`: each is made
-    from its field's flag, help and default, on the command's first use, so that ``ilge-search --help``
-    imports no study module."""
+    :data:`~ilge_search.study.options.FLAT_NAMES`; none: every option the command line spells), in this order, to a
+    :class:`StudyCommand`: each is made from its field's flag, help and default, on the command's first use, so that
+    ``ilge-search --help`` imports no study module."""
 
     def decorator(func: Callable) -> Callable:
         if not hasattr(func, "__click_params__"):
@@ -284,3 +294,27 @@ def echo_frame(frame, fmt: str, empty: str) -> None:
 
 FORMAT_CHOICES = ("table", "csv", "json")  # ilge_search.use.explain.EXPLAIN_FORMATS, and what echo_frame writes
 FORMAT_OPTION = click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="table", show_default=True)
+
+# options several commands declare alike
+QUIET_OPTION = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+OVERWRITE_OPTION = click.option(
+    "--force",
+    "--overwrite",
+    "force",
+    is_flag=True,
+    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
+)
+TASK_PATH_OPTION = click.option(
+    "--task-path",
+    type=click.Path(),
+    default=None,
+    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
+    "checked against the study's) [default: where the study recorded it].",
+)
+FAMILIES_OPTION = click.option(
+    "--family",
+    "families",
+    multiple=True,
+    type=click.Choice(ENCODER_FAMILIES),
+    help="Only these families (repeatable) [default: all three].",
+)

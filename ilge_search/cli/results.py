@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import click
 
-from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, echo_frame, location_options, storage_option, study_logging
+from .group import (
+    FAMILIES_OPTION,
+    FORMAT_OPTION,
+    QUIET_OPTION,
+    cli,
+    echo_frame,
+    flag,
+    int_option,
+    location_options,
+    path_option,
+    storage_option,
+    study_logging,
+)
 
 RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.METHODS
 
@@ -24,15 +35,11 @@ RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="TCP port (0 picks a free one)."
 )
-@click.option(
-    "--artifact-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Artifact store to serve [default: the one `run` uploads to for this storage].",
+@path_option(
+    "--artifact-dir", folder=True, help="Artifact store to serve [default: the one `run` uploads to for this storage]."
 )
-@click.option(
+@flag(
     "--allow-remote",
-    is_flag=True,
     help="Allow a --host other than loopback (the dashboard has no login: trusted networks only).",
 )
 @click.option("--log-requests", is_flag=True, help="Print one line per HTTP request.")
@@ -56,18 +63,16 @@ def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote:
 
 @cli.command("report")
 @storage_option(required=True)
-@click.option(
+@path_option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
+    folder=True,
     help="Folder for report.md, report.tex, index.html, the CSVs and figures/ [default: beside the storage, "
     "studies/x.db -> studies/x-report/; for a server database <backend>-<host>-<db>-report/ here].",
 )
 @click.option("--no-figures", is_flag=True, help="Tables only: no PNGs and no importances (faster).")
-@click.option(
+@flag(
     "--force",
-    is_flag=True,
     help="Write into a folder that holds git-tracked files, files no report wrote or another storage's report "
     "(same-named files are replaced, none removed).",
 )
@@ -89,35 +94,26 @@ def report_command(storage: str, out_dir: str | None, no_figures: bool, force: b
 
 @cli.command("recommend")
 @storage_option(required=True)
-@click.option(
+@path_option(
     "--out",
     "out_path",
-    type=click.Path(dir_okay=False),
-    default=None,
+    folder=False,
     help="Defaults file to write [default: $ILGE_SEARCH_DEFAULTS, else "
     "~/.config/ilge-search/recommended_defaults.json; recommended_config reads it over the "
     "shipped defaults].",
 )
-@click.option(
+@path_option(
     "--report",
     "report_path",
-    type=click.Path(dir_okay=False),
-    default=None,
+    folder=False,
     help="The 'Defaults by model size' Markdown page [default: next to the defaults file, .md; "
     "none with --update-shipped].",
 )
-@click.option(
+@flag(
     "--update-shipped",
-    is_flag=True,
     help="Rewrite the package's own ilge_search/data/recommended_defaults.json (maintainers).",
 )
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    type=click.Choice(ENCODER_FAMILIES),
-    help="Only these families (repeatable) [default: all three].",
-)
+@FAMILIES_OPTION
 @click.option(
     "--exclude-task",
     "exclude_tasks",
@@ -179,23 +175,16 @@ def recommend_command(
 @storage_option(required=True)
 @click.option("--model", "models", multiple=True, help="Only this model (repeatable) [default: every model].")
 @click.option("--task", "tasks", multiple=True, help="Leave out only this task (repeatable) [default: each task].")
-@click.option(
-    "--family",
-    "families",
-    multiple=True,
-    type=click.Choice(ENCODER_FAMILIES),
-    help="Only these families (repeatable) [default: all three].",
-)
-@click.option(
+@FAMILIES_OPTION
+@int_option(
     "--final-seeds",
-    type=click.IntRange(min=1),
+    minimum=1,
     default=3,
-    show_default=True,
     help="Training seeds per configuration (1000, 1001, ... as in `run`).",
 )
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads while training.")
 @FORMAT_OPTION
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@QUIET_OPTION
 @location_options
 def loto_command(
     settings: Settings, storage: str, models, tasks, families, final_seeds: int, threads, fmt: str, quiet: bool

@@ -13,6 +13,8 @@ from .group import (
     StudyCommand,
     cli,
     echo_frame,
+    flag,
+    int_option,
     location_options,
     print_results,
     storage_option,
@@ -60,9 +62,8 @@ def _checked_objectives(objectives, select, final_front) -> tuple:
 @click.option("--encoder", "-e", "encoders", multiple=True, default=("cayley",), show_default=True, help=_ENCODER_HELP)
 @storage_option()
 @study_options()
-@click.option(
+@flag(
     "--dry-run",
-    is_flag=True,
     help="Print the plan (studies, trials, data sizes, epochs, workers, what is cached) and its wall time "
     "estimated from a few measured epochs, then exit: nothing is created or written.",
 )
@@ -131,9 +132,8 @@ def _print_leaderboards(results: list, storage: str | None) -> None:
 @click.option("--encoder", "encoders", multiple=True, help="Run only this encoder (repeatable).")
 @study_options("artifact_dir")
 @study_options("cv", "select", "protocol", "samples_per_label", overrides=True)
-@click.option(
+@flag(
     "--dry-run",
-    is_flag=True,
     help="Show each study's budget and what is left to run, and each run's plan and estimated wall time "
     "(as `run --dry-run`), then exit.",
 )
@@ -228,11 +228,10 @@ def studies_command(storage, fmt: str) -> None:
     multiple=True,
     help="Score these sizes too (repeatable; one selection gives every size up to the largest).",
 )
-@click.option(
+@int_option(
     "--seed",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=0,
-    show_default=True,
     help="The study's training seed (run --seed): retrains trials that stored no validation predictions.",
 )
 @study_options("artifact_dir")

@@ -6,7 +6,7 @@ import click
 
 from ..encoders.configs import ENCODER_FAMILIES
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, storage_option, study_logging
+from .group import FORMAT_OPTION, QUIET_OPTION, cli, flag, location_options, storage_option, study_logging
 
 SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
 
@@ -55,22 +55,20 @@ def _one_family(ctx: click.Context, param: click.Parameter, value: tuple) -> str
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also draw the matrix (PNG) here.")
-@click.option(
+@flag(
     "--force",
-    is_flag=True,
     help="Replace an existing --plot file (git-tracked ones included); with --update-shipped, replace a shipped "
     "portfolio chosen from more evidence (problems, models, tasks, seeds, texts, epochs).",
 )
 @click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
-@click.option(
+@flag(
     "--update-shipped",
-    is_flag=True,
     help="Write this matrix's warm-start members (--size of them) into the package's own "
     "ilge_search/data/portfolio.json instead (maintainers); trains nothing: every cell must be stored.",
 )
 @click.option("--note", default="", help="With --update-shipped: a sentence kept in the file's provenance.")
 @FORMAT_OPTION
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@QUIET_OPTION
 @location_options
 def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, **options) -> None:
     """Train whole candidate configurations on every problem; choose a default and a portfolio on validation.

@@ -5,7 +5,19 @@ from __future__ import annotations
 import click
 
 from ..settings import Settings
-from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, storage_option
+from .group import (
+    FORMAT_OPTION,
+    OVERWRITE_OPTION,
+    QUIET_OPTION,
+    TASK_PATH_OPTION,
+    cli,
+    flag,
+    int_option,
+    location_options,
+    path_option,
+    quiet_model_loading,
+    storage_option,
+)
 
 # ----------------------------------------------------------------------------- export / predict / listings
 
@@ -13,55 +25,45 @@ from .group import FORMAT_OPTION, cli, location_options, quiet_model_loading, st
 @cli.command("export")
 @storage_option()
 @click.option("--study", "study_name", required=True, help="The study to export (see `ilge-search studies`).")
-@click.option(
+@path_option(
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(file_okay=False),
+    folder=True,
     help="Folder for the model (new or empty): model.safetensors + ilge_classifier.json.",
 )
-@click.option(
+@int_option(
     "--seed",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=0,
-    show_default=True,
     help="Training seed when the best trial is retrained (a study without a final evaluation, or --retrain).",
 )
 @click.option("--retrain", is_flag=True, help="Retrain the best trial with --seed even if the study has final weights.")
-@click.option(
+@int_option(
     "--trial",
     "trial_number",
-    type=click.IntRange(min=0),
+    minimum=0,
     default=None,
     help="Export this complete trial instead (e.g. one of a multi-objective study's final front: its "
     "final weights; any other trial is retrained with --seed).",
 )
-@click.option(
+@path_option(
     "--artifact-dir",
-    type=click.Path(file_okay=False),
-    default=None,
+    folder=True,
     help="Where `run` uploaded the final weights [default: next to a SQLite storage, else studies/artifacts].",
 )
-@click.option(
+@flag(
     "--ensemble",
-    is_flag=True,
     help="Export the study's stored ensemble (`ilge-search ensemble` or `run --ensemble K`): all members' "
     "weights and the mix, used like one model.",
 )
-@click.option(
+@flag(
     "--force",
     "--overwrite",
     "force",
-    is_flag=True,
     help="Replace an earlier export in --out, git-tracked files included (--overwrite is the same flag).",
 )
-@click.option(
-    "--task-path",
-    type=click.Path(),
-    default=None,
-    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
-    "checked against the study's) [default: where the study recorded it].",
-)
+@TASK_PATH_OPTION
 @location_options
 def export_command(settings: Settings, storage, **options) -> None:
     """Write a finished study's model as an ILGEClassifier folder, for `ilge-search predict` or ILGEClassifier.load.
@@ -85,22 +87,15 @@ def export_command(settings: Settings, storage, **options) -> None:
 
 @cli.command("predict")
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
-@click.option(
+@path_option(
     "--input",
     "-i",
     "input_path",
     required=True,
-    type=click.Path(dir_okay=False),
+    folder=False,
     help="A .jsonl, .csv, .tsv, .parquet or .txt file (plain text: one text per line).",
 )
-@click.option(
-    "--out",
-    "-o",
-    "out_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="A .jsonl, .csv or .tsv file [default: JSONL on stdout].",
-)
+@path_option("--out", "-o", "out_path", folder=False, help="A .jsonl, .csv or .tsv file [default: JSONL on stdout].")
 @click.option("--text-col", default=None, help="The text column [default: text].")
 @click.option(
     "--text-cols",
@@ -114,11 +109,10 @@ def export_command(settings: Settings, storage, **options) -> None:
     "holds one sentence per line, split on whitespace.",
 )
 @click.option("--proba", is_flag=True, help="Add each class's probability (classifiers).")
-@click.option(
+@int_option(
     "--chunk-rows",
-    type=click.IntRange(min=1),
+    minimum=1,
     default=512,
-    show_default=True,
     help="Rows read, embedded and written at a time (memory does not grow with the file).",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per LLM batch.")
@@ -128,14 +122,8 @@ def export_command(settings: Settings, storage, **options) -> None:
     help="The frozen model to embed with, instead of the recorded one (needed when that is a local "
     "folder outside MODEL_DIR).",
 )
-@click.option(
-    "--force",
-    "--overwrite",
-    "force",
-    is_flag=True,
-    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@OVERWRITE_OPTION
+@QUIET_OPTION
 @click.option("--verbose", is_flag=True, help="Also the model loading's own progress bars (transformers, the hub).")
 @location_options
 def predict_command(
@@ -193,35 +181,17 @@ def predict_command(
     "--study", "study_name", required=True, help="A study with a final evaluation (see `ilge-search studies`)."
 )
 @FORMAT_OPTION
-@click.option(
-    "--out",
-    "out_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Write the table, CSV or JSON to this file [default: stdout].",
-)
-@click.option(
-    "--force",
-    "--overwrite",
-    "force",
-    is_flag=True,
-    help="Replace --out if it exists, git-tracked included (--overwrite is the same flag).",
-)
+@path_option("--out", "out_path", folder=False, help="Write the table, CSV or JSON to this file [default: stdout].")
+@OVERWRITE_OPTION
 @click.option("--recompute", is_flag=True, help="Compute again even if the study stores a current result.")
-@click.option(
+@int_option(
     "--threads",
-    type=click.IntRange(min=1),
+    minimum=1,
     default=None,
     help="Torch CPU threads while retraining [default: unchanged].",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@click.option(
-    "--task-path",
-    type=click.Path(),
-    default=None,
-    help="Where the study's custom task file or folder is now, if it moved since the study ran (its content is "
-    "checked against the study's) [default: where the study recorded it].",
-)
+@QUIET_OPTION
+@TASK_PATH_OPTION
 @location_options
 def explain_command(
     settings: Settings,

@@ -1,20 +1,7 @@
 """Choosing a default and a portfolio from a candidates x problems matrix of validation scores.
 
-Pure functions over numbers; :mod:`~ilge_search.defaults.portfolio` fills the matrix.
-
-- :func:`normalise` puts each problem (column) on [0, 1]: 1 for the problem's best candidate, 0 for its
-  worst, in the direction of improvement, so that problems of different difficulty and metric weigh the
-  same (a column whose candidates all score the same is 1 everywhere; missing cells stay NaN).
-- :func:`choose_default`: the candidate with the best mean normalised score over problems (Probst et
-  al.'s "optimal default"). Only candidates scored on every problem are eligible; ties go to the
-  earlier candidate (the built-in defaults come first).
-- :func:`greedy_portfolio`: K candidates chosen greedily, each step adding the one that most raises the
-  mean over problems of the best member's normalised score (Pfisterer et al.; Auto-sklearn 2.0's
-  portfolio); the first member is therefore the default. Ties go to the earlier candidate.
-- :func:`warm_start_order`: the order a warm start enqueues candidates in: the greedy portfolio, then
-  (once no candidate raises its value any more, the greedy step has stopped) every other eligible
-  candidate by mean normalised score, best first, so that ``--warm-start K`` has K distinct starting
-  points to take even when the portfolio is smaller.
+Pure functions over numbers; :mod:`~ilge_search.defaults.portfolio` fills the matrix. Ties always go to
+the earlier candidate (the built-in defaults come first); ``docs/transfer.md`` describes the choice.
 """
 
 from __future__ import annotations
@@ -23,14 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = [
-    "normalise",
-    "eligible_rows",
-    "choose_default",
-    "greedy_portfolio",
-    "portfolio_value",
-    "warm_start_order",
-]
+__all__ = ["normalise", "eligible_rows", "choose_default", "greedy_portfolio", "portfolio_value", "warm_start_order"]
 
 
 def normalise(scores: np.ndarray, maximize: Sequence[bool]) -> np.ndarray:
@@ -75,14 +55,12 @@ def portfolio_value(normalised: np.ndarray, members: Sequence[int]) -> float:
 
 
 def greedy_portfolio(normalised: np.ndarray, size: int) -> list[int]:
-    """Up to ``size`` eligible candidates, chosen greedily (see the module docstring); it stops early
-    when no candidate adds anything."""
+    """Up to ``size`` eligible candidates, each step adding the one that most raises the mean over problems of the best
+    member's normalised score (so the first is the default); it stops early when none adds anything."""
     if size < 1:
         raise ValueError(f"a portfolio needs at least one member, got size {size}")
+    members: list[int] = [choose_default(normalised)]  # raises when no candidate is eligible
     rows = [int(r) for r in eligible_rows(normalised)]
-    if not rows:
-        raise ValueError("no candidate has a score on every problem yet; train the missing cells first")
-    members: list[int] = [choose_default(normalised)]
     while len(members) < size:
         current = portfolio_value(normalised, members)
         gains = [(portfolio_value(normalised, [*members, r]) - current, -r) for r in rows if r not in members]

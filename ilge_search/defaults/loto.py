@@ -1,37 +1,17 @@
 """Do regenerated defaults generalise? Leave one task out, and compare with the built-in defaults.
 
-The defaults ``recommend`` regenerates from a storage were chosen on the
-storage's own tasks, so scoring them on those tasks flatters them. For each task
-``T`` with studies in the storage, :func:`leave_one_task_out`:
+Defaults chosen on a storage's own tasks are flattered by those tasks. For each task ``T``, :func:`leave_one_task_out`
+regenerates the defaults without ``T``'s studies (the rule ``recommend`` uses), trains them and the built-in defaults
+(:data:`~ilge_search.tuning.BUILTIN_RECOMMENDED`) with no search on each ILGE study of ``T`` (built as a study's first
+trial is, on the study's own data, once per final seed) and stores both scores on that study as a
+:class:`~ilge_search.record.LotoRecord`, keyed by everything that changes the numbers: a rerun trains only what is
+missing, and a record whose configurations the storage no longer gives is stale and replaced.
 
-1. regenerates the defaults from every study except those of ``T``
-   (:func:`~ilge_search.defaults.rule.derive_defaults`, the rule
-   ``recommend`` uses);
-2. for each model and ILGE family (``cayley``, ``fc``, ``deepset``) with a
-   study on ``T``, trains two configurations on that study's data with no
-   search, through the one engine: the regenerated defaults and the built-in
-   defaults (:data:`~ilge_search.tuning.BUILTIN_RECOMMENDED`, the published
-   package's, which saw no task). Each is built exactly as a study's first
-   trial is (search-space fields through a fixed trial, ``epochs`` capped at the
-   study's ``max_epochs``), trained once per seed (``seed + 1000 + i``, the
-   final seeds of ``run``) and scored once on test. The data is the study's own
-   (its task, ``shots``, ``max_train``, ``max_eval`` and data seed, checked
-   against the cache keys it stored);
-3. stores both configurations' scores on that study as a
-   :class:`~ilge_search.record.LotoRecord`, keyed by a hash of everything that
-   changes the numbers: model, task, family, the study's data setting and
-   fingerprints, the seeds and both configurations. A rerun trains only what is
-   missing; a record whose configurations are no longer the ones the storage
-   gives (new studies changed the regenerated defaults) is stale, ignored and
-   replaced.
-
-:func:`stored_loto` reads the current records back without training (the
-report's table, ``defaults.md`` and the shipping rule of
-:mod:`~ilge_search.defaults.recommend` use it; the tables and sentences are
-:mod:`ilge_search.report.loto`'s). Differences are regenerated minus
-built-in, in score units (accuracy %, Spearman x 100), in the direction of
-improvement; a family's regenerated defaults *win on average* when the mean
-difference over its (model, left-out task) rows is above zero.
+:func:`stored_loto` reads the current records back without training (the report, ``defaults.md`` and the
+shipping rule of :mod:`~ilge_search.defaults.recommend`). Differences are regenerated minus built-in, in
+score units and in the direction of improvement; a family's regenerated defaults *win* when the
+bootstrap interval of the mean difference over its (model, left-out task) rows lies above zero and the rows
+were trained as the defaults ship (:mod:`~ilge_search.defaults.evidence`).
 """
 
 from __future__ import annotations
@@ -54,11 +34,15 @@ from ..study.retraining import TrainingSetup, train_seeds
 from ..tasks.scores import score_unit
 from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
-from .problems import ProblemGroups, open_existing_storage, problem_tasks, read_problems
+from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
+from .problems import ConfigValues, ProblemGroups, open_existing_storage, problem_tasks, read_problems
 from .rule import derive_defaults
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
+
+    from ..encoders.configs import EncoderConfig
 
 __all__ = [
     "LOTO_FAMILIES",
@@ -96,7 +80,7 @@ ROW_COLUMNS = [
 ]
 
 
-def start_config(family: str, values: dict[str, Any], max_epochs: int | None) -> Any:
+def start_config(family: str, values: ConfigValues, max_epochs: int | None) -> EncoderConfig:
     """The config a study's first trial trains when ``values`` are the recommended defaults: the search-space
     fields through a fixed trial (what a study enqueues), the rest at their class defaults, ``epochs`` capped."""
     import optuna
@@ -112,7 +96,7 @@ def start_config(family: str, values: dict[str, Any], max_epochs: int | None) ->
         return suggest_capped(optuna.trial.FixedTrial(dict(fixed.params)), family, max_epochs)
 
 
-def _digest(value: Any) -> str:
+def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -129,8 +113,8 @@ class _Target:
     bucket: str
     study: str
     stored: StudyRecord
-    builtin: Any = None  # configs
-    regenerated: Any = None
+    builtin: EncoderConfig
+    regenerated: EncoderConfig
     regenerated_from: list[str] = field(default_factory=list)
 
     def key(self, seeds: Sequence[int]) -> dict[str, Any]:
@@ -259,7 +243,9 @@ def _best_record(
 # ----------------------------------------------------------------------------- training and storing
 
 
-def _train_scores(config: Any, data: StudyData, seeds: Sequence[int], device: str) -> tuple[list[float], list[float]]:
+def _train_scores(
+    config: EncoderConfig, data: StudyData, seeds: Sequence[int], device: str
+) -> tuple[list[float], list[float]]:
     """``config`` trained once per seed by the one engine: (test scores, best validation scores)."""
     test, val = [], []
     for trained in train_seeds(data, config, seeds, device=device):
@@ -299,8 +285,7 @@ def _evaluate(
 def _stored_or_trained(
     study: optuna.Study, target: _Target, seeds: list[int], setup: TrainingSetup, loaded: dict[str, StudyData]
 ) -> tuple[LotoRecord, int]:
-    """The study's current record for ``seeds``, or a new one trained and stored; and the configurations
-    trained."""
+    """The study's current record for ``seeds``, or a new one trained and stored; and the configurations trained."""
     stored = study_record(study).loto
     record = _best_record(target, stored, seeds)
     if record is not None:
@@ -323,7 +308,7 @@ def _stored_or_trained(
 # ----------------------------------------------------------------------------- the result
 
 
-def _row(target: _Target, record: LotoRecord) -> dict[str, Any]:
+def _row(target: _Target, record: LotoRecord) -> dict[str, object]:
     metric = target.stored.data.metric if target.stored.data else None
     scale, unit = score_unit(metric or "")
     built, regen = record.builtin.test_scores, record.regenerated.test_scores
@@ -365,11 +350,14 @@ class LotoVerdict:
     mean_difference: float  # regenerated minus built-in, score units, in the direction of improvement
     wins: int
     losses: int
+    evidence: LeftOutEvidence | None = None  # the mean difference's interval over the left-out rows
+    setting: str = ""  # why the rows were not trained as the defaults ship (empty: they were)
 
     @property
     def regenerated_win(self) -> bool:
-        """Whether the regenerated defaults beat the built-in ones on average (what shipping needs)."""
-        return self.rows > 0 and self.mean_difference > 0
+        """Whether the regenerated defaults clearly beat the built-in ones in the setting they ship in: the
+        interval of the mean difference over the left-out rows above 0 (what shipping needs)."""
+        return self.rows > 0 and self.evidence is not None and self.evidence.passes and not self.setting
 
 
 @dataclass
@@ -386,7 +374,7 @@ class LotoResult:
     """
 
     storage: str
-    rows: Any
+    rows: pd.DataFrame
     verdicts: dict[tuple[str, str], LotoVerdict]
     missing: list[str]
     notes: list[str]
@@ -397,6 +385,16 @@ class LotoResult:
         """Whether ``family``'s regenerated defaults win for ``bucket`` (``None``: no evaluation)."""
         verdict = self.verdicts.get((family, bucket))
         return None if verdict is None else verdict.regenerated_win
+
+
+def _trained_setting(family: str, configs: Any) -> str:
+    """Why the regenerated configurations were not trained as they ship (each capped at its study's epochs)."""
+    trained, shipped = [], []
+    for config in configs:
+        values = {k: v for k, v in config.items() if k not in ("family", "epochs")}
+        trained.append(int(config.get("epochs", 0)) or None)
+        shipped.append(int(start_config(family, values, None).epochs))
+    return setting_gap(trained, min(shipped)) if shipped else ""
 
 
 def _result(
@@ -427,6 +425,8 @@ def _result(
             mean_difference=float(group["difference"].mean()),
             wins=int((shown > 0).sum()),
             losses=int((shown < 0).sum()),
+            evidence=left_out_evidence("task", group["difference"]),
+            setting=_trained_setting(family, group["regenerated_config"]),
         )
     return LotoResult(
         storage=hide_password(storage_url),

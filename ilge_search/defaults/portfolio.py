@@ -1,27 +1,12 @@
 """The cross-task matrix: whole candidate configurations trained on every problem, a default and a portfolio.
 
-The marginal rule (:mod:`~ilge_search.defaults.rule`) votes per hyperparameter,
-so the configuration it assembles is one no study trained. Here whole
-configurations are *evaluated* on every problem and chosen from that matrix
-(Probst et al., "Tunability", 2019; Pfisterer et al., "Learning multiple
-defaults", 2018; Feurer et al., "Auto-sklearn 2.0", 2022):
-
-- *problems*: every matched-protocol, full-subset, score-only study of a family
-  and size bucket (:func:`~ilge_search.defaults.problems.read_problems`), minus
-  the excluded tasks and models;
-- *candidates*: the built-in defaults, the marginal rule's configuration over
-  those problems, and the ``top_k`` complete trials by validation score of each
-  problem; identical configurations merged (their sources listed);
-- *cells*: each candidate trained once per seed (``seed + 1000 + i``, the
-  final seeds of ``run``) on each problem's own data through the one engine, as
-  a study's first trial would be (epochs capped at the study's, or at
-  ``max_epochs``), scored on validation and on test. Cells are stored in the
-  storage through :mod:`ilge_search.record.portfolio`, so a rerun trains only
-  what is missing and processes on one storage share the work;
-- *choice*, on validation only (:mod:`~ilge_search.defaults.choice`): the
-  default is the best mean normalised score, the portfolio of ``size`` is
-  greedy. Test scores are kept for the left-out checks of
-  :mod:`~ilge_search.defaults.transfer` and never choose anything.
+The marginal rule (:mod:`~ilge_search.defaults.rule`) votes per hyperparameter, so the configuration it
+assembles is one no study trained; here whole configurations are evaluated on every problem and chosen
+from that matrix (``docs/transfer.md``). Candidates: the built-in defaults, the marginal rule's
+configuration and each problem's ``top_k`` trials, identical ones merged. Each cell is a candidate
+trained once per final seed on a problem's own data through the one engine and stored through
+:mod:`ilge_search.record.portfolio`, so a rerun trains only what is missing and processes on one storage
+share the work. The choice (:mod:`~ilge_search.defaults.choice`) reads validation scores only.
 """
 
 from __future__ import annotations
@@ -31,10 +16,11 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from ..encoders.configs import ENCODER_FAMILIES, config_from_dict
 from ..record import (
+    WORKER_ATTR,
     CellKey,
     CellScores,
     StudyRecord,
@@ -47,15 +33,14 @@ from ..record import (
     study_record,
     trial_config,
     trial_record,
+    worker_stamp,
 )
 from ..storage import (
-    WORKER_ATTR,
     Storage,
     fail_stale_trials,
     fail_waiting_trials,
     hide_password,
     open_storage,
-    worker_stamp,
 )
 from ..study.data import StudyData
 from ..study.retraining import TrainingSetup, train_seeds
@@ -63,11 +48,15 @@ from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, portfolio_value, warm_start_order
 from .loto import start_config
-from .problems import Problem, read_problems
+from .problems import ConfigValues, Problem, read_problems
 from .rule import derive_defaults
 
 if TYPE_CHECKING:
+    import numpy as np
     import optuna
+
+    from ..encoders.configs import EncoderConfig
+    from ..record import StoredCell
 
 __all__ = [
     "BUILTIN",
@@ -104,7 +93,7 @@ class Candidate:
     (``built-in``, ``marginal``, or ``<study>#<trial>`` for each problem trial it equals)."""
 
     name: str
-    config: dict[str, Any]
+    config: ConfigValues
     sources: tuple[str, ...]
 
 
@@ -119,8 +108,8 @@ class MatrixProblem:
     metric: str
     maximize: bool
     max_epochs: int | None
-    data: dict[str, Any]
-    ranked: tuple[tuple[int, dict[str, Any]], ...]
+    data: dict[str, object]
+    ranked: tuple[tuple[int, ConfigValues], ...]
     seconds: float | None  # mean training seconds of its trials: what --dry-run estimates with
     train_texts: int | None = None  # its study's training split as searched (after the caps)
 
@@ -168,14 +157,14 @@ class PlannedCell:
 
     candidate: int
     problem: int
-    config: Any
+    config: EncoderConfig
     key: CellKey
 
 
 # ----------------------------------------------------------------------------- problems and candidates
 
 
-def _data_key(record: StudyRecord) -> dict[str, Any]:
+def _data_key(record: StudyRecord) -> dict[str, object]:
     identity, data = record.identity, record.data
     return {
         "model": identity.model if identity else None,
@@ -243,14 +232,14 @@ def read_matrix_problems(storage_url: str, request: PortfolioRequest) -> tuple[l
     return problems, [_matrix_problem(storage, p) for p in problems]
 
 
-def marginal_values(family: str, bucket: str, problems: Sequence[Problem]) -> dict[str, Any]:
+def marginal_values(family: str, bucket: str, problems: Sequence[Problem]) -> ConfigValues:
     """The marginal rule's configuration (over the built-in values) from ``problems``."""
     builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
     values, _, _ = derive_defaults({(family, bucket): list(problems)})
     return {**builtin, **values.get(family, {}).get(bucket, {})}
 
 
-def start_config_dict(family: str, values: dict[str, Any]) -> dict[str, Any]:
+def start_config_dict(family: str, values: ConfigValues) -> ConfigValues:
     return dict(start_config(family, {k: v for k, v in values.items() if k != "family"}, None).to_dict())
 
 
@@ -260,13 +249,13 @@ def matrix_candidates(
     """Built-in, marginal rule, then each problem's top ``top_k`` trials; identical configurations (up to
     ``epochs``, which each cell caps) merged, the first source's config kept."""
     builtin = dict(BUILTIN_RECOMMENDED.get(request.family, {}).get(request.bucket, {}))
-    found: list[tuple[str, dict[str, Any]]] = [
+    found: list[tuple[str, ConfigValues]] = [
         (BUILTIN, start_config_dict(request.family, builtin)),
         (MARGINAL, start_config_dict(request.family, marginal_values(request.family, request.bucket, problems))),
     ]
     for problem in matrix_problems:
         found += [(f"{problem.study}#{number}", config) for number, config in problem.ranked[: request.top_k]]
-    merged: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    merged: dict[str, tuple[ConfigValues, list[str]]] = {}
     for source, config in found:
         # a study's trials carry its epoch cap; every cell caps epochs again, so they do not tell configs apart
         key = repr(sorted((k, v) for k, v in config.items() if k != "epochs"))
@@ -281,7 +270,7 @@ def matrix_candidates(
 # ----------------------------------------------------------------------------- cells
 
 
-def cell_config(family: str, config: dict[str, Any], problem: MatrixProblem, max_epochs: int | None) -> Any:
+def cell_config(family: str, config: ConfigValues, problem: MatrixProblem, max_epochs: int | None) -> EncoderConfig:
     """A candidate's config as trained on ``problem``: epochs capped at ``max_epochs``, else the study's cap."""
     cap = max_epochs if max_epochs is not None else problem.max_epochs
     return start_config(family, {k: v for k, v in config.items() if k != "family"}, cap)
@@ -289,7 +278,7 @@ def cell_config(family: str, config: dict[str, Any], problem: MatrixProblem, max
 
 def plan_cells(
     request: PortfolioRequest,
-    configs: Sequence[tuple[int, dict[str, Any]]],
+    configs: Sequence[tuple[int, ConfigValues]],
     problems: Sequence[MatrixProblem],
     columns: Sequence[int] | None = None,
 ) -> list[PlannedCell]:
@@ -305,11 +294,11 @@ def plan_cells(
     return cells
 
 
-def _stamp(number: int) -> tuple[str, Any]:
+def _stamp(number: int) -> tuple[str, dict[str, object]]:
     return WORKER_ATTR, worker_stamp(number)
 
 
-def _train_one(config: Any, data: StudyData, seed: int, device: str) -> CellScores:
+def _train_one(config: EncoderConfig, data: StudyData, seed: int, device: str) -> CellScores:
     import time
 
     start = time.perf_counter()
@@ -323,7 +312,11 @@ def _train_one(config: Any, data: StudyData, seed: int, device: str) -> CellScor
     )
 
 
-def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> Any:
+@overload
+def portfolio_study(storage: Storage, family: str, bucket: str, create: Literal[True]) -> optuna.Study: ...
+@overload
+def portfolio_study(storage: Storage, family: str, bucket: str, create: Literal[False]) -> optuna.Study | None: ...
+def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> optuna.Study | None:
     import optuna
 
     name = portfolio_study_name(family, bucket)
@@ -391,8 +384,8 @@ def train_cells(
 class Matrix:
     """Mean validation and test scores over seeds, candidates x problems (NaN: a cell missing)."""
 
-    validation: Any  # numpy arrays
-    test: Any
+    validation: np.ndarray  # candidates x problems
+    test: np.ndarray
     missing: int  # cells not stored
     running: int  # cells other processes are training
 
@@ -403,9 +396,7 @@ def read_matrix(
     """The stored scores of ``cells`` (those with a candidate index) as a :class:`Matrix`; nothing is created."""
     import numpy as np
 
-    storage = open_storage(storage_url, must_exist=True)
-    study = portfolio_study(storage, request.family, request.bucket, create=False)
-    done, running = stored_cells(study) if study is not None else ({}, set())
+    done, running = _stored_cells(storage_url, request)
     sums: dict[tuple[int, int], list[CellScores]] = {}
     missing = busy = 0
     for cell in cells:
@@ -423,11 +414,16 @@ def read_matrix(
     return Matrix(validation=validation, test=test, missing=missing, running=busy)
 
 
-def stored_scores(storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell]) -> dict[str, CellScores]:
-    """Digest -> scores of the stored cells among ``cells``."""
+def _stored_cells(storage_url: str, request: PortfolioRequest) -> tuple[dict[str, StoredCell], set[str]]:
+    """(the stored cells of ``request``'s matrix by digest, the digests being trained); nothing is created."""
     storage = open_storage(storage_url, must_exist=True)
     study = portfolio_study(storage, request.family, request.bucket, create=False)
-    done, _ = stored_cells(study) if study is not None else ({}, set())
+    return stored_cells(study) if study is not None else ({}, set())
+
+
+def stored_scores(storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell]) -> dict[str, CellScores]:
+    """Digest -> scores of the stored cells among ``cells``."""
+    done, _ = _stored_cells(storage_url, request)
     wanted = {c.key.digest for c in cells}
     return {digest: cell.scores for digest, cell in done.items() if digest in wanted}
 
@@ -484,8 +480,7 @@ class PortfolioResult:
 
 
 def choose(result: PortfolioResult) -> PortfolioResult:
-    """Fill ``default``, ``portfolio`` and ``values`` from the validation matrix (when some candidate is
-    complete)."""
+    """Fill ``default``, ``portfolio`` and ``values`` from the validation matrix (when some candidate is complete)."""
     normalised = normalise(result.matrix.validation, [p.maximize for p in result.problems])
     try:
         result.default = choose_default(normalised)
@@ -519,6 +514,6 @@ def estimate_seconds(cells: Sequence[PlannedCell], problems: Sequence[MatrixProb
     )
 
 
-def config_of(values: dict[str, Any]) -> Any:
+def config_of(values: ConfigValues) -> EncoderConfig:
     """A candidate's config dict as an encoder config."""
     return config_from_dict(values)

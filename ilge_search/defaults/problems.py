@@ -1,37 +1,19 @@
 """Stored studies as the problems the defaults rule learns from.
 
-Every study of an ILGE family (``cayley``, ``fc``, ``deepset``) in a storage is
-one *problem*: a model, task and data setting. :func:`read_problems` reads them,
-grouped by family and model-size bucket, and says why the others were left out:
-few-shot studies (points of a curve, not searches), multi-objective studies
-(their sampler traded score for size), a paper-protocol study whose
-matched-protocol sibling searched the same thing (counted once), and studies with
-fewer than two scored trials.
+Every study of an ILGE family in a storage is one *problem*: a model, task and data setting.
+:func:`read_problems` reads them, grouped by family and model-size bucket, and says why the others were
+left out: few-shot and multi-objective studies, a paper-protocol study whose matched-protocol sibling
+searched the same thing, and studies with fewer than two scored trials.
 
-Within a problem, every complete trial gets its normalised rank of validation
-score, ``q = (rank - 1) / (n - 1)`` with rank 1 the worst, ties sharing their
-average rank, so ``q`` is 1 for the problem's best trial and 0 for its worst;
-pruned trials count as tied below every complete trial (the pruner judged them
-worse), failed ones are ignored. A problem needs two such trials, one of them
-complete. Ranks make problems of different difficulty and metric comparable.
+Within a problem each trial gets its normalised rank of validation score, ``q = (rank - 1) / (n - 1)``
+(1: the best trial, 0: the worst, ties share their average rank; pruned trials tie below every complete
+one, failed ones are ignored), which makes problems of different difficulty and metric comparable.
+Parameter values are compared as *levels*: categorical and integer values as they are, log-scale floats
+snapped to the nearest of 1 and 3 x 10^k, other floats to six evenly spaced levels of their range.
 
-Parameter values are kept as *levels*, what the rule compares: categorical and
-integer values as they are; log-scale floats (``lr``, ``weight_decay``) snapped
-to the nearest of 1 and 3 x 10^k (in log space); other floats (``dropout``) to
-the nearest of six evenly spaced levels of their range (0, 0.1, ..., 0.5).
-
-Size buckets
-------------
-``small`` holds models up to 3B parameters, ``large`` those above
-(:func:`ilge_search.embeddings.models.model_size_bucket`). The issue fixes the ends (up
-to ~1B: small; above 3B: large); models between 1B and 3B
-(Pythia-1b/1.4b/2.8b, Gemma2-2B, Qwen3-1.7B) go to ``small`` because that is
-the bucket the study runner already uses for them (its proxy: hidden size above
-3000 means large), so their studies started from the small defaults and the
-regenerated small defaults are what their next studies start from. The
-parameter count comes from the model table :data:`ilge_search.embeddings.models.MODELS`
-(the models of the paper and the two offline models); for other models the
-runner's hidden-size proxy decides, read from the study's recorded hidden size.
+Size buckets: ``small`` holds models up to 3B parameters, ``large`` those above
+(:func:`ilge_search.embeddings.models.model_size_bucket`), the split the study runner starts from; a
+model missing from :data:`ilge_search.embeddings.models.MODELS` is placed by its recorded hidden size.
 """
 
 from __future__ import annotations
@@ -40,12 +22,16 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..embeddings.models import model_size_bucket
 from ..encoders.configs import config_class_for
 from ..record import Identity, study_record, trial_record
 from ..storage import Storage, open_storage
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.distributions import CategoricalChoiceType
 
 __all__ = [
     "Problem",
@@ -63,7 +49,7 @@ __all__ = [
 class ScoredTrial:
     """One complete or pruned trial: its parameters as levels and its normalised rank in its study."""
 
-    params: dict[str, Any]  # levels
+    params: dict[str, CategoricalChoiceType]  # levels
     q: float
 
 
@@ -78,6 +64,7 @@ class Problem:
     default_q: float | None  # the enqueued recommended config's normalised rank
 
 
+ConfigValues = dict[str, Any]  # a configuration's fields by name, as JSON stores them
 ProblemGroups = dict[tuple[str, str], list[Problem]]  # (family, size bucket) -> problems
 
 
@@ -159,10 +146,10 @@ class _SpaceCheck:
             raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
         return value
 
-    def suggest_int(self, name: str, low: int, high: int, **_: Any) -> Any:
+    def suggest_int(self, name: str, low: int, high: int, **_: object) -> Any:
         return self._within(name, low, high)
 
-    def suggest_float(self, name: str, low: float, high: float, **_: Any) -> Any:
+    def suggest_float(self, name: str, low: float, high: float, **_: object) -> Any:
         return self._within(name, low, high)
 
     def _within(self, name: str, low: float, high: float) -> Any:
@@ -172,7 +159,7 @@ class _SpaceCheck:
         return value
 
 
-def _outside_the_space(family: str, trials: Sequence[Any]) -> str | None:
+def _outside_the_space(family: str, trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
     """What in ``trials`` the family's search space cannot have suggested: unknown parameter names, or a
     value outside a parameter's choices or range (``None``: every trial fits)."""
     from ..tuning import suggest_config

@@ -1,29 +1,17 @@
 """Regenerate the ``recommended_config`` defaults from stored studies.
 
-:func:`regenerate_defaults` reads every study of an encoder family (``cayley``,
-``fc``, ``deepset``) in a storage as problems
-(:func:`~ilge_search.defaults.problems.read_problems`), groups them by family and
-model-size bucket, and derives one configuration per group with the rule of
-:mod:`~ilge_search.defaults.rule`. The result is a :class:`Recommendation`: the
-defaults document that :func:`ilge_search.tuning.recommended_config` reads
-(schema in :mod:`ilge_search.tuning`) and the evidence behind every value.
-``exclude_tasks`` (``--exclude-task T``) leaves every study of the named tasks
-out, e.g. to see what the defaults would be without a task. Writing the document
-and its page is :func:`ilge_search.report.defaults_page.recommend_defaults`'s job;
-:func:`defaults_targets` says where it writes.
+:func:`regenerate_defaults` reads a storage's studies as problems (:func:`~ilge_search.defaults.problems.read_problems`)
+and derives one configuration per family and model-size bucket with the rule of :mod:`~ilge_search.defaults.rule`: a
+:class:`Recommendation`, the document :func:`ilge_search.tuning.recommended_config` reads and the evidence behind every
+value. ``exclude_tasks`` (``--exclude-task T``) leaves the named tasks' studies out. Writing the document and its page
+is :func:`ilge_search.report.defaults_page.recommend_defaults`'s job; :func:`defaults_targets` says where it writes.
 
-Shipping only what generalises
-------------------------------
-Defaults regenerated from a storage's studies were chosen on those studies'
-tasks. Before they replace the shipped ones (``update_shipped=True``), the
-leave-one-task-out evaluation of :mod:`~ilge_search.defaults.loto` must be in the
-storage and current for every (model, task) a family has a study of: for each
-task, the defaults regenerated without that task and the built-in defaults,
-each trained with no search on that task. A family's regenerated defaults are
-shipped only when they beat the built-in ones on average over the left-out
-tasks (:func:`shipping_decision`); otherwise the shipped file leaves the family
-out, so ``recommended_config`` falls back to the built-in values.
-``defaults.md`` says which happened and shows the table.
+Shipping only what generalises: before regenerated defaults replace the shipped ones
+(``update_shipped=True``), the leave-one-task-out evaluation (:mod:`~ilge_search.defaults.loto`) must be
+stored and current for every (model, task) a family has a study of, and a family is shipped only when
+the bootstrap interval of its regenerated defaults' mean difference to the built-in ones there lies above 0,
+measured in the setting that ships (:mod:`~ilge_search.defaults.evidence`, :func:`shipping_decision`); otherwise
+the shipped file leaves it out and ``recommended_config`` falls back to the built-in values.
 """
 
 from __future__ import annotations
@@ -33,16 +21,19 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..encoders.configs import CONFIG_CLASSES, ENCODER_FAMILIES
 from ..settings import user_defaults_path
 from ..storage import hide_password
 from ..tuning import DEFAULTS_FORMAT_VERSION
-from .loto import LOTO_FAMILIES, LotoResult, stored_loto
-from .problems import Problem, ProblemGroups, problem_tasks, read_problems
+from .loto import LOTO_FAMILIES, LotoResult, LotoVerdict, stored_loto
+from .problems import ConfigValues, Problem, ProblemGroups, problem_tasks, read_problems
 from .rule import RULE, RecommendedValue, derive_defaults
+
+if TYPE_CHECKING:
+    from .portfolio import PortfolioResult
 
 __all__ = [
     "DEFAULT_FAMILIES",
@@ -63,7 +54,7 @@ SIZE_BUCKETS_NOTE = (
     "small: up to 3B parameters (models of 1B-3B included, as the study runner buckets them); large: above 3B"
 )
 
-Values = dict[str, dict[str, dict[str, Any]]]  # family -> size bucket -> configuration values
+Values = dict[str, dict[str, ConfigValues]]  # family -> size bucket -> configuration values
 
 
 @dataclass(frozen=True)
@@ -86,7 +77,7 @@ class Recommendation:
     groups: dict[tuple[str, str], list[Problem]]
     families: list[str]
     loto: LotoResult | None
-    portfolios: tuple[list[Any], list[str]] = ([], [])
+    portfolios: tuple[list[PortfolioResult], list[str]] = ([], [])
 
 
 def defaults_targets(
@@ -114,10 +105,24 @@ def defaults_targets(
     return target, None if report_path is None else Path(report_path)
 
 
-def shipping_decision(values: Mapping[str, Mapping[str, Any]], loto: LotoResult) -> dict[str, str]:
+def _decision(verdict: LotoVerdict) -> str:
+    """The shipping rule's sentence for one group: shipped or not, with the interval that decided it."""
+    rows = f"{verdict.rows} left-out row{'' if verdict.rows == 1 else 's'}"
+    evidence = f"; {verdict.evidence.text()}" if verdict.evidence is not None else ""
+    if verdict.regenerated_win:
+        return f"regenerated, {verdict.mean_difference:+.2f} points over the built-in defaults on {rows}{evidence}"
+    setting = f"; {verdict.setting}" if verdict.setting else ""
+    return (
+        f"built-in kept: the regenerated defaults were {verdict.mean_difference:+.2f} points against them on "
+        f"{rows}{setting}{evidence}"
+    )
+
+
+def shipping_decision(values: Mapping[str, Mapping[str, object]], loto: LotoResult) -> dict[str, str]:
     """The shipping rule: per ``family/bucket`` of ``values``, shipped or not and why.
 
-    A group is shipped only when its regenerated defaults beat the built-in ones on average over the
+    A group is shipped only when its regenerated defaults clearly beat the built-in ones (the interval of the
+    mean difference above 0, in the setting that ships) over the
     left-out tasks of a current leave-one-task-out evaluation (:class:`~ilge_search.defaults.loto.LotoResult`).
 
     Raises:
@@ -136,16 +141,7 @@ def shipping_decision(values: Mapping[str, Mapping[str, Any]], loto: LotoResult)
                     "trains only what is missing): regenerated defaults are shipped only when they beat "
                     "the built-in ones on tasks they never saw"
                 )
-            rows = f"{verdict.rows} left-out row{'' if verdict.rows == 1 else 's'}"
-            if verdict.regenerated_win:
-                decisions[f"{family}/{bucket}"] = (
-                    f"regenerated, {verdict.mean_difference:+.2f} points over the built-in defaults on {rows}"
-                )
-            else:
-                decisions[f"{family}/{bucket}"] = (
-                    f"built-in kept: the regenerated defaults were {verdict.mean_difference:+.2f} points "
-                    f"against them on {rows}"
-                )
+            decisions[f"{family}/{bucket}"] = _decision(verdict)
     return decisions
 
 
@@ -170,13 +166,10 @@ def _derived(
     used, and why studies were skipped."""
     all_groups, skipped = read_problems(storage_url, families)
     tasks = problem_tasks(all_groups)
-    absent = [t for t in exclude_tasks if t not in tasks]
-    if absent:
-        raise ValueError(
-            f"--exclude-task {', '.join(absent)}: no {'/'.join(families)} study of "
-            f"{'that task' if len(absent) == 1 else 'those tasks'} in {hide_password(storage_url)} "
-            f"(its tasks: {', '.join(tasks) or 'none'})"
-        )
+    if absent := [t for t in exclude_tasks if t not in tasks]:
+        which = "that task" if len(absent) == 1 else "those tasks"
+        where = f"{hide_password(storage_url)} (its tasks: {', '.join(tasks) or 'none'})"
+        raise ValueError(f"--exclude-task {', '.join(absent)}: no {'/'.join(families)} study of {which} in {where}")
     values, evidence, groups = derive_defaults(all_groups, exclude_tasks)
     if not groups:
         raise ValueError(
@@ -226,6 +219,9 @@ def _metadata(
             f"{v.family}/{v.bucket}": {
                 "rows": v.rows,
                 "mean_difference": round(v.mean_difference, 4),
+                "interval": None
+                if v.evidence is None
+                else [round(v.evidence.comparison.interval.low, 4), round(v.evidence.comparison.interval.high, 4)],
                 "regenerated_win": v.regenerated_win,
             }
             for v in loto.verdicts.values()
@@ -277,16 +273,14 @@ def regenerate_defaults(
         update_shipped: for the package's own file: only the groups the shipping rule
             (:func:`shipping_decision`) lets in; the others are left out (the built-in values apply).
         exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
-        method: ``marginal`` (the rule of :mod:`~ilge_search.defaults.rule`) or ``portfolio``: each group's
-            default is the one ``ilge-search portfolio`` chose from its stored cross-task matrix, and
-            ``update_shipped`` lets it in only where it won its left-out checks
-            (:func:`~ilge_search.defaults.transfer.shipping_verdict`).
+        method: ``marginal`` (the rule of :mod:`~ilge_search.defaults.rule`) or ``portfolio``: each group's default is
+            the one ``ilge-search portfolio`` chose from its stored cross-task matrix, and ``update_shipped`` lets it in
+            only where it won its left-out checks (:func:`~ilge_search.defaults.transfer.shipping_verdict`).
 
     Raises:
-        ValueError: unknown family, the storage cannot be opened, no study of ``families`` in it has at
-            least two scored trials, an excluded task without studies, ``exclude_tasks`` with
-            ``update_shipped``, or no complete leave-one-task-out evaluation for ``update_shipped``
-            (``portfolio``: no stored portfolio of a group).
+        ValueError: unknown family, the storage cannot be opened, no study of ``families`` in it has at least two scored
+            trials, an excluded task without studies, ``exclude_tasks`` with ``update_shipped``, or no complete
+            leave-one-task-out evaluation for ``update_shipped`` (``portfolio``: no stored portfolio of a group).
     """
     families = list(families)
     excluded = _checked_request(families, exclude_tasks, update_shipped)

@@ -1,31 +1,24 @@
 """The marginal rule: how the problems of a family and model-size bucket become one set of defaults.
 
-:func:`derive_defaults` applies the rule below to each (family, bucket) group
-of :func:`~ilge_search.defaults.problems.read_problems`, optionally leaving out
-the problems of some tasks (``recommend --exclude-task``, and the
-leave-one-task-out check of :mod:`~ilge_search.defaults.loto`). Writing the
-result is :mod:`~ilge_search.defaults.recommend`'s job.
+:func:`derive_defaults` applies the rule below to each (family, bucket) group of
+:func:`~ilge_search.defaults.problems.read_problems`, optionally leaving out the problems of some tasks (``recommend
+--exclude-task``, and the leave-one-task-out check of :mod:`~ilge_search.defaults.loto`). Writing the result is
+:mod:`~ilge_search.defaults.recommend`'s job.
 
 The rule
 --------
-Every study is one problem; its trials carry their normalised rank ``q`` and
-their parameters as levels (:mod:`~ilge_search.defaults.problems` says how).
-Values are compared per hyperparameter, on those levels. For each level its
-score is the mean over problems of the mean ``q`` of that problem's trials at
-the level. Among the levels seen in at least half the problems of the group
-(coverage), the highest score wins; ties go to the larger coverage, then more
-trials, then the built-in default's value, then the smallest level. Parameters
-that exist only under a choice (``gin_mlp_layers`` for GIN, ``gat_heads`` for
-GAT) are decided after it, from the trials that made the same choice, and only
-when it is the chosen one. Training fields outside the search space
-(``epochs``, ``batch_size``) are not touched.
+Every study is one problem; its trials carry their normalised rank ``q`` and their parameters as levels
+(:mod:`~ilge_search.defaults.problems` says how). Values are compared per hyperparameter, on those levels. For each
+level its score is the mean over problems of the mean ``q`` of that problem's trials at the level. Among the levels seen
+in at least half the problems of the group (coverage), the highest score wins; ties go to the larger coverage, then more
+trials, then the built-in default's value, then the smallest level. Parameters that exist only under a choice
+(``gin_mlp_layers`` for GIN, ``gat_heads`` for GAT) are decided after it, from the trials that made the same choice, and
+only when it is the chosen one. Training fields outside the search space (``epochs``, ``batch_size``) are not touched.
 
-This ranks each hyperparameter by how the trials that used each value fared
-across tasks. TPE trials almost never repeat an exact configuration across
-studies, so a rule over whole configurations could only rank the one config
-every study evaluates (the enqueued default); ``defaults.md`` still shows its
-mean normalised rank per group for comparison. Validation scores only; test
-scores are never read.
+This ranks each hyperparameter by how the trials that used each value fared across tasks. TPE trials almost never repeat
+an exact configuration across studies, so a rule over whole configurations could only rank the one config every study
+evaluates (the enqueued default); ``defaults.md`` still shows its mean normalised rank per group for comparison.
+Validation scores only; test scores are never read.
 """
 
 from __future__ import annotations
@@ -33,11 +26,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..encoders.configs import config_class_for
 from ..tuning import BUILTIN_RECOMMENDED
-from .problems import Problem
+from .problems import ConfigValues, Problem
+
+if TYPE_CHECKING:
+    from optuna.distributions import CategoricalChoiceType
 
 __all__ = ["CONDITIONAL", "MIN_COVERAGE", "RULE", "RecommendedValue", "recommend_group", "derive_defaults"]
 
@@ -53,20 +49,21 @@ class RecommendedValue:
     """One chosen value with its evidence (what ``defaults.md`` shows)."""
 
     param: str
-    value: Any
+    value: CategoricalChoiceType
     score: float  # mean over problems of the mean normalised rank at this level
     coverage: int  # problems with a trial at this level
     problems: int  # problems the level was eligible in
     trials: int
-    runner_up: tuple[Any, float, int] | None = None  # (value, score, coverage)
-    levels: dict[Any, tuple[float, int, int]] = field(default_factory=dict)  # level -> (score, coverage, trials)
+    runner_up: tuple[CategoricalChoiceType, float, int] | None = None  # (value, score, coverage)
+    # level -> (score, coverage, trials)
+    levels: dict[CategoricalChoiceType, tuple[float, int, int]] = field(default_factory=dict)
 
 
 def _choose(
-    param: str, problems: Sequence[Problem], condition: tuple[str, Any] | None, builtin: Any
+    param: str, problems: Sequence[Problem], condition: tuple[str, str] | None, builtin: object
 ) -> RecommendedValue | None:
-    per_level: dict[Any, list[float]] = {}
-    trial_counts: dict[Any, int] = {}
+    per_level: dict[CategoricalChoiceType, list[float]] = {}
+    trial_counts: dict[CategoricalChoiceType, int] = {}
     eligible = 0
     for problem in problems:
         trials = [
@@ -77,7 +74,7 @@ def _choose(
         if not trials:
             continue
         eligible += 1
-        by_level: dict[Any, list[float]] = {}
+        by_level: dict[CategoricalChoiceType, list[float]] = {}
         for trial in trials:
             by_level.setdefault(trial.params[param], []).append(trial.q)
         for level, qs in by_level.items():
@@ -89,7 +86,7 @@ def _choose(
     needed = max(1, math.ceil(MIN_COVERAGE * eligible))
     candidates = [level for level, (_, coverage, _) in levels.items() if coverage >= needed]
 
-    def preference(level: Any) -> tuple:
+    def preference(level: CategoricalChoiceType) -> tuple:
         score, coverage, count = levels[level]
         return (-score, -coverage, -count, level != builtin, _sort_key(level))
 
@@ -109,7 +106,7 @@ def _choose(
     )
 
 
-def _sort_key(level: Any) -> tuple:
+def _sort_key(level: CategoricalChoiceType) -> tuple:
     return (
         (0, float(level), "")
         if isinstance(level, (int, float)) and not isinstance(level, bool)
@@ -119,7 +116,7 @@ def _sort_key(level: Any) -> tuple:
 
 def recommend_group(
     family: str, bucket: str, problems: Sequence[Problem]
-) -> tuple[dict[str, Any], list[RecommendedValue]]:
+) -> tuple[ConfigValues, list[RecommendedValue]]:
     """The rule on one (family, bucket) group: the chosen values and the evidence for each."""
     cls = config_class_for(family)
     builtin = {
@@ -133,7 +130,7 @@ def recommend_group(
     unconditional = [p for p in names if p not in CONDITIONAL]
     # parents first, so their children are decided under the chosen value
     order = sorted(unconditional, key=lambda p: (p not in {parent for parent, _ in CONDITIONAL.values()}, p))
-    values: dict[str, Any] = {}
+    values: ConfigValues = {}
     evidence: list[RecommendedValue] = []
     for param in order:
         chosen = _choose(param, problems, None, builtin.get(param))
@@ -161,7 +158,7 @@ def recommend_group(
 def derive_defaults(
     groups: Mapping[tuple[str, str], Sequence[Problem]], exclude_tasks: Sequence[str] = ()
 ) -> tuple[
-    dict[str, dict[str, dict[str, Any]]],
+    dict[str, dict[str, ConfigValues]],
     dict[tuple[str, str], list[RecommendedValue]],
     dict[tuple[str, str], list[Problem]],
 ]:
@@ -174,7 +171,7 @@ def derive_defaults(
     excluded = set(exclude_tasks)
     used = {key: [p for p in problems if p.task not in excluded] for key, problems in sorted(groups.items())}
     used = {key: problems for key, problems in used.items() if problems}
-    values: dict[str, dict[str, dict[str, Any]]] = {}
+    values: dict[str, dict[str, ConfigValues]] = {}
     evidence: dict[tuple[str, str], list[RecommendedValue]] = {}
     for (family, bucket), problems in used.items():
         chosen_values, chosen = recommend_group(family, bucket, problems)

@@ -1,21 +1,10 @@
 """The portfolio shipped with the package, written from a storage's stored cross-task matrix (maintainers only).
 
-``run --warm-start K`` takes its members from the storage's own portfolio, else
-from ``ilge_search/data/portfolio.json`` (schema and loader in
-:mod:`ilge_search.record.portfolio`). :func:`update_shipped_portfolio`
-(``ilge-search portfolio --update-shipped``) writes one family's and size
-bucket's entry of that file from the matrix a request names, as
-``ilge-search portfolio`` stored it, and trains nothing: every cell must be
-stored. The members are the warm-start order
-(:func:`~ilge_search.defaults.choice.warm_start_order`: the greedy portfolio,
-then the other candidates by mean normalised validation score) without the
-package's starting configuration (the built-in defaults merged with the
-shipped ``recommended_defaults.json``), which every new study already trains
-first; the first ``size`` of them. Ship the defaults first (``recommend
---update-shipped``), then this file, so that its members leave out the new
-start. The provenance says what they were chosen from (storage, problems,
-exclusions, seeds, how many the greedy step chose, the left-out checks when
-stored) and that they were chosen on validation scores.
+:func:`update_shipped_portfolio` (``ilge-search portfolio --update-shipped``) writes one family's and size bucket's
+entry of ``ilge_search/data/portfolio.json`` (schema in :mod:`ilge_search.record.portfolio`) from a stored, complete
+matrix and trains nothing. The members are the warm-start order (:func:`~ilge_search.defaults.choice.warm_start_order`)
+without the package's starting configuration, which every new study trains first, so ship the defaults (``recommend
+--update-shipped``) before this file. The provenance says what the members were chosen from, on validation scores.
 """
 
 from __future__ import annotations
@@ -28,7 +17,8 @@ from typing import Any
 from .._version import __version__
 from ..record import write_shipped_portfolio
 from .portfolio import PortfolioRequest, PortfolioResult, start_config_dict
-from .transfer import member_sources, read_stored
+from .problems import ConfigValues
+from .transfer import held_out_evidence, member_sources, read_stored
 
 __all__ = ["check_evidence", "shipped_entry", "shipped_start", "update_shipped_portfolio"]
 
@@ -36,22 +26,28 @@ _NO_CAP = 10**9  # an entry chosen without an epoch cap counts as more epochs th
 
 
 def _left_out(result: PortfolioResult) -> dict[str, Any]:
-    """The left-out checks' verdicts, per fold kind and method (empty when none are stored)."""
+    """The left-out checks' verdicts, per fold kind and method, with the interval of the mean difference over
+    the held-out problems (empty when none are stored)."""
     if result.held_out is None:
         return {}
-    return {
-        f"{kind}/{method}": {
+    out = {}
+    for (kind, method), verdict in sorted(result.held_out.verdicts.items()):
+        evidence = held_out_evidence(result.held_out, kind, method) if verdict["rows"] else None
+        if evidence is None:
+            continue
+        interval = evidence.comparison.interval
+        out[f"{kind}/{method}"] = {
             "problems": int(verdict["rows"]),
             "mean_difference": round(float(verdict["mean_difference"]), 4),
+            "interval": [round(interval.low, 4), round(interval.high, 4)],
+            "verdict": interval.verdict,
             "ahead": int(verdict["ahead"]),  # numpy integers, from numpy scores
             "behind": int(verdict["behind"]),
         }
-        for (kind, method), verdict in sorted(result.held_out.verdicts.items())
-        if verdict["rows"]
-    }
+    return out
 
 
-def shipped_start(family: str, bucket: str) -> dict[str, Any]:
+def shipped_start(family: str, bucket: str) -> ConfigValues:
     """The configuration a new study of ``family`` and ``bucket`` starts from with the package's own defaults
     (built-in values merged with the shipped defaults file; a user's file plays no part in what is shipped)."""
     from ..tuning import load_recommended_defaults

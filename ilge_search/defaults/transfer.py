@@ -1,24 +1,11 @@
-"""Checked on what it never saw: the matrix's choices on left-out tasks and models.
+"""Checked on what it never saw: the matrix's choices on left-out tasks and models (``docs/transfer.md``).
 
-For each *fold* (leave one task out: the problems of one task held out; leave
-one model out: those of one model, when the matrix has two models or more),
-everything is chosen again without the held-out problems, on validation only:
-
-- the candidates are the built-in defaults and the top trials of the other
-  problems (a candidate that came only from a held-out problem's trials, or
-  the marginal rule over every problem, saw the held-out problems and is left out);
-- the *portfolio default* is the best mean normalised validation score over
-  the other problems, the portfolio of ``size`` is greedy over them;
-- the *marginal* defaults are the rule's over the other problems; their cells on
-  the held-out problems are trained like every other cell (same seeds).
-
-On each held-out problem the test scores of four configurations are compared,
-mean over the same seeds: the built-in defaults, the fold's marginal
-defaults, the fold's portfolio default, and the portfolio member with the best
-validation score on that problem (what a search warm-started with the
-portfolio would keep after its first members). Differences are against the
-built-in defaults, in score units (accuracy %, Spearman x 100), in the
-direction of improvement. Test scores choose nothing.
+For each *fold* (the problems of one task, or of one model when the matrix has two or more, held out),
+the candidates, the portfolio default, the greedy portfolio and the marginal defaults are chosen again
+on the other problems' validation scores, leaving out every candidate that saw a held-out problem. On
+each held-out problem the test scores of the built-in defaults, the fold's marginal defaults, its
+portfolio default and the member best on that problem's validation are compared, as differences against
+the built-in defaults in score units, in the direction of improvement. Test scores choose nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +21,7 @@ from ..storage import hide_password, open_storage
 from ..tasks.scores import score_unit
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, warm_start_order
+from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
 from .portfolio import (
     BUILTIN,
     MARGINAL,
@@ -53,7 +41,7 @@ from .portfolio import (
     stored_scores,
     train_cells,
 )
-from .problems import Problem
+from .problems import ConfigValues, Problem
 
 __all__ = [
     "METHODS",
@@ -66,6 +54,9 @@ __all__ = [
     "left_out_orders",
     "copy_portfolio",
     "shipping_verdict",
+    "trained_setting",
+    "held_out_evidence",
+    "LEFT_OUT_CHECKS",
     "portfolio",
     "read_stored",
     "stored_portfolio",
@@ -112,8 +103,7 @@ def _marginal_config(request: PortfolioRequest, rule_problems: Sequence[Problem]
 def held_out_cells(
     request: PortfolioRequest, rule_problems: Sequence[Problem], result: PortfolioResult
 ) -> list[PlannedCell]:
-    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out
-    problems."""
+    """The cells the left-out checks need beyond the matrix: each fold's marginal defaults on its held-out problems."""
     cells: list[PlannedCell] = []
     for fold in folds(result):
         config = _marginal_config(request, rule_problems, result, fold)
@@ -224,28 +214,49 @@ def held_out_check(
     return HeldOut(rows=rows, verdicts=_verdicts(rows), seeds=request.seed_list)
 
 
-def _capped(request: PortfolioRequest, config: dict[str, Any], result: PortfolioResult, p: int) -> dict[str, Any]:
+def _capped(request: PortfolioRequest, config: ConfigValues, result: PortfolioResult, p: int) -> ConfigValues:
     from .portfolio import cell_config
 
     return dict(cell_config(request.family, config, result.problems[p], request.max_epochs).to_dict())
 
 
-def shipping_verdict(held_out: HeldOut, method: str = "portfolio_default", *, note: str = "") -> tuple[bool, str]:
-    """Whether ``method`` may be shipped: on every fold kind, mean ahead of the built-in defaults and ahead on
-    more left-out problems than behind; and the sentence that says so (``note`` first in its parentheses)."""
-    parts, wins = [], []
-    for (kind, name), verdict in sorted(held_out.verdicts.items()):
-        if name != method or not verdict["rows"]:
-            continue
-        win = verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
-        wins.append(win)
-        parts.append(
-            f"leave one {kind} out: {verdict['mean_difference']:+.2f} points, ahead on {verdict['ahead']}, "
-            f"behind on {verdict['behind']} of {verdict['rows']}"
-        )
-    ok = bool(wins) and all(wins)
-    reasons = ([note] if note else []) + (parts or ["no left-out rows"])
+LEFT_OUT_CHECKS = ("task", "model")  # the shipping rule needs both
+
+
+def held_out_evidence(held_out: HeldOut, kind: str, method: str) -> LeftOutEvidence | None:
+    """``method`` against the built-in defaults over the held-out problems of the ``kind`` folds: the mean
+    difference with its bootstrap interval and tests (``None``: no such rows)."""
+    rows = [r for r in held_out.rows if r["fold"] == kind]
+    diffs = [r[f"{method}_diff"] for r in rows if not math.isnan(r[f"{method}_diff"])]
+    return left_out_evidence(kind, diffs) if diffs else None
+
+
+def shipping_verdict(
+    held_out: HeldOut | None, method: str = "portfolio_default", *, note: str = "", setting: str = ""
+) -> tuple[bool, str]:
+    """Whether ``method`` may be shipped, and the sentence that says so (``note`` first in its parentheses).
+
+    The rule (:mod:`ilge_search.defaults.evidence`): in both left-out checks (leave one task out, leave
+    one model out) the bootstrap interval of the mean difference over the held-out problems against the
+    built-in defaults lies above 0, and the cells were trained in the setting that ships (``setting``:
+    why not, from :func:`~ilge_search.defaults.evidence.setting_gap`; empty when they were).
+    """
+    found = [held_out_evidence(held_out, kind, method) for kind in LEFT_OUT_CHECKS] if held_out else []
+    evidence = [e for e in found if e is not None]
+    checked = {e.kind for e in evidence}
+    ok = checked == set(LEFT_OUT_CHECKS) and all(e.passes for e in evidence) and not setting
+    missing = [f"no leave-one-{kind}-out rows" for kind in LEFT_OUT_CHECKS if kind not in checked]
+    reasons = [r for r in (note, setting) if r] + [e.text() for e in evidence] + missing
     return ok, ("shipped" if ok else "built-in kept") + f" ({'; '.join(reasons)})"
+
+
+def trained_setting(result: PortfolioResult, values: dict[str, Any]) -> str:
+    """Why the matrix's cells of ``values`` (search-space values) were not trained as they ship (empty: they
+    were): each problem's cell is capped at the request's, else its study's, epochs."""
+
+    shipped_epochs = int(start_config_dict(result.request.family, values)["epochs"])
+    cap = result.request.max_epochs
+    return setting_gap([cap if cap is not None else p.max_epochs for p in result.problems], shipped_epochs)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -316,8 +327,7 @@ def _release_dead_claims(storage_url: str, request: PortfolioRequest) -> None:
 
 
 def _check_has_folds(result: PortfolioResult) -> None:
-    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is
-    empty)."""
+    """``--check`` needs something to leave out: problems of two tasks, or of two models (else its table is empty)."""
     if folds(result):
         return
     shown = ", ".join(f"{p.model}/{p.task}" for p in result.problems)
@@ -372,10 +382,9 @@ def _order_entry(result: PortfolioResult, order: Sequence[int], problems: Sequen
 
 
 def left_out_orders(result: PortfolioResult) -> dict[str, dict[str, Any]]:
-    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task
-    out, on validation): its candidates are the built-in defaults and the
-    other problems' top trials (not the marginal rule, which voted with the task's trials). A task whose fold
-    has no complete candidate, or no other problem, gets none."""
+    """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task out, on
+    validation): its candidates are the built-in defaults and the other problems' top trials (not the marginal rule,
+    which voted with the task's trials). A task whose fold has no complete candidate, or no other problem, gets none."""
     import numpy as np
 
     orders: dict[str, dict[str, Any]] = {}
@@ -522,8 +531,8 @@ def stored_portfolios(
 
 
 def portfolio_defaults(
-    storage_url: str, values: dict[str, dict[str, dict[str, Any]]], update_shipped: bool
-) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    storage_url: str, values: dict[str, dict[str, ConfigValues]], update_shipped: bool
+) -> tuple[dict[str, dict[str, ConfigValues]], dict[str, str]]:
     """``recommend --method portfolio``: each group of ``values`` replaced by its stored portfolio default (as
     search-space values); with ``update_shipped`` only the groups whose default won its left-out checks.
 
@@ -532,7 +541,7 @@ def portfolio_defaults(
     """
     from ..study.trial import config_params
 
-    chosen: dict[str, dict[str, dict[str, Any]]] = {}
+    chosen: dict[str, dict[str, ConfigValues]] = {}
     shipping: dict[str, str] = {}
     for family, buckets in values.items():
         for bucket in buckets:
@@ -545,7 +554,9 @@ def portfolio_defaults(
             default = config_params(family, result.candidates[result.default].config)
             chose_builtin = result.candidates[result.default].name == BUILTIN  # nothing new: say so, not only +0.00
             ship, why = shipping_verdict(
-                result.held_out, note="the matrix's default is the built-in defaults" if chose_builtin else ""
+                result.held_out,
+                note="the matrix's default is the built-in defaults" if chose_builtin else "",
+                setting=trained_setting(result, default),
             )
             shipping[f"{family}/{bucket}"] = why
             if ship or not update_shipped:

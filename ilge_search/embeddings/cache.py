@@ -1,20 +1,11 @@
 """The one embedding cache: pooled layer embeddings stored once per model, task and split.
 
-An entry is keyed, Hugging Face datasets style, by a sha256 over the non-default fields
-plus :data:`FORMAT_VERSION`: the model's weights identity, task, split, the split's data
-fingerprint, pooling, max_length and storage dtype. Each entry is one safetensors file
-(``features`` and ``labels``) that the extraction writes into through a memmap, batch by
-batch, plus a JSON record holding the file's size and sha256.
-
-Safety: the file is written under a temporary name and renamed into place, and the JSON
-record (the commit marker) is written last, the same way. A per-entry file lock makes a
-second process wait for the first and then read its result instead of extracting again.
-An entry whose size, header or checksum is wrong is reported with a warning and rebuilt.
-Before a miss is extracted, the folders must take files and the disk must hold the whole
-entry (its size is known from the model's config), and the file is allocated in full
-before the model loads; a read-only or full disk is one :class:`~ilge_search.files.DiskError`
-line and leaves no temporary file. Temporary names carry their writer's pid and host;
-opening the cache removes those of writers that died on this host.
+A sequence entry's key (:meth:`~ilge_search.embeddings.store.EntryStore.key`) covers the model's weights
+identity, task, split, the split's data fingerprint, pooling, max_length and storage dtype. Its file
+(``features`` and ``labels``) is written through a memmap, batch by batch, under the protocol of
+:mod:`ilge_search.embeddings.store`: allocated in full before the model loads (a read-only or full disk is
+one :class:`~ilge_search.files.DiskError` line and leaves no temporary file), committed atomically, and
+extracted once under a per-entry lock.
 
 Layout under the cache dir::
 
@@ -28,36 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
-import struct
-import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
 from .._version import __version__
-from ..files import (
-    check_free_space,
-    check_writable,
-    disk_error,
-    lock_is_held,
-    preallocate,
-    remove_stale_temp_files,
-    temp_name,
-)
-from ..settings import resolve_cache_dir
+from ..tasks.columns import TaskColumns
 from ..tasks.core import TaskData, TaskError, load_task
 from ..validation import check_int
-from .extraction import POOLINGS, LayerEmbedder
-from .models import ModelSource, cache_writes_allowed, resolve_device, resolve_model
+from .entry_file import STORAGE_DTYPES, CacheCorruptError, EntryRecord, parse_safetensors, storable
+from .extraction import POOLINGS, LayerEmbedder, check_texts
+from .models import ModelSource, resolve_device, resolve_model
+from .store import FORMAT_VERSION, CacheEntry, EntryLayout, EntryStore
 
 __all__ = [
     "FORMAT_VERSION",
@@ -74,38 +52,9 @@ __all__ = [
     "texts_fingerprint",
 ]
 
-FORMAT_VERSION = 1
 PathLike = str | os.PathLike
-
-# storage dtype -> (safetensors dtype, numpy dtype the memmap is written with, torch dtype)
-STORAGE_DTYPES: dict[str, tuple[str, Any, torch.dtype]] = {
-    "float16": ("F16", np.float16, torch.float16),
-    "bfloat16": ("BF16", np.uint16, torch.bfloat16),  # numpy has no bfloat16: write the raw bits
-    "float32": ("F32", np.float32, torch.float32),
-}
-# Key fields left out of the hash when they hold these values, so adding a field later
-# does not change the keys of existing entries.
-_KEY_DEFAULTS = {"pooling": "mean", "max_length": 512, "storage_dtype": "float16"}
 _TEXTS_TASK = "<texts>"
-_KEY_HEX_DIGITS = 24
-
-# path -> (size, mtime_ns, sha256) of files whose checksum this process already verified
-_VERIFIED: dict[str, tuple[int, int, str]] = {}
-_META_RESERVE = 64 * 1024  # room kept free for an entry's JSON record
-_FIX_SPACE = "free some space, or pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a folder on a disk with room"
-_FIX_WRITABLE = "pass --cache-dir (or set $ILGE_SEARCH_CACHE) to a writable folder"
-
-
-class CacheCorruptError(RuntimeError):
-    """A cache entry failed its size, header or checksum check."""
-
-
-class _Entry(Protocol):
-    hit: bool
-    seconds: float
-
-
-EntryT = TypeVar("EntryT", bound=_Entry)
+_USUAL_COLUMNS = TaskColumns()  # every column option left to load_task
 
 
 @dataclass
@@ -126,7 +75,7 @@ class CachedEmbeddings:
     features: torch.Tensor
     labels: torch.Tensor
     label_names: list[str]
-    meta: dict[str, Any]
+    meta: EntryRecord
     key: str
     path: Path
     hit: bool = False
@@ -141,36 +90,37 @@ class CachedEmbeddings:
         return int(self.features.shape[-1])
 
 
-@dataclass
-class CacheEntry:
-    """One row of :meth:`EmbeddingCache.ls`."""
-
-    key: str
-    model: str
-    task: str
-    split: str
-    shape: tuple
-    size_bytes: int
-    created: str
-    path: Path
-    meta: dict[str, Any] = field(default_factory=dict)
-    damage: str | None = None  # why the entry cannot be read (missing or truncated data file), else None
+E = TypeVar("E", bound=CachedEmbeddings)
 
 
 @dataclass
-class TaskEmbeddings:
+class TaskEmbeddings(Generic[E]):
     """Every requested split of one task for one model (see :func:`load_task_embeddings`)."""
 
     task: TaskData
-    splits: dict[str, CachedEmbeddings]
+    splits: dict[str, E]
     num_layers: int
     hidden_size: int
     label_names: list[str]
     cache_keys: dict[str, str]
     model: str = ""
 
-    def __getitem__(self, split: str) -> CachedEmbeddings:
+    def __getitem__(self, split: str) -> E:
         return self.splits[split]
+
+    @classmethod
+    def gather(
+        cls, task: TaskData, splits: Sequence[str] | None, source: ModelSource, entry: Callable[[str], E]
+    ) -> TaskEmbeddings[E]:
+        """``entry(split)`` of each of ``splits`` (default: all of the task's), unknown splits refused first."""
+        wanted = list(splits) if splits else list(task.splits)
+        unknown = [split for split in wanted if split not in task.splits]
+        if unknown:
+            raise TaskError(f"task {task.name!r} has no split(s) {unknown}; it has {list(task.splits)}")
+        got = {split: entry(split) for split in wanted}
+        first = next(iter(got.values()))
+        keys = {split: found.key for split, found in got.items()}
+        return cls(task, got, first.num_layers, first.hidden_size, list(task.label_names), keys, source.name)
 
 
 def texts_fingerprint(texts: Sequence[str]) -> str:
@@ -181,15 +131,6 @@ def texts_fingerprint(texts: Sequence[str]) -> str:
             raise TypeError(f"texts must be strings, got {type(text).__name__}")
         digest.update(text.encode("utf-8"))
         digest.update(b"\x00")
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in blocks (memory stays flat in its size)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
     return digest.hexdigest()
 
 
@@ -215,99 +156,22 @@ class ExtractionSettings:
 
 
 @dataclass(frozen=True)
-class TaskColumns:
-    """Which columns of a local task file hold the texts, labels or scores (``None``: ``load_task`` finds)."""
+class TextJob:
+    """The texts of one sequence entry (pairs interleaved), their labels (or None) and whether to show progress."""
 
-    text_col: str | None = None
-    label_col: str | None = None
-    text_cols: Sequence[str] | None = None
-    score_col: str | None = None
-
-
-def safetensors_header(tensors: list[tuple[str, str, tuple, int]], metadata: dict[str, str]) -> bytes:
-    """The safetensors header for ``(name, dtype, shape, nbytes)`` laid out in order (data
-    starts right after it, 8-byte aligned)."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name, dtype, shape, nbytes in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * ((-(8 + len(raw))) % 8)
-    return struct.pack("<Q", len(raw)) + raw
+    texts: list[str]
+    pairs: bool
+    labels: np.ndarray | None
+    progress: bool
 
 
-def storable(pooled: torch.Tensor, storage_dtype: str) -> np.ndarray:
-    """Pooled float32 vectors as the array a cache file of ``storage_dtype`` holds (bfloat16 as raw bits);
-    values that overflow the storage dtype are refused with what to do."""
-    torch_dtype = STORAGE_DTYPES[storage_dtype][2]
-    stored = pooled.to(torch_dtype)
-    if not bool(torch.isfinite(stored).all()):
-        raise ValueError(
-            f"the pooled embeddings are not finite after conversion to {storage_dtype} (values "
-            f"up to {pooled.abs().max().item():.3g}); use storage_dtype='float32' or 'bfloat16'"
-        )
-    if torch_dtype == torch.bfloat16:
-        stored = stored.view(torch.uint16)
-    return stored.numpy()
-
-
-_NP_FROM_SAFETENSORS = {
-    "F16": (np.float16, None),
-    "F32": (np.float32, None),
-    "I64": (np.int64, None),
-    "BF16": (np.uint16, torch.bfloat16),
-}
-
-
-def _parse_safetensors(buffer: bytearray, name: str) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file held in ``buffer``; raises CacheCorruptError on a bad header."""
-    try:
-        (header_size,) = struct.unpack("<Q", bytes(buffer[:8]))
-        if header_size > len(buffer) - 8:
-            raise ValueError(f"header size {header_size} exceeds the file")
-        header = json.loads(bytes(buffer[8 : 8 + header_size]))
-        start = 8 + header_size
-        tensors: dict[str, torch.Tensor] = {}
-        end = start
-        for tensor_name, info in header.items():
-            if tensor_name == "__metadata__":
-                continue
-            np_dtype, view_as = _NP_FROM_SAFETENSORS[info["dtype"]]
-            begin, stop = (start + int(offset) for offset in info["data_offsets"])
-            shape = tuple(int(d) for d in info["shape"])
-            if stop - begin != int(np.prod(shape)) * np.dtype(np_dtype).itemsize or stop > len(buffer):
-                raise ValueError(f"tensor {tensor_name!r} does not fit its offsets")
-            array = np.frombuffer(buffer, dtype=np_dtype, count=int(np.prod(shape)), offset=begin).reshape(shape)
-            if begin % np.dtype(np_dtype).itemsize:
-                array = array.copy()  # unaligned (only the small labels tensor can be)
-            tensor = torch.from_numpy(array)
-            tensors[tensor_name] = tensor.view(view_as) if view_as is not None else tensor
-            end = max(end, stop)
-        if end != len(buffer):
-            raise ValueError(f"{len(buffer) - end} unexpected trailing bytes")
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CacheCorruptError(f"{name} has a bad safetensors header or body ({exc})") from exc
-    return tensors
-
-
-class EmbeddingCache:
-    """Embedding cache rooted at ``cache_dir`` (default ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
-
-    A model is loaded only when an entry is missing; it stays loaded for further misses
-    (other splits) until :meth:`unload`. Use as a context manager to unload on exit.
-
-    Args:
-        cache_dir: the cache root.
-        verify: check each entry's sha256 on its first load in this process (size and
-            header are always checked).
-    """
+class EmbeddingCache(EntryStore):
+    """The embedding cache (``cache_dir`` and ``verify`` as :class:`~ilge_search.embeddings.store.EntryStore`
+    takes them). A model is loaded only when an entry is missing; it stays loaded for further misses (other
+    splits) until :meth:`unload`. Use as a context manager to unload on exit."""
 
     def __init__(self, cache_dir: PathLike | None = None, *, verify: bool = True) -> None:
-        self.cache_dir = resolve_cache_dir(cache_dir)
-        self.verify = verify
-        if cache_writes_allowed():  # checks and dry runs leave even dead writers' leftovers to the next run
-            self._remove_stale_temp_files()
+        super().__init__(cache_dir, verify=verify)
         self._embedders: dict[tuple, LayerEmbedder] = {}
         self._sources: dict[str, ModelSource] = {}
 
@@ -317,53 +181,21 @@ class EmbeddingCache:
     def __enter__(self) -> EmbeddingCache:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.unload()
 
-    @property
-    def embeddings_dir(self) -> Path:
-        return self.cache_dir / "embeddings"
-
-    def entry_paths(self, key: str) -> tuple[Path, Path, Path]:
-        """The entry's data file, its JSON record (written last: the commit marker) and its lock file."""
-        return (
-            self.embeddings_dir / f"{key}.safetensors",
-            self.embeddings_dir / f"{key}.json",
-            self.cache_dir / "locks" / f"{key}.lock",
+    def sequence_key(self, model_identity: str, where: tuple[str, str, str], settings: ExtractionSettings) -> str:
+        """The key of the sequence entry of ``where`` = (task, split, fingerprint)."""
+        task, split, fingerprint = where
+        return self.key(
+            model_identity=model_identity,
+            task=task,
+            split=split,
+            fingerprint=fingerprint,
+            pooling=settings.pooling,
+            max_length=settings.max_length,
+            storage_dtype=settings.storage_dtype,
         )
-
-    # -- keys ---------------------------------------------------------------------------
-
-    def key(
-        self,
-        *,
-        model_identity: str,
-        task: str,
-        split: str,
-        fingerprint: str,
-        pooling: str = "mean",
-        max_length: int = 512,
-        storage_dtype: str = "float16",
-        extra: Mapping[str, Any] | None = None,
-    ) -> str:
-        """sha256 (first 24 hex digits) over FORMAT_VERSION and the non-default fields; ``extra`` adds
-        fields of other kinds of entry (word entries: their layout and word pooling)."""
-        fields: dict[str, Any] = {
-            "format_version": FORMAT_VERSION,
-            "model": model_identity,
-            "task": task,
-            "split": split,
-            "fingerprint": fingerprint,
-        }
-        for name, value in (("pooling", pooling), ("max_length", max_length), ("storage_dtype", storage_dtype)):
-            if value != _KEY_DEFAULTS[name]:
-                fields[name] = value
-        clash = set(extra or {}) & (set(fields) | set(_KEY_DEFAULTS))
-        if clash:
-            raise ValueError(f"extra key fields {sorted(clash)} would replace the standard ones")
-        fields.update(extra or {})
-        # json.dumps raises on anything it cannot encode: a failed hash never becomes a random key.
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:_KEY_HEX_DIGITS]
 
     def resolve(self, model: str | PathLike | ModelSource) -> ModelSource:
         """The model's source and weights identity (memoised; never loads or converts weights)."""
@@ -373,43 +205,6 @@ class EmbeddingCache:
         if name not in self._sources:
             self._sources[name] = resolve_model(name, self.cache_dir, materialize=False)
         return self._sources[name]
-
-    # -- reading ------------------------------------------------------------------------
-
-    def committed_record(self, key: str) -> tuple[dict[str, Any], os.stat_result] | None:
-        """The entry's JSON record and its data file's stat, None if the entry is not committed;
-        raises CacheCorruptError if the record is unreadable or the file is missing or of the wrong size."""
-        data_path, meta_path, _ = self.entry_paths(key)
-        if not meta_path.is_file():
-            return None
-        try:
-            meta = json.loads(meta_path.read_text())
-            expected_size = int(meta["file_size"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CacheCorruptError(f"unreadable metadata {meta_path.name} ({exc})") from exc
-        try:
-            stat = data_path.stat()
-        except FileNotFoundError as exc:
-            raise CacheCorruptError(f"{data_path.name} is missing") from exc
-        if stat.st_size != expected_size:
-            raise CacheCorruptError(
-                f"{data_path.name} has {stat.st_size} bytes, expected {expected_size} (truncated or overwritten)"
-            )
-        return meta, stat
-
-    def verify_file(self, path: Path, meta: Mapping[str, Any], stat: os.stat_result, data: Any = None) -> None:
-        """With ``verify``, check the file's sha256 against its record once per process (until the file
-        changes); ``data``: its bytes, if already in memory, else it is read in blocks."""
-        stamp = (stat.st_size, stat.st_mtime_ns, str(meta.get("file_sha256")))
-        if not self.verify or _VERIFIED.get(str(path)) == stamp:
-            return
-        actual = hashlib.sha256(data).hexdigest() if data is not None else file_sha256(path)
-        if actual != meta.get("file_sha256"):
-            raise CacheCorruptError(
-                f"{path.name} fails its checksum (sha256 {actual[:12]}..., "
-                f"expected {str(meta.get('file_sha256'))[:12]}...)"
-            )
-        _VERIFIED[str(path)] = stamp
 
     def _read(self, key: str) -> CachedEmbeddings | None:
         """The committed entry, None if there is none; raises CacheCorruptError if it is damaged."""
@@ -426,7 +221,7 @@ class EmbeddingCache:
             if handle.readinto(buffer) != expected_size:
                 raise CacheCorruptError(f"{data_path.name} changed size while being read")
         self.verify_file(data_path, meta, stat, buffer)
-        tensors = _parse_safetensors(buffer, data_path.name)
+        tensors = parse_safetensors(buffer, data_path.name)
         features = tensors.get("features")
         if features is None or list(features.shape) != list(meta.get("shape", [])):
             raise CacheCorruptError(
@@ -444,24 +239,6 @@ class EmbeddingCache:
             hit=True,
         )
 
-    @staticmethod
-    def _read_or_discard(key: str, read: Callable[[str], EntryT | None], announce: bool) -> EntryT | None:
-        """``read``, but a damaged entry gives None (with a warning if ``announce``)."""
-        try:
-            return read(key)
-        except CacheCorruptError as exc:
-            if announce:
-                warnings.warn(f"embedding cache entry {key} is corrupt: {exc}; rebuilding it", stacklevel=4)
-            return None
-
-    def _remove_files(self, key: str) -> None:
-        data_path, meta_path, _ = self.entry_paths(key)
-        for path in (meta_path, data_path):  # metadata first: the entry stops being committed
-            path.unlink(missing_ok=True)
-        _VERIFIED.pop(str(data_path), None)
-
-    # -- writing ------------------------------------------------------------------------
-
     def embedder(
         self, source: ModelSource, pooling: str, max_length: int, batch_size: int, device: str
     ) -> LayerEmbedder:
@@ -477,164 +254,24 @@ class EmbeddingCache:
             )
         return self._embedders[slot]
 
-    def _check_writable(self) -> None:
-        """Before a miss is extracted: the cache folders take files, and temporary files of
-        writers that died on this host are removed (they may hold the space this entry needs)."""
-        for folder in (self.embeddings_dir, self.cache_dir / "locks"):
-            check_writable(folder, "the embedding cache folder", _FIX_WRITABLE)
-        self._remove_stale_temp_files()
-
-    def _remove_stale_temp_files(self) -> None:
-        """Temporary files of extractions killed on this host: their pid is gone and nobody
-        holds their entry's lock (the writer holds it while writing)."""
-        remove_stale_temp_files(
-            self.embeddings_dir, lambda path: lock_is_held(self.entry_paths(path.name[1:].split(".", 1)[0])[2])
-        )
-
-    @contextmanager
-    def disk_errors(self, key: str, size: int) -> Iterator[None]:
-        """A full or read-only disk met while writing becomes one line (a DiskError)."""
-        try:
-            yield
-        except OSError as exc:
-            error = disk_error(exc, self.embeddings_dir, f"embedding cache entry {key} ({size:,} bytes)", _FIX_SPACE)
-            if error is None:
-                raise
-            raise error from exc
-
-    @contextmanager
-    def new_entry_file(self, key: str, header: bytes, size: int) -> Iterator[Path]:
-        """A temporary file of ``size`` bytes that starts with ``header``, allocated in full before
-        anything is extracted (a full disk fails here, as one line, never later inside a memmap write);
-        removed on the way out unless :meth:`commit_entry` moved it into place."""
-        check_free_space(self.embeddings_dir, size + _META_RESERVE, f"embedding cache entry {key}", _FIX_SPACE)
-        tmp = temp_name(self.entry_paths(key)[0])
-        try:
-            with self.disk_errors(key, size), open(tmp, "wb") as handle:
-                handle.write(header)
-                preallocate(handle, size)
-            yield tmp
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def commit_entry(self, key: str, tmp: Path, meta: dict[str, Any]) -> None:
-        """Record the written file's size, checksum and time in ``meta``, then rename file and record into
-        place, the record (the commit marker) last."""
-        data_path, meta_path, _ = self.entry_paths(key)
-        meta_tmp = temp_name(meta_path)
-        meta.update(
-            file_size=tmp.stat().st_size,
-            file_sha256=file_sha256(tmp),
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        )
-        try:
-            meta_tmp.write_text(json.dumps(meta, indent=1))  # written before anything is renamed into place
-            meta_path.unlink(missing_ok=True)
-            os.replace(tmp, data_path)
-            os.replace(meta_tmp, meta_path)
-        finally:
-            meta_tmp.unlink(missing_ok=True)
-
-    def _extract_and_write(
-        self,
-        key: str,
-        embedder: LayerEmbedder,
-        texts: list[str],
-        pairs: bool,
-        labels: np.ndarray | None,
-        storage_dtype: str,
-        meta: dict[str, Any],
-        progress: bool,
+    def _extract_texts(
+        self, key: str, embedder: LayerEmbedder, texts: TextJob, storage_dtype: str, meta: EntryRecord
     ) -> None:
-        """Stream pooled batches into a memmapped safetensors file, then commit it atomically.
-
-        The file's size is known from the model's config, so free space is checked and the
-        whole file allocated before the model loads.
-        """
-        st_dtype, np_dtype, _torch_dtype = STORAGE_DTYPES[storage_dtype]
+        """One sequence entry: each text's pooled layers; pairs: row 2i+s is sentence s of pair i."""
         num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
-        n_rows = len(texts) // 2 if pairs else len(texts)
-        shape = (n_rows, 2, num_layers, hidden) if pairs else (n_rows, num_layers, hidden)
-        feature_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-        tensors = [("features", st_dtype, shape, feature_bytes)]
-        if labels is not None:
-            tensors.append(("labels", "I64" if labels.dtype == np.int64 else "F32", labels.shape, labels.nbytes))
-        header = safetensors_header(tensors, {"format": "pt", "key": key})
-        start, size = len(header), len(header) + sum(t[3] for t in tensors)
-        with self.new_entry_file(key, header, size) as tmp:
-            embedder.load()
-            started = time.perf_counter()
-            with self.disk_errors(key, size):
-                features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=start, shape=shape)
-                rows = features.reshape(len(texts), num_layers, hidden)  # pairs: row 2i+s is sentence s of pair i
-                for indices, pooled in embedder.iter_pooled_batches(texts, progress=progress):
-                    rows[indices] = storable(pooled, storage_dtype)
-                features.flush()
-                del rows, features
-                with open(tmp, "r+b") as handle:
-                    if labels is not None:
-                        handle.seek(start + feature_bytes)
-                        handle.write(np.ascontiguousarray(labels).tobytes())
-                        handle.flush()
-                    os.fsync(handle.fileno())
-                seconds = time.perf_counter() - started
-                meta.update(
-                    shape=list(shape),
-                    num_layers=num_layers,
-                    hidden_size=hidden,
-                    num_examples=n_rows,
-                    effective_max_length=embedder.effective_max_length,
-                    extract_seconds=round(seconds, 3),
-                    texts_per_second=round(len(texts) / max(seconds, 1e-9), 2),
-                )
-                self.commit_entry(key, tmp, meta)
+        n_rows = len(texts.texts) // 2 if texts.pairs else len(texts.texts)
+        shape = (n_rows, 2, num_layers, hidden) if texts.pairs else (n_rows, num_layers, hidden)
 
-    def get_or_build(
-        self, key: str, read: Callable[[str], EntryT | None], build: Callable[[], None], progress: bool = True
-    ) -> EntryT:
-        """Entry ``key`` as ``read`` gives it, or, when it is missing or damaged, built once by ``build``
-        under the entry's file lock; a second process waits on the lock, then reads what the first wrote.
+        def fill(features: np.memmap) -> None:
+            rows = features.reshape(len(texts.texts), num_layers, hidden)
+            for indices, pooled in embedder.iter_pooled_batches(texts.texts, progress=texts.progress):
+                rows[indices] = storable(pooled, storage_dtype)
 
-        ``read`` returns None for a missing entry and raises CacheCorruptError for a damaged one (which
-        is rebuilt, with a warning). The result's ``hit`` says whether it was read, ``seconds`` how long
-        this call took.
-        """
-        from filelock import FileLock, Timeout
+        def describe(seconds: float, size: int) -> dict[str, object]:
+            return {"num_examples": n_rows, "texts_per_second": round(len(texts.texts) / max(seconds, 1e-9), 2)}
 
-        started = time.perf_counter()
-        damaged = False
-        try:
-            found = read(key)
-        except CacheCorruptError as exc:
-            warnings.warn(f"embedding cache entry {key} is corrupt: {exc}; rebuilding it", stacklevel=3)
-            found, damaged = None, True
-        if found is not None:
-            found.seconds = time.perf_counter() - started
-            return found
-        self._check_writable()
-        lock = FileLock(str(self.entry_paths(key)[2]))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            if progress:
-                from ..progress import note
-
-                note(f"ilge-search: waiting for another process that is extracting cache entry {key} ...")
-            lock.acquire()
-        try:
-            # Another process may have written (or repaired) the entry while we waited.
-            found = self._read_or_discard(key, read, announce=not damaged)
-            if found is None:
-                self._remove_files(key)
-                build()
-                found = read(key)
-                if found is None:
-                    raise CacheCorruptError(f"cache entry {key} vanished right after it was written; extract again")
-                found.hit = False
-        finally:
-            lock.release()
-        found.seconds = time.perf_counter() - started
-        return found
+        after = () if texts.labels is None else (("labels", texts.labels),)
+        self.write_entry(EntryLayout(key, shape, storage_dtype, after, describe), embedder, fill, meta)
 
     def entry_meta(
         self,
@@ -642,7 +279,7 @@ class EmbeddingCache:
         source: ModelSource,
         where: tuple[str, str, str],
         settings: ExtractionSettings,
-    ) -> dict[str, Any]:
+    ) -> EntryRecord:
         """The JSON record of a new entry for ``where`` = (task, split, fingerprint) before extraction: what it
         holds and which versions made it."""
         import transformers
@@ -669,12 +306,10 @@ class EmbeddingCache:
             },
         }
 
-    # -- public -------------------------------------------------------------------------
-
     def get_or_extract(
         self,
         model: str | PathLike | ModelSource,
-        task_data_or_name: Any,
+        task_data_or_name: PathLike | TaskData,
         split: str,
         *,
         pooling: str = "mean",
@@ -701,17 +336,9 @@ class EmbeddingCache:
             )
         part = task.split(split)
         source = self.resolve(model)
-        fingerprint = task.fingerprint(split)
-        key = self.key(
-            model_identity=source.identity,
-            task=task.name,
-            split=split,
-            fingerprint=fingerprint,
-            pooling=pooling,
-            max_length=max_length,
-            storage_dtype=storage_dtype,
-        )
-        meta = self.entry_meta(key, source, (task.name, split, fingerprint), settings)
+        where = (task.name, split, task.fingerprint(split))
+        key = self.sequence_key(source.identity, where, settings)
+        meta = self.entry_meta(key, source, where, settings)
         meta.update(
             kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(part.labels.dtype)
         )
@@ -720,7 +347,7 @@ class EmbeddingCache:
 
         def build() -> None:
             embedder = self.embedder(source, pooling, max_length, batch_size, device)
-            self._extract_and_write(key, embedder, part.flat_texts(), pairs, labels, storage_dtype, meta, progress)
+            self._extract_texts(key, embedder, TextJob(part.flat_texts(), pairs, labels, progress), storage_dtype, meta)
 
         return self.get_or_build(key, self._read, build, progress)
 
@@ -740,96 +367,18 @@ class EmbeddingCache:
         of the texts, so the same texts never go through the model twice."""
         settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
         settings.check()
-        if isinstance(texts, str):
-            raise TypeError("texts must be a list of strings, not one string")
-        texts = list(texts)
-        if not texts:
-            raise ValueError("texts is empty; pass at least one text")
-        empty = [i for i, text in enumerate(texts) if not isinstance(text, str) or not text.strip()]
-        if empty:
-            raise ValueError(f"{len(empty)} text(s) are empty or not strings, at positions {empty[:10]}")
+        texts = check_texts(texts)
         source = self.resolve(model)
-        fingerprint = texts_fingerprint(texts)
-        key = self.key(
-            model_identity=source.identity,
-            task=_TEXTS_TASK,
-            split="texts",
-            fingerprint=fingerprint,
-            pooling=pooling,
-            max_length=max_length,
-            storage_dtype=storage_dtype,
-        )
-        meta = self.entry_meta(key, source, (_TEXTS_TASK, "texts", fingerprint), settings)
+        where = (_TEXTS_TASK, "texts", texts_fingerprint(texts))
+        key = self.sequence_key(source.identity, where, settings)
+        meta = self.entry_meta(key, source, where, settings)
         meta.update(kind="texts", label_names=[])
 
         def build() -> None:
             embedder = self.embedder(source, pooling, max_length, batch_size, device)
-            self._extract_and_write(key, embedder, texts, False, None, storage_dtype, meta, progress)
+            self._extract_texts(key, embedder, TextJob(texts, False, None, progress), storage_dtype, meta)
 
         return self.get_or_build(key, self._read, build, progress).features
-
-    def ls(self) -> list[CacheEntry]:
-        """Committed entries, newest first."""
-        entries = []
-        for meta_path in self.embeddings_dir.glob("*.json") if self.embeddings_dir.is_dir() else []:
-            try:
-                meta = json.loads(meta_path.read_text())
-            except (OSError, ValueError):
-                continue
-            data_path = meta_path.with_suffix(".safetensors")
-            size = data_path.stat().st_size if data_path.is_file() else 0
-            try:  # the size check only: cheap enough for a listing; a run also verifies the checksum
-                self.committed_record(meta_path.stem)
-                damage = None
-            except CacheCorruptError as exc:
-                damage = str(exc)
-            entries.append(
-                CacheEntry(
-                    key=meta_path.stem,
-                    model=str(meta.get("model", "?")),
-                    task=str(meta.get("task", "?")),
-                    split=str(meta.get("split", "?")),
-                    shape=tuple(meta.get("shape", ())),
-                    size_bytes=size,
-                    created=str(meta.get("created", "")),
-                    path=data_path,
-                    meta=meta,
-                    damage=damage,
-                )
-            )
-        return sorted(entries, key=lambda entry: entry.created, reverse=True)
-
-    def rm(self, key_or_prefix: str | None = None, *, all: bool = False) -> list[str]:
-        """Remove one entry (full key or unique prefix) or, with ``all=True``, every entry and
-        leftover temporary file. Returns the removed keys. Converted models are kept."""
-        if all == (key_or_prefix is not None):
-            raise ValueError("pass a key (or a unique key prefix) or all=True, not both")
-        keys = (
-            sorted(
-                {p.name.split(".", 1)[0] for p in self.embeddings_dir.glob("*.safetensors")}
-                | {p.stem for p in self.embeddings_dir.glob("*.json")}
-            )
-            if self.embeddings_dir.is_dir()
-            else []
-        )
-        if all:
-            for key in keys:
-                self._remove_files(key)
-            for leftover in self.embeddings_dir.glob(".*.tmp-*") if self.embeddings_dir.is_dir() else []:
-                leftover.unlink(missing_ok=True)
-            return keys
-        matches = [key for key in keys if key.startswith(key_or_prefix or "")]
-        if not matches:
-            raise ValueError(
-                f"no cache entry matches {key_or_prefix!r} in {self.embeddings_dir}; see `ilge-search cache ls`"
-            )
-        if len(matches) > 1:
-            raise ValueError(
-                f"{key_or_prefix!r} matches {len(matches)} entries ({', '.join(matches[:5])}"
-                f"{' ...' if len(matches) > 5 else ''}); give more of the key"
-            )
-        self._remove_files(matches[0])
-        return matches
 
     def unload(self) -> None:
         """Release every model this cache loaded for extraction."""
@@ -840,7 +389,7 @@ class EmbeddingCache:
 
 def load_task_embeddings(
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     *,
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
@@ -860,36 +409,24 @@ def load_task_embeddings(
     settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
     settings.check()
     task_data = load_task(task, data_dir)
-    wanted = list(splits) if splits else list(task_data.splits)
-    unknown = [split for split in wanted if split not in task_data.splits]
-    if unknown:
-        raise TaskError(f"task {task_data.name!r} has no split(s) {unknown}; it has {list(task_data.splits)}")
+    options = dataclasses.asdict(settings)
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
-        got = {
-            split: cache.get_or_extract(source, task_data, split, progress=progress, **dataclasses.asdict(settings))
-            for split in wanted
-        }
-    first = next(iter(got.values()))
-    return TaskEmbeddings(
-        task=task_data,
-        splits=got,
-        num_layers=first.num_layers,
-        hidden_size=first.hidden_size,
-        label_names=list(task_data.label_names),
-        cache_keys={s: e.key for s, e in got.items()},
-        model=source.name,
-    )
+
+        def entry(split: str) -> CachedEmbeddings:
+            return cache.get_or_extract(source, task_data, split, progress=progress, **options)
+
+        return TaskEmbeddings.gather(task_data, splits, source, entry)
 
 
 def embed_task(
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     *,
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
     splits: Sequence[str] | None = None,
-    columns: TaskColumns = TaskColumns(),
+    columns: TaskColumns = _USUAL_COLUMNS,
     settings: ExtractionSettings = ExtractionSettings(),
     progress: bool = True,
 ) -> TaskEmbeddings:

@@ -1,16 +1,10 @@
 """The one extraction path: every hidden state of a frozen model, pooled over tokens or over words.
 
-Texts are tokenised once to get their lengths, sorted so that each batch needs
-little padding, run through the model under ``torch.inference_mode`` with
-``output_hidden_states=True``, and each batch is pooled at once to
-``(batch, num_layers, hidden)``: (N, L, T, D) is never held. Results come back in the
-original order. :meth:`LayerEmbedder.iter_pooled_batches` streams the pooled batches,
-so a writer (the embedding cache) needs memory for the output only.
-
-Sentences of words take the same path (:meth:`LayerEmbedder.iter_word_batches`): each is
-tokenised as its words joined by spaces, cut into windows if it is longer than
-``max_length`` pieces (:mod:`ilge_search.embeddings.words`), and every word's pieces are pooled to one
-``(num_layers, hidden)`` vector (its first piece, or their mean).
+Texts are sorted by length so that each batch needs little padding, run under ``torch.inference_mode``
+with ``output_hidden_states=True``, and each batch is pooled at once to ``(batch, num_layers, hidden)``
+((N, L, T, D) is never held); :meth:`LayerEmbedder.iter_pooled_batches` streams them in the original
+order. Sentences of words take the same path (:meth:`LayerEmbedder.iter_word_batches`, windows and
+word pooling of :mod:`ilge_search.embeddings.words`).
 """
 
 from __future__ import annotations
@@ -34,10 +28,18 @@ from .models import (
     resolve_device,
     resolve_dtype,
     resolve_model,
+    text_config,
 )
 from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, pool_window_words
 
-__all__ = ["POOLINGS", "WORD_POOLINGS", "LayerEmbedder", "pool_hidden_states", "extract_layer_embeddings"]
+__all__ = [
+    "POOLINGS",
+    "WORD_POOLINGS",
+    "LayerEmbedder",
+    "check_texts",
+    "extract_layer_embeddings",
+    "pool_hidden_states",
+]
 
 POOLINGS = ("mean", "last", "first", "mean_including_padding")
 PathLike = str | os.PathLike
@@ -88,11 +90,6 @@ def pool_hidden_states(
     return out
 
 
-def _text_config(config: Any) -> Any:
-    getter = getattr(config, "get_text_config", None)
-    return getter() if callable(getter) else config
-
-
 class LayerEmbedder:
     """Pooled embeddings of every layer of a frozen model; the model loads on first use.
 
@@ -117,7 +114,7 @@ class LayerEmbedder:
         max_length: int = 512,
         batch_size: int = 32,
         device: str = "auto",
-        dtype: Any = "auto",
+        dtype: str | torch.dtype = "auto",
         cache_dir: PathLike | None = None,
         padding_side: str | None = None,
     ) -> None:
@@ -167,7 +164,7 @@ class LayerEmbedder:
                 self._config = self._model.config
             else:
                 self._config = load_config(self.source, self.cache_dir)
-        return _text_config(self._config)
+        return text_config(self._config)
 
     @property
     def num_layers(self) -> int:
@@ -230,7 +227,7 @@ class LayerEmbedder:
 
         Batches come longest first (padding is minimal and any out-of-memory shows at once).
         """
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         self.load()
         lengths = self._token_lengths(texts)
         if (lengths == 0).any():
@@ -325,7 +322,7 @@ class LayerEmbedder:
 
     def embed(self, texts: Sequence[str], progress: bool = True) -> torch.Tensor:
         """(N, L, D) float32 embeddings, in the order of ``texts``."""
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         self.load()
         out = torch.empty(len(texts), self.num_layers, self.hidden_size, dtype=torch.float32)
         for indices, pooled in self.iter_pooled_batches(texts, progress=progress):
@@ -333,7 +330,8 @@ class LayerEmbedder:
         return out
 
 
-def _check_texts(texts: Sequence[str]) -> list[str]:
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list; one string, no texts, or texts empty or not strings are refused."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not one string")
     texts = list(texts)
@@ -356,21 +354,13 @@ def extract_layer_embeddings(
     max_length: int = 512,
     batch_size: int = 32,
     device: str = "auto",
-    dtype: Any = "auto",
+    dtype: str | torch.dtype = "auto",
     cache_dir: PathLike | None = None,
     progress: bool = True,
 ) -> torch.Tensor:
     """(N, L, D) float32 pooled embeddings of every layer, uncached (see :class:`EmbeddingCache`
     for the cached path)."""
-    embedder = LayerEmbedder(
-        model,
-        pooling=pooling,
-        max_length=max_length,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        cache_dir=cache_dir,
-    )
+    embedder = LayerEmbedder(model, pooling, max_length, batch_size, device, dtype, cache_dir)
     try:
         return embedder.embed(texts, progress=progress)
     finally:

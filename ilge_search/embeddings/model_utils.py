@@ -28,7 +28,7 @@ import os
 from typing import Any
 
 from ..validation import ArgumentTypeError
-from .models import MODEL_ALIASES, MODELS, known_model
+from .models import MODEL_ALIASES, MODELS, known_model, text_config
 
 __all__ = ["num_layers_for", "hidden_size_for", "layer_dims_for", "KNOWN_MODELS"]
 
@@ -37,11 +37,11 @@ KNOWN_MODELS: dict[str, tuple[int, int]] = {m.name: (m.num_hidden_layers, m.hidd
 
 
 def _dims_from_config(
-    config: Any, need: tuple[str, ...] = ("num_hidden_layers", "hidden_size")
+    config: object, need: tuple[str, ...] = ("num_hidden_layers", "hidden_size")
 ) -> tuple[int | None, int | None]:
     """``(num_hidden_layers, hidden_size)`` of a config; the fields in ``need`` must be integers."""
-    text_config = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
-    values = {name: getattr(text_config, name, None) for name in ("num_hidden_layers", "hidden_size")}
+    text = text_config(config)
+    values = {name: getattr(text, name, None) for name in ("num_hidden_layers", "hidden_size")}
     for name in need:
         value = values[name]
         if isinstance(value, bool) or not isinstance(value, int):
@@ -52,20 +52,18 @@ def _dims_from_config(
     return values["num_hidden_layers"], values["hidden_size"]
 
 
-def _config_like(model: Any) -> Any:
+def _config_like(model: object) -> object | None:
     """``model`` itself or its ``.config`` when it has ``num_hidden_layers`` or ``hidden_size``, else ``None``."""
     for candidate in (model, getattr(model, "config", None)):
         if candidate is None:
             continue
-        text_config = (
-            candidate.get_text_config() if callable(getattr(candidate, "get_text_config", None)) else candidate
-        )
-        if hasattr(text_config, "num_hidden_layers") or hasattr(text_config, "hidden_size"):
+        text = text_config(candidate)
+        if hasattr(text, "num_hidden_layers") or hasattr(text, "hidden_size"):
             return candidate
     return None
 
 
-def _unknown(model: Any, reason: str = "") -> ValueError:
+def _unknown(model: object, reason: str = "") -> ValueError:
     return ValueError(
         f"cannot determine the layer count of {model!r} offline{': ' + reason if reason else ''}. "
         "Pass a local model folder (containing config.json), a transformers PretrainedConfig or a loaded "
@@ -119,13 +117,13 @@ def _dims(
     return _dims_from_config(config, need)
 
 
-def layer_dims_for(model: str | os.PathLike[str] | Any, trust_remote_code: bool = False) -> tuple[int, int]:
+def layer_dims_for(model: object, trust_remote_code: bool = False) -> tuple[int, int]:
     """``(num_layers_for(model), hidden_size_for(model))`` with one lookup."""
     layers, hidden = _dims(model, trust_remote_code)
     return layers + 1, hidden
 
 
-def num_layers_for(model_or_name: str | os.PathLike[str] | Any, trust_remote_code: bool = False) -> int:
+def num_layers_for(model_or_name: object, trust_remote_code: bool = False) -> int:
     """Hidden states the model returns with ``output_hidden_states=True``: ``num_hidden_layers + 1``.
 
     The ``num_layers`` of ``build_aggregator`` / ``build_per_token_aggregator``.
@@ -136,6 +134,6 @@ def num_layers_for(model_or_name: str | os.PathLike[str] | Any, trust_remote_cod
     return _dims(model_or_name, trust_remote_code, need=("num_hidden_layers",))[0] + 1
 
 
-def hidden_size_for(model_or_name: str | os.PathLike[str] | Any, trust_remote_code: bool = False) -> int:
+def hidden_size_for(model_or_name: object, trust_remote_code: bool = False) -> int:
     """Width of each hidden state (``hidden_size``): the ``hidden_in`` of the aggregator factories."""
     return _dims(model_or_name, trust_remote_code, need=("hidden_size",))[1]

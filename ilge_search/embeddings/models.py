@@ -17,24 +17,29 @@ Aliases:
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..files import lock_is_held, remove_stale_temp_files, temp_name
 from ..settings import resolve_cache_dir
+from .devices import resolve_device, resolve_dtype
+from .weights import ModelLoadError, ModelNotFoundError, cache_writes_allowed, weights_hash
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
+    "cache_writes_allowed",
+    "resolve_device",
+    "resolve_dtype",
+    "weights_hash",
     "KnownModel",
     "OfflinePackage",
     "MODELS",
@@ -56,32 +61,17 @@ __all__ = [
     "pending_conversion",
     "conversion_bytes",
     "load_model_and_tokenizer",
-    "weights_memo_read_only",
-    "cache_writes_allowed",
     "check_tokenizer",
     "TOKENIZER_FILES",
-    "resolve_device",
-    "resolve_dtype",
     "list_model_aliases",
-    "weights_hash",
+    "text_config",
 ]
 
 PathLike = str | os.PathLike
 
 # Bump when the GGUF -> folder conversion changes, so converted folders and cache keys follow.
 _GGUF_CONVERSION_VERSION = 1
-_SMALL_FILE_BYTES = 1 << 20  # files below this are hashed directly, larger ones memoised
-_SKIPPED_FILES = re.compile(r"(^\.|^README|\.md$|\.lock$)", re.IGNORECASE)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
-
-
-class ModelNotFoundError(ValueError):
-    """A model name that is neither an alias, a local folder nor a reachable hub id."""
-
-
-class ModelLoadError(ValueError):
-    """A model that was found but cannot be used (a bad config.json, no weights, a tokenizer that
-    does not load); the message names the folder or id and the underlying reason in one line."""
 
 
 # what from_pretrained can load weights from (single files and shards alike)
@@ -288,103 +278,6 @@ def list_model_aliases() -> list:
     return sorted(MODEL_ALIASES)
 
 
-# ----------------------------------------------------------------------------- hashing
-
-
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _memo_path(cache_dir: PathLike | None) -> Path:
-    return resolve_cache_dir(cache_dir) / "models" / "file-hashes.json"
-
-
-_CACHE_WRITES: contextvars.ContextVar[bool] = contextvars.ContextVar("ilge_cache_writes", default=True)
-
-
-@contextlib.contextmanager
-def weights_memo_read_only() -> Iterator[None]:
-    """Inside the block, weights hashes are read from the memo but never written to it, and a GGUF file not
-    yet converted is never converted (:func:`materialize_model` refuses): a run's checks and a dry run create
-    nothing in the cache folder."""
-    token = _CACHE_WRITES.set(False)
-    try:
-        yield
-    finally:
-        _CACHE_WRITES.reset(token)
-
-
-def cache_writes_allowed() -> bool:
-    """``False`` inside :func:`weights_memo_read_only`: whatever runs there leaves the cache folder as it is."""
-    return _CACHE_WRITES.get()
-
-
-def _hash_large_file(path: Path, cache_dir: PathLike | None) -> str:
-    """sha256 of a big weights file, computed once per (path, size, mtime) and kept in the cache dir."""
-    from filelock import FileLock
-
-    stat = path.stat()
-    memo_file = _memo_path(cache_dir)
-    entry_key = str(path.resolve())
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-    def read_memo() -> dict:
-        try:
-            return json.loads(memo_file.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    known = read_memo().get(entry_key)
-    if known and all(known.get(k) == v for k, v in stamp.items()):
-        return known["sha256"]
-    digest = _sha256_file(path)  # raises on I/O errors: never a made-up key
-    if not _CACHE_WRITES.get():
-        return digest
-    try:
-        memo_file.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(memo_file) + ".lock", timeout=60):
-            memo = read_memo()
-            memo[entry_key] = {**stamp, "sha256": digest}
-            tmp = memo_file.with_name(f"{memo_file.name}.tmp-{os.getpid()}")
-            tmp.write_text(json.dumps(memo, indent=1, sort_keys=True))
-            os.replace(tmp, memo_file)
-    except OSError as exc:  # a read-only or full cache only costs re-hashing next time
-        logging.getLogger(__name__).debug("could not record the weights hash in %s: %s", memo_file, exc)
-    return digest
-
-
-def _hash_file(path: Path, cache_dir: PathLike | None) -> str:
-    if path.stat().st_size < _SMALL_FILE_BYTES:
-        return _sha256_file(path)
-    return _hash_large_file(path, cache_dir)
-
-
-def weights_hash(path: PathLike, cache_dir: PathLike | None = None) -> str:
-    """``sha256:<hex>`` over every file of a model folder (or over one file).
-
-    Big files are hashed once and memoised by (path, size, mtime) under the cache dir,
-    so resolving a model again costs a few ``stat`` calls.
-    """
-    path = Path(path)
-    if path.is_file():
-        return "sha256:" + _hash_file(path, cache_dir)
-    files = sorted(
-        p
-        for p in path.rglob("*")
-        if p.is_file() and not any(_SKIPPED_FILES.search(part) for part in p.relative_to(path).parts)
-    )
-    if not files:
-        raise ModelNotFoundError(f"model folder {path} contains no files")
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(f"{file.relative_to(path).as_posix()}\t{_hash_file(file, cache_dir)}\n".encode())
-    return "sha256:" + digest.hexdigest()
-
-
 # ----------------------------------------------------------------------------- resolving
 
 
@@ -496,7 +389,7 @@ def model_reference_to_save(model: PathLike | None, folder: PathLike) -> str | N
     return "./" + local.relative_to(folder).as_posix() if local.is_relative_to(folder) else str(local)
 
 
-def model_reference_to_load(recorded: Any, folder: PathLike, override: PathLike | None = None) -> str | None:
+def model_reference_to_load(recorded: object, folder: PathLike, override: PathLike | None = None) -> str | None:
     """The model a saved file in ``folder`` may use: ``override`` if given (the caller's explicit
     choice), else the recorded alias or hub id, else a recorded local path that stays inside
     ``folder`` (symlinks followed). A path leading outside (``..``, absolute, ``~``) raises a
@@ -518,7 +411,7 @@ def model_reference_to_load(recorded: Any, folder: PathLike, override: PathLike 
     return str(target)
 
 
-def _unusable(where: Any, reason: Any) -> ModelLoadError:
+def _unusable(where: object, reason: object) -> ModelLoadError:
     text = " ".join(str(reason).split()).rstrip(".") or type(reason).__name__
     if len(text) > 400:
         text = text[:400].rsplit(" ", 1)[0] + " ..."
@@ -544,7 +437,7 @@ TOKENIZER_FILES = (
 TOKENIZER_SAMPLE = "The river stone lies near the old garden lamp."
 
 
-def check_tokenizer(tokenizer: Any, where: Any) -> None:
+def check_tokenizer(tokenizer: Any, where: object) -> None:
     """Refuse a tokenizer that reads :data:`TOKENIZER_SAMPLE` as nothing but unknown tokens (a vocabulary that
     was not saved with the model): every text would embed alike and every score would be meaningless."""
     ids = list(tokenizer(TOKENIZER_SAMPLE, add_special_tokens=False)["input_ids"])
@@ -679,7 +572,7 @@ def materialize_model(source: ModelSource) -> ModelSource:
     target = Path(source.path)
     if _converted_ok(source, target):
         return source
-    if not _CACHE_WRITES.get():
+    if not cache_writes_allowed():
         raise ModelLoadError(
             f"model {source.name!r} is a GGUF file not converted yet, and checks and dry runs write nothing; "
             f"a real run dequantises it once into {target}"
@@ -705,74 +598,10 @@ def materialize_model(source: ModelSource) -> ModelSource:
 # ----------------------------------------------------------------------------- loading
 
 
-def resolve_device(device: Any = "auto") -> Any:
-    """``auto`` -> cuda if available, else mps, else cpu. Returns a ``torch.device``.
-
-    Any other device must exist on this machine: ``cuda`` on a torch built without CUDA,
-    ``cuda:3`` with two GPUs or an unknown name raise a ``ValueError`` here, before
-    anything is loaded (every entry point that takes a device calls this first).
-    """
-    import torch
-
-    mps = getattr(torch.backends, "mps", None)
-    if device is None or device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps") from exc
-    if resolved.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            why = "this torch is built without CUDA" if torch.version.cuda is None else "torch sees no CUDA GPU"
-            raise ValueError(
-                f"device {device!r} is not available: {why} (torch {torch.__version__}); use --device cpu or auto"
-            )
-        if resolved.index is not None and resolved.index >= count:
-            raise ValueError(
-                f"device {device!r} does not exist: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
-            )
-    elif resolved.type == "mps" and not getattr(mps, "is_available", lambda: False)():
-        raise ValueError(f"device {device!r} is not available on this machine; use --device cpu or auto")
-    elif resolved.type not in ("cpu", "cuda", "mps"):
-        available = getattr(getattr(torch, resolved.type, None), "is_available", None)
-        if not (callable(available) and available()):
-            raise ValueError(f"device {device!r} is not available on this machine; use auto, cpu, cuda, cuda:N or mps")
-    return resolved
-
-
-_DTYPES = {
-    "float32": "float32",
-    "fp32": "float32",
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
-
-
-def resolve_dtype(dtype: Any = "auto", device: Any = "cpu") -> Any:
-    """``auto`` -> bfloat16 on CUDA, float32 elsewhere. Accepts names or torch dtypes."""
-    import torch
-
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype is None or dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(sorted(set(_DTYPES.values())))}")
-    return getattr(torch, _DTYPES[dtype])
-
-
 def load_model_and_tokenizer(
     source: str | os.PathLike | ModelSource,
-    device: Any = "cpu",
-    dtype: Any = "auto",
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "auto",
     cache_dir: PathLike | None = None,
 ) -> tuple[Any, Any]:
     """Load ``AutoModel`` + ``AutoTokenizer`` in eval mode on ``device``.
@@ -794,7 +623,7 @@ def load_model_and_tokenizer(
         if isinstance(exc, torch.OutOfMemoryError):
             raise
         folder = Path(source.path)
-        reason: Any = exc
+        reason: object = exc
         if folder.is_dir() and not any(folder.glob("tokenizer*")) and not any(folder.glob("vocab*")):
             reason = f"it has no tokenizer files (tokenizer.json, tokenizer_config.json, vocab.txt ...): {exc}"
         raise _unusable(source.path, reason) from None
@@ -806,6 +635,12 @@ def load_model_and_tokenizer(
         tokenizer.pad_token = fallback
     model.to(device).eval()
     return model, tokenizer
+
+
+def text_config(config: object) -> Any:
+    """A multimodal config's text part (``get_text_config()``), else the config itself."""
+    get_text = getattr(config, "get_text_config", None)
+    return get_text() if callable(get_text) else config
 
 
 def _hub_kwargs(source: ModelSource) -> dict[str, Any]:

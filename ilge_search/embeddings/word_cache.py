@@ -1,33 +1,23 @@
 """Word entries of the embedding cache: one vector per word, ragged over sentences, memory-mapped.
 
-A word entry holds one split of a tagging task (or a list of sentences) for one model: every
-word's layer states ``features`` ``(num_words, L, D)`` in the storage dtype, ``offsets``
-``(num_sentences + 1,)`` (sentence ``i``'s words are rows ``offsets[i]:offsets[i + 1]``) and,
-for a task, one tag id per word in ``labels``. It lives beside the sequence entries and
-shares everything with them: one safetensors file plus its JSON record in
-``embeddings/``, the key (:meth:`~ilge_search.embeddings.cache.EmbeddingCache.key` with the fields of
-:meth:`WordOptions.key_fields`: word pooling, window overlap, and the layout version), the
-per-entry lock, the allocation before extraction, the atomic commit and the checksum;
-``ilge-search cache ls`` lists it and ``cache rm`` removes it.
+A word entry holds one split of a tagging task (or a list of sentences) for one model: ``features``
+``(num_words, L, D)`` in the storage dtype, ``offsets`` ``(num_sentences + 1,)`` (sentence ``i``'s words
+are rows ``offsets[i]:offsets[i + 1]``) and, for a task, one tag id per word in ``labels``. It shares the
+entry protocol of :mod:`ilge_search.embeddings.store` with the sequence entries; its key adds
+:meth:`WordOptions.key_fields`.
 
-Reading maps ``features`` (``numpy.memmap``, copy-on-write) instead of reading it: memory
-stays flat in the number of sentences, and a training batch reads only the pages of its
-words. The mapping stays valid however the cache changes later: a committed file is never
-written into again (a rebuild writes a new file and renames it over, ``rm`` unlinks), so
-the mapped inode lives as long as the tensor does.
+Reading maps ``features`` copy-on-write instead of reading it, so memory stays flat in the number of
+sentences; a committed file is never written into again (a rebuild renames a new file over it), so the
+mapping stays valid as long as the tensor lives.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import struct
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +25,8 @@ import torch
 from ..tasks.core import TaskData, TaskError, load_task
 from ..tasks.tagging import sentence_offsets
 from ..validation import check_choice, check_int
-from .cache import STORAGE_DTYPES, CacheCorruptError, EmbeddingCache, ExtractionSettings, safetensors_header, storable
+from .cache import CachedEmbeddings, EmbeddingCache, EntryLayout, ExtractionSettings, TaskEmbeddings
+from .entry_file import STORAGE_DTYPES, CacheCorruptError, EntryRecord, storable, tensor_spans
 from .extraction import LayerEmbedder
 from .models import ModelSource, resolve_device
 from .words import WORD_POOLINGS, check_sentences
@@ -86,7 +77,7 @@ class WordOptions:
             raise ValueError(f"window_overlap ({self.window_overlap}) must be below max_length ({self.max_length})")
         resolve_device(self.device)  # a device this machine lacks fails before any task or model work
 
-    def key_fields(self) -> dict[str, Any]:
+    def key_fields(self) -> dict[str, str | int]:
         """What a word entry's key adds to the cache's fields."""
         return {
             "entry": "words",
@@ -97,27 +88,16 @@ class WordOptions:
 
 
 @dataclass
-class WordEmbeddings:
-    """One split's (or one list of sentences') word vectors.
+class WordEmbeddings(CachedEmbeddings):
+    """One split's (or one list of sentences') word vectors: a cache entry whose ``features`` ``(num_words, L,
+    D)`` are memory-mapped from the cache file, ``labels`` ``(num_words,)`` are int64 tag ids (empty for
+    sentences without tags) and ``label_names`` the tag names.
 
     Attributes:
-        features: ``(num_words, L, D)`` in the storage dtype, memory-mapped from the cache file.
         offsets: ``(num_sentences + 1,)`` int64: sentence ``i`` is ``features[offsets[i]:offsets[i + 1]]``.
-        labels: ``(num_words,)`` int64 tag ids; empty for sentences without tags.
-        label_names: tag id -> name (empty without tags).
-        meta: the entry's JSON record. key, path: the cache key and the file.
-        hit: read from the cache (True) or extracted by this call. seconds: how long the call took.
     """
 
-    features: torch.Tensor
-    offsets: np.ndarray
-    labels: torch.Tensor
-    label_names: list[str]
-    meta: dict[str, Any]
-    key: str
-    path: Path
-    hit: bool = True
-    seconds: float = 0.0
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
 
     @property
     def num_sentences(self) -> int:
@@ -126,14 +106,6 @@ class WordEmbeddings:
     @property
     def num_words(self) -> int:
         return int(self.features.shape[0])
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.features.shape[1])
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.features.shape[2])
 
     @property
     def lengths(self) -> np.ndarray:
@@ -145,20 +117,8 @@ class WordEmbeddings:
         return self.features[int(self.offsets[index]) : int(self.offsets[index + 1])]
 
 
-@dataclass
-class TaskWordEmbeddings:
-    """Every requested split of one tagging task for one model (see :func:`load_word_embeddings`)."""
-
-    task: TaskData
-    splits: dict[str, WordEmbeddings]
-    num_layers: int
-    hidden_size: int
-    label_names: list[str]
-    cache_keys: dict[str, str]
-    model: str = ""
-
-    def __getitem__(self, split: str) -> WordEmbeddings:
-        return self.splits[split]
+# every requested split of one tagging task for one model (see load_word_embeddings)
+TaskWordEmbeddings = TaskEmbeddings[WordEmbeddings]
 
 
 def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
@@ -173,22 +133,7 @@ def sentences_fingerprint(sentences: Sequence[Sequence[str]]) -> str:
 # --------------------------------------------------------------------------- reading
 
 
-def _tensor_spans(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
-    """``name -> (dtype, shape, absolute byte offset)`` from a safetensors header, reading the header only."""
-    try:
-        with open(path, "rb") as handle:
-            (header_size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(header_size))
-        return {
-            name: (str(info["dtype"]), tuple(int(d) for d in info["shape"]), 8 + header_size + info["data_offsets"][0])
-            for name, info in header.items()
-            if name != "__metadata__"
-        }
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CacheCorruptError(f"{path.name} has a bad safetensors header ({exc})") from exc
-
-
-def _check_layout(path: Path, spans: dict, meta: dict[str, Any]) -> tuple[int, int]:
+def _check_layout(path: Path, spans: dict, meta: EntryRecord) -> tuple[int, int]:
     """Refuse a file whose tensors do not match its record; return (num_words, num_sentences)."""
     num_words, num_sentences = int(meta.get("num_words", -1)), int(meta.get("num_sentences", -1))
     expected = {
@@ -210,7 +155,7 @@ def _read_words(cache: EmbeddingCache, key: str) -> WordEmbeddings | None:
     meta, stat = record
     path = cache.entry_paths(key)[0]
     cache.verify_file(path, meta, stat)  # read in blocks: memory stays flat
-    spans = _tensor_spans(path)
+    spans = tensor_spans(path)
     num_words, num_sentences = _check_layout(path, spans, meta)
     code, shape, start = spans["features"]
     dtypes = {stored: (np_dtype, torch_dtype) for stored, np_dtype, torch_dtype in STORAGE_DTYPES.values()}
@@ -228,7 +173,8 @@ def _read_words(cache: EmbeddingCache, key: str) -> WordEmbeddings | None:
         if "labels" in spans
         else torch.empty(0, dtype=torch.int64)
     )
-    return WordEmbeddings(features, offsets, labels, list(meta.get("label_names", [])), meta, key, path)
+    label_names = list(meta.get("label_names", []))
+    return WordEmbeddings(features, labels, label_names, meta, key, path, hit=True, offsets=offsets)
 
 
 # --------------------------------------------------------------------------- writing
@@ -241,55 +187,33 @@ class _WordJob:
     key: str
     sentences: list[list[str]]
     labels: np.ndarray | None
-    meta: dict[str, Any]
+    meta: EntryRecord
 
 
 def _write_words(
     cache: EmbeddingCache, embedder: LayerEmbedder, job: _WordJob, options: WordOptions, progress: bool
 ) -> None:
     """Stream word vectors into a memmapped safetensors file of known size, then commit it atomically."""
-    st_dtype, np_dtype, _ = STORAGE_DTYPES[options.storage_dtype]
-    num_layers, hidden = embedder.num_layers, embedder.hidden_size  # from the config, no weights
     offsets = sentence_offsets([len(words) for words in job.sentences])
-    shape = (int(offsets[-1]), num_layers, hidden)
-    feature_bytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-    tensors = [("features", st_dtype, shape, feature_bytes), ("offsets", "I64", offsets.shape, offsets.nbytes)]
-    if job.labels is not None:
-        tensors.append(("labels", "I64", job.labels.shape, job.labels.nbytes))
-    header = safetensors_header(tensors, {"format": "pt", "key": job.key, "entry": "words"})
-    size = len(header) + sum(tensor[3] for tensor in tensors)
-    with cache.new_entry_file(job.key, header, size) as tmp:
-        embedder.load()
-        started = time.perf_counter()
-        with cache.disk_errors(job.key, size):
-            features = np.memmap(tmp, dtype=np_dtype, mode="r+", offset=len(header), shape=shape)
-            batches = embedder.iter_word_batches(
-                job.sentences, options.word_pooling, options.window_overlap, progress=progress
-            )
-            for rows, pooled in batches:
-                features[rows] = storable(pooled, options.storage_dtype)
-            features.flush()
-            del features
-            with open(tmp, "r+b") as handle:
-                handle.seek(len(header) + feature_bytes)
-                handle.write(offsets.tobytes())
-                if job.labels is not None:
-                    handle.write(np.ascontiguousarray(job.labels, dtype=np.int64).tobytes())
-                handle.flush()
-                os.fsync(handle.fileno())
-            seconds = time.perf_counter() - started
-            job.meta.update(
-                shape=list(shape),
-                num_layers=num_layers,
-                hidden_size=hidden,
-                num_sentences=len(job.sentences),
-                num_words=shape[0],
-                effective_max_length=embedder.effective_max_length,
-                extract_seconds=round(seconds, 3),
-                words_per_second=round(shape[0] / max(seconds, 1e-9), 2),
-                bytes_per_word=round(size / max(shape[0], 1), 1),
-            )
-            cache.commit_entry(job.key, tmp, job.meta)
+    num_words = int(offsets[-1])
+    shape = (num_words, embedder.num_layers, embedder.hidden_size)  # from the config, no weights
+
+    def fill(features: np.memmap) -> None:
+        batches = embedder.iter_word_batches(job.sentences, options.word_pooling, options.window_overlap, progress)
+        for rows, pooled in batches:
+            features[rows] = storable(pooled, options.storage_dtype)
+
+    def describe(seconds: float, size: int) -> dict[str, object]:
+        return {
+            "num_sentences": len(job.sentences),
+            "num_words": num_words,
+            "words_per_second": round(num_words / max(seconds, 1e-9), 2),
+            "bytes_per_word": round(size / max(num_words, 1), 1),
+        }
+
+    after = (("offsets", offsets),) + (() if job.labels is None else (("labels", job.labels),))
+    layout = EntryLayout(job.key, shape, options.storage_dtype, after, describe, header={"entry": "words"})
+    cache.write_entry(layout, embedder, fill, job.meta)
 
 
 def _get_or_extract(
@@ -323,7 +247,7 @@ def _new_job(
     cache: EmbeddingCache,
     source: ModelSource,
     where: tuple[str, str, str],
-    data: tuple[list, Any],
+    data: tuple[list[list[str]], np.ndarray | None],
     options: WordOptions,
 ) -> _WordJob:
     """The key and record of a word entry for ``where`` = (task, split, fingerprint) and ``data`` =
@@ -348,7 +272,7 @@ def _new_job(
 def get_or_extract_words(
     cache: EmbeddingCache,
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     split: str,
     options: WordOptions = WordOptions(),
     *,
@@ -398,7 +322,7 @@ def get_or_extract_sentences(
 
 def load_word_embeddings(
     model: str | PathLike | ModelSource,
-    task: Any,
+    task: PathLike | TaskData,
     *,
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
@@ -412,22 +336,10 @@ def load_word_embeddings(
     with one model load, released before returning.
     """
     task_data = load_task(task, data_dir)
-    wanted = list(splits) if splits else list(task_data.splits)
-    unknown = [split for split in wanted if split not in task_data.splits]
-    if unknown:
-        raise TaskError(f"task {task_data.name!r} has no split(s) {unknown}; it has {list(task_data.splits)}")
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
-        got = {
-            split: get_or_extract_words(cache, source, task_data, split, options, progress=progress) for split in wanted
-        }
-    first = next(iter(got.values()))
-    return TaskWordEmbeddings(
-        task=task_data,
-        splits=got,
-        num_layers=first.num_layers,
-        hidden_size=first.hidden_size,
-        label_names=list(task_data.label_names),
-        cache_keys={split: entry.key for split, entry in got.items()},
-        model=source.name,
-    )
+
+        def entry(split: str) -> WordEmbeddings:
+            return get_or_extract_words(cache, source, task_data, split, options, progress=progress)
+
+        return TaskEmbeddings.gather(task_data, splits, source, entry)

@@ -1,20 +1,14 @@
 """From sentences of words to model inputs and back: which token pieces belong to which word.
 
-A sentence's words are joined by single spaces, tokenised as that one text (with the model's
-special tokens), and each piece is mapped to the word whose characters it covers, through
-the fast tokenizer's character offsets. The alternative, ``is_split_into_words=True``, drops
-the space before every word for byte-level BPE tokenizers (SmolLM2's): on UD English-EWT a
-decoder then reads 1.36 pieces per word instead of 1.19 and 93 % of the sentences become texts
-it never saw in training, so it is not used. For BERT's WordPiece both give identical pieces.
-A piece that covers no word's characters (a byte-level BPE piece that is only the space
-before a word) belongs to no word. A tokenizer without offsets (a slow one) is handled word
-by word, each word after the first with its leading space, between the special tokens the
-tokenizer adds around a text.
+A sentence's words are joined by single spaces, tokenised as one text, and each piece is mapped to the
+word whose characters it covers through the fast tokenizer's character offsets (``is_split_into_words``
+drops the space before every word for byte-level BPE tokenizers, so their pieces would differ from the
+texts the model was trained on; docs/tokens.md says by how much). A piece covering no word's characters
+belongs to no word; a tokenizer without offsets is handled word by word.
 
-A sentence longer than the model's ``max_length`` pieces is cut into windows at word
-boundaries, never inside a word: consecutive windows share about ``overlap`` pieces of
-words, and a shared word takes its vector from the window where it is further from the
-edge (the split is at the middle of the shared words), so every word gets exactly one vector.
+A sentence longer than ``max_length`` pieces is cut into windows at word boundaries that share about
+``overlap`` pieces; a shared word takes its vector from the window where it is further from the edge, so
+every word gets exactly one vector.
 """
 
 from __future__ import annotations
@@ -27,24 +21,19 @@ import numpy as np
 import torch
 
 from ..record.core import WORD_POOLINGS
+from ..validation import check_items
 
 __all__ = ["WORD_POOLINGS", "WordWindow", "WordTokenizer", "check_sentences", "pool_window_words"]
 
 _NO_WORD = -1
 
 
-def check_sentences(sentences: Any, name: str = "sentences") -> list[list[str]]:
+def check_sentences(sentences: object, name: str = "sentences") -> list[list[str]]:
     """``sentences`` as a list of lists of words; anything else is a one-line ``ValueError``."""
     if isinstance(sentences, (str, bytes)):
         raise ValueError(f"{name} must be a list of sentences, each a list of words, not one string")
-    try:
-        sentences = list(sentences)
-    except TypeError:
-        raise ValueError(f"{name} must be a list of sentences, each a list of words") from None
-    if not sentences:
-        raise ValueError(f"{name} is empty; pass at least one sentence")
     checked = []
-    for i, words in enumerate(sentences):
+    for i, words in enumerate(check_items(name, sentences, "a list of sentences, each a list of words", "sentence")):
         if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
             raise ValueError(
                 f"{name}[{i}] is {type(words).__name__}, not a list of words; split each sentence into words "

@@ -7,9 +7,11 @@ and report label. The modules load on first build (the GNNs import PyTorch Geome
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from .configs import FAMILY_INDEX, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig
+from .configs import FAMILY_INDEX, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig, FieldValues
 from .registry import EncoderSpec, ModuleBuilder, Picker, register_encoder
 
 if TYPE_CHECKING:  # the modules load on first build
@@ -30,35 +32,25 @@ _PLAIN_START = {bucket: {"lr": values["lr"]} for bucket, values in _GRAPH_START.
 _WIDTH_START = {bucket: {"lr": values["lr"], "hidden_dim": 256} for bucket, values in _GRAPH_START.items()}
 
 
+_GRAPH_FIELDS = ("conv_type", "hidden_dim", "gnn_layers", "gin_mlp_layers", "gat_heads", "pooling", "dropout")
+_DEEPSET_FIELDS = ("hidden_dim", "pre_pooling_layers", "post_pooling_layers", "pooling", "dropout")
+
+
+def _fields(config: EncoderConfig, names: tuple[str, ...]) -> FieldValues:
+    return {name: getattr(config, name) for name in names}
+
+
 def _build_graph(config: CayleyConfig | FCConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
     from ..nn.gnn import CayleyGNNEncoder, FCGNNEncoder
 
     cls = FCGNNEncoder if config.family == "fc" else CayleyGNNEncoder
-    return cls(
-        num_layers,
-        hidden_in,
-        conv_type=config.conv_type,
-        hidden_dim=config.hidden_dim,
-        gnn_layers=config.gnn_layers,
-        gin_mlp_layers=config.gin_mlp_layers,
-        gat_heads=config.gat_heads,
-        pooling=config.pooling,
-        dropout=config.dropout,
-    )
+    return cls(num_layers, hidden_in, **_fields(config, _GRAPH_FIELDS))
 
 
 def _build_deepset(config: DeepSetConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
     from ..nn.deepset import DeepSetEncoder
 
-    return DeepSetEncoder(
-        num_layers,
-        hidden_in,
-        hidden_dim=config.hidden_dim,
-        pre_pooling_layers=config.pre_pooling_layers,
-        post_pooling_layers=config.post_pooling_layers,
-        pooling=config.pooling,
-        dropout=config.dropout,
-    )
+    return DeepSetEncoder(num_layers, hidden_in, **_fields(config, _DEEPSET_FIELDS))
 
 
 def _build_baseline(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
@@ -91,33 +83,42 @@ def _search_width(pick: Picker) -> None:
     pick.categorical("hidden_dim", list(HIDDEN_DIMS))
 
 
-def _builtin(name: str, build: ModuleBuilder, label: str, rank: int, **more: Any) -> EncoderSpec:
+def _builtin(
+    name: str,
+    build: ModuleBuilder,
+    label: str,
+    rank: int,
+    start: Mapping[str, FieldValues],
+    search: Callable[[Picker], None] | None = None,
+    token_label: str | None = None,
+) -> EncoderSpec:
     """A built-in spec; its class, role and kinds are the config layer's ``FAMILY_INDEX`` entry."""
     entry = FAMILY_INDEX[name]
-    return EncoderSpec(
-        name, entry.config_class, build, label=label, role=entry.role, kinds=entry.kinds, report_rank=rank, **more
+    spec = EncoderSpec(
+        name,
+        entry.config_class,
+        build,
+        start=start,
+        label=label,
+        role=entry.role,
+        kinds=entry.kinds,
+        report_rank=rank,
+        token_label=token_label,
     )
+    return spec if search is None else dataclasses.replace(spec, search=search)
 
 
 # report_rank orders the report's columns: the baselines, then the ILGE families
 BUILTIN_SPECS: tuple[EncoderSpec, ...] = (
-    _builtin(
-        "cayley",
-        _build_graph,
-        "Cayley",
-        80,
-        search=_search_graph,
-        start=_GRAPH_START,
-        token_label="Cayley per sentence",
-    ),
-    _builtin("cayley-word", _build_graph, "Cayley per word", 60, search=_search_graph, start=_GRAPH_START),
-    _builtin("fc", _build_graph, "FC", 70, search=_search_graph, start=_GRAPH_START),
-    _builtin("deepset", _build_deepset, "DeepSet", 50, search=_search_deepset, start=_WIDTH_START),
-    _builtin("last-layer", _build_baseline, "Last layer", 0, start=_PLAIN_START),
-    _builtin("best-layer", _build_baseline, "Best layer", 10, start=_PLAIN_START),
-    _builtin("mean-layers", _build_baseline, "Mean layers", 20, start=_PLAIN_START),
-    _builtin("scalar-mix", _build_baseline, "Scalar mix", 30, start=_PLAIN_START),
-    _builtin("mlp-last", _build_baseline, "MLP (last)", 40, search=_search_width, start=_WIDTH_START),
+    _builtin("cayley", _build_graph, "Cayley", 80, _GRAPH_START, _search_graph, token_label="Cayley per sentence"),
+    _builtin("cayley-word", _build_graph, "Cayley per word", 60, _GRAPH_START, _search_graph),
+    _builtin("fc", _build_graph, "FC", 70, _GRAPH_START, _search_graph),
+    _builtin("deepset", _build_deepset, "DeepSet", 50, _WIDTH_START, _search_deepset),
+    _builtin("last-layer", _build_baseline, "Last layer", 0, _PLAIN_START),
+    _builtin("best-layer", _build_baseline, "Best layer", 10, _PLAIN_START),
+    _builtin("mean-layers", _build_baseline, "Mean layers", 20, _PLAIN_START),
+    _builtin("scalar-mix", _build_baseline, "Scalar mix", 30, _PLAIN_START),
+    _builtin("mlp-last", _build_baseline, "MLP (last)", 40, _WIDTH_START, _search_width),
 )
 
 for _spec in BUILTIN_SPECS:

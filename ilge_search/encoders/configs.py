@@ -41,13 +41,18 @@ __all__ = [
     "unindex_family",
     "config_from_dict",
     "config_class_for",
+    "FieldValues",
 ]
+
+# a config's fields by name, JSON-serialisable: what to_dict gives, a search samples, a start or a defaults file
+# holds
+FieldValues = dict[str, Any]
 
 CONV_TYPES = ("gin", "gcn", "gat")
 POOLINGS = ("mean", "sum")
 
 
-def _check_choice(name: str, value: Any, allowed: tuple) -> None:
+def _check_choice(name: str, value: object, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
 
@@ -81,9 +86,9 @@ class EncoderConfig:
         check_int("batch_size", self.batch_size)
         check_int("epochs", self.epochs)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FieldValues:
         """All fields plus ``family``; round-trips through :func:`config_from_dict`."""
-        out = {"family": self.family}
+        out: FieldValues = {"family": self.family}
         out.update(dataclasses.asdict(self))
         return out
 
@@ -156,15 +161,21 @@ class DeepSetConfig(EncoderConfig):
 
 
 @dataclass
-class LastLayerConfig(EncoderConfig):
-    """Baseline: linear probe on the last layer (the aggregator returns layer L-1)."""
+class _ProbeConfig(EncoderConfig):
+    """A linear-probe baseline: no dropout by default."""
 
-    family: ClassVar[str] = "last-layer"
     dropout: float = 0.0
 
 
 @dataclass
-class BestLayerConfig(EncoderConfig):
+class LastLayerConfig(_ProbeConfig):
+    """Baseline: linear probe on the last layer (the aggregator returns layer L-1)."""
+
+    family: ClassVar[str] = "last-layer"
+
+
+@dataclass
+class BestLayerConfig(_ProbeConfig):
     """Baseline: linear probe on one layer.
 
     ``layer=None`` means "choose it": the study runner trains one probe per
@@ -172,7 +183,6 @@ class BestLayerConfig(EncoderConfig):
     """
 
     family: ClassVar[str] = "best-layer"
-    dropout: float = 0.0
     layer: int | None = None
 
     def validate(self) -> None:
@@ -182,19 +192,17 @@ class BestLayerConfig(EncoderConfig):
 
 
 @dataclass
-class MeanLayersConfig(EncoderConfig):
+class MeanLayersConfig(_ProbeConfig):
     """Baseline: linear probe on the unweighted mean of all layers."""
 
     family: ClassVar[str] = "mean-layers"
-    dropout: float = 0.0
 
 
 @dataclass
-class ScalarMixConfig(EncoderConfig):
+class ScalarMixConfig(_ProbeConfig):
     """Baseline: ELMo scalar mix, gamma * sum_l softmax(w)_l * h_l, then a linear probe."""
 
     family: ClassVar[str] = "scalar-mix"
-    dropout: float = 0.0
 
 
 @dataclass
@@ -337,15 +345,15 @@ def config_class_for(family: str) -> type[EncoderConfig]:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}") from None
 
 
-def config_from_dict(data: dict[str, Any]) -> EncoderConfig:
+def config_from_dict(data: Mapping[str, object]) -> EncoderConfig:
     """Rebuild a config from :meth:`EncoderConfig.to_dict` output."""
-    data = dict(data)
-    family = data.pop("family", None)
+    fields: FieldValues = dict(data)
+    family = fields.pop("family", None)
     if family is None:
         raise ValueError("config dictionary has no 'family' key; expected the output of to_dict()")
     cls = config_class_for(family)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - known
+    unknown = set(fields) - known
     if unknown:
         raise ValueError(f"unknown fields for {cls.__name__}: {sorted(unknown)}; allowed: {sorted(known)}")
-    return cls(**data)
+    return cls(**fields)

@@ -10,18 +10,30 @@ runs through a study, its final evaluation, ensembles, export, predict and the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
-from .configs import FAMILY_INDEX, TASK_KINDS, EncoderConfig, FamilyEntry, FamilyNames, index_family, unindex_family
+from .configs import (
+    FAMILY_INDEX,
+    TASK_KINDS,
+    EncoderConfig,
+    FamilyEntry,
+    FamilyNames,
+    FieldValues,
+    index_family,
+    unindex_family,
+)
 
 if TYPE_CHECKING:  # the registry loads without torch: the CLI's help and tuning's names read it
+    from optuna.distributions import CategoricalChoiceType
+
     from ..nn import LayerEncoder
 
 __all__ = [
     "EncoderSpec",
     "Picker",
+    "Suggests",
     "register_encoder",
     "unregister_encoder",
     "encoder_spec",
@@ -34,7 +46,19 @@ __all__ = [
 
 LATE_RANK = 100  # a family registered without a report rank shows after the built-in ones
 
-ModuleBuilder = Callable[[Any, int, int], "LayerEncoder"]  # (config of the family, num_layers, hidden_in) -> module
+# (config of the family, num_layers, hidden_in) -> module; each builder takes its own family's config class
+ModuleBuilder = Callable[..., "LayerEncoder"]
+
+
+class Suggests(Protocol):
+    """What a search space asks of a trial: an Optuna ``Trial``, ``FrozenTrial`` or ``FixedTrial``, or a
+    stand-in answering with stored values."""
+
+    def suggest_categorical(self, name: str, choices: Sequence[CategoricalChoiceType]) -> CategoricalChoiceType: ...
+
+    def suggest_int(self, name: str, low: int, high: int) -> int: ...
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float: ...
 
 
 class Picker:
@@ -44,11 +68,11 @@ class Picker:
     value (fixed or suggested), so conditional parameters can follow earlier ones.
     """
 
-    def __init__(self, trial: Any, fixed: Mapping[str, Any]) -> None:
-        self.trial = trial  # an optuna Trial, or a FrozenTrial answering with its stored values
-        self.values: dict[str, Any] = dict(fixed)
+    def __init__(self, trial: Suggests, fixed: Mapping[str, object]) -> None:
+        self.trial = trial  # a FrozenTrial answers with its stored values
+        self.values: FieldValues = dict(fixed)
 
-    def categorical(self, name: str, choices: list[Any]) -> Any:
+    def categorical(self, name: str, choices: Sequence[CategoricalChoiceType]) -> CategoricalChoiceType:
         if name not in self.values:
             self.values[name] = self.trial.suggest_categorical(name, choices)
         return self.values[name]
@@ -92,7 +116,7 @@ class EncoderSpec:
     config_class: type[EncoderConfig]
     build: ModuleBuilder
     search: Callable[[Picker], None] = _no_search
-    start: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    start: Mapping[str, FieldValues] = field(default_factory=dict)
     label: str = ""
     role: str = "ilge"
     kinds: tuple[str, ...] = TASK_KINDS
@@ -184,10 +208,10 @@ def report_labels(kind: str) -> Mapping[str, str]:
     return _Labels(kind)
 
 
-class _Starts(Mapping[str, Mapping[str, Mapping[str, Any]]]):
+class _Starts(Mapping[str, Mapping[str, FieldValues]]):
     """``{family: {bucket: {field: value}}}`` of the registered specs' starts, live."""
 
-    def __getitem__(self, family: str) -> Mapping[str, Mapping[str, Any]]:
+    def __getitem__(self, family: str) -> Mapping[str, FieldValues]:
         return encoder_spec(family).start if family in _SPECS else _missing(family)
 
     def __iter__(self) -> Iterator[str]:
@@ -197,8 +221,8 @@ class _Starts(Mapping[str, Mapping[str, Mapping[str, Any]]]):
         return len(_SPECS)
 
 
-def _missing(family: str) -> Mapping[str, Mapping[str, Any]]:
+def _missing(family: str) -> Mapping[str, FieldValues]:
     raise KeyError(family)
 
 
-BUILTIN_STARTS: Mapping[str, Mapping[str, Mapping[str, Any]]] = _Starts()
+BUILTIN_STARTS: Mapping[str, Mapping[str, FieldValues]] = _Starts()

@@ -12,6 +12,9 @@ layer baseline, each final evaluation) is trained by :func:`train_encoder`:
 - seeded and deterministic on CPU: the same seed and data give the same metrics and
   weights, and the caller's global RNG state is left untouched.
 
+:func:`train_many` trains several models of one architecture (seeds, ensemble members) in one pass,
+each as :func:`train_encoder` would (:mod:`~ilge_search.engine.many`).
+
 :func:`select_best_layer` trains one probe per layer and keeps the best on validation;
 :func:`evaluate` and :func:`predict_logits` score and run a trained model.
 """
@@ -28,6 +31,7 @@ from .core import (
     train_encoder,
 )
 from .loop import DEFAULT_RECIPE, METRICS, TAGGING, TASK_KINDS, TrainingRecipe, TrainResult
+from .many import ModelJob, can_batch, train_many
 from .metrics import macro_f1, pearson, spearman
 from .standardizer import FeatureStandardizer
 from .tokens import TaggerModel, build_tagger, predict_word_logits
@@ -38,6 +42,9 @@ __all__ = [
     "TaggerModel",
     "TrainResult",
     "train_encoder",
+    "train_many",
+    "ModelJob",
+    "can_batch",
     "TrainingRecipe",
     "DEFAULT_RECIPE",
     "build_model",

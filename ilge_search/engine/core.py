@@ -238,7 +238,7 @@ def predict_logits(
     return torch.cat(outputs) if outputs else torch.empty(0)
 
 
-def _metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+def task_metrics(model: ILGEModel, outputs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     if model.task_kind == "classification":
         return class_metrics(outputs, labels)
     out = {"spearman": spearman(outputs, labels), "pearson": pearson(outputs, labels)}
@@ -272,7 +272,7 @@ def evaluate(
         num_classes = int(model.head.out_features)
         _check_label_range(labels, num_classes, "evaluation")
     outputs = predict_logits(model, features, device=device, batch_size=batch_size)
-    return _metrics(model, outputs, labels)
+    return task_metrics(model, outputs, labels)
 
 
 def _check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> None:
@@ -325,11 +325,11 @@ def train_encoder(
     run = RunSettings(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress)
     if task_kind == TAGGING:
         return tokens.train_prepared_words(config, tokens.prepare_words(train, val, num_classes), run)
-    return _train_prepared(config, _prepare_data(train, val, task_kind, num_classes, score_range), run)
+    return train_prepared(config, prepare_data(train, val, task_kind, num_classes, score_range), run)
 
 
 @dataclass
-class _PreparedData:
+class PreparedData:
     task_kind: str
     train_x: torch.Tensor
     train_y: torch.Tensor
@@ -339,9 +339,9 @@ class _PreparedData:
     score_range: tuple[float, float] | None
 
 
-def _prepare_data(
+def prepare_data(
     train: Dataset, val: Dataset, task_kind: str, num_classes: int | None, score_range: tuple[float, float] | None
-) -> _PreparedData:
+) -> PreparedData:
     """Validate once (shapes, NaN/inf, label ranges) and resolve num_classes / score_range."""
     _check_task_kind(task_kind)
     for name, pair in (("train", train), ("validation", val)):
@@ -367,10 +367,10 @@ def _prepare_data(
         if not score_range[1] > score_range[0]:
             raise ValueError(f"score_range must be (low, high) with high > low, got {score_range!r}")
 
-    return _PreparedData(task_kind, train_x, train_y, val_x, val_y, num_classes, score_range)
+    return PreparedData(task_kind, train_x, train_y, val_x, val_y, num_classes, score_range)
 
 
-def _loss(model: ILGEModel, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def task_loss(model: ILGEModel, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     if model.task_kind == "classification":
         return nn.functional.cross_entropy(out, target)
     return nn.functional.mse_loss(out, model.normalise_scores(target))
@@ -391,7 +391,7 @@ def _train_one_epoch(
     for rows in _batches(len(order), batch_size, order):
         xb = train_x[rows].to(device=device, dtype=torch.float32)  # (B, L, D) or (B, 2, L, D): one batch upcast
         yb = train_y[rows].to(device)
-        loss = _loss(model, model(xb), yb)
+        loss = task_loss(model, model(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -399,11 +399,11 @@ def _train_one_epoch(
     return float(loss_sum) / len(order)
 
 
-class _SequenceTask:
+class SequenceTask:
     """Texts or sentence pairs for :func:`~ilge_search.engine.loop.run_epochs`: index batches of a seeded
     permutation, each upcast to float32 on its own."""
 
-    def __init__(self, config: EncoderConfig, data: _PreparedData, run: RunSettings) -> None:
+    def __init__(self, config: EncoderConfig, data: PreparedData, run: RunSettings) -> None:
         self.config, self.data, self.run = config, data, run
         self.device = resolve_device(run.device)
 
@@ -430,12 +430,12 @@ class _SequenceTask:
 
     def validate(self, model: nn.Module) -> dict[str, float]:
         model = cast(ILGEModel, model)
-        return _metrics(model, predict_logits(model, self.data.val_x, device=self.device), self.data.val_y)
+        return task_metrics(model, predict_logits(model, self.data.val_x, device=self.device), self.data.val_y)
 
 
-def _train_prepared(config: EncoderConfig, data: _PreparedData, run: RunSettings) -> TrainResult:
-    """Train on data checked by :func:`_prepare_data`."""
-    return run_epochs(config, _SequenceTask(config, data, run), run)
+def train_prepared(config: EncoderConfig, data: PreparedData, run: RunSettings) -> TrainResult:
+    """Train on data checked by :func:`prepare_data`."""
+    return run_epochs(config, SequenceTask(config, data, run), run)
 
 
 class ProbeOptions(TypedDict, total=False):
@@ -524,10 +524,10 @@ def _probe_trainer(
             return tokens.train_prepared_words(probe, words, run)
 
         return words.train.features, train_words
-    data = _prepare_data(train, val, task_kind, num_classes, score_range)
+    data = prepare_data(train, val, task_kind, num_classes, score_range)
 
     def train_sequences(probe: EncoderConfig, run: RunSettings) -> TrainResult:
-        return _train_prepared(probe, data, run)
+        return train_prepared(probe, data, run)
 
     return data.train_x, train_sequences
 

@@ -85,10 +85,6 @@ class LastLayer(_LayerReadout):
         - output: ``(N, D)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
-        super().__init__(num_layers, hidden_in, dropout)
-        self.reset_parameters()
-
     def readout(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, -1]  # (N, L, D) -> (N, D)
 
@@ -121,7 +117,6 @@ class BestLayer(_LayerReadout):
                 f"use an index in [{-self.num_layers}, {self.num_layers - 1}]"
             )
         self.layer = layer % self.num_layers
-        self.reset_parameters()
 
     def readout(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, self.layer]  # (N, L, D) -> (N, D)
@@ -137,10 +132,6 @@ class MeanLayers(_LayerReadout):
         - input: ``(N, L, D)``
         - output: ``(N, D)``
     """
-
-    def __init__(self, num_layers: int, hidden_in: int, dropout: float = 0.0) -> None:
-        super().__init__(num_layers, hidden_in, dropout)
-        self.reset_parameters()
 
     def readout(self, x: torch.Tensor) -> torch.Tensor:
         return x.mean(dim=1)  # (N, L, D) -> (N, D)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -40,6 +40,9 @@ __all__ = ["BatchedGraph", "GNNStack", "GNNEncoder", "CayleyGNNEncoder", "FCGNNE
 CONV_TYPES = ("gin", "gcn", "gat")
 POOLINGS = ("mean", "sum")
 _SPARSE_DTYPES = (torch.float32, torch.float64)
+T = TypeVar("T")
+# a convolution's adjacency (CSR matrix or edge_index) with its bipartite size or edge weights, or None
+Operator = tuple[torch.Tensor, "tuple[int, int] | torch.Tensor | None"]
 
 
 def _csr(edge_index: torch.Tensor, values: torch.Tensor, num_sources: int, num_targets: int) -> torch.Tensor:
@@ -93,18 +96,18 @@ class BatchedGraph:
         self.num_nodes = B * V
         self._operators: dict[tuple, object] = {}
 
-    def _cached(self, key: tuple, build: Callable[[], Any]) -> Any:
+    def _cached(self, key: tuple, build: Callable[[], T]) -> T:
         if key not in self._operators:
             self._operators[key] = build()
-        return self._operators[key]
+        return cast(T, self._operators[key])
 
-    def gin_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype) -> Any:
+    def gin_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype) -> Operator:
         """``(adjacency, size)`` for ``GINConv((x_src, x_dst), adjacency, size)``."""
         n_src = self.num_real if real_sources else self.num_nodes
         n_dst = self.num_real if real_targets else self.num_nodes
         sparse = dtype in _SPARSE_DTYPES
 
-        def build() -> Any:
+        def build() -> Operator:
             ei = self.edge_index
             keep = torch.ones(ei.size(1), dtype=torch.bool, device=ei.device)
             if real_sources:
@@ -118,7 +121,7 @@ class BatchedGraph:
 
         return self._cached(("gin", real_sources, real_targets, dtype if sparse else None), build)
 
-    def gcn_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype) -> Any:
+    def gcn_operator(self, real_sources: bool, real_targets: bool, dtype: torch.dtype) -> Operator:
         """Symmetrically normalised adjacency with self-loops: ``(adjacency, edge_weight)``.
 
         Normalisation always uses the whole graph; with a sparse dtype the
@@ -128,7 +131,7 @@ class BatchedGraph:
         sparse = dtype in _SPARSE_DTYPES
         real_sources, real_targets = real_sources and sparse, real_targets and sparse
 
-        def build() -> Any:
+        def build() -> Operator:
             ei, weight = gcn_norm(self.edge_index, None, self.num_nodes, add_self_loops=True, dtype=dtype)
             if not sparse:
                 return ei, weight
@@ -142,7 +145,7 @@ class BatchedGraph:
     def gat_operator(self, real_targets: bool) -> torch.Tensor:
         """``edge_index`` without self-loops (GATConv adds them), optionally real targets only."""
 
-        def build() -> Any:
+        def build() -> torch.Tensor:
             ei = self.edge_index
             return ei[:, ei[1] < self.num_real] if real_targets else ei
 
@@ -370,7 +373,19 @@ class GNNEncoder(LayerEncoder):
         )
 
 
-class CayleyGNNEncoder(GNNEncoder):
+class _FixedGraphEncoder(GNNEncoder):
+    """A :class:`GNNEncoder` over the graph ``graph_of(num_layers)``."""
+
+    @staticmethod
+    def graph_of(num_real: int, /) -> LayerGraph:
+        raise NotImplementedError
+
+    def __init__(self, num_layers: int, hidden_in: int, **hparams: Any) -> None:
+        check_int("num_layers", num_layers)
+        super().__init__(num_layers, hidden_in, type(self).graph_of(num_layers), **hparams)
+
+
+class CayleyGNNEncoder(_FixedGraphEncoder):
     """:class:`GNNEncoder` over the Cayley graph of the smallest SL(2, Z_n) with ``num_layers`` nodes.
 
     Shapes:
@@ -378,12 +393,10 @@ class CayleyGNNEncoder(GNNEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, **hparams: Any) -> None:
-        check_int("num_layers", num_layers)
-        super().__init__(num_layers, hidden_in, cayley_graph(num_layers), **hparams)
+    graph_of = staticmethod(cayley_graph)
 
 
-class FCGNNEncoder(GNNEncoder):
+class FCGNNEncoder(_FixedGraphEncoder):
     """:class:`GNNEncoder` over the fully connected graph of the layers (no virtual nodes).
 
     Shapes:
@@ -391,6 +404,4 @@ class FCGNNEncoder(GNNEncoder):
         - output: ``(N, hidden_dim)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, **hparams: Any) -> None:
-        check_int("num_layers", num_layers)
-        super().__init__(num_layers, hidden_in, fully_connected_graph(num_layers), **hparams)
+    graph_of = staticmethod(fully_connected_graph)

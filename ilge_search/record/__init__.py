@@ -8,25 +8,20 @@ record (ensembles, portfolios, token studies ...) has a module beside ``core``; 
 
 from .core import *  # noqa: F403
 from .core import __all__ as _core_all
-
-__all__ = list(_core_all)
+from .ensemble import *  # noqa: F403
+from .ensemble import __all__ as _ensemble_all
+from .leaderboard import *  # noqa: F403
+from .leaderboard import __all__ as _leaderboard_all
 from .portfolio import *  # noqa: F403
 from .portfolio import __all__ as _portfolio_all
+from .source import *  # noqa: F403
+from .source import __all__ as _source_all
+from .trial import *  # noqa: F403
+from .trial import __all__ as _trial_all
+from .warmstart import *  # noqa: F403
+from .warmstart import __all__ as _warmstart_all
+from .worker import *  # noqa: F403
+from .worker import __all__ as _worker_all
 
-__all__ += list(_portfolio_all)
-from .ensemble import *  # noqa: F403, E402
-from .ensemble import __all__ as _ensemble_all  # noqa: E402
-
-__all__ += list(_ensemble_all)
-from .source import *  # noqa: F403, E402
-from .source import __all__ as _source_all  # noqa: E402
-
-__all__ += list(_source_all)
-from .warmstart import *  # noqa: F403, E402
-from .warmstart import __all__ as _warmstart_all  # noqa: E402
-
-__all__ += list(_warmstart_all)
-from .leaderboard import *  # noqa: F403, E402
-from .leaderboard import __all__ as _leaderboard_all  # noqa: E402
-
+__all__ = [*_core_all, *_trial_all, *_portfolio_all, *_ensemble_all, *_source_all, *_warmstart_all, *_worker_all]
 __all__ += list(_leaderboard_all)

@@ -1,30 +1,24 @@
 """The study record: everything ilge-search stores on an Optuna study or trial, typed and versioned.
 
-Optuna keeps free-form *user attrs* on every study and trial. This module is
-the only one in the package (with :mod:`ilge_search.storage`, which stamps the
-process running a trial) that reads or writes them; every other module works
-with the typed records below:
+Optuna keeps free-form *user attrs* on every study and trial. The ``record`` package is the one reader and
+writer of them; every other module works with the typed records below:
 
-- :class:`StudyRecord`, one per study, read with :func:`study_record` from an
-  ``optuna.Study``, a ``FrozenStudy`` or a study summary. It holds the study's
-  :class:`Identity` (what its trials search and how its final scores are
-  measured), its :class:`DataRecord` (the embeddings it ran on), its
-  :class:`FinalRecord` (the final evaluation under the current selection rule;
-  one per rule in ``by_rule``), and the :class:`ExplainRecord` and
-  :class:`LotoRecord` entries other commands stored on it;
-- :class:`TrialRecord`, one per trial, read with :func:`trial_record`.
+- :class:`StudyRecord`, one per study, read with :func:`study_record` from an ``optuna.Study``, a ``FrozenStudy`` or a
+  study summary. It holds the study's :class:`Identity` (what its trials search and how its final scores are measured),
+  its :class:`DataRecord` (the embeddings it ran on), its :class:`FinalRecord` (the final evaluation under the current
+  selection rule; one per rule in ``by_rule``), and the :class:`ExplainRecord` and :class:`LotoRecord` entries other
+  commands stored on it;
+- :class:`~ilge_search.record.trial.TrialRecord`, one per trial, read with
+  :func:`~ilge_search.record.trial.trial_record` (:mod:`ilge_search.record.trial`).
 
-Writers (:func:`save_identity`, :func:`save_final`, :func:`save_trial` ...)
-take the same records. On disk every field stays a flat user attr under its
-historical name (``final_test_mean``, ``val_metric`` ...), so optuna-dashboard
-shows them and older tools keep reading them; a study written by this version
-also stores :data:`VERSION_ATTR` = :data:`RECORD_VERSION`.
+Writers (:func:`save_identity`, :func:`save_final` ...) take the same records. On disk every field stays a flat user
+attr under its historical name (``final_test_mean``, ``val_metric`` ...), so optuna-dashboard shows them and older tools
+keep reading them; a study written by this version also stores :data:`VERSION_ATTR` = :data:`RECORD_VERSION`.
 
-Format versions: version 1 is every study stored before the record existed
-(no :data:`VERSION_ATTR`). :func:`upgrade_attrs` is the one converter: it
-reads a version-1 study's absent keys as what they meant then (objectives:
-the score alone; protocol: ``matched``; a final evaluation without a rule:
-``best``), so every reader sees one shape.
+Format versions: version 1 is every study stored before the record existed (no :data:`VERSION_ATTR`).
+:func:`upgrade_attrs` is the one converter: it reads a version-1 study's absent keys as what they meant then
+(objectives: the score alone; protocol: ``matched``; a final evaluation without a rule: ``best``), so every reader sees
+one shape.
 """
 
 from __future__ import annotations
@@ -34,12 +28,13 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .fields import Attrs, Stored, attrs_of, fields_from, finite, read_stored, write_attrs
 
 if TYPE_CHECKING:
     import optuna
 
-    from ..encoders.configs import EncoderConfig
 
 __all__ = [
     "RECORD_VERSION",
@@ -62,11 +57,8 @@ __all__ = [
     "LotoScores",
     "LotoRecord",
     "StudyRecord",
-    "TrialRecord",
     "upgrade_attrs",
     "study_record",
-    "trial_record",
-    "trial_config",
     "is_ilge_study",
     "save_identity",
     "save_data_fingerprints",
@@ -76,8 +68,6 @@ __all__ = [
     "save_final",
     "save_explain",
     "save_loto",
-    "save_trial",
-    "enqueue_start_trial",
 ]
 
 RECORD_VERSION = 2  # the format this module writes; version 1: studies stored without VERSION_ATTR
@@ -96,30 +86,6 @@ DATA_SPLITS = ("train", "validation", "test")
 # the identity keys that decide how the final scores are measured, not what the trials do
 PROTOCOL_KEYS = ("protocol", "samples_per_label")
 
-_Record = TypeVar("_Record")
-
-
-def _fields_from(cls: type[_Record], values: Mapping[str, Any], rename: Mapping[str, str] | None = None) -> _Record:
-    """An instance of the dataclass ``cls`` from ``values`` (attr name -> value; ``rename``: field -> attr
-    name); absent attrs take the field's default."""
-    rename = rename or {}
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if not f.init:
-            continue
-        key = rename.get(f.name, f.name)
-        if key in values:
-            kwargs[f.name] = values[key]
-    return cls(**kwargs)
-
-
-def _finite(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
 # ----------------------------------------------------------------------------- identity and data
 
 
@@ -127,11 +93,9 @@ def _finite(value: Any) -> float | None:
 class Identity:
     """What a study's trials search and how its final scores are measured.
 
-    Two runs may share a study only when their identities are equal. ``task``
-    is a registered task's name or a custom task's file or folder name;
-    ``objectives`` is ``("score",)`` or the score with ``params`` and/or
-    ``latency``; ``protocol`` is ``matched`` or ``paper`` (with its
-    ``samples_per_label``, ``None`` under ``matched``).
+    Two runs may share a study only when their identities are equal. ``task`` is a registered task's name or a custom
+    task's file or folder name; ``objectives`` is ``("score",)`` or the score with ``params`` and/or ``latency``;
+    ``protocol`` is ``matched`` or ``paper`` (with its ``samples_per_label``, ``None`` under ``matched``).
     """
 
     VERSION: ClassVar[int] = 1
@@ -158,14 +122,14 @@ class Identity:
             object.__setattr__(self, "methods", tuple(self.methods))
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> Identity:
+    def from_attrs(cls, attrs: Mapping[str, object]) -> Identity:
         """The identity stored in (upgraded) user ``attrs``."""
-        values: dict[str, Any] = {key: attrs.get(key) for key in IDENTITY_KEYS}
+        values: Attrs = {key: attrs.get(key) for key in IDENTITY_KEYS}
         values["objectives"] = tuple(values["objectives"] or DEFAULT_OBJECTIVES)
         values["protocol"] = str(values["protocol"] or DEFAULT_PROTOCOL)
         return cls(**values)
 
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> Attrs:
         """The user attrs this identity is stored as (``objectives`` as a list, as JSON keeps it)."""
         out = {key: getattr(self, key) for key in IDENTITY_KEYS}
         out["objectives"] = list(self.objectives)
@@ -194,7 +158,7 @@ class Identity:
         """Whether the study has more than one objective."""
         return len(self.objectives) > 1
 
-    def data_setting(self) -> dict[str, Any]:
+    def data_setting(self) -> Attrs:
         """The data and budget options of the identity: what decides the arrays and epochs a config trains."""
         return {key: getattr(self, key) for key in ("shots", "max_train", "max_eval", "data_seed", "max_epochs")}
 
@@ -208,10 +172,9 @@ IDENTITY_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Identi
 class DataRecord:
     """The embeddings a study ran on, recorded when it was created.
 
-    ``data_fingerprints`` (split -> sha256 of its content) and ``label_names``
-    decide whether new data may join the study; ``cache_keys`` are the
-    embedding-cache entries of its splits; ``task_path`` is a custom task's file
-    or folder (absolute), ``artifact_dir`` the artifact store its weights went to.
+    ``data_fingerprints`` (split -> sha256 of its content) and ``label_names`` decide whether new data may join the
+    study; ``cache_keys`` are the embedding-cache entries of its splits; ``task_path`` is a custom task's file or folder
+    (absolute), ``artifact_dir`` the artifact store its weights went to.
     """
 
     VERSION: ClassVar[int] = 1
@@ -232,8 +195,8 @@ class DataRecord:
     ilge_search_version: str | None = None
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> DataRecord:
-        record = _fields_from(cls, {k: v for k, v in attrs.items() if v is not None or k == "data_fingerprints"})
+    def from_attrs(cls, attrs: Mapping[str, object]) -> DataRecord:
+        record = fields_from(cls, {k: v for k, v in attrs.items() if v is not None or k == "data_fingerprints"})
         return dataclasses.replace(
             record,
             label_names=list(record.label_names or []),
@@ -241,7 +204,7 @@ class DataRecord:
             cache_keys=dict(record.cache_keys or {}),
         )
 
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> Attrs:
         return dataclasses.asdict(self)
 
     @property
@@ -270,9 +233,9 @@ class ZeroShotScores:
     scores: list[float]
 
     @classmethod
-    def from_attrs(cls, values: Mapping[str, Any]) -> ZeroShotScores:
+    def from_attrs(cls, values: Mapping[str, object]) -> ZeroShotScores:
         """The scores stored for one task; a spread or scores not stored read as NaN and none."""
-        return _fields_from(cls, {"std": math.nan, "scores": [], **values})
+        return fields_from(cls, {"std": math.nan, "scores": [], **values})
 
 
 @dataclass(frozen=True)
@@ -285,7 +248,7 @@ class FrontMember:
     test_mean: float
     test_std: float
     test_scores: list[float]
-    config: dict[str, Any] = field(default_factory=dict)
+    config: Attrs = field(default_factory=dict)
     values: dict[str, float] = field(default_factory=dict)
     params: int | None = None
     latency_ms: float | None = None
@@ -294,12 +257,12 @@ class FrontMember:
     artifact_seed: int | None = None
 
     @classmethod
-    def from_attrs(cls, values: Mapping[str, Any]) -> FrontMember:
+    def from_attrs(cls, values: Mapping[str, object]) -> FrontMember:
         """A stored member; what it lacks (written by hand or by an earlier version) reads as unknown or empty."""
-        absent: dict[str, Any] = {"config": {}, "values": {}, "params": None, "latency_ms": None, "artifact_seed": None}
-        return _fields_from(cls, {**absent, "test_scores": [], "val_scores": [], "artifacts": {}, **values})
+        absent: Attrs = {"config": {}, "values": {}, "params": None, "latency_ms": None, "artifact_seed": None}
+        return fields_from(cls, {**absent, "test_scores": [], "val_scores": [], "artifacts": {}, **values})
 
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> Attrs:
         return dataclasses.asdict(self)
 
 
@@ -311,29 +274,23 @@ _FINAL_PREFIX = "final_"
 class FinalRecord:
     """A study's final evaluation under one selection rule.
 
-    The selected trial (``trial``, by the rule ``select``: ``best``, ``one-se``
-    or ``front``) retrained once per seed and scored on test; the starting
-    configuration retrained with the same seeds (``start_*``) and the
-    ``search_gain`` (selected minus start, in the direction of improvement);
-    ``selected_value`` (the selected trial's objective) and ``val_test_gap``
-    (that minus the test mean; ``None`` under the paper protocol);
-    ``artifacts`` (the best seed's weights by validation) and
-    ``artifact_seed``; ``protocol`` (how the test scores were measured, with
-    the paper protocol's draws); ``zero_shot`` scores on similarity tasks; a
-    multi-objective study's ``front`` with ``front_k`` (asked for) and
-    ``front_size`` (of the whole front then). For a tagging study,
-    ``test_macro_f1`` holds each seed's macro-F1 over the test words (beside
-    its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their
-    mean (of a multi-objective study's best-score front trial); ``None`` for
-    other tasks and for evaluations stored before they were recorded (absent
-    attrs: not measured, so no format change).
+    The selected trial (``trial``, by the rule ``select``: ``best``, ``one-se`` or ``front``) retrained once per seed
+    and scored on test; the starting configuration retrained with the same seeds (``start_*``) and the ``search_gain``
+    (selected minus start, in the direction of improvement); ``selected_value`` (the selected trial's objective) and
+    ``val_test_gap`` (that minus the test mean; ``None`` under the paper protocol); ``artifacts`` (the best seed's
+    weights by validation) and ``artifact_seed``; ``protocol`` (how the test scores were measured, with the paper
+    protocol's draws); ``zero_shot`` scores on similarity tasks; a multi-objective study's ``front`` with ``front_k``
+    (asked for) and ``front_size`` (of the whole front then). For a tagging study, ``test_macro_f1`` holds each seed's
+    macro-F1 over the test words (beside its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their mean
+    (of a multi-objective study's best-score front trial); ``None`` for other tasks and for evaluations stored before
+    they were recorded (absent attrs: not measured, so no format change).
     """
 
     VERSION: ClassVar[int] = 1
 
     select: str
     trial: int
-    config: dict[str, Any]
+    config: Attrs
     seeds: list[int]
     test_scores: list[float]
     test_mean: float
@@ -348,7 +305,7 @@ class FinalRecord:
     start_test_mean: float | None = None
     start_test_scores: list[float] | None = None
     search_gain: float | None = None
-    protocol: dict[str, Any] = field(default_factory=lambda: {"protocol": DEFAULT_PROTOCOL})
+    protocol: Attrs = field(default_factory=lambda: {"protocol": DEFAULT_PROTOCOL})
     zero_shot: dict[str, ZeroShotScores] = field(default_factory=dict)
     front: list[FrontMember] = field(default_factory=list)
     front_k: int | None = None
@@ -383,12 +340,12 @@ class FinalRecord:
     FRONT_FIELDS: ClassVar[tuple[str, ...]] = ("front", "front_k", "front_size")
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> FinalRecord | None:
+    def from_attrs(cls, attrs: Mapping[str, object]) -> FinalRecord | None:
         """The final evaluation stored in ``attrs`` (a study's upgraded attrs, or one ``final_by_rule``
         entry); ``None`` when there is none."""
         if "final_test_mean" not in attrs:
             return None
-        values = {
+        values: Attrs = {
             f.name: attrs[_FINAL_PREFIX + f.name]
             for f in dataclasses.fields(cls)
             if _FINAL_PREFIX + f.name in attrs and attrs[_FINAL_PREFIX + f.name] is not None
@@ -405,7 +362,7 @@ class FinalRecord:
         values.setdefault("trial", -1)
         return cls(**values)
 
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> Attrs:
         """The ``final_*`` user attrs of this evaluation (front attrs only for a front)."""
         names = self.RULE_FIELDS + (self.FRONT_FIELDS if self.front else ())
         out = {}
@@ -418,7 +375,7 @@ class FinalRecord:
             out[_FINAL_PREFIX + name] = value
         return out
 
-    def rule_attrs(self) -> dict[str, Any]:
+    def rule_attrs(self) -> Attrs:
         """The attrs of this evaluation kept per rule in ``final_by_rule``."""
         attrs = self.to_attrs()
         return {_FINAL_PREFIX + name: attrs[_FINAL_PREFIX + name] for name in self.RULE_FIELDS}
@@ -430,7 +387,7 @@ class FinalRecord:
 
     @property
     def finite_test_mean(self) -> float | None:
-        return _finite(self.test_mean)
+        return finite(self.test_mean)
 
 
 # ----------------------------------------------------------------------------- explain and LOTO
@@ -451,21 +408,18 @@ class ExplainRecord:
     scores: list[float]
     ablation: list[list[float]]
     gradient_input: list[list[float]]
-    source: dict[str, Any]
+    source: Attrs
     seconds: float = 0.0
     version: int = 1
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> ExplainRecord | None:
+    def from_attrs(cls, attrs: Mapping[str, object]) -> ExplainRecord | None:
         stored = attrs.get(cls.ATTR)
         if not isinstance(stored, Mapping) or not isinstance(stored.get("source"), Mapping):
             return None
-        try:
-            return _fields_from(cls, stored)
-        except TypeError:  # a record missing a field: not a usable explanation
-            return None
+        return read_stored(stored, lambda values: fields_from(cls, values), (TypeError,))
 
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> Attrs:
         return {self.ATTR: dataclasses.asdict(self)}
 
 
@@ -473,7 +427,7 @@ class ExplainRecord:
 class LotoScores:
     """One configuration trained with no search on a study's data: its test and validation scores per seed."""
 
-    config: dict[str, Any]
+    config: Attrs
     test_scores: list[float]
     val_scores: list[float]
 
@@ -486,7 +440,7 @@ class LotoRecord:
     VERSION: ClassVar[int] = 1
     ATTR: ClassVar[str] = "loto_evaluations"
 
-    key: dict[str, Any]
+    key: Attrs
     builtin: LotoScores
     regenerated: LotoScores
     regenerated_from: list[str] = field(default_factory=list)
@@ -494,32 +448,27 @@ class LotoRecord:
     version: int = 1
 
     @classmethod
-    def from_value(cls, stored: Any) -> LotoRecord | None:
-        if not isinstance(stored, Mapping):
-            return None
-        try:
-            values = dict(stored)
-            values["builtin"] = _fields_from(LotoScores, values["builtin"])
-            values["regenerated"] = _fields_from(LotoScores, values["regenerated"])
-            return _fields_from(cls, values)
-        except (KeyError, TypeError):
-            return None
+    def from_value(cls, stored: object) -> LotoRecord | None:
+        def build(values: Attrs) -> LotoRecord:
+            scores = {name: fields_from(LotoScores, values[name]) for name in ("builtin", "regenerated")}
+            return fields_from(cls, {**values, **scores})
 
-    def to_value(self) -> dict[str, Any]:
+        return read_stored(stored, build, (KeyError, TypeError))
+
+    def to_value(self) -> Attrs:
         return dataclasses.asdict(self)
 
 
 # ----------------------------------------------------------------------------- the study record
 
 
-def upgrade_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+def upgrade_attrs(attrs: Mapping[str, object]) -> Attrs:
     """A study's user attrs in the current format (:data:`RECORD_VERSION`), whatever version wrote them.
 
-    Version 1 (no :data:`VERSION_ATTR`): ``objectives`` absent means the score
-    alone, ``protocol`` absent means ``matched``, and a final evaluation without
-    ``final_select`` was made under ``best``. Nothing else changed meaning.
+    Version 1 (no :data:`VERSION_ATTR`): ``objectives`` absent means the score alone, ``protocol`` absent means
+    ``matched``, and a final evaluation without ``final_select`` was made under ``best``. Nothing else changed meaning.
     """
-    out = dict(attrs)
+    out: Attrs = dict(attrs)
     version = int(out.get(VERSION_ATTR) or 1)
     if version > RECORD_VERSION:
         raise ValueError(
@@ -540,11 +489,9 @@ def upgrade_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
 class StudyRecord:
     """Everything ilge-search stored on one study, typed (see the module's docstring).
 
-    ``identity`` and ``data`` are ``None`` when none of their fields was
-    stored (a study ilge-search did not create; see :attr:`is_ours`); ``final``
-    is the evaluation under the rule the study was last evaluated with and
-    ``by_rule`` every rule's; ``loto`` maps a key digest to a
-    :class:`LotoRecord`. ``version`` is the format the study was stored in.
+    ``identity`` and ``data`` are ``None`` when none of their fields was stored (a study ilge-search did not create; see
+    :attr:`is_ours`); ``final`` is the evaluation under the rule the study was last evaluated with and ``by_rule`` every
+    rule's; ``loto`` maps a key digest to a :class:`LotoRecord`. ``version`` is the format the study was stored in.
     """
 
     name: str
@@ -609,38 +556,26 @@ class StudyRecord:
         return DEFAULT_OBJECTIVES if self.identity is None else self.identity.objectives
 
 
-def _attrs_of(obj: Any) -> Mapping[str, Any]:
-    attrs = getattr(obj, "user_attrs", None)
-    if attrs is None:
-        raise TypeError(f"expected an Optuna study, frozen study or study summary, got {type(obj).__name__}")
-    return attrs
-
-
-def study_record(study: optuna.Study | optuna.study.StudySummary) -> StudyRecord:
+def study_record(study: Stored) -> StudyRecord:
     """The :class:`StudyRecord` of an ``optuna.Study``, ``FrozenStudy`` or study summary."""
-    return StudyRecord.from_attrs(str(getattr(study, "study_name", "")), _attrs_of(study))
+    return StudyRecord.from_attrs(str(getattr(study, "study_name", "")), attrs_of(study))
 
 
 def is_ilge_study(study: optuna.Study) -> bool:
     """Whether ``study`` was created by ilge-search (cheaper than a whole record)."""
-    return "model" in _attrs_of(study)
-
-
-def _write(study: optuna.Study, values: Mapping[str, Any]) -> None:
-    for key, value in values.items():
-        study.set_user_attr(key, value)
+    return "model" in attrs_of(study)
 
 
 def save_identity(study: optuna.Study, identity: Identity, data: DataRecord) -> None:
     """Store a new study's identity and data record (before it is marked ready)."""
-    _write(study, {**identity.to_attrs(), **data.to_attrs(), VERSION_ATTR: RECORD_VERSION})
+    write_attrs(study, {**identity.to_attrs(), **data.to_attrs(), VERSION_ATTR: RECORD_VERSION})
 
 
 def save_data_fingerprints(
     study: optuna.Study, task: str, label_names: Sequence[str], fingerprints: Mapping[str, str]
 ) -> None:
     """Give a study stored before data fingerprints existed its task name and fingerprints (adopted)."""
-    _write(study, {"task": task, "label_names": list(label_names), "data_fingerprints": dict(fingerprints)})
+    write_attrs(study, {"task": task, "label_names": list(label_names), "data_fingerprints": dict(fingerprints)})
 
 
 def save_task_path(study: optuna.Study, task_path: str) -> None:
@@ -663,97 +598,19 @@ def save_final(study: optuna.Study, final: FinalRecord, *, keep_by_rule: bool = 
     entry of ``final_by_rule`` (a multi-objective study's front is not). A zero-shot record of an earlier
     evaluation is cleared when this one has none."""
     attrs = final.to_attrs()
-    if not final.zero_shot and "final_zero_shot" not in _attrs_of(study):
+    if not final.zero_shot and "final_zero_shot" not in attrs_of(study):
         attrs.pop("final_zero_shot", None)
-    _write(study, attrs)
+    write_attrs(study, attrs)
     if keep_by_rule:
-        by_rule = dict(_attrs_of(study).get("final_by_rule") or {})
+        by_rule = dict(attrs_of(study).get("final_by_rule") or {})
         by_rule[final.select] = final.rule_attrs()
         study.set_user_attr("final_by_rule", by_rule)
 
 
 def save_explain(study: optuna.Study, record: ExplainRecord) -> None:
-    _write(study, record.to_attrs())
+    write_attrs(study, record.to_attrs())
 
 
 def save_loto(study: optuna.Study, records: Mapping[str, LotoRecord]) -> None:
     """Replace a study's leave-one-task-out records with ``records`` (digest -> record)."""
     study.set_user_attr(LotoRecord.ATTR, {digest: record.to_value() for digest, record in records.items()})
-
-
-# ----------------------------------------------------------------------------- trials
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """What a trial recorded: its configuration and how its training went.
-
-    ``val_metric`` is its objective score (the mean over folds with ``--cv``,
-    with ``fold_scores``/``fold_best_epochs``); ``params`` its trainable
-    parameters; ``latency_ms`` its forward time per 1,000 validation samples;
-    ``layer``/``layer_scores`` the best-layer baseline's choice; ``pruned_fold``
-    the fold a cross-validated trial was pruned in; ``recommended`` marks the
-    starting configuration.
-    """
-
-    VERSION: ClassVar[int] = 1
-    # field -> user attr, where they differ
-    ATTRS: ClassVar[dict[str, str]] = {"params": "num_trainable_params"}
-
-    config: dict[str, Any] | None = None
-    val_metric: float | None = None
-    params: int | None = None
-    latency_ms: float | None = None
-    epochs_run: int | None = None
-    best_epoch: int | None = None
-    seconds: float | None = None
-    layer: int | None = None
-    layer_scores: list[float] = field(default_factory=list)
-    fold_scores: list[float] = field(default_factory=list)
-    fold_best_epochs: list[int] = field(default_factory=list)
-    pruned_fold: int | None = None
-    recommended: bool = False
-    val_macro_f1: float | None = None  # tagging: macro-F1 over the validation words at the best epoch
-
-    @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
-        return _fields_from(cls, {k: v for k, v in attrs.items() if v is not None}, cls.ATTRS)
-
-    @classmethod
-    def attr_name(cls, name: str) -> str:
-        """The user attr a field is stored as."""
-        if name not in {f.name for f in dataclasses.fields(cls)}:
-            raise KeyError(f"a trial record has no field {name!r}")
-        return cls.ATTRS.get(name, name)
-
-
-def trial_record(trial: Any) -> TrialRecord:
-    """The :class:`TrialRecord` of an ``optuna.Trial`` or ``FrozenTrial``."""
-    return TrialRecord.from_attrs(_attrs_of(trial))
-
-
-def trial_config(trial: Any) -> EncoderConfig:
-    """The encoder configuration a trial recorded, rebuilt.
-
-    Raises:
-        ValueError: the trial recorded none (it failed before its configuration was drawn).
-    """
-    from ..encoders.configs import config_from_dict
-
-    config = trial_record(trial).config
-    if not config:
-        raise ValueError(
-            f"trial {trial.number} recorded no configuration (it failed before one was drawn); choose another trial"
-        )
-    return config_from_dict(config)
-
-
-def save_trial(trial: Any, **values: Any) -> None:
-    """Record fields of :class:`TrialRecord` on a running trial (each as it becomes known)."""
-    for name, value in values.items():
-        trial.set_user_attr(TrialRecord.attr_name(name), value)
-
-
-def enqueue_start_trial(study: optuna.Study, params: Mapping[str, Any]) -> None:
-    """Enqueue the starting configuration (Optuna ``params``) as the study's next trial, marked ``recommended``."""
-    study.enqueue_trial(dict(params), user_attrs={"recommended": True})

@@ -1,16 +1,13 @@
 """The ensemble part of the study record: trials' validation predictions and a study's ensemble evaluation.
 
-Validation predictions (class probabilities ``(N, C)`` or similarity scores
-``(N,)``, float16 ``.npy``) live in the study's artifact store; the record keeps
-their artifact ids. A trial stores its own while it runs (the trial attr
-:data:`PREDICTIONS_ATTR`); predictions made later for a finished trial (Optuna
-cannot change a finished trial's attrs) go into the study attr
-:data:`BACKFILL_ATTR`, trial number -> artifact id, with the seed they were
-trained with. :func:`trial_predictions` reads both as one map.
+Validation predictions (class probabilities ``(N, C)`` or similarity scores ``(N,)``, float16 ``.npy``) live in the
+study's artifact store; the record keeps their artifact ids. A trial stores its own while it runs (the trial attr
+:data:`PREDICTIONS_ATTR`); predictions made later for a finished trial (Optuna cannot change a finished trial's attrs)
+go into the study attr :data:`BACKFILL_ATTR`, trial number -> artifact id, with the seed they were trained with.
+:func:`trial_predictions` reads both as one map.
 
-:class:`EnsembleRecord` (study attr :data:`EnsembleRecord.ATTR`) is the last
-ensemble evaluation: the greedy selection's picks, and per ensemble size the
-ensemble's test scores over the final seeds beside the selected trial's and the
+:class:`EnsembleRecord` (study attr :data:`EnsembleRecord.ATTR`) is the last ensemble evaluation: the greedy selection's
+picks, and per ensemble size the ensemble's test scores over the final seeds beside the selected trial's and the
 starting configuration's with the same seeds.
 """
 
@@ -21,6 +18,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from .fields import Attrs, attrs_of, known_fields, read_stored
 
 if TYPE_CHECKING:
     import optuna
@@ -36,18 +35,6 @@ __all__ = [
     "ensemble_record",
     "save_ensemble",
 ]
-
-
-def _attrs_of(obj: Any) -> Mapping[str, Any]:
-    attrs = getattr(obj, "user_attrs", None)
-    if attrs is None:
-        raise TypeError(f"expected an Optuna study or trial, got {type(obj).__name__}")
-    return attrs
-
-
-def _known_fields(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {key: value for key, value in values.items() if key in names}
 
 
 PREDICTIONS_ATTR = "val_predictions"  # on a trial: the artifact id of its validation predictions
@@ -70,10 +57,10 @@ class EnsembleSize:
     val_test_gap: float | None = None
 
     @classmethod
-    def from_value(cls, stored: Mapping[str, Any]) -> EnsembleSize:
-        values = {"val_scores": [], "val_test_gap": None, **stored}
+    def from_value(cls, stored: Mapping[str, object]) -> EnsembleSize:
+        values: Attrs = {"val_scores": [], "val_test_gap": None, **stored}
         values["members"] = {str(k): int(v) for k, v in dict(values.get("members") or {}).items()}
-        return cls(**_known_fields(cls, values))
+        return cls(**known_fields(cls, values))
 
     @property
     def n_members(self) -> int:
@@ -97,24 +84,18 @@ class EnsembleSize:
 class EnsembleRecord:
     """A study's ensemble evaluation (``ilge-search ensemble`` or ``run --ensemble K``).
 
-    ``size`` is the K asked for (the study's ensemble); ``picks`` the trial
-    numbers greedy forward selection with replacement took, in order (the
-    ensemble of k is the first k picks); ``sizes`` the evaluated sizes;
-    ``seeds`` and ``max_epochs`` the final retraining's; ``selected_*`` and
-    ``start_*`` the single selected trial's and the starting configuration's
-    test scores with the same seeds (from the final evaluation, rule
-    ``select``); ``best_layer_*`` the best single layer's (a probe per layer
-    chosen on validation) with the same seeds; ``member_seconds`` the training
-    time of the members for one seed; ``latency_ms`` the forward time per 1,000
-    validation samples of the ensemble and of one selected model
-    (``single_latency_ms``); ``artifacts`` the best seed's ensemble weights by
-    validation (``artifact_seed``); ``prediction_seed`` the training seed of the
-    trials' validation predictions; ``mix`` says how members are combined;
-    ``candidates`` the complete trials the selection chose from (``None`` in
-    evaluations stored before it was recorded); ``left_out`` those of them kept
-    out of the selection for their cost (trial -> the seconds its search trial
-    took); ``reused`` the members whose models came from the final evaluation
-    run just before (not trained again).
+    ``size`` is the K asked for (the study's ensemble); ``picks`` the trial numbers greedy forward selection with
+    replacement took, in order (the ensemble of k is the first k picks); ``sizes`` the evaluated sizes; ``seeds`` and
+    ``max_epochs`` the final retraining's; ``selected_*`` and ``start_*`` the single selected trial's and the starting
+    configuration's test scores with the same seeds (from the final evaluation, rule ``select``); ``best_layer_*`` the
+    best single layer's (a probe per layer chosen on validation) with the same seeds; ``member_seconds`` the training
+    time of the members for one seed; ``latency_ms`` the forward time per 1,000 validation samples of the ensemble and
+    of one selected model (``single_latency_ms``); ``artifacts`` the best seed's ensemble weights by validation
+    (``artifact_seed``); ``prediction_seed`` the training seed of the trials' validation predictions; ``mix`` says how
+    members are combined; ``candidates`` the complete trials the selection chose from (``None`` in evaluations stored
+    before it was recorded); ``left_out`` those of them kept out of the selection for their cost (trial -> the seconds
+    its search trial took); ``reused`` the members whose models came from the final evaluation run just before (not
+    trained again).
     """
 
     VERSION: ClassVar[int] = 1
@@ -144,17 +125,14 @@ class EnsembleRecord:
     version: int = 1
 
     @classmethod
-    def from_value(cls, stored: Any) -> EnsembleRecord | None:
-        if not isinstance(stored, Mapping):
-            return None
-        try:
-            values = dict(stored)
-            values["sizes"] = {str(k): EnsembleSize.from_value(v) for k, v in dict(values["sizes"]).items()}
-            return cls(**_known_fields(cls, values))
-        except (KeyError, TypeError, ValueError):
-            return None
+    def from_value(cls, stored: object) -> EnsembleRecord | None:
+        def build(values: Attrs) -> EnsembleRecord:
+            sizes = {str(k): EnsembleSize.from_value(v) for k, v in dict(values["sizes"]).items()}
+            return cls(**known_fields(cls, {**values, "sizes": sizes}))
 
-    def to_value(self) -> dict[str, Any]:
+        return read_stored(stored, build, (KeyError, TypeError, ValueError))
+
+    def to_value(self) -> Attrs:
         return dataclasses.asdict(self)
 
     @property
@@ -176,10 +154,10 @@ class EnsembleRecord:
 def trial_predictions(study: optuna.Study, trials: Any) -> dict[int, tuple[str, int | None]]:
     """Trial number -> (artifact id of its validation predictions, training seed: ``None`` when the trial
     stored them itself) for those of ``trials`` that have them; backfilled ones win (they replace missing ones)."""
-    backfilled = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
+    backfilled = dict(attrs_of(study).get(BACKFILL_ATTR) or {})
     out: dict[int, tuple[str, int | None]] = {}
     for trial in trials:
-        own = _attrs_of(trial).get(PREDICTIONS_ATTR)
+        own = attrs_of(trial).get(PREDICTIONS_ATTR)
         if str(trial.number) in backfilled:  # made later, because the trial's own were missing or unreadable
             entry = backfilled[str(trial.number)]
             out[trial.number] = (str(entry["artifact"]), int(entry["seed"]))
@@ -188,7 +166,7 @@ def trial_predictions(study: optuna.Study, trials: Any) -> dict[int, tuple[str, 
     return out
 
 
-def save_trial_predictions(trial: Any, artifact_id: str) -> None:
+def save_trial_predictions(trial: optuna.Trial | optuna.trial.FrozenTrial, artifact_id: str) -> None:
     """Record a running trial's validation predictions (an artifact id)."""
     trial.set_user_attr(PREDICTIONS_ATTR, artifact_id)
 
@@ -196,7 +174,7 @@ def save_trial_predictions(trial: Any, artifact_id: str) -> None:
 def save_backfilled_predictions(study: optuna.Study, predictions: Mapping[int, str], seed: int) -> None:
     """Record validation predictions made for finished trials (trial number -> artifact id), trained with
     ``seed``; earlier entries of other trials stay."""
-    stored = dict(_attrs_of(study).get(BACKFILL_ATTR) or {})
+    stored = dict(attrs_of(study).get(BACKFILL_ATTR) or {})
     for number, artifact in predictions.items():
         stored[str(number)] = {"artifact": artifact, "seed": int(seed)}
     study.set_user_attr(BACKFILL_ATTR, stored)
@@ -204,7 +182,7 @@ def save_backfilled_predictions(study: optuna.Study, predictions: Mapping[int, s
 
 def ensemble_record(study: optuna.Study) -> EnsembleRecord | None:
     """The ensemble evaluation stored on ``study`` (an ``optuna.Study``, frozen study or summary), or ``None``."""
-    return EnsembleRecord.from_value(_attrs_of(study).get(EnsembleRecord.ATTR))
+    return EnsembleRecord.from_value(attrs_of(study).get(EnsembleRecord.ATTR))
 
 
 def save_ensemble(study: optuna.Study, record: EnsembleRecord) -> None:

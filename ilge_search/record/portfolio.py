@@ -1,25 +1,10 @@
 """The cross-task matrix's stored record: one Optuna study per (family, size bucket), one trial per cell.
 
-A *cell* is one candidate configuration trained with one seed on one
-problem's data. Its :class:`CellKey` names everything the numbers depend on
-(the configuration as trained, the problem's study and data fingerprints, the
-seed); its digest is the trial's ``portfolio_cell`` user attr. A cell's trial
-is created already RUNNING with that attr in one storage write
-(:func:`claim_cell`), so a process that looks for a cell's trials after
-creating its own sees every claim made before it: the claim with the lowest
-trial number among the RUNNING and COMPLETE ones owns the cell, and a process
-whose claim lost abandons it (marked FAIL, ``portfolio_duplicate``). This is
-how several processes or hosts on one storage share the matrix without
-training a cell twice. A claim whose process died is failed by
-:func:`ilge_search.storage.fail_stale_trials` (it carries the worker stamp),
-and a FAIL or WAITING trial never owns a cell, so the cell is trained again.
-
-The study is not a search: it has no ``model`` attr, so
-:func:`~ilge_search.record.core.is_ilge_study` and the report leave it out.
-Each complete trial's value is the cell's best validation score; its user
-attrs hold :class:`CellScores` (validation and test score, epochs, seconds)
-and the key itself, so the matrix can be read back without the code that
-made it.
+A *cell* is one candidate configuration trained with one seed on one problem's data; its :class:`CellKey` names
+everything the numbers depend on and its digest is the trial's ``portfolio_cell`` user attr. A cell's trial is created
+already RUNNING (:func:`claim_cell`); the lowest-numbered RUNNING or COMPLETE claim owns the cell and a losing claim is
+abandoned, so processes on one storage never train a cell twice (the protocol: ``ARCHITECTURE.md``). The study has no
+``model`` attr, so the report leaves it out; each complete trial holds its :class:`CellScores` and its key.
 """
 
 from __future__ import annotations
@@ -31,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from .fields import Attrs
 
 if TYPE_CHECKING:
     import optuna
@@ -78,7 +65,7 @@ def portfolio_study_name(family: str, bucket: str) -> str:
     return f"{PORTFOLIO_PREFIX}:{family}:{bucket}"
 
 
-def _digest(value: Any) -> str:
+def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -92,9 +79,9 @@ class CellKey:
 
     VERSION: ClassVar[int] = PORTFOLIO_VERSION
 
-    config: dict[str, Any]
+    config: Attrs
     problem: str
-    data: dict[str, Any]
+    data: Attrs
     seed: int
 
     @property
@@ -117,11 +104,11 @@ class StoredCell:
     """A complete cell read back: its digest, key (as stored) and scores."""
 
     digest: str
-    key: dict[str, Any]
+    key: Attrs
     scores: CellScores
 
 
-def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, Any]) -> int:
+def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, object]) -> int:
     import optuna
 
     template = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs=dict(user_attrs))
@@ -129,10 +116,9 @@ def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, Any]) -> i
 
 
 def claim_cell(storage: Any, study: optuna.Study, key: CellKey, stamp: Callable[[int], tuple[str, Any]]) -> int | None:
-    """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's
-    RUNNING or COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker
-    stamp (attr name and value) that lets :func:`ilge_search.storage.fail_stale_trials` free the claim
-    of a process that died."""
+    """Claim ``key``'s cell for this process: the claim's trial id, or ``None`` when another process's RUNNING or
+    COMPLETE claim came first (this one is then abandoned). ``stamp(number)`` is the worker stamp (attr name and value)
+    that lets :func:`ilge_search.storage.fail_stale_trials` free the claim of a process that died."""
     rdb = storage.rdb
     study_id = rdb.get_study_id_from_name(study.study_name)
     digest = key.digest
@@ -197,13 +183,13 @@ def stored_cells(study: optuna.Study) -> tuple[dict[str, StoredCell], set[str]]:
     return cells, running - set(cells)
 
 
-def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, Any]) -> None:
+def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, object]) -> None:
     """Store the latest choice (default and portfolio members as config dicts, and what they were chosen
     from) on the portfolio study, where ``run --warm-start`` reads it."""
     study.set_user_attr(_CHOICE_ATTR, {"version": PORTFOLIO_VERSION, **dict(choice)})
 
 
-def check_portfolio_members(members: Any, where: str) -> None:
+def check_portfolio_members(members: object, where: str) -> None:
     """Refuse ``members`` unless it is a list of configurations the config classes accept: one line naming
     ``where`` and the first bad member (its 1-based position and family)."""
     from ..encoders.configs import config_from_dict
@@ -221,7 +207,7 @@ def check_portfolio_members(members: Any, where: str) -> None:
             raise ValueError(f"{where}: {label}: {exc}") from None
 
 
-def _check_choice(value: Any, where: str) -> dict[str, Any]:
+def _check_choice(value: object, where: str) -> Attrs:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where} is not a portfolio choice (an object expected, got {type(value).__name__})")
     for key in ("portfolio", "warm_start"):
@@ -237,7 +223,7 @@ def _check_choice(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> dict[str, Any] | None:
+def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> Attrs | None:
     """The choice :func:`save_portfolio_choice` stored, every member checked, or ``None`` when there is none.
 
     Raises:
@@ -256,13 +242,13 @@ def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> di
         ) from None
 
 
-def save_portfolio_request(study: optuna.Study, request: Mapping[str, Any]) -> None:
+def save_portfolio_request(study: optuna.Study, request: Mapping[str, object]) -> None:
     """Store what the latest ``ilge-search portfolio`` run asked for (its exclusions included), so that the
     report can rebuild that matrix from the stored cells."""
     study.set_user_attr(_REQUEST_ATTR, {"version": PORTFOLIO_VERSION, **dict(request)})
 
 
-def stored_portfolio_request(study: optuna.Study) -> dict[str, Any] | None:
+def stored_portfolio_request(study: optuna.Study) -> Attrs | None:
     """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
     value = study.user_attrs.get(_REQUEST_ATTR)
     if not isinstance(value, Mapping):
@@ -291,7 +277,7 @@ def shipped_portfolio_path(path: str | Path | None = None) -> Path:
     return Path(path) if path is not None else SHIPPED_PORTFOLIO_PATH  # looked up now: tests point it elsewhere
 
 
-def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> None:
+def _check_shipped_entry(where: str, family: str, bucket: str, entry: object) -> None:
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where}: families.{family}.{bucket} must be an object with members and provenance")
     members, provenance = entry.get("members"), entry.get("provenance")
@@ -319,7 +305,7 @@ def _check_shipped_entry(where: str, family: str, bucket: str, entry: Any) -> No
         )
 
 
-def check_shipped_portfolio(document: Any, where: str) -> dict[str, Any]:
+def check_shipped_portfolio(document: object, where: str) -> Attrs:
     """``document`` if it is a shipped-portfolio file of this version (one-line errors naming ``where``)."""
     if not isinstance(document, Mapping) or not isinstance(document.get("families"), Mapping):
         raise ValueError(f"{where}: not a portfolio file (an object with format_version and families expected)")
@@ -337,7 +323,7 @@ def check_shipped_portfolio(document: Any, where: str) -> dict[str, Any]:
     return dict(document)
 
 
-def load_shipped_portfolio(path: str | Path | None = None) -> dict[str, Any]:
+def load_shipped_portfolio(path: str | Path | None = None) -> Attrs:
     """The shipped portfolio file (``path``: default the package's ``data/portfolio.json``), checked; an empty
     one when it does not exist.
 
@@ -359,8 +345,8 @@ def load_shipped_portfolio(path: str | Path | None = None) -> dict[str, Any]:
 def write_shipped_portfolio(
     family: str,
     bucket: str,
-    members: Sequence[Mapping[str, Any]],
-    provenance: Mapping[str, Any],
+    members: Sequence[Mapping[str, object]],
+    provenance: Mapping[str, object],
     path: str | Path | None = None,
 ) -> Path:
     """Put ``family``/``bucket``'s entry into the shipped portfolio file (the other entries kept), written through
@@ -381,7 +367,7 @@ def write_shipped_portfolio(
     return path
 
 
-def enqueue_warm_trials(study: optuna.Study, params: Sequence[Mapping[str, Any]]) -> None:
+def enqueue_warm_trials(study: optuna.Study, params: Sequence[Mapping[str, object]]) -> None:
     """Enqueue portfolio members (Optuna ``params`` each) after the starting configuration, marked with their
     place in the portfolio."""
     for index, values in enumerate(params):

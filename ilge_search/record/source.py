@@ -18,10 +18,11 @@ data folder). On disk each field is a flat user attr under the name above.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from .fields import Attrs, write_attrs
 
 if TYPE_CHECKING:
     import optuna
@@ -58,7 +59,7 @@ class SourceRecord:
     data_dir: str | None = None
     data_dir_resolved: str | None = None
     task_path_given: str | None = None
-    task_columns: dict[str, Any] = field(default_factory=dict)
+    task_columns: Attrs = field(default_factory=dict)
     token_pooling: str = DEFAULT_TOKEN_POOLING
     max_length: int = DEFAULT_MAX_LENGTH
 
@@ -68,8 +69,8 @@ class SourceRecord:
             raise ValueError(f"unknown task column option(s) {sorted(unknown)}; expected some of {COLUMN_OPTIONS}")
 
     @classmethod
-    def from_attrs(cls, attrs: Mapping[str, Any]) -> SourceRecord:
-        values = {name: attrs[name] for name in cls.ATTRS if attrs.get(name) is not None}
+    def from_attrs(cls, attrs: Mapping[str, object]) -> SourceRecord:
+        values: Attrs = {name: attrs[name] for name in cls.ATTRS if attrs.get(name) is not None}
         columns = values.get("task_columns")
         if isinstance(columns, Mapping):
             values["task_columns"] = {k: v for k, v in columns.items() if k in COLUMN_OPTIONS and v is not None}
@@ -77,11 +78,8 @@ class SourceRecord:
             values.pop("task_columns", None)
         return cls(**values)
 
-    def to_attrs(self) -> dict[str, Any]:
+    def to_attrs(self) -> Attrs:
         return {name: getattr(self, name) for name in self.ATTRS}
-
-    def with_data_dir(self, data_dir: str | None, resolved: str | None) -> SourceRecord:
-        return dataclasses.replace(self, data_dir=data_dir, data_dir_resolved=resolved)
 
 
 def source_record(study: optuna.Study) -> SourceRecord:
@@ -91,5 +89,4 @@ def source_record(study: optuna.Study) -> SourceRecord:
 
 def save_source(study: optuna.Study, record: SourceRecord) -> None:
     """Store ``record`` on ``study`` (each field a flat user attr)."""
-    for key, value in record.to_attrs().items():
-        study.set_user_attr(key, value)
+    write_attrs(study, record.to_attrs())

@@ -1,21 +1,9 @@
 """A warm-started study's record: which portfolio members it enqueued and what they were chosen from.
 
-``run --warm-start K`` enqueues, after the starting configuration, the first K
-members of a *warm-start order* (:mod:`ilge_search.defaults.choice`). The
-order must never come from the study's own task's validation data, so
-:func:`warm_start_order` picks it as follows:
-
-- from the choice ``ilge-search portfolio`` stored in the storage: when the
-  study's task is among the problems the order was chosen from, the order the
-  command chose again *without that task's problems* (leave one task out;
-  stored beside the choice as ``by_task``), else the order itself;
-- else from the package's shipped ``data/portfolio.json``, which holds only
-  the members: each member's provenance lists the tasks it came from
-  (``member_tasks``), and a member that came only from the study's own task is
-  skipped. Its order was still chosen with every task of its provenance.
-
-What was enqueued is stored on the study as a :class:`WarmStartRecord` (user
-attr ``warm_start_record``), which the study's dashboard note shows.
+``run --warm-start K`` enqueues the first K members of a *warm-start order*, which must never come from
+the study's own task's validation data: :func:`warm_start_order` takes the order ``ilge-search portfolio``
+chose without that task (``by_task``), else the shipped ``data/portfolio.json`` without members that came
+only from that task (``docs/transfer.md``). What was enqueued is stored as a :class:`WarmStartRecord`.
 """
 
 from __future__ import annotations
@@ -24,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .fields import Attrs
 from .portfolio import load_shipped_portfolio, portfolio_study_name, stored_portfolio_choice
 
 if TYPE_CHECKING:
@@ -41,17 +30,16 @@ class WarmMember:
     the tasks it came from."""
 
     name: str
-    config: dict[str, Any]
+    config: Attrs
     sources: tuple[str, ...] = ()
-    params: dict[str, Any] = field(default_factory=dict)
+    params: Attrs = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class WarmStartRecord:
-    """A warm start: where its order came from (``origin``), the problems it was chosen on (validation),
-    the task whose problems were left out (``None``: the study's task was not among them, or the order is
-    the shipped one), its members in order, and the shipped members skipped for coming only from the
-    study's own task."""
+    """A warm start: where its order came from (``origin``), the problems it was chosen on (validation), the task whose
+    problems were left out (``None``: the study's task was not among them, or the order is the shipped one), its members
+    in order, and the shipped members skipped for coming only from the study's own task."""
 
     origin: str
     chosen_from: tuple[str, ...]
@@ -79,7 +67,9 @@ def _task_of(problem: str) -> str:
     return parts[1] if len(parts) > 1 else problem
 
 
-def _members(configs: Sequence[Any], names: Sequence[Any] | None, sources: Sequence[Any] | None) -> list[WarmMember]:
+def _members(
+    configs: Sequence[Mapping[str, object]], names: Sequence[object] | None, sources: Sequence[Sequence[object]] | None
+) -> list[WarmMember]:
     out = []
     for i, config in enumerate(configs):
         name = str(names[i]) if names and i < len(names) else f"member {i}"
@@ -88,7 +78,7 @@ def _members(configs: Sequence[Any], names: Sequence[Any] | None, sources: Seque
     return out
 
 
-def _from_choice(choice: Mapping[str, Any], where: str, family: str, task: str) -> WarmStartRecord:
+def _from_choice(choice: Attrs, where: str, family: str, task: str) -> WarmStartRecord:
     problems = [str(p) for p in choice.get("problems") or []]
     tasks = choice.get("problem_tasks") or [_task_of(p) for p in problems]
     if task not in tasks:
@@ -115,7 +105,7 @@ def _from_choice(choice: Mapping[str, Any], where: str, family: str, task: str) 
     return WarmStartRecord(where, tuple(str(p) for p in own.get("problems") or []), task, tuple(members))
 
 
-def _from_shipped(entry: Mapping[str, Any], family: str, task: str) -> WarmStartRecord:
+def _from_shipped(entry: Attrs, family: str, task: str) -> WarmStartRecord:
     where = "the portfolio shipped with ilge-search"
     provenance = entry["provenance"]
     problems = [str(p) for p in provenance.get("problems") or []]

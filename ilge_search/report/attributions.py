@@ -1,14 +1,9 @@
 """Which layers carry each task: the layer attributions ``ilge-search explain`` stored, drawn and summarised.
 
-Per model: a heatmap of tasks x layers (left: the layer-ablation drop of the
-validation score in points, on one colour scale for the model; right: the
-signed gradient x input divided by its task's largest value, since it has no
-unit that compares across tasks; a dot marks the best single-layer probe),
-and one sentence per model naming, per task, the layer each measure puts
-first, and where (first, middle or last third of the layers) each measure
-falls. Only studies whose stored attribution is current
-(:func:`~ilge_search.use.explain.explanation_is_current`) are used; nothing is
-retrained here.
+Per model: a tasks x layers heatmap (the layer-ablation drop in points on one scale; the signed gradient
+x input divided by its task's largest value; a dot on the best single-layer probe), and a sentence naming
+the layer each measure puts first and the third of the layers where each falls. Only current
+attributions (:func:`~ilge_search.use.explain.explanation_is_current`) are used.
 """
 
 from __future__ import annotations
@@ -16,13 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..tasks.scores import score_unit
 from ..use.explain import LayerAttribution, stored_explanation
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import plural, slug
 from .figures import new_figure, save_figure
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ExplainedTask", "explained_tasks", "attribution_notes", "draw_attribution_figures", "layer_thirds"]
 
@@ -37,12 +35,12 @@ class ExplainedTask:
     attribution: LayerAttribution
     probe_layer: int | None
 
-    def mean_drop(self) -> Any:
+    def mean_drop(self) -> np.ndarray:
         import numpy as np
 
         return np.asarray(self.attribution.ablation, dtype=float).mean(0)
 
-    def mean_grad(self) -> Any:
+    def mean_grad(self) -> np.ndarray:
         import numpy as np
 
         return np.asarray(self.attribution.gradient_input, dtype=float).mean(0)
@@ -73,7 +71,7 @@ def layer_thirds(num_layers: int) -> list[list[int]]:
     return [part.tolist() for part in np.array_split(np.arange(num_layers), 3)]
 
 
-def _spread(item: ExplainedTask) -> Any:
+def _spread(item: ExplainedTask) -> np.ndarray:
     """Per layer, the standard deviation of the ablation drop over the seeds (zeros with one seed)."""
     import numpy as np
 
@@ -146,7 +144,7 @@ def attribution_notes(records: Sequence[ReportStudy]) -> dict[str, list[str]]:
     return {model: [_model_note(model, items)] for model, items in explained_tasks(records).items()}
 
 
-def _normalised(rows: Any) -> Any:
+def _normalised(rows: np.ndarray) -> np.ndarray:
     """Each row divided by its largest absolute value (rows of zeros stay zero)."""
     import numpy as np
 

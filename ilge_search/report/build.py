@@ -1,61 +1,15 @@
-"""Paper-style reports from every study in a storage.
+"""Paper-style reports from every study in a storage (the user's view: ``docs/guide.md``, "Reports and defaults").
 
-:func:`build_report` reads the studies the runner (:mod:`ilge_search.study`)
-stored, starting from ``optuna.get_all_study_summaries`` and each study's
-``trials_dataframe()``, and writes into ``out_dir``:
+:func:`build_report` reads the studies through :mod:`.data`, lays the report out as the sections of
+:mod:`.sections` and writes into its folder (:mod:`.folder`, manifest :data:`MANIFEST_NAME`):
+``report.md``, ``report.tex`` (needs ``\\usepackage{booktabs}``), ``index.html`` with the figures in
+``figures/``, and the CSVs (``results.csv``, ``summary.csv``, ``importances.csv``, ``tokens.csv`` and
+``protocol_effect.csv`` when there is something to put in them).
 
-- ``report.md``: one table per model and protocol (rows: tasks; columns: the
-  encoders in :data:`~ilge_search.report.data.METHODS`) of final test scores as
-  mean +- std over the final seeds, the best of each row in bold, a table of
-  each encoder's gain over the last layer, a cross-model summary, notes on where
-  Cayley stands, the published numbers beside paper-protocol scores where the
-  paper has the same cell, the protocol effect (the last layer and Cayley under
-  both protocols, :mod:`.protocol_effect`) when the storage holds both, and a
-  list of the studies used;
-- ``report.tex``: the same tables for LaTeX (needs ``\\usepackage{booktabs}``);
-- ``results.csv`` (one row per model, task and encoder, in column ``method``;
-  column ``protocol``), ``summary.csv``, ``importances.csv`` and, with both
-  protocols, ``protocol_effect.csv``;
-- ``index.html``: one static page with the tables and the figures in
-  ``figures/``: validation score of a probe on each layer against the
-  aggregators, optimisation histories and hyperparameter importances;
-- when the storage holds few-shot curves (studies differing only in
-  ``shots``, :mod:`~ilge_search.report.fewshot`): a table and one figure per
-  model and task of test score against examples per label;
-- when it holds a current leave-one-task-out evaluation (``ilge-search loto``,
-  :mod:`~ilge_search.defaults.loto`): the table of built-in against regenerated
-  defaults on each left-out task, and whether the regenerated ones win;
-- when it holds a cross-task matrix (``ilge-search portfolio``, :mod:`~ilge_search.defaults.transfer`): the
-  matrix as a table and a heatmap (``figures/portfolio-<family>-<bucket>.png``), the default and portfolio
-  chosen on validation, and with its left-out checks the built-in defaults, the marginal rule, the portfolio
-  default and the best-on-validation member on each held-out problem's test split.
-
-Each part of ``report.md`` is a section object of :mod:`~ilge_search.report.sections`.
-
-Conventions:
-
-- Scores are the final evaluation's test mean and std (``final_test_mean``/``final_test_std``
-  of the study's record) times 100: accuracy in %, Spearman correlation x 100. A cell whose study is
-  missing, or has no final test score yet, is shown as ``—`` and never filled.
-- Few-shot studies are their own rows (``trec (8-shot)``), and so are
-  paper-protocol studies (``trec [paper protocol]``). When several
-  studies share a model, task and encoder (e.g. different ``max_train``), the
-  one with final scores, the most seeds, then the most finished trials is
-  used; the others are listed as not shown.
-- Bold marks the best mean of the row at the shown precision (ties: all).
-- Gain = encoder mean - last-layer mean, in points; ``—`` when either is missing.
-- Figures use validation scores only (the per-layer scores are those of the
-  best-layer study's best trial); test scores appear in the tables only. The
-  exception is a storage with multi-objective studies: its "Pareto fronts"
-  section (:mod:`~ilge_search.report.pareto`) draws each final front's test
-  scores in a panel of their own, next to the search on validation.
-
-The report folder is the report's own (:mod:`.folder`): it records what it wrote, and from which
-storage, in ``.ilge-report.json`` (:data:`MANIFEST_NAME`). A folder holding files git tracks, files
-no report wrote or another storage's report is refused unless ``force=True`` (``--force``); a rerun
-replaces the files it wrote before and removes those of them it no longer writes (a figure that cannot
-be drawn any more). Files it did not write are never removed. Without ``out_dir`` the report goes
-beside the storage (``studies/offline.db`` -> ``studies/offline-report/``).
+Conventions: scores are final test means ± std over the final seeds in score units (accuracy in %, Spearman x 100); a
+missing cell is ``—`` and never filled; few-shot and paper-protocol studies are rows of their own; bold marks the best
+mean of a row at the shown precision (ties: all); gain = encoder mean minus last-layer mean, in points. Figures use
+validation scores only, except the Pareto section's panel of final fronts.
 """
 
 from __future__ import annotations
@@ -64,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..defaults.loto import stored_loto
 from ..defaults.transfer import stored_portfolios
@@ -79,6 +33,11 @@ from .protocol_effect import protocol_effect_frame, protocol_effect_notes
 from .sections import FigureFolder, Figures, ReportData, Section, report_sections
 from .tables import model_order, pivot, results_frame, selection_frame, summary_frame
 from .tokens import split_tagging, tokens_frame
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..defaults.loto import LotoResult
 
 __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
@@ -108,18 +67,18 @@ class ReportResult:
     """
 
     out_dir: Path
-    results: Any
-    tables: dict[str, Any]
-    gains: dict[str, Any]
-    summary: Any
+    results: pd.DataFrame
+    tables: dict[str, pd.DataFrame]
+    gains: dict[str, pd.DataFrame]
+    summary: pd.DataFrame
     importances: Any
-    protocol_effect: Any = None
+    protocol_effect: pd.DataFrame | None = None
     files: dict[str, Path] = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    fewshot: Any = None
-    loto: Any = None
+    fewshot: pd.DataFrame | None = None
+    loto: LotoResult | None = None
 
 
 def _read_report_data(storage_url: str) -> ReportData:
@@ -211,8 +170,7 @@ def build_report(
             report is refused unless ``force``.
         figures: draw the PNG figures (per-layer, history, importance) and compute importances.
         progress: a progress bar over (model, task) pairs while drawing.
-        force: write into a folder that would be refused (files of the same names are replaced; other
-            files are kept).
+        force: write into a folder that would be refused (files of the same names are replaced; other files are kept).
 
     Returns:
         A :class:`ReportResult` with the tables as data frames and the written paths.

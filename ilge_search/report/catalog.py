@@ -1,11 +1,7 @@
 """The listings behind ``ilge-search tasks`` and ``ilge-search models``: the registries, and what is usable now.
 
-:func:`task_catalog` lists the task registry (:data:`ilge_search.tasks.core.TASKS`);
-:func:`model_catalog` lists the one model table (:data:`ilge_search.embeddings.models.MODELS`)
-with its offline aliases. Both say whether each entry is available offline right
-now: a task whose files are in the data folder, a model whose offline package is
-installed or whose config is in the local Hugging Face cache. Nothing is
-downloaded and no model loads.
+Each entry says whether it is available offline right now (a task's files in the data folder, a model's
+offline package or its config in the local Hugging Face cache); nothing is downloaded and no model loads.
 """
 
 from __future__ import annotations
@@ -14,11 +10,14 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..embeddings.models import MODELS, KnownModel
 from ..settings import registered_task_dir
 from ..tasks.core import TASKS, TaskError, TaskSpec, load_task
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["task_catalog", "model_catalog", "TASK_COLUMNS", "MODEL_COLUMNS"]
 
@@ -43,8 +42,8 @@ def _hub_source(spec: TaskSpec) -> str:
     return f"hf:{spec.hf_dataset}" + (f" ({spec.hf_config})" if spec.hf_config else "")
 
 
-def _task_row(spec: TaskSpec, data_dir: PathLike | None) -> dict[str, Any]:
-    row = {
+def _task_row(spec: TaskSpec, data_dir: PathLike | None) -> dict[str, object]:
+    row: dict[str, object] = {
         "task": spec.name,
         "kind": spec.kind,
         "metric": spec.metric,
@@ -76,7 +75,7 @@ def _task_row(spec: TaskSpec, data_dir: PathLike | None) -> dict[str, Any]:
     return row
 
 
-def task_catalog(data_dir: PathLike | None = None) -> Any:
+def task_catalog(data_dir: PathLike | None = None) -> pd.DataFrame:
     """One row per registered task (a ``pandas.DataFrame`` with :data:`TASK_COLUMNS`).
 
     ``data_dir`` (default ``$ILGE_SEARCH_DATA``, else the shipped ``examples/data`` for the tasks it holds, as
@@ -116,16 +115,15 @@ def _offline_now(model: KnownModel) -> bool:
         return False
 
 
-def model_catalog() -> Any:
+def model_catalog() -> pd.DataFrame:
     """One row per model of :data:`~ilge_search.embeddings.models.MODELS` (a ``pandas.DataFrame``, MODEL_COLUMNS).
 
-    ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns);
-    ``offline`` says whether it can be used without network access now (its
-    offline package is installed, or its config is in the local Hugging Face cache).
+    ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns); ``offline`` says whether it can be used
+    without network access now (its offline package is installed, or its config is in the local Hugging Face cache).
     """
     import pandas as pd
 
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for model in MODELS:
         rows.append(
             {

@@ -1,16 +1,10 @@
 """Browsing studies in optuna-dashboard: the server, with the artifact store the runner uploads to.
 
-:func:`serve_dashboard` starts optuna-dashboard on a storage together with the
-artifact store the runner uploads to (:func:`~ilge_search.storage.artifact_dir_for`,
-or the ``artifact_dir`` a study recorded), so weights and report figures can be
-downloaded from the browser. It binds to loopback; any other interface needs
-``allow_remote=True`` (``--allow-remote``): the dashboard has no login and can
-edit and delete studies. The trial and study notes it shows are written by
-:mod:`ilge_search.study.notes`.
-
-Parameter importances are answered here rather than by optuna-dashboard (:class:`ImportanceRoute`): its own
-route warns on every page of a study with a conditional parameter (PED-ANOVA needs at least 2 trials in each
-regime of a parameter: active, or inactive) and fails with a division by zero on a study without parameters.
+:func:`serve_dashboard` serves optuna-dashboard on a storage with the runner's artifact folders
+(:func:`~ilge_search.storage.artifact_dir_for`, or those studies recorded), on loopback unless
+``allow_remote=True``: the dashboard has no login and can edit and delete studies. Parameter importances
+are answered here (:class:`ImportanceRoute`): optuna-dashboard's own route warns on every page of a study
+with a conditional parameter and fails on a study without parameters.
 """
 
 from __future__ import annotations
@@ -28,15 +22,17 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ..record import study_record
 from ..storage import Storage, artifact_dir_for, open_storage
 
 if TYPE_CHECKING:
+    from types import FrameType
     from wsgiref.simple_server import WSGIServer
 
     import optuna
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 __all__ = [
     "dashboard_artifact_dirs",
@@ -56,9 +52,8 @@ PathLike = str | os.PathLike
 class DirectoriesArtifactStore:
     """An Optuna artifact store over several folders: reads look in each, writes go to the first.
 
-    Artifact ids are UUIDs, so a file found in any folder is the artifact. The
-    dashboard needs this when studies of one storage recorded different
-    ``artifact_dir`` s (e.g. runs started from different working directories).
+    Artifact ids are UUIDs, so a file found in any folder is the artifact. The dashboard needs this when studies of one
+    storage recorded different ``artifact_dir`` s (e.g. runs started from different working directories).
     """
 
     def __init__(self, directories: Sequence[PathLike]) -> None:
@@ -98,15 +93,17 @@ class DirectoriesArtifactStore:
         raise ArtifactNotFound(f"artifact {artifact_id} is in none of {[str(d) for d in self.directories]}")
 
 
-def dashboard_artifact_dirs(storage_url: str, storage: Any = None, artifact_dir: PathLike | None = None) -> list[Path]:
+def dashboard_artifact_dirs(
+    storage_url: str,
+    storage: Storage | optuna.storages.BaseStorage | None = None,
+    artifact_dir: PathLike | None = None,
+) -> list[Path]:
     """The folders whose artifacts the dashboard serves, first one written to.
 
-    ``artifact_dir`` if given (only it). Otherwise the runner's default for the
-    URL (:func:`~ilge_search.storage.artifact_dir_for`: next to a SQLite file,
-    else ``studies/artifacts``) followed by every existing ``artifact_dir``
-    that a study in ``storage`` (a :class:`~ilge_search.storage.Storage` or an
-    Optuna storage) recorded (a PostgreSQL study run elsewhere points at its
-    shared folder this way).
+    ``artifact_dir`` if given (only it). Otherwise the runner's default for the URL
+    (:func:`~ilge_search.storage.artifact_dir_for`: next to a SQLite file, else ``studies/artifacts``) followed by every
+    existing ``artifact_dir`` that a study in ``storage`` (a :class:`~ilge_search.storage.Storage` or an Optuna storage)
+    recorded (a PostgreSQL study run elsewhere points at its shared folder this way).
     """
     if artifact_dir is not None:
         return [artifact_dir_for(storage_url, artifact_dir)]
@@ -126,14 +123,13 @@ def dashboard_artifact_dirs(storage_url: str, storage: Any = None, artifact_dir:
 # ----------------------------------------------------------------------------- server
 
 
-def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathLike | None = None) -> Any:
+def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathLike | None = None) -> ImportanceRoute:
     """The optuna-dashboard WSGI application for ``storage`` with the artifact store.
 
-    ``storage`` is a URL (default ``sqlite:///studies/ilge.db``; a SQLite file
-    that does not exist is refused, since the dashboard would otherwise create an
-    empty one and show nothing) or an opened :class:`~ilge_search.storage.Storage`.
-    Serve the app with any WSGI server (gunicorn, waitress ...);
-    :func:`serve_dashboard` uses a threaded ``wsgiref`` server.
+    ``storage`` is a URL (default ``sqlite:///studies/ilge.db``; a SQLite file that does not exist is refused, since the
+    dashboard would otherwise create an empty one and show nothing) or an opened :class:`~ilge_search.storage.Storage`.
+    Serve the app with any WSGI server (gunicorn, waitress ...); :func:`serve_dashboard` uses a threaded ``wsgiref``
+    server.
     """
     from optuna_dashboard import wsgi
 
@@ -155,11 +151,11 @@ class ImportanceRoute:
     """A WSGI app: optuna-dashboard's ``app``, with its parameter-importance route answered by
     :func:`param_importances` (same JSON), so computing them neither warns nor fails."""
 
-    def __init__(self, app: Any, storage: Any) -> None:
+    def __init__(self, app: WSGIApplication, storage: optuna.storages.BaseStorage) -> None:
         self.app, self.storage = app, storage
         self.ilge_artifact_store: DirectoriesArtifactStore | None = None
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         match = _IMPORTANCE_PATH.fullmatch(environ.get("PATH_INFO", ""))
         if match is None or environ.get("REQUEST_METHOD", "GET") != "GET":
             return self.app(environ, start_response)
@@ -169,7 +165,7 @@ class ImportanceRoute:
         return [body]
 
 
-def param_importances(storage: Any, study_id: int) -> tuple[str, dict[str, Any]]:
+def param_importances(storage: optuna.storages.BaseStorage, study_id: int) -> tuple[str, dict[str, object]]:
     """The HTTP status and JSON of optuna-dashboard's ``param_importances`` answer for a study: per objective,
     the PED-ANOVA importance of each parameter it can judge. Left out: a parameter with a regime (its trials
     where it is active, or where it is not) of fewer than 2 complete trials, which PED-ANOVA cannot judge; with
@@ -187,14 +183,14 @@ def param_importances(storage: Any, study_id: int) -> tuple[str, dict[str, Any]]
 
 
 def _objective_importances(
-    study: optuna.Study, complete: list[Any], index: int, direction: Any
-) -> list[dict[str, Any]]:
+    study: optuna.Study, complete: list[optuna.trial.FrozenTrial], index: int, direction: optuna.study.StudyDirection
+) -> list[dict[str, object]]:
     from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
     from optuna.study import StudyDirection
 
     sign = -1.0 if direction == StudyDirection.MAXIMIZE else 1.0  # PED-ANOVA ranks low targets first
 
-    def target(trial: Any) -> float:
+    def target(trial: optuna.trial.FrozenTrial) -> float:
         return sign * trial.values[index]
 
     trials = [t for t in complete if t.values is not None and math.isfinite(target(t))]
@@ -213,7 +209,7 @@ def _objective_importances(
     return [{"name": name, "importance": value, "distribution": judged[name]} for name, value in importance.items()]
 
 
-def _judged_params(trials: list[Any]) -> dict[str, str]:
+def _judged_params(trials: list[optuna.trial.FrozenTrial]) -> dict[str, str]:
     """The parameters PED-ANOVA can judge on ``trials`` (each regime has enough of them), with the class name of
     their distribution."""
     names = {name for trial in trials for name in trial.distributions}
@@ -249,9 +245,8 @@ def serve_dashboard(
     Args:
         storage: an Optuna RDB URL (default ``sqlite:///studies/ilge.db``) or an opened
             :class:`~ilge_search.storage.Storage`.
-        host: interface to bind: loopback by default. Anything else needs
-            ``allow_remote`` (and still prints a warning), since the dashboard has
-            no login and can delete studies.
+        host: interface to bind: loopback by default. Anything else needs ``allow_remote`` (and still prints a warning),
+            since the dashboard has no login and can delete studies.
         port: TCP port; ``0`` picks a free one (the printed URL shows it).
         artifact_dir: the artifact store folder (default: see :func:`dashboard_artifact_dirs`).
         allow_remote: permit a ``host`` other than loopback.
@@ -259,14 +254,14 @@ def serve_dashboard(
         echo: where the URL and status lines go.
 
     Raises:
-        ValueError: a non-loopback host without ``allow_remote``, a bad or
-            unreachable storage (``StorageError``), a missing SQLite file, a host
-            that cannot be resolved or a port in use.
+        ValueError: a non-loopback host without ``allow_remote``, a bad or unreachable storage (``StorageError``), a
+            missing SQLite file, a host that cannot be resolved or a port in use.
     """
     _check_address(host, port, allow_remote)
     app = make_dashboard_app(storage, artifact_dir)
     server = _bind_server(host, int(port), log_requests)
     server.set_app(app)
+    assert app.ilge_artifact_store is not None  # make_dashboard_app sets it
     _serve_until_stopped(server, host, app.ilge_artifact_store.directories, echo)
 
 
@@ -292,7 +287,7 @@ def _bind_server(host: str, port: int, log_requests: bool) -> WSGIServer:
         raise ValueError(f"cannot resolve host {host!r}: {exc}; pass an address such as 127.0.0.1") from exc
 
     class Handler(WSGIRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             if log_requests:
                 super().log_message(format, *args)
 
@@ -317,7 +312,7 @@ def _serve_until_stopped(
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}/dashboard"
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         # shutdown() waits for serve_forever() to return, so it must not run on its thread
         threading.Thread(target=server.shutdown, daemon=True).start()
 

@@ -1,19 +1,11 @@
 """Reading a study storage into one :class:`ReportStudy` per ilge-search study.
 
-A study is reported when its record names its model, task and encoder (one of
-:data:`METHODS`). Its row is its task, with the shots of a few-shot study and,
-under the paper protocol, :data:`PAPER_SUFFIX` (``trec [paper protocol]``):
-scores of the two protocols are never in one row. When several studies share a
-model, row and encoder (e.g. different ``max_train``), the one with final
-scores, the most seeds, then the most finished trials is used; the others are
-returned as duplicates, which the report lists as not shown. A multi-objective
-study (:mod:`ilge_search.study.objectives`) gives way to a single-objective study of
-the same cell (the tables compare scores searched for alone); its Pareto front
-is shown in the report's own section either way.
-
-What a study stored is read once, as its :class:`~ilge_search.record.StudyRecord`
-(identity, data, final evaluation per rule, layer attribution); a
-:class:`ReportStudy` adds what the report computes from the trials.
+A study is reported when its record names its model, task and encoder (one of :data:`METHODS`). Its row is its task,
+with the shots of a few-shot study and, under the paper protocol, :data:`PAPER_SUFFIX` (``trec [paper protocol]``): the
+two protocols never share a row. When several studies share a model, row and encoder, the one with final scores, the
+most seeds, then the most finished trials is used and the others are returned as duplicates; a multi-objective study
+gives way to a single-objective one of the same cell. A :class:`ReportStudy` is a study's
+:class:`~ilge_search.record.StudyRecord` plus what the report computes from its trials.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..defaults.problems import open_existing_storage
 from ..encoders import report_labels, report_methods
@@ -31,15 +23,11 @@ from ..study.objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
 
-__all__ = [
-    "METHODS",
-    "METHOD_LABELS",
-    "PAPER_SUFFIX",
-    "ReportStudy",
-    "collect_records",
-    "row_label",
-]
+    from ..storage import Storage
+
+__all__ = ["METHODS", "METHOD_LABELS", "PAPER_SUFFIX", "ReportStudy", "collect_records", "row_label"]
 
 # the sentence-task families in table order, and their labels: read from the encoder registry
 METHODS: Sequence[str] = report_methods("sentence")
@@ -47,7 +35,7 @@ METHOD_LABELS: Mapping[str, str] = report_labels("sentence")
 PAPER_SUFFIX = " [paper protocol]"  # ends the row label of every paper-protocol score
 
 
-def _finite(value: Any) -> float | None:
+def _finite(value: float | None) -> float | None:
     if value is None:
         return None
     value = float(value)
@@ -71,7 +59,7 @@ class ReportStudy:
     metric: str
     maximize: bool
     stored: StudyRecord
-    trials: Any
+    trials: pd.DataFrame
     trial_records: dict[int, TrialRecord]
     study: optuna.Study
     n_complete: int
@@ -106,22 +94,9 @@ class ReportStudy:
         return self.identity.protocol
 
     @property
-    def samples_per_label(self) -> int | None:
-        """The paper protocol's examples per label."""
-        return self.identity.samples_per_label
-
-    @property
-    def objectives(self) -> tuple[str, ...]:
-        return self.identity.objectives
-
-    @property
     def multi_objective(self) -> bool:
         """Whether the study has more than one objective (its Pareto front is drawn)."""
         return self.identity.multi_objective
-
-    @property
-    def cv(self) -> int | None:
-        return self.identity.cv
 
     @property
     def test_mean(self) -> float | None:
@@ -134,11 +109,6 @@ class ReportStudy:
     @property
     def test_scores(self) -> list[float]:
         return [] if self.final is None else [float(s) for s in self.final.test_scores]
-
-    @property
-    def select(self) -> str | None:
-        """The selection rule of the final evaluation (``None``: none yet)."""
-        return self.stored.select
 
     @property
     def final_trial(self) -> int | None:
@@ -161,7 +131,7 @@ def row_label(identity: Identity) -> str:
     return label + (PAPER_SUFFIX if identity.protocol == "paper" else "")
 
 
-def _trials_frame(study: optuna.Study) -> Any:
+def _trials_frame(study: optuna.Study) -> pd.DataFrame:
     """``trials_dataframe()`` with the score as column ``value``: a study that names its objective gets a
     ``value_<name>`` column (several objectives: ``values_<name>``)."""
     frame = study.trials_dataframe(attrs=("number", "value", "state", "datetime_start", "params"))
@@ -176,7 +146,7 @@ def _trials_frame(study: optuna.Study) -> Any:
     )
 
 
-def _mean_seconds(trials: list[Any], records: dict[int, TrialRecord]) -> float | None:
+def _mean_seconds(trials: list[optuna.trial.FrozenTrial], records: dict[int, TrialRecord]) -> float | None:
     """The mean wall time of the complete trials that recorded one."""
     import pandas as pd
     from optuna.trial import TrialState
@@ -186,7 +156,7 @@ def _mean_seconds(trials: list[Any], records: dict[int, TrialRecord]) -> float |
     return float(pd.Series(seconds, dtype=float).mean()) if seconds else None
 
 
-def _read_study(storage: Any, summary: Any) -> tuple[ReportStudy | None, str | None]:
+def _read_study(storage: Storage, summary: optuna.study.StudySummary) -> tuple[ReportStudy | None, str | None]:
     import optuna
     from optuna.trial import TrialState
 

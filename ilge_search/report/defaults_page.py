@@ -1,22 +1,11 @@
 """The ``recommend`` command's outputs: the regenerated defaults file and its "Defaults by model size" page.
 
-:func:`recommend_defaults` regenerates the defaults with
-:func:`ilge_search.defaults.recommend.regenerate_defaults` (the rule, the
-leave-one-task-out shipping rule, ``--exclude-task``) and writes them: the
-defaults file that :func:`ilge_search.tuning.recommended_config` reads (schema in
-:mod:`ilge_search.tuning`) and, with it, a Markdown page with the "Defaults by
-model size" table, the stored leave-one-task-out table, each stored cross-task
-matrix with its left-out checks (:mod:`ilge_search.report.portfolio`), and the
-evidence behind every value.
-
-Where it writes: by default the user's defaults file
-(:func:`ilge_search.settings.user_defaults_path`: ``$ILGE_SEARCH_DEFAULTS``,
-else ``~/.config/ilge-search/recommended_defaults.json``), which
-``recommended_config`` reads over the shipped defaults, and the page next to it
-(same name, ``.md``). The package's own ``ilge_search/data/recommended_defaults.json``
-is rewritten only with ``update_shipped=True`` (``ilge-search recommend
---update-shipped``), for the maintainers who regenerate the shipped defaults
-from the committed studies (:func:`~ilge_search.defaults.recommend.defaults_targets`).
+:func:`recommend_defaults` regenerates the defaults (:func:`ilge_search.defaults.recommend.regenerate_defaults`) and
+writes the file :func:`ilge_search.tuning.recommended_config` reads, by default the user's
+(:func:`ilge_search.settings.user_defaults_path`), with a Markdown page beside it: the defaults table, the stored
+leave-one-task-out table, each stored cross-task matrix with its left-out checks, and the evidence behind every value.
+The package's own file is rewritten only with ``update_shipped=True``
+(:func:`~ilge_search.defaults.recommend.defaults_targets`).
 """
 
 from __future__ import annotations
@@ -47,7 +36,7 @@ __all__ = ["recommend_defaults", "defaults_page"]
 PathLike = str | os.PathLike
 
 
-def _format(value: Any) -> str:
+def _format(value: object) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -71,9 +60,12 @@ def _loto_section(doc: Document, meta: Mapping[str, Any], recommendation: Recomm
     shipping = meta.get("shipping")
     if shipping and meta.get("method") == "portfolio":
         doc.paragraph(
-            "Shipped in `ilge_search/data/recommended_defaults.json` (a group's portfolio default only where it "
-            "won its left-out checks: mean ahead of the built-in defaults and ahead on more held-out problems "
-            "than behind, for every fold kind):"
+            "Shipped in `ilge_search/data/recommended_defaults.json` and the start of new studies (a group's "
+            "portfolio default only where it won both left-out checks, leaving one task out and one model out: "
+            "the 95% bootstrap interval of its mean difference over the held-out problems against the built-in "
+            "defaults above 0, measured in the setting that ships, the configuration's own epochs with early "
+            "stopping; otherwise the built-in defaults). `recommended_config(family)` returns the published "
+            'package\'s values either way; `recommended_config(family, source="regenerated")` reads this file:'
         )
         doc.bullets([f"{group}: {decision}" for group, decision in shipping.items()])
 
@@ -90,8 +82,9 @@ def _loto_tables(doc: Document, meta: Mapping[str, Any], loto: LotoResult) -> No
     shipping = meta.get("shipping")
     if shipping and meta.get("method") != "portfolio":  # the portfolio's decisions follow its matrices
         doc.paragraph(
-            "Shipped in `ilge_search/data/recommended_defaults.json` (regenerated defaults only where they "
-            "win on average over the left-out tasks):"
+            "Shipped in `ilge_search/data/recommended_defaults.json` (regenerated defaults only where the 95% "
+            "bootstrap interval of their mean difference over the left-out tasks lies above 0, measured in the "
+            "setting that ships):"
         )
         doc.bullets([f"{group}: {decision}" for group, decision in shipping.items()])
     doc.table(*loto_rows(loto))
@@ -172,9 +165,8 @@ def _read_from(target: Path | None) -> str:
 
 
 def defaults_page(recommendation: Recommendation, target: Path | None = None) -> str:
-    """The "Defaults by model size" page (Markdown): the values, the leave-one-task-out check, the rule and
-    the evidence behind every value; ``target`` is the defaults file the values were written to (``None``:
-    the shipped one)."""
+    """The "Defaults by model size" page (Markdown): the values, the leave-one-task-out check, the rule and the evidence
+    behind every value; ``target`` is the defaults file the values were written to (``None``: the shipped one)."""
     meta = recommendation.document["metadata"]
     portfolio = meta.get("method") == "portfolio"
     command = f"ilge-search recommend --storage {meta['source']}" + (" --method portfolio" if portfolio else "")
@@ -182,10 +174,11 @@ def defaults_page(recommendation: Recommendation, target: Path | None = None) ->
     doc.heading(1, "Defaults by model size")
     doc.paragraph(
         f"Generated {meta['generated']} by ilge-search {meta['ilge_search_version']} with "
-        f"`{command}`. `recommended_config(family, model_size_hint)` "
-        f"{_read_from(target)}; a family or bucket without "
+        f'`{command}`. `recommended_config(family, model_size_hint, source="regenerated")` (what new '
+        f"studies start from) {_read_from(target)}; a family or bucket without "
         "studies, or whose regenerated defaults were not shipped, keeps the built-in default (marked "
-        "*built-in*)."
+        "*built-in*). `recommended_config(family, model_size_hint)` returns the built-in defaults, the "
+        "published `ilge` 0.1.0 package's."
     )
     _defaults_table(doc, recommendation)
     if meta.get("excluded_tasks"):
@@ -225,33 +218,28 @@ def recommend_defaults(
 
     Args:
         storage_url: an Optuna RDB URL holding ilge-search studies.
-        out_path: the defaults file to write (default: the user's file,
-            :func:`ilge_search.settings.user_defaults_path`, which
-            ``recommended_config`` reads over the shipped defaults).
-        report_path: where to write the "Defaults by model size" Markdown page
-            (default: next to the defaults file, same name with ``.md``; with
-            ``update_shipped``, none unless given); ``None`` skips it.
+        out_path: the defaults file to write (default: the user's file, :func:`ilge_search.settings.user_defaults_path`,
+            which ``recommended_config`` reads over the shipped defaults).
+        report_path: where to write the "Defaults by model size" Markdown page (default: next to the defaults file, same
+            name with ``.md``; with ``update_shipped``, none unless given); ``None`` skips it.
         families: the encoder families to derive defaults for.
-        update_shipped: rewrite the package's own
-            ``ilge_search/data/recommended_defaults.json`` instead (maintainers only),
-            under the shipping rule (:func:`~ilge_search.defaults.recommend.shipping_decision`):
-            a family whose regenerated defaults do not beat the built-in ones on the left-out
-            tasks is left out of the file (the built-in values apply).
+        update_shipped: rewrite the package's own ``ilge_search/data/recommended_defaults.json`` instead (maintainers
+            only), under the shipping rule (:func:`~ilge_search.defaults.recommend.shipping_decision`): a family whose
+            regenerated defaults do not beat the built-in ones on the left-out tasks is left out of the file (the
+            built-in values apply).
         exclude_tasks: leave every study of these tasks out (not with ``update_shipped``).
         method: ``marginal`` or ``portfolio`` (:func:`~ilge_search.defaults.recommend.regenerate_defaults`).
         force: replace an existing defaults file or page, git-tracked ones included
-            (:func:`~ilge_search.files.check_output_path`; the shipped file is rewritten by ``update_shipped``
-            alone).
+            (:func:`~ilge_search.files.check_output_path`; the shipped file is rewritten by ``update_shipped`` alone).
 
     Returns:
         The written defaults document (``format_version``, ``metadata``, ``families``).
 
     Raises:
-        ValueError: unknown family, both ``out_path`` and ``update_shipped``, the
-            storage cannot be opened, no study of ``families`` in it has at least
-            two scored trials, an excluded task without studies, no complete
-            leave-one-task-out evaluation for ``update_shipped``, an existing file
-            without ``force``, or a folder that cannot be written.
+        ValueError: unknown family, both ``out_path`` and ``update_shipped``, the storage cannot be opened, no study of
+            ``families`` in it has at least two scored trials, an excluded task without studies, no complete
+            leave-one-task-out evaluation for ``update_shipped``, an existing file without ``force``, or a folder that
+            cannot be written.
     """
     target, page_target = defaults_targets(out_path, report_path, update_shipped=update_shipped)
     # before the studies are read: a refused path costs nothing and creates nothing

@@ -1,10 +1,7 @@
 """The one document renderer: a report written as Markdown, LaTeX (tables only) and HTML at once.
 
-:class:`Document` collects headings, paragraphs, bullets, images and tables of
-:class:`Cell` objects and renders each of them three ways; the results report
-(:mod:`ilge_search.report.build`) writes all three, the defaults page
-(:mod:`ilge_search.report.defaults_page`) the Markdown. Cells equal to
-:data:`MISSING` are never bold.
+:class:`Document` collects headings, paragraphs, bullets, images and tables of :class:`Cell` objects;
+cells equal to :data:`MISSING` are never bold.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from dataclasses import dataclass
 
 from ..files import write_output_text
 
-__all__ = ["MISSING", "Cell", "Document", "plural", "slug", "write_atomic"]
+__all__ = ["MISSING", "Cell", "Document", "model_sentence", "plural", "slug", "write_atomic"]
 
 MISSING = "—"
 
@@ -37,6 +34,11 @@ _LATEX_ESCAPES = {
 def plural(count: int, noun: str, many: str | None = None) -> str:
     """``"1 task"``, ``"2 tasks"``; ``many`` for irregular plurals (``plural(n, "study", "studies")``)."""
     return f"{count} {noun if count == 1 else many or noun + 's'}"
+
+
+def model_sentence(model: str, parts: list[str]) -> list[str]:
+    """``parts`` as one sentence on ``model`` (none when there are no parts)."""
+    return [f"{model}: " + "; ".join(parts) + "."] if parts else []
 
 
 def slug(*parts: str) -> str:

@@ -1,17 +1,8 @@
 """Ensembles of a study's trials, as the report shows them: a table per study and size, and test vs K.
 
-Reads the :class:`~ilge_search.record.EnsembleRecord` each study stored
-(``ilge-search ensemble`` or ``run --ensemble K``); trains nothing. Every score
-is a test score, mean over the ensemble evaluation's final seeds, in the
-metric's points; the selected trial, the starting configuration and the best
-single layer were retrained with the same seeds. The validation-to-test gap is
-the score the choice was made on (validation) minus the test mean: for an
-ensemble its greedy selection's validation score on the trials' predictions,
-for the selected trial its objective.
-
-:func:`write_ensemble_page` (``reports/ensembles.sh``) writes
-``OUT_STEM.md`` (the table and summary sentences) and ``OUT_STEM-vs-k.png``
-(the figure) from a storage.
+Reads the :class:`~ilge_search.record.EnsembleRecord` each study stored; trains nothing. Scores are test means over the
+ensemble evaluation's final seeds, in points; the validation-to-test gap is the score the choice was made on minus the
+test mean. :func:`write_ensemble_page` (``reports/ensembles.sh``) writes ``OUT_STEM.md`` and ``OUT_STEM-vs-k.png``.
 """
 
 from __future__ import annotations
@@ -20,11 +11,16 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..files import check_output_path, write_output_text
 from ..record import EnsembleRecord, ensemble_record, study_record
+from ..study.statistics import Interval, problems_interval, seeds_interval, verdict_counts
 from ..tasks.scores import score_unit
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
 
 __all__ = [
     "ENSEMBLE_NOTE",
@@ -50,7 +46,7 @@ def _mean(values: Sequence[float] | None) -> float:
     return statistics.fmean(values) if values else math.nan
 
 
-def _study_rows(name: str, stored: EnsembleRecord, attrs: Any) -> list[dict[str, Any]]:
+def _study_rows(name: str, stored: EnsembleRecord, attrs: optuna.Study) -> list[dict[str, object]]:
     record = study_record(attrs)
     identity, data, final = record.identity, record.data, record.by_rule.get(stored.select)
     if identity is None or data is None:
@@ -72,6 +68,7 @@ def _study_rows(name: str, stored: EnsembleRecord, attrs: Any) -> list[dict[str,
         "single_latency_ms": stored.single_latency_ms,
         "asked": stored.size,
         "seeds": len(stored.seeds),
+        "selected_scores": [v * scale for v in stored.selected_test_scores],
     }
     return [
         {
@@ -82,17 +79,18 @@ def _study_rows(name: str, stored: EnsembleRecord, attrs: Any) -> list[dict[str,
             "ensemble_std": size.test_std * scale,
             "ensemble_val": size.val_score * scale,
             "ensemble_gap": math.nan if size.val_test_gap is None else size.val_test_gap * scale,
+            "ensemble_scores": [v * scale for v in size.test_scores],
         }
         for size in sorted(stored.sizes.values(), key=lambda s: s.size)
     ]
 
 
-def ensemble_frame(studies: Iterable[Any]) -> Any:
+def ensemble_frame(studies: Iterable[optuna.Study]) -> pd.DataFrame:
     """One row per (study with an ensemble evaluation, ensemble size) as a ``pandas.DataFrame``, scores in
     points; ``studies`` are Optuna studies or summaries (anything with ``study_name`` and ``user_attrs``)."""
     import pandas as pd
 
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for study in studies:
         stored = ensemble_record(study)
         if stored is not None:
@@ -103,13 +101,27 @@ def ensemble_frame(studies: Iterable[Any]) -> Any:
     return frame
 
 
-def _fmt(value: Any, digits: int = 2, signed: bool = False) -> str:
+def _fmt(value: float | None, digits: int = 2, signed: bool = False) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
-def ensemble_rows(frame: Any) -> tuple[list[str], list[list[str]]]:
+def _paired(first: Sequence[float], second: Sequence[float]) -> Interval:
+    """The t interval of first minus second over the seeds they share by position (the same final seeds)."""
+    if len(first) != len(second) or not first:
+        return Interval(math.nan, -math.inf, math.inf, 0.95, None, None, "unpaired")
+    return seeds_interval([a - b for a, b in zip(first, second, strict=True)])
+
+
+def _seed_interval(first: Sequence[float], second: Sequence[float]) -> str:
+    interval = _paired(first, second)
+    if not math.isfinite(interval.low):
+        return "-"
+    return f"[{interval.low:+.2f}, {interval.high:+.2f}] {interval.verdict}"
+
+
+def ensemble_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the table: per study and K the ensemble's test mean +- std beside the selected
     trial, the start and the best single layer, both gaps, and the cost."""
     header = [
@@ -123,6 +135,7 @@ def ensemble_rows(frame: Any) -> tuple[list[str], list[list[str]]]:
         "start",
         "best layer",
         "ens. - sel.",
+        "95% CI (seeds)",
         "gap ens.",
         "gap sel.",
         "members s/seed",
@@ -142,6 +155,7 @@ def ensemble_rows(frame: Any) -> tuple[list[str], list[list[str]]]:
                 _fmt(row.start),
                 _fmt(row.best_layer),
                 _fmt(row.ensemble - row.selected, signed=True),
+                _seed_interval(row.ensemble_scores, row.selected_scores),
                 _fmt(row.ensemble_gap, signed=True),
                 _fmt(row.selected_gap, signed=True),
                 _fmt(row.member_seconds, 1) if row.k == row.asked else "",
@@ -151,7 +165,7 @@ def ensemble_rows(frame: Any) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def ensemble_sentences(frame: Any) -> list[str]:
+def ensemble_sentences(frame: pd.DataFrame) -> list[str]:
     """Per K: the mean difference to the selected trial, wins / ties / losses, and the mean gaps."""
     if frame.empty:
         return []
@@ -159,18 +173,23 @@ def ensemble_sentences(frame: Any) -> list[str]:
     studies = frame["study"].nunique()
     for k, group in frame.groupby("k"):
         diff = group["ensemble"] - group["selected"]
-        wins, losses = int((diff > 0.05).sum()), int((diff < -0.05).sum())
+        over = problems_interval(list(diff))
+        counts = verdict_counts(
+            _paired(e, s) for e, s in zip(group["ensemble_scores"], group["selected_scores"], strict=True)
+        )
         out.append(
-            f"K = {k}: ensemble minus selected trial {diff.mean():+.2f} points on average over {len(group)} "
-            f"of {studies} studies ({wins} ahead, {losses} behind, {len(group) - wins - losses} level within "
-            f"0.05); minus start {(group['ensemble'] - group['start']).mean():+.2f}; minus best single layer "
+            f"K = {k}: ensemble minus selected trial {diff.mean():+.2f} points on average "
+            f"[{over.low:+.2f}, {over.high:+.2f}] over {len(group)} of {studies} studies (95% bootstrap over "
+            f"studies: a {over.verdict}; per study over the seeds, 95% t interval: {counts['win']} win, "
+            f"{counts['tie']} tie, {counts['loss']} loss); minus start "
+            f"{(group['ensemble'] - group['start']).mean():+.2f}; minus best single layer "
             f"{(group['ensemble'] - group['best_layer']).mean():+.2f}; mean validation-to-test gap "
             f"{group['ensemble_gap'].mean():+.2f} (selected trial: {group['selected_gap'].mean():+.2f})."
         )
     return out
 
 
-def draw_ensemble_figure(frame: Any, path: Path) -> bool:
+def draw_ensemble_figure(frame: pd.DataFrame, path: Path) -> bool:
     """Test score of the ensemble minus that of the selected trial against K, one line per study and their
     mean; whether anything was drawn."""
     from .figures import figure_style, new_figure, save_figure

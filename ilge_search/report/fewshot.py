@@ -1,18 +1,9 @@
 """Few-shot curves: test score against training examples per label, per model and task.
 
-A *curve* is the studies of one model, task and data setting (``max_train``,
-``max_eval``, ``max_epochs``, ``cv``, data seed) that differ only in ``shots``,
-with at least one few-shot study among them; the study of the same setting
-without ``shots`` is the curve's *full* point (the whole, capped, training
-split) under the same protocol. ``studies/fewshot.toml`` makes such studies.
-Only encoders with at least one few-shot study are drawn. Per curve and encoder,
-each point is the final test score, mean ± std over the final seeds; the
-few-shot draw itself is one draw (the study's data seed), so the spread is
-over training seeds only, which the figure title says.
-
-Only studies with final test scores are drawn. When a model and task have
-several settings with few-shot studies, the one with the most studies is drawn
-and the others are named in a note.
+A *curve* is the studies of one model, task and data setting that differ only in ``shots``, with at least one few-shot
+study; the study of the same setting without ``shots`` is its *full* point. Each point is a final test mean ± std over
+the final seeds (one few-shot draw, so the spread is over training seeds only). When a model and task have several such
+settings, the one with the most studies is drawn and the others are named in a note.
 """
 
 from __future__ import annotations
@@ -20,12 +11,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
-from .document import MISSING, Cell, plural, slug
-from .figures import new_figure, save_figure
+from .document import MISSING, Cell, model_sentence, plural, slug
+from .figures import encoder_colors, new_figure, save_figure
+from .tables import CAYLEY_REFERENCES, cayley_minus
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType
 
 __all__ = ["FEWSHOT_COLUMNS", "fewshot_frame", "fewshot_rows", "fewshot_notes", "draw_fewshot_figures"]
 
@@ -51,7 +48,7 @@ def _setting(record: ReportStudy) -> tuple:
     return (record.model, record.base_task, record.protocol, *tuple(getattr(record.identity, key) for key in _SETTING))
 
 
-def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[Any, list[str]]:
+def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[pd.DataFrame, list[str]]:
     """One row per (model, task, encoder, shots) of every few-shot curve (``shots`` NaN: the full point), in
     score units; and notes on the curves not drawn."""
     import pandas as pd
@@ -107,24 +104,24 @@ def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[Any, list[str]]:
     return frame, notes
 
 
-def _shots_columns(frame: Any) -> list[int]:
+def _shots_columns(frame: pd.DataFrame) -> list[int]:
     return sorted(int(s) for s in frame["shots"].dropna().unique())
 
 
-def _cell(row: Any) -> str:
+def _cell(row: pd.Series) -> str:
     if row is None:
         return MISSING
     return f"{row['mean']:.2f} ± {row['std']:.2f}" if row["n_seeds"] > 1 else f"{row['mean']:.2f}"
 
 
-def fewshot_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
+def fewshot_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per (model, task, encoder), the test score at each shots per label and on the full
     subset (its training size in the cell); the best encoder of each column of a (model, task) in bold."""
     shots = _shots_columns(frame)
     header = ["model", "task", "unit", "encoder"] + [f"{s} per label" for s in shots] + ["full subset"]
     rows: list[list[Cell]] = []
     for (model, task), part in frame.groupby(["model", "task"], sort=False):
-        best: dict[Any, float] = {}
+        best: dict[int | None, float] = {}
         for column in [*shots, None]:
             here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
             if len(here):
@@ -145,7 +142,7 @@ def fewshot_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
     return header, rows
 
 
-def fewshot_notes(frame: Any) -> list[str]:
+def fewshot_notes(frame: pd.DataFrame) -> list[str]:
     """Per model: where Cayley stands against the last and the best single layer at the fewest shots and on
     the full subset, over the tasks with both."""
     notes = []
@@ -155,27 +152,21 @@ def fewshot_notes(frame: Any) -> list[str]:
         for label, column in ((f"{int(fewest)} examples per label", fewest), ("the full subset", None)):
             here = part[part["shots"].isna()] if column is None else part[part["shots"] == column]
             table = here.pivot(index="task", columns="encoder", values="mean")
-            for other, name in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
-                if "cayley" not in table or other not in table:
+            for other, name in CAYLEY_REFERENCES:
+                diff = cayley_minus(table, other)
+                if diff is None:
                     continue
-                both = table[["cayley", other]].dropna()
-                if both.empty:
-                    continue
-                diff = (both["cayley"] - both[other]).round(2)
+                diff = diff.round(2)
                 parts.append(
                     f"with {label}, Cayley minus {name}: {diff.mean():+.2f} points on average (ahead on "
                     f"{int((diff > 0).sum())} of {plural(len(diff), 'task')})"
                 )
-        if parts:
-            notes.append(f"{model}: " + "; ".join(parts) + ".")
+        notes += model_sentence(model, parts)
     return notes
 
 
-def _figure(part: Any, path: Path) -> None:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    colors = {m: cmap(i) for i, m in enumerate(METHODS)}
+def _figure(part: pd.DataFrame, path: Path) -> None:
+    colors = encoder_colors()
     shots = _shots_columns(part)
     full_x = shots[-1] * 2 if shots else 1
     figure = new_figure(7.5, 4.0)
@@ -195,7 +186,7 @@ def _figure(part: Any, path: Path) -> None:
     save_figure(figure, path)
 
 
-def _plot_curve(ax: Any, rows: Any, full_x: int, color: Any, label: str) -> None:
+def _plot_curve(ax: Axes, rows: pd.DataFrame, full_x: int, color: ColorType, label: str) -> None:
     """One encoder's few-shot curve, its full-data score at ``full_x`` and a dotted line joining the two."""
     few = rows[rows["shots"].notna()].sort_values("shots")
     full = rows[rows["shots"].isna()]
@@ -225,7 +216,7 @@ def _plot_curve(ax: Any, rows: Any, full_x: int, color: Any, label: str) -> None
         )
 
 
-def _label_shots_axis(ax: Any, part: Any, shots: list[int], full_x: int) -> None:
+def _label_shots_axis(ax: Axes, part: pd.DataFrame, shots: list[int], full_x: int) -> None:
     """A log-2 axis ticked at each shot count, plus a "full" tick (with the training size) where there is one."""
     from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -240,7 +231,7 @@ def _label_shots_axis(ax: Any, part: Any, shots: list[int], full_x: int) -> None
     ax.set_xlabel("training examples per label (log scale)")
 
 
-def draw_fewshot_figures(frame: Any, fig_dir: Path) -> dict[tuple[str, str], str]:
+def draw_fewshot_figures(frame: pd.DataFrame, fig_dir: Path) -> dict[tuple[str, str], str]:
     """One PNG per (model, task) curve: ``{(model, task): path relative to the report folder}``."""
     from .figures import figure_style
 

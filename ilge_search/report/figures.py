@@ -1,15 +1,9 @@
 """The report's figures (matplotlib, imported only when drawing) and fANOVA importances.
 
-Per (model, task): the validation score of a probe on each layer against the
-aggregators (from the best-layer study's best trial), the optimisation
-histories, and the hyperparameter importances of every study. Validation
-scores only. Figures are bare ``Figure`` objects on an Agg canvas, so the
-caller's pyplot backend is never changed.
-
-Legibility: every figure is drawn at the size the page shows it
-(:data:`DISPLAY_DPI` pixels per inch, see :func:`display_width`) and saved at
-:data:`SAVE_DPI` for sharp text; fonts are at least :data:`MIN_FONT` points,
-legends sit outside the axes, and histories get one panel per encoder.
+Per (model, task): a probe's validation score on each layer against the aggregators, the optimisation
+histories and every study's hyperparameter importances; validation scores only. Figures are bare
+``Figure`` objects on an Agg canvas (the caller's pyplot backend is never changed), drawn at the size the
+page shows them (:data:`DISPLAY_DPI`, :func:`display_width`) and saved at :data:`SAVE_DPI`.
 """
 
 from __future__ import annotations
@@ -19,14 +13,20 @@ import warnings
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import slug
 
 if TYPE_CHECKING:
-    from matplotlib.typing import RcKeyType
+    from contextlib import AbstractContextManager
+
+    from matplotlib.backend_bases import RendererBase
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+    from matplotlib.typing import ColorType, RcKeyType
 
 __all__ = [
     "FIGURE_KINDS",
@@ -39,13 +39,14 @@ __all__ = [
     "save_figure",
     "fit_titles",
     "figure_style",
+    "encoder_colors",
 ]
 
 FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
 SAVE_DPI = 150  # the PNG's own resolution: sharper text than the displayed size needs
 MIN_FONT = 9.0  # points; tick labels, legends and panel titles never go below this
-_RC: dict[RcKeyType, Any] = {
+_RC: dict[RcKeyType, object] = {
     "font.size": 10.5,
     "axes.titlesize": 11,
     "axes.labelsize": 10.5,
@@ -76,7 +77,7 @@ def display_width(path: Path) -> int | None:
     return round(int.from_bytes(header[16:20], "big") * DISPLAY_DPI / SAVE_DPI)
 
 
-def new_figure(width: float, height: float) -> Any:
+def new_figure(width: float, height: float) -> Figure:
     """A Figure of ``width`` x ``height`` inches at :data:`DISPLAY_DPI` on its own Agg canvas.
 
     No pyplot: the caller's backend is never changed.
@@ -89,7 +90,7 @@ def new_figure(width: float, height: float) -> Any:
     return figure
 
 
-def save_figure(figure: Any, path: Path) -> None:
+def save_figure(figure: Figure, path: Path) -> None:
     """Save at :data:`SAVE_DPI`; pages show it at :func:`display_width`, its size at :data:`DISPLAY_DPI`.
 
     Titles are first fitted to the width they have (:func:`fit_titles`), so none is cut at the figure's edges.
@@ -98,12 +99,12 @@ def save_figure(figure: Any, path: Path) -> None:
     figure.savefig(path, dpi=SAVE_DPI)
 
 
-def fit_titles(figure: Any) -> None:
+def fit_titles(figure: Figure) -> None:
     """Wrap each too-wide title (the figure's texts, every visible panel's title) at word boundaries, and shrink
     its font towards :data:`MIN_FONT` when wrapping alone cannot make it fit: the figure's title gets the figure's
     width, a panel's title its panel's width (its neighbours' titles sit beside it)."""
     figure.draw_without_rendering()  # the constrained layout places the panels, which gives their widths
-    renderer = figure.canvas.get_renderer()
+    renderer = cast("FigureCanvasAgg", figure.canvas).get_renderer()
     room = figure.bbox.width * _TITLE_ROOM
     titles = [(text, room) for text in figure.texts]  # the figure's title is one of its texts
     titles += [(ax.title, min(room, ax.bbox.width * 1.1)) for ax in figure.axes if ax.get_visible()]
@@ -115,7 +116,7 @@ def fit_titles(figure: Any) -> None:
 _TITLE_ROOM = 0.96  # of the figure's width: a margin so that anti-aliased glyphs stay inside
 
 
-def _fit_text(text: Any, width: float, renderer: Any) -> None:
+def _fit_text(text: Text, width: float, renderer: RendererBase) -> None:
     """Rewrap ``text`` to fewer characters per line, else shrink it, until it is at most ``width`` pixels wide."""
     import textwrap
 
@@ -128,20 +129,21 @@ def _fit_text(text: Any, width: float, renderer: Any) -> None:
         wrapped = "\n".join(textwrap.fill(line, chars, break_long_words=False) for line in lines)
         if wrapped != text.get_text():
             text.set_text(wrapped)
-        elif text.get_fontsize() > MIN_FONT:  # a word too long for a line: smaller letters
-            text.set_fontsize(max(MIN_FONT, text.get_fontsize() * 0.9))
+        elif float(text.get_fontsize()) > MIN_FONT:  # a word too long for a line: smaller letters
+            text.set_fontsize(max(MIN_FONT, float(text.get_fontsize()) * 0.9))
         else:  # already at the smallest legible size: split the word
             text.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
 
 
-def figure_style() -> Any:
+def figure_style() -> AbstractContextManager[None]:
     """Larger fonts inside the block (only while drawing; the caller's rcParams are restored)."""
     from matplotlib import rc_context
 
     return rc_context(_RC)
 
 
-def _encoder_colors() -> dict[str, Any]:
+def encoder_colors() -> dict[str, ColorType]:
+    """One colour per encoder of :data:`METHODS`, the same in every figure."""
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
@@ -154,7 +156,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     if probe is None or not probe.layer_scores:
         return False
     scale, unit = score_unit(probe.metric)
-    colors = _encoder_colors()
+    colors = encoder_colors()
     figure = new_figure(9.0, 4.2)
     ax = figure.add_subplot(1, 1, 1)
     layers = list(range(len(probe.layer_scores)))
@@ -214,7 +216,7 @@ def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     ]
     if not shown:
         return False
-    colors = _encoder_colors()
+    colors = encoder_colors()
     columns = min(4, len(shown))
     rows = math.ceil(len(shown) / columns)
     figure = new_figure(2.9 * columns, 2.6 * rows + 0.5)
@@ -288,7 +290,7 @@ def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], pa
     items = [(r, imp) for r, imp in items if imp]
     if not items:
         return False
-    colors = _encoder_colors()
+    colors = encoder_colors()
     columns = min(3, len(items))
     rows = math.ceil(len(items) / columns)
     tallest = max(len(imp) for _, imp in items)
@@ -308,14 +310,14 @@ def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], pa
 
 def draw_figures(
     records: Sequence[ReportStudy], pairs: Sequence[tuple[str, str]], fig_dir: Path, progress: bool
-) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, Any]]]:
+) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, object]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
     from ..progress import BarSpec, steps
 
     paths: dict[tuple[str, str], dict[str, str]] = {}
     notes: dict[tuple[str, str], list[str]] = {}
-    importance_rows: list[dict[str, Any]] = []
+    importance_rows: list[dict[str, object]] = []
     for model, task in steps(pairs, BarSpec("report figures", unit="task", enabled=progress)):
         group = sorted(
             (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)

@@ -1,19 +1,9 @@
-"""The report's folder: where it goes by default, and what may be written there.
+"""The report's folder: where it goes by default, and what may be written there (``docs/reliability.md``).
 
-A report folder is the report's own. Its manifest (:data:`MANIFEST_NAME`) lists the files a report wrote
-and the storage it read them from. A report writes only into
-
-- a folder that does not exist yet, or is empty, or
-- a folder whose manifest names the *same* storage (a rerun: the files it wrote before are replaced, and
-  those it no longer writes are removed),
-
-and never into a folder holding files ``git`` tracks, unless ``force`` (``--force``), nor one that cannot be made
-or written (the shared rule of every output, :func:`~ilge_search.files.check_output_folder`). With ``force`` the
-files of the same names are replaced and nothing that no manifest listed is removed.
-
-The default folder cannot collide with someone else's: for a SQLite file it sits beside the database
-(``studies/offline.db`` -> ``studies/offline-report/``), for a server database it is named from the host and
-database under the current folder (``postgresql-db.example.org-ilge-report/``).
+Its manifest (:data:`MANIFEST_NAME`) lists the files a report wrote and the storage it read. A report writes only into a
+new or empty folder or one whose manifest names the same storage (a rerun replaces its files and removes those it no
+longer writes), never into one holding git-tracked files unless ``force``; with ``force`` nothing no manifest listed is
+removed. The default folder sits beside a SQLite file, or is named from a server database's host and name.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """The leave-one-task-out evaluation stored by :mod:`ilge_search.defaults.loto`, as tables and sentences.
 
-The results report, ``defaults.md`` and ``ilge-search loto`` show the same
-rows: per (model, left-out task, family), the built-in and the regenerated
-defaults' test scores and their difference; per family and size bucket, the
-mean difference and whether the regenerated defaults win on average.
+The results report, ``defaults.md`` and ``ilge-search loto`` show the same rows: per (model, left-out task, family), the
+built-in and the regenerated defaults' test scores and their difference; per family and size bucket, the mean difference
+with its bootstrap interval over the left-out rows, and whether the regenerated defaults win (the interval above
+0, in the setting they ship in).
 """
 
 from __future__ import annotations
 
 import math
 
-from ..defaults.loto import LotoResult
+from ..defaults.loto import LotoResult, LotoVerdict
 from .document import MISSING, Cell, plural
 
 __all__ = ["loto_rows", "loto_verdict_rows", "loto_sentences"]
@@ -59,16 +59,26 @@ def loto_rows(result: LotoResult) -> tuple[list[str], list[list[Cell]]]:
     return header, rows
 
 
+def _interval(verdict: LotoVerdict) -> str:
+    if verdict.evidence is None:
+        return MISSING
+    interval = verdict.evidence.comparison.interval
+    return f"[{interval.low:+.2f}, {interval.high:+.2f}]"
+
+
 def loto_verdict_rows(result: LotoResult) -> tuple[list[str], list[list[Cell]]]:
-    """(header, rows): per family and size bucket, the mean difference and whether the regenerated defaults
-    win on average."""
-    header = ["family", "size", "rows", "mean difference", "regenerated ahead", "behind", "regenerated win"]
+    """(header, rows): per family and size bucket, the mean difference with its bootstrap interval over the
+    left-out rows and its verdict, and whether the regenerated defaults win (what shipping needs)."""
+    header = ["family", "size", "rows", "mean difference", "95% interval", "verdict", "regenerated ahead", "behind"]
+    header.append("regenerated win")
     rows = [
         [
             Cell(v.family),
             Cell(v.bucket),
             Cell(str(v.rows)),
             Cell(f"{v.mean_difference:+.2f}"),
+            Cell(_interval(v)),
+            Cell(v.evidence.comparison.interval.verdict if v.evidence else MISSING),
             Cell(str(v.wins)),
             Cell(str(v.losses)),
             Cell("yes" if v.regenerated_win else "no", bold=v.regenerated_win),
@@ -91,11 +101,13 @@ def loto_sentences(result: LotoResult) -> list[str]:
             }
         )
         verb = "beat" if v.regenerated_win else "do not beat"
+        interval = f" {_interval(v)}, a {v.evidence.comparison.interval.verdict}" if v.evidence else ""
+        setting = f"; {v.setting}" if v.setting else ""
         out.append(
             f"{v.family} ({v.bucket} models): defaults regenerated without the task {verb} the built-in "
-            f"defaults on average over {plural(v.rows, 'left-out (model, task) row')}: "
-            f"{v.mean_difference:+.2f} points (ahead on {v.wins}, behind on {v.losses}; "
-            f"{'/'.join(map(str, seeds))} seeds per configuration)."
+            f"defaults over {plural(v.rows, 'left-out (model, task) row')}: "
+            f"{v.mean_difference:+.2f} points{interval} (ahead on {v.wins}, behind on {v.losses}; "
+            f"{'/'.join(map(str, seeds))} seeds per configuration{setting})."
         )
     if result.missing:
         out.append(f"Not evaluated yet (or stale): {', '.join(result.missing)}.")

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..storage import hide_password
+from .comparisons import difference_sentence, seed_verdict
 from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
-from .tables import DECIMALS, full_data, model_order, model_protocols
+from .tables import CAYLEY_REFERENCES, DECIMALS, cayley_minus, full_data, model_order, model_protocols
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
 
@@ -60,31 +64,22 @@ def no_published_note() -> str:
     )
 
 
-def closing_notes(frame: Any, summary: Any) -> list[str]:
-    """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks
-    best."""
+def closing_notes(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
+    """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks best."""
     notes = []
     frame = full_data(frame)  # as the summary: a few-shot row is a point of a curve, not another task
     for model, protocol in ((m, p) for m in model_order(frame["model"]) for p in model_protocols(frame, m)):
         part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None
+        scores = part.pivot(index="task", columns="method", values="scores") if not part.empty else None
         parts = []
-        for other, label in (("last-layer", "the last layer"), ("best-layer", "the best single layer")):
-            if table is None or "cayley" not in table or other not in table:
+        for other, label in CAYLEY_REFERENCES:
+            diff = None if table is None else cayley_minus(table, other)
+            if diff is None or scores is None:
                 parts.append(f"no tasks with both Cayley and {label}")
                 continue
-            both = table[["cayley", other]].dropna()
-            if both.empty:
-                parts.append(f"no tasks with both Cayley and {label}")
-                continue
-            diff = both["cayley"] - both[other]
-            shown = diff.round(DECIMALS)
-            spread = f" (range {diff.min():+.{DECIMALS}f} to {diff.max():+.{DECIMALS}f})" if len(diff) > 1 else ""
-            parts.append(
-                f"against {label}, Cayley's difference is {diff.mean():+.{DECIMALS}f} points on average"
-                f"{spread}: ahead on {int((shown > 0).sum())}, level on {int((shown == 0).sum())} and "
-                f"behind on {int((shown < 0).sum())} of {plural(len(diff), 'task')}"
-            )
+            verdicts = [seed_verdict(scores.at[task, "cayley"], scores.at[task, other]) for task in diff.index]
+            parts.append(difference_sentence(label, list(diff), verdicts, DECIMALS))
         model_summary = summary[(summary["model"] == model) & (summary["protocol"] == protocol)]
         lead = ""
         if not model_summary.empty:

@@ -1,17 +1,8 @@
 """Published ILGE results, kept as data with their source, matched to our studies.
 
-The numbers live in ``ilge_search/data/paper_results.json`` (test accuracy in
-%, one record per (model, task, method), with the paper, table and
-transcription they come from). :func:`published_result` answers "did the paper
-report this cell?" for the names studies use: a model name the model table
-(:data:`ilge_search.embeddings.models.MODELS`) knows -- a Hugging Face id, its short name,
-an alias or a local folder named after it (``EleutherAI/pythia-410m``,
-``pythia-410m``, ``/models/pythia-410m``) -- a task name in our spelling or
-MTEB's (``mtop_domain``, ``MTOPDomainClassification``), and an encoder
-(``cayley``, ``fc``, ``deepset``, ``last-layer``, ``mlp-last``).
-
-The paper's models are the table's entries with a ``paper_name``; instruction-tuned
-or other variants never match: the paper evaluated the base checkpoints.
+The numbers live in ``ilge_search/data/paper_results.json`` (test accuracy in %, per model, task and method, with their
+source). :func:`published_result` matches the names studies use: any model name the model table knows (only its entries
+with a ``paper_name``: the paper evaluated the base checkpoints), a task in our spelling or MTEB's, and an encoder.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """How small an encoder can be for a given score: the Pareto fronts of multi-objective studies.
 
-Drawn only for storages that hold multi-objective studies
-(:mod:`ilge_search.study.objectives`); a report of single-objective studies is
-unchanged. Per (model, task), one figure with two panels sharing a log x axis
-of trainable parameters:
-
-- *search (validation)*: every complete trial of each multi-objective study
-  (one colour per encoder), its score-vs-parameters front as a step line, and
-  the trials the final evaluation retrained ringed;
-- *final (test)*: each retrained front trial's test score (mean +- std over the
-  final seeds) against its parameters, with the ``last-layer``,
-  ``best-layer`` and ``mean-layers`` studies of the same storage, model and
-  task as reference points (their final test score at the parameters of their
-  final trial).
-
-Validation and test are never mixed in one panel. The front is on score and
-parameters even when a study also minimised latency, which the table lists.
-A table of every final front (and the reference baselines) and one sentence
-per study go with the figures.
+Drawn only when the storage holds multi-objective studies (:mod:`ilge_search.study.objectives`). Per
+(model, task), two panels on a log axis of trainable parameters: *search (validation)*, every complete
+trial with its score-vs-parameters front and the retrained trials ringed; *final (test)*, each retrained
+front trial's test score with the single-layer baselines of the same storage as reference points.
+Validation and test are never mixed in one panel; the front is on score and parameters even when a study
+also minimised latency. A table of every final front and one sentence per study go with the figures.
 """
 
 from __future__ import annotations
@@ -26,14 +14,19 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..record import FrontMember, trial_record
 from ..study.objectives import pareto_front
 from ..tasks.scores import score_unit
 from .data import METHOD_LABELS, METHODS, ReportStudy
 from .document import MISSING, Cell, plural, slug
-from .figures import figure_style, new_figure, save_figure
+from .figures import encoder_colors, figure_style, new_figure, save_figure
+
+if TYPE_CHECKING:
+    import optuna
+    from matplotlib.axes import Axes
+    from matplotlib.typing import ColorType
 
 __all__ = ["PARETO_BASELINES", "PARETO_NOTE", "pareto_pairs", "pareto_rows", "pareto_notes", "draw_pareto_figures"]
 
@@ -104,7 +97,7 @@ def _front_records(record: ReportStudy) -> list[tuple[FrontMember, int]]:
     return [(member, member.params) for member in members if member.params is not None]
 
 
-def _search_front(record: ReportStudy) -> list[tuple[Any, int]]:
+def _search_front(record: ReportStudy) -> list[tuple[optuna.trial.FrozenTrial, int]]:
     """The complete trials' front on (score, parameters), with each trial's parameters, fewest first."""
     from ..study.objectives import complete_trials
 
@@ -114,18 +107,11 @@ def _search_front(record: ReportStudy) -> list[tuple[Any, int]]:
     return sorted(sized, key=lambda pair: pair[1])
 
 
-def _colors() -> dict[str, Any]:
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    return {m: cmap(i) for i, m in enumerate(METHODS)}
-
-
 @dataclass(frozen=True)
 class _Series:
     """How one study's points are drawn: its colour, its legend label and the score's display scale."""
 
-    color: Any
+    color: ColorType
     label: str
     scale: float
 
@@ -135,7 +121,7 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
 
     if not any(complete_trials(r.study) for r in studies):
         return False
-    colors = _colors()
+    colors = encoder_colors()
     scale, unit = score_unit(studies[0].metric)
     figure = new_figure(11.0, 4.4)
     search, final = figure.subplots(1, 2, sharex=True)
@@ -150,19 +136,19 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
     first = studies[0]
     figure.suptitle(
         f"{first.model} · {first.task}: score vs trainable parameters (multi-objective search, "
-        f"objectives {', '.join(first.objectives)})"
+        f"objectives {', '.join(first.identity.objectives)})"
     )
     save_figure(figure, path)
     return True
 
 
-def _plot_search(search: Any, record: ReportStudy, series: _Series) -> None:
+def _plot_search(search: Axes, record: ReportStudy, series: _Series) -> None:
     """Every sized complete trial of the search, and the search's front as a step line."""
     from ..study.objectives import complete_trials
 
     complete = complete_trials(record.study)
-    sizes = {t.number: trial_record(t).params for t in complete}
-    trials = [t for t in complete if sizes[t.number]]
+    sizes = {t.number: size for t in complete if (size := trial_record(t).params)}
+    trials = [t for t in complete if t.number in sizes]
     search.scatter(
         [sizes[t.number] for t in trials],
         [t.values[0] * series.scale for t in trials],
@@ -184,7 +170,7 @@ def _plot_search(search: Any, record: ReportStudy, series: _Series) -> None:
     )
 
 
-def _plot_retrained(search: Any, final: Any, record: ReportStudy, series: _Series) -> None:
+def _plot_retrained(search: Axes, final: Axes, record: ReportStudy, series: _Series) -> None:
     """The retrained final front: ringed on the search panel, its test scores on the final panel."""
     retrained = _front_records(record)
     if not retrained:
@@ -212,7 +198,7 @@ def _plot_retrained(search: Any, final: Any, record: ReportStudy, series: _Serie
     )
 
 
-def _plot_baselines(final: Any, baselines: Sequence[_Baseline], colors: dict[str, Any], scale: float) -> None:
+def _plot_baselines(final: Axes, baselines: Sequence[_Baseline], colors: dict[str, ColorType], scale: float) -> None:
     """The single-objective baselines of the same (model, task) as lone markers on the final panel."""
     for baseline in baselines:
         if baseline.params is None:
@@ -231,7 +217,7 @@ def _plot_baselines(final: Any, baselines: Sequence[_Baseline], colors: dict[str
         )
 
 
-def _style_axes(search: Any, final: Any, unit: str) -> None:
+def _style_axes(search: Axes, final: Axes, unit: str) -> None:
     for ax, title, kind in (
         (search, "search: every trial (validation)", "validation"),
         (final, "final front retrained (test, mean ± std)", "test"),
@@ -257,7 +243,7 @@ def draw_pareto_figures(records: Sequence[ReportStudy], fig_dir: Path) -> dict[t
     return drawn
 
 
-def _count(value: Any) -> str:
+def _count(value: float | None) -> str:
     return MISSING if value is None else f"{int(value):,}"
 
 

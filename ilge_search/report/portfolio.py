@@ -1,30 +1,24 @@
 """The cross-task matrix drawn and tabled, with its left-out checks (read from what ``portfolio`` stored).
 
-:func:`draw_matrix` draws candidates x problems, each cell the candidate's mean
-validation score normalised within its problem (1 = the problem's best
-candidate), with the default (``D``) and the other portfolio members (``P``)
-marked; :func:`matrix_rows` is the same matrix as a table. :func:`held_out_rows`
-are the left-out rows of :class:`~ilge_search.defaults.transfer.HeldOut` (test
-scores of the built-in defaults, the marginal rule, the portfolio default and
-the best-on-validation member; differences against the built-in defaults),
-:func:`held_out_verdict_rows` their means per fold kind; the results report's
-"Defaults on tasks they never saw" and the defaults page show them
-(:func:`portfolio_part`). Nothing is trained here.
+:func:`draw_matrix` draws the normalised validation matrix with the default (``D``) and the other portfolio members
+(``P``) marked, :func:`matrix_rows` tables it, :func:`held_out_rows` and :func:`held_out_verdict_rows` table the
+left-out checks; :func:`portfolio_part` is what the results report and the defaults page show. Nothing is trained here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..defaults.choice import normalise
-from ..defaults.transfer import METHODS, HeldOut
+from ..defaults.transfer import METHODS, HeldOut, held_out_evidence
 from .document import Cell, Document, plural
 from .figures import figure_style, new_figure, save_figure
+from .tables import fmt
 
 if TYPE_CHECKING:
-    from ..defaults.portfolio import PortfolioRequest, TrainingSetup
+    from ..defaults.portfolio import MatrixProblem, PortfolioRequest, PortfolioResult, TrainingSetup
 
 __all__ = [
     "PORTFOLIO_NOTE",
@@ -57,11 +51,16 @@ _METHOD_LABELS = {
 }
 
 
-def _problem_label(problem: Any) -> str:
+def _problem_label(problem: MatrixProblem) -> str:
     return f"{problem.model}\n{problem.task}"
 
 
-def draw_matrix(result: Any, path: Path) -> Path:
+def _mark(result: PortfolioResult, index: int) -> str:
+    """``D`` for the matrix's default, ``P`` for another portfolio member, else empty."""
+    return "D" if index == result.default else ("P" if index in result.portfolio else "")
+
+
+def draw_matrix(result: PortfolioResult, path: Path) -> Path:
     """The normalised validation matrix of a :class:`~ilge_search.defaults.portfolio.PortfolioResult` as a
     heatmap at ``path`` (PNG); missing cells are blank."""
     import numpy as np
@@ -73,10 +72,8 @@ def draw_matrix(result: Any, path: Path) -> Path:
         axes = figure.add_subplot()
         image = axes.imshow(np.ma.masked_invalid(normalised), cmap="viridis", vmin=0, vmax=1, aspect="auto")
         axes.set_xticks(range(columns), [_problem_label(p) for p in result.problems], fontsize=7)
-        labels = []
-        for index, candidate in enumerate(result.candidates):
-            mark = " [D]" if index == result.default else (" [P]" if index in result.portfolio else "")
-            labels.append(candidate.name + mark)
+        marks = [_mark(result, index) for index in range(rows)]
+        labels = [c.name + (f" [{m}]" if m else "") for c, m in zip(result.candidates, marks, strict=True)]
         axes.set_yticks(range(rows), labels, fontsize=7)
         for r in range(rows):
             for c in range(columns):
@@ -95,21 +92,14 @@ def draw_matrix(result: Any, path: Path) -> Path:
     return path
 
 
-def _number(value: float, signed: bool = False) -> str:
-    if value != value:  # NaN: a cell not stored
-        return "—"
-    return f"{value:+.2f}" if signed else f"{value:.2f}"
-
-
-def matrix_rows(result: Any) -> tuple[list[str], list[list[Cell]]]:
+def matrix_rows(result: PortfolioResult) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per candidate, its mark (D default, P member), where it came from and its mean validation
     score on each problem (the problem's best in bold)."""
     header = ["candidate", "chosen", "from"] + [f"{p.model} · {p.task}" for p in result.problems]
     validation = result.matrix.validation
     rows = []
     for index, candidate in enumerate(result.candidates):
-        mark = "D" if index == result.default else ("P" if index in result.portfolio else "")
-        cells = [Cell(candidate.name), Cell(mark), Cell(", ".join(candidate.sources))]
+        cells = [Cell(candidate.name), Cell(_mark(result, index)), Cell(", ".join(candidate.sources))]
         for column, problem in enumerate(result.problems):
             value = validation[index, column]
             present = validation[:, column][validation[:, column] == validation[:, column]]
@@ -143,13 +133,13 @@ def held_out_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
         diffs = [row[f"{m}_diff"] for m in METHODS]
         present = [d for d in [0.0, *diffs] if d == d]
         top = round(max(present), 2)
-        scores = [Cell(_number(row["builtin"]), bold=top == 0.0)]
+        scores = [Cell(fmt(row["builtin"]), bold=top == 0.0)]
         for method, diff in zip(METHODS, diffs, strict=True):
-            scores.append(Cell(_number(row[method]), bold=diff == diff and round(diff, 2) == top))
+            scores.append(Cell(fmt(row[method]), bold=diff == diff and round(diff, 2) == top))
         rows.append(
             [Cell(f"{row['fold']} {row['held_out']}"), Cell(row["model"]), Cell(row["task"]), Cell(row["unit"])]
             + scores
-            + [Cell(_number(d, signed=True)) for d in diffs]
+            + [Cell(fmt(d, signed=True)) for d in diffs]
             + [Cell(row["default_candidate"]), Cell(row["best_member"])]
         )
     return header, rows
@@ -157,23 +147,27 @@ def held_out_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
 
 def held_out_verdict_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per fold kind and method, the mean difference against the built-in defaults over the
-    held-out problems, and on how many it was ahead and behind."""
-    header = ["left out", "method (against built-in)", "problems", "mean difference", "ahead", "behind"]
+    held-out problems with its bootstrap interval over problems and verdict, and on how many it was ahead and
+    behind."""
+    header = ["left out", "method (against built-in)", "problems", "mean difference", "95% interval", "verdict"]
+    header += ["ahead", "behind"]
     rows = []
     for kind in sorted({kind for kind, _ in held_out.verdicts}):
         for method in METHODS:
-            verdict = held_out.verdicts.get((kind, method), {"rows": 0})
-            if not verdict["rows"]:
+            evidence = held_out_evidence(held_out, kind, method)
+            if evidence is None:
                 continue
-            wins = verdict["mean_difference"] > 0 and verdict["ahead"] > verdict["behind"]
+            interval, c = evidence.comparison.interval, evidence.comparison
             rows.append(
                 [
                     Cell(f"one {kind}"),
                     Cell(_METHOD_LABELS[method]),
-                    Cell(str(verdict["rows"])),
-                    Cell(f"{verdict['mean_difference']:+.2f}", bold=wins),
-                    Cell(str(verdict["ahead"])),
-                    Cell(str(verdict["behind"])),
+                    Cell(str(c.wins + c.ties + c.losses)),
+                    Cell(f"{interval.estimate:+.2f}", bold=evidence.passes),
+                    Cell(f"[{interval.low:+.2f}, {interval.high:+.2f}]"),
+                    Cell(interval.verdict),
+                    Cell(str(c.wins)),
+                    Cell(str(c.losses)),
                 ]
             )
     return header, rows
@@ -187,19 +181,19 @@ def held_out_table(held_out: HeldOut) -> str:
 
 
 def verdict_lines(held_out: HeldOut) -> list[str]:
-    """Per fold kind and method: mean difference against the built-in defaults, ahead and behind."""
+    """Per fold kind and method: mean difference against the built-in defaults with its interval over the
+    held-out problems, ahead and behind."""
     lines = []
-    for (kind, method), verdict in sorted(held_out.verdicts.items()):
-        if method in METHODS and verdict["rows"]:
+    for kind, method in sorted(held_out.verdicts):
+        evidence = held_out_evidence(held_out, kind, method) if method in METHODS else None
+        if evidence is not None:
             lines.append(
-                f"leave one {kind} out, {method}: {verdict['mean_difference']:+.2f} points against the built-in "
-                f"defaults (test, mean over seeds {held_out.seeds}); ahead on {verdict['ahead']}, behind on "
-                f"{verdict['behind']} of {verdict['rows']} problems"
+                f"{evidence.text()}: {method} against the built-in defaults (test, mean over seeds {held_out.seeds})"
             )
     return lines
 
 
-def choice_sentences(result: Any) -> list[str]:
+def choice_sentences(result: PortfolioResult) -> list[str]:
     """What was chosen from the matrix, on what, and what is missing."""
     request, problems = result.request, result.problems
     out = [
@@ -226,7 +220,7 @@ def choice_sentences(result: Any) -> list[str]:
 
 def portfolio_part(
     doc: Document,
-    result: Any,
+    result: PortfolioResult,
     image: dict[str, str] | None = None,
     *,
     level: int = 3,
@@ -258,8 +252,8 @@ def portfolio_part(
         *held_out_verdict_rows(held_out),
         label=f"tab:portfolio-{key}-verdict",
         text_columns=2,
-        caption="Against the built-in defaults on the held-out problems (test, points; bold: mean ahead and "
-        "ahead on more problems than behind).",
+        caption="Against the built-in defaults on the held-out problems (test, points; 95% bootstrap interval "
+        "over the held-out problems, 2000 resamples, seed 0; win: the interval above 0, bold; tie: it contains 0).",
     )
     doc.table(
         *held_out_rows(held_out),
@@ -271,18 +265,18 @@ def portfolio_part(
     )
 
 
-def _matrix_text(result: Any) -> str:
+def _matrix_text(result: PortfolioResult) -> str:
     """The matrix as text: mean validation score per candidate and problem, the choice marked."""
     names = [f"{p.model.split('-')[0]}/{p.task[:10]}" for p in result.problems]
     lines = ["candidate   " + " ".join(f"{n:>18}" for n in names)]
     for index, candidate in enumerate(result.candidates):
-        mark = "D" if index == result.default else ("P" if index in result.portfolio else " ")
+        mark = _mark(result, index) or " "
         cells = " ".join(f"{v:18.4f}" if v == v else f"{'-':>18}" for v in result.matrix.validation[index])
         lines.append(f"{mark} {candidate.name:<9} {cells}")
     return "\n".join(lines)
 
 
-def _incomplete_line(result: Any) -> str:
+def _incomplete_line(result: PortfolioResult) -> str:
     """Why no default or portfolio is shown or saved while cells are missing, and what to do."""
     busy = f", {result.matrix.running} of them being trained by another process now" if result.matrix.running else ""
     return (
@@ -292,7 +286,7 @@ def _incomplete_line(result: Any) -> str:
     )
 
 
-def _table_lines(result: Any) -> list[str]:
+def _table_lines(result: PortfolioResult) -> list[str]:
     """The matrix, the default and portfolio with their configs, and the held-out check when there is one."""
     lines = [_matrix_text(result)]
     lines.append(f"D: default, P: portfolio member; trained {result.trained} cells, {result.matrix.missing} missing")
@@ -309,7 +303,7 @@ def _table_lines(result: Any) -> list[str]:
     return lines
 
 
-def portfolio_text(result: Any, fmt: str, *, dry_run: bool = False) -> str:
+def portfolio_text(result: PortfolioResult, fmt: str, *, dry_run: bool = False) -> str:
     """What ``ilge-search portfolio`` prints for ``result``: a dry run's plan, or the matrix as ``fmt``
     (``csv``: one row per candidate; ``json``: the result with its held-out check; else the table)."""
     import json

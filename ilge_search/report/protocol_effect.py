@@ -1,26 +1,23 @@
 """The protocol effect: the same model, task and method scored under the matched and the paper protocol.
 
-The published ILGE table scores every method through MTEB's few-shot logistic
-readout; ilge-search's default (*matched*) protocol trains every method with
-its own head on the same training data. The two move the last layer by as much
-as the gains the paper reports, so the report puts them side by side, per
-model (:func:`protocol_effect_frame`, :func:`protocol_effect_rows`): the last
-layer under each protocol and their difference (what the protocol alone
-does), Cayley likewise, and Cayley's gain over the last layer within each
-protocol (what the encoder does), with the published numbers beside the paper
-columns where the paper has the cell.
+The two protocols (``docs/protocols.md``) move the last layer by as much as the gains the paper reports,
+so the report puts them side by side per model: the last layer and Cayley under each protocol and their
+differences, Cayley's gain over the last layer within each, and the published numbers.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..study.protocol import MTEB_N_EXPERIMENTS, MTEB_VERSION
 from .data import PAPER_SUFFIX
-from .document import MISSING, Cell, plural
+from .document import MISSING, Cell, model_sentence, plural
 from .paper_results import published_result
 from .tables import DECIMALS, fmt, model_order
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "EFFECT_COLUMNS",
@@ -60,7 +57,9 @@ PROTOCOL_EFFECT_NOTE = (
 )
 
 
-def _cell(frame: Any, model: str, task: str, method: str, protocol: str) -> tuple[float, float, Any]:
+def _cell(
+    frame: pd.DataFrame, model: str, task: str, method: str, protocol: str
+) -> tuple[float, float, pd.Series | None]:
     """(mean, std, row) of one result cell; NaN and ``None`` when missing."""
     label = task + (PAPER_SUFFIX if protocol == "paper" else "")
     rows = frame[(frame["model"] == model) & (frame["task"] == label) & (frame["method"] == method)]
@@ -70,12 +69,12 @@ def _cell(frame: Any, model: str, task: str, method: str, protocol: str) -> tupl
     return float(row["mean"]), float(row["std"]), row
 
 
-def protocol_effect_frame(frame: Any) -> Any:
+def protocol_effect_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, task) measured under both protocols (for the last layer or Cayley), columns
     :data:`EFFECT_COLUMNS`, in score units; ``frame`` is :func:`~ilge_search.report.tables.results_frame`'s."""
     import pandas as pd
 
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     if frame.empty:
         return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
     for model in model_order(frame["model"]):
@@ -128,7 +127,7 @@ def protocol_effect_frame(frame: Any) -> Any:
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 
-def protocol_effect_rows(effect: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
+def protocol_effect_rows(effect: pd.DataFrame, model: str) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of one model's protocol effect table."""
     header = [
         "task",
@@ -171,12 +170,12 @@ def _published(value: float) -> str:
     return MISSING if math.isnan(value) else f"{value:.2f}"
 
 
-def _mean(values: Any) -> float | None:
+def _mean(values: pd.Series) -> float | None:
     values = values.dropna()
     return float(values.mean()) if len(values) else None
 
 
-def protocol_effect_notes(effect: Any) -> list[str]:
+def protocol_effect_notes(effect: pd.DataFrame) -> list[str]:
     """Per model, one sentence: the mean protocol effect on the last layer and on Cayley, and Cayley's mean gain
     under each protocol (over the tasks that have both numbers)."""
     notes = []
@@ -198,6 +197,5 @@ def protocol_effect_notes(effect: Any) -> list[str]:
                     f"Cayley's gain over the last layer is {value:+.{DECIMALS}f} under the {protocol} "
                     f"protocol (behind on {behind} of {plural(int(part[column].notna().sum()), 'task')})"
                 )
-        if pieces:
-            notes.append(f"{model}: " + "; ".join(pieces) + ".")
+        notes += model_sentence(model, pieces)
     return notes

@@ -1,12 +1,9 @@
 """The results report's sections, each a small object :func:`~ilge_search.report.build.build_report` iterates.
 
-A :class:`Section` has a ``title`` and an ``anchor`` (its line in the table of
-contents), says whether the storage holds what it shows (:meth:`Section.applies`),
-draws its figures (:meth:`Section.draw`, only when the report draws figures) and
-writes its part of the :class:`~ilge_search.report.document.Document`
-(:meth:`Section.render`). Everything a section shows is computed once, before
-any section runs, into a :class:`ReportData`; sections only format and draw.
-:func:`report_sections` lists them in the order the report shows them.
+A :class:`Section` has a ``title`` and an ``anchor``, says whether the storage holds what it shows
+(:meth:`Section.applies`), draws its figures (:meth:`Section.draw`) and renders its part of the document
+(:meth:`Section.render`) from a :class:`ReportData` computed once before any section runs.
+:func:`report_sections` lists them in the report's order.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .notes import SUMMARY_NOTE
 from .pareto import PARETO_NOTE, draw_pareto_figures, pareto_notes, pareto_pairs, pareto_rows
 from .portfolio import draw_matrix, portfolio_part
+from .power import POWER_NOTE, power_lines
 from .protocol_effect import PROTOCOL_EFFECT_NOTE, protocol_effect_rows
 from .tables import (
     SELECTION_NOTE,
@@ -41,6 +39,10 @@ from .tables import (
 from .tokens import TOKEN_NOTE, draw_token_figures, token_rows
 
 if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..defaults.loto import LotoResult
+    from ..defaults.portfolio import PortfolioResult
     from ..study.stages import StagePart
 
 __all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
@@ -65,7 +67,8 @@ LOTO_NOTE = (
     "For each task, the defaults were regenerated (`recommend`'s rule) from every other task's studies and "
     "trained with no search on that task's study data, next to the built-in defaults of the published "
     "package, with the same seeds; both scored once on test per seed (`ilge-search loto`). Regenerated "
-    "defaults are shipped only when they beat the built-in ones on average over the left-out tasks."
+    "defaults are shipped only when the 95% bootstrap interval of their mean difference over the left-out rows "
+    "lies above 0, measured in the setting that ships (the configuration's own epochs with early stopping)."
 )
 
 
@@ -83,20 +86,21 @@ class ReportData:
     storage_url: str
     records: list[ReportStudy]
     every: list[ReportStudy]
-    frame: Any
+    frame: pd.DataFrame
     models: list[str]
-    summary: Any
-    effect: Any
+    summary: pd.DataFrame
+    effect: pd.DataFrame
     notes: list[str]
-    selection: Any
-    fewshot: Any
+    selection: pd.DataFrame
+    fewshot: pd.DataFrame
     fewshot_skipped: list[str]
     layer_notes: dict[str, list[str]]
-    loto: Any
+    loto: LotoResult
     skipped: list[str]
-    tokens: Any = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
+    tokens: pd.DataFrame | None = None  # the tagging studies' frame (report/tokens.py); never in ``frame``
     tagging: list[ReportStudy] = field(default_factory=list)  # the tagging studies, never in ``records``
-    portfolios: list[Any] = field(default_factory=list)  # the stored cross-task matrices (defaults/transfer.py)
+    # the stored cross-task matrices (defaults/transfer.py)
+    portfolios: list[PortfolioResult] = field(default_factory=list)
     portfolio_notes: list[str] = field(default_factory=list)  # matrices that could not be read back, and why
 
 
@@ -137,6 +141,12 @@ class Section:
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         raise NotImplementedError
 
+    def start(self, doc: Document, note: str = "") -> None:
+        """The section's heading (its contents anchor), then its note when it has one."""
+        doc.heading(2, self.title, anchor=self.anchor)
+        if note:
+            doc.paragraph(note)
+
 
 class ModelTables(Section):
     """Per model and protocol: the score table and the gain over the last layer."""
@@ -176,7 +186,7 @@ class AcrossModels(Section):
         return bool(data.models)
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         doc.table(
             *summary_rows(data.summary),
             label="tab:summary",
@@ -191,8 +201,7 @@ class ProtocolEffect(Section):
         return not data.effect.empty
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(PROTOCOL_EFFECT_NOTE)
+        self.start(doc, PROTOCOL_EFFECT_NOTE)
         for model in model_order(data.effect["model"]):
             doc.heading(3, model)
             doc.table(
@@ -209,7 +218,7 @@ class Notes(Section):
         return bool(data.notes)
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         doc.bullets(data.notes)
 
 
@@ -227,7 +236,7 @@ class LayerAttributions(Section):
         self.figures = [path for paths in self.drawn.values() for path in paths.values()]
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         for model, sentences in data.layer_notes.items():
             doc.heading(3, model)
             folder.show(doc, self.drawn.get(model, {}))
@@ -277,7 +286,7 @@ class Figures(Section):
         self.figures = [path for paths in self.paths.values() for path in paths.values()]
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         for model, task in self.pairs(data):
             doc.heading(3, f"{model} · {task}", anchor=_figure_anchor(model, task))
             folder.show(doc, self.paths[(model, task)])
@@ -289,8 +298,7 @@ class SelectionRules(Section):
         return not data.selection.empty
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(SELECTION_NOTE)
+        self.start(doc, SELECTION_NOTE)
         header, rows = selection_rows(data.selection)
         doc.table(
             header,
@@ -350,8 +358,7 @@ class FewShotCurves(Section):
         self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(FEWSHOT_NOTE)
+        self.start(doc, FEWSHOT_NOTE)
         doc.table(
             *fewshot_rows(data.fewshot),
             label="tab:few-shot",
@@ -377,8 +384,7 @@ class Ensembles(Section):
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         frame = ensemble_frame(r.study for r in data.every)
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(ENSEMBLE_NOTE)
+        self.start(doc, ENSEMBLE_NOTE)
         header, rows = ensemble_rows(frame)
         doc.table(header, [[Cell(text) for text in row] for row in rows], label="tab:ensembles", text_columns=4)
         doc.bullets(ensemble_sentences(frame))
@@ -408,7 +414,7 @@ class LeaveOneTaskOut(Section):
         self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
+        self.start(doc)
         if data.loto.verdicts:
             self._render_loto(doc, data)
         for result in data.portfolios:
@@ -451,8 +457,8 @@ class TokenTables(Section):
         self.figures = list(self.drawn.values())
 
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
-        doc.heading(2, self.title, anchor=self.anchor)
-        doc.paragraph(TOKEN_NOTE)
+        self.start(doc, TOKEN_NOTE)
+        assert data.tokens is not None  # applies() checked it
         for model in model_order(data.tokens["model"]):
             doc.heading(3, model)
             header, rows = token_rows(data.tokens, model)
@@ -494,9 +500,21 @@ class StageParts(Section):
             doc.bullets(list(part.bullets))
 
 
-class Studies(Section):
+class DetectableDifferences(Section):
+    """Per task: the smallest difference 3 seeds at 400 test texts detect (:mod:`~ilge_search.report.power`)."""
+
+    def applies(self, data: ReportData, folder: FigureFolder) -> bool:
+        return bool(power_lines(data.frame))
+
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         doc.heading(2, self.title, anchor=self.anchor)
+        doc.paragraph(POWER_NOTE)
+        doc.bullets(power_lines(data.frame))
+
+
+class Studies(Section):
+    def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
+        self.start(doc)
         doc.table(*studies_rows(data.records + data.tagging))
         if data.skipped:
             doc.paragraph("Not reported:")
@@ -511,6 +529,7 @@ def report_sections() -> list[Section]:
         TokenTables("Tagging tasks", "tagging"),
         ProtocolEffect("Protocol effect", "protocol-effect"),
         Notes("Notes", "notes"),
+        DetectableDifferences("How small a difference the tables can see", "power"),
         LayerAttributions("Which layers carry the task", "layers"),
         Figures("Figures", "figures"),
         SelectionRules("Selection rules", "selection"),

@@ -1,21 +1,9 @@
 """The report's numbers as pandas frames, and the table rows every document format renders.
 
-- :func:`results_frame`: one row per (model, task, encoder) with a study, in
-  score units (accuracy in %, correlations x 100), the best of each row
-  (``is_best``, at the shown precision, ties: all), the gain over the last
-  layer and the published number where the paper has the cell and the row is
-  measured under the paper protocol (its row label ends with
-  :data:`~ilge_search.report.data.PAPER_SUFFIX`; column ``protocol``); zero-shot
-  STS rows follow the task their encoder was trained on.
-- :func:`summary_frame`: per (model, protocol, encoder): tasks, mean score, mean gain, wins, mean rank.
-- :func:`model_tables`, :func:`summary_rows`, :func:`studies_rows`: rows of
-  :class:`~ilge_search.report.document.Cell` for :class:`~ilge_search.report.document.Document`.
-- :func:`selection_frame`, :func:`selection_rows`, :func:`selection_summary_rows`: the selection
-  rules compared on the same studies (``final_by_rule``): test score of the
-  trial each rule retrains, its search gain over the starting configuration,
-  its validation-to-test gap, and the time a trial takes with and without ``--cv``.
-
-Output column names (``method``, ...) are the report's file format and stay as they are.
+One function per frame (:func:`results_frame`, :func:`summary_frame`, :func:`selection_frame`) and per
+table (:func:`model_tables`, :func:`summary_rows`, :func:`studies_rows`, :func:`selection_rows`,
+:func:`selection_summary_rows`), the rows as :class:`~ilge_search.report.document.Cell` lists. Scores are
+in score units; output column names (``method``, ...) are the report's file format and stay as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..embeddings.models import model_num_params
 from ..record import Identity
@@ -32,8 +20,13 @@ from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, ReportStudy, collect_rec
 from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = [
     "DECIMALS",
+    "CAYLEY_REFERENCES",
+    "cayley_minus",
     "RESULT_COLUMNS",
     "collect_results",
     "full_data",
@@ -91,11 +84,11 @@ def model_order(models: Iterable[str]) -> list[str]:
     return sorted(set(models), key=key)
 
 
-def results_frame(records: Sequence[ReportStudy]) -> Any:
+def results_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     """The long table: one row per (model, task, encoder), columns :data:`RESULT_COLUMNS`."""
     import pandas as pd
 
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for r in records:
         rows.append(_study_row(r))
         rows.extend(_zero_shot_rows(r))
@@ -106,7 +99,7 @@ def results_frame(records: Sequence[ReportStudy]) -> Any:
     return _sorted_results(frame)
 
 
-def _shared_cells(r: ReportStudy) -> dict[str, Any]:
+def _shared_cells(r: ReportStudy) -> dict[str, object]:
     """The cells a study's own row and its zero-shot rows have in common."""
     return {
         "model": r.model,
@@ -119,11 +112,11 @@ def _shared_cells(r: ReportStudy) -> dict[str, Any]:
         "study": r.name,
         "source_task": r.task,
         "protocol": r.protocol,
-        "samples_per_label": r.samples_per_label,
+        "samples_per_label": r.identity.samples_per_label,
     }
 
 
-def _study_row(r: ReportStudy) -> dict[str, Any]:
+def _study_row(r: ReportStudy) -> dict[str, object]:
     """The row of one study's final test scores on its own task."""
     scale, unit = score_unit(r.metric)
     published = None
@@ -147,7 +140,7 @@ def _study_row(r: ReportStudy) -> dict[str, Any]:
     }
 
 
-def _zero_shot_rows(r: ReportStudy) -> list[dict[str, Any]]:
+def _zero_shot_rows(r: ReportStudy) -> list[dict[str, object]]:
     """Similarity encoders evaluated on other STS tasks without training on them (the paper's zero-shot STS)."""
     rows = []
     for name, zero in sorted((r.final.zero_shot if r.final else {}).items()):
@@ -174,7 +167,7 @@ def _zero_shot_rows(r: ReportStudy) -> list[dict[str, Any]]:
     return rows
 
 
-def _mark_best_and_gain(frame: Any) -> None:
+def _mark_best_and_gain(frame: pd.DataFrame) -> None:
     """Fill ``is_best`` (best shown mean per model and task) and ``gain`` (over last-layer) in place."""
     for _, group in frame.groupby(["model", "task"], sort=False):
         shown = group["mean"].round(DECIMALS)
@@ -186,7 +179,7 @@ def _mark_best_and_gain(frame: Any) -> None:
             frame.loc[group.index, "gain"] = group["mean"] - last.iloc[0]
 
 
-def _sorted_results(frame: Any) -> Any:
+def _sorted_results(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows by model, shots, task and encoder; zero-shot rows follow the task their encoder was trained on."""
     encoder_rank = {m: i for i, m in enumerate(METHODS)}
     model_rank = {m: i for i, m in enumerate(model_order(frame["model"]))}
@@ -201,7 +194,7 @@ def _sorted_results(frame: Any) -> Any:
     return frame.sort_values(order).drop(columns=["_m", "_k", "_z", "_s", "_t"]).reset_index(drop=True)
 
 
-def _by_shots(labels: Any) -> Any:
+def _by_shots(labels: pd.Series) -> pd.Series:
     """Task labels that sort few-shot rows by their number of shots (8, 16, 32), not as text (16, 32, 8)."""
     return labels.str.replace(r"\((\d+)-shot\)", lambda m: f"({int(m.group(1)):09d}-shot)", regex=True)
 
@@ -210,25 +203,25 @@ def _without_protocol(label: str) -> str:
     return label[: -len(PAPER_SUFFIX)] if label.endswith(PAPER_SUFFIX) else label
 
 
-def collect_results(storage_url: str) -> Any:
+def collect_results(storage_url: str) -> pd.DataFrame:
     """The report's long table (one row per model, task and method) without writing anything."""
     records, _, _ = collect_records(storage_url)
     return results_frame(records)
 
 
-def pivot(frame: Any, model: str, column: str) -> Any:
+def pivot(frame: pd.DataFrame, model: str, column: str) -> pd.DataFrame:
     """Tasks x :data:`METHODS` of ``column`` for one model (NaN = missing)."""
     part = frame[frame["model"] == model]
     table = part.pivot(index="task", columns="method", values=column)
     return table.reindex(index=list(part["task"].unique()), columns=list(METHODS)).astype(float)
 
 
-def full_data(frame: Any) -> Any:
+def full_data(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``frame`` trained on the whole training subset (few-shot rows are points of the curves)."""
     return frame[frame["shots"].isna()]
 
 
-def summary_frame(frame: Any) -> Any:
+def summary_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (model, protocol, encoder): tasks with a score, mean score, mean gain, wins and mean rank
     (the protocols are never averaged together; few-shot rows are not tasks of their own)."""
     import pandas as pd
@@ -265,7 +258,7 @@ def summary_frame(frame: Any) -> Any:
     )
 
 
-def _model_protocols(frame: Any) -> list[tuple[str, str]]:
+def _model_protocols(frame: pd.DataFrame) -> list[tuple[str, str]]:
     """(model, protocol) pairs of ``frame``: models by size, matched before paper."""
     return [
         (model, protocol)
@@ -275,9 +268,22 @@ def _model_protocols(frame: Any) -> list[tuple[str, str]]:
     ]
 
 
-def model_protocols(frame: Any, model: str) -> list[str]:
+def model_protocols(frame: pd.DataFrame, model: str) -> list[str]:
     """The protocols of ``model``'s rows, matched first."""
     return [protocol for m, protocol in _model_protocols(frame) if m == model]
+
+
+# what Cayley is compared with in the notes: (encoder, how a sentence names it)
+CAYLEY_REFERENCES = (("last-layer", "the last layer"), ("best-layer", "the best single layer"))
+
+
+def cayley_minus(table: pd.DataFrame, other: str) -> pd.Series | None:
+    """Cayley's score minus ``other``'s per task of ``table`` (tasks x encoders), over the tasks with both
+    (``None``: no such task)."""
+    if "cayley" not in table or other not in table:
+        return None
+    both = table[["cayley", other]].dropna()
+    return None if both.empty else both["cayley"] - both[other]
 
 
 def fmt(value: float | None, signed: bool = False) -> str:
@@ -287,7 +293,7 @@ def fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.{DECIMALS}f}" if signed else f"{value:.{DECIMALS}f}"
 
 
-def _cell_text(row: Any) -> str:
+def _cell_text(row: pd.Series | None) -> str:
     if row is None or math.isnan(row["mean"]):
         return MISSING
     if row["n_seeds"] >= 2:
@@ -296,7 +302,7 @@ def _cell_text(row: Any) -> str:
 
 
 def model_tables(
-    frame: Any, model: str, protocol: str | None = None
+    frame: pd.DataFrame, model: str, protocol: str | None = None
 ) -> tuple[list[str], list[list[Cell]], list[list[Cell]]]:
     """(header, score rows, gain rows) for one model (and one ``protocol``, default: all), as cells every
     writer renders. The published numbers follow paper-protocol rows only."""
@@ -336,7 +342,7 @@ def model_tables(
     return header, score_rows, gain_rows
 
 
-def seed_note(frame: Any, model: str) -> str:
+def seed_note(frame: pd.DataFrame, model: str) -> str:
     """How many final seeds the model's cells have."""
     part = frame[(frame["model"] == model) & frame["mean"].notna()]
     if part.empty:
@@ -350,7 +356,7 @@ def seed_note(frame: Any, model: str) -> str:
     return f"Final seeds: {most} for most cells; fewer for {listed}."
 
 
-def summary_rows(summary: Any) -> tuple[list[str], list[list[Cell]]]:
+def summary_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of the across-models table."""
     header = ["model", "protocol", "method", "tasks", "mean score", "mean gain vs last layer", "wins", "mean rank"]
     rows = []
@@ -403,7 +409,7 @@ def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[C
     for r in sorted(records, key=lambda r: r.name):
         scale = score_unit(r.metric)[0]
         best = MISSING if r.best_value is None else f"{r.best_value * scale:.{DECIMALS}f} ({r.best_number})"
-        final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.select})"
+        final = MISSING if r.final_trial is None else f"{r.final_trial} ({r.stored.select})"
         rows.append(
             [
                 Cell(r.name),
@@ -415,8 +421,8 @@ def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[C
                 Cell(best),
                 Cell(str(len(r.test_scores))),
                 Cell(final),
-                Cell(fmt(_scaled(r.val_test_gap, scale), signed=True)),
-                Cell(fmt(_scaled(r.search_gain, scale), signed=True)),
+                Cell(fmt(_nan(r.val_test_gap, scale), signed=True)),
+                Cell(fmt(_nan(r.search_gain, scale), signed=True)),
             ]
         )
     return header, rows
@@ -424,12 +430,8 @@ def studies_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[C
 
 def _protocol_text(record: ReportStudy) -> str:
     if record.protocol == "paper" and record.metric != "spearman":
-        return f"paper ({record.samples_per_label} per label)"
+        return f"paper ({record.identity.samples_per_label} per label)"
     return record.protocol
-
-
-def _scaled(value: float | None, scale: float) -> float | None:
-    return None if value is None else value * scale
 
 
 # ----------------------------------------------------------------------------- selection rules compared
@@ -464,7 +466,7 @@ SELECTION_NOTE = (
 )
 
 
-def selection_frame(records: Sequence[ReportStudy]) -> Any:
+def selection_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     """One row per (study, rule) of every study evaluated under more than one selection rule
     (``final_by_rule``), in score units (columns :data:`SELECTION_COLUMNS`). A study evaluated under one rule
     only compares nothing, so it is left out (the list of studies shows its rule)."""
@@ -483,7 +485,7 @@ def selection_frame(records: Sequence[ReportStudy]) -> Any:
                     "task": r.task,
                     "encoder": r.encoder,
                     "max_train": r.identity.max_train,
-                    "cv": r.cv or 0,
+                    "cv": r.identity.cv or 0,
                     "unit": unit,
                     "rule": rule,
                     "trial": kept.trial,
@@ -506,7 +508,7 @@ def selection_frame(records: Sequence[ReportStudy]) -> Any:
     return frame.sort_values(["_m", "_t", "task", "cv", "rule"]).drop(columns=["_m", "_t"]).reset_index(drop=True)
 
 
-def _nan(value: Any, scale: float) -> float:
+def _nan(value: float | None, scale: float) -> float:
     return math.nan if value is None else float(value) * scale
 
 
@@ -514,7 +516,7 @@ def _mean_std(mean: float, std: float) -> str:
     return MISSING if math.isnan(mean) else f"{mean:.{DECIMALS}f} ± {std:.{DECIMALS}f}"
 
 
-def selection_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
+def selection_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows) of :func:`selection_frame`: one row per study, both rules side by side; the better test
     mean of the two in bold. An encoder column when the studies are of more than one encoder."""
     several = frame["encoder"].nunique() > 1
@@ -563,18 +565,18 @@ def selection_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
     return header, rows
 
 
-def _test_cell(row: Any, top: float | None) -> Cell:
+def _test_cell(row: pd.Series | None, top: float | None) -> Cell:
     if row is None:
         return Cell(MISSING)
     text = f"{_mean_std(row['test_mean'], row['test_std'])} ({row['trial']})"
     return Cell(text, bold=top is not None and round(row["test_mean"], DECIMALS) == top)
 
 
-def _signed_cell(row: Any, column: str) -> Cell:
+def _signed_cell(row: pd.Series | None, column: str) -> Cell:
     return Cell(MISSING if row is None else fmt(row[column], signed=True))
 
 
-def selection_summary_rows(frame: Any) -> tuple[list[str], list[list[Cell]]]:
+def selection_summary_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
     """(header, rows): per (training size, cv, rule), over the studies of :func:`selection_frame` evaluated
     under every rule (so both rules are averaged over the same studies): studies, mean test score, mean search
     gain, how many gains are negative, mean validation-to-test gap, mean seconds per trial."""

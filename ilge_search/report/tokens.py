@@ -1,10 +1,8 @@
 """Tagging studies in the report: their own table, CSV and figure, never mixed into the sequence tables.
 
-A tagging study's score is token accuracy (every word of the test split counts once), which is not
-comparable with a text task's accuracy; so tagging studies are kept out of the per-model tables, the
-means and the ranks across tasks, and shown here: per model, one row per (task, data setting, method),
-the final token accuracy on test and, in its own column, the macro-F1 over the test words (the mean of
-the tags' F1, so rare tags count as much as frequent ones), each mean ± std over the final seeds.
+Token accuracy is not comparable with a text task's accuracy, so tagging studies stay out of the
+per-model tables, means and ranks; here, per model, each (task, data setting, method) shows its final
+token accuracy and macro-F1 over the test words, mean ± std over the final seeds.
 """
 
 from __future__ import annotations
@@ -14,12 +12,15 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..encoders import report_labels, report_methods
 from .data import ReportStudy
 from .document import MISSING, Cell
 from .figures import figure_style, new_figure, save_figure
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "TOKEN_METHODS",
@@ -92,7 +93,7 @@ def _macro_f1(record: ReportStudy) -> tuple[float, float]:
     return statistics.fmean(scores) * 100.0, (statistics.stdev(scores) if len(scores) > 1 else 0.0) * 100.0
 
 
-def tokens_frame(records: Sequence[ReportStudy]) -> Any:
+def tokens_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     """One row per tagging study with a final evaluation: token accuracy and macro-F1 in % (columns
     :data:`TOKEN_COLUMNS`)."""
     import pandas as pd
@@ -125,18 +126,18 @@ def tokens_frame(records: Sequence[ReportStudy]) -> Any:
     return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
 
 
-def _methods(frame: Any) -> list[str]:
+def _methods(frame: pd.DataFrame) -> list[str]:
     present = set(frame["method"])
     return [m for m in TOKEN_METHODS if m in present] + sorted(present - set(TOKEN_METHODS))
 
 
-def _best(values: Any) -> float:
+def _best(values: pd.Series) -> float:
     """The largest of ``values`` that is a number (NaN when none is)."""
     finite = [float(v) for v in values if not math.isnan(float(v))]
     return max(finite) if finite else math.nan
 
 
-def token_rows(frame: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
+def token_rows(frame: pd.DataFrame, model: str) -> tuple[list[str], list[list[Cell]]]:
     """``(header, rows)`` of one model's table: a row per (task, setting, method), token accuracy and macro-F1
     in their own columns, the best of each (task, setting) in bold."""
     part = frame[frame["model"] == model]
@@ -157,7 +158,7 @@ def token_rows(frame: Any, model: str) -> tuple[list[str], list[list[Cell]]]:
     return ["task", "setting", "method", "token accuracy", "macro-F1"], rows
 
 
-def draw_token_figures(frame: Any, folder: Path) -> dict[str, Path]:
+def draw_token_figures(frame: pd.DataFrame, folder: Path) -> dict[str, Path]:
     """Per model, a bar chart of every method's token accuracy (mean, with the seeds' std): model -> path."""
     paths = {}
     for model in sorted(set(frame["model"])):

@@ -1,23 +1,12 @@
 """Warm-started vs cold searches, as ``reports/warmstart.md`` shows them; trains nothing.
 
-Reads, from one storage or several (``reports/warmstart.sh`` keeps its 8-trial and its 16-trial searches in two,
-since both budgets of one search share a study name), every matched-protocol, full-subset, score-only study of
-an ILGE family with a final evaluation. A row is one search: model, task, training texts, its finished trials
-and its warm start (``warm K``: the starting configuration and then K portfolio members enqueued before the
-sampler; ``cold``: the sampler alone after the start). Per row, in score points (accuracy %, Spearman x 100):
-
-- **test**: the final evaluation's test mean +- std over its seeds, and the difference to the cold search of
-  the same model, task, size and trials (same seeds);
-- **search gain**: the selected trial minus the starting configuration, on *test* (both retrained with the
-  final seeds, :attr:`~ilge_search.record.FinalRecord.search_gain`) and on *validation* (the selected trial's
-  objective minus the start trial's);
-- **trials to reach the start**: how many trials after the start ran until one scored at least the start's
-  validation score (``never`` if none did);
-- **vs best layer**: the test mean minus that of the ``best-layer`` study of the same model, task and data
-  setting in the same storages (a linear probe per layer, the layer chosen on validation), or "not stored".
-
-The summary lines answer the targets of issue 27: the mean test search gain of warm-started 8-trial searches
-at 500 training texts, and how many of them end below their start on test.
+Reads, from one storage or several (``reports/warmstart.sh`` keeps its two budgets in two storages, since
+both budgets of one search share a study name), every matched-protocol, full-subset, score-only study of an
+ILGE family with a final evaluation. A row is one search (``warm K``: the start and then K portfolio
+members enqueued before the sampler; ``cold``: the sampler alone after the start), in score points: its
+test mean ± std and the difference to the cold search of the same setting; the search gain on test
+(:attr:`~ilge_search.record.FinalRecord.search_gain`) and on validation; the trials run until one reached
+the start's validation score; and the test mean minus the ``best-layer`` study's of the same setting.
 """
 
 from __future__ import annotations
@@ -27,15 +16,19 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..encoders.configs import ENCODER_FAMILIES
 from ..files import check_output_path, write_output_text
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
+from ..study.statistics import problems_interval, seeds_interval
 from ..tasks.scores import score_unit
+from .document import plural
 
 if TYPE_CHECKING:
     import optuna
+
+    from ..storage import Storage
 
 __all__ = [
     "WARMSTART_NOTE",
@@ -81,6 +74,8 @@ class WarmRow:
     best_layer: float | None
     members: tuple[str, ...] = ()
     select: str = "best"  # the selection rule of the final evaluation
+    test_scores: tuple[float, ...] = ()  # per final seed, in points, signed so that higher is better
+    start_scores: tuple[float, ...] = ()  # the starting configuration's, the same seeds and sign
 
     @property
     def setting(self) -> tuple[str, str, str, int | None, int]:
@@ -130,7 +125,7 @@ def _selected_value(study: optuna.Study, record: StudyRecord) -> float | None:
     return float(chosen[0]) if chosen else None
 
 
-def _best_layers(storage: Any) -> dict[tuple[str, str, str], float]:
+def _best_layers(storage: Storage) -> dict[tuple[str, str, str], float]:
     """(model, task, data setting) -> the best-layer study's final test mean (raw units)."""
     found = {}
     for summary in storage.study_summaries():
@@ -168,6 +163,8 @@ def _row(study: optuna.Study, record: StudyRecord, best_layer: float | None) -> 
         best_layer=None if best_layer is None else best_layer * scale,
         members=tuple(m.name for m in warm.members) if warm is not None else (),
         select=final.select,
+        test_scores=tuple(sign * v * scale for v in final.test_scores),
+        start_scores=tuple(sign * v * scale for v in final.start_test_scores or []),
     )
 
 
@@ -260,6 +257,53 @@ def summary_lines(rows: Sequence[WarmRow], *, max_train: int = 500, trials: int 
     return lines
 
 
+def _seed_verdict(first: Sequence[float], second: Sequence[float]) -> str | None:
+    if len(first) != len(second) or len(first) < 2:
+        return None
+    return seeds_interval([a - b for a, b in zip(first, second, strict=True)]).verdict
+
+
+def interval_lines(rows: Sequence[WarmRow], *, max_train: int = 500, trials: int = 8) -> list[str]:
+    """Per warm-start K at ``max_train`` texts and ``trials`` trials: warm minus cold on test (same setting and
+    seeds) and the search gain, each with a 95% bootstrap interval over the searches and the per-search
+    win/tie/loss counts from the t interval over the seeds (:mod:`ilge_search.study.statistics`)."""
+    chosen = [r for r in rows if r.max_train == max_train and r.trials == trials]
+    cold = {r.setting: r for r in chosen if r.warm == 0}
+    lines = []
+    for warm in sorted({r.warm for r in chosen}, key=lambda k: (k == 0, k)):
+        kind = [r for r in chosen if r.warm == warm]
+        name = f"warm-started (K = {warm})" if warm else "cold"
+        pairs = [
+            (r, cold[r.setting])
+            for r in kind
+            if warm and r.setting in cold and r.test_scores and cold[r.setting].test_scores
+        ]
+        if pairs:
+            diffs = [statistics.fmean(r.test_scores) - statistics.fmean(c.test_scores) for r, c in pairs]
+            verdicts = [_seed_verdict(r.test_scores, c.test_scores) for r, c in pairs]
+            described = _described(diffs, verdicts)
+            lines.append(
+                f"{name} minus cold, {trials} trials at {max_train} texts (test, higher is better): {described}."
+            )
+        gains = [r for r in kind if r.gain_test is not None]
+        if gains:
+            verdicts = [_seed_verdict(r.test_scores, r.start_scores) for r in gains]
+            described = _described([float(r.gain_test or 0.0) for r in gains], verdicts)
+            lines.append(f"Search gain of {name} {trials}-trial searches at {max_train} texts (test): {described}.")
+    return lines
+
+
+def _described(diffs: Sequence[float], verdicts: Sequence[str | None]) -> str:
+    interval = problems_interval(diffs)
+    counts = {v: sum(x == v for x in verdicts) for v in ("win", "tie", "loss")}
+    return (
+        f"{interval.estimate:+.2f} points [{interval.low:+.2f}, {interval.high:+.2f}] over "
+        f"{plural(len(diffs), 'search', 'searches')} "
+        f"(95% bootstrap over searches: a {interval.verdict}; per search over the seeds, 95% t interval: "
+        f"{counts['win']} win, {counts['tie']} tie, {counts['loss']} loss)"
+    )
+
+
 def write_warmstart_page(
     storage_url: str | Sequence[str],
     out: str | Path,
@@ -302,6 +346,10 @@ def write_warmstart_page(
                     extra = summary_lines(rows, max_train=size, trials=budget)
                     if not extra[0].startswith("No "):
                         lines += [f"- {line}" for line in extra]
+        lines += ["", "## With intervals", ""]
+        for size in sizes:
+            for budget in shown:
+                lines += [f"- {line}" for line in interval_lines(rows, max_train=size, trials=budget)]
         lines.append("")
     if running:
         names = ", ".join(f"`{r.study}` ({r.trials} trials)" for r in running)

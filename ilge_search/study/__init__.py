@@ -11,7 +11,7 @@
 - :mod:`.plan` checks a run before anything expensive and estimates its wall time (``--dry-run``);
 - :mod:`.results` reads studies back (:func:`study_result`, :func:`list_studies`), :mod:`.notes`
   writes their optuna-dashboard notes, :mod:`.export` turns a finished study into a trained model;
-- :mod:`.sweep` runs TOML grids of models x tasks x encoders up to their budgets.
+- :mod:`.grid` reads TOML grids, :mod:`.sweep` runs them: grids of models x tasks x encoders up to their budgets.
 
 The storage itself is opened by :func:`ilge_search.storage.open_storage`; what a study stores is its
 record (:mod:`ilge_search.record`).
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..storage import StorageError, artifact_dir_for, finished_trial_count
     from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
+    from .grid import Sweep, SweepEntry, SweepFilter, SweepOverrides, load_sweep
     from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
     from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
     from .plan import RunPlan, StudyPlan, plan_run
@@ -38,17 +39,7 @@ if TYPE_CHECKING:
         select_trial,
         study_front,
     )
-    from .sweep import (
-        Sweep,
-        SweepEntry,
-        SweepFilter,
-        SweepOverrides,
-        SweepRuntime,
-        estimate_sweep,
-        load_sweep,
-        plan_sweep,
-        run_sweep,
-    )
+    from .sweep import SweepRuntime, estimate_sweep, plan_sweep, run_sweep
     from .trial import recommended_params
 
 # public name -> the module that defines it, imported on first use: the CLI reads the options' help from
@@ -85,13 +76,13 @@ _LAZY = {
     "front_trials": ".selection",
     "select_trial": ".selection",
     "study_front": ".selection",
-    "Sweep": ".sweep",
-    "SweepEntry": ".sweep",
-    "SweepFilter": ".sweep",
-    "SweepOverrides": ".sweep",
+    "Sweep": ".grid",
+    "SweepEntry": ".grid",
+    "SweepFilter": ".grid",
+    "SweepOverrides": ".grid",
     "SweepRuntime": ".sweep",
     "estimate_sweep": ".sweep",
-    "load_sweep": ".sweep",
+    "load_sweep": ".grid",
     "plan_sweep": ".sweep",
     "run_sweep": ".sweep",
     "recommended_params": ".trial",

@@ -22,9 +22,12 @@ and the starts' names (:func:`method_params`; :func:`~ilge_search.study.trial.st
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..encoders.configs import FAMILY_INDEX
+
+if TYPE_CHECKING:
+    from optuna.distributions import CategoricalChoiceType
 
 __all__ = [
     "AUTO",
@@ -104,7 +107,7 @@ class _Prefixed:
         self.trial = trial
         self.prefix = method + _SEPARATOR
 
-    def suggest_categorical(self, name: str, choices: list[Any]) -> Any:
+    def suggest_categorical(self, name: str, choices: Sequence[CategoricalChoiceType]) -> CategoricalChoiceType:
         return self.trial.suggest_categorical(self.prefix + name, choices)
 
     def suggest_int(self, name: str, low: int, high: int) -> int:

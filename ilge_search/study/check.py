@@ -12,17 +12,17 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..settings import default_storage_url
 from ..storage import Storage, artifact_dir_for, open_storage, sqlite_database
-from .auto import auto_methods, is_auto
+from .auto import is_auto
 from .data import DataSpec, expected_cache_keys, load_task_data
 from .folds import check_cv
 from .identity import (
     adopt_renamed_task,
     data_identity,
-    default_study_name,
+    identity_name,
     is_registered_task,
     precheck_existing,
     resolve_encoders,
@@ -34,7 +34,11 @@ from .options import StudyOptions, check_study_name
 from .planned import PlannedStudy
 from .tokens import check_tagging_options
 
-__all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..embeddings.models import ModelSource
+    from ..tasks.core import TaskData
+
+__all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file", "open_for_writing"]
 
 
 @dataclass
@@ -52,13 +56,8 @@ class RunCheck:
     storage: Storage | None
     shown_url: str
     spec: DataSpec
-    task_data: Any
+    task_data: TaskData
     cache_keys: dict[str, str]
-
-    @property
-    def encoders(self) -> list[str]:
-        """The encoders of the run's studies, in order."""
-        return [planned.encoder for planned in self.studies]
 
     @property
     def names(self) -> dict[str, str]:
@@ -90,9 +89,7 @@ def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_r
     yet (nothing in it can conflict), else opened for reading. A writer's SQLite folder and file are checked
     first, so an unwritable storage is refused before the rest. An in-memory SQLite is opened once, for
     writing: a second opening would be another database, and it leaves nothing on disk."""
-    import dataclasses
-
-    from ..storage import artifact_dir_for, check_storage_writable
+    from ..storage import check_storage_writable
 
     if isinstance(storage, Storage):
         if options.runtime.artifact_dir is not None:
@@ -104,7 +101,7 @@ def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_r
     if not dry_run:
         check_storage_writable(url)
         if sqlite_database(url) is None and _is_sqlite(url):
-            return _open_for_writing(url, options)
+            return open_for_writing(url, options)
     if missing_sqlite_file(url):
         return None
     return open_storage(url, must_exist=True, artifact_dir=options.runtime.artifact_dir)
@@ -116,7 +113,7 @@ def _is_sqlite(url: str) -> bool:
     return bool(sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite")
 
 
-def _open_for_writing(url: str, options: StudyOptions) -> Storage:
+def open_for_writing(url: str | None, options: StudyOptions) -> Storage:
     """The storage a run writes to (a SQLite file and its folder created if new): opened only once every check
     passed."""
     return open_storage(
@@ -145,10 +142,10 @@ def _writer(storage: str | Storage | None, checked: Storage | None, options: Stu
     writing now."""
     if isinstance(storage, Storage) or (checked is not None and checked.is_in_memory):
         return checked
-    return _open_for_writing(default_storage_url() if storage is None else storage, options)
+    return open_for_writing(default_storage_url() if storage is None else storage, options)
 
 
-def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[Any, Any]:
+def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[TaskData, TaskData]:
     """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
     against it (:func:`~.limits.check_data_limits`)."""
     from ..tasks.core import load_task
@@ -169,10 +166,10 @@ class _CheckedInputs:
 
     model: str
     task: str
-    source: Any
+    source: ModelSource
     spec: DataSpec
-    loaded: Any
-    task_data: Any
+    loaded: TaskData
+    task_data: TaskData
     encoders: list[str]
     counts: dict[str, int | None]
 
@@ -239,7 +236,8 @@ def _checked_inputs(
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
-    from ..embeddings.models import resolve_model, weights_memo_read_only
+    from ..embeddings.models import resolve_model
+    from ..embeddings.weights import weights_memo_read_only
     from ..storage import check_storage_url
     from ..tuning import effective_recommended_defaults
 
@@ -273,16 +271,10 @@ def _planned_study(
     """The study of ``encoder`` the run makes or resumes: its name, identity and budget."""
     model, task = inputs.model, inputs.task
     tagging = inputs.task_data.kind == "tagging"
-    default = _default_name(model, task_label(task, inputs.loaded), encoder, options, tagging=tagging)
+    label = task_label(task, inputs.loaded, fingerprint=False)
+    identity = run_identity(model, label, encoder, options, registered=is_registered_task(task), tagging=tagging)
+    default = identity_name(dataclasses.replace(identity, task=task_label(task, inputs.loaded)))
     name = check_study_name(options.search.study_name or default)
-    identity = run_identity(
-        model,
-        task_label(task, inputs.loaded, fingerprint=False),
-        encoder,
-        options,
-        registered=is_registered_task(task),
-        tagging=tagging,
-    )
     hint = (
         f"pass another --study-name, or drop --study-name to use this data's default name {default!r}"
         if name != default
@@ -315,28 +307,7 @@ def _check_planned(
         _check_warm_start(opened, planned.encoder, inputs.model, task, options.search.warm_start, hidden)
 
 
-def _default_name(model: str, label: str, encoder: str, options: StudyOptions, *, tagging: bool) -> str:
-    """The name a study of ``encoder`` gets from the run's options (:func:`default_study_name`)."""
-    return default_study_name(
-        model,
-        label,
-        encoder,
-        shots=options.data.shots,
-        max_train=options.data.max_train,
-        max_eval=options.data.max_eval,
-        max_epochs=options.search.max_epochs,
-        cv=options.search.cv,
-        data_seed=options.data.data_seed,
-        objectives=options.search.objectives,
-        protocol=options.final.protocol,
-        samples_per_label=options.final.samples_per_label,
-        word_pooling=options.data.word_pooling if tagging else None,
-        warm_start=options.search.warm_start,
-        methods=auto_methods(options.search.methods, tagging=tagging) if is_auto(encoder) else None,
-    )
-
-
-def _config_hidden_size(model_path: Any) -> int | None:
+def _config_hidden_size(model_path: str | Path) -> int | None:
     """A local model folder's hidden size, read from its ``config.json`` as plain JSON (nothing loaded or
     written); ``None`` for a hub id or a config that does not say."""
     import json

@@ -9,12 +9,26 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..embeddings.models import ModelSource
 from .options import StudyOptions
 
-__all__ = ["DataSpec", "StudyData", "load_task_data", "load_study_data", "load_zero_shot_data", "expected_cache_keys"]
+if TYPE_CHECKING:
+    from ..embeddings.cache import CachedEmbeddings, TaskEmbeddings
+    from ..embeddings.word_cache import TaskWordEmbeddings, WordEmbeddings
+    from ..engine.core import Dataset
+    from ..tasks.core import TaskData
+    from .shapes import TrainedModel
+
+__all__ = [
+    "DataSpec",
+    "StudyData",
+    "load_task_data",
+    "load_study_data",
+    "load_zero_shot_data",
+    "expected_cache_keys",
+]
 
 
 @dataclass(frozen=True)
@@ -61,7 +75,7 @@ class DataSpec:
         )
 
     @property
-    def model_or_source(self) -> Any:
+    def model_or_source(self) -> str | ModelSource:
         """What :func:`~ilge_search.embeddings.cache.load_task_embeddings` gets: the resolved source if there is one."""
         return self.source if self.source is not None else self.model
 
@@ -72,9 +86,9 @@ class StudyData:
 
     task_kind: str
     metric: str
-    train: tuple[Any, Any]
-    validation: tuple[Any, Any]
-    test: tuple[Any, Any] | None
+    train: Dataset
+    validation: Dataset
+    test: Dataset | None
     num_layers: int
     hidden_size: int
     num_classes: int | None
@@ -83,13 +97,13 @@ class StudyData:
     cache_keys: dict[str, str]
     model_revision: str = ""
 
-    def test_split(self) -> tuple[Any, Any]:
+    def test_split(self) -> Dataset:
         """The test features and labels (loaded only by ``load_study_data(..., with_test=True)``)."""
         if self.test is None:
             raise ValueError("the test split was not loaded; load the study data with with_test=True")
         return self.test
 
-    def test_metrics(self, model: Any) -> dict[str, float]:
+    def test_metrics(self, model: TrainedModel) -> dict[str, float]:
         """Every metric of the task for ``model`` (trained on this data) on the test split, by its own head."""
         from ..engine import evaluate
 
@@ -97,7 +111,7 @@ class StudyData:
         return evaluate(model, features, labels, task_kind=self.task_kind)
 
 
-def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
+def load_task_data(spec: DataSpec, loaded: TaskData | None = None) -> TaskData:
     """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);
     no model loads."""
     from ..tasks.core import few_shot, load_task, subsample
@@ -115,7 +129,7 @@ def load_task_data(spec: DataSpec, loaded: Any = None) -> Any:
     return task_data
 
 
-def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, str]) -> dict[str, str]:
+def expected_cache_keys(spec: DataSpec, task_data: TaskData, fingerprints: dict[str, str]) -> dict[str, str]:
     """The embedding-cache keys the study's splits will have (``fingerprints``: split -> content sha256),
     computed without reading or writing the cache; empty when the model is not resolved in ``spec``."""
     from ..embeddings.cache import EmbeddingCache
@@ -137,75 +151,62 @@ def expected_cache_keys(spec: DataSpec, task_data: Any, fingerprints: dict[str, 
     }
 
 
-def load_study_data(spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: Any = None) -> StudyData:
-    """Embeddings of every needed split, from the cache (extracting on a miss)."""
-    from ..embeddings.cache import load_task_embeddings
-
+def load_study_data(
+    spec: DataSpec, *, with_test: bool, progress: bool = True, task_data: TaskData | None = None
+) -> StudyData:
+    """Embeddings of every needed split, from the cache (extracting on a miss). A tagging task's splits are
+    word entries (memory-mapped), its labels one tag id per word and its ``split_sizes`` count sentences."""
     if task_data is None:
         task_data = load_task_data(spec)
     splits = ["train", "validation"] + (["test"] if with_test else [])
-    if task_data.kind == "tagging":
-        return _load_word_data(spec, task_data, splits, progress)
-    embeddings = load_task_embeddings(
-        spec.model_or_source,
-        task_data,
-        data_dir=spec.data_dir,
-        cache_dir=spec.cache_dir,
-        splits=splits,
-        device=spec.device,
-        progress=progress,
-    )
+    tagging = task_data.kind == "tagging"
+    loaded: dict[str, Any] = {
+        "data_dir": spec.data_dir,
+        "cache_dir": spec.cache_dir,
+        "splits": splits,
+        "progress": progress,
+    }
+    embeddings: TaskEmbeddings | TaskWordEmbeddings
+    if tagging:
+        from ..embeddings.word_cache import WordOptions, load_word_embeddings
+
+        options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
+        embeddings = load_word_embeddings(spec.model_or_source, task_data, options=options, **loaded)
+    else:
+        from ..embeddings.cache import load_task_embeddings
+
+        embeddings = load_task_embeddings(spec.model_or_source, task_data, device=spec.device, **loaded)
     by_split = embeddings.splits
+
+    def pair(name: str) -> Dataset:
+        split = by_split[name]
+        return (split if tagging else split.features), split.labels
+
     kind = task_data.spec.kind
     return StudyData(
         task_kind=kind,
         metric=task_data.spec.metric,
-        train=(by_split["train"].features, by_split["train"].labels),
-        validation=(by_split["validation"].features, by_split["validation"].labels),
-        test=(by_split["test"].features, by_split["test"].labels) if with_test else None,
+        train=pair("train"),
+        validation=pair("validation"),
+        test=pair("test") if "test" in by_split else None,
         num_layers=int(embeddings.num_layers),
         hidden_size=int(embeddings.hidden_size),
-        num_classes=len(embeddings.label_names) if kind == "classification" else None,
+        num_classes=None if kind == "similarity" else len(embeddings.label_names),
         label_names=list(embeddings.label_names),
-        split_sizes={name: int(split.labels.shape[0]) for name, split in by_split.items()},
+        split_sizes={name: _rows(split) for name, split in by_split.items()},
         cache_keys=dict(embeddings.cache_keys),
         model_revision=spec.source.revision if spec.source is not None else "",
     )
 
 
-def _load_word_data(spec: DataSpec, task_data: Any, splits: list[str], progress: bool) -> StudyData:
-    """A tagging task's splits as word entries (memory-mapped): features are the entries themselves, labels
-    one tag id per word; ``split_sizes`` count sentences."""
-    from ..embeddings.word_cache import WordOptions, load_word_embeddings
+def _rows(split: CachedEmbeddings | WordEmbeddings) -> int:
+    """Texts of a split, or sentences of a word split (a word entry is a cached entry with offsets)."""
+    from ..embeddings.word_cache import WordEmbeddings
 
-    options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
-    embeddings = load_word_embeddings(
-        spec.model_or_source,
-        task_data,
-        data_dir=spec.data_dir,
-        cache_dir=spec.cache_dir,
-        splits=splits,
-        options=options,
-        progress=progress,
-    )
-    by_split = embeddings.splits
-    return StudyData(
-        task_kind="tagging",
-        metric=task_data.spec.metric,
-        train=(by_split["train"], by_split["train"].labels),
-        validation=(by_split["validation"], by_split["validation"].labels),
-        test=(by_split["test"], by_split["test"].labels) if "test" in by_split else None,
-        num_layers=int(embeddings.num_layers),
-        hidden_size=int(embeddings.hidden_size),
-        num_classes=len(embeddings.label_names),
-        label_names=list(embeddings.label_names),
-        split_sizes={name: int(entry.num_sentences) for name, entry in by_split.items()},
-        cache_keys=dict(embeddings.cache_keys),
-        model_revision=spec.source.revision if spec.source is not None else "",
-    )
+    return int(split.num_sentences if isinstance(split, WordEmbeddings) else split.labels.shape[0])
 
 
-def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, tuple[Any, Any]]:
+def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool = True) -> dict[str, Dataset]:
     """``{task: (test features, test scores)}`` of similarity tasks scored zero-shot.
 
     Each task is loaded without the study's training options (``shots``,
@@ -213,7 +214,7 @@ def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool
     """
     from ..embeddings.cache import load_task_embeddings
 
-    out: dict[str, tuple[Any, Any]] = {}
+    out: dict[str, Dataset] = {}
     for name in task_names:
         zero_spec = dataclasses.replace(spec, task=name, shots=None, max_train=None)
         zero_task = load_task_data(zero_spec)

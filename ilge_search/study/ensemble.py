@@ -1,42 +1,27 @@
 """Ensembles of a study's trials: greedy forward selection over their validation predictions.
 
-Caruana et al. ("Ensemble Selection from Libraries of Models", ICML 2004):
-start from an empty ensemble and, K times, add (with replacement) the trial
-whose predictions improve the ensemble's validation score most; a trial picked
-twice weighs twice. The ensemble of k is the first k picks, so one selection of
-the largest size gives every smaller one. Ties go to the earlier trial (the
-starting configuration is trial 0), and an ensemble of one is the trial with
-the best validation score on its predictions.
+Caruana et al. ("Ensemble Selection from Libraries of Models", ICML 2004): K times, add (with replacement) the
+trial whose predictions improve the ensemble's validation score most; the ensemble of k is the first k picks,
+ties go to the earlier trial. Members are mixed by :class:`~ilge_search.engine.ensemble.EnsembleModel` (the mean
+of class probabilities, or of predicted cosine similarities), under the matched protocol only; multi-objective
+studies have none.
 
-How members are mixed (:class:`~ilge_search.engine.ensemble.EnsembleModel`):
-classification averages the members' class probabilities; similarity averages
-their predicted cosine similarities (the score a model's own head gives), then
-the metric (Spearman) is taken of the mean. Ensembles are scored under the
-matched protocol only (each model's own head); multi-objective studies have none.
-
-The final stage (:func:`ensemble_evaluation`) retrains every member with the
-final seeds and scores the ensemble on test once per seed, beside the selected
-single trial and the starting configuration (from the study's final evaluation
-when it used the same seeds, else retrained here) and the best single layer (a
-linear probe per layer, chosen on validation), all with the same seeds. It
-stores an :class:`~ilge_search.record.EnsembleRecord` and uploads the best
-seed's ensemble by validation, which :func:`load_study_ensemble` reads back for
-``ilge-search export --ensemble``.
-
-Validation predictions come from the trials (each stores its own, float16, in
-the artifact store); trials stored before this existed, or scored with ``--cv``,
-have none: they are backfilled by retraining the trial's configuration once
-with the study's training seed on the same data (:func:`backfill_predictions`).
+The final stage (:func:`ensemble_evaluation`) retrains every member with the final seeds (reusing the final
+evaluation's models) and scores the ensemble on test per seed, beside the selected trial, the start and the best
+single layer; it stores an :class:`~ilge_search.record.EnsembleRecord` and uploads the best seed's ensemble
+(``export --ensemble``). Trials without stored validation predictions (older ones, ``--cv``) are backfilled by
+retraining once with the study's seed (:func:`backfill_predictions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import statistics
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,11 +42,16 @@ from ..record import (
 )
 from .selection import DEFAULT_SELECT, is_better, select_trial, start_trial
 
-if TYPE_CHECKING:
-    import optuna
-
 if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+
+    from ..storage import Storage
     from .data import StudyData
+    from .shapes import Features, TrainedModel
+
+PathLike = str | os.PathLike
 
 __all__ = [
     "MIX_RULE",
@@ -87,13 +77,9 @@ MIX_RULE = {
     "similarity": "mean of the members' predicted cosine similarities",
 }
 ENSEMBLE_SIZES = (1, 3, 5, 10)  # what the committed measurement compares
-# A candidate whose search trial took over this many times the median trial is left out of the selection:
-# retraining it once per final seed would cost more than the rest of the ensemble, for an ensemble that other
-# members make as well. Trials run side by side with --workers share the cores, which narrows their time ratios,
-# hence a factor well below the ratio of a plainly slow member (docs/ensembles.md, "Measured").
+# a candidate whose search trial took over this many times the median, and over SLOW_MEMBER_SECONDS, is left out:
+# retraining it per seed would cost more than the rest of the ensemble (docs/ensembles.md, "Measured")
 SLOW_MEMBER_FACTOR = 3.0
-# ... and over this many seconds: a trial of a few seconds costs little to retrain however it compares with
-# the median.
 SLOW_MEMBER_SECONDS = 10.0
 
 
@@ -150,7 +136,7 @@ def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> 
 # ----------------------------------------------------------------------------- validation predictions
 
 
-def predictions_of(model: Any, features: Any) -> np.ndarray:
+def predictions_of(model: TrainedModel, features: Features) -> np.ndarray:
     """A trained model's predictions: class probabilities ``(N, C)`` or similarity scores ``(N,)``."""
     import torch
 
@@ -162,7 +148,12 @@ def predictions_of(model: Any, features: Any) -> np.ndarray:
     return outputs.numpy()
 
 
-def upload_predictions(study_or_trial: Any, predictions: np.ndarray, artifact_store: Any, storage: Any = None) -> str:
+def upload_predictions(
+    study_or_trial: optuna.Study | optuna.Trial,
+    predictions: np.ndarray,
+    artifact_store: Any,
+    storage: BaseStorage | None = None,
+) -> str:
     """Store ``predictions`` as a float16 ``.npy`` artifact of ``study_or_trial``; its artifact id."""
     from optuna.artifacts import upload_artifact
 
@@ -189,7 +180,7 @@ def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray |
             return None
 
 
-def _complete_trials(study: optuna.Study) -> list[Any]:
+def _complete_trials(study: optuna.Study) -> list[FrozenTrial]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
@@ -249,7 +240,7 @@ class EnsembleRun:
     artifact_store: Any = None
     progress: bool = True
     # models the final evaluation trained with these seeds (trial -> seed -> (model, seconds)): not trained again
-    reuse: Mapping[int, Mapping[int, tuple[Any, float]]] = field(default_factory=dict)
+    reuse: Mapping[int, Mapping[int, tuple[TrainedModel, float]]] = field(default_factory=dict)
     slow_factor: float | None = SLOW_MEMBER_FACTOR  # None: every complete trial is a candidate
 
     @property
@@ -278,13 +269,9 @@ def check_ensemble_study(record: StudyRecord, size: int) -> None:
 
 
 def ensemble_size(study: optuna.Study, asked: int | None) -> tuple[int, str | None]:
-    """The ensemble size a run makes for ``study`` and, where an asked size is not what the run can honour,
-    one sentence saying so (the run logs it as a warning).
-
-    ``asked`` is ``FinalOptions.ensemble``: ``None`` takes the default size wherever the study can have an
-    ensemble (it needs two complete trials to choose from) and is silent elsewhere; an explicit size is
-    refused with its reason where the study cannot have one, and on a study of one complete trial makes the
-    ensemble of that trial alone, with a sentence saying that it is no choice."""
+    """The ensemble size a run makes for ``study`` (``asked``: ``FinalOptions.ensemble``; ``None``: the default
+    where the study has two complete trials to choose from) and, where an asked size cannot be honoured as
+    asked, one sentence saying so (the run logs it as a warning)."""
     from .options import DEFAULT_ENSEMBLE
 
     if asked == 0:
@@ -318,16 +305,33 @@ class _Trained:
     seconds: dict[int, float] = field(default_factory=dict)
 
 
-def _retrain(trial: Any, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
+def _retrain(trial: FrozenTrial, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
     """``trial``'s configuration trained with each final seed: the final evaluation's model where it trained
     that one (the same configuration, seed and data train to the same weights), else trained here."""
     from ..progress import BarSpec
     from .retraining import train_seeds
 
-    out = _Trained()
     bar = BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)
     reused = run.reuse.get(trial.number, {})
-    for trained in train_seeds(data, trial_config(trial), run.seeds, device=run.device, bar=bar, reuse=reused):
+    return _scored(train_seeds(data, trial_config(trial), run.seeds, device=run.device, bar=bar, reuse=reused), data)
+
+
+def _retrain_members(trials: Sequence[Any], data: StudyData, run: EnsembleRun) -> dict[int, _Trained]:
+    """:func:`_retrain` of every member trial at once: members whose models share their shapes train together."""
+    from ..progress import BarSpec
+    from .retraining import train_configs
+
+    bar = BarSpec("ensemble members", enabled=run.progress, transient=True)
+    reuse = [run.reuse.get(trial.number, {}) for trial in trials]
+    configs = [trial_config(trial) for trial in trials]
+    trained = train_configs(data, configs, run.seeds, device=run.device, bar=bar, reuse=reuse)
+    return {trial.number: _scored(seeds, data) for trial, seeds in zip(trials, trained, strict=True)}
+
+
+def _scored(trained_seeds: Iterable[Any], data: StudyData) -> _Trained:
+    """Each seed's model, seconds and validation and test predictions."""
+    out = _Trained()
+    for trained in trained_seeds:
         seed = trained.seed
         out.models[seed], out.seconds[seed] = trained.model, trained.seconds
         out.validation[seed] = predictions_of(trained.model, data.validation[0])
@@ -342,30 +346,26 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
     from ..engine import select_best_layer
     from ..tuning import recommended_config
 
-    recommended = recommended_config("best-layer", model_size_hint=model_size_bucket(model_name, data.hidden_size))
+    bucket = model_size_bucket(model_name, data.hidden_size)
+    recommended = recommended_config("best-layer", model_size_hint=bucket, source="regenerated")
     assert isinstance(recommended, BestLayerConfig)
     config: BestLayerConfig = recommended
     if run.max_epochs is not None and config.epochs > run.max_epochs:
         config = dataclasses.replace(config, epochs=run.max_epochs)
     scores = []
     test_x, test_y = data.test_split()
+    setting: dict[str, Any] = {"task_kind": data.task_kind, "num_classes": data.num_classes, "device": run.device}
     for seed in run.seeds:
-        _, result, _ = select_best_layer(
-            config,
-            data.train,
-            data.validation,
-            task_kind=data.task_kind,
-            num_classes=data.num_classes,
-            seed=seed,
-            device=run.device,
-        )
+        _, result, _ = select_best_layer(config, data.train, data.validation, seed=seed, **setting)
         scores.append(
             prediction_score(predictions_of(result.model, test_x), np.asarray(test_y), data.task_kind, data.metric)
         )
     return scores
 
 
-def _validation_predictions(study: optuna.Study, trials: Sequence[Any], artifact_store: Any) -> dict[int, np.ndarray]:
+def _validation_predictions(
+    study: optuna.Study, trials: Sequence[FrozenTrial], artifact_store: Any
+) -> dict[int, np.ndarray]:
     """Trial number -> validation predictions, for the trials whose stored predictions can be read."""
     out = {}
     for number, (artifact, _) in trial_predictions(study, trials).items():
@@ -413,14 +413,8 @@ def _size_scores(
     test, validation = [], []
     for seed in run.seeds:
         test.append(_test_score(mixed({n: trained[n].test[seed] for n in members}, members), data))
-        validation.append(
-            prediction_score(
-                mixed({n: trained[n].validation[seed] for n in members}, members),
-                val_targets,
-                data.task_kind,
-                data.metric,
-            )
-        )
+        predictions = mixed({n: trained[n].validation[seed] for n in members}, members)
+        validation.append(prediction_score(predictions, val_targets, data.task_kind, data.metric))
     mean = statistics.fmean(test)
     return EnsembleSize(
         size=size,
@@ -434,12 +428,12 @@ def _size_scores(
     )
 
 
-def _trial_seconds(trials: Sequence[Any]) -> dict[int, float]:
+def _trial_seconds(trials: Sequence[FrozenTrial]) -> dict[int, float]:
     """Trial number -> the seconds its search trial took, for the trials that recorded them."""
     return {t.number: float(s) for t in trials if (s := trial_record(t).seconds) is not None and s > 0}
 
 
-def slow_trials(study: optuna.Study, trials: Sequence[Any], run: EnsembleRun) -> dict[int, float]:
+def slow_trials(study: optuna.Study, trials: Sequence[FrozenTrial], run: EnsembleRun) -> dict[int, float]:
     """The ``trials`` left out of the selection for their cost (trial -> its search seconds): those that took
     over ``run.slow_factor`` times the median trial and over :data:`SLOW_MEMBER_SECONDS`. The selected trial
     and the start are kept: the final evaluation trains them in any case."""
@@ -500,9 +494,7 @@ def ensemble_evaluation(study: optuna.Study, data: StudyData, run: EnsembleRun) 
     )
     picks, val_scores, candidates, slow = _greedy(study, data, run)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    trained: dict[int, _Trained] = {}
-    for number in dict.fromkeys(picks):
-        trained[number] = _retrain(by_number[number], data, run, f"member trial {number}")
+    trained = _retrain_members([by_number[number] for number in dict.fromkeys(picks)], data, run)
     selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
     sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
     asked = sizes[str(run.size)]
@@ -554,13 +546,10 @@ def _upload_ensemble(
     study: optuna.Study, record: StudyRecord, model: Any, members: Mapping[int, int], seed: int, run: EnsembleRun
 ) -> dict[str, str]:
     """Upload the ensemble's weights (safetensors) and a JSON of its members, mix and provenance."""
-    import json
-
     import torch
-    from optuna.artifacts import upload_artifact
-    from safetensors.torch import save_file
 
     from .._version import __version__
+    from .final import upload_weights
 
     if run.artifact_store is None:
         return {}
@@ -584,34 +573,24 @@ def _upload_ensemble(
         "ilge_search_version": __version__,
         "torch_version": torch.__version__,
     }
-    with tempfile.TemporaryDirectory(prefix="ilge-ensemble-") as tmp:
-        weights, config = Path(tmp, "ensemble.safetensors"), Path(tmp, "ensemble.json")
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(weights))
-        config.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        store = run.artifact_store
-        return {
-            "weights": upload_artifact(study_or_trial=study, file_path=str(weights), artifact_store=store),
-            "config": upload_artifact(
-                study_or_trial=study, file_path=str(config), artifact_store=store, mimetype="application/json"
-            ),
-        }
+    return upload_weights(study, model, meta, run.artifact_store, ("ensemble.safetensors", "ensemble.json"))
 
 
-def _trial(study: optuna.Study, number: int) -> Any:
+def _trial(study: optuna.Study, number: int) -> FrozenTrial:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
 
 
 def ensemble_study(
-    storage: Any,
+    storage: str | Storage | None,
     study_name: str,
     size: int,
     *,
     sizes: Sequence[int] = (),
     seed: int = 0,
-    data_dir: Any = None,
-    cache_dir: Any = None,
+    data_dir: PathLike | None = None,
+    cache_dir: PathLike | None = None,
     device: str = "auto",
-    artifact_dir: Any = None,
+    artifact_dir: PathLike | None = None,
     progress: bool = True,
 ) -> EnsembleRecord:
     """``ilge-search ensemble``: the ensemble evaluation of an existing study, with the seeds, epoch cap and
@@ -619,9 +598,9 @@ def ensemble_study(
     the training seed of backfilled validation predictions (the study's ``--seed``). Checks the study before
     loading any data."""
     from ..storage import Storage, open_storage
-    from .export import load_run_study, load_training_data
     from .notes import write_study_note
     from .options import FinalOptions
+    from .stored import load_run_study, load_training_data
 
     opened = (
         storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True, artifact_dir=artifact_dir)
@@ -665,7 +644,7 @@ def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
     """The ensemble evaluation as a table: each size beside the selected trial, the start and the best layer."""
     import pandas as pd
 
-    def row(name: str, members: str, val: float | None, scores: Sequence[float] | None) -> dict[str, Any]:
+    def row(name: str, members: str, val: float | None, scores: Sequence[float] | None) -> dict[str, object]:
         values = list(scores or [])
         mean = statistics.fmean(values) if values else float("nan")
         return {

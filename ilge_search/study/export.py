@@ -1,34 +1,20 @@
 """A finished study's model, ready for use: the final evaluation's weights, or the best trial retrained once.
 
 :func:`load_study_model` reads a study back as a :class:`StudyModel`: the trained
-:class:`~ilge_search.engine.ILGEModel` (feature standardiser, aggregator and head),
-what running it on new texts needs (base model, token pooling, label names or
-score range) and where it came from (:attr:`StudyModel.provenance`).
-
-- A study with a final evaluation gives the weights that evaluation uploaded: the
-  best final seed *by validation* (``final_artifacts``, see :mod:`.final`).
-- A study without one (``--final-seeds 0``), or ``retrain=True``, gives the best
-  trial's configuration retrained once with ``seed`` by the one training engine,
-  exactly as the final evaluation trains each of its seeds (on a CPU, with the same
-  torch thread count, the weights are bit-identical to that seed's).
-- ``trial=N`` (``export --trial N``) picks any complete trial instead: a trial of
-  a multi-objective study's final front gives the weights its final evaluation
-  kept (its best seed by validation); any other trial (or ``retrain=True``) is
-  retrained once with ``seed``.
-
-``ILGEClassifier.from_study`` wraps the result into an estimator and
-``ILGEClassifier.save`` writes it; this module never imports the classifier,
-which sits in a higher layer.
+:class:`~ilge_search.engine.ILGEModel`, what running it on new texts needs and where it came from
+(:attr:`StudyModel.provenance`). A study with a final evaluation gives the weights of its best final seed by validation;
+one without (or ``retrain=True``) gives the best trial retrained once with ``seed``, as the final evaluation trains each
+seed; ``trial=N`` takes any complete trial (a multi-objective study's front member gives the weights its final
+evaluation kept). The estimators wrap the result; this module never imports them (they sit in a higher layer).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,22 +25,26 @@ from ..encoders.configs import BestLayerConfig, EncoderConfig, config_from_dict
 from ..record import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_TOKEN_POOLING,
-    DataRecord,
     FinalRecord,
-    Identity,
     SourceRecord,
     StudyRecord,
     source_record,
     study_record,
     trial_config,
-    trial_record,
 )
+from ..record.fields import Attrs, known_fields
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
-from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
+from .retraining import TrainingSetup, train_seeds
+from .selection import DEFAULT_SELECT
+from .stored import chosen_trial, data_of, identity_of, load_run_study, selected_trial
 
 if TYPE_CHECKING:
     import optuna
+    import torch
+
+    from ..engine import ILGEModel, TaggerModel
+    from ..engine.ensemble import EnsembleModel
 
 __all__ = [
     "StudyModel",
@@ -62,10 +52,6 @@ __all__ = [
     "load_study_model",
     "load_for_estimator",
     "load_study_ensemble",
-    "load_training_data",
-    "load_run_study",
-    "selected_trial",
-    "chosen_trial",
     "study_task_kind",
     "STUDY_TOKEN_POOLING",
     "STUDY_MAX_LENGTH",
@@ -101,7 +87,7 @@ class StudyModel:
         word_pooling: a tagging study's word pooling (``first`` or ``mean``); ``None`` for other tasks.
     """
 
-    model: Any
+    model: torch.nn.Module
     config: EncoderConfig
     task_kind: str
     metric: str
@@ -112,10 +98,10 @@ class StudyModel:
     hidden_size: int
     label_names: list[str] = field(default_factory=list)
     score_range: tuple[float, float] | None = None
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Attrs = field(default_factory=dict)
     word_pooling: str | None = None
 
-    def estimator_arguments(self, export: StudyExport) -> dict[str, Any]:
+    def estimator_arguments(self, export: StudyExport) -> Attrs:
         """What an estimator built from this model (``ILGEClassifier``, ``ILGETagger``) is constructed with,
         besides its pooling: the study's model, config and max length, the trained seed, and ``export``'s
         device, cache, batch size and progress."""
@@ -130,7 +116,7 @@ class StudyModel:
             progress=export.progress,
         )
 
-    def model_on(self, device: str) -> Any:
+    def model_on(self, device: str) -> torch.nn.Module:
         """The trained model on ``device`` (``auto`` resolved), in eval mode."""
         from ..embeddings.models import resolve_device
 
@@ -159,14 +145,15 @@ class StudyExport:
     task_path: PathLike | None = None
 
     @classmethod
-    def of(cls, arguments: Mapping[str, Any]) -> StudyExport:
+    def of(cls, arguments: Mapping[str, object]) -> StudyExport:
         """The export options among a ``from_study`` call's arguments (its ``locals()``), so that the two
         methods forward them without repeating the list."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in arguments.items() if name in names})
+        return cls(**known_fields(cls, arguments))
 
 
-def load_for_estimator(storage: Any, study_name: str, export: StudyExport, *, tagging: bool) -> StudyModel:
+def load_for_estimator(
+    storage: str | Storage | None, study_name: str, export: StudyExport, *, tagging: bool
+) -> StudyModel:
     """:func:`load_study_model` with ``export``'s options, for ``ILGETagger.from_study`` (``tagging``) or
     ``ILGEClassifier.from_study``: a study of the other kind is refused in one line naming the class to use."""
     found = load_study_model(storage, study_name, export)
@@ -176,30 +163,7 @@ def load_for_estimator(storage: Any, study_name: str, export: StudyExport, *, ta
     return found
 
 
-def load_run_study(opened: Storage, study_name: str, *, purpose: str) -> Any:
-    """The study ``study_name`` of ``opened``, made by ``ilge-search run``.
-
-    Raises:
-        ValueError: no such study (naming the ones there are), or one not made by
-            ``ilge-search run``, which ``purpose`` (e.g. ``"exported"``) needs.
-    """
-    study = opened.load_study(study_name)
-    if study is None:
-        names = sorted(s.study_name for s in opened.study_summaries())
-        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "")
-        raise ValueError(
-            f"no study {study_name!r} in {opened.shown_url}; it has: {shown or 'no studies'} "
-            "(see `ilge-search studies`)"
-        )
-    record = study_record(study)
-    if record.identity is None or not record.identity.model or not record.has_data:
-        raise ValueError(
-            f"study {study_name!r} was not created by `ilge-search run`; only its studies can be {purpose}"
-        )
-    return study
-
-
-def _open_study(storage: str | Storage | None, study_name: str) -> tuple[Storage, Any]:
+def _open_study(storage: str | Storage | None, study_name: str) -> tuple[Storage, optuna.Study]:
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="exported")
     if not count_trials(study, ("COMPLETE",)):
@@ -212,7 +176,7 @@ def study_task_kind(storage: str | Storage | None, study_name: str) -> str:
     ``tagging``), read from its record without loading any model."""
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="exported")
-    return str(_data(study_record(study)).task_kind or "classification")
+    return str(data_of(study_record(study)).task_kind or "classification")
 
 
 def _base_model(name: str) -> str:
@@ -230,7 +194,7 @@ def _download(
 
     candidates = [Path(artifact_dir).expanduser()] if artifact_dir is not None else []
     candidates.append(storage.artifact_dir)
-    recorded = _data(study_record(study)).artifact_dir
+    recorded = data_of(study_record(study)).artifact_dir
     if recorded:
         candidates.append(Path(recorded))
     for folder in dict.fromkeys(candidates):
@@ -253,31 +217,20 @@ def _download(
 
 def _from_artifacts(
     storage: Storage, study: optuna.Study, artifact_dir: PathLike | None, ids: dict[str, str]
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[ILGEModel | TaggerModel, Attrs]:
     """A final evaluation's model (``ids``: its weights + config JSON artifacts) and its recorded metadata."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     from ..engine import build_model
 
-    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
-        meta_path, weights_path = Path(tmp, "config.json"), Path(tmp, "model.safetensors")
-        _download(storage, study, ids["config"], meta_path, artifact_dir)
-        _download(storage, study, ids["weights"], weights_path, artifact_dir)
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            state = load_file(str(weights_path))
-        except (ValueError, OSError, SafetensorError) as exc:
-            raise ValueError(
-                f"the final artifacts of study {study.study_name!r} cannot be read ({exc}); "
-                "pass --retrain to train the best trial again"
-            ) from None
+    retrain = "; pass --retrain to train the best trial again"
+    meta, state = _read_artifacts(ArtifactPlace(storage, study, artifact_dir), ids, "final", retrain)
     config = config_from_dict(meta["config"])
     score_range = meta.get("score_range")
     if meta["task_kind"] == "tagging":
         from ..engine import build_tagger
 
-        model: Any = build_tagger(config, int(meta["num_layers"]), int(meta["hidden_size"]), int(meta["num_classes"]))
+        model: ILGEModel | TaggerModel = build_tagger(
+            config, int(meta["num_layers"]), int(meta["hidden_size"]), int(meta["num_classes"])
+        )
     else:
         model = build_model(
             config,
@@ -297,205 +250,29 @@ def _from_artifacts(
     return model.eval(), meta
 
 
-def _identity(record: StudyRecord) -> Identity:
-    """The identity of a study made by ``ilge-search run`` (:func:`load_run_study` checked it has one)."""
-    if record.identity is None:
-        raise ValueError(f"study {record.name!r} was not created by `ilge-search run`")
-    return record.identity
-
-
-def _data(record: StudyRecord) -> DataRecord:
-    return DataRecord() if record.data is None else record.data
-
-
-def _data_location(
-    study_name: str, stored: DataRecord, source: SourceRecord, data_dir: PathLike | None, task_path: PathLike | None
-) -> tuple[str | None, str | None]:
-    """Where a study's data is now: (custom task path or ``None``, data folder or ``None``).
-
-    The study's record says where the data was; ``task_path`` / ``data_dir`` override it when the data moved
-    (its content is still checked against the study's cache keys). A recorded place that is gone, with no
-    override, is one line that says which option to pass.
-    """
-    if stored.task_path is None:  # a registered task: its data folder
-        if task_path is not None:
-            raise ValueError(f"study {study_name!r} ran on a registered task; --task-path is for custom tasks")
-        if data_dir is not None:
-            if source.data_dir_resolved and Path(data_dir).resolve() != Path(source.data_dir_resolved):
-                logger.warning(
-                    "reading study %r's data from %s (it recorded %s)", study_name, data_dir, source.data_dir_resolved
-                )
-            return None, str(data_dir)
-        recorded = source.data_dir_resolved
-        if recorded is not None and not Path(recorded).is_dir():
-            raise ValueError(
-                f"study {study_name!r} read its task data from {recorded}, which no longer exists; pass --data-dir "
-                "with the folder where that data is now"
-            )
-        return None, recorded
-    if task_path is not None:
-        if Path(task_path).resolve() != Path(stored.task_path):
-            logger.warning("reading study %r's task from %s (it recorded %s)", study_name, task_path, stored.task_path)
-        return str(task_path), None
-    if not Path(stored.task_path).exists():
-        raise ValueError(
-            f"the custom task of study {study_name!r} was at {stored.task_path}, which no longer exists; pass "
-            "--task-path with where it is now (its content is checked against the study's)"
-        )
-    return stored.task_path, None
-
-
-def _custom_task(spec: Any, identity: Identity) -> Any:
-    """A custom task read from ``spec.task`` under the name the study knows it by (its folder may have been
-    renamed since: the name is part of the cache keys), after the study's data options."""
-    import dataclasses
-
-    from ..tasks.core import load_task
-    from .data import load_task_data
-
-    loaded = load_task(spec.task, None, **spec.column_options())
-    if identity.task and loaded.name != identity.task:
-        loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=str(identity.task)))
-    return load_task_data(spec, loaded)
-
-
-def load_training_data(
-    study: optuna.Study,
-    *,
-    data_dir: PathLike | None = None,
-    task_path: PathLike | None = None,
-    cache_dir: PathLike | None = None,
-    device: str = "auto",
-    progress: bool = False,
-    with_test: bool = False,
-) -> Any:
-    """The train and validation arrays ``study`` was run on (a :class:`~.data.StudyData`; with ``with_test``
-    its test split too), rebuilt from its record through the embedding cache (extracting on a miss).
-
-    The data is read where the study recorded it (its data folder, or a custom task's path, and its
-    columns); ``data_dir`` or ``task_path`` say where it is now when it moved.
-
-    Raises:
-        ValueError: the recorded data is gone and no override says where it is, or the data (or the model's
-            weights) differ from those the study stored cache keys for.
-    """
-    from .data import DataSpec, load_study_data
-
-    record = study_record(study)
-    identity, stored = _identity(record), _data(record)
-    source = source_record(study)
-    custom, folder = _data_location(study.study_name, stored, source, data_dir, task_path)
-    spec = DataSpec(
-        model=identity.model,
-        task=custom or identity.task,
-        shots=identity.shots,
-        max_train=identity.max_train,
-        max_eval=identity.max_eval,
-        data_seed=int(identity.data_seed or 0),
-        data_dir=folder,
-        cache_dir=None if cache_dir is None else str(cache_dir),
-        device=device,
-        word_pooling=identity.word_pooling or "first",
-        columns=tuple(sorted(source.task_columns.items())),
-    )
-    data = load_study_data(
-        spec, with_test=with_test, progress=progress, task_data=None if custom is None else _custom_task(spec, identity)
-    )
-    changed = [
-        split
-        for split in ("train", "validation") + (("test",) if with_test else ())
-        if split in stored.cache_keys and stored.cache_keys[split] != data.cache_keys.get(split)
-    ]
-    if changed:
-        raise ValueError(
-            f"the {'/'.join(changed)} data of task {identity.task!r} (or the model's weights) differ "
-            f"from those study {study.study_name!r} was run on; pass the --data-dir or --task-path of that data "
-            "and the same model"
-        )
-    return data
-
-
-def selected_trial(study: optuna.Study, rule: str | None = None) -> Any:
-    """The trial a study's model comes from: the one its final evaluation retrained, else the one ``rule``
-    (default: the rule of the study's final evaluation, else the default rule) selects now; a
-    multi-objective study's final front (rule ``front``) gives its best-score trial."""
-    if rule is None:
-        final = study_record(study).final
-        if final is not None:
-            for trial in study.get_trials(deepcopy=False):
-                if trial.number == final.trial and trial_record(trial).config:
-                    return trial
-        rule = None if final is None else final.select
-    if rule == FRONT_RULE:
-        return study_front(study)[0]
-    return select_trial(study, rule or DEFAULT_SELECT)
-
-
-def chosen_trial(study: optuna.Study, number: int) -> Any:
-    """Trial ``number`` of ``study`` when it is complete.
-
-    Raises:
-        ValueError: no such trial, or one that is not complete (naming its state and the complete ones).
-    """
-    from optuna.trial import TrialState
-
-    check_int("trial", number, minimum=0)
-    trials = study.get_trials(deepcopy=False)
-    complete = [t.number for t in trials if t.state == TrialState.COMPLETE and trial_record(t).config]
-    shown = ", ".join(map(str, complete[:20])) + (" ..." if len(complete) > 20 else "")
-    found = next((t for t in trials if t.number == number), None)
-    if found is None:
-        raise ValueError(
-            f"study {study.study_name!r} has no trial {number} (its trials are 0-{len(trials) - 1}); "
-            f"pass --trial with a complete one: {shown}"
-        )
-    if number not in complete:
-        raise ValueError(
-            f"trial {number} of study {study.study_name!r} is {found.state.name.lower()}, not complete; "
-            f"pass --trial with a complete one: {shown}"
-        )
-    return found
-
-
-def _retrained(study: optuna.Study, trial: Any, how: StudyExport) -> tuple[Any, float]:
+def _retrained(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, how: StudyExport
+) -> tuple[ILGEModel | TaggerModel, float]:
     """``trial``'s config trained once with ``how.seed`` on the study's data (as the final evaluation does)."""
-    from ..engine import train_encoder
-
-    data = load_training_data(
-        study,
-        data_dir=how.data_dir,
-        task_path=how.task_path,
-        cache_dir=how.cache_dir,
-        device=how.device,
-        progress=how.progress,
-    )
-    config = trial_config(trial)
-    result = train_encoder(
-        config,
-        data.train,
-        data.validation,
-        task_kind=data.task_kind,
-        num_classes=data.num_classes,
-        seed=how.seed,
-        device=how.device,
-    )
-    return result.model, float(result.best_val_metric)
+    setup = TrainingSetup(data_dir=how.data_dir, cache_dir=how.cache_dir, device=how.device, task_path=how.task_path)
+    data = setup.load_data(study, with_test=False, progress=how.progress)
+    trained = next(train_seeds(data, trial_config(trial), [how.seed], device=how.device))
+    return trained.model, float(trained.best_val_metric or 0.0)
 
 
 def load_study_model(storage: str | Storage | None, study_name: str, export: StudyExport | None = None) -> StudyModel:
     """The model a finished study found, with its provenance.
 
     Args:
-        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`);
-            a SQLite file must exist.
+        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); a SQLite file must exist.
         study_name: the study (see ``ilge-search studies``).
-        export: how (default :class:`StudyExport`): ``seed``, the training seed when the best trial is
-            retrained; ``retrain``, retrain it even when a final evaluation exists; ``artifact_dir``, where
-            the final weights were uploaded, if not next to the storage; ``data_dir``, ``cache_dir``,
-            ``device``, ``progress``: for retraining (the task data, embedding cache, progress bars);
-            ``task_path``: where a custom task's data is now, when it moved since the study recorded it;
-            ``trial``: export this complete trial instead of the study's selected one: its final-front
-            weights when a multi-objective study's final evaluation retrained it, else retrained with ``seed``.
+        export: how (default :class:`StudyExport`): ``seed``, the training seed when the best trial is retrained;
+            ``retrain``, retrain it even when a final evaluation exists; ``artifact_dir``, where the final weights were
+            uploaded, if not next to the storage; ``data_dir``, ``cache_dir``, ``device``, ``progress``: for retraining
+            (the task data, embedding cache, progress bars); ``task_path``: where a custom task's data is now, when it
+            moved since the study recorded it; ``trial``: export this complete trial instead of the study's selected
+            one: its final-front weights when a multi-objective study's final evaluation retrained it, else retrained
+            with ``seed``.
 
     Raises:
         ValueError: no such storage, study or trial, no complete trial (or ``trial`` not complete),
@@ -523,13 +300,8 @@ def load_study_model(storage: str | Storage | None, study_name: str, export: Stu
 
 
 def _final_fields(
-    meta: dict[str, Any],
-    final: FinalRecord,
-    scores: list[float],
-    trial: int,
-    selected_now: int,
-    provenance: dict[str, Any],
-) -> dict[str, Any]:
+    meta: Attrs, final: FinalRecord, scores: list[float], trial: int, selected_now: int, provenance: Attrs
+) -> Attrs:
     """The provenance of weights a final evaluation kept (``meta``: their stored record; ``scores``: the test
     scores of the final seeds); under the paper protocol the stored test scores are a logistic readout of
     the vectors, not this model's head, so no test score is given."""
@@ -540,14 +312,14 @@ def _final_fields(
         trial=trial,
         seed=trained_seed,
         val_score=float(meta["val_metric"]),
-        test_score=None if paper else _seed_score(final, scores, trained_seed),
+        test_score=None if paper else _seed_score(final.seeds, scores, trained_seed),
         trained_with={"ilge_search": meta.get("ilge_search_version"), "torch": meta.get("torch_version")},
         selected_trial_now=selected_now,
         **_seed_choice(final, scores, paper),
     )
 
 
-def _retrained_fields(trial: int, seed: int, val_score: float) -> dict[str, Any]:
+def _retrained_fields(trial: int, seed: int, val_score: float) -> Attrs:
     """The provenance of a trial retrained once with ``seed`` (no stored weights used)."""
     return dict(source="retrained", trial=trial, seed=seed, val_score=val_score, test_score=None, **RETRAINED)
 
@@ -557,7 +329,7 @@ BEST_SEED_RULE = "the final seed with the best validation score (test never choo
 RETRAINED = {"seed_rule": "--seed: the trial retrained once (no final weights were used)", "final_seeds": []}
 
 
-def _seed_choice(final: FinalRecord, scores: list[float], paper: bool) -> dict[str, Any]:
+def _seed_choice(final: FinalRecord, scores: list[float], paper: bool) -> Attrs:
     """The provenance fields saying which seed an export takes and why: the rule, the final seeds it chose
     among and their test mean (what the study's tables show; ``None`` under the paper protocol)."""
     return {
@@ -567,14 +339,14 @@ def _seed_choice(final: FinalRecord, scores: list[float], paper: bool) -> dict[s
     }
 
 
-def _seed_score(final: FinalRecord, scores: list[float], seed: int) -> float | None:
+def _seed_score(seeds: Sequence[int], scores: Sequence[float], seed: int) -> float | None:
     """The test score of ``seed`` among the final seeds (``scores`` in their order); ``None`` when it has none."""
-    seeds = list(final.seeds)
+    seeds = list(seeds)
     return scores[seeds.index(seed)] if seed in seeds[: len(scores)] else None
 
 
-def _provenance(opened: Storage, record: StudyRecord) -> dict[str, Any]:
-    identity, data = _identity(record), _data(record)
+def _provenance(opened: Storage, record: StudyRecord) -> Attrs:
+    identity, data = identity_of(record), data_of(record)
     return {
         "study": record.name,
         "storage": opened.shown_url,
@@ -588,7 +360,7 @@ def _provenance(opened: Storage, record: StudyRecord) -> dict[str, Any]:
     }
 
 
-def _trial_model(opened: Storage, study: optuna.Study, trial: Any, how: StudyExport) -> StudyModel:
+def _trial_model(opened: Storage, study: optuna.Study, trial: optuna.trial.FrozenTrial, how: StudyExport) -> StudyModel:
     """One chosen trial's model: the weights the final evaluation kept for it, else retrained with ``how.seed``."""
     record = study_record(study)
     final = record.final
@@ -610,9 +382,9 @@ def _trial_model(opened: Storage, study: optuna.Study, trial: Any, how: StudyExp
 
 
 def _study_model(
-    record: StudyRecord, model: Any, config: EncoderConfig, provenance: dict[str, Any], source: SourceRecord
+    record: StudyRecord, model: Any, config: EncoderConfig, provenance: Attrs, source: SourceRecord
 ) -> StudyModel:
-    identity, data = _identity(record), _data(record)
+    identity, data = identity_of(record), data_of(record)
     provenance.update(
         ilge_search_version=__version__, exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
@@ -665,7 +437,7 @@ def load_study_ensemble(
         mix=meta.get("mix"),
         seed=seed,
         trial=int(max(meta["ensemble"], key=lambda m: m["count"])["trial"]),
-        test_score=None if ensemble is None else _seed_score_of(stored.seeds, ensemble.test_scores, seed),
+        test_score=None if ensemble is None else _seed_score(stored.seeds, ensemble.test_scores, seed),
         seed_rule="the final seed whose ensemble has the best validation score (test never chooses)",
         final_seeds=list(stored.seeds),
         test_mean=None if ensemble is None else ensemble.test_mean,
@@ -673,7 +445,7 @@ def load_study_ensemble(
         ilge_search_version=__version__,
         exported_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    data, identity = _data(record), _identity(record)
+    data, identity = data_of(record), identity_of(record)
     first = max(meta["ensemble"], key=lambda m: m["count"])
     return StudyModel(
         model=model.eval(),
@@ -693,26 +465,43 @@ def load_study_ensemble(
 
 def _ensemble_artifacts(
     opened: Storage, study: optuna.Study, artifacts: dict[str, str], artifact_dir: PathLike | None
-) -> tuple[Any, dict[str, Any]]:
+) -> tuple[EnsembleModel, Attrs]:
     """The stored ensemble's model with its weights, and its description (members, mix, seed, sizes)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     from ..engine.ensemble import build_ensemble
 
-    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
-        meta_path, weights_path = Path(tmp, "ensemble.json"), Path(tmp, "ensemble.safetensors")
-        _download(opened, study, artifacts["config"], meta_path, artifact_dir)
-        _download(opened, study, artifacts["weights"], weights_path, artifact_dir)
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-            state = load_file(str(weights_path))
-            model = build_ensemble(meta)
-            model.load_state_dict(state)
-        except (ValueError, OSError, KeyError, RuntimeError, SafetensorError) as exc:
-            raise ValueError(f"the ensemble artifacts of study {study.study_name!r} cannot be read ({exc})") from None
+    meta, state = _read_artifacts(ArtifactPlace(opened, study, artifact_dir), artifacts, "ensemble", "")
+    try:
+        model = build_ensemble(meta)
+        model.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise ValueError(f"the ensemble artifacts of study {study.study_name!r} cannot be read ({exc})") from None
     return model, meta
 
 
-def _seed_score_of(seeds: list[int], scores: list[float], seed: int) -> float | None:
-    return scores[seeds.index(seed)] if seed in seeds[: len(scores)] else None
+@dataclass(frozen=True)
+class ArtifactPlace:
+    """Where a study's artifacts are looked for: its storage, the study and the folder the user named."""
+
+    storage: Storage
+    study: optuna.Study
+    artifact_dir: PathLike | None
+
+
+def _read_artifacts(
+    place: ArtifactPlace, ids: Mapping[str, str], what: str, hint: str
+) -> tuple[Attrs, dict[str, torch.Tensor]]:
+    """The JSON description and the weights of one stored model (``ids``: their artifact ids); an artifact
+    that cannot be read is one line naming ``what`` they are, followed by ``hint``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
+        meta_path, weights_path = Path(tmp, "config.json"), Path(tmp, "model.safetensors")
+        _download(place.storage, place.study, ids["config"], meta_path, place.artifact_dir)
+        _download(place.storage, place.study, ids["weights"], weights_path, place.artifact_dir)
+        try:
+            return json.loads(meta_path.read_text(encoding="utf-8")), load_file(str(weights_path))
+        except (ValueError, OSError, SafetensorError) as exc:
+            raise ValueError(
+                f"the {what} artifacts of study {place.study.study_name!r} cannot be read ({exc}){hint}"
+            ) from None

@@ -1,56 +1,17 @@
 """The final evaluation: the selected trial's config retrained per seed and scored on test once.
 
-Which trial is retrained is the selection rule's choice (``--select``,
-:mod:`~ilge_search.study.selection`). What it measured is stored as the study's
-:class:`~ilge_search.record.FinalRecord`: the test score of each seed
-(``test_scores``, with their mean and std), the validation score of each
-(``val_scores``), for a tagging study each seed's test macro-F1 and their mean
-(``test_macro_f1``, ``test_macro_f1_mean``), the ``seeds``, the retrained ``trial`` and its ``config``,
-the epoch cap (``max_epochs``), the best seed's weights by validation and a
-JSON with its config (``artifacts``, uploaded to the artifact store, and
-``artifact_seed``), and, for similarity studies scored on other STS tasks,
-``zero_shot``; and, for the selection:
+The trial is the selection rule's (``--select``, :mod:`.selection`); what was measured is the study's
+:class:`~ilge_search.record.FinalRecord`: each seed's test and validation scores (a tagging study's test
+macro-F1 too), the best seed's weights by validation (``artifacts``), zero-shot scores on other STS tasks, the
+selected trial's objective and its gap to test, and the starting configuration (trial 0) retrained with the
+same seeds for the ``search_gain``. Each rule's evaluation is kept (``by_rule``), so switching back to a
+current one trains nothing.
 
-- ``select``: the rule (``best`` or ``one-se``);
-- ``selected_value``: the selected trial's objective (its validation score, or
-  its mean over folds with ``--cv``), and ``val_test_gap``: that value minus
-  the test mean (positive: test is below what validation promised);
-- ``start_trial``, ``start_test_mean``, ``start_test_scores``: the recommended
-  starting configuration (the enqueued trial 0) retrained with the same seeds,
-  and ``search_gain``: the selected trial's test mean minus the start's (in the
-  direction of improvement; negative: the search did worse than no search).
-  When the selected trial is the start, its scores are reused.
-
-Each rule's evaluation is kept (the record's ``by_rule``), so that both rules'
-results stay side by side on one study, and switching back to a rule whose
-evaluation is still current costs no training. Studies evaluated before
-selection rules existed were evaluated under ``best`` (the record reads them so).
-
-A multi-objective study (:mod:`~ilge_search.study.objectives`) retrains its **final
-front** instead: up to ``final_front`` trials of its Pareto front, spread evenly
-along it (:func:`~ilge_search.study.selection.front_trials`), each with the
-final seeds, one :class:`~ilge_search.record.FrontMember` each, best validation
-score first (``front``; ``front_k`` is the K asked for and ``front_size`` the
-front's size then). The record's other fields are those of the front's
-best-score trial (``select = "front"``), with the start configuration's scores
-and the search gain as above, so every table of single-objective studies reads
-it too. A front trial already retrained with the same seeds and epoch cap is reused.
-
-The study's protocol (its identity's ``protocol``, :mod:`ilge_search.study.protocol`)
-decides how each final model is scored; the record's ``protocol`` says how.
-Under ``matched`` (and for every study stored before protocols existed) the
-trained model's own head is scored on test. Under ``paper`` each seed's model
-is trained exactly as under ``matched`` and then read out as MTEB would: its
-vectors scored by logistic regressions fitted on ``samples_per_label``
-examples per label (``n_experiments`` draws; ``test_scores`` holds each seed's
-mean over the draws, ``protocol["test_experiment_scores"]`` the draws), or by
-the cosine Spearman of the vectors for similarity tasks. A parameter-free
-baseline (last layer, best layer, mean of layers) is not trained at all under
-``paper``: its raw layer readout is scored, the same for every seed, and no
-weights are uploaded. ``val_scores`` is then the same readout on validation,
-and ``val_test_gap`` is ``None``: the trials' objective is a matched score
-(trials are the same under both protocols), so its difference to a
-paper-protocol test score would measure the protocol, not the selection.
+A multi-objective study retrains its final front instead: up to ``final_front`` trials of its Pareto front
+(:func:`~.selection.front_trials`), one :class:`~ilge_search.record.FrontMember` each, the record's other
+fields those of its best-score member. Under the paper protocol (:mod:`.protocol`, docs/protocols.md) each
+model is read out as MTEB would, a parameter-free baseline untrained, and ``val_test_gap`` is ``None`` (the
+trials' objective is a matched score).
 """
 
 from __future__ import annotations
@@ -91,17 +52,23 @@ from .selection import (
     study_front,
 )
 
-if TYPE_CHECKING:
-    import optuna
-
 if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+    from optuna.trial import FrozenTrial
+    from torch import nn
+
+    from ..encoders.configs import EncoderConfig
+    from ..engine.core import Dataset
+    from ..engine.metrics import ArrayLike
     from .data import StudyData
+    from .shapes import Features, TrainedModel
 
-__all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation"]
+__all__ = ["FinalModels", "FinalSettings", "final_is_current", "final_evaluation", "upload_weights"]
 
-ZeroShotData = Mapping[str, tuple[Any, Any]]  # task name -> (features, gold scores)
+ZeroShotData = Mapping[str, "Dataset"]  # task name -> (features, gold scores)
 # what a final evaluation trained, for the ensemble stage to reuse: trial -> seed -> (model, training seconds)
-FinalModels = dict[int, dict[int, tuple[Any, float]]]
+_Best = tuple["TrainedModel | None", "int | None", float]  # the best seed's model, the seed, its validation score
+FinalModels = dict[int, dict[int, tuple["TrainedModel", float]]]
 
 
 def final_is_current(
@@ -158,53 +125,56 @@ class _Retraining:
     zero_shot: ZeroShotData
     artifact_store: Any
 
-    def protocol_record(self) -> dict[str, Any]:
+    def protocol_record(self) -> dict[str, object]:
         """How the test scores are measured, as the record's ``protocol``."""
         return {"protocol": DEFAULT_PROTOCOL} if self.readout is None else self.readout.record()
 
 
 def _upload_artifacts(
-    study: optuna.Study, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+    study: optuna.Study, run: _Retraining, config: EncoderConfig, best: _Best, trial: int
 ) -> dict[str, str]:
     """Upload the weights (safetensors) and a JSON of config, labels and provenance; their artifact ids."""
     import torch
+
+    model, seed, val_metric = best
+    assert model is not None  # a final evaluation uploads only a trained model
+    data = run.data
+    meta = {
+        "config": config.to_dict(),
+        "model": None if run.identity is None else run.identity.model,
+        "task": None if run.identity is None else run.identity.task,
+        "task_kind": data.task_kind,
+        "metric": data.metric,
+        "num_layers": data.num_layers,
+        "hidden_size": data.hidden_size,
+        "num_classes": data.num_classes,
+        "label_names": data.label_names,
+        "score_range": getattr(model, "score_range", None),
+        "seed": seed,
+        "val_metric": val_metric,
+        "trial": trial,
+        "ilge_search_version": __version__,
+        "torch_version": torch.__version__,
+    }
+    return upload_weights(study, model, meta, run.artifact_store, ("model.safetensors", "config.json"))
+
+
+def upload_weights(
+    study: optuna.Study, model: nn.Module, meta: Mapping[str, object], artifact_store: Any, files: tuple[str, str]
+) -> dict[str, str]:
+    """Upload ``model``'s weights (safetensors) and ``meta`` (JSON), named ``files``, as artifacts of ``study``;
+    their ids."""
     from optuna.artifacts import upload_artifact
     from safetensors.torch import save_file
 
-    model, seed, val_metric = best
-    data = run.data
-    with tempfile.TemporaryDirectory(prefix="ilge-final-") as tmp:
-        weights_path = Path(tmp, "model.safetensors")
-        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(weights_path))
-        meta_path = Path(tmp, "config.json")
-        meta_path.write_text(
-            json.dumps(
-                {
-                    "config": config.to_dict(),
-                    "model": None if run.identity is None else run.identity.model,
-                    "task": None if run.identity is None else run.identity.task,
-                    "task_kind": data.task_kind,
-                    "metric": data.metric,
-                    "num_layers": data.num_layers,
-                    "hidden_size": data.hidden_size,
-                    "num_classes": data.num_classes,
-                    "label_names": data.label_names,
-                    "score_range": getattr(model, "score_range", None),
-                    "seed": seed,
-                    "val_metric": val_metric,
-                    "trial": trial,
-                    "ilge_search_version": __version__,
-                    "torch_version": torch.__version__,
-                },
-                indent=2,
-            )
-        )
-        store = run.artifact_store
+    with tempfile.TemporaryDirectory(prefix="ilge-artifacts-") as tmp:
+        weights, config = Path(tmp, files[0]), Path(tmp, files[1])
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(weights))
+        config.write_text(json.dumps(meta, indent=2), encoding="utf-8")
         return {
-            "weights": upload_artifact(study_or_trial=study, file_path=str(weights_path), artifact_store=store),
+            "weights": upload_artifact(study_or_trial=study, file_path=str(weights), artifact_store=artifact_store),
             "config": upload_artifact(
-                study_or_trial=study, file_path=str(meta_path), artifact_store=store, mimetype="application/json"
+                study_or_trial=study, file_path=str(config), artifact_store=artifact_store, mimetype="application/json"
             ),
         }
 
@@ -218,8 +188,8 @@ class _Scores:
     zero_shot: dict[str, list[float]] = field(default_factory=dict)
     experiments: list[list[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
     macro_f1: list[float] = field(default_factory=list)  # tagging: each seed's macro-F1 over the test words
-    best: tuple[Any, Any, float] = (None, None, -math.inf)  # (model, seed, validation score)
-    models: dict[int, tuple[Any, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
+    best: _Best = (None, None, -math.inf)  # (model, seed, validation score)
+    models: dict[int, tuple[TrainedModel, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
 
     def add(self, test: float, validation: float, zero: Mapping[str, float], draws: Sequence[float]) -> None:
         """One seed's scores: on test, on validation, on each zero-shot task, and each draw's (paper protocol)."""
@@ -232,20 +202,20 @@ class _Scores:
 
 def _paper_readout(
     data: StudyData,
-    zero_shot: Mapping[str, tuple[Any, Any]],
+    zero_shot: ZeroShotData,
     readout: PaperProtocol,
     *,
-    model: Any = None,
-    config: Any = None,
+    model: TrainedModel | None = None,
+    config: EncoderConfig | None = None,
 ) -> tuple[float, float, dict[str, float], list[float]]:
     """(test score, validation score, zero-shot scores, test score of each draw) of one final model, or of
     a parameter-free baseline's ``config`` untrained, under the paper protocol."""
     import numpy as np
 
-    def vectors(features: Any) -> Any:
+    def vectors(features: Features) -> np.ndarray:
         return paper_vectors(features, model=model, config=config)
 
-    def pair_spearman(features: Any, gold: Any) -> float:
+    def pair_spearman(features: Features, gold: ArrayLike) -> float:
         pairs = vectors(features)  # (N, 2, E): the two sentences' vectors
         return cosine_spearman(pairs[:, 0], pairs[:, 1], gold)
 
@@ -264,7 +234,7 @@ def _paper_readout(
     return statistics.fmean(scores["test"]), statistics.fmean(scores["validation"]), zero, scores["test"]
 
 
-def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
+def _retrain(config: EncoderConfig, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
     """Train ``config`` once per seed and score it on test (its head, or the paper protocol's readout);
     ``label`` names the progress bar."""
     from ..engine import evaluate
@@ -298,8 +268,8 @@ def _retrain(config: Any, run: _Retraining, *, label: str, zero_shot: ZeroShotDa
 
 
 def _start_scores(
-    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: Any, test_scores: list[float]
-) -> tuple[int | None, list[float] | None, dict[int, tuple[Any, float]]]:
+    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: FrozenTrial, test_scores: list[float]
+) -> tuple[int | None, list[float] | None, dict[int, tuple[TrainedModel, float]]]:
     """The starting configuration's test scores with the run's seeds: the selected trial's own when it is the
     start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained (then
     with the models trained, seed -> (model, seconds))."""
@@ -322,7 +292,7 @@ def _start_scores(
 
 
 def _upload_best(
-    study: optuna.Study, run: _Retraining, config: Any, best: tuple[Any, Any, float], trial: int
+    study: optuna.Study, run: _Retraining, config: EncoderConfig, best: _Best, trial: int
 ) -> dict[str, str]:
     """Upload the best seed's weights; a full or read-only artifact folder is one clear error."""
     if run.artifact_store is None or best[0] is None:  # nothing to upload: no store, or nothing trained
@@ -349,7 +319,12 @@ def _zero_shot_record(zero_shot_scores: Mapping[str, list[float]]) -> dict[str, 
 
 
 def _with_start(
-    study: optuna.Study, record: StudyRecord, run: _Retraining, top: FinalRecord, selected: Any, trained: FinalModels
+    study: optuna.Study,
+    record: StudyRecord,
+    run: _Retraining,
+    top: FinalRecord,
+    selected: FrozenTrial,
+    trained: FinalModels,
 ) -> FinalRecord:
     """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap; the
     start's models go into ``trained`` when it was retrained here."""
@@ -371,7 +346,9 @@ def _with_start(
     )
 
 
-def _front_member(trial: Any, objectives: Sequence[str], scores: _Scores, artifacts: dict[str, str]) -> FrontMember:
+def _front_member(
+    trial: FrozenTrial, objectives: Sequence[str], scores: _Scores, artifacts: dict[str, str]
+) -> FrontMember:
     record = trial_record(trial)
     values = objective_values(trial, objectives) or ()
     return FrontMember(
@@ -387,6 +364,25 @@ def _front_member(trial: Any, objectives: Sequence[str], scores: _Scores, artifa
         val_scores=scores.validation,
         artifacts=artifacts,
         artifact_seed=scores.best[1],
+    )
+
+
+def _final_record(select: str, member: FrontMember, run: _Retraining, **more: Any) -> FinalRecord:
+    """The final record of ``member``'s scores under the rule ``select``, with the record's ``more`` fields."""
+    return FinalRecord(
+        select=select,
+        trial=member.trial,
+        config=member.config,
+        seeds=list(run.seeds),
+        test_scores=member.test_scores,
+        test_mean=member.test_mean,
+        test_std=member.test_std,
+        val_scores=member.val_scores,
+        max_epochs=run.max_epochs,
+        artifacts=member.artifacts,
+        artifact_seed=member.artifact_seed,
+        selected_value=member.val_score,
+        **more,
     )
 
 
@@ -413,20 +409,10 @@ def _front_evaluation(study: optuna.Study, record: StudyRecord, run: _Retraining
             top_zero_shot, top_macro_f1 = scores.zero_shot, scores.macro_f1 or None
         artifacts = _upload_best(study, run, config, scores.best, trial.number)
         members.append(_front_member(trial, record.objectives, scores, artifacts))
-    top = members[0]
-    final = FinalRecord(
-        select=FRONT_RULE,
-        trial=top.trial,
-        config=top.config,
-        seeds=list(run.seeds),
-        test_scores=top.test_scores,
-        test_mean=top.test_mean,
-        test_std=top.test_std,
-        val_scores=top.val_scores,
-        max_epochs=run.max_epochs,
-        artifacts=top.artifacts,
-        artifact_seed=top.artifact_seed,
-        selected_value=top.val_score,
+    final = _final_record(
+        FRONT_RULE,
+        members[0],
+        run,
         protocol=run.protocol_record(),
         zero_shot=_zero_shot_record(top_zero_shot),
         front=members,
@@ -470,19 +456,11 @@ def _selected_evaluation(study: optuna.Study, record: StudyRecord, run: _Retrain
     protocol = run.protocol_record()
     if run.readout is not None and run.data.task_kind == "classification":  # each seed's draws (similarity: none)
         protocol["test_experiment_scores"] = scores.experiments
-    final = FinalRecord(
-        select=select,
-        trial=selected.number,
-        config=config.to_dict(),
-        seeds=list(run.seeds),
-        test_scores=scores.test,
-        test_mean=statistics.fmean(scores.test),
-        test_std=_std(scores.test),
-        val_scores=scores.validation,
-        max_epochs=run.max_epochs,
-        artifacts=artifacts,
-        artifact_seed=scores.best[1],
-        selected_value=float(selected.value),
+    member = dataclasses.replace(_front_member(selected, (), scores, artifacts), config=config.to_dict())
+    final = _final_record(
+        select,
+        member,
+        run,
         protocol=protocol,
         zero_shot=_zero_shot_record(scores.zero_shot),
         test_macro_f1=scores.macro_f1 or None,

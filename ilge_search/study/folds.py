@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..encoders.configs import EncoderConfig
     from ..engine import TrainResult
+    from ..engine.core import Dataset
+    from ..engine.metrics import ArrayLike
 
 __all__ = ["MAX_SCORE_BINS", "check_cv", "stratified_folds", "CVResult", "cross_validate"]
 
@@ -38,7 +41,7 @@ def check_cv(cv: int | None, n_train: int | None = None) -> int | None:
     return cv
 
 
-def stratified_folds(labels: Any, k: int, *, seed: int, task_kind: str = "classification") -> list[np.ndarray]:
+def stratified_folds(labels: ArrayLike, k: int, *, seed: int, task_kind: str = "classification") -> list[np.ndarray]:
     """The validation indices (sorted) of each of ``k`` folds of ``labels``.
 
     Each stratum (a class, or a quantile bin of similarity scores) is shuffled
@@ -87,7 +90,7 @@ class CVResult:
         return float(np.mean(self.fold_scores))
 
 
-def _split(data: tuple[Any, Any], rows: np.ndarray) -> tuple[Any, Any]:
+def _split(data: Dataset, rows: np.ndarray) -> Dataset:
     import torch
 
     index = torch.from_numpy(rows)
@@ -95,8 +98,8 @@ def _split(data: tuple[Any, Any], rows: np.ndarray) -> tuple[Any, Any]:
 
 
 def cross_validate(
-    config: Any,
-    train: tuple[Any, Any],
+    config: EncoderConfig,
+    train: Dataset,
     folds: list[np.ndarray],
     *,
     task_kind: str,
@@ -148,17 +151,19 @@ def cross_validate(
 
 
 def _train_fold(
-    config: Any,
-    data: tuple[tuple[Any, Any], tuple[Any, Any]],
+    config: EncoderConfig,
+    data: tuple[Dataset, Dataset],
     fold: int,
     common: dict[str, Any],
     report: Callable[[int, float], None] | None,
 ) -> tuple[TrainResult, list[float] | None]:
     """Train on one fold's ``(train, validation)``: the result, and a best-layer config's score per layer."""
+    from ..encoders.configs import BestLayerConfig
     from ..engine import select_best_layer, train_encoder
 
     fold_train, fold_val = data
     if config.family == "best-layer":
+        assert isinstance(config, BestLayerConfig)
         _, result, layer_scores = select_best_layer(config, fold_train, fold_val, **common)
         return result, [float(s) for s in layer_scores]
     callback = None

@@ -1,28 +1,15 @@
 """What a study is: its encoder, name and identity, and creating or resuming it safely.
 
-A study's *identity* is the model, task, encoder and the data and budget
-options that decide what it searches (:data:`~ilge_search.record.IDENTITY_KEYS`), plus the data
-itself (the label names and a content fingerprint of each split it trains,
-validates and tests on), stored as the study's record
-(:class:`~ilge_search.record.Identity`, :class:`~ilge_search.record.DataRecord`).
-Resuming a study with another identity is refused with
-:class:`StudyConflictError` (:class:`DataChangedError` when only the data
-changed) before anything expensive runs: the fingerprints come from the
-loaded texts and labels, before any model loads. Several processes may create
-the same study at once: exactly one wins and sets it up (identity attrs, the
-recommended config enqueued as trial 0), then marks it ready with
-:func:`~ilge_search.record.mark_ready`; the others wait for that mark.
+A study's identity is its :class:`~ilge_search.record.Identity` (model, task, encoder, the options that decide
+what it searches) and its data (label names and a content fingerprint of each split,
+:class:`~ilge_search.record.DataRecord`). Resuming a study with another identity is refused with
+:class:`StudyConflictError` (:class:`DataChangedError` when only the data changed) before any model loads.
+Of several processes creating the same study, one sets it up and marks it ready
+(:func:`~ilge_search.record.mark_ready`); the others wait for that mark.
 
-A custom task (a file or folder) is never called by its path: its ``task``
-attr is its file or folder name, and its default study name adds a short
-fingerprint of its content (:func:`task_label`, e.g.
-``minilm-l6:questions@3f9a1c2e07:cayley``). Moving the folder keeps its
-study; two folders of the same name with different content get different
-studies; changed content under an explicit ``--study-name`` is refused.
-
-Studies made before the data fingerprints existed have none. They are adopted on their first resume when the
-embedding-cache keys they stored (which hash the model, the task name and
-each split's content) equal those of the data now, and refused otherwise.
+A custom task is named by its file or folder name, and its default study name adds a short fingerprint of its
+content (:func:`task_label`, e.g. ``minilm-l6:questions@3f9a1c2e07:cayley``). A study made before data
+fingerprints existed is adopted on its first resume when its stored embedding-cache keys equal the data's now.
 """
 
 from __future__ import annotations
@@ -71,6 +58,7 @@ from .trial import starting_params
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
+    from ..tasks.core import TaskData
     from .data import StudyData
 
 __all__ = [
@@ -84,7 +72,7 @@ __all__ = [
     "requeue_failed_recommended",
     "resolve_encoders",
     "default_study_name",
-    "study_identity",
+    "identity_name",
     "run_identity",
     "StudySetup",
     "check_identity",
@@ -122,7 +110,7 @@ def is_registered_task(task: str) -> bool:
     return key in TASKS and not (Path(task).expanduser().exists() and os.sep in task)
 
 
-def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
+def task_label(task: str, loaded: TaskData, *, fingerprint: bool = True) -> str:
     """What a study calls its task: a registered name as given; a custom file or folder by its name
     (``loaded``: the task as read, before any data option) and, with ``fingerprint``, a short
     fingerprint of its content (for study names; the ``task`` attr is the plain name)."""
@@ -137,7 +125,7 @@ def task_label(task: str, loaded: Any, *, fingerprint: bool = True) -> str:
     return f"{loaded.name}@{digest[:TASK_FINGERPRINT_DIGITS]}"
 
 
-def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: Any) -> Any:
+def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: TaskData) -> TaskData:
     """``loaded`` (a custom task as read) under the name its studies know it by, when its folder was renamed.
 
     A custom task is identified by its content: the studies of ``model`` on the same content (the same
@@ -170,7 +158,7 @@ def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: Any) -> 
     return dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=old))
 
 
-def data_identity(task_data: Any) -> dict[str, Any]:
+def data_identity(task_data: TaskData) -> dict[str, Any]:
     """The data a study on ``task_data`` (the task after its data options) must keep: its label names and
     each split's fingerprint, as the fields of :class:`~ilge_search.record.DataRecord` they are stored as."""
     return {
@@ -215,9 +203,13 @@ def default_study_name(model: str, task: str, encoder: str, **settings: Any) -> 
     >>> default_study_name("minilm-l6", "trec", "cayley", protocol="paper")
     'minilm-l6:trec:cayley:paper'
     """
-    identity = Identity(model=str(model), task=str(task), encoder=encoder, **settings)
+    return identity_name(Identity(model=str(model), task=str(task), encoder=encoder, **settings))
+
+
+def identity_name(identity: Identity) -> str:
+    """The default name of a study with ``identity`` (:func:`default_study_name`)."""
+    parts = [identity.model, identity.task, identity.encoder]
     tagging = identity.word_pooling is not None
-    parts = [identity.model, identity.task, encoder]
     for value, template in (
         (identity.shots, "{}shot"),
         (identity.max_train, "train{}"),
@@ -285,19 +277,6 @@ def run_identity(
     )
 
 
-def study_identity(
-    model: str,
-    task: str,
-    encoder: str,
-    options: StudyOptions,
-    *,
-    registered: bool | None = None,
-    tagging: bool = False,
-) -> dict[str, Any]:
-    """:func:`run_identity` as the user attrs it is stored as."""
-    return run_identity(model, task, encoder, options, registered=registered, tagging=tagging).to_attrs()
-
-
 def _wanted_identity(wanted: Mapping[str, Any]) -> Identity:
     """The identity in a mapping of identity keys (a run's, or a study's user attrs), absent keys read as the
     study record reads them."""
@@ -311,7 +290,7 @@ def _cache_keys_match(stored: Mapping[str, str], expected: Mapping[str, str] | N
     return bool(common) and all(stored[name] == expected[name] for name in common)
 
 
-def _short(labels: Any) -> str:
+def _short(labels: Sequence[str] | None) -> str:
     labels = list(labels or [])
     shown = ", ".join(map(str, labels[:6])) + (f" ... ({len(labels)} labels)" if len(labels) > 6 else "")
     return f"[{shown}]"
@@ -346,7 +325,7 @@ def check_identity(
 
     Args:
         stored: the study's record (or the user attrs it is read from).
-        wanted: this run's identity (:func:`study_identity`) with its data (:func:`data_identity`, and the
+        wanted: this run's identity (:func:`run_identity`'s ``to_attrs``) with its data (:func:`data_identity`, and the
             model's ``model_revision``).
         cache_keys: the embedding-cache keys of this run's splits; a study without
             data fingerprints (made by an earlier version) is accepted only when
@@ -473,8 +452,8 @@ class StudySetup:
     say where the data is found again; ``warm_start`` holds the portfolio members a new study enqueues.
     """
 
-    sampler: Any = None
-    pruner: Any = None
+    sampler: optuna.samplers.BaseSampler | None = None
+    pruner: optuna.pruners.BasePruner | None = None
     new_study_hint: str = "pass another --study-name or another --storage"
     task_path: str | None = None
     warm_start: WarmStartRecord | None = None

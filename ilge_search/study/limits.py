@@ -14,16 +14,19 @@ pass instead:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .options import StudyOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..tasks.core import TaskData
 
 __all__ = ["check_data_limits", "MIN_PAIRS_PER_FOLD"]
 
 MIN_PAIRS_PER_FOLD = 3  # a Spearman correlation over fewer pairs is undefined or meaningless
 
 
-def _label_counts(task: Any) -> list[int]:
+def _label_counts(task: TaskData) -> list[int]:
     """Training examples per label present (classification)."""
     import numpy as np  # lazy: `ilge-search run --help` imports this module's package
 
@@ -31,7 +34,7 @@ def _label_counts(task: Any) -> list[int]:
     return [int(count) for count in np.bincount(labels) if count > 0] if labels.size else []
 
 
-def _check_shots(options: StudyOptions, loaded: Any) -> None:
+def _check_shots(options: StudyOptions, loaded: TaskData) -> None:
     shots, cap = options.data.shots, options.data.max_train
     if shots is None or cap is None or loaded.kind != "classification":
         return
@@ -44,7 +47,7 @@ def _check_shots(options: StudyOptions, loaded: Any) -> None:
         )
 
 
-def _check_samples_per_label(options: StudyOptions, task_name: str, used: Any) -> None:
+def _check_samples_per_label(options: StudyOptions, task_name: str, used: TaskData) -> None:
     from .protocol import paper_samples_per_label
 
     given = options.final.samples_per_label
@@ -71,7 +74,7 @@ def _check_samples_per_label(options: StudyOptions, task_name: str, used: Any) -
         )
 
 
-def _check_cv(options: StudyOptions, used: Any) -> None:
+def _check_cv(options: StudyOptions, used: TaskData) -> None:
     folds = options.search.cv
     if folds is None:
         return
@@ -94,18 +97,9 @@ def _check_cv(options: StudyOptions, used: Any) -> None:
         )
 
 
-def check_data_limits(options: StudyOptions, task_name: str, loaded: Any, used: Any) -> None:
-    """Refuse settings the data cannot honour (see the module docstring).
-
-    Args:
-        options: the run's options.
-        task_name: the task as named on the command line (the paper protocol's samples per label of a
-            registered MTEB task).
-        loaded: the task as read; ``used``: after ``--shots`` and the caps (what the study trains on).
-
-    Raises:
-        ValueError: one line naming the setting, what the data allows and what to pass instead.
-    """
+def check_data_limits(options: StudyOptions, task_name: str, loaded: TaskData, used: TaskData) -> None:
+    """Refuse, in one line, settings the data cannot honour (see the module docstring): ``loaded`` is the task
+    as read, ``used`` after ``--shots`` and the caps, ``task_name`` as the command line named it."""
     _check_shots(options, loaded)
     _check_samples_per_label(options, task_name, used)
     _check_cv(options, used)

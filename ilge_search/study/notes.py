@@ -23,7 +23,7 @@ import math
 import types
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..record import (
     EnsembleRecord,
@@ -35,10 +35,10 @@ from ..record import (
     warm_start_record,
 )
 from ..storage import ENDED_STATES
-from .objectives import best_score_trial, score_of
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 __all__ = [
     "TrialCounts",
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- Markdown
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     """One Markdown table cell: short numbers, code for lists and dicts, escaped pipes."""
     if value is None:
         text = "-"
@@ -75,7 +75,7 @@ def _score(value: float | None) -> str:
     return "-" if value is None else f"{float(value):.4f}"
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+def _table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     lines += ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
     return lines
@@ -101,7 +101,7 @@ class TrialOutcome:
 
 def trial_note_markdown(
     number: int,
-    config: Mapping[str, Any],
+    config: Mapping[str, object],
     *,
     metric: str = "value",
     state: str = "complete",
@@ -372,14 +372,9 @@ def ensemble_note_lines(ensemble: EnsembleRecord | None, metric: str) -> list[st
 # ----------------------------------------------------------------------------- writing notes
 
 
-def _note_target(study: optuna.Study, trial: Any) -> Any:
-    """What ``optuna_dashboard.save_note`` accepts for ``trial``.
-
-    A live ``optuna.Trial`` is passed through; a ``FrozenTrial`` (from
-    ``study.trials`` or a callback) becomes a stand-in with the attributes
-    ``save_note`` reads, because building a live ``Trial`` for a finished one
-    would consult the sampler.
-    """
+def _note_target(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> optuna.Trial | types.SimpleNamespace:
+    """What ``optuna_dashboard.save_note`` accepts for ``trial``: a live ``Trial`` as it is, a ``FrozenTrial`` as
+    a stand-in with the attributes it reads (a live ``Trial`` for a finished one would consult the sampler)."""
     import optuna
 
     if isinstance(trial, optuna.Trial):
@@ -387,7 +382,9 @@ def _note_target(study: optuna.Study, trial: Any) -> Any:
     return types.SimpleNamespace(storage=study._storage, study=study, _trial_id=trial._trial_id)
 
 
-def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = None, metric: str | None = None) -> str:
+def write_trial_note(
+    study: optuna.Study, trial: optuna.Trial | FrozenTrial, *, state: str | None = None, metric: str | None = None
+) -> str:
     """Save (and return) the Markdown note of ``trial`` in ``study``'s storage.
 
     ``trial`` is a live ``optuna.Trial`` (inside an objective, before it
@@ -409,12 +406,7 @@ def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = Non
         metric=metric,
         state=state,
         outcome=TrialOutcome(
-            val_metric=record.val_metric,
-            num_trainable_params=record.params,
-            epochs_run=record.epochs_run,
-            best_epoch=record.best_epoch,
-            seconds=record.seconds,
-            layer=record.layer,
+            record.val_metric, record.params, record.epochs_run, record.best_epoch, record.seconds, record.layer
         ),
         tuned=trial.params.keys(),
         recommended=record.recommended,
@@ -423,7 +415,7 @@ def write_trial_note(study: optuna.Study, trial: Any, *, state: str | None = Non
     return body
 
 
-def write_live_note(trial: Any, metric: str, state: str = "complete") -> None:
+def write_live_note(trial: optuna.Trial, metric: str, state: str = "complete") -> None:
     """Write a running trial's note as it finishes, so it shows while the search runs.
 
     Every trial calls this as it ends (in every worker process);
@@ -439,23 +431,13 @@ def write_live_note(trial: Any, metric: str, state: str = "complete") -> None:
 
 def write_study_note(study: optuna.Study) -> str:
     """Save (and return) the study's Markdown note: identity, best trial, final test scores."""
-    from optuna.trial import TrialState
     from optuna_dashboard import save_note
 
-    trials = study.get_trials(deepcopy=False)
-    by_state = {state: sum(t.state == state for t in trials) for state in TrialState}
-    best_trial = best_value = None
-    if by_state[TrialState.COMPLETE]:
-        best = best_score_trial(study)
-        best_trial, best_value = best.number, score_of(best)
-    counts = TrialCounts(
-        complete=by_state[TrialState.COMPLETE],
-        pruned=by_state[TrialState.PRUNED],
-        failed=by_state[TrialState.FAIL],
-        best_trial=best_trial,
-        best_value=best_value,
-    )
+    from .results import study_result
     from .stages.registry import registered_stages
+
+    result = study_result(study)
+    counts = TrialCounts(result.n_complete, result.n_pruned, result.n_failed, result.best_trial, result.best_value)
 
     record = study_record(study)
     metric = _metric(record)
@@ -471,18 +453,12 @@ def write_study_note(study: optuna.Study) -> str:
 
 
 def _note_version_key(trial_id: int) -> str:
-    """The study system attr in which optuna-dashboard counts a trial's note versions.
-
-    optuna-dashboard 0.21 stores a trial's note as the study system attrs
-    ``dashboard:<trial_id>:note_ver`` and ``dashboard:<trial_id>:note_str:<i>``
-    (``note_ver_key`` in its ``_note.py``, which is private); it offers no
-    public "has a note" call, and ``get_note`` per trial would read every
-    system attr once per trial.
-    """
+    """The study system attr in which optuna-dashboard 0.21 counts a trial's note versions (its private
+    ``_note.note_ver_key``): it has no public "has a note" call, and ``get_note`` per trial reads every attr."""
     return f"dashboard:{trial_id}:note_ver"
 
 
-def _has_note(system_attrs: Mapping[str, Any], trial_id: int) -> bool:
+def _has_note(system_attrs: Mapping[str, object], trial_id: int) -> bool:
     return _note_version_key(trial_id) in system_attrs
 
 

@@ -1,27 +1,11 @@
 """What a study optimises: its objectives, their directions and names, and the Pareto front.
 
-Every study maximises its **score** (the task's metric on validation, or the
-mean over folds with ``--cv``; minimised for a loss). A study may also
-minimise, as further objectives (``run --objective score --objective params``):
-
-- ``params``: the trainable parameters of the trial's encoder and head;
-- ``latency``: the trained model's forward time per 1,000 samples, in
-  milliseconds, on the study's device (:func:`measure_latency`).
-
-``flops`` is not offered: ``torch.utils.flop_counter.FlopCounterMode`` counts
-dense matrix products only. The GIN and GCN encoders aggregate messages with a
-sparse CSR product or a scatter over the graph's edges, which it does not count
-(nor normalisations and activations), so a count would not be exact
-(:data:`FLOPS_REFUSAL`); ``params`` is the exact size measure.
-
-A study with more than one objective is an Optuna multi-objective study: its
-trials return one value per objective, in :data:`OBJECTIVES` order (score
-first), Optuna cannot prune it, and its final evaluation retrains trials of its
-**Pareto front**: the complete trials that no other complete trial beats on one
-objective without losing on another (:func:`pareto_front`).
-
-A study's objectives are part of its identity (:class:`ilge_search.record.Identity`);
-one stored without them has the one objective ``score`` (:data:`DEFAULT_OBJECTIVES`).
+Every study maximises its **score** (the metric on validation, or the mean over folds with ``--cv``;
+minimised for a loss) and may also minimise ``params`` (trainable parameters) and ``latency`` (forward
+milliseconds per 1,000 samples, :func:`measure_latency`). ``flops`` is not offered (:data:`FLOPS_REFUSAL`).
+A study of several objectives is an Optuna multi-objective study: one value per objective in
+:data:`OBJECTIVES` order, no pruning, a final evaluation of its Pareto front (:func:`pareto_front`). The
+objectives are part of the study's identity (none stored: :data:`DEFAULT_OBJECTIVES`).
 """
 
 from __future__ import annotations
@@ -36,6 +20,11 @@ from ..record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
 
 if TYPE_CHECKING:
     import optuna
+    import torch
+    from optuna.trial import FrozenTrial
+    from torch import nn
+
+    from .shapes import Features
 
 __all__ = [
     "OBJECTIVES",
@@ -115,13 +104,13 @@ def is_multi_objective(study: optuna.Study) -> bool:
     return len(study.directions) > 1
 
 
-def score_of(trial: Any) -> float | None:
+def score_of(trial: FrozenTrial) -> float | None:
     """A complete trial's score (its first objective value) in single- and multi-objective studies alike."""
     values = getattr(trial, "values", None)
     return None if not values else float(values[0])
 
 
-def objective_values(trial: Any, objectives: Sequence[str]) -> tuple[float, ...] | None:
+def objective_values(trial: FrozenTrial, objectives: Sequence[str]) -> tuple[float, ...] | None:
     """A trial's value per objective: its returned values, or (single-objective study) its score with the
     ``params`` and ``latency`` its record holds; ``None`` when one is missing."""
     values = getattr(trial, "values", None)
@@ -142,7 +131,7 @@ def objective_values(trial: Any, objectives: Sequence[str]) -> tuple[float, ...]
     return tuple(out)
 
 
-def complete_trials(study: optuna.Study) -> list[Any]:
+def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The study's complete trials with finite values."""
     from optuna.trial import TrialState
 
@@ -153,7 +142,7 @@ def complete_trials(study: optuna.Study) -> list[Any]:
     ]
 
 
-def best_score_trial(study: optuna.Study) -> Any:
+def best_score_trial(study: optuna.Study) -> FrozenTrial:
     """The complete trial with the best score: ``study.best_trial`` for a single-objective study; with several
     objectives the best first objective, ties broken by the later objectives, then the earlier trial.
 
@@ -174,7 +163,9 @@ def _dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
-def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: Sequence[str]) -> list[Any]:
+def pareto_front(
+    trials: Iterable[FrozenTrial], directions: Sequence[str], objectives: Sequence[str]
+) -> list[FrozenTrial]:
     """The non-dominated trials among ``trials``, best score first (ties: fewer by the later objectives, then
     the earlier trial). Trials with identical values appear once (the earliest).
 
@@ -188,7 +179,7 @@ def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: S
         if values is not None and all(math.isfinite(v) for v in values):
             points.append((tuple(s * v for s, v in zip(signs, values, strict=True)), trial))
     points.sort(key=lambda item: (item[0], item[1].number))
-    front: list[tuple[tuple[float, ...], Any]] = []
+    front: list[tuple[tuple[float, ...], FrozenTrial]] = []
     for key, trial in points:
         if any(_dominates(other, key) or other == key for other, _ in front):
             continue
@@ -197,7 +188,12 @@ def pareto_front(trials: Iterable[Any], directions: Sequence[str], objectives: S
 
 
 def measure_latency(
-    model: Any, features: Any, *, device: Any = None, batch_size: int = 256, repeats: int = LATENCY_REPEATS
+    model: nn.Module,
+    features: Features,
+    *,
+    device: str | torch.device | None = None,
+    batch_size: int = 256,
+    repeats: int = LATENCY_REPEATS,
 ) -> float:
     """Forward time of ``model`` in milliseconds per :data:`LATENCY_SAMPLES` samples.
 
@@ -238,7 +234,7 @@ def measure_latency(
     return statistics.median(times) * 1000.0 * LATENCY_SAMPLES / rows
 
 
-def _tagging_latency(model: Any, words: Any, device: Any, repeats: int) -> float:
+def _tagging_latency(model: Any, words: Features, device: str | torch.device, repeats: int) -> float:
     """A tagger's forward time in milliseconds per :data:`LATENCY_SAMPLES` words, timed on the first
     sentences of ``words`` (a word entry, or ``(word features, sentence offsets)``) holding that many words."""
     import numpy as np

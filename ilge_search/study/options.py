@@ -61,7 +61,7 @@ MAX_STUDY_NAME_LENGTH = 512  # Optuna's studies.study_name column is VARCHAR(512
 _NEVER_STOPS = "give n_trials, total_trials or a timeout (or a time limit), otherwise the study never stops"
 
 
-def check_study_name(name: Any) -> str:
+def check_study_name(name: object) -> str:
     """``name`` if a storage can keep it as a study name: a non-empty string of at most 512 printable
     characters (a newline or tab would split log lines and listings)."""
     if not isinstance(name, str) or not name.strip():

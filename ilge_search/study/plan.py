@@ -1,55 +1,25 @@
-"""What a run will do and how long it will take, before it starts.
+"""What a run will do and how long it will take, before it starts (``ilge-search run --dry-run``).
 
-:func:`check_run` (:mod:`.check`) is step 1 of :func:`~ilge_search.study.run_study`: the
-options, the storage, the task (texts and labels only), the planned studies,
-and any existing study with the same name -- everything that can
-be wrong, checked before any model loads. ``run_study`` and
-:func:`plan_run` (``ilge-search run --dry-run``) both go through it, so a dry
-run fails on the same bad input with the same message.
-
-:func:`plan_run` then says what the run would do (:class:`RunPlan`: studies,
-trials, data sizes after the caps, epochs, workers, which splits are already
-in the embedding cache) and estimates its wall time from a short measured
-calibration, without creating a study or writing to the storage:
-
-- training: the first trial's configuration (the recommended config each new
-  study enqueues) is trained for :data:`CALIBRATION_EPOCHS` epochs on at most
-  :data:`CALIBRATION_ROWS` training rows of the real cached features (random
-  features of the same shape when the cache is cold); the time per epoch is
-  scaled to the full split, and every trial is assumed to run all its epochs
-  (pruned and early-stopped trials make the real run shorter);
-- extraction, for splits not in the cache: the model is loaded and
-  :data:`EXTRACTION_SAMPLE` texts are embedded; load time plus that rate times
-  the texts to embed;
-- trials run ``workers`` at a time (at most as many as the CPU threads allow),
-  then the final evaluation: ``final_seeds`` trainings of the selected trial (of
-  each of up to ``final_front`` front trials of a multi-objective study) and
-  as many of the start configuration (reused when it is the selected one, so
-  this part is an upper bound), each costed as the first config;
-- then the ensemble (:mod:`~ilge_search.study.ensemble`): ``final_seeds``
-  trainings of each of up to ``K - 1`` further members (its first pick is
-  usually the selected trial, whose final models it reuses), also costed as the
-  first config (slow trials are left out of it, so this part is an upper bound
-  too).
-
-The estimate holds for the machine's load while it was measured
-(:attr:`RunPlan.cpu_per_second` says how much of a core the calibration got);
-the selected trial's own cost and pruning move the real time either way.
-
-The runner prints the same estimate as one log line at its start when it is
-over :data:`LONG_RUN_SECONDS`; it calibrates only when a pessimistic count of
-the work (:func:`may_be_long`) says the run could be that long, so small runs
-pay nothing.
+:func:`plan_run` goes through :func:`~.check.check_run`, as ``run_study`` does, then says what the run would
+do (:class:`RunPlan`) and estimates its wall time from a short calibration, creating and writing nothing:
+the first trial's configuration trained :data:`CALIBRATION_EPOCHS` epochs on at most :data:`CALIBRATION_ROWS`
+rows of the cached features (random ones of the same shape on a cold cache), scaled to the split, every
+trial assumed to run all its epochs; :data:`EXTRACTION_SAMPLE` texts embedded for the splits not cached;
+``workers`` trials at a time; the final evaluation and the ensemble costed as that first configuration
+(upper bounds: a reused start and left-out slow members make them shorter). The estimate holds for the
+machine's load while it was measured (:attr:`RunPlan.cpu_per_second`). A run logs it when it is over
+:data:`LONG_RUN_SECONDS`, calibrating only when :func:`may_be_long` says it could be.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..storage import Storage, finished_trial_count
 from .auto import auto_methods, is_auto
@@ -57,7 +27,11 @@ from .budget import TimeSplit
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .final import final_is_current
 from .options import DEFAULT_ENSEMBLE, StudyOptions
-from .tokens import CALIBRATION_SENTENCES, head, rows_of, tagging_calibration_data
+from .tokens import CALIBRATION_SENTENCES, calibration_counts, head, random_word_data, rows_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..encoders.configs import EncoderConfig
+    from ..engine.core import Dataset
 
 __all__ = [
     "PlannedStudy",
@@ -88,6 +62,7 @@ _PRIOR_TRAIN_SECONDS = 5e-7
 _PRIOR_EXTRACT_SECONDS = 1e-9
 _UNKNOWN_MODEL = (33, 4096, 8e9)  # layers, width and parameters assumed for a model outside the table
 _UNTIMED = "with the extraction estimated, not timed (see the note)"
+_UNTIMED_WORDS = "with the extraction estimated, not timed"
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -266,7 +241,7 @@ def plan_run(
     Raises:
         ValueError: whatever ``run_study`` would refuse, with the same message.
     """
-    from ..embeddings.models import weights_memo_read_only
+    from ..embeddings.weights import weights_memo_read_only
 
     options = StudyOptions() if options is None else options
     with weights_memo_read_only():
@@ -357,7 +332,7 @@ def _ensemble_runs(check: RunCheck, trials_after: int) -> int:
     return options.final.seeds * max(0, min(size, trials_after) - 1)
 
 
-def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> Any:
+def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> EncoderConfig:
     """The configuration a new study runs as trial 0 (recommended, epochs capped)."""
     import optuna
 
@@ -428,7 +403,7 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
 
     device = str(resolve_device(spec.device).type)
     splits = check.task_data.splits
-    sizes = {name: len(splits[name]) for name in ("train", "validation", "test") if name in splits}
+    sizes: dict[str, int] = {name: len(splits[name]) for name in ("train", "validation", "test") if name in splits}
     cached_now = _cached_keys(check)
     needed = _needed_splits(check)
     cached = {name: check.cache_keys.get(name) in cached_now for name in needed}
@@ -502,60 +477,46 @@ def _estimate_study(
         study.seconds = min(study.seconds, share)
 
 
-def _subset_rows(size: int) -> int:
-    return min(size, CALIBRATION_ROWS)
-
-
-def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> tuple[tuple[Any, Any], tuple[Any, Any], str]:
-    """Training and validation rows to time epochs on: the cached features, or random ones of their
+def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> tuple[Dataset, Dataset, str]:
+    """Training and validation examples to time epochs on: the cached features, or random ones of their
     shape after timing the extraction of a few texts (which sets ``plan.extraction_seconds``)."""
     import numpy as np
     import torch
 
-    if check.task_data.kind == "tagging":
-        sentences = min(plan.split_sizes["train"], CALIBRATION_SENTENCES)
-        return tagging_calibration_data(check, plan, sentences, lambda: _time_extraction(check, plan, device))
-    fraction = _subset_rows(plan.split_sizes["train"]) / plan.split_sizes["train"]
-    rows = {
-        "train": _subset_rows(plan.split_sizes["train"]),
-        "validation": max(1, min(plan.split_sizes["validation"], round(plan.split_sizes["validation"] * fraction))),
-    }
-    labels = {name: check.task_data.splits[name].labels[: rows[name]] for name in rows}
+    tagging = check.task_data.kind == "tagging"
+    rows = calibration_counts(
+        plan.split_sizes, min(plan.split_sizes["train"], CALIBRATION_SENTENCES if tagging else CALIBRATION_ROWS)
+    )
     if plan.cached["train"] and plan.cached["validation"]:
-        from ..embeddings.cache import load_task_embeddings
+        from .data import load_study_data
 
-        embeddings = load_task_embeddings(
-            check.spec.model_or_source,
-            check.task_data,
-            data_dir=check.spec.data_dir,
-            cache_dir=check.spec.cache_dir,
-            splits=["train", "validation"],
-            device=check.spec.device,
-            progress=False,
-        )
-        plan.num_layers, plan.hidden_size = int(embeddings.num_layers), int(embeddings.hidden_size)
-        parts = {
-            name: (embeddings.splits[name].features[: rows[name]], embeddings.splits[name].labels[: rows[name]])
-            for name in rows
-        }
+        data = load_study_data(check.spec, with_test=False, progress=False, task_data=check.task_data)
+        plan.num_layers, plan.hidden_size = data.num_layers, data.hidden_size
+        train, validation = head(data.train, rows["train"]), head(data.validation, rows["validation"])
+        if tagging:
+            return train, validation, "cached word vectors"
         how = "cached features"
     else:
         layers, width = _time_extraction(check, plan, device)
         plan.num_layers, plan.hidden_size = layers, width
+        if tagging:
+            timing = "after timing the extraction" if plan.extraction_timed else _UNTIMED_WORDS
+            how = f"random word vectors of the model's shape {timing} ({plan.texts_to_embed} sentences)"
+            return *random_word_data(check.task_data, rows, layers, width), how
         generator = torch.Generator().manual_seed(0)
         pair = (2,) if check.task_data.kind == "similarity" else ()
-        parts = {
-            name: (
+        train, validation = (
+            (
                 torch.randn((rows[name], *pair, layers, width), generator=generator).half(),
-                torch.from_numpy(np.asarray(labels[name])),
+                torch.from_numpy(np.asarray(check.task_data.splits[name].labels[: rows[name]])),
             )
-            for name in rows
-        }
+            for name in ("train", "validation")
+        )
         timing = f"after timing {EXTRACTION_SAMPLE} texts' extraction" if plan.extraction_timed else _UNTIMED
         how = f"random features of the model's shape {timing} ({plan.texts_to_embed} texts to embed)"
     if not plan.cached.get("test", True):
         how += f"; test split to embed ({len(check.task_data.splits['test'])} rows)"
-    return parts["train"], parts["validation"], how
+    return train, validation, how
 
 
 def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> tuple[int, int]:
@@ -586,14 +547,15 @@ def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> tuple[int, 
 
 def _time_config(
     encoder: str,
-    config: Any,
-    train: tuple[Any, Any],
-    validation: tuple[Any, Any],
+    config: EncoderConfig,
+    train: Dataset,
+    validation: Dataset,
     check: RunCheck,
     plan: RunPlan,
     device: str,
 ) -> tuple[float, float]:
     """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
+    from ..encoders.configs import BestLayerConfig
     from ..engine import TrainingRecipe, select_best_layer, train_encoder
 
     if plan.num_layers is None:  # _calibration_data sets it before any config is timed
@@ -612,18 +574,19 @@ def _time_config(
     # an untimed epoch on a few rows first: the first call of an encoder pays one-time imports and set-up
     few = min(rows_of(train), WARM_UP_ROWS)
     warm_up = head(train, few), head(validation, few)
-    if encoder == "best-layer":
-        select_best_layer(config.replace(epochs=1), *warm_up, layers=[last_layer], **common)
-    else:
-        train_encoder(config.replace(epochs=1), *warm_up, **common)
     if encoder == "best-layer":  # one probe per layer: time the last layer's for 1 and for 3 epochs
+        assert isinstance(config, BestLayerConfig)
+        select_best_layer(dataclasses.replace(config, epochs=1), *warm_up, layers=[last_layer], **common)
         times = []
         for epochs in (1, CALIBRATION_EPOCHS):
             started = time.perf_counter()
-            select_best_layer(config.replace(epochs=epochs), train, validation, layers=[last_layer], **common)
+            select_best_layer(
+                dataclasses.replace(config, epochs=epochs), train, validation, layers=[last_layer], **common
+            )
             times.append(time.perf_counter() - started)
         per_epoch = max(0.0, times[1] - times[0]) / (CALIBRATION_EPOCHS - 1)
         return plan.num_layers * max(0.0, times[0] - per_epoch), plan.num_layers * per_epoch * scale
+    train_encoder(config.replace(epochs=1), *warm_up, **common)
     stamps: list[float] = []
     started = time.perf_counter()
     train_encoder(

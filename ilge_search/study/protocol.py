@@ -1,41 +1,13 @@
 """How a study's final scores are measured: the *matched* protocol, or the paper's (MTEB's evaluators).
 
-Two protocols (``--protocol``), one per study (part of its identity):
-
-- ``matched`` (the default): every encoder, baselines included, is trained end to
-  end with its linear head on the study's training split and scored by that
-  head on test. Every method sees the same data; the scores answer "which
-  encoder should I use for this task".
-- ``paper``: the readout of "Improving LLM Final Representations with
-  Inter-Layer Geometry", which scores every method through MTEB's evaluators.
-  Each final model is turned into vectors (the encoder's output before the
-  head; a parameter-free baseline -- last layer, best layer, mean of layers --
-  is the raw layer readout, *untrained*, with no feature standardisation), and
-
-  * classification: :func:`logistic_readout` fits scikit-learn's
-    ``LogisticRegression(max_iter=100)`` on ``samples_per_label`` examples per
-    label drawn from the training split, ``n_experiments`` times, and averages
-    the test accuracy (MTEB's ``AbsTaskClassification``);
-  * similarity: :func:`cosine_spearman`, the Spearman correlation of the
-    vectors' cosine similarity with the gold scores (MTEB's ``AbsTaskSTS``
-    main score, ``cosine_spearman``).
-
-The evaluator follows MTEB :data:`MTEB_VERSION`: seed 42, 10 experiments, 8
-examples per label unless the MTEB task sets its own (Emotion: 16,
-:data:`MTEB_SAMPLES_PER_LABEL`); tasks MTEB does not have use the defaults or
-``--samples-per-label``. MTEB's undersampling, reproduced by
-:func:`undersample`: a fresh ``numpy.random.RandomState(seed)`` shuffles the
-index list *in place* before each experiment (so the draws differ because the
-shuffles accumulate), then the first ``samples_per_label`` indices of each
-label are kept, in shuffled order; a label with fewer examples keeps all of
-them. ``tests/test_protocol.py`` checks these functions against the installed
-``mteb`` package's own code.
-
-Deviations from running MTEB itself, stated where the scores are shown: the
-pool the examples are drawn from is the study's training split (after
-``--max-train``, and without the validation rows carved out of a task that has
-no validation split), in the task file's order, so the draws are not MTEB's
-draws on the Hugging Face copy of the data.
+- ``matched`` (the default): every encoder, baselines included, is trained with its linear head on the study's
+  training split and scored by that head on test.
+- ``paper``: each final model becomes vectors (a parameter-free baseline's raw layer readout, untrained),
+  scored as MTEB :data:`MTEB_VERSION` does: :func:`logistic_readout` (``LogisticRegression(max_iter=100)`` on
+  ``samples_per_label`` examples per label, :func:`undersample`'s draws, ``n_experiments`` times) for
+  classification, :func:`cosine_spearman` for similarity. The examples are drawn from the study's training
+  split, so the draws are not MTEB's own (docs/protocols.md); ``tests/test_protocol.py`` checks these
+  functions against the installed ``mteb``.
 """
 
 from __future__ import annotations
@@ -43,12 +15,19 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..record import DEFAULT_PROTOCOL, PROTOCOLS, Identity
 from ..validation import check_choice, check_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ..encoders.configs import EncoderConfig
+    from ..engine.metrics import ArrayLike
+    from .shapes import Features, TrainedModel
 
 __all__ = [
     "PROTOCOLS",
@@ -97,9 +76,9 @@ MTEB_TASK_NAMES: dict[str, str] = {
 }
 
 
-def check_protocol(protocol: Any) -> str:
+def check_protocol(protocol: object) -> str:
     """``protocol`` if it is one of :data:`PROTOCOLS`."""
-    return check_choice("protocol", protocol, PROTOCOLS)
+    return str(check_choice("protocol", protocol, PROTOCOLS))
 
 
 def paper_samples_per_label(task: str | None, override: int | None = None) -> int:
@@ -127,7 +106,7 @@ class PaperProtocol:
         check_int("n_experiments", self.n_experiments)
         check_int("seed", self.seed, minimum=0)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """What a study stores about the readout beside its scores (``final_protocol``)."""
         return {
             "protocol": "paper",
@@ -149,7 +128,7 @@ class PaperProtocol:
 
 
 def undersample(
-    labels: Sequence[Any] | np.ndarray,
+    labels: Sequence[object] | np.ndarray,
     samples_per_label: int,
     n_experiments: int = MTEB_N_EXPERIMENTS,
     seed: int = MTEB_SEED,
@@ -166,7 +145,7 @@ def undersample(
     draws = []
     for _ in range(n_experiments):
         np.random.RandomState(seed).shuffle(order)
-        taken: dict[Any, int] = defaultdict(int)
+        taken: dict[object, int] = defaultdict(int)
         chosen = []
         for index in order:
             if taken[labels[index]] < samples_per_label:
@@ -177,7 +156,9 @@ def undersample(
 
 
 def logistic_readout(
-    train: tuple[Any, Any], evaluations: Mapping[str, tuple[Any, Any]], protocol: PaperProtocol = PaperProtocol()
+    train: tuple[np.ndarray, np.ndarray],
+    evaluations: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    protocol: PaperProtocol = PaperProtocol(),
 ) -> dict[str, list[float]]:
     """MTEB's classification evaluator on vectors: per experiment, ``LogisticRegression(max_iter=100)``
     fitted on the undersampled training rows; the accuracy on each evaluation set.
@@ -210,7 +191,7 @@ def logistic_readout(
     return scores
 
 
-def cosine_spearman(first: Any, second: Any, gold: Any) -> float:
+def cosine_spearman(first: ArrayLike, second: ArrayLike, gold: ArrayLike) -> float:
     """MTEB's STS main score: Spearman correlation of the pairs' cosine similarity with the gold scores."""
     from scipy.stats import spearmanr
     from sklearn.metrics.pairwise import paired_cosine_distances
@@ -219,13 +200,19 @@ def cosine_spearman(first: Any, second: Any, gold: Any) -> float:
     return float(spearmanr(np.asarray(gold, dtype=np.float64), cosine)[0])
 
 
-def is_parameter_free(config: Any) -> bool:
+def is_parameter_free(config: EncoderConfig | str) -> bool:
     """Whether ``config``'s encoder reads its vector off the layers with nothing to train (last layer,
     best layer, mean of layers): under the paper protocol it is scored untrained, on the raw features."""
     return getattr(config, "family", config) in PARAMETER_FREE_FAMILIES
 
 
-def paper_vectors(features: Any, *, model: Any = None, config: Any = None, batch_size: int = 1024) -> np.ndarray:
+def paper_vectors(
+    features: Features,
+    *,
+    model: TrainedModel | None = None,
+    config: EncoderConfig | None = None,
+    batch_size: int = 1024,
+) -> np.ndarray:
     """The vectors MTEB would score, float32: ``(N, E)`` for ``(N, L, D)`` features, ``(N, 2, E)`` for pairs.
 
     Give a trained ``model`` (an ``ILGEModel``): its representation before the
@@ -245,12 +232,13 @@ def paper_vectors(features: Any, *, model: Any = None, config: Any = None, batch
         was_training = model.training
         model.eval()
 
-        def encode(x: Any) -> Any:
+        def encode(x: torch.Tensor) -> torch.Tensor:
             z = model.embed(x.to(device))
             return model.head(z) if model.task_kind == "similarity" else z
     else:
         from ..encoders.aggregator import build_aggregator
 
+        assert config is not None  # checked above: a model or a config
         readout = build_aggregator(config, num_layers=flat.shape[1], hidden_in=flat.shape[2]).eval()
         was_training = False
         encode = readout

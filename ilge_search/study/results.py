@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +18,11 @@ from ..record import (
 )
 from ..storage import Storage, hide_password, open_storage
 from .objectives import best_score_trial, score_of
+from .statistics import seeds_interval
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
 
 __all__ = [
     "StudyResult",
@@ -78,6 +80,7 @@ class StudyResult:
     ensemble: EnsembleSize | None = None  # the stored ensemble evaluation's asked-for size, with the same seeds
     export_seed: int | None = None  # the seed `export` takes (the best final seed by validation)
     export_test: float | None = None  # that seed's test score (None under the paper protocol)
+    gain_scores: list[float] = field(default_factory=list)  # per seed: selected minus start, improvement positive
 
     @property
     def n_finished(self) -> int:
@@ -100,7 +103,32 @@ def _final_fields(record: StudyRecord) -> dict[str, Any]:
         "search_gain": final.search_gain,
         "val_test_gap": final.val_test_gap,
         "front": list(final.front),
+        "gain_scores": _gain_scores(final.test_scores, final.start_test_scores, record.maximize),
     }
+
+
+def _gain_scores(test: list[float], start: list[float] | None, maximize: bool) -> list[float]:
+    """Per final seed, the selected trial minus the start with the same seed (empty when they do not pair)."""
+    if not start or len(start) != len(test):
+        return []
+    sign = 1.0 if maximize else -1.0
+    return [sign * (a - b) for a, b in zip(test, start, strict=True)]
+
+
+def _gain_verdict(record: StudyRecord) -> str | None:
+    """win / tie / loss of the search gain by the 95% t interval over the final seeds (``None``: fewer than two
+    paired seeds)."""
+    final = record.final
+    gains = [] if final is None else _gain_scores(final.test_scores, final.start_test_scores, record.maximize)
+    return seeds_interval(gains).verdict if len(gains) > 1 else None
+
+
+def _with_interval(text: str, differences: list[float]) -> str:
+    """``text`` followed by the 95% t interval of per-seed ``differences`` and its verdict (two seeds or more)."""
+    if len(differences) < 2:
+        return text
+    interval = seeds_interval(differences)
+    return f"{text} [{interval.low:+.4f}, {interval.high:+.4f}] {interval.verdict}"
 
 
 def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResult:
@@ -141,7 +169,31 @@ def _ensemble_of(study: optuna.Study) -> EnsembleSize | None:
     return None if stored is None else stored.ensemble
 
 
-def list_studies(storage: str | Storage | None = None) -> Any:
+# the columns of list_studies before the study stages' own
+_LISTING_COLUMNS = [
+    "study",
+    "model",
+    "task",
+    "encoder",
+    "protocol",
+    "metric",
+    "trials",
+    "best_val",
+    "best_trial",
+    "test_mean",
+    "test_std",
+    "seeds",
+    "select",
+    "final_trial",
+    "search_gain",
+    "search_gain_verdict",
+    "objectives",
+    "export_seed",
+    "export_test",
+]
+
+
+def list_studies(storage: str | Storage | None = None) -> pd.DataFrame:
     """One row per study in ``storage``: identity, trial counts, best validation
     value and final test mean/std (a ``pandas.DataFrame``, sorted by model, task, encoder).
 
@@ -154,27 +206,7 @@ def list_studies(storage: str | Storage | None = None) -> Any:
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     rows = [_listing_row(opened, summary) for summary in opened.study_summaries()]
-    columns = [
-        "study",
-        "model",
-        "task",
-        "encoder",
-        "protocol",
-        "metric",
-        "trials",
-        "best_val",
-        "best_trial",
-        "test_mean",
-        "test_std",
-        "seeds",
-        "select",
-        "final_trial",
-        "search_gain",
-        "objectives",
-        "export_seed",
-        "export_test",
-        *(name for stage in registered_stages() for name in stage.column_names),
-    ]
+    columns = [*_LISTING_COLUMNS, *(name for stage in registered_stages() for name in stage.column_names)]
     frame = pd.DataFrame(rows, columns=columns)
     # trial numbers stay integers where some are missing (a float column would print 7.0000)
     frame["final_trial"] = pd.Series([math.nan if pd.isna(v) else int(v) for v in frame["final_trial"]], dtype=object)
@@ -210,6 +242,7 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
         "select": record.select,
         "final_trial": final.trial if final else None,
         "search_gain": final.search_gain if final else None,
+        "search_gain_verdict": _gain_verdict(record),
         "objectives": "+".join(record.objectives),
         **_export_columns(record),
         **{key: value for stage in registered_stages() for key, value in stage.columns(summary).items()},
@@ -240,7 +273,9 @@ def format_results(results: Iterable[StudyResult]) -> str:
 
     ``test mean +- std`` is that of the trial the selection rule chose (``(trial N, rule; export: seed S test T)``:
     the seed `export` takes, the best by validation, and its own test score);
-    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown);
+    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown), with the
+    95% t interval of the per-seed differences and its verdict (win / tie / loss); the ensemble's difference
+    to the selected trial carries the same;
     ``protocol`` says how the test scores were measured.
     """
     results = list(results)
@@ -253,7 +288,7 @@ def format_results(results: Iterable[StudyResult]) -> str:
         if r.test_mean is not None and r.final_trial is not None:
             test += f" (trial {r.final_trial}, {r.select}{_export_text(r)})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
-        gain = "-" if r.search_gain is None else f"{r.search_gain:+.4f}"
+        gain = "-" if r.search_gain is None else _with_interval(f"{r.search_gain:+.4f}", r.gain_scores)
         rows.append(
             (
                 r.study_name,
@@ -267,8 +302,7 @@ def format_results(results: Iterable[StudyResult]) -> str:
             )
             + ((_ensemble_cell(r),) if with_ensemble else ())
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = _aligned(rows)
     for r in results:
         if r.front:
             lines += ["", format_front(r)]
@@ -290,6 +324,9 @@ def _ensemble_cell(result: StudyResult) -> str:
     cell = f"{ensemble.test_mean:.4f} +- {ensemble.test_std:.4f} ({ensemble.describe()}"
     if result.test_mean is not None:
         cell += f"; {ensemble.test_mean - result.test_mean:+.4f} vs selected"
+        if len(ensemble.test_scores) == len(result.test_scores):
+            paired = [a - b for a, b in zip(ensemble.test_scores, result.test_scores, strict=True)]
+            cell = _with_interval(cell, paired)
     return cell + ")"
 
 
@@ -308,15 +345,17 @@ def format_front(result: StudyResult) -> str:
                 f"{member.test_mean:.4f} +- {member.test_std:.4f} ({len(member.test_scores)} seeds)",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     title = (
         f"final front of {result.study_name} ({' vs '.join(result.objectives)}; "
         f"{len(result.front)} Pareto-front trials retrained):"
     )
-    return "\n".join(
-        [title]
-        + ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    )
+    return "\n".join([title, *_aligned(rows, indent="  ")])
+
+
+def _aligned(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """Text rows in left-aligned columns two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 def _protocol_text(result: StudyResult) -> str:

@@ -2,7 +2,9 @@
 
 Every retraining of a configuration on a study's data after its search (the final evaluation, ensembles and
 their backfilled validation predictions, the cross-task matrix, leave one task out, explain) goes through
-:func:`train_seeds`, so that the same configuration, seed and data train the same model everywhere;
+:func:`train_seeds` (or :func:`train_configs`, several configurations at once), so that the same
+configuration, seed and data train the same model everywhere; the seeds the engine can train together go
+in one pass (:func:`~ilge_search.engine.train_many`);
 :class:`TrainingSetup` says where a stored study's data is read from and how the training runs.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:  # pragma: no cover
     from ..encoders.configs import EncoderConfig
 
-__all__ = ["TrainedSeed", "TrainingSetup", "train_seeds"]
+__all__ = ["TrainedSeed", "TrainingSetup", "train_seeds", "train_configs"]
 
 
 @dataclass(frozen=True)
@@ -55,39 +57,117 @@ def train_seeds(
     device: str,
     bar: BarSpec | None = None,
     reuse: Mapping[int, tuple[Any, float]] | None = None,
+    batched: bool | None = None,
 ) -> Iterator[TrainedSeed]:
-    """``config`` trained by the one engine once per seed, in the order of ``seeds``, on ``data``'s train split
-    and selected on its validation split; each is yielded before the next one trains, so a caller scores a
-    model (and may drop it) before the next exists.
+    """``config`` trained by the one engine once per seed, yielded in the order of ``seeds``, on ``data``'s
+    train split and selected on its validation split.
+
+    Where the engine can train the seeds together (:func:`~ilge_search.engine.can_batch`: the built-in
+    families on texts and sentence pairs) and ``batched`` is on (``None``: on a GPU, where one pass pays; on
+    a CPU it measured no faster, benchmarks/README.md), the seeds left to train go in one pass
+    (:func:`~ilge_search.engine.train_many`), each model the one its own run trains; otherwise one at a time,
+    each yielded before the next one trains, so a caller scores a model (and may drop it) before the next
+    exists.
 
     ``bar`` counts the seeds; ``reuse`` (seed -> (model, seconds)) holds models already trained with this
     configuration, seed and data (they would train to the same weights), yielded instead of training again.
     """
-    from ..engine import train_encoder
+    from ..engine import can_batch
 
+    seeds = list(seeds)
     reuse = reuse or {}
+    if batch_on(device, batched) and can_batch(config, data.task_kind) and len(set(seeds) - set(reuse)) > 1:
+        [trained] = train_configs(data, [config], seeds, device=device, bar=bar, reuse=[reuse], batched=True)
+        yield from trained
+        return
     for seed in seeds if bar is None else steps(seeds, bar):
         if seed in reuse:
-            model, seconds = reuse[seed]
-            yield TrainedSeed(seed=seed, model=model, best_val_metric=None, epochs_run=0, seconds=seconds)
+            yield _reused(seed, reuse[seed])
             continue
-        started = time.perf_counter()
-        result = train_encoder(
-            config,
-            data.train,
-            data.validation,
-            task_kind=data.task_kind,
-            num_classes=data.num_classes,
-            seed=seed,
-            device=device,
+        yield _train_alone(data, config, seed, device)
+
+
+def train_configs(
+    data: StudyData,
+    configs: Sequence[EncoderConfig],
+    seeds: Sequence[int],
+    *,
+    device: str,
+    bar: BarSpec | None = None,
+    reuse: Sequence[Mapping[int, tuple[Any, float]]] | None = None,
+    batched: bool | None = None,
+) -> list[list[TrainedSeed]]:
+    """Every config trained once per seed (per config, in the order of ``seeds``); with ``batched`` (see
+    :func:`train_seeds`) those whose models share their shapes (seeds of one config, ensemble members that
+    differ only in learning rate, weight decay, dropout or epochs) in one pass; ``reuse[i]`` holds config
+    ``i``'s models already trained (see :func:`train_seeds`), ``bar`` counts the models."""
+    from ..engine import ModelJob, can_batch, train_many
+
+    reuse = reuse or [{} for _ in configs]
+    wanted = [(index, seed) for index, config in enumerate(configs) for seed in seeds if seed not in reuse[index]]
+    batchable = (
+        [job for job in wanted if can_batch(configs[job[0]], data.task_kind)] if batch_on(device, batched) else []
+    )
+    trained: dict[tuple[int, int], TrainedSeed] = {}
+    if len(batchable) > 1:
+        jobs = [ModelJob(configs[index], seed) for index, seed in batchable]
+        results = train_many(
+            jobs, data.train, data.validation, task_kind=data.task_kind, num_classes=data.num_classes, device=device
         )
-        yield TrainedSeed(
-            seed=seed,
-            model=result.model,
-            best_val_metric=float(result.best_val_metric),
-            epochs_run=int(result.epochs_run),
-            seconds=time.perf_counter() - started,
-        )
+        for job, result in zip(batchable, results, strict=True):
+            trained[job] = _trained(job[1], result)
+    out: list[list[TrainedSeed]] = [[] for _ in configs]
+    for index, seed in steps(
+        [(i, s) for i in range(len(configs)) for s in seeds], bar or BarSpec("retraining", enabled=False)
+    ):
+        if seed in reuse[index]:
+            out[index].append(_reused(seed, reuse[index][seed]))
+        else:
+            done = trained.get((index, seed))
+            out[index].append(done or _train_alone(data, configs[index], seed, device))
+    return out
+
+
+def batch_on(device: str, batched: bool | None) -> bool:
+    """Whether models go in one pass: ``batched`` when given, else on a GPU only."""
+    if batched is not None:
+        return batched
+    from ..embeddings.devices import resolve_device
+
+    return str(resolve_device(device)).startswith("cuda")
+
+
+def _train_alone(data: StudyData, config: EncoderConfig, seed: int, device: str) -> TrainedSeed:
+    from ..engine import train_encoder
+
+    started = time.perf_counter()
+    result = train_encoder(
+        config,
+        data.train,
+        data.validation,
+        task_kind=data.task_kind,
+        num_classes=data.num_classes,
+        seed=seed,
+        device=device,
+    )
+    return _trained(seed, result, time.perf_counter() - started)
+
+
+def _trained(seed: int, result: Any, seconds: float | None = None) -> TrainedSeed:
+    """A seed's :class:`~ilge_search.engine.TrainResult` as a :class:`TrainedSeed` (``seconds``: default the
+    result's own, a model's share of its pass)."""
+    return TrainedSeed(
+        seed=seed,
+        model=result.model,
+        best_val_metric=float(result.best_val_metric),
+        epochs_run=int(result.epochs_run),
+        seconds=float(result.seconds if seconds is None else seconds),
+    )
+
+
+def _reused(seed: int, reused: tuple[Any, float]) -> TrainedSeed:
+    model, seconds = reused
+    return TrainedSeed(seed=seed, model=model, best_val_metric=None, epochs_run=0, seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -104,8 +184,8 @@ class TrainingSetup:
     task_path: str | os.PathLike | None = None
 
     def load_data(self, study: optuna.Study, *, with_test: bool, progress: bool = False) -> StudyData:
-        """The arrays ``study`` was run on, rebuilt from its record (:func:`~.export.load_training_data`)."""
-        from .export import load_training_data
+        """The arrays ``study`` was run on, rebuilt from its record (:func:`~.stored.load_training_data`)."""
+        from .stored import load_training_data
 
         return load_training_data(
             study,

@@ -1,42 +1,15 @@
-"""Running studies: :func:`run_study`, the platform's main job.
+"""Running studies: :func:`run_study`, one study per encoder for a (model, task) pair.
 
-:func:`run_study` runs one study per encoder for a (model, task) pair:
-
-1. check the arguments (one :class:`~ilge_search.study.StudyOptions`), open
-   the storage once, load the task (texts and labels only) and check any
-   existing study with the same name (a name already used for another model,
-   task, setting or data is an error; see :mod:`.identity`) -- all before any
-   model loads (:func:`.plan.check_run`, which ``run --dry-run`` shares); a run
+1. check everything before any model loads (:func:`.check.check_run`, shared with ``run --dry-run``); a run
    that may take long logs its estimated wall time (:func:`.plan.estimate_run`);
-2. resolve the model once and make sure every split's embeddings are in the
-   cache (extracted once);
-3. create the study, or load it to add trials. A new study gets its identity as
-   user attrs and the encoder's ``recommended_config`` enqueued as trial 0;
-   trials left RUNNING by dead processes are failed and retried, and a failed
-   recommended trial is queued again;
-4. optimise: every trial builds a config with ``suggest_config``, trains it with
-   the one engine on train, reports the validation metric after each epoch for
-   the pruner, and stores what it did as trial user attrs; ``workers > 1`` runs
-   that many processes on the same storage, splitting ``n_trials`` exactly;
-5. go through the study stages (:mod:`.stages`), in their registered order: each
-   that applies and whose stored result is not current runs. The built-in ones are
-   the final evaluation (the selected configuration -- ``select``: the best trial,
-   or the simplest within one standard error of it -- retrained with
-   ``final_seeds`` seeds, each scored on test once, the best seed's weights
-   uploaded, the starting configuration retrained with the same seeds for the
-   search gain; a multi-objective study's final front instead) and then the
-   ensemble evaluation.
+2. resolve the model once and make sure every split's embeddings are in the cache;
+3. create each study (its record, the recommended configuration enqueued as trial 0) or load it (trials left
+   RUNNING by dead processes failed and retried, a failed recommended trial queued again);
+4. optimise (:mod:`.trial`), in ``workers`` processes on the same storage when asked;
+5. run the study stages (:mod:`.stages`) in their order: each that applies and is not current.
 
-Stored layout (what reports and the dashboard read):
-
-- the study's record (:class:`ilge_search.record.StudyRecord`): its
-  :class:`~ilge_search.record.Identity` (model, task, encoder, the data and budget
-  options, ``cv``, objectives, protocol), its :class:`~ilge_search.record.DataRecord`
-  (task kind, metric, shapes, label names, split sizes, cache keys, data
-  fingerprints, the model's revision, a custom task's path, the artifact folder)
-  and, after the final evaluation, its :class:`~ilge_search.record.FinalRecord`
-  (:mod:`ilge_search.study.final`);
-- each trial's :class:`~ilge_search.record.TrialRecord`: see :mod:`ilge_search.study.trial`.
+What a study stores is its :class:`~ilge_search.record.StudyRecord` and each trial's
+:class:`~ilge_search.record.TrialRecord`.
 """
 
 from __future__ import annotations
@@ -44,19 +17,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..record import SourceRecord, WarmStartRecord
+from ..record import SourceRecord, WarmStartRecord, owner_stamping
 from ..storage import (
     Storage,
     StorageError,
     fail_own_running_trials,
     fail_stale_trials,
     finished_trial_count,
-    owner_stamping,
     storage_fault,
 )
 from .auto import is_auto
@@ -75,17 +47,18 @@ from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
 from .stages import StageContext, run_stages
 from .trial import warm_start_params
-from .workers import optimize, total_reached
+from .workers import TrialCallback, optimize, total_reached
 
 if TYPE_CHECKING:
     import optuna
+
+    from ..engine.core import Dataset
 
 __all__ = ["run_study"]
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-TrialCallback = Callable[["optuna.Study", "optuna.trial.FrozenTrial"], None]
 
 
 def run_study(
@@ -156,7 +129,7 @@ class _RunData:
     storage: Storage
     spec: DataSpec
     data: StudyData
-    zero_shot: Mapping[str, Any]
+    zero_shot: Mapping[str, Dataset]
     options: StudyOptions
     callbacks: Sequence[TrialCallback]
 
@@ -283,18 +256,10 @@ def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study,
     from ..tuning import make_pruner, make_sampler
 
     storage, search, spec = run.storage, run.options.search, run.spec
-    warm = (
-        warm_start_params(
-            storage,
-            planned.encoder,
-            search.warm_start,
-            hidden_size=run.data.hidden_size,
-            model=spec.model,
-            task=planned.identity.task,
-        )
-        if search.warm_start
-        else None
-    )
+    encoder, hidden, task = planned.encoder, run.data.hidden_size, planned.identity.task
+    warm = None
+    if search.warm_start:
+        warm = warm_start_params(storage, encoder, search.warm_start, hidden_size=hidden, model=spec.model, task=task)
     if warm is not None and storage.load_study(planned.name) is None:  # only a new study enqueues its warm start
         budget = planned.count if planned.count is not None else search.total_for(planned.encoder)
         warm = _warm_start_within_budget(warm, planned.name, budget)

@@ -1,34 +1,26 @@
 """Which trial a study's final evaluation retrains: the selection rules ``best`` and ``one-se``.
 
-- ``best``: the trial with the best objective (``study.best_trial``).
-- ``one-se``: among complete trials whose objective is within one standard
-  error of the best one, the one with the fewest trainable parameters; the
-  recommended starting configuration (the enqueued trial 0) wins ties, then
-  the better objective, then the earlier trial. The standard error is that of
-  the best trial's objective (:func:`standard_error`).
+- ``best``: the trial with the best objective.
+- ``one-se``: among complete trials within one standard error of the best objective (:func:`standard_error`),
+  the one with the fewest trainable parameters; ties go to the starting configuration, then the better
+  objective, then the earlier trial. It trades score for simplicity only inside the noise of the best score.
 
-Picking the maximum of many noisy validation scores rewards luck: the winner's
-score is biased upwards and, on small validation splits, its configuration
-often does no better on test than simpler ones. ``one-se`` only trades score
-for simplicity inside the noise band of the best score.
-
-A multi-objective study (score and params and/or latency) states the trade-off
-itself: its final evaluation retrains up to K trials of its Pareto front
-(:func:`front_trials`) instead of one selected trial. Both rules above still
-answer for it, on its score (export, a study without a final evaluation).
+A multi-objective study's final evaluation retrains up to K trials of its Pareto front (:func:`front_trials`);
+both rules still answer for it, on its score.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..record import TrialRecord, study_record, trial_record
 from .objectives import best_score_trial, objective_directions, pareto_front, score_of
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 __all__ = [
     "SELECTION_RULES",
@@ -62,7 +54,7 @@ def is_better(a: float, b: float, maximize: bool) -> bool:
     return a > b if maximize else a < b
 
 
-def standard_error(trial: Any, metric: str, n_validation: int | None) -> float:
+def standard_error(trial: FrozenTrial, metric: str, n_validation: int | None) -> float:
     """The standard error of a trial's objective.
 
     With ``--cv`` (the trial has ``fold_scores``): the standard deviation of
@@ -92,13 +84,13 @@ def standard_error(trial: Any, metric: str, n_validation: int | None) -> float:
     return math.sqrt(value * (1.0 - value) / n_validation)
 
 
-def _complete(study: optuna.Study) -> list[Any]:
+def _complete(study: optuna.Study) -> list[FrozenTrial]:
     from optuna.trial import TrialState
 
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
 
 
-def start_trial(study: optuna.Study) -> Any | None:
+def start_trial(study: optuna.Study) -> FrozenTrial | None:
     """The recommended starting configuration: the first trial marked ``recommended`` that has a config
     (complete first, else any state: a pruned start is still the configuration a user would have used)."""
     marked = [t for t in study.get_trials(deepcopy=False) if _is_start(trial_record(t))]
@@ -107,7 +99,7 @@ def start_trial(study: optuna.Study) -> Any | None:
     return min(pool, key=lambda t: t.number) if pool else None
 
 
-def select_trial(study: optuna.Study, rule: str) -> Any:
+def select_trial(study: optuna.Study, rule: str) -> FrozenTrial:
     """The trial the final evaluation retrains under ``rule`` (one of :data:`SELECTION_RULES`).
 
     Raises:
@@ -130,7 +122,7 @@ def select_trial(study: optuna.Study, rule: str) -> Any:
     # a tiny tolerance: the best trial is always inside its own band, whatever the rounding
     within = [t for t in trials if sign * (score[best.number] - score[t.number]) <= margin + 1e-12]
 
-    def simplicity(trial: Any) -> tuple:
+    def simplicity(trial: FrozenTrial) -> tuple:
         record = trial_record(trial)
         return (
             math.inf if record.params is None else int(record.params),
@@ -142,7 +134,7 @@ def select_trial(study: optuna.Study, rule: str) -> Any:
     return min(within, key=simplicity)
 
 
-def study_front(study: optuna.Study) -> list[Any]:
+def study_front(study: optuna.Study) -> list[FrozenTrial]:
     """The Pareto front of ``study``'s complete trials on its objectives, best score first
     (:func:`~ilge_search.study.objectives.pareto_front`)."""
     record = study_record(study)
@@ -150,7 +142,7 @@ def study_front(study: optuna.Study) -> list[Any]:
     return pareto_front(_complete(study), objective_directions(record.objectives, metric), record.objectives)
 
 
-def front_trials(front: list[Any], k: int) -> list[Any]:
+def front_trials(front: list[FrozenTrial], k: int) -> list[FrozenTrial]:
     """Up to ``k`` trials of a Pareto ``front`` (best score first), spread evenly along it.
 
     The whole front when it has at most ``k`` trials; otherwise the trials at ``k`` evenly spaced

@@ -1,31 +1,18 @@
 """One trial: suggest a config, train it with the one engine, report and record what it did.
 
-Every trial records which process runs it before this objective starts (the run's sampler is wrapped
-by :func:`~ilge_search.storage.owner_stamping`, which calls :func:`~ilge_search.storage.stamp_worker` as
-Optuna creates the trial) and its :class:`~ilge_search.record.TrialRecord`: ``config`` (the full config
-dict), ``val_metric``, ``params`` (trainable parameters), ``epochs_run``,
-``best_epoch``, ``seconds``, ``latency_ms`` (the trained model's forward time
-per 1,000 validation samples, :func:`~ilge_search.study.objectives.measure_latency`)
-and ``layer``/``layer_scores`` for the best-layer baseline; the validation
-metric of every epoch is an intermediate value, for the pruner.
-
-A multi-objective study (its identity's ``objectives``) gets one value per
-objective back, score first (``params``: the trainable parameters;
-``latency``: ``latency_ms``); it reports no intermediate values, since Optuna
-cannot prune such a study.
-
-A study created with ``--cv K`` (its identity's ``cv``) scores every trial on
-K folds of the training data instead (:mod:`~ilge_search.study.folds`): the
-objective and ``val_metric`` are the mean of the per-fold scores, recorded as
-``fold_scores`` (with ``fold_best_epochs``); ``epochs_run`` and ``best_epoch``
-are those of the last fold; the intermediate value at step
-``fold * epochs + epoch`` is that fold's score after that epoch.
+Each trial records which process runs it before the objective starts
+(:func:`~ilge_search.record.worker.owner_stamping`) and its :class:`~ilge_search.record.TrialRecord` (config,
+validation score, parameters, epochs, seconds, forward latency, the best-layer baseline's layer), and reports
+every epoch's validation score to the pruner. A multi-objective study gets one value per objective back (no
+intermediate values: Optuna cannot prune it). With ``--cv K`` (:mod:`.folds`) the objective is the mean of the
+per-fold scores (``fold_scores``), and the intermediate value at step ``fold * epochs + epoch`` is that fold's
+score after that epoch.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +23,14 @@ from .notes import write_live_note
 from .objectives import measure_latency
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..record import Identity, WarmStartRecord
+    import numpy as np
+    import optuna
+
+    from ..encoders.configs import EncoderConfig
+    from ..record import DataRecord, Identity, WarmStartRecord
+    from ..storage import Storage
     from .data import StudyData
+    from .shapes import TrainedModel
 
 __all__ = [
     "TrialObjective",
@@ -51,7 +44,12 @@ __all__ = [
 ]
 
 
-def suggest_capped(trial: Any, encoder: str, max_epochs: int | None, methods: Sequence[str] | None = None) -> Any:
+def suggest_capped(
+    trial: optuna.Trial | optuna.trial.FixedTrial,
+    encoder: str,
+    max_epochs: int | None,
+    methods: Sequence[str] | None = None,
+) -> EncoderConfig:
     """``suggest_config(trial, encoder)`` (for an auto study, over ``methods``:
     :func:`~ilge_search.study.auto.suggest_study_config`) with ``epochs`` capped at ``max_epochs``."""
     from .auto import suggest_study_config
@@ -62,7 +60,7 @@ def suggest_capped(trial: Any, encoder: str, max_epochs: int | None, methods: Se
     return config
 
 
-def recommended_params(encoder: str, hidden_size: int | None = None, model: str | None = None) -> dict[str, Any]:
+def recommended_params(encoder: str, hidden_size: int | None = None, model: str | None = None) -> dict[str, object]:
     """The encoder's ``recommended_config`` as Optuna params of ``suggest_config``'s search space.
 
     The size bucket is :func:`ilge_search.embeddings.models.model_size_bucket` of ``model``
@@ -71,19 +69,12 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
     what it asks for is what a study enqueues, so the first trial runs exactly
     the recommended configuration.
     """
-    import optuna
-
     from ..embeddings.models import model_size_bucket
-    from ..tuning import recommended_config, suggest_config
+    from ..tuning import recommended_config
 
     # no model name: "" is in no table row, so the hidden size decides
     bucket = model_size_bucket("" if model is None else model, hidden_size)
-    config = recommended_config(encoder, model_size_hint=bucket)
-    values = {k: v for k, v in config.to_dict().items() if k != "family"}
-    fixed = optuna.trial.FixedTrial(values)
-    with quiet_optuna_warnings():
-        suggest_config(fixed, encoder)
-    return dict(fixed.params)
+    return config_params(encoder, recommended_config(encoder, model_size_hint=bucket, source="regenerated").to_dict())
 
 
 def starting_params(
@@ -98,7 +89,7 @@ def starting_params(
     return [method_params(method, recommended_params(method, hidden_size, model)) for method in methods or ()]
 
 
-def config_params(encoder: str, config: dict[str, Any]) -> dict[str, Any]:
+def config_params(encoder: str, config: Mapping[str, object]) -> dict[str, object]:
     """A config dict as the Optuna params ``suggest_config`` asks for (what a study enqueues to train it)."""
     import optuna
 
@@ -111,7 +102,7 @@ def config_params(encoder: str, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def warm_start_params(
-    storage: Any, encoder: str, count: int, *, hidden_size: int | None, model: str, task: str
+    storage: Storage | None, encoder: str, count: int, *, hidden_size: int | None, model: str, task: str
 ) -> WarmStartRecord:
     """The first ``count`` members of the warm-start order (the portfolio, then the other candidates by mean
     normalised validation score) that differ from the starting configuration, with their Optuna params (``run
@@ -159,9 +150,9 @@ class TrialObjective:
         self.seed = seed
         self.device = device
         self.max_epochs = max_epochs
-        self._folds: tuple[tuple[int, int], list[Any]] | None = None
+        self._folds: tuple[tuple[int, int], list[np.ndarray]] | None = None
 
-    def folds(self, identity: Identity | None) -> list[Any] | None:
+    def folds(self, identity: Identity | None) -> list[np.ndarray] | None:
         """The study's folds (``None`` without ``cv``), computed once per process from its identity."""
         from .folds import stratified_folds
 
@@ -175,9 +166,10 @@ class TrialObjective:
             )
         return self._folds[1]
 
-    def __call__(self, trial: Any) -> float | tuple[float, ...]:
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
         import optuna
 
+        from ..encoders.configs import BestLayerConfig
         from ..engine import select_best_layer, train_encoder
 
         data = self.data
@@ -213,6 +205,7 @@ class TrialObjective:
             return self._values(trial, objectives, score, params, None)
         if config.family == "best-layer":
             # the layer is chosen on validation inside the trial; the search covers the recipe
+            assert isinstance(config, BestLayerConfig)
             layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
             config = config.replace(layer=layer)
             save_trial(trial, config=config.to_dict(), layer=int(layer), layer_scores=[float(s) for s in scores])
@@ -234,7 +227,7 @@ class TrialObjective:
             trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
         )
 
-    def _keep_predictions(self, trial: Any, stored: Any, model: Any) -> None:
+    def _keep_predictions(self, trial: optuna.Trial, stored: DataRecord | None, model: TrainedModel) -> None:
         """Store the trained model's validation predictions (float16) for ensemble selection; a study
         without an artifact folder, or one that cannot be written, keeps none (they can be backfilled)."""
         from optuna.artifacts import FileSystemArtifactStore
@@ -258,7 +251,7 @@ class TrialObjective:
         save_trial_predictions(trial, artifact)
 
     def _values(
-        self, trial: Any, objectives: Sequence[str], score: float, params: int, model: Any
+        self, trial: optuna.Trial, objectives: Sequence[str], score: float, params: int, model: TrainedModel | None
     ) -> float | tuple[float, ...]:
         """Record the latency, write the live note and return the trial's value(s), one per objective."""
         from ..embeddings.models import resolve_device
@@ -279,7 +272,12 @@ class TrialObjective:
         return tuple(by_name[name] for name in objectives)
 
     def _cross_validated(
-        self, trial: Any, config: Any, folds: list[Any], report: Callable[[int, float], None], common: dict[str, Any]
+        self,
+        trial: optuna.Trial,
+        config: EncoderConfig,
+        folds: list[np.ndarray],
+        report: Callable[[int, float], None],
+        common: dict[str, Any],
     ) -> tuple[float, int]:
         from .folds import cross_validate
 

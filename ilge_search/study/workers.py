@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..record import owner_stamping
 from ..storage import (
     ENDED_STATES,
     FINISHED_STATES,
@@ -35,7 +36,6 @@ from ..storage import (
     StorageError,
     count_trials,
     fail_own_running_trials,
-    owner_stamping,
     storage_fault,
 )
 from .auto import is_auto
@@ -45,13 +45,15 @@ from .objectives import best_score_trial, score_of
 from .options import StudyOptions
 from .trial import TrialObjective, catchable_errors, quiet_interrupt_tracebacks
 
-if TYPE_CHECKING:
-    import optuna
-
 if TYPE_CHECKING:  # pragma: no cover
+    import optuna
+    from optuna.trial import FrozenTrial
+
     from .data import StudyData
 
-__all__ = ["split_trials", "WorkerJob", "worker_main", "total_reached", "optimize"]
+TrialCallback = Callable[["optuna.Study", "FrozenTrial"], None]  # run after each trial, in this process
+
+__all__ = ["TrialCallback", "split_trials", "WorkerJob", "worker_main", "total_reached", "optimize"]
 
 # what the total_trials cap counts: finished trials plus those running now in any process
 _CAPPED_STATES = (*FINISHED_STATES, "RUNNING")
@@ -75,17 +77,13 @@ def total_reached(study: optuna.Study, total_trials: int | None) -> bool:
     return count_trials(study, _CAPPED_STATES) >= total_trials
 
 
-def _total_trials_callbacks(total_trials: int | None) -> list[Callable[[Any, Any], None]]:
-    """Stop this process's optimise loop once the study holds ``total_trials`` trials.
-
-    Counting running trials too means a process stops as soon as the trials in flight in
-    every process will reach the cap; two processes starting a trial in the same instant
-    can still overshoot it by one each. Failed trials do not count: they are retried.
-    """
+def _total_trials_callbacks(total_trials: int | None) -> list[TrialCallback]:
+    """Stop this process's optimise loop once the study holds ``total_trials`` finished or running trials
+    (two processes starting a trial at the same instant may overshoot by one each; failed ones are retried)."""
     if total_trials is None:
         return []
 
-    def stop_at_total(study: optuna.Study, trial: Any) -> None:
+    def stop_at_total(study: optuna.Study, trial: FrozenTrial) -> None:
         if total_reached(study, total_trials):
             study.stop()
 
@@ -99,7 +97,7 @@ class _ProgressCallback:
         self.bar = bar
         self.metric = metric
 
-    def __call__(self, study: optuna.Study, trial: Any) -> None:
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         with contextlib.suppress(ValueError):  # the best first: a line written for this trial shows it
             best = best_score_trial(study)
             self.bar.set_postfix_str(f"best {self.metric} {score_of(best):.4f} (trial {best.number})")
@@ -129,6 +127,30 @@ def _timeout(options: StudyOptions, budget: TimeBudget | None) -> float | None:
 
 def _budget_callbacks(budget: TimeBudget | None) -> list[Callable[[Any, Any], None]]:
     return [] if budget is None else [budget]
+
+
+def _optimize_here(
+    study: optuna.Study,
+    encoder: str,
+    data: StudyData,
+    device: str,
+    options: StudyOptions,
+    n_trials: int | None,
+    callbacks: Sequence[TrialCallback] = (),
+) -> None:
+    """Run ``n_trials`` trials in this process, each followed by ``callbacks`` and the ``total_trials`` cap; a
+    :class:`~.budget.TimeBudget` among the callbacks also bounds Optuna's ``timeout``."""
+    search = options.search
+    objective = TrialObjective(encoder, data, seed=search.seed, device=device, max_epochs=search.max_epochs)
+    cap = _total_trials_callbacks(search.total_for(encoder))
+    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
+    study.optimize(
+        objective,
+        n_trials=n_trials,
+        timeout=_timeout(options, budget),
+        catch=catchable_errors(),
+        callbacks=[*callbacks, *cap],
+    )
 
 
 def _die_with_parent(parent: int) -> None:
@@ -182,17 +204,10 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         if total_reached(study, options.search.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
-        objective = TrialObjective(
-            job.encoder, data, seed=options.search.seed, device=job.data.device, max_epochs=options.search.max_epochs
-        )
-        study.optimize(
-            objective,
-            n_trials=job.n_trials,
-            timeout=_timeout(options, job.budget),
-            catch=catchable_errors(),
-            callbacks=[*_total_trials_callbacks(options.search.total_for(job.encoder)), *_budget_callbacks(job.budget)],
-        )
+        _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials, _budget_callbacks(job.budget))
     except KeyboardInterrupt:
+        if study is not None:
+            fail_own_running_trials(study, job.storage, "interrupted")
         raise SystemExit(130) from None
     except Exception as exc:
         fault = storage_fault(exc)
@@ -267,7 +282,7 @@ def optimize(
     spec: DataSpec,
     options: StudyOptions,
     count: int | None,
-    callbacks: Sequence[Callable[[Any, Any], None]] = (),
+    callbacks: Sequence[TrialCallback] = (),
 ) -> None:
     """Add ``count`` trials (``None``: until ``timeout``, ``total_trials`` or a time budget) to ``study``.
 
@@ -282,20 +297,9 @@ def optimize(
     if options.runtime.workers == 1:
         from ..progress import BarSpec, new_bar
 
-        objective = TrialObjective(
-            encoder, data, seed=options.search.seed, device=spec.device, max_epochs=options.search.max_epochs
-        )
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
-            study.optimize(
-                objective,
-                n_trials=count,
-                timeout=_timeout(options, budget),
-                catch=catchable_errors(),
-                callbacks=[
-                    _ProgressCallback(bar, data.metric),
-                    *callbacks,
-                    *_total_trials_callbacks(options.search.total_for(encoder)),
-                ],
+            _optimize_here(
+                study, encoder, data, spec.device, options, count, [_ProgressCallback(bar, data.metric), *callbacks]
             )
         return
     per_worker = options.runtime.threads or max(1, (os.cpu_count() or 1) // options.runtime.workers)

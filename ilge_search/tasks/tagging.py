@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -80,7 +79,7 @@ def sentence_offsets(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
     return offsets
 
 
-def refuse_other_kind_columns(task: str, kind: str, columns: Mapping[str, Any]) -> None:
+def refuse_other_kind_columns(task: str, kind: str, columns: Mapping[str, object]) -> None:
     """Refuse, in one line, column options given for the other kind of task: ``--tokens-col``/``--tags-col``
     for a text task of ``kind`` ``classification`` or ``similarity``, or a text task's options for a token
     task (``tagging``). ``columns`` maps load_task's option names to what was given (``None``: not given)."""
@@ -99,7 +98,7 @@ def refuse_other_kind_columns(task: str, kind: str, columns: Mapping[str, Any]) 
     raise TaskError(f"{task} is {what}: {', '.join(wrong)} {verb} {whose} columns; pass {instead} instead")
 
 
-def _is_missing(value: Any) -> bool:
+def _is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
@@ -113,7 +112,7 @@ class _Cell:
     text_cells: bool
 
 
-def _as_list(value: Any, cell: _Cell, what: str) -> list | None:
+def _as_list(value: object, cell: _Cell, what: str) -> list | None:
     """A cell as a list of items: lists (and Parquet arrays) as they are; a string split on whitespace in a
     CSV/TSV file, refused elsewhere."""
     if isinstance(value, str):
@@ -128,7 +127,7 @@ def _as_list(value: Any, cell: _Cell, what: str) -> list | None:
     return None
 
 
-def _row_words(value: Any, cell: _Cell) -> list[str]:
+def _row_words(value: object, cell: _Cell) -> list[str]:
     where, row, column = cell.where, cell.row, cell.column
     words = None if _is_missing(value) else _as_list(value, cell, "words")
     if words is None:
@@ -149,7 +148,7 @@ def _row_words(value: Any, cell: _Cell) -> list[str]:
     return words
 
 
-def _tag_name(value: Any) -> str | None:
+def _tag_name(value: object) -> str | None:
     if _is_missing(value) or isinstance(value, (bool, *_LIST_TYPES, dict)):
         return None
     if isinstance(value, float) and value.is_integer():
@@ -158,7 +157,7 @@ def _tag_name(value: Any) -> str | None:
     return name if name.strip() else None
 
 
-def _row_tags(value: Any, num_words: int, cell: _Cell) -> list[str]:
+def _row_tags(value: object, num_words: int, cell: _Cell) -> list[str]:
     where, row, column = cell.where, cell.row, cell.column
     items = None if _is_missing(value) else _as_list(value, cell, "tags")
     if items is None:

@@ -1,10 +1,9 @@
 """Synthetic embeddings written into the embedding cache under the keys the real pipeline computes.
 
-With every split a study needs already cached, ``run_study``, ``export``,
-``explain``, ``loto`` and the report run their real code (task loading, data
-fingerprints, cache lookup, engine, final evaluation) and never load a model:
-the cache answers every lookup. The features are those of
-:mod:`ilge_search.testing.synthetic`, so the right answers are known.
+With every split a study needs already cached, ``run_study``, ``export``, ``explain``, ``loto`` and the
+report run their real code and never load a model. The features are those of
+:mod:`ilge_search.testing.synthetic`, so the right answers are known; an entry is in the cache's own
+format and its record says ``"synthetic"`` with the signal it carries.
 
 Usage::
 
@@ -12,28 +11,24 @@ Usage::
                     cache_dir=str(cache_dir))
     cache_study_embeddings(spec, LayerSignal(layer=2))
     run_study(spec.model, "trec", "cayley", ...)  # reads the entries written above
-
-An entry is the cache's own format (a safetensors file and its JSON record,
-checksummed), so the cache reads it like any extracted one; its record says
-``"synthetic"`` with the signal it carries.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..embeddings.cache import FORMAT_VERSION, STORAGE_DTYPES, EmbeddingCache, texts_fingerprint
+from ..embeddings.cache import EmbeddingCache, ExtractionSettings, texts_fingerprint
+from ..embeddings.entry_file import STORAGE_DTYPES, EntryRecord
 from ..embeddings.models import ModelSource
+from ..files import temp_name
 from ..study.data import DataSpec, load_task_data
 from ..tasks.core import TaskData
 from .synthetic import LayerSignal, classification_features, similarity_features
@@ -61,16 +56,11 @@ class EntryFormat:
     max_length: int = 512
     storage_dtype: str = "float16"
 
+    def settings(self) -> ExtractionSettings:
+        return ExtractionSettings(self.pooling, self.max_length, device="cpu", storage_dtype=self.storage_dtype)
+
     def key(self, cache: EmbeddingCache, model_identity: str, task: str, split: str, fingerprint: str) -> str:
-        return cache.key(
-            model_identity=model_identity,
-            task=task,
-            split=split,
-            fingerprint=fingerprint,
-            pooling=self.pooling,
-            max_length=self.max_length,
-            storage_dtype=self.storage_dtype,
-        )
+        return cache.sequence_key(model_identity, (task, split, fingerprint), self.settings())
 
 
 @contextmanager
@@ -82,7 +72,7 @@ def refuse_model_loads() -> Iterator[None]:
     from ..embeddings import extraction
     from ..embeddings.extraction import LayerEmbedder
 
-    def refuse(*args: Any, **kwargs: Any) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model or tokenizer was loaded")
 
     targets = [
@@ -151,36 +141,24 @@ def _write_entry(cache: EmbeddingCache, key: str, features: np.ndarray, labels: 
     if labels is not None:
         tensors["labels"] = torch.from_numpy(np.ascontiguousarray(labels))
     cache.embeddings_dir.mkdir(parents=True, exist_ok=True)
-    data_path = cache.embeddings_dir / f"{key}.safetensors"
-    save_file(tensors, str(data_path), metadata={"format": "pt", "key": key})
-    meta.update(
-        key=key,
-        shape=list(features.shape),
-        num_layers=int(features.shape[-2]),
-        hidden_size=int(features.shape[-1]),
-        num_examples=int(features.shape[0]),
-        file_size=data_path.stat().st_size,
-        file_sha256=hashlib.sha256(data_path.read_bytes()).hexdigest(),
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    )
-    (cache.embeddings_dir / f"{key}.json").write_text(json.dumps(meta, indent=1))
+    tmp = temp_name(cache.entry_paths(key)[0])
+    save_file(tensors, str(tmp), metadata={"format": "pt", "key": key})
+    shape = features.shape
+    meta.update(shape=list(shape), num_layers=shape[-2], hidden_size=shape[-1], num_examples=shape[0])
+    cache.commit_entry(key, tmp, meta)
 
 
-def _base_meta(source: ModelSource, task: str, split: str, fingerprint: str, fmt: EntryFormat, signal: LayerSignal):
-    return {
-        "format_version": FORMAT_VERSION,
-        "model": source.name,
-        "model_identity": source.identity,
-        "model_path": source.path,
-        "task": task,
-        "split": split,
-        "fingerprint": fingerprint,
-        "pooling": fmt.pooling,
-        "max_length": fmt.max_length,
-        "storage_dtype": fmt.storage_dtype,
-        "device": "cpu",
-        "synthetic": dataclasses.asdict(signal),
-    }
+def _base_meta(
+    cache: EmbeddingCache,
+    key: str,
+    source: ModelSource,
+    where: tuple[str, str, str],
+    fmt: EntryFormat,
+    signal: LayerSignal,
+) -> EntryRecord:
+    meta = cache.entry_meta(key, source, where, fmt.settings())
+    meta["synthetic"] = dataclasses.asdict(signal)
+    return meta
 
 
 def write_split_embeddings(
@@ -208,7 +186,7 @@ def write_split_embeddings(
         key = fmt.key(cache, source.identity, task.name, split, fingerprint)
         part = task.split(split)
         labels = part.labels.astype(np.int64 if task.kind == "classification" else np.float32)
-        meta = _base_meta(source, task.name, split, fingerprint, fmt, signal)
+        meta = _base_meta(cache, key, source, (task.name, split, fingerprint), fmt, signal)
         meta.update(
             kind=task.kind, task_source=task.source, label_names=task.label_names, labels_dtype=str(labels.dtype)
         )
@@ -242,7 +220,7 @@ def cache_study_embeddings(
 
 def _rows_by_text(tasks: Iterable[TaskData], num_layers: int, hidden_size: int, signal: LayerSignal) -> dict:
     """text -> its ``(L, D)`` row, for every text of every split of ``tasks``."""
-    rows: dict[str, Any] = {}
+    rows: dict[str, np.ndarray] = {}
     for task in tasks:
         for split in task.splits:
             features = split_features(task, split, num_layers, hidden_size, signal)
@@ -275,7 +253,7 @@ def cache_text_embeddings(
         raise ValueError(f"{len(unknown)} text(s) occur in none of the given tasks, e.g. {unknown[0]!r}")
     fingerprint = texts_fingerprint(list(texts))
     key = fmt.key(cache, source.identity, _TEXTS_TASK, "texts", fingerprint)
-    meta = _base_meta(source, _TEXTS_TASK, "texts", fingerprint, fmt, signal)
+    meta = _base_meta(cache, key, source, (_TEXTS_TASK, "texts", fingerprint), fmt, signal)
     meta.update(kind="texts", label_names=[])
     _write_entry(cache, key, np.stack([rows[text] for text in texts]), None, meta)
     return key

@@ -26,8 +26,8 @@ from ..defaults.portfolio import (
     portfolio_study,
 )
 from ..defaults.transfer import held_out_cells, portfolio
-from ..record import CellScores, Identity, TrialRecord, claim_cell, finish_cell
-from ..storage import WORKER_ATTR, open_storage, worker_stamp
+from ..record import WORKER_ATTR, CellScores, Identity, TrialRecord, claim_cell, finish_cell, worker_stamp
+from ..storage import open_storage
 from .store import FakeTrial, add_study, classification_data, similarity_data
 
 __all__ = ["CellScore", "add_matrix_problems", "store_matrix"]

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 __all__ = ["CORPUS", "tiny_encoder", "tiny_decoder"]
 
@@ -54,9 +58,18 @@ def _train_tokenizer(kind: str) -> object:
     return tokenizer
 
 
+def _save_random(model_class: type, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, folder: Path) -> Path:
+    """A seeded random ``model_class(config)`` and ``tokenizer`` saved into ``folder``."""
+    import torch
+
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def tiny_encoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2) -> Path:
     """A random BERT (``num_layers + 1`` hidden states of ``hidden_size``) and its WordPiece tokenizer."""
-    import torch
     from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
     folder = Path(folder)
@@ -77,15 +90,11 @@ def tiny_encoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: i
         intermediate_size=2 * hidden_size,
         max_position_embeddings=128,
     )
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return _save_random(BertModel, config, tokenizer, folder)
 
 
 def tiny_decoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2) -> Path:
     """A random Llama (``num_layers + 1`` hidden states of ``hidden_size``) and its byte-level BPE tokenizer."""
-    import torch
     from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast
 
     folder = Path(folder)
@@ -101,7 +110,4 @@ def tiny_decoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: i
         intermediate_size=2 * hidden_size,
         max_position_embeddings=256,
     )
-    torch.manual_seed(0)
-    LlamaModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return _save_random(LlamaModel, config, tokenizer, folder)

@@ -1,26 +1,23 @@
 """``ILGEClassifier``: text classification with an ILGE encoder, scikit-learn style.
 
-The frozen LLM turns each text into per-layer embeddings ``(L, D)`` (through
-the one embedding cache), and the one training engine trains the encoder plus
-a linear head on them. The estimator follows scikit-learn's rules: ``__init__``
-only stores its arguments, ``fit`` returns ``self``, fitted state ends in
-``_``, the seed comes in as ``random_state``, and ``sklearn.base.clone`` works.
+The frozen LLM turns each text into per-layer embeddings ``(L, D)`` (through the one embedding cache), and the one
+training engine trains the encoder plus a linear head on them. The estimator follows scikit-learn's rules: ``__init__``
+only stores its arguments, ``fit`` returns ``self``, fitted state ends in ``_``, the seed comes in as ``random_state``,
+and ``sklearn.base.clone`` works.
 
 Texts already embedded in this process are never sent through the LLM again:
 embeddings are memoised per (model, token pooling, max_length) and text, and
 texts not in the memo go through :class:`~ilge_search.embeddings.cache.EmbeddingCache`.
 
-:meth:`ILGEClassifier.from_study` turns a finished study into a fitted
-estimator (the same folder format as :meth:`~ILGEClassifier.save`). A
-similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
-``(sentence_a, sentence_b)`` pairs and returns scores on the task's scale, and
-``score`` is the Spearman correlation.
+:meth:`ILGEClassifier.from_study` turns a finished study into a fitted estimator (the same folder format as
+:meth:`~ILGEClassifier.save`). A similarity (sentence-pair) study gives a *similarity model*: ``predict`` takes
+``(sentence_a, sentence_b)`` pairs and returns scores on the task's scale, and ``score`` is the Spearman correlation.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +26,8 @@ import torch
 from sklearn.base import ClassifierMixin
 
 from ..embeddings.extraction import POOLINGS
-from ..encoders.configs import BestLayerConfig, EncoderConfig
+from ..encoders.configs import EncoderConfig
+from ..record.fields import Attrs
 from ..validation import check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 from .inputs import check_features, check_labels, check_pairs, check_texts
@@ -37,6 +35,7 @@ from .saved import check_saved_fields
 
 if TYPE_CHECKING:
     from ..engine import ILGEModel
+    from ..storage import Storage
     from ..study.export import StudyModel
 
 __all__ = ["ILGEClassifier", "check_save_folder", "clear_embedding_memo", "FORMAT_VERSION", "WEIGHTS_FILE"]
@@ -85,24 +84,21 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     """Text classifier: an ILGE encoder over every layer of a frozen LLM, plus a linear head.
 
     Args:
-        base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local
-            folder or Hugging Face id. Only needed for the text methods.
-        config: an encoder family or baseline config (default ``CayleyConfig()``),
-            or a family name such as ``"deepset"`` for its defaults.
-            ``BestLayerConfig(layer=None)`` picks the layer on validation data.
-        num_classes: expected number of classes; checked against the labels.
-            With integer labels in ``[0, num_classes)`` classes missing from
-            the training data still get a logit.
+        base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local folder or Hugging Face id. Only needed for
+            the text methods.
+        config: an encoder family or baseline config (default ``CayleyConfig()``), or a family name such as
+            ``"deepset"`` for its defaults. ``BestLayerConfig(layer=None)`` picks the layer on validation data.
+        num_classes: expected number of classes; checked against the labels. With integer labels in ``[0, num_classes)``
+            classes missing from the training data still get a logit.
         token_pooling: ``"mean"``, ``"last"``, ``"first"`` or ``"mean_including_padding"``.
         max_length: tokens per text passed to the LLM.
-        batch_size: texts per LLM forward pass (the encoder's training batch
-            size is ``config.batch_size``).
+        batch_size: texts per LLM forward pass (the encoder's training batch size is ``config.batch_size``).
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
         progress: show progress bars.
-        val_fraction: share of the training data held out (stratified) for
-            early stopping when no validation data are given.
+        val_fraction: share of the training data held out (stratified) for early stopping when no validation data are
+            given.
         patience: early-stopping patience in epochs.
 
     Fitted attributes:
@@ -115,6 +111,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     META_FILE = META_FILE
     NOUN = "classifier"
     FIT_METHODS = "fit() or fit_embeddings()"
+
+    num_classes: int | None
+    token_pooling: str
 
     # fitted attributes besides the shared ones (absent until fit, load or from_study sets them)
     model_: ILGEModel
@@ -137,18 +136,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
-        self.base_model = base_model
-        self.config = config
-        self.num_classes = num_classes
-        self.token_pooling = token_pooling
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.device = device
-        self.random_state = random_state
-        self.cache_dir = cache_dir
-        self.progress = progress
-        self.val_fraction = val_fraction
-        self.patience = patience
+        self._keep_arguments(locals())
 
     # ------------------------------------------------------------------ validation
 
@@ -198,9 +186,8 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     def _validation_split(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Stratified, seeded split of train into (train rows, validation rows).
 
-        About ``val_fraction`` of the rows are held out, each class in proportion
-        (largest remainders get the rounding), and every class keeps at least one
-        training row.
+        About ``val_fraction`` of the rows are held out, each class in proportion (largest remainders get the rounding),
+        and every class keeps at least one training row.
         """
         rng = np.random.default_rng(int(self.random_state))
         classes, counts = np.unique(labels, return_counts=True)
@@ -254,9 +241,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     def fit(
         self,
         texts: Sequence[str],
-        labels: Sequence[Any],
+        labels: Sequence[object],
         val_texts: Sequence[str] | None = None,
-        val_labels: Sequence[Any] | None = None,
+        val_labels: Sequence[object] | None = None,
     ) -> ILGEClassifier:
         """Embed the texts with the frozen LLM and train the encoder and head.
 
@@ -269,11 +256,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         if (val_texts is None) != (val_labels is None):
             raise ValueError("pass both val_texts and val_labels, or neither")
         if val_texts is None or val_labels is None:
-            classes = self._fit_classes(label_array)
-            y = self._encode(label_array, classes, "labels")
-            train_rows, val_rows = self._validation_split(y)
-            features = self._embed(train_texts)
-            return self._train(config, classes, features[train_rows], y[train_rows], features[val_rows], y[val_rows])
+            return self._train_held_out(config, label_array, "labels", lambda: self._embed(train_texts))
         held_out_texts = check_texts(val_texts, "val_texts")
         held_out_labels = check_labels(val_labels, len(held_out_texts), "val_labels")
         classes = self._fit_classes(label_array)
@@ -283,7 +266,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         return self._train(config, classes, features[: len(train_texts)], y, features[len(train_texts) :], y_val)
 
     def fit_embeddings(
-        self, X: Any, y: Sequence[Any], X_val: Any = None, y_val: Sequence[Any] | None = None
+        self, X: Any, y: Sequence[object], X_val: Any = None, y_val: Sequence[object] | None = None
     ) -> ILGEClassifier:
         """Train on precomputed per-layer embeddings ``X`` of shape ``(N, L, D)``."""
         config = self._check_params(needs_model=False)
@@ -292,10 +275,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         if (X_val is None) != (y_val is None):
             raise ValueError("pass both X_val and y_val, or neither")
         if X_val is None or y_val is None:
-            classes = self._fit_classes(labels)
-            y_ids = self._encode(labels, classes, "y")
-            train_rows, val_rows = self._validation_split(y_ids)
-            return self._train(config, classes, X[train_rows], y_ids[train_rows], X[val_rows], y_ids[val_rows])
+            return self._train_held_out(config, labels, "y", lambda: X)
         X_val = check_features(X_val, "X_val")
         if X_val.shape[1:] != X.shape[1:]:
             raise ValueError(f"X_val rows are {tuple(X_val.shape[1:])} but X rows are {tuple(X.shape[1:])}")
@@ -303,6 +283,17 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         classes = self._fit_classes(labels)
         y_ids = self._encode(labels, classes, "y")
         return self._train(config, classes, X, y_ids, X_val, self._encode(val_labels, classes, "y_val"))
+
+    def _train_held_out(
+        self, config: EncoderConfig, labels: np.ndarray, name: str, features: Callable[[], torch.Tensor]
+    ) -> ILGEClassifier:
+        """Train on all but a stratified ``val_fraction`` of the rows, held out for early stopping; ``features``
+        gives the rows' embeddings once the labels are checked."""
+        classes = self._fit_classes(labels)
+        y = self._encode(labels, classes, name)
+        train_rows, val_rows = self._validation_split(y)
+        X = features()
+        return self._train(config, classes, X[train_rows], y[train_rows], X[val_rows], y[val_rows])
 
     def _train(
         self,
@@ -313,36 +304,8 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         X_val: torch.Tensor,
         y_val: np.ndarray,
     ) -> ILGEClassifier:
-        from ..engine import TrainingRecipe, select_best_layer, train_encoder
-
-        kwargs: dict[str, Any] = dict(
-            task_kind="classification",
-            num_classes=len(classes),
-            seed=int(self.random_state),
-            device=self.device,
-            recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.progress),
-        )
         train, val = (X, torch.from_numpy(y)), (X_val, torch.from_numpy(y_val))
-        best_layer = None
-        if isinstance(config, BestLayerConfig) and config.layer is None:
-            best_layer, result, scores = select_best_layer(config, train, val, **kwargs)
-            config = config.replace(layer=best_layer)
-            self.layer_scores_ = scores
-        else:
-            result = train_encoder(config, train, val, **kwargs)
-        fitted = Fitted(
-            model=result.model,
-            config=config,
-            classes=classes,
-            num_layers=int(X.shape[1]),
-            hidden_size=int(X.shape[2]),
-            history=result.history,
-            best_epoch=result.best_epoch,
-            best_val_score=result.best_val_metric,
-            best_layer=best_layer,
-        )
-        return self._adopt(fitted)
+        return self._adopt(self._trained(config, classes, train, val))
 
     def _adopt(self, fitted: Fitted) -> ILGEClassifier:
         """Set the fitted attributes from ``fitted``, a classifier's task kind among them; returns ``self``."""
@@ -368,7 +331,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             )
         return X
 
-    def _inputs(self, X: Sequence[Any]) -> torch.Tensor:
+    def _inputs(self, X: Sequence[object]) -> torch.Tensor:
         """Texts (or, for a similarity model, sentence pairs) -> their per-layer embeddings."""
         self._check_params(needs_model=True)
         if self._similarity():
@@ -408,7 +371,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         self._only_classification("predict_proba")
         return self.predict_proba_embeddings(self._inputs(texts))
 
-    def predict(self, texts: Sequence[Any]) -> np.ndarray:
+    def predict(self, texts: Sequence[object]) -> np.ndarray:
         """Predicted labels, in the type given to ``fit`` (ints or strings).
 
         A similarity model takes ``(sentence_a, sentence_b)`` pairs and returns
@@ -439,7 +402,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             raise ValueError(f"{name} must be {num_rows} finite gold scores, got shape {scores.shape}")
         return scores
 
-    def score(self, texts: Sequence[Any], labels: Sequence[Any], sample_weight: Any = None) -> float:
+    def score(self, texts: Sequence[object], labels: Sequence[object], sample_weight: Any = None) -> float:
         """Accuracy on ``texts`` (Spearman correlation for a similarity model's pairs);
         labels unseen in training raise before any embedding."""
         self._check_fitted()
@@ -447,7 +410,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         targets = self._checked_targets(labels, count, "labels")
         return self._score_predictions(self.predict(texts), targets, sample_weight)
 
-    def score_embeddings(self, X: Any, y: Sequence[Any]) -> float:
+    def score_embeddings(self, X: Any, y: Sequence[object]) -> float:
         """Accuracy (Spearman for a similarity model) on precomputed embeddings."""
         self._check_fitted()
         X = self._checked_embeddings(X)
@@ -472,17 +435,17 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             meta["ensemble"] = self.model_.description
         return self._write_folder(path, meta)
 
-    def _pooling_field(self) -> dict[str, Any]:
+    def _pooling_field(self) -> Attrs:
         return {"token_pooling": self.token_pooling}
 
-    def _kind_fields(self) -> dict[str, Any]:
+    def _kind_fields(self) -> Attrs:
         return {
             "task_kind": getattr(self, "task_kind_", "classification"),
             "score_range": getattr(self, "score_range_", None),
         }
 
     @classmethod
-    def _check_meta(cls, meta: dict[str, Any], meta_path: Path) -> None:
+    def _check_meta(cls, meta: Attrs, meta_path: Path) -> None:
         task_kind, score_range = meta.get("task_kind", "classification"), meta.get("score_range")
         if task_kind not in ("classification", "similarity") or (
             score_range is not None and (not isinstance(score_range, list) or len(score_range) != 2)
@@ -493,12 +456,12 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         check_saved_fields(meta, meta_path, classes_needed=2 if task_kind == "classification" else 0)
 
     @classmethod
-    def _saved_arguments(cls, meta: dict[str, Any], classes: np.ndarray) -> dict[str, Any]:
+    def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
         classification = meta.get("task_kind", "classification") == "classification"
         return {"num_classes": len(classes) if classification else None, "token_pooling": meta["token_pooling"]}
 
     @classmethod
-    def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> torch.nn.Module:
+    def _saved_model(cls, meta: Attrs, fitted: Fitted) -> torch.nn.Module:
         from ..engine import build_model
 
         num_classes = len(fitted.classes) or None
@@ -530,16 +493,15 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     ) -> ILGEClassifier:
         """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
 
-        The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
-        one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
-        Weights holding NaN or infinity are refused.
+        The recorded base model is used if it is an alias, a hub id or a folder inside ``path``; one elsewhere on disk
+        is refused unless given as ``base_model`` (which replaces it). Weights holding NaN or infinity are refused.
         """
         return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
 
     @classmethod
     def from_study_ensemble(
         cls,
-        storage: Any,
+        storage: str | Storage | None,
         study_name: str,
         *,
         artifact_dir: PathLike | None = None,
@@ -569,5 +531,5 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         return classes
 
     @classmethod
-    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> dict[str, Any]:
+    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> Attrs:
         return {"num_classes": len(classes) or None, "token_pooling": found.token_pooling}

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -23,10 +24,13 @@ from sklearn.exceptions import NotFittedError
 from .._version import __version__
 from ..embeddings.models import model_reference_to_load, model_reference_to_save, resolve_device
 from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+from ..record.fields import Attrs
 from ..validation import ArgumentTypeError
 
 if TYPE_CHECKING:
     from ..embeddings.cache import EmbeddingCache
+    from ..engine.core import Dataset
+    from ..storage import Storage
     from ..study.export import StudyExport, StudyModel
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_FILE", "Fitted", "LoadOptions", "SavedEstimator", "load_state", "read_weights"]
@@ -53,7 +57,7 @@ class Fitted:
     best_epoch: int | None = None
     best_val_score: float | None = None
     best_layer: int | None = None  # a best-layer config's layer (its fitted attribute exists only when known)
-    provenance: dict[str, Any] | None = None  # from_study's record of where the model came from
+    provenance: Attrs | None = None  # from_study's record of where the model came from
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,14 @@ class SavedEstimator(BaseEstimator):
     num_trainable_params_: int
     best_layer_: int | None
     layer_scores_: list[float]
-    provenance_: dict[str, Any]
+    provenance_: Attrs
+
+    def _keep_arguments(self, arguments: Mapping[str, object]) -> None:
+        """Store each argument of a subclass's ``__init__`` (its ``locals()``) under its own name, unchanged, as
+        scikit-learn's ``get_params`` and ``clone`` read them."""
+        for name, value in arguments.items():
+            if name != "self":
+                setattr(self, name, value)
 
     # ------------------------------------------------------------------ checks
 
@@ -173,7 +184,7 @@ class SavedEstimator(BaseEstimator):
             self._cache: EmbeddingCache | None = cache
         return cache
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> Attrs:
         state = self.__dict__.copy()
         state.pop("_cache", None)  # never pickle a loaded LLM
         return state
@@ -187,6 +198,42 @@ class SavedEstimator(BaseEstimator):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return self
+
+    # ------------------------------------------------------------------ fitting
+
+    def _trained(self, config: EncoderConfig, classes: np.ndarray, train: Dataset, val: Dataset) -> Fitted:
+        """``config`` trained by the one engine on ``train``, early-stopped on ``val`` (a best-layer config
+        without a layer tries each one and keeps the best, its scores in ``layer_scores_``)."""
+        from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
+
+        options: Attrs = dict(
+            task_kind=TAGGING if self.TAGGING else "classification",
+            num_classes=len(classes),
+            seed=int(self.random_state),
+            device=self.device,
+            recipe=TrainingRecipe(patience=self.patience),
+            progress=bool(self.progress),
+        )
+        layer = None
+        if isinstance(config, BestLayerConfig) and config.layer is None:
+            layer, result, scores = select_best_layer(config, train, val, **options)
+            config = config.replace(layer=layer)
+            self.layer_scores_ = scores
+        else:
+            result = train_encoder(config, train, val, **options)
+        features = train[0]
+        shape = (features.num_layers, features.hidden_size) if self.TAGGING else tuple(features.shape[1:3])
+        return Fitted(
+            model=result.model,
+            config=config,
+            classes=classes,
+            num_layers=int(shape[0]),
+            hidden_size=int(shape[1]),
+            history=result.history,
+            best_epoch=result.best_epoch,
+            best_val_score=result.best_val_metric,
+            best_layer=layer,
+        )
 
     # ------------------------------------------------------------------ fitted state
 
@@ -205,15 +252,15 @@ class SavedEstimator(BaseEstimator):
 
     # ------------------------------------------------------------------ the saved folder
 
-    def _pooling_field(self) -> dict[str, Any]:
+    def _pooling_field(self) -> Attrs:
         """The saved pooling setting, under the subclass's own key."""
         raise NotImplementedError
 
-    def _kind_fields(self) -> dict[str, Any]:
+    def _kind_fields(self) -> Attrs:
         """Saved fields only the subclass has (none by default)."""
         return {}
 
-    def _saved_meta(self, path: Path) -> dict[str, Any]:
+    def _saved_meta(self, path: Path) -> Attrs:
         """The JSON ``save`` writes beside the weights (keys in their historical order)."""
         return {
             "format": self.FORMAT,
@@ -234,7 +281,7 @@ class SavedEstimator(BaseEstimator):
             "provenance": getattr(self, "provenance_", None),  # set by from_study: study, trial, seed ...
         }
 
-    def _write_folder(self, path: Path, meta: dict[str, Any]) -> Path:
+    def _write_folder(self, path: Path, meta: Attrs) -> Path:
         """Write the weights and ``meta`` into ``path`` (already checked by the subclass's ``save``)."""
         from safetensors.torch import save_file
 
@@ -250,12 +297,12 @@ class SavedEstimator(BaseEstimator):
         return path
 
     @classmethod
-    def _check_meta(cls, meta: dict[str, Any], meta_path: Path) -> None:
+    def _check_meta(cls, meta: Attrs, meta_path: Path) -> None:
         """The subclass's checks of its saved JSON as a whole."""
         raise NotImplementedError
 
     @classmethod
-    def _read_meta(cls, path: Path) -> dict[str, Any]:
+    def _read_meta(cls, path: Path) -> Attrs:
         """The checked JSON of a folder ``save`` wrote."""
         meta_path, weights_path = path / cls.META_FILE, path / WEIGHTS_FILE
         name = cls.__name__
@@ -276,17 +323,17 @@ class SavedEstimator(BaseEstimator):
         return meta
 
     @classmethod
-    def _saved_arguments(cls, meta: dict[str, Any], classes: np.ndarray) -> dict[str, Any]:
+    def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
         """The subclass's own constructor arguments read from its saved JSON (its pooling ...)."""
         raise NotImplementedError
 
     @classmethod
-    def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> torch.nn.Module:
+    def _saved_model(cls, meta: Attrs, fitted: Fitted) -> torch.nn.Module:
         """The untrained model the saved JSON describes (``fitted.model`` is not set yet)."""
         raise NotImplementedError
 
     @classmethod
-    def _saved_fitted(cls, meta: dict[str, Any], meta_path: Path) -> Fitted:
+    def _saved_fitted(cls, meta: Attrs, meta_path: Path) -> Fitted:
         """The fitted state a saved JSON records, the model left to ``_saved_model`` (a placeholder here)."""
         try:
             config = config_from_dict(meta["config"])
@@ -320,7 +367,7 @@ class SavedEstimator(BaseEstimator):
         meta_path = path / cls.META_FILE
         meta = cls._read_meta(path)
         fitted = cls._saved_fitted(meta, meta_path)
-        make: Any = cls  # each subclass's own __init__ takes these arguments
+        make: Callable[..., EstimatorT] = cls  # each subclass's own __init__ takes these arguments
         try:
             estimator = make(
                 base_model=meta["base_model"],
@@ -351,14 +398,14 @@ class SavedEstimator(BaseEstimator):
         return np.asarray(found.label_names)
 
     @classmethod
-    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> dict[str, Any]:
+    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> Attrs:
         """The subclass's own constructor arguments for a study's model (its pooling ...)."""
         raise NotImplementedError
 
     @classmethod
     def from_study(
         cls: type[EstimatorT],
-        storage: Any,
+        storage: str | Storage | None,
         study_name: str,
         *,
         seed: int = 0,
@@ -374,16 +421,15 @@ class SavedEstimator(BaseEstimator):
     ) -> EstimatorT:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
-        The final evaluation's weights (its best seed by validation), or for a study without
-        one (or ``retrain=True``) the best trial retrained once with ``seed``; ``provenance_``
-        says which (study, trial, seed, storage without password, scores, versions). On the
-        study's test split it scores the stored final test score of that seed. A similarity
-        study gives a similarity model; a tagging study is exported by ``ILGETagger`` (its words made
-        as the study made them). ``artifact_dir``: where ``run`` uploaded the weights, if not next to
-        the storage; ``data_dir``/``cache_dir``/``device``: for retraining and texts.
-        ``trial``: any complete trial instead of the selected one (a trial of a multi-objective study's
-        final front gives the weights its final evaluation kept; any other is retrained with ``seed``).
-        ``task_path``: where a custom task's data is now, when it moved since the study ran.
+        The final evaluation's weights (its best seed by validation), or for a study without one (or ``retrain=True``)
+        the best trial retrained once with ``seed``; ``provenance_`` says which (study, trial, seed, storage without
+        password, scores, versions). On the study's test split it scores the stored final test score of that seed. A
+        similarity study gives a similarity model; a tagging study is exported by ``ILGETagger`` (its words made as the
+        study made them). ``artifact_dir``: where ``run`` uploaded the weights, if not next to the storage;
+        ``data_dir``/``cache_dir``/``device``: for retraining and texts. ``trial``: any complete trial instead of the
+        selected one (a trial of a multi-objective study's final front gives the weights its final evaluation kept; any
+        other is retrained with ``seed``). ``task_path``: where a custom task's data is now, when it moved since the
+        study ran.
         """
         from ..study.export import StudyExport, load_for_estimator
 
@@ -394,7 +440,7 @@ class SavedEstimator(BaseEstimator):
     @classmethod
     def _from_found(cls: type[EstimatorT], found: StudyModel, study_name: str, export: StudyExport) -> EstimatorT:
         classes = cls._found_classes(found, study_name)
-        make: Any = cls  # each subclass's own __init__ takes these arguments
+        make: Callable[..., EstimatorT] = cls  # each subclass's own __init__ takes these arguments
         estimator = make(**cls._found_arguments(found, classes), **found.estimator_arguments(export))
         fitted = Fitted(
             model=found.model_on(export.device),

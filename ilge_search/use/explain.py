@@ -1,39 +1,16 @@
 """Which LLM layers a study's final model uses: one importance per layer (``ilge-search explain``).
 
-For a study with a final evaluation, :func:`explain_study` retrains the final
-configuration (``final_config``) once per final seed (``final_seeds``) with the
-one engine on the study's cached data (only the best seed's weights are kept as
-an artifact, so the others must be trained again; on a CPU with the same thread
-count the retrained models are those of the final evaluation). For each model it
-measures, on the **validation** split (never test):
-
-- **layer ablation**: the validation score minus the score with that layer's
-  input replaced by its training mean (every row, every dimension of the
-  layer). Positive: the model loses that much without the layer; zero: it does
-  not need it (or another layer carries the same information).
-- **gradient x input**: the gradient of each example's evidence for its gold
-  answer (classification: the gold class's logit minus the mean of the logits;
-  similarity: minus the squared error of the cosine against the normalised gold
-  score) with respect to the layer's input, times the input minus its training
-  mean, summed over the layer's features, **signed**, averaged over the
-  validation examples. Measured from the ablation's baseline, it is the
-  first-order (local) estimate of what replacing the layer by its training mean
-  takes away from that evidence; ablation is the exact, non-local effect on
-  the score. Where the two disagree the model is far from linear in that layer.
-
-A tagging study is measured the same way over its validation words (:func:`attribute_word_layers`): the
-layer at its training mean in every word, the word accuracy lost, and each word's centred gold-tag logit.
-
-Both are reported as mean +- std over the final seeds, next to the per-layer
-probe score of the study's best-layer sibling (the same model, task and data
-options; its best trial's ``layer_scores``, which the report plots). The result
-is stored on the study as its :class:`~ilge_search.record.ExplainRecord` with the
-seeds, split and what it was computed from, so the report draws it without
-retraining; a rerun recomputes only when the study's final evaluation changed.
+:func:`explain_study` retrains the final configuration once per final seed on the study's cached data and measures on
+the **validation** split (never test) each layer's ablation drop (the score lost with the layer's input at its training
+mean) and its signed gradient x input of the gold evidence, next to the per-layer probe score of the study's best-layer
+sibling; a tagging study is measured over its validation words (:func:`attribute_word_layers`). What the two measures
+mean and how to read them: ``docs/guide.md``. The result is stored on the study
+(:class:`~ilge_search.record.ExplainRecord`) and recomputed only when its final evaluation changed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -44,12 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..encoders.configs import config_from_dict
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
+from ..record.fields import Attrs, known_fields
 from ..storage import Storage, open_storage
-from ..study.export import load_run_study
 from ..study.retraining import TrainingSetup, train_seeds
+from ..study.stored import load_run_study
 
 if TYPE_CHECKING:
     import optuna
+    import pandas as pd
+    import torch
 
 __all__ = [
     "EXPLAIN_SPLIT",
@@ -102,13 +82,13 @@ class LayerAttribution:
     probe_study: str | None = None
     computed: bool = False
     seconds: float = 0.0
-    source: dict[str, Any] = field(default_factory=dict)
+    source: Attrs = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:
         return len(self.ablation[0]) if self.ablation else 0
 
-    def frame(self) -> Any:
+    def frame(self) -> pd.DataFrame:
         """One row per layer: ``layer``, ablation and gradient x input mean/std over seeds, ``probe_score``."""
         import numpy as np
         import pandas as pd
@@ -129,20 +109,11 @@ class LayerAttribution:
 
     def record(self) -> ExplainRecord:
         """What is stored on the study."""
-        return ExplainRecord(
-            split=self.split,
-            metric=self.metric,
-            seeds=self.seeds,
-            scores=self.scores,
-            ablation=self.ablation,
-            gradient_input=self.gradient_input,
-            source=self.source,
-            seconds=round(self.seconds, 2),
-            version=EXPLAIN_VERSION,
-        )
+        stored = known_fields(ExplainRecord, dataclasses.asdict(self))
+        return ExplainRecord(**{**stored, "seconds": round(self.seconds, 2), "version": EXPLAIN_VERSION})
 
 
-def _mean_features(features: Any) -> Any:
+def _mean_features(features: torch.Tensor) -> torch.Tensor:
     """Training mean per (layer, dimension), ``(L, D)`` float32; pairs count both sentences."""
     from ..engine import FeatureStandardizer
 
@@ -150,7 +121,7 @@ def _mean_features(features: Any) -> Any:
     return FeatureStandardizer(num_layers, hidden).fit(features).mean
 
 
-def _gold_evidence(model: Any, outputs: Any, labels: Any) -> Any:
+def _gold_evidence(model: Any, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per example, what gradient x input attributes: the gold class's logit minus the mean logit
     (classification), minus the squared error of the cosine (similarity)."""
     if model.task_kind == "classification":
@@ -215,7 +186,7 @@ def attribute_layers(
     return score, drops, (totals / features.shape[0]).tolist()
 
 
-def _word_gold_evidence(logits: Any, gold: Any) -> Any:
+def _word_gold_evidence(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
     """Per word of a ``(B, T, C)`` block, its gold tag's logit minus the mean logit (as for classification)."""
     return logits.gather(-1, gold.unsqueeze(-1)).squeeze(-1) - logits.mean(-1)
 
@@ -223,14 +194,12 @@ def _word_gold_evidence(logits: Any, gold: Any) -> Any:
 def attribute_word_layers(
     model: Any, train_words: Any, words: Any, labels: Any, *, metric: str | None = None
 ) -> tuple[float, list[float], list[float]]:
-    """:func:`attribute_layers` for a :class:`~ilge_search.engine.TaggerModel`, over the word rows of a
-    tagging set.
+    """:func:`attribute_layers` for a :class:`~ilge_search.engine.TaggerModel`, over the word rows of a tagging set.
 
-    ``train_words`` and ``words`` are word cache entries or ``(word features (W, L, D), sentence offsets)``;
-    ``labels`` one tag id per word. The ablation puts a layer of every word at its training mean (a
-    sentence's graph sees all its words ablated at once); gradient x input is the centred gold logit of each
-    word, averaged over words. The set is read one batch of equal-length sentences at a time, so a
-    memory-mapped entry is never copied whole.
+    ``train_words`` and ``words`` are word cache entries or ``(word features (W, L, D), sentence offsets)``; ``labels``
+    one tag id per word. The ablation puts a layer of every word at its training mean (a sentence's graph sees all its
+    words ablated at once); gradient x input is the centred gold logit of each word, averaged over words. The set is
+    read one batch of equal-length sentences at a time, so a memory-mapped entry is never copied whole.
     """
     import torch
 
@@ -286,8 +255,7 @@ class _Explained:
 
 
 def _load_study(storage: Storage, study_name: str) -> _Explained:
-    """The study, checked before any training: made by ilge-search, with a final evaluation, over several
-    layers."""
+    """The study, checked before any training: made by ilge-search, with a final evaluation, over several layers."""
     study = load_run_study(storage, study_name, purpose="explained")
     record = study_record(study)
     encoder = record.identity.encoder if record.identity else None
@@ -304,7 +272,7 @@ def _load_study(storage: Storage, study_name: str) -> _Explained:
     return _Explained(study, record, record.identity, record.final)
 
 
-def _source(record: StudyRecord) -> dict[str, Any]:
+def _source(record: StudyRecord) -> Attrs:
     """What the attribution depends on: the final evaluation and the data it trained on."""
     final = record.final
     keys = record.data.cache_keys if record.data else {}
@@ -397,23 +365,18 @@ def _measure(target: _Explained, setup: TrainingSetup) -> tuple[str, list[float]
 
 
 def explain_study(
-    storage: str | Storage | None,
-    study_name: str,
-    *,
-    recompute: bool = False,
-    setup: TrainingSetup | None = None,
+    storage: str | Storage | None, study_name: str, *, recompute: bool = False, setup: TrainingSetup | None = None
 ) -> LayerAttribution:
     """Per-layer importances of a study's final model (see the module docstring for the measures).
 
     Args:
-        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); it is written to
-            (the result is stored on the study).
+        storage: the study's storage URL (or an opened :class:`~ilge_search.storage.Storage`); it is written to (the
+            result is stored on the study).
         study_name: a study with a final evaluation, of an encoder over several layers.
         recompute: compute again even when the stored result is current.
-        setup: where the task data (a custom task's ``task_path``, when it moved since the study ran) and the
-            embedding cache are, the training device, torch's CPU threads while training (restored afterwards)
-            and whether progress bars count seeds and layers (default:
-            :class:`~ilge_search.study.data.TrainingSetup`'s).
+        setup: where the task data (a custom task's ``task_path``, when it moved since the study ran) and the embedding
+            cache are, the training device, torch's CPU threads while training (restored afterwards) and whether
+            progress bars count seeds and layers (default: :class:`~ilge_search.study.data.TrainingSetup`'s).
 
     Raises:
         ValueError: unknown study, no final evaluation, a single-layer baseline, or data that differ from the

@@ -11,10 +11,14 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ..record.fields import Attrs
 from .classifier import ILGEClassifier, check_save_folder
 from .tagger import ILGETagger, check_tagger_folder
+
+if TYPE_CHECKING:
+    from ..storage import Storage
 
 __all__ = ["ExportOptionsError", "ExportRequest", "ExportResult", "check_card_path", "export_study", "seed_line"]
 
@@ -87,7 +91,7 @@ def write_card(out_dir: str, estimator: ILGEClassifier | ILGETagger) -> None:
     write_output_text(Path(out_dir).expanduser() / CARD_FILE, model_card(model))
 
 
-def seed_line(p: dict[str, Any]) -> str:
+def seed_line(p: Attrs) -> str:
     """Which seed the export took and why, beside the test mean over the final seeds that the tables show."""
     line = f"seed {p['seed']}: {p.get('seed_rule') or 'as stored'}"
     if p.get("final_seeds"):
@@ -97,13 +101,9 @@ def seed_line(p: dict[str, Any]) -> str:
     return line
 
 
-def _estimator(storage: Any, request: ExportRequest, tagging: bool) -> ILGEClassifier | ILGETagger:
+def _estimator(storage: str | Storage | None, request: ExportRequest, tagging: bool) -> ILGEClassifier | ILGETagger:
     """The study's model as the estimator its task needs (the output folder already checked)."""
-    where: dict[str, Any] = {
-        "artifact_dir": request.artifact_dir,
-        "cache_dir": request.cache_dir,
-        "device": request.device,
-    }
+    where: Attrs = {"artifact_dir": request.artifact_dir, "cache_dir": request.cache_dir, "device": request.device}
     if request.ensemble:
         return ILGEClassifier.from_study_ensemble(storage, request.study_name, **where)
     model_class: type[ILGEClassifier] | type[ILGETagger] = ILGETagger if tagging else ILGEClassifier
@@ -144,7 +144,7 @@ def _summary(request: ExportRequest, estimator: ILGEClassifier | ILGETagger) -> 
     return ExportResult(estimator, [head, seed_line(p)], notes)
 
 
-def export_study(storage: Any, request: ExportRequest) -> ExportResult:
+def export_study(storage: str | Storage | None, request: ExportRequest) -> ExportResult:
     """Write the study's model into ``request.out_dir`` with its model card; what to tell about it. An auto
     study with a leaderboard, asked for no particular model, gives the one its validation chose
     (:data:`~ilge_search.study.leaderboard.EXPORT_RULE`).

@@ -9,18 +9,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..validation import check_items
+
 __all__ = ["check_texts", "check_labels", "check_pairs", "check_features"]
 
 
-def check_texts(texts: Any, name: str = "texts") -> list[str]:
-    if isinstance(texts, (str, bytes)):
-        raise ValueError(f"{name} must be a list of strings, not a single string; wrap it in a list")
-    try:
-        texts = list(texts)
-    except TypeError:
-        raise ValueError(f"{name} must be a list of strings, got {type(texts).__name__}") from None
-    if not texts:
-        raise ValueError(f"{name} is empty; pass at least one text")
+def check_texts(texts: object, name: str = "texts") -> list[str]:
+    texts = check_items(name, texts, "a list of strings", "text")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise ValueError(f"{name}[{i}] is {type(text).__name__}, expected str")
@@ -53,17 +48,8 @@ def check_labels(labels: Any, num_rows: int, name: str = "labels") -> np.ndarray
 
 def check_pairs(pairs: Any, name: str = "pairs") -> list[str]:
     """``[(a, b), ...]`` -> the flat texts ``[a0, b0, a1, b1, ...]`` (as the embedding cache stores pairs)."""
-    what = "a list of (sentence_a, sentence_b) pairs"
-    if isinstance(pairs, (str, bytes)):
-        raise ValueError(f"{name} must be {what}, not a single string")
-    try:
-        pairs = list(pairs)
-    except TypeError:
-        raise ValueError(f"{name} must be {what}, got {type(pairs).__name__}") from None
-    if not pairs:
-        raise ValueError(f"{name} is empty; pass at least one pair")
     flat: list[str] = []
-    for i, pair in enumerate(pairs):
+    for i, pair in enumerate(check_items(name, pairs, "a list of (sentence_a, sentence_b) pairs", "pair")):
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
             raise ValueError(f"{name}[{i}] must be a (sentence_a, sentence_b) pair, got {pair!r:.60}")
         for j, text in enumerate(pair):

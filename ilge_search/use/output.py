@@ -39,9 +39,8 @@ def checked_input(source: PathLike) -> Path:
 def checked_output(
     out: PathLike | None, overwrite: bool, input_path: Path, allowed: Sequence[str], what: str, reader: str = ""
 ) -> tuple[Path | None, str]:
-    """The output file (``None``: JSONL on a stream) and its type; refused when it is the input, or exists
-    without ``overwrite``. ``what``: what is written ("the predictions", "the tags"); ``reader`` as for
-    :func:`file_suffix`."""
+    """The output file (``None``: JSONL on a stream) and its type; refused when it is the input, or exists without
+    ``overwrite``. ``what``: what is written ("the predictions", "the tags"); ``reader`` as for :func:`file_suffix`."""
     out_path = None if out is None else Path(out).expanduser()
     out_kind = ".jsonl" if out_path is None else file_suffix(out_path, allowed, "output", reader)
     if out_path is not None:

@@ -1,18 +1,15 @@
 """Labelling files with an exported model (``ilge-search predict``).
 
-A study's model is exported with ``ILGEClassifier.from_study`` and
-``ILGEClassifier.save`` (``ilge-search export``). :func:`predict_file` reads
-JSONL, CSV/TSV, Parquet or plain text (one text per line) chunk by chunk,
-embeds each chunk through the one embedding cache
-(:meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract_texts`, the base
-model loaded once), and writes one JSONL or CSV/TSV row per input row, in
-order. Memory stays flat in the number of rows: only one chunk is held.
+A study's model is exported with ``ILGEClassifier.from_study`` and ``ILGEClassifier.save`` (``ilge-search export``).
+:func:`predict_file` reads JSONL, CSV/TSV, Parquet or plain text (one text per line) chunk by chunk, embeds each chunk
+through the one embedding cache (:meth:`~ilge_search.embeddings.cache.EmbeddingCache.get_or_extract_texts`, the base
+model loaded once), and writes one JSONL or CSV/TSV row per input row, in order. Memory stays flat in the number of
+rows: only one chunk is held.
 
-The input is read twice: a first pass checks the columns and every text (and
-counts the rows for the progress bar) before any model loads, so a bad row 90,000
-fails at once, not after an hour of inference. The output is written under a
-temporary name and renamed when complete; an existing file is never replaced
-unless ``overwrite`` is given (:func:`~ilge_search.files.check_output_path`).
+The input is read twice: a first pass checks the columns and every text (and counts the rows for the progress bar)
+before any model loads, so a bad row 90,000 fails at once, not after an hour of inference. The output is written under a
+temporary name and renamed when complete; an existing file is never replaced unless ``overwrite`` is given
+(:func:`~ilge_search.files.check_output_path`).
 """
 
 from __future__ import annotations
@@ -22,18 +19,20 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
+from ..record.fields import Attrs
 from ..validation import check_int
 from .classifier import ILGEClassifier
 from .output import checked_input, checked_output, file_suffix, write_output
 
 __all__ = [
+    "batched",
     "predict_file",
     "PredictInput",
     "PredictOutput",
@@ -44,6 +43,7 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike
+Row = TypeVar("Row")
 INPUT_SUFFIXES = (".jsonl", ".csv", ".tsv", ".parquet", ".txt")
 OUTPUT_SUFFIXES = (".jsonl", ".csv", ".tsv")
 DEFAULT_TEXT_COL = "text"
@@ -54,7 +54,7 @@ PLAIN_TEXT_COL = "text"  # the one column of a plain-text input
 # ----------------------------------------------------------------------------- reading inputs
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     """A cell as text; ``None`` when it is missing, blank or not a scalar (a JSON list or object)."""
     if value is None or isinstance(value, (dict, list)) or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -62,16 +62,11 @@ def _text(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
-    chunk: list[list[Any]] = []
-    for line_number, row in iter_json_objects(path):
-        missing = [c for c in columns if c not in row]
-        if missing:
-            raise ValueError(
-                f"{path}: line {line_number} has no column {missing[0]!r} (it has "
-                f"{', '.join(map(str, row)) or 'none'}); pass --text-col/--text-cols"
-            )
-        chunk.append([row[c] for c in columns])
+def batched(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
+    """``rows`` in lists of ``size`` (the last one shorter), read as they are needed."""
+    chunk: list[Row] = []
+    for row in rows:
+        chunk.append(row)
         if len(chunk) == size:
             yield chunk
             chunk = []
@@ -79,7 +74,27 @@ def _jsonl_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[lis
         yield chunk
 
 
-def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[Any]]]:
+def _check_columns(path: Path, columns: Sequence[str], names: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(
+            f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
+            "pass --text-col/--text-cols with one of them"
+        )
+
+
+def _jsonl_rows(path: Path, columns: Sequence[str]) -> Iterator[list[object]]:
+    for line_number, row in iter_json_objects(path):
+        missing = [c for c in columns if c not in row]
+        if missing:
+            raise ValueError(
+                f"{path}: line {line_number} has no column {missing[0]!r} (it has "
+                f"{', '.join(map(str, row)) or 'none'}); pass --text-col/--text-cols"
+            )
+        yield [row[c] for c in columns]
+
+
+def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[object]]]:
     import pandas as pd
 
     options = dict(
@@ -93,12 +108,7 @@ def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iter
         header = list(pd.read_csv(path, nrows=0, **options).columns)
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path} is empty; it needs a header row and at least one row") from None
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(
-            f"{path} has no column {missing[0]!r} (columns: {', '.join(header) or 'none'}); "
-            "pass --text-col/--text-cols with one of them"
-        )
+    _check_columns(path, columns, header)
     try:
         for frame in pd.read_csv(path, usecols=list(columns), chunksize=size, **options):
             yield frame[list(columns)].values.tolist()
@@ -106,7 +116,7 @@ def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iter
         raise ValueError(f"could not read {path}: {exc}") from None
 
 
-def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
+def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -117,42 +127,25 @@ def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[l
         parquet = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow's errors for a file that is not Parquet
         raise ValueError(f"could not read {path} as Parquet: {exc}") from None
-    names = parquet.schema_arrow.names
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise ValueError(
-            f"{path} has no column {missing[0]!r} (columns: {', '.join(names) or 'none'}); "
-            "pass --text-col/--text-cols with one of them"
-        )
+    _check_columns(path, columns, parquet.schema_arrow.names)
     for batch in parquet.iter_batches(batch_size=size, columns=list(columns)):
         values = [batch.column(c).to_pylist() for c in columns]
         yield [list(row) for row in zip(*values, strict=True)]
 
 
-def _text_chunks(path: Path, size: int) -> Iterator[list[list[Any]]]:
-    chunk: list[list[Any]] = []
-    for _, line in iter_lines_utf8(path):
-        chunk.append([line.rstrip("\r\n")])
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[list[list[Any]]]:
+def _chunks(path: Path, suffix: str, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
     """Rows of ``columns`` (raw cell values), ``size`` at a time, in file order."""
     if suffix == ".jsonl":
-        return _jsonl_chunks(path, columns, size)
+        return batched(_jsonl_rows(path, columns), size)
     if suffix in (".csv", ".tsv"):
         return _csv_chunks(path, columns, size, "\t" if suffix == ".tsv" else ",")
     if suffix == ".parquet":
         return _parquet_chunks(path, columns, size)
-    return _text_chunks(path, size)
+    return batched(([line.rstrip("\r\n")] for _, line in iter_lines_utf8(path)), size)
 
 
 def _checked_texts(
-    chunk: list[list[Any]], columns: Sequence[str], first_row: int, path: Path, row_word: str
+    chunk: list[list[object]], columns: Sequence[str], first_row: int, path: Path, row_word: str
 ) -> list[list[str]]:
     rows = []
     for offset, cells in enumerate(chunk):
@@ -180,7 +173,7 @@ class _Writer:
             self.csv = csv.writer(handle, delimiter="\t" if kind == ".tsv" else ",", lineterminator="\n")
             self.csv.writerow(self.header)
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Attrs) -> None:
         if self.kind == ".jsonl":
             self.handle.write(json.dumps(record, ensure_ascii=False) + "\n")
         else:
@@ -189,7 +182,7 @@ class _Writer:
             self.csv.writerow([flat[name] for name in self.header])
 
 
-def _json_value(value: Any) -> Any:
+def _json_value(value: object) -> object:
     return value.item() if hasattr(value, "item") else value
 
 
@@ -255,7 +248,7 @@ class PredictOptions:
     def __post_init__(self) -> None:
         check_int("chunk_rows", self.chunk_rows)
 
-    def load_arguments(self) -> dict[str, Any]:
+    def load_arguments(self) -> Attrs:
         """The keyword arguments of ``ILGEClassifier.load`` and ``ILGETagger.load`` these options give."""
         return {
             "device": self.device,
@@ -386,7 +379,7 @@ def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
         )
 
 
-def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
+def _chunk_values(job: _Job, features: Any, rows: int) -> list[Attrs]:
     """Each row's prediction: ``score``, or ``label`` (and ``proba`` per class name)."""
     clf = job.clf
     if job.similarity:
@@ -394,7 +387,7 @@ def _chunk_values(job: _Job, features: Any, rows: int) -> list[dict[str, Any]]:
         return [{"score": float(s)} for s in clf.predict_embeddings(pairs)]
     probabilities = clf.predict_proba_embeddings(features)
     labels = clf.classes_[probabilities.argmax(axis=1)]
-    values: list[dict[str, Any]] = [{"label": _json_value(label)} for label in labels]
+    values: list[Attrs] = [{"label": _json_value(label)} for label in labels]
     if job.proba:
         names = [str(_json_value(c)) for c in clf.classes_]
         for value, p in zip(values, probabilities, strict=True):
@@ -455,9 +448,8 @@ def predict_file(
         options: chunk size, LLM batch size, embedding cache, device, base model, progress bar
             (:class:`PredictOptions`).
 
-    Each output row holds ``row`` (the input row's number, from 1; a CSV header and
-    blank JSONL lines are not counted), the input text(s), and ``label`` (plus
-    ``proba`` per class) or, for a similarity model, ``score``. A file is written
+    Each output row holds ``row`` (the input row's number, from 1; a CSV header and blank JSONL lines are not counted),
+    the input text(s), and ``label`` (plus ``proba`` per class) or, for a similarity model, ``score``. A file is written
     under a temporary name and renamed when complete.
 
     Raises:

@@ -1,31 +1,30 @@
 """Tagging files with an exported tagger (``ilge-search predict`` on an ``ILGETagger`` folder).
 
-A tagging study is exported with ``ILGETagger.from_study`` and ``ILGETagger.save`` (``ilge-search
-export``). :func:`predict_tags_file` reads sentences already split into words -- JSONL rows with a
-list of words (column ``tokens`` unless told), or plain text with one sentence per line, split on
-whitespace -- chunk by chunk, tags them through the one embedding cache's word entries, and writes
-one tag per input word: JSONL rows ``{"row", "tokens", "tags"}``, or CSV/TSV with one line per word
-(``row``, ``word``, ``token``, ``tag``). Memory stays flat in the number of sentences.
+A tagging study is exported with ``ILGETagger.from_study`` and ``ILGETagger.save`` (``ilge-search export``).
+:func:`predict_tags_file` reads sentences already split into words -- JSONL rows with a list of words (column ``tokens``
+unless told), or plain text with one sentence per line, split on whitespace -- chunk by chunk, tags them through the one
+embedding cache's word entries, and writes one tag per input word: JSONL rows ``{"row", "tokens", "tags"}``, or CSV/TSV
+with one line per word (``row``, ``word``, ``token``, ``tag``). Memory stays flat in the number of sentences.
 
-As for texts, a first pass checks every sentence before any model loads, and a file is written
-under a temporary name and renamed when complete; an existing file is never replaced unless
-``overwrite`` is given.
+As for texts, a first pass checks every sentence before any model loads, and a file is written under a temporary name
+and renamed when complete; an existing file is never replaced unless ``overwrite`` is given.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
 from .output import checked_input, checked_output, file_suffix, write_output
-from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary
+from .predict import OUTPUT_SUFFIXES, PredictInput, PredictOptions, PredictOutput, PredictSummary, batched
 from .tagger import META_FILE, ILGETagger
 
 __all__ = ["predict_tags_file", "is_tagger_folder", "TAG_INPUT_SUFFIXES", "DEFAULT_TOKENS_COL"]
@@ -34,7 +33,7 @@ TAG_INPUT_SUFFIXES = (".jsonl", ".txt")
 DEFAULT_TOKENS_COL = "tokens"
 
 
-def is_tagger_folder(path: Any) -> bool:
+def is_tagger_folder(path: str | os.PathLike) -> bool:
     """Whether ``path`` holds a saved :class:`~ilge_search.use.tagger.ILGETagger`."""
     return (Path(path) / META_FILE).is_file()
 
@@ -50,7 +49,7 @@ class _TagJob:
     out_kind: str
 
 
-def _sentence(value: Any, where: str) -> list[str]:
+def _sentence(value: object, where: str) -> list[str]:
     """One row's words, checked: a non-empty list of non-empty strings."""
     if not isinstance(value, list) or not value:
         raise ValueError(f"{where} is {'an empty list' if value == [] else type(value).__name__}; give a list of words")
@@ -78,7 +77,9 @@ def _sentences(path: Path, suffix: str, column: str) -> Iterator[list[str]]:
         yield _sentence(row[column], f"{path}: line {line_number}, column {column!r},")
 
 
-def _checked_job(model_dir: Any, source: PredictInput, out: PredictOutput, options: PredictOptions) -> _TagJob:
+def _checked_job(
+    model_dir: str | os.PathLike, source: PredictInput, out: PredictOutput, options: PredictOptions
+) -> _TagJob:
     """Every check that needs no model: paths, file types, the saved tagger, every sentence."""
     path = checked_input(source.path)
     suffix = file_suffix(path, TAG_INPUT_SUFFIXES, "input", " for a tagger")
@@ -97,17 +98,6 @@ def _checked_job(model_dir: Any, source: PredictInput, out: PredictOutput, optio
     return _TagJob(tagger, path, suffix, column, count, out_path, out_kind)
 
 
-def _chunks(job: _TagJob, size: int) -> Iterator[list[list[str]]]:
-    chunk: list[list[str]] = []
-    for words in _sentences(job.path, job.suffix, job.column):
-        chunk.append(words)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
     """Tag the input chunk by chunk, writing as it goes; returns the sentences written."""
     table = None
@@ -117,7 +107,7 @@ def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
     bar = new_bar(BarSpec(f"tag {job.path.name}", job.sentences, "sentence", enabled=options.progress))
     row = 0
     try:
-        for chunk in _chunks(job, options.chunk_rows):
+        for chunk in batched(_sentences(job.path, job.suffix, job.column), options.chunk_rows):
             for words, tags in zip(chunk, job.tagger.predict(chunk), strict=True):
                 row += 1
                 tags = [tag.item() if hasattr(tag, "item") else tag for tag in tags]
@@ -133,7 +123,11 @@ def _write_tags(job: _TagJob, handle: TextIO, options: PredictOptions) -> int:
 
 
 def predict_tags_file(
-    model_dir: Any, source: PredictInput, out: PredictOutput | None = None, *, options: PredictOptions | None = None
+    model_dir: str | os.PathLike,
+    source: PredictInput,
+    out: PredictOutput | None = None,
+    *,
+    options: PredictOptions | None = None,
 ) -> PredictSummary:
     """Tag every word of ``source`` with the tagger saved in ``model_dir``: one tag per input word.
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..encoders.configs import EncoderConfig, config_from_dict
 
@@ -23,7 +22,7 @@ def corrupt_file(meta_path: Path, what: str) -> ValueError:
     return ValueError(f"{meta_path}: {what}; the file is corrupt: export or save the model again")
 
 
-def _config(value: Any, meta_path: Path, field: str) -> EncoderConfig:
+def _config(value: object, meta_path: Path, field: str) -> EncoderConfig:
     if not isinstance(value, Mapping):
         raise corrupt_file(meta_path, f"{field} must be a configuration object, got {value!r}")
     try:
@@ -32,11 +31,11 @@ def _config(value: Any, meta_path: Path, field: str) -> EncoderConfig:
         raise corrupt_file(meta_path, f"{field}: {exc}") from None
 
 
-def _count(value: Any) -> bool:
+def _count(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
-def _check_ensemble(members: Any, meta_path: Path) -> None:
+def _check_ensemble(members: object, meta_path: Path) -> None:
     if not isinstance(members, list) or not members:
         raise corrupt_file(meta_path, "ensemble must be a non-empty list of members")
     for position, member in enumerate(members, start=1):
@@ -50,7 +49,7 @@ def _check_ensemble(members: Any, meta_path: Path) -> None:
             raise corrupt_file(meta_path, f"{label}: count must be a positive number, got {member.get('count')!r}")
 
 
-def _check_classes(classes: Any, meta_path: Path, at_least: int) -> None:
+def _check_classes(classes: object, meta_path: Path, at_least: int) -> None:
     if not isinstance(classes, list) or not all(isinstance(c, (str, int, float, bool)) for c in classes):
         raise corrupt_file(meta_path, f"classes must be a list of labels, got {classes!r}")
     repeated = sorted({str(c) for c in classes if classes.count(c) > 1})
@@ -60,7 +59,7 @@ def _check_classes(classes: Any, meta_path: Path, at_least: int) -> None:
         raise corrupt_file(meta_path, f"classes lists {len(classes)} label(s) and the model needs at least {at_least}")
 
 
-def check_saved_fields(meta: Mapping[str, Any], meta_path: Path, *, classes_needed: int) -> EncoderConfig:
+def check_saved_fields(meta: Mapping[str, object], meta_path: Path, *, classes_needed: int) -> EncoderConfig:
     """Check every field a load reads (config, sizes, classes, an ensemble's members and counts); the config.
 
     Raises:

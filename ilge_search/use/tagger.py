@@ -1,28 +1,28 @@
 """``ILGETagger``: one tag per word, from an encoder over every layer of a frozen LLM, scikit-learn style.
 
-The frozen LLM turns each word into its per-layer states ``(L, D)`` (its first piece, or
-the mean of its pieces, through the one embedding cache's word entries), and the one
-training engine trains a per-token encoder and a linear head on them. A graph family
-(``cayley``, ``fc``) passes messages over one graph per sentence, whose nodes are the
-sentence's (word, layer) pairs; any other family reads each word's layers alone.
+The frozen LLM turns each word into its per-layer states ``(L, D)`` (its first piece, or the mean of its pieces, through
+the one embedding cache's word entries), and the one training engine trains a per-token encoder and a linear head on
+them. A graph family (``cayley``, ``fc``) passes messages over one graph per sentence, whose nodes are the sentence's
+(word, layer) pairs; any other family reads each word's layers alone.
 
-The estimator follows scikit-learn's rules: ``__init__`` only stores its arguments,
-``fit`` returns ``self``, fitted state ends in ``_``, the seed comes in as
-``random_state``, and ``sklearn.base.clone`` works. Inputs are sentences already split
-into words (``"The cat sat".split()``); ``predict`` returns one list of tags per sentence.
+The estimator follows scikit-learn's rules: ``__init__`` only stores its arguments, ``fit`` returns ``self``, fitted
+state ends in ``_``, the seed comes in as ``random_state``, and ``sklearn.base.clone`` works. Inputs are sentences
+already split into words (``"The cat sat".split()``); ``predict`` returns one list of tags per sentence.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..embeddings.words import WORD_POOLINGS, check_sentences
-from ..encoders.configs import BestLayerConfig, EncoderConfig
+from ..encoders.configs import EncoderConfig
+from ..record.fields import Attrs
 from ..validation import check_choice, check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 from .saved import check_saved_fields
@@ -56,7 +56,7 @@ def _check_tags(tags: Any, sentences: list[list[str]], name: str) -> list[list[A
     return tags
 
 
-def _flat(tags: list[list[Any]]) -> np.ndarray:
+def _flat(tags: list[list[object]]) -> np.ndarray:
     return np.asarray([tag for row in tags for tag in row])
 
 
@@ -65,9 +65,8 @@ class ILGETagger(SavedEstimator):
 
     Args:
         base_model: model alias (``"minilm-l6"``, ``"smollm2-135m"``), local folder or Hugging Face id.
-        config: an encoder config (default ``CayleyConfig()``: one graph per sentence), or a family
-            name such as ``"last-layer"`` for its defaults; ``BestLayerConfig(layer=None)`` picks the
-            layer on validation data.
+        config: an encoder config (default ``CayleyConfig()``: one graph per sentence), or a family name such as
+            ``"last-layer"`` for its defaults; ``BestLayerConfig(layer=None)`` picks the layer on validation data.
         word_pooling: ``"first"`` (a word is its first piece) or ``"mean"`` (the mean of its pieces).
         max_length: pieces per model input; longer sentences are cut into windows, never truncated.
         batch_size: model inputs per LLM forward pass (the encoder's batch is ``config.batch_size`` sentences).
@@ -75,8 +74,8 @@ class ILGETagger(SavedEstimator):
         random_state: seeds the validation split, initialisation and batch order.
         cache_dir: embedding cache (default: ``$ILGE_SEARCH_CACHE`` or ``~/.cache/ilge-search``).
         progress: show progress bars.
-        val_fraction: share of the training sentences held out for early stopping when no validation
-            sentences are given.
+        val_fraction: share of the training sentences held out for early stopping when no validation sentences are
+            given.
         patience: early-stopping patience in epochs.
 
     Fitted attributes:
@@ -89,6 +88,8 @@ class ILGETagger(SavedEstimator):
     META_FILE = META_FILE
     NOUN = "tagger"
     TAGGING = True
+
+    word_pooling: str
 
     model_: TaggerModel
 
@@ -106,17 +107,7 @@ class ILGETagger(SavedEstimator):
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
-        self.base_model = base_model
-        self.config = config
-        self.word_pooling = word_pooling
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.device = device
-        self.random_state = random_state
-        self.cache_dir = cache_dir
-        self.progress = progress
-        self.val_fraction = val_fraction
-        self.patience = patience
+        self._keep_arguments(locals())
 
     # ------------------------------------------------------------------ checks
 
@@ -130,7 +121,7 @@ class ILGETagger(SavedEstimator):
         self._check_run_params()
         return self._resolved_config()
 
-    def _encode(self, tags: list[list[Any]], name: str) -> np.ndarray:
+    def _encode(self, tags: list[list[object]], name: str) -> np.ndarray:
         flat = _flat(tags)
         if flat.dtype.kind != self.classes_.dtype.kind and not (
             flat.dtype.kind in "iu" and self.classes_.dtype.kind in "iu"
@@ -171,64 +162,40 @@ class ILGETagger(SavedEstimator):
         order = np.random.default_rng(int(self.random_state)).permutation(count)
         return np.sort(order[held_out:]), np.sort(order[:held_out])
 
-    def fit(self, sentences: Any, tags: Any, val_sentences: Any = None, val_tags: Any = None) -> ILGETagger:
+    def fit(
+        self,
+        sentences: Sequence[Sequence[str]],
+        tags: Sequence[Sequence[object]],
+        val_sentences: Sequence[Sequence[str]] | None = None,
+        val_tags: Sequence[Sequence[object]] | None = None,
+    ) -> ILGETagger:
         """Embed the words with the frozen LLM and train the encoder and head.
 
         Tags may be strings or integers. Without validation sentences, a seeded ``val_fraction``
         of the training sentences is held out for early stopping.
         """
         config = self._check_params()
-        sentences = check_sentences(sentences)
-        tags = _check_tags(tags, sentences, "tags")
+        words = check_sentences(sentences)
+        gold = _check_tags(tags, words, "tags")
         if (val_sentences is None) != (val_tags is None):
             raise ValueError("pass both val_sentences and val_tags, or neither")
         if val_sentences is None:
-            train_rows, val_rows = self._validation_split(len(sentences))
-            val_sentences, val_tags = [sentences[i] for i in val_rows], [tags[i] for i in val_rows]
-            sentences, tags = [sentences[i] for i in train_rows], [tags[i] for i in train_rows]
+            train_rows, val_rows = self._validation_split(len(words))
+            val_words, val_gold = [words[i] for i in val_rows], [gold[i] for i in val_rows]
+            words, gold = [words[i] for i in train_rows], [gold[i] for i in train_rows]
         else:
-            val_sentences = check_sentences(val_sentences, "val_sentences")
-            val_tags = _check_tags(val_tags, val_sentences, "val_tags")
-        self.classes_ = np.unique(_flat(tags))
+            val_words = check_sentences(val_sentences, "val_sentences")
+            val_gold = _check_tags(val_tags, val_words, "val_tags")
+        self.classes_ = np.unique(_flat(gold))
         if len(self.classes_) < 2:
             raise ValueError(f"need at least 2 distinct tags to train a tagger, got {self.classes_.tolist()}")
-        y, y_val = self._encode(tags, "tags"), self._encode(val_tags, "val_tags")
-        return self._train(config, (self._embed(sentences), y), (self._embed(val_sentences), y_val))
-
-    def _train(self, config: EncoderConfig, train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray]) -> ILGETagger:
-        from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
-
-        options: dict[str, Any] = dict(
-            task_kind=TAGGING,
-            num_classes=len(self.classes_),
-            seed=int(self.random_state),
-            device=self.device,
-            recipe=TrainingRecipe(patience=self.patience),
-            progress=bool(self.progress),
-        )
-        layer = None
-        if isinstance(config, BestLayerConfig) and config.layer is None:
-            layer, result, scores = select_best_layer(config, train, val, **options)
-            config = config.replace(layer=layer)
-            self.layer_scores_ = scores
-        else:
-            result = train_encoder(config, train, val, **options)
-        fitted = Fitted(
-            model=result.model,
-            config=config,
-            classes=self.classes_,
-            num_layers=int(train[0].num_layers),
-            hidden_size=int(train[0].hidden_size),
-            history=result.history,
-            best_epoch=result.best_epoch,
-            best_val_score=result.best_val_metric,
-            best_layer=layer,
-        )
-        return self._adopt(fitted)
+        y, y_val = self._encode(gold, "tags"), self._encode(val_gold, "val_tags")
+        trained = self._trained(config, self.classes_, (self._embed(words), y), (self._embed(val_words), y_val))
+        return self._adopt(trained)
 
     # ------------------------------------------------------------------ prediction
 
-    def predict(self, sentences: Any) -> list[list[Any]]:
+    def predict(self, sentences: Sequence[Sequence[str]]) -> list[list[object]]:
         """One list of tags per sentence, one tag per word, in the type given to ``fit``."""
         from ..engine import predict_logits
 
@@ -244,7 +211,7 @@ class ILGETagger(SavedEstimator):
         predicted = self.classes_[predict_logits(self.model_, entry, device=self.device).argmax(dim=1).numpy()]
         return [predicted[entry.offsets[i] : entry.offsets[i + 1]].tolist() for i in range(entry.num_sentences)]
 
-    def score(self, sentences: Any, tags: Any) -> float:
+    def score(self, sentences: Sequence[Sequence[str]], tags: Sequence[Sequence[object]]) -> float:
         """Token accuracy: the share of words whose predicted tag is the given one."""
         self._check_fitted()
         checked = check_sentences(sentences)
@@ -267,19 +234,19 @@ class ILGETagger(SavedEstimator):
         _refuse_foreign_files(path)
         return self._write_folder(path, self._saved_meta(path))
 
-    def _pooling_field(self) -> dict[str, Any]:
+    def _pooling_field(self) -> Attrs:
         return {"word_pooling": self.word_pooling}
 
     @classmethod
-    def _check_meta(cls, meta: dict[str, Any], meta_path: Path) -> None:
+    def _check_meta(cls, meta: Attrs, meta_path: Path) -> None:
         check_saved_fields(meta, meta_path, classes_needed=1)
 
     @classmethod
-    def _saved_arguments(cls, meta: dict[str, Any], classes: np.ndarray) -> dict[str, Any]:
+    def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
         return {"word_pooling": meta["word_pooling"]}
 
     @classmethod
-    def _saved_model(cls, meta: dict[str, Any], fitted: Fitted) -> TaggerModel:
+    def _saved_model(cls, meta: Attrs, fitted: Fitted) -> TaggerModel:
         from ..engine import build_tagger
 
         return build_tagger(fitted.config, fitted.num_layers, fitted.hidden_size, len(fitted.classes))
@@ -303,7 +270,7 @@ class ILGETagger(SavedEstimator):
         return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
 
     @classmethod
-    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> dict[str, Any]:
+    def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> Attrs:
         return {"word_pooling": found.word_pooling or "first"}
 
 

@@ -20,7 +20,7 @@ from reliability_helpers import MODEL, labelled, one_line_error, refused_run, se
 
 from ilge_search.cli import cli
 from ilge_search.embeddings.cache import load_task_embeddings
-from ilge_search.study.sweep import load_sweep
+from ilge_search.study.grid import load_sweep
 from ilge_search.tasks.core import TaskError, few_shot, load_task, subsample
 
 # ----------------------------------------------------------------------------- a single label

@@ -21,7 +21,8 @@ from reliability_helpers import sqlite_url
 from ilge_search.cli import cli
 from ilge_search.record import SourceRecord, source_record
 from ilge_search.study import StudyOptions, run_study
-from ilge_search.study.export import StudyExport, load_study_model, load_training_data
+from ilge_search.study.export import StudyExport, load_study_model
+from ilge_search.study.stored import load_training_data
 from ilge_search.testing import refuse_model_loads
 
 DATA = dict(max_train=120, max_eval=60)

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from ilge_search import DeepSetConfig
 from ilge_search.cli import cli
-from ilge_search.embeddings import models
+from ilge_search.embeddings import models, weights
 from ilge_search.embeddings.cache import EmbeddingCache
 from ilge_search.engine import train_encoder
 from ilge_search.record import study_record
@@ -174,7 +174,7 @@ def test_a_dry_run_measures_on_the_converted_copy_when_there_is_one(tmp_path, fa
 def test_checks_and_dry_runs_never_convert_even_when_asked_to_load(tmp_path, fake_gguf):
     source = models.resolve_model(str(fake_gguf["gguf"]), tmp_path / "cache", materialize=False)
     assert models.pending_conversion(source)
-    with models.weights_memo_read_only(), pytest.raises(models.ModelLoadError, match="not converted yet"):
+    with weights.weights_memo_read_only(), pytest.raises(models.ModelLoadError, match="not converted yet"):
         models.load_model_and_tokenizer(source, "cpu", "auto", tmp_path / "cache")
     assert fake_gguf["conversions"] == [] and not (tmp_path / "cache").exists()
 

@@ -88,19 +88,26 @@ def test_recommended_config_reads_the_user_file_over_the_shipped_one(user_config
     (user_config / "recommended_defaults.json").write_text(
         json.dumps({"format_version": 1, "metadata": {}, "families": {"cayley": {"small": {"lr": 0.0123}}}})
     )
-    cayley = recommended_config("cayley")
+    cayley = recommended_config("cayley", source="regenerated")
     assert cayley.lr == 0.0123
     assert cayley.hidden_dim == shipped["cayley"]["small"]["hidden_dim"]  # fields the user file lacks: shipped
-    assert recommended_config("fc").lr == shipped["fc"]["small"]["lr"]  # families it lacks: shipped, not dropped
+    assert (
+        recommended_config("fc", source="regenerated").lr == shipped["fc"]["small"]["lr"]
+    )  # families it lacks: shipped, not dropped
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"format_version": 1, "families": {"fc": {"small": {"lr": 0.0042}}}}))
-    assert recommended_config("fc", defaults_path=other).lr == 0.0042
-    assert recommended_config("cayley", defaults_path=other).lr == shipped["cayley"]["small"]["lr"]
+    assert recommended_config("fc", source="regenerated", defaults_path=other).lr == 0.0042
+    assert (
+        recommended_config("cayley", source="regenerated", defaults_path=other).lr == shipped["cayley"]["small"]["lr"]
+    )
     monkeypatch.setenv("ILGE_SEARCH_DEFAULTS", str(other))
-    assert recommended_config("fc").lr == 0.0042 and recommended_config("cayley").lr != 0.0123
+    assert (
+        recommended_config("fc", source="regenerated").lr == 0.0042
+        and recommended_config("cayley", source="regenerated").lr != 0.0123
+    )
     with pytest.raises(ValueError, match=r"recommended defaults file .*absent.json does not exist"):
-        recommended_config("fc", defaults_path=tmp_path / "absent.json")
+        recommended_config("fc", source="regenerated", defaults_path=tmp_path / "absent.json")
 
 
 @pytest.mark.slow  # derives the defaults and the leave-one-task-out verdicts from the committed storage

@@ -24,8 +24,8 @@ from ilge_search.cli import cli
 from ilge_search.defaults.portfolio import PortfolioRequest, build_matrix, portfolio_study
 from ilge_search.defaults.transfer import portfolio
 from ilge_search.encoders.configs import CayleyConfig
-from ilge_search.record import CellScores, claim_cell, finish_cell, stored_portfolio_choice
-from ilge_search.storage import WORKER_ATTR, open_storage, worker_stamp
+from ilge_search.record import WORKER_ATTR, CellScores, claim_cell, finish_cell, stored_portfolio_choice, worker_stamp
+from ilge_search.storage import open_storage
 from ilge_search.testing import add_matrix_problems, store_matrix
 
 START = CayleyConfig(lr=1e-3, gnn_layers=1, hidden_dim=256).to_dict()  # the built-in defaults (small)

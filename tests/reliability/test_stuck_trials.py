@@ -3,7 +3,7 @@
 Found on a loaded machine: Optuna's heartbeat thread could not start (``RuntimeError: can't start new
 thread``), the worker died, and its trial stayed RUNNING with no worker record and no heartbeat; ``studies``
 counted it and it counted against ``--total-trials``. Every trial is now stamped with its process the moment
-it is created (:func:`ilge_search.storage.owner_stamping`), so the next run on this host fails it at once.
+it is created (:func:`ilge_search.record.worker.owner_stamping`), so the next run on this host fails it at once.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import optuna
 import pytest
 from reliability_helpers import subprocess_env
 
-from ilge_search.storage import WORKER_ATTR, fail_stale_trials, open_storage, owner_stamping
+from ilge_search.record import WORKER_ATTR, owner_stamping
+from ilge_search.storage import fail_stale_trials, open_storage
 
 WORKER = textwrap.dedent(
     """
     import sys, threading, optuna
-    from ilge_search.storage import open_storage, owner_stamping
+    from ilge_search.record import owner_stamping
+    from ilge_search.storage import open_storage
 
     storage = open_storage(sys.argv[1], heartbeat_interval=60)
     sampler = optuna.samplers.RandomSampler(seed=0)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import optuna
 
+    from ...engine.core import Dataset
     from ...storage import Storage
     from ..data import DataSpec, StudyData
     from ..final import FinalModels
@@ -54,7 +55,7 @@ class StageContext:
     data: StudyData
     spec: DataSpec
     options: StudyOptions
-    zero_shot: Mapping[str, Any]
+    zero_shot: Mapping[str, Dataset]
     trained: FinalModels = field(default_factory=dict)
 
     @property
@@ -98,7 +99,7 @@ class Stage:
     column_names: tuple[str, ...] = ()
     """The columns the stage adds to the ``studies`` listing (after the built-in ones), in order."""
 
-    def columns(self, study: StoredStudy) -> dict[str, Any]:
+    def columns(self, study: StoredStudy) -> dict[str, object]:
         """The stage's ``studies`` columns of one study (keys: :attr:`column_names`; ``None`` where it has
         no result)."""
         return dict.fromkeys(self.column_names)

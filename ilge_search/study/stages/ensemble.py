@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ...record import ensemble_record
 from ..ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
@@ -60,7 +59,7 @@ class EnsembleStage(Stage):
 
     column_names = ("ensemble_k", "ensemble_test_mean")
 
-    def columns(self, study: StoredStudy) -> dict[str, Any]:
+    def columns(self, study: StoredStudy) -> dict[str, object]:
         """The size asked for and the ensemble's test mean (none: ``None``)."""
         stored = ensemble_record(study)
         ensemble = None if stored is None else stored.ensemble
