@@ -374,3 +374,14 @@ def test_an_auto_study_of_a_tagging_task_searches_the_per_word_methods(tmp_path)
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert [t.params[METHOD_PARAM] for t in study.trials] == ["last-layer", "cayley-word"]
     assert result.test_mean is not None and leaderboard_record(study) is None
+
+
+def test_the_leaderboard_is_a_report_section_and_a_dashboard_note(leaderboard_study):
+    from ilge_search.study.stages import LeaderboardStage
+
+    study, record = _record(leaderboard_study)
+    part = LeaderboardStage().report_part([study])
+    assert part is not None and part.title == "Auto studies: leaderboards" and len(part.rows) == len(record.rows)
+    assert LeaderboardStage().report_part([]) is None
+    note = "\n".join(LeaderboardStage().note_lines(study, "accuracy"))
+    assert "### Leaderboard" in note and "best single layer" in note

@@ -473,6 +473,18 @@ class TokenTables(Section):
                 folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})
 
 
+def _outside_the_tables(data: ReportData) -> list[Any]:
+    """The storage's studies the tables leave out (an auto study's method is no table column), as summaries:
+    a stage's section may still show them."""
+    import optuna
+
+    from ..defaults.problems import open_existing_storage
+
+    shown = {r.name for r in data.every}
+    summaries = optuna.get_all_study_summaries(open_existing_storage(data.storage_url).rdb, include_best_trial=False)
+    return [summary for summary in summaries if summary.study_name not in shown]
+
+
 class StageParts(Section):
     """The sections registered study stages give the report (:meth:`~ilge_search.study.stages.Stage.report_part`),
     in the stages' order; the built-in stages have their own sections above."""
@@ -480,7 +492,7 @@ class StageParts(Section):
     def _parts(self, data: ReportData) -> list[StagePart]:
         from ..study.stages import registered_stages
 
-        studies = [r.study for r in data.every]
+        studies = [r.study for r in data.every] + _outside_the_tables(data)
         parts = (stage.report_part(studies) for stage in registered_stages())
         return [part for part in parts if part is not None]
 
