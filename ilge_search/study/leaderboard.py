@@ -300,7 +300,8 @@ def format_rows(record: LeaderboardRecord) -> list[dict[str, Any]]:
     return out
 
 
-def _cells(row: Mapping[str, Any]) -> list[str]:
+def row_cells(row: Mapping[str, Any]) -> list[str]:
+    """A leaderboard row's cells as the table shows them (:data:`HEADER`)."""
     if row["vs_best_layer"] is None:
         versus = "reference"
     else:
@@ -324,7 +325,7 @@ def format_table(record: LeaderboardRecord) -> str:
     """The leaderboard as an aligned text table, with one line saying how it was measured."""
     from ..tasks.scores import score_unit
 
-    cells = [list(HEADER), *[_cells(row) for row in format_rows(record)]]
+    cells = [list(HEADER), *[row_cells(row) for row in format_rows(record)]]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))

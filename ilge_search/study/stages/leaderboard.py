@@ -7,7 +7,14 @@ from collections.abc import Sequence
 
 from ...record import leaderboard_record, save_leaderboard, study_record
 from ..auto import is_auto
-from ..leaderboard import LeaderboardRun, format_rows, format_table, leaderboard_evaluation, leaderboard_is_current
+from ..leaderboard import (
+    LeaderboardRun,
+    format_rows,
+    format_table,
+    leaderboard_evaluation,
+    leaderboard_is_current,
+    row_cells,
+)
 from .base import Stage, StageContext, StagePart, StoredStudy
 from .final import has_final_scores_to_make
 
@@ -76,25 +83,8 @@ class LeaderboardStage(Stage):
             stored = leaderboard_record(study) if _is_auto_study(study) else None
             if stored is None:
                 continue
-            for row in format_rows(stored):
-                versus = (
-                    "reference"
-                    if row["vs_best_layer"] is None
-                    else f"{row['vs_best_layer']:+.2f} [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
-                    + (" tie" if row["verdict"] == "tie" else "")
-                )
-                rows.append(
-                    (
-                        str(getattr(study, "study_name", "")),
-                        str(row["model"]),
-                        f"{row['val']:.2f}",
-                        f"{row['test_mean']:.2f} ± {row['test_std']:.2f}",
-                        versus,
-                        f"{row['train_s']:.1f}",
-                        f"{row['predict_ms_per_1k']:.1f}",
-                        f"{row['params']:,}",
-                    )
-                )
+            name = str(getattr(study, "study_name", ""))
+            rows.extend((name, *row_cells(row)) for row in format_rows(stored))
         if not rows:
             return None
         return StagePart(
