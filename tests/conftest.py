@@ -434,3 +434,29 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"language-model loads: {loads} by {len(_LOADS)} test(s) in {len(files)} file(s): {', '.join(files)}"
         )
+
+
+@pytest.fixture(scope="session")
+def _ilge_loggers_at_start():
+    """The package's loggers as the session found them (before any module-scoped fixture ran a command)."""
+    import logging
+
+    return {name: (log.level, list(log.handlers)) for name, log in _ilge_loggers(logging).items()}
+
+
+def _ilge_loggers(logging) -> dict:
+    names = [name for name in list(logging.root.manager.loggerDict) if name.startswith("ilge_search")]
+    return {name: logging.getLogger(name) for name in names}
+
+
+@pytest.fixture(autouse=True)
+def _ilge_loggers_restored(_ilge_loggers_at_start):
+    """A command run in-process (``--quiet`` sets the study loggers to WARNING, each gets a handler) changes
+    process-wide loggers; after each test they are as the session found them, so a later ``caplog`` hears them."""
+    import logging
+
+    yield
+    for name, log in _ilge_loggers(logging).items():
+        level, handlers = _ilge_loggers_at_start.get(name, (logging.NOTSET, []))
+        log.setLevel(level)
+        log.handlers[:] = handlers
