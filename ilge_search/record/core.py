@@ -283,7 +283,10 @@ class FinalRecord:
     (asked for) and ``front_size`` (of the whole front then). For a tagging study, ``test_macro_f1`` holds each seed's
     macro-F1 over the test words (beside its token accuracy in ``test_scores``) and ``test_macro_f1_mean`` their mean
     (of a multi-objective study's best-score front trial); ``None`` for other tasks and for evaluations stored before
-    they were recorded (absent attrs: not measured, so no format change).
+    they were recorded (absent attrs: not measured, so no format change). ``predictions`` is the artifact id of
+    the per-example test predictions of each seed (:mod:`ilge_search.study.predictions`: ``truth``, ``selected``
+    and ``start``), from which paired intervals are computed; ``None`` for evaluations stored before they were
+    kept, under the paper protocol and for tagging.
     """
 
     VERSION: ClassVar[int] = 1
@@ -312,6 +315,7 @@ class FinalRecord:
     front_size: int | None = None
     test_macro_f1: list[float] | None = None
     test_macro_f1_mean: float | None = None
+    predictions: str | None = None
 
     # the attrs one rule's evaluation consists of (final_by_rule keeps these per rule)
     RULE_FIELDS: ClassVar[tuple[str, ...]] = (
@@ -336,6 +340,7 @@ class FinalRecord:
         "protocol",
         "test_macro_f1",
         "test_macro_f1_mean",
+        "predictions",
     )
     FRONT_FIELDS: ClassVar[tuple[str, ...]] = ("front", "front_k", "front_size")
 

@@ -24,6 +24,7 @@ from ..defaults.loto import stored_loto
 from ..defaults.transfer import stored_portfolios
 from ..storage import hide_password
 from .attributions import attribution_notes
+from .comparisons import stored_predictions
 from .data import collect_records
 from .document import Document, write_atomic
 from .fewshot import fewshot_frame
@@ -118,7 +119,9 @@ def _read_report_data(storage_url: str) -> ReportData:
         models=model_order(frame["model"]) if records else [],
         summary=summary,
         effect=effect,
-        notes=closing_notes(frame, summary) + protocol_effect_notes(effect) if records else [],
+        notes=closing_notes(frame, summary, stored_predictions(storage_url, records)) + protocol_effect_notes(effect)
+        if records
+        else [],
         selection=selection_frame(every),
         fewshot=fewshot,
         fewshot_skipped=fewshot_skipped,

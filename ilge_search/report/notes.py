@@ -7,14 +7,18 @@ from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..storage import hide_password
-from .comparisons import difference_sentence, seed_verdict
+from .comparisons import difference_sentence, task_verdict
 from .data import METHOD_LABELS, PAPER_SUFFIX
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
 from .tables import CAYLEY_REFERENCES, DECIMALS, cayley_minus, full_data, model_order, model_protocols
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import pandas as pd
+
+    from ..study.predictions import StoredPredictions
 
 __all__ = ["SUMMARY_NOTE", "intro", "published_note", "no_published_note", "closing_notes"]
 
@@ -64,22 +68,44 @@ def no_published_note() -> str:
     )
 
 
-def closing_notes(frame: pd.DataFrame, summary: pd.DataFrame) -> list[str]:
-    """Per model and protocol: where Cayley stands against the last and the best single layer, and who ranks best."""
+def _cayley_verdicts(
+    part: pd.DataFrame, other: str, tasks: list[str], predictions: Mapping[str, StoredPredictions]
+) -> tuple[list[str | None], list[str | None]]:
+    """Per task: the verdict of Cayley minus ``other`` and which interval gave it (:func:`task_verdict`)."""
+    cells = part.set_index(["task", "method"])
+    verdicts, kinds = [], []
+    for task in tasks:
+        cayley, baseline = cells.loc[(task, "cayley")], cells.loc[(task, other)]
+        own = task == cayley["source_task"]  # a zero-shot row is scored on another task's test texts
+        verdict, kind = task_verdict(
+            (cayley["scores"], baseline["scores"]),
+            (predictions.get(cayley["study"]), predictions.get(baseline["study"])) if own else (None, None),
+            str(cayley["metric"]),
+        )
+        verdicts.append(verdict)
+        kinds.append(kind)
+    return verdicts, kinds
+
+
+def closing_notes(
+    frame: pd.DataFrame, summary: pd.DataFrame, predictions: Mapping[str, StoredPredictions] | None = None
+) -> list[str]:
+    """Per model and protocol: where Cayley stands against the last and the best single layer (per task by the
+    paired bootstrap where both studies stored test predictions, in ``predictions`` by study name), and who
+    ranks best."""
     notes = []
     frame = full_data(frame)  # as the summary: a few-shot row is a point of a curve, not another task
     for model, protocol in ((m, p) for m in model_order(frame["model"]) for p in model_protocols(frame, m)):
         part = frame[(frame["model"] == model) & (frame["protocol"] == protocol) & frame["mean"].notna()]
         table = part.pivot(index="task", columns="method", values="mean") if not part.empty else None
-        scores = part.pivot(index="task", columns="method", values="scores") if not part.empty else None
         parts = []
         for other, label in CAYLEY_REFERENCES:
             diff = None if table is None else cayley_minus(table, other)
-            if diff is None or scores is None:
+            if diff is None:
                 parts.append(f"no tasks with both Cayley and {label}")
                 continue
-            verdicts = [seed_verdict(scores.at[task, "cayley"], scores.at[task, other]) for task in diff.index]
-            parts.append(difference_sentence(label, list(diff), verdicts, DECIMALS))
+            verdicts, kinds = _cayley_verdicts(part, other, list(diff.index), predictions or {})
+            parts.append(difference_sentence(label, list(diff), verdicts, DECIMALS, kinds))
         model_summary = summary[(summary["model"] == model) & (summary["protocol"] == protocol)]
         lead = ""
         if not model_summary.empty:

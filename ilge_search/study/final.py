@@ -41,6 +41,7 @@ from ..record import (
 )
 from ..storage import StorageError, count_trials
 from .objectives import is_multi_objective, objective_values
+from .predictions import PAIRED_KINDS, model_predictions, read_test_predictions, upload_test_predictions
 from .protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from .selection import (
     DEFAULT_FINAL_FRONT,
@@ -53,6 +54,7 @@ from .selection import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import optuna
     from optuna.trial import FrozenTrial
     from torch import nn
@@ -188,6 +190,7 @@ class _Scores:
     zero_shot: dict[str, list[float]] = field(default_factory=dict)
     experiments: list[list[float]] = field(default_factory=list)  # paper protocol: each seed's draws on test
     macro_f1: list[float] = field(default_factory=list)  # tagging: each seed's macro-F1 over the test words
+    predictions: list[np.ndarray] = field(default_factory=list)  # each seed's test class ids or scores
     best: _Best = (None, None, -math.inf)  # (model, seed, validation score)
     models: dict[int, tuple[TrainedModel, float]] = field(default_factory=dict)  # seed -> (trained model, seconds)
 
@@ -259,6 +262,8 @@ def _retrain(config: EncoderConfig, run: _Retraining, *, label: str, zero_shot: 
         metrics = data.test_metrics(trained.model)
         if data.task_kind == "tagging":
             out.macro_f1.append(float(metrics["macro_f1"]))
+        if data.task_kind in PAIRED_KINDS:  # what a paired interval against another model needs
+            out.predictions.append(model_predictions(trained.model, data.test_split()[0]))
         zero = {
             name: float(evaluate(trained.model, features, labels, "similarity")["spearman"])
             for name, (features, labels) in zero_shot.items()
@@ -267,17 +272,27 @@ def _retrain(config: EncoderConfig, run: _Retraining, *, label: str, zero_shot: 
     return out
 
 
+@dataclass(frozen=True)
+class _Start:
+    """The starting configuration's trial, its test scores per seed, the models trained for them here (seed ->
+    (model, seconds)) and its per-seed test predictions where they are at hand."""
+
+    trial: int | None = None
+    scores: list[float] | None = None
+    models: dict[int, tuple[TrainedModel, float]] = field(default_factory=dict)
+    predictions: list[np.ndarray] | None = None
+
+
 def _start_scores(
-    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: FrozenTrial, test_scores: list[float]
-) -> tuple[int | None, list[float] | None, dict[int, tuple[TrainedModel, float]]]:
+    study: optuna.Study, record: StudyRecord, run: _Retraining, selected: FrozenTrial, top: _Scores
+) -> _Start:
     """The starting configuration's test scores with the run's seeds: the selected trial's own when it is the
-    start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained (then
-    with the models trained, seed -> (model, seconds))."""
+    start, else those stored by an earlier evaluation with the same seeds and epoch cap, else retrained."""
     start = start_trial(study)
     if start is None:
-        return None, None, {}
+        return _Start()
     if start.number == selected.number:
-        return start.number, list(test_scores), {}
+        return _Start(start.number, list(top.test), predictions=top.predictions or None)
     for earlier in [record.final, *record.by_rule.values()]:
         if (
             earlier is not None
@@ -286,9 +301,32 @@ def _start_scores(
             and earlier.max_epochs == run.max_epochs
             and earlier.start_test_scores
         ):
-            return start.number, list(earlier.start_test_scores), {}
+            stored = read_test_predictions(run.artifact_store, earlier.predictions) or {}
+            kept = stored.get("start")
+            return _Start(
+                start.number, list(earlier.start_test_scores), predictions=None if kept is None else list(kept)
+            )
     scores = _retrain(trial_config(start), run, label=f"{run.encoder} start", zero_shot={})
-    return start.number, scores.test, scores.models
+    return _Start(start.number, scores.test, scores.models, scores.predictions or None)
+
+
+def _upload_predictions(study: optuna.Study, run: _Retraining, top: _Scores, start: _Start) -> str | None:
+    """Store the selected trial's (and the start's, where known) per-seed test predictions; the artifact id
+    (``None``: nothing to store, or no artifact store)."""
+    if not top.predictions or run.artifact_store is None:
+        return None
+    import numpy as np
+
+    arrays = {"truth": np.asarray(run.data.test_split()[1]), "selected": np.stack(top.predictions)}
+    if start.predictions is not None and len(start.predictions) == len(top.predictions):
+        arrays["start"] = np.stack(start.predictions)
+    try:
+        return upload_test_predictions(study, arrays, run.artifact_store, "final_test_predictions.npz")
+    except OSError as exc:
+        raise StorageError(
+            f"cannot store the test predictions in the artifact store ({exc.strerror or exc}); "
+            "free space there or pass another --artifact-dir"
+        ) from exc
 
 
 def _upload_best(
@@ -324,25 +362,28 @@ def _with_start(
     run: _Retraining,
     top: FinalRecord,
     selected: FrozenTrial,
-    trained: FinalModels,
+    measured: tuple[_Scores, FinalModels],
 ) -> FinalRecord:
-    """``top`` with the starting configuration's scores, the search gain and the validation-to-test gap; the
-    start's models go into ``trained`` when it was retrained here."""
-    start_number, start_scores, start_models = _start_scores(study, record, run, selected, top.test_scores)
-    if start_number is not None and start_models:
-        trained[start_number] = start_models
+    """``top`` with the starting configuration's scores, the search gain, the validation-to-test gap and the
+    stored test predictions; ``measured``: the selected trial's scores (with their predictions) and the models
+    trained, where the start's models go when it was retrained here."""
+    scores, trained = measured
+    start = _start_scores(study, record, run, selected, scores)
+    if start.trial is not None and start.models:
+        trained[start.trial] = start.models
     sign = 1.0 if record.maximize else -1.0
-    start_mean = None if start_scores is None else statistics.fmean(start_scores)
+    start_mean = None if start.scores is None else statistics.fmean(start.scores)
     gap = None  # a matched objective against a paper-protocol test score would measure the protocol: no gap there
     if run.readout is None and top.selected_value is not None:
         gap = sign * (top.selected_value - top.test_mean)
     return dataclasses.replace(
         top,
         val_test_gap=gap,
-        start_trial=start_number,
+        start_trial=start.trial,
         start_test_mean=start_mean,
-        start_test_scores=start_scores,
+        start_test_scores=start.scores,
         search_gain=None if start_mean is None else sign * (top.test_mean - start_mean),
+        predictions=_upload_predictions(study, run, scores, start),
     )
 
 
@@ -421,7 +462,8 @@ def _front_evaluation(study: optuna.Study, record: StudyRecord, run: _Retraining
         test_macro_f1=top_macro_f1,
         test_macro_f1_mean=statistics.fmean(top_macro_f1) if top_macro_f1 else None,
     )
-    save_final(study, _with_start(study, record, run, final, chosen[0], {}), keep_by_rule=False)
+    top = _Scores(test=list(members[0].test_scores))  # no predictions: a front's are not stored
+    save_final(study, _with_start(study, record, run, final, chosen[0], (top, {})), keep_by_rule=False)
 
 
 def _lacks_macro_f1(record: StudyRecord, final: FinalRecord) -> bool:
@@ -466,7 +508,7 @@ def _selected_evaluation(study: optuna.Study, record: StudyRecord, run: _Retrain
         test_macro_f1=scores.macro_f1 or None,
         test_macro_f1_mean=statistics.fmean(scores.macro_f1) if scores.macro_f1 else None,
     )
-    save_final(study, _with_start(study, record, run, final, selected, trained))
+    save_final(study, _with_start(study, record, run, final, selected, (scores, trained)))
     return trained
 
 

@@ -13,11 +13,9 @@ inter-layer encoders add to it.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +24,7 @@ from ..encoders.configs import FAMILY_INDEX
 from ..record import LeaderboardRecord, LeaderboardRow, ensemble_record, trial_config
 from .data import StudyData
 from .ensemble import mixed, prediction_score, predictions_of
+from .predictions import predicted_labels, upload_test_predictions
 from .selection import DEFAULT_SELECT
 
 __all__ = ["LeaderboardRun", "leaderboard_evaluation", "leaderboard_is_current", "ilge_member"]
@@ -166,11 +165,6 @@ def _entries(study: Any, select: str, complete: Mapping[int, Any]) -> list[_Entr
     return entries
 
 
-def _labels(predictions: np.ndarray, task_kind: str) -> np.ndarray:
-    """What the paired bootstrap compares: class ids (argmax of the probabilities) or similarity scores."""
-    return predictions.argmax(axis=1) if task_kind == "classification" else predictions
-
-
 def _mix(entry: _Entry, models: Mapping[int, _Model], split: str, seed: int) -> np.ndarray:
     return mixed({n: getattr(models[n], split)[seed] for n in entry.members}, entry.members)
 
@@ -210,17 +204,6 @@ def _with_interval(row: LeaderboardRow, first: np.ndarray, reference: np.ndarray
     )
 
 
-def _upload(study: Any, arrays: Mapping[str, np.ndarray], artifact_store: Any) -> str | None:
-    if artifact_store is None:
-        return None
-    from optuna.artifacts import upload_artifact
-
-    with tempfile.TemporaryDirectory(prefix="ilge-leaderboard-") as tmp:
-        path = Path(tmp, "leaderboard_test_predictions.npz")
-        np.savez_compressed(path, allow_pickle=False, **{key: np.asarray(value) for key, value in arrays.items()})
-        return upload_artifact(study_or_trial=study, file_path=str(path), artifact_store=artifact_store)
-
-
 def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, model_name: str) -> LeaderboardRecord:
     """Retrain every row's trials with the final seeds, score them, compare each with the probe on the same
     test texts and seeds, store the per-example test predictions; the record (not yet saved)."""
@@ -233,7 +216,7 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
     reference = _Entry("best single layer", "reference", {-1: 1})
     truth = np.asarray(data.test_split()[1])
     labels = {
-        e.name: np.stack([_labels(_mix(e, models, "test", s), data.task_kind) for s in run.seeds])
+        e.name: np.stack([predicted_labels(_mix(e, models, "test", s), data.task_kind) for s in run.seeds])
         for e in [*entries, reference]
     }
     how = dict(resamples=run.resamples, confidence=run.confidence, metric=data.metric)
@@ -243,9 +226,8 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
     ]
     methods = sorted((row for row in rows if row.kind == "method"), key=lambda row: -row.val_mean)
     rows = [*methods, *(row for row in rows if row.kind != "method"), _row(reference, models, data, run)]
-    artifact = _upload(
-        study, {"truth": truth, **{f"row{i}": labels[r.name] for i, r in enumerate(rows)}}, run.artifact_store
-    )
+    arrays = {"truth": truth, **{f"row{i}": labels[r.name] for i, r in enumerate(rows)}}
+    artifact = upload_test_predictions(study, arrays, run.artifact_store, "leaderboard_test_predictions.npz")
     return LeaderboardRecord(
         metric=data.metric,
         seeds=list(run.seeds),

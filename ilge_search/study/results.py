@@ -16,9 +16,10 @@ from ..record import (
     study_record,
     trial_record,
 )
-from ..storage import Storage, hide_password, open_storage
+from ..storage import Storage, artifact_dir_for, hide_password, open_storage
 from .objectives import best_score_trial, score_of
-from .statistics import seeds_interval
+from .predictions import interval_kind, paired_interval, stored_final_predictions
+from .statistics import Interval, seeds_interval
 
 if TYPE_CHECKING:
     import optuna
@@ -81,6 +82,7 @@ class StudyResult:
     export_seed: int | None = None  # the seed `export` takes (the best final seed by validation)
     export_test: float | None = None  # that seed's test score (None under the paper protocol)
     gain_scores: list[float] = field(default_factory=list)  # per seed: selected minus start, improvement positive
+    gain_interval: Interval | None = None  # the search gain's 95% interval (its method says which)
 
     @property
     def n_finished(self) -> int:
@@ -115,20 +117,39 @@ def _gain_scores(test: list[float], start: list[float] | None, maximize: bool) -
     return [sign * (a - b) for a, b in zip(test, start, strict=True)]
 
 
-def _gain_verdict(record: StudyRecord) -> str | None:
-    """win / tie / loss of the search gain by the 95% t interval over the final seeds (``None``: fewer than two
-    paired seeds)."""
+def gain_interval(record: StudyRecord, artifacts: Any) -> Interval | None:
+    """The search gain's 95% interval: the paired bootstrap over the test examples and seeds where the final
+    evaluation stored the selected trial's and the start's test predictions (in ``artifacts``, the artifact
+    folder or store), else the t interval over the final seeds; ``None`` with fewer than two paired seeds."""
     final = record.final
-    gains = [] if final is None else _gain_scores(final.test_scores, final.start_test_scores, record.maximize)
-    return seeds_interval(gains).verdict if len(gains) > 1 else None
+    if final is None:
+        return None
+    if final.predictions and record.maximize:
+        stored = stored_final_predictions(artifacts, final)
+        metric = (record.data.metric if record.data else None) or ""
+        paired = paired_interval(stored.get("selected"), stored.get("start"), metric)
+        if paired is not None:
+            return paired
+    gains = _gain_scores(final.test_scores, final.start_test_scores, record.maximize)
+    return seeds_interval(gains) if len(gains) > 1 else None
 
 
-def _with_interval(text: str, differences: list[float]) -> str:
-    """``text`` followed by the 95% t interval of per-seed ``differences`` and its verdict (two seeds or more)."""
+def _with_interval(text: str, differences: list[float], interval: Interval | None = None) -> str:
+    """``text`` followed by ``interval`` (a paired bootstrap, named) or else the 95% t interval of per-seed
+    ``differences``, and its verdict (two seeds or more)."""
+    if interval is not None and interval_kind(interval) == "paired bootstrap":
+        return f"{text} [{interval.low:+.4f}, {interval.high:+.4f}] {interval.verdict} (paired bootstrap)"
     if len(differences) < 2:
         return text
     interval = seeds_interval(differences)
     return f"{text} [{interval.low:+.4f}, {interval.high:+.4f}] {interval.verdict}"
+
+
+def _artifacts_of(storage: str | Storage) -> Any:
+    """The artifact folder of ``storage`` (``None`` for no storage): read only, never created."""
+    if isinstance(storage, Storage):
+        return storage.artifact_dir
+    return artifact_dir_for(storage) if storage else None
 
 
 def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResult:
@@ -159,6 +180,7 @@ def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResul
         protocol=identity.protocol if identity else DEFAULT_PROTOCOL,
         samples_per_label=identity.samples_per_label if identity else None,
         ensemble=_ensemble_of(study),
+        gain_interval=gain_interval(record, _artifacts_of(storage)),
         **_final_fields(record),
         **_export_columns(record),
     )
@@ -187,6 +209,7 @@ _LISTING_COLUMNS = [
     "final_trial",
     "search_gain",
     "search_gain_verdict",
+    "search_gain_interval",
     "objectives",
     "export_seed",
     "export_test",
@@ -222,6 +245,7 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
     record = study_record(summary)
     identity, data, final = record.identity, record.data, record.final
     model = identity.model if identity else None
+    gain = gain_interval(record, opened.artifact_dir)
     best = summary.best_trial
     if len(record.objectives) > 1 and model is not None:  # Optuna summarises only single-objective studies' best
         study = opened.load_study(summary.study_name)
@@ -242,7 +266,8 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
         "select": record.select,
         "final_trial": final.trial if final else None,
         "search_gain": final.search_gain if final else None,
-        "search_gain_verdict": _gain_verdict(record),
+        "search_gain_verdict": None if gain is None else gain.verdict,
+        "search_gain_interval": interval_kind(gain),
         "objectives": "+".join(record.objectives),
         **_export_columns(record),
         **{key: value for stage in registered_stages() for key, value in stage.columns(summary).items()},
@@ -273,9 +298,10 @@ def format_results(results: Iterable[StudyResult]) -> str:
 
     ``test mean +- std`` is that of the trial the selection rule chose (``(trial N, rule; export: seed S test T)``:
     the seed `export` takes, the best by validation, and its own test score);
-    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown), with the
-    95% t interval of the per-seed differences and its verdict (win / tie / loss); the ensemble's difference
-    to the selected trial carries the same;
+    ``search gain`` is its test mean minus the starting configuration's, signed (``-`` when unknown), with its
+    95% interval and verdict (win / tie / loss): ``(paired bootstrap)`` over the test examples and seeds where
+    both sides' test predictions are stored, else the t interval of the per-seed differences; the ensemble's
+    difference to the selected trial carries the t interval;
     ``protocol`` says how the test scores were measured.
     """
     results = list(results)
@@ -288,7 +314,7 @@ def format_results(results: Iterable[StudyResult]) -> str:
         if r.test_mean is not None and r.final_trial is not None:
             test += f" (trial {r.final_trial}, {r.select}{_export_text(r)})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
-        gain = "-" if r.search_gain is None else _with_interval(f"{r.search_gain:+.4f}", r.gain_scores)
+        gain = "-" if r.search_gain is None else _with_interval(f"{r.search_gain:+.4f}", r.gain_scores, r.gain_interval)
         rows.append(
             (
                 r.study_name,
