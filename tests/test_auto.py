@@ -385,3 +385,28 @@ def test_the_leaderboard_is_a_report_section_and_a_dashboard_note(leaderboard_st
     assert LeaderboardStage().report_part([]) is None
     note = "\n".join(LeaderboardStage().note_lines(study, "accuracy"))
     assert "### Leaderboard" in note and "best single layer" in note
+
+
+def test_no_trial_is_trained_twice_with_a_final_seed_in_one_run(synthetic, tmp_path, monkeypatch):
+    """The final evaluation, the ensemble and the leaderboard share what they train: each (trial config, final
+    seed) is trained at most once in a run."""
+    import json
+    from collections import Counter
+
+    from ilge_search.study import retraining
+
+    trainings: Counter[tuple[str, int]] = Counter()
+    train_alone = retraining._train_alone
+
+    def counted(data, config, seed, device):
+        trainings[json.dumps(config.to_dict(), sort_keys=True), seed] += 1
+        return train_alone(data, config, seed, device)
+
+    monkeypatch.setattr(retraining, "_train_alone", counted)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _, study = _run(synthetic, url, methods="cayley,deepset,last-layer,mlp-last", n_trials=8, final_seeds=2, ensemble=4)
+    from ilge_search.record import ensemble_record, leaderboard_record
+
+    assert leaderboard_record(study) is not None and ensemble_record(study).ensemble is not None
+    final = {(key, seed): n for (key, seed), n in trainings.items() if seed in (1000, 1001)}
+    assert final and max(final.values()) == 1, [item for item in final.items() if item[1] > 1]
