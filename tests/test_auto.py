@@ -344,12 +344,15 @@ def test_export_of_an_auto_study_writes_the_model_its_validation_chose(leaderboa
 
 def test_an_auto_study_of_a_tagging_task_searches_the_per_word_methods(tmp_path):
     """A toy tagging task (a tiny local encoder): the auto study's starts include the per-word Cayley encoder,
-    its final evaluation tags words, and it gets no leaderboard (tagging studies have none)."""
+    its final evaluation tags words, its leaderboard scores token accuracy against the best single-layer probe
+    per word (no ensemble rows: tagging studies have none), and its export is the selected trial, saying why."""
     import json
 
     import numpy as np
 
+    from ilge_search import ILGETagger
     from ilge_search.record import leaderboard_record
+    from ilge_search.study.leaderboard import format_table
     from ilge_search.testing.tiny_models import tiny_encoder
 
     words = ["the", "a", "fox", "dog", "runs", "jumps", ",", "."]
@@ -371,10 +374,27 @@ def test_an_auto_study_of_a_tagging_task_searches_the_per_word_methods(tmp_path)
         progress=False,
         device="cpu",
     )
-    (result,) = run_study(str(tiny_encoder(tmp_path / "model")), str(task), "auto", storage=url, options=options)
+    model = str(tiny_encoder(tmp_path / "model"))
+    (result,) = run_study(model, str(task), "auto", storage=url, options=options)
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert [t.params[METHOD_PARAM] for t in study.trials] == ["last-layer", "cayley-word"]
-    assert result.test_mean is not None and leaderboard_record(study) is None
+    assert result.test_mean is not None
+    record = leaderboard_record(study)
+    assert record is not None and record.unit == "words" and record.metric == "accuracy"
+    assert [row.kind for row in record.rows] == ["method", "method", "selected", "reference"]
+    assert {row.name for row in record.rows if row.kind == "method"} == {"last-layer", "cayley-word"}
+    selected = record.row("selected")
+    assert selected.test_scores == pytest.approx([result.test_mean])  # the final evaluation's model, reused
+    assert all(0.0 <= score <= 1.0 for row in record.rows for score in row.test_scores)
+    assert record.rows[-1].difference is None and all(row.difference is not None for row in record.rows[:-1])
+    assert "paired bootstrap over the same test words" in format_table(record)
+
+    out = tmp_path / "tagger"
+    exported = invoke("export", "--storage", url, "--study", result.study_name, "--out", out)
+    assert exported.exit_code == 0, exported.output
+    assert "no ensemble (tagging studies have none): its selected trial is exported" in exported.output
+    tagger = ILGETagger.load(out, device="cpu", cache_dir=str(tmp_path / "cache"), base_model=model)
+    assert len(tagger.predict([["the", "fox", "runs"]])[0]) == 3
 
 
 def test_the_leaderboard_is_a_report_section_and_a_dashboard_note(leaderboard_study):

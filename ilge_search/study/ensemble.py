@@ -137,13 +137,14 @@ def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> 
 
 
 def predictions_of(model: TrainedModel, features: Features) -> np.ndarray:
-    """A trained model's predictions: class probabilities ``(N, C)`` or similarity scores ``(N,)``."""
+    """A trained model's predictions: class probabilities ``(N, C)`` (a tagger's: one row per word) or
+    similarity scores ``(N,)``."""
     import torch
 
     from ..engine import predict_logits
 
     outputs = predict_logits(model, features).double()
-    if model.task_kind == "classification":
+    if model.task_kind in ("classification", "tagging"):
         outputs = torch.softmax(outputs, dim=1)
     return outputs.numpy()
 

@@ -167,8 +167,9 @@ def _entries(study: Any, select: str, complete: Mapping[int, Any]) -> list[_Entr
 
 
 def _labels(predictions: np.ndarray, task_kind: str) -> np.ndarray:
-    """What the paired bootstrap compares: class ids (argmax of the probabilities) or similarity scores."""
-    return predictions.argmax(axis=1) if task_kind == "classification" else predictions
+    """What the paired bootstrap compares: class ids (argmax of the probabilities; a tagger's per word) or
+    similarity scores."""
+    return predictions if task_kind == "similarity" else predictions.argmax(axis=1)
 
 
 def _mix(entry: _Entry, models: Mapping[int, _Model], split: str, seed: int) -> np.ndarray:
@@ -255,6 +256,7 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
         confidence=run.confidence,
         resamples=run.resamples,
         predictions=artifact,
+        unit="words" if data.task_kind == "tagging" else "texts",
     )
 
 
@@ -331,8 +333,8 @@ def format_table(record: LeaderboardRecord) -> str:
     lines.insert(1, "  ".join("-" * width for width in widths))
     lines.append(
         f"{score_unit(record.metric)[1]} over final seeds {record.seeds}; differences: test minus the best "
-        f"single-layer probe, {record.confidence:.0%} paired bootstrap over the same test texts and seeds "
-        f"({record.resamples} resamples); 'tie': the interval contains 0"
+        f"single-layer probe, {record.confidence:.0%} paired bootstrap over the same test {record.unit} and seeds "
+        f"({record.resamples} resamples); 'tie': the interval contains 0; predict ms per 1,000 {record.unit}"
     )
     return "\n".join(lines)
 
@@ -360,7 +362,8 @@ def export_choice(study: Any) -> tuple[bool, str] | None:
         return None
     ensemble, selected = stored.row("ensemble"), stored.row("selected")
     if ensemble is None or selected is None:
-        return False, "the auto study has no ensemble: its selected trial is exported"
+        why = "tagging studies have none" if stored.unit == "words" else "none was made"
+        return False, f"the auto study has no ensemble ({why}): its selected trial is exported"
     chosen = ensemble.val_mean > selected.val_mean
     what = "the ensemble" if chosen else "the selected trial"
     return chosen, (

@@ -20,7 +20,8 @@ from .final import has_final_scores_to_make
 
 __all__ = ["LeaderboardStage", "leaderboard_run"]
 
-_KINDS = ("classification", "similarity")  # per-example predictions the paired intervals compare
+# per-example predictions the paired intervals compare: texts, pairs, or a tagger's words
+_KINDS = ("classification", "similarity", "tagging")
 
 
 def leaderboard_run(context: StageContext) -> LeaderboardRun:
