@@ -431,3 +431,29 @@ def test_no_trial_is_trained_twice_with_a_final_seed_in_one_run(synthetic, tmp_p
     assert leaderboard_record(study) is not None and ensemble_record(study).ensemble is not None
     final = {(key, seed): n for (key, seed), n in trainings.items() if seed in (1000, 1001)}
     assert final and max(final.values()) == 1, [item for item in final.items() if item[1] > 1]
+
+
+def test_a_storage_of_auto_studies_has_a_report_with_their_leaderboards(leaderboard_study, tmp_path):
+    from ilge_search.report import build_report
+
+    _, record = _record(leaderboard_study)
+    name = leaderboard_study["name"]
+    result = build_report(leaderboard_study["url"], tmp_path / "report", progress=False)
+    markdown = result.files["markdown"].read_text(encoding="utf-8")
+    assert "## Auto studies: leaderboards" in markdown and "(1 study)" in markdown
+    section = markdown.split("## Auto studies: leaderboards", 1)[1].split("\n## ", 1)[0]
+    assert sum(line.startswith(f"| {name} ") for line in section.splitlines()) == len(record.rows)
+    assert any(line.startswith(f"{name}: an auto study, not in the tables") for line in result.skipped)
+    assert "| study | setting |" not in markdown  # no empty table of the studies the tables show
+    assert result.results.empty  # no per-model table: an auto study's method is no column
+    html = result.files["html"].read_text(encoding="utf-8")
+    assert "Auto studies: leaderboards" in html
+
+
+def test_a_storage_without_ilge_studies_still_has_no_report(tmp_path):
+    from ilge_search.report import build_report
+
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    optuna.create_study(study_name="not-ours", storage=url)
+    with pytest.raises(ValueError, match="no ilge-search studies"):
+        build_report(url, tmp_path / "report", progress=False)
