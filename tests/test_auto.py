@@ -154,9 +154,10 @@ def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
     without = TimeBudget(deadline=budget.deadline, seeds=0, ensemble_size=0, clock=clock)
     assert without.reserve(trials) == 0  # no final seeds: the search may use all of it
     board = TimeBudget(deadline=budget.deadline, seeds=2, ensemble_size=3, leaderboard=True, clock=clock)
-    # the leaderboard retrains each method's best trial the final evaluation did not (all one family here: none),
-    # the ensemble's other members and the probe again
-    assert board.reserve(trials) == pytest.approx((final + 2 * ensemble) * SAFETY + 2 * STAGE_OVERHEAD_SECONDS)
+    # the leaderboard trains each method's best trial the final evaluation and the ensemble did not (all one
+    # family here: none) and its own probe; the ensemble's members it reuses
+    probe = 2 * 6.0
+    assert board.reserve(trials) == pytest.approx((final + ensemble + probe) * SAFETY + 2 * STAGE_OVERHEAD_SECONDS)
 
 
 def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):
@@ -343,12 +344,15 @@ def test_export_of_an_auto_study_writes_the_model_its_validation_chose(leaderboa
 
 def test_an_auto_study_of_a_tagging_task_searches_the_per_word_methods(tmp_path):
     """A toy tagging task (a tiny local encoder): the auto study's starts include the per-word Cayley encoder,
-    its final evaluation tags words, and it gets no leaderboard (tagging studies have none)."""
+    its final evaluation tags words, its leaderboard scores token accuracy against the best single-layer probe
+    per word (no ensemble rows: tagging studies have none), and its export is the selected trial, saying why."""
     import json
 
     import numpy as np
 
+    from ilge_search import ILGETagger
     from ilge_search.record import leaderboard_record
+    from ilge_search.study.leaderboard import format_table
     from ilge_search.testing.tiny_models import tiny_encoder
 
     words = ["the", "a", "fox", "dog", "runs", "jumps", ",", "."]
@@ -370,10 +374,27 @@ def test_an_auto_study_of_a_tagging_task_searches_the_per_word_methods(tmp_path)
         progress=False,
         device="cpu",
     )
-    (result,) = run_study(str(tiny_encoder(tmp_path / "model")), str(task), "auto", storage=url, options=options)
+    model = str(tiny_encoder(tmp_path / "model"))
+    (result,) = run_study(model, str(task), "auto", storage=url, options=options)
     study = optuna.load_study(study_name=result.study_name, storage=url)
     assert [t.params[METHOD_PARAM] for t in study.trials] == ["last-layer", "cayley-word"]
-    assert result.test_mean is not None and leaderboard_record(study) is None
+    assert result.test_mean is not None
+    record = leaderboard_record(study)
+    assert record is not None and record.unit == "words" and record.metric == "accuracy"
+    assert [row.kind for row in record.rows] == ["method", "method", "selected", "reference"]
+    assert {row.name for row in record.rows if row.kind == "method"} == {"last-layer", "cayley-word"}
+    selected = record.row("selected")
+    assert selected.test_scores == pytest.approx([result.test_mean])  # the final evaluation's model, reused
+    assert all(0.0 <= score <= 1.0 for row in record.rows for score in row.test_scores)
+    assert record.rows[-1].difference is None and all(row.difference is not None for row in record.rows[:-1])
+    assert "paired bootstrap over the same test words" in format_table(record)
+
+    out = tmp_path / "tagger"
+    exported = invoke("export", "--storage", url, "--study", result.study_name, "--out", out)
+    assert exported.exit_code == 0, exported.output
+    assert "no ensemble (tagging studies have none): its selected trial is exported" in exported.output
+    tagger = ILGETagger.load(out, device="cpu", cache_dir=str(tmp_path / "cache"), base_model=model)
+    assert len(tagger.predict([["the", "fox", "runs"]])[0]) == 3
 
 
 def test_the_leaderboard_is_a_report_section_and_a_dashboard_note(leaderboard_study):
@@ -385,3 +406,54 @@ def test_the_leaderboard_is_a_report_section_and_a_dashboard_note(leaderboard_st
     assert LeaderboardStage().report_part([]) is None
     note = "\n".join(LeaderboardStage().note_lines(study, "accuracy"))
     assert "### Leaderboard" in note and "best single layer" in note
+
+
+def test_no_trial_is_trained_twice_with_a_final_seed_in_one_run(synthetic, tmp_path, monkeypatch):
+    """The final evaluation, the ensemble and the leaderboard share what they train: each (trial config, final
+    seed) is trained at most once in a run."""
+    import json
+    from collections import Counter
+
+    from ilge_search.study import retraining
+
+    trainings: Counter[tuple[str, int]] = Counter()
+    train_alone = retraining._train_alone
+
+    def counted(data, config, seed, device):
+        trainings[json.dumps(config.to_dict(), sort_keys=True), seed] += 1
+        return train_alone(data, config, seed, device)
+
+    monkeypatch.setattr(retraining, "_train_alone", counted)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _, study = _run(synthetic, url, methods="cayley,deepset,last-layer,mlp-last", n_trials=8, final_seeds=2, ensemble=4)
+    from ilge_search.record import ensemble_record, leaderboard_record
+
+    assert leaderboard_record(study) is not None and ensemble_record(study).ensemble is not None
+    final = {(key, seed): n for (key, seed), n in trainings.items() if seed in (1000, 1001)}
+    assert final and max(final.values()) == 1, [item for item in final.items() if item[1] > 1]
+
+
+def test_a_storage_of_auto_studies_has_a_report_with_their_leaderboards(leaderboard_study, tmp_path):
+    from ilge_search.report import build_report
+
+    _, record = _record(leaderboard_study)
+    name = leaderboard_study["name"]
+    result = build_report(leaderboard_study["url"], tmp_path / "report", progress=False)
+    markdown = result.files["markdown"].read_text(encoding="utf-8")
+    assert "## Auto studies: leaderboards" in markdown and "(1 study)" in markdown
+    section = markdown.split("## Auto studies: leaderboards", 1)[1].split("\n## ", 1)[0]
+    assert sum(line.startswith(f"| {name} ") for line in section.splitlines()) == len(record.rows)
+    assert any(line.startswith(f"{name}: an auto study, not in the tables") for line in result.skipped)
+    assert "| study | setting |" not in markdown  # no empty table of the studies the tables show
+    assert result.results.empty  # no per-model table: an auto study's method is no column
+    html = result.files["html"].read_text(encoding="utf-8")
+    assert "Auto studies: leaderboards" in html
+
+
+def test_a_storage_without_ilge_studies_still_has_no_report(tmp_path):
+    from ilge_search.report import build_report
+
+    url = f"sqlite:///{tmp_path / 'other.db'}"
+    optuna.create_study(study_name="not-ours", storage=url)
+    with pytest.raises(ValueError, match="no ilge-search studies"):
+        build_report(url, tmp_path / "report", progress=False)

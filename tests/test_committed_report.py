@@ -114,3 +114,16 @@ def test_the_committed_ensemble_page_and_the_default_size_agree_with_their_stora
     assert "per study over the seeds, 95% t interval: 5 win, 9 tie, 0 loss" in chosen
     assert "+1.74 points on average" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "**The default is K = 5**" in (ROOT / "docs" / "ensembles.md").read_text(encoding="utf-8")
+
+
+def test_the_committed_auto_page_is_what_its_storages_give(tmp_path):
+    from ilge_search.report.auto import write_auto_page
+
+    copies = []
+    for name in ("auto.db", "offline.db", "ensembles.db"):
+        shutil.copyfile(REPORTS / name, tmp_path / name)
+        copies.append(f"sqlite:///{tmp_path / name}")
+    written = write_auto_page(copies[0], copies[1:], tmp_path / "auto").read_text(encoding="utf-8")
+    committed = (REPORTS / "auto.md").read_text(encoding="utf-8")
+    # the same table and sentences; only the storages' paths in the opening paragraph differ
+    assert written.split("\n\n", 2)[2] == committed.split("\n\n", 2)[2]

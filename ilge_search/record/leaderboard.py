@@ -34,10 +34,11 @@ class LeaderboardRow:
         members: trial number -> weight (one trial for a single model; the probe has none).
         val_scores, test_scores: the study metric on validation and on test, one per final seed.
         train_seconds: training time per seed (an ensemble: its members' together).
-        predict_ms: forward milliseconds per 1,000 test texts (an ensemble: its members' together).
+        predict_ms: forward milliseconds per 1,000 test texts, or words for a tagger (an ensemble: its members'
+            together).
         params: trainable parameters (an ensemble: its distinct members' together).
-        difference: ``(estimate, low, high)`` of test minus the reference's, paired over the same test texts and
-            seeds (``None`` for the reference itself); verdict: ``win``, ``tie`` or ``loss``.
+        difference: ``(estimate, low, high)`` of test minus the reference's, paired over the same test texts
+            (words) and seeds (``None`` for the reference itself); verdict: ``win``, ``tie`` or ``loss``.
     """
 
     name: str
@@ -93,6 +94,7 @@ class LeaderboardRecord:
     confidence: float = 0.95
     resamples: int = 2000
     predictions: str | None = None  # artifact id of the .npz of per-example test predictions
+    unit: str = "texts"  # the test examples, resampled and timed per 1,000: "texts", or a tagging study's "words"
 
     @classmethod
     def from_value(cls, stored: Any) -> LeaderboardRecord | None:

@@ -31,7 +31,7 @@ from .fewshot import fewshot_frame
 from .folder import MANIFEST_NAME, check_out_dir, default_report_dir, finish_out_dir
 from .notes import closing_notes, intro, no_published_note, published_note
 from .protocol_effect import protocol_effect_frame, protocol_effect_notes
-from .sections import FigureFolder, Figures, ReportData, Section, report_sections
+from .sections import FigureFolder, Figures, ReportData, Section, auto_studies, outside_the_tables, report_sections
 from .tables import model_order, pivot, results_frame, selection_frame, summary_frame
 from .tokens import split_tagging, tokens_frame
 
@@ -91,7 +91,9 @@ def _read_report_data(storage_url: str) -> ReportData:
     records, duplicates, skipped = collect_records(storage_url)
     records, tagging = split_tagging(records)  # token accuracy never enters the sequence tables or ranks
     duplicates, _ = split_tagging(duplicates)
-    if not records and not tagging:
+    every = records + duplicates  # the selection, Pareto and few-shot sections compare studies of every setting
+    outside = outside_the_tables(storage_url, every)  # the auto studies among them have a stage's section
+    if not records and not tagging and not auto_studies(outside):
         raise ValueError(
             f"no ilge-search studies in {hide_password(storage_url)}"
             + (f" ({len(skipped)} other studies skipped)" if skipped else "")
@@ -108,7 +110,6 @@ def _read_report_data(storage_url: str) -> ReportData:
     frame = results_frame(records)
     summary = summary_frame(frame) if records else frame
     effect = protocol_effect_frame(frame) if records else frame
-    every = records + duplicates  # the selection, Pareto and few-shot sections compare studies of every setting
     fewshot, fewshot_skipped = fewshot_frame(every)
     portfolios, portfolio_notes = stored_portfolios(storage_url)  # what `ilge-search portfolio` stored
     return ReportData(
@@ -132,6 +133,7 @@ def _read_report_data(storage_url: str) -> ReportData:
         tagging=tagging,
         portfolios=portfolios,
         portfolio_notes=portfolio_notes,
+        outside=outside,
     )
 
 
@@ -199,7 +201,7 @@ def build_report(
     finish_out_dir(
         out, storage_url, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous
     )
-    logger.info("report of %d studies written to %s", len(data.records) + len(data.tagging), out)
+    logger.info("report of %d studies written to %s", data.n_studies, out)
     return ReportResult(
         out_dir=out,
         results=data.frame,
@@ -233,7 +235,7 @@ def _document(storage_url: str, data: ReportData, sections: list[Section], folde
     """The report's text: the title, the introduction, the contents, then every section in order."""
     doc = Document()
     doc.heading(1, "ILGE results")
-    doc.paragraph(intro(storage_url, len(data.records) + len(data.tagging)), tex=True)
+    doc.paragraph(intro(storage_url, data.n_studies), tex=True)
     doc.paragraph(published_note() if data.frame["published"].notna().any() else no_published_note())
     doc.contents([entry for section in sections for entry in section.contents(data)])
     for section in sections:

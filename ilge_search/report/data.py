@@ -19,7 +19,9 @@ from ..defaults.problems import open_existing_storage
 from ..encoders import report_labels, report_methods
 from ..encoders.configs import TAGGER_FAMILIES
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
+from ..study.auto import is_auto
 from ..study.objectives import best_score_trial, score_of
+from ..study.stages.leaderboard import REPORT_TITLE as AUTO_SECTION
 
 if TYPE_CHECKING:
     import optuna
@@ -166,6 +168,11 @@ def _read_study(storage: Storage, summary: optuna.study.StudySummary) -> tuple[R
         return None, f"{name}: not an ilge-search study (no model/task/encoder user attrs)"
     identity = stored.identity
     tagging = stored.data is not None and stored.data.task_kind == "tagging"
+    if is_auto(identity.encoder):
+        return None, (
+            f"{name}: an auto study, not in the tables (its method is chosen per trial); its leaderboard is "
+            f"under '{AUTO_SECTION}'"
+        )
     if identity.encoder not in METHODS and not (tagging and identity.encoder in TAGGER_FAMILIES):
         return None, f"{name}: unknown method {identity.encoder!r}"
     study = optuna.load_study(study_name=name, storage=storage.rdb)

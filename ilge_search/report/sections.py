@@ -8,7 +8,7 @@ A :class:`Section` has a ``title`` and an ``anchor``, says whether the storage h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +45,15 @@ if TYPE_CHECKING:
     from ..defaults.portfolio import PortfolioResult
     from ..study.stages import StagePart
 
-__all__ = ["ContentsEntry", "ReportData", "FigureFolder", "Section", "report_sections"]
+__all__ = [
+    "ContentsEntry",
+    "ReportData",
+    "FigureFolder",
+    "Section",
+    "auto_studies",
+    "outside_the_tables",
+    "report_sections",
+]
 
 ContentsEntry = tuple[str, str, list[tuple[str, str]]]  # (text, anchor, sub-links (text, anchor))
 
@@ -102,6 +110,14 @@ class ReportData:
     # the stored cross-task matrices (defaults/transfer.py)
     portfolios: list[PortfolioResult] = field(default_factory=list)
     portfolio_notes: list[str] = field(default_factory=list)  # matrices that could not be read back, and why
+    # the storage's studies the tables leave out, as summaries (an auto study's method is no table column):
+    # a registered stage's section may still show them
+    outside: list[Any] = field(default_factory=list)
+
+    @property
+    def n_studies(self) -> int:
+        """How many ilge-search studies the report covers: those of the tables, the tagging and the auto ones."""
+        return len(self.records) + len(self.tagging) + len(auto_studies(self.outside))
 
 
 @dataclass
@@ -473,16 +489,26 @@ class TokenTables(Section):
                 folder.show(doc, {f"{model}: token accuracy": self.drawn[model]})
 
 
-def _outside_the_tables(data: ReportData) -> list[Any]:
-    """The storage's studies the tables leave out (an auto study's method is no table column), as summaries:
+def auto_studies(summaries: Sequence[Any]) -> list[str]:
+    """The names of the auto studies among ``summaries`` (the tables leave them out; their leaderboards are a
+    stage's section)."""
+    from ..record import study_record
+    from ..study.auto import is_auto
+
+    identities = ((s.study_name, study_record(s).identity) for s in summaries)
+    return [name for name, identity in identities if identity is not None and is_auto(identity.encoder)]
+
+
+def outside_the_tables(storage_url: str, shown: Sequence[ReportStudy]) -> list[Any]:
+    """The storage's studies other than ``shown`` (an auto study's method is no table column), as summaries:
     a stage's section may still show them."""
     import optuna
 
     from ..defaults.problems import open_existing_storage
 
-    shown = {r.name for r in data.every}
-    summaries = optuna.get_all_study_summaries(open_existing_storage(data.storage_url).rdb, include_best_trial=False)
-    return [summary for summary in summaries if summary.study_name not in shown]
+    names = {r.name for r in shown}
+    summaries = optuna.get_all_study_summaries(open_existing_storage(storage_url).rdb, include_best_trial=False)
+    return [summary for summary in summaries if summary.study_name not in names]
 
 
 class StageParts(Section):
@@ -492,7 +518,7 @@ class StageParts(Section):
     def _parts(self, data: ReportData) -> list[StagePart]:
         from ..study.stages import registered_stages
 
-        studies = [r.study for r in data.every] + _outside_the_tables(data)
+        studies = [r.study for r in data.every] + data.outside
         parts = (stage.report_part(studies) for stage in registered_stages())
         return [part for part in parts if part is not None]
 
@@ -527,7 +553,8 @@ class DetectableDifferences(Section):
 class Studies(Section):
     def render(self, doc: Document, data: ReportData, folder: FigureFolder) -> None:
         self.start(doc)
-        doc.table(*studies_rows(data.records + data.tagging))
+        if data.records or data.tagging:  # a storage of auto studies only has none: they are listed below
+            doc.table(*studies_rows(data.records + data.tagging))
         if data.skipped:
             doc.paragraph("Not reported:")
             doc.bullets(data.skipped)

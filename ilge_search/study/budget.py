@@ -150,8 +150,8 @@ class TimeBudget:
         deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
         seeds: the final seeds; ensemble_size: the ensemble's K (0: no ensemble stage).
         workers: processes searching at once (each one's first trial paid its set-up).
-        leaderboard: an auto study's leaderboard follows (it retrains each method's best trial, the ensemble's
-            members and the probe with every seed, reusing only the final evaluation's models).
+        leaderboard: an auto study's leaderboard follows (it trains each method's best trial and the probe with
+            every seed, reusing the models the final evaluation and the ensemble trained).
         clock: the time now (``time.time``; a test passes a fake one).
     """
 
@@ -168,8 +168,8 @@ class TimeBudget:
     def reserve(self, trials: Sequence[Any]) -> float:
         """Seconds the stages after the search need, from the trials' measured training times (:func:`_costs`):
         the final evaluation retrains the best trial and the start; the ensemble up to K - 1 other trials and
-        the probe; a leaderboard each method's best trial the final evaluation did not train, the ensemble's
-        other members again and the probe -- each with every final seed."""
+        the probe; a leaderboard each method's best trial neither of them trained and its own probe -- each with
+        every final seed."""
         complete = [t for t in trials if t.state.name == "COMPLETE" and _trial_seconds(t) is not None]
         if not self.seeds or not complete:
             return 0.0
@@ -177,13 +177,14 @@ class TimeBudget:
         ranked = sorted(complete, key=lambda t: -(t.value if t.value is not None else -math.inf))
         start = min(complete, key=lambda t: t.number)
         trained = {ranked[0].number, start.number}
-        others = [cost[t.number] for t in ranked[: max(1, self.ensemble_size)] if t.number not in trained]
+        members = [t.number for t in ranked[: self.ensemble_size] if t.number not in trained]
+        others = [cost[n] for n in members]
         probes = [cost[t.number] for t in complete if _is_probe(t)]
         probe = statistics.fmean(probes) if probes else statistics.median(cost.values())
         final = self.seeds * sum(cost[n] for n in trained)
         ensemble = self.seeds * (sum(others) + probe) if self.ensemble_size else 0.0
-        bests = [n for n in _method_bests(complete) if n not in trained]
-        board = self.seeds * (sum(cost[n] for n in bests) + sum(others) + probe) if self.leaderboard else 0.0
+        bests = [n for n in _method_bests(complete) if n not in trained and n not in members]
+        board = self.seeds * (sum(cost[n] for n in bests) + probe) if self.leaderboard else 0.0
         overhead = STAGE_OVERHEAD_SECONDS * (2 if self.leaderboard else 1)
         return (final + ensemble + board) * SAFETY + overhead
 

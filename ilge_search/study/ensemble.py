@@ -21,7 +21,7 @@ import os
 import statistics
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -137,13 +137,14 @@ def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> 
 
 
 def predictions_of(model: TrainedModel, features: Features) -> np.ndarray:
-    """A trained model's predictions: class probabilities ``(N, C)`` or similarity scores ``(N,)``."""
+    """A trained model's predictions: class probabilities ``(N, C)`` (a tagger's: one row per word) or
+    similarity scores ``(N,)``."""
     import torch
 
     from ..engine import predict_logits
 
     outputs = predict_logits(model, features).double()
-    if model.task_kind == "classification":
+    if model.task_kind in ("classification", "tagging"):
         outputs = torch.softmax(outputs, dim=1)
     return outputs.numpy()
 
@@ -480,10 +481,19 @@ def _greedy(
     return picks, val_scores, [t.number for t in trials], slow
 
 
-def ensemble_evaluation(study: optuna.Study, data: StudyData, run: EnsembleRun) -> EnsembleRecord:
+def ensemble_evaluation(
+    study: optuna.Study,
+    data: StudyData,
+    run: EnsembleRun,
+    *,
+    keep: MutableMapping[int, dict[int, tuple[TrainedModel, float]]] | None = None,
+) -> EnsembleRecord:
     """Select ensembles greedily on the trials' validation predictions (backfilled where missing), retrain
     their members with the final seeds, score them on test beside the selected trial, the starting
-    configuration and the best single layer; store and return the :class:`EnsembleRecord`."""
+    configuration and the best single layer; store and return the :class:`EnsembleRecord`.
+
+    ``keep`` (trial -> seed -> (model, seconds)) receives every model of the final seeds used here, so that
+    a later stage of the run (the leaderboard) trains none of them again."""
     from ..engine.ensemble import EnsembleModel
     from .objectives import measure_latency
 
@@ -496,6 +506,8 @@ def ensemble_evaluation(study: optuna.Study, data: StudyData, run: EnsembleRun) 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     trained = _retrain_members([by_number[number] for number in dict.fromkeys(picks)], data, run)
     selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
+    if keep is not None:
+        keep.update({n: {s: (m.models[s], m.seconds[s]) for s in m.models} for n, m in trained.items()})
     sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
     asked = sizes[str(run.size)]
     members = {int(n): c for n, c in asked.members.items()}

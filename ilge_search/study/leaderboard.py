@@ -237,6 +237,7 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
         confidence=run.confidence,
         resamples=run.resamples,
         predictions=artifact,
+        unit="words" if data.task_kind == "tagging" else "texts",
     )
 
 
@@ -313,8 +314,8 @@ def format_table(record: LeaderboardRecord) -> str:
     lines.insert(1, "  ".join("-" * width for width in widths))
     lines.append(
         f"{score_unit(record.metric)[1]} over final seeds {record.seeds}; differences: test minus the best "
-        f"single-layer probe, {record.confidence:.0%} paired bootstrap over the same test texts and seeds "
-        f"({record.resamples} resamples); 'tie': the interval contains 0"
+        f"single-layer probe, {record.confidence:.0%} paired bootstrap over the same test {record.unit} and seeds "
+        f"({record.resamples} resamples); 'tie': the interval contains 0; predict ms per 1,000 {record.unit}"
     )
     return "\n".join(lines)
 
@@ -342,7 +343,8 @@ def export_choice(study: Any) -> tuple[bool, str] | None:
         return None
     ensemble, selected = stored.row("ensemble"), stored.row("selected")
     if ensemble is None or selected is None:
-        return False, "the auto study has no ensemble: its selected trial is exported"
+        why = "tagging studies have none" if stored.unit == "words" else "none was made"
+        return False, f"the auto study has no ensemble ({why}): its selected trial is exported"
     chosen = ensemble.val_mean > selected.val_mean
     what = "the ensemble" if chosen else "the selected trial"
     return chosen, (

@@ -82,8 +82,8 @@ class StudyPlan:
             the start configuration, unless the final evaluation is current.
         ensemble_runs: trainings of the ensemble stage: ``final_seeds`` for each of up to K - 1 members
             beyond the one the final evaluation trained (0 where the study has no ensemble).
-        leaderboard_runs: an auto study's leaderboard: ``final_seeds`` for each method's best trial, the
-            ensemble's other members and the best-layer probe.
+        leaderboard_runs: an auto study's leaderboard: ``final_seeds`` for each method's best trial (at most:
+            those the final evaluation and the ensemble trained are reused) and the best-layer probe.
         seconds: this study's estimated wall time (trials, worker start, final evaluation, ensemble).
     """
 
@@ -295,21 +295,23 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
                 trials=count,
                 epochs=epochs,
                 final_runs=final_runs,
-                ensemble_runs=(ensemble_runs := _ensemble_runs(check, trials_after) if final_runs else 0),
-                leaderboard_runs=_leaderboard_runs(check, enc, ensemble_runs),
+                ensemble_runs=_ensemble_runs(check, trials_after) if final_runs else 0,
+                leaderboard_runs=_leaderboard_runs(check, enc),
             )
         )
     return plans
 
 
-def _leaderboard_runs(check: RunCheck, encoder: str, ensemble_runs: int) -> int:
-    """An auto study's leaderboard trainings: each method's best trial, the ensemble's other members and the
-    best-layer probe, each with every final seed (classification and similarity studies)."""
-    kind = check.task_data.kind
-    if not is_auto(encoder) or not check.options.final.seeds or kind not in ("classification", "similarity"):
+def _leaderboard_runs(check: RunCheck, encoder: str) -> int:
+    """An auto study's leaderboard trainings, at most: each method's best trial and the best-layer probe, each
+    with every final seed (single-objective studies under the matched protocol)."""
+    options = check.options
+    if not is_auto(encoder) or not options.final.seeds or options.search.multi_objective:
         return 0
-    methods = auto_methods(check.options.search.methods, tagging=check.task_data.kind == "tagging")
-    return ensemble_runs + check.options.final.seeds * (len(methods) + 1)
+    if options.final.protocol != "matched":
+        return 0
+    methods = auto_methods(options.search.methods, tagging=check.task_data.kind == "tagging")
+    return options.final.seeds * (len(methods) + 1)
 
 
 def _ensemble_runs(check: RunCheck, trials_after: int) -> int:

@@ -205,21 +205,27 @@ def _deadline(run_deadline: float | None, studies_left: int) -> float | None:
 
 def _study_budget(study: optuna.Study, planned: PlannedStudy, deadline: float, options: StudyOptions) -> TimeBudget:
     """The :class:`~.budget.TimeBudget` of ``study``: its final seeds, its ensemble's size where it can have one
-    (``--ensemble``, else the default) and, for an auto study that can have one, its leaderboard."""
+    (``--ensemble``, else the default) and, for an auto study that can have one, its leaderboard (a tagging
+    study's too: it has no ensemble but a leaderboard)."""
     from ..record import study_record
     from .ensemble import check_ensemble_study
     from .options import DEFAULT_ENSEMBLE
 
+    record = study_record(study)
     size = DEFAULT_ENSEMBLE if options.final.ensemble is None else options.final.ensemble
     try:
-        check_ensemble_study(study_record(study), 1)  # what the leaderboard needs too
+        check_ensemble_study(record, 1)  # what the leaderboard needs too, but for a tagging study
     except ValueError:
-        return TimeBudget(deadline=deadline, seeds=options.final.seeds, ensemble_size=0)
+        single = record.identity is not None and not record.identity.multi_objective
+        tagging = single and record.data is not None and record.data.task_kind == "tagging"
+        size, board = 0, tagging and is_auto(planned.encoder)
+    else:
+        board = is_auto(planned.encoder)
     return TimeBudget(
         deadline=deadline,
         seeds=options.final.seeds,
         ensemble_size=size,
-        leaderboard=is_auto(planned.encoder),
+        leaderboard=board,
         workers=options.runtime.workers,
     )
 

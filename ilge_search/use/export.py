@@ -170,7 +170,7 @@ def export_study(storage: str | Storage | None, request: ExportRequest) -> Expor
         check_save_folder(request.out_dir, overwrite=request.force)  # before any work: a refused --out costs nothing
     choice = (
         None
-        if request.ensemble or request.retrain or request.trial_number is not None or tagging
+        if request.ensemble or request.retrain or request.trial_number is not None
         else (study_export_choice(storage, request.study_name))
     )
     if choice is not None and choice[0]:

@@ -1,5 +1,6 @@
 """The ensemble evaluation as a stage (``--ensemble K``, by default where the study can have one):
-:mod:`ilge_search.study.ensemble` does the work; members an earlier stage trained are not trained again."""
+:mod:`ilge_search.study.ensemble` does the work; members an earlier stage trained are not trained again, and
+the models it trains join the context's for the stages after it."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ class EnsembleStage(Stage):
         return f"the ensemble of {self._size(context)} is up to date"
 
     def run(self, context: StageContext) -> None:
-        ensemble_evaluation(context.study, context.data, ensemble_run(context, self._size(context)))
+        run = ensemble_run(context, self._size(context))
+        ensemble_evaluation(context.study, context.data, run, keep=context.trained)
 
     column_names = ("ensemble_k", "ensemble_test_mean")
 

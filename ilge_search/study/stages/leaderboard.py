@@ -18,9 +18,12 @@ from ..leaderboard import (
 from .base import Stage, StageContext, StagePart, StoredStudy
 from .final import has_final_scores_to_make
 
-__all__ = ["LeaderboardStage", "leaderboard_run"]
+__all__ = ["LeaderboardStage", "REPORT_TITLE", "leaderboard_run"]
 
-_KINDS = ("classification", "similarity")  # per-example predictions the paired intervals compare
+REPORT_TITLE = "Auto studies: leaderboards"  # the report section of every auto study's leaderboard
+
+# per-example predictions the paired intervals compare: texts, pairs, or a tagger's words
+_KINDS = ("classification", "similarity", "tagging")
 
 
 def leaderboard_run(context: StageContext) -> LeaderboardRun:
@@ -88,10 +91,11 @@ class LeaderboardStage(Stage):
         if not rows:
             return None
         return StagePart(
-            title="Auto studies: leaderboards",
-            paragraph="Each auto study's methods (their best trial), the selected trial and the ensembles, "
-            "retrained with the final seeds; differences are test minus the best single-layer probe with a 95 % "
-            "paired bootstrap interval over the same test texts and seeds ('tie': the interval contains 0).",
+            title=REPORT_TITLE,
+            paragraph="Each auto study's methods (their best trial), the selected trial and the ensembles (a "
+            "tagging study has none), trained with the final seeds; differences are test minus the best "
+            "single-layer probe with a 95 % paired bootstrap interval over the same test texts (a tagging "
+            "study's: words) and seeds ('tie': the interval contains 0).",
             header=("study", "model", "val", "test mean ± std", "vs best layer [95% CI]", "train s", "ms/1k", "params"),
             rows=tuple(rows),
         )
