@@ -176,7 +176,8 @@ def test_cayley_word_is_refused_on_a_text_task(setup, tmp_path):
         plan_run(setup["model"], str(folder), ["cayley-word"], options=_options(setup), calibrate=False)
 
 
-def test_the_dry_run_times_a_tagging_config_and_writes_nothing(setup, tmp_path):
+def test_the_dry_run_times_a_tagging_config_and_writes_nothing(setup, results, tmp_path):
+    # `results` ran the studies, so the word entries are in the cache the dry run checks
     storage = f"sqlite:///{tmp_path / 'dry.db'}"
     plan = plan_run(setup["model"], setup["task"], ["cayley"], storage=storage, options=_options(setup))
     assert plan.split_sizes == {"train": 32, "validation": 12, "test": 12}

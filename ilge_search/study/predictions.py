@@ -43,10 +43,10 @@ PAIRED_KINDS = ("classification", "similarity")
 
 
 def predicted_labels(predictions: np.ndarray, task_kind: str) -> np.ndarray:
-    """What the paired bootstrap compares: class ids (argmax of class probabilities ``(..., N, C)``) or
-    similarity scores (as given)."""
+    """What the paired bootstrap compares: class ids (argmax of class probabilities ``(..., N, C)``; a tagger's
+    per word) or similarity scores (as given)."""
     predictions = np.asarray(predictions)
-    return predictions.argmax(axis=-1) if task_kind == "classification" else predictions
+    return predictions if task_kind == "similarity" else predictions.argmax(axis=-1)
 
 
 def model_predictions(model: TrainedModel, features: Features) -> np.ndarray:
