@@ -506,6 +506,8 @@ def ensemble_evaluation(
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     trained = _retrain_members([by_number[number] for number in dict.fromkeys(picks)], data, run)
     selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
+    # decided before ``keep`` takes this stage's models (it may be ``run.reuse`` itself)
+    reused = sorted(n for n in trained if set(run.seeds) <= set(run.reuse.get(n, {})))
     if keep is not None:
         keep.update({n: {s: (m.models[s], m.seconds[s]) for s in m.models} for n, m in trained.items()})
     sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
@@ -535,7 +537,7 @@ def ensemble_evaluation(
         prediction_seed=run.prediction_seed,
         mix=MIX_RULE[data.task_kind],
         candidates=candidates,
-        reused=sorted(n for n in trained if set(run.seeds) <= set(run.reuse.get(n, {}))),
+        reused=reused,
         left_out={str(n): round(seconds, 3) for n, seconds in sorted(slow.items())},
     )
     save_ensemble(study, out)
