@@ -516,7 +516,6 @@ def ensemble_evaluation(
     best_seed = max(run.seeds, key=lambda s: (asked.val_scores[run.seeds.index(s)], -s))
     model = EnsembleModel([trained[n].models[best_seed] for n in members], list(members.values()))
     artifacts = _upload_ensemble(study, record, model, members, best_seed, run)
-    identity = record.identity
     out = EnsembleRecord(
         size=run.size,
         picks=picks,
@@ -528,7 +527,7 @@ def ensemble_evaluation(
         selected_test_scores=selected_scores,
         start_trial=start,
         start_test_scores=start_scores,
-        best_layer_test_scores=_best_layer_scores(data, run, "" if identity is None else identity.model),
+        best_layer_test_scores=_best_layer_scores(data, run, "" if record.identity is None else record.identity.model),
         member_seconds=statistics.fmean(sum(trained[n].seconds[s] for n in members) for s in run.seeds),
         latency_ms=round(measure_latency(model, data.validation[0]), 4),
         single_latency_ms=round(measure_latency(trained[next(iter(members))].models[best_seed], data.validation[0]), 4),
