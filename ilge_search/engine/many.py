@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,8 +193,9 @@ class DropoutReplay(TorchFunctionMode):
 
 class SharedSparseProduct(torch.autograd.Function):
     """``torch.sparse.mm(adjacency, x)``, which under :func:`torch.func.vmap` over ``x`` alone (one graph, every
-    model's node states) is one product with every model's columns side by side, where vmap's fallback
-    would loop over the models."""
+    model's node states) is one product of the block-diagonal adjacency (a copy per model) with every model's
+    node states stacked as rows, where vmap's fallback would loop over the models. Stacking rows keeps each
+    model's states contiguous, so the operations around the product need no transposed copies."""
 
     generate_vmap_rule = False
 
@@ -207,15 +209,62 @@ class SharedSparseProduct(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        return None, torch.sparse.mm(ctx.adjacency.t(), grad)
+        return None, torch.sparse.mm(_transposed(ctx.adjacency), grad)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple, adjacency: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         if in_dims[0] is not None:
             raise ValueError("a pass shares one graph between its models; the adjacency must not be batched")
-        nodes = x.movedim(in_dims[1], 1)  # (nodes, models, width)
-        product = torch.sparse.mm(adjacency, nodes.reshape(nodes.shape[0], -1))
-        return product.view(adjacency.shape[0], *nodes.shape[1:]), 1
+        states = x.movedim(in_dims[1], 0)  # (models, sources, width)
+        models, width = states.shape[0], states.shape[-1]
+        blocks = _block_diagonal(adjacency, models)
+        product = SharedSparseProduct.apply(blocks, states.reshape(-1, width))
+        return product.view(models, adjacency.shape[0], width), 0
+
+
+# block-diagonal copies and transposes of the few adjacencies a pass uses, keyed by the tensor they come from
+_SPARSE_MEMO: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_SPARSE_MEMO_SIZE = 32
+
+
+def _memo(adjacency: torch.Tensor, copies: int, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    key = (id(adjacency), copies)
+    held = _SPARSE_MEMO.get(key)
+    if held is None or held[0] is not adjacency:  # an id may be reused once its tensor is gone
+        if len(_SPARSE_MEMO) >= _SPARSE_MEMO_SIZE:
+            _SPARSE_MEMO.pop(next(iter(_SPARSE_MEMO)))
+        held = _SPARSE_MEMO[key] = (adjacency, build())
+    return held[1]
+
+
+def _block_diagonal(adjacency: torch.Tensor, copies: int) -> torch.Tensor:
+    """``copies`` copies of a CSR matrix on the diagonal of one CSR matrix (model ``m``'s rows and columns
+    follow model ``m - 1``'s)."""
+
+    def build() -> torch.Tensor:
+        csr = adjacency.to_sparse_csr()
+        rows, columns = csr.shape
+        crow, col, values = csr.crow_indices(), csr.col_indices(), csr.values()
+        offsets = torch.arange(copies, device=crow.device)
+        block_crow = torch.cat([crow[:1], (crow[1:].unsqueeze(0) + offsets.unsqueeze(1) * crow[-1]).reshape(-1)])
+        block_col = (col.unsqueeze(0) + offsets.unsqueeze(1) * columns).reshape(-1)
+        size = (rows * copies, columns * copies)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta state"
+            return torch.sparse_csr_tensor(block_crow, block_col, values.repeat(copies), size)
+
+    return adjacency if copies == 1 else _memo(adjacency, copies, build)
+
+
+def _transposed(adjacency: torch.Tensor) -> torch.Tensor:
+    """The CSR transpose of an adjacency, made once (autograd would sort it again at every step)."""
+
+    def build() -> torch.Tensor:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return adjacency.t().to_sparse_csr()
+
+    return _memo(adjacency, 0, build)
 
 
 def _linear_arguments(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -270,11 +319,13 @@ class StackedLinear(torch.autograd.Function):
         return out.view(*rows.shape[:-1], width), 0
 
 
-def _mask(shape: tuple[int, ...], p: float, generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    """The scaled Bernoulli noise CPU dropout multiplies its input by (``torch.nn.functional.dropout``)."""
+def _draw_mask(out: torch.Tensor, p: float, generator: torch.Generator) -> None:
+    """Fill ``out`` with the scaled Bernoulli noise CPU dropout multiplies its input by
+    (``torch.nn.functional.dropout``)."""
     if p == 0:
-        return torch.ones(shape, device=device)
-    return torch.empty(shape, device=device).bernoulli_(1 - p, generator=generator).div_(1 - p)
+        out.fill_(1.0)
+    else:
+        out.bernoulli_(1 - p, generator=generator).div_(1 - p)
 
 
 @dataclass(frozen=True)
@@ -481,8 +532,9 @@ class _Pass:
 
     def _step(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """One optimizer step of every active model on its own batch; the batch losses."""
-        x = torch.stack([self.train_x.rows(batch) for batch in rows])
-        y = torch.stack([self.data.train_y[batch] for batch in rows]).to(self.device)
+        every = torch.cat(rows)  # one gather for every model's batch
+        x = self.train_x.rows(every).view(len(rows), len(rows[0]), *self.data.train_x.shape[1:])
+        y = self.data.train_y[every].view(len(rows), len(rows[0]), *self.data.train_y.shape[1:]).to(self.device)
         masks = self._masks(self.active, len(rows[0]))
         drawn = [mask for mask in masks if mask is not None]  # vmap maps tensors only
 
@@ -511,8 +563,10 @@ class _Pass:
             if not any(rates):
                 masks.append(None)
                 continue
-            draws = [_mask(site.shape, p, m.dropout_rng, self.device) for p, m in zip(rates, active, strict=True)]
-            masks.append(torch.stack(draws))
+            stacked = torch.empty((len(active), *site.shape), device=self.device)
+            for row, (p, member) in enumerate(zip(rates, active, strict=True)):
+                _draw_mask(stacked[row], p, member.dropout_rng)
+            masks.append(stacked)
         return masks
 
     @torch.no_grad()
