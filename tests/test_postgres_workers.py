@@ -25,24 +25,8 @@ def _cache_files(cache_dir):
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} if folder.is_dir() else {}
 
 
-@pytest.mark.slow
-@pytest.mark.realmodel
-@pytest.mark.postgres
-def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_dir, tmp_path):
-    # embeddings cached once, up front, in the cache every worker shares
-    spec = DataSpec(
-        model=MODEL,
-        task="trec",
-        max_train=SMALL["max_train"],
-        max_eval=SMALL["max_eval"],
-        data_dir=str(data_dir),
-        cache_dir=str(cache_dir),
-        device="cpu",
-    )
-    load_study_data(spec, with_test=True, progress=False)
-    cached = _cache_files(cache_dir)
-    assert cached
-
+def _run_processes(encoder, shares, postgres_url, data_dir, cache_dir, tmp_path):
+    """``len(shares)`` separate ``run`` processes on one study, process ``i`` adding ``shares[i]`` trials."""
     command = [
         sys.executable,
         "-c",
@@ -53,7 +37,7 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
         "--task",
         "trec",
         "--encoder",
-        "fc",
+        encoder,
         "--storage",
         postgres_url,
         "--pruner",
@@ -79,13 +63,13 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
     env = dict(os.environ, OMP_NUM_THREADS="1")  # three processes on two cores
     processes = [
         subprocess.Popen(
-            [*command, "--seed", str(i), "--n-trials", str(SHARES[i])],
+            [*command, "--seed", str(i), "--n-trials", str(share)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=env,
         )
-        for i in range(WORKERS)
+        for i, share in enumerate(shares)
     ]
     outputs = []
     for process in processes:
@@ -97,6 +81,33 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
             raise
     for process, output in zip(processes, outputs, strict=True):
         assert process.returncode == 0, output[-3000:]
+    return outputs
+
+
+def _cache_once(data_dir, cache_dir):
+    """The embeddings cached up front, in the cache every worker shares; the cache's files."""
+    spec = DataSpec(
+        model=MODEL,
+        task="trec",
+        max_train=SMALL["max_train"],
+        max_eval=SMALL["max_eval"],
+        data_dir=str(data_dir),
+        cache_dir=str(cache_dir),
+        device="cpu",
+    )
+    load_study_data(spec, with_test=True, progress=False)
+    cached = _cache_files(cache_dir)
+    assert cached
+    return cached
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+@pytest.mark.postgres
+def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_dir, tmp_path):
+    cached = _cache_once(data_dir, cache_dir)  # embeddings cached once, up front
+
+    _run_processes("fc", SHARES, postgres_url, data_dir, cache_dir, tmp_path)
 
     name = default_study_name(MODEL, "trec", "fc", **{k: SMALL[k] for k in ("max_train", "max_eval", "max_epochs")})
     study = optuna.load_study(study_name=name, storage=postgres_url)
@@ -126,4 +137,34 @@ def test_three_worker_processes_share_one_study(postgres_url, data_dir, cache_di
     assert "over 1 seed:" in get_note(study)
 
     # no worker extracted again: the cache files are the ones written up front
+    assert _cache_files(cache_dir) == cached
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+@pytest.mark.postgres
+def test_three_processes_share_one_auto_study(postgres_url, data_dir, cache_dir, tmp_path):
+    # every method's start is queued once, whichever process creates the study, and run by exactly one process
+    from ilge_search.record import leaderboard_record
+    from ilge_search.study.auto import METHOD_PARAM, auto_methods
+
+    cached = _cache_once(data_dir, cache_dir)
+    methods = auto_methods(None, tagging=False)
+    shares = (3, 3, 3)
+    outputs = _run_processes("auto", shares, postgres_url, data_dir, cache_dir, tmp_path)
+
+    name = default_study_name(MODEL, "trec", "auto", **{k: SMALL[k] for k in ("max_train", "max_eval", "max_epochs")})
+    study = optuna.load_study(study_name=name, storage=postgres_url)
+    trials = study.trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * sum(shares)
+    assert sorted(t.number for t in trials) == list(range(sum(shares)))
+    starts = [t.params[METHOD_PARAM] for t in trials[: len(methods)]]
+    assert sorted(starts) == sorted(methods)  # each method's start ran once, before any searched trial
+    assert study.user_attrs["encoder"] == "auto"
+    # the final evaluation, the ensemble and the leaderboard ran once, on the finished study
+    board = leaderboard_record(study)
+    assert board is not None
+    assert {row.name for row in board.rows if row.kind == "method"} == set(methods)
+    assert len(board.seeds) == 1  # --final-seeds 1
+    assert any("vs best layer" in output for output in outputs)  # a process printed it
     assert _cache_files(cache_dir) == cached
