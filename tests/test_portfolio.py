@@ -175,6 +175,35 @@ def test_a_cell_claimed_by_a_live_process_is_not_trained_twice(studies, syntheti
     assert cells[1].key.digest in done and running == {key.digest}
 
 
+def test_the_seeds_of_a_config_on_a_problem_train_together(studies, synthetic, tmp_path, monkeypatch):
+    # each (problem, config) group of cells is one train_seeds call, so its seeds can share a pass
+    from ilge_search.defaults import portfolio as module
+
+    request = PortfolioRequest(top_k=1, seeds=3, size=2)
+    url = copy_of(studies, tmp_path)
+    _, result, cells = build_matrix(url, request)
+    calls = []
+    original = module.train_seeds
+
+    def counted(data, config, seeds, **kwargs):
+        calls.append(list(seeds))
+        return original(data, config, seeds, batched=True, **kwargs)
+
+    monkeypatch.setattr(module, "train_seeds", counted)
+    group = [cell for cell in cells if (cell.problem, cell.candidate) == (cells[0].problem, cells[0].candidate)]
+    assert [cell.key.seed for cell in group] == request.seed_list
+    trained, left = module.train_cells(url, request, group, result.problems, setup_of(synthetic))
+    assert (trained, left) == (3, 0) and calls == [request.seed_list]
+    study = optuna.load_study(study_name=portfolio_study_name("cayley", "small"), storage=url)
+    done, _ = stored_cells(study)
+    data = setup_of(synthetic).load_data(
+        open_storage(url).existing_study(result.problems[group[0].problem].study), with_test=True
+    )
+    for cell in group:  # the one-at-a-time model of each seed scores what the pass stored
+        [alone] = original(data, cell.config, [cell.key.seed], batched=False, device="cpu")
+        assert done[cell.key.digest].scores.validation == pytest.approx(alone.val_score, abs=1e-5)
+
+
 def test_json_shape(built, synthetic):
     url, result = built
     out = CliRunner().invoke(

@@ -11,6 +11,7 @@ share the work. The choice (:mod:`~ilge_search.defaults.choice`) reads validatio
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -298,18 +299,26 @@ def _stamp(number: int) -> tuple[str, dict[str, object]]:
     return WORKER_ATTR, worker_stamp(number)
 
 
-def _train_one(config: EncoderConfig, data: StudyData, seed: int, device: str) -> CellScores:
+def _train_cells(cells: Sequence[PlannedCell], data: StudyData, device: str) -> list[CellScores]:
+    """The scores of cells of one config on one problem, their seeds trained in one pass where the engine can."""
     import time
 
     start = time.perf_counter()
-    [trained] = train_seeds(data, config, [seed], device=device)
-    test = float(data.test_metrics(trained.model)[data.metric])
-    return CellScores(
-        validation=trained.val_score,
-        test=test,
-        epochs_run=trained.epochs_run,
-        seconds=round(time.perf_counter() - start, 3),
-    )
+    trained = list(train_seeds(data, cells[0].config, [cell.key.seed for cell in cells], device=device))
+    tested = [float(data.test_metrics(model.model)[data.metric]) for model in trained]
+    share = (time.perf_counter() - start) / len(cells)
+    return [
+        CellScores(validation=model.val_score, test=test, epochs_run=model.epochs_run, seconds=round(share, 3))
+        for model, test in zip(trained, tested, strict=True)
+    ]
+
+
+def _config_groups(cells: Sequence[PlannedCell]) -> list[list[PlannedCell]]:
+    """``cells`` grouped by problem and config, in order: a group's cells differ only in their seed."""
+    groups: dict[tuple[int, str], list[PlannedCell]] = {}
+    for cell in cells:
+        groups.setdefault((cell.problem, json.dumps(cell.config.to_dict(), sort_keys=True)), []).append(cell)
+    return list(groups.values())
 
 
 @overload
@@ -356,24 +365,28 @@ def train_cells(
     todo.sort(key=lambda c: first[c.problem])
     loaded: dict[int, StudyData] = {}
     trained = skipped = 0
+    bar = BarSpec(f"{request.family} matrix", unit="config", enabled=setup.progress)
     with setup.torch_threads():
-        for cell in steps(todo, BarSpec(f"{request.family} matrix", unit="cell", enabled=setup.progress)):
-            trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key, _stamp)
-            if trial_id is None:
-                skipped += 1
+        for group in steps(_config_groups(todo), bar):
+            owned = cell_owners(study)
+            claims = [(c, None if c.key.digest in owned else claim_cell(storage, study, c.key, _stamp)) for c in group]
+            mine = [(cell, trial_id) for cell, trial_id in claims if trial_id is not None]
+            skipped += len(group) - len(mine)
+            if not mine:
                 continue
+            problem = group[0].problem
             try:
-                if cell.problem not in loaded:
+                if problem not in loaded:
                     loaded.clear()
-                    loaded[cell.problem] = setup.load_data(
-                        storage.existing_study(problems[cell.problem].study), with_test=True
-                    )
-                scores = _train_one(cell.config, loaded[cell.problem], cell.key.seed, setup.device)
+                    loaded[problem] = setup.load_data(storage.existing_study(problems[problem].study), with_test=True)
+                scores = _train_cells([cell for cell, _ in mine], loaded[problem], setup.device)
             except BaseException:
-                abandon_cell(storage, trial_id)
+                for _, trial_id in mine:
+                    abandon_cell(storage, trial_id)
                 raise
-            finish_cell(storage, trial_id, scores)
-            trained += 1
+            for (_, trial_id), cell_scores in zip(mine, scores, strict=True):
+                finish_cell(storage, trial_id, cell_scores)
+            trained += len(mine)
     return trained, skipped + len(running & {c.key.digest for c in cells})
 
 
