@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
-from ..encoders.configs import ENCODER_FAMILIES, config_from_dict
+from ..encoders.configs import ENCODER_FAMILIES
 from ..record import (
     WORKER_ATTR,
     CellKey,
@@ -525,8 +525,3 @@ def estimate_seconds(cells: Sequence[PlannedCell], problems: Sequence[MatrixProb
         for c in {c.key.digest: c for c in cells}.values()
         if c.key.digest in missing
     )
-
-
-def config_of(values: ConfigValues) -> EncoderConfig:
-    """A candidate's config dict as an encoder config."""
-    return config_from_dict(values)

@@ -37,7 +37,7 @@ from ..encoders.configs import BestLayerConfig, EncoderConfig
 from ..progress import BarSpec, steps
 from . import tokens
 from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingRecipe, TrainResult, run_epochs
-from .metrics import ArrayLike, class_metrics, pearson, spearman
+from .metrics import ArrayLike, check_finite, check_label_range, class_metrics, pearson, spearman
 from .standardizer import FeatureStandardizer
 
 if TYPE_CHECKING:  # pragma: no cover - the aggregator pulls in PyTorch Geometric, imported lazily
@@ -141,9 +141,6 @@ def build_model(
     return ILGEModel(aggregator, head, task_kind=task_kind, score_range=score_range)
 
 
-# --------------------------------------------------------------------------- results
-
-
 # --------------------------------------------------------------------------- input checks
 
 
@@ -163,18 +160,8 @@ def _as_features(features: ArrayLike, task_kind: str, name: str) -> torch.Tensor
         )
     if features.shape[0] == 0:
         raise ValueError(f"{name} set is empty")
-    _check_finite(features, name)
+    check_finite(features, name)
     return features
-
-
-def _check_finite(features: torch.Tensor, name: str, chunk: int = 4096) -> None:
-    # chunked so that a large float16 cache never needs a full-size boolean copy
-    for start in range(0, features.shape[0], chunk):
-        if not torch.isfinite(features[start : start + chunk]).all():
-            raise ValueError(
-                f"{name} features contain NaN or inf (first bad block starts at row {start}); "
-                "the embedding cache may be corrupt: clear it and extract again"
-            )
 
 
 def _as_labels(labels: ArrayLike, num_rows: int, task_kind: str, name: str) -> torch.Tensor:
@@ -270,15 +257,9 @@ def evaluate(
     labels = _as_labels(labels, features.shape[0], task_kind, "evaluation")
     if task_kind == "classification":
         num_classes = int(model.head.out_features)
-        _check_label_range(labels, num_classes, "evaluation")
+        check_label_range(labels, num_classes, "evaluation")
     outputs = predict_logits(model, features, device=device, batch_size=batch_size)
     return task_metrics(model, outputs, labels)
-
-
-def _check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> None:
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= num_classes:
-        raise ValueError(f"{name} labels must be class ids in [0, {num_classes}), found values in [{low}, {high}]")
 
 
 # --------------------------------------------------------------------------- training
@@ -359,8 +340,8 @@ def prepare_data(
     if task_kind == "classification":
         if num_classes is None:
             num_classes = int(max(train_y.max(), val_y.max())) + 1
-        _check_label_range(train_y, num_classes, "train")
-        _check_label_range(val_y, num_classes, "validation")
+        check_label_range(train_y, num_classes, "train")
+        check_label_range(val_y, num_classes, "validation")
     else:
         if score_range is None:
             score_range = (float(train_y.min()), float(train_y.max()))

@@ -8,9 +8,25 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["pearson", "spearman", "macro_f1", "class_metrics", "ArrayLike"]
+__all__ = ["pearson", "spearman", "macro_f1", "class_metrics", "check_label_range", "check_finite", "ArrayLike"]
 
 ArrayLike = torch.Tensor | np.ndarray
+
+
+def check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> None:
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        raise ValueError(f"{name} labels must be class ids in [0, {num_classes}), found values in [{low}, {high}]")
+
+
+def check_finite(features: torch.Tensor, name: str, what: str = "features", unit: str = "row") -> None:
+    """Refuse NaN or inf; chunked, so that a large float16 (or memory-mapped) set never needs a full-size copy."""
+    for start in range(0, features.shape[0], 4096):
+        if not torch.isfinite(features[start : start + 4096]).all():
+            raise ValueError(
+                f"{name} {what} contain NaN or inf (first bad block starts at {unit} {start}); "
+                "the embedding cache may be corrupt: clear it and extract again"
+            )
 
 
 def _average_ranks(values: np.ndarray) -> np.ndarray:

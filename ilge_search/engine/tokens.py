@@ -32,7 +32,7 @@ from torch import nn
 from ..embeddings.models import resolve_device
 from ..encoders.configs import BestLayerConfig, CayleyConfig, CayleyWordConfig, EncoderConfig, FCConfig
 from .loop import TAGGING, RunSettings, TrainResult, run_epochs
-from .metrics import class_metrics
+from .metrics import check_finite, check_label_range, class_metrics
 from .standardizer import FeatureStandardizer
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 EVAL_BATCH_NODES = 65536  # (word, layer) nodes per batch when predicting
-_CHECK_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -111,12 +110,7 @@ def as_word_set(features: Any, labels: Any, name: str) -> WordSet:
             f"{name} word features must be a non-empty float tensor (W, L, D), got {words.dtype} {tuple(words.shape)}"
         )
     offsets = _check_offsets(offsets, words.shape[0], name)
-    for start in range(0, words.shape[0], _CHECK_CHUNK):  # chunked: never a full-size copy of a mapped file
-        if not torch.isfinite(words[start : start + _CHECK_CHUNK]).all():
-            raise ValueError(
-                f"{name} word features contain NaN or inf (first bad block starts at word {start}); "
-                "the embedding cache may be corrupt: clear it and extract again"
-            )
+    check_finite(words, name, "word features", "word")
     if labels is None:
         return WordSet(words, offsets)
     labels = torch.as_tensor(np.asarray(labels) if not isinstance(labels, torch.Tensor) else labels)
@@ -238,14 +232,8 @@ def evaluate_words(model: TaggerModel, features: Any, labels: Any, device: str |
     """``accuracy``, ``macro_f1`` and ``loss`` over the words of a labelled set."""
     words = as_word_set(features, labels, "evaluation")
     assert words.labels is not None
-    _check_label_range(words.labels, int(model.head.out_features), "evaluation")
+    check_label_range(words.labels, int(model.head.out_features), "evaluation")
     return class_metrics(predict_word_logits(model, words, device), words.labels)
-
-
-def _check_label_range(labels: torch.Tensor, num_classes: int, name: str) -> None:
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= num_classes:
-        raise ValueError(f"{name} labels must be class ids in [0, {num_classes}), found values in [{low}, {high}]")
 
 
 # --------------------------------------------------------------------------- training
@@ -284,8 +272,8 @@ def prepare_words(train: Sequence[Any], val: Sequence[Any], num_classes: int | N
     assert train_set.labels is not None and val_set.labels is not None
     if num_classes is None:
         num_classes = int(max(train_set.labels.max(), val_set.labels.max())) + 1
-    _check_label_range(train_set.labels, num_classes, "train")
-    _check_label_range(val_set.labels, num_classes, "validation")
+    check_label_range(train_set.labels, num_classes, "train")
+    check_label_range(val_set.labels, num_classes, "validation")
     return PreparedWords(train_set, val_set, num_classes)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .fields import Attrs, Stored, attrs_of, fields_from, finite, read_stored, write_attrs
+from .fields import Attrs, Stored, attrs_of, fields_from, read_stored, write_attrs
 
 if TYPE_CHECKING:
     import optuna
@@ -389,10 +389,6 @@ class FinalRecord:
         """Whether this evaluation retrained ``trial`` with ``seeds`` under the epoch cap ``max_epochs``
         (then a new evaluation would give the same scores)."""
         return self.trial == trial and list(self.seeds) == list(seeds) and self.max_epochs == max_epochs
-
-    @property
-    def finite_test_mean(self) -> float | None:
-        return finite(self.test_mean)
 
 
 # ----------------------------------------------------------------------------- explain and LOTO

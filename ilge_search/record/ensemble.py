@@ -14,7 +14,6 @@ starting configuration's with the same seeds.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -66,10 +65,6 @@ class EnsembleSize:
     def n_members(self) -> int:
         """Distinct trials in the ensemble."""
         return len(self.members)
-
-    @property
-    def finite_test_mean(self) -> float | None:
-        return self.test_mean if math.isfinite(self.test_mean) else None
 
     def describe(self) -> str:
         """What the ensemble is, in words: ``5 picks (4 distinct trials, trial 3 twice)``."""

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..defaults.loto import stored_loto
 from ..defaults.transfer import stored_portfolios
+from ..files import write_output_text
 from ..storage import hide_password
 from .attributions import attribution_notes
 from .comparisons import stored_predictions
 from .data import collect_records
-from .document import Document, write_atomic
+from .document import Document
 from .fewshot import fewshot_frame
 from .folder import MANIFEST_NAME, check_out_dir, default_report_dir, finish_out_dir
 from .notes import closing_notes, intro, no_published_note, published_note
@@ -154,7 +155,7 @@ def _write_texts(out: Path, doc: Document, data: ReportData, importances: Any) -
     files = {}
     for kind, (name, text) in texts.items():
         files[kind] = out / name
-        write_atomic(files[kind], text)
+        write_output_text(files[kind], text)
     return files
 
 

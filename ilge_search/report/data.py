@@ -19,6 +19,7 @@ from ..defaults.problems import open_existing_storage
 from ..encoders import report_labels, report_methods
 from ..encoders.configs import TAGGER_FAMILIES
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
+from ..record.fields import finite
 from ..study.auto import is_auto
 from ..study.objectives import best_score_trial, score_of
 from ..study.stages.leaderboard import REPORT_TITLE as AUTO_SECTION
@@ -35,13 +36,6 @@ __all__ = ["METHODS", "METHOD_LABELS", "PAPER_SUFFIX", "ReportStudy", "collect_r
 METHODS: Sequence[str] = report_methods("sentence")
 METHOD_LABELS: Mapping[str, str] = report_labels("sentence")
 PAPER_SUFFIX = " [paper protocol]"  # ends the row label of every paper-protocol score
-
-
-def _finite(value: float | None) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 @dataclass
@@ -102,11 +96,11 @@ class ReportStudy:
 
     @property
     def test_mean(self) -> float | None:
-        return None if self.final is None else _finite(self.final.test_mean)
+        return None if self.final is None else finite(self.final.test_mean)
 
     @property
     def test_std(self) -> float | None:
-        return None if self.final is None else _finite(self.final.test_std)
+        return None if self.final is None else finite(self.final.test_std)
 
     @property
     def test_scores(self) -> list[float]:
@@ -119,12 +113,12 @@ class ReportStudy:
     @property
     def val_test_gap(self) -> float | None:
         """The selected trial's objective minus its test mean (``None`` under the paper protocol)."""
-        return None if self.final is None else _finite(self.final.val_test_gap)
+        return None if self.final is None else finite(self.final.val_test_gap)
 
     @property
     def search_gain(self) -> float | None:
         """The selected trial's test mean minus the starting configuration's."""
-        return None if self.final is None else _finite(self.final.search_gain)
+        return None if self.final is None else finite(self.final.search_gain)
 
 
 def row_label(identity: Identity) -> str:
@@ -201,7 +195,7 @@ def _read_study(storage: Storage, summary: optuna.study.StudySummary) -> tuple[R
     )
     if report.n_complete:
         best = best_score_trial(study)
-        report.best_value, report.best_number = _finite(score_of(best)), best.number
+        report.best_value, report.best_number = finite(score_of(best)), best.number
         report.layer_scores = [float(s) for s in trial_records[best.number].layer_scores]
         report.chosen_layer = trial_records[best.number].layer
         report.trial_seconds = _mean_seconds(trials, trial_records)

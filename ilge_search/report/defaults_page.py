@@ -25,9 +25,9 @@ from ..defaults.recommend import (
     regenerate_defaults,
 )
 from ..defaults.rule import RecommendedValue
-from ..files import check_output_path
+from ..files import check_output_path, write_output_text
 from ..tuning import BUILTIN_RECOMMENDED, load_recommended_defaults
-from .document import MISSING, Cell, Document, plural, write_atomic
+from .document import MISSING, Cell, Document, plural
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .portfolio import portfolio_part
 
@@ -256,10 +256,10 @@ def recommend_defaults(
 def _write_defaults(recommendation: Recommendation, target: Path, page_target: Path | None) -> None:
     """Write the defaults file (checked by reading it back) and its page; a failed write becomes a ValueError."""
     try:
-        write_atomic(target, json.dumps(recommendation.document, indent=2) + "\n")
+        write_output_text(target, json.dumps(recommendation.document, indent=2) + "\n")
         load_recommended_defaults(target)  # what was written must read back
         if page_target is not None:
-            write_atomic(page_target, defaults_page(recommendation, Path(target)))
+            write_output_text(page_target, defaults_page(recommendation, Path(target)))
     except OSError as exc:  # e.g. a read-only installed package, a full disk
         raise ValueError(
             f"cannot write {exc.filename or target}: {exc.strerror or exc}; pass another --out (out_path)"

@@ -11,9 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..files import write_output_text
-
-__all__ = ["MISSING", "Cell", "Document", "model_sentence", "plural", "slug", "write_atomic"]
+__all__ = ["MISSING", "Cell", "Document", "model_sentence", "plural", "slug"]
 
 MISSING = "—"
 
@@ -44,9 +42,6 @@ def model_sentence(model: str, parts: list[str]) -> list[str]:
 def slug(*parts: str) -> str:
     """A file-name and LaTeX-label safe join of ``parts``."""
     return "-".join(re.sub(r"[^A-Za-z0-9.\-]+", "_", p).strip("_") for p in parts)
-
-
-write_atomic = write_output_text  # the report's files are written as every output is
 
 
 def _tex(text: str) -> str:

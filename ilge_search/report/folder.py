@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._version import __version__
-from ..files import check_output_folder, git_tracked
+from ..files import check_output_folder, git_tracked, write_output_text
 from ..storage import hide_password, sqlite_database
-from .document import write_atomic
 
 __all__ = ["MANIFEST_NAME", "Manifest", "default_report_dir", "check_out_dir", "finish_out_dir", "git_tracked"]
 
@@ -128,4 +127,4 @@ def finish_out_dir(out: Path, storage_url: str, written: set[str], previous: Man
         "storage": recorded_storage(out, storage_url),
         "files": sorted(written),
     }
-    write_atomic(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
+    write_output_text(out / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")

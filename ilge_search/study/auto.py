@@ -38,7 +38,6 @@ __all__ = [
     "suggest_auto",
     "suggest_study_config",
     "method_params",
-    "trial_method",
 ]
 
 AUTO = "auto"
@@ -140,9 +139,3 @@ def method_params(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """One method's Optuna params (as :func:`~ilge_search.study.trial.config_params` gives them) as an auto
     study names them."""
     return {METHOD_PARAM: method, **{f"{method}{_SEPARATOR}{key}": value for key, value in params.items()}}
-
-
-def trial_method(params: Mapping[str, Any]) -> str | None:
-    """The method of an auto study's trial, from its params (``None`` for other studies' trials)."""
-    value = params.get(METHOD_PARAM)
-    return None if value is None else str(value)

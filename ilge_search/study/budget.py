@@ -23,7 +23,6 @@ __all__ = [
     "TimeBudget",
     "TimeSplit",
     "study_deadline",
-    "stage_runs",
     "SAFETY",
     "STAGE_OVERHEAD_SECONDS",
 ]
@@ -87,14 +86,6 @@ class TimeSplit:
         )
         search = max(0.0, limit - final - ensemble - board)
         return cls(limit, search, min(final, limit), min(ensemble, limit), min(board, limit))
-
-
-def stage_runs(seeds: int, ensemble_size: int) -> tuple[int, int]:
-    """Trainings after the search: the final evaluation's (the selected trial and the start, each per seed) and
-    the ensemble's (up to K - 1 more members and the best-layer probe, each per seed)."""
-    final = 2 * seeds
-    ensemble = seeds * (max(0, ensemble_size - 1) + 1) if ensemble_size else 0
-    return final, ensemble
 
 
 def _trial_seconds(trial: Any) -> float | None:

@@ -53,15 +53,9 @@ __all__ = [
     "load_for_estimator",
     "load_study_ensemble",
     "study_task_kind",
-    "STUDY_TOKEN_POOLING",
-    "STUDY_MAX_LENGTH",
 ]
 
-# how studies extract their features: the defaults of cache.load_task_embeddings, which study/data.py uses
 logger = logging.getLogger(__name__)
-
-STUDY_TOKEN_POOLING = DEFAULT_TOKEN_POOLING  # what studies stored before their SourceRecord used
-STUDY_MAX_LENGTH = DEFAULT_MAX_LENGTH
 
 PathLike = str | os.PathLike
 
@@ -453,8 +447,8 @@ def load_study_ensemble(
         task_kind=str(data.task_kind),
         metric=data.metric or "",
         base_model=_base_model(str(identity.model)),
-        token_pooling=STUDY_TOKEN_POOLING,
-        max_length=STUDY_MAX_LENGTH,
+        token_pooling=DEFAULT_TOKEN_POOLING,  # what studies stored before their SourceRecord used
+        max_length=DEFAULT_MAX_LENGTH,
         num_layers=int(meta["num_layers"]),
         hidden_size=int(meta["hidden_size"]),
         label_names=list(data.label_names) if data.task_kind == "classification" else [],

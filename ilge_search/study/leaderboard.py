@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,11 +318,6 @@ def format_table(record: LeaderboardRecord) -> str:
         f"({record.resamples} resamples); 'tie': the interval contains 0; predict ms per 1,000 {record.unit}"
     )
     return "\n".join(lines)
-
-
-def leaderboard_frame_rows(records: Sequence[tuple[str, LeaderboardRecord]]) -> list[dict[str, Any]]:
-    """Rows of several studies' leaderboards, each with its study's name first."""
-    return [{"study": name, **row} for name, record in records for row in format_rows(record)]
 
 
 EXPORT_RULE = (

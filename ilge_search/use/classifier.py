@@ -110,6 +110,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     FORMAT = "ilge-search-classifier"
     META_FILE = META_FILE
     NOUN = "classifier"
+    POOLING = "token_pooling"
     FIT_METHODS = "fit() or fit_embeddings()"
 
     num_classes: int | None
@@ -435,9 +436,6 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             meta["ensemble"] = self.model_.description
         return self._write_folder(path, meta)
 
-    def _pooling_field(self) -> Attrs:
-        return {"token_pooling": self.token_pooling}
-
     def _kind_fields(self) -> Attrs:
         return {
             "task_kind": getattr(self, "task_kind_", "classification"),
@@ -458,7 +456,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     @classmethod
     def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
         classification = meta.get("task_kind", "classification") == "classification"
-        return {"num_classes": len(classes) if classification else None, "token_pooling": meta["token_pooling"]}
+        return {"num_classes": len(classes) if classification else None, **super()._saved_arguments(meta, classes)}
 
     @classmethod
     def _saved_model(cls, meta: Attrs, fitted: Fitted) -> torch.nn.Module:

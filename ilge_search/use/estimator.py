@@ -111,6 +111,7 @@ class SavedEstimator(BaseEstimator):
     NOUN: ClassVar[str]  # "classifier" or "tagger", in messages
     FIT_METHODS: ClassVar[str] = "fit()"  # what the not-fitted message tells to call
     TAGGING: ClassVar[bool] = False  # which kind of study from_study exports
+    POOLING: ClassVar[str]  # the constructor argument (and saved field) of the subclass's pooling
 
     # parameters every subclass's __init__ stores
     base_model: PathLike | None
@@ -252,10 +253,6 @@ class SavedEstimator(BaseEstimator):
 
     # ------------------------------------------------------------------ the saved folder
 
-    def _pooling_field(self) -> Attrs:
-        """The saved pooling setting, under the subclass's own key."""
-        raise NotImplementedError
-
     def _kind_fields(self) -> Attrs:
         """Saved fields only the subclass has (none by default)."""
         return {}
@@ -270,7 +267,7 @@ class SavedEstimator(BaseEstimator):
             "classes": self.classes_.tolist(),  # numpy scalars become plain JSON values
             "classes_kind": self.classes_.dtype.kind,
             "base_model": model_reference_to_save(self.base_model, path),  # a local folder inside path: ./relative
-            **self._pooling_field(),
+            self.POOLING: getattr(self, self.POOLING),
             "max_length": self.max_length,
             "num_layers": self.num_layers_,
             "hidden_size": self.hidden_size_,
@@ -325,7 +322,7 @@ class SavedEstimator(BaseEstimator):
     @classmethod
     def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
         """The subclass's own constructor arguments read from its saved JSON (its pooling ...)."""
-        raise NotImplementedError
+        return {cls.POOLING: meta[cls.POOLING]}
 
     @classmethod
     def _saved_model(cls, meta: Attrs, fitted: Fitted) -> torch.nn.Module:

@@ -122,12 +122,12 @@ def _mean_features(features: torch.Tensor) -> torch.Tensor:
 
 
 def _gold_evidence(model: Any, outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per example, what gradient x input attributes: the gold class's logit minus the mean logit
-    (classification), minus the squared error of the cosine (similarity)."""
-    if model.task_kind == "classification":
+    """Per example (per word of a tagger's ``(B, T, C)`` block), what gradient x input attributes: the gold class's
+    logit minus the mean logit (classification, tagging), minus the squared error of the cosine (similarity)."""
+    if model.task_kind != "similarity":
         # the logit, not the log-probability: a confident example's log-probability has a vanishing gradient,
         # so the misclassified examples would dominate; centred, since adding a constant to every logit changes nothing
-        return outputs.gather(1, labels.long().view(-1, 1)).squeeze(1) - outputs.mean(1)
+        return outputs.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1) - outputs.mean(-1)
     return -(outputs - model.normalise_scores(labels.float())).square()
 
 
@@ -186,11 +186,6 @@ def attribute_layers(
     return score, drops, (totals / features.shape[0]).tolist()
 
 
-def _word_gold_evidence(logits: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
-    """Per word of a ``(B, T, C)`` block, its gold tag's logit minus the mean logit (as for classification)."""
-    return logits.gather(-1, gold.unsqueeze(-1)).squeeze(-1) - logits.mean(-1)
-
-
 def attribute_word_layers(
     model: Any, train_words: Any, words: Any, labels: Any, *, metric: str | None = None
 ) -> tuple[float, list[float], list[float]]:
@@ -232,7 +227,7 @@ def attribute_word_layers(
             out = model(x)
             logits[0, at] = out.detach().reshape(len(rows), -1).float().cpu()
             gold = checked.labels[at].to(device).view(out.shape[:2])
-            (grad,) = torch.autograd.grad(_word_gold_evidence(out, gold).sum(), x)
+            (grad,) = torch.autograd.grad(_gold_evidence(model, out, gold).sum(), x)
             totals += (grad * (x.detach() - baseline)).sum(-1).reshape(-1, num_layers).sum(0).double().cpu()
     finally:
         model.train(was_training)

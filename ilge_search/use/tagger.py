@@ -87,6 +87,7 @@ class ILGETagger(SavedEstimator):
     FORMAT = FORMAT
     META_FILE = META_FILE
     NOUN = "tagger"
+    POOLING = "word_pooling"
     TAGGING = True
 
     word_pooling: str
@@ -234,16 +235,9 @@ class ILGETagger(SavedEstimator):
         _refuse_foreign_files(path)
         return self._write_folder(path, self._saved_meta(path))
 
-    def _pooling_field(self) -> Attrs:
-        return {"word_pooling": self.word_pooling}
-
     @classmethod
     def _check_meta(cls, meta: Attrs, meta_path: Path) -> None:
         check_saved_fields(meta, meta_path, classes_needed=1)
-
-    @classmethod
-    def _saved_arguments(cls, meta: Attrs, classes: np.ndarray) -> Attrs:
-        return {"word_pooling": meta["word_pooling"]}
 
     @classmethod
     def _saved_model(cls, meta: Attrs, fitted: Fitted) -> TaggerModel:
