@@ -76,6 +76,7 @@ __all__ = [
     "choose",
     "estimate_seconds",
     "portfolio_study",
+    "cells_study",
     "release_dead_claims",
     "read_matrix",
     "stored_scores",
@@ -317,9 +318,14 @@ def portfolio_study(storage: Storage, family: str, bucket: str, create: Literal[
 @overload
 def portfolio_study(storage: Storage, family: str, bucket: str, create: Literal[False]) -> optuna.Study | None: ...
 def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> optuna.Study | None:
+    return cells_study(storage, portfolio_study_name(family, bucket), create)
+
+
+def cells_study(storage: Storage, name: str, create: bool) -> optuna.Study | None:
+    """The study of cells named ``name`` (the matrix's, or another set of cells such as the shipping check's),
+    created when missing only with ``create``."""
     import optuna
 
-    name = portfolio_study_name(family, bucket)
     study = storage.load_study(name)
     if study is None and create:
         study = optuna.create_study(study_name=name, storage=storage.rdb, direction="maximize", load_if_exists=True)
@@ -340,12 +346,15 @@ def train_cells(
     cells: Sequence[PlannedCell],
     problems: Sequence[MatrixProblem],
     setup: TrainingSetup,
+    study_name: str | None = None,
 ) -> tuple[int, int]:
-    """Train the cells of ``cells`` no process has stored or is training; (trained, left to others)."""
+    """Train the cells of ``cells`` no process has stored or is training, into ``study_name`` (default: the
+    request's matrix study; the problems' data is read from the same storage); (trained, left to others)."""
     from ..progress import BarSpec, steps
 
     storage = open_storage(storage_url)
-    study = portfolio_study(storage, request.family, request.bucket, create=True)
+    name = study_name or portfolio_study_name(request.family, request.bucket)
+    study = cast("optuna.Study", cells_study(storage, name, create=True))
     release_dead_claims(storage, study)
     done, running = stored_cells(study)
     todo = [c for c in cells if c.key.digest not in done and c.key.digest not in running]
@@ -451,6 +460,7 @@ class PortfolioResult:
     planned: int = 0
     estimated_seconds: float | None = None
     held_out: Any = None  # a transfer.HeldOut when the left-out checks were asked for
+    shipping_check: Any = None  # a shipping_check.ShippingCheck, its left-out checks in the setting that ships
 
     def to_json(self) -> dict[str, Any]:
         """``{"problems", "candidates", "scores", "default", "portfolio"}`` (``scores``: candidates x problems
