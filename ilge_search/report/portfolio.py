@@ -40,6 +40,9 @@ __all__ = [
     "shipping_check_part",
     "shipping_check_text",
     "shipping_table",
+    "SHIPPING_TABLE_MARKERS",
+    "statistics_table",
+    "between_markers",
 ]
 
 PORTFOLIO_NOTE = (
@@ -475,3 +478,37 @@ def shipping_table(evidence: ShippingEvidence, label: str) -> str:
         )
     _, why = evidence.verdict()
     return "\n".join(lines) + f"\n\nBy the rule: {why}.\n"
+
+
+SHIPPING_TABLE_MARKERS = ("<!-- shipping-check table: begin -->", "<!-- shipping-check table: end -->")
+
+
+def statistics_table(storage_url: str, family: str = "cayley", bucket: str = "small") -> str:
+    """:func:`shipping_table` of the stored matrix of ``family`` and ``bucket`` in ``storage_url`` (chosen from every
+    problem), what docs/statistics.md shows between :data:`SHIPPING_TABLE_MARKERS`; nothing is trained or written.
+
+    Raises:
+        ValueError: no such matrix in the storage.
+    """
+    from ..defaults.shipping_check import shipping_evidence
+    from ..defaults.transfer import stored_portfolio
+    from ..encoders import report_labels
+
+    result = stored_portfolio(storage_url, family, bucket)
+    if result is None:
+        raise ValueError(f"no {family} ({bucket}) cross-task matrix chosen from every problem in {storage_url}")
+    label = report_labels("sentence").get(family, family)
+    return shipping_table(shipping_evidence(storage_url, result), f"{label} portfolio default")
+
+
+def between_markers(text: str, block: str) -> str:
+    """``text`` with what lies between :data:`SHIPPING_TABLE_MARKERS` replaced by ``block``.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    begin, end = SHIPPING_TABLE_MARKERS
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"the page has no {begin} ... {end} block")
+    return text[: start + len(begin)] + "\n" + block.strip("\n") + "\n" + text[stop:]
