@@ -32,6 +32,8 @@ from ilge_search.record import portfolio_study_name, shipping_check_study_name, 
 from ilge_search.storage import open_storage
 from ilge_search.study import StudyOptions
 
+pytestmark = pytest.mark.slow  # real studies and a matrix first: about a minute on 2 cores
+
 DATA = dict(max_train=240, max_eval=100)
 TASKS = ("stsb", "trec")
 REQUEST = PortfolioRequest(top_k=1, seeds=2, size=2)

@@ -366,7 +366,7 @@ def train_cells(
     loaded: dict[int, StudyData] = {}
     trained = skipped = 0
     with setup.torch_threads():
-        for cell in steps(todo, BarSpec(f"{request.family} matrix", unit="cell", enabled=setup.progress)):
+        for cell in steps(todo, BarSpec(study_name or f"{request.family} matrix", unit="cell", enabled=setup.progress)):
             trial_id = None if cell.key.digest in cell_owners(study) else claim_cell(storage, study, cell.key, _stamp)
             if trial_id is None:
                 skipped += 1
