@@ -223,6 +223,9 @@ def test_bad_input_ends_with_one_line_before_anything_is_created(matrix, tmp_pat
         shipping_check(studies_only, ShippingCheckRequest(bucket="huge"))
     with pytest.raises(ValueError, match="epochs"):
         shipping_check(studies_only, ShippingCheckRequest(epochs=0))
+    with pytest.raises(ValueError, match="epochs 60 is above the configuration's own 50"):
+        shipping_check(studies_only, ShippingCheckRequest(epochs=60))
+    assert CHECK not in _names(studies_only)
 
 
 def test_the_command_prints_the_plan_the_tables_and_the_decision(checked, synthetic):

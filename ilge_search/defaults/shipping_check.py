@@ -87,6 +87,12 @@ class ShippingCheckRequest:
             raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
         if self.epochs is not None:
             check_int("epochs", self.epochs)
+            own = shipped_epochs(self.family, self.bucket)
+            if self.epochs > own:
+                raise ValueError(
+                    f"epochs {self.epochs} is above the configuration's own {own}: a {self.family} default ships with "
+                    f"{own} epochs and early stopping, the most a shipping check trains"
+                )
         return self
 
 
