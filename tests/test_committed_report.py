@@ -95,6 +95,25 @@ def test_the_package_defaults_are_what_recommend_derives_from_the_storage(storag
     assert "| cayley |" in (REPORTS / "defaults.md").read_text()
 
 
+@pytest.mark.slow  # reads the committed cross-task matrix and its shipping check, run in CI
+def test_the_shipping_rules_table_and_the_defaults_page_show_what_the_storage_holds(storage_copy):
+    from ilge_search.defaults.shipping_check import stored_shipping_check
+    from ilge_search.defaults.transfer import stored_portfolio
+    from ilge_search.report.portfolio import SHIPPING_TABLE_MARKERS, statistics_table
+
+    page = (ROOT / "docs" / "statistics.md").read_text(encoding="utf-8")
+    begin, end = SHIPPING_TABLE_MARKERS
+    shown = page[page.index(begin) + len(begin) : page.index(end)].strip("\n")
+    assert shown == statistics_table(storage_copy).strip("\n")  # what reports/shipped.sh writes there
+    check = stored_shipping_check(storage_copy, stored_portfolio(storage_copy, "cayley", "small"))
+    defaults = (REPORTS / "defaults.md").read_text(encoding="utf-8")
+    if check is not None and check.complete:  # the check in the setting that ships decides, and the page shows it
+        assert f"In the setting that ships: {check.epochs} epochs" in defaults
+        assert "held-out problems trained with 50 epochs and early stopping" in shown
+    else:
+        assert "measured with epochs capped at 10, not in the setting that ships" in shown
+
+
 def test_the_committed_ensemble_page_and_the_default_size_agree_with_their_storage(tmp_path):
     from ilge_search.report.ensembles import ensemble_frame, ensemble_rows, ensemble_sentences
     from ilge_search.storage import open_storage

@@ -1,4 +1,5 @@
-"""``portfolio``: the cross-task matrix of whole configurations, the default and portfolio chosen from it."""
+"""``portfolio``: the cross-task matrix of whole configurations, the default and portfolio chosen from it;
+``shipping-check``: its left-out checks retrained in the setting that ships."""
 
 from __future__ import annotations
 
@@ -97,3 +98,39 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
     run = PortfolioRun(**{name: options[name] for name in PORTFOLIO_RUN_OPTIONS}, fmt=fmt)
     click.echo(run_portfolio(storage, request, setup, run))
+
+
+@cli.command("shipping-check")
+@storage_option(required=True)
+@click.option(
+    "--family",
+    type=click.Choice(ENCODER_FAMILIES),
+    multiple=True,
+    callback=_one_family,
+    help="ILGE family (once per run).  [default: cayley]",
+)
+@click.option("--bucket", type=click.Choice(SIZE_BUCKETS), default="small", show_default=True, help="Model size.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
+@click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
+@FORMAT_OPTION
+@QUIET_OPTION
+@location_options
+def shipping_check_command(settings: Settings, storage: str, fmt: str, quiet: bool, **options) -> None:
+    """Retrain a stored matrix's left-out checks in the setting that ships, for the shipping rule.
+
+    On each held-out problem of the matrix that `ilge-search portfolio` stored (chosen from every problem), the
+    portfolio default chosen without it and the built-in defaults are trained with the configuration's own epochs
+    and early stopping, the matrix's seeds and the same data; the choice stays on the matrix's validation scores.
+    The cells go into their own study of the storage, named with their epochs; a rerun trains only what is missing,
+    and `recommend --method portfolio` decides with them once every cell is stored.
+    """
+    from ..defaults.portfolio import TrainingSetup
+    from ..defaults.shipping_check import ShippingCheckRequest, shipping_check
+    from ..report.portfolio import shipping_check_text
+
+    study_logging(quiet)
+    request = ShippingCheckRequest(family=options["family"], bucket=options["bucket"])
+    setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
+    check = shipping_check(storage, request, setup, workers=options["workers"], dry_run=options["dry_run"])
+    click.echo(shipping_check_text(check, fmt, dry_run=options["dry_run"]))

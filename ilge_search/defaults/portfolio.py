@@ -77,6 +77,7 @@ __all__ = [
     "choose",
     "estimate_seconds",
     "portfolio_study",
+    "cells_study",
     "release_dead_claims",
     "read_matrix",
     "stored_scores",
@@ -326,9 +327,14 @@ def portfolio_study(storage: Storage, family: str, bucket: str, create: Literal[
 @overload
 def portfolio_study(storage: Storage, family: str, bucket: str, create: Literal[False]) -> optuna.Study | None: ...
 def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) -> optuna.Study | None:
+    return cells_study(storage, portfolio_study_name(family, bucket), create)
+
+
+def cells_study(storage: Storage, name: str, create: bool) -> optuna.Study | None:
+    """The study of cells named ``name`` (the matrix's, or another set of cells such as the shipping check's),
+    created when missing only with ``create``."""
     import optuna
 
-    name = portfolio_study_name(family, bucket)
     study = storage.load_study(name)
     if study is None and create:
         study = optuna.create_study(study_name=name, storage=storage.rdb, direction="maximize", load_if_exists=True)
@@ -349,12 +355,15 @@ def train_cells(
     cells: Sequence[PlannedCell],
     problems: Sequence[MatrixProblem],
     setup: TrainingSetup,
+    study_name: str | None = None,
 ) -> tuple[int, int]:
-    """Train the cells of ``cells`` no process has stored or is training; (trained, left to others)."""
+    """Train the cells of ``cells`` no process has stored or is training, into ``study_name`` (default: the
+    request's matrix study; the problems' data is read from the same storage); (trained, left to others)."""
     from ..progress import BarSpec, steps
 
     storage = open_storage(storage_url)
-    study = portfolio_study(storage, request.family, request.bucket, create=True)
+    name = study_name or portfolio_study_name(request.family, request.bucket)
+    study = cast("optuna.Study", cells_study(storage, name, create=True))
     release_dead_claims(storage, study)
     done, running = stored_cells(study)
     todo = [c for c in cells if c.key.digest not in done and c.key.digest not in running]
@@ -365,7 +374,7 @@ def train_cells(
     todo.sort(key=lambda c: first[c.problem])
     loaded: dict[int, StudyData] = {}
     trained = skipped = 0
-    bar = BarSpec(f"{request.family} matrix", unit="config", enabled=setup.progress)
+    bar = BarSpec(study_name or f"{request.family} matrix", unit="config", enabled=setup.progress)
     with setup.torch_threads():
         for group in steps(_config_groups(todo), bar):
             owned = cell_owners(study)
@@ -464,6 +473,7 @@ class PortfolioResult:
     planned: int = 0
     estimated_seconds: float | None = None
     held_out: Any = None  # a transfer.HeldOut when the left-out checks were asked for
+    shipping_check: Any = None  # a shipping_check.ShippingCheck, its left-out checks in the setting that ships
 
     def to_json(self) -> dict[str, Any]:
         """``{"problems", "candidates", "scores", "default", "portfolio"}`` (``scores``: candidates x problems

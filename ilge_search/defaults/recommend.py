@@ -243,7 +243,7 @@ def _chosen_values(
 ) -> tuple[Values, dict[str, str]]:
     """The defaults ``choice.method`` picks from the derived ``values``, and why each group shipped or not."""
     if choice.method == "portfolio":
-        from .transfer import portfolio_defaults
+        from .shipping_check import portfolio_defaults
 
         if choice.excluded:
             raise ValueError(
@@ -297,13 +297,16 @@ def regenerate_defaults(
         },
         "families": values,
     }
+    from .shipping_check import attach_shipping_checks
     from .transfer import stored_portfolios
 
+    portfolios = stored_portfolios(storage_url, families, latest=method != "portfolio")
+    attach_shipping_checks(storage_url, portfolios[0])
     return Recommendation(
         document=document,
         evidence=evidence,
         groups=groups,
         families=families,
         loto=loto,
-        portfolios=stored_portfolios(storage_url, families, latest=method != "portfolio"),
+        portfolios=portfolios,
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record import save_portfolio_choice, save_portfolio_request
-from ..storage import hide_password, open_storage
+from ..storage import open_storage
 from ..tasks.scores import score_unit
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, warm_start_order
@@ -49,6 +49,11 @@ __all__ = [
     "HeldOut",
     "folds",
     "held_out_cells",
+    "held_out_row",
+    "held_out_verdicts",
+    "builtin_index",
+    "fold_choice",
+    "train_in_processes",
     "held_out_check",
     "member_sources",
     "left_out_orders",
@@ -61,7 +66,6 @@ __all__ = [
     "read_stored",
     "stored_portfolio",
     "stored_portfolios",
-    "portfolio_defaults",
 ]
 
 METHODS = ("marginal", "portfolio_default", "portfolio_best")  # compared with the built-in defaults
@@ -124,36 +128,58 @@ def _fold_rows(result: PortfolioResult, fold: Fold) -> list[int]:
 @dataclass
 class HeldOut:
     """The left-out checks: one row per (fold, held-out problem), and per fold kind and method the mean
-    difference against the built-in defaults with how many problems it was ahead and behind."""
+    difference against the built-in defaults with how many problems it was ahead and behind (``methods``: those
+    the rows hold, of :data:`METHODS`)."""
 
     rows: list[dict[str, Any]]
     verdicts: dict[tuple[str, str], dict[str, Any]]
     seeds: list[int]
+    methods: tuple[str, ...] = METHODS
 
 
-def _row(result: PortfolioResult, fold: Fold, p: int, tests: dict[str, float], choices: dict[str, Any]):
+def held_out_row(
+    result: PortfolioResult, fold: Fold, p: int, tests: dict[str, float], choices: dict[str, Any]
+) -> dict[str, Any]:
+    """One held-out problem's row: the test scores of ``tests`` (``builtin`` and any of :data:`METHODS`) in score
+    units, each method's difference against the built-in defaults in the direction of improvement, and
+    ``choices`` (what the fold chose)."""
     problem = result.problems[p]
     scale, unit = score_unit(problem.metric)
     sign = 1.0 if problem.maximize else -1.0
     row: dict[str, Any] = {"fold": fold.kind, "held_out": fold.name, "model": problem.model, "task": problem.task}
     row["unit"] = unit
     row["builtin"] = tests["builtin"] * scale
-    for method in METHODS:
+    for method in (m for m in METHODS if m in tests):
         row[method] = tests[method] * scale
         row[f"{method}_diff"] = sign * (tests[method] - tests["builtin"]) * scale
     return {**row, **choices}
 
 
-def _fold_check(result: PortfolioResult, fold: Fold, marginal: dict[int, float]) -> list[dict[str, Any]]:
+def builtin_index(result: PortfolioResult) -> int:
+    """The candidate index of the built-in defaults."""
+    return next(i for i, c in enumerate(result.candidates) if c.name == BUILTIN)
+
+
+def fold_choice(result: PortfolioResult, fold: Fold) -> tuple[int, list[int]]:
+    """What ``fold`` chooses without its held-out problems, on the other problems' validation scores: (the
+    portfolio default, the portfolio members), as candidate indices.
+
+    Raises:
+        ValueError: no candidate the fold may choose has every cell on the other problems.
+    """
     import numpy as np
 
     rows = _fold_rows(result, fold)
     train = [i for i in range(len(result.problems)) if i not in fold.held]
-    validation, test = result.matrix.validation, result.matrix.test
-    normalised = normalise(validation[np.ix_(rows, train)], [result.problems[i].maximize for i in train])
+    normalised = normalise(result.matrix.validation[np.ix_(rows, train)], [result.problems[i].maximize for i in train])
     default = rows[choose_default(normalised)]
-    members = [rows[i] for i in greedy_portfolio(normalised, result.request.size)]
-    builtin = next(i for i, c in enumerate(result.candidates) if c.name == BUILTIN)
+    return default, [rows[i] for i in greedy_portfolio(normalised, result.request.size)]
+
+
+def _fold_check(result: PortfolioResult, fold: Fold, marginal: dict[int, float]) -> list[dict[str, Any]]:
+    validation, test = result.matrix.validation, result.matrix.test
+    default, members = fold_choice(result, fold)
+    builtin = builtin_index(result)
     out = []
     for p in fold.held:
         sign = 1.0 if result.problems[p].maximize else -1.0
@@ -169,14 +195,18 @@ def _fold_check(result: PortfolioResult, fold: Fold, marginal: dict[int, float])
             "best_member": result.candidates[best].name,
             "portfolio": [result.candidates[m].name for m in members],
         }
-        out.append(_row(result, fold, p, tests, choices))
+        out.append(held_out_row(result, fold, p, tests, choices))
     return out
 
 
-def _verdicts(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+def held_out_verdicts(
+    rows: list[dict[str, Any]], methods: Sequence[str] = METHODS
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per fold kind and method of ``methods``: the rows, the mean difference against the built-in defaults, and on
+    how many problems it was ahead and behind (differences rounded to 0.01 first)."""
     verdicts: dict[tuple[str, str], dict[str, Any]] = {}
     for kind in sorted({r["fold"] for r in rows}):
-        for method in METHODS:
+        for method in methods:
             diffs = [r[f"{method}_diff"] for r in rows if r["fold"] == kind and not math.isnan(r[f"{method}_diff"])]
             shown = [round(d, 2) for d in diffs]
             verdicts[(kind, method)] = {
@@ -211,7 +241,7 @@ def held_out_check(
             rows += _fold_check(result, fold, marginal)
         except ValueError:  # a candidate's cells are missing: nothing to choose from yet
             continue
-    return HeldOut(rows=rows, verdicts=_verdicts(rows), seeds=request.seed_list)
+    return HeldOut(rows=rows, verdicts=held_out_verdicts(rows), seeds=request.seed_list)
 
 
 def _capped(request: PortfolioRequest, config: ConfigValues, result: PortfolioResult, p: int) -> ConfigValues:
@@ -227,7 +257,7 @@ def held_out_evidence(held_out: HeldOut, kind: str, method: str) -> LeftOutEvide
     """``method`` against the built-in defaults over the held-out problems of the ``kind`` folds: the mean
     difference with its bootstrap interval and tests (``None``: no such rows)."""
     rows = [r for r in held_out.rows if r["fold"] == kind]
-    diffs = [r[f"{method}_diff"] for r in rows if not math.isnan(r[f"{method}_diff"])]
+    diffs = [r[f"{method}_diff"] for r in rows if not math.isnan(r.get(f"{method}_diff", math.nan))]
     return left_out_evidence(kind, diffs) if diffs else None
 
 
@@ -299,7 +329,7 @@ def portfolio(
     if dry_run:
         return _choose_if_complete(result)
     if missing:
-        result.trained = _train_in_processes(storage_url, request, everything, result.problems, setup, workers)
+        result.trained = train_in_processes(storage_url, request, everything, result.problems, setup, workers)
         result.matrix = read_matrix(storage_url, request, cells, result.matrix.validation.shape)
     _choose_if_complete(result)
     if check:
@@ -337,29 +367,32 @@ def _check_has_folds(result: PortfolioResult) -> None:
     )
 
 
-def _train_in_processes(
+def train_in_processes(
     storage_url: str,
     request: PortfolioRequest,
     cells: Sequence[PlannedCell],
     problems: Sequence[MatrixProblem],
     setup: TrainingSetup,
     workers: int,
+    study_name: str | None = None,
 ) -> int:
-    """Train ``cells`` in ``workers`` processes (this one shows the progress); the cells trained."""
+    """Train ``cells`` in ``workers`` processes (this one shows the progress) into ``study_name`` (default: the
+    request's matrix study); the cells trained."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     check_int("workers", workers)
     if workers == 1:
-        return train_cells(storage_url, request, cells, problems, setup)[0]
+        return train_cells(storage_url, request, cells, problems, setup, study_name)[0]
     quiet = TrainingSetup(setup.data_dir, setup.cache_dir, setup.device, setup.threads, progress=False)
     # each helper starts at a different problem, so that the claims rarely collide
     starts = [i * len(cells) // workers for i in range(1, workers)]
     with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [
-            pool.submit(train_cells, storage_url, request, [*cells[k:], *cells[:k]], problems, quiet) for k in starts
+            pool.submit(train_cells, storage_url, request, [*cells[k:], *cells[:k]], problems, quiet, study_name)
+            for k in starts
         ]
-        trained = train_cells(storage_url, request, cells, problems, setup)[0]
+        trained = train_cells(storage_url, request, cells, problems, setup, study_name)[0]
         return trained + sum(f.result()[0] for f in futures)
 
 
@@ -528,37 +561,3 @@ def stored_portfolios(
             if result is not None:
                 results.append(result)
     return results, notes
-
-
-def portfolio_defaults(
-    storage_url: str, values: dict[str, dict[str, ConfigValues]], update_shipped: bool
-) -> tuple[dict[str, dict[str, ConfigValues]], dict[str, str]]:
-    """``recommend --method portfolio``: each group of ``values`` replaced by its stored portfolio default (as
-    search-space values); with ``update_shipped`` only the groups whose default won its left-out checks.
-
-    Raises:
-        ValueError: a group without a stored, complete portfolio.
-    """
-    from ..study.trial import config_params
-
-    chosen: dict[str, dict[str, ConfigValues]] = {}
-    shipping: dict[str, str] = {}
-    for family, buckets in values.items():
-        for bucket in buckets:
-            result = stored_portfolio(storage_url, family, bucket)
-            if result is None or result.default is None:
-                raise ValueError(
-                    f"no complete portfolio of {family} ({bucket}) in {hide_password(storage_url)}; run "
-                    f"`ilge-search portfolio --storage {hide_password(storage_url)} --family {family} --check` first"
-                )
-            default = config_params(family, result.candidates[result.default].config)
-            chose_builtin = result.candidates[result.default].name == BUILTIN  # nothing new: say so, not only +0.00
-            ship, why = shipping_verdict(
-                result.held_out,
-                note="the matrix's default is the built-in defaults" if chose_builtin else "",
-                setting=trained_setting(result, default),
-            )
-            shipping[f"{family}/{bucket}"] = why
-            if ship or not update_shipped:
-                chosen.setdefault(family, {})[bucket] = default
-    return chosen, shipping

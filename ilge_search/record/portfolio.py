@@ -4,7 +4,10 @@ A *cell* is one candidate configuration trained with one seed on one problem's d
 everything the numbers depend on and its digest is the trial's ``portfolio_cell`` user attr. A cell's trial is created
 already RUNNING (:func:`claim_cell`); the lowest-numbered RUNNING or COMPLETE claim owns the cell and a losing claim is
 abandoned, so processes on one storage never train a cell twice (the protocol: ``ARCHITECTURE.md``). The study has no
-``model`` attr, so the report leaves it out; each complete trial holds its :class:`CellScores` and its key.
+``model`` attr, so the report leaves it out; each complete trial holds its :class:`CellScores` and its key. The shipping
+check's cells (the matrix's left-out checks retrained in the setting that ships) are kept the same way in a study of
+their own, named with their epochs (:func:`shipping_check_study_name`), with what they were chosen from
+(:func:`save_shipping_check`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ __all__ = [
     "CellScores",
     "StoredCell",
     "portfolio_study_name",
+    "shipping_check_study_name",
+    "save_shipping_check",
+    "stored_shipping_check",
     "claim_cell",
     "finish_cell",
     "abandon_cell",
@@ -55,6 +61,7 @@ _KEY_ATTR = "portfolio_key"
 _SCORES_ATTR = "portfolio_scores"
 _DUPLICATE_ATTR = "portfolio_duplicate"
 _CHOICE_ATTR = "portfolio_choice"
+_SHIPPING_CHECK_ATTR = "shipping_check"  # the shipping check's study: what its cells were chosen from
 _REQUEST_ATTR = "portfolio_request"  # the latest run's request, exclusions included: what the report shows
 _WARM_ATTR = "warm_start_member"  # trial user attr: the portfolio member (0-based) a warm-started trial is
 SHIPPED_PORTFOLIO_PATH = Path(__file__).resolve().parents[1] / "data" / "portfolio.json"
@@ -63,6 +70,12 @@ SHIPPED_PORTFOLIO_PATH = Path(__file__).resolve().parents[1] / "data" / "portfol
 def portfolio_study_name(family: str, bucket: str) -> str:
     """The study holding the cells of one family and size bucket (e.g. ``ilge-portfolio:cayley:small``)."""
     return f"{PORTFOLIO_PREFIX}:{family}:{bucket}"
+
+
+def shipping_check_study_name(family: str, bucket: str, epochs: int) -> str:
+    """The study holding the shipping check's cells of one matrix, trained with ``epochs`` (e.g.
+    ``ilge-portfolio:cayley:small:shipping-check:ep50``): cells trained with other epochs never share it."""
+    return f"{portfolio_study_name(family, bucket)}:shipping-check:ep{epochs}"
 
 
 def _digest(value: object) -> str:
@@ -251,6 +264,20 @@ def save_portfolio_request(study: optuna.Study, request: Mapping[str, object]) -
 def stored_portfolio_request(study: optuna.Study) -> Attrs | None:
     """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
     value = study.user_attrs.get(_REQUEST_ATTR)
+    if not isinstance(value, Mapping):
+        return None
+    return {key: item for key, item in value.items() if key != "version"}
+
+
+def save_shipping_check(study: optuna.Study, check: Mapping[str, object]) -> None:
+    """Store on the shipping check's study what it was made from: the matrix study and its epoch caps, the epochs
+    and seeds its cells were trained with, and per fold the default chosen without the held-out problems."""
+    study.set_user_attr(_SHIPPING_CHECK_ATTR, {"version": PORTFOLIO_VERSION, **dict(check)})
+
+
+def stored_shipping_check(study: optuna.Study) -> Attrs | None:
+    """What :func:`save_shipping_check` stored (without its ``version``), or ``None``."""
+    value = study.user_attrs.get(_SHIPPING_CHECK_ATTR)
     if not isinstance(value, Mapping):
         return None
     return {key: item for key, item in value.items() if key != "version"}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..defaults.loto import stored_loto
+from ..defaults.shipping_check import attach_shipping_checks
 from ..defaults.transfer import stored_portfolios
 from ..files import write_output_text
 from ..storage import hide_password
@@ -113,6 +114,7 @@ def _read_report_data(storage_url: str) -> ReportData:
     effect = protocol_effect_frame(frame) if records else frame
     fewshot, fewshot_skipped = fewshot_frame(every)
     portfolios, portfolio_notes = stored_portfolios(storage_url)  # what `ilge-search portfolio` stored
+    attach_shipping_checks(storage_url, portfolios)  # and `ilge-search shipping-check`
     return ReportData(
         storage_url=storage_url,
         records=records,

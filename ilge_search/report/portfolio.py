@@ -19,6 +19,7 @@ from .tables import fmt
 
 if TYPE_CHECKING:
     from ..defaults.portfolio import MatrixProblem, PortfolioRequest, PortfolioResult, TrainingSetup
+    from ..defaults.shipping_check import ShippingCheck, ShippingEvidence
 
 __all__ = [
     "PORTFOLIO_NOTE",
@@ -34,6 +35,14 @@ __all__ = [
     "verdict_lines",
     "choice_sentences",
     "portfolio_part",
+    "SHIPPING_CHECK_NOTE",
+    "shipping_check_sentences",
+    "shipping_check_part",
+    "shipping_check_text",
+    "shipping_table",
+    "SHIPPING_TABLE_MARKERS",
+    "statistics_table",
+    "between_markers",
 ]
 
 PORTFOLIO_NOTE = (
@@ -109,38 +118,36 @@ def matrix_rows(result: PortfolioResult) -> tuple[list[str], list[list[Cell]]]:
     return header, rows
 
 
+_SCORE_HEADERS = {
+    "marginal": "marginal rule",
+    "portfolio_default": "portfolio default",
+    "portfolio_best": "best member",
+}
+_DIFF_HEADERS = {"marginal": "marginal diff", "portfolio_default": "default diff", "portfolio_best": "best-member diff"}
+
+
 def held_out_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]]]:
-    """(header, rows): per held-out problem, the test scores of the built-in defaults, the marginal rule, the
-    portfolio default and the best member by validation, and the last three's differences against the
-    built-in defaults (the best of the four in bold)."""
-    header = [
-        "left out",
-        "model",
-        "task",
-        "unit",
-        "built-in",
-        "marginal rule",
-        "portfolio default",
-        "best member",
-        "marginal diff",
-        "default diff",
-        "best-member diff",
-        "default chosen",
-        "member kept",
-    ]
+    """(header, rows): per held-out problem, the test scores of the built-in defaults and of the methods the rows
+    hold (the marginal rule, the portfolio default, the best member by validation), each method's difference
+    against the built-in defaults (the best score in bold), the default chosen and the member kept."""
+    methods = [m for m in METHODS if m in held_out.methods]
+    header = ["left out", "model", "task", "unit", "built-in", *(_SCORE_HEADERS[m] for m in methods)]
+    header += [_DIFF_HEADERS[m] for m in methods] + ["default chosen"]
+    header += ["member kept"] if "portfolio_best" in methods else []
     rows = []
     for row in held_out.rows:
-        diffs = [row[f"{m}_diff"] for m in METHODS]
+        diffs = [row[f"{m}_diff"] for m in methods]
         present = [d for d in [0.0, *diffs] if d == d]
         top = round(max(present), 2)
         scores = [Cell(fmt(row["builtin"]), bold=top == 0.0)]
-        for method, diff in zip(METHODS, diffs, strict=True):
+        for method, diff in zip(methods, diffs, strict=True):
             scores.append(Cell(fmt(row[method]), bold=diff == diff and round(diff, 2) == top))
         rows.append(
             [Cell(f"{row['fold']} {row['held_out']}"), Cell(row["model"]), Cell(row["task"]), Cell(row["unit"])]
             + scores
             + [Cell(fmt(d, signed=True)) for d in diffs]
-            + [Cell(row["default_candidate"]), Cell(row["best_member"])]
+            + [Cell(row["default_candidate"])]
+            + ([Cell(row["best_member"])] if "portfolio_best" in methods else [])
         )
     return header, rows
 
@@ -153,7 +160,7 @@ def held_out_verdict_rows(held_out: HeldOut) -> tuple[list[str], list[list[Cell]
     header += ["ahead", "behind"]
     rows = []
     for kind in sorted({kind for kind, _ in held_out.verdicts}):
-        for method in METHODS:
+        for method in (m for m in METHODS if m in held_out.methods):
             evidence = held_out_evidence(held_out, kind, method)
             if evidence is None:
                 continue
@@ -263,6 +270,8 @@ def portfolio_part(
         "the marginal rule and the portfolio default chosen without it, and of the portfolio member with the "
         "best validation score on it.",
     )
+    if result.shipping_check is not None:
+        shipping_check_part(doc, result.shipping_check, level=level + 1)
 
 
 def _matrix_text(result: PortfolioResult) -> str:
@@ -358,3 +367,148 @@ def run_portfolio(storage: str, request: PortfolioRequest, setup: TrainingSetup,
     if drawn:
         draw_matrix(result, Path(drawn))
     return portfolio_text(result, run.fmt, dry_run=run.dry_run)
+
+
+# ----------------------------------------------------------------------------- the shipping check
+
+SHIPPING_CHECK_NOTE = (
+    "The shipping rule's left-out checks in the setting that ships: on each fold's held-out problems, the portfolio "
+    "default that fold chose (on the matrix's validation scores, as above) and the built-in defaults, each retrained "
+    "with its configuration's own epochs and early stopping, with the matrix's seeds and on the same data, and "
+    "scored on test (`ilge-search shipping-check`; docs/statistics.md)."
+)
+
+
+def shipping_check_sentences(check: ShippingCheck) -> list[str]:
+    """How the check was made, what the folds chose, and what is missing."""
+    out = [
+        f"{plural(len(check.choices), 'fold')} (defaults chosen: {check.defaults_text()}), "
+        f"{plural(len(check.cells), 'cell')} trained with {check.epochs} epochs and early stopping, seeds "
+        f"{check.result.request.seed_list}, stored in `{check.study}`."
+    ]
+    if check.setting:
+        out.append(f"Not the setting that ships: {check.setting}.")
+    if check.missing:
+        busy = f", {check.running} of them being trained now" if check.running else ""
+        out.append(f"{check.missing} cells are not stored yet{busy}; the folds with missing cells are left out below.")
+    return out
+
+
+def shipping_check_part(doc: Document, check: ShippingCheck, *, level: int = 4) -> None:
+    """The shipping check in ``doc``: a heading, the note, how it was made, and its left-out tables."""
+    from .document import slug
+
+    key = slug(check.result.request.family, check.result.request.bucket)
+    doc.heading(level, f"In the setting that ships: {check.epochs} epochs", anchor=f"portfolio-{key}-shipping")
+    doc.paragraph(SHIPPING_CHECK_NOTE)
+    doc.bullets(shipping_check_sentences(check))
+    if not check.held_out.rows:
+        return
+    doc.table(
+        *held_out_verdict_rows(check.held_out),
+        label=f"tab:portfolio-{key}-shipping-verdict",
+        text_columns=2,
+        caption=f"The portfolio default against the built-in defaults, both trained with {check.epochs} epochs and "
+        "early stopping (test, points; 95% bootstrap interval over the held-out problems, 2000 resamples, seed 0).",
+    )
+    doc.table(
+        *held_out_rows(check.held_out),
+        label=f"tab:portfolio-{key}-shipping-held-out",
+        text_columns=4,
+        caption=f"Each held-out problem: test score, mean over seeds {check.held_out.seeds}, of the built-in "
+        f"defaults and of the portfolio default chosen without it, both trained with {check.epochs} epochs.",
+    )
+
+
+def shipping_check_text(check: ShippingCheck, fmt: str, *, dry_run: bool = False) -> str:
+    """What ``ilge-search shipping-check`` prints: a dry run's plan, the check as JSON, its held-out rows as CSV, or
+    its tables, verdicts and the shipping rule's sentence (once every cell is stored)."""
+    import json
+
+    from ..defaults.shipping_check import ShippingEvidence
+
+    if dry_run:
+        minutes = (check.estimated_seconds or 0) / 60
+        return (
+            f"{len(check.choices)} folds (defaults chosen: {check.defaults_text()}): {len(check.cells)} cells with "
+            f"{check.epochs} epochs and seeds {check.result.request.seed_list}, {check.missing} of them missing; at "
+            f"most about {minutes:.0f} min of training on one process (the problems' trial times scaled to "
+            f"{check.epochs} epochs; early stopping ends sooner); nothing was created"
+        )
+    if fmt == "json":
+        return json.dumps(check.to_json(), indent=1)
+    if fmt == "csv":  # one row per held-out problem
+        columns = ["fold", "held_out", "model", "task", "unit", "builtin", "portfolio_default"]
+        columns += ["portfolio_default_diff", "default_candidate"]
+        rows = [",".join(columns)] + [",".join(str(row[c]) for c in columns) for row in check.held_out.rows]
+        return "\n".join(rows)
+    lines = shipping_check_sentences(check)
+    if check.held_out.rows:
+        lines.append(held_out_table(check.held_out))
+        lines.extend(verdict_lines(check.held_out))
+    if check.complete:
+        _, why = ShippingEvidence(check.held_out, check.setting, [check.note()], check).verdict()
+        lines.append(f"shipping rule: {why}")
+    else:
+        lines.append(f"rerun the same command to train the {check.missing} missing cells (it trains only those)")
+    return "\n".join(lines)
+
+
+def shipping_table(evidence: ShippingEvidence, label: str) -> str:
+    """The shipping rule's evidence for one default (``label``, e.g. the Cayley portfolio default) as the Markdown
+    table docs/statistics.md shows: per left-out check its interval and verdict, then how the rows were trained
+    and the decision."""
+    rows = [] if evidence.held_out is None else evidence.held_out.rows
+    defaults: dict[str, dict[str, str]] = {}
+    for row in rows:
+        defaults.setdefault(row["fold"], {})[row["held_out"]] = row["default_candidate"]
+    lines = [f"| check | {label} against the built-in defaults | defaults chosen | verdict |", "|---|---|---|---|"]
+    for kind in ("task", "model"):
+        found = None if evidence.held_out is None else held_out_evidence(evidence.held_out, kind, "portfolio_default")
+        if found is None:
+            lines.append(f"| leave one {kind} out | no rows | | |")
+            continue
+        c, interval = found.comparison, found.comparison.interval
+        names = list(defaults.get(kind, {}).values())
+        chosen = ", ".join(n + (f" x{names.count(n)}" if names.count(n) > 1 else "") for n in dict.fromkeys(names))
+        lines.append(
+            f"| leave one {kind} out | {interval.estimate:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}] "
+            f"({c.wins} ahead, {c.losses} behind; sign p = {c.sign_p:.2f}, Wilcoxon p = {c.wilcoxon_p:.2f}) "
+            f"| {chosen} | {interval.verdict} |"
+        )
+    _, why = evidence.verdict()
+    return "\n".join(lines) + f"\n\nBy the rule: {why}.\n"
+
+
+SHIPPING_TABLE_MARKERS = ("<!-- shipping-check table: begin -->", "<!-- shipping-check table: end -->")
+
+
+def statistics_table(storage_url: str, family: str = "cayley", bucket: str = "small") -> str:
+    """:func:`shipping_table` of the stored matrix of ``family`` and ``bucket`` in ``storage_url`` (chosen from every
+    problem), what docs/statistics.md shows between :data:`SHIPPING_TABLE_MARKERS`; nothing is trained or written.
+
+    Raises:
+        ValueError: no such matrix in the storage.
+    """
+    from ..defaults.shipping_check import shipping_evidence
+    from ..defaults.transfer import stored_portfolio
+    from ..encoders import report_labels
+
+    result = stored_portfolio(storage_url, family, bucket)
+    if result is None:
+        raise ValueError(f"no {family} ({bucket}) cross-task matrix chosen from every problem in {storage_url}")
+    label = report_labels("sentence").get(family, family)
+    return shipping_table(shipping_evidence(storage_url, result), f"{label} portfolio default")
+
+
+def between_markers(text: str, block: str) -> str:
+    """``text`` with what lies between :data:`SHIPPING_TABLE_MARKERS` replaced by ``block``.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    begin, end = SHIPPING_TABLE_MARKERS
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"the page has no {begin} ... {end} block")
+    return text[: start + len(begin)] + "\n" + block.strip("\n") + "\n" + text[stop:]
