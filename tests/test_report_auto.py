@@ -91,7 +91,7 @@ def test_the_page_compares_the_chosen_model_with_the_probe_and_the_per_method_st
     assert row["vs_cayley_ensemble"] == pytest.approx(row["auto"] - row["cayley_ensemble"])
     assert row["cayley_ci_low"] <= row["vs_cayley_ensemble"] <= row["cayley_ci_high"]
     lines = auto_sentences(frame)
-    assert "mean over 1 problems" in lines[0] and "Auto minus Cayley's ensemble" in lines[1]
+    assert "mean over 1 problem:" in lines[0] and "Auto minus Cayley's ensemble" in lines[1]
     assert "Against the best per-method study" in lines[2] and "(among cayley, last-layer)" in lines[2]
     page = write_auto_page(AutoPage(auto, [per_method]), tmp_path / "auto").read_text()
     assert "| model | task | setting | chosen |" in page and f"{row['vs_best_layer']:+.2f}" in page
@@ -135,7 +135,7 @@ def test_the_time_section_shows_each_stage_and_an_older_study_its_search_span(st
     section = page[page.index("## Where the time goes") :]
     assert "| before search | search | final | ensemble | leaderboard | run | after search |" in section
     assert f"| {times['leaderboard']:,.0f} | {times['total']:,.0f} |" in section
-    assert "studies with recorded times, the stages after the search took" in section
+    assert "Over the 1 study with recorded times, the stages after the search took" in section
     # a study stored before runs recorded their times: its search from the trials' stamps, nothing else
     older = tmp_path / "older.db"
     shutil.copyfile(folder / "auto.db", older)
@@ -163,4 +163,4 @@ def test_runs_under_a_time_limit_show_elapsed_over_limit_and_what_stopped_them(s
     section = page[page.index("## Runs under a time limit") :]
     assert "| 60 | 63 | 1.050 |" in section and "| time limit |" in section
     assert "| 60 | 70 | 1.167 |" in section and "| trial cap |" in section
-    assert "1 of 2 runs ended within 10% of their limit; elapsed / limit from 1.050 to 1.167" in section
+    assert "1 of 2 runs ended before 110% of their limit (the target); elapsed / limit from 1.050 to 1.167" in section

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..study.statistics import compare_problems, seeds_interval
 from .auto_times import time_section, timed_section
-from .document import Cell, Document
+from .document import Cell, Document, plural
 from .tables import fmt
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ def auto_sentences(frame: pd.DataFrame) -> list[str]:
     counts = frame["verdict"].value_counts().to_dict()
     unit = "words" if (frame["kind"] == "tagging").all() else "texts"
     lines = [
-        f"Auto minus the best single-layer probe, mean over {len(frame)} problems: "
+        f"Auto minus the best single-layer probe, mean over {plural(len(frame), 'problem')}: "
         f"{over.interval.text()} points (bootstrap over problems); per problem, paired over test "
         f"{unit} and seeds: {counts.get('win', 0)} win, {counts.get('tie', 0)} tie, {counts.get('loss', 0)} loss; "
         f"ahead on {int((frame['vs_best_layer'] > 0).sum())} of {len(frame)}.",
@@ -248,7 +248,7 @@ def auto_sentences(frame: pd.DataFrame) -> list[str]:
         sizes = sorted({int(k) for k in versus["cayley_ensemble_k"].dropna()})
         lines.append(
             f"Auto minus Cayley's ensemble (K = {', '.join(map(str, sizes))}, the Cayley-only search's trials), mean "
-            f"over {len(versus)} problems: {ensembles.interval.text()} points (bootstrap over problems); per "
+            f"over {plural(len(versus), 'problem')}: {ensembles.interval.text()} points (bootstrap over problems); per "
             f"problem, t interval over the paired seeds: {verdicts.get('win', 0)} win, {verdicts.get('tie', 0)} "
             f"tie, {verdicts.get('loss', 0)} loss."
         )
@@ -265,7 +265,7 @@ def _best_study_sentences(frame: pd.DataFrame) -> list[str]:
     over = compare_problems(behind.tolist())
     return [
         f"Against the best per-method study of the same problem (among {', '.join(studied)}): "
-        f"{over.interval.text()} points on average (bootstrap over {len(behind)} problems), at worst "
+        f"{over.interval.text()} points on average (bootstrap over {plural(len(behind), 'problem')}), at worst "
         f"{behind.min():+.2f} ({frame.at[worst, 'model']} {frame.at[worst, 'task']}, "
         f"{frame.at[worst, 'best_study_encoder']}); more than 1 point behind on {int((behind < -1).sum())} of "
         f"{len(behind)}."

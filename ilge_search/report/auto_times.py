@@ -137,7 +137,7 @@ def _share(times: dict[str, Any]) -> float | None:
 
 
 def _auto_studies(url: str) -> list[tuple[Any, Any]]:
-    """(identity, study) of every auto study of ``url``: sentence tasks first, by setting, model, task."""
+    """(identity, study) of every auto study of ``url``: sentence tasks first, by training size, model, task."""
     from ..record import study_record
     from ..storage import open_storage
     from ..study.auto import is_auto
@@ -148,12 +148,12 @@ def _auto_studies(url: str) -> list[tuple[Any, Any]]:
         identity = study_record(summary).identity
         if identity is not None and is_auto(identity.encoder):
             found.append((identity, storage.existing_study(summary.study_name)))
-    found.sort(key=lambda pair: (pair[0].word_pooling is not None, _problem(pair[0])[2], *_problem(pair[0])[:2]))
+    found.sort(key=lambda pair: (pair[0].word_pooling is not None, pair[0].max_train or 0, *_problem(pair[0])[:2]))
     return found
 
 
 def _problem(identity: Any) -> list[str]:
-    """Model, task and setting, as the page's tables show a problem (and sort it, as :mod:`.auto` does)."""
+    """Model, task and setting, as the page's tables show a problem."""
     return [identity.model, identity.task, "" if identity.max_train is None else f"train{identity.max_train}"]
 
 
@@ -185,7 +185,8 @@ def time_section(doc: Document, url: str) -> None:
     if shares:
         doc.bullets(
             [
-                f"Over the {len(shares)} studies with recorded times, the stages after the search took "
+                f"Over the {plural(len(shares), 'study', 'studies')} with recorded times, the stages after the "
+                "search took "
                 f"{statistics.median(shares):.0%} of the run (median; from {min(shares):.0%} to {max(shares):.0%})."
             ]
         )
@@ -249,7 +250,7 @@ def timed_section(doc: Document, url: str) -> None:
     within = sum(value <= LIMIT_TOLERANCE for value in used)
     doc.bullets(
         [
-            f"{within} of {len(runs)} runs ended within {LIMIT_TOLERANCE - 1:.0%} of their limit; elapsed / limit "
-            f"from {min(used):.3f} to {max(used):.3f} (median {statistics.median(used):.3f}).",
+            f"{within} of {plural(len(runs), 'run')} ended before {LIMIT_TOLERANCE:.0%} of their limit (the "
+            f"target); elapsed / limit from {min(used):.3f} to {max(used):.3f} (median {statistics.median(used):.3f}).",
         ]
     )
