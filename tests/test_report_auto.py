@@ -164,3 +164,41 @@ def test_runs_under_a_time_limit_show_elapsed_over_limit_and_what_stopped_them(s
     assert "| 60 | 63 | 1.050 |" in section and "| time limit |" in section
     assert "| 60 | 70 | 1.167 |" in section and "| trial cap |" in section
     assert "1 of 2 runs ended before 110% of their limit (the target); elapsed / limit from 1.050 to 1.167" in section
+
+
+def test_a_tagging_auto_study_has_its_own_columns_against_the_per_word_studies(tmp_path):
+    """A toy tagging task (a tiny local encoder): the row compares the selected trial (tagging studies have no
+    ensemble) with the best single-layer probe per word and the per-method cayley-word study of the same draw."""
+    import json
+
+    import numpy as np
+
+    from ilge_search.testing.tiny_models import tiny_encoder
+
+    words = ["the", "a", "fox", "dog", "runs", "jumps", ",", "."]
+    tags = {"the": "DET", "a": "DET", "fox": "NOUN", "dog": "NOUN", "runs": "VERB", "jumps": "VERB"}
+    task = tmp_path / "pos_toy"
+    task.mkdir()
+    for split, (count, seed) in {"train": (24, 0), "validation": (8, 1), "test": (8, 2)}.items():
+        rng = np.random.default_rng(seed)
+        rows = [list(rng.choice(words, size=int(rng.integers(2, 7)))) for _ in range(count)]
+        lines = [json.dumps({"tokens": r, "tags": [tags.get(w, "PUNCT") for w in r]}) + "\n" for r in rows]
+        (task / f"{split}.jsonl").write_text("".join(lines), encoding="utf-8")
+    auto, per_word = f"sqlite:///{tmp_path / 'auto.db'}", f"sqlite:///{tmp_path / 'words.db'}"
+    flat = dict(max_epochs=2, final_seeds=2, cache_dir=str(tmp_path / "cache"), progress=False, device="cpu")
+    model = str(tiny_encoder(tmp_path / "model"))
+    run_study(
+        model,
+        str(task),
+        "auto",
+        storage=auto,
+        options=StudyOptions.from_flat(n_trials=2, **flat, methods="last-layer,cayley-word"),
+    )
+    run_study(model, str(task), "cayley-word", storage=per_word, options=StudyOptions.from_flat(n_trials=1, **flat))
+    row = auto_frame(auto, [per_word]).iloc[0]
+    assert row["kind"] == "tagging" and row["chosen"].startswith("selected (trial ")
+    assert not math.isnan(row["cayley_word"]) and row["best_study_encoder"] == "cayley-word"
+    assert math.isnan(row["cayley_ensemble"]) and row["last_layer_from_auto"]  # no per-method last-layer study
+    page = write_auto_page(AutoPage(auto, [per_word]), tmp_path / "auto").read_text()
+    assert "| last layer | cayley-word | best study |" in page and "cayley ens." not in page
+    assert "paired over test words and seeds" in page

@@ -101,21 +101,26 @@ def _reference_of(summary: Any) -> _Reference | None:
 
 
 def _references(urls: Sequence[str]) -> dict[str, _Reference]:
-    """Per-method studies by name (``model:task:encoder:setting``); the first storage holding a name with an
-    ensemble wins its ensemble, the first with final scores its scores."""
+    """Per-method studies by the name their identity gives (``model:task:encoder:setting``, as a run names a
+    study of a registered task; a custom task's study name also holds its content's hash, which the identity
+    does not); the first storage holding a name with an ensemble wins its ensemble, the first with final
+    scores its scores."""
+    from ..record import study_record
     from ..storage import open_storage
+    from ..study.identity import identity_name
 
     out: dict[str, _Reference] = {}
     for url in urls:
         for summary in open_storage(url, must_exist=True).study_summaries():
-            found = _reference_of(summary)
+            found, identity = _reference_of(summary), study_record(summary).identity
             if found is None:
                 continue
-            known = out.get(summary.study_name)
+            name = summary.study_name if identity is None else identity_name(identity)
+            known = out.get(name)
             if known is None:
-                out[summary.study_name] = found
+                out[name] = found
             elif not known.ensemble_scores and found.ensemble_scores:
-                out[summary.study_name] = dataclasses.replace(
+                out[name] = dataclasses.replace(
                     known,
                     ensemble_k=found.ensemble_k,
                     ensemble_seeds=found.ensemble_seeds,
