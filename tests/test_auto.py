@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from ilge_search import run_study
-from ilge_search.record import study_record, trial_config
+from ilge_search.record import run_times, study_record, trial_config
 from ilge_search.study import StudyOptions
 from ilge_search.study.auto import METHOD_PARAM, auto_methods, suggest_auto
 from ilge_search.study.identity import default_study_name
@@ -178,6 +178,11 @@ def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):
     took = time.perf_counter() - started
     assert 0.6 * limit <= took <= 1.1 * limit, took
     assert result.n_complete >= 2 and result.test_mean is not None and result.ensemble is not None
+    # the study records the limit, its share of it and where the time went (what reports/auto.md shows)
+    (times,) = run_times(optuna.load_study(study_name=result.study_name, storage=url))
+    assert times.time_limit == limit and times.limit == pytest.approx(limit)
+    assert list(times.stages) == ["final", "ensemble", "leaderboard"] and not times.cap_reached
+    assert times.elapsed <= took and times.used == pytest.approx(times.elapsed / limit)
 
 
 # ----------------------------------------------------------------------------- leaderboard, export

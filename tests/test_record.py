@@ -140,6 +140,37 @@ def test_every_record_reads_back_what_it_wrote():
     )
 
 
+def test_run_times_read_back_append_and_a_study_without_them_reads_as_not_recorded():
+    from ilge_search.record import KEPT_RUNS, RunTimes, run_times, save_run_times
+
+    entry = RunTimes(
+        started=1_000.0,
+        before_search=4.0,
+        search=50.0,
+        elapsed=80.0,
+        stages={"final": 10.0, "ensemble": 6.0, "leaderboard": 8.0},
+        time_limit=100.0,
+        limit=100.0,
+        trials_before=0,
+        trials_after=9,
+        trial_cap=200,
+        workers=2,
+        threads=1,
+    )
+    assert RunTimes.from_value(entry.to_value()) == entry and entry.to_value()["version"] == RunTimes.VERSION
+    assert entry.used == 0.8 and entry.trials_added == 9 and not entry.cap_reached
+    assert entry.stage("ensemble") == 6.0 and entry.stage("toy") is None
+    assert RunTimes.from_value({"started": 1.0}) is None and RunTimes.from_value("no") is None
+    study = optuna.create_study()
+    assert run_times(study) == []  # stored before run times were recorded: nothing measured
+    study.set_user_attr(RunTimes.ATTR, [{"broken": True}])
+    assert run_times(study) == []
+    for number in range(KEPT_RUNS + 3):
+        save_run_times(study, dataclasses.replace(entry, started=float(number)))
+    kept = run_times(study)
+    assert len(kept) == KEPT_RUNS and kept[-1].started == KEPT_RUNS + 2  # the newest, oldest first
+
+
 def test_a_tagging_final_keeps_its_test_macro_f1_and_an_older_one_reads_as_not_measured():
     tagging = dataclasses.replace(
         FINAL, front=[], front_k=None, front_size=None, test_macro_f1=[0.61, 0.65], test_macro_f1_mean=0.63

@@ -11,7 +11,7 @@ import logging
 import optuna
 import pytest
 
-from ilge_search.record import ensemble_record, study_record
+from ilge_search.record import ensemble_record, run_times, study_record
 from ilge_search.report import build_report
 from ilge_search.storage import count_trials
 from ilge_search.study import StudyOptions, run_study
@@ -153,6 +153,15 @@ def test_a_registered_stage_runs_after_the_built_ins_and_is_skipped_while_curren
     assert toy_stage.runs == [name]  # current: not run again
     assert f"{name}: the toy count is up to date" in caplog.text
     assert f"{name}: final scores of trial" in caplog.text and "is up to date" in caplog.text
+    # each run recorded where its time went on the study: the first searched and ran every stage, in order;
+    # the rerun added no trial and found every stage current
+    first_run, rerun = run_times(optuna.load_study(study_name=name, storage=url))
+    assert list(first_run.stages) == ["final", "ensemble", "toy-count"] and first_run.current == []
+    assert first_run.search > 0 and first_run.trials_added == 3 and first_run.trial_cap == 3
+    assert first_run.elapsed >= first_run.before_search + first_run.search + sum(first_run.stages.values())
+    assert first_run.limit is None and first_run.used is None
+    assert rerun.stages == {} and rerun.current == ["final", "ensemble", "toy-count"] and rerun.trials_added == 0
+    assert rerun.stage("final") == 0.0 and rerun.stage("leaderboard") is None and rerun.started > first_run.started
 
 
 def test_unregistering_restores_the_built_in_pipeline(tmp_path):

@@ -16,6 +16,8 @@ from .portfolio import *  # noqa: F403
 from .portfolio import __all__ as _portfolio_all
 from .source import *  # noqa: F403
 from .source import __all__ as _source_all
+from .timing import *  # noqa: F403
+from .timing import __all__ as _timing_all
 from .trial import *  # noqa: F403
 from .trial import __all__ as _trial_all
 from .warmstart import *  # noqa: F403
@@ -24,4 +26,4 @@ from .worker import *  # noqa: F403
 from .worker import __all__ as _worker_all
 
 __all__ = [*_core_all, *_trial_all, *_portfolio_all, *_ensemble_all, *_source_all, *_warmstart_all, *_worker_all]
-__all__ += list(_leaderboard_all)
+__all__ += [*_leaderboard_all, *_timing_all]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..record import SourceRecord, WarmStartRecord, owner_stamping
+from ..record import RunTimes, SourceRecord, WarmStartRecord, owner_stamping, save_run_times
 from ..storage import (
     Storage,
     StorageError,
@@ -45,7 +45,7 @@ from .options import StudyOptions
 from .plan import RunCheck, check_run, estimate_run, may_be_long
 from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
-from .stages import StageContext, run_stages
+from .stages import StageContext, StageTimes, run_stages
 from .trial import warm_start_params
 from .workers import TrialCallback, optimize, total_reached
 
@@ -110,8 +110,8 @@ def run_study(
         torch.set_num_threads(options.runtime.threads)
     opened = check.opened_storage()
     try:
-        run = _RunData.load(check, callbacks)  # ---- 2. extracted once, here, before any worker starts
-        return _run_all(run, check.studies, started)
+        run = _RunData.load(check, callbacks, started)  # ---- 2. extracted once, here, before any worker starts
+        return _run_all(run, check.studies)
     except Exception as exc:
         fault = storage_fault(exc)
         if fault is None:
@@ -124,7 +124,8 @@ def run_study(
 @dataclass(frozen=True)
 class _RunData:
     """What every study of a run shares once step 1 passed: the storage, the data spec and the loaded data,
-    the zero-shot tasks' test data, the options and the per-trial callbacks."""
+    the zero-shot tasks' test data, the options, the per-trial callbacks and when the run started (seconds since
+    the epoch: a time limit counts from then)."""
 
     storage: Storage
     spec: DataSpec
@@ -132,15 +133,16 @@ class _RunData:
     zero_shot: Mapping[str, Dataset]
     options: StudyOptions
     callbacks: Sequence[TrialCallback]
+    started: float
 
     @classmethod
-    def load(cls, check: RunCheck, callbacks: Sequence[TrialCallback]) -> _RunData:
+    def load(cls, check: RunCheck, callbacks: Sequence[TrialCallback], started: float) -> _RunData:
         """The run's data, read from the cache (extracted into it first where it is not there yet)."""
         options, spec = check.options, check.spec
         progress = options.runtime.progress
         data = load_study_data(spec, with_test=options.final.seeds > 0, progress=progress, task_data=check.task_data)
         zero_shot = load_zero_shot_data(spec, list(options.data.zero_shot_tasks), progress=progress)
-        return cls(check.opened_storage(), spec, data, zero_shot, options, callbacks)
+        return cls(check.opened_storage(), spec, data, zero_shot, options, callbacks, started)
 
 
 def _say_before_running(check: RunCheck) -> None:
@@ -190,11 +192,11 @@ def _say_which_defaults() -> None:
         )
 
 
-def _run_all(run: _RunData, studies: Sequence[PlannedStudy], started: float) -> list[StudyResult]:
-    """Steps 3-5 for each planned study in turn; under a time limit (counted from ``started``) each gets an equal
-    share of the time left when it starts."""
+def _run_all(run: _RunData, studies: Sequence[PlannedStudy]) -> list[StudyResult]:
+    """Steps 3-5 for each planned study in turn; under a time limit (counted from the run's start) each gets an
+    equal share of the time left when it starts."""
     limit = run.options.search.time_limit
-    deadline = None if limit is None else started + limit
+    deadline = None if limit is None else run.started + limit
     return [_run_one(run, planned, _deadline(deadline, len(studies) - i)) for i, planned in enumerate(studies)]
 
 
@@ -231,12 +233,15 @@ def _study_budget(study: optuna.Study, planned: PlannedStudy, deadline: float, o
 
 
 def _run_one(run: _RunData, planned: PlannedStudy, deadline: float | None = None) -> StudyResult:
-    """Steps 3-5 of :func:`run_study` for one planned study (its search stopped in time for ``deadline``)."""
+    """Steps 3-5 of :func:`run_study` for one planned study (its search stopped in time for ``deadline``); where
+    the time went is stored on the study (:class:`~ilge_search.record.RunTimes`)."""
     study, created = _create_or_load(run, planned)
     try:
+        search = _SearchTimes.start(study)
         _optimize(run, planned, study, created, deadline)
+        search = search.end(study)
         # ---- 5. the study stages, in order (final evaluation, ensemble, ...)
-        run_stages(
+        stages = run_stages(
             StageContext(
                 study=study,
                 storage=run.storage,
@@ -252,9 +257,51 @@ def _run_one(run: _RunData, planned: PlannedStudy, deadline: float | None = None
             fail_own_running_trials(study, run.storage)
         raise
     write_notes(study)  # a Markdown note per trial and per study, for optuna-dashboard
+    save_run_times(study, search.record(run, planned, stages, deadline))
     result = study_result(study, run.storage)
     logger.info("%s", summary_line(result))
     return result
+
+
+@dataclass(frozen=True)
+class _SearchTimes:
+    """When a study's search began and ended (seconds since the epoch) and its finished trials then."""
+
+    began: float
+    before: int
+    ended: float | None = None
+    after: int | None = None
+
+    @classmethod
+    def start(cls, study: optuna.Study) -> _SearchTimes:
+        return cls(time.time(), finished_trial_count(study))
+
+    def end(self, study: optuna.Study) -> _SearchTimes:
+        return _SearchTimes(self.began, self.before, time.time(), finished_trial_count(study))
+
+    def record(self, run: _RunData, planned: PlannedStudy, stages: StageTimes, deadline: float | None) -> RunTimes:
+        """The study's :class:`~ilge_search.record.RunTimes` of this run, ending now."""
+        ended = self.began if self.ended is None else self.ended
+        search = run.options.search
+        caps = [search.total_for(planned.encoder)]
+        if planned.count is not None:
+            caps.append(self.before + planned.count)
+        known = [cap for cap in caps if cap is not None]
+        return RunTimes(
+            started=run.started,
+            before_search=self.began - run.started,
+            search=ended - self.began,
+            elapsed=time.time() - run.started,
+            stages=dict(stages.ran),
+            current=list(stages.current),
+            time_limit=search.time_limit,
+            limit=None if deadline is None else deadline - run.started,
+            trials_before=self.before,
+            trials_after=self.before if self.after is None else self.after,
+            trial_cap=min(known) if known else None,
+            workers=run.options.runtime.workers,
+            threads=run.options.runtime.threads,
+        )
 
 
 def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study, bool]:

@@ -12,7 +12,7 @@ from .base import Stage, StageContext, StagePart, StoredStudy
 from .ensemble import EnsembleStage
 from .final import FinalStage, has_final_scores_to_make
 from .leaderboard import LeaderboardStage
-from .registry import register_stage, registered_stages, run_stages, unregister_stage
+from .registry import StageTimes, register_stage, registered_stages, run_stages, unregister_stage
 
 __all__ = [
     "EnsembleStage",
@@ -21,6 +21,7 @@ __all__ = [
     "Stage",
     "StageContext",
     "StagePart",
+    "StageTimes",
     "StoredStudy",
     "has_final_scores_to_make",
     "register_stage",

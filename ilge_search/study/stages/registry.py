@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import dataclass, field
 
 from .base import Stage, StageContext
 
-__all__ = ["register_stage", "registered_stages", "run_stages", "unregister_stage"]
+__all__ = ["StageTimes", "register_stage", "registered_stages", "run_stages", "unregister_stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +48,27 @@ def registered_stages() -> list[Stage]:
     return list(_STAGES)
 
 
-def run_stages(context: StageContext) -> None:
+@dataclass(frozen=True)
+class StageTimes:
+    """What :func:`run_stages` did on one study: the wall-clock seconds of each stage that ran, in order, and
+    the stages whose stored result was current."""
+
+    ran: dict[str, float] = field(default_factory=dict)
+    current: list[str] = field(default_factory=list)
+
+
+def run_stages(context: StageContext) -> StageTimes:
     """Go through every registered stage on one study: skip those that do not apply or are current, run the
-    others, in order."""
+    others, in order; how long each took."""
+    times = StageTimes()
     for stage in registered_stages():
         if not stage.applies(context):
             stage.skipped(context)
         elif stage.is_current(context):
             logger.info("%s: %s", context.name, stage.current_note(context))
+            times.current.append(stage.name)
         else:
+            started = time.perf_counter()
             stage.run(context)
+            times.ran[stage.name] = time.perf_counter() - started
+    return times
