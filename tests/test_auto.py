@@ -419,16 +419,23 @@ def test_no_trial_is_trained_twice_with_a_final_seed_in_one_run(synthetic, tmp_p
     import json
     from collections import Counter
 
+    from ilge_search import engine
     from ilge_search.study import retraining
 
     trainings: Counter[tuple[str, int]] = Counter()
-    train_alone = retraining._train_alone
+    train_alone, train_many = retraining._train_alone, engine.train_many
 
     def counted(data, config, seed, device):
         trainings[json.dumps(config.to_dict(), sort_keys=True), seed] += 1
         return train_alone(data, config, seed, device)
 
+    def counted_pass(jobs, *args, **kwargs):
+        for job in jobs:
+            trainings[json.dumps(job.config.to_dict(), sort_keys=True), job.seed] += 1
+        return train_many(jobs, *args, **kwargs)
+
     monkeypatch.setattr(retraining, "_train_alone", counted)
+    monkeypatch.setattr(engine, "train_many", counted_pass)
     url = f"sqlite:///{tmp_path / 's.db'}"
     _, study = _run(synthetic, url, methods="cayley,deepset,last-layer,mlp-last", n_trials=8, final_seeds=2, ensemble=4)
     from ilge_search.record import ensemble_record, leaderboard_record

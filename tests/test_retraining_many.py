@@ -84,10 +84,18 @@ def test_train_configs_groups_same_shaped_configs(data, monkeypatch):
             _same(trained_seed, alone)
 
 
-def test_on_a_cpu_seeds_train_one_at_a_time_unless_asked(data, monkeypatch):
+def test_seeds_go_in_one_pass_unless_asked_not_to(data, monkeypatch):
     passes = []
-    monkeypatch.setattr(engine, "train_many", lambda jobs, *a, **k: passes.append(len(jobs)))
+    real = engine.train_many
+
+    def counted(jobs, *args, **kwargs):
+        passes.append(len(jobs))
+        return real(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "train_many", counted)
     config = C.DeepSetConfig(hidden_dim=16, epochs=1, batch_size=32)
     assert [t.seed for t in train_seeds(data, config, SEEDS, device="cpu")] == SEEDS
     assert [[t.seed for t in s] for s in train_configs(data, [config], SEEDS, device="cpu")] == [SEEDS]
-    assert passes == []  # one pass measured no faster on a CPU (benchmarks/README.md)
+    assert passes == [len(SEEDS)] * 2  # the default, on a CPU too: a pass trains the models of one at a time
+    assert [t.seed for t in train_seeds(data, config, SEEDS, device="cpu", batched=False)] == SEEDS
+    assert passes == [len(SEEDS)] * 2

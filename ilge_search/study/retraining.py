@@ -57,17 +57,17 @@ def train_seeds(
     device: str,
     bar: BarSpec | None = None,
     reuse: Mapping[int, tuple[Any, float]] | None = None,
-    batched: bool | None = None,
+    batched: bool = True,
 ) -> Iterator[TrainedSeed]:
     """``config`` trained by the one engine once per seed, yielded in the order of ``seeds``, on ``data``'s
     train split and selected on its validation split.
 
     Where the engine can train the seeds together (:func:`~ilge_search.engine.can_batch`: the built-in
-    families on texts and sentence pairs) and ``batched`` is on (``None``: on a GPU, where one pass pays; on
-    a CPU it measured no faster, benchmarks/README.md), the seeds left to train go in one pass
-    (:func:`~ilge_search.engine.train_many`), each model the one its own run trains; otherwise one at a time,
-    each yielded before the next one trains, so a caller scores a model (and may drop it) before the next
-    exists.
+    families on texts and sentence pairs), the seeds left to train go in one pass
+    (:func:`~ilge_search.engine.train_many`), each model the one its own run trains (on a CPU to 1e-5, dropout
+    included, so passes change no number; ``batched=False`` asks for one at a time).
+    Otherwise they train one at a time, each yielded before the next one trains, so a caller scores a model
+    (and may drop it) before the next exists.
 
     ``bar`` counts the seeds; ``reuse`` (seed -> (model, seconds)) holds models already trained with this
     configuration, seed and data (they would train to the same weights), yielded instead of training again.
@@ -76,7 +76,7 @@ def train_seeds(
 
     seeds = list(seeds)
     reuse = reuse or {}
-    if batch_on(device, batched) and can_batch(config, data.task_kind) and len(set(seeds) - set(reuse)) > 1:
+    if batched and can_batch(config, data.task_kind) and len(set(seeds) - set(reuse)) > 1:
         [trained] = train_configs(data, [config], seeds, device=device, bar=bar, reuse=[reuse], batched=True)
         yield from trained
         return
@@ -95,7 +95,7 @@ def train_configs(
     device: str,
     bar: BarSpec | None = None,
     reuse: Sequence[Mapping[int, tuple[Any, float]]] | None = None,
-    batched: bool | None = None,
+    batched: bool = True,
 ) -> list[list[TrainedSeed]]:
     """Every config trained once per seed (per config, in the order of ``seeds``); with ``batched`` (see
     :func:`train_seeds`) those whose models share their shapes (seeds of one config, ensemble members that
@@ -105,9 +105,7 @@ def train_configs(
 
     reuse = reuse or [{} for _ in configs]
     wanted = [(index, seed) for index, config in enumerate(configs) for seed in seeds if seed not in reuse[index]]
-    batchable = (
-        [job for job in wanted if can_batch(configs[job[0]], data.task_kind)] if batch_on(device, batched) else []
-    )
+    batchable = [job for job in wanted if can_batch(configs[job[0]], data.task_kind)] if batched else []
     trained: dict[tuple[int, int], TrainedSeed] = {}
     if len(batchable) > 1:
         jobs = [ModelJob(configs[index], seed) for index, seed in batchable]
@@ -126,15 +124,6 @@ def train_configs(
             done = trained.get((index, seed))
             out[index].append(done or _train_alone(data, configs[index], seed, device))
     return out
-
-
-def batch_on(device: str, batched: bool | None) -> bool:
-    """Whether models go in one pass: ``batched`` when given, else on a GPU only."""
-    if batched is not None:
-        return batched
-    from ..embeddings.devices import resolve_device
-
-    return str(resolve_device(device)).startswith("cuda")
 
 
 def _train_alone(data: StudyData, config: EncoderConfig, seed: int, device: str) -> TrainedSeed:

@@ -91,17 +91,25 @@ def exported(tmp_path_factory, synthetic):
         **SMALL,
     )
     calls: list[str] = []
-    original = engine.train_encoder
+    original, original_many = engine.train_encoder, engine.train_many
 
-    def counted(*args, **kwargs):  # the stage that asked, above the one retraining loop every stage shares
-        frame = sys._getframe(1)
+    def asking_stage() -> str:  # the stage that asked, above the one retraining loop every stage shares
+        frame = sys._getframe(2)
         while frame.f_back is not None and frame.f_globals["__name__"] == "ilge_search.study.retraining":
             frame = frame.f_back
-        calls.append(frame.f_globals["__name__"])
+        return frame.f_globals["__name__"]
+
+    def counted(*args, **kwargs):
+        calls.append(asking_stage())
         return original(*args, **kwargs)
+
+    def counted_pass(jobs, *args, **kwargs):  # a pass counts each of its models
+        calls.extend([asking_stage()] * len(jobs))
+        return original_many(jobs, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch, refuse_model_loads():
         patch.setattr(engine, "train_encoder", counted)
+        patch.setattr(engine, "train_many", counted_pass)
         (result,) = run_study(synthetic.model, "trec", "cayley", storage=url, options=options)
     name = result.study_name
     single, ensemble = folder / "single", folder / "ensemble"
