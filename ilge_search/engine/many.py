@@ -532,7 +532,7 @@ class _Pass:
 
     def _step(self, rows: Sequence[torch.Tensor]) -> torch.Tensor:
         """One optimizer step of every active model on its own batch; the batch losses."""
-        every = torch.cat(rows)  # one gather for every model's batch
+        every = torch.cat(list(rows))  # one gather for every model's batch
         x = self.train_x.rows(every).view(len(rows), len(rows[0]), *self.data.train_x.shape[1:])
         y = self.data.train_y[every].view(len(rows), len(rows[0]), *self.data.train_y.shape[1:]).to(self.device)
         masks = self._masks(self.active, len(rows[0]))
