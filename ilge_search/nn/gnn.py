@@ -335,17 +335,17 @@ class GNNStack(nn.Module):
         for i, conv in enumerate(self.convs):
             last = i == len(self.convs) - 1
             rows = adjacency[:R] if last else adjacency
-            if self.conv_type == "gcn":
+            if isinstance(conv, GCNConv):
                 real, virtual = conv.lin(real), None if virtual is None else conv.lin(virtual)
             out = torch.matmul(rows[:, :R], real)
             if virtual is not None:
                 out = out + torch.matmul(rows[:, R:], virtual)
-            if self.conv_type == "gin":
+            if isinstance(conv, GINConv):
                 out[:, :R] += (1 + conv.eps) * real
                 if virtual is not None and not last:
                     out[:, R:] += (1 + conv.eps) * virtual
                 out = conv.nn(out)
-            elif conv.bias is not None:
+            elif isinstance(conv, GCNConv) and conv.bias is not None:
                 out = out + conv.bias
             states = self.drop(torch.relu(_real_first(out, R)))
             real = states[: B * R].view(B, R, self.hidden_dim)
