@@ -123,32 +123,6 @@ def test_scatter_path_equals_sparse_path(cls, hparams, monkeypatch):
     torch.testing.assert_close(scatter, sparse, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("cls, hparams", [case for case in ENCODER_CASES if case[1]["conv_type"] != "gat"])
-def test_dense_path_equals_sparse_path_dropout_included(cls, hparams, monkeypatch):
-    """Small graphs multiply each sample by a dense matrix; the result, its gradients and, in train mode, the
-    dropout masks (drawn over the nodes in the sparse path's order) are those of one sparse product per batch."""
-    torch.manual_seed(0)
-    encoder = cls(13, 20, hidden_dim=16, dropout=0.3, **hparams).train()
-    x = torch.randn(5, 13, 20)
-
-    def forward_backward():
-        encoder.zero_grad()
-        torch.manual_seed(1)
-        out = encoder(x)
-        out.square().sum().backward()
-        return out.detach(), [p.grad.clone() for p in encoder.parameters()]
-
-    assert encoder.batched_graph(5).uniform
-    dense, dense_grads = forward_backward()
-    monkeypatch.setattr(gnn_module, "DENSE_MAX_NODES", 0)
-    encoder._graph_cache.clear()
-    assert not encoder.batched_graph(5).uniform
-    sparse, sparse_grads = forward_backward()
-    torch.testing.assert_close(dense, sparse, rtol=1e-5, atol=1e-5)
-    for mine, theirs in zip(dense_grads, sparse_grads, strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
-
-
 def test_half_precision_module_runs_and_tracks_float32():
     torch.manual_seed(0)
     agg = build_aggregator(CayleyConfig(hidden_dim=32, gnn_layers=2), 25, 64).eval()

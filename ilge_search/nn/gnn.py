@@ -40,9 +40,6 @@ __all__ = ["BatchedGraph", "GNNStack", "GNNEncoder", "CayleyGNNEncoder", "FCGNNE
 CONV_TYPES = ("gin", "gcn", "gat")
 POOLINGS = ("mean", "sum")
 _SPARSE_DTYPES = (torch.float32, torch.float64)
-# up to this many nodes per copy, GIN and GCN multiply each sample by one dense matrix instead of one sparse
-# product over the whole batch (a few small matrix products beat a sparse kernel on graphs this size)
-DENSE_MAX_NODES = 128
 T = TypeVar("T")
 # a convolution's adjacency (CSR matrix or edge_index) with its bipartite size or edge weights, or None
 Operator = tuple[torch.Tensor, "tuple[int, int] | torch.Tensor | None"]
@@ -98,30 +95,6 @@ class BatchedGraph:
         self.num_real = B * R  # real nodes of the whole batch: ids [0, num_real)
         self.num_nodes = B * V
         self._operators: dict[tuple, object] = {}
-        # every copy is the same graph: the convolutions may multiply each sample by one small dense matrix
-        self._copy = (edge_index, V, R) if node_mask is None and V <= DENSE_MAX_NODES else None
-
-    @property
-    def uniform(self) -> bool:
-        """Whether every copy is the whole graph (no node mask) and small enough for the dense path."""
-        return self._copy is not None
-
-    def dense_blocks(self, kind: str, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
-        """One copy's adjacency (targets x sources, ``V x V``; GIN: edge counts, GCN: the normalised matrix with
-        self-loops) and ``R``; the convolutions slice it into real and virtual blocks."""
-        assert self._copy is not None, "the dense path needs copies of one whole graph"
-        edge_index, V, R = self._copy
-
-        def build() -> tuple[torch.Tensor, int]:
-            if kind == "gcn":
-                ei, weight = gcn_norm(edge_index, None, V, add_self_loops=True, dtype=dtype)
-            else:
-                ei, weight = edge_index, torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device)
-            dense = torch.zeros(V, V, dtype=dtype, device=edge_index.device)
-            dense.index_put_((ei[1], ei[0]), weight.to(dtype), accumulate=True)
-            return dense, R
-
-        return self._cached(("dense", kind, dtype), build)
 
     def _cached(self, key: tuple, build: Callable[[], T]) -> T:
         if key not in self._operators:
@@ -177,15 +150,6 @@ class BatchedGraph:
             return ei[:, ei[1] < self.num_real] if real_targets else ei
 
         return self._cached(("gat", real_targets), build)
-
-
-def _real_first(states: torch.Tensor, num_real: int) -> torch.Tensor:
-    """``(B, N, H)`` per-sample node states as the sparse path's rows: every sample's real nodes, then every
-    sample's others."""
-    batch, nodes, width = states.shape
-    if nodes == num_real:
-        return states.reshape(batch * nodes, width)
-    return torch.cat([states[:, :num_real].reshape(-1, width), states[:, num_real:].reshape(-1, width)])
 
 
 class GraphCache(OrderedDict):
@@ -299,8 +263,6 @@ class GNNStack(nn.Module):
         return torch.cat([h_real, h_real.new_zeros(num_nodes - h_real.size(0), self.hidden_dim)])
 
     def forward(self, x: torch.Tensor, graph: BatchedGraph) -> torch.Tensor:
-        if graph.uniform and self.conv_type != "gat":
-            return self._dense_forward(x, graph)
         B, R, _ = x.shape
         n_real, n_all = graph.num_real, graph.num_nodes
         h = self.input_proj(x).reshape(B * R, self.hidden_dim)  # (B*R, H): real nodes only
@@ -323,34 +285,6 @@ class GNNStack(nn.Module):
                 out = conv((x_src, x_src[:n_real]), adj, size=(n_all, n_real)) if last else conv(x_src, adj)
             h = self.drop(torch.relu(out))
         return h[:n_real]
-
-    def _dense_forward(self, x: torch.Tensor, graph: BatchedGraph) -> torch.Tensor:
-        """The sparse path's result with each sample's aggregation one dense product per block of its graph.
-
-        Node states are kept as the sparse path lays them out, real nodes of every sample (``(B, R, H)``) then
-        virtual ones (``(B, V - R, H)``), so that dropout draws the same masks for the same nodes."""
-        B = x.shape[0]
-        adjacency, R = graph.dense_blocks(self.conv_type, x.dtype)
-        real, virtual = self.input_proj(x), None  # virtual nodes start at zero: they send nothing at first
-        for i, conv in enumerate(self.convs):
-            last = i == len(self.convs) - 1
-            rows = adjacency[:R] if last else adjacency
-            if isinstance(conv, GCNConv):
-                real, virtual = conv.lin(real), None if virtual is None else conv.lin(virtual)
-            out = torch.matmul(rows[:, :R], real)
-            if virtual is not None:
-                out = out + torch.matmul(rows[:, R:], virtual)
-            if isinstance(conv, GINConv):
-                out[:, :R] += (1 + conv.eps) * real
-                if virtual is not None and not last:
-                    out[:, R:] += (1 + conv.eps) * virtual
-                out = conv.nn(out)
-            elif isinstance(conv, GCNConv) and conv.bias is not None:
-                out = out + conv.bias
-            states = self.drop(torch.relu(_real_first(out, R)))
-            real = states[: B * R].view(B, R, self.hidden_dim)
-            virtual = None if last else states[B * R :].view(B, out.shape[1] - R, self.hidden_dim)
-        return real.reshape(B * R, self.hidden_dim)
 
     def __repr__(self) -> str:
         extra = {"gin": f", gin_mlp_layers={self.gin_mlp_layers}", "gat": f", gat_heads={self.gat_heads}"}
