@@ -160,6 +160,39 @@ def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
     assert board.reserve(trials) == pytest.approx((final + ensemble + probe) * SAFETY + 2 * STAGE_OVERHEAD_SECONDS)
 
 
+def test_the_stages_cost_the_trials_cpu_time_at_the_share_of_a_core_they_will_get():
+    # two workers on two cores, each trial half waiting (another job, the storage): its CPU time is what a
+    # retraining alone needs once the workers have stopped, unless other work still keeps the cores busy
+    from ilge_search.study.budget import SAFETY, STAGE_OVERHEAD_SECONDS, TimeBudget
+
+    clock = FakeClock()
+    trials = [_timed_trial(n, 0.5 + n / 10, 4.0, cpu_seconds=2.0) for n in range(4)]
+
+    def budget(load, threads=1):
+        return TimeBudget(
+            deadline=clock.now + 100,
+            seeds=2,
+            ensemble_size=2,
+            workers=2,
+            threads=threads,
+            clock=clock,
+            load=lambda: load,
+            cores=lambda: 2,
+        )
+
+    # final: 2 seeds x (the best + the start); ensemble: 2 seeds x (one more member + the median as the probe)
+    trainings = 2 * 2 + 2 * 2
+    assert budget(load=2.0).stage_share() == 1.0  # only this run's two workers: a free core for the stages
+    assert budget(load=2.0).reserve(trials) == pytest.approx(trainings * 2.0 * SAFETY + STAGE_OVERHEAD_SECONDS)
+    assert budget(load=4.0).stage_share() == pytest.approx(2 / 3)  # two other processes keep running
+    assert budget(load=4.0).reserve(trials) == pytest.approx(trainings * 3.0 * SAFETY + STAGE_OVERHEAD_SECONDS)
+    # never more than the trials' wall time, and the wall time where CPU time cannot tell (several threads)
+    assert budget(load=9.0).reserve(trials) == pytest.approx(trainings * 4.0 * SAFETY + STAGE_OVERHEAD_SECONDS)
+    assert budget(load=2.0, threads=2).reserve(trials) == budget(load=9.0).reserve(trials)
+    without_cpu = [_timed_trial(n, 0.5 + n / 10, 4.0) for n in range(4)]  # older trials recorded no CPU time
+    assert budget(load=2.0).reserve(without_cpu) == budget(load=9.0).reserve(trials)
+
+
 def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):
     import time
 

@@ -109,6 +109,8 @@ class TrainResult:
             ``val_<metric>`` for each metric of the task, ``lr``.
         num_trainable_params: trainable parameters of aggregator plus head.
         seconds: wall time of the run.
+        cpu_seconds: the process's CPU time during the run (what the run needs on a core of its own: a wall time
+            longer than it was spent waiting, e.g. for other processes on a busy machine).
     """
 
     model: Any
@@ -119,6 +121,7 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     num_trainable_params: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ def run_epochs(config: EncoderConfig, task: EpochTask, run: RunSettings) -> Trai
     selection_metric = str(recipe.selection_metric)
     device = resolve_device(run.device)
     maximise = selection_metric != "loss"
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     rng_devices = [device.index or 0] if device.type == "cuda" else []
     epoch_bar = BarSpec(f"train {config.family}", config.epochs, "epoch", run.progress, transient=True)
     with torch.random.fork_rng(devices=rng_devices), new_bar(epoch_bar) as epochs:
@@ -206,4 +209,5 @@ def run_epochs(config: EncoderConfig, task: EpochTask, run: RunSettings) -> Trai
         history=history,
         num_trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         seconds=time.perf_counter() - started,
+        cpu_seconds=time.process_time() - cpu_started,
     )

@@ -24,7 +24,8 @@ class TrialRecord:
     ``val_metric`` is its objective score (the mean over folds with ``--cv``, with
     ``fold_scores``/``fold_best_epochs``); ``params`` its trainable parameters; ``latency_ms`` its forward time per
     1,000 validation samples; ``layer``/``layer_scores`` the best-layer baseline's choice; ``pruned_fold`` the fold a
-    cross-validated trial was pruned in; ``recommended`` marks the starting configuration.
+    cross-validated trial was pruned in; ``recommended`` marks the starting configuration;
+    ``seconds`` and ``cpu_seconds`` the training's wall and CPU time.
     """
 
     VERSION: ClassVar[int] = 1
@@ -38,6 +39,7 @@ class TrialRecord:
     epochs_run: int | None = None
     best_epoch: int | None = None
     seconds: float | None = None
+    cpu_seconds: float | None = None
     layer: int | None = None
     layer_scores: list[float] = field(default_factory=list)
     fold_scores: list[float] = field(default_factory=list)

@@ -4,8 +4,9 @@ As AutoGluon's ``fit(time_limit=...)``, the limit covers everything a run does. 
 trials once the time left is what the stages after it need: those retrain the selected trial, the starting
 configuration and the ensemble's members with every final seed, and the ensemble stage probes the best
 single layer. Their cost is estimated from the study's own measured trials (:meth:`TimeBudget.reserve`), so it
-grows with what the search found slow. Each study of a run gets an equal share of the time still left when it
-starts (:func:`study_deadline`).
+grows with what the search found slow: from each trial's CPU time, since the stages run in one process once
+the search's workers have stopped, at the share of a core the machine's other load leaves it. Each study of a
+run gets an equal share of the time still left when it starts (:func:`study_deadline`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = [
     "study_deadline",
     "SAFETY",
     "STAGE_OVERHEAD_SECONDS",
+    "machine_cores",
+    "machine_load",
 ]
 
 SAFETY = 1.1  # the stages' estimate is scaled by this: a retraining on a busy machine may run slower than its trial
@@ -95,6 +98,38 @@ def _trial_seconds(trial: Any) -> float | None:
     return float(value) if value is not None and value > 0 else None
 
 
+def _retraining_seconds(trial: Any, share: float) -> float:
+    """What a retraining of ``trial`` alone is expected to take: its CPU time at ``share`` of a core, but never
+    more than its own wall time (trials on a busy machine, or waiting for the storage, took longer than the
+    CPU they used); its wall time when no CPU time was recorded."""
+    from ..record import trial_record
+
+    wall = _trial_seconds(trial) or 0.0
+    cpu = trial_record(trial).cpu_seconds
+    if cpu is None or not cpu > 0 or share <= 0:
+        return wall
+    return min(wall, float(cpu) / share)
+
+
+def machine_load() -> float:
+    """Processes wanting a core, averaged over the last minute (0 where the system does not say)."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
+
+
+def machine_cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def _method_bests(complete: Sequence[Any]) -> list[int]:
     """The number of each method's best complete trial (what a leaderboard retrains)."""
     from ..record import trial_record
@@ -107,11 +142,12 @@ def _method_bests(complete: Sequence[Any]) -> list[int]:
     return [trial.number for trial in best.values()]
 
 
-def _costs(complete: Sequence[Any], workers: int = 1) -> dict[int, float]:
-    """Trial number -> the training seconds a retraining of it is expected to take: its own, except that the
-    earliest ``workers`` trials, which also paid the one-time set-up of their process (imports, the first reads
-    of the cached arrays), count at most the median of the later ones."""
-    cost = {t.number: _trial_seconds(t) or 0.0 for t in complete}
+def _costs(complete: Sequence[Any], workers: int = 1, share: float = 0.0) -> dict[int, float]:
+    """Trial number -> the training seconds a retraining of it is expected to take (:func:`_retraining_seconds`
+    at ``share`` of a core; 0: its wall time), except that the earliest ``workers`` trials, which also paid the
+    one-time set-up of their process (imports, the first reads of the cached arrays), count at most the median
+    of the later ones."""
+    cost = {t.number: _retraining_seconds(t, share) for t in complete}
     numbers = sorted(cost)
     first, later = numbers[: max(1, workers)], numbers[max(1, workers) :]
     if later:
@@ -140,10 +176,12 @@ class TimeBudget:
     Attributes:
         deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
         seeds: the final seeds; ensemble_size: the ensemble's K (0: no ensemble stage).
-        workers: processes searching at once (each one's first trial paid its set-up).
+        workers: processes searching at once (each one's first trial paid its set-up); threads: torch threads of
+            each.
         leaderboard: an auto study's leaderboard follows (it trains each method's best trial and the probe with
             every seed, reusing the models the final evaluation and the ensemble trained).
-        clock: the time now (``time.time``; a test passes a fake one).
+        clock: the time now (``time.time``); load and cores: the machine's load average and cores
+            (:func:`machine_load`, :func:`machine_cores`). Tests pass fake ones.
     """
 
     deadline: float
@@ -151,10 +189,22 @@ class TimeBudget:
     ensemble_size: int
     leaderboard: bool = False
     workers: int = 1
+    threads: int = 1
     clock: Callable[[], float] = field(default=time.time, compare=False)
+    load: Callable[[], float] = field(default=machine_load, compare=False)
+    cores: Callable[[], int] = field(default=machine_cores, compare=False)
 
     def remaining(self) -> float:
         return self.deadline - self.clock()
+
+    def stage_share(self) -> float:
+        """The share of a core the stages' one process can expect once the search's workers have stopped: all of
+        one unless other work keeps the machine's cores busy (0 with several threads, whose CPU time does not
+        tell the wall time)."""
+        if self.threads != 1:
+            return 0.0
+        others = max(0.0, self.load() - self.workers * self.threads)  # the load beside this run's own search
+        return min(1.0, self.cores() / (others + 1.0))
 
     def reserve(self, trials: Sequence[Any]) -> float:
         """Seconds the stages after the search need, from the trials' measured training times (:func:`_costs`):
@@ -164,7 +214,7 @@ class TimeBudget:
         complete = [t for t in trials if t.state.name == "COMPLETE" and _trial_seconds(t) is not None]
         if not self.seeds or not complete:
             return 0.0
-        cost = _costs(complete, self.workers)
+        cost = _costs(complete, self.workers, self.stage_share())
         ranked = sorted(complete, key=lambda t: -(t.value if t.value is not None else -math.inf))
         start = min(complete, key=lambda t: t.number)
         trained = {ranked[0].number, start.number}

@@ -47,7 +47,7 @@ from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
 from .stages import StageContext, StageTimes, run_stages
 from .trial import warm_start_params
-from .workers import TrialCallback, optimize, total_reached
+from .workers import TrialCallback, optimize, search_threads, total_reached
 
 if TYPE_CHECKING:
     import optuna
@@ -229,6 +229,7 @@ def _study_budget(study: optuna.Study, planned: PlannedStudy, deadline: float, o
         ensemble_size=size,
         leaderboard=board,
         workers=options.runtime.workers,
+        threads=search_threads(options),
     )
 
 

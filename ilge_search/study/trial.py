@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import optuna
 
     from ..encoders.configs import EncoderConfig
+    from ..engine import TrainResult
     from ..record import DataRecord, Identity, WarmStartRecord
     from ..storage import Storage
     from .data import StudyData
@@ -211,17 +212,7 @@ class TrialObjective:
             save_trial(trial, config=config.to_dict(), layer=int(layer), layer_scores=[float(s) for s in scores])
         else:
             result = train_encoder(config, data.train, data.validation, epoch_callback=report, **common)
-        save_trial(
-            trial,
-            val_metric=float(result.best_val_metric),
-            params=int(result.num_trainable_params),
-            epochs_run=int(result.epochs_run),
-            best_epoch=int(result.best_epoch),
-            seconds=round(float(result.seconds), 3),
-        )
-        best = result.history[result.best_epoch - 1] if 0 < result.best_epoch <= len(result.history) else {}
-        if data.task_kind == "tagging" and "val_macro_f1" in best:
-            save_trial(trial, val_macro_f1=float(best["val_macro_f1"]))
+        _save_result(trial, result, data.task_kind)
         self._keep_predictions(trial, study.data, result.model)
         return self._values(
             trial, objectives, float(result.best_val_metric), int(result.num_trainable_params), result.model
@@ -323,3 +314,19 @@ def catchable_errors() -> tuple[type, ...]:
 
     oom = getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom,) if oom is not None else ()
+
+
+def _save_result(trial: optuna.Trial, result: TrainResult, task_kind: str) -> None:
+    """What a trial's training gave: its score, size, epochs and times (a tagger's macro-F1 too)."""
+    save_trial(
+        trial,
+        val_metric=float(result.best_val_metric),
+        params=int(result.num_trainable_params),
+        epochs_run=int(result.epochs_run),
+        best_epoch=int(result.best_epoch),
+        seconds=round(float(result.seconds), 3),
+        cpu_seconds=round(float(result.cpu_seconds), 3),
+    )
+    best = result.history[result.best_epoch - 1] if 0 < result.best_epoch <= len(result.history) else {}
+    if task_kind == "tagging" and "val_macro_f1" in best:
+        save_trial(trial, val_macro_f1=float(best["val_macro_f1"]))

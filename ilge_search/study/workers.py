@@ -274,6 +274,18 @@ def _optimize_in_workers(
         )
 
 
+def search_threads(options: StudyOptions) -> int:
+    """The torch threads of each process the search runs in: ``--threads``, else the cores shared out among the
+    workers, or in-process the threads torch uses now."""
+    if options.runtime.threads:
+        return options.runtime.threads
+    if options.runtime.workers > 1:
+        return max(1, (os.cpu_count() or 1) // options.runtime.workers)
+    import torch
+
+    return torch.get_num_threads()
+
+
 def optimize(
     study: optuna.Study,
     storage: Storage,
@@ -302,7 +314,7 @@ def optimize(
                 study, encoder, data, spec.device, options, count, [_ProgressCallback(bar, data.metric), *callbacks]
             )
         return
-    per_worker = options.runtime.threads or max(1, (os.cpu_count() or 1) // options.runtime.workers)
+    per_worker = search_threads(options)
     jobs = [
         WorkerJob(
             storage=storage,
