@@ -565,3 +565,24 @@ def test_the_rule_table_has_one_row_per_study_and_leaves_out_studies_of_one_rule
     assert header[:4] == ["model", "task", "encoder", "train"] and header.index("start") == 6
     text = {row[2].text: [cell.text for cell in row] for row in rows}
     assert len(rows) == 2 and text["Cayley"][6] == "73.00" and text["DeepSet"][6] == "50.00"
+
+
+def test_a_best_layer_trials_time_is_every_layers_probe(monkeypatch):
+    # what retraining it costs, as the time budget reads it: the probe of every layer, not the chosen layer's run
+    import time
+
+    from ilge_search import engine
+    from ilge_search.record import TrialRecord
+
+    real = engine.select_best_layer
+
+    def slow(*args, **kwargs):
+        time.sleep(0.3)  # stands for the probes of the other layers
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "select_best_layer", slow)
+    study = new_study(encoder="best-layer")
+    study.optimize(TrialObjective("best-layer", study_data(), seed=0, device="cpu", max_epochs=2), n_trials=1)
+    record = TrialRecord.from_attrs(study.trials[0].user_attrs)
+    assert record.layer is not None and record.seconds >= 0.3
+    assert 0 < record.cpu_seconds < record.seconds  # the sleep used no CPU

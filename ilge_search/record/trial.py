@@ -25,7 +25,7 @@ class TrialRecord:
     ``fold_scores``/``fold_best_epochs``); ``params`` its trainable parameters; ``latency_ms`` its forward time per
     1,000 validation samples; ``layer``/``layer_scores`` the best-layer baseline's choice; ``pruned_fold`` the fold a
     cross-validated trial was pruned in; ``recommended`` marks the starting configuration;
-    ``seconds`` and ``cpu_seconds`` the training's wall and CPU time.
+    ``seconds`` and ``cpu_seconds`` the training's wall and CPU time (a best-layer trial's: every layer's probe).
     """
 
     VERSION: ClassVar[int] = 1

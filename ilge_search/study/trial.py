@@ -11,7 +11,9 @@ score after that epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -207,7 +209,12 @@ class TrialObjective:
         if config.family == "best-layer":
             # the layer is chosen on validation inside the trial; the search covers the recipe
             assert isinstance(config, BestLayerConfig)
+            started, cpu_started = time.perf_counter(), time.process_time()
             layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
+            # its training is every layer's probe: what a retraining of it costs (the stages' time budget)
+            result = dataclasses.replace(
+                result, seconds=time.perf_counter() - started, cpu_seconds=time.process_time() - cpu_started
+            )
             config = config.replace(layer=layer)
             save_trial(trial, config=config.to_dict(), layer=int(layer), layer_scores=[float(s) for s in scores])
         else:
