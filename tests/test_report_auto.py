@@ -8,6 +8,7 @@ import dataclasses
 import math
 import shutil
 
+import pandas as pd
 import pytest
 
 from ilge_search import run_study
@@ -91,8 +92,13 @@ def test_the_page_compares_the_chosen_model_with_the_probe_and_the_per_method_st
     assert row["vs_cayley_ensemble"] == pytest.approx(row["auto"] - row["cayley_ensemble"])
     assert row["cayley_ci_low"] <= row["vs_cayley_ensemble"] <= row["cayley_ci_high"]
     lines = auto_sentences(frame)
-    assert "mean over 1 problem:" in lines[0] and "Auto minus Cayley's ensemble" in lines[1]
+    # one problem: its difference, and no interval over problems (a bootstrap of one value is a point)
+    assert f"on its one problem: {row['vs_best_layer']:+.2f} points (no interval" in lines[0]
+    assert "Auto minus Cayley's ensemble" in lines[1] and "bootstrap over problems" not in "".join(lines)
     assert "Against the best per-method study" in lines[2] and "(among cayley, last-layer)" in lines[2]
+    shifted = frame.assign(vs_best_layer=frame["vs_best_layer"] + 1.0)
+    two = auto_sentences(pd.concat([frame, shifted], ignore_index=True))
+    assert "mean over 2 problems:" in two[0] and "(bootstrap over problems)" in two[0]
     page = write_auto_page(AutoPage(auto, [per_method]), tmp_path / "auto").read_text()
     assert "| model | task | setting | chosen |" in page and f"{row['vs_best_layer']:+.2f}" in page
     assert "auto - cayley ens. [95% CI, seeds]" in page

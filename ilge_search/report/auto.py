@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..study.statistics import compare_problems, seeds_interval
 from .auto_times import time_section, timed_section
-from .document import Cell, Document, plural
+from .document import Cell, Document
 from .tables import fmt
 
 if TYPE_CHECKING:
@@ -237,25 +237,22 @@ def auto_sentences(frame: pd.DataFrame) -> list[str]:
     problem, against Cayley's ensemble where stored, and against the best per-method study."""
     if frame.empty:
         return []
-    over = compare_problems(frame["vs_best_layer"].tolist())
     counts = frame["verdict"].value_counts().to_dict()
     unit = "words" if (frame["kind"] == "tagging").all() else "texts"
     lines = [
-        f"Auto minus the best single-layer probe, mean over {plural(len(frame), 'problem')}: "
-        f"{over.interval.text()} points (bootstrap over problems); per problem, paired over test "
+        f"Auto minus the best single-layer probe, {_over_problems(frame['vs_best_layer'].tolist())}; per problem, "
+        f"paired over test "
         f"{unit} and seeds: {counts.get('win', 0)} win, {counts.get('tie', 0)} tie, {counts.get('loss', 0)} loss; "
         f"ahead on {int((frame['vs_best_layer'] > 0).sum())} of {len(frame)}.",
     ]
     versus = frame.dropna(subset=["vs_cayley_ensemble"])
     if not versus.empty:
-        ensembles = compare_problems(versus["vs_cayley_ensemble"].tolist())
         verdicts = versus["cayley_verdict"].value_counts().to_dict()
         sizes = sorted({int(k) for k in versus["cayley_ensemble_k"].dropna()})
         lines.append(
-            f"Auto minus Cayley's ensemble (K = {', '.join(map(str, sizes))}, the Cayley-only search's trials), mean "
-            f"over {plural(len(versus), 'problem')}: {ensembles.interval.text()} points (bootstrap over problems); per "
-            f"problem, t interval over the paired seeds: {verdicts.get('win', 0)} win, {verdicts.get('tie', 0)} "
-            f"tie, {verdicts.get('loss', 0)} loss."
+            f"Auto minus Cayley's ensemble (K = {', '.join(map(str, sizes))}, the Cayley-only search's trials), "
+            f"{_over_problems(versus['vs_cayley_ensemble'].tolist())}; per problem, t interval over the paired "
+            f"seeds: {verdicts.get('win', 0)} win, {verdicts.get('tie', 0)} tie, {verdicts.get('loss', 0)} loss."
         )
     lines += _best_study_sentences(frame)
     return lines
@@ -267,14 +264,22 @@ def _best_study_sentences(frame: pd.DataFrame) -> list[str]:
         return []
     worst = behind.idxmin()
     studied = sorted({name for names in frame.loc[behind.index, "studied"] for name in str(names).split(",")})
-    over = compare_problems(behind.tolist())
     return [
-        f"Against the best per-method study of the same problem (among {', '.join(studied)}): "
-        f"{over.interval.text()} points on average (bootstrap over {plural(len(behind), 'problem')}), at worst "
+        f"Against the best per-method study of the same problem (among {', '.join(studied)}), "
+        f"{_over_problems(behind.tolist())}, at worst "
         f"{behind.min():+.2f} ({frame.at[worst, 'model']} {frame.at[worst, 'task']}, "
         f"{frame.at[worst, 'best_study_encoder']}); more than 1 point behind on {int((behind < -1).sum())} of "
         f"{len(behind)}."
     ]
+
+
+def _over_problems(differences: list[float]) -> str:
+    """A mean difference over problems with its bootstrap interval; one problem has no interval over problems
+    (its own, over test examples and seeds, is in its row)."""
+    if len(differences) == 1:
+        return f"on its one problem: {differences[0]:+.2f} points (no interval over problems; the row has its own)"
+    over = compare_problems(differences)
+    return f"mean over {len(differences)} problems: {over.interval.text()} points (bootstrap over problems)"
 
 
 def _difference(value: float, low: float, high: float, verdict: str) -> str:
