@@ -241,8 +241,8 @@ def auto_sentences(frame: pd.DataFrame) -> list[str]:
     unit = "words" if (frame["kind"] == "tagging").all() else "texts"
     lines = [
         f"Auto minus the best single-layer probe, {_over_problems(frame['vs_best_layer'].tolist())}; per problem, "
-        f"paired over test "
-        f"{unit} and seeds: {counts.get('win', 0)} win, {counts.get('tie', 0)} tie, {counts.get('loss', 0)} loss; "
+        f"paired over test {unit} and seeds: {counts.get('win', 0)} win, {counts.get('tie', 0)} tie, "
+        f"{counts.get('loss', 0)} loss; "
         f"ahead on {int((frame['vs_best_layer'] > 0).sum())} of {len(frame)}.",
     ]
     versus = frame.dropna(subset=["vs_cayley_ensemble"])

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .options import usable_cpus
+
 __all__ = [
     "parse_duration",
     "TimeBudget",
@@ -26,7 +28,6 @@ __all__ = [
     "study_deadline",
     "SAFETY",
     "STAGE_OVERHEAD_SECONDS",
-    "machine_cores",
     "machine_load",
 ]
 
@@ -121,15 +122,6 @@ def machine_load() -> float:
         return 0.0
 
 
-def machine_cores() -> int:
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def _method_bests(complete: Sequence[Any]) -> list[int]:
     """The number of each method's best complete trial (what a leaderboard retrains)."""
     from ..record import trial_record
@@ -181,7 +173,7 @@ class TimeBudget:
         leaderboard: an auto study's leaderboard follows (it trains each method's best trial and the probe with
             every seed, reusing the models the final evaluation and the ensemble trained).
         clock: the time now (``time.time``); load and cores: the machine's load average and cores
-            (:func:`machine_load`, :func:`machine_cores`). Tests pass fake ones.
+            (:func:`machine_load`, :func:`~ilge_search.study.options.usable_cpus`). Tests pass fake ones.
     """
 
     deadline: float
@@ -192,7 +184,7 @@ class TimeBudget:
     threads: int = 1
     clock: Callable[[], float] = field(default=time.time, compare=False)
     load: Callable[[], float] = field(default=machine_load, compare=False)
-    cores: Callable[[], int] = field(default=machine_cores, compare=False)
+    cores: Callable[[], int] = field(default=usable_cpus, compare=False)
 
     def remaining(self) -> float:
         return self.deadline - self.clock()

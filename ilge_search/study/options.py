@@ -485,6 +485,10 @@ class RuntimeOptions:
         check_int("max_retry", self.max_retry, minimum=0, allow_none=True)
         object.__setattr__(self, "artifact_dir", _path_or_none(self.artifact_dir))
 
+    def worker_threads(self) -> int:
+        """Torch threads of each worker process: ``threads``, else the usable CPUs shared out among the workers."""
+        return self.threads or max(1, usable_cpus() // self.workers)
+
 
 _GROUPS: dict[str, type] = {
     "search": SearchOptions,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from .auto import auto_methods, is_auto
 from .budget import TimeSplit
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .final import final_is_current
-from .options import DEFAULT_ENSEMBLE, StudyOptions
+from .options import DEFAULT_ENSEMBLE, StudyOptions, usable_cpus
 from .tokens import CALIBRATION_SENTENCES, calibration_counts, head, random_word_data, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -253,8 +252,7 @@ def _parallel(options: StudyOptions, device: str) -> int:
     """Trials that really run at once: ``workers``, on a CPU no more than its cores allow."""
     if options.runtime.workers == 1 or device != "cpu":
         return options.runtime.workers
-    threads = options.runtime.threads or max(1, (os.cpu_count() or 1) // options.runtime.workers)
-    return max(1, min(options.runtime.workers, (os.cpu_count() or 1) // threads))
+    return max(1, min(options.runtime.workers, usable_cpus() // options.runtime.worker_threads()))
 
 
 def _study_plans(check: RunCheck) -> list[StudyPlan]:

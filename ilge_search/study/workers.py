@@ -277,10 +277,8 @@ def _optimize_in_workers(
 def search_threads(options: StudyOptions) -> int:
     """The torch threads of each process the search runs in: ``--threads``, else the cores shared out among the
     workers, or in-process the threads torch uses now."""
-    if options.runtime.threads:
-        return options.runtime.threads
-    if options.runtime.workers > 1:
-        return max(1, (os.cpu_count() or 1) // options.runtime.workers)
+    if options.runtime.threads or options.runtime.workers > 1:
+        return options.runtime.worker_threads()
     import torch
 
     return torch.get_num_threads()
