@@ -6,12 +6,28 @@ must be and what it got; the CLI turns that line into its error message.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Iterable
 from typing import Literal, TypeVar, cast, overload
 
-__all__ = ["check_int", "check_choice", "check_positive_number", "check_items", "ArgumentTypeError"]
+__all__ = [
+    "check_int",
+    "check_choice",
+    "check_positive_number",
+    "check_items",
+    "usable_cpus",
+    "ArgumentTypeError",
+]
 
 T = TypeVar("T")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class ArgumentTypeError(TypeError, ValueError):

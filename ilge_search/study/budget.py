@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .options import usable_cpus
+from ..validation import usable_cpus
 
 __all__ = [
     "parse_duration",

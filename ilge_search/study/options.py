@@ -26,7 +26,7 @@ from typing import Any
 
 from ..record import DEFAULT_PROTOCOL, IDENTITY_KEYS, PROTOCOLS, WORD_POOLINGS
 from ..tuning import PRUNERS, SAMPLERS
-from ..validation import check_choice, check_int, check_positive_number
+from ..validation import check_choice, check_int, check_positive_number, usable_cpus
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
 DEFAULT_ENSEMBLE = 5  # why five: docs/ensembles.md, "Measured"
@@ -49,7 +49,6 @@ __all__ = [
     "MAX_STUDY_NAME_LENGTH",
     "DEFAULT_FINAL_FRONT",
     "check_study_name",
-    "usable_cpus",
 ]
 
 PathLike = str | os.PathLike
@@ -77,14 +76,6 @@ def check_study_name(name: object) -> str:
             f"{MAX_STUDY_NAME_LENGTH}. Pass a shorter --study-name"
         )
     return name
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

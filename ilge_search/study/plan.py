@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..storage import Storage, finished_trial_count
+from ..validation import usable_cpus
 from .auto import auto_methods, is_auto
 from .budget import TimeSplit
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .final import final_is_current
-from .options import DEFAULT_ENSEMBLE, StudyOptions, usable_cpus
+from .options import DEFAULT_ENSEMBLE, StudyOptions
 from .tokens import CALIBRATION_SENTENCES, calibration_counts, head, random_word_data, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover

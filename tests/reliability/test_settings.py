@@ -15,7 +15,7 @@ import pytest
 from reliability_helpers import labelled, one_line_error, refused_run, sentences, sqlite_url, write_task
 
 from ilge_search.study import StudyOptions
-from ilge_search.study.options import usable_cpus
+from ilge_search.validation import usable_cpus
 
 
 @pytest.fixture()
