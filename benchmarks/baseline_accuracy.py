@@ -22,7 +22,8 @@ SUBSETS = {"banking77": (20, 770, 770), "emotion": (100, 600, 1000)}
 
 def run(args: argparse.Namespace) -> pd.DataFrame:
     from ilge_search.embeddings.cache import load_task_embeddings
-    from ilge_search.encoders.configs import BestLayerConfig, config_class_for
+    from ilge_search.encoders import config_class_for
+    from ilge_search.encoders.configs import BestLayerConfig
     from ilge_search.engine import evaluate, select_best_layer, train_encoder
     from ilge_search.tasks.core import few_shot, load_task, subsample
 

@@ -81,7 +81,7 @@ def timed_study(args, root: Path, label: str, cache_dir: Path, workers: int = 1)
 def naive_replay(args, study: optuna.Study, cache_dir: Path) -> float:
     """Each trial: extract train + validation with the LLM (no cache), then train the trial's config."""
     from ilge_search.embeddings.extraction import extract_layer_embeddings
-    from ilge_search.encoders.configs import config_from_dict
+    from ilge_search.encoders import config_from_dict
     from ilge_search.engine import train_encoder
     from ilge_search.study.data import DataSpec, load_task_data
 

@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from ._version import __version__
+from .encoders import config_from_dict
 from .encoders.configs import (
     BestLayerConfig,
     CayleyConfig,
@@ -20,7 +21,6 @@ from .encoders.configs import (
     MeanLayersConfig,
     MLPLastConfig,
     ScalarMixConfig,
-    config_from_dict,
 )
 
 # public name -> module that defines it (imported lazily)

@@ -28,7 +28,7 @@ Recommended defaults files
 (``source="published"``), as code written for ``ilge`` 0.1.0 expects. With
 ``source="regenerated"`` (what a new study starts from) it merges three layers,
 each over the one before:
-the built-in defaults of the published package (:data:`BUILTIN_RECOMMENDED`),
+the built-in defaults of the published package (:func:`~ilge_search.encoders.builtin_start`),
 the shipped ``ilge_search/data/recommended_defaults.json`` (regenerated from the
 committed study results with ``ilge-search recommend --update-shipped``), and
 the user's file (``defaults_path=``, else ``$ILGE_SEARCH_DEFAULTS``, else
@@ -69,8 +69,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .encoders import BUILTIN_STARTS, Picker, encoder_spec
-from .encoders.configs import ALL_FAMILIES, CONFIG_CLASSES, EncoderConfig, FieldValues, config_class_for
+from .encoders import Picker, all_families, builtin_start, config_class_for, config_classes, encoder_spec, encoder_specs
+from .encoders.configs import EncoderConfig, FieldValues
 from .encoders.registry import Suggests
 from .settings import user_defaults_path
 from .validation import check_choice
@@ -85,7 +85,6 @@ __all__ = [
     "effective_recommended_defaults",
     "RECOMMENDED_DEFAULTS_PATH",
     "user_defaults_in_use",
-    "BUILTIN_RECOMMENDED",
     "MODEL_SIZE_HINTS",
     "DEFAULTS_SOURCES",
     "SAMPLERS",
@@ -100,13 +99,10 @@ MODEL_SIZE_HINTS = ("small", "large")
 # where recommended_config reads its values: the published package's, or regenerated files over them
 DEFAULTS_SOURCES = ("published", "regenerated")
 
-# {family: {bucket: {field: value}}}: each registered family's built-in start (its EncoderSpec.start)
-BUILTIN_RECOMMENDED: Mapping[str, Mapping[str, FieldValues]] = BUILTIN_STARTS
-
 
 def _check_family(family: str) -> None:
-    if family not in CONFIG_CLASSES:
-        known = list(ALL_FAMILIES)
+    if family not in config_classes():
+        known = list(all_families())
         raise ValueError(f"unknown family {family!r}; expected one of {known}")
 
 
@@ -153,10 +149,7 @@ def suggest_config(trial: Suggests, family: str, **fixed: object) -> EncoderConf
 
 
 def _builtin_copy() -> dict[str, dict[str, FieldValues]]:
-    return {
-        family: {bucket: dict(fields) for bucket, fields in buckets.items()}
-        for family, buckets in BUILTIN_RECOMMENDED.items()
-    }
+    return {spec.name: {bucket: dict(fields) for bucket, fields in spec.start.items()} for spec in encoder_specs()}
 
 
 def _merge_defaults_file(merged: dict[str, dict[str, FieldValues]], path: Path) -> None:
@@ -174,8 +167,8 @@ def _merge_defaults_file(merged: dict[str, dict[str, FieldValues]], path: Path) 
     if version != DEFAULTS_FORMAT_VERSION:
         raise ValueError(f"{path} has format_version {version!r}; this version reads {DEFAULTS_FORMAT_VERSION}")
     for family, buckets in data["families"].items():
-        if family not in CONFIG_CLASSES:
-            raise ValueError(f"{path}: unknown family {family!r}; expected one of {sorted(CONFIG_CLASSES)}")
+        if family not in config_classes():
+            raise ValueError(f"{path}: unknown family {family!r}; expected one of {sorted(config_classes())}")
         if not isinstance(buckets, dict):
             raise ValueError(f"{path}: families.{family} must map size buckets to field values")
         fields = set(config_class_for(family).__dataclass_fields__)
@@ -254,7 +247,7 @@ def recommended_config(
             ``"large"`` for larger ones (lr 1e-4); see
             :func:`ilge_search.embeddings.models.model_size_bucket`.
         source: ``"published"`` (the default): the published ``ilge`` 0.1.0 package's values
-            (:data:`BUILTIN_RECOMMENDED`), what code written for that package expects;
+            (:func:`~ilge_search.encoders.builtin_start`), what code written for that package expects;
             ``"regenerated"``: those values with the shipped defaults file and the user's file
             read over them (:func:`effective_recommended_defaults`), the start of new studies.
         defaults_path: with ``source="regenerated"``, a user defaults file (as ``ilge-search
@@ -268,7 +261,7 @@ def recommended_config(
     if source == "published":
         if defaults_path is not None:
             raise ValueError("defaults_path is read only with source='regenerated'")
-        values = BUILTIN_RECOMMENDED.get(family, {}).get(model_size_hint, {})
+        values = builtin_start(family, model_size_hint)
     else:
         values = effective_recommended_defaults(defaults_path).get(family, {}).get(model_size_hint, {})
     return config_class_for(family)(**values)

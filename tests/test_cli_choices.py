@@ -20,8 +20,8 @@ from ilge_search.defaults.recommend import DEFAULT_FAMILIES
 from ilge_search.defaults.recommend import METHODS as RECOMMEND_METHODS
 from ilge_search.embeddings.cache import STORAGE_DTYPES
 from ilge_search.embeddings.extraction import POOLINGS
-from ilge_search.encoders.configs import ENCODER_FAMILIES
-from ilge_search.study import ENCODER_CHOICES
+from ilge_search.encoders import encoder_families
+from ilge_search.study import encoder_choices
 from ilge_search.study.objectives import OBJECTIVES
 from ilge_search.study.options import FLAT_NAMES, option_default, option_help
 from ilge_search.tuning import MODEL_SIZE_HINTS
@@ -31,8 +31,8 @@ from ilge_search.use.explain import EXPLAIN_FORMATS
 LIBRARY_CHOICES: dict[str, tuple[str, ...]] = {
     "pooling": POOLINGS,
     "storage_dtype": tuple(STORAGE_DTYPES),
-    "families": ENCODER_FAMILIES,
-    "family": ENCODER_FAMILIES,
+    "families": encoder_families(),
+    "family": encoder_families(),
     "bucket": MODEL_SIZE_HINTS,
     "method": RECOMMEND_METHODS,
     "fmt": EXPLAIN_FORMATS,
@@ -69,8 +69,8 @@ def test_every_choice_option_lists_the_library_constant():
 
 
 def test_the_family_choices_are_one_constant():
-    assert LOTO_FAMILIES == DEFAULT_FAMILIES == ENCODER_FAMILIES
-    assert ENCODER_CHOICES[: len(ENCODER_FAMILIES)] == ENCODER_FAMILIES
+    assert LOTO_FAMILIES == DEFAULT_FAMILIES == encoder_families()
+    assert encoder_choices()[: len(encoder_families())] == encoder_families()
 
 
 def test_each_study_option_shows_its_fields_help_and_default():
@@ -97,7 +97,7 @@ def test_defaults_click_cannot_show_come_from_the_fields():
     assert "[default: 5]" in helps["final_front"] and "[default: 20; with --total-trials" in helps["n_trials"]
     assert study_option_help("objectives", "[default: {default}]").endswith("[default: score]")
     assert all(f"'{name}'" in helps["objectives"] for name in OBJECTIVES)
-    assert all(name in helps["encoders"] for name in ENCODER_CHOICES)
+    assert all(name in helps["encoders"] for name in encoder_choices())
 
 
 def test_the_group_help_imports_neither_the_study_options_nor_numpy():

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from ilge_search import tuning
 from ilge_search.cli import cli
 from ilge_search.defaults.loto import leave_one_task_out, start_config, stored_loto
+from ilge_search.encoders import builtin_start
 from ilge_search.encoders.configs import CayleyConfig
 from ilge_search.record import LotoRecord
 from ilge_search.report import build_report
@@ -167,8 +168,11 @@ def test_a_rerun_trains_nothing_and_stale_records_are_not_used(evaluated, monkey
     assert again.rows[["builtin_mean", "regenerated_mean"]].equals(first.rows[["builtin_mean", "regenerated_mean"]])
     assert stored_loto(url).rows["difference"].tolist() == first.rows["difference"].tolist()
     # other built-in defaults are another configuration: the stored records no longer count
-    changed = {**tuning.BUILTIN_RECOMMENDED, "cayley": {"small": {"lr": 3e-3, "gnn_layers": 1, "hidden_dim": 256}}}
-    monkeypatch.setattr("ilge_search.defaults.loto.BUILTIN_RECOMMENDED", changed)
+    changed = {"small": {"lr": 3e-3, "gnn_layers": 1, "hidden_dim": 256}}
+    monkeypatch.setattr(
+        "ilge_search.defaults.loto.builtin_start",
+        lambda family, bucket: dict(changed.get(bucket, {})) if family == "cayley" else builtin_start(family, bucket),
+    )
     stale = stored_loto(url)
     model = synthetic.model
     assert stale.rows.empty and sorted(stale.missing) == [f"{model}/stsb/cayley", f"{model}/trec/cayley"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 from announced_skips import module_or_skip
 
-from ilge_search.encoders.configs import BASELINE_FAMILIES, config_class_for
+from ilge_search.encoders import baseline_families, config_class_for
 from ilge_search.study import StudyOptions, default_study_name, load_sweep
 from ilge_search.study.identity import StudyConflictError, check_identity, run_identity
 from ilge_search.study.protocol import (
@@ -93,7 +93,7 @@ def test_task_settings_and_parameter_free_baselines():
     assert paper_samples_per_label("emotion", 4) == 4
     from ilge_search.encoders.aggregator import build_aggregator
 
-    for family in BASELINE_FAMILIES:
+    for family in baseline_families():
         config = config_class_for(family)(**({"layer": 2} if family == "best-layer" else {}))
         module = build_aggregator(config, num_layers=4, hidden_in=8)
         assert is_parameter_free(config) == (not any(p.requires_grad for p in module.parameters())), family

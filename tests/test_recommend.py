@@ -14,8 +14,9 @@ from ilge_search import tuning
 from ilge_search.cli import cli
 from ilge_search.defaults.problems import normalised_ranks
 from ilge_search.embeddings.models import model_num_params, model_size_bucket
+from ilge_search.encoders import builtin_start
 from ilge_search.report.defaults_page import recommend_defaults
-from ilge_search.tuning import BUILTIN_RECOMMENDED, recommended_config, suggest_config
+from ilge_search.tuning import recommended_config, suggest_config
 
 FIXED = {"gnn_layers": 1, "pooling": "mean", "dropout": 0.1, "weight_decay": 1e-4}
 
@@ -190,10 +191,8 @@ def test_recommended_config_reads_the_written_file(storage_url, tmp_path, monkey
     assert (large.conv_type, large.gat_heads, large.hidden_dim, large.lr) == ("gat", 8, 512, 1e-4)
     assert recommended_config("deepset", "small", source="regenerated").hidden_dim == 512
     # no deepset studies of large models, no fc studies: the built-in values stay
-    assert (
-        recommended_config("deepset", "large", source="regenerated").lr == BUILTIN_RECOMMENDED["deepset"]["large"]["lr"]
-    )
-    assert recommended_config("fc", "small", source="regenerated").lr == BUILTIN_RECOMMENDED["fc"]["small"]["lr"]
+    assert recommended_config("deepset", "large", source="regenerated").lr == builtin_start("deepset", "large")["lr"]
+    assert recommended_config("fc", "small", source="regenerated").lr == builtin_start("fc", "small")["lr"]
 
 
 def test_defaults_markdown_has_the_table_and_the_evidence(storage_url, tmp_path):

@@ -17,22 +17,27 @@ from torch import nn
 
 from ilge_search import ILGEClassifier, build_aggregator, run_study
 from ilge_search.cli import cli
-from ilge_search.encoders import EncoderSpec, Picker, encoder_spec, register_encoder, unregister_encoder
-from ilge_search.encoders.configs import (
-    ALL_FAMILIES,
-    BASELINE_FAMILIES,
-    CONFIG_CLASSES,
-    ENCODER_FAMILIES,
-    EncoderConfig,
+from ilge_search.encoders import (
+    EncoderSpec,
+    Picker,
+    all_families,
+    baseline_families,
+    builtin_start,
+    config_classes,
     config_from_dict,
+    encoder_families,
+    encoder_spec,
+    register_encoder,
+    unregister_encoder,
 )
+from ilge_search.encoders.configs import EncoderConfig
 from ilge_search.nn import LayerEncoder
 from ilge_search.record import ensemble_record, study_record
-from ilge_search.report import METHOD_LABELS, METHODS, build_report
+from ilge_search.report import build_report, method_labels, methods
 from ilge_search.study import StudyOptions
 from ilge_search.study.data import DataSpec, load_task_data
 from ilge_search.study.identity import resolve_encoders
-from ilge_search.tuning import BUILTIN_RECOMMENDED, recommended_config, suggest_config
+from ilge_search.tuning import recommended_config, suggest_config
 
 DATA = dict(max_train=240, max_eval=100)
 
@@ -93,19 +98,19 @@ def toy():
 
 
 def test_a_registered_family_is_known_everywhere_and_gone_after(toy):
-    assert "toy-mean" in ENCODER_FAMILIES and "toy-mean" in ALL_FAMILIES and "toy-mean" not in BASELINE_FAMILIES
-    assert CONFIG_CLASSES["toy-mean"] is ToyConfig
+    assert "toy-mean" in encoder_families() and "toy-mean" in all_families() and "toy-mean" not in baseline_families()
+    assert config_classes()["toy-mean"] is ToyConfig
     assert config_from_dict({"family": "toy-mean", "hidden_dim": 8}) == ToyConfig(hidden_dim=8)
-    assert METHODS[-1] == "toy-mean" and METHOD_LABELS["toy-mean"] == "Toy mean"
+    assert methods()[-1] == "toy-mean" and method_labels()["toy-mean"] == "Toy mean"
     assert recommended_config("toy-mean").lr == pytest.approx(3e-3)
-    assert BUILTIN_RECOMMENDED["toy-mean"]["small"] == {"lr": 3e-3}
+    assert builtin_start("toy-mean", "small") == {"lr": 3e-3}
     assert resolve_encoders("toy-mean") == ["toy-mean"]
     trial = optuna.create_study().ask()
     config = suggest_config(trial, "toy-mean")
     assert isinstance(config, ToyConfig) and set(trial.params) == {"hidden_dim", "lr", "weight_decay"}
     assert build_aggregator(config, 4, 6)(torch.randn(3, 4, 6)).shape == (3, config.hidden_dim)
     unregister_encoder("toy-mean")
-    assert "toy-mean" not in ENCODER_FAMILIES and "toy-mean" not in CONFIG_CLASSES and "toy-mean" not in METHODS
+    assert "toy-mean" not in encoder_families() and "toy-mean" not in config_classes() and "toy-mean" not in methods()
     with pytest.raises(ValueError, match="unknown"):
         resolve_encoders("toy-mean")
 
@@ -118,9 +123,9 @@ def test_a_name_is_registered_once():
 
 
 def test_the_builtin_families_read_the_registry():
-    assert ENCODER_FAMILIES == ("cayley", "fc", "deepset")
-    assert METHODS == ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset", "fc", "cayley")
-    assert all(encoder_spec(name).config_class is cls for name, cls in CONFIG_CLASSES.items())
+    assert encoder_families() == ("cayley", "fc", "deepset")
+    assert methods() == ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset", "fc", "cayley")
+    assert all(encoder_spec(name).config_class is cls for name, cls in config_classes().items())
 
 
 @pytest.mark.slow  # one small study, its ensemble, export, predict and the report (under a minute on 2 cores)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from ilge_search.cli import cli
 from ilge_search.record import Identity, ZeroShotScores
-from ilge_search.report import METHOD_LABELS, METHODS, MISSING, build_report
+from ilge_search.report import MISSING, build_report, method_labels, methods
 from ilge_search.report.document import slug
 from ilge_search.report.paper_results import canonical_model, canonical_task, load_paper_results, published_result
 from ilge_search.study import StudyOptions
@@ -93,9 +93,9 @@ def test_tables_hold_the_stored_final_scores_and_nothing_else(real_report, synth
     attrs = stored(url)
     assert list(result.tables) == [synthetic.model]
     table = result.tables[synthetic.model]
-    assert list(table.index) == ["stsb", "trec"] and list(table.columns) == list(METHODS)
+    assert list(table.index) == ["stsb", "trec"] and list(table.columns) == list(methods())
     for task in table.index:
-        for method in METHODS:
+        for method in methods():
             study = attrs.get((task, method))
             if study is not None and "final_test_mean" in study:
                 assert table.loc[task, method] == pytest.approx(100 * study["final_test_mean"])
@@ -116,18 +116,18 @@ def test_markdown_cells_bold_row_best_and_gains(real_report, synthetic):
     text = result.files["markdown"].read_text()
     rows = markdown_table(text, f"## {synthetic.model}")
     assert set(rows) == {"stsb", "trec"}
-    means = {m: attrs[("trec", m)].get("final_test_mean") for m in METHODS if ("trec", m) in attrs}
+    means = {m: attrs[("trec", m)].get("final_test_mean") for m in methods() if ("trec", m) in attrs}
     scored = {m: round(100 * v, 2) for m, v in means.items() if v is not None}
     best = max(scored.values())
-    for method in METHODS:
-        cell = rows["trec"][METHOD_LABELS[method]]
+    for method in methods():
+        cell = rows["trec"][method_labels()[method]]
         if method not in scored:
             assert cell == MISSING
             continue
         std = 100 * attrs[("trec", method)]["final_test_std"]
         plain = f"{scored[method]:.2f} ± {std:.2f}"
         assert cell == (f"**{plain}**" if scored[method] == best else plain)
-    assert rows["stsb"][METHOD_LABELS["last-layer"]].startswith("**")  # the only score of its row
+    assert rows["stsb"][method_labels()["last-layer"]].startswith("**")  # the only score of its row
     assert rows["trec"]["metric"] == "acc. %" and rows["stsb"]["metric"] == "Spearman ×100"
 
     gains = markdown_table(text, "gain over the last layer (points).")
@@ -135,8 +135,10 @@ def test_markdown_cells_bold_row_best_and_gains(real_report, synthetic):
     for method in ("best-layer", "cayley"):
         expected = 100 * means[method] - last
         assert result.gains[synthetic.model].loc["trec", method] == pytest.approx(expected)
-        assert gains["trec"][METHOD_LABELS[method]] == f"{expected:+.2f}"
-    assert gains["trec"][METHOD_LABELS["scalar-mix"]] == MISSING and gains["stsb"][METHOD_LABELS["cayley"]] == MISSING
+        assert gains["trec"][method_labels()[method]] == f"{expected:+.2f}"
+    assert (
+        gains["trec"][method_labels()["scalar-mix"]] == MISSING and gains["stsb"][method_labels()["cayley"]] == MISSING
+    )
 
     summary = markdown_table(text, "## Across models")
     assert summary[synthetic.model]  # one row per (model, method); the first cell is the model
@@ -193,7 +195,7 @@ def test_csv_latex_html_and_figures(real_report, synthetic):
     without = frame[~frame["study"].isin(importances["study"])]
     assert "scalar-mix" in set(without["method"])
     for method in without["method"]:
-        assert f"{METHOD_LABELS[method]}: no importances (" in page
+        assert f"{method_labels()[method]}: no importances (" in page
 
 
 def test_report_cli(real_storage, tmp_path, synthetic):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from optuna.trial import TrialState, create_trial
 
-from ilge_search.encoders.configs import config_from_dict
+from ilge_search.encoders import config_from_dict
 from ilge_search.study import StudyOptions, default_study_name, format_results, load_sweep, study_result
 from ilge_search.study.data import StudyData
 from ilge_search.study.final import FinalSettings, final_evaluation, final_is_current

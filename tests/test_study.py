@@ -14,7 +14,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from ilge_search.encoders.configs import config_from_dict
+from ilge_search.encoders import config_from_dict
 from ilge_search.record import ensemble_record
 from ilge_search.storage import open_storage
 from ilge_search.study import (

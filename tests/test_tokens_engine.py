@@ -9,6 +9,7 @@ import optuna
 import pytest
 import torch
 
+from ilge_search.encoders import config_class_for
 from ilge_search.encoders import configs as C
 from ilge_search.engine import (
     TAGGING,
@@ -77,7 +78,7 @@ def test_each_sentence_of_a_batch_is_its_own_graph(config):
 @pytest.mark.parametrize("family", ["last-layer", "mean-layers", "scalar-mix", "mlp-last", "deepset", "cayley-word"])
 def test_per_word_encoders_read_each_word_alone(family):
     torch.manual_seed(0)
-    model = build_tagger(C.config_class_for(family)(), num_layers=5, hidden_in=8, num_classes=3).eval()
+    model = build_tagger(config_class_for(family)(), num_layers=5, hidden_in=8, num_classes=3).eval()
     assert model.per_word
     batch = torch.randn(2, 6, 5, 8)
     changed = batch.clone()
@@ -215,7 +216,7 @@ def test_evaluate_and_predict_logits_for_a_tagger():
 def test_every_family_trains_as_a_tagger():
     train, val = middle_layer_tags(40, seed=0), middle_layer_tags(15, seed=1)
     for family in ("fc", "deepset", "mean-layers", "scalar-mix", "mlp-last"):
-        config = C.config_class_for(family)(epochs=2, batch_size=8)
+        config = config_class_for(family)(epochs=2, batch_size=8)
         result = _train(config, train, val)
         assert result.epochs_run == 2 and 0.0 <= result.best_val_metric <= 1.0, family
 

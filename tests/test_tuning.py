@@ -4,14 +4,8 @@ import optuna
 import pytest
 
 from ilge_search import build_aggregator, tuning
-from ilge_search.encoders.configs import (
-    BASELINE_FAMILIES,
-    CayleyConfig,
-    DeepSetConfig,
-    FCConfig,
-    MLPLastConfig,
-    ScalarMixConfig,
-)
+from ilge_search.encoders import baseline_families
+from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig, FCConfig, MLPLastConfig, ScalarMixConfig
 from ilge_search.tuning import recommended_config, suggest_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -67,7 +61,7 @@ def test_deepset_space():
         assert isinstance(configs[trial.number], DeepSetConfig)
 
 
-@pytest.mark.parametrize("family", BASELINE_FAMILIES)
+@pytest.mark.parametrize("family", baseline_families())
 def test_baseline_spaces(family):
     study, configs = _run(family, n_trials=5)
     expected = {"lr", "weight_decay"} | ({"hidden_dim"} if family == "mlp-last" else set())

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .._version import __version__
-from ..encoders.configs import ENCODER_FAMILIES
+from ..encoders import encoder_families
 from ..settings import Settings, default_storage_url
 
 if TYPE_CHECKING:
@@ -315,6 +315,6 @@ FAMILIES_OPTION = click.option(
     "--family",
     "families",
     multiple=True,
-    type=click.Choice(ENCODER_FAMILIES),
+    type=click.Choice(encoder_families()),
     help="Only these families (repeatable) [default: all three].",
 )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..encoders.configs import BASELINE_FAMILIES, ENCODER_FAMILIES, TAGGER_FAMILIES
+from ..encoders import baseline_families, encoder_families, tagger_families
 from ..settings import Settings
 from .group import (
     FORMAT_OPTION,
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
-    f"({', '.join(ENCODER_FAMILIES)} and the baselines {', '.join(BASELINE_FAMILIES)}; for a tagging task also "
-    f"{', '.join(TAGGER_FAMILIES)}: the Cayley graph over each word's own layers); or 'auto': one study that "
+    f"({', '.join(encoder_families())} and the baselines {', '.join(baseline_families())}; for a tagging task also "
+    f"{', '.join(tagger_families())}: the Cayley graph over each word's own layers); or 'auto': one study that "
     "searches the method (--methods) with its settings."
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from ..encoders.configs import ENCODER_FAMILIES
+from ..encoders import encoder_families
 from ..settings import Settings
 from .group import FORMAT_OPTION, QUIET_OPTION, cli, flag, location_options, storage_option, study_logging
 
@@ -40,7 +40,7 @@ def _one_family(ctx: click.Context, param: click.Parameter, value: tuple) -> str
 @storage_option(required=True)
 @click.option(
     "--family",
-    type=click.Choice(ENCODER_FAMILIES),
+    type=click.Choice(encoder_families()),
     multiple=True,
     callback=_one_family,
     help="ILGE family (once per run).  [default: cayley]",
@@ -104,7 +104,7 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
 @storage_option(required=True)
 @click.option(
     "--family",
-    type=click.Choice(ENCODER_FAMILIES),
+    type=click.Choice(encoder_families()),
     multiple=True,
     callback=_one_family,
     help="ILGE family (once per run).  [default: cayley]",

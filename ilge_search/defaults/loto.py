@@ -2,7 +2,7 @@
 
 Defaults chosen on a storage's own tasks are flattered by those tasks. For each task ``T``, :func:`leave_one_task_out`
 regenerates the defaults without ``T``'s studies (the rule ``recommend`` uses), trains them and the built-in defaults
-(:data:`~ilge_search.tuning.BUILTIN_RECOMMENDED`) with no search on each ILGE study of ``T`` (built as a study's first
+(:func:`~ilge_search.encoders.builtin_start`) with no search on each ILGE study of ``T`` (built as a study's first
 trial is, on the study's own data, once per final seed) and stores both scores on that study as a
 :class:`~ilge_search.record.LotoRecord`, keyed by everything that changes the numbers: a rerun trains only what is
 missing, and a record whose configurations the storage no longer gives is stale and replaced.
@@ -26,13 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..embeddings.models import model_size_bucket
-from ..encoders.configs import ENCODER_FAMILIES, config_class_for
+from ..encoders import builtin_start, config_class_for, encoder_families
 from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
 from ..storage import hide_password, open_storage
 from ..study.data import StudyData
 from ..study.retraining import TrainingSetup, train_seeds
 from ..tasks.scores import score_unit
-from ..tuning import BUILTIN_RECOMMENDED
 from ..validation import check_int
 from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
 from .problems import ConfigValues, ProblemGroups, open_existing_storage, problem_tasks, read_problems
@@ -56,7 +55,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-LOTO_FAMILIES: Sequence[str] = ENCODER_FAMILIES  # the families recommend regenerates: every ILGE family
+LOTO_FAMILIES: Sequence[str] = encoder_families()  # the families recommend regenerates: every ILGE family
 ROW_COLUMNS = [
     "model",
     "task",
@@ -189,7 +188,7 @@ def _target(key: tuple[str, str, str], record: StudyRecord, derived: tuple[dict,
             f"{model}/{task}/{family}: no {family} study of another task in the {bucket} bucket to "
             "regenerate defaults from"
         )
-    builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
+    builtin = builtin_start(family, bucket)
     max_epochs = record.identity.max_epochs if record.identity else None
     return _Target(
         model=model,

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
-from ..encoders.configs import ENCODER_FAMILIES
+from ..encoders import builtin_start, encoder_families
 from ..record import (
     WORKER_ATTR,
     CellKey,
@@ -45,7 +45,7 @@ from ..storage import (
 )
 from ..study.data import StudyData
 from ..study.retraining import TrainingSetup, train_seeds
-from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
+from ..tuning import MODEL_SIZE_HINTS
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, portfolio_value, warm_start_order
 from .loto import start_config
@@ -131,8 +131,8 @@ class PortfolioRequest:
     exclude_models: tuple[str, ...] = ()
 
     def check(self) -> PortfolioRequest:
-        if self.family not in ENCODER_FAMILIES:
-            raise ValueError(f"unknown family {self.family!r}; choose from {list(ENCODER_FAMILIES)}")
+        if self.family not in encoder_families():
+            raise ValueError(f"unknown family {self.family!r}; choose from {list(encoder_families())}")
         if self.bucket not in MODEL_SIZE_HINTS:
             raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
         check_int("top_k", self.top_k, minimum=0)
@@ -236,7 +236,7 @@ def read_matrix_problems(storage_url: str, request: PortfolioRequest) -> tuple[l
 
 def marginal_values(family: str, bucket: str, problems: Sequence[Problem]) -> ConfigValues:
     """The marginal rule's configuration (over the built-in values) from ``problems``."""
-    builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
+    builtin = builtin_start(family, bucket)
     values, _, _ = derive_defaults({(family, bucket): list(problems)})
     return {**builtin, **values.get(family, {}).get(bucket, {})}
 
@@ -250,7 +250,7 @@ def matrix_candidates(
 ) -> list[Candidate]:
     """Built-in, marginal rule, then each problem's top ``top_k`` trials; identical configurations (up to
     ``epochs``, which each cell caps) merged, the first source's config kept."""
-    builtin = dict(BUILTIN_RECOMMENDED.get(request.family, {}).get(request.bucket, {}))
+    builtin = builtin_start(request.family, request.bucket)
     found: list[tuple[str, ConfigValues]] = [
         (BUILTIN, start_config_dict(request.family, builtin)),
         (MARGINAL, start_config_dict(request.family, marginal_values(request.family, request.bucket, problems))),

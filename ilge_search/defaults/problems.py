@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..embeddings.models import model_size_bucket
-from ..encoders.configs import config_class_for
+from ..encoders import config_class_for
 from ..record import Identity, study_record, trial_record
 from ..storage import Storage, open_storage
 

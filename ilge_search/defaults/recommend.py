@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..encoders.configs import CONFIG_CLASSES, ENCODER_FAMILIES
+from ..encoders import config_classes, encoder_families
 from ..settings import user_defaults_path
 from ..storage import hide_password
 from ..tuning import DEFAULTS_FORMAT_VERSION
@@ -47,7 +47,7 @@ __all__ = [
 
 PathLike = str | os.PathLike
 
-DEFAULT_FAMILIES: Sequence[str] = ENCODER_FAMILIES  # every ILGE family
+DEFAULT_FAMILIES: Sequence[str] = encoder_families()  # every ILGE family
 METHODS = ("marginal", "portfolio")  # how a group's defaults are chosen (recommend --method)
 NEXT_TO_DEFAULTS = "next-to-defaults"  # report_path default: the defaults file's name with .md
 SIZE_BUCKETS_NOTE = (
@@ -147,9 +147,9 @@ def shipping_decision(values: Mapping[str, Mapping[str, object]], loto: LotoResu
 
 def _checked_request(families: Sequence[str], exclude_tasks: Sequence[str], update_shipped: bool) -> list[str]:
     """The families, checked, and the excluded tasks without repeats; one-line errors for what cannot be done."""
-    unknown = [f for f in families if f not in CONFIG_CLASSES]
+    unknown = [f for f in families if f not in config_classes()]
     if unknown or not families:
-        raise ValueError(f"unknown families {unknown}; choose from {sorted(CONFIG_CLASSES)}")
+        raise ValueError(f"unknown families {unknown}; choose from {sorted(config_classes())}")
     excluded = list(dict.fromkeys(exclude_tasks))
     if update_shipped and excluded:
         raise ValueError(

@@ -28,8 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..encoders.configs import config_class_for
-from ..tuning import BUILTIN_RECOMMENDED
+from ..encoders import builtin_start, config_class_for
 from .problems import ConfigValues, Problem
 
 if TYPE_CHECKING:
@@ -121,7 +120,7 @@ def recommend_group(
     cls = config_class_for(family)
     builtin = {
         **{f: getattr(cls(), f) for f in cls.__dataclass_fields__},
-        **BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}),
+        **builtin_start(family, bucket),
     }
     names: list[str] = []
     for problem in problems:

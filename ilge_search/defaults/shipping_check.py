@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..encoders import builtin_start, encoder_families
 from ..record import portfolio_study_name, save_shipping_check, shipping_check_study_name
 from ..storage import hide_password, open_storage
-from ..tuning import BUILTIN_RECOMMENDED, MODEL_SIZE_HINTS
+from ..tuning import MODEL_SIZE_HINTS
 from ..validation import check_int
 from .evidence import setting_gap
 from .loto import start_config
@@ -79,10 +80,8 @@ class ShippingCheckRequest:
     epochs: int | None = None
 
     def check(self) -> ShippingCheckRequest:
-        from ..encoders.configs import ENCODER_FAMILIES
-
-        if self.family not in ENCODER_FAMILIES:
-            raise ValueError(f"unknown family {self.family!r}; choose from {list(ENCODER_FAMILIES)}")
+        if self.family not in encoder_families():
+            raise ValueError(f"unknown family {self.family!r}; choose from {list(encoder_families())}")
         if self.bucket not in MODEL_SIZE_HINTS:
             raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
         if self.epochs is not None:
@@ -98,7 +97,7 @@ class ShippingCheckRequest:
 
 def shipped_epochs(family: str, bucket: str = "small") -> int:
     """The epochs a default of ``family`` ships with: its configuration's own (early stopping may end sooner)."""
-    builtin = dict(BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {}))
+    builtin = builtin_start(family, bucket)
     return int(start_config(family, builtin, None).epochs)
 
 

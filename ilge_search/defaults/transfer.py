@@ -547,11 +547,11 @@ def stored_portfolios(
     """Each family's (default: every ILGE family's) and size bucket's stored matrix (:func:`stored_portfolio`;
     with ``latest`` the latest run's), and a sentence for each that could not be read back (its studies changed
     since, say)."""
-    from ..encoders.configs import ENCODER_FAMILIES
+    from ..encoders import encoder_families
     from ..tuning import MODEL_SIZE_HINTS
 
     results, notes = [], []
-    for family in ENCODER_FAMILIES if families is None else families:
+    for family in encoder_families() if families is None else families:
         for bucket in MODEL_SIZE_HINTS:
             try:
                 result = stored_portfolio(storage_url, family, bucket, latest=latest)

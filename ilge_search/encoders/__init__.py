@@ -8,25 +8,39 @@ from __future__ import annotations
 
 from . import builtin as builtin
 from .registry import (
-    BUILTIN_STARTS,
     EncoderSpec,
     Picker,
+    all_families,
+    baseline_families,
+    builtin_start,
+    config_class_for,
+    config_classes,
+    config_from_dict,
+    encoder_families,
     encoder_spec,
     encoder_specs,
     register_encoder,
     report_labels,
     report_methods,
+    tagger_families,
     unregister_encoder,
 )
 
 __all__ = [
-    "BUILTIN_STARTS",
     "EncoderSpec",
     "Picker",
+    "all_families",
+    "baseline_families",
+    "builtin_start",
+    "config_class_for",
+    "config_classes",
+    "config_from_dict",
+    "encoder_families",
     "encoder_spec",
     "encoder_specs",
     "register_encoder",
     "report_labels",
     "report_methods",
+    "tagger_families",
     "unregister_encoder",
 ]

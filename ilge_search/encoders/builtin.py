@@ -1,20 +1,33 @@
 """The built-in encoder families, registered in one place.
 
-Each family's config class is in :mod:`ilge_search.encoders.configs` (its role and task kinds in
-``FAMILY_INDEX``), its module in :mod:`ilge_search.nn`; here are its builder, search space, start
-and report label. The modules load on first build (the GNNs import PyTorch Geometric).
+Each family's config class is in :mod:`ilge_search.encoders.configs` and its module in
+:mod:`ilge_search.nn`; here is the rest of it: its builder, search space, start, report label, role,
+task kinds and whether it trains in shared passes. The modules load on first build (the GNNs import
+PyTorch Geometric).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from .configs import FAMILY_INDEX, CayleyConfig, DeepSetConfig, EncoderConfig, FCConfig, FieldValues
+from .configs import (
+    BestLayerConfig,
+    CayleyConfig,
+    CayleyWordConfig,
+    DeepSetConfig,
+    EncoderConfig,
+    FCConfig,
+    FieldValues,
+    LastLayerConfig,
+    MeanLayersConfig,
+    MLPLastConfig,
+    ScalarMixConfig,
+)
 from .registry import EncoderSpec, ModuleBuilder, Picker, register_encoder
 
-if TYPE_CHECKING:  # the modules load on first build
+if TYPE_CHECKING:
     from ..nn import LayerEncoder
 
 __all__ = ["HIDDEN_DIMS", "GAT_HEADS", "BUILTIN_SPECS"]
@@ -40,23 +53,33 @@ def _fields(config: EncoderConfig, names: tuple[str, ...]) -> FieldValues:
     return {name: getattr(config, name) for name in names}
 
 
-def _build_graph(config: CayleyConfig | FCConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
-    from ..nn.gnn import CayleyGNNEncoder, FCGNNEncoder
+# the nn modules load on first build: they import torch, and the GNNs PyTorch Geometric
+def _gnn() -> ModuleType:
+    from ..nn import gnn
 
-    cls = FCGNNEncoder if config.family == "fc" else CayleyGNNEncoder
-    return cls(num_layers, hidden_in, **_fields(config, _GRAPH_FIELDS))
-
-
-def _build_deepset(config: DeepSetConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
-    from ..nn.deepset import DeepSetEncoder
-
-    return DeepSetEncoder(num_layers, hidden_in, **_fields(config, _DEEPSET_FIELDS))
+    return gnn
 
 
-def _build_baseline(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
-    from ..nn.baselines import build_baseline
+def _deepset() -> ModuleType:
+    from ..nn import deepset
 
-    return build_baseline(config, num_layers, hidden_in)
+    return deepset
+
+
+def _baselines() -> ModuleType:
+    from ..nn import baselines
+
+    return baselines
+
+
+def _module(load: Callable[[], ModuleType], class_name: str, fields: tuple[str, ...] = ("dropout",)) -> ModuleBuilder:
+    """Builds ``class_name`` of the loaded module from ``(num_layers, hidden_in)`` and the config's ``fields``."""
+
+    def build(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
+        module: LayerEncoder = getattr(load(), class_name)(num_layers, hidden_in, **_fields(config, fields))
+        return module
+
+    return build
 
 
 def _search_graph(pick: Picker) -> None:
@@ -83,42 +106,73 @@ def _search_width(pick: Picker) -> None:
     pick.categorical("hidden_dim", list(HIDDEN_DIMS))
 
 
-def _builtin(
-    name: str,
-    build: ModuleBuilder,
-    label: str,
-    rank: int,
-    start: Mapping[str, FieldValues],
-    search: Callable[[Picker], None] | None = None,
-    token_label: str | None = None,
-) -> EncoderSpec:
-    """A built-in spec; its class, role and kinds are the config layer's ``FAMILY_INDEX`` entry."""
-    entry = FAMILY_INDEX[name]
-    spec = EncoderSpec(
-        name,
-        entry.config_class,
-        build,
-        start=start,
-        label=label,
-        role=entry.role,
-        kinds=entry.kinds,
-        report_rank=rank,
-        token_label=token_label,
-    )
-    return spec if search is None else dataclasses.replace(spec, search=search)
+def _builtin(config_class: type[EncoderConfig], build: ModuleBuilder, **fields: Any) -> EncoderSpec:
+    return EncoderSpec(config_class.family, config_class, build, **fields)
 
+
+_GRAPH_BUILD = _module(_gnn, "CayleyGNNEncoder", _GRAPH_FIELDS)
+_PROBE = {"start": _PLAIN_START, "role": "baseline", "batched": True}
 
 # report_rank orders the report's columns: the baselines, then the ILGE families
 BUILTIN_SPECS: tuple[EncoderSpec, ...] = (
-    _builtin("cayley", _build_graph, "Cayley", 80, _GRAPH_START, _search_graph, token_label="Cayley per sentence"),
-    _builtin("cayley-word", _build_graph, "Cayley per word", 60, _GRAPH_START, _search_graph),
-    _builtin("fc", _build_graph, "FC", 70, _GRAPH_START, _search_graph),
-    _builtin("deepset", _build_deepset, "DeepSet", 50, _WIDTH_START, _search_deepset),
-    _builtin("last-layer", _build_baseline, "Last layer", 0, _PLAIN_START),
-    _builtin("best-layer", _build_baseline, "Best layer", 10, _PLAIN_START),
-    _builtin("mean-layers", _build_baseline, "Mean layers", 20, _PLAIN_START),
-    _builtin("scalar-mix", _build_baseline, "Scalar mix", 30, _PLAIN_START),
-    _builtin("mlp-last", _build_baseline, "MLP (last)", 40, _WIDTH_START, _search_width),
+    _builtin(
+        CayleyConfig,
+        _GRAPH_BUILD,
+        search=_search_graph,
+        start=_GRAPH_START,
+        label="Cayley",
+        token_label="Cayley per sentence",
+        report_rank=80,
+        batched=True,
+    ),
+    # a graph per word: the passes of train_many batch sentences, not words
+    _builtin(
+        CayleyWordConfig,
+        _GRAPH_BUILD,
+        search=_search_graph,
+        start=_GRAPH_START,
+        label="Cayley per word",
+        kinds=("token",),
+        report_rank=60,
+    ),
+    _builtin(
+        FCConfig,
+        _module(_gnn, "FCGNNEncoder", _GRAPH_FIELDS),
+        search=_search_graph,
+        start=_GRAPH_START,
+        label="FC",
+        report_rank=70,
+        batched=True,
+    ),
+    _builtin(
+        DeepSetConfig,
+        _module(_deepset, "DeepSetEncoder", _DEEPSET_FIELDS),
+        search=_search_deepset,
+        start=_WIDTH_START,
+        label="DeepSet",
+        report_rank=50,
+        batched=True,
+    ),
+    _builtin(LastLayerConfig, _module(_baselines, "LastLayer"), label="Last layer", report_rank=0, **_PROBE),
+    _builtin(
+        BestLayerConfig,
+        _module(_baselines, "BestLayer", ("layer", "dropout")),
+        label="Best layer",
+        report_rank=10,
+        **_PROBE,
+    ),
+    _builtin(MeanLayersConfig, _module(_baselines, "MeanLayers"), label="Mean layers", report_rank=20, **_PROBE),
+    _builtin(ScalarMixConfig, _module(_baselines, "ScalarMix"), label="Scalar mix", report_rank=30, **_PROBE),
+    _builtin(
+        MLPLastConfig,
+        _module(_baselines, "MLPLast", ("hidden_dim", "mlp_layers", "dropout")),
+        search=_search_width,
+        start=_WIDTH_START,
+        label="MLP (last)",
+        role="baseline",
+        report_rank=40,
+        batched=True,
+    ),
 )
 
 for _spec in BUILTIN_SPECS:

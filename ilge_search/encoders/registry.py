@@ -1,29 +1,22 @@
 """The encoder registry: one :class:`EncoderSpec` per family, and the lookups every layer above reads.
 
 A family is a config class (``configs``), a module builder, a search space, a built-in starting
-config, a report label and the task kinds it serves. :func:`register_encoder` adds one (it also
-enters the config class in :data:`ilge_search.encoders.configs.FAMILY_INDEX`, so stored configs of it read
-back); ``build_aggregator``, ``suggest_config``, ``recommended_config``, the report's method lists
-and the CLI's encoder choices all look families up here, so a family defined outside the package
-runs through a study, its final evaluation, ensembles, export, predict and the report unchanged.
+config, a report label, its role, the task kinds it serves and whether its models train several in
+one pass. :func:`register_encoder` adds one; reading a stored config (:func:`config_from_dict`),
+``build_aggregator``, ``suggest_config``, ``recommended_config``, the report's method lists and the
+CLI's encoder choices all look families up here, each time they are asked, so a family defined outside
+the package runs through a study, its final evaluation, ensembles, export, predict and the report unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from .configs import (
-    FAMILY_INDEX,
-    TASK_KINDS,
-    EncoderConfig,
-    FamilyEntry,
-    FamilyNames,
-    FieldValues,
-    index_family,
-    unindex_family,
-)
+from ..validation import check_choice
+from .configs import EncoderConfig, FieldValues
 
 if TYPE_CHECKING:  # the registry loads without torch: the CLI's help and tuning's names read it
     from optuna.distributions import CategoricalChoiceType
@@ -38,12 +31,23 @@ __all__ = [
     "unregister_encoder",
     "encoder_spec",
     "encoder_specs",
+    "encoder_families",
+    "baseline_families",
+    "tagger_families",
+    "all_families",
+    "config_classes",
+    "config_class_for",
+    "config_from_dict",
     "report_methods",
     "report_labels",
-    "BUILTIN_STARTS",
+    "builtin_start",
+    "FAMILY_ROLES",
+    "TASK_KINDS",
     "LATE_RANK",
 ]
 
+FAMILY_ROLES = ("ilge", "baseline")  # an ILGE encoder searched over layers, or a reference baseline
+TASK_KINDS = ("sentence", "token")  # one vector per text (or pair), or one per word of a tagging task
 LATE_RANK = 100  # a family registered without a report rank shows after the built-in ones
 
 # (config of the family, num_layers, hidden_in) -> module; each builder takes its own family's config class
@@ -110,6 +114,9 @@ class EncoderSpec:
         kinds: the task kinds it serves (``"sentence"``, ``"token"``).
         report_rank: its column in the report's tables, left to right.
         token_label: the tagging report's name, when it differs from ``label``.
+        batched: whether models of it may train several in one vmapped pass
+            (:func:`ilge_search.engine.train_many`): its module draws random numbers only in dropout,
+            which a pass replays.
     """
 
     name: str
@@ -122,23 +129,24 @@ class EncoderSpec:
     kinds: tuple[str, ...] = TASK_KINDS
     report_rank: int = LATE_RANK
     token_label: str | None = None
+    batched: bool = False
 
     def __post_init__(self) -> None:
-        if self.config_class.family != self.name:
+        if not self.name or self.config_class.family != self.name:
             raise ValueError(
                 f"spec {self.name!r} names config class {self.config_class.__name__} of family "
                 f"{self.config_class.family!r}; the two must agree"
             )
-        self.entry()  # role and kinds checked once, by the config layer
-
-    def entry(self) -> FamilyEntry:
-        return FamilyEntry(self.config_class, self.role, tuple(self.kinds))
+        check_choice("role", self.role, FAMILY_ROLES)
+        if not self.kinds or set(self.kinds) - set(TASK_KINDS):
+            raise ValueError(f"kinds must be a non-empty subset of {list(TASK_KINDS)}, got {self.kinds!r}")
 
     @property
     def report_label(self) -> str:
         return self.label or self.name
 
 
+# every family, in registration order: the built-ins (builtin.py), then those registered later
 _SPECS: dict[str, EncoderSpec] = {}
 
 
@@ -147,7 +155,6 @@ def register_encoder(spec: EncoderSpec) -> EncoderSpec:
     known = _SPECS.get(spec.name)
     if known is not None and known != spec:
         raise ValueError(f"encoder family {spec.name!r} is already registered")
-    index_family(spec.entry())
     _SPECS[spec.name] = spec
     return spec
 
@@ -155,7 +162,6 @@ def register_encoder(spec: EncoderSpec) -> EncoderSpec:
 def unregister_encoder(name: str) -> None:
     """Remove a family registered with :func:`register_encoder` (a test's toy family, say)."""
     _SPECS.pop(name, None)
-    unindex_family(name)
 
 
 def encoder_spec(name: str) -> EncoderSpec:
@@ -167,62 +173,71 @@ def encoder_spec(name: str) -> EncoderSpec:
 
 def encoder_specs() -> tuple[EncoderSpec, ...]:
     """Every registered spec, in registration order."""
-    return tuple(_SPECS[name] for name in FAMILY_INDEX if name in _SPECS)
+    return tuple(_SPECS.values())
 
 
-def report_methods(kind: str) -> FamilyNames:
-    """The families serving ``kind`` in report order (live: a family registered later shows)."""
-
-    def names() -> tuple[str, ...]:
-        specs = [spec for spec in encoder_specs() if kind in spec.kinds]
-        return tuple(spec.name for spec in sorted(specs, key=lambda spec: spec.report_rank))
-
-    return FamilyNames(names)
+def _names(keep: Callable[[EncoderSpec], bool]) -> tuple[str, ...]:
+    return tuple(spec.name for spec in _SPECS.values() if keep(spec))
 
 
-class _Labels(Mapping[str, str]):
-    """``{family: report label}`` of the families serving one task kind, in report order, live."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.methods = report_methods(kind)
-
-    def __getitem__(self, family: str) -> str:
-        if family not in self.methods:
-            raise KeyError(family)
-        spec = _SPECS[family]
-        return (spec.token_label if self.kind == "token" else None) or spec.report_label
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.methods)
-
-    def __len__(self) -> int:
-        return len(self.methods)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
+def encoder_families() -> tuple[str, ...]:
+    """The ILGE families of sentence tasks, in registration order."""
+    return _names(lambda spec: spec.role == "ilge" and "sentence" in spec.kinds)
 
 
-def report_labels(kind: str) -> Mapping[str, str]:
+def baseline_families() -> tuple[str, ...]:
+    return _names(lambda spec: spec.role == "baseline")
+
+
+def tagger_families() -> tuple[str, ...]:
+    """The families of tagging studies only."""
+    return _names(lambda spec: "sentence" not in spec.kinds)
+
+
+def all_families() -> tuple[str, ...]:
+    """Every family, the ILGE encoders first, then the baselines and the tagging-only families."""
+    return encoder_families() + baseline_families() + tagger_families()
+
+
+def config_classes() -> dict[str, type[EncoderConfig]]:
+    """``{family: config class}`` of every registered family."""
+    return {name: spec.config_class for name, spec in _SPECS.items()}
+
+
+def config_class_for(family: str) -> type[EncoderConfig]:
+    try:
+        return _SPECS[family].config_class
+    except KeyError:
+        raise ValueError(f"unknown family {family!r}; expected one of {sorted(_SPECS)}") from None
+
+
+def config_from_dict(data: Mapping[str, object]) -> EncoderConfig:
+    """Rebuild a config from :meth:`EncoderConfig.to_dict` output."""
+    fields: FieldValues = dict(data)
+    family = fields.pop("family", None)
+    if family is None:
+        raise ValueError("config dictionary has no 'family' key; expected the output of to_dict()")
+    cls = config_class_for(str(family))
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(fields) - known
+    if unknown:
+        raise ValueError(f"unknown fields for {cls.__name__}: {sorted(unknown)}; allowed: {sorted(known)}")
+    return cls(**fields)
+
+
+def report_methods(kind: str) -> tuple[str, ...]:
+    """The families serving ``kind`` in report order."""
+    specs = sorted((spec for spec in _SPECS.values() if kind in spec.kinds), key=lambda spec: spec.report_rank)
+    return tuple(spec.name for spec in specs)
+
+
+def report_labels(kind: str) -> dict[str, str]:
     """``{family: label}`` for the report's tables of ``kind`` (``"token"``: the tagging report's names)."""
-    return _Labels(kind)
+    token = kind == "token"
+    return {name: (token and _SPECS[name].token_label) or _SPECS[name].report_label for name in report_methods(kind)}
 
 
-class _Starts(Mapping[str, Mapping[str, FieldValues]]):
-    """``{family: {bucket: {field: value}}}`` of the registered specs' starts, live."""
-
-    def __getitem__(self, family: str) -> Mapping[str, FieldValues]:
-        return encoder_spec(family).start if family in _SPECS else _missing(family)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([spec.name for spec in encoder_specs()])
-
-    def __len__(self) -> int:
-        return len(_SPECS)
-
-
-def _missing(family: str) -> Mapping[str, FieldValues]:
-    raise KeyError(family)
-
-
-BUILTIN_STARTS: Mapping[str, Mapping[str, FieldValues]] = _Starts()
+def builtin_start(family: str, bucket: str) -> FieldValues:
+    """The registered starting config of ``family`` for a model-size ``bucket`` (empty if it has none)."""
+    spec = _SPECS.get(family)
+    return dict(spec.start.get(bucket, {})) if spec is not None else {}

@@ -106,7 +106,7 @@ class EnsembleModel(nn.Module):
 def build_ensemble(meta: Mapping[str, Any]) -> Any:
     """An untrained :class:`~ilge_search.engine.ensemble.EnsembleModel` of the members ``meta`` names
     (``meta["ensemble"]``: each member's config and count, with the task's shapes), for loading weights into."""
-    from ..encoders.configs import config_from_dict
+    from ..encoders import config_from_dict
     from .core import build_model
 
     score_range = meta.get("score_range")

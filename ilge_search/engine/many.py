@@ -18,7 +18,7 @@ On a GPU the masks are drawn from one generator per model, so they equal a run o
 only.
 
 What a pass cannot batch trains one at a time, unchanged: tagging tasks, families outside
-:data:`BATCHED_FAMILIES` (a registered family may draw random numbers a pass would not replay), a
+those whose spec says ``batched`` (a registered family may draw random numbers a pass would not replay), a
 best-layer config whose layer is still to choose, and a job alone in its group.
 """
 
@@ -38,6 +38,7 @@ from torch.func import functional_call, vmap
 from torch.overrides import TorchFunctionMode
 
 from ..embeddings.models import resolve_device
+from ..encoders import encoder_spec
 from ..encoders.configs import BestLayerConfig, EncoderConfig
 from .core import (
     EVAL_BATCH_SIZE,
@@ -55,7 +56,6 @@ from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingReci
 from .stacked import AdamSettings, StackedAdam
 
 __all__ = [
-    "BATCHED_FAMILIES",
     "TRAINING_FIELDS",
     "ModelJob",
     "DropoutReplay",
@@ -66,8 +66,6 @@ __all__ = [
     "train_many",
 ]
 
-# the built-in families whose modules draw random numbers only in dropout, which a pass replays
-BATCHED_FAMILIES = ("cayley", "fc", "deepset", "last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last")
 # config fields the models of one pass may differ in: each model has its own optimizer, masks and epoch cap
 TRAINING_FIELDS = ("lr", "weight_decay", "dropout", "epochs")
 # at most this many float32 values of standardised training features are kept for a whole pass
@@ -86,7 +84,7 @@ class ModelJob:
 
 def can_batch(config: EncoderConfig, task_kind: str) -> bool:
     """Whether a model of ``config`` can train in a pass with others (else it trains on its own)."""
-    if task_kind not in TASK_KINDS or config.family not in BATCHED_FAMILIES:
+    if task_kind not in TASK_KINDS or not encoder_spec(config.family).batched:
         return False
     return not (isinstance(config, BestLayerConfig) and config.layer is None)
 

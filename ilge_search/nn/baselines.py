@@ -4,7 +4,8 @@ Every baseline is a :class:`~ilge_search.nn._base.LayerEncoder`, so the one
 training engine puts the same linear head on top of it as on an ILGE encoder:
 ``last-layer`` + head is a linear probe on the last layer, ``mlp-last`` + head
 an MLP classifier, and so on. :func:`build_baseline` maps a baseline config to
-its module; :func:`ilge_search.encoders.aggregator.build_aggregator` dispatches here.
+its module through the family's registered spec, as
+:func:`ilge_search.encoders.aggregator.build_aggregator` does.
 
 All baselines take ``dropout``; it is applied to the vector handed to the
 head (the default configs use ``dropout=0.0``, i.e. a plain probe).
@@ -15,15 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..encoders.configs import (
-    BASELINE_FAMILIES,
-    BestLayerConfig,
-    EncoderConfig,
-    LastLayerConfig,
-    MeanLayersConfig,
-    MLPLastConfig,
-    ScalarMixConfig,
-)
+from ..encoders.configs import EncoderConfig
+from ..encoders.registry import baseline_families, encoder_spec
 from ._base import LayerEncoder
 
 __all__ = [
@@ -107,8 +101,13 @@ class BestLayer(_LayerReadout):
         - output: ``(N, D)``
     """
 
-    def __init__(self, num_layers: int, hidden_in: int, layer: int, dropout: float = 0.0) -> None:
+    def __init__(self, num_layers: int, hidden_in: int, layer: int | None, dropout: float = 0.0) -> None:
         super().__init__(num_layers, hidden_in, dropout)
+        if layer is None:
+            raise ValueError(
+                "BestLayerConfig.layer is None: choose the layer on validation data with "
+                "ilge_search.engine.select_best_layer(...), or set layer=<index> explicitly"
+            )
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise ValueError(f"layer must be an integer index, got {layer!r}")
         if not -self.num_layers <= layer < self.num_layers:
@@ -224,30 +223,16 @@ class MLPLast(LayerEncoder):
 
 
 def build_baseline(config: EncoderConfig, num_layers: int, hidden_in: int) -> LayerEncoder:
-    """Build the baseline module for a baseline config.
+    """Build the baseline module for a baseline config: its family's registered builder.
 
     ``BestLayerConfig(layer=None)`` cannot be built: the layer has to be chosen
     on validation data first with :func:`ilge_search.engine.select_best_layer`
     (or set explicitly, e.g. ``BestLayerConfig(layer=-2)``).
     """
-    if isinstance(config, LastLayerConfig):
-        return LastLayer(num_layers, hidden_in, dropout=config.dropout)
-    if isinstance(config, BestLayerConfig):
-        if config.layer is None:
-            raise ValueError(
-                "BestLayerConfig.layer is None: choose the layer on validation data with "
-                "ilge_search.engine.select_best_layer(...), or set layer=<index> explicitly"
-            )
-        return BestLayer(num_layers, hidden_in, layer=config.layer, dropout=config.dropout)
-    if isinstance(config, MeanLayersConfig):
-        return MeanLayers(num_layers, hidden_in, dropout=config.dropout)
-    if isinstance(config, ScalarMixConfig):
-        return ScalarMix(num_layers, hidden_in, dropout=config.dropout)
-    if isinstance(config, MLPLastConfig):
-        return MLPLast(
-            num_layers, hidden_in, hidden_dim=config.hidden_dim, mlp_layers=config.mlp_layers, dropout=config.dropout
+    spec = encoder_spec(config.family)
+    if spec.role != "baseline":
+        raise ValueError(
+            f"{type(config).__name__} (family {config.family!r}) is not a baseline; "
+            f"baseline families are {list(baseline_families())}"
         )
-    raise ValueError(
-        f"{type(config).__name__} (family {config.family!r}) is not a baseline; "
-        f"baseline families are {list(BASELINE_FAMILIES)}"
-    )
+    return spec.build(config, num_layers, hidden_in)

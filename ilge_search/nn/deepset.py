@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..validation import check_int
+from ..encoders.configs import POOLINGS
+from ..validation import check_choice, check_int
 from ._base import LayerEncoder
 
 __all__ = ["DeepSetEncoder"]
-
-POOLINGS = ("mean", "sum")
 
 
 class DeepSetEncoder(LayerEncoder):
@@ -47,8 +46,7 @@ class DeepSetEncoder(LayerEncoder):
         dropout: float = 0.1,
     ) -> None:
         super().__init__(num_layers, hidden_in)
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+        check_choice("pooling", pooling, POOLINGS)
         for name, value, low in [
             ("hidden_dim", hidden_dim, 1),
             ("pre_pooling_layers", pre_pooling_layers, 0),

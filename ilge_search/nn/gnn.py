@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import torch
@@ -31,14 +31,13 @@ from torch import nn
 from torch_geometric.nn import GATConv, GCNConv, GINConv, MessagePassing
 from torch_geometric.nn.conv.gcn_conv import gcn_norm
 
+from ..encoders.configs import CONV_TYPES, POOLINGS
 from ..encoders.graphs import LayerGraph, cayley_graph, fully_connected_graph
-from ..validation import check_int
+from ..validation import check_choice, check_int
 from ._base import LayerEncoder
 
 __all__ = ["BatchedGraph", "GNNStack", "GNNEncoder", "CayleyGNNEncoder", "FCGNNEncoder"]
 
-CONV_TYPES = ("gin", "gcn", "gat")
-POOLINGS = ("mean", "sum")
 _SPARSE_DTYPES = (torch.float32, torch.float64)
 T = TypeVar("T")
 # a convolution's adjacency (CSR matrix or edge_index) with its bipartite size or edge weights, or None
@@ -175,11 +174,6 @@ class GraphCache(OrderedDict):
         return (type(self), (self.maxsize,))
 
 
-def _check_choice(name: str, value: object, allowed: Collection[object]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {value!r}")
-
-
 class GNNStack(nn.Module):
     r"""Input projection plus ``gnn_layers`` PyG convolutions over a :class:`BatchedGraph`.
 
@@ -214,7 +208,7 @@ class GNNStack(nn.Module):
         dropout: float = 0.1,
     ) -> None:
         super().__init__()
-        _check_choice("conv_type", conv_type, CONV_TYPES)
+        check_choice("conv_type", conv_type, CONV_TYPES)
         for name, value in [
             ("hidden_in", hidden_in),
             ("hidden_dim", hidden_dim),
@@ -331,7 +325,7 @@ class GNNEncoder(LayerEncoder):
         super().__init__(num_layers, hidden_in)
         if graph.num_real != num_layers:
             raise ValueError(f"graph has {graph.num_real} real nodes but num_layers is {num_layers}")
-        _check_choice("pooling", pooling, POOLINGS)
+        check_choice("pooling", pooling, POOLINGS)
         self.conv_type = conv_type
         self.hidden_dim = hidden_dim
         self.gnn_layers = gnn_layers

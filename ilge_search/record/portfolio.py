@@ -205,7 +205,7 @@ def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, object]) -> 
 def check_portfolio_members(members: object, where: str) -> None:
     """Refuse ``members`` unless it is a list of configurations the config classes accept: one line naming
     ``where`` and the first bad member (its 1-based position and family)."""
-    from ..encoders.configs import config_from_dict
+    from ..encoders import config_from_dict
 
     if not isinstance(members, list):
         raise ValueError(f"{where}: the members must be a list of configurations, got {type(members).__name__}")

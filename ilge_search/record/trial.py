@@ -71,7 +71,7 @@ def trial_config(trial: optuna.Trial | optuna.trial.FrozenTrial) -> EncoderConfi
     Raises:
         ValueError: the trial recorded none (it failed before its configuration was drawn).
     """
-    from ..encoders.configs import config_from_dict
+    from ..encoders import config_from_dict
 
     config = trial_record(trial).config
     if not config:

@@ -8,8 +8,8 @@ pandas, matplotlib and Optuna are imported only inside the functions that use th
 from __future__ import annotations
 
 from .build import MANIFEST_NAME, ReportResult, build_report
-from .data import METHOD_LABELS, METHODS
+from .data import method_labels, methods
 from .document import MISSING
 from .tables import collect_results
 
-__all__ = ["METHODS", "METHOD_LABELS", "MISSING", "MANIFEST_NAME", "ReportResult", "build_report", "collect_results"]
+__all__ = ["methods", "method_labels", "MISSING", "MANIFEST_NAME", "ReportResult", "build_report", "collect_results"]

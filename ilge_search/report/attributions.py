@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..tasks.scores import score_unit
 from ..use.explain import LayerAttribution, stored_explanation
-from .data import METHOD_LABELS, METHODS, ReportStudy
+from .data import ReportStudy, method_labels, methods
 from .document import plural, slug
 from .figures import new_figure, save_figure
 
@@ -50,7 +50,7 @@ def explained_tasks(records: Sequence[ReportStudy]) -> dict[str, list[ExplainedT
     """Per model, its studies with a current stored attribution, by task then encoder."""
     probes = {(r.model, r.task): r for r in records if r.encoder == "best-layer"}
     out: dict[str, list[ExplainedTask]] = {}
-    for record in sorted(records, key=lambda r: (r.model, r.task, METHODS.index(r.encoder))):
+    for record in sorted(records, key=lambda r: (r.model, r.task, methods().index(r.encoder))):
         probe = probes.get((record.model, record.task))
         attribution = stored_explanation(
             record.stored, probe.layer_scores if probe else None, probe.name if probe else None
@@ -108,12 +108,12 @@ def _thirds_shares(items: Sequence[ExplainedTask], values: str, num_layers: int)
 
 
 def _model_note(model: str, items: Sequence[ExplainedTask]) -> str:
-    encoders = sorted({item.record.encoder for item in items}, key=METHODS.index)
+    encoders = sorted({item.record.encoder for item in items}, key=methods().index)
     seeds = sorted({len(item.attribution.seeds) for item in items})
     num_layers = items[0].attribution.num_layers
     items = [item for item in items if item.attribution.num_layers == num_layers]
     text = (
-        f"{model}, {'/'.join(METHOD_LABELS[e] for e in encoders)} (validation, "
+        f"{model}, {'/'.join(method_labels()[e] for e in encoders)} (validation, "
         f"{'/'.join(map(str, seeds))} seeds per task), the layer that matters most by each measure: "
         + "; ".join(_task_sentence(item) for item in items)
         + "."
@@ -159,7 +159,7 @@ def _heatmap(model: str, items: Sequence[ExplainedTask], path: Path) -> bool:
     items = [item for item in items if item.attribution.num_layers == num_layers]
     encoders = {item.record.encoder for item in items}
     labels = [
-        item.record.task if len(encoders) == 1 else f"{item.record.task} · {METHOD_LABELS[item.record.encoder]}"
+        item.record.task if len(encoders) == 1 else f"{item.record.task} · {method_labels()[item.record.encoder]}"
         for item in items
     ]
     scale, _ = score_unit(items[0].attribution.metric)
@@ -195,7 +195,7 @@ def _heatmap(model: str, items: Sequence[ExplainedTask], path: Path) -> bool:
         bar = figure.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
         bar.set_label(unit, fontsize=7)
         bar.ax.tick_params(labelsize=7)
-    names = "/".join(METHOD_LABELS[e] for e in sorted(encoders, key=METHODS.index))
+    names = "/".join(method_labels()[e] for e in sorted(encoders, key=methods().index))
     figure.suptitle(f"{model} · {names}: which layers carry each task (validation; dot: best probe layer)", fontsize=10)
     save_figure(figure, path)
     return True

@@ -55,7 +55,7 @@ class ReportResult:
         out_dir: the report folder.
         results: one row per (model, task, encoder) with a study (``mean``/``std``
             in score units, NaN when no final test score is stored).
-        tables: per model, tasks x :data:`~ilge_search.report.data.METHODS` of mean scores (NaN = missing).
+        tables: per model, tasks x :func:`~ilge_search.report.data.methods` of mean scores (NaN = missing).
         gains: per model, tasks x encoders of gains over the last layer.
         summary: one row per (model, protocol, encoder): tasks, mean score, mean gain, wins, mean rank.
         protocol_effect: one row per (model, task) scored under both protocols: the last layer and

@@ -1,6 +1,6 @@
 """Reading a study storage into one :class:`ReportStudy` per ilge-search study.
 
-A study is reported when its record names its model, task and encoder (one of :data:`METHODS`). Its row is its task,
+A study is reported when its record names its model, task and encoder (one of :func:`methods`). Its row is its task,
 with the shots of a few-shot study and, under the paper protocol, :data:`PAPER_SUFFIX` (``trec [paper protocol]``): the
 two protocols never share a row. When several studies share a model, row and encoder, the one with final scores, the
 most seeds, then the most finished trials is used and the others are returned as duplicates; a multi-objective study
@@ -11,13 +11,11 @@ gives way to a single-objective one of the same cell. A :class:`ReportStudy` is 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..defaults.problems import open_existing_storage
-from ..encoders import report_labels, report_methods
-from ..encoders.configs import TAGGER_FAMILIES
+from ..encoders import report_labels, report_methods, tagger_families
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
 from ..record.fields import finite
 from ..study.auto import is_auto
@@ -30,12 +28,19 @@ if TYPE_CHECKING:
 
     from ..storage import Storage
 
-__all__ = ["METHODS", "METHOD_LABELS", "PAPER_SUFFIX", "ReportStudy", "collect_records", "row_label"]
+__all__ = ["methods", "method_labels", "PAPER_SUFFIX", "ReportStudy", "collect_records", "row_label"]
 
-# the sentence-task families in table order, and their labels: read from the encoder registry
-METHODS: Sequence[str] = report_methods("sentence")
-METHOD_LABELS: Mapping[str, str] = report_labels("sentence")
 PAPER_SUFFIX = " [paper protocol]"  # ends the row label of every paper-protocol score
+
+
+def methods() -> tuple[str, ...]:
+    """The sentence-task families in table order, from the encoder registry."""
+    return report_methods("sentence")
+
+
+def method_labels() -> dict[str, str]:
+    """``{family: label}`` of :func:`methods`."""
+    return report_labels("sentence")
 
 
 @dataclass
@@ -167,7 +172,7 @@ def _read_study(storage: Storage, summary: optuna.study.StudySummary) -> tuple[R
             f"{name}: an auto study, not in the tables (its method is chosen per trial); its leaderboard is "
             f"under '{AUTO_SECTION}'"
         )
-    if identity.encoder not in METHODS and not (tagging and identity.encoder in TAGGER_FAMILIES):
+    if identity.encoder not in methods() and not (tagging and identity.encoder in tagger_families()):
         return None, f"{name}: unknown method {identity.encoder!r}"
     study = optuna.load_study(study_name=name, storage=storage.rdb)
     frame = _trials_frame(study)

@@ -25,8 +25,9 @@ from ..defaults.recommend import (
     regenerate_defaults,
 )
 from ..defaults.rule import RecommendedValue
+from ..encoders import builtin_start
 from ..files import check_output_path, write_output_text
-from ..tuning import BUILTIN_RECOMMENDED, load_recommended_defaults
+from ..tuning import load_recommended_defaults
 from .document import MISSING, Cell, Document, plural
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .portfolio import portfolio_part
@@ -100,7 +101,7 @@ def _defaults_table(doc: Document, recommendation: Recommendation) -> None:
             if values:
                 cells.append(Cell(", ".join(f"{k}={_format(v)}" for k, v in values.items())))
             else:
-                builtin = BUILTIN_RECOMMENDED.get(family, {}).get(bucket, {})
+                builtin = builtin_start(family, bucket)
                 cells.append(Cell("*built-in*: " + ", ".join(f"{k}={_format(v)}" for k, v in builtin.items())))
         rows.append(cells)
     doc.table(["family", "small (up to 3B parameters)", "large (above 3B)"], rows)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..tasks.scores import score_unit
-from .data import METHOD_LABELS, METHODS, ReportStudy
+from .data import ReportStudy, method_labels, methods
 from .document import MISSING, Cell, model_sentence, plural, slug
 from .figures import encoder_colors, new_figure, save_figure
 from .tables import CAYLEY_REFERENCES, cayley_minus
@@ -99,7 +99,7 @@ def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[pd.DataFrame, list[st
             )
     frame = pd.DataFrame(rows, columns=FEWSHOT_COLUMNS)
     if not frame.empty:
-        frame = frame.assign(_e=frame["encoder"].map(METHODS.index), _s=frame["shots"].fillna(math.inf))
+        frame = frame.assign(_e=frame["encoder"].map(methods().index), _s=frame["shots"].fillna(math.inf))
         frame = frame.sort_values(["model", "task", "_e", "_s"]).drop(columns=["_e", "_s"]).reset_index(drop=True)
     return frame, notes
 
@@ -129,7 +129,7 @@ def fewshot_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
                 best[column] = float(signed.max())
         for encoder, rows_here in part.groupby("encoder", sort=False):
             by_shots = {None if math.isnan(r["shots"]) else int(r["shots"]): r for _, r in rows_here.iterrows()}
-            cells = [Cell(model), Cell(task), Cell(rows_here["unit"].iloc[0]), Cell(METHOD_LABELS[encoder])]
+            cells = [Cell(model), Cell(task), Cell(rows_here["unit"].iloc[0]), Cell(method_labels()[encoder])]
             for column in [*shots, None]:
                 row = by_shots.get(column)
                 text = _cell(row)
@@ -172,7 +172,7 @@ def _figure(part: pd.DataFrame, path: Path) -> None:
     figure = new_figure(7.5, 4.0)
     ax = figure.add_subplot(1, 1, 1)
     for encoder, rows in part.groupby("encoder", sort=False):
-        _plot_curve(ax, rows, full_x, colors[encoder], METHOD_LABELS[encoder])
+        _plot_curve(ax, rows, full_x, colors[encoder], method_labels()[encoder])
     _label_shots_axis(ax, part, shots, full_x)
     ax.set_ylabel(f"test {part['unit'].iloc[0]}")
     seeds = sorted(set(part["n_seeds"]))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from ..tasks.scores import score_unit
-from .data import METHOD_LABELS, METHODS, ReportStudy
+from .data import ReportStudy, method_labels, methods
 from .document import slug
 
 if TYPE_CHECKING:
@@ -143,11 +143,11 @@ def figure_style() -> AbstractContextManager[None]:
 
 
 def encoder_colors() -> dict[str, ColorType]:
-    """One colour per encoder of :data:`METHODS`, the same in every figure."""
+    """One colour per encoder of :func:`~ilge_search.report.data.methods`, the same in every figure."""
     from matplotlib import colormaps
 
     cmap = colormaps["tab10"]
-    return {m: cmap(i) for i, m in enumerate(METHODS)}
+    return {m: cmap(i) for i, m in enumerate(methods())}
 
 
 def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
@@ -182,7 +182,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
             zorder=4,
             label=f"chosen layer ({probe.chosen_layer})",
         )
-    for encoder in METHODS:
+    for encoder in methods():
         record = by_encoder.get(encoder)
         if encoder == "best-layer" or record is None or record.best_value is None:
             continue
@@ -191,7 +191,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
             color=colors[encoder],
             linestyle="--",
             linewidth=1.4,
-            label=f"{METHOD_LABELS[encoder]} (best trial)",
+            label=f"{method_labels()[encoder]} (best trial)",
         )
     from matplotlib.ticker import MaxNLocator
 
@@ -211,7 +211,7 @@ def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
 
     shown = [
         r
-        for r in sorted(records, key=lambda r: METHODS.index(r.encoder))
+        for r in sorted(records, key=lambda r: methods().index(r.encoder))
         if not r.trials.empty and ((r.trials["state"] == "COMPLETE") & r.trials["value"].notna()).any()
     ]
     if not shown:
@@ -235,7 +235,7 @@ def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
         color = colors[record.encoder]
         ax.scatter(complete["number"], values, s=16, alpha=0.5, color=color)
         ax.plot(complete["number"], best, drawstyle="steps-post", linewidth=1.8, color=color)
-        ax.set_title(f"{METHOD_LABELS[record.encoder]}\n{trial_counts(record)}", fontsize=MIN_FONT + 1)
+        ax.set_title(f"{method_labels()[record.encoder]}\n{trial_counts(record)}", fontsize=MIN_FONT + 1)
         last = max(0, int(frame["number"].max()))
         ax.set_xlim(-0.5, last + 0.5)
         if last < 4:  # too few for the locator's integer ticks (it would fall back to fractions)
@@ -300,7 +300,7 @@ def _importance_figure(items: Sequence[tuple[ReportStudy, dict[str, float]]], pa
         names = sorted(importances, key=lambda name: importances[name])
         ax.barh(names, [importances[n] for n in names], height=0.6, color=colors[record.encoder])
         ax.set_xlim(0, 1)
-        ax.set_title(f"{METHOD_LABELS[record.encoder]} ({trial_counts(record)})", fontsize=MIN_FONT + 1)
+        ax.set_title(f"{method_labels()[record.encoder]} ({trial_counts(record)})", fontsize=MIN_FONT + 1)
         ax.grid(axis="x", alpha=0.3)
     first = items[0][0]
     figure.suptitle(f"{first.model} · {first.task}: hyperparameter importance (fANOVA over complete trials)")
@@ -320,7 +320,7 @@ def draw_figures(
     importance_rows: list[dict[str, object]] = []
     for model, task in steps(pairs, BarSpec("report figures", unit="task", enabled=progress)):
         group = sorted(
-            (r for r in records if r.model == model and r.task == task), key=lambda r: METHODS.index(r.encoder)
+            (r for r in records if r.model == model and r.task == task), key=lambda r: methods().index(r.encoder)
         )
         here: dict[str, str] = {}
         missing: list[str] = []
@@ -328,7 +328,7 @@ def draw_figures(
         for record in group:
             importances, reason = _importances(record)
             if reason:
-                missing.append(f"{METHOD_LABELS[record.encoder]}: no importances ({reason})")
+                missing.append(f"{method_labels()[record.encoder]}: no importances ({reason})")
             items.append((record, importances))
             importance_rows += [
                 {

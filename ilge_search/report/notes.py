@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .._version import __version__
 from ..storage import hide_password
 from .comparisons import difference_sentence, task_verdict
-from .data import METHOD_LABELS, PAPER_SUFFIX
+from .data import PAPER_SUFFIX, method_labels
 from .document import MISSING, plural
 from .paper_results import load_paper_results, paper_source
 from .tables import CAYLEY_REFERENCES, DECIMALS, cayley_minus, full_data, model_order, model_protocols
@@ -114,7 +114,7 @@ def closing_notes(
             top = widest.sort_values(["mean_rank", "wins"], ascending=[True, False]).iloc[0]
             lead = (
                 f" Among the methods with scores on {plural(int(top['tasks']), 'task')}, "
-                f"{METHOD_LABELS[top['method']]} has the best mean rank ({top['mean_rank']:.2f}; best of the "
+                f"{method_labels()[top['method']]} has the best mean rank ({top['mean_rank']:.2f}; best of the "
                 f"row in {int(top['wins'])})."
             )
         notes.append(f"{model} ({protocol} protocol): " + "; ".join(parts) + "." + lead)

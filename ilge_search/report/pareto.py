@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..record import FrontMember, trial_record
 from ..study.objectives import pareto_front
 from ..tasks.scores import score_unit
-from .data import METHOD_LABELS, METHODS, ReportStudy
+from .data import ReportStudy, method_labels, methods
 from .document import MISSING, Cell, plural, slug
 from .figures import encoder_colors, figure_style, new_figure, save_figure
 
@@ -52,7 +52,7 @@ def pareto_pairs(records: Sequence[ReportStudy]) -> list[tuple[str, str]]:
 def _studies(records: Sequence[ReportStudy], model: str, task: str) -> list[ReportStudy]:
     return sorted(
         (r for r in records if r.multi_objective and r.model == model and r.task == task),
-        key=lambda r: (METHODS.index(r.encoder), r.name),
+        key=lambda r: (methods().index(r.encoder), r.name),
     )
 
 
@@ -126,7 +126,7 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
     figure = new_figure(11.0, 4.4)
     search, final = figure.subplots(1, 2, sharex=True)
     for record in studies:
-        series = _Series(colors[record.encoder], METHOD_LABELS[record.encoder], scale)
+        series = _Series(colors[record.encoder], method_labels()[record.encoder], scale)
         _plot_search(search, record, series)
         _plot_retrained(search, final, record, series)
     _plot_baselines(final, baselines, colors, scale)
@@ -213,7 +213,7 @@ def _plot_baselines(final: Axes, baselines: Sequence[_Baseline], colors: dict[st
             capsize=3,
             linestyle="none",
             color=colors[encoder],
-            label=f"{METHOD_LABELS[encoder]} (baseline)",
+            label=f"{method_labels()[encoder]} (baseline)",
         )
 
 
@@ -266,7 +266,7 @@ def pareto_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Ce
                     [
                         Cell(model),
                         Cell(task),
-                        Cell(METHOD_LABELS[record.encoder]),
+                        Cell(method_labels()[record.encoder]),
                         Cell(str(front.trial)),
                         Cell(_count(params)),
                         Cell(MISSING if latency is None else f"{latency:.1f}"),
@@ -280,7 +280,7 @@ def pareto_rows(records: Sequence[ReportStudy]) -> tuple[list[str], list[list[Ce
                 [
                     Cell(model, italic=True),
                     Cell(task, italic=True),
-                    Cell(f"{METHOD_LABELS[record.encoder]} (baseline)", italic=True),
+                    Cell(f"{method_labels()[record.encoder]} (baseline)", italic=True),
                     Cell(str(record.final_trial), italic=True),
                     Cell(_count(baseline.params), italic=True),
                     Cell(MISSING, italic=True),
@@ -295,7 +295,7 @@ def _study_sentence(record: ReportStudy, baselines: Sequence[_Baseline]) -> str:
     scale, unit = score_unit(record.metric)
     front = _search_front(record)
     head = (
-        f"{record.model} · {record.task} · {METHOD_LABELS[record.encoder]}: {len(front)} of "
+        f"{record.model} · {record.task} · {method_labels()[record.encoder]}: {len(front)} of "
         f"{plural(record.n_complete, 'complete trial')} on the score-vs-parameters front"
     )
     retrained = _front_records(record)
@@ -320,7 +320,7 @@ def _study_sentence(record: ReportStudy, baselines: Sequence[_Baseline]) -> str:
             f"{_mean_std(small.test_mean, small.test_std, scale)} ({versus})"
         )
     references = [
-        f"{METHOD_LABELS[b.record.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} "
+        f"{method_labels()[b.record.encoder].lower()} {_mean_std(b.test_mean, b.test_std, scale)} "
         f"with {_count(b.params)} parameters"
         for b in baselines
     ]

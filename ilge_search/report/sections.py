@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .attributions import draw_attribution_figures
-from .data import METHOD_LABELS, METHODS, ReportStudy
+from .data import ReportStudy, method_labels, methods
 from .document import Cell, Document, slug
 from .ensembles import ENSEMBLE_NOTE, draw_ensemble_figure, ensemble_frame, ensemble_rows, ensemble_sentences
 from .fewshot import draw_fewshot_figures, fewshot_notes, fewshot_rows
@@ -189,7 +189,7 @@ class ModelTables(Section):
                     "of each row in bold).",
                 )
                 doc.table(
-                    ["task"] + [METHOD_LABELS[m] for m in METHODS[1:]],
+                    ["task"] + [method_labels()[m] for m in methods()[1:]],
                     gain_rows,
                     label=f"tab:{key}-gain",
                     caption=f"{model}, {protocol} protocol: gain over the last layer (points).",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..embeddings.models import model_num_params
 from ..record import Identity
 from ..tasks.scores import score_unit
-from .data import METHOD_LABELS, METHODS, PAPER_SUFFIX, ReportStudy, collect_records
+from .data import PAPER_SUFFIX, ReportStudy, collect_records, method_labels, methods
 from .document import MISSING, Cell, plural
 from .paper_results import published_result
 
@@ -181,7 +181,7 @@ def _mark_best_and_gain(frame: pd.DataFrame) -> None:
 
 def _sorted_results(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows by model, shots, task and encoder; zero-shot rows follow the task their encoder was trained on."""
-    encoder_rank = {m: i for i, m in enumerate(METHODS)}
+    encoder_rank = {m: i for i, m in enumerate(methods())}
     model_rank = {m: i for i, m in enumerate(model_order(frame["model"]))}
     frame = frame.assign(
         _m=frame["model"].map(model_rank),
@@ -210,10 +210,10 @@ def collect_results(storage_url: str) -> pd.DataFrame:
 
 
 def pivot(frame: pd.DataFrame, model: str, column: str) -> pd.DataFrame:
-    """Tasks x :data:`METHODS` of ``column`` for one model (NaN = missing)."""
+    """Tasks x :func:`~ilge_search.report.data.methods` of ``column`` for one model (NaN = missing)."""
     part = frame[frame["model"] == model]
     table = part.pivot(index="task", columns="method", values=column)
-    return table.reindex(index=list(part["task"].unique()), columns=list(METHODS)).astype(float)
+    return table.reindex(index=list(part["task"].unique()), columns=list(methods())).astype(float)
 
 
 def full_data(frame: pd.DataFrame) -> pd.DataFrame:
@@ -234,7 +234,7 @@ def summary_frame(frame: pd.DataFrame) -> pd.DataFrame:
         signed = part["mean"].round(DECIMALS).where(part["maximize"].astype(bool), -part["mean"].round(DECIMALS))
         ranks = part.assign(shown=signed).groupby("task")["shown"].rank(ascending=False, method="average")
         part = part.assign(rank=ranks)
-        for encoder in METHODS:
+        for encoder in methods():
             mine = part[part["method"] == encoder]
             if mine.empty:
                 continue
@@ -309,7 +309,7 @@ def model_tables(
     part = frame[frame["model"] == model]
     if protocol is not None:
         part = part[part["protocol"] == protocol]
-    header = ["task", "metric"] + [METHOD_LABELS[m] for m in METHODS]
+    header = ["task", "metric"] + [method_labels()[m] for m in methods()]
     score_rows: list[list[Cell]] = []
     gain_rows: list[list[Cell]] = []
     for task in part["task"].unique():  # the frame's row order
@@ -320,24 +320,24 @@ def model_tables(
             [Cell(task), Cell(unit)]
             + [
                 Cell(_cell_text(by_encoder.get(m)), bold=bool(by_encoder[m]["is_best"]) if m in by_encoder else False)
-                for m in METHODS
+                for m in methods()
             ]
         )
         published = {}
         # the paper's numbers sit beside paper-protocol scores only, never beside few-shot rows
         if not rows["shots"].notna().any() and (rows["protocol"] == "paper").all():
-            for encoder in METHODS:
+            for encoder in methods():
                 cell = published_result(model, rows["base_task"].iloc[0], encoder)
                 if cell is not None:
                     published[encoder] = cell.value
         if published:
             score_rows.append(
                 [Cell(f"{task}, published", italic=True), Cell(unit, italic=True)]
-                + [Cell(f"{published[m]:.2f}" if m in published else MISSING, italic=True) for m in METHODS]
+                + [Cell(f"{published[m]:.2f}" if m in published else MISSING, italic=True) for m in methods()]
             )
         gain_rows.append(
             [Cell(task)]
-            + [Cell(fmt(by_encoder[m]["gain"], signed=True) if m in by_encoder else MISSING) for m in METHODS[1:]]
+            + [Cell(fmt(by_encoder[m]["gain"], signed=True) if m in by_encoder else MISSING) for m in methods()[1:]]
         )
     return header, score_rows, gain_rows
 
@@ -371,7 +371,7 @@ def summary_rows(summary: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
             [
                 Cell(r.model),
                 Cell(r.protocol),
-                Cell(METHOD_LABELS[r.method]),
+                Cell(method_labels()[r.method]),
                 Cell(str(r.tasks)),
                 Cell(fmt(r.mean_score)),
                 Cell(gain),
@@ -547,7 +547,7 @@ def selection_rows(frame: pd.DataFrame) -> tuple[list[str], list[list[Cell]]]:
         train = MISSING if max_train is None or max_train != max_train else str(int(max_train))  # NaN != NaN
         rows.append(
             [Cell(first["model"]), Cell(first["task"])]
-            + ([Cell(METHOD_LABELS.get(first["encoder"], first["encoder"]))] if several else [])
+            + ([Cell(method_labels().get(first["encoder"], first["encoder"]))] if several else [])
             + [
                 Cell(train),
                 Cell(str(int(cv)) if cv else "no"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "TOKEN_METHODS",
+    "token_methods",
     "TOKEN_NOTE",
     "is_tagging",
     "split_tagging",
@@ -32,9 +32,6 @@ __all__ = [
     "draw_token_figures",
 ]
 
-# methods in the order of the tables (the per-word encoders, then the per-sentence graphs), from the registry
-TOKEN_METHODS: Sequence[str] = report_methods("token")
-TOKEN_LABELS: Mapping[str, str] = report_labels("token")
 TOKEN_NOTE = (
     "Tagging studies (one tag per word): final token accuracy and macro-F1 (the unweighted mean of the tags' "
     "F1) on the test split (%), mean ± std over the final seeds, each seed scored once ('—': not recorded, "
@@ -126,9 +123,14 @@ def tokens_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
 
 
+def token_methods() -> tuple[str, ...]:
+    """Methods in the order of the tables (the per-word encoders, then the per-sentence graphs), from the registry."""
+    return report_methods("token")
+
+
 def _methods(frame: pd.DataFrame) -> list[str]:
     present = set(frame["method"])
-    return [m for m in TOKEN_METHODS if m in present] + sorted(present - set(TOKEN_METHODS))
+    return [m for m in token_methods() if m in present] + sorted(present - set(token_methods()))
 
 
 def _best(values: pd.Series) -> float:
@@ -154,13 +156,16 @@ def token_rows(frame: pd.DataFrame, model: str) -> tuple[list[str], list[list[Ce
                 else Cell(f"{f1:.1f} ± {float(row['macro_f1_std']):.1f}", bold=f1 == best_f1)
             )
             method = str(row["method"])
-            rows.append([Cell(str(task)), Cell(str(setting)), Cell(TOKEN_LABELS.get(method, method)), accuracy, macro])
+            rows.append(
+                [Cell(str(task)), Cell(str(setting)), Cell(report_labels("token").get(method, method)), accuracy, macro]
+            )
     return ["task", "setting", "method", "token accuracy", "macro-F1"], rows
 
 
 def draw_token_figures(frame: pd.DataFrame, folder: Path) -> dict[str, Path]:
     """Per model, a bar chart of every method's token accuracy (mean, with the seeds' std): model -> path."""
     paths = {}
+    labels = report_labels("token")
     for model in sorted(set(frame["model"])):
         part = frame[frame["model"] == model]
         settings = sorted(set(zip(part["task"], part["setting"], strict=True)))
@@ -173,7 +178,7 @@ def draw_token_figures(frame: pd.DataFrame, folder: Path) -> dict[str, Path]:
                 shown = [m for m in methods if m in rows.index]
                 means = [float(rows.loc[m, "mean"]) for m in shown]
                 ax.bar(range(len(shown)), means, yerr=[float(rows.loc[m, "std"]) for m in shown], capsize=3)
-                ax.set_xticks(range(len(shown)), [TOKEN_LABELS.get(m, m) for m in shown], rotation=30, ha="right")
+                ax.set_xticks(range(len(shown)), [labels.get(m, m) for m in shown], rotation=30, ha="right")
                 ax.set_ylim(max(0.0, min(means) - 10.0), min(100.0, max(means) + 5.0))
                 ax.set_ylabel("token accuracy (%)")
                 ax.set_title(f"{model}: {task}, test\n{setting}", fontsize="medium")  # two lines: fits 4 bars

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..encoders.configs import ENCODER_FAMILIES
+from ..encoders import encoder_families
 from ..files import check_output_path, write_output_text
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
 from ..study.statistics import problems_interval, seeds_interval
@@ -183,7 +183,7 @@ def warmstart_rows(storage_urls: str | Sequence[str]) -> list[WarmRow]:
         for summary in storage.study_summaries():
             record = study_record(summary)
             identity = record.identity
-            if not _eligible(record) or identity is None or identity.encoder not in ENCODER_FAMILIES:
+            if not _eligible(record) or identity is None or identity.encoder not in encoder_families():
                 continue
             key = (identity.model, identity.task, repr(sorted(identity.data_setting().items())))
             rows.append(_row(storage.existing_study(summary.study_name), record, layers.get(key)))

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ..storage import StorageError, artifact_dir_for, finished_trial_count
     from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
     from .grid import Sweep, SweepEntry, SweepFilter, SweepOverrides, load_sweep
-    from .identity import ENCODER_CHOICES, StudyConflictError, default_study_name, resolve_encoders
+    from .identity import StudyConflictError, default_study_name, encoder_choices, resolve_encoders
     from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
     from .plan import RunPlan, StudyPlan, plan_run
     from .results import StudyResult, format_front, format_results, list_studies, study_result
@@ -52,7 +52,7 @@ _LAZY = {
     "SAMPLERS": "..tuning",
     "make_pruner": "..tuning",
     "make_sampler": "..tuning",
-    "ENCODER_CHOICES": ".identity",
+    "encoder_choices": ".identity",
     "StudyConflictError": ".identity",
     "default_study_name": ".identity",
     "resolve_encoders": ".identity",
@@ -103,7 +103,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ENCODER_CHOICES",
+    "encoder_choices",
     "SAMPLERS",
     "PRUNERS",
     "StudyOptions",

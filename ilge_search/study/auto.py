@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..encoders.configs import FAMILY_INDEX
+from ..encoders import config_classes, encoder_specs
 
 if TYPE_CHECKING:
     from optuna.distributions import CategoricalChoiceType
@@ -59,9 +59,9 @@ def _serving(tagging: bool) -> list[str]:
     trials, so under a time limit every baseline has one before the first ILGE encoder trains), then the ILGE
     encoders, each group in registration order."""
     kind = _kind(tagging)
-    serving = [(name, entry) for name, entry in FAMILY_INDEX.items() if kind in entry.kinds]
-    return [name for name, entry in serving if entry.role != "ilge"] + [
-        name for name, entry in serving if entry.role == "ilge"
+    serving = [spec for spec in encoder_specs() if kind in spec.kinds]
+    return [spec.name for spec in serving if spec.role != "ilge"] + [
+        spec.name for spec in serving if spec.role == "ilge"
     ]
 
 
@@ -90,7 +90,7 @@ def auto_methods(methods: Sequence[str] | None, *, tagging: bool) -> tuple[str, 
     if methods is None:
         return tuple(serving)
     for name in methods:
-        if name == AUTO or name not in FAMILY_INDEX:
+        if name == AUTO or name not in config_classes():
             raise ValueError(f"unknown method {name!r} in --methods; expected some of {', '.join(serving)}")
         if name not in serving:
             what = "a tagging task" if tagging else "a sentence task"

@@ -327,11 +327,11 @@ def _check_warm_start(
     is bucketed by its config's hidden size; without one (a hub id), once its data is loaded, before its study
     is created."""
     from ..embeddings.models import known_model
-    from ..encoders.configs import ENCODER_FAMILIES
+    from ..encoders import encoder_families
     from .trial import warm_start_params
 
     known = known_model(model)
     hidden = known.hidden_size if known else config_hidden
-    if encoder in ENCODER_FAMILIES and hidden is None:
+    if encoder in encoder_families() and hidden is None:
         return
     warm_start_params(opened, encoder, count, hidden_size=hidden, model=model, task=task)

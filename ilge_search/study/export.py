@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..encoders.configs import BestLayerConfig, EncoderConfig, config_from_dict
+from ..encoders import config_from_dict
+from ..encoders.configs import BestLayerConfig, EncoderConfig
 from ..record import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_TOKEN_POOLING,

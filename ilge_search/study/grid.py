@@ -71,13 +71,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..encoders.configs import ENCODER_FAMILIES
+from ..encoders import encoder_families
 from ..files import read_text_utf8
 from ..record import WORD_POOLINGS, Identity
 from ..validation import check_int
 from .auto import is_auto, parse_methods
 from .folds import check_cv
-from .identity import ENCODER_CHOICES, default_study_name, is_registered_task, resolve_encoders, task_label
+from .identity import default_study_name, encoder_choices, is_registered_task, resolve_encoders, task_label
 from .objectives import DEFAULT_OBJECTIVES, check_objectives
 from .options import GRID_OPTIONS, IDENTITY_OPTIONS, StudyOptions, TrialCount, option_default, option_flag
 from .protocol import DEFAULT_PROTOCOL, PROTOCOLS
@@ -231,7 +231,7 @@ def _encoders(where: str, value: object) -> list[str]:
 def _budgets(where: str, table: object, encoders: Sequence[str]) -> dict[str, int]:
     if not isinstance(table, Mapping):
         raise _fail(where, f"trials must be a table of encoder = count, got {table!r}")
-    _check_keys(where + " [trials]", table, set(ENCODER_CHOICES) | {"default"})
+    _check_keys(where + " [trials]", table, set(encoder_choices()) | {"default"})
     out = {}
     for encoder in encoders:
         value = table.get(encoder, table.get("default"))
@@ -256,7 +256,7 @@ def _objectives(
         return base
     try:
         if isinstance(value, Mapping):
-            _check_keys(where + " objectives", value, set(ENCODER_CHOICES) | {"default"})
+            _check_keys(where + " objectives", value, set(encoder_choices()) | {"default"})
             default = check_objectives(value["default"]) if "default" in value else None
             # a checked list is never empty: it holds the score
             return {e: check_objectives(value[e]) if e in value else default or base[e] for e in encoders}
@@ -347,7 +347,7 @@ def _word_pooling(where: str, task: str, options: Mapping[str, object], raw: Map
 def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders: list[str]) -> list[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
-    all_encoders = list(ENCODER_CHOICES)
+    all_encoders = list(encoder_choices())
     grid_objectives = _objectives(where, raw.get("objectives"), all_encoders)
     tasks = raw.get("tasks")
     if not isinstance(tasks, Mapping) or not tasks:
@@ -393,7 +393,7 @@ def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders:
                 objectives=objectives[encoder],
                 protocol=protocol,
                 samples_per_label=samples_per_label if protocol == "paper" else None,
-                warm_start=warm_start if encoder in ENCODER_FAMILIES else 0,
+                warm_start=warm_start if encoder in encoder_families() else 0,
                 methods=methods if is_auto(encoder) else None,
                 **common,
             )

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
-from ..encoders.configs import ALL_FAMILIES, TAGGER_FAMILIES, FamilyNames
+from ..encoders import all_families, tagger_families
 from ..record import (
     DATA_SPLITS,
     DataRecord,
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .data import StudyData
 
 __all__ = [
-    "ENCODER_CHOICES",
+    "encoder_choices",
     "StudyConflictError",
     "DataChangedError",
     "is_registered_task",
@@ -80,8 +80,10 @@ __all__ = [
     "create_or_load",
 ]
 
-# live: a family registered later is a choice too; the auto search over them last
-ENCODER_CHOICES: Sequence[str] = FamilyNames(lambda: (*ALL_FAMILIES, AUTO))
+
+def encoder_choices() -> tuple[str, ...]:
+    """What ``--encoder`` takes: every registered family, then the auto search over them."""
+    return (*all_families(), AUTO)
 
 
 READY_WAIT_SECONDS = 30.0
@@ -172,17 +174,17 @@ def resolve_encoders(encoders: str | Sequence[str], *, tagging: bool = False) ->
     encoders (``cayley-word``) only for a ``tagging`` task."""
     if isinstance(encoders, str):
         encoders = [encoders]
-    everything = [name for name in ALL_FAMILIES if tagging or name not in TAGGER_FAMILIES]
+    everything = [name for name in all_families() if tagging or name not in tagger_families()]
     out: list[str] = []
     for name in encoders:
         names = everything if name == "all" else [name]
         for item in names:
-            if item not in ENCODER_CHOICES:
-                raise ValueError(f"unknown encoder {item!r}; expected one of {list(ENCODER_CHOICES)} or 'all'")
+            if item not in encoder_choices():
+                raise ValueError(f"unknown encoder {item!r}; expected one of {list(encoder_choices())} or 'all'")
             if item not in out:
                 out.append(item)
     if not out:
-        raise ValueError(f"no encoder given; pass at least one of {list(ENCODER_CHOICES)} or 'all'")
+        raise ValueError(f"no encoder given; pass at least one of {list(encoder_choices())} or 'all'")
     return out
 
 

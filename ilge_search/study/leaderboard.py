@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..encoders.configs import FAMILY_INDEX
+from ..encoders import encoder_specs
 from ..record import LeaderboardRecord, LeaderboardRow, ensemble_record, trial_config
 from .data import StudyData
 from .ensemble import mixed, prediction_score, predictions_of
@@ -61,8 +61,7 @@ class _Model:
 
 def ilge_member(config_family: str) -> bool:
     """Whether a family is an inter-layer (ILGE) encoder, not a layer baseline."""
-    entry = FAMILY_INDEX.get(config_family)
-    return entry is not None and entry.role == "ilge"
+    return any(spec.name == config_family and spec.role == "ilge" for spec in encoder_specs())
 
 
 def _measured(model: Any, data: StudyData, out: _Model) -> None:

@@ -75,7 +75,7 @@ def run_study(
     Args:
         model: an alias (``minilm-l6``), local folder or Hugging Face id.
         task: a registered task name or a custom task file/folder.
-        encoders: families and baselines (see :data:`ENCODER_CHOICES`), or ``"all"``.
+        encoders: families and baselines (see :func:`~ilge_search.study.identity.encoder_choices`), or ``"all"``.
         storage: any Optuna RDB URL (default ``sqlite:///studies/ilge.db``), or a
             :class:`~ilge_search.storage.Storage` already opened with
             :func:`~ilge_search.storage.open_storage` (its heartbeat settings are used).

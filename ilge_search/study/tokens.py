@@ -31,10 +31,10 @@ CALIBRATION_SENTENCES = 128  # training sentences a dry run times a tagging conf
 
 def check_tagging_options(task_data: TaskData, encoders: Sequence[str], options: StudyOptions) -> None:
     """What a tagging study cannot do, and the tagging-only encoders on other tasks: one line each."""
-    from ..encoders.configs import TAGGER_FAMILIES
+    from ..encoders import tagger_families
 
     if task_data.kind != "tagging":
-        wrong = [name for name in encoders if name in TAGGER_FAMILIES]
+        wrong = [name for name in encoders if name in tagger_families()]
         if wrong:
             raise ValueError(
                 f"{', '.join(wrong)} reads each word of a tagging task; {task_data.name!r} is a "

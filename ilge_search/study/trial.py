@@ -120,12 +120,12 @@ def warm_start_params(
     import dataclasses
 
     from ..embeddings.models import model_size_bucket
-    from ..encoders.configs import ENCODER_FAMILIES
+    from ..encoders import encoder_families
     from ..record import warm_start_order
 
-    if encoder not in ENCODER_FAMILIES:
+    if encoder not in encoder_families():
         raise ValueError(
-            f"--warm-start enqueues portfolio members of an ILGE family ({', '.join(ENCODER_FAMILIES)}); "
+            f"--warm-start enqueues portfolio members of an ILGE family ({', '.join(encoder_families())}); "
             f"{encoder} has none: run it without --warm-start"
         )
     bucket = model_size_bucket(model, hidden_size)

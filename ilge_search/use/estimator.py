@@ -23,7 +23,8 @@ from sklearn.exceptions import NotFittedError
 
 from .._version import __version__
 from ..embeddings.models import model_reference_to_load, model_reference_to_save, resolve_device
-from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
+from ..encoders import config_class_for, config_from_dict
+from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig
 from ..record.fields import Attrs
 from ..validation import ArgumentTypeError
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..encoders.configs import config_from_dict
+from ..encoders import config_from_dict
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from ..record.fields import Attrs, known_fields
 from ..storage import Storage, open_storage

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..encoders.configs import EncoderConfig, config_from_dict
+from ..encoders import config_from_dict
+from ..encoders.configs import EncoderConfig
 
 __all__ = ["check_saved_fields", "corrupt_file"]
 
