@@ -1,3 +1,4 @@
+import dataclasses
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ from ilge_search import (
     build_aggregator,
     build_per_token_aggregator,
 )
+from ilge_search.encoders import encoder_spec, registry
 from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig, FCConfig, LastLayerConfig, MLPLastConfig
 from ilge_search.nn import LayerEncoder
 
@@ -41,9 +43,7 @@ def test_public_names_are_importable_from_the_package():
         assert callable(getattr(ilge_search, name))
 
 
-def test_baseline_families_dispatch_to_build_baseline(monkeypatch):
-    import ilge_search.nn.baselines as baselines
-
+def test_baseline_families_dispatch_to_their_spec(monkeypatch):
     calls = []
 
     class Probe(LayerEncoder):
@@ -61,7 +61,8 @@ def test_baseline_families_dispatch_to_build_baseline(monkeypatch):
         calls.append((config, num_layers, hidden_in))
         return Probe(num_layers, hidden_in)
 
-    monkeypatch.setattr(baselines, "build_baseline", fake_build)
+    spec = encoder_spec("last-layer")
+    monkeypatch.setitem(registry._SPECS, spec.name, dataclasses.replace(spec, build=fake_build))
     config = LastLayerConfig()
     agg = build_aggregator(config, L, D)
     assert calls == [(config, L, D)]
