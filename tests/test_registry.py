@@ -35,8 +35,10 @@ from ilge_search.nn import LayerEncoder
 from ilge_search.record import ensemble_record, study_record
 from ilge_search.report import build_report, method_labels, methods
 from ilge_search.study import StudyOptions
+from ilge_search.study.auto import METHOD_PARAM, auto_methods, suggest_auto
 from ilge_search.study.data import DataSpec, load_task_data
 from ilge_search.study.identity import resolve_encoders
+from ilge_search.testing import LayerEncoderContract, refuse_model_loads
 from ilge_search.tuning import recommended_config, suggest_config
 
 DATA = dict(max_train=240, max_eval=100)
@@ -67,6 +69,9 @@ class ToyEncoder(LayerEncoder):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.dropout(self.linear(x.mean(dim=1)), self.dropout, self.training)
+
+    def __repr__(self) -> str:  # the contract asks for one line
+        return f"ToyEncoder(num_layers={self.num_layers}, hidden_in={self.hidden_in}, out_dim={self.out_dim})"
 
 
 def _build_toy(config: ToyConfig, num_layers: int, hidden_in: int) -> ToyEncoder:
@@ -115,6 +120,34 @@ def test_a_registered_family_is_known_everywhere_and_gone_after(toy):
         resolve_encoders("toy-mean")
 
 
+class TestToyContract(LayerEncoderContract):
+    """The toy family passes the contract every shipped encoder passes."""
+
+    @pytest.fixture(autouse=True)
+    def _registered(self, toy):
+        yield
+
+    def make_config(self) -> ToyConfig:
+        return ToyConfig(hidden_dim=8, dropout=0.2)
+
+
+def test_a_toy_family_runs_in_an_auto_study(toy, synthetic, tmp_path):
+    assert "toy-mean" in auto_methods(None, tagging=False) and "toy-mean" not in auto_methods(None, tagging=True)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    synthetic.cache("trec", **DATA)
+    common = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu", threads=1, progress=False)
+    flat = dict(n_trials=3, final_seeds=1, ensemble=0, max_epochs=3, methods="last-layer,toy-mean", **DATA, **common)
+    with refuse_model_loads():
+        (result,) = run_study(synthetic.model, "trec", "auto", storage=url, options=StudyOptions.from_flat(**flat))
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    toy_trials = [t for t in study.trials if t.params[METHOD_PARAM] == "toy-mean"]
+    assert toy_trials and all(t.state.name == "COMPLETE" for t in toy_trials)
+    assert isinstance(suggest_auto(toy_trials[0], ("last-layer", "toy-mean")), ToyConfig)
+    record = study_record(study)
+    assert record.identity is not None and record.identity.methods == ("last-layer", "toy-mean")
+    assert record.final is not None and len(record.final.test_scores) == 1
+
+
 def test_a_name_is_registered_once():
     with pytest.raises(ValueError, match="already registered"):
         register_encoder(EncoderSpec("cayley", encoder_spec("cayley").config_class, _build_toy))
@@ -130,7 +163,7 @@ def test_the_builtin_families_read_the_registry():
 
 @pytest.mark.slow  # one small study, its ensemble, export, predict and the report (under a minute on 2 cores)
 def test_a_toy_family_runs_through_study_ensemble_export_predict_and_report(toy, synthetic, tmp_path):
-    from ilge_search.testing import cache_text_embeddings, refuse_model_loads
+    from ilge_search.testing import cache_text_embeddings
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
     synthetic.cache("trec", **DATA)
