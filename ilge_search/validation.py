@@ -64,7 +64,7 @@ def check_positive_number(name: str, value: object, *, allow_none: bool = False,
 def check_choice(name: str, value: T, choices: Collection[object]) -> T:
     """``value`` if it is one of ``choices``."""
     if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}: {name} must be one of {list(choices)}")
+        raise ValueError(f"{name} must be one of {list(choices)}: unknown {name} {value!r}")
     return value
 
 
