@@ -41,7 +41,7 @@ the layer below. Schema of both files::
       "format_version": 1,
       "metadata": {"generated": "...", "source": "...", ...},   # free-form provenance
       "families": {
-        "<family>": {                      # a key of configs.CONFIG_CLASSES
+        "<family>": {                      # a registered family (encoders.config_classes())
           "small": {"<field>": value, ...},  # models up to 3B parameters
           "large": {"<field>": value, ...}   # models above 3B parameters
         }
