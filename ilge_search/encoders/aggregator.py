@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..nn._base import LayerEncoder
-from ..validation import ArgumentTypeError, check_int
+from ..validation import ArgumentTypeError, check_choice, check_int
 from . import encoder_spec
 from .configs import CayleyConfig, EncoderConfig, FCConfig
 
@@ -192,10 +192,8 @@ class PerTokenAggregator(nn.Module):
             raise ArgumentTypeError(
                 f"per-token aggregation needs a graph family (CayleyConfig or FCConfig), got {type(config).__name__}"
             )
-        if token_pooling not in PER_TOKEN_POOLINGS:
-            raise ValueError(f"token_pooling must be one of {list(PER_TOKEN_POOLINGS)}, got {token_pooling!r}")
-        if output_mode not in OUTPUT_MODES:
-            raise ValueError(f"output_mode must be one of {list(OUTPUT_MODES)}, got {output_mode!r}")
+        check_choice("token_pooling", token_pooling, PER_TOKEN_POOLINGS)
+        check_choice("output_mode", output_mode, OUTPUT_MODES)
         from ..nn.gnn import GNNStack, GraphCache
 
         self.config = config
