@@ -8,6 +8,7 @@ PyTorch Geometric).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -106,72 +107,53 @@ def _search_width(pick: Picker) -> None:
     pick.categorical("hidden_dim", list(HIDDEN_DIMS))
 
 
-def _builtin(config_class: type[EncoderConfig], build: ModuleBuilder, **fields: Any) -> EncoderSpec:
-    return EncoderSpec(config_class.family, config_class, build, **fields)
+def _graph(config_class: type[EncoderConfig], class_name: str, label: str, rank: int, **more: Any) -> EncoderSpec:
+    build = _module(_gnn, class_name, _GRAPH_FIELDS)
+    return EncoderSpec(
+        config_class.family, config_class, build, _search_graph, _GRAPH_START, label, **more, report_rank=rank
+    )
 
 
-_GRAPH_BUILD = _module(_gnn, "CayleyGNNEncoder", _GRAPH_FIELDS)
-_PROBE = {"start": _PLAIN_START, "role": "baseline", "batched": True}
+def _probe(
+    config_class: type[EncoderConfig], class_name: str, label: str, rank: int, fields: tuple[str, ...] = ("dropout",)
+) -> EncoderSpec:
+    build = _module(_baselines, class_name, fields)
+    return EncoderSpec(
+        config_class.family,
+        config_class,
+        build,
+        start=_PLAIN_START,
+        label=label,
+        role="baseline",
+        report_rank=rank,
+        batched=True,
+    )
 
-# report_rank orders the report's columns: the baselines, then the ILGE families
+
+# report_rank orders the report's columns: the baselines, then the ILGE families. The modules draw random numbers
+# only in dropout, which a pass of train_many replays (batched); cayley-word's tagging models train one at a time.
 BUILTIN_SPECS: tuple[EncoderSpec, ...] = (
-    _builtin(
-        CayleyConfig,
-        _GRAPH_BUILD,
-        search=_search_graph,
-        start=_GRAPH_START,
-        label="Cayley",
-        token_label="Cayley per sentence",
-        report_rank=80,
-        batched=True,
-    ),
-    # a graph per word: the passes of train_many batch sentences, not words
-    _builtin(
-        CayleyWordConfig,
-        _GRAPH_BUILD,
-        search=_search_graph,
-        start=_GRAPH_START,
-        label="Cayley per word",
-        kinds=("token",),
-        report_rank=60,
-    ),
-    _builtin(
-        FCConfig,
-        _module(_gnn, "FCGNNEncoder", _GRAPH_FIELDS),
-        search=_search_graph,
-        start=_GRAPH_START,
-        label="FC",
-        report_rank=70,
-        batched=True,
-    ),
-    _builtin(
+    _graph(CayleyConfig, "CayleyGNNEncoder", "Cayley", 80, token_label="Cayley per sentence", batched=True),
+    _graph(CayleyWordConfig, "CayleyGNNEncoder", "Cayley per word", 60, kinds=("token",)),
+    _graph(FCConfig, "FCGNNEncoder", "FC", 70, batched=True),
+    EncoderSpec(
+        "deepset",
         DeepSetConfig,
         _module(_deepset, "DeepSetEncoder", _DEEPSET_FIELDS),
-        search=_search_deepset,
-        start=_WIDTH_START,
-        label="DeepSet",
+        _search_deepset,
+        _WIDTH_START,
+        "DeepSet",
         report_rank=50,
         batched=True,
     ),
-    _builtin(LastLayerConfig, _module(_baselines, "LastLayer"), label="Last layer", report_rank=0, **_PROBE),
-    _builtin(
-        BestLayerConfig,
-        _module(_baselines, "BestLayer", ("layer", "dropout")),
-        label="Best layer",
-        report_rank=10,
-        **_PROBE,
-    ),
-    _builtin(MeanLayersConfig, _module(_baselines, "MeanLayers"), label="Mean layers", report_rank=20, **_PROBE),
-    _builtin(ScalarMixConfig, _module(_baselines, "ScalarMix"), label="Scalar mix", report_rank=30, **_PROBE),
-    _builtin(
-        MLPLastConfig,
-        _module(_baselines, "MLPLast", ("hidden_dim", "mlp_layers", "dropout")),
-        search=_search_width,
+    _probe(LastLayerConfig, "LastLayer", "Last layer", 0),
+    _probe(BestLayerConfig, "BestLayer", "Best layer", 10, ("layer", "dropout")),
+    _probe(MeanLayersConfig, "MeanLayers", "Mean layers", 20),
+    _probe(ScalarMixConfig, "ScalarMix", "Scalar mix", 30),
+    dataclasses.replace(
+        _probe(MLPLastConfig, "MLPLast", "MLP (last)", 40, ("hidden_dim", "mlp_layers", "dropout")),
         start=_WIDTH_START,
-        label="MLP (last)",
-        role="baseline",
-        report_rank=40,
-        batched=True,
+        search=_search_width,
     ),
 )
 
