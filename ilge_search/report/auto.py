@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..encoders import encoder_specs
 from ..study.statistics import compare_problems, seeds_interval
 from .auto_times import time_section, timed_section
 from .document import Cell, Document
@@ -54,9 +55,6 @@ AUTO_COLUMNS = (
     "studied",
     "trials",
 )
-
-_BASELINES = ("last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last")
-_ILGE = ("cayley", "cayley-word", "fc", "deepset")
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ def _methods(identity: Any, references: dict[str, _Reference]) -> dict[str, _Ref
 
     return {
         method: references.get(identity_name(dataclasses.replace(identity, encoder=method, methods=None)))
-        for method in (*_BASELINES, *_ILGE)
+        for method in (spec.name for spec in sorted(encoder_specs(), key=lambda spec: spec.role == "ilge"))
     }
 
 
