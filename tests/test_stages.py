@@ -98,7 +98,8 @@ def test_the_built_in_stages_come_first_and_the_registry_refuses_clashes(toy_sta
     assert names[:3] == ["final", "ensemble", "toy-count"]
     with pytest.raises(ValueError, match="registered already"):
         register_stage(CompleteTrialCount(toy_stage.folder))
-    nameless = Stage()
+    nameless = CompleteTrialCount(toy_stage.folder)
+    nameless.name = ""
     with pytest.raises(ValueError, match="needs a name"):
         register_stage(nameless)
     other = CompleteTrialCount(toy_stage.folder)

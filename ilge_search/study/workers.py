@@ -125,10 +125,6 @@ def _timeout(options: StudyOptions, budget: TimeBudget | None) -> float | None:
     return min(limits) if limits else None
 
 
-def _budget_callbacks(budget: TimeBudget | None) -> list[Callable[[Any, Any], None]]:
-    return [] if budget is None else [budget]
-
-
 def _optimize_here(
     study: optuna.Study,
     encoder: str,
@@ -137,19 +133,19 @@ def _optimize_here(
     options: StudyOptions,
     n_trials: int | None,
     callbacks: Sequence[TrialCallback] = (),
+    budget: TimeBudget | None = None,
 ) -> None:
-    """Run ``n_trials`` trials in this process, each followed by ``callbacks`` and the ``total_trials`` cap; a
-    :class:`~.budget.TimeBudget` among the callbacks also bounds Optuna's ``timeout``."""
+    """Run ``n_trials`` trials in this process, each followed by ``callbacks``, the ``total_trials`` cap and
+    the time ``budget`` (which also bounds Optuna's ``timeout``)."""
     search = options.search
     objective = TrialObjective(encoder, data, seed=search.seed, device=device, max_epochs=search.max_epochs)
     cap = _total_trials_callbacks(search.total_for(encoder))
-    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
     study.optimize(
         objective,
         n_trials=n_trials,
         timeout=_timeout(options, budget),
         catch=catchable_errors(),
-        callbacks=[*callbacks, *cap],
+        callbacks=[*callbacks, *cap, *([] if budget is None else [budget])],
     )
 
 
@@ -204,7 +200,7 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         if total_reached(study, options.search.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
-        _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials, _budget_callbacks(job.budget))
+        _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials, budget=job.budget)
     except KeyboardInterrupt:
         if study is not None:
             fail_own_running_trials(study, job.storage, "interrupted")
@@ -293,23 +289,29 @@ def optimize(
     options: StudyOptions,
     count: int | None,
     callbacks: Sequence[TrialCallback] = (),
+    budget: TimeBudget | None = None,
 ) -> None:
-    """Add ``count`` trials (``None``: until ``timeout``, ``total_trials`` or a time budget) to ``study``.
+    """Add ``count`` trials (``None``: until ``timeout``, ``total_trials`` or the time ``budget``) to ``study``.
 
     With ``options.runtime.workers == 1`` the trials run here on ``data`` (and
     ``callbacks`` run after each); otherwise ``count`` is split exactly across
-    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). A
-    :class:`~.budget.TimeBudget` among the callbacks goes to every process: each stops starting trials when
-    the time left is what the stages after the search need.
+    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). The ``budget`` goes to
+    every process: each stops starting trials when the time left is what the stages after the search need.
     """
-    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
     quiet_interrupt_tracebacks()
     if options.runtime.workers == 1:
         from ..progress import BarSpec, new_bar
 
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
             _optimize_here(
-                study, encoder, data, spec.device, options, count, [_ProgressCallback(bar, data.metric), *callbacks]
+                study,
+                encoder,
+                data,
+                spec.device,
+                options,
+                count,
+                [_ProgressCallback(bar, data.metric), *callbacks],
+                budget,
             )
         return
     per_worker = search_threads(options)
