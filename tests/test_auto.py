@@ -122,12 +122,12 @@ def _budget(deadline, clock, *, seeds, ensemble, auto=False, **machine):
     """A classification study's time budget with the registered stages (an auto study's: with its leaderboard)."""
     from ilge_search.record import Identity, StudyRecord
     from ilge_search.study.budget import TimeBudget
-    from ilge_search.study.stages import StudyFacts, registered_stages
+    from ilge_search.study.stages import StageCosting, StudyFacts
 
     identity = Identity(model="m", task="trec", encoder="auto" if auto else "cayley")
     record = StudyRecord.from_attrs("s", {**identity.to_attrs(), "task_kind": "classification"})
     facts = StudyFacts("s", record, StudyOptions.from_flat(final_seeds=seeds, ensemble=ensemble), "classification")
-    return TimeBudget(deadline, facts, tuple(registered_stages()), clock=clock, **machine)
+    return TimeBudget(deadline, StageCosting(facts), clock=clock, **machine)
 
 
 def test_durations_read_as_seconds():

@@ -11,7 +11,6 @@ other load leaves it. Each study of a run gets an equal share of the time still 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import re
@@ -19,12 +18,9 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..validation import usable_cpus
-
-if TYPE_CHECKING:
-    from .stages import Stage, StudyFacts
 
 __all__ = [
     "parse_duration",
@@ -32,7 +28,6 @@ __all__ = [
     "TimeBudget",
     "TimeSplit",
     "TrialCosts",
-    "stage_costs",
     "study_deadline",
     "SAFETY",
     "STAGE_OVERHEAD_SECONDS",
@@ -109,17 +104,6 @@ class StageCost:
     seconds: float
     trainings: int = 0
     reuses: bool = False
-
-
-def stage_costs(stages: Iterable[Stage], facts: StudyFacts, trials: TrialCosts) -> list[StageCost]:
-    """The cost of each of ``stages`` that applies to ``facts``, in order (``Stage.reserve_seconds``)."""
-    costs = []
-    for stage in stages:
-        if stage.applies(facts):
-            before, reuses = trials.trainings, bool(trials.retrained)
-            seconds = stage.reserve_seconds(facts, trials)
-            costs.append(StageCost(stage.name, seconds, trials.trainings - before, reuses))
-    return costs
 
 
 @dataclass(frozen=True)
@@ -214,8 +198,8 @@ class TimeBudget:
 
     Attributes:
         deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
-        facts: the study as its stages are costed (``Stage.applies`` and ``Stage.reserve_seconds``).
-        stages: the stages after the search, in order (the registered ones).
+        stages: what each stage after the search needs, given the study's complete trials and what retraining
+            each is expected to take (:class:`~ilge_search.study.stages.StageCosting`).
         workers: processes searching at once (each one's first trial paid its set-up); threads: torch threads of
             each.
         clock: the time now (``time.time``); load and cores: the machine's load average and cores
@@ -223,8 +207,7 @@ class TimeBudget:
     """
 
     deadline: float
-    facts: StudyFacts
-    stages: tuple[Stage, ...]
+    stages: Callable[[int, TrialCosts], list[StageCost]]
     workers: int = 1
     threads: int = 1
     clock: Callable[[], float] = field(default=time.time, compare=False)
@@ -254,8 +237,7 @@ class TimeBudget:
         probes = [cost[t.number] for t in complete if _is_probe(t)]
         probe = statistics.fmean(probes) if probes else statistics.median(cost.values())
         measured = TrialCosts(cost, [t.number for t in ranked], min(cost), probe, _method_bests(complete))
-        facts = dataclasses.replace(self.facts, complete=sum(t.state.name == "COMPLETE" for t in trials))
-        return stage_costs(self.stages, facts, measured)
+        return self.stages(sum(t.state.name == "COMPLETE" for t in trials), measured)
 
     def reserve(self, trials: Sequence[Any]) -> float:
         """Seconds the stages after the search need (:meth:`costs`)."""

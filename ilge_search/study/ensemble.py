@@ -276,8 +276,7 @@ def ensemble_size(study: optuna.Study, asked: int | None) -> tuple[int, str | No
 
 def sized_ensemble(record: StudyRecord, complete: int, asked: int | None) -> tuple[int, str | None]:
     """The ensemble size a run makes for a study of ``complete`` trials (``asked``: ``FinalOptions.ensemble``;
-    ``None``: the default where the study has two complete trials to choose from) and, where an asked size
-    cannot be honoured as asked, one sentence saying so (the run logs it as a warning)."""
+    ``None``: the default, where it has two), and the warning where ``asked`` cannot be honoured as asked."""
     from .options import DEFAULT_ENSEMBLE
 
     if asked == 0:

@@ -25,10 +25,10 @@ from ..record import StudyRecord, study_record
 from ..storage import Storage, finished_trial_count
 from ..validation import usable_cpus
 from .auto import auto_methods, is_auto
-from .budget import StageCost, TimeSplit, TrialCosts, stage_costs
+from .budget import StageCost, TimeSplit, TrialCosts
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
 from .options import StudyOptions
-from .stages import StudyFacts, registered_stages
+from .stages import StageCosting, StudyFacts
 from .tokens import CALIBRATION_SENTENCES, calibration_counts, head, random_word_data, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -311,7 +311,7 @@ def _stage_costs(facts: StudyFacts, seconds: float) -> list[StageCost]:
     ranked = [1, 0, *range(2, count)] if count > 1 else list(range(count))
     bests = list(range(count, count + methods))
     trials = TrialCosts(dict.fromkeys(range(count + methods), seconds), ranked, 0, seconds, bests)
-    return stage_costs(registered_stages(), facts, trials)
+    return StageCosting(facts)(count, trials)
 
 
 def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> EncoderConfig:

@@ -45,9 +45,9 @@ from .options import StudyOptions
 from .plan import RunCheck, check_run, estimate_run, may_be_long
 from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
-from .stages import StageContext, StageTimes, StudyFacts, registered_stages, run_stages
+from .stages import StageContext, StageCosting, StageTimes, StudyFacts, run_stages
 from .trial import warm_start_params
-from .workers import TrialCallback, optimize, search_threads, total_reached
+from .workers import SearchLimit, TrialCallback, optimize, search_threads, total_reached
 
 if TYPE_CHECKING:
     import optuna
@@ -208,9 +208,8 @@ def _deadline(run_deadline: float | None, studies_left: int) -> float | None:
 def _time_budget(context: StageContext, deadline: float) -> TimeBudget:
     """The :class:`~.budget.TimeBudget` of the context's study: what the registered stages will need after its
     search, costed on the study as it is when the search starts."""
-    facts = StudyFacts(context.name, context.record, context.options, context.task_kind)
-    options = context.options.runtime
-    return TimeBudget(deadline, facts, tuple(registered_stages()), options.workers, search_threads(context.options))
+    costing = StageCosting(StudyFacts(context.name, context.record, context.options, context.task_kind))
+    return TimeBudget(deadline, costing, context.options.runtime.workers, search_threads(context.options))
 
 
 def _run_one(run: _RunData, planned: PlannedStudy, deadline: float | None = None) -> StudyResult:
@@ -349,8 +348,9 @@ def _optimize(run: _RunData, context: StageContext, created: bool, deadline: flo
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
         budget = None if deadline is None else _time_budget(context, deadline)
-        limit = None if deadline is None else deadline - time.time()
-        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, count, run.callbacks, budget)
-        if budget is not None and limit is not None:
-            split = TimeSplit.of(limit, budget.costs(study.get_trials(deepcopy=False)))
+        share = None if deadline is None else deadline - time.time()
+        limit = SearchLimit(count, budget)
+        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, limit, run.callbacks)
+        if budget is not None and share is not None:
+            split = TimeSplit.of(share, budget.costs(study.get_trials(deepcopy=False)))
             logger.info("%s: %s", name, split.line())

@@ -280,6 +280,15 @@ def search_threads(options: StudyOptions) -> int:
     return torch.get_num_threads()
 
 
+@dataclass(frozen=True)
+class SearchLimit:
+    """When a search stops adding trials: after ``count`` (``None``: at ``timeout``, ``total_trials`` or the
+    time limit), and once the time ``budget`` (``--time-limit``) would leave less than the stages need."""
+
+    count: int | None
+    budget: TimeBudget | None = None
+
+
 def optimize(
     study: optuna.Study,
     storage: Storage,
@@ -287,17 +296,17 @@ def optimize(
     data: StudyData,
     spec: DataSpec,
     options: StudyOptions,
-    count: int | None,
+    limit: SearchLimit,
     callbacks: Sequence[TrialCallback] = (),
-    budget: TimeBudget | None = None,
 ) -> None:
-    """Add ``count`` trials (``None``: until ``timeout``, ``total_trials`` or the time ``budget``) to ``study``.
+    """Add trials to ``study`` until ``limit``.
 
     With ``options.runtime.workers == 1`` the trials run here on ``data`` (and
-    ``callbacks`` run after each); otherwise ``count`` is split exactly across
-    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). The ``budget`` goes to
+    ``callbacks`` run after each); otherwise the count is split exactly across
+    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). The time budget goes to
     every process: each stops starting trials when the time left is what the stages after the search need.
     """
+    count, budget = limit.count, limit.budget
     quiet_interrupt_tracebacks()
     if options.runtime.workers == 1:
         from ..progress import BarSpec, new_bar

@@ -12,7 +12,7 @@ from .base import Stage, StageContext, StagePart, StoredStudy, StudyFacts, Study
 from .ensemble import EnsembleStage
 from .final import FinalStage, has_final_scores_to_make
 from .leaderboard import LeaderboardStage
-from .registry import StageTimes, register_stage, registered_stages, run_stages, unregister_stage
+from .registry import StageCosting, StageTimes, register_stage, registered_stages, run_stages, unregister_stage
 
 __all__ = [
     "EnsembleStage",
@@ -20,6 +20,7 @@ __all__ = [
     "LeaderboardStage",
     "Stage",
     "StageContext",
+    "StageCosting",
     "StagePart",
     "StageTimes",
     "StoredStudy",
