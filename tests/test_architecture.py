@@ -316,4 +316,6 @@ def test_the_budget_the_plan_and_the_runner_name_no_built_in_stage(module):
     for stage in registered_stages():
         for name in (stage.name, type(stage).__name__):
             found = re.search(rf"\b{re.escape(name)}\b", text, flags=re.IGNORECASE)
-            assert found is None, f"{module} names the {stage.name} stage: ...{text[found.start() - 40 : found.end() + 40]}..."
+            assert found is None, (
+                f"{module} names the {stage.name} stage: ...{text[found.start() - 40 : found.end() + 40]}..."
+            )

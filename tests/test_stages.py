@@ -14,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-
 from ilge_search.record import ensemble_record, run_times, study_record
 from ilge_search.report import build_report
 from ilge_search.storage import count_trials
@@ -232,4 +231,3 @@ def test_a_registered_stages_cost_is_in_the_dry_run_and_the_time_limits_split(
     (split,) = [r.getMessage() for r in caplog.records if "time limit 20 s: search ~" in r.getMessage()]
     assert split.endswith(", toy-wait ~15 s") and ", final ~" in split, split
     assert run_times(optuna.load_study(study_name=done.study_name, storage=url))[-1].current == ["toy-wait"]
-

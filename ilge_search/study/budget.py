@@ -94,7 +94,6 @@ class TrialCosts:
         return seeds * (sum(self.seconds[number] for number in new) + (self.probe if probe else 0.0))
 
 
-
 @dataclass(frozen=True)
 class StageCost:
     """What one stage that applies keeps for itself: ``seconds``, the retrainings it counted (``trainings``)

@@ -1,9 +1,10 @@
 """Study stages: the pipeline after the search, as an ordered list of plug-ins.
 
 Each stage (:class:`Stage`) says whether it applies to a study, what it costs (the time budget and the dry
-run add it up), whether its stored result is current and how it runs; :func:`run_stages` goes through the registered ones in order, so the runner has no branch for
-any of them. The built-in stages are the final evaluation (with a multi-objective study's final front) and
-the ensemble evaluation; :func:`register_stage` adds one after any of them.
+run add it up, :class:`StageCosting`), whether its stored result is current and how it runs;
+:func:`run_stages` goes through the registered ones in order, so the runner has no branch for any of them.
+The built-in stages are the final evaluation (with a multi-objective study's final front), the ensemble
+evaluation and an auto study's leaderboard; :func:`register_stage` adds one after any of them.
 """
 
 from __future__ import annotations

@@ -133,9 +133,8 @@ class Stage(abc.ABC):
         ``trials`` through :meth:`~ilge_search.study.budget.TrialCosts.retrain`, or any cost of its own."""
         return 0.0
 
-    def skipped(self, context: StageContext) -> None:
-        """Called when :meth:`applies` said no: where a user asked for the stage, say why it does not run
-        (most stages skip silently)."""
+    def skipped(self, context: StageContext) -> None:  # noqa: B027 -- optional: most stages skip silently
+        """Called when :meth:`applies` said no: where a user asked for the stage, say why it does not run."""
 
     @abc.abstractmethod
     def is_current(self, context: StageContext) -> bool:

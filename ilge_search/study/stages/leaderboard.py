@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from ...record import leaderboard_record, save_leaderboard, study_record
 from ..auto import is_auto
+from ..budget import SAFETY, STAGE_OVERHEAD_SECONDS, TrialCosts
 from ..leaderboard import (
     LeaderboardRun,
     format_rows,
@@ -15,7 +16,6 @@ from ..leaderboard import (
     leaderboard_is_current,
     row_cells,
 )
-from ..budget import SAFETY, STAGE_OVERHEAD_SECONDS, TrialCosts
 from .base import Stage, StageContext, StagePart, StoredStudy, StudyFacts, StudyView
 from .final import has_final_scores_to_make
 
