@@ -219,7 +219,8 @@ def test_a_registered_stages_cost_is_in_the_dry_run_and_the_time_limits_split(
     assert result.exit_code == 0, result.output
     (line,) = [line for line in result.output.splitlines() if line.strip().startswith("time limit 600 s")]
     assert line.endswith(", toy-wait ~15 s") and ", final ~" in line, result.output  # after the built-in stages
-    assert "ensemble up to 2 retrainings, toy-wait ~15 s" in result.output
+    (study_line,) = [line for line in result.output.splitlines() if "+2 trials" in line]
+    assert "retrainings, toy-wait ~15 s" in study_line, result.output  # after the built-in stages' retrainings
 
     caplog.set_level(logging.INFO, logger="ilge_search")
     options = StudyOptions.from_flat(

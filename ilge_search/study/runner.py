@@ -348,9 +348,8 @@ def _optimize(run: _RunData, context: StageContext, created: bool, deadline: flo
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
         budget = None if deadline is None else _time_budget(context, deadline)
-        share = None if deadline is None else deadline - time.time()
         limit = SearchLimit(count, budget)
         optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, limit, run.callbacks)
-        if budget is not None and share is not None:
-            split = TimeSplit.of(share, budget.costs(study.get_trials(deepcopy=False)))
+        if budget is not None and deadline is not None:  # the limit as the study's RunTimes records it
+            split = TimeSplit.of(deadline - run.started, budget.costs(study.get_trials(deepcopy=False)))
             logger.info("%s: %s", name, split.line())
