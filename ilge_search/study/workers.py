@@ -125,24 +125,32 @@ def _timeout(options: StudyOptions, budget: TimeBudget | None) -> float | None:
     return min(limits) if limits else None
 
 
+@dataclass(frozen=True)
+class SearchLimit:
+    """When a search stops adding trials: after ``count`` (``None``: at ``timeout``, ``total_trials`` or the
+    time limit), and once the time ``budget`` (``--time-limit``) would leave less than the stages need."""
+
+    count: int | None
+    budget: TimeBudget | None = None
+
+
 def _optimize_here(
     study: optuna.Study,
     encoder: str,
     data: StudyData,
     device: str,
     options: StudyOptions,
-    n_trials: int | None,
+    limit: SearchLimit,
     callbacks: Sequence[TrialCallback] = (),
-    budget: TimeBudget | None = None,
 ) -> None:
-    """Run ``n_trials`` trials in this process, each followed by ``callbacks``, the ``total_trials`` cap and
-    the time ``budget`` (which also bounds Optuna's ``timeout``)."""
-    search = options.search
+    """Run trials in this process until ``limit``, each followed by ``callbacks``, the ``total_trials`` cap and
+    the time budget (which also bounds Optuna's ``timeout``)."""
+    search, budget = options.search, limit.budget
     objective = TrialObjective(encoder, data, seed=search.seed, device=device, max_epochs=search.max_epochs)
     cap = _total_trials_callbacks(search.total_for(encoder))
     study.optimize(
         objective,
-        n_trials=n_trials,
+        n_trials=limit.count,
         timeout=_timeout(options, budget),
         catch=catchable_errors(),
         callbacks=[*callbacks, *cap, *([] if budget is None else [budget])],
@@ -200,7 +208,7 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         if total_reached(study, options.search.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
-        _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials, budget=job.budget)
+        _optimize_here(study, job.encoder, data, job.data.device, options, SearchLimit(job.n_trials, job.budget))
     except KeyboardInterrupt:
         if study is not None:
             fail_own_running_trials(study, job.storage, "interrupted")
@@ -280,15 +288,6 @@ def search_threads(options: StudyOptions) -> int:
     return torch.get_num_threads()
 
 
-@dataclass(frozen=True)
-class SearchLimit:
-    """When a search stops adding trials: after ``count`` (``None``: at ``timeout``, ``total_trials`` or the
-    time limit), and once the time ``budget`` (``--time-limit``) would leave less than the stages need."""
-
-    count: int | None
-    budget: TimeBudget | None = None
-
-
 def optimize(
     study: optuna.Study,
     storage: Storage,
@@ -312,16 +311,8 @@ def optimize(
         from ..progress import BarSpec, new_bar
 
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
-            _optimize_here(
-                study,
-                encoder,
-                data,
-                spec.device,
-                options,
-                count,
-                [_ProgressCallback(bar, data.metric), *callbacks],
-                budget,
-            )
+            progress = [_ProgressCallback(bar, data.metric), *callbacks]
+            _optimize_here(study, encoder, data, spec.device, options, limit, progress)
         return
     per_worker = search_threads(options)
     jobs = [

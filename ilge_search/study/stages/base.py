@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ...record import StudyRecord, study_record
 from ...storage import count_trials
@@ -81,28 +81,11 @@ class StageContext:
         return count_trials(self.study, ("COMPLETE",))
 
 
-class StudyView(Protocol):
-    """What :meth:`Stage.applies` reads of a study: a :class:`StageContext` after the search, or the
-    :class:`StudyFacts` the time budget and the dry run have before it ends."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def record(self) -> StudyRecord: ...
-    @property
-    def options(self) -> StudyOptions: ...
-    @property
-    def task_kind(self) -> str: ...
-    @property
-    def complete(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class StudyFacts:
-    """A study as the time budget and the dry run see it before its search ends: its record when the search
-    starts (or, for a study the dry run would create, the one it would get), the run's options, its task kind
-    and its complete trials (measured, or planned). ``unchanged`` is the stored study when the dry run adds no
-    trial to it, so that a stage whose stored result is current can cost nothing."""
+    """A study as the time budget and the dry run see it before its search ends: its record (a new study's as
+    created), its complete trials (measured or planned) and, where the dry run adds no trial, the stored study
+    (``unchanged``: a stage whose result is current costs nothing)."""
 
     name: str
     record: StudyRecord
@@ -110,6 +93,11 @@ class StudyFacts:
     task_kind: str
     complete: int = 0
     unchanged: optuna.Study | None = field(default=None, compare=False)
+
+
+StudyView: TypeAlias = "StageContext | StudyFacts"
+"""What :meth:`Stage.applies` reads of a study (``name``, ``record``, ``options``, ``task_kind``, ``complete``):
+a :class:`StageContext` after the search, or the :class:`StudyFacts` the budget and the dry run have before."""
 
 
 class Stage(abc.ABC):
@@ -125,8 +113,7 @@ class Stage(abc.ABC):
 
     @abc.abstractmethod
     def applies(self, context: StudyView) -> bool:
-        """Whether this stage has anything to do on the study under this run's options (reading only what
-        :class:`StudyView` has: the time budget and the dry run ask it before the search ends)."""
+        """Whether this stage has anything to do on the study under this run's options (:data:`StudyView`)."""
 
     def reserve_seconds(self, context: StudyFacts, trials: TrialCosts) -> float:
         """Seconds to keep for this stage after the search (``--time-limit``, ``--dry-run``): retraining
