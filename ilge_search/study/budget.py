@@ -69,13 +69,10 @@ def study_deadline(run_deadline: float, now: float, studies_left: int) -> float:
 
 @dataclass
 class TrialCosts:
-    """The trials the stages may retrain, each with the seconds one retraining of it is expected to take (the
-    time budget's measured trials, or the dry run's planned ones): ``ranked`` best first, the starting
-    configuration ``start``, one best-layer ``probe`` and each method's best trial (``method_bests``).
-
-    Stages cost themselves in order through :meth:`retrain`, which counts a trial once: a later stage reuses the
-    models an earlier one trained. ``trainings`` counts the retrainings so far, each seed one.
-    """
+    """The trials the stages may retrain (measured, or planned by the dry run), each with one retraining's
+    seconds: ``ranked`` best first, the ``start``, one best-layer ``probe``, each method's best trial. Stages
+    cost themselves in order through :meth:`retrain`, which counts a trial once (a later stage reuses the
+    models an earlier one trained); ``trainings`` counts the retrainings so far, a seed each."""
 
     seconds: dict[int, float]
     ranked: list[int]

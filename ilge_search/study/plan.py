@@ -272,7 +272,7 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
         if total is not None:
             room = max(0, total - finished)
             count = room if count is None else min(count, room)
-        facts = _facts(check, planned, study, count)
+        facts = _facts(check, planned, study, finished, count)
         plans.append(
             StudyPlan(
                 encoder=enc,
@@ -288,18 +288,14 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
     return plans
 
 
-def _facts(check: RunCheck, planned: PlannedStudy, study: Any, count: int | None) -> StudyFacts:
+def _facts(check: RunCheck, planned: PlannedStudy, study: Any, finished: int, count: int | None) -> StudyFacts:
     """The study as its stages are costed: its record (a new study's as it would be created) and the complete
     trials the search is planned to leave it."""
-    record = (
-        study_record(study)
-        if study is not None
-        else StudyRecord.from_attrs(planned.name, {**planned.attrs, "task_kind": check.task_data.kind})
-    )
-    finished = 0 if study is None else finished_trial_count(study)
+    kind = check.task_data.kind
+    created = {**planned.attrs, "task_kind": kind}  # a new study's record as it would be created
+    record = StudyRecord.from_attrs(planned.name, created) if study is None else study_record(study)
     complete = finished + (OPEN_ENDED_TRIALS if count is None else count)
-    unchanged = study if count == 0 else None
-    return StudyFacts(planned.name, record, check.options, check.task_data.kind, complete, unchanged)
+    return StudyFacts(planned.name, record, check.options, kind, complete, study if count == 0 else None)
 
 
 def _stage_costs(facts: StudyFacts, seconds: float) -> list[StageCost]:
@@ -360,7 +356,7 @@ def may_be_long(check: RunCheck) -> bool:
     for planned in check.studies:
         enc, count = planned.encoder, planned.count
         trials = count if count is not None else options.search.total_for(enc) or 0
-        runs = trials + sum(cost.trainings for cost in _stage_costs(_facts(check, planned, None, trials), 1.0))
+        runs = trials + sum(cost.trainings for cost in _stage_costs(_facts(check, planned, None, 0, trials), 1.0))
         epochs = _first_config(enc, check, width).epochs
         work += (
             runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.search.cv or 1)
