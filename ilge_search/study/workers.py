@@ -311,7 +311,7 @@ def optimize(
         from ..progress import BarSpec, new_bar
 
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
-            progress = [_ProgressCallback(bar, data.metric), *callbacks]
+            progress: list[TrialCallback] = [_ProgressCallback(bar, data.metric), *callbacks]
             _optimize_here(study, encoder, data, spec.device, options, limit, progress)
         return
     per_worker = search_threads(options)
