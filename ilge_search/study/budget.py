@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..record import trial_record
 from ..validation import usable_cpus
 
 __all__ = [
@@ -122,8 +123,6 @@ class TimeSplit:
 
 
 def _trial_seconds(trial: Any) -> float | None:
-    from ..record import trial_record
-
     value = trial_record(trial).seconds
     return float(value) if value is not None and value > 0 else None
 
@@ -132,8 +131,6 @@ def _retraining_seconds(trial: Any, share: float) -> float:
     """What a retraining of ``trial`` alone is expected to take: its CPU time at ``share`` of a core, but never
     more than its own wall time (trials on a busy machine, or waiting for the storage, took longer than the
     CPU they used); its wall time when no CPU time was recorded."""
-    from ..record import trial_record
-
     wall = _trial_seconds(trial) or 0.0
     cpu = trial_record(trial).cpu_seconds
     if cpu is None or not cpu > 0 or share <= 0:
@@ -151,8 +148,6 @@ def machine_load() -> float:
 
 def _method_bests(complete: Sequence[Any]) -> list[int]:
     """The number of each method's best complete trial."""
-    from ..record import trial_record
-
     best: dict[str, Any] = {}
     for trial in complete:
         family = (trial_record(trial).config or {}).get("family", "")
@@ -177,8 +172,6 @@ def _costs(complete: Sequence[Any], workers: int = 1, share: float = 0.0) -> dic
 
 
 def _is_probe(trial: Any) -> bool:
-    from ..record import trial_record
-
     return bool(trial_record(trial).layer_scores)
 
 
