@@ -1,4 +1,5 @@
-"""The import contract of ``ilge_search``, read from the source with ``ast`` (nothing is imported).
+"""The import contract of ``ilge_search``, read from the source with ``ast`` (nothing is imported but the stage
+registry, for the names of its stages).
 
 - Layers: a module imports only from its own layer or lower ones (ARCHITECTURE.md draws them).
 - No import cycle between modules, counting imports inside functions (lazy imports).
@@ -6,6 +7,7 @@
   another package (``optuna.storages._rdb``): those break without notice on upgrades.
 - At most 8 modules beside ``__init__.py`` at the top level, and no module longer than 700 lines (as `ruff format`
   writes them).
+- The time budget, the dry run's plan and the runner name no built-in stage: each stage costs itself.
 - No function longer than 60 lines, and none with more than 8 parameters outside ``cli/`` (click
   passes a command every option as a parameter) and the published API: the functions ``__init__.py``
   exports, and the constructor and public methods of the classes it exports and of their bases (a
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -299,3 +302,20 @@ def test_user_attr_check_finds_an_access(tmp_path):
     (tmp_path / "writes.py").write_text("def g(trial):\n    trial.set_user_attr('x', 1)\n", encoding="utf-8")
     (tmp_path / "clean.py").write_text("def h(record):\n    return record.final\n", encoding="utf-8")
     assert [_touches_user_attrs(tmp_path / n) for n in ("reads.py", "writes.py", "clean.py")] == [True, True, False]
+
+
+# the option group and option that share the first stage's name (``options.final.seeds``, ``--final-seeds``)
+_OPTION_SPELLINGS = re.compile(r"options\.final\.|final[ _-]seeds?")
+
+
+@pytest.mark.parametrize("module", ["study/budget.py", "study/plan.py", "study/runner.py"])
+def test_the_budget_the_plan_and_the_runner_name_no_built_in_stage(module):
+    from ilge_search.study.stages import registered_stages  # the built-in stages, as registered
+
+    text = _OPTION_SPELLINGS.sub("", (PACKAGE / module).read_text())
+    for stage in registered_stages():
+        for name in (stage.name, type(stage).__name__):
+            found = re.search(rf"\b{re.escape(name)}\b", text, flags=re.IGNORECASE)
+            assert found is None, (
+                f"{module} names the {stage.name} stage: ...{text[found.start() - 40 : found.end() + 40]}..."
+            )

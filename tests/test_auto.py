@@ -118,6 +118,18 @@ def _timed_trial(number: int, value: float, seconds: float, **attrs):
     return trial
 
 
+def _budget(deadline, clock, *, seeds, ensemble, auto=False, **machine):
+    """A classification study's time budget with the registered stages (an auto study's: with its leaderboard)."""
+    from ilge_search.record import Identity, StudyRecord
+    from ilge_search.study.budget import TimeBudget
+    from ilge_search.study.stages import StageCosting, StudyFacts
+
+    identity = Identity(model="m", task="trec", encoder="auto" if auto else "cayley")
+    record = StudyRecord.from_attrs("s", {**identity.to_attrs(), "task_kind": "classification"})
+    facts = StudyFacts("s", record, StudyOptions.from_flat(final_seeds=seeds, ensemble=ensemble), "classification")
+    return TimeBudget(deadline, StageCosting(facts), clock=clock, **machine)
+
+
 def test_durations_read_as_seconds():
     from ilge_search.study.budget import parse_duration
 
@@ -130,10 +142,10 @@ def test_durations_read_as_seconds():
 
 
 def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
-    from ilge_search.study.budget import SAFETY, STAGE_OVERHEAD_SECONDS, TimeBudget
+    from ilge_search.study.budget import SAFETY, STAGE_OVERHEAD_SECONDS
 
     clock = FakeClock()
-    budget = TimeBudget(deadline=clock.now + 100, seeds=2, ensemble_size=3, clock=clock)
+    budget = _budget(clock.now + 100, clock, seeds=2, ensemble=3)
     assert budget.reserve([]) == 0 and not budget.should_stop([])  # nothing measured: the first trial runs
     trials = [
         _timed_trial(0, 0.5, 4.0),  # the start
@@ -151,9 +163,9 @@ def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
     assert not budget.should_stop(trials)
     clock.now = budget.deadline - reserve + 1
     assert budget.should_stop(trials)
-    without = TimeBudget(deadline=budget.deadline, seeds=0, ensemble_size=0, clock=clock)
+    without = _budget(budget.deadline, clock, seeds=0, ensemble=0)
     assert without.reserve(trials) == 0  # no final seeds: the search may use all of it
-    board = TimeBudget(deadline=budget.deadline, seeds=2, ensemble_size=3, leaderboard=True, clock=clock)
+    board = _budget(budget.deadline, clock, seeds=2, ensemble=3, auto=True)
     # the leaderboard trains each method's best trial the final evaluation and the ensemble did not (all one
     # family here: none) and its own probe; the ensemble's members it reuses
     probe = 2 * 6.0
@@ -163,22 +175,14 @@ def test_the_search_stops_when_the_time_left_is_what_the_stages_need():
 def test_the_stages_cost_the_trials_cpu_time_at_the_share_of_a_core_they_will_get():
     # two workers on two cores, each trial half waiting (another job, the storage): its CPU time is what a
     # retraining alone needs once the workers have stopped, unless other work still keeps the cores busy
-    from ilge_search.study.budget import SAFETY, STAGE_OVERHEAD_SECONDS, TimeBudget
+    from ilge_search.study.budget import SAFETY, STAGE_OVERHEAD_SECONDS
 
     clock = FakeClock()
     trials = [_timed_trial(n, 0.5 + n / 10, 4.0, cpu_seconds=2.0) for n in range(4)]
 
     def budget(load, threads=1):
-        return TimeBudget(
-            deadline=clock.now + 100,
-            seeds=2,
-            ensemble_size=2,
-            workers=2,
-            threads=threads,
-            clock=clock,
-            load=lambda: load,
-            cores=lambda: 2,
-        )
+        machine = dict(workers=2, threads=threads, load=lambda: load, cores=lambda: 2)
+        return _budget(clock.now + 100, clock, seeds=2, ensemble=2, **machine)
 
     # final: 2 seeds x (the best + the start); ensemble: 2 seeds x (one more member + the median as the probe)
     trainings = 2 * 2 + 2 * 2

@@ -61,7 +61,7 @@ def test_a_cold_cache_is_timed_by_extracting_a_few_texts_and_nothing_is_written(
     assert "random features" in plan.calibration
     assert plan.seconds > plan.extraction_seconds and math.isfinite(plan.seconds)
     (study,) = plan.studies
-    assert (study.study_name, study.exists, study.trials, study.epochs, study.final_runs) == (
+    assert (study.study_name, study.exists, study.trials, study.epochs, study.runs("final")) == (
         f"{synthetic.model}:trec:cayley:train60:eval40:ep4",
         False,
         3,
@@ -70,7 +70,7 @@ def test_a_cold_cache_is_timed_by_extracting_a_few_texts_and_nothing_is_written(
     )
     # 3 trials, 1 at a time, then 1 final seed for the selected trial and 1 for the start configuration, and the
     # default ensemble's 2 members beyond the selected trial (whose final model it reuses), 1 seed each
-    assert study.ensemble_runs == 2
+    assert study.runs("ensemble") == 2
     assert study.seconds == pytest.approx(7 * study.trial_seconds)
     assert not db.exists() and not (tmp_path / "artifacts").exists()
     assert EmbeddingCache(cache).ls() == []  # measured, never stored
@@ -86,7 +86,7 @@ def test_the_estimate_is_the_calibrated_trial_times_the_trainings_of_the_run(tmp
     assert plan.texts_to_embed == 0 and plan.extraction_seconds == 0 and "cached features" in plan.calibration
     (study,) = plan.studies
     # 1 final seed; the one trial is the start configuration, so the final evaluation retrains it once
-    assert (study.trials, study.epochs, study.final_runs) == (1, 12, 1)
+    assert (study.trials, study.epochs, study.runs("final")) == (1, 12, 1)
     assert 0 < study.trial_seconds < math.inf and plan.calibration_seconds > 0
     assert study.seconds == pytest.approx(2 * study.trial_seconds) and plan.seconds == pytest.approx(study.seconds)
     assert not (tmp_path / "studies.db").exists()
@@ -121,7 +121,7 @@ def test_the_estimate_is_the_calibrated_trial_times_the_trainings_of_the_run(tmp
         calibrate=False,
         options=options.replace(n_trials=None, total_trials=1),
     )
-    assert (capped.studies[0].trials, capped.studies[0].final_runs) == (0, 0)
+    assert (capped.studies[0].trials, capped.studies[0].runs("final")) == (0, 0)
     assert [s.study_name for s in optuna.get_all_study_summaries(url)] == names
     assert len(optuna.load_study(study_name=names[0], storage=url).trials) == 1  # no trial added by a plan
 

@@ -1,6 +1,7 @@
 """Study stages as plug-ins: a toy stage registered from here runs after the built-in ones on a real
-(synthetic-embedding) study and is skipped on a rerun while its stored result is current, with no edit to
-the library; the registry's order and refusals."""
+(synthetic-embedding) study and is skipped on a rerun while its stored result is current, and a toy stage's
+cost is counted by the dry run and the time budget, with no edit to the library; the registry's order and
+refusals."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import logging
 
 import optuna
 import pytest
+from click.testing import CliRunner
 
+from ilge_search.cli import cli
 from ilge_search.record import ensemble_record, run_times, study_record
 from ilge_search.report import build_report
 from ilge_search.storage import count_trials
@@ -98,7 +101,8 @@ def test_the_built_in_stages_come_first_and_the_registry_refuses_clashes(toy_sta
     assert names[:3] == ["final", "ensemble", "toy-count"]
     with pytest.raises(ValueError, match="registered already"):
         register_stage(CompleteTrialCount(toy_stage.folder))
-    nameless = Stage()
+    nameless = CompleteTrialCount(toy_stage.folder)
+    nameless.name = ""
     with pytest.raises(ValueError, match="needs a name"):
         register_stage(nameless)
     other = CompleteTrialCount(toy_stage.folder)
@@ -172,3 +176,59 @@ def test_unregistering_restores_the_built_in_pipeline(tmp_path):
     assert [s.name for s in registered_stages()] == before
     with pytest.raises(ValueError, match="no stage named"):
         unregister_stage(stage.name)
+
+
+class WaitingStage(Stage):
+    """Costs a fixed number of seconds after the search (a stage that waits on a remote service, say)."""
+
+    name = "toy-wait"
+    seconds = 15.0
+
+    def applies(self, context) -> bool:
+        return True
+
+    def reserve_seconds(self, context, trials) -> float:
+        return self.seconds
+
+    def is_current(self, context: StageContext) -> bool:
+        return True  # nothing to store: the test times the budget, not the stage
+
+    def run(self, context: StageContext) -> None:
+        raise AssertionError("a current stage does not run")
+
+
+@pytest.fixture
+def waiting_stage():
+    stage = register_stage(WaitingStage())
+    try:
+        yield stage
+    finally:
+        unregister_stage(stage.name)
+
+
+def test_a_registered_stages_cost_is_in_the_dry_run_and_the_time_limits_split(
+    waiting_stage, synthetic, tmp_path, caplog
+):
+    synthetic.cache("trec", **DATA)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    where = ["--data-dir", str(synthetic.data_dir), "--cache-dir", str(synthetic.cache_dir), "--device", "cpu"]
+    args = ["run", "--model", synthetic.model, "--task", "trec", "--encoder", "fc", "--storage", url, *where]
+    size = ["--max-train", "240", "--max-eval", "100", "--max-epochs", "3", "--threads", "1"]
+    with refuse_model_loads():
+        result = CliRunner().invoke(cli, [*args, *size, "--n-trials", "2", "--time-limit", "10m", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    (line,) = [line for line in result.output.splitlines() if line.strip().startswith("time limit 600 s")]
+    assert line.endswith(", toy-wait ~15 s") and ", final ~" in line, result.output  # after the built-in stages
+    (study_line,) = [line for line in result.output.splitlines() if "+2 trials" in line]
+    assert "retrainings, toy-wait ~15 s" in study_line, result.output  # after the built-in stages' retrainings
+
+    caplog.set_level(logging.INFO, logger="ilge_search")
+    options = StudyOptions.from_flat(
+        n_trials=None, time_limit=20, final_seeds=1, ensemble=2, seed=0, max_epochs=3, threads=1, progress=False, **DATA
+    )
+    where_options = dict(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir, device="cpu")
+    with refuse_model_loads():
+        (done,) = run_study(synthetic.model, "trec", "fc", storage=url, options=options.replace(**where_options))
+    (split,) = [r.getMessage() for r in caplog.records if "time limit 20 s: search ~" in r.getMessage()]
+    assert split.endswith(", toy-wait ~15 s") and ", final ~" in split, split
+    assert run_times(optuna.load_study(study_name=done.study_name, storage=url))[-1].current == ["toy-wait"]

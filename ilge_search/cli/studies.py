@@ -105,22 +105,16 @@ def run_command(
         )
         raise SystemExit(130) from None
     print_results(results)
-    _print_leaderboards(results, storage)
+    _print_leaderboards(results)
 
 
-def _print_leaderboards(results: list, storage: str | None) -> None:
+def _print_leaderboards(results: list) -> None:
     """The leaderboard of each auto study the run made one for, after the result table."""
-    from ..study.auto import is_auto
-    from ..study.leaderboard import format_table, study_leaderboard
+    from ..study.leaderboard import format_table
 
     for result in results:
-        if not is_auto(result.encoder):
-            continue
-        try:
-            record = study_leaderboard(result.storage, result.study_name)
-        except ValueError:
-            continue  # no final seeds, or a kind of study without one: nothing to show
-        click.echo(f"\nleaderboard of {result.study_name}:\n{format_table(record)}")
+        if result.leaderboard is not None:
+            click.echo(f"\nleaderboard of {result.study_name}:\n{format_table(result.leaderboard)}")
 
 
 @cli.command("sweep", cls=StudyCommand)

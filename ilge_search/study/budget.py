@@ -1,38 +1,42 @@
-"""``--time-limit``: the whole run (search, final evaluation, ensemble) ends within a wall-clock budget.
+"""``--time-limit``: the whole run (the search and the stages after it) ends within a wall-clock budget.
 
 As AutoGluon's ``fit(time_limit=...)``, the limit covers everything a run does. The search stops starting
-trials once the time left is what the stages after it need: those retrain the selected trial, the starting
-configuration and the ensemble's members with every final seed, and the ensemble stage probes the best
-single layer. Their cost is estimated from the study's own measured trials (:meth:`TimeBudget.reserve`), so it
-grows with what the search found slow: from each trial's CPU time, since the stages run in one process once
-the search's workers have stopped, at the share of a core the machine's other load leaves it. Each study of a
-run gets an equal share of the time still left when it starts (:func:`study_deadline`).
+trials once the time left is what the stages after it need: each registered stage that applies says how much
+(:meth:`~ilge_search.study.stages.Stage.reserve_seconds`), from the study's own measured trials
+(:class:`TrialCosts`), so the reserve grows with what the search found slow: from each trial's CPU time, since
+the stages run in one process once the search's workers have stopped, at the share of a core the machine's
+other load leaves it. Each study of a run gets an equal share of the time still left when it starts
+(:func:`study_deadline`).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..record import trial_record
 from ..validation import usable_cpus
 
 __all__ = [
     "parse_duration",
+    "StageCost",
     "TimeBudget",
     "TimeSplit",
+    "TrialCosts",
     "study_deadline",
     "SAFETY",
     "STAGE_OVERHEAD_SECONDS",
     "machine_load",
 ]
 
-SAFETY = 1.1  # the stages' estimate is scaled by this: a retraining on a busy machine may run slower than its trial
-STAGE_OVERHEAD_SECONDS = 1.0  # scoring and storing around the stages' trainings
+SAFETY = 1.1  # a stage's retrainings are scaled by this: on a busy machine one may run slower than its trial
+STAGE_OVERHEAD_SECONDS = 1.0  # scoring and storing around a stage's trainings
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?\s*$")
 
@@ -64,37 +68,61 @@ def study_deadline(run_deadline: float, now: float, studies_left: int) -> float:
     return now + max(0.0, run_deadline - now) / max(1, studies_left)
 
 
+@dataclass
+class TrialCosts:
+    """The trials the stages may retrain (measured, or planned by the dry run), each with one retraining's
+    seconds: ``ranked`` best first, the ``start``, one best-layer ``probe``, each method's best trial. Stages
+    cost themselves in order through :meth:`retrain`, which counts a trial once (a later stage reuses the
+    models an earlier one trained); ``trainings`` counts the retrainings so far, a seed each."""
+
+    seconds: dict[int, float]
+    ranked: list[int]
+    start: int
+    probe: float
+    method_bests: list[int] = field(default_factory=list)
+    retrained: set[int] = field(default_factory=set)
+    trainings: int = 0
+
+    def retrain(self, numbers: Iterable[int], seeds: int, *, probe: bool = False) -> float:
+        """Seconds of retraining ``numbers`` (but those an earlier stage retrained) and, with ``probe``, one
+        best-layer probe, each with ``seeds`` seeds."""
+        new = [number for number in dict.fromkeys(numbers) if number not in self.retrained]
+        self.retrained.update(new)
+        self.trainings += seeds * (len(new) + int(probe))
+        return seeds * (sum(self.seconds[number] for number in new) + (self.probe if probe else 0.0))
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """What one stage that applies keeps for itself: ``seconds``, the retrainings it counted (``trainings``)
+    and whether an earlier stage's came first (``reuses``: it counts at most that many, reusing some)."""
+
+    name: str
+    seconds: float
+    trainings: int = 0
+    reuses: bool = False
+
+
 @dataclass(frozen=True)
 class TimeSplit:
-    """How a time limit is spent, in seconds: the search, then the final evaluation and the ensemble."""
+    """How a time limit is spent, in seconds: the search, then each stage after it, by name in order."""
 
     limit: float
     search: float
-    final: float
-    ensemble: float
-    leaderboard: float = 0.0
+    stages: dict[str, float]
 
     def line(self) -> str:
-        board = f", leaderboard ~{self.leaderboard:.0f} s" if self.leaderboard else ""
-        return (
-            f"time limit {self.limit:.0f} s: search ~{self.search:.0f} s, final evaluation ~{self.final:.0f} s, "
-            f"ensemble ~{self.ensemble:.0f} s{board}"
-        )
+        parts = "".join(f", {name} ~{seconds:.0f} s" for name, seconds in self.stages.items() if seconds)
+        return f"time limit {self.limit:.0f} s: search ~{self.search:.0f} s{parts}"
 
     @classmethod
-    def planned(cls, limit: float, trial_seconds: float, runs: tuple[int, int, int]) -> TimeSplit:
-        """The split a dry run prints: the stages' trainings (``runs``: the final evaluation's, the ensemble's and
-        the leaderboard's) at ``trial_seconds`` each, the rest of ``limit`` the search."""
-        final, ensemble, board = (
-            count * trial_seconds * SAFETY + (STAGE_OVERHEAD_SECONDS if count else 0.0) for count in runs
-        )
-        search = max(0.0, limit - final - ensemble - board)
-        return cls(limit, search, min(final, limit), min(ensemble, limit), min(board, limit))
+    def of(cls, limit: float, costs: Sequence[StageCost]) -> TimeSplit:
+        """The stages' ``costs`` out of ``limit``, the rest of it the search."""
+        search = max(0.0, limit - sum(cost.seconds for cost in costs))
+        return cls(limit, search, {cost.name: min(cost.seconds, limit) for cost in costs})
 
 
 def _trial_seconds(trial: Any) -> float | None:
-    from ..record import trial_record
-
     value = trial_record(trial).seconds
     return float(value) if value is not None and value > 0 else None
 
@@ -103,8 +131,6 @@ def _retraining_seconds(trial: Any, share: float) -> float:
     """What a retraining of ``trial`` alone is expected to take: its CPU time at ``share`` of a core, but never
     more than its own wall time (trials on a busy machine, or waiting for the storage, took longer than the
     CPU they used); its wall time when no CPU time was recorded."""
-    from ..record import trial_record
-
     wall = _trial_seconds(trial) or 0.0
     cpu = trial_record(trial).cpu_seconds
     if cpu is None or not cpu > 0 or share <= 0:
@@ -114,8 +140,6 @@ def _retraining_seconds(trial: Any, share: float) -> float:
 
 def machine_load() -> float:
     """Processes wanting a core, averaged over the last minute (0 where the system does not say)."""
-    import os
-
     try:
         return os.getloadavg()[0]
     except OSError:
@@ -123,9 +147,7 @@ def machine_load() -> float:
 
 
 def _method_bests(complete: Sequence[Any]) -> list[int]:
-    """The number of each method's best complete trial (what a leaderboard retrains)."""
-    from ..record import trial_record
-
+    """The number of each method's best complete trial."""
     best: dict[str, Any] = {}
     for trial in complete:
         family = (trial_record(trial).config or {}).get("family", "")
@@ -150,8 +172,6 @@ def _costs(complete: Sequence[Any], workers: int = 1, share: float = 0.0) -> dic
 
 
 def _is_probe(trial: Any) -> bool:
-    from ..record import trial_record
-
     return bool(trial_record(trial).layer_scores)
 
 
@@ -167,19 +187,16 @@ class TimeBudget:
 
     Attributes:
         deadline: the wall-clock time (``clock()``'s) by which the study's stages must have ended.
-        seeds: the final seeds; ensemble_size: the ensemble's K (0: no ensemble stage).
+        stages: what each stage after the search needs, given the study's complete trials and what retraining
+            each is expected to take (:class:`~ilge_search.study.stages.StageCosting`).
         workers: processes searching at once (each one's first trial paid its set-up); threads: torch threads of
             each.
-        leaderboard: an auto study's leaderboard follows (it trains each method's best trial and the probe with
-            every seed, reusing the models the final evaluation and the ensemble trained).
         clock: the time now (``time.time``); load and cores: the machine's load average and cores
-            (:func:`machine_load`, :func:`~ilge_search.study.options.usable_cpus`). Tests pass fake ones.
+            (:func:`machine_load`, :func:`~ilge_search.validation.usable_cpus`). Tests pass fake ones.
     """
 
     deadline: float
-    seeds: int
-    ensemble_size: int
-    leaderboard: bool = False
+    stages: Callable[[int, TrialCosts], list[StageCost]]
     workers: int = 1
     threads: int = 1
     clock: Callable[[], float] = field(default=time.time, compare=False)
@@ -198,28 +215,22 @@ class TimeBudget:
         others = max(0.0, self.load() - self.workers * self.threads)  # the load beside this run's own search
         return min(1.0, self.cores() / (others + 1.0))
 
-    def reserve(self, trials: Sequence[Any]) -> float:
-        """Seconds the stages after the search need, from the trials' measured training times (:func:`_costs`):
-        the final evaluation retrains the best trial and the start; the ensemble up to K - 1 other trials and
-        the probe; a leaderboard each method's best trial neither of them trained and its own probe -- each with
-        every final seed."""
+    def costs(self, trials: Sequence[Any]) -> list[StageCost]:
+        """What each stage that applies needs, from the trials' measured training times (:func:`_costs`);
+        nothing before a trial is measured."""
         complete = [t for t in trials if t.state.name == "COMPLETE" and _trial_seconds(t) is not None]
-        if not self.seeds or not complete:
-            return 0.0
+        if not complete:
+            return []
         cost = _costs(complete, self.workers, self.stage_share())
         ranked = sorted(complete, key=lambda t: -(t.value if t.value is not None else -math.inf))
-        start = min(complete, key=lambda t: t.number)
-        trained = {ranked[0].number, start.number}
-        members = [t.number for t in ranked[: self.ensemble_size] if t.number not in trained]
-        others = [cost[n] for n in members]
         probes = [cost[t.number] for t in complete if _is_probe(t)]
         probe = statistics.fmean(probes) if probes else statistics.median(cost.values())
-        final = self.seeds * sum(cost[n] for n in trained)
-        ensemble = self.seeds * (sum(others) + probe) if self.ensemble_size else 0.0
-        bests = [n for n in _method_bests(complete) if n not in trained and n not in members]
-        board = self.seeds * (sum(cost[n] for n in bests) + probe) if self.leaderboard else 0.0
-        overhead = STAGE_OVERHEAD_SECONDS * (2 if self.leaderboard else 1)
-        return (final + ensemble + board) * SAFETY + overhead
+        measured = TrialCosts(cost, [t.number for t in ranked], min(cost), probe, _method_bests(complete))
+        return self.stages(sum(t.state.name == "COMPLETE" for t in trials), measured)
+
+    def reserve(self, trials: Sequence[Any]) -> float:
+        """Seconds the stages after the search need (:meth:`costs`)."""
+        return sum(cost.seconds for cost in self.costs(trials))
 
     def next_trial(self, trials: Sequence[Any]) -> float:
         """Seconds a next trial is expected to take: the median wall time of the ended trials but the first (which

@@ -270,19 +270,22 @@ def check_ensemble_study(record: StudyRecord, size: int) -> None:
 
 
 def ensemble_size(study: optuna.Study, asked: int | None) -> tuple[int, str | None]:
-    """The ensemble size a run makes for ``study`` (``asked``: ``FinalOptions.ensemble``; ``None``: the default
-    where the study has two complete trials to choose from) and, where an asked size cannot be honoured as
-    asked, one sentence saying so (the run logs it as a warning)."""
+    """The ensemble size a run makes for ``study`` (:func:`sized_ensemble`)."""
+    return sized_ensemble(study_record(study), len(_complete_trials(study)), asked)
+
+
+def sized_ensemble(record: StudyRecord, complete: int, asked: int | None) -> tuple[int, str | None]:
+    """The ensemble size a run makes for a study of ``complete`` trials (``asked``: ``FinalOptions.ensemble``;
+    ``None``: the default, where it has two), and the warning where ``asked`` cannot be honoured as asked."""
     from .options import DEFAULT_ENSEMBLE
 
     if asked == 0:
         return 0, None
     size = DEFAULT_ENSEMBLE if asked is None else asked
     try:
-        check_ensemble_study(study_record(study), size)
+        check_ensemble_study(record, size)
     except ValueError as error:
         return 0, None if asked is None else f"no ensemble: {error}"
-    complete = len(_complete_trials(study))
     if asked is None and complete < 2:
         return 0, None
     if complete == 0:

@@ -5,9 +5,10 @@ do (:class:`RunPlan`) and estimates its wall time from a short calibration, crea
 the first trial's configuration trained :data:`CALIBRATION_EPOCHS` epochs on at most :data:`CALIBRATION_ROWS`
 rows of the cached features (random ones of the same shape on a cold cache), scaled to the split, every
 trial assumed to run all its epochs; :data:`EXTRACTION_SAMPLE` texts embedded for the splits not cached;
-``workers`` trials at a time; the final evaluation and the ensemble costed as that first configuration
-(upper bounds: a reused start and left-out slow members make them shorter). The estimate holds for the
-machine's load while it was measured (:attr:`RunPlan.cpu_per_second`). A run logs it when it is over
+``workers`` trials at a time; each registered stage after the search costed by its own
+:meth:`~ilge_search.study.stages.Stage.reserve_seconds` on the planned trials, each retraining as that first
+configuration (upper bounds: a reused start and left-out slow trials make them shorter). The estimate holds
+for the machine's load while it was measured (:attr:`RunPlan.cpu_per_second`). A run logs it when it is over
 :data:`LONG_RUN_SECONDS`, calibrating only when :func:`may_be_long` says it could be.
 """
 
@@ -20,13 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..record import StudyRecord, study_record
 from ..storage import Storage, finished_trial_count
 from ..validation import usable_cpus
 from .auto import auto_methods, is_auto
-from .budget import TimeSplit
+from .budget import StageCost, TimeSplit, TrialCosts
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
-from .final import final_is_current
-from .options import DEFAULT_ENSEMBLE, StudyOptions
+from .options import StudyOptions
+from .stages import StageCosting, StudyFacts
 from .tokens import CALIBRATION_SENTENCES, calibration_counts, head, random_word_data, rows_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,6 +57,7 @@ CALIBRATION_EPOCHS = 3  # epochs of the first trial's config timed per encoder (
 CALIBRATION_ROWS = 1024  # training rows the calibration trains on; the time per epoch is scaled to the split
 EXTRACTION_SAMPLE = 32  # texts embedded to measure the extraction rate of a cold cache
 WARM_UP_ROWS = 16  # rows of the untimed epoch that absorbs an encoder's one-time set-up before timing
+OPEN_ENDED_TRIALS = 100  # a search without a trial count is costed as leaving this many: more than stages retrain
 WORKER_START_SECONDS = 10.0  # a spawned worker imports torch and reads the cached arrays before its first trial
 # pessimistic costs for may_be_long: seconds per row x layer x dimension x epoch to train, and per text and model
 # parameter to extract, a few times what a small CPU took (docs/guide.md, `--dry-run`)
@@ -77,14 +80,9 @@ class StudyPlan:
         epochs: epochs every trial runs at most (the config's ``epochs``, capped by ``max_epochs``).
         trial_seconds: one training of the first config on the full splits (all its epochs); a
             cross-validated trial (``cv``) trains one per fold.
-        final_runs: trainings of the final evaluation: ``final_seeds`` for the selected trial (a
-            multi-objective study: for each of up to ``final_front`` trials of its front) and as many for
-            the start configuration, unless the final evaluation is current.
-        ensemble_runs: trainings of the ensemble stage: ``final_seeds`` for each of up to K - 1 members
-            beyond the one the final evaluation trained (0 where the study has no ensemble).
-        leaderboard_runs: an auto study's leaderboard: ``final_seeds`` for each method's best trial (at most:
-            those the final evaluation and the ensemble trained are reused) and the best-layer probe.
-        seconds: this study's estimated wall time (trials, worker start, final evaluation, ensemble).
+        stages: what each registered stage that applies keeps after the search (:class:`~.budget.StageCost`:
+            its retrainings, each seed one, at most those; seconds, each retraining as the first config).
+        seconds: this study's estimated wall time (trials, worker start, the stages).
     """
 
     encoder: str
@@ -93,12 +91,15 @@ class StudyPlan:
     finished: int
     trials: int | None
     epochs: int
-    final_runs: int
-    ensemble_runs: int = 0
-    leaderboard_runs: int = 0
+    stages: list[StageCost] = field(default_factory=list)
     trial_seconds: float = math.nan
     seconds: float = math.nan
-    time_split: TimeSplit | None = None  # --time-limit: this study's share, as search, final and ensemble
+    time_split: TimeSplit | None = None  # --time-limit: this study's share, as the search and each stage
+    facts: StudyFacts | None = field(default=None, repr=False, compare=False)
+
+    def runs(self, stage: str) -> int:
+        """The retrainings the stage named ``stage`` counts (0: it does not apply or retrains nothing)."""
+        return sum(cost.trainings for cost in self.stages if cost.name == stage)
 
 
 @dataclass
@@ -184,17 +185,13 @@ class RunPlan:
                 if s.trials is None
                 else f"+{s.trials} trials"
             )
-            final = f", final {s.final_runs} retrainings" if s.final_runs else ", final evaluation current"
-            if s.ensemble_runs:
-                final += f", ensemble up to {s.ensemble_runs} retrainings"
-            if s.leaderboard_runs:
-                final += f", leaderboard up to {s.leaderboard_runs} retrainings"
+            costs = "".join(_cost_text(cost) for cost in s.stages)
             time_text = (
                 ""
                 if math.isnan(s.seconds)
                 else (f"  ~{format_seconds(s.seconds)} ({format_seconds(s.trial_seconds)} per trial)")
             )
-            lines.append(f"  {s.study_name:<{width}}  {state}; {trials} x up to {s.epochs} epochs{final}{time_text}")
+            lines.append(f"  {s.study_name:<{width}}  {state}; {trials} x up to {s.epochs} epochs{costs}{time_text}")
             if s.time_split is not None:
                 lines.append(f"  {'':<{width}}  {s.time_split.line()}")
         lines.append(self.estimate_line() if not math.isnan(self.seconds) else "no time estimate (calibrate=False)")
@@ -205,6 +202,13 @@ class RunPlan:
             )
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _cost_text(cost: StageCost) -> str:
+    """A stage's part of a study's dry-run line: its retrainings, or else its own seconds (none: nothing)."""
+    if cost.trainings:
+        return f", {cost.name} {'up to ' if cost.reuses else ''}{cost.trainings} retrainings"
+    return f", {cost.name} ~{format_seconds(cost.seconds)}" if cost.seconds > 0 else ""
 
 
 def format_seconds(seconds: float) -> str:
@@ -268,23 +272,7 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
         if total is not None:
             room = max(0, total - finished)
             count = room if count is None else min(count, room)
-        epochs = _first_config(enc, check, _dims(check)[1]).epochs
-        # the final evaluation retrains the selected trial (a multi-objective study: up to final_front trials
-        # of its front) and, unless it is the start (trial 0), the start too
-        trials_after = finished + (count or 0)
-        if count is None and options.search.time_limit is not None:  # a time limit: enough trials for an ensemble
-            trials_after = max(trials_after, finished + (options.final.ensemble or DEFAULT_ENSEMBLE))
-        retrained = min(options.final.front, trials_after) if options.search.multi_objective else 1
-        final_runs = options.final.seeds * (retrained + (1 if trials_after > 1 else 0))
-        if (
-            final_runs
-            and study is not None
-            and count == 0
-            and final_is_current(
-                study, options.final_seed_list(), options.search.max_epochs, options.final.select, options.final.front
-            )
-        ):
-            final_runs = 0
+        facts = _facts(check, planned, study, finished, count)
         plans.append(
             StudyPlan(
                 encoder=enc,
@@ -292,45 +280,34 @@ def _study_plans(check: RunCheck) -> list[StudyPlan]:
                 exists=study is not None,
                 finished=finished,
                 trials=count,
-                epochs=epochs,
-                final_runs=final_runs,
-                ensemble_runs=_ensemble_runs(check, trials_after) if final_runs else 0,
-                leaderboard_runs=_leaderboard_runs(check, enc),
+                epochs=_first_config(enc, check, _dims(check)[1]).epochs,
+                stages=_stage_costs(facts, 1.0),
+                facts=facts,
             )
         )
     return plans
 
 
-def _leaderboard_runs(check: RunCheck, encoder: str) -> int:
-    """An auto study's leaderboard trainings, at most: each method's best trial and the best-layer probe, each
-    with every final seed (single-objective studies under the matched protocol)."""
-    options = check.options
-    if not is_auto(encoder) or not options.final.seeds or options.search.multi_objective:
-        return 0
-    if options.final.protocol != "matched":
-        return 0
-    methods = auto_methods(options.search.methods, tagging=check.task_data.kind == "tagging")
-    return options.final.seeds * (len(methods) + 1)
+def _facts(check: RunCheck, planned: PlannedStudy, study: Any, finished: int, count: int | None) -> StudyFacts:
+    """The study as its stages are costed: its record (a new study's as it would be created) and the complete
+    trials the search is planned to leave it."""
+    kind = check.task_data.kind
+    created = {**planned.attrs, "task_kind": kind}  # a new study's record as it would be created
+    record = StudyRecord.from_attrs(planned.name, created) if study is None else study_record(study)
+    complete = finished + (OPEN_ENDED_TRIALS if count is None else count)
+    return StudyFacts(planned.name, record, check.options, kind, complete, study if count == 0 else None)
 
 
-def _ensemble_runs(check: RunCheck, trials_after: int) -> int:
-    """The ensemble stage's trainings: ``final_seeds`` for each of up to K - 1 distinct members (the first pick
-    reuses the final evaluation's models), where the study gets an ensemble (see ``ensemble_size``)."""
-    from .ensemble import MIX_RULE
-    from .options import DEFAULT_ENSEMBLE
-
-    options = check.options
-    asked = options.final.ensemble
-    eligible = (
-        not options.search.multi_objective
-        and options.final.protocol == "matched"
-        and check.task_data.kind in MIX_RULE
-        and trials_after >= (1 if asked else 2)
-    )
-    size = DEFAULT_ENSEMBLE if asked is None else asked
-    if not eligible or not size:
-        return 0
-    return options.final.seeds * max(0, min(size, trials_after) - 1)
+def _stage_costs(facts: StudyFacts, seconds: float) -> list[StageCost]:
+    """What each registered stage that applies keeps after the search, its planned trials costing ``seconds``
+    each: trial 1 the best and the start (trial 0) the second, so that no count comes out below what a stage
+    may retrain, and each of an auto study's methods' best one more trial beyond them."""
+    count = facts.complete
+    methods = len((facts.record.identity and facts.record.identity.methods) or ())
+    ranked = [1, 0, *range(2, count)] if count > 1 else list(range(count))
+    bests = list(range(count, count + methods))
+    trials = TrialCosts(dict.fromkeys(range(count + methods), seconds), ranked, 0, seconds, bests)
+    return StageCosting(facts)(count, trials)
 
 
 def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> EncoderConfig:
@@ -378,10 +355,8 @@ def may_be_long(check: RunCheck) -> bool:
     work = 0.0
     for planned in check.studies:
         enc, count = planned.encoder, planned.count
-        retrained = options.final.front if options.search.multi_objective else 1
-        runs = (count if count is not None else options.search.total_for(enc) or 0) + (
-            retrained + 1
-        ) * options.final.seeds
+        trials = count if count is not None else options.search.total_for(enc) or 0
+        runs = trials + sum(cost.trainings for cost in _stage_costs(_facts(check, planned, None, 0, trials), 1.0))
         epochs = _first_config(enc, check, width).epochs
         work += (
             runs * epochs * rows * layers * width * (layers if enc == "best-layer" else 1) * (options.search.cv or 1)
@@ -460,7 +435,7 @@ def _estimate_study(
     study: StudyPlan, options: StudyOptions, parallel: int, setup: float, per_epoch: float, share: float | None
 ) -> None:
     """A study's trial and total seconds from its first config's setup and per-epoch times; under a time limit
-    (its ``share`` of it) how that share splits into search, final evaluation and ensemble."""
+    (its ``share`` of it) how that share splits into the search and each stage."""
     study.trial_seconds = setup + study.epochs * per_epoch
     search_trial = study.trial_seconds
     if options.search.cv:  # each trial trains one model per fold, on (cv - 1) / cv of the training rows
@@ -471,10 +446,13 @@ def _estimate_study(
     else:
         waves = math.ceil(study.trials / parallel)
         trial_time = waves * search_trial + (WORKER_START_SECONDS if options.runtime.workers > 1 else 0)
-    runs = (study.final_runs, study.ensemble_runs, study.leaderboard_runs)
-    study.seconds = trial_time + sum(runs) * study.trial_seconds
+    if study.facts is not None:
+        study.stages = _stage_costs(study.facts, study.trial_seconds)
+    # a stage that retrains nothing counts its own seconds
+    stages = sum(cost.trainings * study.trial_seconds if cost.trainings else cost.seconds for cost in study.stages)
+    study.seconds = trial_time + stages
     if share is not None:
-        study.time_split = TimeSplit.planned(share, study.trial_seconds, runs)
+        study.time_split = TimeSplit.of(share, study.stages)
         study.seconds = min(study.seconds, share)
 
 

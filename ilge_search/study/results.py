@@ -11,8 +11,10 @@ from ..record import (
     DEFAULT_PROTOCOL,
     EnsembleSize,
     FrontMember,
+    LeaderboardRecord,
     StudyRecord,
     ensemble_record,
+    leaderboard_record,
     study_record,
     trial_record,
 )
@@ -83,6 +85,7 @@ class StudyResult:
     export_test: float | None = None  # that seed's test score (None under the paper protocol)
     gain_scores: list[float] = field(default_factory=list)  # per seed: selected minus start, improvement positive
     gain_interval: Interval | None = None  # the search gain's 95% interval (its method says which)
+    leaderboard: LeaderboardRecord | None = field(default=None, repr=False)  # an auto study's stored leaderboard
 
     @property
     def n_finished(self) -> int:
@@ -180,6 +183,7 @@ def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResul
         protocol=identity.protocol if identity else DEFAULT_PROTOCOL,
         samples_per_label=identity.samples_per_label if identity else None,
         ensemble=_ensemble_of(study),
+        leaderboard=leaderboard_record(study),
         gain_interval=gain_interval(record, _artifacts_of(storage)),
         **_final_fields(record),
         **_export_columns(record),

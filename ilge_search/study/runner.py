@@ -32,7 +32,7 @@ from ..storage import (
     storage_fault,
 )
 from .auto import is_auto
-from .budget import TimeBudget, study_deadline
+from .budget import TimeBudget, TimeSplit, study_deadline
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
 from .identity import (
     StudySetup,
@@ -45,9 +45,9 @@ from .options import StudyOptions
 from .plan import RunCheck, check_run, estimate_run, may_be_long
 from .planned import PlannedStudy
 from .results import StudyResult, study_result, summary_line
-from .stages import StageContext, StageTimes, run_stages
+from .stages import StageContext, StageCosting, StageTimes, StudyFacts, run_stages
 from .trial import warm_start_params
-from .workers import TrialCallback, optimize, search_threads, total_reached
+from .workers import SearchLimit, TrialCallback, optimize, search_threads, total_reached
 
 if TYPE_CHECKING:
     import optuna
@@ -205,54 +205,31 @@ def _deadline(run_deadline: float | None, studies_left: int) -> float | None:
     return None if run_deadline is None else study_deadline(run_deadline, time.time(), studies_left)
 
 
-def _study_budget(study: optuna.Study, planned: PlannedStudy, deadline: float, options: StudyOptions) -> TimeBudget:
-    """The :class:`~.budget.TimeBudget` of ``study``: its final seeds, its ensemble's size where it can have one
-    (``--ensemble``, else the default) and, for an auto study that can have one, its leaderboard (a tagging
-    study's too: it has no ensemble but a leaderboard)."""
-    from ..record import study_record
-    from .ensemble import check_ensemble_study
-    from .options import DEFAULT_ENSEMBLE
-
-    record = study_record(study)
-    size = DEFAULT_ENSEMBLE if options.final.ensemble is None else options.final.ensemble
-    try:
-        check_ensemble_study(record, 1)  # what the leaderboard needs too, but for a tagging study
-    except ValueError:
-        single = record.identity is not None and not record.identity.multi_objective
-        tagging = single and record.data is not None and record.data.task_kind == "tagging"
-        size, board = 0, tagging and is_auto(planned.encoder)
-    else:
-        board = is_auto(planned.encoder)
-    return TimeBudget(
-        deadline=deadline,
-        seeds=options.final.seeds,
-        ensemble_size=size,
-        leaderboard=board,
-        workers=options.runtime.workers,
-        threads=search_threads(options),
-    )
+def _time_budget(context: StageContext, deadline: float) -> TimeBudget:
+    """The :class:`~.budget.TimeBudget` of the context's study: what the registered stages will need after its
+    search, costed on the study as it is when the search starts."""
+    costing = StageCosting(StudyFacts(context.name, context.record, context.options, context.task_kind))
+    return TimeBudget(deadline, costing, context.options.runtime.workers, search_threads(context.options))
 
 
 def _run_one(run: _RunData, planned: PlannedStudy, deadline: float | None = None) -> StudyResult:
     """Steps 3-5 of :func:`run_study` for one planned study (its search stopped in time for ``deadline``); where
     the time went is stored on the study (:class:`~ilge_search.record.RunTimes`)."""
     study, created = _create_or_load(run, planned)
+    context = StageContext(
+        study=study,
+        storage=run.storage,
+        planned=planned,
+        data=run.data,
+        spec=run.spec,
+        options=run.options,
+        zero_shot=run.zero_shot,
+    )
     try:
         search = _SearchTimes.start(study)
-        _optimize(run, planned, study, created, deadline)
+        _optimize(run, context, created, deadline)
         search = search.end(study)
-        # ---- 5. the study stages, in order (final evaluation, ensemble, ...)
-        stages = run_stages(
-            StageContext(
-                study=study,
-                storage=run.storage,
-                planned=planned,
-                data=run.data,
-                spec=run.spec,
-                options=run.options,
-                zero_shot=run.zero_shot,
-            )
-        )
+        stages = run_stages(context)  # ---- 5. the study stages, in order
     except Exception as exc:
         if storage_fault(exc) is not None:  # fail this process's half-done trial, if the storage still lets us
             fail_own_running_trials(study, run.storage)
@@ -347,9 +324,11 @@ def _warm_start_within_budget(warm: WarmStartRecord, name: str, budget: int | No
     return warm.with_members(warm.members[:room])
 
 
-def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created: bool, deadline: float | None) -> None:
+def _optimize(run: _RunData, context: StageContext, created: bool, deadline: float | None) -> None:
     """Step 4 of :func:`run_study` on a created or loaded study: its dead trials failed, a failed start
-    queued again, then the planned trials added (until ``deadline`` leaves just the stages' time)."""
+    queued again, then the planned trials added (until ``deadline`` leaves just the stages' time, which is
+    logged as the search ends)."""
+    study, planned = context.study, context.planned
     fail_stale_trials(study, run.storage)
     requeue_failed_recommended(study, run.storage)
     name, count = planned.name, planned.count
@@ -368,6 +347,9 @@ def _optimize(run: _RunData, planned: PlannedStudy, study: optuna.Study, created
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:
-        budget = None if deadline is None else _study_budget(study, planned, deadline, run.options)
-        callbacks: list[TrialCallback] = [*run.callbacks, *([] if budget is None else [budget])]
-        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, count, callbacks)
+        budget = None if deadline is None else _time_budget(context, deadline)
+        limit = SearchLimit(count, budget)
+        optimize(study, run.storage, planned.encoder, run.data, run.spec, run.options, limit, run.callbacks)
+        if budget is not None and deadline is not None:  # the limit as the study's RunTimes records it
+            split = TimeSplit.of(deadline - run.started, budget.costs(study.get_trials(deepcopy=False)))
+            logger.info("%s: %s", name, split.line())

@@ -125,8 +125,13 @@ def _timeout(options: StudyOptions, budget: TimeBudget | None) -> float | None:
     return min(limits) if limits else None
 
 
-def _budget_callbacks(budget: TimeBudget | None) -> list[Callable[[Any, Any], None]]:
-    return [] if budget is None else [budget]
+@dataclass(frozen=True)
+class SearchLimit:
+    """When a search stops adding trials: after ``count`` (``None``: at ``timeout``, ``total_trials`` or the
+    time limit), and once the time ``budget`` (``--time-limit``) would leave less than the stages need."""
+
+    count: int | None
+    budget: TimeBudget | None = None
 
 
 def _optimize_here(
@@ -135,21 +140,20 @@ def _optimize_here(
     data: StudyData,
     device: str,
     options: StudyOptions,
-    n_trials: int | None,
+    limit: SearchLimit,
     callbacks: Sequence[TrialCallback] = (),
 ) -> None:
-    """Run ``n_trials`` trials in this process, each followed by ``callbacks`` and the ``total_trials`` cap; a
-    :class:`~.budget.TimeBudget` among the callbacks also bounds Optuna's ``timeout``."""
-    search = options.search
+    """Run trials in this process until ``limit``, each followed by ``callbacks``, the ``total_trials`` cap and
+    the time budget (which also bounds Optuna's ``timeout``)."""
+    search, budget = options.search, limit.budget
     objective = TrialObjective(encoder, data, seed=search.seed, device=device, max_epochs=search.max_epochs)
     cap = _total_trials_callbacks(search.total_for(encoder))
-    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
     study.optimize(
         objective,
-        n_trials=n_trials,
+        n_trials=limit.count,
         timeout=_timeout(options, budget),
         catch=catchable_errors(),
-        callbacks=[*callbacks, *cap],
+        callbacks=[*callbacks, *cap, *([] if budget is None else [budget])],
     )
 
 
@@ -204,7 +208,7 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
         if total_reached(study, options.search.total_for(job.encoder)):
             return  # other processes already filled the study: no need to load the embeddings
         data = load_study_data(job.data, with_test=False, progress=False)
-        _optimize_here(study, job.encoder, data, job.data.device, options, job.n_trials, _budget_callbacks(job.budget))
+        _optimize_here(study, job.encoder, data, job.data.device, options, SearchLimit(job.n_trials, job.budget))
     except KeyboardInterrupt:
         if study is not None:
             fail_own_running_trials(study, job.storage, "interrupted")
@@ -291,26 +295,24 @@ def optimize(
     data: StudyData,
     spec: DataSpec,
     options: StudyOptions,
-    count: int | None,
+    limit: SearchLimit,
     callbacks: Sequence[TrialCallback] = (),
 ) -> None:
-    """Add ``count`` trials (``None``: until ``timeout``, ``total_trials`` or a time budget) to ``study``.
+    """Add trials to ``study`` until ``limit``.
 
     With ``options.runtime.workers == 1`` the trials run here on ``data`` (and
-    ``callbacks`` run after each); otherwise ``count`` is split exactly across
-    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). A
-    :class:`~.budget.TimeBudget` among the callbacks goes to every process: each stops starting trials when
-    the time left is what the stages after the search need.
+    ``callbacks`` run after each); otherwise the count is split exactly across
+    that many spawned processes (worker ``i`` seeds its sampler with ``seed + i``). The time budget goes to
+    every process: each stops starting trials when the time left is what the stages after the search need.
     """
-    budget = next((c for c in callbacks if isinstance(c, TimeBudget)), None)
+    count, budget = limit.count, limit.budget
     quiet_interrupt_tracebacks()
     if options.runtime.workers == 1:
         from ..progress import BarSpec, new_bar
 
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
-            _optimize_here(
-                study, encoder, data, spec.device, options, count, [_ProgressCallback(bar, data.metric), *callbacks]
-            )
+            progress: list[TrialCallback] = [_ProgressCallback(bar, data.metric), *callbacks]
+            _optimize_here(study, encoder, data, spec.device, options, limit, progress)
         return
     per_worker = search_threads(options)
     jobs = [

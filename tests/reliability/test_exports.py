@@ -265,9 +265,9 @@ def test_the_dry_run_counts_the_ensembles_retrainings(tmp_path, synthetic):
         )
 
     (default,) = plan().studies
-    assert default.ensemble_runs == 3 * (5 - 1)  # the default ensemble of 5: its first pick reuses the final's
+    assert default.runs("ensemble") == 3 * (5 - 1)  # the default ensemble of 5: its first pick reuses the final's
     assert "ensemble up to 12 retrainings" in plan().describe()
-    assert plan(ensemble=0).studies[0].ensemble_runs == 0
-    assert plan(ensemble=3).studies[0].ensemble_runs == 3 * 2
-    assert plan(protocol="paper").studies[0].ensemble_runs == 0  # paper-protocol studies have no ensemble
+    assert plan(ensemble=0).studies[0].runs("ensemble") == 0
+    assert plan(ensemble=3).studies[0].runs("ensemble") == 3 * 2
+    assert plan(protocol="paper").studies[0].runs("ensemble") == 0  # paper-protocol studies have no ensemble
     assert not (tmp_path / "studies.db").exists()

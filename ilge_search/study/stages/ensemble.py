@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 
 from ...record import ensemble_record
-from ..ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, ensemble_size
+from ..budget import SAFETY, TrialCosts
+from ..ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, sized_ensemble
 from ..notes import ensemble_note_lines
-from .base import Stage, StageContext, StoredStudy
-from .final import has_final_scores_to_make
+from .base import Stage, StageContext, StoredStudy, StudyFacts, StudyView
+from .final import has_final_scores_to_make, is_unchanged_and_current
 
 __all__ = ["EnsembleStage"]
 
@@ -33,23 +34,39 @@ def ensemble_run(context: StageContext, size: int) -> EnsembleRun:
     )
 
 
+def ensemble_size(context: StudyView) -> tuple[int, str | None]:
+    """The ensemble size this run makes for the study, with the note the run logs (:func:`sized_ensemble`)."""
+    return sized_ensemble(context.record, context.complete, context.options.final.ensemble)
+
+
 class EnsembleStage(Stage):
     """The ensemble evaluation, after the final one."""
 
     name = "ensemble"
 
-    def applies(self, context: StageContext) -> bool:
-        if not has_final_scores_to_make(context):
-            return False
-        size, note = ensemble_size(context.study, context.options.final.ensemble)
+    def applies(self, context: StudyView) -> bool:
+        return has_final_scores_to_make(context) and bool(ensemble_size(context)[0])
+
+    def skipped(self, context: StageContext) -> None:
+        note = ensemble_size(context)[1] if has_final_scores_to_make(context) else None
         if note:
             logger.warning("%s: %s", context.name, note)
-        return bool(size)
+
+    def reserve_seconds(self, context: StudyFacts, trials: TrialCosts) -> float:
+        """Up to K members (those the final evaluation trained reused) and the best-layer probe, each with
+        every final seed."""
+        if is_unchanged_and_current(context):
+            return 0.0
+        members = trials.ranked[: ensemble_size(context)[0]]
+        return trials.retrain(members, context.options.final.seeds, probe=True) * SAFETY
 
     def _size(self, context: StageContext) -> int:
-        return ensemble_size(context.study, context.options.final.ensemble)[0]
+        return ensemble_size(context)[0]
 
     def is_current(self, context: StageContext) -> bool:
+        note = ensemble_size(context)[1]
+        if note:  # logged here, once a run, as the stage runs or is found current
+            logger.warning("%s: %s", context.name, note)
         return ensemble_is_current(context.study, ensemble_run(context, self._size(context)))
 
     def current_note(self, context: StageContext) -> str:

@@ -6,19 +6,29 @@ from __future__ import annotations
 import logging
 
 from ...record import study_record
-from ...storage import count_trials
+from ..budget import SAFETY, STAGE_OVERHEAD_SECONDS, TrialCosts
 from ..final import FinalSettings, final_evaluation, final_is_current
-from .base import Stage, StageContext
+from .base import Stage, StageContext, StudyFacts, StudyView
 
-__all__ = ["FinalStage", "has_final_scores_to_make"]
+__all__ = ["FinalStage", "has_final_scores_to_make", "is_unchanged_and_current"]
 
 logger = logging.getLogger(__name__)
 
 
-def has_final_scores_to_make(context: StageContext) -> bool:
+def has_final_scores_to_make(context: StudyView) -> bool:
     """Whether the run asks for final seeds and the study has a complete trial to retrain: every stage that
     builds on the final evaluation needs both."""
-    return context.options.final.seeds > 0 and bool(count_trials(context.study, ("COMPLETE",)))
+    return context.options.final.seeds > 0 and context.complete > 0
+
+
+def is_unchanged_and_current(context: StudyFacts) -> bool:
+    """Whether the dry run adds no trial to a study whose final evaluation is current (the stages built on it
+    are then taken as current too)."""
+    options = context.options
+    study = context.unchanged
+    return study is not None and final_is_current(
+        study, options.final_seed_list(), options.search.max_epochs, options.final.select, options.final.front
+    )
 
 
 class FinalStage(Stage):
@@ -26,8 +36,20 @@ class FinalStage(Stage):
 
     name = "final"
 
-    def applies(self, context: StageContext) -> bool:
+    def applies(self, context: StudyView) -> bool:
         return has_final_scores_to_make(context)
+
+    def reserve_seconds(self, context: StudyFacts, trials: TrialCosts) -> float:
+        """The selected trial (a multi-objective study: up to ``--final-front`` trials besides the start) and
+        the start, each with every final seed."""
+        if is_unchanged_and_current(context):
+            return 0.0
+        options = context.options
+        selected = trials.ranked[:1]
+        if options.search.multi_objective:
+            selected = [number for number in trials.ranked if number != trials.start][: options.final.front]
+        seconds = trials.retrain([*selected, trials.start], options.final.seeds)
+        return seconds * SAFETY + STAGE_OVERHEAD_SECONDS
 
     def skipped(self, context: StageContext) -> None:
         if context.options.final.seeds > 0:

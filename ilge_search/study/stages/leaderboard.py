@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from ...record import leaderboard_record, save_leaderboard, study_record
 from ..auto import is_auto
+from ..budget import SAFETY, STAGE_OVERHEAD_SECONDS, TrialCosts
 from ..leaderboard import (
     LeaderboardRun,
     format_rows,
@@ -15,7 +16,7 @@ from ..leaderboard import (
     leaderboard_is_current,
     row_cells,
 )
-from .base import Stage, StageContext, StagePart, StoredStudy
+from .base import Stage, StageContext, StagePart, StoredStudy, StudyFacts, StudyView
 from .final import has_final_scores_to_make
 
 __all__ = ["LeaderboardStage", "REPORT_TITLE", "leaderboard_run"]
@@ -49,17 +50,22 @@ class LeaderboardStage(Stage):
 
     name = "leaderboard"
 
-    def applies(self, context: StageContext) -> bool:
-        record = study_record(context.study)
-        identity = record.identity
+    def applies(self, context: StudyView) -> bool:
+        identity = context.record.identity
         return (
-            _is_auto_study(context.study)
+            identity is not None
+            and is_auto(identity.encoder)
             and has_final_scores_to_make(context)
-            and identity is not None
             and not identity.multi_objective
             and identity.protocol == "matched"
-            and context.data.task_kind in _KINDS
+            and context.task_kind in _KINDS
         )
+
+    def reserve_seconds(self, context: StudyFacts, trials: TrialCosts) -> float:
+        """Each method's best trial (those earlier stages trained reused) and its own best-layer probe, each
+        with every final seed."""
+        seconds = trials.retrain(trials.method_bests, context.options.final.seeds, probe=True)
+        return seconds * SAFETY + STAGE_OVERHEAD_SECONDS
 
     def is_current(self, context: StageContext) -> bool:
         return leaderboard_is_current(context.study, leaderboard_run(context))

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
 
-from .base import Stage, StageContext
+from ..budget import StageCost, TrialCosts
+from .base import Stage, StageContext, StudyFacts
 
-__all__ = ["StageTimes", "register_stage", "registered_stages", "run_stages", "unregister_stage"]
+__all__ = ["StageCosting", "StageTimes", "register_stage", "registered_stages", "run_stages", "unregister_stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,3 +74,24 @@ def run_stages(context: StageContext) -> StageTimes:
             stage.run(context)
             times.ran[stage.name] = time.perf_counter() - started
     return times
+
+
+@dataclass(frozen=True)
+class StageCosting:
+    """The stages after the search (by default the registered ones) costed on one study, as the time budget
+    and the dry run ask (picklable: the budget goes to every worker process)."""
+
+    facts: StudyFacts
+    stages: tuple[Stage, ...] = field(default_factory=lambda: tuple(_STAGES))
+
+    def __call__(self, complete: int, trials: TrialCosts) -> list[StageCost]:
+        """Each stage that applies to the study with ``complete`` trials: its :meth:`Stage.reserve_seconds`, in
+        order, with the retrainings it counted."""
+        facts = dataclasses.replace(self.facts, complete=complete)
+        costs = []
+        for stage in self.stages:
+            if stage.applies(facts):
+                before, reuses = trials.trainings, bool(trials.retrained)
+                seconds = stage.reserve_seconds(facts, trials)
+                costs.append(StageCost(stage.name, seconds, trials.trainings - before, reuses))
+        return costs
