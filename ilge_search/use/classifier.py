@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 
-from ..embeddings.extraction import POOLINGS
+from ..embeddings.extraction import POOLINGS, ExtractionSettings
 from ..encoders.configs import EncoderConfig
 from ..record.fields import Attrs
 from ..study.export import StudyExport, load_study_ensemble
@@ -237,14 +237,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             if self.base_model is None:
                 raise ValueError("base_model is None; pass a model name or folder, or use the *_embeddings methods")
             cache = self._embedding_cache()
+            settings = ExtractionSettings(self.token_pooling, self.max_length, self.batch_size, self.device)
             features = cache.get_or_extract_texts(
-                self.base_model,
-                missing,
-                pooling=self.token_pooling,
-                max_length=self.max_length,
-                batch_size=self.batch_size,
-                device=self.device,
-                progress=bool(self.progress),
+                self.base_model, missing, settings=settings, progress=bool(self.progress)
             )
             for text, row in zip(missing, features, strict=True):
                 memo[text] = row
