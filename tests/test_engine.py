@@ -327,6 +327,12 @@ def test_bad_options(data, kwargs, message):
         train_encoder(SMALL_CAYLEY, train, val, **kwargs)
 
 
+def test_an_unknown_training_option_is_refused_not_ignored(data):
+    train, val = data
+    with pytest.raises(TypeError, match=r"train_encoder\(\) got unexpected keyword arguments: sed"):
+        train_encoder(SMALL_CAYLEY, train, val, sed=3)
+
+
 def test_similarity_needs_pairs(data):
     train, val = data
     with pytest.raises(ValueError, match=r"\(N, 2, L, D\)"):
