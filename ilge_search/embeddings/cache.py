@@ -220,14 +220,9 @@ class EmbeddingCache(EntryStore):
         """One loaded model per source and settings, reused by every entry extracted through this cache."""
         slot = (source.identity, settings.pooling, settings.max_length, settings.batch_size, settings.device)
         if slot not in self._embedders:
-            self._embedders[slot] = LayerEmbedder(
-                source,
-                pooling=settings.pooling,
-                max_length=settings.max_length,
-                batch_size=settings.batch_size,
-                device=settings.device,
-                cache_dir=self.cache_dir,
-            )
+            s = settings
+            embedder = LayerEmbedder(source, s.pooling, s.max_length, s.batch_size, s.device, cache_dir=self.cache_dir)
+            self._embedders[slot] = embedder
         return self._embedders[slot]
 
     def _extract_texts(

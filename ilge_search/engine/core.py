@@ -438,13 +438,9 @@ def _labels_and_run(
     if unknown:
         raise TypeError(f"{caller}() got unexpected keyword arguments: {', '.join(unknown)}")
     task_kind = options.get("task_kind", "classification")
-    run = RunSettings(
-        seed=options.get("seed", 0),
-        device=options.get("device", "cpu"),
-        recipe=options.get("recipe", DEFAULT_RECIPE).resolved(task_kind),
-        epoch_callback=epoch_callback,
-        progress=options.get("progress", False),
-    )
+    seed, device, progress = options.get("seed", 0), options.get("device", "cpu"), options.get("progress", False)
+    recipe = options.get("recipe", DEFAULT_RECIPE).resolved(task_kind)
+    run = RunSettings(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress)
     return task_kind, options.get("num_classes"), options.get("score_range"), run
 
 

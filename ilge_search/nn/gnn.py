@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar, cast
 
 import torch
@@ -352,15 +352,7 @@ class GNNEncoder(LayerEncoder):
         self.graph_kind = graph.kind
         self.out_dim = stack.hidden_dim
         self.register_buffer("edge_index", graph.edge_index.clone(), persistent=False)
-        self.gnn = GNNStack(
-            hidden_in,
-            stack.hidden_dim,
-            stack.conv_type,
-            stack.gnn_layers,
-            stack.gin_mlp_layers,
-            stack.gat_heads,
-            stack.dropout,
-        )
+        self.gnn = GNNStack(hidden_in, **asdict(stack))  # the settings are GNNStack's own argument names
         self._graph_cache = GraphCache()
         self.reset_parameters()
 
