@@ -335,9 +335,8 @@ class LayerEmbedder:
 
 @dataclass(frozen=True)
 class ExtractionSettings:
-    """How texts become layer embeddings. ``pooling``, ``max_length`` and ``storage_dtype`` are part of a cache
-    entry's key; ``batch_size`` and ``device`` only say how it is extracted (embeddings made without the cache
-    are float32, whatever ``storage_dtype``)."""
+    """How texts become layer embeddings. ``pooling``, ``max_length`` and ``storage_dtype`` (the cache's; uncached
+    embeddings are float32) are part of a cache entry's key; ``batch_size`` and ``device`` say how it is extracted."""
 
     pooling: str = "mean"
     max_length: int = 512
@@ -346,7 +345,6 @@ class ExtractionSettings:
     storage_dtype: str = "float16"
 
     def check(self) -> None:
-        """Each setting refused before any task, model or cache work."""
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
         if self.storage_dtype not in STORAGE_DTYPES:

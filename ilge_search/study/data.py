@@ -54,12 +54,11 @@ class DataSpec:
     columns: tuple[tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
 
     def column_options(self) -> dict[str, Any]:
-        """The column options of a custom task file, by name."""
+        """The column options of a custom task file, by name (as its record keeps them)."""
         return dict(self.columns)
 
     def task_columns(self) -> TaskColumns:
-        """The column options of a custom task file, as :func:`~ilge_search.tasks.core.load_task` takes them."""
-        return TaskColumns(**self.column_options())
+        return TaskColumns(**self.column_options())  # as load_task takes them
 
     @classmethod
     def from_options(cls, model: str, task: str, options: StudyOptions, source: ModelSource | None = None) -> DataSpec:

@@ -258,11 +258,9 @@ def load_task(
             such file (it becomes ``train``; validation is carved from it).
         data_dir: local data in the shared layout; default ``$ILGE_SEARCH_DATA``; without one,
             registered tasks are downloaded with Hugging Face ``datasets``.
-        columns: which columns hold what (:class:`~ilge_search.tasks.columns.TaskColumns`): ``text_col``,
-            ``label_col`` for classification (overriding the registered ones); ``text_cols``, ``score_col``, two text
-            columns and a score column for sentence-pair tasks; ``tokens_col``, ``tags_col``, a tagging task's
-            columns, one list of words and one list of tags per row (default ``tokens``/``tags``; a custom file with
-            both columns is a tagging task).
+        columns: a :class:`~ilge_search.tasks.columns.TaskColumns`: ``text_col``, ``label_col`` (overriding the
+            registered ones); ``text_cols``, ``score_col`` for sentence pairs; ``tokens_col``, ``tags_col``, one list
+            of words and one of tags per row (default ``tokens``/``tags``; a file with both is a tagging task).
         val_fraction, seed: where there is no validation split, a stratified, seeded
             ``val_fraction`` of train becomes one (whole sentences for tagging).
 
