@@ -15,6 +15,8 @@ import time
 
 import pandas as pd
 
+from ilge_search.embeddings.cache import ExtractionSettings
+
 FAMILIES = ("cayley", "fc", "deepset", "last-layer", "best-layer", "mean-layers", "scalar-mix", "mlp-last")
 # (train examples per class, validation examples, test examples)
 SUBSETS = {"banking77": (20, 770, 770), "emotion": (100, 600, 1000)}
@@ -38,8 +40,8 @@ def run(args: argparse.Namespace) -> pd.DataFrame:
             args.model,
             task,
             cache_dir=args.cache_dir,
-            max_length=args.max_length,
             splits=["train", "validation", "test"],
+            settings=ExtractionSettings(max_length=args.max_length),
         )
         train, val, test = (emb.splits[s] for s in ("train", "validation", "test"))
         print(

@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ilge_search.embeddings.cache import ExtractionSettings
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -105,7 +107,9 @@ def _child(n: int, model: str, batch_size: int, data_dir: str, cache_dir: str, r
         with tempfile.TemporaryDirectory(dir=cache_dir) as fresh:
             cache = EmbeddingCache(fresh)
             cache._embedders[(embedder.source.identity, "mean", 512, batch_size, "auto")] = embedder
-            entry = cache.get_or_extract(embedder.source, task, "bench", batch_size=batch_size, progress=False)
+            entry = cache.get_or_extract(
+                embedder.source, task, "bench", progress=False, settings=ExtractionSettings(batch_size=batch_size)
+            )
             assert not entry.hit
             return entry.features
 

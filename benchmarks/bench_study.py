@@ -25,6 +25,7 @@ from pathlib import Path
 
 import optuna
 
+from ilge_search.embeddings.cache import ExtractionSettings
 from ilge_search.study import StudyOptions
 
 
@@ -95,7 +96,11 @@ def naive_replay(args, study: optuna.Study, cache_dir: Path) -> float:
     started = time.perf_counter()
     for trial in study.trials:
         features = extract_layer_embeddings(
-            args.model, list(train.texts) + list(val.texts), device=args.device, cache_dir=cache_dir, progress=False
+            args.model,
+            list(train.texts) + list(val.texts),
+            cache_dir=cache_dir,
+            progress=False,
+            settings=ExtractionSettings(device=args.device),
         )
         n = len(train.texts)
         train_encoder(

@@ -27,6 +27,8 @@ import time
 import torch
 from torch import nn
 
+from ilge_search.embeddings.cache import ExtractionSettings
+
 
 def textbook_data_list(features: torch.Tensor, labels: torch.Tensor, edge_index: torch.Tensor, num_nodes: int):
     from torch_geometric.data import Data
@@ -88,7 +90,13 @@ def main() -> None:
     from ilge_search.tasks.core import load_task, subsample
 
     task = subsample(load_task("banking77", data_dir=args.data_dir), n=args.train_size, seed=0, splits=["train"])
-    emb = load_task_embeddings(args.model, task, cache_dir=args.cache_dir, splits=["train"], max_length=args.max_length)
+    emb = load_task_embeddings(
+        args.model,
+        task,
+        cache_dir=args.cache_dir,
+        splits=["train"],
+        settings=ExtractionSettings(max_length=args.max_length),
+    )
     features, labels = emb.splits["train"].features, emb.splits["train"].labels
     n_val = len(labels) // 10
     train, val = (features[n_val:], labels[n_val:]), (features[:n_val], labels[:n_val])

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from ilge_search.embeddings.cache import ExtractionSettings
+
 pytest_plugins = ["pytester"]  # tests/test_skips_announced.py runs the summary on a made-up suite
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +169,12 @@ def trec_cached(data_dir, cache_dir) -> Path:
 
     task = load_task_data(DataSpec(model=REAL_MODEL, task="trec", data_dir=str(data_dir), **TREC_SUBSET))
     load_task_embeddings(
-        REAL_MODEL, task, cache_dir=cache_dir, splits=["train", "validation", "test"], device="cpu", progress=False
+        REAL_MODEL,
+        task,
+        cache_dir=cache_dir,
+        splits=["train", "validation", "test"],
+        progress=False,
+        settings=ExtractionSettings(device="cpu"),
     )
     return cache_dir
 

@@ -18,7 +18,13 @@ import torch
 
 from ilge_search.embeddings import cache as cache_module
 from ilge_search.embeddings import extraction
-from ilge_search.embeddings.cache import FORMAT_VERSION, EmbeddingCache, load_task_embeddings, texts_fingerprint
+from ilge_search.embeddings.cache import (
+    FORMAT_VERSION,
+    EmbeddingCache,
+    ExtractionSettings,
+    load_task_embeddings,
+    texts_fingerprint,
+)
 from ilge_search.embeddings.extraction import LayerEmbedder
 from ilge_search.embeddings.models import ModelNotFoundError
 from ilge_search.tasks.core import TaskError, load_task, subsample
@@ -108,9 +114,9 @@ def test_keys_hash_every_field_and_skip_defaults(scratch):
 def test_options_and_splits_are_checked_before_the_model(small_task, cache_dir, no_model_loads):
     cache = EmbeddingCache(cache_dir)
     with pytest.raises(ValueError, match="pooling must be one of"):
-        cache.get_or_extract("minilm-l6", small_task, "test", pooling="max")
+        cache.get_or_extract("minilm-l6", small_task, "test", settings=ExtractionSettings(pooling="max"))
     with pytest.raises(ValueError, match="storage_dtype must be one of"):
-        cache.get_or_extract("minilm-l6", small_task, "test", storage_dtype="int8")
+        cache.get_or_extract("minilm-l6", small_task, "test", settings=ExtractionSettings(storage_dtype="int8"))
     with pytest.raises(TaskError, match="has no split 'dev'"):
         cache.get_or_extract("minilm-l6", small_task, "dev")
     with pytest.raises(ModelNotFoundError):
@@ -159,14 +165,20 @@ def test_a_failed_extraction_leaves_no_entry(scratch, small_task, monkeypatch):
 
     monkeypatch.setattr(LayerEmbedder, "iter_pooled_batches", overflowing)
     with pytest.raises(ValueError, match=r"not finite after conversion to float16.*storage_dtype='float32'"):
-        scratch.get_or_extract("minilm-l6", small_task, "train", max_length=64, progress=False)
+        scratch.get_or_extract(
+            "minilm-l6", small_task, "train", progress=False, settings=ExtractionSettings(max_length=64)
+        )
     assert not [p.name for p in scratch.embeddings_dir.iterdir() if "tmp" in p.name]
     assert "train" not in {e.split for e in scratch.ls() if e.meta.get("max_length") == 64}
 
 
 def test_other_storage_dtypes_round_trip(scratch, small_task):
-    exact = scratch.get_or_extract("minilm-l6", small_task, "test", storage_dtype="float32", progress=False)
-    brain = scratch.get_or_extract("minilm-l6", small_task, "test", storage_dtype="bfloat16", progress=False)
+    exact = scratch.get_or_extract(
+        "minilm-l6", small_task, "test", progress=False, settings=ExtractionSettings(storage_dtype="float32")
+    )
+    brain = scratch.get_or_extract(
+        "minilm-l6", small_task, "test", progress=False, settings=ExtractionSettings(storage_dtype="bfloat16")
+    )
     assert exact.features.dtype == torch.float32 and brain.features.dtype == torch.bfloat16
     assert exact.key != brain.key
     torch.testing.assert_close(brain.features.float(), exact.features, rtol=2**-7, atol=1e-5)

@@ -6,6 +6,7 @@ import torch
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
+from ilge_search.embeddings.cache import ExtractionSettings
 from ilge_search.encoders import configs as C
 from ilge_search.use.classifier import ILGEClassifier, clear_embedding_memo
 
@@ -412,7 +413,12 @@ def test_stsb_pair_task_trains_and_reports_spearman(data_dir, cache_dir):
     task = subsample(load_task("stsb", data_dir=data_dir), n=300, seed=0, splits=["train"])
     task = subsample(task, n=150, seed=0, splits=["validation", "test"])
     emb = load_task_embeddings(
-        "minilm-l6", task, cache_dir=cache_dir, splits=["train", "validation", "test"], max_length=64, progress=False
+        "minilm-l6",
+        task,
+        cache_dir=cache_dir,
+        splits=["train", "validation", "test"],
+        progress=False,
+        settings=ExtractionSettings(max_length=64),
     )
     train, val, test = (emb.splits[s] for s in ("train", "validation", "test"))
     assert train.features.shape[1:] == (2, 7, 384)

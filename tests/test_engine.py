@@ -8,6 +8,7 @@ import torch
 from scipy.stats import spearmanr
 from sklearn.metrics import f1_score
 
+from ilge_search.embeddings.cache import ExtractionSettings
 from ilge_search.encoders import configs as C
 from ilge_search.engine import (
     ILGEModel,
@@ -326,6 +327,12 @@ def test_bad_options(data, kwargs, message):
         train_encoder(SMALL_CAYLEY, train, val, **kwargs)
 
 
+def test_an_unknown_training_option_is_refused_not_ignored(data):
+    train, val = data
+    with pytest.raises(TypeError, match=r"train_encoder\(\) got unexpected keyword arguments: sed"):
+        train_encoder(SMALL_CAYLEY, train, val, sed=3)
+
+
 def test_similarity_needs_pairs(data):
     train, val = data
     with pytest.raises(ValueError, match=r"\(N, 2, L, D\)"):
@@ -364,7 +371,12 @@ def test_real_banking77_embeddings_minilm(data_dir, cache_dir):
     task = few_shot(load_task("banking77", data_dir=data_dir), 8, seed=0)  # 616 training texts
     task = subsample(task, n=385, seed=0, splits=["validation", "test"])
     emb = load_task_embeddings(
-        "minilm-l6", task, cache_dir=cache_dir, splits=["train", "validation", "test"], max_length=64, progress=False
+        "minilm-l6",
+        task,
+        cache_dir=cache_dir,
+        splits=["train", "validation", "test"],
+        progress=False,
+        settings=ExtractionSettings(max_length=64),
     )
     train, val, test = (emb.splits[s] for s in ("train", "validation", "test"))
     assert train.features.dtype == torch.float16 and train.features.shape[1:] == (7, 384)

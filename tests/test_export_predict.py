@@ -21,6 +21,7 @@ from ilge_search.cli import cli
 from ilge_search.engine import spearman
 from ilge_search.study import StudyOptions
 from ilge_search.study.data import DataSpec, load_task_data
+from ilge_search.study.export import StudyExport
 from ilge_search.testing import cache_text_embeddings, refuse_model_loads
 from ilge_search.use.classifier import clear_embedding_memo
 
@@ -151,6 +152,14 @@ def test_export_load_score_reproduces_the_stored_final_score(studies, tmp_path):
     )
     assert abs(direct.score_embeddings(features, names[test.labels]) - stored) <= 1e-6
     assert direct.provenance_["seed"] == seed and set(direct.classes_) == set(names)
+
+
+def test_from_study_takes_its_settings_once_and_refuses_an_unknown_one(studies):
+    by_keyword = ILGEClassifier.from_study(studies["url"], studies["trec-cayley"], device="cpu")
+    given = ILGEClassifier.from_study(studies["url"], studies["trec-cayley"], export=StudyExport(device="cpu"))
+    assert by_keyword.provenance_ == given.provenance_
+    with pytest.raises(TypeError, match="unknown export setting 'devcie'; the settings are seed, retrain"):
+        ILGEClassifier.from_study(studies["url"], studies["trec-cayley"], devcie="cpu")
 
 
 def test_retraining_the_best_trial_with_the_final_seed_gives_the_final_weights(studies):

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ilge_search import build_aggregator, build_per_token_aggregator
 from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig, FCConfig
 from ilge_search.encoders.graphs import LayerGraph, cayley_graph
-from ilge_search.nn.gnn import GNNEncoder
+from ilge_search.nn.gnn import GNNEncoder, GNNStackSettings
 
 PROPERTY = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOLERANCE = dict(rtol=1e-4, atol=1e-5)
@@ -134,9 +134,9 @@ def test_relabelling_cayley_virtual_nodes_changes_nothing(num_layers, conv_type,
     permutation = torch.randperm(graph.num_virtual, generator=torch.Generator().manual_seed(seed))
     relabelled = _relabel_virtual(graph, permutation)
     assert not torch.equal(relabelled.edge_index, graph.edge_index) or graph.num_virtual == 1
-    hparams = dict(conv_type=conv_type, hidden_dim=8, gnn_layers=gnn_layers, pooling=pooling, dropout=0.0)
-    original = _seeded_eval(GNNEncoder(num_layers, 6, graph, **hparams), seed)
-    renamed = GNNEncoder(num_layers, 6, relabelled, **hparams).eval()
+    stack = GNNStackSettings(conv_type=conv_type, hidden_dim=8, gnn_layers=gnn_layers, dropout=0.0)
+    original = _seeded_eval(GNNEncoder(num_layers, 6, graph, stack, pooling), seed)
+    renamed = GNNEncoder(num_layers, 6, relabelled, stack, pooling).eval()
     renamed.load_state_dict(original.state_dict())
     x = torch.randn(3, num_layers, 6, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from ilge_search.tasks.columns import TaskColumns
 from ilge_search.tasks.core import TASKS, TaskError, few_shot, get_task_spec, list_tasks, load_task, subsample
 
 PAPER_TASKS = {
@@ -122,7 +123,7 @@ def test_similarity_tasks_load_pairs_and_scores(data_dir):
 
 
 def test_column_override_on_a_registered_task(data_dir):
-    fine = load_task("trec", data_dir, label_col="fine_label")
+    fine = load_task("trec", data_dir, columns=TaskColumns(label_col="fine_label"))
     assert fine.num_labels > 40 and all(":" in name for name in fine.label_names)
 
 
@@ -144,7 +145,7 @@ def test_missing_column_names_the_present_ones(tmp_path):
     with pytest.raises(TaskError, match=r"no column 'text' \(columns present: sentence, intent\).*--text-col"):
         load_task(path)
     with pytest.raises(TaskError, match=r"no column 'lbl'.*--label-col"):
-        load_task(path, text_col="sentence", label_col="lbl")
+        load_task(path, columns=TaskColumns(text_col="sentence", label_col="lbl"))
 
 
 def test_empty_texts_are_reported_with_row_numbers(tmp_path):
@@ -202,8 +203,8 @@ def test_custom_csv_tsv_and_folder(tmp_path):
     )
     frame.to_csv(tmp_path / "data.csv", index=False)
     frame.to_csv(tmp_path / "data.tsv", index=False, sep="\t")
-    csv = load_task(tmp_path / "data.csv", text_col="utterance", label_col="intent")
-    tsv = load_task(tmp_path / "data.tsv", text_col="utterance", label_col="intent")
+    csv = load_task(tmp_path / "data.csv", columns=TaskColumns(text_col="utterance", label_col="intent"))
+    tsv = load_task(tmp_path / "data.tsv", columns=TaskColumns(text_col="utterance", label_col="intent"))
     assert csv.name == "data" and csv.label_names == ["ask", "bye", "greet"]
     assert list(csv.splits) == ["train", "validation"]  # one file: validation carved from it
     assert len(csv["train"]) + len(csv["validation"]) == 40 and len(csv["validation"]) == 6
@@ -213,7 +214,7 @@ def test_custom_csv_tsv_and_folder(tmp_path):
     frame.iloc[:30].to_csv(folder / "train.csv", index=False)
     frame.iloc[30:].to_csv(folder / "dev.csv", index=False)
     frame.iloc[30:].to_csv(folder / "test.csv", index=False)
-    task = load_task(folder, text_col="utterance", label_col="intent")
+    task = load_task(folder, columns=TaskColumns(text_col="utterance", label_col="intent"))
     assert {k: len(v) for k, v in task.splits.items()} == {"train": 30, "validation": 10, "test": 10}
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("x")
@@ -225,7 +226,7 @@ def test_custom_pairs_and_numeric_labels(tmp_path):
     pairs = write_jsonl(
         tmp_path / "pairs.jsonl", [{"a": f"first {i}", "b": f"second {i}", "sim": i / 10} for i in range(20)]
     )
-    task = load_task(pairs, text_cols=["a", "b"], score_col="sim")
+    task = load_task(pairs, columns=TaskColumns(text_cols=["a", "b"], score_col="sim"))
     assert task.kind == "similarity" and task.spec.metric == "spearman"
     assert len(task["train"]) + len(task["validation"]) == 20 and len(task["validation"]) == 3
     numeric = write_jsonl(tmp_path / "num.jsonl", [{"text": f"t{i}", "label": [2, 10, 1][i % 3]} for i in range(30)])

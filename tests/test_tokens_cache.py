@@ -19,7 +19,7 @@ import torch
 from click.testing import CliRunner
 
 from ilge_search.cli import cli
-from ilge_search.embeddings.cache import EmbeddingCache
+from ilge_search.embeddings.cache import EmbeddingCache, ExtractionSettings
 from ilge_search.embeddings.extraction import LayerEmbedder
 from ilge_search.embeddings.models import ModelSource
 from ilge_search.embeddings.word_cache import (
@@ -229,7 +229,7 @@ def test_a_tagging_task_has_no_sequence_entries_and_a_sequence_task_no_word_entr
     task = load_task(_tagging_file(tmp_path / "task"))
     cache = EmbeddingCache(tmp_path / "cache")
     with pytest.raises(TaskError, match="tagging task: its words are cached one vector per word"):
-        cache.get_or_extract(models["encoder"], task, "train", device="cpu")
+        cache.get_or_extract(models["encoder"], task, "train", settings=ExtractionSettings(device="cpu"))
     texts = tmp_path / "texts.jsonl"
     texts.write_text("\n".join(json.dumps({"text": f"text {i}", "label": i % 2}) for i in range(20)))
     with pytest.raises(TaskError, match="classification task: word vectors are for tagging tasks"):
@@ -348,7 +348,7 @@ def test_smollm2_words_through_the_cache(cache_dir):
     cache = EmbeddingCache(cache_dir)
     entry = get_or_extract_sentences(cache, "smollm2-135m", SENTENCES[:3], WordOptions(device="cpu"), progress=False)
     assert (entry.num_layers, entry.hidden_size, entry.num_words) == (31, 576, 22)
-    embedder = cache.embedder(cache.resolve("smollm2-135m"), "mean", 512, 32, "cpu").load()
+    embedder = cache.embedder(cache.resolve("smollm2-135m"), ExtractionSettings(device="cpu")).load()
     ids, owners = WordTokenizer(embedder._tokenizer).pieces(SENTENCES[2])
     with torch.no_grad():
         states = embedder._model(torch.tensor([ids]), output_hidden_states=True).hidden_states

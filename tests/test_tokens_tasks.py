@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from ilge_search.report.catalog import task_catalog
+from ilge_search.tasks.columns import TaskColumns
 from ilge_search.tasks.core import TASKS, TaskError, few_shot, load_task, subsample
 
 ROWS = [
@@ -90,20 +91,20 @@ def test_other_column_names_and_csv_strings(tmp_path):
     rows = [{"words": r["tokens"], "pos": r["tags"]} for r in ROWS]
     path = _write_jsonl(tmp_path / "renamed.jsonl", rows * 5)
     with pytest.raises(TaskError, match=r"has no column 'tokens'.*Pass --tokens-col"):
-        load_task(path, tags_col="pos")
-    task = load_task(path, tokens_col="words", tags_col="pos")
+        load_task(path, columns=TaskColumns(tags_col="pos"))
+    task = load_task(path, columns=TaskColumns(tokens_col="words", tags_col="pos"))
     assert task.kind == "tagging" and len(task["train"]) + len(task["validation"]) == 20  # validation carved
 
     frame = pd.DataFrame({"tokens": [" ".join(r["tokens"]) for r in ROWS], "tags": [" ".join(r["tags"]) for r in ROWS]})
     frame.to_csv(tmp_path / "train.csv", index=False)
-    from_csv = load_task(tmp_path / "train.csv", tokens_col="tokens", tags_col="tags")
+    from_csv = load_task(tmp_path / "train.csv", columns=TaskColumns(tokens_col="tokens", tags_col="tags"))
     assert (
         from_csv.kind == "tagging"
         and sum(map(len, from_csv["train"].sentences + from_csv["validation"].sentences)) == 13
     )
 
     with pytest.raises(TaskError, match=r"--tokens-col/--tags-col are for a token task.*drop one kind"):
-        load_task(path, text_col="words", tokens_col="words")
+        load_task(path, columns=TaskColumns(text_col="words", tokens_col="words"))
 
 
 @pytest.mark.parametrize(
@@ -165,23 +166,25 @@ def test_tags_of_validation_or_test_must_be_seen_in_train(tmp_path):
 def test_column_options_of_the_other_kind_of_task_say_what_to_pass(tmp_path, rows, options, message):
     path = _write_jsonl(tmp_path / "train.jsonl", rows * 6)
     with pytest.raises(TaskError, match=message):
-        load_task(path, **options)
+        load_task(path, columns=TaskColumns(**options))
 
 
 def test_a_registered_task_refuses_the_other_kinds_column_options(data_dir):
     with pytest.raises(
         TaskError, match=r"^ud_ewt_pos is a token task .*--text-col names .*pass --tokens-col/--tags-col"
     ):
-        load_task("ud_ewt_pos", data_dir, text_col="text")
+        load_task("ud_ewt_pos", data_dir, columns=TaskColumns(text_col="text"))
     with pytest.raises(
         TaskError, match=r"^trec is a classification task: --tokens-col names .*pass --text-col/--label"
     ):
-        load_task("trec", data_dir, tokens_col="tokens")
+        load_task("trec", data_dir, columns=TaskColumns(tokens_col="tokens"))
 
 
 def test_renamed_token_columns_beside_a_text_column_are_a_token_task(tmp_path):
     rows = [{"text": " ".join(r["tokens"]), "words": r["tokens"], "pos": r["tags"]} for r in ROWS]
-    task = load_task(_write_jsonl(tmp_path / "train.jsonl", rows * 5), tokens_col="words", tags_col="pos")
+    task = load_task(
+        _write_jsonl(tmp_path / "train.jsonl", rows * 5), columns=TaskColumns(tokens_col="words", tags_col="pos")
+    )
     assert task.kind == "tagging" and task.label_names == ["ADV", "DET", "NOUN", "PUNCT", "VERB"]
 
 

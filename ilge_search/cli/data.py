@@ -51,13 +51,13 @@ def embed_command(
     quiet: bool,
 ) -> None:
     """Extract (or find in the cache) every layer's pooled embeddings of a task's splits."""
-    from ..embeddings.cache import ExtractionSettings, TaskColumns, embed_task
+    from ..embeddings.cache import ExtractionSettings, TaskColumns, load_task_embeddings
 
     if quiet:
         quiet_model_loading()
     pair_cols = [c.strip() for c in text_cols.split(",")] if text_cols else None
     # an unknown task or model, bad columns or texts raise ValueError before anything is loaded
-    result = embed_task(
+    result = load_task_embeddings(
         model,
         task,
         data_dir=settings.data_dir,

@@ -17,7 +17,6 @@ Layout under the cache dir::
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -31,10 +30,9 @@ import torch
 from .._version import __version__
 from ..tasks.columns import TaskColumns
 from ..tasks.core import TaskData, TaskError, load_task
-from ..validation import check_int
 from .entry_file import STORAGE_DTYPES, CacheCorruptError, EntryRecord, parse_safetensors, storable
-from .extraction import POOLINGS, LayerEmbedder, check_texts
-from .models import ModelSource, resolve_device, resolve_model
+from .extraction import ExtractionSettings, LayerEmbedder, check_texts
+from .models import ModelSource, resolve_model
 from .store import FORMAT_VERSION, CacheEntry, EntryLayout, EntryStore
 
 __all__ = [
@@ -46,7 +44,6 @@ __all__ = [
     "TaskEmbeddings",
     "CacheCorruptError",
     "load_task_embeddings",
-    "embed_task",
     "ExtractionSettings",
     "TaskColumns",
     "texts_fingerprint",
@@ -55,6 +52,7 @@ __all__ = [
 PathLike = str | os.PathLike
 _TEXTS_TASK = "<texts>"
 _USUAL_COLUMNS = TaskColumns()  # every column option left to load_task
+_DEFAULT_EXTRACTION = ExtractionSettings()
 
 
 @dataclass
@@ -132,27 +130,6 @@ def texts_fingerprint(texts: Sequence[str]) -> str:
         digest.update(text.encode("utf-8"))
         digest.update(b"\x00")
     return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class ExtractionSettings:
-    """How a split's texts become cached embeddings. ``pooling``, ``max_length`` and ``storage_dtype`` are
-    part of an entry's key; ``batch_size`` and ``device`` only say how it is extracted."""
-
-    pooling: str = "mean"
-    max_length: int = 512
-    batch_size: int = 32
-    device: str = "auto"
-    storage_dtype: str = "float16"
-
-    def check(self) -> None:
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
-        if self.storage_dtype not in STORAGE_DTYPES:
-            raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {self.storage_dtype!r}")
-        for name, value in (("max_length", self.max_length), ("batch_size", self.batch_size)):
-            check_int(name, value)
-        resolve_device(self.device)  # a device this machine lacks: refused before any task, model or cache work
 
 
 @dataclass(frozen=True)
@@ -239,19 +216,13 @@ class EmbeddingCache(EntryStore):
             hit=True,
         )
 
-    def embedder(
-        self, source: ModelSource, pooling: str, max_length: int, batch_size: int, device: str
-    ) -> LayerEmbedder:
-        slot = (source.identity, pooling, max_length, batch_size, device)
+    def embedder(self, source: ModelSource, settings: ExtractionSettings) -> LayerEmbedder:
+        """One loaded model per source and settings, reused by every entry extracted through this cache."""
+        slot = (source.identity, settings.pooling, settings.max_length, settings.batch_size, settings.device)
         if slot not in self._embedders:
-            self._embedders[slot] = LayerEmbedder(
-                source,
-                pooling=pooling,
-                max_length=max_length,
-                batch_size=batch_size,
-                device=device,
-                cache_dir=self.cache_dir,
-            )
+            s = settings
+            embedder = LayerEmbedder(source, s.pooling, s.max_length, s.batch_size, s.device, cache_dir=self.cache_dir)
+            self._embedders[slot] = embedder
         return self._embedders[slot]
 
     def _extract_texts(
@@ -312,11 +283,7 @@ class EmbeddingCache(EntryStore):
         task_data_or_name: PathLike | TaskData,
         split: str,
         *,
-        pooling: str = "mean",
-        max_length: int = 512,
-        batch_size: int = 32,
-        device: str = "auto",
-        storage_dtype: str = "float16",
+        settings: ExtractionSettings = _DEFAULT_EXTRACTION,
         data_dir: PathLike | None = None,
         progress: bool = True,
     ) -> CachedEmbeddings:
@@ -326,7 +293,6 @@ class EmbeddingCache(EntryStore):
         :func:`~ilge_search.tasks.core.load_task` accepts. Options, task and model are checked
         before any model is loaded. Similarity tasks give features (N, 2, L, D).
         """
-        settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
         settings.check()
         task = load_task(task_data_or_name, data_dir)
         if task.kind == "tagging":
@@ -346,8 +312,9 @@ class EmbeddingCache(EntryStore):
         pairs = task.kind == "similarity"
 
         def build() -> None:
-            embedder = self.embedder(source, pooling, max_length, batch_size, device)
-            self._extract_texts(key, embedder, TextJob(part.flat_texts(), pairs, labels, progress), storage_dtype, meta)
+            embedder = self.embedder(source, settings)
+            job = TextJob(part.flat_texts(), pairs, labels, progress)
+            self._extract_texts(key, embedder, job, settings.storage_dtype, meta)
 
         return self.get_or_build(key, self._read, build, progress)
 
@@ -356,16 +323,11 @@ class EmbeddingCache(EntryStore):
         model: str | PathLike | ModelSource,
         texts: Sequence[str],
         *,
-        pooling: str = "mean",
-        max_length: int = 512,
-        batch_size: int = 32,
-        device: str = "auto",
-        storage_dtype: str = "float16",
+        settings: ExtractionSettings = _DEFAULT_EXTRACTION,
         progress: bool = True,
     ) -> torch.Tensor:
         """(N, L, D) embeddings of arbitrary texts in the storage dtype, cached by a fingerprint
         of the texts, so the same texts never go through the model twice."""
-        settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
         settings.check()
         texts = check_texts(texts)
         source = self.resolve(model)
@@ -375,8 +337,8 @@ class EmbeddingCache(EntryStore):
         meta.update(kind="texts", label_names=[])
 
         def build() -> None:
-            embedder = self.embedder(source, pooling, max_length, batch_size, device)
-            self._extract_texts(key, embedder, TextJob(texts, False, None, progress), storage_dtype, meta)
+            embedder = self.embedder(source, settings)
+            self._extract_texts(key, embedder, TextJob(texts, False, None, progress), settings.storage_dtype, meta)
 
         return self.get_or_build(key, self._read, build, progress).features
 
@@ -394,44 +356,22 @@ def load_task_embeddings(
     data_dir: PathLike | None = None,
     cache_dir: PathLike | None = None,
     splits: Sequence[str] | None = None,
-    pooling: str = "mean",
-    max_length: int = 512,
-    batch_size: int = 32,
-    device: str = "auto",
-    storage_dtype: str = "float16",
+    columns: TaskColumns = _USUAL_COLUMNS,
+    settings: ExtractionSettings = _DEFAULT_EXTRACTION,
     progress: bool = True,
 ) -> TaskEmbeddings:
-    """Every requested split of a task (default: all of its splits) for one model.
+    """Every requested split of a task (default: all of its splits) for one model (what ``ilge-search embed`` runs).
 
-    The task, options and model name are validated first; missing splits are then
-    extracted with one model load, which is released before returning.
+    The task (read with ``columns`` unless it is a loaded :class:`~ilge_search.tasks.core.TaskData`), settings
+    and model name are validated first; missing splits are then extracted with one model load, which is released
+    before returning.
     """
-    settings = ExtractionSettings(pooling, max_length, batch_size, device, storage_dtype)
     settings.check()
-    task_data = load_task(task, data_dir)
-    options = dataclasses.asdict(settings)
+    task_data = load_task(task, data_dir, columns=columns)
     with EmbeddingCache(cache_dir) as cache:
         source = cache.resolve(model)
 
         def entry(split: str) -> CachedEmbeddings:
-            return cache.get_or_extract(source, task_data, split, progress=progress, **options)
+            return cache.get_or_extract(source, task_data, split, settings=settings, progress=progress)
 
         return TaskEmbeddings.gather(task_data, splits, source, entry)
-
-
-def embed_task(
-    model: str | PathLike | ModelSource,
-    task: PathLike | TaskData,
-    *,
-    data_dir: PathLike | None = None,
-    cache_dir: PathLike | None = None,
-    splits: Sequence[str] | None = None,
-    columns: TaskColumns = _USUAL_COLUMNS,
-    settings: ExtractionSettings = ExtractionSettings(),
-    progress: bool = True,
-) -> TaskEmbeddings:
-    """What ``ilge-search embed`` runs: load (and validate) the task with the given columns,
-    then :func:`load_task_embeddings`."""
-    task_data = load_task(task, data_dir, **dataclasses.asdict(columns))
-    options = dataclasses.asdict(settings)
-    return load_task_embeddings(model, task_data, cache_dir=cache_dir, splits=splits, progress=progress, **options)

@@ -13,6 +13,7 @@ import gc
 import inspect
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 from ..progress import BarSpec, new_bar
 from ..tasks.tagging import sentence_offsets
 from ..validation import check_int
+from .entry_file import STORAGE_DTYPES
 from .models import (
     ModelSource,
     load_config,
@@ -34,6 +36,7 @@ from .words import WORD_POOLINGS, WordTokenizer, WordWindow, check_sentences, po
 
 __all__ = [
     "POOLINGS",
+    "ExtractionSettings",
     "WORD_POOLINGS",
     "LayerEmbedder",
     "check_texts",
@@ -330,6 +333,27 @@ class LayerEmbedder:
         return out
 
 
+@dataclass(frozen=True)
+class ExtractionSettings:
+    """How texts become layer embeddings. ``pooling``, ``max_length`` and ``storage_dtype`` (the cache's; uncached
+    embeddings are float32) are part of a cache entry's key; ``batch_size`` and ``device`` say how it is extracted."""
+
+    pooling: str = "mean"
+    max_length: int = 512
+    batch_size: int = 32
+    device: str = "auto"
+    storage_dtype: str = "float16"
+
+    def check(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {self.pooling!r}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"storage_dtype must be one of {list(STORAGE_DTYPES)}, got {self.storage_dtype!r}")
+        for name, value in (("max_length", self.max_length), ("batch_size", self.batch_size)):
+            check_int(name, value)
+        resolve_device(self.device)  # a device this machine lacks: refused before any task, model or cache work
+
+
 def check_texts(texts: Sequence[str]) -> list[str]:
     """``texts`` as a list; one string, no texts, or texts empty or not strings are refused."""
     if isinstance(texts, str):
@@ -350,17 +374,15 @@ def extract_layer_embeddings(
     model: str | PathLike | ModelSource,
     texts: Sequence[str],
     *,
-    pooling: str = "mean",
-    max_length: int = 512,
-    batch_size: int = 32,
-    device: str = "auto",
+    settings: ExtractionSettings = ExtractionSettings(),
     dtype: str | torch.dtype = "auto",
     cache_dir: PathLike | None = None,
     progress: bool = True,
 ) -> torch.Tensor:
     """(N, L, D) float32 pooled embeddings of every layer, uncached (see :class:`EmbeddingCache`
-    for the cached path)."""
-    embedder = LayerEmbedder(model, pooling, max_length, batch_size, device, dtype, cache_dir)
+    for the cached path). ``dtype``: the model's weights; ``cache_dir``: where its files are downloaded."""
+    s = settings
+    embedder = LayerEmbedder(model, s.pooling, s.max_length, s.batch_size, s.device, dtype, cache_dir)
     try:
         return embedder.embed(texts, progress=progress)
     finally:

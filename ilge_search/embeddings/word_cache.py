@@ -77,6 +77,12 @@ class WordOptions:
             raise ValueError(f"window_overlap ({self.window_overlap}) must be below max_length ({self.max_length})")
         resolve_device(self.device)  # a device this machine lacks fails before any task or model work
 
+    def extraction(self) -> ExtractionSettings:
+        """The model run these words share with sequence entries (text pooling does not apply to words)."""
+        return ExtractionSettings(
+            max_length=self.max_length, batch_size=self.batch_size, device=self.device, storage_dtype=self.storage_dtype
+        )
+
     def key_fields(self) -> dict[str, str | int]:
         """What a word entry's key adds to the cache's fields."""
         return {
@@ -220,7 +226,7 @@ def _get_or_extract(
     cache: EmbeddingCache, source: ModelSource, job: _WordJob, options: WordOptions, progress: bool
 ) -> WordEmbeddings:
     def build() -> None:
-        embedder = cache.embedder(source, "mean", options.max_length, options.batch_size, options.device)
+        embedder = cache.embedder(source, options.extraction())
         _write_words(cache, embedder, job, options, progress)
 
     return cache.get_or_build(job.key, lambda key: _read_words(cache, key), build, progress)
@@ -254,13 +260,7 @@ def _new_job(
     (sentences, labels or None)."""
     sentences, labels = data
     key = word_entry_key(cache, source, where, options)
-    extraction = ExtractionSettings(
-        max_length=options.max_length,
-        batch_size=options.batch_size,
-        device=options.device,
-        storage_dtype=options.storage_dtype,
-    )
-    meta = cache.entry_meta(key, source, where, extraction)
+    meta = cache.entry_meta(key, source, where, options.extraction())
     del meta["pooling"]  # words are not pooled over a text: word_pooling says how they are made
     meta.update(options.key_fields(), labelled=labels is not None)
     return _WordJob(key, sentences, labels, meta)

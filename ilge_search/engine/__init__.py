@@ -24,6 +24,7 @@ from __future__ import annotations
 from .core import (
     EVAL_BATCH_SIZE,
     ILGEModel,
+    TrainOptions,
     build_model,
     evaluate,
     predict_logits,
@@ -42,6 +43,7 @@ __all__ = [
     "TaggerModel",
     "TrainResult",
     "train_encoder",
+    "TrainOptions",
     "train_many",
     "ModelJob",
     "can_batch",

@@ -24,7 +24,7 @@ Task kinds:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
@@ -47,6 +47,7 @@ __all__ = [
     "ILGEModel",
     "build_model",
     "train_encoder",
+    "TrainOptions",
     "evaluate",
     "predict_logits",
     "select_best_layer",
@@ -270,14 +271,8 @@ def train_encoder(
     train: Dataset,
     val: Dataset,
     *,
-    task_kind: str = "classification",
-    num_classes: int | None = None,
-    score_range: tuple[float, float] | None = None,
-    seed: int = 0,
-    device: str | torch.device = "cpu",
-    recipe: TrainingRecipe = DEFAULT_RECIPE,
     epoch_callback: Callable[[int, float], Any] | None = None,
-    progress: bool = False,
+    **options: Unpack[TrainOptions],
 ) -> TrainResult:
     """Train an aggregator from ``config`` plus its head; return the best epoch's model.
 
@@ -294,16 +289,17 @@ def train_encoder(
         num_classes: number of classes (default: largest label in train/val + 1).
         score_range: ``(low, high)`` of the similarity scale, e.g. ``(0, 5)`` for
             STS-B (default: min and max of the training scores).
-        seed: seeds model init, dropout and batch order.
-        device: ``"cpu"``, ``"cuda"``, ``"auto"``...
+        seed: seeds model init, dropout and batch order (default 0).
+        device: ``"cpu"`` (default), ``"cuda"``, ``"auto"``...
         recipe: early stopping, LR schedule, selection metric, optimizer and
             standardisation (:class:`TrainingRecipe`).
+        progress: show a progress bar over epochs (:mod:`ilge_search.progress`).
         epoch_callback: ``f(epoch, val_metric)`` after each epoch (epochs count
             from 1); exceptions such as ``optuna.TrialPruned`` propagate.
-        progress: show a progress bar over epochs (:mod:`ilge_search.progress`).
+
+    The keywords besides ``epoch_callback`` are a :class:`TrainOptions`; any other is refused.
     """
-    recipe = recipe.resolved(task_kind)
-    run = RunSettings(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress)
+    task_kind, num_classes, score_range, run = _labels_and_run("train_encoder", options, epoch_callback)
     if task_kind == TAGGING:
         return tokens.train_prepared_words(config, tokens.prepare_words(train, val, num_classes), run)
     return train_prepared(config, prepare_data(train, val, task_kind, num_classes, score_range), run)
@@ -419,8 +415,10 @@ def train_prepared(config: EncoderConfig, data: PreparedData, run: RunSettings) 
     return run_epochs(config, SequenceTask(config, data, run), run)
 
 
-class ProbeOptions(TypedDict, total=False):
-    """The keywords :func:`select_best_layer` shares with :func:`train_encoder`, with the same defaults."""
+class TrainOptions(TypedDict, total=False):
+    """How :func:`train_encoder` and :func:`select_best_layer` train, each key absent for its default: what the
+    labels are (``task_kind``, ``num_classes``, ``score_range``) and the run (``seed``, ``device``, ``recipe``,
+    ``progress``), as :func:`train_encoder` describes them."""
 
     task_kind: str
     num_classes: int | None
@@ -431,13 +429,28 @@ class ProbeOptions(TypedDict, total=False):
     progress: bool
 
 
+def _labels_and_run(
+    caller: str, options: TrainOptions, epoch_callback: Callable[[int, float], Any] | None = None
+) -> tuple[str, int | None, tuple[float, float] | None, RunSettings]:
+    """``options`` as the task kind, class count and score range, and the run's settings (its recipe resolved);
+    a key that is not a :class:`TrainOptions` key is refused, never ignored."""
+    unknown = sorted(set(options) - set(TrainOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"{caller}() got unexpected keyword arguments: {', '.join(unknown)}")
+    task_kind = options.get("task_kind", "classification")
+    seed, device, progress = options.get("seed", 0), options.get("device", "cpu"), options.get("progress", False)
+    recipe = options.get("recipe", DEFAULT_RECIPE).resolved(task_kind)
+    run = RunSettings(seed=seed, device=device, recipe=recipe, epoch_callback=epoch_callback, progress=progress)
+    return task_kind, options.get("num_classes"), options.get("score_range"), run
+
+
 def select_best_layer(
     config: BestLayerConfig,
     train: Dataset,
     val: Dataset,
     *,
     layers: Sequence[int] | None = None,
-    **options: Unpack[ProbeOptions],
+    **options: Unpack[TrainOptions],
 ) -> tuple[int, TrainResult, list[float]]:
     """Train one linear probe per layer with the engine; keep the best on validation.
 
@@ -453,24 +466,18 @@ def select_best_layer(
     """
     if not isinstance(config, BestLayerConfig):
         raise ValueError(f"select_best_layer needs a BestLayerConfig, got {type(config).__name__}")
-    unknown = sorted(set(options) - set(ProbeOptions.__annotations__))
-    if unknown:
-        raise TypeError(f"select_best_layer() got unexpected keyword arguments: {', '.join(unknown)}")
-    task_kind = options.get("task_kind", "classification")
-    num_classes, score_range = options.get("num_classes"), options.get("score_range")
-    seed, device, progress = options.get("seed", 0), options.get("device", "cpu"), options.get("progress", False)
-    recipe = options.get("recipe", DEFAULT_RECIPE).resolved(task_kind)
+    task_kind, num_classes, score_range, run = _labels_and_run("select_best_layer", options)
     features, train_probe = _probe_trainer(train, val, task_kind, num_classes, score_range)
     num_layers = features.shape[-2]
     candidates = _candidate_layers(layers, num_layers)
-    maximise = recipe.selection_metric != "loss"
+    maximise = run.recipe.selection_metric != "loss"
     standardizer = FeatureStandardizer(num_layers, features.shape[-1]).fit(features)  # once, not per probe
     best: tuple[int, TrainResult] | None = None
     scores: list[float] = []
-    for layer in steps(candidates, BarSpec("best-layer probes", unit="probe", enabled=progress, transient=True)):
+    probe_run = replace(run, progress=False, fitted_standardizer=standardizer)  # the bar counts probes, not epochs
+    for layer in steps(candidates, BarSpec("best-layer probes", unit="probe", enabled=run.progress, transient=True)):
         layer = layer % num_layers
-        run = RunSettings(seed=seed, device=device, recipe=recipe, fitted_standardizer=standardizer)
-        result = train_probe(config.replace(layer=layer), run)
+        result = train_probe(config.replace(layer=layer), probe_run)
         scores.append(result.best_val_metric)
         better = (
             (

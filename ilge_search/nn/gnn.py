@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar, cast
 
 import torch
@@ -36,7 +37,7 @@ from ..encoders.graphs import LayerGraph, cayley_graph, fully_connected_graph
 from ..validation import check_choice, check_int
 from ._base import LayerEncoder
 
-__all__ = ["BatchedGraph", "GNNStack", "GNNEncoder", "CayleyGNNEncoder", "FCGNNEncoder"]
+__all__ = ["BatchedGraph", "GNNStack", "GNNStackSettings", "GNNEncoder", "CayleyGNNEncoder", "FCGNNEncoder"]
 
 _SPARSE_DTYPES = (torch.float32, torch.float64)
 T = TypeVar("T")
@@ -288,6 +289,19 @@ class GNNStack(nn.Module):
         )
 
 
+@dataclass(frozen=True)
+class GNNStackSettings:
+    """The message passing of a :class:`GNNEncoder`: its :class:`GNNStack`'s arguments besides the input width
+    (checked there)."""
+
+    conv_type: str = "gin"
+    hidden_dim: int = 256
+    gnn_layers: int = 1
+    gin_mlp_layers: int = 1
+    gat_heads: int = 4
+    dropout: float = 0.1
+
+
 class GNNEncoder(LayerEncoder):
     r"""Layer encoder: a GNN over a fixed graph whose first ``num_layers`` nodes are the layers.
 
@@ -299,7 +313,7 @@ class GNNEncoder(LayerEncoder):
         num_layers: ``L``, layers per sample (hidden layers + 1).
         hidden_in: ``D``, width of each layer's embedding.
         graph: a :class:`~ilge_search.encoders.graphs.LayerGraph` with ``num_real == num_layers``.
-        conv_type, hidden_dim, gnn_layers, gin_mlp_layers, gat_heads, dropout: see :class:`GNNStack`.
+        stack: conv_type, hidden_dim, gnn_layers, gin_mlp_layers, gat_heads, dropout (:class:`GNNStack`).
         pooling: ``"mean"`` or ``"sum"`` over the real layer nodes.
 
     Shapes:
@@ -314,30 +328,25 @@ class GNNEncoder(LayerEncoder):
         num_layers: int,
         hidden_in: int,
         graph: LayerGraph,
-        conv_type: str = "gin",
-        hidden_dim: int = 256,
-        gnn_layers: int = 1,
-        gin_mlp_layers: int = 1,
-        gat_heads: int = 4,
+        stack: GNNStackSettings = GNNStackSettings(),
         pooling: str = "mean",
-        dropout: float = 0.1,
     ) -> None:
         super().__init__(num_layers, hidden_in)
         if graph.num_real != num_layers:
             raise ValueError(f"graph has {graph.num_real} real nodes but num_layers is {num_layers}")
         check_choice("pooling", pooling, POOLINGS)
-        self.conv_type = conv_type
-        self.hidden_dim = hidden_dim
-        self.gnn_layers = gnn_layers
-        self.gin_mlp_layers = gin_mlp_layers
-        self.gat_heads = gat_heads
+        self.conv_type = stack.conv_type
+        self.hidden_dim = stack.hidden_dim
+        self.gnn_layers = stack.gnn_layers
+        self.gin_mlp_layers = stack.gin_mlp_layers
+        self.gat_heads = stack.gat_heads
         self.pooling = pooling
-        self.dropout = dropout
+        self.dropout = stack.dropout
         self.num_nodes = graph.num_nodes
         self.graph_kind = graph.kind
-        self.out_dim = hidden_dim
+        self.out_dim = stack.hidden_dim
         self.register_buffer("edge_index", graph.edge_index.clone(), persistent=False)
-        self.gnn = GNNStack(hidden_in, hidden_dim, conv_type, gnn_layers, gin_mlp_layers, gat_heads, dropout)
+        self.gnn = GNNStack(hidden_in, **asdict(stack))  # the settings are GNNStack's own argument names
         self._graph_cache = GraphCache()
         self.reset_parameters()
 
@@ -374,9 +383,11 @@ class _FixedGraphEncoder(GNNEncoder):
     def graph_of(num_real: int, /) -> LayerGraph:
         raise NotImplementedError
 
-    def __init__(self, num_layers: int, hidden_in: int, **hparams: Any) -> None:
+    def __init__(self, num_layers: int, hidden_in: int, *, pooling: str = "mean", **stack: Any) -> None:
+        """``stack``: the fields of a :class:`GNNStackSettings` (a config's names for them)."""
         check_int("num_layers", num_layers)
-        super().__init__(num_layers, hidden_in, type(self).graph_of(num_layers), **hparams)
+        graph = type(self).graph_of(num_layers)
+        super().__init__(num_layers, hidden_in, graph, GNNStackSettings(**stack), pooling)
 
 
 class CayleyGNNEncoder(_FixedGraphEncoder):

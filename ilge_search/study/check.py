@@ -150,7 +150,7 @@ def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[Tas
     against it (:func:`~.limits.check_data_limits`)."""
     from ..tasks.core import load_task
 
-    loaded = load_task(spec.task, spec.data_dir, **spec.column_options())
+    loaded = load_task(spec.task, spec.data_dir, columns=spec.task_columns())
     task_data = load_task_data(spec, loaded)
     if options.data.zero_shot_tasks and task_data.kind != "similarity":
         raise ValueError("zero_shot_tasks are evaluated with a similarity encoder; the study's task must be one")

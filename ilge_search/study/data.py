@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..embeddings.models import ModelSource
+from ..tasks.columns import TaskColumns
 from .options import StudyOptions
 
 if TYPE_CHECKING:
@@ -53,8 +54,11 @@ class DataSpec:
     columns: tuple[tuple[str, Any], ...] = ()  # a custom file's column options (text_col ...), sorted pairs
 
     def column_options(self) -> dict[str, Any]:
-        """The column options of a custom task file, as :func:`~ilge_search.tasks.core.load_task` takes them."""
+        """The column options of a custom task file, by name (as its record keeps them)."""
         return dict(self.columns)
+
+    def task_columns(self) -> TaskColumns:
+        return TaskColumns(**self.column_options())  # as load_task takes them
 
     @classmethod
     def from_options(cls, model: str, task: str, options: StudyOptions, source: ModelSource | None = None) -> DataSpec:
@@ -116,7 +120,7 @@ def load_task_data(spec: DataSpec, loaded: TaskData | None = None) -> TaskData:
     no model loads."""
     from ..tasks.core import few_shot, load_task, subsample
 
-    task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir, **spec.column_options())
+    task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir, columns=spec.task_columns())
     if spec.shots is not None:
         if task_data.kind != "classification":
             raise ValueError(f"--shots needs a classification task; {spec.task!r} is {task_data.kind}")
@@ -173,9 +177,10 @@ def load_study_data(
         options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
         embeddings = load_word_embeddings(spec.model_or_source, task_data, options=options, **loaded)
     else:
-        from ..embeddings.cache import load_task_embeddings
+        from ..embeddings.cache import ExtractionSettings, load_task_embeddings
 
-        embeddings = load_task_embeddings(spec.model_or_source, task_data, device=spec.device, **loaded)
+        settings = ExtractionSettings(device=spec.device)
+        embeddings = load_task_embeddings(spec.model_or_source, task_data, settings=settings, **loaded)
     by_split = embeddings.splits
 
     def pair(name: str) -> Dataset:
@@ -212,7 +217,7 @@ def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool
     Each task is loaded without the study's training options (``shots``,
     ``max_train``); ``max_eval`` still applies.
     """
-    from ..embeddings.cache import load_task_embeddings
+    from ..embeddings.cache import ExtractionSettings, load_task_embeddings
 
     out: dict[str, Dataset] = {}
     for name in task_names:
@@ -226,7 +231,7 @@ def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool
             data_dir=spec.data_dir,
             cache_dir=spec.cache_dir,
             splits=["test"],
-            device=spec.device,
+            settings=ExtractionSettings(device=spec.device),
             progress=progress,
         )
         out[name] = (emb.splits["test"].features, emb.splits["test"].labels)

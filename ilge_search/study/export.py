@@ -15,7 +15,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from ..record import (
     study_record,
     trial_config,
 )
-from ..record.fields import Attrs, known_fields
+from ..record.fields import Attrs
 from ..storage import Storage, count_trials, open_storage
 from ..validation import check_int
 from .retraining import TrainingSetup, train_seeds
@@ -125,8 +125,19 @@ class StudyModel:
 
 @dataclass(frozen=True)
 class StudyExport:
-    """How ``ILGEClassifier.from_study`` and ``ILGETagger.from_study`` load a study's model: the keyword
-    arguments both take (described there), gathered once so that both read a study the same way."""
+    """How ``ILGEClassifier.from_study`` and ``ILGETagger.from_study`` read a study's model, so that both read a
+    study the same way.
+
+    Attributes:
+        seed: the training seed when the best trial is retrained.
+        retrain: retrain the selected trial even when the final evaluation stored its weights.
+        artifact_dir: where ``run`` uploaded the weights, if not next to the storage.
+        data_dir: where the study's data is now, for retraining and texts.
+        device, cache_dir, batch_size, progress: how the estimator runs its model and embeds texts.
+        trial: any complete trial instead of the selected one (a trial of a multi-objective study's final front gives
+            the weights its final evaluation kept; any other is retrained with ``seed``).
+        task_path: where a custom task's data is now, when it moved since the study ran.
+    """
 
     seed: int = 0
     retrain: bool = False
@@ -140,10 +151,15 @@ class StudyExport:
     task_path: PathLike | None = None
 
     @classmethod
-    def of(cls, arguments: Mapping[str, object]) -> StudyExport:
-        """The export options among a ``from_study`` call's arguments (its ``locals()``), so that the two
-        methods forward them without repeating the list."""
-        return cls(**known_fields(cls, arguments))
+    def with_settings(cls, export: StudyExport | None, settings: Mapping[str, Any]) -> StudyExport:
+        """``export`` (default: every field's default) with the fields ``settings`` names replaced; a name that is
+        no field is refused, so that a misspelt setting never falls back to its default."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            listed = ", ".join(map(repr, unknown))
+            raise TypeError(f"unknown export setting {listed}; the settings are {', '.join(names)}")
+        return replace(export or cls(), **settings)
 
 
 def load_for_estimator(

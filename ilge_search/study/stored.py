@@ -106,7 +106,7 @@ def _custom_task(spec: DataSpec, identity: Identity) -> TaskData:
     from ..tasks.core import load_task
     from .data import load_task_data
 
-    loaded = load_task(spec.task, None, **spec.column_options())
+    loaded = load_task(spec.task, None, columns=spec.task_columns())
     if identity.task and loaded.name != identity.task:
         loaded = dataclasses.replace(loaded, spec=dataclasses.replace(loaded.spec, name=str(identity.task)))
     return load_task_data(spec, loaded)

@@ -63,6 +63,7 @@ def _build_task(
 
 _WARNED: set = set()  # (source, warning) pairs already shown by this process
 _QUIET = {"data warnings": False}
+_USUAL_COLUMNS = TaskColumns()  # every column as the task registers it or as usually named
 
 
 def quiet_data_warnings() -> None:
@@ -245,12 +246,7 @@ def load_task(
     name_or_path: str | os.PathLike | TaskData,
     data_dir: PathLike | None = None,
     *,
-    text_col: str | None = None,
-    label_col: str | None = None,
-    text_cols: Sequence[str] | None = None,
-    score_col: str | None = None,
-    tokens_col: str | None = None,
-    tags_col: str | None = None,
+    columns: TaskColumns = _USUAL_COLUMNS,
     val_fraction: float = 0.15,
     seed: int = 42,
 ) -> TaskData:
@@ -262,10 +258,9 @@ def load_task(
             such file (it becomes ``train``; validation is carved from it).
         data_dir: local data in the shared layout; default ``$ILGE_SEARCH_DATA``; without one,
             registered tasks are downloaded with Hugging Face ``datasets``.
-        text_col, label_col: classification columns (override the registered ones).
-        text_cols, score_col: two text columns and a score column for sentence-pair tasks.
-        tokens_col, tags_col: a tagging task's columns, one list of words and one list of tags per row
-            (default ``tokens``/``tags``; a custom file with both columns is a tagging task).
+        columns: a :class:`~ilge_search.tasks.columns.TaskColumns`: ``text_col``, ``label_col`` (overriding the
+            registered ones); ``text_cols``, ``score_col`` for sentence pairs; ``tokens_col``, ``tags_col``, one list
+            of words and one of tags per row (default ``tokens``/``tags``; a file with both is a tagging task).
         val_fraction, seed: where there is no validation split, a stratified, seeded
             ``val_fraction`` of train becomes one (whole sentences for tagging).
 
@@ -278,14 +273,13 @@ def load_task(
     """
     if isinstance(name_or_path, TaskData):
         return name_or_path
-    options = TaskColumns(text_col, label_col, text_cols, score_col, tokens_col, tags_col)
     raw = os.fspath(name_or_path)
     path = Path(raw).expanduser()
     key = raw.strip().lower().replace("-", "_")
     if key in TASKS and not (path.exists() and os.sep in raw):
-        return _load_registered(get_task_spec(key), data_dir, options, val_fraction, seed)
+        return _load_registered(get_task_spec(key), data_dir, columns, val_fraction, seed)
     if path.exists():
-        return _load_custom(path, options, val_fraction, seed)
+        return _load_custom(path, columns, val_fraction, seed)
     get_task_spec(raw)  # raises the unknown-task error
     raise AssertionError("unreachable")
 

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 
-from ..embeddings.extraction import POOLINGS
+from ..embeddings.extraction import POOLINGS, ExtractionSettings
 from ..encoders.configs import EncoderConfig
 from ..record.fields import Attrs
+from ..study.export import StudyExport, load_study_ensemble
 from ..validation import check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
 from .inputs import check_features, check_labels, check_pairs, check_texts
@@ -137,7 +138,19 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
-        self._keep_arguments(locals())
+        # kept as given, as scikit-learn's get_params and clone read them
+        self.base_model = base_model
+        self.config = config
+        self.num_classes = num_classes
+        self.token_pooling = token_pooling
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.cache_dir = cache_dir
+        self.progress = progress
+        self.val_fraction = val_fraction
+        self.patience = patience
 
     # ------------------------------------------------------------------ validation
 
@@ -224,14 +237,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
             if self.base_model is None:
                 raise ValueError("base_model is None; pass a model name or folder, or use the *_embeddings methods")
             cache = self._embedding_cache()
+            settings = ExtractionSettings(self.token_pooling, self.max_length, self.batch_size, self.device)
             features = cache.get_or_extract_texts(
-                self.base_model,
-                missing,
-                pooling=self.token_pooling,
-                max_length=self.max_length,
-                batch_size=self.batch_size,
-                device=self.device,
-                progress=bool(self.progress),
+                self.base_model, missing, settings=settings, progress=bool(self.progress)
             )
             for text, row in zip(missing, features, strict=True):
                 memo[text] = row
@@ -510,8 +518,6 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         """The ensemble a study stored (``ilge-search ensemble`` or ``run --ensemble K``) as one fitted
         estimator: ``n_members_`` members predicting their mixed probabilities or scores (see
         :mod:`ilge_search.study.ensemble`); ``save`` writes an ensemble folder that ``load`` reads back."""
-        from ..study.export import StudyExport, load_study_ensemble
-
         found = load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
         return cls._from_found(
             found, study_name, StudyExport(device=device, cache_dir=cache_dir, batch_size=batch_size)

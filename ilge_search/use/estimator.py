@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -26,13 +26,13 @@ from ..embeddings.models import model_reference_to_load, model_reference_to_save
 from ..encoders import config_class_for, config_from_dict
 from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig
 from ..record.fields import Attrs
+from ..study.export import StudyExport, StudyModel, load_for_estimator
 from ..validation import ArgumentTypeError
 
 if TYPE_CHECKING:
     from ..embeddings.cache import EmbeddingCache
     from ..engine.core import Dataset
     from ..storage import Storage
-    from ..study.export import StudyExport, StudyModel
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_FILE", "Fitted", "LoadOptions", "SavedEstimator", "load_state", "read_weights"]
 
@@ -139,13 +139,6 @@ class SavedEstimator(BaseEstimator):
     best_layer_: int | None
     layer_scores_: list[float]
     provenance_: Attrs
-
-    def _keep_arguments(self, arguments: Mapping[str, object]) -> None:
-        """Store each argument of a subclass's ``__init__`` (its ``locals()``) under its own name, unchanged, as
-        scikit-learn's ``get_params`` and ``clone`` read them."""
-        for name, value in arguments.items():
-            if name != "self":
-                setattr(self, name, value)
 
     # ------------------------------------------------------------------ checks
 
@@ -406,16 +399,8 @@ class SavedEstimator(BaseEstimator):
         storage: str | Storage | None,
         study_name: str,
         *,
-        seed: int = 0,
-        retrain: bool = False,
-        artifact_dir: PathLike | None = None,
-        data_dir: PathLike | None = None,
-        device: str = "auto",
-        cache_dir: PathLike | None = None,
-        batch_size: int = 32,
-        progress: bool = False,
-        trial: int | None = None,
-        task_path: PathLike | None = None,
+        export: StudyExport | None = None,
+        **settings: Any,
     ) -> EstimatorT:
         """The model a finished study found, as a fitted estimator (``save`` writes the usual folder).
 
@@ -423,17 +408,13 @@ class SavedEstimator(BaseEstimator):
         the best trial retrained once with ``seed``; ``provenance_`` says which (study, trial, seed, storage without
         password, scores, versions). On the study's test split it scores the stored final test score of that seed. A
         similarity study gives a similarity model; a tagging study is exported by ``ILGETagger`` (its words made as the
-        study made them). ``artifact_dir``: where ``run`` uploaded the weights, if not next to the storage;
-        ``data_dir``/``cache_dir``/``device``: for retraining and texts. ``trial``: any complete trial instead of the
-        selected one (a trial of a multi-objective study's final front gives the weights its final evaluation kept; any
-        other is retrained with ``seed``). ``task_path``: where a custom task's data is now, when it moved since the
-        study ran.
+        study made them). How the study is read is a :class:`~ilge_search.study.export.StudyExport` (its fields say
+        what each setting does), given as ``export`` or as its fields by keyword (``device="cpu"``); keywords replace
+        the fields of ``export``, and a keyword that is not a field is refused.
         """
-        from ..study.export import StudyExport, load_for_estimator
-
-        export = StudyExport.of(locals())
-        found = load_for_estimator(storage, study_name, export, tagging=cls.TAGGING)
-        return cls._from_found(found, study_name, export)
+        how = StudyExport.with_settings(export, settings)
+        found = load_for_estimator(storage, study_name, how, tagging=cls.TAGGING)
+        return cls._from_found(found, study_name, how)
 
     @classmethod
     def _from_found(cls: type[EstimatorT], found: StudyModel, study_name: str, export: StudyExport) -> EstimatorT:

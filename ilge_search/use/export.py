@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..record.fields import Attrs
+from ..study.export import StudyExport
 from .classifier import ILGEClassifier, check_save_folder
 from .tagger import ILGETagger, check_tagger_folder
 
@@ -103,20 +104,26 @@ def seed_line(p: Attrs) -> str:
 
 def _estimator(storage: str | Storage | None, request: ExportRequest, tagging: bool) -> ILGEClassifier | ILGETagger:
     """The study's model as the estimator its task needs (the output folder already checked)."""
-    where: Attrs = {"artifact_dir": request.artifact_dir, "cache_dir": request.cache_dir, "device": request.device}
-    if request.ensemble:
-        return ILGEClassifier.from_study_ensemble(storage, request.study_name, **where)
-    model_class: type[ILGEClassifier] | type[ILGETagger] = ILGETagger if tagging else ILGEClassifier
-    return model_class.from_study(
-        storage,
-        request.study_name,
+    export = StudyExport(
         seed=request.seed,
         retrain=request.retrain,
+        artifact_dir=request.artifact_dir,
         data_dir=request.data_dir,
+        device=request.device,
+        cache_dir=request.cache_dir,
         trial=request.trial_number,
         task_path=request.task_path,
-        **where,
     )
+    if request.ensemble:
+        return ILGEClassifier.from_study_ensemble(
+            storage,
+            request.study_name,
+            artifact_dir=request.artifact_dir,
+            device=request.device,
+            cache_dir=request.cache_dir,
+        )
+    model_class: type[ILGEClassifier] | type[ILGETagger] = ILGETagger if tagging else ILGEClassifier
+    return model_class.from_study(storage, request.study_name, export=export)
 
 
 def _summary(request: ExportRequest, estimator: ILGEClassifier | ILGETagger) -> ExportResult:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from ..embeddings.extraction import ExtractionSettings
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
 from ..record.fields import Attrs
@@ -400,6 +401,7 @@ def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes
     from ..embeddings.cache import EmbeddingCache
 
     clf = job.clf
+    settings = ExtractionSettings(clf.token_pooling, clf.max_length, clf.batch_size, options.device)
     bar = new_bar(BarSpec(f"predict {job.input_path.name}", job.rows, "row", enabled=options.progress))
     row = 0  # rows written so far; the output's "row" counts from 1, as error messages do
     try:
@@ -414,15 +416,8 @@ def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes
             writer = _Writer(handle, job.out_kind, job.columns, job.value_columns())
             for chunk in _chunks(job.input_path, job.suffix, job.columns, options.chunk_rows):
                 texts = _checked_texts(chunk, job.columns, row + 1, job.input_path, job.row_word)
-                features = cache.get_or_extract_texts(
-                    source,
-                    [text for cells in texts for text in cells],
-                    pooling=clf.token_pooling,
-                    max_length=clf.max_length,
-                    batch_size=clf.batch_size,
-                    device=options.device,
-                    progress=False,
-                )
+                flat = [text for cells in texts for text in cells]
+                features = cache.get_or_extract_texts(source, flat, settings=settings, progress=False)
                 for cells, value in zip(texts, _chunk_values(job, features, len(texts)), strict=True):
                     row += 1
                     writer.write({"row": row, **dict(zip(job.columns, cells, strict=True)), **value})

@@ -108,7 +108,18 @@ class ILGETagger(SavedEstimator):
         val_fraction: float = 0.15,
         patience: int = 10,
     ) -> None:
-        self._keep_arguments(locals())
+        # kept as given, as scikit-learn's get_params and clone read them
+        self.base_model = base_model
+        self.config = config
+        self.word_pooling = word_pooling
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.device = device
+        self.random_state = random_state
+        self.cache_dir = cache_dir
+        self.progress = progress
+        self.val_fraction = val_fraction
+        self.patience = patience
 
     # ------------------------------------------------------------------ checks
 

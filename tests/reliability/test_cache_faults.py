@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from reliability_helpers import cli_command, labelled, one_line_error, remount, subprocess_env, temp_files, write_task
 
 from ilge_search.cli import cli
-from ilge_search.embeddings.cache import EmbeddingCache, load_task_embeddings
+from ilge_search.embeddings.cache import EmbeddingCache, ExtractionSettings, load_task_embeddings
 from ilge_search.files import DiskError, remove_stale_temp_files
 
 MODEL = "minilm-l6"  # 7 layers x 384: 5,376 bytes per text in float16
@@ -48,7 +48,9 @@ def _task(tmp_path: Path, train: int, test: int = 10) -> Path:
 def test_full_disk_is_refused_before_any_model_load_naming_folder_and_size(tmp_path, small_disk, no_model_loads):
     task = _task(tmp_path, 300)  # train: 300 x 7 x 384 x 2 bytes = 1.6 MB > the 1 MiB disk
     with pytest.raises(DiskError) as caught:
-        load_task_embeddings(MODEL, task, cache_dir=small_disk, device="cpu", progress=False)
+        load_task_embeddings(
+            MODEL, task, cache_dir=small_disk, progress=False, settings=ExtractionSettings(device="cpu")
+        )
     message = str(caught.value)
     assert message.startswith("not enough free space for embedding cache entry ")
     assert f"in {small_disk / 'embeddings'}: it needs 1.6 MB, " in message and "--cache-dir" in message
@@ -66,7 +68,9 @@ def test_enospc_while_allocating_is_one_line_and_leaves_no_temp_file(tmp_path, s
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 40, 0, 1 << 40))
     with pytest.raises(DiskError) as caught:
-        load_task_embeddings(MODEL, _task(tmp_path, 300), cache_dir=small_disk, device="cpu", progress=False)
+        load_task_embeddings(
+            MODEL, _task(tmp_path, 300), cache_dir=small_disk, progress=False, settings=ExtractionSettings(device="cpu")
+        )
     assert f"the disk holding {small_disk / 'embeddings'} is full (No space left on device)" in str(caught.value)
     assert "nothing half-written was kept" in str(caught.value)
     assert temp_files(small_disk) == []
@@ -138,7 +142,9 @@ def test_read_only_cache_is_refused_in_one_line_before_any_model_load(tmp_path, 
         match=rf"^the embedding cache folder {read_only_dir / 'embeddings'} is not "
         rf"writable \((Read-only file system|Permission denied)\); pass --cache-dir",
     ):
-        load_task_embeddings(MODEL, task, cache_dir=read_only_dir, device="cpu", progress=False)
+        load_task_embeddings(
+            MODEL, task, cache_dir=read_only_dir, progress=False, settings=ExtractionSettings(device="cpu")
+        )
     result = CliRunner().invoke(
         cli,
         [
@@ -166,12 +172,16 @@ def test_read_only_cache_still_serves_its_entries(tmp_path, monkeypatch):
         skip_because("mounting a tmpfs needs root (mount -t tmpfs); run the suite as root")
     try:
         task = _task(tmp_path, 20, test=6)
-        first = load_task_embeddings(MODEL, task, cache_dir=disk, device="cpu", progress=False)
+        first = load_task_embeddings(
+            MODEL, task, cache_dir=disk, progress=False, settings=ExtractionSettings(device="cpu")
+        )
         remount(disk, "ro")
         from ilge_search.embeddings.extraction import LayerEmbedder
 
         monkeypatch.setattr(LayerEmbedder, "load", lambda self: pytest.fail("a model was loaded"))
-        again = load_task_embeddings(MODEL, task, cache_dir=disk, device="cpu", progress=False)
+        again = load_task_embeddings(
+            MODEL, task, cache_dir=disk, progress=False, settings=ExtractionSettings(device="cpu")
+        )
         assert all(entry.hit for entry in again.splits.values())
         assert again.cache_keys == first.cache_keys
         assert bool((again["train"].features == first["train"].features).all())

@@ -19,8 +19,9 @@ from click.testing import CliRunner
 from reliability_helpers import MODEL, labelled, one_line_error, refused_run, sentences, sqlite_url, write_task
 
 from ilge_search.cli import cli
-from ilge_search.embeddings.cache import load_task_embeddings
+from ilge_search.embeddings.cache import ExtractionSettings, load_task_embeddings
 from ilge_search.study.grid import load_sweep
+from ilge_search.tasks.columns import TaskColumns
 from ilge_search.tasks.core import TaskError, few_shot, load_task, subsample
 
 # ----------------------------------------------------------------------------- a single label
@@ -30,7 +31,9 @@ def test_single_label_task_is_refused_before_any_model_load(tmp_path, no_model_l
     task = write_task(tmp_path / "one-label", {"train": labelled(40, ["spam"]), "test": labelled(10, ["spam"], 100)})
     cache = tmp_path / "cache"
     with pytest.raises(TaskError, match="every row has the label 'spam'; a classifier needs at least two labels"):
-        load_task_embeddings("minilm-l6", task, cache_dir=cache, device="cpu", progress=False)
+        load_task_embeddings(
+            "minilm-l6", task, cache_dir=cache, progress=False, settings=ExtractionSettings(device="cpu")
+        )
     assert not (cache / "embeddings").exists()  # nothing extracted, nothing written
 
     result = refused_run(tmp_path, task)
@@ -54,7 +57,9 @@ def test_list_or_dict_values_are_refused_naming_the_rows(tmp_path, no_model_load
         row[column] = value
     task = write_task(tmp_path / "nested", {"train": rows, "test": labelled(10, ["a", "b"], 100)})
     with pytest.raises(TaskError) as caught:
-        load_task_embeddings("minilm-l6", task, cache_dir=tmp_path / "cache", device="cpu", progress=False)
+        load_task_embeddings(
+            "minilm-l6", task, cache_dir=tmp_path / "cache", progress=False, settings=ExtractionSettings(device="cpu")
+        )
     message = str(caught.value)
     assert f"column {column!r} holds {kind} values at row(s) 4, 8" in message
     assert "one value per row" in message and "\n" not in message
@@ -172,7 +177,9 @@ def test_non_utf8_jsonl_names_the_file_and_the_line(tmp_path, no_model_loads):
     lines[11] = lines[11].replace(b"the ", b"the caf\xe9 ", 1)  # line 12, Latin-1
     path.write_bytes(b"\n".join(lines))
     with pytest.raises(TaskError) as caught:
-        load_task_embeddings("minilm-l6", folder, cache_dir=tmp_path / "cache", device="cpu", progress=False)
+        load_task_embeddings(
+            "minilm-l6", folder, cache_dir=tmp_path / "cache", progress=False, settings=ExtractionSettings(device="cpu")
+        )
     offset = sum(len(line) + 1 for line in lines[:11]) + len('{"text": "the caf')
     assert str(caught.value).startswith(f"{path}: line 12, column 18 is not valid UTF-8 (byte 0xe9 at offset {offset}:")
     assert "save the file as UTF-8" in str(caught.value)
@@ -195,7 +202,7 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     path.write_bytes(
         b"\xef\xbb\xbftext,label\n" + b"".join(f"{t},{'ab'[i % 2]}\n".encode() for i, t in enumerate(sentences(12)))
     )
-    assert load_task(path, text_col="text", label_col="label").label_names == ["a", "b"]
+    assert load_task(path, columns=TaskColumns(text_col="text", label_col="label")).label_names == ["a", "b"]
 
 
 def test_non_utf8_sweep_toml_names_the_file_and_the_line(tmp_path):

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from reliability_helpers import labelled, one_line_error, write_task
 
 from ilge_search.cli import cli
-from ilge_search.embeddings.cache import EmbeddingCache, load_task_embeddings
+from ilge_search.embeddings.cache import EmbeddingCache, ExtractionSettings, load_task_embeddings
 from ilge_search.embeddings.models import (
     ModelLoadError,
     load_config,
@@ -42,9 +42,13 @@ def test_a_device_this_machine_lacks_is_refused_at_every_entrance_before_any_loa
         resolve_device(device)
     task = write_task(tmp_path / "task", {"train": labelled(30, ["a", "b"]), "test": labelled(6, ["a", "b"], 60)})
     with pytest.raises(ValueError, match=pattern):  # the cache entrance: embed, run, sweep
-        load_task_embeddings("minilm-l6", task, cache_dir=tmp_path / "cache", device=device, progress=False)
+        load_task_embeddings(
+            "minilm-l6", task, cache_dir=tmp_path / "cache", progress=False, settings=ExtractionSettings(device=device)
+        )
     with pytest.raises(ValueError, match=pattern):  # texts, as the classifier embeds them
-        EmbeddingCache(tmp_path / "cache").get_or_extract_texts("minilm-l6", ["a text"], device=device)
+        EmbeddingCache(tmp_path / "cache").get_or_extract_texts(
+            "minilm-l6", ["a text"], settings=ExtractionSettings(device=device)
+        )
     features = torch.randn(40, 3, 8)
     with pytest.raises(ValueError, match=pattern):  # the estimator, before training
         ILGEClassifier(config=MLPLastConfig(hidden_dim=4), device=device).fit_embeddings(features, np.arange(40) % 2)

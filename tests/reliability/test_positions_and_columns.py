@@ -16,6 +16,7 @@ from reliability_helpers import one_line_error
 from ilge_search import ILGETagger, LastLayerConfig
 from ilge_search.cli import cli
 from ilge_search.embeddings.words import WordTokenizer
+from ilge_search.tasks.columns import TaskColumns
 from ilge_search.tasks.core import TaskError, load_task
 from ilge_search.testing.tiny_models import CORPUS, tiny_encoder
 
@@ -49,7 +50,7 @@ def test_the_same_string_in_a_csv_cell_is_read_as_words(tmp_path):
     for split in ("train", "validation", "test"):
         lines = ["tokens,tags", "The cat sat,DET NOUN VERB", "A dog ran,DET NOUN VERB", "Birds fly,NOUN VERB"]
         (folder / f"{split}.csv").write_text("\n".join(lines) + "\n")
-    task = load_task(folder, tokens_col="tokens", tags_col="tags")
+    task = load_task(folder, columns=TaskColumns(tokens_col="tokens", tags_col="tags"))
     assert task["train"].sentences[0] == ["The", "cat", "sat"] and len(task["train"].labels) == 8
 
 
