@@ -474,23 +474,29 @@ def with_protocol(sweep: Sweep, protocol: str | None = None, samples_per_label: 
     return dataclasses.replace(sweep, entries=entries)
 
 
-@dataclass(frozen=True)
-class SweepOverrides:
-    """What the command line changes in a grid: ``cv``, ``protocol`` and ``samples_per_label`` change every
-    study's identity (and name); ``select``, ``workers`` and ``threads`` only how it runs and is evaluated.
-    ``None`` keeps the grid's value."""
+# the study options `sweep` sets for every study of a grid over the grid's values, by flat name (their flags,
+# checks and help are the fields' own): these change each study's identity (and name) ...
+RENAMING_OVERRIDES = ("cv", "protocol", "samples_per_label")
+# ... and these only how it runs and is evaluated
+RUN_OVERRIDES = ("select", "workers", "threads")
 
-    cv: int | None = None
-    protocol: str | None = None
-    samples_per_label: int | None = None
-    select: str | None = None
-    workers: int | None = None
-    threads: int | None = None
+
+@dataclass(frozen=True, init=False)
+class SweepOverrides:
+    """What the command line changes in a grid: the options of :data:`RENAMING_OVERRIDES` and
+    :data:`RUN_OVERRIDES`, by flat name; ``None`` keeps the grid's value."""
+
+    values: Mapping[str, Any]
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - {*RENAMING_OVERRIDES, *RUN_OVERRIDES})
+        if unknown:
+            raise TypeError(f"SweepOverrides takes {RENAMING_OVERRIDES + RUN_OVERRIDES}, not {unknown}")
+        object.__setattr__(self, "values", {name: value for name, value in values.items() if value is not None})
 
     def run_options(self) -> dict[str, object]:
         """The flat study options these overrides set (those that do not rename a study)."""
-        pairs = (("workers", self.workers), ("threads", self.threads), ("select", self.select))
-        return {key: value for key, value in pairs if value}
+        return {name: self.values[name] for name in RUN_OVERRIDES if self.values.get(name)}
 
 
 @dataclass(frozen=True)
@@ -519,7 +525,8 @@ def with_overrides(sweep: Sweep, overrides: SweepOverrides | None) -> Sweep:
     the run would."""
     if overrides is None:
         return sweep
-    if overrides.cv is not None:
-        check_cv(overrides.cv)
-        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=overrides.cv) for e in sweep.entries])
-    return with_protocol(sweep, overrides.protocol, overrides.samples_per_label)
+    cv = overrides.values.get("cv")
+    if cv is not None:
+        check_cv(cv)
+        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
+    return with_protocol(sweep, overrides.values.get("protocol"), overrides.values.get("samples_per_label"))
