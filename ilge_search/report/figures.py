@@ -22,6 +22,7 @@ from .document import slug
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from matplotlib.axes import Axes
     from matplotlib.backend_bases import RendererBase
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -150,6 +151,21 @@ def encoder_colors() -> dict[str, ColorType]:
     return {m: cmap(i) for i, m in enumerate(METHODS)}
 
 
+def _best_trial_lines(ax: Axes, by_encoder: dict[str, ReportStudy], colors: dict[str, ColorType], scale: float) -> None:
+    """A dashed line per aggregator at its best trial's validation score."""
+    for encoder in METHODS:
+        record = by_encoder.get(encoder)
+        if encoder == "best-layer" or record is None or record.best_value is None:
+            continue
+        ax.axhline(
+            record.best_value * scale,
+            color=colors[encoder],
+            linestyle="--",
+            linewidth=1.4,
+            label=f"{METHOD_LABELS[encoder]} (best trial)",
+        )
+
+
 def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     by_encoder = {r.encoder: r for r in records}
     probe = by_encoder.get("best-layer")
@@ -182,17 +198,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
             zorder=4,
             label=f"chosen layer ({probe.chosen_layer})",
         )
-    for encoder in METHODS:
-        record = by_encoder.get(encoder)
-        if encoder == "best-layer" or record is None or record.best_value is None:
-            continue
-        ax.axhline(
-            record.best_value * scale,
-            color=colors[encoder],
-            linestyle="--",
-            linewidth=1.4,
-            label=f"{METHOD_LABELS[encoder]} (best trial)",
-        )
+    _best_trial_lines(ax, by_encoder, colors, scale)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
