@@ -23,7 +23,7 @@ from .group import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from ..study import SweepFilter, SweepOverrides
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
@@ -159,31 +159,13 @@ def sweep_command(
     **overridden: Any,
 ) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
-    from ..study import SweepFilter, SweepOverrides, SweepRuntime, plan_sweep, run_sweep
-    from ..study.plan import format_seconds
+    from ..study import SweepFilter, SweepOverrides, SweepRuntime, run_sweep
 
     study_logging(quiet)
     overrides = SweepOverrides(**overridden)
     only = SweepFilter(models=models, tasks=tasks, encoders=encoders)
     if dry_run:
-        from ..study import estimate_sweep
-
-        click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
-        if not estimate:
-            return
-        plans = estimate_sweep(
-            grid,
-            storage=storage,
-            only=only,
-            overrides=overrides,
-            data_dir=settings.data_dir,
-            cache_dir=settings.cache_dir,
-            device=settings.device,
-        )
-        for plan in plans:
-            click.echo("")
-            click.echo(plan.describe())
-        click.echo(f"\nsweep total: estimated wall time {format_seconds(sum(p.seconds for p in plans))}")
+        _sweep_dry_run(settings, grid, storage, only, overrides, estimate)
         return
     try:
         results = run_sweep(
@@ -203,6 +185,31 @@ def sweep_command(
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)
         raise SystemExit(130) from None
     print_results(results)
+
+
+def _sweep_dry_run(
+    settings: Settings, grid: str, storage: str | None, only: SweepFilter, overrides: SweepOverrides, estimate: bool
+) -> None:
+    """Print the grid's budgets and, with ``estimate``, each run's plan and the sweep's estimated wall time."""
+    from ..study import estimate_sweep, plan_sweep
+    from ..study.plan import format_seconds
+
+    click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
+    if not estimate:
+        return
+    plans = estimate_sweep(
+        grid,
+        storage=storage,
+        only=only,
+        overrides=overrides,
+        data_dir=settings.data_dir,
+        cache_dir=settings.cache_dir,
+        device=settings.device,
+    )
+    for plan in plans:
+        click.echo("")
+        click.echo(plan.describe())
+    click.echo(f"\nsweep total: estimated wall time {format_seconds(sum(p.seconds for p in plans))}")
 
 
 @cli.command("studies")

@@ -344,6 +344,22 @@ def _word_pooling(where: str, task: str, options: Mapping[str, object], raw: Map
     return str(value)
 
 
+def _common_options(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a task's studies share whatever their protocol, shots and encoder: its own, else the grid's."""
+    zero_shot = tuple(_str_list(where, options["zero_shot"], "zero_shot")) if "zero_shot" in options else ()
+    for name in zero_shot:
+        _check_task_name(where, name)
+    return dict(
+        max_train=_task_count(where, options, raw, "max_train"),
+        max_eval=_task_count(where, options, raw, "max_eval"),
+        max_epochs=_task_count(where, options, raw, "max_epochs"),
+        cv=_task_count(where, options, raw, "cv"),
+        zero_shot=zero_shot,
+        data_seed=_int_or_none(where, options, "data_seed", raw.get("data_seed", 0), minimum=0),
+        word_pooling=_word_pooling(where, task, options, raw),
+    )
+
+
 def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders: list[str]) -> list[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
@@ -360,17 +376,8 @@ def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders:
         _check_keys(task_where, options, TASK_KEYS)
         _check_task_name(task_where, task)
         task_encoders, task_budgets = _task_budgets(task_where, raw, options, encoders, budgets)
-        zero_shot = tuple(_str_list(task_where, options["zero_shot"], "zero_shot")) if "zero_shot" in options else ()
-        for name in zero_shot:
-            _check_task_name(task_where, name)
         objectives = _objectives(task_where, options.get("objectives"), all_encoders, grid_objectives)
-        common: dict[str, Any] = dict(
-            max_train=_task_count(task_where, options, raw, "max_train"),
-            max_eval=_task_count(task_where, options, raw, "max_eval"),
-            max_epochs=_task_count(task_where, options, raw, "max_epochs"),
-            cv=_task_count(task_where, options, raw, "cv"),
-            zero_shot=zero_shot,
-        )
+        common = _common_options(task_where, task, options, raw)
         protocols = _protocols(task_where, options.get("protocol", raw.get("protocol", DEFAULT_PROTOCOL)))
         samples_per_label = _task_count(task_where, options, raw, "samples_per_label")
         if samples_per_label is not None and protocols == ["matched"]:
@@ -378,8 +385,6 @@ def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders:
                 task_where, 'samples_per_label sets the paper protocol\'s readout; add protocol = "paper" or drop it'
             )
         shot_values = _shots(task_where, task, options, raw)
-        common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
-        common["word_pooling"] = _word_pooling(task_where, task, options, raw)
         warm_start = _task_count(task_where, options, raw, "warm_start") or 0
         methods = _methods(task_where, options.get("methods", raw.get("methods")))
         # nested in this order (protocol, model, shots, encoder): the order of the grid's studies
