@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from matplotlib.typing import ColorType, RcKeyType
 
 __all__ = [
-    "FIGURE_KINDS",
     "DISPLAY_DPI",
     "SAVE_DPI",
     "draw_figures",
@@ -43,7 +42,6 @@ __all__ = [
     "encoder_colors",
 ]
 
-FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
 SAVE_DPI = 150  # the PNG's own resolution: sharper text than the displayed size needs
 MIN_FONT = 9.0  # points; tick labels, legends and panel titles never go below this

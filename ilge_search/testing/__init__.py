@@ -23,6 +23,16 @@ from .tiny_model import TinyModelSpec, write_tiny_model
 if TYPE_CHECKING:
     from .encoder_contract import LayerEncoderContract
 
+
+def __getattr__(name: str) -> Any:
+    # the contract is a pytest class: a library user without pytest can import the other helpers
+    if name == "LayerEncoderContract":
+        from .encoder_contract import LayerEncoderContract
+
+        return LayerEncoderContract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "LayerEncoderContract",
     "LayerSignal",
@@ -48,12 +58,3 @@ __all__ = [
     "add_matrix_problems",
     "store_matrix",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # the contract is a pytest class: a library user without pytest can import the other helpers
-    if name == "LayerEncoderContract":
-        from .encoder_contract import LayerEncoderContract
-
-        return LayerEncoderContract
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
