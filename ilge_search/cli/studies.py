@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -88,8 +89,7 @@ def run_command(
 
     study["objectives"] = _checked_objectives(study["objectives"], study["select"], study["final_front"])
     study_logging(quiet)
-    location = dict(data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device)
-    options = from_command_line({**study, **location, "progress": not quiet})
+    options = from_command_line({**study, **asdict(settings), "progress": not quiet})
     if dry_run:
         from ..study import plan_run
 
@@ -173,13 +173,7 @@ def sweep_command(
             storage=storage,
             only=only,
             overrides=overrides,
-            runtime=SweepRuntime(
-                data_dir=settings.data_dir,
-                cache_dir=settings.cache_dir,
-                device=settings.device,
-                artifact_dir=artifact_dir,
-                progress=not quiet,
-            ),
+            runtime=SweepRuntime(**asdict(settings), artifact_dir=artifact_dir, progress=not quiet),
         )
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)
@@ -197,15 +191,7 @@ def _sweep_dry_run(
     click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
     if not estimate:
         return
-    plans = estimate_sweep(
-        grid,
-        storage=storage,
-        only=only,
-        overrides=overrides,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-    )
+    plans = estimate_sweep(grid, storage=storage, only=only, overrides=overrides, **asdict(settings))
     for plan in plans:
         click.echo("")
         click.echo(plan.describe())
