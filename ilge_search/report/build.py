@@ -27,7 +27,7 @@ from ..files import write_output_text
 from ..storage import hide_password
 from .attributions import attribution_notes
 from .comparisons import stored_predictions
-from .data import collect_records
+from .data import ReportStudy, collect_records
 from .document import Document
 from .fewshot import fewshot_frame
 from .folder import MANIFEST_NAME, check_out_dir, default_report_dir, finish_out_dir
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ..defaults.loto import LotoResult
-    from ..record import StudyRecord
 
 __all__ = ["ReportResult", "build_report", "MANIFEST_NAME"]
 
@@ -134,7 +133,7 @@ def _read_report_data(storage_url: str) -> ReportData:
     )
 
 
-def _not_shown(duplicates: list[StudyRecord]) -> list[str]:
+def _not_shown(duplicates: list[ReportStudy]) -> list[str]:
     """Why each study that another study's numbers stand for is left out of the tables."""
     return [
         f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
