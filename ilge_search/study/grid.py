@@ -479,10 +479,8 @@ def with_protocol(sweep: Sweep, protocol: str | None = None, samples_per_label: 
     return dataclasses.replace(sweep, entries=entries)
 
 
-# the study options `sweep` sets for every study of a grid over the grid's values, by flat name (their flags,
-# checks and help are the fields' own): these change each study's identity (and name) ...
+# the study options (flat names) `sweep` sets over a grid's: these rename every study, these change how it runs
 RENAMING_OVERRIDES = ("cv", "protocol", "samples_per_label")
-# ... and these only how it runs and is evaluated
 RUN_OVERRIDES = ("select", "workers", "threads")
 
 
