@@ -230,6 +230,20 @@ def _reopen(
     )
 
 
+def _checked_sqlite_file(parsed: sqlalchemy.engine.URL, must_exist: bool, shown: str) -> Path | None:
+    """The SQLite file of ``parsed`` (``None``: a server database): a reader's must exist, a writer's must be
+    writable."""
+    database = _sqlite_file(parsed)
+    if database is not None and must_exist and not database.is_file():
+        raise StorageError(
+            f"no study storage at {parsed.database}; run `ilge-search run` (or `sweep`) first, "
+            "or pass the right --storage"
+        )
+    if database is not None and not must_exist:
+        _check_sqlite_writable(database, shown)
+    return database
+
+
 def open_storage(
     url: str | None = None,
     *,
@@ -260,16 +274,9 @@ def open_storage(
     """
     url = default_storage_url() if url is None else url
     parsed = _parse(url)
-    database = _sqlite_file(parsed)
     shown = hide_password(url)
-    if must_exist and database is not None and not database.is_file():
-        raise StorageError(
-            f"no study storage at {parsed.database}; run `ilge-search run` (or `sweep`) first, "
-            "or pass the right --storage"
-        )
+    database = _checked_sqlite_file(parsed, must_exist, shown)
     driver_url = _with_installed_driver(parsed) if parsed.drivername == "postgresql" else url
-    if database is not None and not must_exist:
-        _check_sqlite_writable(database, shown)
     heartbeat = _heartbeat_kwargs(heartbeat_interval, grace_period, max_retry)
     rdb = _open_rdb(
         _Connection(driver_url, shown, parsed.get_backend_name() == "sqlite"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -23,7 +24,7 @@ from .group import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from ..study import SweepFilter, SweepOverrides
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
@@ -88,8 +89,7 @@ def run_command(
 
     study["objectives"] = _checked_objectives(study["objectives"], study["select"], study["final_front"])
     study_logging(quiet)
-    location = dict(data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device)
-    options = from_command_line({**study, **location, "progress": not quiet})
+    options = from_command_line({**study, **asdict(settings), "progress": not quiet})
     if dry_run:
         from ..study import plan_run
 
@@ -153,31 +153,13 @@ def sweep_command(
     **overridden: Any,
 ) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
-    from ..study import SweepFilter, SweepOverrides, SweepRuntime, plan_sweep, run_sweep
-    from ..study.plan import format_seconds
+    from ..study import SweepFilter, SweepOverrides, SweepRuntime, run_sweep
 
     study_logging(quiet)
     overrides = SweepOverrides(**overridden)
     only = SweepFilter(models=models, tasks=tasks, encoders=encoders)
     if dry_run:
-        from ..study import estimate_sweep
-
-        click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
-        if not estimate:
-            return
-        plans = estimate_sweep(
-            grid,
-            storage=storage,
-            only=only,
-            overrides=overrides,
-            data_dir=settings.data_dir,
-            cache_dir=settings.cache_dir,
-            device=settings.device,
-        )
-        for plan in plans:
-            click.echo("")
-            click.echo(plan.describe())
-        click.echo(f"\nsweep total: estimated wall time {format_seconds(sum(p.seconds for p in plans))}")
+        _sweep_dry_run(settings, grid, storage, only, overrides, estimate)
         return
     try:
         results = run_sweep(
@@ -185,18 +167,29 @@ def sweep_command(
             storage=storage,
             only=only,
             overrides=overrides,
-            runtime=SweepRuntime(
-                data_dir=settings.data_dir,
-                cache_dir=settings.cache_dir,
-                device=settings.device,
-                artifact_dir=artifact_dir,
-                progress=not quiet,
-            ),
+            runtime=SweepRuntime(**asdict(settings), artifact_dir=artifact_dir, progress=not quiet),
         )
     except KeyboardInterrupt:
         click.echo("interrupted: finished trials are stored; rerun the same command to resume", err=True)
         raise SystemExit(130) from None
     print_results(results)
+
+
+def _sweep_dry_run(
+    settings: Settings, grid: str, storage: str | None, only: SweepFilter, overrides: SweepOverrides, estimate: bool
+) -> None:
+    """Print the grid's budgets and, with ``estimate``, each run's plan and the sweep's estimated wall time."""
+    from ..study import estimate_sweep, plan_sweep
+    from ..study.plan import format_seconds
+
+    click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
+    if not estimate:
+        return
+    plans = estimate_sweep(grid, storage=storage, only=only, overrides=overrides, **asdict(settings))
+    for plan in plans:
+        click.echo("")
+        click.echo(plan.describe())
+    click.echo(f"\nsweep total: estimated wall time {format_seconds(sum(p.seconds for p in plans))}")
 
 
 @cli.command("studies")

@@ -7,7 +7,7 @@ import click
 
 from ..encoders import encoder_families
 from ..settings import Settings
-from .group import FORMAT_OPTION, QUIET_OPTION, cli, flag, location_options, storage_option, study_logging
+from .group import FORMAT_OPTION, QUIET_OPTION, cli, flag, int_option, location_options, storage_option, study_logging
 
 SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
 
@@ -36,16 +36,26 @@ def _one_family(ctx: click.Context, param: click.Parameter, value: tuple) -> str
     return value[0] if value else "cayley"
 
 
-@cli.command("portfolio")
-@storage_option(required=True)
-@click.option(
+# the options of both commands
+_FAMILY = click.option(
     "--family",
     type=click.Choice(encoder_families()),
     multiple=True,
     callback=_one_family,
     help="ILGE family (once per run).  [default: cayley]",
 )
-@click.option("--bucket", type=click.Choice(SIZE_BUCKETS), default="small", show_default=True, help="Model size.")
+_BUCKET = click.option(
+    "--bucket", type=click.Choice(SIZE_BUCKETS), default="small", show_default=True, help="Model size."
+)
+_WORKERS = int_option("--workers", minimum=1, default=1, help="Training processes.")
+_THREADS = int_option("--threads", minimum=1, default=None, help="Torch CPU threads per process.")
+_DRY_RUN = flag("--dry-run", help="Count the missing cells and estimate their time; create nothing.")
+
+
+@cli.command("portfolio")
+@storage_option(required=True)
+@_FAMILY
+@_BUCKET
 @click.option("--top-k", type=click.IntRange(min=0), default=3, show_default=True, help="Top trials per problem.")
 @click.option("--size", type=click.IntRange(min=1), default=4, show_default=True, help="Portfolio members.")
 @click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True, help="Training seeds per cell.")
@@ -53,15 +63,15 @@ def _one_family(ctx: click.Context, param: click.Parameter, value: tuple) -> str
 @click.option("--exclude-task", "exclude_tasks", multiple=True, help="Leave this task's problems out (repeatable).")
 @click.option("--exclude-model", "exclude_models", multiple=True, help="Leave this model's problems out (repeatable).")
 @click.option("--check", is_flag=True, help="Also the left-out checks (leave one task / model out), on test.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
+@_WORKERS
+@_THREADS
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Also draw the matrix (PNG) here.")
 @flag(
     "--force",
     help="Replace an existing --plot file (git-tracked ones included); with --update-shipped, replace a shipped "
     "portfolio chosen from more evidence (problems, models, tasks, seeds, texts, epochs).",
 )
-@click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
+@_DRY_RUN
 @flag(
     "--update-shipped",
     help="Write this matrix's warm-start members (--size of them) into the package's own "
@@ -102,17 +112,11 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
 
 @cli.command("shipping-check")
 @storage_option(required=True)
-@click.option(
-    "--family",
-    type=click.Choice(encoder_families()),
-    multiple=True,
-    callback=_one_family,
-    help="ILGE family (once per run).  [default: cayley]",
-)
-@click.option("--bucket", type=click.Choice(SIZE_BUCKETS), default="small", show_default=True, help="Model size.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Training processes.")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="Torch CPU threads per process.")
-@click.option("--dry-run", is_flag=True, help="Count the missing cells and estimate their time; create nothing.")
+@_FAMILY
+@_BUCKET
+@_WORKERS
+@_THREADS
+@_DRY_RUN
 @FORMAT_OPTION
 @QUIET_OPTION
 @location_options

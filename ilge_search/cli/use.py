@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import click
 
 from ..settings import Settings
@@ -74,7 +76,7 @@ def export_command(settings: Settings, storage, **options) -> None:
     """
     from ..use.export import ExportOptionsError, ExportRequest, export_study
 
-    request = ExportRequest(**options, data_dir=settings.data_dir, cache_dir=settings.cache_dir, device=settings.device)
+    request = ExportRequest(**options, **asdict(settings))
     try:
         result = export_study(storage, request)
     except ExportOptionsError as exc:

@@ -63,6 +63,7 @@ __all__ = [
     "BUILTIN",
     "MARGINAL",
     "Candidate",
+    "check_matrix",
     "MatrixProblem",
     "PortfolioRequest",
     "TrainingSetup",
@@ -116,6 +117,14 @@ class MatrixProblem:
     train_texts: int | None = None  # its study's training split as searched (after the caps)
 
 
+def check_matrix(family: str, bucket: str) -> None:
+    """Refuse a family or size bucket no cross-task matrix is made for."""
+    if family not in encoder_families():
+        raise ValueError(f"unknown family {family!r}; choose from {list(encoder_families())}")
+    if bucket not in MODEL_SIZE_HINTS:
+        raise ValueError(f"unknown size bucket {bucket!r}; choose small or large")
+
+
 @dataclass(frozen=True)
 class PortfolioRequest:
     """What ``ilge-search portfolio`` is asked for (every field checked by :meth:`check`)."""
@@ -131,10 +140,7 @@ class PortfolioRequest:
     exclude_models: tuple[str, ...] = ()
 
     def check(self) -> PortfolioRequest:
-        if self.family not in encoder_families():
-            raise ValueError(f"unknown family {self.family!r}; choose from {list(encoder_families())}")
-        if self.bucket not in MODEL_SIZE_HINTS:
-            raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
+        check_matrix(self.family, self.bucket)
         check_int("top_k", self.top_k, minimum=0)
         check_int("size", self.size)
         check_int("seeds", self.seeds)

@@ -24,14 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..encoders import builtin_start, encoder_families
+from ..encoders import builtin_start
 from ..record import portfolio_study_name, save_shipping_check, shipping_check_study_name
 from ..storage import hide_password, open_storage
-from ..tuning import MODEL_SIZE_HINTS
 from ..validation import check_int
 from .evidence import setting_gap
 from .loto import start_config
-from .portfolio import PlannedCell, PortfolioResult, TrainingSetup, cells_study
+from .portfolio import PlannedCell, PortfolioResult, TrainingSetup, cells_study, check_matrix
 from .problems import ConfigValues
 from .transfer import (
     BUILTIN,
@@ -80,10 +79,7 @@ class ShippingCheckRequest:
     epochs: int | None = None
 
     def check(self) -> ShippingCheckRequest:
-        if self.family not in encoder_families():
-            raise ValueError(f"unknown family {self.family!r}; choose from {list(encoder_families())}")
-        if self.bucket not in MODEL_SIZE_HINTS:
-            raise ValueError(f"unknown size bucket {self.bucket!r}; choose small or large")
+        check_matrix(self.family, self.bucket)
         if self.epochs is not None:
             check_int("epochs", self.epochs)
             own = shipped_epochs(self.family, self.bucket)

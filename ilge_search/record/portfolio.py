@@ -199,7 +199,18 @@ def stored_cells(study: optuna.Study) -> tuple[dict[str, StoredCell], set[str]]:
 def save_portfolio_choice(study: optuna.Study, choice: Mapping[str, object]) -> None:
     """Store the latest choice (default and portfolio members as config dicts, and what they were chosen
     from) on the portfolio study, where ``run --warm-start`` reads it."""
-    study.set_user_attr(_CHOICE_ATTR, {"version": PORTFOLIO_VERSION, **dict(choice)})
+    _save_versioned(study, _CHOICE_ATTR, choice)
+
+
+def _save_versioned(study: optuna.Study, attr: str, value: Mapping[str, object]) -> None:
+    study.set_user_attr(attr, {"version": PORTFOLIO_VERSION, **dict(value)})
+
+
+def _stored_versioned(study: optuna.Study, attr: str) -> Attrs | None:
+    value = study.user_attrs.get(attr)
+    if not isinstance(value, Mapping):
+        return None
+    return {key: item for key, item in value.items() if key != "version"}
 
 
 def check_portfolio_members(members: object, where: str) -> None:
@@ -258,29 +269,23 @@ def stored_portfolio_choice(study: optuna.Study, where: str | None = None) -> At
 def save_portfolio_request(study: optuna.Study, request: Mapping[str, object]) -> None:
     """Store what the latest ``ilge-search portfolio`` run asked for (its exclusions included), so that the
     report can rebuild that matrix from the stored cells."""
-    study.set_user_attr(_REQUEST_ATTR, {"version": PORTFOLIO_VERSION, **dict(request)})
+    _save_versioned(study, _REQUEST_ATTR, request)
 
 
 def stored_portfolio_request(study: optuna.Study) -> Attrs | None:
     """The request :func:`save_portfolio_request` stored (without its ``version``), or ``None``."""
-    value = study.user_attrs.get(_REQUEST_ATTR)
-    if not isinstance(value, Mapping):
-        return None
-    return {key: item for key, item in value.items() if key != "version"}
+    return _stored_versioned(study, _REQUEST_ATTR)
 
 
 def save_shipping_check(study: optuna.Study, check: Mapping[str, object]) -> None:
     """Store on the shipping check's study what it was made from: the matrix study and its epoch caps, the epochs
     and seeds its cells were trained with, and per fold the default chosen without the held-out problems."""
-    study.set_user_attr(_SHIPPING_CHECK_ATTR, {"version": PORTFOLIO_VERSION, **dict(check)})
+    _save_versioned(study, _SHIPPING_CHECK_ATTR, check)
 
 
 def stored_shipping_check(study: optuna.Study) -> Attrs | None:
     """What :func:`save_shipping_check` stored (without its ``version``), or ``None``."""
-    value = study.user_attrs.get(_SHIPPING_CHECK_ATTR)
-    if not isinstance(value, Mapping):
-        return None
-    return {key: item for key, item in value.items() if key != "version"}
+    return _stored_versioned(study, _SHIPPING_CHECK_ATTR)
 
 
 # ----------------------------------------------------------------------------- the shipped portfolio file

@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ExplainedTask", "explained_tasks", "attribution_notes", "draw_attribution_figures", "layer_thirds"]
 
-CARRY_FRACTION = 0.5  # a layer "carries" a task when ablating it costs at least this share of the largest drop
-
 
 @dataclass
 class ExplainedTask:

@@ -27,7 +27,7 @@ from ..files import write_output_text
 from ..storage import hide_password
 from .attributions import attribution_notes
 from .comparisons import stored_predictions
-from .data import collect_records
+from .data import ReportStudy, collect_records
 from .document import Document
 from .fewshot import fewshot_frame
 from .folder import MANIFEST_NAME, check_out_dir, default_report_dir, finish_out_dir
@@ -101,14 +101,7 @@ def _read_report_data(storage_url: str) -> ReportData:
             + (f" ({len(skipped)} other studies skipped)" if skipped else "")
             + "; run `ilge-search run` or `ilge-search sweep` first"
         )
-    skipped += [
-        f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
-        "study; its Pareto front is under 'Pareto fronts'"
-        if r.multi_objective
-        else f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
-        "(with final scores, more seeds or more trials)"
-        for r in duplicates
-    ]
+    skipped += _not_shown(duplicates)
     frame = results_frame(records)
     summary = summary_frame(frame) if records else frame
     effect = protocol_effect_frame(frame) if records else frame
@@ -138,6 +131,18 @@ def _read_report_data(storage_url: str) -> ReportData:
         portfolio_notes=portfolio_notes,
         outside=outside,
     )
+
+
+def _not_shown(duplicates: list[ReportStudy]) -> list[str]:
+    """Why each study that another study's numbers stand for is left out of the tables."""
+    return [
+        f"{r.name}: not in the tables, {r.model}/{r.task}/{r.encoder} is reported from a single-objective "
+        "study; its Pareto front is under 'Pareto fronts'"
+        if r.multi_objective
+        else f"{r.name}: not shown, {r.model}/{r.task}/{r.encoder} is reported from another study "
+        "(with final scores, more seeds or more trials)"
+        for r in duplicates
+    ]
 
 
 def _write_texts(out: Path, doc: Document, data: ReportData, importances: Any) -> dict[str, Path]:
@@ -205,6 +210,12 @@ def build_report(
         out, storage_url, {path.relative_to(out).as_posix() for path in files.values()} | set(figure_files), previous
     )
     logger.info("report of %d studies written to %s", data.n_studies, out)
+    return _report_result(out, data, importances, files, figure_files)
+
+
+def _report_result(
+    out: Path, data: ReportData, importances: pd.DataFrame, files: dict[str, Path], figure_files: list[str]
+) -> ReportResult:
     return ReportResult(
         out_dir=out,
         results=data.frame,

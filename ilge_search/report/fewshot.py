@@ -48,16 +48,8 @@ def _setting(record: ReportStudy) -> tuple:
     return (record.model, record.base_task, record.protocol, *tuple(getattr(record.identity, key) for key in _SETTING))
 
 
-def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[pd.DataFrame, list[str]]:
-    """One row per (model, task, encoder, shots) of every few-shot curve (``shots`` NaN: the full point), in
-    score units; and notes on the curves not drawn."""
-    import pandas as pd
-
-    settings: dict[tuple, list[ReportStudy]] = {}
-    for record in records:
-        if record.test_mean is not None:
-            settings.setdefault(_setting(record), []).append(record)
-    curves = {key: group for key, group in settings.items() if any(r.identity.shots for r in group)}
+def _chosen_settings(curves: dict[tuple, list[ReportStudy]]) -> tuple[dict[tuple[str, str], tuple], list[str]]:
+    """Per (model, task), the setting of most studies whose curve is drawn; and notes on the others."""
     chosen: dict[tuple[str, str], tuple] = {}
     notes: list[str] = []
     for key in sorted(curves, key=lambda k: (-len(curves[k]), repr(k))):
@@ -69,6 +61,20 @@ def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[pd.DataFrame, list[st
             )
         else:
             chosen[pair] = key
+    return chosen, notes
+
+
+def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[pd.DataFrame, list[str]]:
+    """One row per (model, task, encoder, shots) of every few-shot curve (``shots`` NaN: the full point), in
+    score units; and notes on the curves not drawn."""
+    import pandas as pd
+
+    settings: dict[tuple, list[ReportStudy]] = {}
+    for record in records:
+        if record.test_mean is not None:
+            settings.setdefault(_setting(record), []).append(record)
+    curves = {key: group for key, group in settings.items() if any(r.identity.shots for r in group)}
+    chosen, notes = _chosen_settings(curves)
     rows = []
     for key in chosen.values():
         with_shots = {r.encoder for r in curves[key] if r.identity.shots}

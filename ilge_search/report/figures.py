@@ -22,6 +22,7 @@ from .document import slug
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from matplotlib.axes import Axes
     from matplotlib.backend_bases import RendererBase
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from matplotlib.typing import ColorType, RcKeyType
 
 __all__ = [
-    "FIGURE_KINDS",
     "DISPLAY_DPI",
     "SAVE_DPI",
     "draw_figures",
@@ -42,7 +42,6 @@ __all__ = [
     "encoder_colors",
 ]
 
-FIGURE_KINDS = ("layers", "history", "importance")
 DISPLAY_DPI = 100  # pixels per inch of figure at which the page shows it (index.html sets the width)
 SAVE_DPI = 150  # the PNG's own resolution: sharper text than the displayed size needs
 MIN_FONT = 9.0  # points; tick labels, legends and panel titles never go below this
@@ -150,6 +149,21 @@ def encoder_colors() -> dict[str, ColorType]:
     return {m: cmap(i) for i, m in enumerate(methods())}
 
 
+def _best_trial_lines(ax: Axes, by_encoder: dict[str, ReportStudy], colors: dict[str, ColorType], scale: float) -> None:
+    """A dashed line per aggregator at its best trial's validation score."""
+    for encoder in methods():
+        record = by_encoder.get(encoder)
+        if encoder == "best-layer" or record is None or record.best_value is None:
+            continue
+        ax.axhline(
+            record.best_value * scale,
+            color=colors[encoder],
+            linestyle="--",
+            linewidth=1.4,
+            label=f"{method_labels()[encoder]} (best trial)",
+        )
+
+
 def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     by_encoder = {r.encoder: r for r in records}
     probe = by_encoder.get("best-layer")
@@ -182,17 +196,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
             zorder=4,
             label=f"chosen layer ({probe.chosen_layer})",
         )
-    for encoder in methods():
-        record = by_encoder.get(encoder)
-        if encoder == "best-layer" or record is None or record.best_value is None:
-            continue
-        ax.axhline(
-            record.best_value * scale,
-            color=colors[encoder],
-            linestyle="--",
-            linewidth=1.4,
-            label=f"{method_labels()[encoder]} (best trial)",
-        )
+    _best_trial_lines(ax, by_encoder, colors, scale)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

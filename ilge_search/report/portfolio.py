@@ -42,7 +42,6 @@ __all__ = [
     "shipping_table",
     "SHIPPING_TABLE_MARKERS",
     "statistics_table",
-    "between_markers",
 ]
 
 PORTFOLIO_NOTE = (
@@ -499,16 +498,3 @@ def statistics_table(storage_url: str, family: str = "cayley", bucket: str = "sm
         raise ValueError(f"no {family} ({bucket}) cross-task matrix chosen from every problem in {storage_url}")
     label = report_labels("sentence").get(family, family)
     return shipping_table(shipping_evidence(storage_url, result), f"{label} portfolio default")
-
-
-def between_markers(text: str, block: str) -> str:
-    """``text`` with what lies between :data:`SHIPPING_TABLE_MARKERS` replaced by ``block``.
-
-    Raises:
-        ValueError: the markers are missing or out of order.
-    """
-    begin, end = SHIPPING_TABLE_MARKERS
-    start, stop = text.find(begin), text.find(end)
-    if start < 0 or stop < start:
-        raise ValueError(f"the page has no {begin} ... {end} block")
-    return text[: start + len(begin)] + "\n" + block.strip("\n") + "\n" + text[stop:]

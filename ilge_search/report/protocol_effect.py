@@ -69,6 +69,49 @@ def _cell(
     return float(row["mean"]), float(row["std"]), row
 
 
+def _effect_row(part: pd.DataFrame, model: str, task: str) -> dict[str, object] | None:
+    """The protocol effect of one (model, task); ``None`` unless a method has a score under both protocols."""
+    values = {
+        (method, protocol): _cell(part, model, task, method, protocol)
+        for method in EFFECT_METHODS
+        for protocol in ("matched", "paper")
+    }
+    if not any(
+        not math.isnan(values[(m, "matched")][0]) and not math.isnan(values[(m, "paper")][0]) for m in EFFECT_METHODS
+    ):
+        return None
+    first = next(row for _, _, row in values.values() if row is not None)
+    shots = first["shots"]
+    few_shot = shots is not None and shots == shots and bool(shots)  # NaN != NaN
+    published = {}
+    for method in EFFECT_METHODS:
+        cell = None if few_shot else published_result(model, first["base_task"], method)
+        published[method] = math.nan if cell is None else cell.value
+    mean = {key: value[0] for key, value in values.items()}
+    paper_row = next(
+        (row for (_, protocol), (_, _, row) in values.items() if protocol == "paper" and row is not None), None
+    )
+    return {
+        "model": model,
+        "task": task,
+        "unit": first["unit"],
+        "last_matched": mean[("last-layer", "matched")],
+        "last_paper": mean[("last-layer", "paper")],
+        "last_effect": mean[("last-layer", "paper")] - mean[("last-layer", "matched")],
+        "cayley_matched": mean[("cayley", "matched")],
+        "cayley_paper": mean[("cayley", "paper")],
+        "cayley_effect": mean[("cayley", "paper")] - mean[("cayley", "matched")],
+        "gain_matched": mean[("cayley", "matched")] - mean[("last-layer", "matched")],
+        "gain_paper": mean[("cayley", "paper")] - mean[("last-layer", "paper")],
+        "published_last": published["last-layer"],
+        "published_cayley": published["cayley"],
+        # similarity is scored by cosine Spearman under the paper protocol: no examples per label
+        "samples_per_label": None
+        if paper_row is None or paper_row["metric"] == "spearman"
+        else paper_row["samples_per_label"],
+    }
+
+
 def protocol_effect_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, task) measured under both protocols (for the last layer or Cayley), columns
     :data:`EFFECT_COLUMNS`, in score units; ``frame`` is :func:`~ilge_search.report.tables.results_frame`'s."""
@@ -82,48 +125,9 @@ def protocol_effect_frame(frame: pd.DataFrame) -> pd.DataFrame:
         paper = part[part["protocol"] == "paper"]
         tasks = list(dict.fromkeys(label[: -len(PAPER_SUFFIX)] for label in paper["task"]))
         for task in tasks:
-            values = {
-                (method, protocol): _cell(part, model, task, method, protocol)
-                for method in EFFECT_METHODS
-                for protocol in ("matched", "paper")
-            }
-            if not any(
-                not math.isnan(values[(m, "matched")][0]) and not math.isnan(values[(m, "paper")][0])
-                for m in EFFECT_METHODS
-            ):
-                continue
-            first = next(row for _, _, row in values.values() if row is not None)
-            shots = first["shots"]
-            few_shot = shots is not None and shots == shots and bool(shots)  # NaN != NaN
-            published = {}
-            for method in EFFECT_METHODS:
-                cell = None if few_shot else published_result(model, first["base_task"], method)
-                published[method] = math.nan if cell is None else cell.value
-            mean = {key: value[0] for key, value in values.items()}
-            paper_row = next(
-                (row for (_, protocol), (_, _, row) in values.items() if protocol == "paper" and row is not None), None
-            )
-            rows.append(
-                {
-                    "model": model,
-                    "task": task,
-                    "unit": first["unit"],
-                    "last_matched": mean[("last-layer", "matched")],
-                    "last_paper": mean[("last-layer", "paper")],
-                    "last_effect": mean[("last-layer", "paper")] - mean[("last-layer", "matched")],
-                    "cayley_matched": mean[("cayley", "matched")],
-                    "cayley_paper": mean[("cayley", "paper")],
-                    "cayley_effect": mean[("cayley", "paper")] - mean[("cayley", "matched")],
-                    "gain_matched": mean[("cayley", "matched")] - mean[("last-layer", "matched")],
-                    "gain_paper": mean[("cayley", "paper")] - mean[("last-layer", "paper")],
-                    "published_last": published["last-layer"],
-                    "published_cayley": published["cayley"],
-                    # similarity is scored by cosine Spearman under the paper protocol: no examples per label
-                    "samples_per_label": None
-                    if paper_row is None or paper_row["metric"] == "spearman"
-                    else paper_row["samples_per_label"],
-                }
-            )
+            row = _effect_row(part, model, task)
+            if row is not None:
+                rows.append(row)
     return pd.DataFrame(rows, columns=EFFECT_COLUMNS)
 
 

@@ -304,6 +304,25 @@ def _described(diffs: Sequence[float], verdicts: Sequence[str | None]) -> str:
     )
 
 
+def _target_lines(rows: Sequence[WarmRow]) -> list[str]:
+    """The page's targets (500 texts and 8 trials first, then every other size and budget), then its intervals."""
+    sizes = sorted({r.max_train for r in rows if r.max_train is not None})
+    shown = sorted({r.trials for r in rows})
+    lines = ["## The targets", ""]
+    lines += [f"- {line}" for line in summary_lines(rows)]
+    for size in sizes:
+        for budget in shown:
+            if (size, budget) != (500, 8):
+                extra = summary_lines(rows, max_train=size, trials=budget)
+                if not extra[0].startswith("No "):
+                    lines += [f"- {line}" for line in extra]
+    lines += ["", "## With intervals", ""]
+    for size in sizes:
+        for budget in shown:
+            lines += [f"- {line}" for line in interval_lines(rows, max_train=size, trials=budget)]
+    return lines
+
+
 def write_warmstart_page(
     storage_url: str | Sequence[str],
     out: str | Path,
@@ -323,8 +342,6 @@ def write_warmstart_page(
     rows = [r for r in every if r.trials in budgets]
     running = [r for r in every if r.trials not in budgets]
     urls = [storage_url] if isinstance(storage_url, str) else list(storage_url)
-    sizes = sorted({r.max_train for r in rows if r.max_train is not None})
-    shown = sorted({r.trials for r in rows})
     lines = ["# Warm-started vs cold searches (measured)", "", WARMSTART_NOTE, ""]
     lines += [
         "Storages: " + ", ".join(f"`{url}`" for url in urls) + ". Scores in points (accuracy %, Spearman x 100); "
@@ -337,20 +354,7 @@ def write_warmstart_page(
     if not rows:
         lines += ["No search with a final evaluation is stored yet.", ""]
     else:
-        lines += [*warmstart_table(rows), ""]
-        lines += ["## The targets", ""]
-        lines += [f"- {line}" for line in summary_lines(rows)]
-        for size in sizes:
-            for budget in shown:
-                if (size, budget) != (500, 8):
-                    extra = summary_lines(rows, max_train=size, trials=budget)
-                    if not extra[0].startswith("No "):
-                        lines += [f"- {line}" for line in extra]
-        lines += ["", "## With intervals", ""]
-        for size in sizes:
-            for budget in shown:
-                lines += [f"- {line}" for line in interval_lines(rows, max_train=size, trials=budget)]
-        lines.append("")
+        lines += [*warmstart_table(rows), "", *_target_lines(rows), ""]
     if running:
         names = ", ".join(f"`{r.study}` ({r.trials} trials)" for r in running)
         lines += [

@@ -204,10 +204,8 @@ def check_run(
     opened = _open_for_checks(storage, options, dry_run)
     url = opened.url if opened is not None else (default_storage_url() if storage is None else str(storage))
     _check_storage_use(opened, url, options, dry_run)
-    if opened is not None and not is_registered_task(task):  # a renamed folder resumes its studies
-        adopted = adopt_renamed_task(opened, model, task, inputs.loaded)
-        if adopted is not inputs.loaded:
-            inputs = dataclasses.replace(inputs, loaded=adopted, task_data=load_task_data(inputs.spec, adopted))
+    if opened is not None and not is_registered_task(task):
+        inputs = _with_renamed_task(opened, model, task, inputs)
     data_id = data_identity(inputs.task_data)
     cache_keys = expected_cache_keys(inputs.spec, inputs.task_data, data_id["data_fingerprints"])
     studies = [_planned_study(enc, inputs.counts[enc], inputs, data_id, options) for enc in inputs.encoders]
@@ -226,6 +224,14 @@ def check_run(
         task_data=inputs.task_data,
         cache_keys=cache_keys,
     )
+
+
+def _with_renamed_task(opened: Storage, model: str, task: str, inputs: _CheckedInputs) -> _CheckedInputs:
+    """``inputs`` with the custom task under the name its studies know it by, so that a renamed folder resumes them."""
+    adopted = adopt_renamed_task(opened, model, task, inputs.loaded)
+    if adopted is inputs.loaded:
+        return inputs
+    return dataclasses.replace(inputs, loaded=adopted, task_data=load_task_data(inputs.spec, adopted))
 
 
 def _checked_inputs(

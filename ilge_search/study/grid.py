@@ -344,6 +344,22 @@ def _word_pooling(where: str, task: str, options: Mapping[str, object], raw: Map
     return str(value)
 
 
+def _common_options(where: str, task: str, options: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a task's studies share whatever their protocol, shots and encoder: its own, else the grid's."""
+    zero_shot = tuple(_str_list(where, options["zero_shot"], "zero_shot")) if "zero_shot" in options else ()
+    for name in zero_shot:
+        _check_task_name(where, name)
+    return dict(
+        max_train=_task_count(where, options, raw, "max_train"),
+        max_eval=_task_count(where, options, raw, "max_eval"),
+        max_epochs=_task_count(where, options, raw, "max_epochs"),
+        cv=_task_count(where, options, raw, "cv"),
+        zero_shot=zero_shot,
+        data_seed=_int_or_none(where, options, "data_seed", raw.get("data_seed", 0), minimum=0),
+        word_pooling=_word_pooling(where, task, options, raw),
+    )
+
+
 def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders: list[str]) -> list[SweepEntry]:
     """One entry per model x task x encoder, with each task's options, budgets and objectives."""
     budgets = _budgets(where, raw.get("trials", {}), encoders)
@@ -360,17 +376,8 @@ def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders:
         _check_keys(task_where, options, TASK_KEYS)
         _check_task_name(task_where, task)
         task_encoders, task_budgets = _task_budgets(task_where, raw, options, encoders, budgets)
-        zero_shot = tuple(_str_list(task_where, options["zero_shot"], "zero_shot")) if "zero_shot" in options else ()
-        for name in zero_shot:
-            _check_task_name(task_where, name)
         objectives = _objectives(task_where, options.get("objectives"), all_encoders, grid_objectives)
-        common: dict[str, Any] = dict(
-            max_train=_task_count(task_where, options, raw, "max_train"),
-            max_eval=_task_count(task_where, options, raw, "max_eval"),
-            max_epochs=_task_count(task_where, options, raw, "max_epochs"),
-            cv=_task_count(task_where, options, raw, "cv"),
-            zero_shot=zero_shot,
-        )
+        common = _common_options(task_where, task, options, raw)
         protocols = _protocols(task_where, options.get("protocol", raw.get("protocol", DEFAULT_PROTOCOL)))
         samples_per_label = _task_count(task_where, options, raw, "samples_per_label")
         if samples_per_label is not None and protocols == ["matched"]:
@@ -378,8 +385,6 @@ def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders:
                 task_where, 'samples_per_label sets the paper protocol\'s readout; add protocol = "paper" or drop it'
             )
         shot_values = _shots(task_where, task, options, raw)
-        common["data_seed"] = _int_or_none(task_where, options, "data_seed", raw.get("data_seed", 0), minimum=0)
-        common["word_pooling"] = _word_pooling(task_where, task, options, raw)
         warm_start = _task_count(task_where, options, raw, "warm_start") or 0
         methods = _methods(task_where, options.get("methods", raw.get("methods")))
         # nested in this order (protocol, model, shots, encoder): the order of the grid's studies
@@ -474,23 +479,27 @@ def with_protocol(sweep: Sweep, protocol: str | None = None, samples_per_label: 
     return dataclasses.replace(sweep, entries=entries)
 
 
-@dataclass(frozen=True)
-class SweepOverrides:
-    """What the command line changes in a grid: ``cv``, ``protocol`` and ``samples_per_label`` change every
-    study's identity (and name); ``select``, ``workers`` and ``threads`` only how it runs and is evaluated.
-    ``None`` keeps the grid's value."""
+# the study options (flat names) `sweep` sets over a grid's: these rename every study, these change how it runs
+RENAMING_OVERRIDES = ("cv", "protocol", "samples_per_label")
+RUN_OVERRIDES = ("select", "workers", "threads")
 
-    cv: int | None = None
-    protocol: str | None = None
-    samples_per_label: int | None = None
-    select: str | None = None
-    workers: int | None = None
-    threads: int | None = None
+
+@dataclass(frozen=True, init=False)
+class SweepOverrides:
+    """What the command line changes in a grid: the options of :data:`RENAMING_OVERRIDES` and
+    :data:`RUN_OVERRIDES`, by flat name; ``None`` keeps the grid's value."""
+
+    values: Mapping[str, Any]
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(set(values) - {*RENAMING_OVERRIDES, *RUN_OVERRIDES})
+        if unknown:
+            raise TypeError(f"SweepOverrides takes {RENAMING_OVERRIDES + RUN_OVERRIDES}, not {unknown}")
+        object.__setattr__(self, "values", {name: value for name, value in values.items() if value is not None})
 
     def run_options(self) -> dict[str, object]:
         """The flat study options these overrides set (those that do not rename a study)."""
-        pairs = (("workers", self.workers), ("threads", self.threads), ("select", self.select))
-        return {key: value for key, value in pairs if value}
+        return {name: self.values[name] for name in RUN_OVERRIDES if self.values.get(name)}
 
 
 @dataclass(frozen=True)
@@ -519,7 +528,8 @@ def with_overrides(sweep: Sweep, overrides: SweepOverrides | None) -> Sweep:
     the run would."""
     if overrides is None:
         return sweep
-    if overrides.cv is not None:
-        check_cv(overrides.cv)
-        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=overrides.cv) for e in sweep.entries])
-    return with_protocol(sweep, overrides.protocol, overrides.samples_per_label)
+    cv = overrides.values.get("cv")
+    if cv is not None:
+        check_cv(cv)
+        sweep = dataclasses.replace(sweep, entries=[dataclasses.replace(e, cv=cv) for e in sweep.entries])
+    return with_protocol(sweep, overrides.values.get("protocol"), overrides.values.get("samples_per_label"))

@@ -315,6 +315,16 @@ def _data_changes(stored: DataRecord, wanted: DataRecord) -> list[str]:
     return changes
 
 
+def _check_same_setting(study_name: str, stored: Identity, wanted: Mapping[str, Any], ignore: tuple[str, ...]) -> None:
+    different = stored.differences(_wanted_identity(wanted), ignore=ignore)
+    if different:
+        details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
+        raise StudyConflictError(
+            f"study {study_name!r} already exists for a different setting ({details}). Pass another "
+            "--study-name (or drop it to get the default name for this setting), or a different --storage"
+        )
+
+
 def check_identity(
     study_name: str,
     stored: StudyRecord | Mapping[str, Any],
@@ -347,13 +357,7 @@ def check_identity(
     legacy = data.data_fingerprints is None
     adopt = legacy and _cache_keys_match(data.cache_keys, cache_keys)
     # an adopted study of a custom task was named after its path: the cache keys already vouch for the task
-    different = record.identity.differences(_wanted_identity(wanted), ignore=("task",) if adopt else ())
-    if different:
-        details = ", ".join(f"{key}: stored {old!r}, requested {new!r}" for key, (old, new) in different.items())
-        raise StudyConflictError(
-            f"study {study_name!r} already exists for a different setting ({details}). Pass another "
-            "--study-name (or drop it to get the default name for this setting), or a different --storage"
-        )
+    _check_same_setting(study_name, record.identity, wanted, ignore=("task",) if adopt else ())
     if legacy:
         if not adopt:
             raise DataChangedError(

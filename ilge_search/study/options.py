@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,15 +235,7 @@ class SearchOptions:
         object.__setattr__(self, "total_trials", _dict_of_counts("total_trials", self.total_trials, None))
         check_positive_number("timeout", self.timeout, allow_none=True, unit="seconds")
         object.__setattr__(self, "time_limit", parse_duration(self.time_limit))
-        unbounded = (
-            any(c is None for c in self.n_trials.values())
-            if isinstance(self.n_trials, Mapping)
-            else self.n_trials is None
-        )
-        if unbounded and self.timeout is None and self.total_trials is None and self.time_limit is None:
-            raise ValueError(
-                "give n_trials, total_trials or a timeout (or a time limit), otherwise the study never stops"
-            )
+        self._check_stops(self.n_trials.values() if isinstance(self.n_trials, Mapping) else [self.n_trials])
         check_int("seed", self.seed, minimum=0, allow_none=True)
         check_int("max_epochs", self.max_epochs, allow_none=True)
         if self.study_name is not None:
@@ -278,11 +270,12 @@ class SearchOptions:
         if unknown:
             raise ValueError(f"n_trials has counts for encoders not run: {sorted(unknown)}")
         counts = {name: self.n_trials.get(name) for name in encoders}
-        if None in counts.values() and self.timeout is None and self.total_trials is None and self.time_limit is None:
-            raise ValueError(
-                "give n_trials, total_trials or a timeout (or a time limit), otherwise the study never stops"
-            )
+        self._check_stops(counts.values())
         return counts
+
+    def _check_stops(self, counts: Iterable[int | None]) -> None:
+        if None in counts and self.timeout is None and self.total_trials is None and self.time_limit is None:
+            raise ValueError(_NEVER_STOPS)
 
     def total_for(self, encoder: str) -> int | None:
         """The ``total_trials`` cap of ``encoder``'s study (``None``: no cap)."""

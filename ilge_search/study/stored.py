@@ -154,6 +154,12 @@ def load_training_data(
     data = load_study_data(
         spec, with_test=with_test, progress=progress, task_data=None if custom is None else _custom_task(spec, identity)
     )
+    _check_same_data(study.study_name, identity, stored, data, with_test)
+    return data
+
+
+def _check_same_data(name: str, identity: Identity, stored: DataRecord, data: StudyData, with_test: bool) -> None:
+    """Refuse rebuilt data whose cache keys are not those the study stored (other texts, or other weights)."""
     changed = [
         split
         for split in ("train", "validation") + (("test",) if with_test else ())
@@ -162,10 +168,9 @@ def load_training_data(
     if changed:
         raise ValueError(
             f"the {'/'.join(changed)} data of task {identity.task!r} (or the model's weights) differ "
-            f"from those study {study.study_name!r} was run on; pass the --data-dir or --task-path of that data "
+            f"from those study {name!r} was run on; pass the --data-dir or --task-path of that data "
             "and the same model"
         )
-    return data
 
 
 def selected_trial(study: optuna.Study, rule: str | None = None) -> optuna.trial.FrozenTrial:

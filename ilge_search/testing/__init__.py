@@ -3,6 +3,8 @@ studies, reports, selection, export and defaults need no language model (ARCHITE
 modules).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .cached import (
     EntryFormat,
     SyntheticSetup,
@@ -12,12 +14,24 @@ from .cached import (
     split_features,
     write_split_embeddings,
 )
-from .encoder_contract import LayerEncoderContract
 from .portfolio import add_matrix_problems, store_matrix
 from .store import FakeTrial, add_study, classification_data, final_record, similarity_data
 from .synthetic import LayerSignal, classification_features, similarity_features
 from .tasks import VOCABULARY, SyntheticTask, write_task
 from .tiny_model import TinyModelSpec, write_tiny_model
+
+if TYPE_CHECKING:
+    from .encoder_contract import LayerEncoderContract
+
+
+def __getattr__(name: str) -> Any:
+    # the contract is a pytest class: a library user without pytest can import the other helpers
+    if name == "LayerEncoderContract":
+        from .encoder_contract import LayerEncoderContract
+
+        return LayerEncoderContract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "LayerEncoderContract",
