@@ -10,9 +10,11 @@ names, keys and checks as before the two shared this base.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -26,6 +28,7 @@ from ..embeddings.models import model_reference_to_load, model_reference_to_save
 from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig, config_class_for, config_from_dict
 from ..record.fields import Attrs
 from ..validation import ArgumentTypeError
+from .saved import FolderMismatch, check_digest, check_mix, folder_digest
 
 if TYPE_CHECKING:
     from ..embeddings.cache import EmbeddingCache
@@ -34,6 +37,8 @@ if TYPE_CHECKING:
     from ..study.export import StudyExport, StudyModel
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_FILE", "Fitted", "LoadOptions", "SavedEstimator", "load_state", "read_weights"]
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -69,6 +74,7 @@ class LoadOptions:
     batch_size: int = 32
     progress: bool = False
     base_model: PathLike | None = None  # replaces the recorded base model (one elsewhere on disk must be given)
+    force: bool = False  # use a folder whose files disagree with its digest or counts (predict --force)
 
 
 def read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
@@ -87,6 +93,24 @@ def read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
             f"predict anything, retrain and save again"
         )
     return state
+
+
+def _check_agreement(
+    meta: Attrs, state: Mapping[str, torch.Tensor], meta_path: Path, weights_path: Path, *, force: bool
+) -> None:
+    """Refuse a folder whose files disagree with the digest or counts its JSON records, unless ``force``
+    (which logs what it overrides); mix weights that are no mixture are refused whatever ``force``."""
+    checks = (
+        partial(check_mix, state, meta, meta_path, weights_path),  # first: no mixture is refused whatever force
+        partial(check_digest, meta, meta_path, weights_path),
+    )
+    for check in checks:
+        try:
+            check()
+        except FolderMismatch as exc:
+            if not force:
+                raise
+            logger.warning("using %s although %s", weights_path.parent, str(exc).split("; ")[0])
 
 
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], weights_path: Path) -> None:
@@ -286,8 +310,9 @@ class SavedEstimator(BaseEstimator):
         state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
         # write to temporary names, then rename: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (self.META_FILE + ".tmp")
-        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
         save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
+        meta = {**meta, "digest": folder_digest(tmp_weights, meta)}  # what a load checks the folder against
+        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
         os.chmod(tmp_weights, tmp_meta.stat().st_mode & 0o7777)  # safetensors writes 0600; follow the umask
         os.replace(tmp_weights, path / WEIGHTS_FILE)
         os.replace(tmp_meta, path / self.META_FILE)
@@ -381,7 +406,9 @@ class SavedEstimator(BaseEstimator):
             raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
         estimator.base_model = model_reference_to_load(meta["base_model"], path, options.base_model)
         model = cls._saved_model(meta, fitted)
-        load_state(model, read_weights(path / WEIGHTS_FILE), path / WEIGHTS_FILE)
+        state = read_weights(path / WEIGHTS_FILE)
+        _check_agreement(meta, state, path / cls.META_FILE, path / WEIGHTS_FILE, force=options.force)
+        load_state(model, state, path / WEIGHTS_FILE)
         model.to(resolve_device(options.device)).eval()
         score_range = getattr(model, "score_range", fitted.score_range)  # as the built model reads it
         adopted: EstimatorT = estimator._adopt(replace(fitted, model=model, score_range=score_range))
