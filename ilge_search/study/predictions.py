@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .limits import MIN_TEST_ROWS
 from .statistics import METRICS, BootstrapSettings, Interval, paired_bootstrap
 
 if TYPE_CHECKING:
@@ -41,9 +42,6 @@ __all__ = [
     "stored_final_predictions",
 ]
 
-# the task kinds whose test predictions a paired bootstrap can score (tagging is scored over words, the
-# paper protocol by a logistic readout: neither is stored)
-PAIRED_KINDS = ("classification", "similarity")
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +153,11 @@ def paired_interval(
     settings: BootstrapSettings | None = None,
 ) -> Interval | None:
     """The paired bootstrap interval of ``metric(first) - metric(second)`` over the same test examples and
-    seeds; ``None`` when either side is missing, they do not pair, or the metric is not one it scores."""
+    seeds; ``None`` when either side is missing, they do not pair, the metric is not one it scores or there are
+    fewer than :data:`MIN_TEST_ROWS` test examples."""
     if first is None or second is None or metric not in METRICS or not first.pairs_with(second):
+        return None
+    if first.truth.size < MIN_TEST_ROWS:
         return None
     return paired_bootstrap(first.truth, first.predictions, second.predictions, metric=metric, settings=settings)
 
