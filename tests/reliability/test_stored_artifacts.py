@@ -103,3 +103,17 @@ def test_a_deleted_predictions_file_or_artifact_folder_falls_back_with_a_warning
         assert list_studies(url).set_index("study").loc[names[0], "search_gain_interval"] == "t interval"
     [warning] = _warnings(caplog, f"{predictions.parent}: the artifact folder is missing")
     assert "the t interval over the seeds is used" in warning
+
+
+def test_an_emptied_validation_predictions_file_is_retrained_not_a_traceback(tmp_path, caplog):
+    from optuna.artifacts import FileSystemArtifactStore
+
+    from ilge_search.study.ensemble import _download_predictions
+
+    store = FileSystemArtifactStore(str(tmp_path))
+    (tmp_path / "emptied").write_bytes(b"")  # before: EOFError ended the ensemble stage of `run`
+    with caplog.at_level(logging.WARNING):
+        assert _download_predictions(store, "emptied") is None
+        assert _download_predictions(store, "deleted") is None  # missing: the backfill's own line says so
+    [warning] = _warnings(caplog, "validation predictions")
+    assert warning == "validation predictions emptied: EOFError; their trial is retrained"
