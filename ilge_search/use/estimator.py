@@ -357,12 +357,9 @@ class SavedEstimator(BaseEstimator):
     @classmethod
     def _saved_fitted(cls, meta: Attrs, meta_path: Path) -> Fitted:
         """The fitted state a saved JSON records, the model left to ``_saved_model`` (a placeholder here)."""
-        try:
-            config = config_from_dict(meta["config"])
-            classes = np.asarray(meta["classes"])
-            num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
+        config = config_from_dict(meta["config"])  # every field read here passed the subclass's _check_meta
+        classes = np.asarray(meta["classes"])
+        num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
