@@ -13,6 +13,8 @@ from click.testing import CliRunner
 from ilge_search.cli import cli
 from ilge_search.record import study_record
 from ilge_search.study import StudyOptions, list_studies, run_study
+from ilge_search.study.predictions import interval_kind
+from ilge_search.study.results import format_results, study_result
 from ilge_search.testing import refuse_model_loads
 
 DATA = dict(max_train=240, max_eval=100, max_epochs=6)
@@ -74,6 +76,8 @@ def test_a_truncated_predictions_file_is_treated_as_missing_with_one_warning(two
         list_studies(url)
     assert set(names) <= set(listing.index)
     assert listing.loc[names[0], "search_gain_interval"] == "t interval"
+    result = study_result(optuna.load_study(study_name=names[0], storage=url), url)  # the table `run` prints
+    assert interval_kind(result.gain_interval) == "t interval" and "(paired bootstrap)" not in format_results([result])
     [warning] = _warnings(caplog, str(predictions))
     assert "cannot be read (BadZipFile)" in warning and "the t interval over the seeds is used" in warning
 
@@ -116,4 +120,4 @@ def test_an_emptied_validation_predictions_file_is_retrained_not_a_traceback(tmp
         assert _download_predictions(store, "emptied") is None
         assert _download_predictions(store, "deleted") is None  # missing: the backfill's own line says so
     [warning] = _warnings(caplog, "validation predictions")
-    assert warning == "validation predictions emptied: EOFError; their trial is retrained"
+    assert warning.startswith("validation predictions emptied: EOFError(") and warning.endswith("trial is retrained")
