@@ -22,7 +22,14 @@ from .options import StudyOptions
 if TYPE_CHECKING:  # pragma: no cover
     from ..tasks.core import TaskData
 
-__all__ = ["check_data_limits", "MIN_PAIRS_PER_FOLD", "MIN_SEEDS", "MIN_TEST_ROWS", "too_few_for_an_interval"]
+__all__ = [
+    "check_data_limits",
+    "MIN_PAIRS_PER_FOLD",
+    "MIN_SEEDS",
+    "MIN_TEST_ROWS",
+    "too_few_for_an_interval",
+    "warn_too_few_for_intervals",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -127,13 +134,12 @@ def check_data_limits(options: StudyOptions, task_name: str, loaded: TaskData, u
     _check_shots(options, loaded)
     _check_samples_per_label(options, task_name, used)
     _check_cv(options, used)
-    _warn_too_few_for_intervals(options, used)
 
 
-def _warn_too_few_for_intervals(options: StudyOptions, used: TaskData) -> None:
-    """Say before any work when the final evaluation's differences will get no interval: a test split under
-    :data:`MIN_TEST_ROWS`, or one final seed where no paired bootstrap over test examples is
-    stored (tagging, the paper protocol)."""
+def warn_too_few_for_intervals(options: StudyOptions, used: TaskData) -> None:
+    """Say, once a run's checks passed and before any work, when the final evaluation's differences will get
+    no interval: a test split under :data:`MIN_TEST_ROWS`, or one final seed where no paired bootstrap over
+    test examples is stored (tagging, the paper protocol)."""
     seeds = options.final.seeds
     if not seeds or "test" not in used.splits:
         return
