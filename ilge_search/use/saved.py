@@ -137,7 +137,7 @@ def check_digest(meta: Mapping[str, object], meta_path: Path, weights_path: Path
         if recorded.get(key) != found.get(key):
             raise FolderMismatch(
                 f"{path}: {what} {meta_path.name} (its digest); the folder was changed after it was saved: "
-                "export or save the model again, or pass --force to `predict` to use it anyway"
+                "export or save the model again, or use it anyway with `predict --force` (load(..., force=True))"
             )
 
 
@@ -167,5 +167,5 @@ def check_mix(
     if counts.shape != weights.shape or not torch.allclose(counts / counts.sum(), weights, atol=MIX_TOLERANCE):
         raise FolderMismatch(
             f"{weights_path}: the ensemble's mix weights do not match the member counts in {meta_path.name}; "
-            "export the ensemble again, or pass --force to `predict` to use the weights as they are"
+            "export the ensemble again, or use the weights as they are with `predict --force` (load(..., force=True))"
         )

@@ -88,7 +88,7 @@ def test_reordered_classes_are_refused_instead_of_relabelling_every_prediction(t
 
     message = _refused(_copy(ensemble_folder, tmp_path / "clf", edit=reorder))
     assert message.startswith(f"{tmp_path / 'clf' / META_FILE}: the classes (or their order) differ")
-    assert "pass --force to `predict` to use it anyway" in message
+    assert "use it anyway with `predict --force` (load(..., force=True))" in message
 
 
 def test_an_export_without_a_digest_still_loads_and_its_counts_must_match_its_mix(tmp_path, ensemble_folder):
