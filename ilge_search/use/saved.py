@@ -99,18 +99,11 @@ def _sha256_of_json(value: object) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def folder_digest(weights_path: Path, meta: Mapping[str, object]) -> dict[str, str]:
     """What a save records of its folder: the sha256 of the weights file, the classes in order and an
     ensemble's members with their counts."""
-    digest = {"weights": _sha256_of_file(weights_path), "classes": _sha256_of_json(meta["classes"])}
+    weights = hashlib.sha256(weights_path.read_bytes()).hexdigest()  # a head's weights: read whole by a load anyway
+    digest = {"weights": weights, "classes": _sha256_of_json(meta["classes"])}
     if meta.get("ensemble") is not None:
         digest["ensemble"] = _sha256_of_json(meta["ensemble"])
     return digest
