@@ -90,3 +90,13 @@ def test_run_warns_about_one_final_seed_where_no_paired_bootstrap_is_stored(tmp_
         found = [r.getMessage() for r in caplog.records if "1 seed: too few for an interval" in r.getMessage()]
         assert bool(found) == warned, found
         assert not found or "pass --final-seeds 2 or more" in found[0]
+
+
+def test_the_report_judges_no_task_on_too_few_test_examples():
+    from ilge_search.report.comparisons import task_verdict
+
+    truth = np.arange(2) % 2
+    few = StoredPredictions(truth, np.tile(truth, (3, 1)), (1, 2, 3))
+    scores = ([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])  # before: a verdict from 2 test texts
+    assert task_verdict(scores, (few, few), "accuracy") == (None, None)
+    assert task_verdict(scores, (None, None), "accuracy") == ("win", "t interval")
