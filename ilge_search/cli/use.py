@@ -124,7 +124,14 @@ def export_command(settings: Settings, storage, **options) -> None:
     help="The frozen model to embed with, instead of the recorded one (needed when that is a local "
     "folder outside MODEL_DIR).",
 )
-@OVERWRITE_OPTION
+@click.option(
+    "--force",
+    "--overwrite",
+    "force",
+    is_flag=True,
+    help="Replace --out if it exists, git-tracked included; also use a model folder whose files differ from "
+    "the digest its export recorded (with a warning).",
+)
 @QUIET_OPTION
 @click.option("--verbose", is_flag=True, help="Also the model loading's own progress bars (transformers, the hub).")
 @location_options
@@ -169,6 +176,7 @@ def predict_command(
             device=settings.device,
             base_model=base_model,
             progress=not quiet,
+            force=force,
         ),
     )
     for note in summary.notes:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..storage import artifact_dir_for
+from ..study.limits import MIN_TEST_ROWS
 from ..study.predictions import StoredPredictions, interval_kind, paired_interval, stored_final_predictions
 from ..study.statistics import VERDICTS, problems_interval, seeds_interval
 from .document import plural
@@ -57,7 +58,9 @@ def task_verdict(
 ) -> tuple[str | None, str | None]:
     """(verdict, which interval) of first minus second on one task: the paired bootstrap over the test examples
     and seeds where both have stored predictions that pair, else the t interval of the per-seed ``scores``
-    (``(None, None)``: they do not pair either)."""
+    (``(None, None)``: they do not pair either, or the task has too few test examples for any interval)."""
+    if any(side is not None and side.truth.size < MIN_TEST_ROWS for side in predictions):
+        return None, None
     paired = paired_interval(*predictions, metric)
     if paired is not None:
         return paired.verdict, interval_kind(paired)

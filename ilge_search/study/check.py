@@ -29,7 +29,7 @@ from .identity import (
     run_identity,
     task_label,
 )
-from .limits import check_data_limits
+from .limits import check_data_limits, warn_too_few_for_intervals
 from .options import StudyOptions, check_study_name
 from .planned import PlannedStudy
 from .tokens import check_tagging_options
@@ -213,6 +213,7 @@ def check_run(
         _check_planned(opened, planned, inputs, cache_keys, options)
     if not dry_run:
         opened = _writer(storage, opened, options)
+    warn_too_few_for_intervals(options, inputs.task_data)  # after the last refusal: a refused run says one line
     return RunCheck(
         model=model,
         task=task,

@@ -177,7 +177,9 @@ def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray |
         try:
             download_artifact(artifact_store=artifact_store, file_path=str(path), artifact_id=artifact_id)
             return np.load(path).astype(np.float64)
-        except (ArtifactNotFound, OSError, ValueError):
+        except (ArtifactNotFound, OSError, ValueError, EOFError) as exc:  # EOFError: an emptied file
+            if not isinstance(exc, ArtifactNotFound):  # a missing one: the backfill's own line counts them
+                logger.warning("validation predictions %s: %r; their trial is retrained", artifact_id, exc)
             return None
 
 

@@ -40,8 +40,9 @@ from ..record import (
     trial_record,
 )
 from ..storage import StorageError, count_trials
+from .limits import PAIRED_KINDS
 from .objectives import is_multi_objective, objective_values
-from .predictions import PAIRED_KINDS, model_predictions, read_test_predictions, upload_test_predictions
+from .predictions import model_predictions, read_test_predictions, upload_test_predictions
 from .protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
 from .selection import (
     DEFAULT_FINAL_FRONT,

@@ -14,6 +14,7 @@ pass instead:
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from .options import StudyOptions
@@ -21,9 +22,39 @@ from .options import StudyOptions
 if TYPE_CHECKING:  # pragma: no cover
     from ..tasks.core import TaskData
 
-__all__ = ["check_data_limits", "MIN_PAIRS_PER_FOLD"]
+__all__ = [
+    "check_data_limits",
+    "MIN_PAIRS_PER_FOLD",
+    "MIN_SEEDS",
+    "MIN_TEST_ROWS",
+    "too_few_for_an_interval",
+    "warn_too_few_for_intervals",
+]
+
+logger = logging.getLogger(__name__)
 
 MIN_PAIRS_PER_FOLD = 3  # a Spearman correlation over fewer pairs is undefined or meaningless
+
+# Below these sizes no interval is shown (docs/statistics.md, "Minimum sizes"): under 20 test examples one
+# example moves a score by 5 points or more, and a bootstrap over so few has too few distinct resamples to hold
+# its 95% level; a t interval needs two seeds to have a spread at all.
+MIN_TEST_ROWS = 20
+MIN_SEEDS = 2
+_ROWS = {"classification": "texts", "similarity": "pairs", "tagging": "sentences"}
+
+# the task kinds whose test predictions a paired bootstrap can score (tagging is scored over words, the
+# paper protocol by a logistic readout: neither is stored)
+PAIRED_KINDS = ("classification", "similarity")
+
+
+def too_few_for_an_interval(test_rows: int | None, seeds: int, task_kind: str | None) -> str | None:
+    """Why a table shows no interval for a difference over ``test_rows`` test examples and ``seeds`` paired
+    seeds (``2 test pairs: too few for an interval``); ``None`` when both reach their minimum."""
+    if test_rows is not None and test_rows < MIN_TEST_ROWS:
+        return f"{test_rows} test {_ROWS.get(task_kind or '', 'rows')}: too few for an interval"
+    if seeds < MIN_SEEDS:
+        return f"{seeds} seed{'' if seeds == 1 else 's'}: too few for an interval"
+    return None
 
 
 def _label_counts(task: TaskData) -> list[int]:
@@ -103,3 +134,17 @@ def check_data_limits(options: StudyOptions, task_name: str, loaded: TaskData, u
     _check_shots(options, loaded)
     _check_samples_per_label(options, task_name, used)
     _check_cv(options, used)
+
+
+def warn_too_few_for_intervals(options: StudyOptions, used: TaskData) -> None:
+    """Say, once a run's checks passed and before any work, when the final evaluation's differences will get
+    no interval: a test split under :data:`MIN_TEST_ROWS`, or one final seed where no paired bootstrap over
+    test examples is stored (tagging, the paper protocol)."""
+    seeds = options.final.seeds
+    if not seeds or "test" not in used.splits:
+        return
+    bootstrap = used.kind in PAIRED_KINDS and options.final.protocol != "paper"
+    note = too_few_for_an_interval(len(used.split("test")), seeds if not bootstrap else MIN_SEEDS, used.kind)
+    if note is not None:
+        fix = "pass a larger test split" if "test" in note else f"pass --final-seeds {MIN_SEEDS} or more"
+        logger.warning("%s: the tables will show the final differences without one; %s", note, fix)

@@ -11,7 +11,11 @@ cannot.
 
 from __future__ import annotations
 
+import functools
+import logging
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .limits import MIN_TEST_ROWS
 from .statistics import METRICS, BootstrapSettings, Interval, paired_bootstrap
 
 if TYPE_CHECKING:
@@ -37,9 +42,12 @@ __all__ = [
     "stored_final_predictions",
 ]
 
-# the task kinds whose test predictions a paired bootstrap can score (tagging is scored over words, the
-# paper protocol by a logistic readout: neither is stored)
-PAIRED_KINDS = ("classification", "similarity")
+
+logger = logging.getLogger(__name__)
+
+# what a truncated or overwritten .npz raises from np.load or from reading one of its arrays
+_UNREADABLE = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error)
+_FALLBACK = "the t interval over the seeds is used instead of the paired bootstrap"
 
 
 def predicted_labels(predictions: np.ndarray, task_kind: str) -> np.ndarray:
@@ -84,25 +92,37 @@ def upload_test_predictions(
 
 def read_test_predictions(artifacts: Any, artifact_id: str | None) -> dict[str, np.ndarray] | None:
     """The arrays of a stored predictions artifact (class ids as int64), or ``None`` when there is none:
-    no id, no artifact folder (a storage copied without it; nothing is created) or an unreadable file.
+    no id, no artifact folder (a storage copied without it; nothing is created), a missing or an unreadable
+    file. A recorded artifact that cannot be read is treated as missing, with one warning naming the file.
     ``artifacts`` is the artifact folder or an artifact store."""
     if not artifact_id or artifacts is None:
         return None
     from optuna.artifacts import FileSystemArtifactStore, download_artifact
     from optuna.artifacts.exceptions import ArtifactNotFound
 
+    where: Path | str = f"artifact {artifact_id}"
     if isinstance(artifacts, (str, Path)):
         if not Path(artifacts).is_dir():
+            _warn_once(f"{artifacts}: the artifact folder is missing, so are the stored test predictions; {_FALLBACK}")
             return None
-        artifacts = FileSystemArtifactStore(str(artifacts))
+        where, artifacts = Path(artifacts, artifact_id), FileSystemArtifactStore(str(artifacts))
     with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
         path = Path(tmp, "predictions.npz")
         try:
             download_artifact(artifact_store=artifacts, file_path=str(path), artifact_id=artifact_id)
             with np.load(path, allow_pickle=False) as stored:
                 return {key: _widened(stored[key]) for key in stored.files}
-        except (ArtifactNotFound, OSError, ValueError, KeyError):
-            return None
+        except ArtifactNotFound:
+            _warn_once(f"{where}: the stored test predictions are missing; {_FALLBACK}")
+        except _UNREADABLE as exc:
+            _warn_once(f"{where}: the stored test predictions cannot be read ({type(exc).__name__}); {_FALLBACK}")
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """One warning per damaged file, however many tables read it in this process."""
+    logger.warning(message)
 
 
 def _widened(array: np.ndarray) -> np.ndarray:
@@ -133,8 +153,11 @@ def paired_interval(
     settings: BootstrapSettings | None = None,
 ) -> Interval | None:
     """The paired bootstrap interval of ``metric(first) - metric(second)`` over the same test examples and
-    seeds; ``None`` when either side is missing, they do not pair, or the metric is not one it scores."""
+    seeds; ``None`` when either side is missing, they do not pair, the metric is not one it scores or there are
+    fewer than :data:`MIN_TEST_ROWS` test examples."""
     if first is None or second is None or metric not in METRICS or not first.pairs_with(second):
+        return None
+    if first.truth.size < MIN_TEST_ROWS:
         return None
     return paired_bootstrap(first.truth, first.predictions, second.predictions, metric=metric, settings=settings)
 

@@ -19,6 +19,7 @@ from ..record import (
     trial_record,
 )
 from ..storage import Storage, artifact_dir_for, hide_password, open_storage
+from .limits import MIN_SEEDS, MIN_TEST_ROWS, too_few_for_an_interval
 from .objectives import best_score_trial, score_of
 from .predictions import interval_kind, paired_interval, stored_final_predictions
 from .statistics import Interval, seeds_interval
@@ -86,6 +87,7 @@ class StudyResult:
     gain_scores: list[float] = field(default_factory=list)  # per seed: selected minus start, improvement positive
     gain_interval: Interval | None = None  # the search gain's 95% interval (its method says which)
     leaderboard: LeaderboardRecord | None = field(default=None, repr=False)  # an auto study's stored leaderboard
+    too_few_rows: str | None = None  # why no interval is shown at all: too few test examples (None: enough)
 
     @property
     def n_finished(self) -> int:
@@ -123,9 +125,10 @@ def _gain_scores(test: list[float], start: list[float] | None, maximize: bool) -
 def gain_interval(record: StudyRecord, artifacts: Any) -> Interval | None:
     """The search gain's 95% interval: the paired bootstrap over the test examples and seeds where the final
     evaluation stored the selected trial's and the start's test predictions (in ``artifacts``, the artifact
-    folder or store), else the t interval over the final seeds; ``None`` with fewer than two paired seeds."""
+    folder or store), else the t interval over the final seeds; ``None`` with fewer than two paired seeds or
+    :data:`~.limits.MIN_TEST_ROWS` test examples."""
     final = record.final
-    if final is None:
+    if final is None or _too_few_rows(record) is not None:
         return None
     if final.predictions and record.maximize:
         stored = stored_final_predictions(artifacts, final)
@@ -137,13 +140,37 @@ def gain_interval(record: StudyRecord, artifacts: Any) -> Interval | None:
     return seeds_interval(gains) if len(gains) > 1 else None
 
 
-def _with_interval(text: str, differences: list[float], interval: Interval | None = None) -> str:
+def _too_few_rows(record: StudyRecord) -> str | None:
+    """Why no interval of the study means anything: fewer than ``MIN_TEST_ROWS`` test examples."""
+    rows = record.data.split_sizes.get("test") if record.data else None
+    if rows is None or rows >= MIN_TEST_ROWS:
+        return None
+    return too_few_for_an_interval(rows, MIN_SEEDS, record.data.task_kind if record.data else None)
+
+
+def gain_note(record: StudyRecord, interval: Interval | None) -> str | None:
+    """Why the search gain has no interval (too few test examples or seeds); ``None`` when it has one or
+    lacks it for another reason (no start scores to pair with)."""
+    final = record.final
+    if final is None or final.search_gain is None or interval is not None:
+        return None
+    paired = _gain_scores(final.test_scores, final.start_test_scores, record.maximize)
+    kind = record.data.task_kind if record.data else None
+    return _too_few_rows(record) or (too_few_for_an_interval(None, len(paired), kind) if paired else None)
+
+
+def _with_interval(
+    text: str, differences: list[float], interval: Interval | None = None, too_few: str | None = None
+) -> str:
     """``text`` followed by ``interval`` (a paired bootstrap, named) or else the 95% t interval of per-seed
-    ``differences``, and its verdict (two seeds or more)."""
+    ``differences``, and its verdict (two seeds or more); with ``too_few`` test examples, or a single seed, the
+    reason there is none."""
+    if too_few is not None:
+        return f"{text} ({too_few})"
     if interval is not None and interval_kind(interval) == "paired bootstrap":
         return f"{text} [{interval.low:+.4f}, {interval.high:+.4f}] {interval.verdict} (paired bootstrap)"
-    if len(differences) < 2:
-        return text
+    if len(differences) < MIN_SEEDS:
+        return text if not differences else f"{text} ({too_few_for_an_interval(None, len(differences), None)})"
     interval = seeds_interval(differences)
     return f"{text} [{interval.low:+.4f}, {interval.high:+.4f}] {interval.verdict}"
 
@@ -185,6 +212,7 @@ def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResul
         ensemble=_ensemble_of(study),
         leaderboard=leaderboard_record(study),
         gain_interval=gain_interval(record, _artifacts_of(storage)),
+        too_few_rows=_too_few_rows(record),
         **_final_fields(record),
         **_export_columns(record),
     )
@@ -271,7 +299,7 @@ def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
         "final_trial": final.trial if final else None,
         "search_gain": final.search_gain if final else None,
         "search_gain_verdict": None if gain is None else gain.verdict,
-        "search_gain_interval": interval_kind(gain),
+        "search_gain_interval": interval_kind(gain) or gain_note(record, gain),
         "objectives": "+".join(record.objectives),
         **_export_columns(record),
         **{key: value for stage in registered_stages() for key, value in stage.columns(summary).items()},
@@ -318,7 +346,11 @@ def format_results(results: Iterable[StudyResult]) -> str:
         if r.test_mean is not None and r.final_trial is not None:
             test += f" (trial {r.final_trial}, {r.select}{_export_text(r)})"
         best = "-" if r.best_value is None else f"{r.best_value:.4f} ({r.metric})"
-        gain = "-" if r.search_gain is None else _with_interval(f"{r.search_gain:+.4f}", r.gain_scores, r.gain_interval)
+        gain = (
+            "-"
+            if r.search_gain is None
+            else _with_interval(f"{r.search_gain:+.4f}", r.gain_scores, r.gain_interval, r.too_few_rows)
+        )
         rows.append(
             (
                 r.study_name,
@@ -356,7 +388,7 @@ def _ensemble_cell(result: StudyResult) -> str:
         cell += f"; {ensemble.test_mean - result.test_mean:+.4f} vs selected"
         if len(ensemble.test_scores) == len(result.test_scores):
             paired = [a - b for a, b in zip(ensemble.test_scores, result.test_scores, strict=True)]
-            cell = _with_interval(cell, paired)
+            cell = _with_interval(cell, paired, too_few=result.too_few_rows)
     return cell + ")"
 
 

@@ -496,13 +496,16 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         batch_size: int = 32,
         progress: bool = False,
         base_model: PathLike | None = None,
+        force: bool = False,
     ) -> ILGEClassifier:
         """Rebuild a classifier written by :meth:`save` (the LLM loads on the first text method).
 
         The recorded base model is used if it is an alias, a hub id or a folder inside ``path``; one elsewhere on disk
-        is refused unless given as ``base_model`` (which replaces it). Weights holding NaN or infinity are refused.
+        is refused unless given as ``base_model`` (which replaces it). Weights holding NaN or infinity are refused,
+        and so is a folder whose weights, classes or ensemble counts differ from the digest its save recorded
+        (:class:`~ilge_search.use.saved.FolderMismatch`, a ``ValueError``) unless ``force``.
         """
-        return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
+        return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model, force))
 
     @classmethod
     def from_study_ensemble(

@@ -10,9 +10,11 @@ names, keys and checks as before the two shared this base.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -28,6 +30,7 @@ from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig
 from ..record.fields import Attrs
 from ..study.export import StudyExport, StudyModel, load_for_estimator
 from ..validation import ArgumentTypeError
+from .saved import FolderMismatch, check_digest, check_mix, folder_digest
 
 if TYPE_CHECKING:
     from ..embeddings.cache import EmbeddingCache
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from ..storage import Storage
 
 __all__ = ["FORMAT_VERSION", "WEIGHTS_FILE", "Fitted", "LoadOptions", "SavedEstimator", "load_state", "read_weights"]
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -70,6 +75,7 @@ class LoadOptions:
     batch_size: int = 32
     progress: bool = False
     base_model: PathLike | None = None  # replaces the recorded base model (one elsewhere on disk must be given)
+    force: bool = False  # use a folder whose files disagree with its digest or counts (predict --force)
 
 
 def read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
@@ -88,6 +94,24 @@ def read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
             f"predict anything, retrain and save again"
         )
     return state
+
+
+def _check_agreement(
+    meta: Attrs, state: Mapping[str, torch.Tensor], meta_path: Path, weights_path: Path, *, force: bool
+) -> None:
+    """Refuse a folder whose files disagree with the digest or counts its JSON records, unless ``force``
+    (which logs what it overrides); mix weights that are no mixture are refused whatever ``force``."""
+    checks = (
+        partial(check_mix, state, meta, meta_path, weights_path),  # first: no mixture is refused whatever force
+        partial(check_digest, meta, meta_path, weights_path),
+    )
+    for check in checks:
+        try:
+            check()
+        except FolderMismatch as exc:
+            if not force:
+                raise
+            logger.warning("using %s although %s", weights_path.parent, str(exc).split("; ")[0])
 
 
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], weights_path: Path) -> None:
@@ -280,8 +304,9 @@ class SavedEstimator(BaseEstimator):
         state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}
         # write to temporary names, then rename: an interrupted save never leaves a half-written pair
         tmp_weights, tmp_meta = path / (WEIGHTS_FILE + ".tmp"), path / (self.META_FILE + ".tmp")
-        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
         save_file(state, str(tmp_weights), metadata={"format_version": str(FORMAT_VERSION)})
+        meta = {**meta, "digest": folder_digest(tmp_weights, meta)}  # what a load checks the folder against
+        tmp_meta.write_text(json.dumps(meta, indent=2), encoding="utf-8")
         os.chmod(tmp_weights, tmp_meta.stat().st_mode & 0o7777)  # safetensors writes 0600; follow the umask
         os.replace(tmp_weights, path / WEIGHTS_FILE)
         os.replace(tmp_meta, path / self.META_FILE)
@@ -326,12 +351,9 @@ class SavedEstimator(BaseEstimator):
     @classmethod
     def _saved_fitted(cls, meta: Attrs, meta_path: Path) -> Fitted:
         """The fitted state a saved JSON records, the model left to ``_saved_model`` (a placeholder here)."""
-        try:
-            config = config_from_dict(meta["config"])
-            classes = np.asarray(meta["classes"])
-            num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
+        config = config_from_dict(meta["config"])  # every field read here passed the subclass's _check_meta
+        classes = np.asarray(meta["classes"])
+        num_layers, hidden_size = int(meta["num_layers"]), int(meta["hidden_size"])
         recorded_kind = str(meta.get("classes_kind", classes.dtype.kind)).replace("u", "i")
         if classes.ndim != 1 or classes.dtype.kind.replace("u", "i") != recorded_kind:
             raise ValueError(f"{meta_path}: 'classes' do not match their recorded type; the file is corrupt")
@@ -375,7 +397,9 @@ class SavedEstimator(BaseEstimator):
             raise ValueError(f"{meta_path} is missing or has invalid fields ({exc!r}); the file is corrupt") from None
         estimator.base_model = model_reference_to_load(meta["base_model"], path, options.base_model)
         model = cls._saved_model(meta, fitted)
-        load_state(model, read_weights(path / WEIGHTS_FILE), path / WEIGHTS_FILE)
+        state = read_weights(path / WEIGHTS_FILE)
+        _check_agreement(meta, state, path / cls.META_FILE, path / WEIGHTS_FILE, force=options.force)
+        load_state(model, state, path / WEIGHTS_FILE)
         model.to(resolve_device(options.device)).eval()
         score_range = getattr(model, "score_range", fitted.score_range)  # as the built model reads it
         adopted: EstimatorT = estimator._adopt(replace(fitted, model=model, score_range=score_range))

@@ -237,6 +237,7 @@ class PredictOptions:
         base_model: the frozen model to embed with instead of the recorded one (needed when that is a local
             folder outside the model folder, which ``ILGEClassifier.load`` does not follow).
         progress: a progress bar over rows on stderr.
+        force: use a model folder whose files disagree with the digest its save recorded.
     """
 
     chunk_rows: int = 512
@@ -245,6 +246,7 @@ class PredictOptions:
     device: str = "auto"
     base_model: PathLike | None = None
     progress: bool = True
+    force: bool = False
 
     def __post_init__(self) -> None:
         check_int("chunk_rows", self.chunk_rows)
@@ -256,6 +258,7 @@ class PredictOptions:
             "cache_dir": self.cache_dir,
             "batch_size": self.batch_size,
             "base_model": self.base_model,
+            "force": self.force,
         }
 
 

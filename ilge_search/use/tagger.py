@@ -266,13 +266,15 @@ class ILGETagger(SavedEstimator):
         batch_size: int = 32,
         progress: bool = False,
         base_model: PathLike | None = None,
+        force: bool = False,
     ) -> ILGETagger:
         """Rebuild a tagger written by :meth:`save` (the LLM loads on the first ``predict``).
 
         The recorded base model is used if it is an alias, a hub id or a folder inside ``path``;
-        one elsewhere on disk is refused unless given as ``base_model`` (which replaces it).
+        one elsewhere on disk is refused unless given as ``base_model`` (which replaces it). A folder whose
+        weights or tags differ from the digest its save recorded is refused unless ``force``.
         """
-        return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model))
+        return cls._load_folder(path, LoadOptions(device, cache_dir, batch_size, progress, base_model, force))
 
     @classmethod
     def _found_arguments(cls, found: StudyModel, classes: np.ndarray) -> Attrs:
