@@ -21,13 +21,20 @@ and the starts' names (:func:`method_params`; :func:`~ilge_search.study.trial.st
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from optuna.trial import TrialState
+
 from ..encoders.configs import FAMILY_INDEX
+from ..record import trial_record
 
 if TYPE_CHECKING:
+    import optuna
     from optuna.distributions import CategoricalChoiceType
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AUTO",
@@ -38,6 +45,7 @@ __all__ = [
     "suggest_auto",
     "suggest_study_config",
     "method_params",
+    "announce_waiting_starts",
 ]
 
 AUTO = "auto"
@@ -139,3 +147,26 @@ def method_params(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """One method's Optuna params (as :func:`~ilge_search.study.trial.config_params` gives them) as an auto
     study names them."""
     return {METHOD_PARAM: method, **{f"{method}{_SEPARATOR}{key}": value for key, value in params.items()}}
+
+
+def announce_waiting_starts(study: optuna.Study, room: int | None) -> None:
+    """One warning when a run of ``room`` trials leaves method starts of an auto study waiting: they stay
+    queued for a later run, as the warm start says of the members it drops, since each method's start is what
+    the study promises to try first."""
+    waiting = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if trial_record(trial).recommended
+    ]
+    if room is None or len(waiting) <= room:
+        return
+    left = [str(trial.system_attrs.get("fixed_params", {}).get(METHOD_PARAM, "?")) for trial in waiting[room:]]
+    logger.warning(
+        "%s: %d method start(s) (%s) wait for a later run: this run adds %d trial(s) and an auto study runs "
+        "every method's start first; pass --n-trials %d (or --total-trials) to try every method",
+        study.study_name,
+        len(left),
+        ", ".join(left),
+        room,
+        len(waiting),
+    )

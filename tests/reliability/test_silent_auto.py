@@ -1,0 +1,78 @@
+"""Auto studies, sweeps and the newest commands: each case that used to pass in silence, or with a message that
+blamed the wrong thing, now says one line naming the real cause and a command that works (issue 50)."""
+
+from __future__ import annotations
+
+import logging
+
+import optuna
+from click.testing import CliRunner
+
+from ilge_search.cli import cli
+from ilge_search.study import StudyOptions, run_study
+from ilge_search.testing import refuse_model_loads
+
+DATA = dict(max_train=240, max_eval=100)
+
+
+def _options(synthetic, **more) -> StudyOptions:
+    flat = dict(
+        n_trials=1, final_seeds=0, ensemble=0, max_epochs=2, device="cpu", threads=1, progress=False, seed=0, **DATA
+    )
+    flat.update(data_dir=synthetic.data_dir, cache_dir=synthetic.cache_dir)
+    return StudyOptions.from_flat(**{**flat, **more})
+
+
+def _auto(synthetic, url, **more):
+    synthetic.cache("trec", **DATA)
+    with refuse_model_loads():
+        (result,) = run_study(synthetic.model, "trec", "auto", storage=url, options=_options(synthetic, **more))
+    return result
+
+
+def _warnings(caplog, needle: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if needle in r.getMessage()]
+
+
+def test_an_auto_run_with_fewer_trials_than_methods_says_which_starts_wait(synthetic, tmp_path, caplog):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with caplog.at_level(logging.WARNING, logger="ilge_search"):
+        result = _auto(synthetic, url, methods="last-layer,mlp-last,best-layer")
+    study = optuna.load_study(study_name=result.study_name, storage=url)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "WAITING", "WAITING"]
+    (warned,) = _warnings(caplog, "start(s)")
+    assert "2 method start(s) (mlp-last, best-layer) wait for a later run" in warned, warned
+    assert "--n-trials 3" in warned
+
+
+def test_an_auto_run_whose_budget_covers_every_start_says_nothing(synthetic, tmp_path, caplog):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with caplog.at_level(logging.WARNING, logger="ilge_search"):
+        _auto(synthetic, url, methods="last-layer,mlp-last", n_trials=2)
+    assert not _warnings(caplog, "start(s)")
+
+
+def test_the_same_methods_in_another_order_name_the_existing_study(synthetic, tmp_path, caplog):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = _auto(synthetic, url, methods="last-layer,mlp-last", n_trials=2)
+    with caplog.at_level(logging.WARNING, logger="ilge_search"):
+        second = _auto(synthetic, url, methods="mlp-last,last-layer", n_trials=2)
+    assert second.study_name != first.study_name
+    (warned,) = _warnings(caplog, "another order")
+    assert repr(first.study_name) in warned
+    assert "same methods in another order" in warned and "--methods last-layer,mlp-last" in warned, warned
+    assert "trial 0" in warned
+
+
+def _leaderboard(url: str, name: str):
+    return CliRunner().invoke(cli, ["leaderboard", "--storage", url, "--study", name])
+
+
+def test_leaderboard_of_an_auto_study_without_a_complete_trial_gives_advice_that_works(synthetic, tmp_path):
+    from reliability_helpers import one_line_error
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    result = _auto(synthetic, url, methods="last-layer,mlp-last", n_trials=0)
+    message = one_line_error(_leaderboard(url, result.study_name))
+    assert "--n-trials 0" not in message and "no complete trial" in message, message
+    assert "--n-trials 2" in message
