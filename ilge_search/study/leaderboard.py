@@ -21,13 +21,23 @@ from typing import Any
 import numpy as np
 
 from ..encoders.configs import FAMILY_INDEX
-from ..record import LeaderboardRecord, LeaderboardRow, ensemble_record, trial_config
+from ..record import (
+    Identity,
+    LeaderboardRecord,
+    LeaderboardRow,
+    ensemble_record,
+    leaderboard_record,
+    study_record,
+    trial_config,
+)
+from ..storage import count_trials
+from .auto import is_auto
 from .data import StudyData
 from .ensemble import mixed, prediction_score, predictions_of
 from .predictions import predicted_labels, upload_test_predictions
 from .selection import DEFAULT_SELECT
 
-__all__ = ["LeaderboardRun", "leaderboard_evaluation", "leaderboard_is_current", "ilge_member"]
+__all__ = ["LeaderboardRun", "leaderboard_evaluation", "leaderboard_is_current", "ilge_member", "never_made"]
 
 
 @dataclass(frozen=True)
@@ -357,22 +367,49 @@ def study_export_choice(storage: Any, study_name: str) -> tuple[bool, str] | Non
     return export_choice(load_run_study(opened, study_name, purpose="exported"))
 
 
+def never_made(identity: Identity | None) -> str | None:
+    """Why no run can make this study a leaderboard (``None``: a run with final seeds makes one)."""
+    if identity is None or not is_auto(identity.encoder):
+        return "it is not an auto study (a leaderboard ranks the methods of an `ilge-search run --encoder auto` study)"
+    if identity.multi_objective:
+        return (
+            f"it optimises several objectives ({', '.join(identity.objectives)}), so its final evaluation keeps a "
+            "Pareto front, not one selected trial to rank against the best single layer"
+        )
+    if identity.protocol != "matched":
+        return (
+            f"it is scored under the {identity.protocol} protocol (each final model read out as MTEB does), "
+            "while a leaderboard's rows are retrained and compared under the matched protocol"
+        )
+    return None
+
+
 def study_leaderboard(storage: Any, study_name: str) -> LeaderboardRecord:
     """The stored leaderboard of ``study_name``.
 
     Raises:
-        ValueError: no such study, or one without a leaderboard (one line saying how to make it).
+        ValueError: no such study, or one without a leaderboard (one line saying why, and how to make it or
+        what to read instead).
     """
-    from ..record import leaderboard_record
     from ..storage import Storage, open_storage
     from .export import load_run_study
+    from .options import option_default
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="shown")
     stored = leaderboard_record(study)
-    if stored is None:
-        raise ValueError(
-            f"study {study_name!r} has no leaderboard: it is made after the ensemble of an `ilge-search run "
-            "--encoder auto` study with final seeds (rerun that command with --n-trials 0 to make it)"
-        )
-    return stored
+    if stored is not None:
+        return stored
+    identity = study_record(study).identity
+    reason = never_made(identity)
+    seeds = f"--final-seeds {option_default('final_seeds')}"
+    if reason is not None:
+        advice = f"`ilge-search studies --storage {opened.shown_url}` shows its final scores"
+    elif not count_trials(study, ("COMPLETE",)):
+        starts = len(identity.methods or ()) if identity is not None else 1
+        reason = "it has no complete trial yet, and the leaderboard ranks the complete trials of each method"
+        advice = f"rerun its `ilge-search run` command with --n-trials {max(starts, 1)} (every method's start) {seeds}"
+    else:
+        reason = "it is made after the search when the run has final seeds"
+        advice = f"rerun its `ilge-search run` command with --n-trials 0 {seeds} to make it"
+    raise ValueError(f"study {study_name!r} has no leaderboard: {reason}; {advice}")

@@ -76,3 +76,23 @@ def test_leaderboard_of_an_auto_study_without_a_complete_trial_gives_advice_that
     message = one_line_error(_leaderboard(url, result.study_name))
     assert "--n-trials 0" not in message and "no complete trial" in message, message
     assert "--n-trials 2" in message
+
+
+def test_an_auto_study_that_gets_no_leaderboard_is_told_why_by_run_and_by_leaderboard(synthetic, tmp_path, caplog):
+    """Several objectives, or the paper protocol: `run` says up front why no leaderboard is made, and
+    `leaderboard` gives the same reason and points at `studies` instead of a rerun that would make none."""
+    from reliability_helpers import one_line_error
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for options, why in (
+        (dict(objectives=("score", "params")), "several objectives (score, params)"),
+        (dict(protocol="paper", samples_per_label=4), "paper protocol"),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ilge_search"):
+            result = _auto(synthetic, url, methods="last-layer,mlp-last", n_trials=2, final_seeds=1, **options)
+        (warned,) = _warnings(caplog, "no leaderboard is made")
+        assert why in warned and "ilge-search studies --storage" in warned, warned
+        message = one_line_error(_leaderboard(url, result.study_name))
+        assert why in message and "ilge-search studies --storage" in message, message
+        assert "rerun" not in message
