@@ -96,3 +96,19 @@ def test_an_auto_study_that_gets_no_leaderboard_is_told_why_by_run_and_by_leader
         message = one_line_error(_leaderboard(url, result.study_name))
         assert why in message and "ilge-search studies --storage" in message, message
         assert "rerun" not in message
+
+
+def test_export_ensemble_of_a_tagging_auto_study_names_the_real_cause(tmp_path):
+    from ilge_search.record import DataRecord, Identity
+    from ilge_search.testing.store import add_study
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    identity = Identity(model="minilm-l6", task="pos", encoder="auto", word_pooling="first", methods=("last-layer",))
+    study = add_study(url, identity, data=DataRecord(task_kind="tagging", metric="accuracy"))
+    args = ["export", "--storage", url, "--study", study.study_name, "--out", str(tmp_path / "out"), "--ensemble"]
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 2 and "Traceback" not in refused.output  # a usage error, as before
+    (message,) = [line for line in refused.output.splitlines() if line.startswith("Error: ")]
+    assert "is a tagging study, and tagging studies have no ensemble" in message and "drop --ensemble" in message
+    assert "--retrain" not in message and "--trial" not in message, message
+    assert not (tmp_path / "out").exists()
