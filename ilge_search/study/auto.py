@@ -87,20 +87,21 @@ def parse_methods(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def auto_methods(methods: Sequence[str] | None, *, tagging: bool) -> tuple[str, ...]:
-    """The methods an auto study searches: ``methods`` checked against the task's kind, else every family
-    that serves it.
+def auto_methods(methods: Sequence[str] | None, *, tagging: bool | None, key: str = "--methods") -> tuple[str, ...]:
+    """The methods an auto study searches: ``methods`` checked against the task's kind (``None``: not known
+    yet, so only the names are), else every family that serves it. ``key`` is where the names were given.
 
     Raises:
         ValueError: a name that is no family, or one that cannot run on this kind of task.
     """
-    serving = _serving(tagging)
+    serving = _serving(bool(tagging))
     if methods is None:
         return tuple(serving)
     for name in methods:
         if name == AUTO or name not in FAMILY_INDEX:
-            raise ValueError(f"unknown method {name!r} in --methods; expected some of {', '.join(serving)}")
-        if name not in serving:
+            known = serving if tagging is not None else [n for n in FAMILY_INDEX if n != AUTO]
+            raise ValueError(f"unknown method {name!r} in {key}; expected some of {', '.join(known)}")
+        if tagging is not None and name not in serving:
             what = "a tagging task" if tagging else "a sentence task"
             raise ValueError(f"method {name!r} cannot run on {what}; expected some of {', '.join(serving)}")
     return tuple(methods)

@@ -112,3 +112,51 @@ def test_export_ensemble_of_a_tagging_auto_study_names_the_real_cause(tmp_path):
     assert "is a tagging study, and tagging studies have no ensemble" in message and "drop --ensemble" in message
     assert "--retrain" not in message and "--trial" not in message, message
     assert not (tmp_path / "out").exists()
+
+
+def _grid(folder, top: str = "", task: str = "", name: str = "trec") -> str:
+    grid = folder / "grid.toml"
+    grid.write_text(
+        f'storage = "sqlite:///{folder / "s.db"}"\nmodels = ["minilm-l6"]\nencoders = ["auto"]\n{top}\n'
+        f"[trials]\ndefault = 1\n[tasks.{name}]\n{task}\n"
+    )
+    return str(grid)
+
+
+def _snapshot(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"" for p in sorted(folder.rglob("*"))}
+
+
+def test_grid_methods_errors_name_the_toml_key_and_its_table_once(tmp_path):
+    from reliability_helpers import one_line_error
+
+    def refused(**where) -> str:
+        return one_line_error(CliRunner().invoke(cli, ["sweep", _grid(tmp_path, **where), "--dry-run"]))
+
+    grid = f"{tmp_path / 'grid.toml'}"
+    message = refused(top='methods = "cayley,last-layer"')
+    assert message.startswith(f"Error: {grid}: methods must be a list of method names") and "--methods" not in message
+    assert 'methods = ["cayley", "last-layer"]' in message
+    message = refused(task='methods = ["cayley", "nope"]')
+    assert message == (
+        f"Error: {grid} [tasks.trec]: unknown method 'nope' in methods; expected some of last-layer, best-layer, "
+        "mean-layers, scalar-mix, mlp-last, cayley, fc, deepset"
+    )
+    assert refused(top="methods = []") == f"Error: {grid}: methods must be a non-empty list of strings, got []"
+    message = refused(task="methods = []")
+    assert message == f"Error: {grid} [tasks.trec]: methods must be a non-empty list of strings, got []"
+    assert refused(task='methods = ["cayley-word"]').endswith(
+        "method 'cayley-word' cannot run on a sentence task; "
+        "expected some of last-layer, best-layer, mean-layers, scalar-mix, mlp-last, cayley, fc, deepset"
+    )
+
+
+def test_a_refused_sweep_leaves_its_folder_byte_for_byte_unchanged(tmp_path):
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    for where in (dict(task='methods = ["cayley", "nope"]'), dict()):  # a bad method; then a task not in --data-dir
+        grid = _grid(tmp_path, **where)
+        before = _snapshot(tmp_path)
+        result = CliRunner().invoke(cli, ["sweep", grid, "--data-dir", str(empty), "--cache-dir", str(empty)])
+        assert "Error: " in result.output and result.exit_code == 1, result.output
+        assert _snapshot(tmp_path) == before  # no .db, no .db.lock, no artifact folder
