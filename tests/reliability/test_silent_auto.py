@@ -160,3 +160,16 @@ def test_a_refused_sweep_leaves_its_folder_byte_for_byte_unchanged(tmp_path):
         result = CliRunner().invoke(cli, ["sweep", grid, "--data-dir", str(empty), "--cache-dir", str(empty)])
         assert "Error: " in result.output and result.exit_code == 1, result.output
         assert _snapshot(tmp_path) == before  # no .db, no .db.lock, no artifact folder
+
+
+def test_ctrl_c_in_shipping_check_says_what_is_kept_and_that_a_rerun_resumes(tmp_path, monkeypatch):
+    from ilge_search.defaults import shipping_check
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shipping_check, "shipping_check", interrupted)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    result = CliRunner().invoke(cli, ["shipping-check", "--storage", url])
+    assert result.exit_code == 130 and "Aborted!" not in result.output, result.output
+    assert "stored cells are kept" in result.output and "rerun the same command to resume" in result.output
