@@ -127,9 +127,7 @@ def _run_args(synthetic, storage: str, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.postgres
-def test_three_processes_on_one_auto_study_survive_kills_in_a_trial_and_in_a_stage(
-    synthetic, postgres_url, tmp_path
-):
+def test_three_processes_on_one_auto_study_survive_kills_in_a_trial_and_in_a_stage(synthetic, postgres_url, tmp_path):
     synthetic.cache("trec", **DATA)
     hooks = _hooks(tmp_path)
     args = _run_args(synthetic, postgres_url, tmp_path)
@@ -153,3 +151,34 @@ def test_three_processes_on_one_auto_study_survive_kills_in_a_trial_and_in_a_sta
     _finish(subprocess.Popen(_command(hooks, *args, "--n-trials", "1"), env=_env(hooks), **spawn))
     (summary,) = optuna.get_all_study_summaries(postgres_url)
     _check_consistent(optuna.load_study(study_name=summary.study_name, storage=postgres_url))
+
+
+def test_two_sweep_processes_on_sqlite_survive_a_kill_in_a_trial_and_in_a_stage(synthetic, tmp_path):
+    """Two ``sweep`` processes on one grid: one SIGKILLed in a trial, the other in the ensemble stage after its
+    search; a rerun of the sweep ends the grid's study finished and consistent."""
+    synthetic.cache("trec", **DATA)
+    hooks = _hooks(tmp_path)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    grid = tmp_path / "grid.toml"
+    methods = ", ".join(f'"{m}"' for m in METHODS.split(","))
+    grid.write_text(
+        f'storage = "{url}"\nmodels = ["{synthetic.model}"]\nencoders = ["auto"]\nmethods = [{methods}]\n'
+        f"final_seeds = 1\nensemble = 2\nthreads = 1\nmax_epochs = 2\nmax_train = {DATA['max_train']}\n"
+        f"max_eval = {DATA['max_eval']}\n[trials]\ndefault = 4\n[tasks.trec]\n"
+    )
+    args = ["sweep", str(grid), "--data-dir", str(synthetic.data_dir), "--cache-dir", str(synthetic.cache_dir)]
+    args += ["--artifact-dir", str(tmp_path / "artifacts"), "--device", "cpu", "--quiet"]
+    in_trial, in_stage = tmp_path / "in-trial", tmp_path / "in-stage"
+    spawn = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trial_victim = subprocess.Popen(_command(hooks, *args), env=_env(hooks, "trial", in_trial), **spawn)
+    stage_victim = subprocess.Popen(_command(hooks, *args), env=_env(hooks, "ensemble", in_stage), **spawn)
+    try:
+        _kill_when_marked(trial_victim, in_trial)
+        _kill_when_marked(stage_victim, in_stage)
+    finally:
+        for process in (trial_victim, stage_victim):
+            if process.poll() is None:
+                process.kill()
+    _finish(subprocess.Popen(_command(hooks, *args), env=_env(hooks), **spawn))
+    (summary,) = optuna.get_all_study_summaries(url)
+    _check_consistent(optuna.load_study(study_name=summary.study_name, storage=url))
