@@ -169,7 +169,7 @@ def run_sweep(
     entries = (only or SweepFilter()).entries(sweep)
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
-    url = storage if storage is not None else sweep.storage
+    url = (storage if storage is not None else sweep.storage) or default_storage_url()
     # a new SQLite file is left to the first run to create, after its checks: a refused sweep leaves nothing
     opened = None if missing_sqlite_file(url) else open_for_writing(url, options)
     groups = _groups(entries)
