@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from optuna.trial import TrialState
 
 from ..encoders.configs import FAMILY_INDEX
 from ..record import (
@@ -29,11 +30,14 @@ from ..record import (
     leaderboard_record,
     study_record,
     trial_config,
+    trial_record,
 )
-from ..storage import count_trials
+from ..storage import Storage, count_trials, open_storage
 from .auto import is_auto
 from .data import StudyData
 from .ensemble import mixed, prediction_score, predictions_of
+from .export import load_run_study
+from .options import option_default
 from .predictions import predicted_labels, upload_test_predictions
 from .selection import DEFAULT_SELECT
 
@@ -141,10 +145,6 @@ class _Entry:
 
 def _complete(study: Any) -> dict[int, Any]:
     """Trial number -> the study's complete trials that recorded a config."""
-    from optuna.trial import TrialState
-
-    from ..record import trial_record
-
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     return {t.number: t for t in trials if t.values and trial_record(t).config}
 
@@ -253,8 +253,6 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
 
 def leaderboard_is_current(study: Any, run: LeaderboardRun) -> bool:
     """Whether the stored leaderboard was made with this run's seeds, epoch cap and rule, after the ensemble."""
-    from ..record import leaderboard_record
-
     stored = leaderboard_record(study)
     if stored is None or not stored.matches(run.seeds, run.max_epochs, run.select):
         return False
@@ -339,9 +337,6 @@ EXPORT_RULE = (
 def export_choice(study: Any) -> tuple[bool, str] | None:
     """For an auto study with a leaderboard: whether its export is the ensemble, and the sentence saying why
     (:data:`EXPORT_RULE`); ``None`` for any other study."""
-    from ..record import leaderboard_record, study_record
-    from .auto import is_auto
-
     identity = study_record(study).identity
     stored = leaderboard_record(study)
     if identity is None or not is_auto(identity.encoder) or stored is None:
@@ -360,8 +355,6 @@ def export_choice(study: Any) -> tuple[bool, str] | None:
 
 def study_export_choice(storage: Any, study_name: str) -> tuple[bool, str] | None:
     """:func:`export_choice` of the stored study ``study_name``."""
-    from ..storage import Storage, open_storage
-    from .export import load_run_study
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     return export_choice(load_run_study(opened, study_name, purpose="exported"))
@@ -391,9 +384,6 @@ def study_leaderboard(storage: Any, study_name: str) -> LeaderboardRecord:
         ValueError: no such study, or one without a leaderboard (one line saying why, and how to make it or
         what to read instead).
     """
-    from ..storage import Storage, open_storage
-    from .export import load_run_study
-    from .options import option_default
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="shown")
