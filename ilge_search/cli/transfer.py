@@ -11,6 +11,12 @@ from .group import FORMAT_OPTION, QUIET_OPTION, cli, flag, int_option, location_
 
 SIZE_BUCKETS = ("small", "large")  # ilge_search.tuning.MODEL_SIZE_HINTS (tests/test_cli_choices.py checks)
 
+# what Ctrl-C keeps, as `run` says it: a cell in training gives up its claim (FAIL), so a rerun trains it again
+CELLS_INTERRUPTED = (
+    "interrupted: stored cells are kept and the cells in training are marked FAIL; rerun the same command to "
+    "resume (it trains only the missing cells)"
+)
+
 
 def _update_shipped(storage: str, request, options: dict) -> None:
     """``--update-shipped``: the shipped portfolio file's entry written from the stored matrix."""
@@ -136,5 +142,9 @@ def shipping_check_command(settings: Settings, storage: str, fmt: str, quiet: bo
     study_logging(quiet)
     request = ShippingCheckRequest(family=options["family"], bucket=options["bucket"])
     setup = TrainingSetup(settings.data_dir, settings.cache_dir, settings.device, options["threads"], not quiet)
-    check = shipping_check(storage, request, setup, workers=options["workers"], dry_run=options["dry_run"])
+    try:
+        check = shipping_check(storage, request, setup, workers=options["workers"], dry_run=options["dry_run"])
+    except KeyboardInterrupt:
+        click.echo(CELLS_INTERRUPTED, err=True)
+        raise SystemExit(130) from None
     click.echo(shipping_check_text(check, fmt, dry_run=options["dry_run"]))

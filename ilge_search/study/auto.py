@@ -21,13 +21,20 @@ and the starts' names (:func:`method_params`; :func:`~ilge_search.study.trial.st
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from optuna.trial import TrialState
+
 from ..encoders import config_classes, encoder_specs
+from ..record import trial_record
 
 if TYPE_CHECKING:
+    import optuna
     from optuna.distributions import CategoricalChoiceType
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AUTO",
@@ -38,6 +45,7 @@ __all__ = [
     "suggest_auto",
     "suggest_study_config",
     "method_params",
+    "announce_waiting_starts",
 ]
 
 AUTO = "auto"
@@ -79,20 +87,21 @@ def parse_methods(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return tuple(names)
 
 
-def auto_methods(methods: Sequence[str] | None, *, tagging: bool) -> tuple[str, ...]:
-    """The methods an auto study searches: ``methods`` checked against the task's kind, else every family
-    that serves it.
+def auto_methods(methods: Sequence[str] | None, *, tagging: bool | None, key: str = "--methods") -> tuple[str, ...]:
+    """The methods an auto study searches: ``methods`` checked against the task's kind (``None``: not known
+    yet, so only the names are), else every family that serves it. ``key`` is where the names were given.
 
     Raises:
         ValueError: a name that is no family, or one that cannot run on this kind of task.
     """
-    serving = _serving(tagging)
+    serving = _serving(bool(tagging))
     if methods is None:
         return tuple(serving)
     for name in methods:
         if name == AUTO or name not in config_classes():
-            raise ValueError(f"unknown method {name!r} in --methods; expected some of {', '.join(serving)}")
-        if name not in serving:
+            known = serving if tagging is not None else [n for n in config_classes() if n != AUTO]
+            raise ValueError(f"unknown method {name!r} in {key}; expected some of {', '.join(known)}")
+        if tagging is not None and name not in serving:
             what = "a tagging task" if tagging else "a sentence task"
             raise ValueError(f"method {name!r} cannot run on {what}; expected some of {', '.join(serving)}")
     return tuple(methods)
@@ -139,3 +148,26 @@ def method_params(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """One method's Optuna params (as :func:`~ilge_search.study.trial.config_params` gives them) as an auto
     study names them."""
     return {METHOD_PARAM: method, **{f"{method}{_SEPARATOR}{key}": value for key, value in params.items()}}
+
+
+def announce_waiting_starts(study: optuna.Study, room: int | None) -> None:
+    """One warning when a run of ``room`` trials leaves method starts of an auto study waiting: they stay
+    queued for a later run, as the warm start says of the members it drops, since each method's start is what
+    the study promises to try first."""
+    waiting = [
+        trial
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if trial_record(trial).recommended
+    ]
+    if room is None or len(waiting) <= room:
+        return
+    left = [str(trial.system_attrs.get("fixed_params", {}).get(METHOD_PARAM, "?")) for trial in waiting[room:]]
+    logger.warning(
+        "%s: %d method start(s) (%s) wait for a later run: this run adds %d trial(s) and an auto study runs "
+        "every method's start first; pass --n-trials %d (or --total-trials) to try every method",
+        study.study_name,
+        len(left),
+        ", ".join(left),
+        room,
+        len(waiting),
+    )

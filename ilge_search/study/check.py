@@ -9,11 +9,13 @@ with the same message.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..record import study_record
 from ..settings import default_storage_url
 from ..storage import Storage, artifact_dir_for, open_storage, sqlite_database
 from .auto import is_auto
@@ -39,6 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..tasks.core import TaskData
 
 __all__ = ["PlannedStudy", "RunCheck", "check_run", "missing_sqlite_file", "open_for_writing"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -308,10 +312,35 @@ def _check_planned(
     """A planned study against a stored one of its name, and its warm start against the portfolio."""
     if opened is not None:
         precheck_existing(opened, planned.name, planned.attrs, cache_keys=cache_keys, new_study_hint=planned.hint)
+        _warn_methods_in_another_order(opened, planned)
     if options.search.warm_start:
         hidden = _config_hidden_size(inputs.source.path)
         task = planned.identity.task
         _check_warm_start(opened, planned.encoder, inputs.model, task, options.search.warm_start, hidden)
+
+
+def _warn_methods_in_another_order(opened: Storage, planned: PlannedStudy) -> None:
+    """One warning when a new auto study's methods are those of a stored one in another order: the order picks
+    trial 0 and so names another study, which starts from zero unless the stored one's order is passed."""
+    wanted = planned.identity
+    if not is_auto(wanted.encoder) or wanted.methods is None or opened.load_study(planned.name) is not None:
+        return
+    for stored in opened.rdb.get_all_studies():
+        identity = study_record(stored).identity
+        if identity is None or identity.methods is None or identity.methods == wanted.methods:
+            continue
+        if set(identity.methods) == set(wanted.methods) and dataclasses.replace(identity, methods=None) == (
+            dataclasses.replace(wanted, methods=None)
+        ):
+            logger.warning(
+                "study %r searches the same methods in another order; this run starts %r from zero, since the "
+                "order picks trial 0: pass --methods %s to resume %r instead",
+                stored.study_name,
+                planned.name,
+                ",".join(identity.methods),
+                stored.study_name,
+            )
+            return
 
 
 def _config_hidden_size(model_path: str | Path) -> int | None:

@@ -75,7 +75,7 @@ from ..encoders import encoder_families
 from ..files import read_text_utf8
 from ..record import WORD_POOLINGS, Identity
 from ..validation import check_int
-from .auto import is_auto, parse_methods
+from .auto import auto_methods, is_auto, parse_methods
 from .folds import check_cv
 from .identity import default_study_name, encoder_choices, is_registered_task, resolve_encoders, task_label
 from .objectives import DEFAULT_OBJECTIVES, check_objectives
@@ -317,12 +317,23 @@ def _shots(where: str, task: str, options: Mapping[str, object], raw: Mapping[st
     return out
 
 
-def _methods(where: str, value: Any) -> tuple[str, ...] | None:
-    """The grid's (or the task's) ``methods`` for its auto studies: a list of method names, or none."""
+def _methods(where: str, value: Any, task: str) -> tuple[str, ...] | None:
+    """The grid's (or the task's) ``methods`` for its auto studies: a list of method names, or none; each name
+    checked here, against a registered task's kind, so a bad one is refused before anything is created."""
     if value is None:
         return None
+    if isinstance(value, str) and "," in value:
+        raise _fail(
+            where, f'methods must be a list of method names, e.g. methods = ["cayley", "last-layer"], got {value!r}'
+        )
+    names = _str_list(where, value, "methods")
+    kind = None
+    if is_registered_task(task):
+        from ..tasks.core import get_task_spec
+
+        kind = get_task_spec(task).kind
     try:
-        return parse_methods(_str_list(where, value, "methods"))
+        return auto_methods(parse_methods(names), tagging=None if kind is None else kind == "tagging", key="methods")
     except ValueError as exc:
         raise _fail(where, str(exc)) from None
 
@@ -386,7 +397,8 @@ def _entries(where: str, raw: Mapping[str, object], models: list[str], encoders:
             )
         shot_values = _shots(task_where, task, options, raw)
         warm_start = _task_count(task_where, options, raw, "warm_start") or 0
-        methods = _methods(task_where, options.get("methods", raw.get("methods")))
+        methods_where = task_where if "methods" in options else where
+        methods = _methods(methods_where, options.get("methods", raw.get("methods")), task)
         # nested in this order (protocol, model, shots, encoder): the order of the grid's studies
         entries += [
             SweepEntry(

@@ -19,15 +19,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from optuna.trial import TrialState
 
 from ..encoders import encoder_specs
-from ..record import LeaderboardRecord, LeaderboardRow, ensemble_record, trial_config
+from ..record import (
+    Identity,
+    LeaderboardRecord,
+    LeaderboardRow,
+    ensemble_record,
+    leaderboard_record,
+    study_record,
+    trial_config,
+    trial_record,
+)
+from ..storage import Storage, count_trials, open_storage
+from .auto import is_auto
 from .data import StudyData
 from .ensemble import mixed, prediction_score, predictions_of
+from .export import load_run_study
+from .options import option_default
 from .predictions import predicted_labels, upload_test_predictions
 from .selection import DEFAULT_SELECT
 
-__all__ = ["LeaderboardRun", "leaderboard_evaluation", "leaderboard_is_current", "ilge_member"]
+__all__ = ["LeaderboardRun", "leaderboard_evaluation", "leaderboard_is_current", "ilge_member", "never_made"]
 
 
 @dataclass(frozen=True)
@@ -130,10 +144,6 @@ class _Entry:
 
 def _complete(study: Any) -> dict[int, Any]:
     """Trial number -> the study's complete trials that recorded a config."""
-    from optuna.trial import TrialState
-
-    from ..record import trial_record
-
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     return {t.number: t for t in trials if t.values and trial_record(t).config}
 
@@ -242,8 +252,6 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
 
 def leaderboard_is_current(study: Any, run: LeaderboardRun) -> bool:
     """Whether the stored leaderboard was made with this run's seeds, epoch cap and rule, after the ensemble."""
-    from ..record import leaderboard_record
-
     stored = leaderboard_record(study)
     if stored is None or not stored.matches(run.seeds, run.max_epochs, run.select):
         return False
@@ -328,9 +336,6 @@ EXPORT_RULE = (
 def export_choice(study: Any) -> tuple[bool, str] | None:
     """For an auto study with a leaderboard: whether its export is the ensemble, and the sentence saying why
     (:data:`EXPORT_RULE`); ``None`` for any other study."""
-    from ..record import leaderboard_record, study_record
-    from .auto import is_auto
-
     identity = study_record(study).identity
     stored = leaderboard_record(study)
     if identity is None or not is_auto(identity.encoder) or stored is None:
@@ -349,29 +354,51 @@ def export_choice(study: Any) -> tuple[bool, str] | None:
 
 def study_export_choice(storage: Any, study_name: str) -> tuple[bool, str] | None:
     """:func:`export_choice` of the stored study ``study_name``."""
-    from ..storage import Storage, open_storage
-    from .export import load_run_study
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     return export_choice(load_run_study(opened, study_name, purpose="exported"))
+
+
+def never_made(identity: Identity | None) -> str | None:
+    """Why no run can make this study a leaderboard (``None``: a run with final seeds makes one)."""
+    if identity is None or not is_auto(identity.encoder):
+        return "it is not an auto study (a leaderboard ranks the methods of an `ilge-search run --encoder auto` study)"
+    if identity.multi_objective:
+        return (
+            f"it optimises several objectives ({', '.join(identity.objectives)}), so its final evaluation keeps a "
+            "Pareto front, not one selected trial to rank against the best single layer"
+        )
+    if identity.protocol != "matched":
+        return (
+            f"it is scored under the {identity.protocol} protocol (each final model read out as MTEB does), "
+            "while a leaderboard's rows are retrained and compared under the matched protocol"
+        )
+    return None
 
 
 def study_leaderboard(storage: Any, study_name: str) -> LeaderboardRecord:
     """The stored leaderboard of ``study_name``.
 
     Raises:
-        ValueError: no such study, or one without a leaderboard (one line saying how to make it).
+        ValueError: no such study, or one without a leaderboard (one line saying why, and how to make it or
+        what to read instead).
     """
-    from ..record import leaderboard_record
-    from ..storage import Storage, open_storage
-    from .export import load_run_study
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="shown")
     stored = leaderboard_record(study)
-    if stored is None:
-        raise ValueError(
-            f"study {study_name!r} has no leaderboard: it is made after the ensemble of an `ilge-search run "
-            "--encoder auto` study with final seeds (rerun that command with --n-trials 0 to make it)"
-        )
-    return stored
+    if stored is not None:
+        return stored
+    identity = study_record(study).identity
+    reason = never_made(identity)
+    seeds = f"--final-seeds {option_default('final_seeds')}"
+    if reason is not None:
+        advice = f"`ilge-search studies --storage {opened.shown_url}` shows its final scores"
+    elif not count_trials(study, ("COMPLETE",)):
+        starts = len(identity.methods or ()) if identity is not None else 1
+        reason = "it has no complete trial yet, and the leaderboard ranks the complete trials of each method"
+        advice = f"rerun its `ilge-search run` command with --n-trials {max(starts, 1)} (every method's start) {seeds}"
+    else:
+        reason = "it is made after the search when the run has final seeds"
+        advice = f"rerun its `ilge-search run` command with --n-trials 0 {seeds} to make it"
+    raise ValueError(f"study {study_name!r} has no leaderboard: {reason}; {advice}")

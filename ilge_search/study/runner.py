@@ -31,7 +31,7 @@ from ..storage import (
     finished_trial_count,
     storage_fault,
 )
-from .auto import is_auto
+from .auto import announce_waiting_starts, is_auto
 from .budget import TimeBudget, TimeSplit, study_deadline
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
 from .identity import (
@@ -344,6 +344,9 @@ def _optimize(run: _RunData, context: StageContext, created: bool, deadline: flo
         finished_trial_count(study),
         adding,
     )
+    if is_auto(planned.encoder):
+        room = total - finished_trial_count(study) if count is None and total is not None else count
+        announce_waiting_starts(study, room)
     if total_reached(study, total):
         logger.info("%s: the study already holds total_trials=%d trials; adding none", name, total)
     elif count is None or count > 0:

@@ -169,25 +169,28 @@ def run_sweep(
     entries = (only or SweepFilter()).entries(sweep)
     if not entries:
         raise ValueError("no study of the sweep matches the given --model/--task/--encoder filters")
-    opened = open_for_writing(storage if storage is not None else sweep.storage, options)
+    url = (storage if storage is not None else sweep.storage) or default_storage_url()
+    # a new SQLite file is left to the first run to create, after its checks: a refused sweep leaves nothing
+    opened = None if missing_sqlite_file(url) else open_for_writing(url, options)
     groups = _groups(entries)
     results: list[StudyResult] = []
     for number, group in enumerate(groups.values(), 1):
         remaining, done = _remaining(opened, group, options)
         logger.info("[%d/%d] %s", number, len(groups), _group_label(group, remaining))
-        results += _run_group(opened, group, options, remaining, done)
+        results += _run_group(url if opened is None else opened, group, options, remaining, done)
+        opened = open_for_writing(url, options) if opened is None else opened
     return results
 
 
 def _remaining(
-    opened: Storage, group: list[SweepEntry], options: StudyOptions
+    opened: Storage | None, group: list[SweepEntry], options: StudyOptions
 ) -> tuple[dict[str, int], dict[str, optuna.Study]]:
     """The trials each encoder of a group still needs, and the studies already at their budget with
     current final scores (encoder -> its study)."""
     remaining: dict[str, int] = {}
     done: dict[str, optuna.Study] = {}
     for entry in group:
-        study, finished, final = _status(opened, entry, options)
+        study, finished, final = (None, 0, False) if opened is None else _status(opened, entry, options)
         if study is not None and finished >= entry.n_trials and final:
             done[entry.encoder] = study
         else:
@@ -202,7 +205,7 @@ def _group_label(group: list[SweepEntry], remaining: Mapping[str, int]) -> str:
 
 
 def _run_group(
-    opened: Storage,
+    opened: Storage | str,
     group: list[SweepEntry],
     options: StudyOptions,
     remaining: dict[str, int],

@@ -151,6 +151,21 @@ def _summary(request: ExportRequest, estimator: ILGEClassifier | ILGETagger) -> 
     return ExportResult(estimator, [head, seed_line(p)], notes)
 
 
+def _check_ensemble_request(request: ExportRequest, tagging: bool) -> None:
+    """``--ensemble`` refused with the one cause that applies: a tagging study has no ensemble, and the
+    stored ensemble is no retrained or chosen trial."""
+    if not request.ensemble:
+        return
+    if tagging:
+        raise ExportOptionsError(
+            f"study {request.study_name!r} is a tagging study, and tagging studies have no ensemble; drop "
+            "--ensemble to export its selected trial"
+        )
+    given = [flag for flag, on in (("--retrain", request.retrain), ("--trial", request.trial_number is not None)) if on]
+    if given:
+        raise ExportOptionsError(f"--ensemble exports the stored ensemble as it is; drop {' and '.join(given)}")
+
+
 def export_study(storage: str | Storage | None, request: ExportRequest) -> ExportResult:
     """Write the study's model into ``request.out_dir`` with its model card; what to tell about it. An auto
     study with a leaderboard, asked for no particular model, gives the one its validation chose
@@ -167,10 +182,7 @@ def export_study(storage: str | Storage | None, request: ExportRequest) -> Expor
     check_output_folder(request.out_dir, force=request.force)  # before the study is read: a refused --out costs nothing
     check_card_path(request.out_dir, force=request.force)
     tagging = study_task_kind(storage, request.study_name) == "tagging"
-    if request.ensemble and (tagging or request.retrain or request.trial_number is not None):
-        raise ExportOptionsError(
-            "--ensemble exports the stored ensemble of a sequence study; drop --retrain and --trial"
-        )
+    _check_ensemble_request(request, tagging)
     if tagging:
         check_tagger_folder(request.out_dir)
     else:

@@ -3,6 +3,7 @@ the work; models the final evaluation trained are not trained again."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from ...record import leaderboard_record, save_leaderboard, study_record
@@ -14,12 +15,15 @@ from ..leaderboard import (
     format_table,
     leaderboard_evaluation,
     leaderboard_is_current,
+    never_made,
     row_cells,
 )
 from .base import Stage, StageContext, StagePart, StoredStudy, StudyFacts, StudyView
 from .final import has_final_scores_to_make
 
 __all__ = ["LeaderboardStage", "REPORT_TITLE", "leaderboard_run"]
+
+logger = logging.getLogger(__name__)
 
 REPORT_TITLE = "Auto studies: leaderboards"  # the report section of every auto study's leaderboard
 
@@ -66,6 +70,16 @@ class LeaderboardStage(Stage):
         with every final seed."""
         seconds = trials.retrain(trials.method_bests, context.options.final.seeds, probe=True)
         return seconds * SAFETY + STAGE_OVERHEAD_SECONDS
+
+    def skipped(self, context: StageContext) -> None:
+        reason = never_made(study_record(context.study).identity)
+        if _is_auto_study(context.study) and has_final_scores_to_make(context) and reason is not None:
+            logger.warning(
+                "%s: no leaderboard is made: %s; `ilge-search studies --storage %s` shows its final scores",
+                context.name,
+                reason,
+                context.storage.shown_url,
+            )
 
     def is_current(self, context: StageContext) -> bool:
         return leaderboard_is_current(context.study, leaderboard_run(context))
