@@ -14,10 +14,9 @@ from ilge_search import ILGEClassifier, run_study
 from ilge_search.cli import cli
 from ilge_search.encoders.configs import CayleyConfig, DeepSetConfig
 from ilge_search.engine import build_model, predict_logits
-from ilge_search.engine.ensemble import EnsembleModel
+from ilge_search.engine.ensemble import EnsembleModel, greedy_selection, mixed, prediction_score
 from ilge_search.record import EnsembleRecord, EnsembleSize, ensemble_record
 from ilge_search.study import StudyOptions
-from ilge_search.study.ensemble import greedy_selection, mixed, prediction_score
 from ilge_search.testing import refuse_model_loads
 
 DATA = dict(max_train=240, max_eval=100)
@@ -298,8 +297,8 @@ def test_the_ensemble_command_trains_nothing_when_its_evaluation_is_current(ense
     def refuse(*_args, **_kwargs):
         raise AssertionError("a current ensemble evaluation was trained again")
 
-    monkeypatch.setattr("ilge_search.study.ensemble.ensemble_evaluation", refuse)
-    monkeypatch.setattr("ilge_search.study.stored.load_training_data", refuse)
+    monkeypatch.setattr("ilge_search.cli.ensemble.ensemble_evaluation", refuse)
+    monkeypatch.setattr("ilge_search.cli.ensemble.load_training_data", refuse)
     again = invoke("ensemble", *args, *data)
     assert again.exit_code == 0, again.output
     assert again.output == first.output
@@ -363,8 +362,8 @@ def test_grids_and_the_command_line_take_an_ensemble_size(tmp_path):
 
 def test_the_default_ensemble_goes_where_a_study_can_have_one_and_asked_sizes_say_why_not(tmp_path):
     from ilge_search.record import Identity, TrialRecord
-    from ilge_search.study.ensemble import ensemble_size
     from ilge_search.study.options import DEFAULT_ENSEMBLE
+    from ilge_search.study.stages.ensemble_work import ensemble_size
     from ilge_search.testing.store import FakeTrial, add_study
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
@@ -393,7 +392,7 @@ def test_an_ensemble_chosen_before_the_study_grew_is_stale(tmp_path):
     import dataclasses
 
     from ilge_search.record import Identity, TrialRecord, save_ensemble
-    from ilge_search.study.ensemble import EnsembleRun, ensemble_is_current
+    from ilge_search.study.stages.ensemble_work import EnsembleRun, ensemble_is_current
     from ilge_search.testing.store import FakeTrial, add_study
 
     url = f"sqlite:///{tmp_path / 'studies.db'}"
@@ -425,7 +424,7 @@ def test_an_ensemble_chosen_before_the_study_grew_is_stale(tmp_path):
 def test_predictions_whose_artifact_is_gone_are_backfilled_again(ensembled):
     from ilge_search.record import trial_predictions
     from ilge_search.storage import open_storage
-    from ilge_search.study.ensemble import backfill_predictions
+    from ilge_search.study.stages.ensemble_work import backfill_predictions
     from ilge_search.study.stored import load_training_data
 
     synthetic = ensembled["synthetic"]

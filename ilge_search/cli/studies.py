@@ -232,19 +232,8 @@ def ensemble_command(settings: Settings, storage, study_name: str, size: int, si
     retrained with the final evaluation's seeds and scored on test, next to the selected trial, the starting
     configuration and the best single layer, with the same seeds. `export --ensemble` writes the result.
     """
-    from ..study.ensemble import ensemble_study, format_ensemble
+    from .ensemble import EnsembleRequest, ensemble_study, format_ensemble  # heavy: numpy, torch, optuna
 
     study_logging(quiet)
-    record = ensemble_study(
-        storage,
-        study_name,
-        size,
-        sizes=sizes,
-        seed=seed,
-        data_dir=settings.data_dir,
-        cache_dir=settings.cache_dir,
-        device=settings.device,
-        artifact_dir=artifact_dir,
-        progress=not quiet,
-    )
-    click.echo(format_ensemble(record))
+    request = EnsembleRequest(study_name, size, tuple(sizes), seed, artifact_dir, progress=not quiet)
+    click.echo(format_ensemble(ensemble_study(storage, request, settings)))

@@ -12,19 +12,40 @@ uses it unchanged:
 
 An ensemble of one member returns that member's outputs untouched (the
 ensemble of one *is* the single model).
+
+Members are chosen by :func:`greedy_selection` (Caruana et al., "Ensemble Selection from Libraries of
+Models", ICML 2004) on their validation predictions (:func:`predictions_of`), mixed as the model mixes
+them (:func:`mixed`) and scored with the study metric (:func:`prediction_score`): plain numpy, no study.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
-from .core import ILGEModel
+from ..encoders import config_from_dict
+from .core import ILGEModel, build_model, predict_logits
+from .metrics import class_metrics, pearson, spearman
+from .tokens import TaggerModel
 
-__all__ = ["EnsembleModel", "build_ensemble"]
+__all__ = [
+    "MIX_RULE",
+    "EnsembleModel",
+    "build_ensemble",
+    "prediction_score",
+    "greedy_selection",
+    "mixed",
+    "predictions_of",
+]
+
+MIX_RULE = {
+    "classification": "mean of the members' class probabilities",
+    "similarity": "mean of the members' predicted cosine similarities",
+}
 
 
 class EnsembleModel(nn.Module):
@@ -106,9 +127,6 @@ class EnsembleModel(nn.Module):
 def build_ensemble(meta: Mapping[str, Any]) -> Any:
     """An untrained :class:`~ilge_search.engine.ensemble.EnsembleModel` of the members ``meta`` names
     (``meta["ensemble"]``: each member's config and count, with the task's shapes), for loading weights into."""
-    from ..encoders import config_from_dict
-    from .core import build_model
-
     score_range = meta.get("score_range")
     members = [
         build_model(
@@ -122,3 +140,52 @@ def build_ensemble(meta: Mapping[str, Any]) -> Any:
         for member in meta["ensemble"]
     ]
     return EnsembleModel(members, [float(member["count"]) for member in meta["ensemble"]], meta["ensemble"])
+
+
+def prediction_score(predictions: np.ndarray, targets: np.ndarray, task_kind: str, metric: str) -> float:
+    """The study metric of ``predictions`` (class probabilities ``(N, C)`` or scores ``(N,)``)."""
+    predictions = np.asarray(predictions, dtype=np.float64)
+    if task_kind == "similarity":
+        return (pearson if metric == "pearson" else spearman)(predictions, targets)
+    targets = np.asarray(targets)
+    if metric == "accuracy":
+        return float((predictions.argmax(axis=1) == targets).mean())
+    logits = torch.as_tensor(np.log(np.clip(predictions, 1e-12, None)))
+    return class_metrics(logits, torch.as_tensor(targets))[metric]
+
+
+def greedy_selection(
+    predictions: Sequence[np.ndarray], score: Callable[[np.ndarray], float], size: int, *, maximize: bool = True
+) -> list[int]:
+    """Greedy forward selection with replacement: ``size`` indices into ``predictions``, in the order picked.
+
+    At each step the candidate whose addition gives the best ``score`` of the
+    ensemble's mean prediction is added; ties go to the lowest index.
+    """
+    if size < 1 or not predictions:
+        raise ValueError(f"greedy selection needs a size >= 1 and candidates, got size {size}, {len(predictions)}")
+    total = np.zeros_like(np.asarray(predictions[0], dtype=np.float64))
+    picks: list[int] = []
+    for step in range(size):
+        values = [score((total + candidate) / (step + 1)) for candidate in predictions]
+        # the first best index: ties go to the earlier candidate
+        best = max(range(len(values)), key=lambda i: values[i] if maximize else -values[i])
+        picks.append(best)
+        total = total + predictions[best]
+    return picks
+
+
+def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> np.ndarray:
+    """The weighted mean of ``predictions`` (key -> array) with ``members`` (key -> times picked)."""
+    total = float(sum(members.values()))
+    stacked = [np.asarray(predictions[key], dtype=np.float64) * count for key, count in members.items()]
+    return np.sum(stacked, axis=0) / total
+
+
+def predictions_of(model: ILGEModel | TaggerModel, features: Any) -> np.ndarray:
+    """A trained model's predictions: class probabilities ``(N, C)`` (a tagger's: one row per word) or
+    similarity scores ``(N,)``."""
+    outputs = predict_logits(model, features).double()
+    if model.task_kind in ("classification", "tagging"):
+        outputs = torch.softmax(outputs, dim=1)
+    return outputs.numpy()

@@ -12,6 +12,7 @@ inter-layer encoders add to it.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Mapping
@@ -21,7 +22,11 @@ from typing import Any
 import numpy as np
 from optuna.trial import TrialState
 
+from ..embeddings.models import model_size_bucket
 from ..encoders import encoder_specs
+from ..engine import select_best_layer
+from ..engine.ensemble import mixed, prediction_score, predictions_of
+from ..progress import BarSpec
 from ..record import (
     Identity,
     LeaderboardRecord,
@@ -33,13 +38,17 @@ from ..record import (
     trial_record,
 )
 from ..storage import Storage, count_trials, open_storage
+from ..tasks.scores import score_unit
+from ..tuning import recommended_config
 from .auto import is_auto
 from .data import StudyData
-from .ensemble import mixed, prediction_score, predictions_of
 from .export import load_run_study
+from .objectives import measure_latency
 from .options import option_default
 from .predictions import predicted_labels, upload_test_predictions
-from .selection import DEFAULT_SELECT
+from .retraining import train_seeds
+from .selection import DEFAULT_SELECT, select_trial
+from .statistics import BootstrapSettings, paired_bootstrap
 
 __all__ = ["LeaderboardRun", "leaderboard_evaluation", "leaderboard_is_current", "ilge_member", "never_made"]
 
@@ -79,16 +88,11 @@ def ilge_member(config_family: str) -> bool:
 
 
 def _measured(model: Any, data: StudyData, out: _Model) -> None:
-    from .objectives import measure_latency
-
     out.predict_ms = measure_latency(model, data.test_split()[0])
     out.params = int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def _trained(trial: Any, data: StudyData, run: LeaderboardRun) -> _Model:
-    from ..progress import BarSpec
-    from .retraining import train_seeds
-
     out = _Model()
     config = trial_config(trial)
     if run.max_epochs is not None and config.epochs > run.max_epochs:
@@ -106,10 +110,6 @@ def _trained(trial: Any, data: StudyData, run: LeaderboardRun) -> _Model:
 
 def _probe(data: StudyData, run: LeaderboardRun, model_name: str) -> _Model:
     """The best single-layer probe (the recommended best-layer recipe, the layer chosen on validation) per seed."""
-    from ..embeddings.models import model_size_bucket
-    from ..engine import select_best_layer
-    from ..tuning import recommended_config
-
     config: Any = recommended_config("best-layer", model_size_hint=model_size_bucket(model_name, data.hidden_size))
     if run.max_epochs is not None and config.epochs > run.max_epochs:
         config = config.replace(epochs=run.max_epochs)
@@ -151,8 +151,6 @@ def _complete(study: Any) -> dict[int, Any]:
 def _entries(study: Any, select: str, complete: Mapping[int, Any]) -> list[_Entry]:
     """The rows: each method's best complete trial (by its search score), the selected trial, the ensemble
     and the ensemble without its ILGE members (where it has baseline members and ILGE ones)."""
-    from .selection import select_trial
-
     best: dict[str, Any] = {}
     for trial in complete.values():
         family = trial_config(trial).family
@@ -202,10 +200,6 @@ def _row(entry: _Entry, models: Mapping[int, _Model], data: StudyData, run: Lead
 
 def _with_interval(row: LeaderboardRow, first: np.ndarray, reference: np.ndarray, truth: np.ndarray, **how: Any):
     """``row`` with its test difference to the reference and the interval's verdict."""
-    import dataclasses
-
-    from .statistics import BootstrapSettings, paired_bootstrap
-
     settings = BootstrapSettings(resamples=how["resamples"], confidence=how["confidence"], seed=0)
     interval = paired_bootstrap(truth, first, reference, metric=how["metric"], settings=settings)
     return dataclasses.replace(
@@ -265,8 +259,6 @@ def leaderboard_is_current(study: Any, run: LeaderboardRun) -> bool:
 
 def format_rows(record: LeaderboardRecord) -> list[dict[str, Any]]:
     """The leaderboard as plain rows (what the table, CSV and JSON show), scores in the metric's points."""
-    from ..tasks.scores import score_unit
-
     scale = score_unit(record.metric)[0]
     out = []
     for row in record.rows:
@@ -313,8 +305,6 @@ HEADER = ("model", "val", "test mean ± std", "vs best layer [95% CI]", "train s
 
 def format_table(record: LeaderboardRecord) -> str:
     """The leaderboard as an aligned text table, with one line saying how it was measured."""
-    from ..tasks.scores import score_unit
-
     cells = [list(HEADER), *[row_cells(row) for row in format_rows(record)]]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells]
@@ -354,7 +344,6 @@ def export_choice(study: Any) -> tuple[bool, str] | None:
 
 def study_export_choice(storage: Any, study_name: str) -> tuple[bool, str] | None:
     """:func:`export_choice` of the stored study ``study_name``."""
-
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     return export_choice(load_run_study(opened, study_name, purpose="exported"))
 
@@ -383,7 +372,6 @@ def study_leaderboard(storage: Any, study_name: str) -> LeaderboardRecord:
         ValueError: no such study, or one without a leaderboard (one line saying why, and how to make it or
         what to read instead).
     """
-
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     study = load_run_study(opened, study_name, purpose="shown")
     stored = leaderboard_record(study)

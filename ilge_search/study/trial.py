@@ -230,7 +230,8 @@ class TrialObjective:
         without an artifact folder, or one that cannot be written, keeps none (they can be backfilled)."""
         from optuna.artifacts import FileSystemArtifactStore
 
-        from .ensemble import predictions_of, upload_predictions
+        from ..engine.ensemble import predictions_of
+        from ..record.artifacts import upload_predictions
 
         folder = None if stored is None else stored.artifact_dir
         if not folder or model.task_kind not in ("classification", "similarity"):

@@ -520,7 +520,7 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     ) -> ILGEClassifier:
         """The ensemble a study stored (``ilge-search ensemble`` or ``run --ensemble K``) as one fitted
         estimator: ``n_members_`` members predicting their mixed probabilities or scores (see
-        :mod:`ilge_search.study.ensemble`); ``save`` writes an ensemble folder that ``load`` reads back."""
+        :mod:`ilge_search.study.stages.ensemble_work`); ``save`` writes an ensemble folder that ``load`` reads back."""
         found = load_study_ensemble(storage, study_name, artifact_dir=artifact_dir)
         return cls._from_found(
             found, study_name, StudyExport(device=device, cache_dir=cache_dir, batch_size=batch_size)

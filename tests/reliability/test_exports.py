@@ -46,7 +46,7 @@ def test_an_ensemble_says_how_many_picks_and_which_trial_was_picked_twice():
 
 
 def test_trials_far_slower_than_the_median_are_left_out_but_never_the_selected_or_the_start(tmp_path):
-    from ilge_search.study.ensemble import EnsembleRun, slow_trials
+    from ilge_search.study.stages.ensemble_work import EnsembleRun, slow_trials
     from ilge_search.testing.store import FakeTrial, add_study
 
     config = dict(CayleyConfig().__dict__)
@@ -141,9 +141,9 @@ def test_the_ensemble_reuses_the_final_evaluations_models_instead_of_retraining_
     assert set(record.reused) <= members | {final.trial, final.start_trial}
     retrained_here = [n for n in dict.fromkeys(record.picks) if n not in record.reused]
     # each member the final evaluation did not train costs one training per seed; the reused ones nothing
-    assert exported["calls"].count("ilge_search.study.ensemble") == 2 * len(retrained_here)
+    assert exported["calls"].count("ilge_search.study.stages.ensemble_work") == 2 * len(retrained_here)
     assert record.left_out == {} or all(int(n) not in members for n in record.left_out)
-    from ilge_search.study.ensemble import format_ensemble
+    from ilge_search.cli.ensemble import format_ensemble
 
     assert f"not retrained (the final evaluation's models): trial(s) {', '.join(map(str, record.reused))}" in (
         format_ensemble(record)

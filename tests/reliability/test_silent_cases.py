@@ -134,7 +134,7 @@ def test_an_explicit_ensemble_on_a_study_of_one_trial_is_explained(synthetic, tm
 
 def test_the_default_ensemble_stays_silent_on_a_study_of_one_trial(tmp_path):
     from ilge_search.record import Identity, TrialRecord
-    from ilge_search.study.ensemble import ensemble_size
+    from ilge_search.study.stages.ensemble_work import ensemble_size
     from ilge_search.testing.store import FakeTrial, add_study
 
     url = f"sqlite:///{tmp_path / 's.db'}"

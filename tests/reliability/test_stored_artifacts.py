@@ -112,12 +112,12 @@ def test_a_deleted_predictions_file_or_artifact_folder_falls_back_with_a_warning
 def test_an_emptied_validation_predictions_file_is_retrained_not_a_traceback(tmp_path, caplog):
     from optuna.artifacts import FileSystemArtifactStore
 
-    from ilge_search.study.ensemble import _download_predictions
+    from ilge_search.record.artifacts import download_predictions
 
     store = FileSystemArtifactStore(str(tmp_path))
     (tmp_path / "emptied").write_bytes(b"")  # before: EOFError ended the ensemble stage of `run`
     with caplog.at_level(logging.WARNING):
-        assert _download_predictions(store, "emptied") is None
-        assert _download_predictions(store, "deleted") is None  # missing: the backfill's own line says so
+        assert download_predictions(store, "emptied") is None
+        assert download_predictions(store, "deleted") is None  # missing: the backfill's own line says so
     [warning] = _warnings(caplog, "validation predictions")
     assert warning.startswith("validation predictions emptied: EOFError(") and warning.endswith("trial is retrained")

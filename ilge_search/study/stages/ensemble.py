@@ -1,5 +1,5 @@
 """The ensemble evaluation as a stage (``--ensemble K``, by default where the study can have one):
-:mod:`ilge_search.study.ensemble` does the work; members an earlier stage trained are not trained again, and
+:mod:`.ensemble_work` does the work; members an earlier stage trained are not trained again, and
 the models it trains join the context's for the stages after it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import logging
 
 from ...record import ensemble_record
 from ..budget import SAFETY, TrialCosts
-from ..ensemble import EnsembleRun, ensemble_evaluation, ensemble_is_current, sized_ensemble
 from ..notes import ensemble_note_lines
 from .base import Stage, StageContext, StoredStudy, StudyFacts, StudyView
+from .ensemble_work import EnsembleRun, ensemble_evaluation, ensemble_is_current, sized_ensemble
 from .final import has_final_scores_to_make, is_unchanged_and_current
 
 __all__ = ["EnsembleStage"]

@@ -1,34 +1,31 @@
-"""Ensembles of a study's trials: greedy forward selection over their validation predictions.
-
-Caruana et al. ("Ensemble Selection from Libraries of Models", ICML 2004): K times, add (with replacement) the
-trial whose predictions improve the ensemble's validation score most; the ensemble of k is the first k picks,
-ties go to the earlier trial. Members are mixed by :class:`~ilge_search.engine.ensemble.EnsembleModel` (the mean
-of class probabilities, or of predicted cosine similarities), under the matched protocol only; multi-objective
-studies have none.
-
-The final stage (:func:`ensemble_evaluation`) retrains every member with the final seeds (reusing the final
-evaluation's models) and scores the ensemble on test per seed, beside the selected trial, the start and the best
-single layer; it stores an :class:`~ilge_search.record.EnsembleRecord` and uploads the best seed's ensemble
-(``export --ensemble``). Trials without stored validation predictions (older ones, ``--cv``) are backfilled by
-retraining once with the study's seed (:func:`backfill_predictions`).
+"""The ensemble evaluation's work (``run --ensemble K``, ``ilge-search ensemble``): greedy selection over a
+study's complete trials on their validation predictions (backfilled by retraining once with the study's seed
+where missing), the members retrained with the final seeds (reusing the final evaluation's models) and scored on
+test beside the selected trial, the start and the best single layer; an :class:`~ilge_search.record.EnsembleRecord`
+stored and the best seed's ensemble uploaded (``export --ensemble``). Matched protocol, one objective only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import statistics
-import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+from optuna.trial import TrialState
 
-from ..record import (
+from ..._version import __version__
+from ...embeddings.models import model_size_bucket
+from ...encoders.configs import BestLayerConfig
+from ...engine import select_best_layer
+from ...engine.ensemble import MIX_RULE, EnsembleModel, greedy_selection, mixed, prediction_score, predictions_of
+from ...progress import BarSpec, steps
+from ...record import (
     EnsembleRecord,
     EnsembleSize,
     StudyRecord,
@@ -37,155 +34,46 @@ from ..record import (
     save_ensemble,
     study_record,
     trial_config,
-    trial_predictions,
     trial_record,
 )
-from .selection import DEFAULT_SELECT, is_better, select_trial, start_trial
+from ...record.artifacts import upload_predictions, validation_predictions
+from ...tuning import recommended_config
+from ...validation import check_int
+from ..final import upload_weights
+from ..objectives import measure_latency
+from ..options import DEFAULT_ENSEMBLE
+from ..retraining import train_configs, train_seeds
+from ..selection import DEFAULT_SELECT, select_trial, start_trial
 
 if TYPE_CHECKING:  # pragma: no cover
     import optuna
-    from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
 
-    from ..storage import Storage
-    from .data import StudyData
-    from .shapes import Features, TrainedModel
-
-PathLike = str | os.PathLike
+    from ..data import StudyData
+    from ..shapes import TrainedModel
 
 __all__ = [
-    "MIX_RULE",
-    "ENSEMBLE_SIZES",
-    "prediction_score",
-    "greedy_selection",
-    "mixed",
-    "predictions_of",
-    "upload_predictions",
+    "SLOW_MEMBER_FACTOR",
+    "complete_trials",
     "backfill_predictions",
     "EnsembleRun",
     "ensemble_evaluation",
     "check_ensemble_study",
+    "ensemble_size",
     "ensemble_is_current",
-    "ensemble_study",
-    "format_ensemble",
+    "slow_trials",
 ]
 
 logger = logging.getLogger(__name__)
 
-MIX_RULE = {
-    "classification": "mean of the members' class probabilities",
-    "similarity": "mean of the members' predicted cosine similarities",
-}
-ENSEMBLE_SIZES = (1, 3, 5, 10)  # what the committed measurement compares
 # a candidate whose search trial took over this many times the median, and over SLOW_MEMBER_SECONDS, is left out:
 # retraining it per seed would cost more than the rest of the ensemble (docs/ensembles.md, "Measured")
 SLOW_MEMBER_FACTOR = 3.0
 SLOW_MEMBER_SECONDS = 10.0
 
 
-# ----------------------------------------------------------------------------- the pure-numpy core
-
-
-def prediction_score(predictions: np.ndarray, targets: np.ndarray, task_kind: str, metric: str) -> float:
-    """The study metric of ``predictions`` (class probabilities ``(N, C)`` or scores ``(N,)``)."""
-    import torch
-
-    from ..engine.metrics import class_metrics, pearson, spearman
-
-    predictions = np.asarray(predictions, dtype=np.float64)
-    if task_kind == "similarity":
-        return (pearson if metric == "pearson" else spearman)(predictions, targets)
-    targets = np.asarray(targets)
-    if metric == "accuracy":
-        return float((predictions.argmax(axis=1) == targets).mean())
-    logits = torch.as_tensor(np.log(np.clip(predictions, 1e-12, None)))
-    return class_metrics(logits, torch.as_tensor(targets))[metric]
-
-
-def greedy_selection(
-    predictions: Sequence[np.ndarray], score: Callable[[np.ndarray], float], size: int, *, maximize: bool = True
-) -> list[int]:
-    """Greedy forward selection with replacement: ``size`` indices into ``predictions``, in the order picked.
-
-    At each step the candidate whose addition gives the best ``score`` of the
-    ensemble's mean prediction is added; ties go to the lowest index.
-    """
-    if size < 1 or not predictions:
-        raise ValueError(f"greedy selection needs a size >= 1 and candidates, got size {size}, {len(predictions)}")
-    total = np.zeros_like(np.asarray(predictions[0], dtype=np.float64))
-    picks: list[int] = []
-    for step in range(size):
-        best: tuple[int, float] | None = None
-        for index, candidate in enumerate(predictions):
-            value = score((total + candidate) / (step + 1))
-            if best is None or is_better(value, best[1], maximize):
-                best = (index, value)
-        assert best is not None
-        picks.append(best[0])
-        total = total + predictions[best[0]]
-    return picks
-
-
-def mixed(predictions: Mapping[int, np.ndarray], members: Mapping[int, int]) -> np.ndarray:
-    """The weighted mean of ``predictions`` (key -> array) with ``members`` (key -> times picked)."""
-    total = float(sum(members.values()))
-    stacked = [np.asarray(predictions[key], dtype=np.float64) * count for key, count in members.items()]
-    return np.sum(stacked, axis=0) / total
-
-
-# ----------------------------------------------------------------------------- validation predictions
-
-
-def predictions_of(model: TrainedModel, features: Features) -> np.ndarray:
-    """A trained model's predictions: class probabilities ``(N, C)`` (a tagger's: one row per word) or
-    similarity scores ``(N,)``."""
-    import torch
-
-    from ..engine import predict_logits
-
-    outputs = predict_logits(model, features).double()
-    if model.task_kind in ("classification", "tagging"):
-        outputs = torch.softmax(outputs, dim=1)
-    return outputs.numpy()
-
-
-def upload_predictions(
-    study_or_trial: optuna.Study | optuna.Trial,
-    predictions: np.ndarray,
-    artifact_store: Any,
-    storage: BaseStorage | None = None,
-) -> str:
-    """Store ``predictions`` as a float16 ``.npy`` artifact of ``study_or_trial``; its artifact id."""
-    from optuna.artifacts import upload_artifact
-
-    with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
-        path = Path(tmp, "val_predictions.npy")
-        np.save(path, np.asarray(predictions, dtype=np.float16))
-        return upload_artifact(
-            study_or_trial=study_or_trial, file_path=str(path), artifact_store=artifact_store, storage=storage
-        )
-
-
-def _download_predictions(artifact_store: Any, artifact_id: str) -> np.ndarray | None:
-    """Stored predictions, or ``None`` when the artifact is not in ``artifact_store`` (a storage copied
-    without its artifact folder) or unreadable: such a trial is backfilled again."""
-    from optuna.artifacts import download_artifact
-    from optuna.artifacts.exceptions import ArtifactNotFound
-
-    with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
-        path = Path(tmp, "val_predictions.npy")
-        try:
-            download_artifact(artifact_store=artifact_store, file_path=str(path), artifact_id=artifact_id)
-            return np.load(path).astype(np.float64)
-        except (ArtifactNotFound, OSError, ValueError, EOFError) as exc:  # EOFError: an emptied file
-            if not isinstance(exc, ArtifactNotFound):  # a missing one: the backfill's own line counts them
-                logger.warning("validation predictions %s: %r; their trial is retrained", artifact_id, exc)
-            return None
-
-
-def _complete_trials(study: optuna.Study) -> list[FrozenTrial]:
-    from optuna.trial import TrialState
-
+def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """The study's complete trials that recorded a config, by number: what an ensemble chooses from."""
     trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     return sorted((t for t in trials if t.values and trial_record(t).config), key=lambda t: t.number)
 
@@ -195,11 +83,8 @@ def backfill_predictions(
 ) -> int:
     """Give every complete trial without validation predictions some, by retraining its configuration once
     with ``seed`` on ``data``; how many were backfilled."""
-    from ..progress import BarSpec, steps
-    from .retraining import train_seeds
-
-    trials = _complete_trials(study)
-    have = _validation_predictions(study, trials, artifact_store)
+    trials = complete_trials(study)
+    have = validation_predictions(study, trials, artifact_store)
     missing = [t for t in trials if t.number not in have]
     if not missing:
         return 0
@@ -222,9 +107,6 @@ def backfill_predictions(
         if made:
             save_backfilled_predictions(study, made, seed)
     return len(made)
-
-
-# ----------------------------------------------------------------------------- the final stage
 
 
 @dataclass(frozen=True)
@@ -253,8 +135,6 @@ class EnsembleRun:
 
 def check_ensemble_study(record: StudyRecord, size: int) -> None:
     """Refuse, in one line, a study that cannot have an ensemble (before anything is trained)."""
-    from ..validation import check_int
-
     check_int("ensemble size", size, minimum=1)
     if record.identity is not None and record.identity.multi_objective:
         raise ValueError(
@@ -273,14 +153,12 @@ def check_ensemble_study(record: StudyRecord, size: int) -> None:
 
 def ensemble_size(study: optuna.Study, asked: int | None) -> tuple[int, str | None]:
     """The ensemble size a run makes for ``study`` (:func:`sized_ensemble`)."""
-    return sized_ensemble(study_record(study), len(_complete_trials(study)), asked)
+    return sized_ensemble(study_record(study), len(complete_trials(study)), asked)
 
 
 def sized_ensemble(record: StudyRecord, complete: int, asked: int | None) -> tuple[int, str | None]:
     """The ensemble size a run makes for a study of ``complete`` trials (``asked``: ``FinalOptions.ensemble``;
     ``None``: the default, where it has two), and the warning where ``asked`` cannot be honoured as asked."""
-    from .options import DEFAULT_ENSEMBLE
-
     if asked == 0:
         return 0, None
     size = DEFAULT_ENSEMBLE if asked is None else asked
@@ -311,23 +189,11 @@ class _Trained:
     seconds: dict[int, float] = field(default_factory=dict)
 
 
-def _retrain(trial: FrozenTrial, data: StudyData, run: EnsembleRun, label: str) -> _Trained:
-    """``trial``'s configuration trained with each final seed: the final evaluation's model where it trained
-    that one (the same configuration, seed and data train to the same weights), else trained here."""
-    from ..progress import BarSpec
-    from .retraining import train_seeds
-
+def _retrain(trials: Sequence[Any], data: StudyData, run: EnsembleRun, label: str) -> dict[int, _Trained]:
+    """Each trial's configuration trained with each final seed (those whose models share their shapes
+    together): the final evaluation's model where it trained that one (the same configuration, seed and data
+    train to the same weights), else trained here."""
     bar = BarSpec(f"ensemble {label}", enabled=run.progress, transient=True)
-    reused = run.reuse.get(trial.number, {})
-    return _scored(train_seeds(data, trial_config(trial), run.seeds, device=run.device, bar=bar, reuse=reused), data)
-
-
-def _retrain_members(trials: Sequence[Any], data: StudyData, run: EnsembleRun) -> dict[int, _Trained]:
-    """:func:`_retrain` of every member trial at once: members whose models share their shapes train together."""
-    from ..progress import BarSpec
-    from .retraining import train_configs
-
-    bar = BarSpec("ensemble members", enabled=run.progress, transient=True)
     reuse = [run.reuse.get(trial.number, {}) for trial in trials]
     configs = [trial_config(trial) for trial in trials]
     trained = train_configs(data, configs, run.seeds, device=run.device, bar=bar, reuse=reuse)
@@ -347,11 +213,6 @@ def _scored(trained_seeds: Iterable[Any], data: StudyData) -> _Trained:
 
 def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> list[float]:
     """The best single layer (a linear probe per layer, chosen on validation) scored on test per seed."""
-    from ..embeddings.models import model_size_bucket
-    from ..encoders.configs import BestLayerConfig
-    from ..engine import select_best_layer
-    from ..tuning import recommended_config
-
     bucket = model_size_bucket(model_name, data.hidden_size)
     recommended = recommended_config("best-layer", model_size_hint=bucket, source="regenerated")
     assert isinstance(recommended, BestLayerConfig)
@@ -359,26 +220,12 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
     if run.max_epochs is not None and config.epochs > run.max_epochs:
         config = dataclasses.replace(config, epochs=run.max_epochs)
     scores = []
-    test_x, test_y = data.test_split()
+    test_x, _ = data.test_split()
     setting: dict[str, Any] = {"task_kind": data.task_kind, "num_classes": data.num_classes, "device": run.device}
     for seed in run.seeds:
         _, result, _ = select_best_layer(config, data.train, data.validation, seed=seed, **setting)
-        scores.append(
-            prediction_score(predictions_of(result.model, test_x), np.asarray(test_y), data.task_kind, data.metric)
-        )
+        scores.append(_test_score(predictions_of(result.model, test_x), data))
     return scores
-
-
-def _validation_predictions(
-    study: optuna.Study, trials: Sequence[FrozenTrial], artifact_store: Any
-) -> dict[int, np.ndarray]:
-    """Trial number -> validation predictions, for the trials whose stored predictions can be read."""
-    out = {}
-    for number, (artifact, _) in trial_predictions(study, trials).items():
-        predictions = _download_predictions(artifact_store, artifact)
-        if predictions is not None:
-            out[number] = predictions
-    return out
 
 
 def _single_scores(
@@ -394,17 +241,14 @@ def _single_scores(
     numbers = [selected] + ([] if start is None else [start.number])
     for number in numbers:
         if number not in trained:
-            trained[number] = _retrain(_trial(study, number), data, run, f"trial {number}")
+            trained.update(_retrain([_trial(study, number)], data, run, f"trial {number}"))
 
     def scores(number: int) -> list[float]:
         return [_test_score(trained[number].test[seed], data) for seed in run.seeds]
 
-    return (
-        selected,
-        scores(selected),
-        None if start is None else start.number,
-        None if start is None else scores(start.number),
-    )
+    if start is None:
+        return selected, scores(selected), None, None
+    return selected, scores(selected), start.number, scores(start.number)
 
 
 def _test_score(predictions: np.ndarray, data: StudyData) -> float:
@@ -457,8 +301,8 @@ def _greedy(
 ) -> tuple[list[int], dict[int, float], list[int], dict[int, float]]:
     """The picks of the largest size (trial numbers), the validation score of each prefix size, the
     complete trials chosen from and those of them left out for their cost (trial -> search seconds)."""
-    trials = _complete_trials(study)
-    predictions = _validation_predictions(study, trials, run.artifact_store)
+    trials = complete_trials(study)
+    predictions = validation_predictions(study, trials, run.artifact_store)
     slow = slow_trials(study, trials, run)
     if slow:
         logger.warning(
@@ -499,9 +343,6 @@ def ensemble_evaluation(
 
     ``keep`` (trial -> seed -> (model, seconds)) receives every model of the final seeds used here, so that
     a later stage of the run (the leaderboard) trains none of them again."""
-    from ..engine.ensemble import EnsembleModel
-    from .objectives import measure_latency
-
     record = study_record(study)
     check_ensemble_study(record, run.size)
     backfill_predictions(
@@ -509,18 +350,13 @@ def ensemble_evaluation(
     )
     picks, val_scores, candidates, slow = _greedy(study, data, run)
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    trained = _retrain_members([by_number[number] for number in dict.fromkeys(picks)], data, run)
+    trained = _retrain([by_number[number] for number in dict.fromkeys(picks)], data, run, "members")
     selected, selected_scores, start, start_scores = _single_scores(study, record, data, run, trained)
     # decided before ``keep`` takes this stage's models (it may be ``run.reuse`` itself)
     reused = sorted(n for n in trained if set(run.seeds) <= set(run.reuse.get(n, {})))
     if keep is not None:
         keep.update({n: {s: (m.models[s], m.seconds[s]) for s in m.models} for n, m in trained.items()})
     sizes = {str(size): _size_scores(size, picks, val_scores[size], trained, data, run) for size in run.all_sizes}
-    asked = sizes[str(run.size)]
-    members = {int(n): c for n, c in asked.members.items()}
-    best_seed = max(run.seeds, key=lambda s: (asked.val_scores[run.seeds.index(s)], -s))
-    model = EnsembleModel([trained[n].models[best_seed] for n in members], list(members.values()))
-    artifacts = _upload_ensemble(study, record, model, members, best_seed, run)
     out = EnsembleRecord(
         size=run.size,
         picks=picks,
@@ -533,19 +369,40 @@ def ensemble_evaluation(
         start_trial=start,
         start_test_scores=start_scores,
         best_layer_test_scores=_best_layer_scores(data, run, "" if record.identity is None else record.identity.model),
-        member_seconds=statistics.fmean(sum(trained[n].seconds[s] for n in members) for s in run.seeds),
-        latency_ms=round(measure_latency(model, data.validation[0]), 4),
-        single_latency_ms=round(measure_latency(trained[next(iter(members))].models[best_seed], data.validation[0]), 4),
-        artifacts=artifacts,
-        artifact_seed=best_seed if artifacts else None,
         prediction_seed=run.prediction_seed,
         mix=MIX_RULE[data.task_kind],
         candidates=candidates,
         reused=reused,
         left_out={str(n): round(seconds, 3) for n, seconds in sorted(slow.items())},
     )
+    out = _with_model(study, record, out, trained, data, run)
     save_ensemble(study, out)
     return out
+
+
+def _with_model(
+    study: optuna.Study,
+    record: StudyRecord,
+    out: EnsembleRecord,
+    trained: Mapping[int, _Trained],
+    data: StudyData,
+    run: EnsembleRun,
+) -> EnsembleRecord:
+    """``out`` with the asked size's ensemble of its best seed by validation: its cost, speed and upload."""
+    asked = out.sizes[str(run.size)]
+    members = {int(n): c for n, c in asked.members.items()}
+    best_seed = max(run.seeds, key=lambda s: (asked.val_scores[run.seeds.index(s)], -s))
+    model = EnsembleModel([trained[n].models[best_seed] for n in members], list(members.values()))
+    artifacts = _upload_ensemble(study, record, model, members, best_seed, run)
+    single = trained[next(iter(members))].models[best_seed]
+    return dataclasses.replace(
+        out,
+        member_seconds=statistics.fmean(sum(trained[n].seconds[s] for n in members) for s in run.seeds),
+        latency_ms=round(measure_latency(model, data.validation[0]), 4),
+        single_latency_ms=round(measure_latency(single, data.validation[0]), 4),
+        artifacts=artifacts,
+        artifact_seed=best_seed if artifacts else None,
+    )
 
 
 def ensemble_is_current(study: optuna.Study, run: EnsembleRun) -> bool:
@@ -556,7 +413,7 @@ def ensemble_is_current(study: optuna.Study, run: EnsembleRun) -> bool:
         stored is not None
         and stored.size == run.size
         and all(stored.matches(size, run.seeds, run.max_epochs, run.select) for size in run.all_sizes)
-        and (stored.candidates is None or stored.candidates == [t.number for t in _complete_trials(study)])
+        and (stored.candidates is None or stored.candidates == [t.number for t in complete_trials(study)])
     )
 
 
@@ -564,11 +421,6 @@ def _upload_ensemble(
     study: optuna.Study, record: StudyRecord, model: Any, members: Mapping[int, int], seed: int, run: EnsembleRun
 ) -> dict[str, str]:
     """Upload the ensemble's weights (safetensors) and a JSON of its members, mix and provenance."""
-    import torch
-
-    from .._version import __version__
-    from .final import upload_weights
-
     if run.artifact_store is None:
         return {}
     data, identity = record.data, record.identity
@@ -596,107 +448,3 @@ def _upload_ensemble(
 
 def _trial(study: optuna.Study, number: int) -> FrozenTrial:
     return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
-
-
-def ensemble_study(
-    storage: str | Storage | None,
-    study_name: str,
-    size: int,
-    *,
-    sizes: Sequence[int] = (),
-    seed: int = 0,
-    data_dir: PathLike | None = None,
-    cache_dir: PathLike | None = None,
-    device: str = "auto",
-    artifact_dir: PathLike | None = None,
-    progress: bool = True,
-) -> EnsembleRecord:
-    """``ilge-search ensemble``: the ensemble evaluation of an existing study, with the seeds, epoch cap and
-    selection rule of its final evaluation (3 seeds from ``seed``, ``best``, when it has none); ``seed`` is
-    the training seed of backfilled validation predictions (the study's ``--seed``). Checks the study before
-    loading any data."""
-    from ..storage import Storage, open_storage
-    from .notes import write_study_note
-    from .options import FinalOptions
-    from .stored import load_run_study, load_training_data
-
-    opened = (
-        storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True, artifact_dir=artifact_dir)
-    )
-    study = load_run_study(opened, study_name, purpose="ensembled")
-    record = study_record(study)
-    check_ensemble_study(record, size)
-    for extra in sizes:
-        check_ensemble_study(record, int(extra))
-    if not _complete_trials(study):
-        raise ValueError(f"study {study_name!r} has no complete trial to ensemble; run it first")
-    final = record.final
-    identity = record.identity
-    run = EnsembleRun(
-        size=size,
-        sizes=tuple(int(s) for s in sizes),
-        seeds=list(final.seeds) if final is not None and final.seeds else FinalOptions().seed_list(seed),
-        max_epochs=None if identity is None else identity.max_epochs,
-        select=final.select if final is not None else DEFAULT_SELECT,
-        prediction_seed=seed,
-        device=device,
-        artifact_store=opened.artifact_store(),
-        progress=progress,
-    )
-    stored = ensemble_record(study)
-    if stored is not None and ensemble_is_current(study, run):
-        logger.info("%s: the ensemble evaluation is up to date; nothing to train", study_name)
-        return stored
-    data = load_training_data(
-        study, data_dir=data_dir, cache_dir=cache_dir, device=device, progress=progress, with_test=True
-    )
-    out = ensemble_evaluation(study, data, run)
-    try:  # the dashboard's study note shows the ensemble; a note is for reading and never fails the command
-        write_study_note(study)
-    except Exception as exc:
-        logger.warning("%s: could not rewrite its dashboard note: %s", study_name, exc)
-    return out
-
-
-def format_ensemble(record: EnsembleRecord, metric: str = "score") -> str:
-    """The ensemble evaluation as a table: each size beside the selected trial, the start and the best layer."""
-    import pandas as pd
-
-    def row(name: str, members: str, val: float | None, scores: Sequence[float] | None) -> dict[str, object]:
-        values = list(scores or [])
-        mean = statistics.fmean(values) if values else float("nan")
-        return {
-            "model": name,
-            "members": members,
-            "val": val,
-            f"test_{metric}": mean,
-            "test_std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "val_test_gap": None if val is None else val - mean,
-        }
-
-    rows = [
-        row(
-            f"ensemble of {size.size}",
-            " ".join(f"{n}x{c}" if c > 1 else n for n, c in size.members.items()),
-            size.val_score,
-            size.test_scores,
-        )
-        for size in sorted(record.sizes.values(), key=lambda s: s.size)
-    ]
-    rows.append(row(f"selected trial ({record.select})", str(record.selected_trial), None, record.selected_test_scores))
-    if record.start_test_scores:
-        rows.append(row("starting configuration", str(record.start_trial), None, record.start_test_scores))
-    if record.best_layer_test_scores:
-        rows.append(row("best single layer", "-", None, record.best_layer_test_scores))
-    table = pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4f}", na_rep="-")
-    cost = (
-        f"seeds {record.seeds}; members trained in {record.member_seconds or 0:.1f} s per seed; forward "
-        f"{record.latency_ms or 0:.2f} ms per 1,000 samples (one member: {record.single_latency_ms or 0:.2f} ms); "
-        f"mix: {record.mix}"
-    )
-    if record.reused:
-        cost += f"; not retrained (the final evaluation's models): trial(s) {', '.join(map(str, record.reused))}"
-    if record.left_out:
-        slow = ", ".join(f"{n} ({seconds:.0f} s)" for n, seconds in record.left_out.items())
-        cost += f"; left out for their search time (over {SLOW_MEMBER_FACTOR:g}x the median trial): {slow}"
-    return f"{table}\n{cost}"
