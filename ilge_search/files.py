@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import errno
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from filelock import FileLock, Timeout
 
 __all__ = [
     "DiskError",
@@ -107,7 +110,6 @@ def remove_stale_temp_files(folder: PathLike, busy: Callable[[Path], bool] | Non
 def lock_is_held(lock_path: PathLike) -> bool:
     """Whether some process holds the file lock at ``lock_path`` (a lock that cannot be opened
     counts as held, so nothing is removed on doubt)."""
-    from filelock import FileLock, Timeout
 
     try:
         with FileLock(str(lock_path), timeout=0):
@@ -198,7 +200,6 @@ def iter_lines_utf8(path: PathLike, error: type[ValueError] = ValueError) -> Ite
 def iter_json_objects(path: PathLike, error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict]]:
     """``(line number, object)`` of a JSONL file, read lazily; blank lines are skipped, and a line that is not
     UTF-8, not JSON or not a JSON object raises ``error`` naming the file and the line."""
-    import json
 
     for number, line in iter_lines_utf8(path, error):
         if not line.strip():

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from tqdm.auto import tqdm
+
 __all__ = ["Bar", "BarSpec", "LineBar", "new_bar", "on_terminal", "note", "steps"]
 
 T = TypeVar("T")
@@ -109,7 +111,6 @@ def new_bar(spec: BarSpec) -> Bar:
     """A bar for ``spec``: tqdm on a terminal, a :class:`LineBar` otherwise (see the module's note)."""
     if not on_terminal():
         return LineBar(spec)
-    from tqdm.auto import tqdm
 
     return tqdm(
         total=spec.total,
@@ -138,8 +139,6 @@ def steps(items: Iterable[T], spec: BarSpec) -> Iterator[T]:
 def note(line: str) -> None:
     """One progress note on stderr, above a running bar on a terminal (so the bar is not torn)."""
     if on_terminal():
-        from tqdm.auto import tqdm
-
         tqdm.write(line, file=sys.stderr)
     else:
         print(line, file=sys.stderr, flush=True)

@@ -16,10 +16,17 @@ import importlib.util
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import optuna
+import sqlalchemy
+from filelock import FileLock, Timeout
+from optuna.artifacts import FileSystemArtifactStore
+from optuna.trial import TrialState
 
 from .files import DiskError, check_can_create, check_writable
 from .record.worker import is_own_stamp, process_gone, worker_stamp_of
@@ -62,7 +69,6 @@ class StorageError(ValueError):
 
 
 def _states(*names: str) -> tuple:
-    from optuna.trial import TrialState
 
     return tuple(TrialState[name] for name in names)
 
@@ -84,8 +90,6 @@ def finished_trial_count(study: optuna.Study) -> int:
 def hide_password(url: str) -> str:
     """``url`` with its password replaced by ``***`` (unparsable URLs are returned as they are)."""
     try:
-        import sqlalchemy
-
         return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
     except Exception:  # an unparsable URL is reported by whoever opens it
         return url
@@ -94,9 +98,6 @@ def hide_password(url: str) -> str:
 @contextlib.contextmanager
 def quiet_optuna_warnings() -> Iterator[None]:
     """Silence Optuna's experimental-feature and future warnings inside the block."""
-    import warnings
-
-    import optuna
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -105,7 +106,6 @@ def quiet_optuna_warnings() -> Iterator[None]:
 
 
 def _parse(url: str) -> sqlalchemy.engine.URL:
-    import sqlalchemy
 
     if not url.strip():
         raise StorageError(
@@ -181,7 +181,6 @@ class Storage:
 
     def artifact_store(self) -> FileSystemArtifactStore:
         """The ``FileSystemArtifactStore`` of :attr:`artifact_dir` (created on first use)."""
-        from optuna.artifacts import FileSystemArtifactStore
 
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         return FileSystemArtifactStore(self.artifact_dir)
@@ -194,7 +193,6 @@ class Storage:
         pruner: optuna.pruners.BasePruner | None = None,
     ) -> optuna.Study | None:
         """The stored study called ``study_name``, or ``None`` when there is none."""
-        import optuna
 
         try:
             return optuna.load_study(study_name=study_name, storage=self.rdb, sampler=sampler, pruner=pruner)
@@ -210,7 +208,6 @@ class Storage:
 
     def study_summaries(self) -> list:
         """``optuna.get_all_study_summaries`` of this storage, best trials included."""
-        import optuna
 
         return optuna.get_all_study_summaries(self.rdb, include_best_trial=True)
 
@@ -307,7 +304,6 @@ def _open_rdb(
 ) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage on ``connection``, its schema created under ``lock_for``'s lock; every failure becomes
     a :class:`StorageError` that says what to do."""
-    import sqlalchemy
 
     engine_kwargs: dict[str, Any] = {}
     if connection.is_sqlite:
@@ -337,7 +333,6 @@ def _open_rdb(
 
 
 def _heartbeat_kwargs(heartbeat_interval: int | None, grace_period: int | None, max_retry: int) -> dict[str, Any]:
-    import optuna
 
     if heartbeat_interval is None:
         return {}
@@ -363,8 +358,6 @@ def _create_rdb(
     driver_url: str, engine_kwargs: dict[str, Any], heartbeat: dict[str, Any]
 ) -> optuna.storages.RDBStorage:
     """``RDBStorage``; a process that lost the race to create the schema waits and opens what the winner made."""
-    import optuna
-    import sqlalchemy
 
     for attempt in range(SCHEMA_RETRIES + 1):
         try:
@@ -388,7 +381,6 @@ def _schema_lock(database: Path | None) -> Iterator[None]:
     if database is None:
         yield
         return
-    from filelock import FileLock, Timeout
 
     lock = FileLock(str(database) + ".lock", timeout=300)
     try:
@@ -441,7 +433,6 @@ def storage_fault(exc: BaseException) -> str | None:
 
     Only database errors are recognised (a full embedding cache is the cache's business).
     """
-    import sqlalchemy
 
     seen = set()
     current: BaseException | None = exc
@@ -493,7 +484,6 @@ def _with_installed_driver(parsed: sqlalchemy.engine.URL) -> str:
 
 
 def _retry_callback(storage: Storage) -> Callable[[optuna.Study, optuna.trial.FrozenTrial], None]:
-    import optuna
 
     callback = storage.rdb.get_heartbeat_stale_trial_callback()
     if callback is None:
@@ -505,7 +495,6 @@ def _retry_callback(storage: Storage) -> Callable[[optuna.Study, optuna.trial.Fr
 def _fail_and_retry(
     study: optuna.Study, storage: Storage, trial: optuna.trial.FrozenTrial, why: str, *, retry: bool = True
 ) -> bool:
-    import optuna
 
     try:
         failed = storage.rdb.set_trial_state_values(trial._trial_id, state=optuna.trial.TrialState.FAIL)
@@ -521,7 +510,6 @@ def _fail_and_retry(
 def fail_waiting_trials(study: optuna.Study, storage: Storage) -> list[int]:
     """Mark FAIL every WAITING trial of ``study``, for studies no sampler ever asks for a trial (the portfolio's
     cells are claimed RUNNING, never queued): a queued copy there waits forever. Returns their numbers."""
-    import optuna
 
     numbers = []
     for trial in study.get_trials(deepcopy=False, states=_states("WAITING")):
@@ -565,8 +553,6 @@ def fail_stale_trials(study: optuna.Study, storage: Storage, *, retry: bool = Tr
 
     ``storage`` is the opened storage ``study`` lives in (Optuna wraps it in a cache that hides the heartbeat settings).
     """
-    import optuna
-    import sqlalchemy
 
     for trial in study.get_trials(deepcopy=False, states=_states("RUNNING")):
         stamp = worker_stamp_of(trial)
@@ -618,7 +604,6 @@ def copy_study_once(source: Storage, target: Storage, study_name: str) -> bool:
     Raises:
         StorageError: ``source`` has no such study, or ``target`` holds one of that name that is no copy of it.
     """
-    import optuna
 
     original = source.load_study(study_name)
     if original is None:

@@ -64,10 +64,14 @@ caller (``run_study``, sweeps, the CLI) accepts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import optuna
 
 from .encoders import Picker, all_families, builtin_start, config_class_for, config_classes, encoder_spec, encoder_specs
 from .encoders.configs import EncoderConfig, FieldValues
@@ -128,7 +132,6 @@ def suggest_config(trial: Suggests, family: str, **fixed: object) -> EncoderConf
     Returns:
         The config; fields outside the search space keep their class defaults.
     """
-    import optuna
 
     _check_family(family)
     cls = config_class_for(family)
@@ -281,9 +284,6 @@ def make_sampler(name: str, seed: int | None = None, *, conditional: bool = Fals
     rather than each alone over every trial.
     """
     check_choice("sampler", name, SAMPLERS)
-    import warnings
-
-    import optuna
 
     with warnings.catch_warnings():  # GPSampler is experimental in some Optuna releases
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -294,10 +294,8 @@ def make_sampler(name: str, seed: int | None = None, *, conditional: bool = Fals
             return optuna.samplers.TPESampler(seed=seed)
         if name == "random":
             return optuna.samplers.RandomSampler(seed=seed)
-        try:
-            import scipy  # noqa: F401  GPSampler's acquisition optimiser
-        except ImportError as exc:
-            raise ValueError("the gp sampler needs scipy: pip install scipy") from exc
+        if importlib.util.find_spec("scipy") is None:  # GPSampler's acquisition optimiser
+            raise ValueError("the gp sampler needs scipy: pip install scipy")
         return optuna.samplers.GPSampler(seed=seed)
 
 
@@ -311,7 +309,6 @@ def make_pruner(name: str, max_epochs: int | None = None) -> optuna.pruners.Base
     compared only with the other trials' values on the same fold and epoch.
     """
     check_choice("pruner", name, PRUNERS)
-    import optuna
 
     if name == "median":
         warmup = 10 if max_epochs is None else min(10, max(1, max_epochs // 2))

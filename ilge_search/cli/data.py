@@ -51,7 +51,7 @@ def embed_command(
     quiet: bool,
 ) -> None:
     """Extract (or find in the cache) every layer's pooled embeddings of a task's splits."""
-    from ..embeddings.cache import ExtractionSettings, TaskColumns, load_task_embeddings
+    from ..embeddings.cache import ExtractionSettings, TaskColumns, load_task_embeddings  # heavy: not loaded for --help
 
     if quiet:
         quiet_model_loading()
@@ -105,7 +105,7 @@ def _say_unreadable(cache, listed: set) -> None:
 @location_options
 def cache_ls_command(settings: Settings) -> None:
     """Show every cache entry: key, model, task, split, shape, size and when it was made."""
-    from ..embeddings.cache import EmbeddingCache
+    from ..embeddings.cache import EmbeddingCache  # heavy: not loaded for --help
 
     cache = EmbeddingCache(settings.cache_dir)
     entries = cache.ls()
@@ -146,7 +146,7 @@ def _say_damaged(damaged: list) -> None:
 @location_options
 def cache_rm_command(settings: Settings, key: str | None, remove_all: bool) -> None:
     """Remove the entry KEY (a unique prefix is enough) or, with --all, every entry."""
-    from ..embeddings.cache import EmbeddingCache
+    from ..embeddings.cache import EmbeddingCache  # heavy: not loaded for --help
 
     if (key is None) == (not remove_all):
         raise click.UsageError("give a KEY or --all (one of them)")
@@ -164,8 +164,8 @@ def tasks_command(settings: Settings, fmt: str) -> None:
     """List the registered tasks: kind, classes or score range, splits, where each loads from, and whether
     it is available offline now (its files are in --data-dir, or without one in the shipped examples/data);
     the table ends with a line saying which folder that is."""
-    from ..report.catalog import task_catalog
-    from ..settings import data_dir_note
+    from ..report.catalog import task_catalog  # heavy: not loaded for --help
+    from ..settings import data_dir_note  # heavy: not loaded for --help
 
     echo_frame(task_catalog(settings.data_dir), fmt, empty="no tasks")
     if fmt == "table":  # csv and json stay machine-readable; their `source` column says the same per task
@@ -177,6 +177,6 @@ def tasks_command(settings: Settings, fmt: str) -> None:
 def models_command(fmt: str) -> None:
     """List the model table and its offline aliases: layers (hidden states, embedding layer included), hidden
     size, parameters, and whether each is available offline now."""
-    from ..report.catalog import model_catalog
+    from ..report.catalog import model_catalog  # heavy: not loaded for --help
 
     echo_frame(model_catalog(), fmt, empty="no models")

@@ -10,6 +10,9 @@ place (:class:`IlgeGroup`).
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -118,7 +121,7 @@ def location_options(func: Callable) -> Callable:
 @click.pass_context
 def cli(ctx: click.Context, cache_dir: str | None, data_dir: str | None, device: str) -> None:
     """ILGE encoders over every layer of a frozen LLM, and Optuna searches over them."""
-    from ..progress import on_terminal
+    from ..progress import on_terminal  # heavy: not loaded for --help
 
     if not on_terminal():  # the hub's and transformers' own bars redraw with carriage returns: not in a log file
         quiet_model_loading()
@@ -143,7 +146,7 @@ class StudyOption(click.Option):
 def study_option_help(name: str, more: str = "") -> str:
     """The CLI help of the study option ``name``: its description, capitalised, then ``more`` (``{default}``
     in it: the option's default)."""
-    from ..study.options import option_default, option_help
+    from ..study.options import option_default, option_help  # heavy: not loaded for --help
 
     text = option_help(name)
     default = option_default(name)
@@ -158,7 +161,7 @@ class _StudyOptionSlot:
         self.names, self.overrides = names, overrides
 
     def options(self) -> list[click.Option]:
-        from ..study.options import COMMAND_LINE_OPTIONS
+        from ..study.options import COMMAND_LINE_OPTIONS  # heavy: not loaded for --help
 
         return [_study_click_option(name, self.overrides) for name in self.names or COMMAND_LINE_OPTIONS]
 
@@ -178,7 +181,7 @@ def _click_type(flag: Flag) -> click.ParamType | type | None:
 def _study_click_option(name: str, overrides: bool) -> click.Option:
     """The click option of the study option ``name``, made from its field's :class:`Flag`; with
     ``overrides`` (``sweep``), unset by default and documented as overriding the grid's value."""
-    from ..study.options import option_default, option_flag
+    from ..study.options import option_default, option_flag  # heavy: not loaded for --help
 
     flag = option_flag(name)
     default = None if flag.unset or overrides else option_default(name)
@@ -243,8 +246,6 @@ _STUDY_LOGGERS = (
 def quiet_model_loading() -> None:
     """No progress bars from transformers and the hub (its "Loading weights" bar): for ``--quiet``, for
     ``predict`` without ``--verbose``, and whenever stderr is not a terminal."""
-    import os
-    import sys
 
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when the hub is first imported
     hub = sys.modules.get("huggingface_hub")
@@ -257,12 +258,11 @@ def quiet_model_loading() -> None:
 
 def study_logging(quiet: bool) -> None:
     """Concise progress lines from the study runner; Optuna's per-trial lines only with warnings."""
-    import logging
 
     if quiet:
         quiet_model_loading()
 
-    import optuna
+    import optuna  # heavy: not loaded for --help
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     handler = logging.StreamHandler()
@@ -275,7 +275,7 @@ def study_logging(quiet: bool) -> None:
 
 
 def print_results(results) -> None:
-    from ..study import format_results
+    from ..study import format_results  # heavy: not loaded for --help
 
     click.echo(format_results(results))
 

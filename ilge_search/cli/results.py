@@ -45,7 +45,7 @@ RECOMMEND_METHODS = ("marginal", "portfolio")  # ilge_search.defaults.recommend.
 @click.option("--log-requests", is_flag=True, help="Print one line per HTTP request.")
 def dashboard_command(storage, host: str, port: int, artifact_dir, allow_remote: bool, log_requests: bool) -> None:
     """Browse studies, trial notes and artifacts (weights, figures) in optuna-dashboard."""
-    from ..report.dashboard import serve_dashboard
+    from ..report.dashboard import serve_dashboard  # heavy: not loaded for --help
 
     serve_dashboard(
         storage,
@@ -83,7 +83,7 @@ def report_command(storage: str, out_dir: str | None, no_figures: bool, force: b
     The folder records what the report wrote and from which storage (.ilge-report.json); a rerun on the same
     storage replaces only those files. Folders with git-tracked files or another storage's report are refused.
     """
-    from ..report import build_report
+    from ..report import build_report  # heavy: not loaded for --help
 
     result = build_report(storage, out_dir, figures=not no_figures, progress=not quiet, force=force)
     counts = result.results.groupby("model")["mean"].count()
@@ -145,8 +145,12 @@ def recommend_command(
     them better than the built-in ones on average over tasks they never saw. An existing defaults file or
     page (the .md beside --out included) is replaced only with --force.
     """
-    from ..defaults.recommend import DEFAULT_FAMILIES, NEXT_TO_DEFAULTS, defaults_targets
-    from ..report.defaults_page import recommend_defaults
+    from ..defaults.recommend import (  # heavy: not loaded for --help
+        DEFAULT_FAMILIES,
+        NEXT_TO_DEFAULTS,
+        defaults_targets,
+    )
+    from ..report.defaults_page import recommend_defaults  # heavy: not loaded for --help
 
     report = report_path or NEXT_TO_DEFAULTS
     target, page = defaults_targets(out_path, report, update_shipped=update_shipped)
@@ -195,9 +199,9 @@ def loto_command(
     defaults are trained with no search on the data of the task's study, scored on its test split, and
     stored on that study (a rerun trains only what is missing). `report` and `recommend` show the table.
     """
-    from ..defaults.loto import LOTO_FAMILIES, leave_one_task_out
-    from ..report.loto import loto_sentences
-    from ..study.retraining import TrainingSetup
+    from ..defaults.loto import LOTO_FAMILIES, leave_one_task_out  # heavy: not loaded for --help
+    from ..report.loto import loto_sentences  # heavy: not loaded for --help
+    from ..study.retraining import TrainingSetup  # heavy: not loaded for --help
 
     study_logging(quiet)
     result = leave_one_task_out(
@@ -236,9 +240,9 @@ def leaderboard_command(storage: str | None, study_name: str, fmt: str) -> None:
     Each row was retrained with the final seeds; its test difference to the best single-layer probe comes with a
     95 % paired bootstrap interval over the same test texts and seeds ('tie': the interval contains 0).
     """
-    import pandas as pd
+    import pandas as pd  # heavy: not loaded for --help
 
-    from ..study.leaderboard import format_rows, format_table, study_leaderboard
+    from ..study.leaderboard import format_rows, format_table, study_leaderboard  # heavy: not loaded for --help
 
     record = study_leaderboard(storage, study_name)
     if fmt == "table":

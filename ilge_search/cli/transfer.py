@@ -20,7 +20,9 @@ CELLS_INTERRUPTED = (
 
 def _update_shipped(storage: str, request, options: dict) -> None:
     """``--update-shipped``: the shipped portfolio file's entry written from the stored matrix."""
-    from ..defaults.shipped_portfolio import update_shipped_portfolio
+    from ..defaults.shipped_portfolio import (
+        update_shipped_portfolio,  # heavy: not loaded for --help
+    )
 
     if options["dry_run"]:
         raise click.UsageError("--update-shipped trains nothing and writes one file; drop --dry-run")
@@ -94,8 +96,8 @@ def portfolio_command(settings: Settings, storage: str, fmt: str, quiet: bool, *
     built-in defaults, the marginal rule's and each problem's top trials. Cells are stored in the storage: a
     rerun trains only what is missing, and processes on one storage share the work.
     """
-    from ..defaults.portfolio import PortfolioRequest, TrainingSetup
-    from ..report.portfolio import PORTFOLIO_RUN_OPTIONS, PortfolioRun, run_portfolio
+    from ..defaults.portfolio import PortfolioRequest, TrainingSetup  # heavy: not loaded for --help
+    from ..report.portfolio import PORTFOLIO_RUN_OPTIONS, PortfolioRun, run_portfolio  # heavy: not loaded for --help
 
     study_logging(quiet)
     request = PortfolioRequest(
@@ -135,9 +137,9 @@ def shipping_check_command(settings: Settings, storage: str, fmt: str, quiet: bo
     The cells go into their own study of the storage, named with their epochs; a rerun trains only what is missing,
     and `recommend --method portfolio` decides with them once every cell is stored.
     """
-    from ..defaults.portfolio import TrainingSetup
-    from ..defaults.shipping_check import ShippingCheckRequest, shipping_check
-    from ..report.portfolio import shipping_check_text
+    from ..defaults.portfolio import TrainingSetup  # heavy: not loaded for --help
+    from ..defaults.shipping_check import ShippingCheckRequest, shipping_check  # heavy: not loaded for --help
+    from ..report.portfolio import shipping_check_text  # heavy: not loaded for --help
 
     study_logging(quiet)
     request = ShippingCheckRequest(family=options["family"], bucket=options["bucket"])

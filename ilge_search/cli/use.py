@@ -74,7 +74,7 @@ def export_command(settings: Settings, storage, **options) -> None:
     gets its best trial retrained once with --seed. A tagging study gives an ILGETagger folder
     (model.safetensors + ilge_tagger.json; ILGETagger.load).
     """
-    from ..use.export import ExportOptionsError, ExportRequest, export_study
+    from ..use.export import ExportOptionsError, ExportRequest, export_study  # heavy: not loaded for --help
 
     request = ExportRequest(**options, **asdict(settings))
     try:
@@ -158,8 +158,8 @@ def predict_command(
     JSONL rows with a list of words, or plain text with one sentence per line, and writes one tag per word:
     JSONL {"row", "tokens", "tags"}, or CSV/TSV with one line per word.
     """
-    from ..use.predict import PredictInput, PredictOptions, PredictOutput, predict_file
-    from ..use.predict_tags import is_tagger_folder, predict_tags_file
+    from ..use.predict import PredictInput, PredictOptions, PredictOutput, predict_file  # heavy: not loaded for --help
+    from ..use.predict_tags import is_tagger_folder, predict_tags_file  # heavy: not loaded for --help
 
     if quiet or not verbose:  # the rows' own bar says how far it is; the weights' bar only adds noise
         quiet_model_loading()
@@ -222,9 +222,9 @@ def explain_command(
     The final configuration is retrained once per final seed; the result is stored on the study (the report
     draws it) and reused until the study's final evaluation changes.
     """
-    from ..files import check_output_path, write_output_text
-    from ..study.retraining import TrainingSetup
-    from ..use.explain import explain_study, format_explanation
+    from ..files import check_output_path, write_output_text  # heavy: not loaded for --help
+    from ..study.retraining import TrainingSetup  # heavy: not loaded for --help
+    from ..use.explain import explain_study, format_explanation  # heavy: not loaded for --help
 
     if out_path is not None:  # before the retraining: a refused --out costs nothing
         check_output_path(out_path, force=force)

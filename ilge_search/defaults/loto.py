@@ -24,14 +24,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import optuna
+import pandas as pd
+
 from .._version import __version__
 from ..embeddings.models import model_size_bucket
 from ..encoders import builtin_start, config_class_for, encoder_families
+from ..progress import BarSpec, steps
 from ..record import LotoRecord, LotoScores, StudyRecord, save_loto, study_record
-from ..storage import hide_password, open_storage
+from ..storage import hide_password, open_storage, quiet_optuna_warnings
 from ..study.data import StudyData
 from ..study.retraining import TrainingSetup, train_seeds
+from ..study.trial import suggest_capped
 from ..tasks.scores import score_unit
+from ..tuning import suggest_config
 from ..validation import check_int
 from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
 from .problems import ConfigValues, ProblemGroups, open_existing_storage, problem_tasks, read_problems
@@ -82,11 +88,6 @@ ROW_COLUMNS = [
 def start_config(family: str, values: ConfigValues, max_epochs: int | None) -> EncoderConfig:
     """The config a study's first trial trains when ``values`` are the recommended defaults: the search-space
     fields through a fixed trial (what a study enqueues), the rest at their class defaults, ``epochs`` capped."""
-    import optuna
-
-    from ..storage import quiet_optuna_warnings
-    from ..study.trial import suggest_capped
-    from ..tuning import suggest_config
 
     config = config_class_for(family)(**values)
     fixed = optuna.trial.FixedTrial({k: v for k, v in config.to_dict().items() if k != "family"})
@@ -143,7 +144,6 @@ def _preference(record: StudyRecord, n_trials: int) -> tuple:
 
 def _evaluated_studies(storage_url: str, families: Sequence[str]) -> dict[tuple[str, str, str], StudyRecord]:
     """Per (model, task, family), the matched-protocol study made by ``run`` whose data LOTO trains on."""
-    import optuna
 
     storage = open_existing_storage(storage_url)
     chosen: dict[tuple[str, str, str], tuple[StudyRecord, int]] = {}
@@ -404,7 +404,6 @@ def _result(
     tasks: list[str],
     trained: int,
 ) -> LotoResult:
-    import pandas as pd
 
     rows, missing = [], []
     for target in targets:
@@ -487,7 +486,6 @@ def leave_one_task_out(
     Raises:
         ValueError: an unknown family, a model or task without studies, task data that differ from a study's.
     """
-    from ..progress import BarSpec, steps
 
     setup = setup or TrainingSetup()
     families = _check_names(families)

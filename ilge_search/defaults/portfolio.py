@@ -15,11 +15,16 @@ import json
 import logging
 import math
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
+import numpy as np
+import optuna
+
 from ..encoders import builtin_start, encoder_families
+from ..progress import BarSpec, steps
 from ..record import (
     WORKER_ATTR,
     CellKey,
@@ -183,7 +188,6 @@ def _data_key(record: StudyRecord) -> dict[str, object]:
 
 
 def _matrix_problem(storage: Storage, problem: Problem) -> MatrixProblem:
-    import optuna
 
     study = storage.load_study(problem.study)
     if study is None:  # read_problems just listed it
@@ -308,7 +312,6 @@ def _stamp(number: int) -> tuple[str, dict[str, object]]:
 
 def _train_cells(cells: Sequence[PlannedCell], data: StudyData, device: str) -> list[CellScores]:
     """The scores of cells of one config on one problem, their seeds trained in one pass where the engine can."""
-    import time
 
     start = time.perf_counter()
     trained = list(train_seeds(data, cells[0].config, [cell.key.seed for cell in cells], device=device))
@@ -339,7 +342,6 @@ def portfolio_study(storage: Storage, family: str, bucket: str, create: bool) ->
 def cells_study(storage: Storage, name: str, create: bool) -> optuna.Study | None:
     """The study of cells named ``name`` (the matrix's, or another set of cells such as the shipping check's),
     created when missing only with ``create``."""
-    import optuna
 
     study = storage.load_study(name)
     if study is None and create:
@@ -365,7 +367,6 @@ def train_cells(
 ) -> tuple[int, int]:
     """Train the cells of ``cells`` no process has stored or is training, into ``study_name`` (default: the
     request's matrix study; the problems' data is read from the same storage); (trained, left to others)."""
-    from ..progress import BarSpec, steps
 
     storage = open_storage(storage_url)
     name = study_name or portfolio_study_name(request.family, request.bucket)
@@ -422,7 +423,6 @@ def read_matrix(
     storage_url: str, request: PortfolioRequest, cells: Sequence[PlannedCell], shape: tuple[int, int]
 ) -> Matrix:
     """The stored scores of ``cells`` (those with a candidate index) as a :class:`Matrix`; nothing is created."""
-    import numpy as np
 
     done, running = _stored_cells(storage_url, request)
     sums: dict[tuple[int, int], list[CellScores]] = {}

@@ -24,10 +24,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import TrialState
+
 from ..embeddings.models import model_size_bucket
 from ..encoders import config_class_for
 from ..record import Identity, study_record, trial_record
 from ..storage import Storage, open_storage
+from ..tuning import suggest_config
 
 if TYPE_CHECKING:
     import optuna
@@ -102,7 +107,6 @@ def _log_grid(low: float, high: float) -> list[float]:
 
 def parameter_level(value: Any, distribution: Any) -> Any:
     """The level a parameter value is compared at (see the module docstring)."""
-    from optuna.distributions import FloatDistribution
 
     if isinstance(distribution, FloatDistribution):
         low, high = float(distribution.low), float(distribution.high)
@@ -162,7 +166,6 @@ class _SpaceCheck:
 def _outside_the_space(family: str, trials: Sequence[optuna.trial.FrozenTrial]) -> str | None:
     """What in ``trials`` the family's search space cannot have suggested: unknown parameter names, or a
     value outside a parameter's choices or range (``None``: every trial fits)."""
-    from ..tuning import suggest_config
 
     known = {f.name for f in dataclasses.fields(config_class_for(family))}
     unknown = sorted({p for t in trials for p in t.params} - known)
@@ -178,8 +181,6 @@ def _outside_the_space(family: str, trials: Sequence[optuna.trial.FrozenTrial]) 
 
 def _scored_problem(storage: Storage, name: str, identity: Identity) -> Problem | str:
     """The study's complete and pruned trials ranked, or why it has too few of them."""
-    import optuna
-    from optuna.trial import TrialState
 
     study = optuna.load_study(study_name=name, storage=storage.rdb)
     maximize = study.direction != optuna.study.StudyDirection.MINIMIZE

@@ -27,10 +27,12 @@ from .._version import __version__
 from ..encoders import config_classes, encoder_families
 from ..settings import user_defaults_path
 from ..storage import hide_password
-from ..tuning import DEFAULTS_FORMAT_VERSION
+from ..tuning import DEFAULTS_FORMAT_VERSION, RECOMMENDED_DEFAULTS_PATH
 from .loto import LOTO_FAMILIES, LotoResult, LotoVerdict, stored_loto
 from .problems import ConfigValues, Problem, ProblemGroups, problem_tasks, read_problems
 from .rule import RULE, RecommendedValue, derive_defaults
+from .shipping_check import attach_shipping_checks, portfolio_defaults
+from .transfer import stored_portfolios
 
 if TYPE_CHECKING:
     from .portfolio import PortfolioResult
@@ -94,8 +96,6 @@ def defaults_targets(
     if update_shipped and out_path is not None:
         raise ValueError("give either out_path (--out) or update_shipped (--update-shipped), not both")
     if update_shipped:
-        from ..tuning import RECOMMENDED_DEFAULTS_PATH  # looked up now: tests point it elsewhere
-
         target = RECOMMENDED_DEFAULTS_PATH
     else:
         target = user_defaults_path(out_path)
@@ -243,8 +243,6 @@ def _chosen_values(
 ) -> tuple[Values, dict[str, str]]:
     """The defaults ``choice.method`` picks from the derived ``values``, and why each group shipped or not."""
     if choice.method == "portfolio":
-        from .shipping_check import portfolio_defaults
-
         if choice.excluded:
             raise ValueError(
                 "--method portfolio reads the stored matrix; choose without tasks with `portfolio --exclude-task`"
@@ -297,8 +295,6 @@ def regenerate_defaults(
         },
         "families": values,
     }
-    from .shipping_check import attach_shipping_checks
-    from .transfer import stored_portfolios
 
     portfolios = stored_portfolios(storage_url, families, latest=method != "portfolio")
     attach_shipping_checks(storage_url, portfolios[0])

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..record import write_shipped_portfolio
+from ..record import load_shipped_portfolio, shipped_portfolio_path, write_shipped_portfolio
+from ..study.trial import config_params
+from ..tuning import load_recommended_defaults
 from .portfolio import PortfolioRequest, PortfolioResult, start_config_dict
 from .problems import ConfigValues
 from .transfer import held_out_evidence, member_sources, read_stored
@@ -50,7 +52,6 @@ def _left_out(result: PortfolioResult) -> dict[str, Any]:
 def shipped_start(family: str, bucket: str) -> ConfigValues:
     """The configuration a new study of ``family`` and ``bucket`` starts from with the package's own defaults
     (built-in values merged with the shipped defaults file; a user's file plays no part in what is shipped)."""
-    from ..tuning import load_recommended_defaults
 
     return start_config_dict(family, load_recommended_defaults().get(family, {}).get(bucket, {}))
 
@@ -61,7 +62,6 @@ def shipped_entry(result: PortfolioResult, note: str = "") -> tuple[list[dict[st
     Raises:
         ValueError: cells of the matrix are missing, or no member differs from the starting configuration.
     """
-    from ..study.trial import config_params
 
     request = result.request
     if result.matrix.missing or result.default is None:
@@ -166,7 +166,6 @@ def update_shipped_portfolio(
         ValueError: a bad request, no problem, cells missing, thinner evidence than the entry it replaces, or
             the file cannot be written.
     """
-    from ..record import load_shipped_portfolio, shipped_portfolio_path
 
     result = read_stored(storage_url, request.check())
     members, provenance = shipped_entry(result, note)

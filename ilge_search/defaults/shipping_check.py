@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..encoders import builtin_start
-from ..record import portfolio_study_name, save_shipping_check, shipping_check_study_name
+from ..record import CellKey, portfolio_study_name, save_shipping_check, shipping_check_study_name, stored_cells
 from ..storage import hide_password, open_storage
+from ..study.trial import config_params
 from ..validation import check_int
 from .evidence import setting_gap
 from .loto import start_config
-from .portfolio import PlannedCell, PortfolioResult, TrainingSetup, cells_study, check_matrix
+from .portfolio import PlannedCell, PortfolioResult, TrainingSetup, cells_study, check_matrix, release_dead_claims
 from .problems import ConfigValues
 from .transfer import (
     BUILTIN,
@@ -207,7 +208,6 @@ def _check_config(result: PortfolioResult, candidate: int, epochs: int | None):
 def check_cells(result: PortfolioResult, choices: Sequence[tuple[Fold, int]], epochs: int | None) -> list[PlannedCell]:
     """The distinct cells the check needs: on each fold's held-out problems, the built-in defaults and the fold's
     default, each with ``epochs`` (``None``: its own) and every seed of the matrix, on the problem's data."""
-    from ..record import CellKey
 
     builtin = builtin_index(result)
     cells: dict[str, PlannedCell] = {}
@@ -248,7 +248,6 @@ def _held_out(result: PortfolioResult, choices: Sequence[tuple[Fold, int]], mean
 
 def _stored(storage_url: str, study_name: str) -> tuple[dict[str, CellScores], set[str]] | None:
     """(scores by digest, digests being trained) of the check's study, or ``None`` when it does not exist."""
-    from ..record import stored_cells
 
     study = cells_study(open_storage(storage_url, must_exist=True), study_name, create=False)
     if study is None:
@@ -324,7 +323,6 @@ def _save(storage_url: str, check: ShippingCheck) -> None:
 
 
 def _release_dead_claims(storage_url: str, study_name: str) -> None:
-    from .portfolio import release_dead_claims
 
     storage = open_storage(storage_url)
     study = cells_study(storage, study_name, create=False)
@@ -408,7 +406,6 @@ def shipping_evidence(storage_url: str, result: PortfolioResult) -> ShippingEvid
     """What the shipping rule reads for ``result``'s default: the complete shipping check's rows in the setting that
     ships when the storage holds one, else the matrix's own left-out rows with the sentence saying how they were
     capped (and, when a check was started, how many of its cells are stored)."""
-    from ..study.trial import config_params
 
     family = result.request.family
     notes = []
@@ -441,7 +438,6 @@ def portfolio_defaults(
     Raises:
         ValueError: a group without a stored, complete portfolio.
     """
-    from ..study.trial import config_params
 
     chosen: dict[str, dict[str, ConfigValues]] = {}
     shipping: dict[str, str] = {}

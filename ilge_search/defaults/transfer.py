@@ -10,15 +10,28 @@ the built-in defaults in score units, in the direction of improvement. Test scor
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import multiprocessing
 import statistics
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ..record import save_portfolio_choice, save_portfolio_request
-from ..storage import open_storage
+import numpy as np
+
+from ..encoders import encoder_families
+from ..record import (
+    portfolio_study_name,
+    save_portfolio_choice,
+    save_portfolio_request,
+    stored_portfolio_choice,
+    stored_portfolio_request,
+)
+from ..storage import copy_study_once, open_storage
 from ..tasks.scores import score_unit
+from ..tuning import MODEL_SIZE_HINTS
 from ..validation import check_int
 from .choice import choose_default, greedy_portfolio, normalise, warm_start_order
 from .evidence import LeftOutEvidence, left_out_evidence, setting_gap
@@ -31,12 +44,14 @@ from .portfolio import (
     PortfolioResult,
     TrainingSetup,
     build_matrix,
+    cell_config,
     choose,
     estimate_seconds,
     marginal_values,
     plan_cells,
     portfolio_study,
     read_matrix,
+    release_dead_claims,
     start_config_dict,
     stored_scores,
     train_cells,
@@ -167,7 +182,6 @@ def fold_choice(result: PortfolioResult, fold: Fold) -> tuple[int, list[int]]:
     Raises:
         ValueError: no candidate the fold may choose has every cell on the other problems.
     """
-    import numpy as np
 
     rows = _fold_rows(result, fold)
     train = [i for i in range(len(result.problems)) if i not in fold.held]
@@ -245,7 +259,6 @@ def held_out_check(
 
 
 def _capped(request: PortfolioRequest, config: ConfigValues, result: PortfolioResult, p: int) -> ConfigValues:
-    from .portfolio import cell_config
 
     return dict(cell_config(request.family, config, result.problems[p], request.max_epochs).to_dict())
 
@@ -348,7 +361,6 @@ def _choose_if_complete(result: PortfolioResult) -> PortfolioResult:
 
 
 def _release_dead_claims(storage_url: str, request: PortfolioRequest) -> None:
-    from .portfolio import release_dead_claims
 
     storage = open_storage(storage_url)
     study = portfolio_study(storage, request.family, request.bucket, create=False)
@@ -378,8 +390,6 @@ def train_in_processes(
 ) -> int:
     """Train ``cells`` in ``workers`` processes (this one shows the progress) into ``study_name`` (default: the
     request's matrix study); the cells trained."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     check_int("workers", workers)
     if workers == 1:
@@ -418,7 +428,6 @@ def left_out_orders(result: PortfolioResult) -> dict[str, dict[str, Any]]:
     """Per task of the matrix, the warm-start order chosen again without that task's problems (leave one task out, on
     validation): its candidates are the built-in defaults and the other problems' top trials (not the marginal rule,
     which voted with the task's trials). A task whose fold has no complete candidate, or no other problem, gets none."""
-    import numpy as np
 
     orders: dict[str, dict[str, Any]] = {}
     for fold in folds(result):
@@ -469,8 +478,6 @@ def copy_portfolio(source_url: str, target_url: str, family: str = "cayley", buc
     Raises:
         ValueError: no such choice in ``source_url``, or ``target_url`` holds another study of that name.
     """
-    from ..record import portfolio_study_name, stored_portfolio_choice
-    from ..storage import copy_study_once
 
     source = open_storage(source_url, must_exist=True)
     name = portfolio_study_name(family, bucket)
@@ -486,7 +493,6 @@ def copy_portfolio(source_url: str, target_url: str, family: str = "cayley", buc
 
 
 def _store_request(storage_url: str, request: PortfolioRequest) -> None:
-    import dataclasses
 
     storage = open_storage(storage_url)
     study = portfolio_study(storage, request.family, request.bucket, create=True)
@@ -526,7 +532,6 @@ def stored_portfolio(storage_url: str, family: str, bucket: str, *, latest: bool
     and ``bucket``, read back without training (``None``: none stored). By default the one chosen with no
     problem excluded (what ``run --warm-start`` and ``recommend`` use); with ``latest`` the latest run's, its
     exclusions included (what the report shows), else that one."""
-    from ..record import portfolio_study_name, stored_portfolio_choice, stored_portfolio_request
 
     storage = open_storage(storage_url, must_exist=True)
     study = storage.load_study(portfolio_study_name(family, bucket))
@@ -547,8 +552,6 @@ def stored_portfolios(
     """Each family's (default: every ILGE family's) and size bucket's stored matrix (:func:`stored_portfolio`;
     with ``latest`` the latest run's), and a sentence for each that could not be read back (its studies changed
     since, say)."""
-    from ..encoders import encoder_families
-    from ..tuning import MODEL_SIZE_HINTS
 
     results, notes = [], []
     for family in encoder_families() if families is None else families:

@@ -253,7 +253,7 @@ class EmbeddingCache(EntryStore):
     ) -> EntryRecord:
         """The JSON record of a new entry for ``where`` = (task, split, fingerprint) before extraction: what it
         holds and which versions made it."""
-        import transformers
+        import transformers  # heavy: transformers takes seconds to load
 
         task, split, fingerprint = where
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     import torch
 
@@ -17,7 +19,6 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     ``cuda:3`` with two GPUs or an unknown name raise a ``ValueError`` here, before
     anything is loaded (every entry point that takes a device calls this first).
     """
-    import torch
 
     mps = getattr(torch.backends, "mps", None)
     if device is None or device == "auto":
@@ -63,7 +64,6 @@ _DTYPES = {
 
 def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: str | torch.device = "cpu") -> torch.dtype:
     """``auto`` -> bfloat16 on CUDA, float32 elsewhere. Accepts names or torch dtypes."""
-    import torch
 
     if isinstance(dtype, torch.dtype):
         return dtype

@@ -72,7 +72,7 @@ def _unknown(model: object, reason: str = "") -> ValueError:
 
 
 def _load_config(path_or_id: str, is_folder: bool, trust_remote_code: bool = False) -> tuple[int, int]:
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: transformers takes seconds to load
 
     try:
         config = AutoConfig.from_pretrained(path_or_id, local_files_only=True, trust_remote_code=trust_remote_code)

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+from filelock import FileLock
+
 from ..files import lock_is_held, remove_stale_temp_files, temp_name
+from ..progress import note
 from ..settings import resolve_cache_dir
 from .devices import resolve_device, resolve_dtype
 from .weights import ModelLoadError, ModelNotFoundError, cache_writes_allowed, weights_hash
@@ -327,9 +331,12 @@ def _how_to_provide(name: str) -> str:
 
 
 def _resolve_hub_id(name: str) -> ModelSource:
-    import huggingface_hub
-    from huggingface_hub import constants as hub_constants
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+    import huggingface_hub  # heavy: the hub client only when asked
+    from huggingface_hub import constants as hub_constants  # heavy: the hub client only when asked
+    from huggingface_hub.errors import (  # heavy: the hub client only when asked
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     repo_id, _, revision = name.partition("@")
     try:  # already in the local HF cache: use the snapshot folder, its name is the commit
@@ -518,8 +525,7 @@ def resolve_model(
 
 
 def _convert_gguf(source: ModelSource, target: Path) -> None:
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # heavy: transformers loads in seconds
 
     if source.gguf_file is None:
         raise ValueError(f"model {source.name!r} has no GGUF file to convert")
@@ -577,9 +583,6 @@ def materialize_model(source: ModelSource) -> ModelSource:
             f"model {source.name!r} is a GGUF file not converted yet, and checks and dry runs write nothing; "
             f"a real run dequantises it once into {target}"
         )
-    from filelock import FileLock
-
-    from ..progress import note
 
     target.parent.mkdir(parents=True, exist_ok=True)
     # conversions killed on this host: pid gone and their folder's lock free
@@ -609,8 +612,7 @@ def load_model_and_tokenizer(
     One code path for local folders and hub ids. A tokenizer without a pad token gets
     its eos (else unk) token as pad, which is safe because padding is masked out.
     """
-    import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # heavy: transformers loads in seconds
 
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -650,7 +652,7 @@ def _hub_kwargs(source: ModelSource) -> dict[str, Any]:
 def load_config(source: str | os.PathLike | ModelSource, cache_dir: PathLike | None = None) -> Any:
     """The model's ``AutoConfig`` (no weights loaded); a config transformers cannot read raises
     :class:`ModelLoadError` naming the folder and the reason."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: transformers loads in seconds
 
     source = materialize_model(resolve_model(source, cache_dir, materialize=False))
     try:

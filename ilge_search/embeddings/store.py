@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from ..files import (
     check_free_space,
@@ -34,6 +35,7 @@ from ..files import (
     remove_stale_temp_files,
     temp_name,
 )
+from ..progress import note
 from ..settings import resolve_cache_dir
 from .entry_file import ARRAY_DTYPES, STORAGE_DTYPES, CacheCorruptError, EntryRecord, file_sha256, safetensors_header
 from .models import cache_writes_allowed
@@ -314,7 +316,6 @@ class EntryStore:
         is rebuilt, with a warning). The result's ``hit`` says whether it was read, ``seconds`` how long
         this call took.
         """
-        from filelock import FileLock, Timeout
 
         started = time.perf_counter()
         damaged = False
@@ -332,8 +333,6 @@ class EntryStore:
             lock.acquire(timeout=0)
         except Timeout:
             if progress:
-                from ..progress import note
-
                 note(f"ilge-search: waiting for another process that is extracting cache entry {key} ...")
             lock.acquire()
         try:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from filelock import FileLock
+
 from ..settings import resolve_cache_dir
 
 __all__ = ["ModelLoadError", "ModelNotFoundError", "cache_writes_allowed", "weights_hash", "weights_memo_read_only"]
@@ -65,7 +67,6 @@ def cache_writes_allowed() -> bool:
 
 def _hash_large_file(path: Path, cache_dir: PathLike | None) -> str:
     """sha256 of a big weights file, computed once per (path, size, mtime) and kept in the cache dir."""
-    from filelock import FileLock
 
     stat = path.stat()
     memo_file = _memo_path(cache_dir)

@@ -27,9 +27,11 @@ import torch
 from torch import nn
 
 from ..nn._base import LayerEncoder
+from ..nn.gnn import BatchedGraph, GNNStack, GraphCache
 from ..validation import ArgumentTypeError, check_choice, check_int
 from . import encoder_spec
 from .configs import CayleyConfig, EncoderConfig, FCConfig
+from .graphs import cayley_graph, fully_connected_graph
 
 __all__ = [
     "Aggregator",
@@ -194,7 +196,6 @@ class PerTokenAggregator(nn.Module):
             )
         check_choice("token_pooling", token_pooling, PER_TOKEN_POOLINGS)
         check_choice("output_mode", output_mode, OUTPUT_MODES)
-        from ..nn.gnn import GNNStack, GraphCache
 
         self.config = config
         self.num_layers = _check_size("num_layers", num_layers)
@@ -222,7 +223,6 @@ class PerTokenAggregator(nn.Module):
 
     def graph_for(self, seq_len: int):
         """The :class:`~ilge_search.encoders.graphs.LayerGraph` of ``seq_len * num_layers`` real nodes (cached)."""
-        from .graphs import cayley_graph, fully_connected_graph
 
         def build():
             num_real = seq_len * self.num_layers
@@ -265,7 +265,6 @@ class PerTokenAggregator(nn.Module):
         return x.to(dtype), (None if bool(mask.all()) else mask.to(x.device))
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        from ..nn.gnn import BatchedGraph
 
         x, mask = self._check_inputs(x, attention_mask)
         B, T, L, D = x.shape

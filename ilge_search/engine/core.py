@@ -33,6 +33,7 @@ from torch import nn
 from typing_extensions import Unpack
 
 from ..embeddings.models import resolve_device
+from ..encoders.aggregator import build_aggregator
 from ..encoders.configs import BestLayerConfig, EncoderConfig
 from ..progress import BarSpec, steps
 from . import tokens
@@ -125,7 +126,6 @@ def build_model(
     score_range: tuple[float, float] | None = None,
 ) -> ILGEModel:
     """Build an untrained :class:`ILGEModel` (uses the global torch RNG for init)."""
-    from ..encoders.aggregator import build_aggregator  # lazy: pulls in PyTorch Geometric
 
     _check_task_kind(task_kind)
     aggregator = build_aggregator(config, num_layers=num_layers, hidden_in=hidden_in)

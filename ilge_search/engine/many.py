@@ -54,6 +54,7 @@ from .core import (
 )
 from .loop import DEFAULT_RECIPE, TAGGING, TASK_KINDS, RunSettings, TrainingRecipe, TrainResult
 from .stacked import AdamSettings, StackedAdam
+from .standardizer import FeatureStandardizer
 
 __all__ = [
     "TRAINING_FIELDS",
@@ -456,7 +457,6 @@ class _Pass:
 
     def _build(self, jobs: Sequence[ModelJob]) -> list[_Member]:
         """Each model initialised as its own run initialises it, from the global RNG seeded with its seed."""
-        from .standardizer import FeatureStandardizer
 
         data, recipe, device = self.data, self.settings.recipe, self.device
         fitted = None

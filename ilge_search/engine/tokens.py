@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..embeddings.models import resolve_device
+from ..encoders.aggregator import build_aggregator, build_per_token_aggregator
 from ..encoders.configs import BestLayerConfig, CayleyConfig, CayleyWordConfig, EncoderConfig, FCConfig
 from .loop import TAGGING, RunSettings, TrainResult, run_epochs
 from .metrics import check_finite, check_label_range, class_metrics
@@ -190,7 +191,6 @@ def build_tagger(config: EncoderConfig, num_layers: int, hidden_in: int, num_cla
     ``cayley``/``fc`` get one graph per sentence; any other family (``cayley-word`` included: the Cayley
     graph over one word's layers) reads each word's layers alone.
     """
-    from ..encoders.aggregator import build_aggregator, build_per_token_aggregator  # lazy: pulls in PyTorch Geometric
 
     if num_classes is None or num_classes < 2:
         raise ValueError(f"tagging needs num_classes >= 2, got {num_classes!r}")

@@ -15,11 +15,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import optuna
+from optuna.trial import TrialState
+
+from ..encoders import config_from_dict
+from ..files import read_text_utf8, temp_name
 from .fields import Attrs
 
 if TYPE_CHECKING:
@@ -122,7 +128,6 @@ class StoredCell:
 
 
 def _create_running(rdb: Any, study_id: int, user_attrs: Mapping[str, object]) -> int:
-    import optuna
 
     template = optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, user_attrs=dict(user_attrs))
     return int(rdb.create_new_trial(study_id, template_trial=template))
@@ -147,7 +152,6 @@ def claim_cell(storage: Any, study: optuna.Study, key: CellKey, stamp: Callable[
 
 def finish_cell(storage: Any, trial_id: int, scores: CellScores) -> None:
     """Store a claimed cell's scores and complete its trial (value: the validation score)."""
-    import optuna
 
     storage.rdb.set_trial_user_attr(trial_id, _SCORES_ATTR, asdict(scores))
     storage.rdb.set_trial_state_values(trial_id, optuna.trial.TrialState.COMPLETE, [float(scores.validation)])
@@ -156,7 +160,6 @@ def finish_cell(storage: Any, trial_id: int, scores: CellScores) -> None:
 def abandon_cell(storage: Any, trial_id: int, *, duplicate: bool = False) -> None:
     """Mark a claim FAIL (training failed, was interrupted, or another claim owns the cell), so that the
     cell is free again."""
-    import optuna
 
     if duplicate:
         storage.rdb.set_trial_user_attr(trial_id, _DUPLICATE_ATTR, True)
@@ -166,7 +169,6 @@ def abandon_cell(storage: Any, trial_id: int, *, duplicate: bool = False) -> Non
 
 def cell_owners(study: optuna.Study) -> dict[str, list[int]]:
     """Per cell digest, the numbers of its RUNNING and COMPLETE trials (the lowest owns the cell)."""
-    from optuna.trial import TrialState
 
     owners: dict[str, list[int]] = {}
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.COMPLETE)):
@@ -179,7 +181,6 @@ def cell_owners(study: optuna.Study) -> dict[str, list[int]]:
 def stored_cells(study: optuna.Study) -> tuple[dict[str, StoredCell], set[str]]:
     """The complete cells of a portfolio study (digest -> cell; the first complete one per digest) and the
     digests other processes are training now (RUNNING)."""
-    from optuna.trial import TrialState
 
     cells: dict[str, StoredCell] = {}
     running: set[str] = set()
@@ -216,7 +217,6 @@ def _stored_versioned(study: optuna.Study, attr: str) -> Attrs | None:
 def check_portfolio_members(members: object, where: str) -> None:
     """Refuse ``members`` unless it is a list of configurations the config classes accept: one line naming
     ``where`` and the first bad member (its 1-based position and family)."""
-    from ..encoders import config_from_dict
 
     if not isinstance(members, list):
         raise ValueError(f"{where}: the members must be a list of configurations, got {type(members).__name__}")
@@ -362,7 +362,6 @@ def load_shipped_portfolio(path: str | Path | None = None) -> Attrs:
     Raises:
         ValueError: the file is not JSON, or not a portfolio file this version reads (naming the file).
     """
-    from ..files import read_text_utf8
 
     path = shipped_portfolio_path(path)
     if not path.is_file():
@@ -383,9 +382,6 @@ def write_shipped_portfolio(
 ) -> Path:
     """Put ``family``/``bucket``'s entry into the shipped portfolio file (the other entries kept), written through
     a temporary file and read back; the path written."""
-    import os
-
-    from ..files import temp_name
 
     path = shipped_portfolio_path(path)
     document = load_shipped_portfolio(path)

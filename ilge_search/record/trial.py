@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from ..encoders import config_from_dict
 from .fields import Attrs, attrs_of, fields_from
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ def trial_config(trial: optuna.Trial | optuna.trial.FrozenTrial) -> EncoderConfi
     Raises:
         ValueError: the trial recorded none (it failed before its configuration was drawn).
     """
-    from ..encoders import config_from_dict
 
     config = trial_record(trial).config
     if not config:

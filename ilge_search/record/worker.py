@@ -13,6 +13,8 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from .fields import Attrs
 
 if TYPE_CHECKING:
@@ -72,7 +74,6 @@ def stamp_worker(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenT
     before the objective starts. A handle made for a finished trial (the dashboard notes make such handles)
     runs nobody's work and is left as it is.
     """
-    import optuna
 
     with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
         study._storage.set_trial_user_attr(trial._trial_id, WORKER_ATTR, worker_stamp(trial.number))
@@ -80,7 +81,6 @@ def stamp_worker(study: optuna.Study, trial: optuna.Trial | optuna.trial.FrozenT
 
 @functools.cache
 def _owner_stamping_class() -> type:
-    import optuna
 
     class OwnerStampingSampler(optuna.samplers.BaseSampler):
         """``inner``, which also stamps each trial with its process as the trial is created (Optuna calls
@@ -131,8 +131,6 @@ def owner_stamping(sampler: optuna.samplers.BaseSampler | None) -> optuna.sample
     its missing heartbeat (:func:`fail_stale_trials`).
     """
     if sampler is None:
-        import optuna
-
         sampler = optuna.samplers.TPESampler()
     return _owner_stamping_class()(sampler)
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..tasks.scores import score_unit
 from ..use.explain import LayerAttribution, stored_explanation
 from .data import ReportStudy, method_labels, methods
@@ -34,12 +36,10 @@ class ExplainedTask:
     probe_layer: int | None
 
     def mean_drop(self) -> np.ndarray:
-        import numpy as np
 
         return np.asarray(self.attribution.ablation, dtype=float).mean(0)
 
     def mean_grad(self) -> np.ndarray:
-        import numpy as np
 
         return np.asarray(self.attribution.gradient_input, dtype=float).mean(0)
 
@@ -64,14 +64,12 @@ def explained_tasks(records: Sequence[ReportStudy]) -> dict[str, list[ExplainedT
 
 def layer_thirds(num_layers: int) -> list[list[int]]:
     """The layers split into a first, middle and last third (as equal as possible, earlier thirds larger)."""
-    import numpy as np
 
     return [part.tolist() for part in np.array_split(np.arange(num_layers), 3)]
 
 
 def _spread(item: ExplainedTask) -> np.ndarray:
     """Per layer, the standard deviation of the ablation drop over the seeds (zeros with one seed)."""
-    import numpy as np
 
     drops = np.asarray(item.attribution.ablation, dtype=float)
     return drops.std(0, ddof=1) if len(drops) > 1 else np.zeros(drops.shape[1])
@@ -95,7 +93,6 @@ def _task_sentence(item: ExplainedTask) -> str:
 
 def _thirds_shares(items: Sequence[ExplainedTask], values: str, num_layers: int) -> list[float] | None:
     """Mean over tasks of the share of the positive part of ``values`` ("drop" or "grad") per third, in %."""
-    import numpy as np
 
     shares = []
     for item in items:
@@ -144,14 +141,12 @@ def attribution_notes(records: Sequence[ReportStudy]) -> dict[str, list[str]]:
 
 def _normalised(rows: np.ndarray) -> np.ndarray:
     """Each row divided by its largest absolute value (rows of zeros stay zero)."""
-    import numpy as np
 
     peak = np.abs(rows).max(axis=1, keepdims=True)
     return np.divide(rows, peak, out=np.zeros_like(rows), where=peak > 0)
 
 
 def _heatmap(model: str, items: Sequence[ExplainedTask], path: Path) -> bool:
-    import numpy as np
 
     num_layers = items[0].attribution.num_layers
     items = [item for item in items if item.attribution.num_layers == num_layers]

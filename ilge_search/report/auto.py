@@ -15,9 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from ..encoders import encoder_specs
+from ..files import check_output_path, write_output_text
+from ..record import ensemble_record, leaderboard_record, study_record
+from ..storage import open_storage
+from ..study.auto import is_auto
+from ..study.identity import identity_name
+from ..study.leaderboard import export_choice
+from ..study.options import DEFAULT_ENSEMBLE
 from ..study.statistics import compare_problems, seeds_interval
-from .auto_times import time_section, timed_section
+from ..tasks.scores import score_unit
+from .auto_times import grid_description, time_section, timed_section
 from .document import Cell, Document
 from .tables import fmt
 
@@ -79,8 +89,6 @@ class _Reference:
 def _reference_of(summary: Any) -> _Reference | None:
     """A study's final scores and its ensemble of the default size where evaluated (else of the size it asked
     for): the size an auto study's ensemble has, so the two ensembles compare like for like."""
-    from ..record import ensemble_record, study_record
-    from ..study.options import DEFAULT_ENSEMBLE
 
     final = study_record(summary).final
     if final is None or not final.test_scores:
@@ -103,9 +111,6 @@ def _references(urls: Sequence[str]) -> dict[str, _Reference]:
     study of a registered task; a custom task's study name also holds its content's hash, which the identity
     does not); the first storage holding a name with an ensemble wins its ensemble, the first with final
     scores its scores."""
-    from ..record import study_record
-    from ..storage import open_storage
-    from ..study.identity import identity_name
 
     out: dict[str, _Reference] = {}
     for url in urls:
@@ -147,7 +152,6 @@ def _versus_ensemble(chosen: Any, seeds: list[int], reference: _Reference | None
 
 def _methods(identity: Any, references: dict[str, _Reference]) -> dict[str, _Reference | None]:
     """Each method's per-method study of the same problem and data setting, by the name a run gives it."""
-    from ..study.identity import identity_name
 
     return {
         method: references.get(identity_name(dataclasses.replace(identity, encoder=method, methods=None)))
@@ -158,9 +162,6 @@ def _methods(identity: Any, references: dict[str, _Reference]) -> dict[str, _Ref
 def _chosen(study: optuna.Study) -> tuple[Any, Any, Any, bool] | None:
     """An auto study's identity, leaderboard, the row of the model it exports and whether that is the ensemble
     (``None``: not an auto study, or no leaderboard yet)."""
-    from ..record import leaderboard_record, study_record
-    from ..study.auto import is_auto
-    from ..study.leaderboard import export_choice
 
     identity, board = study_record(study).identity, leaderboard_record(study)
     choice = export_choice(study)
@@ -172,7 +173,6 @@ def _chosen(study: optuna.Study) -> tuple[Any, Any, Any, bool] | None:
 
 def _auto_row(study: optuna.Study, references: dict[str, _Reference]) -> dict[str, object] | None:
     """One auto study's row (``None``: it has no leaderboard yet)."""
-    from ..tasks.scores import score_unit
 
     found = _chosen(study)
     if found is None:
@@ -215,9 +215,6 @@ def _auto_row(study: optuna.Study, references: dict[str, _Reference]) -> dict[st
 
 def auto_frame(auto_url: str, reference_urls: Sequence[str]) -> pd.DataFrame:
     """One row per auto study of ``auto_url`` with a leaderboard (:data:`AUTO_COLUMNS`, scores in points)."""
-    import pandas as pd
-
-    from ..storage import open_storage
 
     references = _references(reference_urls)
     storage = open_storage(auto_url, must_exist=True)
@@ -315,7 +312,6 @@ class AutoPage:
 
 def _sections(frame: pd.DataFrame, grids: Sequence[Path]) -> list[tuple[str, str, pd.DataFrame]]:
     """(title, paragraph, rows) per grid file, in order; rows no grid holds go last."""
-    from .auto_times import grid_description
 
     if not grids:
         return [("Problems", "", frame)]
@@ -353,7 +349,6 @@ def _write_section(doc: Document, title: str, paragraph: str, rows: pd.DataFrame
 def write_auto_page(page: AutoPage, stem: Path, *, force: bool = False) -> Path:
     """Write ``stem.md``: per grid the measurement table and its sentences, then where the time went and the
     runs under a time limit, under the output rule."""
-    from ..files import check_output_path, write_output_text
 
     path = check_output_path(stem.parent / f"{stem.name}.md", force=force, option="stem")
     frame = auto_frame(page.auto_url, page.reference_urls)

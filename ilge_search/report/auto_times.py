@@ -12,6 +12,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..record import run_times, study_record
+from ..storage import open_storage, sqlite_database
+from ..study.auto import is_auto
+from ..study.grid import load_sweep
+from ..tasks.core import get_task_spec
 from .document import Cell, Document, plural
 
 if TYPE_CHECKING:
@@ -59,8 +64,6 @@ def _data_sizes(entries: Sequence[Any], unit: str) -> str:
 def grid_description(path: Path) -> tuple[str, str, list[str]]:
     """A grid file's section: its title, a paragraph saying what it ran (models, tasks, data, budget, seeds,
     processes, methods) read from the file, and the names of its studies."""
-    from ..study.grid import load_sweep
-    from ..tasks.core import get_task_spec
 
     sweep = load_sweep(path)
     entries = sweep.entries
@@ -108,7 +111,6 @@ def study_times(study: Any) -> dict[str, Any]:
     """One study's times over all its recorded runs (seconds; ``None`` where not measured): before its search,
     the search, each stage of :data:`STAGES`, the whole runs, and how many runs; a study stored before runs
     recorded their times has its search span from the trials' stamps (``estimated``) and nothing else."""
-    from ..record import run_times
 
     runs = run_times(study)
     out: dict[str, Any] = {"runs": len(runs), "trials": len(study.trials), "estimated": not runs}
@@ -138,9 +140,6 @@ def _share(times: dict[str, Any]) -> float | None:
 
 def _auto_studies(url: str) -> list[tuple[Any, Any]]:
     """(identity, study) of every auto study of ``url``: sentence tasks first, by training size, model, task."""
-    from ..record import study_record
-    from ..storage import open_storage
-    from ..study.auto import is_auto
 
     storage = open_storage(url, must_exist=True)
     found = []
@@ -194,7 +193,6 @@ def time_section(doc: Document, url: str) -> None:
 
 def _timed_runs(url: str) -> list[tuple[Any, RunTimes]]:
     """(identity, run) for every run under a time limit of ``url``'s auto studies, oldest first."""
-    from ..record import run_times
 
     out: list[tuple[Any, RunTimes]] = []
     if _missing(url):
@@ -206,7 +204,6 @@ def _timed_runs(url: str) -> list[tuple[Any, RunTimes]]:
 
 def _missing(url: str) -> bool:
     """Whether ``url`` is a SQLite file that does not exist (yet)."""
-    from ..storage import sqlite_database
 
     database = sqlite_database(url)
     return database is not None and not Path(database).exists()
@@ -215,8 +212,6 @@ def _missing(url: str) -> bool:
 def has_timed_run(url: str, study_name: str) -> bool:
     """Whether the study ``study_name`` of ``url`` recorded a run under a time limit (a storage or study that does
     not exist: no)."""
-    from ..record import run_times
-    from ..storage import open_storage
 
     if _missing(url):
         return False

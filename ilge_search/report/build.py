@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from ..defaults.loto import stored_loto
 from ..defaults.shipping_check import attach_shipping_checks
 from ..defaults.transfer import stored_portfolios
@@ -192,7 +194,6 @@ def build_report(
         ValueError: ``out_dir`` is a file, cannot be made or written, or is a refused folder (without
             ``force``), the storage cannot be opened, or it holds no ilge-search study.
     """
-    import pandas as pd
 
     out = Path(out_dir) if out_dir is not None else default_report_dir(storage_url)
     previous = check_out_dir(out, storage_url, force)  # before reading: a refusal costs nothing, creates nothing

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..embeddings.models import MODELS, KnownModel
 from ..settings import registered_task_dir
 from ..tasks.core import TASKS, TaskError, TaskSpec, load_task
@@ -84,7 +86,6 @@ def task_catalog(data_dir: PathLike | None = None) -> pd.DataFrame:
     split sizes (sentences for a tagging task), and is ``offline``. Other tasks load from the
     Hugging Face hub, except those whose source is ``data dir only``.
     """
-    import pandas as pd
 
     task_log = logging.getLogger(load_task.__module__)
     quiet, task_log.disabled = task_log.disabled, True  # a listing does not repeat the data warnings of loading
@@ -107,7 +108,7 @@ def _offline_now(model: KnownModel) -> bool:
             return False
         locations = list(spec.submodule_search_locations or []) if spec is not None else []
         return any((Path(location) / model.offline.relative).exists() for location in locations)
-    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache  # heavy: the hub client only when asked
 
     try:
         return isinstance(try_to_load_from_cache(model.name, "config.json"), str)
@@ -121,7 +122,6 @@ def model_catalog() -> pd.DataFrame:
     ``layers`` is ``num_hidden_layers + 1`` (what ``num_layers_for`` returns); ``offline`` says whether it can be used
     without network access now (its offline package is installed, or its config is in the local Hugging Face cache).
     """
-    import pandas as pd
 
     rows: list[dict[str, object]] = []
     for model in MODELS:

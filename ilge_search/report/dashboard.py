@@ -23,6 +23,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore
+from optuna.artifacts.exceptions import ArtifactNotFound
+from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
+from optuna.study import StudyDirection
 
 from ..record import study_record
 from ..storage import Storage, artifact_dir_for, open_storage
@@ -57,7 +64,6 @@ class DirectoriesArtifactStore:
     """
 
     def __init__(self, directories: Sequence[PathLike]) -> None:
-        from optuna.artifacts import FileSystemArtifactStore
 
         if not directories:
             raise ValueError("DirectoriesArtifactStore needs at least one folder")
@@ -68,7 +74,6 @@ class DirectoriesArtifactStore:
         return f"{type(self).__name__}({[str(d) for d in self.directories]})"
 
     def open_reader(self, artifact_id: str) -> BinaryIO:
-        from optuna.artifacts.exceptions import ArtifactNotFound
 
         for store in self._stores:
             try:
@@ -82,7 +87,6 @@ class DirectoriesArtifactStore:
         self._stores[0].write(artifact_id, content_body)
 
     def remove(self, artifact_id: str) -> None:
-        from optuna.artifacts.exceptions import ArtifactNotFound
 
         for store in self._stores:
             try:
@@ -109,8 +113,6 @@ def dashboard_artifact_dirs(
         return [artifact_dir_for(storage_url, artifact_dir)]
     dirs = [artifact_dir_for(storage_url)]
     if storage is not None:
-        import optuna
-
         rdb = storage.rdb if isinstance(storage, Storage) else storage
         for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
             data = study_record(summary).data
@@ -131,7 +133,7 @@ def make_dashboard_app(storage: str | Storage | None = None, artifact_dir: PathL
     Serve the app with any WSGI server (gunicorn, waitress ...); :func:`serve_dashboard` uses a threaded ``wsgiref``
     server.
     """
-    from optuna_dashboard import wsgi
+    from optuna_dashboard import wsgi  # heavy: the dashboard only when served
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     store = DirectoriesArtifactStore(dashboard_artifact_dirs(opened.url, opened, artifact_dir))
@@ -170,7 +172,6 @@ def param_importances(storage: optuna.storages.BaseStorage, study_id: int) -> tu
     the PED-ANOVA importance of each parameter it can judge. Left out: a parameter with a regime (its trials
     where it is active, or where it is not) of fewer than 2 complete trials, which PED-ANOVA cannot judge; with
     no such parameter or at most one complete trial, the objective's list is empty (the page says so)."""
-    import optuna
 
     try:
         directions = storage.get_study_directions(study_id)
@@ -185,8 +186,6 @@ def param_importances(storage: optuna.storages.BaseStorage, study_id: int) -> tu
 def _objective_importances(
     study: optuna.Study, complete: list[optuna.trial.FrozenTrial], index: int, direction: optuna.study.StudyDirection
 ) -> list[dict[str, object]]:
-    from optuna.importance import PedAnovaImportanceEvaluator, get_param_importances
-    from optuna.study import StudyDirection
 
     sign = -1.0 if direction == StudyDirection.MAXIMIZE else 1.0  # PED-ANOVA ranks low targets first
 
@@ -279,7 +278,6 @@ def _check_address(host: str, port: int, allow_remote: bool) -> None:
 
 def _bind_server(host: str, port: int, log_requests: bool) -> WSGIServer:
     """A threading WSGI server listening on ``host:port``; resolution and bind errors become ``ValueError``."""
-    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]

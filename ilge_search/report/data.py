@@ -14,6 +14,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import optuna
+import pandas as pd
+from optuna.trial import TrialState
+
 from ..defaults.problems import open_existing_storage
 from ..encoders import report_labels, report_methods, tagger_families
 from ..record import FinalRecord, Identity, StudyRecord, TrialRecord, study_record, trial_record
@@ -149,8 +153,6 @@ def _trials_frame(study: optuna.Study) -> pd.DataFrame:
 
 def _mean_seconds(trials: list[optuna.trial.FrozenTrial], records: dict[int, TrialRecord]) -> float | None:
     """The mean wall time of the complete trials that recorded one."""
-    import pandas as pd
-    from optuna.trial import TrialState
 
     recorded = (records[t.number].seconds for t in trials if t.state == TrialState.COMPLETE)
     seconds = [value for value in recorded if value is not None and not math.isnan(value)]
@@ -158,8 +160,6 @@ def _mean_seconds(trials: list[optuna.trial.FrozenTrial], records: dict[int, Tri
 
 
 def _read_study(storage: Storage, summary: optuna.study.StudySummary) -> tuple[ReportStudy | None, str | None]:
-    import optuna
-    from optuna.trial import TrialState
 
     stored = study_record(summary)
     name = stored.name
@@ -209,7 +209,6 @@ def _read_study(storage: Storage, summary: optuna.study.StudySummary) -> tuple[R
 
 def collect_records(storage_url: str) -> tuple[list[ReportStudy], list[ReportStudy], list[str]]:
     """(studies used, duplicates not shown, reasons for the studies skipped) of a storage."""
-    import optuna
 
     storage = open_existing_storage(storage_url)
     records: list[ReportStudy] = []

@@ -27,7 +27,7 @@ from ..defaults.recommend import (
 from ..defaults.rule import RecommendedValue
 from ..encoders import builtin_start
 from ..files import check_output_path, write_output_text
-from ..tuning import load_recommended_defaults
+from ..tuning import RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
 from .document import MISSING, Cell, Document, plural
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .portfolio import portfolio_part
@@ -155,7 +155,6 @@ def _evidence_section(doc: Document, recommendation: Recommendation) -> None:
 
 def _read_from(target: Path | None) -> str:
     """Where ``recommended_config`` reads the values of a defaults file written to ``target``."""
-    from ..tuning import RECOMMENDED_DEFAULTS_PATH
 
     if target is None or Path(target).resolve() == RECOMMENDED_DEFAULTS_PATH.resolve():
         return "reads these values from `ilge_search/data/recommended_defaults.json`"

@@ -13,10 +13,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..files import check_output_path, write_output_text
 from ..record import EnsembleRecord, ensemble_record, study_record
+from ..storage import open_storage
 from ..study.statistics import Interval, problems_interval, seeds_interval, verdict_counts
 from ..tasks.scores import score_unit
+from .figures import figure_style, new_figure, save_figure
 
 if TYPE_CHECKING:
     import optuna
@@ -88,7 +92,6 @@ def _study_rows(name: str, stored: EnsembleRecord, attrs: optuna.Study) -> list[
 def ensemble_frame(studies: Iterable[optuna.Study]) -> pd.DataFrame:
     """One row per (study with an ensemble evaluation, ensemble size) as a ``pandas.DataFrame``, scores in
     points; ``studies`` are Optuna studies or summaries (anything with ``study_name`` and ``user_attrs``)."""
-    import pandas as pd
 
     rows: list[dict[str, object]] = []
     for study in studies:
@@ -192,7 +195,6 @@ def ensemble_sentences(frame: pd.DataFrame) -> list[str]:
 def draw_ensemble_figure(frame: pd.DataFrame, path: Path) -> bool:
     """Test score of the ensemble minus that of the selected trial against K, one line per study and their
     mean; whether anything was drawn."""
-    from .figures import figure_style, new_figure, save_figure
 
     if frame.empty:
         return False
@@ -222,7 +224,6 @@ def write_ensemble_page(storage_url: str, stem: Path, *, force: bool = False) ->
 
     Both paths obey the output rule (:func:`~ilge_search.files.check_output_path`) before the storage is read:
     an existing or git-tracked file is replaced only with ``force``."""
-    from ..storage import open_storage
 
     stem = Path(stem).expanduser()
     out = check_output_path(stem.parent / f"{stem.name}.md", force=force, option="stem")

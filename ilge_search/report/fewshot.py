@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..tasks.scores import score_unit
 from .data import ReportStudy, method_labels, methods
 from .document import MISSING, Cell, model_sentence, plural, slug
-from .figures import encoder_colors, new_figure, save_figure
+from .figures import encoder_colors, figure_style, new_figure, save_figure
 from .tables import CAYLEY_REFERENCES, cayley_minus
 
 if TYPE_CHECKING:
@@ -67,7 +69,6 @@ def _chosen_settings(curves: dict[tuple, list[ReportStudy]]) -> tuple[dict[tuple
 def fewshot_frame(records: Sequence[ReportStudy]) -> tuple[pd.DataFrame, list[str]]:
     """One row per (model, task, encoder, shots) of every few-shot curve (``shots`` NaN: the full point), in
     score units; and notes on the curves not drawn."""
-    import pandas as pd
 
     settings: dict[tuple, list[ReportStudy]] = {}
     for record in records:
@@ -224,7 +225,7 @@ def _plot_curve(ax: Axes, rows: pd.DataFrame, full_x: int, color: ColorType, lab
 
 def _label_shots_axis(ax: Axes, part: pd.DataFrame, shots: list[int], full_x: int) -> None:
     """A log-2 axis ticked at each shot count, plus a "full" tick (with the training size) where there is one."""
-    from matplotlib.ticker import FixedLocator, NullLocator
+    from matplotlib.ticker import FixedLocator, NullLocator  # heavy: matplotlib only for figures
 
     ax.set_xscale("log", base=2)
     full_rows = part[part["shots"].isna()]
@@ -239,7 +240,6 @@ def _label_shots_axis(ax: Axes, part: pd.DataFrame, shots: list[int], full_x: in
 
 def draw_fewshot_figures(frame: pd.DataFrame, fig_dir: Path) -> dict[tuple[str, str], str]:
     """One PNG per (model, task) curve: ``{(model, task): path relative to the report folder}``."""
-    from .figures import figure_style
 
     drawn: dict[tuple[str, str], str] = {}
     for (model, task), part in frame.groupby(["model", "task"], sort=False):

@@ -9,12 +9,17 @@ page shows them (:data:`DISPLAY_DPI`, :func:`display_width`) and saved at :data:
 from __future__ import annotations
 
 import math
+import textwrap
 import warnings
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+import optuna
+from optuna.trial import TrialState
+
+from ..progress import BarSpec, steps
 from ..tasks.scores import score_unit
 from .data import ReportStudy, method_labels, methods
 from .document import slug
@@ -81,8 +86,8 @@ def new_figure(width: float, height: float) -> Figure:
 
     No pyplot: the caller's backend is never changed.
     """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: matplotlib only for figures
+    from matplotlib.figure import Figure  # heavy: matplotlib only for figures
 
     figure = Figure(figsize=(width, height), dpi=DISPLAY_DPI, layout="constrained")
     FigureCanvasAgg(figure)
@@ -117,7 +122,6 @@ _TITLE_ROOM = 0.96  # of the figure's width: a margin so that anti-aliased glyph
 
 def _fit_text(text: Text, width: float, renderer: RendererBase) -> None:
     """Rewrap ``text`` to fewer characters per line, else shrink it, until it is at most ``width`` pixels wide."""
-    import textwrap
 
     for _ in range(12):  # each round narrows by the measured overshoot; a few rounds reach the width
         extent = text.get_window_extent(renderer).width
@@ -136,14 +140,14 @@ def _fit_text(text: Text, width: float, renderer: RendererBase) -> None:
 
 def figure_style() -> AbstractContextManager[None]:
     """Larger fonts inside the block (only while drawing; the caller's rcParams are restored)."""
-    from matplotlib import rc_context
+    from matplotlib import rc_context  # heavy: matplotlib only for figures
 
     return rc_context(_RC)
 
 
 def encoder_colors() -> dict[str, ColorType]:
     """One colour per encoder of :func:`~ilge_search.report.data.methods`, the same in every figure."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # heavy: matplotlib only for figures
 
     cmap = colormaps["tab10"]
     return {m: cmap(i) for i, m in enumerate(methods())}
@@ -197,7 +201,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
             label=f"chosen layer ({probe.chosen_layer})",
         )
     _best_trial_lines(ax, by_encoder, colors, scale)
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # heavy: matplotlib only for figures
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer (0 = embedding output)")
@@ -211,7 +215,7 @@ def _layer_figure(records: Sequence[ReportStudy], path: Path) -> bool:
 
 def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
     """One panel per encoder (shared y axis): complete trials as dots, the best so far as a line."""
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # heavy: matplotlib only for figures
 
     shown = [
         r
@@ -261,8 +265,6 @@ def _history_figure(records: Sequence[ReportStudy], path: Path) -> bool:
 
 def _importances(record: ReportStudy) -> tuple[dict[str, float], str | None]:
     """fANOVA importances over the parameters that vary among complete trials."""
-    import optuna
-    from optuna.trial import TrialState
 
     complete = record.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if len(complete) < 2:
@@ -317,7 +319,6 @@ def draw_figures(
 ) -> tuple[dict[tuple[str, str], dict[str, str]], dict[tuple[str, str], list[str]], list[dict[str, object]]]:
     """Per (model, task): the PNGs drawn (kind -> path relative to the report folder), notes on
     what could not be drawn, and one importance row per (study, parameter)."""
-    from ..progress import BarSpec, steps
 
     paths: dict[tuple[str, str], dict[str, str]] = {}
     notes: dict[tuple[str, str], list[str]] = {}

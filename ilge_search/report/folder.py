@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import sqlalchemy
+
 from .._version import __version__
 from ..files import check_output_folder, git_tracked, write_output_text
 from ..storage import hide_password, sqlite_database
@@ -38,7 +40,6 @@ def default_report_dir(storage_url: str) -> Path:
     database = sqlite_database(storage_url)
     if database is not None:
         return database.parent / f"{database.stem}-report"
-    import sqlalchemy
 
     try:
         parsed = sqlalchemy.engine.make_url(storage_url)

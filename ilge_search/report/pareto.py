@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..record import FrontMember, trial_record
-from ..study.objectives import pareto_front
+from ..study.objectives import complete_trials, pareto_front
 from ..tasks.scores import score_unit
 from .data import ReportStudy, method_labels, methods
 from .document import MISSING, Cell, plural, slug
@@ -99,7 +99,6 @@ def _front_records(record: ReportStudy) -> list[tuple[FrontMember, int]]:
 
 def _search_front(record: ReportStudy) -> list[tuple[optuna.trial.FrozenTrial, int]]:
     """The complete trials' front on (score, parameters), with each trial's parameters, fewest first."""
-    from ..study.objectives import complete_trials
 
     directions = ["maximize" if record.maximize else "minimize", "minimize"]
     front = pareto_front(complete_trials(record.study), directions, ("score", "params"))
@@ -117,7 +116,6 @@ class _Series:
 
 
 def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline], path: Path) -> bool:
-    from ..study.objectives import complete_trials
 
     if not any(complete_trials(r.study) for r in studies):
         return False
@@ -144,7 +142,6 @@ def _pareto_figure(studies: Sequence[ReportStudy], baselines: Sequence[_Baseline
 
 def _plot_search(search: Axes, record: ReportStudy, series: _Series) -> None:
     """Every sized complete trial of the search, and the search's front as a step line."""
-    from ..study.objectives import complete_trials
 
     complete = complete_trials(record.study)
     sizes = {t.number: size for t in complete if (size := trial_record(t).params)}

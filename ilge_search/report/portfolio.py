@@ -7,13 +7,19 @@ left-out checks; :func:`portfolio_part` is what the results report and the defau
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..defaults.choice import normalise
-from ..defaults.transfer import METHODS, HeldOut, held_out_evidence
-from .document import Cell, Document, plural
+from ..defaults.shipping_check import ShippingEvidence, shipping_evidence
+from ..defaults.transfer import METHODS, HeldOut, held_out_evidence, portfolio, stored_portfolio
+from ..encoders import report_labels
+from ..files import check_output_path
+from .document import Cell, Document, plural, slug
 from .figures import figure_style, new_figure, save_figure
 from .tables import fmt
 
@@ -71,7 +77,6 @@ def _mark(result: PortfolioResult, index: int) -> str:
 def draw_matrix(result: PortfolioResult, path: Path) -> Path:
     """The normalised validation matrix of a :class:`~ilge_search.defaults.portfolio.PortfolioResult` as a
     heatmap at ``path`` (PNG); missing cells are blank."""
-    import numpy as np
 
     normalised = normalise(result.matrix.validation, [p.maximize for p in result.problems])
     rows, columns = normalised.shape
@@ -235,7 +240,6 @@ def portfolio_part(
     """One stored matrix in ``doc``: a heading, the note, the heatmap (``image``: caption -> path; ``widths`` as
     :meth:`~ilge_search.report.document.Document.images` takes them), the matrix table, the choice, and the
     left-out tables when there are left-out rows."""
-    from .document import slug
 
     request = result.request
     key = slug(request.family, request.bucket)
@@ -314,7 +318,6 @@ def _table_lines(result: PortfolioResult) -> list[str]:
 def portfolio_text(result: PortfolioResult, fmt: str, *, dry_run: bool = False) -> str:
     """What ``ilge-search portfolio`` prints for ``result``: a dry run's plan, or the matrix as ``fmt``
     (``csv``: one row per candidate; ``json``: the result with its held-out check; else the table)."""
-    import json
 
     if dry_run:
         minutes = (result.estimated_seconds or 0) / 60
@@ -355,12 +358,9 @@ PORTFOLIO_RUN_OPTIONS = tuple(name for name in PortfolioRun.__dataclass_fields__
 
 def run_portfolio(storage: str, request: PortfolioRequest, setup: TrainingSetup, run: PortfolioRun) -> str:
     """Train what the matrix misses (none on a dry run), draw ``run.plot``, and return the text to print."""
-    from ..defaults.transfer import portfolio
 
     drawn = run.plot if run.plot and not run.dry_run else None
     if drawn:  # before any training: a refused --plot costs nothing
-        from ..files import check_output_path
-
         check_output_path(drawn, force=run.force, option="--plot")
     result = portfolio(storage, request, setup, workers=run.workers, dry_run=run.dry_run, check=run.check)
     if drawn:
@@ -395,7 +395,6 @@ def shipping_check_sentences(check: ShippingCheck) -> list[str]:
 
 def shipping_check_part(doc: Document, check: ShippingCheck, *, level: int = 4) -> None:
     """The shipping check in ``doc``: a heading, the note, how it was made, and its left-out tables."""
-    from .document import slug
 
     key = slug(check.result.request.family, check.result.request.bucket)
     doc.heading(level, f"In the setting that ships: {check.epochs} epochs", anchor=f"portfolio-{key}-shipping")
@@ -422,9 +421,6 @@ def shipping_check_part(doc: Document, check: ShippingCheck, *, level: int = 4) 
 def shipping_check_text(check: ShippingCheck, fmt: str, *, dry_run: bool = False) -> str:
     """What ``ilge-search shipping-check`` prints: a dry run's plan, the check as JSON, its held-out rows as CSV, or
     its tables, verdicts and the shipping rule's sentence (once every cell is stored)."""
-    import json
-
-    from ..defaults.shipping_check import ShippingEvidence
 
     if dry_run:
         minutes = (check.estimated_seconds or 0) / 60
@@ -489,9 +485,6 @@ def statistics_table(storage_url: str, family: str = "cayley", bucket: str = "sm
     Raises:
         ValueError: no such matrix in the storage.
     """
-    from ..defaults.shipping_check import shipping_evidence
-    from ..defaults.transfer import stored_portfolio
-    from ..encoders import report_labels
 
     result = stored_portfolio(storage_url, family, bucket)
     if result is None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..study.protocol import MTEB_N_EXPERIMENTS, MTEB_VERSION
 from .data import PAPER_SUFFIX
 from .document import MISSING, Cell, model_sentence, plural
@@ -115,7 +117,6 @@ def _effect_row(part: pd.DataFrame, model: str, task: str) -> dict[str, object] 
 def protocol_effect_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, task) measured under both protocols (for the last layer or Cayley), columns
     :data:`EFFECT_COLUMNS`, in score units; ``frame`` is :func:`~ilge_search.report.tables.results_frame`'s."""
-    import pandas as pd
 
     rows: list[dict[str, object]] = []
     if frame.empty:

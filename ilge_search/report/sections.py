@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
+from ..defaults.problems import open_existing_storage
+from ..record import study_record
+from ..study.auto import is_auto
+from ..study.stages import registered_stages
 from .attributions import draw_attribution_figures
 from .data import ReportStudy, method_labels, methods
 from .document import Cell, Document, slug
@@ -492,8 +498,6 @@ class TokenTables(Section):
 def auto_studies(summaries: Sequence[Any]) -> list[str]:
     """The names of the auto studies among ``summaries`` (the tables leave them out; their leaderboards are a
     stage's section)."""
-    from ..record import study_record
-    from ..study.auto import is_auto
 
     identities = ((s.study_name, study_record(s).identity) for s in summaries)
     return [name for name, identity in identities if identity is not None and is_auto(identity.encoder)]
@@ -502,9 +506,6 @@ def auto_studies(summaries: Sequence[Any]) -> list[str]:
 def outside_the_tables(storage_url: str, shown: Sequence[ReportStudy]) -> list[Any]:
     """The storage's studies other than ``shown`` (an auto study's method is no table column), as summaries:
     a stage's section may still show them."""
-    import optuna
-
-    from ..defaults.problems import open_existing_storage
 
     names = {r.name for r in shown}
     summaries = optuna.get_all_study_summaries(open_existing_storage(storage_url).rdb, include_best_trial=False)
@@ -516,7 +517,6 @@ class StageParts(Section):
     in the stages' order; the built-in stages have their own sections above."""
 
     def _parts(self, data: ReportData) -> list[StagePart]:
-        from ..study.stages import registered_stages
 
         studies = [r.study for r in data.every] + data.outside
         parts = (stage.report_part(studies) for stage in registered_stages())

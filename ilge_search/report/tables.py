@@ -13,6 +13,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..embeddings.models import model_num_params
 from ..record import Identity
 from ..tasks.scores import score_unit
@@ -86,7 +88,6 @@ def model_order(models: Iterable[str]) -> list[str]:
 
 def results_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     """The long table: one row per (model, task, encoder), columns :data:`RESULT_COLUMNS`."""
-    import pandas as pd
 
     rows: list[dict[str, object]] = []
     for r in records:
@@ -224,7 +225,6 @@ def full_data(frame: pd.DataFrame) -> pd.DataFrame:
 def summary_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (model, protocol, encoder): tasks with a score, mean score, mean gain, wins and mean rank
     (the protocols are never averaged together; few-shot rows are not tasks of their own)."""
-    import pandas as pd
 
     rows = []
     frame = full_data(frame)
@@ -470,7 +470,6 @@ def selection_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     """One row per (study, rule) of every study evaluated under more than one selection rule
     (``final_by_rule``), in score units (columns :data:`SELECTION_COLUMNS`). A study evaluated under one rule
     only compares nothing, so it is left out (the list of studies shows its rule)."""
-    import pandas as pd
 
     rows = []
     for r in records:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..encoders import report_labels, report_methods
 from .data import ReportStudy
 from .document import MISSING, Cell
@@ -93,7 +95,6 @@ def _macro_f1(record: ReportStudy) -> tuple[float, float]:
 def tokens_frame(records: Sequence[ReportStudy]) -> pd.DataFrame:
     """One row per tagging study with a final evaluation: token accuracy and macro-F1 in % (columns
     :data:`TOKEN_COLUMNS`)."""
-    import pandas as pd
 
     rows = []
     for r in records:

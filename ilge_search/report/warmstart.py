@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from optuna.trial import TrialState
+
 from ..encoders import encoder_families
 from ..files import check_output_path, write_output_text
 from ..record import StudyRecord, study_record, trial_record, warm_start_record
+from ..storage import open_storage
 from ..study.statistics import problems_interval, seeds_interval
 from ..tasks.scores import score_unit
 from .document import plural
@@ -96,7 +99,6 @@ def _eligible(record: StudyRecord) -> bool:
 def _trial_numbers(study: optuna.Study) -> tuple[float | None, int | None, int]:
     """(the start's validation value, trials after the start until one scored at least that, finished trials)
     of a study, from its trials in number order."""
-    from optuna.trial import TrialState
 
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -171,7 +173,6 @@ def _row(study: optuna.Study, record: StudyRecord, best_layer: float | None) -> 
 def warmstart_rows(storage_urls: str | Sequence[str]) -> list[WarmRow]:
     """Every eligible search of an ILGE family in ``storage_urls`` (see the module docstring), sorted by encoder,
     model, task, training texts, trials and warm start; the best single layer looked up in every storage."""
-    from ..storage import open_storage
 
     urls = [storage_urls] if isinstance(storage_urls, str) else list(storage_urls)
     storages = [open_storage(url, must_exist=True) for url in urls]

@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 
 from ..encoders import config_classes, encoder_specs
 from ..record import trial_record
+from ..tuning import suggest_config
 
 if TYPE_CHECKING:
     import optuna
@@ -127,7 +128,6 @@ class _Prefixed:
 
 def suggest_auto(trial: Any, methods: Sequence[str]) -> Any:
     """Sample (or, from a finished trial, rebuild) an auto study's config: the method, then its own space."""
-    from ..tuning import suggest_config
 
     method = trial.suggest_categorical(METHOD_PARAM, list(methods))
     return suggest_config(_Prefixed(trial, method), method)
@@ -135,7 +135,6 @@ def suggest_auto(trial: Any, methods: Sequence[str]) -> Any:
 
 def suggest_study_config(trial: Any, encoder: str, methods: Sequence[str] | None) -> Any:
     """The config a trial of ``encoder``'s study runs: the family's own space, or for ``auto`` the method first."""
-    from ..tuning import suggest_config
 
     if is_auto(encoder):
         if not methods:

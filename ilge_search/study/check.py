@@ -9,15 +9,32 @@ with the same message.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy
+
+from ..embeddings.models import known_model, resolve_model
+from ..embeddings.weights import weights_memo_read_only
+from ..encoders import encoder_families
+from ..files import check_can_create
 from ..record import study_record
 from ..settings import default_storage_url
-from ..storage import Storage, artifact_dir_for, open_storage, sqlite_database
+from ..storage import (
+    Storage,
+    artifact_dir_for,
+    check_storage_url,
+    check_storage_writable,
+    hide_password,
+    open_storage,
+    sqlite_database,
+)
+from ..tasks.core import load_task
+from ..tuning import effective_recommended_defaults
 from .auto import is_auto
 from .data import DataSpec, expected_cache_keys, load_task_data
 from .folds import check_cv
@@ -35,6 +52,7 @@ from .limits import check_data_limits, warn_too_few_for_intervals
 from .options import StudyOptions, check_study_name
 from .planned import PlannedStudy
 from .tokens import check_tagging_options
+from .trial import warm_start_params
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..embeddings.models import ModelSource
@@ -77,7 +95,6 @@ class RunCheck:
 
 def missing_sqlite_file(url: str) -> bool:
     """Whether ``url`` is a SQLite file that does not exist (a dry run must not create it)."""
-    import sqlalchemy
 
     try:
         parsed = sqlalchemy.engine.make_url(url)
@@ -93,7 +110,6 @@ def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_r
     yet (nothing in it can conflict), else opened for reading. A writer's SQLite folder and file are checked
     first, so an unwritable storage is refused before the rest. An in-memory SQLite is opened once, for
     writing: a second opening would be another database, and it leaves nothing on disk."""
-    from ..storage import check_storage_writable
 
     if isinstance(storage, Storage):
         if options.runtime.artifact_dir is not None:
@@ -112,7 +128,6 @@ def _open_for_checks(storage: str | Storage | None, options: StudyOptions, dry_r
 
 
 def _is_sqlite(url: str) -> bool:
-    import sqlalchemy
 
     return bool(sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite")
 
@@ -132,7 +147,6 @@ def open_for_writing(url: str | None, options: StudyOptions) -> Storage:
 def _check_storage_use(opened: Storage | None, url: str, options: StudyOptions, dry_run: bool) -> None:
     """Worker processes need a storage each can open; a run with final seeds needs an artifact folder it can
     make (made only when the first weights are stored)."""
-    from ..files import check_can_create
 
     if options.runtime.workers > 1 and opened is not None and opened.is_in_memory:
         raise ValueError("workers > 1 need a storage every process can open; an in-memory SQLite is not one")
@@ -152,7 +166,6 @@ def _writer(storage: str | Storage | None, checked: Storage | None, options: Stu
 def _checked_task(task: str, spec: DataSpec, options: StudyOptions) -> tuple[TaskData, TaskData]:
     """The task as read and as the study uses it (after ``--shots`` and the caps), with every setting checked
     against it (:func:`~.limits.check_data_limits`)."""
-    from ..tasks.core import load_task
 
     loaded = load_task(spec.task, spec.data_dir, columns=spec.task_columns())
     task_data = load_task_data(spec, loaded)
@@ -200,7 +213,6 @@ def check_run(
             :class:`~ilge_search.storage.StorageError`,
             :class:`~ilge_search.study.StudyConflictError`.
     """
-    from ..storage import hide_password
 
     model, task = str(model), str(task)
     inputs = _checked_inputs(model, task, encoders, storage, options)
@@ -247,10 +259,6 @@ def _checked_inputs(
     named = resolve_encoders(encoders, tagging=True)  # checked before the storage or the task is read
     if options.search.study_name is not None and len(named) > 1:
         raise ValueError("study_name names one study; give exactly one encoder with it, or drop it")
-    from ..embeddings.models import resolve_model
-    from ..embeddings.weights import weights_memo_read_only
-    from ..storage import check_storage_url
-    from ..tuning import effective_recommended_defaults
 
     effective_recommended_defaults()  # the shipped and the user's defaults files, each value checked
     if isinstance(storage, str):  # a bad URL is told before the data is read
@@ -346,7 +354,6 @@ def _warn_methods_in_another_order(opened: Storage, planned: PlannedStudy) -> No
 def _config_hidden_size(model_path: str | Path) -> int | None:
     """A local model folder's hidden size, read from its ``config.json`` as plain JSON (nothing loaded or
     written); ``None`` for a hub id or a config that does not say."""
-    import json
 
     try:
         value = json.loads((Path(str(model_path)).expanduser() / "config.json").read_text(encoding="utf-8"))
@@ -362,9 +369,6 @@ def _check_warm_start(
     """``--warm-start`` needs an ILGE family and a portfolio with ``count`` members. A model outside the table
     is bucketed by its config's hidden size; without one (a hub id), once its data is loaded, before its study
     is created."""
-    from ..embeddings.models import known_model
-    from ..encoders import encoder_families
-    from .trial import warm_start_params
 
     known = known_model(model)
     hidden = known.hidden_size if known else config_hidden

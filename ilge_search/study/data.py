@@ -11,8 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..embeddings.cache import EmbeddingCache, ExtractionSettings, load_task_embeddings
 from ..embeddings.models import ModelSource
+from ..embeddings.word_cache import WordEmbeddings, WordOptions, load_word_embeddings, word_entry_key
+from ..engine import evaluate
 from ..tasks.columns import TaskColumns
+from ..tasks.core import few_shot, load_task, subsample
 from .options import StudyOptions
 
 if TYPE_CHECKING:
@@ -109,7 +113,6 @@ class StudyData:
 
     def test_metrics(self, model: TrainedModel) -> dict[str, float]:
         """Every metric of the task for ``model`` (trained on this data) on the test split, by its own head."""
-        from ..engine import evaluate
 
         features, labels = self.test_split()
         return evaluate(model, features, labels, task_kind=self.task_kind)
@@ -118,7 +121,6 @@ class StudyData:
 def load_task_data(spec: DataSpec, loaded: TaskData | None = None) -> TaskData:
     """Load the task (or take ``loaded``, the task as read) and apply the data options (few-shot, caps);
     no model loads."""
-    from ..tasks.core import few_shot, load_task, subsample
 
     task_data = loaded if loaded is not None else load_task(spec.task, spec.data_dir, columns=spec.task_columns())
     if spec.shots is not None:
@@ -136,14 +138,11 @@ def load_task_data(spec: DataSpec, loaded: TaskData | None = None) -> TaskData:
 def expected_cache_keys(spec: DataSpec, task_data: TaskData, fingerprints: dict[str, str]) -> dict[str, str]:
     """The embedding-cache keys the study's splits will have (``fingerprints``: split -> content sha256),
     computed without reading or writing the cache; empty when the model is not resolved in ``spec``."""
-    from ..embeddings.cache import EmbeddingCache
 
     if spec.source is None:
         return {}
     cache = EmbeddingCache(spec.cache_dir)
     if task_data.kind == "tagging":
-        from ..embeddings.word_cache import WordOptions, word_entry_key
-
         options = WordOptions(word_pooling=spec.word_pooling, device="cpu")
         return {
             split: word_entry_key(cache, spec.source, (task_data.name, split, fingerprint), options)
@@ -172,13 +171,9 @@ def load_study_data(
     }
     embeddings: TaskEmbeddings | TaskWordEmbeddings
     if tagging:
-        from ..embeddings.word_cache import WordOptions, load_word_embeddings
-
         options = WordOptions(word_pooling=spec.word_pooling, device=spec.device)
         embeddings = load_word_embeddings(spec.model_or_source, task_data, options=options, **loaded)
     else:
-        from ..embeddings.cache import ExtractionSettings, load_task_embeddings
-
         settings = ExtractionSettings(device=spec.device)
         embeddings = load_task_embeddings(spec.model_or_source, task_data, settings=settings, **loaded)
     by_split = embeddings.splits
@@ -206,7 +201,6 @@ def load_study_data(
 
 def _rows(split: CachedEmbeddings | WordEmbeddings) -> int:
     """Texts of a split, or sentences of a word split (a word entry is a cached entry with offsets)."""
-    from ..embeddings.word_cache import WordEmbeddings
 
     return int(split.num_sentences if isinstance(split, WordEmbeddings) else split.labels.shape[0])
 
@@ -217,7 +211,6 @@ def load_zero_shot_data(spec: DataSpec, task_names: list[str], *, progress: bool
     Each task is loaded without the study's training options (``shots``,
     ``max_train``); ``max_eval`` still applies.
     """
-    from ..embeddings.cache import ExtractionSettings, load_task_embeddings
 
     out: dict[str, Dataset] = {}
     for name in task_names:

@@ -20,15 +20,24 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optuna.artifacts import FileSystemArtifactStore, download_artifact
+from optuna.artifacts.exceptions import ArtifactNotFound
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
 from .._version import __version__
+from ..embeddings.models import resolve_device
 from ..encoders import config_from_dict
 from ..encoders.configs import BestLayerConfig, EncoderConfig
+from ..engine import build_model, build_tagger
+from ..engine.ensemble import build_ensemble
 from ..record import (
     DEFAULT_MAX_LENGTH,
     DEFAULT_TOKEN_POOLING,
     FinalRecord,
     SourceRecord,
     StudyRecord,
+    ensemble_record,
     source_record,
     study_record,
     trial_config,
@@ -113,7 +122,6 @@ class StudyModel:
 
     def model_on(self, device: str) -> torch.nn.Module:
         """The trained model on ``device`` (``auto`` resolved), in eval mode."""
-        from ..embeddings.models import resolve_device
 
         return self.model.to(resolve_device(device)).eval()
 
@@ -200,8 +208,6 @@ def _download(
     storage: Storage, study: optuna.Study, artifact_id: str, target: Path, artifact_dir: PathLike | None
 ) -> None:
     """Fetch one artifact from the first artifact store that has it."""
-    from optuna.artifacts import FileSystemArtifactStore, download_artifact
-    from optuna.artifacts.exceptions import ArtifactNotFound
 
     candidates = [Path(artifact_dir).expanduser()] if artifact_dir is not None else []
     candidates.append(storage.artifact_dir)
@@ -230,15 +236,12 @@ def _from_artifacts(
     storage: Storage, study: optuna.Study, artifact_dir: PathLike | None, ids: dict[str, str]
 ) -> tuple[ILGEModel | TaggerModel, Attrs]:
     """A final evaluation's model (``ids``: its weights + config JSON artifacts) and its recorded metadata."""
-    from ..engine import build_model
 
     retrain = "; pass --retrain to train the best trial again"
     meta, state = _read_artifacts(ArtifactPlace(storage, study, artifact_dir), ids, "final", retrain)
     config = config_from_dict(meta["config"])
     score_range = meta.get("score_range")
     if meta["task_kind"] == "tagging":
-        from ..engine import build_tagger
-
         model: ILGEModel | TaggerModel = build_tagger(
             config, int(meta["num_layers"]), int(meta["hidden_size"]), int(meta["num_classes"])
         )
@@ -428,7 +431,6 @@ def load_study_ensemble(
     Raises:
         ValueError: no such study, no stored ensemble, or missing or damaged artifacts.
     """
-    from ..record import ensemble_record
 
     opened, study = _open_study(storage, study_name)
     stored = ensemble_record(study)
@@ -478,7 +480,6 @@ def _ensemble_artifacts(
     opened: Storage, study: optuna.Study, artifacts: dict[str, str], artifact_dir: PathLike | None
 ) -> tuple[EnsembleModel, Attrs]:
     """The stored ensemble's model with its weights, and its description (members, mix, seed, sizes)."""
-    from ..engine.ensemble import build_ensemble
 
     meta, state = _read_artifacts(ArtifactPlace(opened, study, artifact_dir), artifacts, "ensemble", "")
     try:
@@ -503,8 +504,6 @@ def _read_artifacts(
 ) -> tuple[Attrs, dict[str, torch.Tensor]]:
     """The JSON description and the weights of one stored model (``ids``: their artifact ids); an artifact
     that cannot be read is one line naming ``what`` they are, followed by ``hint``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     with tempfile.TemporaryDirectory(prefix="ilge-export-") as tmp:
         meta_path, weights_path = Path(tmp, "config.json"), Path(tmp, "model.safetensors")

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
+from optuna.artifacts import upload_artifact
+from safetensors.torch import save_file
+
 from .._version import __version__
+from ..engine import evaluate
+from ..progress import BarSpec, steps
 from ..record import (
     DEFAULT_PROTOCOL,
     FinalRecord,
@@ -44,6 +51,7 @@ from .limits import PAIRED_KINDS
 from .objectives import is_multi_objective, objective_values
 from .predictions import model_predictions, read_test_predictions, upload_test_predictions
 from .protocol import PaperProtocol, cosine_spearman, is_parameter_free, logistic_readout, paper_vectors
+from .retraining import train_seeds
 from .selection import (
     DEFAULT_FINAL_FRONT,
     DEFAULT_SELECT,
@@ -137,7 +145,6 @@ def _upload_artifacts(
     study: optuna.Study, run: _Retraining, config: EncoderConfig, best: _Best, trial: int
 ) -> dict[str, str]:
     """Upload the weights (safetensors) and a JSON of config, labels and provenance; their artifact ids."""
-    import torch
 
     model, seed, val_metric = best
     assert model is not None  # a final evaluation uploads only a trained model
@@ -167,8 +174,6 @@ def upload_weights(
 ) -> dict[str, str]:
     """Upload ``model``'s weights (safetensors) and ``meta`` (JSON), named ``files``, as artifacts of ``study``;
     their ids."""
-    from optuna.artifacts import upload_artifact
-    from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory(prefix="ilge-artifacts-") as tmp:
         weights, config = Path(tmp, files[0]), Path(tmp, files[1])
@@ -214,7 +219,6 @@ def _paper_readout(
 ) -> tuple[float, float, dict[str, float], list[float]]:
     """(test score, validation score, zero-shot scores, test score of each draw) of one final model, or of
     a parameter-free baseline's ``config`` untrained, under the paper protocol."""
-    import numpy as np
 
     def vectors(features: Features) -> np.ndarray:
         return paper_vectors(features, model=model, config=config)
@@ -241,9 +245,6 @@ def _paper_readout(
 def _retrain(config: EncoderConfig, run: _Retraining, *, label: str, zero_shot: ZeroShotData) -> _Scores:
     """Train ``config`` once per seed and score it on test (its head, or the paper protocol's readout);
     ``label`` names the progress bar."""
-    from ..engine import evaluate
-    from ..progress import BarSpec, steps
-    from .retraining import train_seeds
 
     data, readout, seeds = run.data, run.readout, run.seeds
     out = _Scores(zero_shot={name: [] for name in zero_shot})
@@ -316,7 +317,6 @@ def _upload_predictions(study: optuna.Study, run: _Retraining, top: _Scores, sta
     (``None``: nothing to store, or no artifact store)."""
     if not top.predictions or run.artifact_store is None:
         return None
-    import numpy as np
 
     arrays = {"truth": np.asarray(run.data.test_split()[1]), "selected": np.stack(top.predictions)}
     if start.predictions is not None and len(start.predictions) == len(top.predictions):

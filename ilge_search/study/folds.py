@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+
+from ..encoders.configs import BestLayerConfig
+from ..engine import select_best_layer, train_encoder
+from ..validation import check_int
 
 if TYPE_CHECKING:
     from ..encoders.configs import EncoderConfig
@@ -33,7 +38,6 @@ MAX_SCORE_BINS = 10  # quantile bins of the gold score that stratify a similarit
 
 def check_cv(cv: int | None, n_train: int | None = None) -> int | None:
     """``cv`` when it is ``None`` or a fold count from 2 up to ``n_train`` (when given)."""
-    from ..validation import check_int
 
     check_int("cv", cv, minimum=2, allow_none=True)
     if cv is not None and n_train is not None and cv > n_train:
@@ -91,7 +95,6 @@ class CVResult:
 
 
 def _split(data: Dataset, rows: np.ndarray) -> Dataset:
-    import torch
 
     index = torch.from_numpy(rows)
     return data[0][index], data[1][index]
@@ -158,8 +161,6 @@ def _train_fold(
     report: Callable[[int, float], None] | None,
 ) -> tuple[TrainResult, list[float] | None]:
     """Train on one fold's ``(train, validation)``: the result, and a best-layer config's score per layer."""
-    from ..encoders.configs import BestLayerConfig
-    from ..engine import select_best_layer, train_encoder
 
     fold_train, fold_val = data
     if config.family == "best-layer":

@@ -74,13 +74,14 @@ from typing import Any
 from ..encoders import encoder_families
 from ..files import read_text_utf8
 from ..record import WORD_POOLINGS, Identity
+from ..tasks.core import TaskError, get_task_spec, load_task
 from ..validation import check_int
 from .auto import auto_methods, is_auto, parse_methods
 from .folds import check_cv
 from .identity import default_study_name, encoder_choices, is_registered_task, resolve_encoders, task_label
 from .objectives import DEFAULT_OBJECTIVES, check_objectives
 from .options import GRID_OPTIONS, IDENTITY_OPTIONS, StudyOptions, TrialCount, option_default, option_flag
-from .protocol import DEFAULT_PROTOCOL, PROTOCOLS
+from .protocol import DEFAULT_PROTOCOL, PROTOCOLS, check_protocol
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -124,12 +125,8 @@ class SweepEntry(Identity):
         read to name it by its content, as the runner does)."""
         task = self.task
         if is_registered_task(task):
-            from ..tasks.core import get_task_spec
-
             tagging = get_task_spec(task).kind == "tagging"
         else:
-            from ..tasks.core import load_task
-
             loaded = load_task(task)
             task, tagging = task_label(task, loaded), loaded.kind == "tagging"
         identity = self.identity_options() | {"word_pooling": self.word_pooling if tagging else None}
@@ -278,7 +275,6 @@ def _protocols(where: str, value: object) -> list[str]:
 
 
 def _check_task_name(where: str, task: str) -> None:
-    from ..tasks.core import TaskError, get_task_spec
 
     try:
         get_task_spec(task)
@@ -309,11 +305,9 @@ def _shots(where: str, task: str, options: Mapping[str, object], raw: Mapping[st
         if shots in out:
             raise _fail(where, f"shots lists {item!r} twice")
         out.append(shots)
-    if any(s is not None for s in out) and is_registered_task(task):
-        from ..tasks.core import get_task_spec
-
-        if get_task_spec(task).kind != "classification":
-            raise _fail(where, f"shots needs a classification task; {task!r} is {get_task_spec(task).kind}")
+    needs_labels = any(s is not None for s in out) and is_registered_task(task)
+    if needs_labels and get_task_spec(task).kind != "classification":
+        raise _fail(where, f"shots needs a classification task; {task!r} is {get_task_spec(task).kind}")
     return out
 
 
@@ -329,8 +323,6 @@ def _methods(where: str, value: Any, task: str) -> tuple[str, ...] | None:
     names = _str_list(where, value, "methods")
     kind = None
     if is_registered_task(task):
-        from ..tasks.core import get_task_spec
-
         kind = get_task_spec(task).kind
     try:
         return auto_methods(parse_methods(names), tagging=None if kind is None else kind == "tagging", key="methods")
@@ -345,8 +337,6 @@ def _word_pooling(where: str, task: str, options: Mapping[str, object], raw: Map
     if value not in WORD_POOLINGS:
         raise _fail(where, f"word_pooling must be one of {list(WORD_POOLINGS)}, got {value!r}")
     if is_registered_task(task):
-        from ..tasks.core import get_task_spec
-
         kind = get_task_spec(task).kind
         if kind != "tagging":
             if options.get("word_pooling", "first") != "first":
@@ -470,7 +460,6 @@ def with_protocol(sweep: Sweep, protocol: str | None = None, samples_per_label: 
     Raises:
         ValueError: an unknown protocol, or ``samples_per_label`` without a paper study to apply to.
     """
-    from .protocol import check_protocol
 
     entries = list(sweep.entries)
     if protocol is not None:

@@ -24,6 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from optuna.trial import TrialState
+
 from .._version import __version__
 from ..encoders import all_families, tagger_families
 from ..record import (
@@ -49,6 +52,7 @@ from ..record import (
     upgrade_attrs,
 )
 from ..storage import Storage, quiet_optuna_warnings, requeue_trial
+from ..tasks.core import TASKS
 from .auto import AUTO, auto_methods, is_auto
 from .objectives import objective_directions, objective_metric_names, objective_suffix
 from .options import StudyOptions
@@ -106,7 +110,6 @@ def is_registered_task(task: str) -> bool:
     The rule of :func:`ilge_search.tasks.core.load_task`: a registered name, unless it
     is also an existing path written with a folder separator.
     """
-    from ..tasks.core import TASKS
 
     key = task.strip().lower().replace("-", "_")
     return key in TASKS and not (Path(task).expanduser().exists() and os.sep in task)
@@ -136,7 +139,6 @@ def adopt_renamed_task(storage: Storage, model: str, task: str, loaded: TaskData
     task is renamed back to it (with one log line), so the run resumes those studies and reuses their cache
     entries instead of starting over.
     """
-    import optuna
 
     digest = task_label(task, loaded).rsplit("@", 1)[1]
     prefix, marker = f"{model}:", f"@{digest}:"
@@ -517,7 +519,6 @@ def _open_study(
     storage: Storage, study_name: str, wanted: Identity, data: StudyData, setup: StudySetup
 ) -> tuple[optuna.Study, bool]:
     """The study created by this call (``True``), or the one another run made (``False``)."""
-    import optuna
 
     try:
         study = optuna.create_study(
@@ -564,7 +565,6 @@ def requeue_failed_recommended(study: optuna.Study, storage: Storage) -> int | N
     tries, as heartbeat retries). Returns the number of the re-queued trial's
     original, or ``None``.
     """
-    from optuna.trial import TrialState
 
     recommended = [t for t in study.get_trials(deepcopy=False) if trial_record(t).recommended]
     if not recommended or any(t.state != TrialState.FAIL for t in recommended):

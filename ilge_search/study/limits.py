@@ -17,7 +17,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .options import StudyOptions
+from .protocol import paper_samples_per_label
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..tasks.core import TaskData
@@ -59,7 +62,6 @@ def too_few_for_an_interval(test_rows: int | None, seeds: int, task_kind: str | 
 
 def _label_counts(task: TaskData) -> list[int]:
     """Training examples per label present (classification)."""
-    import numpy as np  # lazy: `ilge-search run --help` imports this module's package
 
     labels = np.asarray(task.split("train").labels)
     return [int(count) for count in np.bincount(labels) if count > 0] if labels.size else []
@@ -79,7 +81,6 @@ def _check_shots(options: StudyOptions, loaded: TaskData) -> None:
 
 
 def _check_samples_per_label(options: StudyOptions, task_name: str, used: TaskData) -> None:
-    from .protocol import paper_samples_per_label
 
     given = options.final.samples_per_label
     if options.final.protocol != "paper":

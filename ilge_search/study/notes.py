@@ -25,6 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import optuna
+from optuna.trial import TrialState
+
 from ..record import (
     EnsembleRecord,
     FinalRecord,
@@ -35,6 +38,7 @@ from ..record import (
     warm_start_record,
 )
 from ..storage import ENDED_STATES
+from .results import study_result
 
 if TYPE_CHECKING:
     import optuna
@@ -375,7 +379,6 @@ def ensemble_note_lines(ensemble: EnsembleRecord | None, metric: str) -> list[st
 def _note_target(study: optuna.Study, trial: optuna.Trial | FrozenTrial) -> optuna.Trial | types.SimpleNamespace:
     """What ``optuna_dashboard.save_note`` accepts for ``trial``: a live ``Trial`` as it is, a ``FrozenTrial`` as
     a stand-in with the attributes it reads (a live ``Trial`` for a finished one would consult the sampler)."""
-    import optuna
 
     if isinstance(trial, optuna.Trial):
         return trial
@@ -392,7 +395,7 @@ def write_trial_note(
     ``FrozenTrial``. Everything shown comes from the trial's record;
     ``metric`` defaults to the study's.
     """
-    from optuna_dashboard import save_note
+    from optuna_dashboard import save_note  # heavy: the dashboard only when served
 
     record = trial_record(trial)
     if state is None:
@@ -431,10 +434,9 @@ def write_live_note(trial: optuna.Trial, metric: str, state: str = "complete") -
 
 def write_study_note(study: optuna.Study) -> str:
     """Save (and return) the study's Markdown note: identity, best trial, final test scores."""
-    from optuna_dashboard import save_note
+    from optuna_dashboard import save_note  # heavy: the dashboard only when served
 
-    from .results import study_result
-    from .stages.registry import registered_stages
+    from .stages.registry import registered_stages  # cycle: the built-in stages use this module
 
     result = study_result(study)
     counts = TrialCounts(result.n_complete, result.n_pruned, result.n_failed, result.best_trial, result.best_value)
@@ -469,7 +471,6 @@ def write_notes(study: optuna.Study, *, overwrite: bool = False) -> int:
     ``overwrite=True`` rewrites every ended trial's note. Returns the number
     of trial notes written. Safe to run while workers add trials.
     """
-    from optuna.trial import TrialState
 
     ended = tuple(TrialState[name] for name in ENDED_STATES)
     system_attrs = study._storage.get_study_system_attrs(study._study_id)

@@ -16,6 +16,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+import torch
+from optuna.trial import TrialState
+
+from ..engine.tokens import as_word_set, predict_word_logits
 from ..record import DEFAULT_OBJECTIVES, TrialRecord, trial_record
 
 if TYPE_CHECKING:
@@ -133,7 +138,6 @@ def objective_values(trial: FrozenTrial, objectives: Sequence[str]) -> tuple[flo
 
 def complete_trials(study: optuna.Study) -> list[FrozenTrial]:
     """The study's complete trials with finite values."""
-    from optuna.trial import TrialState
 
     return [
         t
@@ -203,7 +207,6 @@ def measure_latency(
     of ``batch_size`` (eval mode, no gradients, synchronised on CUDA) give the
     median, scaled to 1,000 samples.
     """
-    import torch
 
     if device is None:
         device = next(model.parameters()).device
@@ -237,10 +240,6 @@ def measure_latency(
 def _tagging_latency(model: Any, words: Features, device: str | torch.device, repeats: int) -> float:
     """A tagger's forward time in milliseconds per :data:`LATENCY_SAMPLES` words, timed on the first
     sentences of ``words`` (a word entry, or ``(word features, sentence offsets)``) holding that many words."""
-    import numpy as np
-    import torch
-
-    from ..engine.tokens import as_word_set, predict_word_logits
 
     full = as_word_set(words, None, "latency")
     count = max(1, int(np.searchsorted(full.offsets, LATENCY_SAMPLES, side="right")) - 1)

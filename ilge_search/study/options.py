@@ -27,6 +27,11 @@ from typing import Any
 from ..record import DEFAULT_PROTOCOL, IDENTITY_KEYS, PROTOCOLS, WORD_POOLINGS
 from ..tuning import PRUNERS, SAMPLERS
 from ..validation import check_choice, check_int, check_positive_number, usable_cpus
+from .auto import parse_methods
+from .budget import parse_duration
+from .folds import check_cv
+from .objectives import check_objectives
+from .protocol import check_protocol
 from .selection import DEFAULT_FINAL_FRONT, DEFAULT_SELECT, SELECTION_RULES
 
 DEFAULT_ENSEMBLE = 5  # why five: docs/ensembles.md, "Measured"
@@ -226,10 +231,6 @@ class SearchOptions:
     )
 
     def __post_init__(self) -> None:
-        from .auto import parse_methods
-        from .budget import parse_duration
-        from .folds import check_cv  # lazy: numpy, which `ilge-search run --help` must not wait for
-        from .objectives import check_objectives
 
         object.__setattr__(self, "n_trials", _dict_of_counts("n_trials", self.n_trials, 0))
         object.__setattr__(self, "total_trials", _dict_of_counts("total_trials", self.total_trials, None))
@@ -404,7 +405,6 @@ class FinalOptions:
     )
 
     def __post_init__(self) -> None:
-        from .protocol import check_protocol  # lazy: numpy, which `ilge-search run --help` must not wait for
 
         check_int("final_seeds", self.seeds, minimum=0)
         check_choice("select", self.select, SELECTION_RULES)

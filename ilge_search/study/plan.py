@@ -16,20 +16,34 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import optuna
+import torch
+
+from ..embeddings.cache import EmbeddingCache
+from ..embeddings.extraction import LayerEmbedder
+from ..embeddings.models import conversion_bytes, known_model, pending_conversion, resolve_device
+from ..embeddings.weights import weights_memo_read_only
+from ..encoders.configs import BestLayerConfig
+from ..engine import TrainingRecipe, select_best_layer, train_encoder
+from ..files import format_bytes
 from ..record import StudyRecord, study_record
-from ..storage import Storage, finished_trial_count
+from ..storage import Storage, finished_trial_count, quiet_optuna_warnings
 from ..validation import usable_cpus
 from .auto import auto_methods, is_auto
 from .budget import StageCost, TimeSplit, TrialCosts
 from .check import PlannedStudy, RunCheck, check_run, missing_sqlite_file
+from .data import load_study_data
 from .options import StudyOptions
 from .stages import StageCosting, StudyFacts
 from .tokens import CALIBRATION_SENTENCES, calibration_counts, head, random_word_data, rows_of
+from .trial import recommended_params, suggest_capped
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..encoders.configs import EncoderConfig
@@ -245,7 +259,6 @@ def plan_run(
     Raises:
         ValueError: whatever ``run_study`` would refuse, with the same message.
     """
-    from ..embeddings.weights import weights_memo_read_only
 
     options = StudyOptions() if options is None else options
     with weights_memo_read_only():
@@ -312,10 +325,6 @@ def _stage_costs(facts: StudyFacts, seconds: float) -> list[StageCost]:
 
 def _first_config(encoder: str, check: RunCheck, hidden_size: int | None) -> EncoderConfig:
     """The configuration a new study runs as trial 0 (recommended, epochs capped)."""
-    import optuna
-
-    from ..storage import quiet_optuna_warnings
-    from .trial import recommended_params, suggest_capped
 
     if is_auto(encoder):  # an auto study starts with its first method's start
         encoder = auto_methods(check.options.search.methods, tagging=check.task_data.kind == "tagging")[0]
@@ -329,13 +338,11 @@ def _needed_splits(check: RunCheck) -> list[str]:
 
 
 def _cached_keys(check: RunCheck) -> set:
-    from ..embeddings.cache import EmbeddingCache
 
     return {entry.key for entry in EmbeddingCache(check.spec.cache_dir).ls()}
 
 
 def _dims(check: RunCheck) -> tuple[int, int, float]:
-    from ..embeddings.models import known_model
 
     known = known_model(check.model)
     if known is None:
@@ -375,7 +382,6 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
     needs is not cached, to time :data:`EXTRACTION_SAMPLE` texts.
     """
     options, spec = check.options, check.spec
-    from ..embeddings.models import resolve_device
 
     device = str(resolve_device(spec.device).type)
     splits = check.task_data.splits
@@ -408,7 +414,6 @@ def estimate_run(check: RunCheck, *, calibrate: bool = True) -> RunPlan:
 
 def _calibrate(check: RunCheck, plan: RunPlan, device: str) -> None:
     """Time each study's first config on a subset and fill in the plan's wall-time estimates."""
-    import torch
 
     options = check.options
     started = time.perf_counter()
@@ -459,16 +464,12 @@ def _estimate_study(
 def _calibration_data(check: RunCheck, plan: RunPlan, device: str) -> tuple[Dataset, Dataset, str]:
     """Training and validation examples to time epochs on: the cached features, or random ones of their
     shape after timing the extraction of a few texts (which sets ``plan.extraction_seconds``)."""
-    import numpy as np
-    import torch
 
     tagging = check.task_data.kind == "tagging"
     rows = calibration_counts(
         plan.split_sizes, min(plan.split_sizes["train"], CALIBRATION_SENTENCES if tagging else CALIBRATION_ROWS)
     )
     if plan.cached["train"] and plan.cached["validation"]:
-        from .data import load_study_data
-
         data = load_study_data(check.spec, with_test=False, progress=False, task_data=check.task_data)
         plan.num_layers, plan.hidden_size = data.num_layers, data.hidden_size
         train, validation = head(data.train, rows["train"]), head(data.validation, rows["validation"])
@@ -502,10 +503,6 @@ def _time_extraction(check: RunCheck, plan: RunPlan, device: str) -> tuple[int, 
     """Load the model, embed a seeded sample of the texts to embed; set ``plan.extraction_seconds``.
     Returns the model's layers and width. A GGUF model not converted yet is not loaded (that would write
     its converted folder): its extraction is estimated instead."""
-    import random
-
-    from ..embeddings.extraction import LayerEmbedder
-    from ..embeddings.models import pending_conversion
 
     if check.spec.source is not None and pending_conversion(check.spec.source):
         return _estimate_extraction(check, plan)
@@ -534,8 +531,6 @@ def _time_config(
     device: str,
 ) -> tuple[float, float]:
     """``(set-up seconds, seconds per epoch on the full splits)`` of one trial of ``config``."""
-    from ..encoders.configs import BestLayerConfig
-    from ..engine import TrainingRecipe, select_best_layer, train_encoder
 
     if plan.num_layers is None:  # _calibration_data sets it before any config is timed
         raise RuntimeError("the calibration data did not say how many layers the model has")
@@ -582,8 +577,6 @@ def _time_config(
 def _estimate_extraction(check: RunCheck, plan: RunPlan) -> tuple[int, int]:
     """The extraction of a model that cannot be loaded without writing, from the model table's size and the
     prior rate per parameter; says so in a note, with what the real run would write. Returns layers and width."""
-    from ..embeddings.models import conversion_bytes, known_model
-    from ..files import format_bytes
 
     assert check.spec.source is not None
     layers, width, params = _dims(check)

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
+from optuna.artifacts.exceptions import ArtifactNotFound
 
+from ..engine import predict_logits
 from .limits import MIN_TEST_ROWS
 from .statistics import METRICS, BootstrapSettings, Interval, paired_bootstrap
 
@@ -59,7 +62,6 @@ def predicted_labels(predictions: np.ndarray, task_kind: str) -> np.ndarray:
 
 def model_predictions(model: TrainedModel, features: Features) -> np.ndarray:
     """A trained model's predicted class ids ``(N,)`` or similarity scores ``(N,)`` on ``features``."""
-    from ..engine import predict_logits
 
     return predicted_labels(predict_logits(model, features).double().numpy(), model.task_kind)
 
@@ -82,7 +84,6 @@ def upload_test_predictions(
     artifact of ``study`` named ``file_name``; its artifact id (``None`` without an artifact store)."""
     if artifact_store is None:
         return None
-    from optuna.artifacts import upload_artifact
 
     with tempfile.TemporaryDirectory(prefix="ilge-predictions-") as tmp:
         path = Path(tmp, file_name)
@@ -97,8 +98,6 @@ def read_test_predictions(artifacts: Any, artifact_id: str | None) -> dict[str, 
     ``artifacts`` is the artifact folder or an artifact store."""
     if not artifact_id or artifacts is None:
         return None
-    from optuna.artifacts import FileSystemArtifactStore, download_artifact
-    from optuna.artifacts.exceptions import ArtifactNotFound
 
     where: Path | str = f"artifact {artifact_id}"
     if isinstance(artifacts, (str, Path)):

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+from scipy.stats import spearmanr
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score
+from sklearn.metrics.pairwise import paired_cosine_distances
 
+from ..encoders.aggregator import build_aggregator
 from ..record import DEFAULT_PROTOCOL, PROTOCOLS, Identity
 from ..validation import check_choice, check_int
 
@@ -175,8 +181,6 @@ def logistic_readout(
     Raises:
         ValueError: an undersample holds a single label (nothing to classify).
     """
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import accuracy_score
 
     vectors, labels = np.asarray(train[0]), np.asarray(train[1])
     scores: dict[str, list[float]] = {name: [] for name in evaluations}
@@ -193,8 +197,6 @@ def logistic_readout(
 
 def cosine_spearman(first: ArrayLike, second: ArrayLike, gold: ArrayLike) -> float:
     """MTEB's STS main score: Spearman correlation of the pairs' cosine similarity with the gold scores."""
-    from scipy.stats import spearmanr
-    from sklearn.metrics.pairwise import paired_cosine_distances
 
     cosine = 1 - paired_cosine_distances(np.asarray(first), np.asarray(second))
     return float(spearmanr(np.asarray(gold, dtype=np.float64), cosine)[0])
@@ -220,7 +222,6 @@ def paper_vectors(
     projected vectors whose cosine it was trained on. Or give the ``config`` of
     a parameter-free baseline: its readout of the raw features, untrained.
     """
-    import torch
 
     if (model is None) == (config is None):
         raise ValueError("give either a trained model or a parameter-free baseline's config")
@@ -236,8 +237,6 @@ def paper_vectors(
             z = model.embed(x.to(device))
             return model.head(z) if model.task_kind == "similarity" else z
     else:
-        from ..encoders.aggregator import build_aggregator
-
         assert config is not None  # checked above: a model or a config
         readout = build_aggregator(config, num_layers=flat.shape[1], hidden_in=flat.shape[2]).eval()
         was_training = False

@@ -7,6 +7,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+from optuna.trial import TrialState
+
 from ..record import (
     DEFAULT_PROTOCOL,
     EnsembleSize,
@@ -185,7 +188,6 @@ def _artifacts_of(storage: str | Storage) -> Any:
 def study_result(study: optuna.Study, storage: str | Storage = "") -> StudyResult:
     """A :class:`StudyResult` from a loaded ``optuna.Study``; ``storage`` (a URL or a
     :class:`~ilge_search.storage.Storage`) is recorded with its password hidden."""
-    from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     count = {state: sum(t.state == state for t in trials) for state in TrialState}
@@ -255,9 +257,7 @@ def list_studies(storage: str | Storage | None = None) -> pd.DataFrame:
     Raises:
         StorageError: the storage cannot be opened, or is a SQLite file that does not exist.
     """
-    import pandas as pd
-
-    from .stages.registry import registered_stages
+    from .stages.registry import registered_stages  # cycle: the built-in stages use this module
 
     opened = storage if isinstance(storage, Storage) else open_storage(storage, must_exist=True)
     rows = [_listing_row(opened, summary) for summary in opened.study_summaries()]
@@ -272,7 +272,7 @@ def list_studies(storage: str | Storage | None = None) -> pd.DataFrame:
 
 def _listing_row(opened: Storage, summary: Any) -> dict[str, Any]:
     """One row of :func:`list_studies`: a study's summary and record, with each study stage's columns."""
-    from .stages.registry import registered_stages
+    from .stages.registry import registered_stages  # cycle: the built-in stages use this module
 
     record = study_record(summary)
     identity, data, final = record.identity, record.data, record.final

@@ -17,8 +17,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from ..engine import ModelJob, can_batch, train_encoder, train_many
 from ..progress import BarSpec, steps
 from .data import StudyData
+from .stored import load_training_data
 
 if TYPE_CHECKING:
     import optuna
@@ -72,7 +76,6 @@ def train_seeds(
     ``bar`` counts the seeds; ``reuse`` (seed -> (model, seconds)) holds models already trained with this
     configuration, seed and data (they would train to the same weights), yielded instead of training again.
     """
-    from ..engine import can_batch
 
     seeds = list(seeds)
     reuse = reuse or {}
@@ -101,7 +104,6 @@ def train_configs(
     :func:`train_seeds`) those whose models share their shapes (seeds of one config, ensemble members that
     differ only in learning rate, weight decay, dropout or epochs) in one pass; ``reuse[i]`` holds config
     ``i``'s models already trained (see :func:`train_seeds`), ``bar`` counts the models."""
-    from ..engine import ModelJob, can_batch, train_many
 
     reuse = reuse or [{} for _ in configs]
     wanted = [(index, seed) for index, config in enumerate(configs) for seed in seeds if seed not in reuse[index]]
@@ -127,7 +129,6 @@ def train_configs(
 
 
 def _train_alone(data: StudyData, config: EncoderConfig, seed: int, device: str) -> TrainedSeed:
-    from ..engine import train_encoder
 
     started = time.perf_counter()
     result = train_encoder(
@@ -174,7 +175,6 @@ class TrainingSetup:
 
     def load_data(self, study: optuna.Study, *, with_test: bool, progress: bool = False) -> StudyData:
         """The arrays ``study`` was run on, rebuilt from its record (:func:`~.stored.load_training_data`)."""
-        from .stored import load_training_data
 
         return load_training_data(
             study,
@@ -189,7 +189,6 @@ class TrainingSetup:
     @contextmanager
     def torch_threads(self) -> Iterator[None]:
         """torch's CPU threads set to ``threads`` inside the block, restored afterwards."""
-        import torch
 
         previous = torch.get_num_threads()
         if self.threads is not None:

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from ..record import RunTimes, SourceRecord, WarmStartRecord, owner_stamping, save_run_times
+from ..settings import registered_task_dir
 from ..storage import (
     Storage,
     StorageError,
@@ -31,6 +34,8 @@ from ..storage import (
     finished_trial_count,
     storage_fault,
 )
+from ..tasks.core import get_task_spec
+from ..tuning import make_pruner, make_sampler, user_defaults_in_use
 from .auto import announce_waiting_starts, is_auto
 from .budget import TimeBudget, TimeSplit, study_deadline
 from .data import DataSpec, StudyData, load_study_data, load_zero_shot_data
@@ -103,8 +108,6 @@ def run_study(
     check = check_run(model, task, encoders, storage, options)
     _say_before_running(check)
 
-    import torch
-
     previous_threads = torch.get_num_threads()
     if options.runtime.threads is not None:
         torch.set_num_threads(options.runtime.threads)
@@ -165,8 +168,6 @@ def _say_before_running(check: RunCheck) -> None:
 def study_source(spec: DataSpec) -> SourceRecord:
     """Where ``spec``'s data comes from (the data folder as given and as used, a custom task's path as given,
     its columns) and the extraction settings every study uses: what the study records for later commands."""
-    from ..settings import registered_task_dir
-    from ..tasks.core import get_task_spec
 
     registered = is_registered_task(spec.task)
     used = registered_task_dir(get_task_spec(spec.task).local_name, spec.data_dir) if registered else None
@@ -181,7 +182,6 @@ def study_source(spec: DataSpec) -> SourceRecord:
 def _say_which_defaults() -> None:
     """One line when the starting configuration comes from a user defaults file, not the shipped one: two
     users running the same command would otherwise start different studies without knowing why."""
-    from ..tuning import user_defaults_in_use
 
     user = user_defaults_in_use()
     if user is not None:
@@ -284,7 +284,6 @@ class _SearchTimes:
 
 def _create_or_load(run: _RunData, planned: PlannedStudy) -> tuple[optuna.Study, bool]:
     """Step 3 of :func:`run_study`: the planned study created (its warm start enqueued) or loaded."""
-    from ..tuning import make_pruner, make_sampler
 
     storage, search, spec = run.storage, run.options.search, run.spec
     encoder, hidden, task = planned.encoder, run.data.hidden_size, planned.identity.task

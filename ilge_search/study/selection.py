@@ -15,7 +15,10 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
+from optuna.trial import TrialState
+
 from ..record import TrialRecord, study_record, trial_record
+from ..validation import check_choice
 from .objectives import best_score_trial, objective_directions, pareto_front, score_of
 
 if TYPE_CHECKING:
@@ -85,7 +88,6 @@ def standard_error(trial: FrozenTrial, metric: str, n_validation: int | None) ->
 
 
 def _complete(study: optuna.Study) -> list[FrozenTrial]:
-    from optuna.trial import TrialState
 
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
 
@@ -105,7 +107,6 @@ def select_trial(study: optuna.Study, rule: str) -> FrozenTrial:
     Raises:
         ValueError: an unknown rule, or no complete trial.
     """
-    from ..validation import check_choice
 
     check_choice("select", rule, SELECTION_RULES)
     trials = _complete(study)

@@ -3,15 +3,19 @@ and the trial its model comes from; what exporting, ensembles, retraining and ex
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from optuna.trial import TrialState
+
 from ..record import DataRecord, Identity, SourceRecord, StudyRecord, source_record, study_record, trial_record
 from ..storage import Storage
+from ..tasks.core import load_task
 from ..validation import check_int
-from .data import StudyData
+from .data import DataSpec, StudyData, load_study_data, load_task_data
 from .selection import DEFAULT_SELECT, FRONT_RULE, select_trial, study_front
 
 if TYPE_CHECKING:
@@ -101,10 +105,6 @@ def _data_location(
 def _custom_task(spec: DataSpec, identity: Identity) -> TaskData:
     """A custom task read from ``spec.task`` under the name the study knows it by (its folder may have been
     renamed since: the name is part of the cache keys), after the study's data options."""
-    import dataclasses
-
-    from ..tasks.core import load_task
-    from .data import load_task_data
 
     loaded = load_task(spec.task, None, columns=spec.task_columns())
     if identity.task and loaded.name != identity.task:
@@ -132,7 +132,6 @@ def load_training_data(
         ValueError: the recorded data is gone and no override says where it is, or the data (or the model's
             weights) differ from those the study stored cache keys for.
     """
-    from .data import DataSpec, load_study_data
 
     record = study_record(study)
     identity, stored = identity_of(record), data_of(record)
@@ -195,7 +194,6 @@ def chosen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     Raises:
         ValueError: no such trial, or one that is not complete (naming its state and the complete ones).
     """
-    from optuna.trial import TrialState
 
     check_int("trial", number, minimum=0)
     trials = study.get_trials(deepcopy=False)

@@ -10,13 +10,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from ..settings import default_storage_url
 from ..storage import Storage, finished_trial_count, open_storage
 from .check import open_for_writing
 from .final import final_is_current
 from .grid import Sweep, SweepEntry, SweepFilter, SweepOverrides, load_sweep, with_overrides
 from .options import StudyOptions
-from .plan import missing_sqlite_file
+from .plan import missing_sqlite_file, plan_run
 from .results import StudyResult, study_result
 from .runner import run_study
 
@@ -66,7 +68,6 @@ def plan_sweep(
     """One row per study: its name, protocol, budget, finished trials, trials still to run and
     whether its final evaluation (under the overrides' ``select``, else the grid's rule) is done (a
     ``pandas.DataFrame``)."""
-    import pandas as pd
 
     sweep = _prepared(sweep, overrides)
     options = sweep.study_options(**(overrides.run_options() if overrides else {}))
@@ -97,7 +98,6 @@ def estimate_sweep(
     """The :class:`~ilge_search.study.plan.RunPlan` of each ``run_study`` call the sweep would make (a dry
     run: nothing is created or written), with the trials each study still needs to reach its budget.
     Arguments as in :func:`run_sweep`."""
-    from .plan import plan_run
 
     sweep = _prepared(sweep, overrides)
     options = sweep.study_options(

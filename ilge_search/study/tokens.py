@@ -10,6 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
+from ..encoders import tagger_families
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine.core import Dataset
     from ..engine.metrics import ArrayLike
@@ -31,7 +36,6 @@ CALIBRATION_SENTENCES = 128  # training sentences a dry run times a tagging conf
 
 def check_tagging_options(task_data: TaskData, encoders: Sequence[str], options: StudyOptions) -> None:
     """What a tagging study cannot do, and the tagging-only encoders on other tasks: one line each."""
-    from ..encoders import tagger_families
 
     if task_data.kind != "tagging":
         wrong = [name for name in encoders if name in tagger_families()]
@@ -88,8 +92,6 @@ def random_word_data(
     task_data: TaskData, counts: Mapping[str, int], layers: int, width: int
 ) -> tuple[Dataset, Dataset]:
     """Random word vectors of the model's shape with the task's own sentence lengths, to time epochs on."""
-    import numpy as np
-    import torch
 
     generator = torch.Generator().manual_seed(0)
     parts = {}

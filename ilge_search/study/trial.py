@@ -18,9 +18,21 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..record import save_trial, save_trial_predictions, study_record, trial_config, trial_record
+import optuna
+import torch
+from optuna.artifacts import FileSystemArtifactStore
+
+from ..embeddings.models import model_size_bucket, resolve_device
+from ..encoders import encoder_families
+from ..encoders.configs import BestLayerConfig
+from ..engine import build_model, select_best_layer, train_encoder
+from ..engine.ensemble import predictions_of
+from ..record import save_trial, save_trial_predictions, study_record, trial_config, trial_record, warm_start_order
+from ..record.artifacts import upload_predictions
 from ..storage import quiet_optuna_warnings, storage_fault
-from .auto import is_auto
+from ..tuning import recommended_config, suggest_config
+from .auto import is_auto, method_params, suggest_study_config
+from .folds import cross_validate, stratified_folds
 from .notes import write_live_note
 from .objectives import measure_latency
 
@@ -55,7 +67,6 @@ def suggest_capped(
 ) -> EncoderConfig:
     """``suggest_config(trial, encoder)`` (for an auto study, over ``methods``:
     :func:`~ilge_search.study.auto.suggest_study_config`) with ``epochs`` capped at ``max_epochs``."""
-    from .auto import suggest_study_config
 
     config = suggest_study_config(trial, encoder, methods)
     if max_epochs is not None and config.epochs > max_epochs:
@@ -72,8 +83,6 @@ def recommended_params(encoder: str, hidden_size: int | None = None, model: str 
     what it asks for is what a study enqueues, so the first trial runs exactly
     the recommended configuration.
     """
-    from ..embeddings.models import model_size_bucket
-    from ..tuning import recommended_config
 
     # no model name: "" is in no table row, so the hidden size decides
     bucket = model_size_bucket("" if model is None else model, hidden_size)
@@ -85,7 +94,6 @@ def starting_params(
 ) -> list[dict[str, Any]]:
     """What a new study enqueues before the sampler takes over: its encoder's starting configuration, or for
     an auto study each method's, in the order of ``methods`` (the first is the study's recommended start)."""
-    from .auto import is_auto, method_params
 
     if not is_auto(encoder):
         return [recommended_params(encoder, hidden_size, model)]
@@ -94,9 +102,6 @@ def starting_params(
 
 def config_params(encoder: str, config: Mapping[str, object]) -> dict[str, object]:
     """A config dict as the Optuna params ``suggest_config`` asks for (what a study enqueues to train it)."""
-    import optuna
-
-    from ..tuning import suggest_config
 
     fixed = optuna.trial.FixedTrial({k: v for k, v in config.items() if k != "family"})
     with quiet_optuna_warnings():
@@ -117,11 +122,6 @@ def warm_start_params(
         ValueError: a baseline encoder, no portfolio with that many members, or a stored order chosen on
             ``task``'s own problems.
     """
-    import dataclasses
-
-    from ..embeddings.models import model_size_bucket
-    from ..encoders import encoder_families
-    from ..record import warm_start_order
 
     if encoder not in encoder_families():
         raise ValueError(
@@ -157,7 +157,6 @@ class TrialObjective:
 
     def folds(self, identity: Identity | None) -> list[np.ndarray] | None:
         """The study's folds (``None`` without ``cv``), computed once per process from its identity."""
-        from .folds import stratified_folds
 
         if identity is None or not identity.cv:
             return None
@@ -170,10 +169,6 @@ class TrialObjective:
         return self._folds[1]
 
     def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
-        import optuna
-
-        from ..encoders.configs import BestLayerConfig
-        from ..engine import select_best_layer, train_encoder
 
         data = self.data
         study = study_record(trial.study)
@@ -228,10 +223,6 @@ class TrialObjective:
     def _keep_predictions(self, trial: optuna.Trial, stored: DataRecord | None, model: TrainedModel) -> None:
         """Store the trained model's validation predictions (float16) for ensemble selection; a study
         without an artifact folder, or one that cannot be written, keeps none (they can be backfilled)."""
-        from optuna.artifacts import FileSystemArtifactStore
-
-        from ..engine.ensemble import predictions_of
-        from ..record.artifacts import upload_predictions
 
         folder = None if stored is None else stored.artifact_dir
         if not folder or model.task_kind not in ("classification", "similarity"):
@@ -253,8 +244,6 @@ class TrialObjective:
         self, trial: optuna.Trial, objectives: Sequence[str], score: float, params: int, model: TrainedModel | None
     ) -> float | tuple[float, ...]:
         """Record the latency, write the live note and return the trial's value(s), one per objective."""
-        from ..embeddings.models import resolve_device
-        from ..engine import build_model
 
         data = self.data
         if model is None:  # cross-validated: no single trained model; the forward time is the architecture's
@@ -278,7 +267,6 @@ class TrialObjective:
         report: Callable[[int, float], None],
         common: dict[str, Any],
     ) -> tuple[float, int]:
-        from .folds import cross_validate
 
         result = cross_validate(config, self.data.train, folds, report=report, **common)
         if result.layer is not None:
@@ -318,7 +306,6 @@ def quiet_interrupt_tracebacks() -> None:
 
 def catchable_errors() -> tuple[type, ...]:
     """Errors that fail one trial, not the study: a configuration too large for the accelerator."""
-    import torch
 
     oom = getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom,) if oom is not None else ()

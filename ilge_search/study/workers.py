@@ -28,6 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import optuna
+import torch
+
+from ..progress import BarSpec, new_bar
 from ..record import owner_stamping
 from ..storage import (
     ENDED_STATES,
@@ -38,6 +42,8 @@ from ..storage import (
     fail_own_running_trials,
     storage_fault,
 )
+from ..tasks.core import quiet_data_warnings
+from ..tuning import make_pruner, make_sampler
 from .auto import is_auto
 from .budget import TimeBudget
 from .data import DataSpec, load_study_data
@@ -181,11 +187,6 @@ def worker_main(job: WorkerJob, parent: int | None = None) -> None:
 
     ``parent``: the pid of the spawning process; the worker ends when it is gone.
     """
-    import optuna
-    import torch
-
-    from ..tasks.core import quiet_data_warnings
-    from ..tuning import make_pruner, make_sampler
 
     if parent is not None:
         _die_with_parent(parent)
@@ -231,7 +232,6 @@ def _optimize_in_workers(
     study: optuna.Study, jobs: list[WorkerJob], metric: str, progress: bool, total: int | None
 ) -> None:
     """Run ``jobs`` in spawned processes; show progress by polling the storage."""
-    from ..progress import BarSpec, new_bar
 
     baseline = count_trials(study, ENDED_STATES)
     context = multiprocessing.get_context("spawn")
@@ -283,7 +283,6 @@ def search_threads(options: StudyOptions) -> int:
     workers, or in-process the threads torch uses now."""
     if options.runtime.threads or options.runtime.workers > 1:
         return options.runtime.worker_threads()
-    import torch
 
     return torch.get_num_threads()
 
@@ -308,8 +307,6 @@ def optimize(
     count, budget = limit.count, limit.budget
     quiet_interrupt_tracebacks()
     if options.runtime.workers == 1:
-        from ..progress import BarSpec, new_bar
-
         with new_bar(BarSpec(study.study_name, count, "trial", enabled=options.runtime.progress)) as bar:
             progress: list[TrialCallback] = [_ProgressCallback(bar, data.metric), *callbacks]
             _optimize_here(study, encoder, data, spec.device, options, limit, progress)

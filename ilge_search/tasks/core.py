@@ -177,7 +177,7 @@ def _load_online(spec: TaskSpec, cols: Columns, val_fraction: float, seed: int) 
     if spec.hf_dataset is None:
         raise TaskError(f"task {spec.name!r} has no download source and no data dir. {offline_hint}")
     try:
-        import datasets
+        import datasets  # heavy: an optional dependency
     except ImportError as exc:
         raise TaskError(
             f"task {spec.name!r} has no data dir, and downloading {spec.hf_dataset!r} needs the "

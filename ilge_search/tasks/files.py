@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from ..files import iter_json_objects, read_text_utf8
 
 __all__ = [
@@ -38,8 +40,8 @@ def hub_unreachable() -> str | None:
 
     One request, no retry: ``datasets`` retries every file of a download 5 times with backoff (about 26 s
     on a machine without network) before its own error, so an unreachable hub is found here first."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
+    from huggingface_hub import constants  # heavy: the hub client only when asked
+    from huggingface_hub.utils import get_session  # heavy: the hub client only when asked
 
     if constants.HF_HUB_OFFLINE:
         return "HF_HUB_OFFLINE is set"
@@ -97,7 +99,6 @@ def _read_jsonl(path: Path) -> Table:
 
 
 def _read_with_pandas(path: Path) -> Table:
-    import pandas as pd
 
     suffix = path.suffix.lower()
     try:

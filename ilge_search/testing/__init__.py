@@ -14,6 +14,7 @@ from .cached import (
     split_features,
     write_split_embeddings,
 )
+from .encoder_contract import LayerEncoderContract
 from .portfolio import add_matrix_problems, store_matrix
 from .store import FakeTrial, add_study, classification_data, final_record, similarity_data
 from .synthetic import LayerSignal, classification_features, similarity_features
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     # the contract is a pytest class: a library user without pytest can import the other helpers
     if name == "LayerEncoderContract":
-        from .encoder_contract import LayerEncoderContract
-
         return LayerEncoderContract
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -24,10 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from safetensors.torch import save_file
 
+from ..embeddings import extraction
 from ..embeddings.cache import EmbeddingCache, ExtractionSettings, texts_fingerprint
 from ..embeddings.entry_file import STORAGE_DTYPES, EntryRecord
-from ..embeddings.models import ModelSource
+from ..embeddings.extraction import LayerEmbedder
+from ..embeddings.models import ModelSource, load_config
 from ..files import temp_name
 from ..study.data import DataSpec, load_task_data
 from ..tasks.core import TaskData
@@ -67,10 +71,7 @@ class EntryFormat:
 def refuse_model_loads() -> Iterator[None]:
     """Within this block any attempt to load a model or tokenizer raises ``AssertionError``: proof that the
     cache answered every lookup (the ``no_model_loads`` fixture of the tests is this block)."""
-    import transformers
-
-    from ..embeddings import extraction
-    from ..embeddings.extraction import LayerEmbedder
+    import transformers  # heavy: transformers loads in seconds
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a model or tokenizer was loaded")
@@ -97,7 +98,6 @@ def refuse_model_loads() -> Iterator[None]:
 
 def _model_shape(source: ModelSource, cache_dir: PathLike | None) -> tuple[int, int]:
     """(hidden states, hidden size) from the model's config, read without loading weights."""
-    from ..embeddings.models import load_config
 
     config = load_config(source, cache_dir)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -131,8 +131,6 @@ def _written_before(cache: EmbeddingCache, key: str, meta: dict) -> bool:
 
 def _write_entry(cache: EmbeddingCache, key: str, features: np.ndarray, labels: np.ndarray | None, meta: dict) -> None:
     """One committed entry: the safetensors file first, its JSON record (the commit marker) last."""
-    import torch
-    from safetensors.torch import save_file
 
     if _written_before(cache, key, meta):
         return

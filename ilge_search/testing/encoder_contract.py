@@ -21,7 +21,9 @@ import copy
 import pytest
 import torch
 
+from ..encoders.aggregator import build_aggregator
 from ..encoders.configs import EncoderConfig
+from ..nn import LayerEncoder
 
 
 class LayerEncoderContract:
@@ -35,7 +37,6 @@ class LayerEncoderContract:
         raise NotImplementedError
 
     def make_aggregator(self, num_layers: int | None = None, hidden_in: int | None = None):
-        from ..encoders.aggregator import build_aggregator
 
         return build_aggregator(self.make_config(), num_layers or self.num_layers, hidden_in or self.hidden_in)
 
@@ -46,7 +47,6 @@ class LayerEncoderContract:
     # --- the contract -------------------------------------------------------------------------------
 
     def test_output_shape_and_out_dim(self) -> None:
-        from ..nn import LayerEncoder
 
         agg = self.make_aggregator()
         assert isinstance(agg.encoder, LayerEncoder)

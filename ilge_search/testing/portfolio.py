@@ -28,6 +28,7 @@ from ..defaults.portfolio import (
 from ..defaults.transfer import held_out_cells, portfolio
 from ..record import WORKER_ATTR, CellScores, Identity, TrialRecord, claim_cell, finish_cell, worker_stamp
 from ..storage import open_storage
+from ..study.trial import config_params
 from .store import FakeTrial, add_study, classification_data, similarity_data
 
 __all__ = ["CellScore", "add_matrix_problems", "store_matrix"]
@@ -46,7 +47,6 @@ def add_matrix_problems(
 ) -> list[str]:
     """One study per (model, task) of ``trials``, whose complete trials are the given (config dict, validation
     score) pairs in order, the first marked as the starting configuration; the study names."""
-    from ..study.trial import config_params
 
     names = []
     for (model, task), configs in trials.items():

@@ -13,6 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
 from .tasks import VOCABULARY
 
 __all__ = ["TinyModelSpec", "write_tiny_model"]
@@ -37,8 +40,7 @@ class TinyModelSpec:
 
 
 def _tokenizer(spec: TinyModelSpec):
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # heavy: transformers loads in seconds
 
     vocab = {token: index for index, token in enumerate(_SPECIAL_TOKENS + tuple(VOCABULARY))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
@@ -60,8 +62,7 @@ def _tokenizer(spec: TinyModelSpec):
 def write_tiny_model(folder: str | os.PathLike[str], spec: TinyModelSpec | None = None) -> Path:
     """Save a random tiny BERT and its tokenizer to ``folder`` (created; it must not hold a model yet) and
     return the folder, which ``--model`` and every model argument accept."""
-    import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig, BertModel  # heavy: transformers loads in seconds
 
     spec = spec or TinyModelSpec()
     folder = Path(folder)

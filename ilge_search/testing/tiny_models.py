@@ -15,6 +15,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
@@ -33,7 +36,6 @@ CORPUS = [
 
 
 def _train_tokenizer(kind: str) -> object:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     if kind == "wordpiece":
         specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -60,7 +62,6 @@ def _train_tokenizer(kind: str) -> object:
 
 def _save_random(model_class: type, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, folder: Path) -> Path:
     """A seeded random ``model_class(config)`` and ``tokenizer`` saved into ``folder``."""
-    import torch
 
     torch.manual_seed(0)
     model_class(config).save_pretrained(folder)
@@ -70,7 +71,7 @@ def _save_random(model_class: type, config: PretrainedConfig, tokenizer: PreTrai
 
 def tiny_encoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2) -> Path:
     """A random BERT (``num_layers + 1`` hidden states of ``hidden_size``) and its WordPiece tokenizer."""
-    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast  # heavy: transformers loads in seconds
 
     folder = Path(folder)
     tokenizer = PreTrainedTokenizerFast(
@@ -95,7 +96,7 @@ def tiny_encoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: i
 
 def tiny_decoder(folder: str | os.PathLike, hidden_size: int = 32, num_layers: int = 2) -> Path:
     """A random Llama (``num_layers + 1`` hidden states of ``hidden_size``) and its byte-level BPE tokenizer."""
-    from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaModel, PreTrainedTokenizerFast  # heavy: transformers loads in seconds
 
     folder = Path(folder)
     tokenizer = PreTrainedTokenizerFast(

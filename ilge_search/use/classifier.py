@@ -27,6 +27,8 @@ from sklearn.base import ClassifierMixin
 
 from ..embeddings.extraction import POOLINGS, ExtractionSettings
 from ..encoders.configs import EncoderConfig
+from ..engine import build_model, predict_logits, spearman
+from ..engine.ensemble import EnsembleModel, build_ensemble
 from ..record.fields import Attrs
 from ..study.export import StudyExport, load_study_ensemble
 from ..validation import check_int
@@ -355,7 +357,6 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
 
     def predict_proba_embeddings(self, X: Any) -> np.ndarray:
         """Class probabilities ``(N, n_classes)`` for precomputed ``(N, L, D)`` embeddings."""
-        from ..engine import predict_logits
 
         self._only_classification("predict_proba")
         logits = predict_logits(self.model_, self._checked_embeddings(X))
@@ -364,7 +365,6 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
     def predict_embeddings(self, X: Any) -> np.ndarray:
         """Labels (in the type given to ``fit``) for precomputed embeddings; a similarity
         model takes ``(N, 2, L, D)`` and gives scores on the task's scale."""
-        from ..engine import predict_logits
 
         if self._similarity():
             cosine = predict_logits(self.model_, self._checked_embeddings(X)).double().numpy()
@@ -391,8 +391,6 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
 
     def _score_predictions(self, predicted: np.ndarray, labels: Any, sample_weight: Any) -> float:
         if self._similarity():
-            from ..engine import spearman
-
             if sample_weight is not None:
                 raise ValueError("sample_weight is not supported for similarity scores (Spearman)")
             return spearman(predicted, labels)
@@ -434,7 +432,6 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
         ``overwrite``, an earlier save (:func:`check_save_folder`), so saving never replaces files it
         did not write; a base model folder kept inside ``path`` stays, recorded as ``./relative``.
         """
-        from ..engine.ensemble import EnsembleModel
 
         self._check_fitted()
         path = Path(path).expanduser()
@@ -468,12 +465,9 @@ class ILGEClassifier(ClassifierMixin, SavedEstimator):
 
     @classmethod
     def _saved_model(cls, meta: Attrs, fitted: Fitted) -> torch.nn.Module:
-        from ..engine import build_model
 
         num_classes = len(fitted.classes) or None
         if meta.get("ensemble"):  # an ensemble's folder: its members' configs and counts
-            from ..engine.ensemble import build_ensemble
-
             sizes = {"num_layers": fitted.num_layers, "hidden_size": fitted.hidden_size}
             kind = {"task_kind": fitted.task_kind, "num_classes": num_classes, "score_range": meta.get("score_range")}
             return build_ensemble({**sizes, **kind, "ensemble": meta["ensemble"]})

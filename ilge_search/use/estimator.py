@@ -20,13 +20,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from .._version import __version__
+from ..embeddings.cache import EmbeddingCache
 from ..embeddings.models import model_reference_to_load, model_reference_to_save, resolve_device
 from ..encoders import config_class_for, config_from_dict
 from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig
+from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
 from ..record.fields import Attrs
 from ..study.export import StudyExport, StudyModel, load_for_estimator
 from ..validation import ArgumentTypeError
@@ -80,8 +84,6 @@ class LoadOptions:
 
 def read_weights(weights_path: Path) -> dict[str, torch.Tensor]:
     """The saved tensors, refused when unreadable or not finite (such weights predict nothing)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     try:
         state = load_file(str(weights_path))
@@ -195,7 +197,6 @@ class SavedEstimator(BaseEstimator):
     # ------------------------------------------------------------------ embeddings
 
     def _embedding_cache(self) -> EmbeddingCache:
-        from ..embeddings.cache import EmbeddingCache  # lazy: pulls in transformers
 
         cache: EmbeddingCache | None = getattr(self, "_cache", None)
         if cache is None:
@@ -223,7 +224,6 @@ class SavedEstimator(BaseEstimator):
     def _trained(self, config: EncoderConfig, classes: np.ndarray, train: Dataset, val: Dataset) -> Fitted:
         """``config`` trained by the one engine on ``train``, early-stopped on ``val`` (a best-layer config
         without a layer tries each one and keeps the best, its scores in ``layer_scores_``)."""
-        from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
 
         options: Attrs = dict(
             task_kind=TAGGING if self.TAGGING else "classification",
@@ -298,7 +298,6 @@ class SavedEstimator(BaseEstimator):
 
     def _write_folder(self, path: Path, meta: Attrs) -> Path:
         """Write the weights and ``meta`` into ``path`` (already checked by the subclass's ``save``)."""
-        from safetensors.torch import save_file
 
         path.mkdir(parents=True, exist_ok=True)
         state = {name: tensor.detach().cpu().contiguous() for name, tensor in self.model_.state_dict().items()}

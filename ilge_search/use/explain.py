@@ -19,7 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import pandas as pd
+import torch
+
 from ..encoders import config_from_dict
+from ..engine import METRICS, FeatureStandardizer, evaluate
+from ..engine.metrics import class_metrics
+from ..engine.tokens import EVAL_BATCH_NODES, as_word_set, sentence_batches
+from ..progress import BarSpec
 from ..record import ExplainRecord, FinalRecord, Identity, StudyRecord, save_explain, study_record, trial_record
 from ..record.fields import Attrs, known_fields
 from ..storage import Storage, open_storage
@@ -90,8 +98,6 @@ class LayerAttribution:
 
     def frame(self) -> pd.DataFrame:
         """One row per layer: ``layer``, ablation and gradient x input mean/std over seeds, ``probe_score``."""
-        import numpy as np
-        import pandas as pd
 
         ablation, grads = np.asarray(self.ablation, dtype=float), np.asarray(self.gradient_input, dtype=float)
         ddof = 1 if len(self.seeds) > 1 else 0
@@ -115,7 +121,6 @@ class LayerAttribution:
 
 def _mean_features(features: torch.Tensor) -> torch.Tensor:
     """Training mean per (layer, dimension), ``(L, D)`` float32; pairs count both sentences."""
-    from ..engine import FeatureStandardizer
 
     num_layers, hidden = features.shape[-2], features.shape[-1]
     return FeatureStandardizer(num_layers, hidden).fit(features).mean
@@ -149,9 +154,6 @@ def attribute_layers(
         evidence (centred gold logit; similarity: minus the squared error) summed over the layer's features and
         averaged over examples.
     """
-    import torch
-
-    from ..engine import METRICS, evaluate
 
     if model.task_kind == "tagging":
         return attribute_word_layers(model, train_features, features, labels, metric=metric)
@@ -196,10 +198,6 @@ def attribute_word_layers(
     words ablated at once); gradient x input is the centred gold logit of each word, averaged over words. The set is
     read one batch of equal-length sentences at a time, so a memory-mapped entry is never copied whole.
     """
-    import torch
-
-    from ..engine.metrics import class_metrics
-    from ..engine.tokens import EVAL_BATCH_NODES, as_word_set, sentence_batches
 
     metric = metric or "accuracy"
     baseline = _mean_features(as_word_set(train_words, None, "train").features)
@@ -340,7 +338,6 @@ def _probe(storage: Storage, record: StudyRecord) -> tuple[list[float] | None, s
 def _measure(target: _Explained, setup: TrainingSetup) -> tuple[str, list[float], list[list[float]], list[list[float]]]:
     """The final configuration retrained once per final seed, each model measured on validation: the metric,
     then per seed the score, the layer ablation drops and gradient x input."""
-    from ..progress import BarSpec
 
     scores: list[float] = []
     ablation: list[list[float]] = []

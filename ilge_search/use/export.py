@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..embeddings.models import canonical_model_name
+from ..files import check_output_folder, write_output_text
 from ..record.fields import Attrs
-from ..study.export import StudyExport
+from ..study.card import CARD_FILE, ExportedModel, is_model_card, model_card
+from ..study.export import StudyExport, study_task_kind
+from ..study.leaderboard import study_export_choice
 from .classifier import ILGEClassifier, check_save_folder
 from .tagger import ILGETagger, check_tagger_folder
 
@@ -60,7 +64,6 @@ class ExportResult:
 def check_card_path(out_dir: str, *, force: bool) -> None:
     """Refuse, before any work, a README.md in ``out_dir`` that no export wrote (a card is replaced; a README
     someone wrote only with --force)."""
-    from ..study.card import CARD_FILE, is_model_card
 
     card = Path(out_dir).expanduser() / CARD_FILE
     if force or not card.is_file():
@@ -77,9 +80,6 @@ def check_card_path(out_dir: str, *, force: bool) -> None:
 
 def write_card(out_dir: str, estimator: ILGEClassifier | ILGETagger) -> None:
     """Write the export's model card (README.md with the Hugging Face metadata block) beside the weights."""
-    from ..embeddings.models import canonical_model_name
-    from ..files import write_output_text
-    from ..study.card import CARD_FILE, ExportedModel, model_card
 
     tagging = isinstance(estimator, ILGETagger)
     model = ExportedModel(
@@ -175,9 +175,6 @@ def export_study(storage: str | Storage | None, request: ExportRequest) -> Expor
         ExportOptionsError: ``ensemble`` with a tagging study, ``retrain`` or ``trial``.
         ValueError: an output folder or card that may not be written (before the study is read).
     """
-    from ..files import check_output_folder
-    from ..study.export import study_task_kind
-    from ..study.leaderboard import study_export_choice
 
     check_output_folder(request.out_dir, force=request.force)  # before the study is read: a refused --out costs nothing
     check_card_path(request.out_dir, force=request.force)

@@ -24,7 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+import pandas as pd
+
+from ..embeddings.cache import EmbeddingCache
 from ..embeddings.extraction import ExtractionSettings
+from ..embeddings.model_utils import hidden_size_for, num_layers_for
 from ..files import iter_json_objects, iter_lines_utf8
 from ..progress import BarSpec, new_bar
 from ..record.fields import Attrs
@@ -96,7 +100,6 @@ def _jsonl_rows(path: Path, columns: Sequence[str]) -> Iterator[list[object]]:
 
 
 def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iterator[list[list[object]]]:
-    import pandas as pd
 
     options = dict(
         sep=sep,
@@ -119,7 +122,7 @@ def _csv_chunks(path: Path, columns: Sequence[str], size: int, sep: str) -> Iter
 
 def _parquet_chunks(path: Path, columns: Sequence[str], size: int) -> Iterator[list[list[object]]]:
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # heavy: an optional dependency
     except ImportError:
         raise ValueError(
             "reading Parquet needs pyarrow: pip install pyarrow (or convert the file to JSONL/CSV)"
@@ -369,7 +372,6 @@ def _checked_job(model_dir: PathLike, source: PredictInput, out: PredictOutput, 
 def _check_base_model_shape(clf: Any, base_model: Any, model_dir: Any) -> None:
     """Refuse a base model whose hidden states (count and width, from the model table or its config) are not
     those the classifier was trained on, before any text is embedded."""
-    from ..embeddings.model_utils import hidden_size_for, num_layers_for
 
     try:
         shape = (num_layers_for(base_model), hidden_size_for(base_model))
@@ -401,7 +403,6 @@ def _chunk_values(job: _Job, features: Any, rows: int) -> list[Attrs]:
 
 def _write_predictions(job: _Job, handle: TextIO, options: PredictOptions, notes: list[str]) -> int:
     """Embed and label the input chunk by chunk, writing each row to ``handle``; returns the rows written."""
-    from ..embeddings.cache import EmbeddingCache
 
     clf = job.clf
     settings = ExtractionSettings(clf.token_pooling, clf.max_length, clf.batch_size, options.device)

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ..embeddings.word_cache import WordOptions, get_or_extract_sentences
 from ..embeddings.words import WORD_POOLINGS, check_sentences
 from ..encoders.configs import EncoderConfig
+from ..engine import build_tagger, predict_logits
 from ..record.fields import Attrs
 from ..validation import check_choice, check_int
 from .estimator import FORMAT_VERSION, WEIGHTS_FILE, Fitted, LoadOptions, SavedEstimator
@@ -151,7 +153,6 @@ class ILGETagger(SavedEstimator):
 
     def _embed(self, sentences: list[list[str]]) -> Any:
         """The sentences' word entry (memory-mapped); only sentences never extracted reach the LLM."""
-        from ..embeddings.word_cache import WordOptions, get_or_extract_sentences
 
         options = WordOptions(
             word_pooling=self.word_pooling, max_length=self.max_length, batch_size=self.batch_size, device=self.device
@@ -209,7 +210,6 @@ class ILGETagger(SavedEstimator):
 
     def predict(self, sentences: Sequence[Sequence[str]]) -> list[list[object]]:
         """One list of tags per sentence, one tag per word, in the type given to ``fit``."""
-        from ..engine import predict_logits
 
         self._check_fitted()
         self._check_params()
@@ -252,7 +252,6 @@ class ILGETagger(SavedEstimator):
 
     @classmethod
     def _saved_model(cls, meta: Attrs, fitted: Fitted) -> TaggerModel:
-        from ..engine import build_tagger
 
         return build_tagger(fitted.config, fitted.num_layers, fitted.hidden_size, len(fitted.classes))
 
