@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import tuning  # RECOMMENDED_DEFAULTS_PATH looked up per call: tests point it elsewhere
 from .._version import __version__
 from ..encoders import config_classes, encoder_families
 from ..settings import user_defaults_path
 from ..storage import hide_password
-from ..tuning import DEFAULTS_FORMAT_VERSION, RECOMMENDED_DEFAULTS_PATH
+from ..tuning import DEFAULTS_FORMAT_VERSION
 from .loto import LOTO_FAMILIES, LotoResult, LotoVerdict, stored_loto
 from .problems import ConfigValues, Problem, ProblemGroups, problem_tasks, read_problems
 from .rule import RULE, RecommendedValue, derive_defaults
@@ -96,7 +97,7 @@ def defaults_targets(
     if update_shipped and out_path is not None:
         raise ValueError("give either out_path (--out) or update_shipped (--update-shipped), not both")
     if update_shipped:
-        target = RECOMMENDED_DEFAULTS_PATH
+        target = tuning.RECOMMENDED_DEFAULTS_PATH
     else:
         target = user_defaults_path(out_path)
     if report_path == NEXT_TO_DEFAULTS:

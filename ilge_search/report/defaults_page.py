@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import tuning  # RECOMMENDED_DEFAULTS_PATH looked up per call: tests point it elsewhere
 from ..defaults.loto import LotoResult
 from ..defaults.recommend import (
     DEFAULT_FAMILIES,
@@ -27,7 +28,7 @@ from ..defaults.recommend import (
 from ..defaults.rule import RecommendedValue
 from ..encoders import builtin_start
 from ..files import check_output_path, write_output_text
-from ..tuning import RECOMMENDED_DEFAULTS_PATH, load_recommended_defaults
+from ..tuning import load_recommended_defaults
 from .document import MISSING, Cell, Document, plural
 from .loto import loto_rows, loto_sentences, loto_verdict_rows
 from .portfolio import portfolio_part
@@ -156,7 +157,7 @@ def _evidence_section(doc: Document, recommendation: Recommendation) -> None:
 def _read_from(target: Path | None) -> str:
     """Where ``recommended_config`` reads the values of a defaults file written to ``target``."""
 
-    if target is None or Path(target).resolve() == RECOMMENDED_DEFAULTS_PATH.resolve():
+    if target is None or Path(target).resolve() == tuning.RECOMMENDED_DEFAULTS_PATH.resolve():
         return "reads these values from `ilge_search/data/recommended_defaults.json`"
     return (
         f"reads these values from the user defaults file `{target}` over the shipped ones, when "

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .. import engine  # its training functions looked up per call: tests count them
 from ..encoders.configs import BestLayerConfig
-from ..engine import select_best_layer, train_encoder
 from ..validation import check_int
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def _train_fold(
     fold_train, fold_val = data
     if config.family == "best-layer":
         assert isinstance(config, BestLayerConfig)
-        _, result, layer_scores = select_best_layer(config, fold_train, fold_val, **common)
+        _, result, layer_scores = engine.select_best_layer(config, fold_train, fold_val, **common)
         return result, [float(s) for s in layer_scores]
     callback = None
     if report is not None:
@@ -173,7 +173,7 @@ def _train_fold(
         def callback(epoch: int, value: float, offset: int = fold * config.epochs) -> None:
             report(offset + epoch, value)
 
-    return train_encoder(config, fold_train, fold_val, epoch_callback=callback, **common), None
+    return engine.train_encoder(config, fold_train, fold_val, epoch_callback=callback, **common), None
 
 
 def _choose_layer(out: CVResult, per_layer: list[list[float]], *, maximise: bool) -> None:

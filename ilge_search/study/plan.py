@@ -26,12 +26,13 @@ import numpy as np
 import optuna
 import torch
 
+from .. import engine  # its training functions looked up per call: tests count them
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.extraction import LayerEmbedder
 from ..embeddings.models import conversion_bytes, known_model, pending_conversion, resolve_device
 from ..embeddings.weights import weights_memo_read_only
 from ..encoders.configs import BestLayerConfig
-from ..engine import TrainingRecipe, select_best_layer, train_encoder
+from ..engine import TrainingRecipe
 from ..files import format_bytes
 from ..record import StudyRecord, study_record
 from ..storage import Storage, finished_trial_count, quiet_optuna_warnings
@@ -550,20 +551,20 @@ def _time_config(
     warm_up = head(train, few), head(validation, few)
     if encoder == "best-layer":  # one probe per layer: time the last layer's for 1 and for 3 epochs
         assert isinstance(config, BestLayerConfig)
-        select_best_layer(dataclasses.replace(config, epochs=1), *warm_up, layers=[last_layer], **common)
+        engine.select_best_layer(dataclasses.replace(config, epochs=1), *warm_up, layers=[last_layer], **common)
         times = []
         for epochs in (1, CALIBRATION_EPOCHS):
             started = time.perf_counter()
-            select_best_layer(
+            engine.select_best_layer(
                 dataclasses.replace(config, epochs=epochs), train, validation, layers=[last_layer], **common
             )
             times.append(time.perf_counter() - started)
         per_epoch = max(0.0, times[1] - times[0]) / (CALIBRATION_EPOCHS - 1)
         return plan.num_layers * max(0.0, times[0] - per_epoch), plan.num_layers * per_epoch * scale
-    train_encoder(config.replace(epochs=1), *warm_up, **common)
+    engine.train_encoder(config.replace(epochs=1), *warm_up, **common)
     stamps: list[float] = []
     started = time.perf_counter()
-    train_encoder(
+    engine.train_encoder(
         config.replace(epochs=CALIBRATION_EPOCHS),
         train,
         validation,

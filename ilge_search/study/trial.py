@@ -22,10 +22,11 @@ import optuna
 import torch
 from optuna.artifacts import FileSystemArtifactStore
 
+from .. import engine  # its training functions looked up per call: tests count them
 from ..embeddings.models import model_size_bucket, resolve_device
 from ..encoders import encoder_families
 from ..encoders.configs import BestLayerConfig
-from ..engine import build_model, select_best_layer, train_encoder
+from ..engine import build_model
 from ..engine.ensemble import predictions_of
 from ..record import save_trial, save_trial_predictions, study_record, trial_config, trial_record, warm_start_order
 from ..record.artifacts import upload_predictions
@@ -205,7 +206,7 @@ class TrialObjective:
             # the layer is chosen on validation inside the trial; the search covers the recipe
             assert isinstance(config, BestLayerConfig)
             started, cpu_started = time.perf_counter(), time.process_time()
-            layer, result, scores = select_best_layer(config, data.train, data.validation, **common)
+            layer, result, scores = engine.select_best_layer(config, data.train, data.validation, **common)
             # its training is every layer's probe: what a retraining of it costs (the stages' time budget)
             result = dataclasses.replace(
                 result, seconds=time.perf_counter() - started, cpu_seconds=time.process_time() - cpu_started
@@ -213,7 +214,7 @@ class TrialObjective:
             config = config.replace(layer=layer)
             save_trial(trial, config=config.to_dict(), layer=int(layer), layer_scores=[float(s) for s in scores])
         else:
-            result = train_encoder(config, data.train, data.validation, epoch_callback=report, **common)
+            result = engine.train_encoder(config, data.train, data.validation, epoch_callback=report, **common)
         _save_result(trial, result, data.task_kind)
         self._keep_predictions(trial, study.data, result.model)
         return self._values(

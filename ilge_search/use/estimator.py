@@ -25,12 +25,13 @@ from safetensors.torch import load_file, save_file
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
+from .. import engine  # its training functions looked up per call: tests count them
 from .._version import __version__
 from ..embeddings.cache import EmbeddingCache
 from ..embeddings.models import model_reference_to_load, model_reference_to_save, resolve_device
 from ..encoders import config_class_for, config_from_dict
 from ..encoders.configs import BestLayerConfig, CayleyConfig, EncoderConfig
-from ..engine import TAGGING, TrainingRecipe, select_best_layer, train_encoder
+from ..engine import TAGGING, TrainingRecipe
 from ..record.fields import Attrs
 from ..study.export import StudyExport, StudyModel, load_for_estimator
 from ..validation import ArgumentTypeError
@@ -235,11 +236,11 @@ class SavedEstimator(BaseEstimator):
         )
         layer = None
         if isinstance(config, BestLayerConfig) and config.layer is None:
-            layer, result, scores = select_best_layer(config, train, val, **options)
+            layer, result, scores = engine.select_best_layer(config, train, val, **options)
             config = config.replace(layer=layer)
             self.layer_scores_ = scores
         else:
-            result = train_encoder(config, train, val, **options)
+            result = engine.train_encoder(config, train, val, **options)
         features = train[0]
         shape = (features.num_layers, features.hidden_size) if self.TAGGING else tuple(features.shape[1:3])
         return Fitted(

@@ -79,7 +79,7 @@ WRITERS = [
         "portfolio --plot",
         "file",
         lambda out, s: ["portfolio", "--storage", s.url, "--plot", str(out), "--quiet"],
-        (("ilge_search.defaults.transfer", "portfolio"),),
+        (("ilge_search.report.portfolio", "portfolio"),),
         ".png",
     ),
     Writer(
@@ -338,7 +338,7 @@ def _warmstart_page(target: Path, setup: Setup, force: bool) -> Path:
 
 
 PAGE_WRITERS = [
-    PageWriter("write_ensemble_page", _ensemble_page, ("ilge_search.storage", "open_storage")),
+    PageWriter("write_ensemble_page", _ensemble_page, ("ilge_search.report.ensembles", "open_storage")),
     PageWriter("write_warmstart_page", _warmstart_page, ("ilge_search.report.warmstart", "warmstart_rows")),
 ]
 PAGE_IDS = [writer.name for writer in PAGE_WRITERS]
