@@ -319,3 +319,56 @@ def test_the_budget_the_plan_and_the_runner_name_no_built_in_stage(module):
             assert found is None, (
                 f"{module} names the {stage.name} stage: ...{text[found.start() - 40 : found.end() + 40]}..."
             )
+
+
+# an import inside a function hides the call graph from readers and tools: it stays there only for a heavy
+# optional dependency or a real import cycle, and its comment says which
+MAX_FUNCTION_IMPORTS = 100
+_IMPORT_REASON = re.compile(r"#\s*(heavy|cycle):")
+
+
+def _function_imports(package: Path) -> tuple[int, list[str]]:
+    """How many imports stand inside the functions of ``package``, and those whose comment gives no reason."""
+    count, silent = 0, []
+    for path in sorted(package.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        inside = {
+            (node.lineno, node.end_lineno or node.lineno)
+            for function in _functions(path)
+            for node in ast.walk(function)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        }
+        count += len(inside)
+        for first, last in sorted(inside):
+            if not _IMPORT_REASON.search(" ".join(lines[first - 1 : last])):
+                silent.append(f"{path.relative_to(package)}:{first}")
+    return count, silent
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    count, silent = _function_imports(PACKAGE)
+    assert not silent, "move these imports to the top, or say why they stay (# heavy: / # cycle:): " + ", ".join(silent)
+    assert count <= MAX_FUNCTION_IMPORTS, f"{count} imports inside functions (at most {MAX_FUNCTION_IMPORTS})"
+
+
+def _locals_calls(package: Path) -> list[str]:
+    return [
+        f"{path.relative_to(package)}:{node.lineno}"
+        for path in sorted(package.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "locals"
+    ]
+
+
+def test_no_arguments_are_forwarded_through_locals():
+    assert not _locals_calls(PACKAGE), "pass arguments by name: " + ", ".join(_locals_calls(PACKAGE))
+
+
+def test_import_and_locals_checks_find_what_they_look_for(tmp_path):
+    (tmp_path / "probe.py").write_text(
+        "import os\n\n\ndef f():\n    import json\n    from . import a  # cycle: a imports this module\n"
+        "    import torch  # heavy: torch loads in seconds\n    return g(**locals())\n",
+        encoding="utf-8",
+    )
+    assert _function_imports(tmp_path) == (3, ["probe.py:5"])
+    assert _locals_calls(tmp_path) == ["probe.py:8"]

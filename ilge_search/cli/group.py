@@ -275,7 +275,7 @@ def study_logging(quiet: bool) -> None:
 
 
 def print_results(results) -> None:
-    from ..study import format_results  # heavy: not loaded for --help
+    from ..study.results import format_results  # heavy: not loaded for --help
 
     click.echo(format_results(results))
 

@@ -24,7 +24,7 @@ from .group import (
 )
 
 if TYPE_CHECKING:
-    from ..study import SweepFilter, SweepOverrides
+    from ..study.grid import SweepFilter, SweepOverrides
 
 _ENCODER_HELP = (
     "Encoder family or baseline; repeat it, or 'all' "
@@ -84,14 +84,14 @@ def run_command(
 
     Rerunning the same command resumes each study and adds --n-trials trials.
     """
-    from ..study import run_study  # heavy: not loaded for --help
     from ..study.options import from_command_line  # heavy: not loaded for --help
+    from ..study.runner import run_study  # heavy: not loaded for --help
 
     study["objectives"] = _checked_objectives(study["objectives"], study["select"], study["final_front"])
     study_logging(quiet)
     options = from_command_line({**study, **asdict(settings), "progress": not quiet})
     if dry_run:
-        from ..study import plan_run  # heavy: not loaded for --help
+        from ..study.plan import plan_run  # heavy: not loaded for --help
 
         click.echo(plan_run(model, task, list(encoders), storage=storage, options=options).describe())
         return
@@ -153,7 +153,8 @@ def sweep_command(
     **overridden: Any,
 ) -> None:
     """Run a TOML grid of models x tasks x encoders up to its trial budgets (resumable)."""
-    from ..study import SweepFilter, SweepOverrides, SweepRuntime, run_sweep  # heavy: not loaded for --help
+    from ..study.grid import SweepFilter, SweepOverrides  # heavy: not loaded for --help
+    from ..study.sweep import SweepRuntime, run_sweep  # heavy: not loaded for --help
 
     study_logging(quiet)
     overrides = SweepOverrides(**overridden)
@@ -179,8 +180,8 @@ def _sweep_dry_run(
     settings: Settings, grid: str, storage: str | None, only: SweepFilter, overrides: SweepOverrides, estimate: bool
 ) -> None:
     """Print the grid's budgets and, with ``estimate``, each run's plan and the sweep's estimated wall time."""
-    from ..study import estimate_sweep, plan_sweep  # heavy: not loaded for --help
     from ..study.plan import format_seconds  # heavy: not loaded for --help
+    from ..study.sweep import estimate_sweep, plan_sweep  # heavy: not loaded for --help
 
     click.echo(plan_sweep(grid, storage=storage, overrides=overrides).to_string(index=False))
     if not estimate:
@@ -197,7 +198,7 @@ def _sweep_dry_run(
 @FORMAT_OPTION
 def studies_command(storage, fmt: str) -> None:
     """List the studies in a storage: trials, best validation value, final test mean +- std."""
-    from ..study import list_studies  # heavy: not loaded for --help
+    from ..study.results import list_studies  # heavy: not loaded for --help
 
     echo_frame(list_studies(storage), fmt, empty="no studies in this storage")
 

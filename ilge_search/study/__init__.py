@@ -20,77 +20,36 @@ record (:mod:`ilge_search.record`).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..storage import StorageError, artifact_dir_for, finished_trial_count
-    from ..tuning import PRUNERS, SAMPLERS, make_pruner, make_sampler
-    from .grid import Sweep, SweepEntry, SweepFilter, SweepOverrides, load_sweep
-    from .identity import StudyConflictError, default_study_name, encoder_choices, resolve_encoders
-    from .options import DataOptions, FinalOptions, RuntimeOptions, SearchOptions, StudyOptions
-    from .plan import RunPlan, StudyPlan, plan_run
-    from .results import StudyResult, format_front, format_results, list_studies, study_result
-    from .runner import run_study
-    from .selection import (
-        DEFAULT_FINAL_FRONT,
-        DEFAULT_SELECT,
-        SELECTION_RULES,
-        front_trials,
-        select_trial,
-        study_front,
-    )
-    from .sweep import SweepRuntime, estimate_sweep, plan_sweep, run_sweep
-    from .trial import recommended_params
-
-# public name -> the module that defines it, imported on first use: the CLI reads the options' help from
+# module -> the public names it defines, each imported on first use: the CLI reads the options' help from
 # .options without paying for the runner, the storage and numpy
-_LAZY = {
-    "StorageError": "..storage",
-    "artifact_dir_for": "..storage",
-    "finished_trial_count": "..storage",
-    "PRUNERS": "..tuning",
-    "SAMPLERS": "..tuning",
-    "make_pruner": "..tuning",
-    "make_sampler": "..tuning",
-    "encoder_choices": ".identity",
-    "StudyConflictError": ".identity",
-    "default_study_name": ".identity",
-    "resolve_encoders": ".identity",
-    "DataOptions": ".options",
-    "FinalOptions": ".options",
-    "RuntimeOptions": ".options",
-    "SearchOptions": ".options",
-    "StudyOptions": ".options",
-    "RunPlan": ".plan",
-    "StudyPlan": ".plan",
-    "plan_run": ".plan",
-    "StudyResult": ".results",
-    "format_front": ".results",
-    "format_results": ".results",
-    "list_studies": ".results",
-    "study_result": ".results",
-    "run_study": ".runner",
-    "DEFAULT_FINAL_FRONT": ".selection",
-    "DEFAULT_SELECT": ".selection",
-    "SELECTION_RULES": ".selection",
-    "front_trials": ".selection",
-    "select_trial": ".selection",
-    "study_front": ".selection",
-    "Sweep": ".grid",
-    "SweepEntry": ".grid",
-    "SweepFilter": ".grid",
-    "SweepOverrides": ".grid",
-    "SweepRuntime": ".sweep",
-    "estimate_sweep": ".sweep",
-    "load_sweep": ".grid",
-    "plan_sweep": ".sweep",
-    "run_sweep": ".sweep",
-    "recommended_params": ".trial",
+_PUBLIC: dict[str, tuple[str, ...]] = {
+    "..storage": ("StorageError", "artifact_dir_for", "finished_trial_count"),
+    "..tuning": ("PRUNERS", "SAMPLERS", "make_pruner", "make_sampler"),
+    ".grid": ("Sweep", "SweepEntry", "SweepFilter", "SweepOverrides", "load_sweep"),
+    ".identity": ("StudyConflictError", "default_study_name", "encoder_choices", "resolve_encoders"),
+    ".options": ("DataOptions", "FinalOptions", "RuntimeOptions", "SearchOptions", "StudyOptions"),
+    ".plan": ("RunPlan", "StudyPlan", "plan_run"),
+    ".results": ("StudyResult", "format_front", "format_results", "list_studies", "study_result"),
+    ".runner": ("run_study",),
+    ".selection": (
+        "DEFAULT_FINAL_FRONT",
+        "DEFAULT_SELECT",
+        "SELECTION_RULES",
+        "front_trials",
+        "select_trial",
+        "study_front",
+    ),
+    ".sweep": ("SweepRuntime", "estimate_sweep", "plan_sweep", "run_sweep"),
+    ".trial": ("recommended_params",),
 }
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
+    module_name = _HOME.get(name)
     if module_name is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(module_name, __name__), name)
@@ -100,48 +59,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-__all__ = [
-    "encoder_choices",
-    "SAMPLERS",
-    "PRUNERS",
-    "StudyOptions",
-    "SearchOptions",
-    "DataOptions",
-    "FinalOptions",
-    "RuntimeOptions",
-    "StudyResult",
-    "StudyConflictError",
-    "StorageError",
-    "run_study",
-    "select_trial",
-    "SELECTION_RULES",
-    "DEFAULT_SELECT",
-    "DEFAULT_FINAL_FRONT",
-    "study_front",
-    "front_trials",
-    "plan_run",
-    "RunPlan",
-    "StudyPlan",
-    "list_studies",
-    "study_result",
-    "resolve_encoders",
-    "default_study_name",
-    "recommended_params",
-    "make_sampler",
-    "make_pruner",
-    "artifact_dir_for",
-    "finished_trial_count",
-    "format_results",
-    "format_front",
-    "SweepEntry",
-    "Sweep",
-    "SweepFilter",
-    "SweepOverrides",
-    "SweepRuntime",
-    "load_sweep",
-    "plan_sweep",
-    "estimate_sweep",
-    "run_sweep",
-]
