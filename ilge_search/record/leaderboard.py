@@ -38,7 +38,9 @@ class LeaderboardRow:
             together).
         params: trainable parameters (an ensemble: its distinct members' together).
         difference: ``(estimate, low, high)`` of test minus the reference's, paired over the same test texts
-            (words) and seeds (``None`` for the reference itself); verdict: ``win``, ``tie`` or ``loss``.
+            (words) and seeds (``None`` for the reference itself); verdict: ``win``, ``tie`` or ``loss``. Over a
+            test split under ``MIN_TEST_ROWS`` (:attr:`LeaderboardRecord.test_rows`) ``low`` and ``high`` are NaN
+            and ``verdict`` is ``None``: no interval is drawn from so few examples.
     """
 
     name: str
@@ -95,6 +97,9 @@ class LeaderboardRecord:
     resamples: int = 2000
     predictions: str | None = None  # artifact id of the .npz of per-example test predictions
     unit: str = "texts"  # the test examples, resampled and timed per 1,000: "texts", or a tagging study's "words"
+    # how many test examples (``unit``) the bootstrap resamples; None: stored before it was recorded (unknown),
+    # the intervals are shown as stored. Under MIN_TEST_ROWS the rows carry no interval (docs/statistics.md).
+    test_rows: int | None = None
 
     @classmethod
     def from_value(cls, stored: Any) -> LeaderboardRecord | None:

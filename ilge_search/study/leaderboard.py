@@ -5,7 +5,9 @@ configuration is retrained with the final seeds (through :func:`~.retraining.tra
 final evaluation trained) and scored on validation and test; the reference is the best single-layer probe
 (a linear probe per layer, the layer chosen on validation, per seed), and every other row's test difference
 to it comes with a 95 % paired bootstrap interval over the same test texts and seeds
-(:func:`~.statistics.paired_bootstrap`): a row whose interval contains 0 is a ``tie``. The ensemble without
+(:func:`~.statistics.paired_bootstrap`): a row whose interval contains 0 is a ``tie``. Over fewer than
+:data:`~.limits.MIN_TEST_ROWS` test texts (words) the rows carry the difference alone, no interval and no
+verdict, and the table says why (docs/statistics.md, "Minimum sizes"). The ensemble without
 its ILGE members is the same ensemble's baseline members, reweighted, from the same predictions: what the
 inter-layer encoders add to it.
 """
@@ -13,6 +15,7 @@ inter-layer encoders add to it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from collections.abc import Mapping
@@ -43,6 +46,7 @@ from ..tuning import recommended_config
 from .auto import is_auto
 from .data import StudyData
 from .export import load_run_study
+from .limits import MIN_SEEDS, MIN_TEST_ROWS, too_few_for_an_interval
 from .objectives import measure_latency
 from .options import option_default
 from .predictions import predicted_labels, upload_test_predictions
@@ -199,7 +203,12 @@ def _row(entry: _Entry, models: Mapping[int, _Model], data: StudyData, run: Lead
 
 
 def _with_interval(row: LeaderboardRow, first: np.ndarray, reference: np.ndarray, truth: np.ndarray, **how: Any):
-    """``row`` with its test difference to the reference and the interval's verdict."""
+    """``row`` with its test difference to the reference and the interval's verdict; over fewer than
+    :data:`MIN_TEST_ROWS` test examples the difference alone (NaN bounds, no verdict)."""
+    if truth.size < MIN_TEST_ROWS:
+        # a bootstrap over so few examples has too few distinct resamples to hold its level: the seed-mean
+        # difference (what the bootstrap's estimate is) without an interval or a verdict drawn from it
+        return dataclasses.replace(row, difference=(row.test_mean - how["base"], math.nan, math.nan), verdict=None)
     settings = BootstrapSettings(resamples=how["resamples"], confidence=how["confidence"], seed=0)
     interval = paired_bootstrap(truth, first, reference, metric=how["metric"], settings=settings)
     return dataclasses.replace(
@@ -222,13 +231,14 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
         e.name: np.stack([predicted_labels(_mix(e, models, "test", s), data.task_kind) for s in run.seeds])
         for e in [*entries, reference]
     }
-    how = dict(resamples=run.resamples, confidence=run.confidence, metric=data.metric)
+    base = _row(reference, models, data, run)
+    how = dict(resamples=run.resamples, confidence=run.confidence, metric=data.metric, base=base.test_mean)
     rows = [
         _with_interval(_row(e, models, data, run), labels[e.name], labels[reference.name], truth, **how)
         for e in entries
     ]
     methods = sorted((row for row in rows if row.kind == "method"), key=lambda row: -row.val_mean)
-    rows = [*methods, *(row for row in rows if row.kind != "method"), _row(reference, models, data, run)]
+    rows = [*methods, *(row for row in rows if row.kind != "method"), base]
     arrays = {"truth": truth, **{f"row{i}": labels[r.name] for i, r in enumerate(rows)}}
     artifact = upload_test_predictions(study, arrays, run.artifact_store, "leaderboard_test_predictions.npz")
     return LeaderboardRecord(
@@ -241,6 +251,7 @@ def leaderboard_evaluation(study: Any, data: StudyData, run: LeaderboardRun, mod
         resamples=run.resamples,
         predictions=artifact,
         unit="words" if data.task_kind == "tagging" else "texts",
+        test_rows=int(truth.size),  # what the bootstrap resamples: texts, pairs, or a tagger's words
     )
 
 
@@ -257,12 +268,32 @@ def leaderboard_is_current(study: Any, run: LeaderboardRun) -> bool:
     )
 
 
+def no_interval(record: LeaderboardRecord) -> str | None:
+    """Why the leaderboard's differences have no interval (``12 test texts: too few for an interval``): a test
+    split under :data:`MIN_TEST_ROWS`; ``None`` when they have one, or the size is unknown (stored before it was
+    recorded)."""
+    if record.test_rows is None or record.test_rows >= MIN_TEST_ROWS:
+        return None
+    # the bootstrap pairs over examples, not seeds, so one seed is enough; the limits module names a task
+    # kind's rows, while the record knows its unit ("texts" or "words"), which its footnote uses too
+    note = too_few_for_an_interval(record.test_rows, MIN_SEEDS, None) or ""
+    return note.replace(" test rows:", f" test {record.unit}:")
+
+
+def _points(value: float, scale: float) -> float | None:
+    return None if not math.isfinite(value) else round(value * scale, 2)
+
+
 def format_rows(record: LeaderboardRecord) -> list[dict[str, Any]]:
-    """The leaderboard as plain rows (what the table, CSV and JSON show), scores in the metric's points."""
+    """The leaderboard as plain rows (what the table, CSV and JSON show), scores in the metric's points; over a
+    test split too small for an interval, each difference without one and ``no_interval`` saying why."""
     scale = score_unit(record.metric)[0]
+    note = no_interval(record)
     out = []
     for row in record.rows:
         difference = row.difference
+        # a record may hold intervals drawn before the minimum was enforced: they are not shown either
+        bounds = (None, None) if difference is None or note else (difference[1], difference[2])
         out.append(
             {
                 "model": row.name,
@@ -271,9 +302,10 @@ def format_rows(record: LeaderboardRecord) -> list[dict[str, Any]]:
                 "test_mean": round(row.test_mean * scale, 2),
                 "test_std": round(row.test_std * scale, 2),
                 "vs_best_layer": None if difference is None else round(difference[0] * scale, 2),
-                "ci_low": None if difference is None else round(difference[1] * scale, 2),
-                "ci_high": None if difference is None else round(difference[2] * scale, 2),
-                "verdict": row.verdict,
+                "ci_low": None if bounds[0] is None else _points(bounds[0], scale),
+                "ci_high": None if bounds[1] is None else _points(bounds[1], scale),
+                "verdict": None if note else row.verdict,
+                "no_interval": None if difference is None else note,
                 "train_s": round(row.train_seconds, 2),
                 "predict_ms_per_1k": round(row.predict_ms, 2),
                 "params": row.params,
@@ -286,6 +318,8 @@ def row_cells(row: Mapping[str, Any]) -> list[str]:
     """A leaderboard row's cells as the table shows them (:data:`HEADER`)."""
     if row["vs_best_layer"] is None:
         versus = "reference"
+    elif row.get("no_interval") or row["ci_low"] is None:
+        versus = f"{row['vs_best_layer']:+.2f}" + (f" ({row['no_interval']})" if row.get("no_interval") else "")
     else:
         versus = f"{row['vs_best_layer']:+.2f} [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
         versus += " tie" if row["verdict"] == "tie" else ""
@@ -304,15 +338,24 @@ HEADER = ("model", "val", "test mean ± std", "vs best layer [95% CI]", "train s
 
 
 def format_table(record: LeaderboardRecord) -> str:
-    """The leaderboard as an aligned text table, with one line saying how it was measured."""
-    cells = [list(HEADER), *[row_cells(row) for row in format_rows(record)]]
+    """The leaderboard as an aligned text table, with one line saying how it was measured (no interval over a
+    test split too small for one: the line says why instead of naming a bootstrap)."""
+    note = no_interval(record)
+    header = [*HEADER[:3], "vs best layer" if note else HEADER[3], *HEADER[4:]]
+    cells = [header, *[row_cells(row) for row in format_rows(record)]]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADER))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    measured = (
+        f"paired over the same test {record.unit} and seeds, without an interval (under {MIN_TEST_ROWS} test "
+        f"{record.unit}: too few for one)"
+        if note
+        else f"{record.confidence:.0%} paired bootstrap over the same test {record.unit} and seeds "
+        f"({record.resamples} resamples); 'tie': the interval contains 0"
+    )
     lines.append(
         f"{score_unit(record.metric)[1]} over final seeds {record.seeds}; differences: test minus the best "
-        f"single-layer probe, {record.confidence:.0%} paired bootstrap over the same test {record.unit} and seeds "
-        f"({record.resamples} resamples); 'tie': the interval contains 0; predict ms per 1,000 {record.unit}"
+        f"single-layer probe, {measured}; predict ms per 1,000 {record.unit}"
     )
     return "\n".join(lines)
 

@@ -3,15 +3,17 @@ interval is shown as if it meant something; the tables say why, and `run` warns 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 import optuna
 from reliability_helpers import sentences, write_task
 
-from ilge_search.record import Identity
+from ilge_search.record import Identity, LeaderboardRecord, LeaderboardRow
 from ilge_search.study import StudyOptions, list_studies
 from ilge_search.study.check import check_run
+from ilge_search.study.leaderboard import _with_interval, format_rows, format_table
 from ilge_search.study.limits import MIN_SEEDS, MIN_TEST_ROWS
 from ilge_search.study.predictions import StoredPredictions, paired_interval
 from ilge_search.study.results import format_results, study_result
@@ -100,3 +102,52 @@ def test_the_report_judges_no_task_on_too_few_test_examples():
     scores = ([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])  # before: a verdict from 2 test texts
     assert task_verdict(scores, (few, few), "accuracy") == (None, None)
     assert task_verdict(scores, (None, None), "accuracy") == ("win", "t interval")
+
+
+def _board(test_rows, unit="texts"):
+    nan = float("nan")
+    rows = [
+        LeaderboardRow("cayley", "method", val_scores=[0.8], test_scores=[0.812], difference=(0.012, nan, nan)),
+        LeaderboardRow(name="best single layer", kind="reference", val_scores=[0.8], test_scores=[0.8]),
+    ]
+    return LeaderboardRecord(metric="accuracy", seeds=[1000], rows=rows, unit=unit, test_rows=test_rows)
+
+
+def test_a_leaderboard_over_twelve_test_texts_shows_its_differences_without_an_interval():
+    # before: "+1.20 [-6.67, +8.33] tie" and a footnote naming a bootstrap over 12 test texts
+    record = LeaderboardRecord.from_value(_board(12).to_value())
+    assert record is not None and record.test_rows == 12
+    [row, reference] = format_rows(record)
+    assert (row["vs_best_layer"], row["ci_low"], row["ci_high"], row["verdict"]) == (1.2, None, None, None)
+    assert row["no_interval"] == "12 test texts: too few for an interval" and reference["no_interval"] is None
+    table = format_table(record)
+    assert "+1.20 (12 test texts: too few for an interval)" in table
+    assert "tie" not in table and "bootstrap" not in table and "95% CI" not in table and "[" not in table.split("\n")[2]
+    words = format_table(_board(MIN_TEST_ROWS - 1, unit="words"))
+    assert f"+1.20 ({MIN_TEST_ROWS - 1} test words: too few for an interval)" in words
+
+
+def test_a_leaderboard_of_twenty_test_texts_or_an_unknown_size_keeps_its_interval():
+    shown = (0.012, -0.02, 0.04)
+    for test_rows in (MIN_TEST_ROWS, None):  # None: a leaderboard stored before the size was recorded
+        board = _board(test_rows)
+        row = dataclasses.replace(board.rows[0], difference=shown, verdict="tie")
+        record = dataclasses.replace(board, rows=[row, board.rows[1]])
+        stored = record.to_value()
+        if test_rows is None:
+            del stored["test_rows"]
+        table = format_table(LeaderboardRecord.from_value(stored))
+        assert "+1.20 [-2.00, +4.00] tie" in table and "95% paired bootstrap" in table
+        assert "too few" not in table
+
+
+def test_the_leaderboard_evaluation_draws_no_interval_under_twenty_test_examples():
+    row = LeaderboardRow(name="cayley", kind="method", test_scores=[0.75, 0.75])
+    truth = np.arange(MIN_TEST_ROWS - 1) % 3
+    labels = np.stack([truth, truth])
+    how = dict(resamples=200, confidence=0.95, metric="accuracy", base=0.5)
+    few = _with_interval(row, labels, labels, truth, **how)
+    assert few.difference[0] == 0.25 and np.isnan(few.difference[1:]).all() and few.verdict is None
+    enough = np.arange(MIN_TEST_ROWS) % 3
+    drawn = _with_interval(row, np.stack([enough, enough]), np.stack([enough, enough]), enough, **how)
+    assert drawn.verdict == "tie" and not np.isnan(drawn.difference).any()
