@@ -23,7 +23,7 @@ from ..record import ensemble_record, leaderboard_record, study_record
 from ..storage import open_storage
 from ..study.auto import is_auto
 from ..study.identity import identity_name
-from ..study.leaderboard import export_choice
+from ..study.leaderboard import export_choice, no_interval
 from ..study.options import DEFAULT_ENSEMBLE
 from ..study.statistics import compare_problems, seeds_interval
 from ..tasks.scores import score_unit
@@ -198,7 +198,7 @@ def _auto_row(study: optuna.Study, references: dict[str, _Reference]) -> dict[st
         "vs_best_layer": (chosen.test_mean - reference.test_mean) * scale,
         "ci_low": low * scale,
         "ci_high": high * scale,
-        "verdict": chosen.verdict or "tie",
+        "verdict": no_interval(board) or chosen.verdict or "tie",
         "last_layer": own_last.test_mean * scale if math.isnan(last) and own_last is not None else last,
         "last_layer_from_auto": math.isnan(last) and own_last is not None,
         "cayley": means.get("cayley", math.nan),
@@ -280,6 +280,8 @@ def _over_problems(differences: list[float]) -> str:
 def _difference(value: float, low: float, high: float, verdict: str) -> str:
     if math.isnan(value):
         return fmt(None)
+    if math.isnan(low):  # too few test examples for an interval: the verdict says so
+        return f"{value:+.2f} ({verdict})"
     return f"{value:+.2f} [{low:+.2f}, {high:+.2f}] {verdict}"
 
 
