@@ -11,7 +11,8 @@ from typing import Any
 
 from ._version import __version__
 from .encoders import config_from_dict
-from .encoders.configs import (
+from .encoders import configs as _configs
+from .encoders.configs import (  # noqa: F401  re-exported: __all__ takes them from configs.__all__
     BestLayerConfig,
     CayleyConfig,
     DeepSetConfig,
@@ -99,15 +100,8 @@ _LAZY = {
 
 __all__ = [
     "__version__",
-    "EncoderConfig",
-    "CayleyConfig",
-    "FCConfig",
-    "DeepSetConfig",
-    "LastLayerConfig",
-    "BestLayerConfig",
-    "MeanLayersConfig",
-    "ScalarMixConfig",
-    "MLPLastConfig",
+    # every config class but the tagging-only CayleyWordConfig (and not the FieldValues alias)
+    *(name for name in _configs.__all__ if name not in ("CayleyWordConfig", "FieldValues")),
     "config_from_dict",
     *_LAZY,
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from .files import TaskError
 
@@ -56,114 +57,93 @@ _TEXTS = TaskSpec("", "classification", "accuracy")
 # Similarity: trained on STS-B, the rest zero-shot with the STS-B encoder.
 _PAIRS = TaskSpec("", "similarity", "spearman", splits=("test",), zero_shot_of="stsb")
 
+
+def _task(base: TaskSpec, name: str, hf_dataset: str, description: str, **changes: Any) -> TaskSpec:
+    """``base`` (:data:`_TEXTS` or :data:`_PAIRS`) as the task ``name`` of the Hugging Face dataset ``hf_dataset``."""
+    return replace(base, name=name, hf_dataset=hf_dataset, description=description, **changes)
+
+
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec
     for spec in [
         # The paper's classification tasks (MTEB versions; label_text holds the names).
-        replace(
+        _task(
             _TEXTS,
-            name="banking77",
-            hf_dataset="mteb/banking77",
-            description="banking intents, 77 classes",
+            "banking77",
+            "mteb/banking77",
+            "banking intents, 77 classes",
             label_col="label_text",
             local_name="banking77",
             splits=("train", "test"),
         ),
-        replace(
+        _task(
             _TEXTS,
-            name="emotion",
-            hf_dataset="mteb/emotion",
-            description="emotion of English tweets (CARER), 6 classes",
+            "emotion",
+            "mteb/emotion",
+            "emotion of English tweets (CARER), 6 classes",
             label_col="label_text",
             local_name="emotion",
         ),
-        replace(
+        _task(
             _TEXTS,
-            name="mtop_domain",
-            hf_dataset="mteb/mtop_domain",
-            description="MTOP domains (en), 11 classes",
+            "mtop_domain",
+            "mteb/mtop_domain",
+            "MTOP domains (en), 11 classes",
             hf_config="en",
             label_col="label_text",
         ),
-        replace(
+        _task(
             _TEXTS,
-            name="mtop_intent",
-            hf_dataset="mteb/mtop_intent",
-            description="MTOP intents (en), 113 classes",
+            "mtop_intent",
+            "mteb/mtop_intent",
+            "MTOP intents (en), 113 classes",
             hf_config="en",
             label_col="label_text",
         ),
-        replace(
+        _task(
             _TEXTS,
-            name="poem_sentiment",
-            hf_dataset="google-research-datasets/poem_sentiment",
-            description="sentiment of poem verses",
+            "poem_sentiment",
+            "google-research-datasets/poem_sentiment",
+            "sentiment of poem verses",
             text_col="verse_text",
         ),
         # More classification tasks with local copies.
-        replace(
+        _task(
             _TEXTS,
-            name="trec",
-            hf_dataset="CogComp/trec",
-            description="question type (coarse), 6 classes",
+            "trec",
+            "CogComp/trec",
+            "question type (coarse), 6 classes",
             label_col="coarse_label",
             local_name="trec",
             splits=("train", "test"),
         ),
-        replace(
-            _TEXTS,
-            name="sst2",
-            hf_dataset="SetFit/sst2",
-            description="binary movie-review sentiment",
-            label_col="label_text",
-            local_name="sst2",
+        _task(
+            _TEXTS, "sst2", "SetFit/sst2", "binary movie-review sentiment", label_col="label_text", local_name="sst2"
         ),
-        replace(
+        _task(
             _TEXTS,
-            name="tweeteval_emotion",
-            hf_dataset="cardiffnlp/tweet_eval",
-            description="TweetEval emotion, 4 classes",
+            "tweeteval_emotion",
+            "cardiffnlp/tweet_eval",
+            "TweetEval emotion, 4 classes",
             hf_config="emotion",
             local_name="tweeteval_emotion",
         ),
-        replace(
+        _task(
             _PAIRS,
-            name="stsb",
-            hf_dataset="mteb/stsbenchmark-sts",
-            description="STS benchmark, scores 0-5",
+            "stsb",
+            "mteb/stsbenchmark-sts",
+            "STS benchmark, scores 0-5",
             local_name="stsb",
             splits=SPLITS,
             zero_shot_of=None,
         ),
-        replace(
-            _PAIRS,
-            name="sts12",
-            hf_dataset="mteb/sts12-sts",
-            description="SemEval STS 2012, zero-shot",
-            splits=("train", "test"),
-        ),
+        _task(_PAIRS, "sts12", "mteb/sts12-sts", "SemEval STS 2012, zero-shot", splits=("train", "test")),
         *(
-            replace(
-                _PAIRS,
-                name=f"sts{year}",
-                hf_dataset=f"mteb/sts{year}-sts",
-                description=f"SemEval STS 20{year}, zero-shot",
-            )
+            _task(_PAIRS, f"sts{year}", f"mteb/sts{year}-sts", f"SemEval STS 20{year}, zero-shot")
             for year in (13, 14, 15, 16)
         ),
-        replace(
-            _PAIRS,
-            name="biosses",
-            hf_dataset="mteb/biosses-sts",
-            description="biomedical sentence similarity, zero-shot",
-        ),
-        replace(
-            _PAIRS,
-            name="sick_r",
-            hf_dataset="mteb/sickr-sts",
-            description="SICK relatedness, zero-shot",
-            local_name="sick",
-        ),
+        _task(_PAIRS, "biosses", "mteb/biosses-sts", "biomedical sentence similarity, zero-shot"),
+        _task(_PAIRS, "sick_r", "mteb/sickr-sts", "SICK relatedness, zero-shot", local_name="sick"),
         # Token tasks: one tag per word; read from the data dir only (no download source).
         TaskSpec(
             name="ud_ewt_pos",

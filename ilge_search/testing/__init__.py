@@ -5,7 +5,8 @@ modules).
 
 from typing import TYPE_CHECKING, Any
 
-from .cached import (
+from . import cached
+from .cached import (  # noqa: F401  re-exported: __all__ takes them from cached.__all__
     EntryFormat,
     SyntheticSetup,
     cache_study_embeddings,
@@ -42,13 +43,7 @@ __all__ = [
     "write_task",
     "TinyModelSpec",
     "write_tiny_model",
-    "EntryFormat",
-    "SyntheticSetup",
-    "split_features",
-    "write_split_embeddings",
-    "cache_study_embeddings",
-    "cache_text_embeddings",
-    "refuse_model_loads",
+    *cached.__all__,
     "FakeTrial",
     "add_study",
     "final_record",
