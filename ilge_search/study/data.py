@@ -22,7 +22,7 @@ from .options import StudyOptions
 if TYPE_CHECKING:
     from ..embeddings.cache import CachedEmbeddings, TaskEmbeddings
     from ..embeddings.word_cache import TaskWordEmbeddings, WordEmbeddings
-    from ..engine.core import Dataset
+    from ..engine.core import Dataset, TrainOptions
     from ..tasks.core import TaskData
     from .shapes import TrainedModel
 
@@ -110,6 +110,10 @@ class StudyData:
         if self.test is None:
             raise ValueError("the test split was not loaded; load the study data with with_test=True")
         return self.test
+
+    def train_options(self, seed: int, device: str) -> TrainOptions:
+        """The keywords of a training on this data (``train_encoder``, ``select_best_layer``) with ``seed``."""
+        return {"task_kind": self.task_kind, "num_classes": self.num_classes, "seed": seed, "device": device}
 
     def test_metrics(self, model: TrainedModel) -> dict[str, float]:
         """Every metric of the task for ``model`` (trained on this data) on the test split, by its own head."""

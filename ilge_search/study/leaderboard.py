@@ -120,15 +120,7 @@ def _probe(data: StudyData, run: LeaderboardRun, model_name: str) -> _Model:
     out = _Model()
     for seed in run.seeds:
         started = time.perf_counter()
-        _, result, _ = select_best_layer(
-            config,
-            data.train,
-            data.validation,
-            task_kind=data.task_kind,
-            num_classes=data.num_classes,
-            seed=seed,
-            device=run.device,
-        )
+        _, result, _ = select_best_layer(config, data.train, data.validation, **data.train_options(seed, run.device))
         out.seconds[seed] = time.perf_counter() - started
         out.validation[seed] = predictions_of(result.model, data.validation[0])
         out.test[seed] = predictions_of(result.model, data.test_split()[0])

@@ -132,15 +132,7 @@ def train_configs(
 def _train_alone(data: StudyData, config: EncoderConfig, seed: int, device: str) -> TrainedSeed:
 
     started = time.perf_counter()
-    result = engine.train_encoder(
-        config,
-        data.train,
-        data.validation,
-        task_kind=data.task_kind,
-        num_classes=data.num_classes,
-        seed=seed,
-        device=device,
-    )
+    result = engine.train_encoder(config, data.train, data.validation, **data.train_options(seed, device))
     return _trained(seed, result, time.perf_counter() - started)
 
 

@@ -221,9 +221,8 @@ def _best_layer_scores(data: StudyData, run: EnsembleRun, model_name: str) -> li
         config = dataclasses.replace(config, epochs=run.max_epochs)
     scores = []
     test_x, _ = data.test_split()
-    setting: dict[str, Any] = {"task_kind": data.task_kind, "num_classes": data.num_classes, "device": run.device}
     for seed in run.seeds:
-        _, result, _ = select_best_layer(config, data.train, data.validation, seed=seed, **setting)
+        _, result, _ = select_best_layer(config, data.train, data.validation, **data.train_options(seed, run.device))
         scores.append(_test_score(predictions_of(result.model, test_x), data))
     return scores
 
