@@ -272,16 +272,7 @@ def _checked_inputs(
     if options.search.methods is not None and not any(is_auto(name) for name in encoder_list):
         raise ValueError("--methods lists the methods of --encoder auto; add --encoder auto or drop --methods")
     check_tagging_options(task_data, encoder_list, options)
-    return _CheckedInputs(
-        model=model,
-        task=task,
-        source=source,
-        spec=spec,
-        loaded=loaded,
-        task_data=task_data,
-        encoders=encoder_list,
-        counts=counts,
-    )
+    return _CheckedInputs(model, task, source, spec, loaded, task_data, encoder_list, counts)
 
 
 def _planned_study(
