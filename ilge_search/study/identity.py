@@ -389,6 +389,8 @@ def precheck_existing(
     existing = storage.load_study(study_name)
     if existing is None:
         return
+    if is_ilge_study(existing) and not is_ready(existing):
+        _wait_until_ready(existing)  # another process is writing its record: read it once it is whole
     if is_ilge_study(existing) or existing.get_trials(deepcopy=False):
         check_identity(
             study_name, study_record(existing), identity, cache_keys=cache_keys, new_study_hint=new_study_hint
